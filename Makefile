@@ -1,0 +1,36 @@
+# Every target that needs PostgreSQL runs through scripts/localpg.sh, which
+# starts a throwaway local server (or uses PGLEASE_TEST_DSN / DATABASE_URL
+# when set). See scripts/localpg.sh for the environment it provides.
+
+LOCALPG := scripts/localpg.sh run --
+
+.DEFAULT_GOAL := test
+.PHONY: test demo stress bench fmt pg
+
+## test: gofmt check, go vet, build of _examples, go test -race ./...
+test:
+	$(LOCALPG) scripts/check.sh
+
+## demo: run the basic example
+demo:
+	$(LOCALPG) go run ./_examples/basic
+
+## stress: the stress tests (build tag "stress")
+stress:
+	$(LOCALPG) go test -race -count=1 -tags stress -run 'TestStress' -timeout 80m .
+
+## bench: the benchmarks in benchmarks/, once there are any
+bench:
+	@if [ -d benchmarks ]; then \
+		$(LOCALPG) sh -c 'cd benchmarks && go run .'; \
+	else \
+		echo "no benchmarks yet (no benchmarks/ directory)"; \
+	fi
+
+## fmt: gofmt -w every Go file of the project
+fmt:
+	@files="$$(scripts/gofiles.sh)"; if [ -n "$$files" ]; then gofmt -l -w $$files; fi
+
+## pg: an interactive $SHELL with a throwaway PostgreSQL (PGLEASE_TEST_DSN, DATABASE_URL set)
+pg:
+	$(LOCALPG) sh -c 'echo "PGLEASE_TEST_DSN=$$PGLEASE_TEST_DSN"; echo "PGLEASE_TEST_RESTART_CMD=$$PGLEASE_TEST_RESTART_CMD"; echo "exit the shell to stop PostgreSQL"; exec "$${SHELL:-/bin/bash}"'

@@ -1,0 +1,57 @@
+// Package pglease is a Watermill Pub/Sub on PostgreSQL (pgx/v5) in which
+// every Subscriber keeps one consumer-session row alive with a heartbeat and
+// claims exclusive ownership of each (consumer group, topic) it subscribes
+// to through that row.
+//
+// # Tables
+//
+// [DefaultSchemaAdapter] uses three tables (names configurable, always
+// quoted): one messages table for all topics, one consumer_sessions row per
+// live Subscriber, and one consumer_offsets row per (consumer group, topic,
+// partition) holding the acknowledged position, the owner session, an
+// optional lease override and the epoch. [SchemaSQL] returns the DDL.
+//
+// # Delivery
+//
+// A message's position is (transaction_id, offset): the xid8 of the
+// inserting transaction and an identity value. Offsets are assigned before
+// commit and so commit out of order; a reader only sees rows whose
+// transaction is older than every running one (below pg_snapshot_xmin) and
+// orders them by (transaction_id, offset), so no row can later appear behind
+// a position already consumed. Messages of a (group, topic) are handed out
+// one at a time: the next only after an Ack, whose position is then
+// committed. A Nack delivers the same message again after
+// SubscriberConfig.NackResendDelay. No transaction is open while a handler
+// runs. Delivery is at least once.
+//
+// # Sessions, claims and fencing
+//
+//	               claim succeeds                       ctx ends / Close
+//	 standby ─────────────────────────▶ owner ─────────────────────────▶ released
+//	    ▲                                 │        (offset written, claim freed
+//	    │  session lost, self-fenced,     │         in one statement)
+//	    └──────── or commit fenced ◀──────┘
+//
+// The first Subscribe opens a session row expiring at the server's
+// now() + SessionTTL; a heartbeat moves the expiry every SessionTTL/3, and
+// only while the row has not expired. A (group, topic) row is free when it
+// has no owner, when its lease override has passed, or when its owner
+// session has expired or is gone; claiming sets the owner and bumps the
+// epoch in one statement. Holding a claim writes nothing: liveness costs one
+// write per Subscriber per heartbeat, whatever the number of topics.
+//
+// Every offset commit is fenced: it matches the row only while it still
+// names this session and epoch, so a paused or partitioned old owner can
+// never move an offset after a new owner took over. The Subscriber also
+// trusts its session only for SessionTTL less a margin after the last
+// successful heartbeat was sent (measured on the monotonic clock): past
+// that, it stops handing out messages before the server can expire the row.
+// A session found expired or deleted is replaced by a new one, whose claims
+// start from the committed offsets.
+//
+// When a Subscribe context ends or the Subscriber closes, each topic is
+// released at once with its acknowledged position, so a standby takes over
+// within its PollInterval; Close then deletes the session row. A crashed
+// process's topics are taken over once its session expires, after at most
+// about SessionTTL.
+package pglease

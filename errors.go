@@ -1,0 +1,51 @@
+package pglease
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+)
+
+// MaxTopicLength is the longest topic name accepted, in bytes.
+const MaxTopicLength = 255
+
+var (
+	// ErrPublisherClosed is returned by [Publisher.Publish] after
+	// [Publisher.Close].
+	ErrPublisherClosed = errors.New("pglease: publisher is closed")
+	// ErrSubscriberClosed is returned by [Subscriber.Subscribe] and
+	// [Subscriber.SubscribeInitialize] after [Subscriber.Close].
+	ErrSubscriberClosed = errors.New("pglease: subscriber is closed")
+	// ErrOwnershipLost means a fenced write found that another session
+	// took over the (consumer group, topic): nothing was written.
+	ErrOwnershipLost = errors.New("pglease: ownership of the topic was lost")
+	// ErrInvalidTopic is wrapped by the errors for topic names that are
+	// empty, longer than [MaxTopicLength], not UTF-8 or hold a NUL byte.
+	ErrInvalidTopic = errors.New("pglease: invalid topic")
+	// ErrInvalidMessage is wrapped by the errors for nil messages and for
+	// messages whose UUID or metadata PostgreSQL cannot store.
+	ErrInvalidMessage = errors.New("pglease: invalid message")
+	// ErrInvalidConfig is wrapped by the errors of NewPublisher and
+	// NewSubscriber for invalid arguments or configuration.
+	ErrInvalidConfig = errors.New("pglease: invalid config")
+)
+
+func validateTopic(topic string) error {
+	switch {
+	case topic == "":
+		return fmt.Errorf("%w: topic is empty", ErrInvalidTopic)
+	case len(topic) > MaxTopicLength:
+		return fmt.Errorf("%w: topic is %d bytes long, at most %d are allowed", ErrInvalidTopic, len(topic), MaxTopicLength)
+	case strings.IndexByte(topic, 0) >= 0:
+		return fmt.Errorf("%w: topic %q contains a NUL byte", ErrInvalidTopic, topic)
+	case !utf8.ValidString(topic):
+		return fmt.Errorf("%w: topic %q is not valid UTF-8", ErrInvalidTopic, topic)
+	}
+	return nil
+}
+
+// validText reports whether PostgreSQL can store s in a text or jsonb value.
+func validText(s string) bool {
+	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
+}

@@ -1,0 +1,111 @@
+package pgtest_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/watermill-pglease/internal/pgtest"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	pgtest.Terminate()
+	os.Exit(code)
+}
+
+func TestRestartCommandFromEnv(t *testing.T) {
+	t.Setenv(pgtest.EnvRestartCmd, "  /abs/localpg.sh restart\t/tmp/x/data ")
+	want := []string{"/abs/localpg.sh", "restart", "/tmp/x/data"}
+	if got := pgtest.RestartCommand(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("RestartCommand() = %q, want %q", got, want)
+	}
+}
+
+func TestConnectAndRestart(t *testing.T) {
+	dsn, err := pgtest.DSN()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	before := startTime(ctx, t, dsn)
+
+	cmd := pgtest.RestartCommand()
+	if cmd == nil {
+		t.Logf("no restart command (%s unset and no test container): restart not checked", pgtest.EnvRestartCmd)
+		return
+	}
+	out, err := exec.CommandContext(ctx, cmd[0], cmd[1:]...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("restart command %q: %v\n%s", cmd, err, out)
+	}
+
+	// The server may take a moment to accept connections again (a container
+	// restart returns early); poll until a deadline.
+	deadline := time.Now().Add(time.Minute)
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		after, err := queryStartTime(ctx, dsn)
+		if err == nil {
+			if !after.After(before) {
+				t.Fatalf("pg_postmaster_start_time() = %v after the restart, want later than %v", after, before)
+			}
+			t.Logf("restarted: postmaster start time %v -> %v (connected on attempt %d)", before, after, attempt+1)
+			return
+		}
+		lastErr = err
+		if time.Now().After(deadline) {
+			t.Fatalf("no connection within a minute after the restart: %v", lastErr)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("gave up waiting for the restarted server: %v (last error: %v)", ctx.Err(), lastErr)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// startTime connects to dsn, checks that `select 1` works and returns
+// pg_postmaster_start_time().
+func startTime(ctx context.Context, t *testing.T, dsn string) time.Time {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("connect %s: %v", dsn, err)
+	}
+	defer conn.Close(ctx)
+
+	var one int
+	if err := conn.QueryRow(ctx, "select 1").Scan(&one); err != nil {
+		t.Fatalf("select 1: %v", err)
+	}
+	if one != 1 {
+		t.Fatalf("select 1 returned %d", one)
+	}
+	var start time.Time
+	if err := conn.QueryRow(ctx, "select pg_postmaster_start_time()").Scan(&start); err != nil {
+		t.Fatalf("select pg_postmaster_start_time(): %v", err)
+	}
+	return start
+}
+
+func queryStartTime(ctx context.Context, dsn string) (time.Time, error) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(cctx, dsn)
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer conn.Close(cctx)
+	var start time.Time
+	err = conn.QueryRow(cctx, "select pg_postmaster_start_time()").Scan(&start)
+	return start, err
+}

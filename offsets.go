@@ -1,0 +1,133 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Position is a place in the delivery order of a topic: messages are
+// delivered ordered by (TransactionID, Offset), where TransactionID is the
+// xid8 of the transaction that inserted the message. The zero Position is
+// the beginning of every topic.
+type Position struct {
+	TransactionID uint64
+	Offset        int64
+}
+
+func formatXID8(x uint64) string { return strconv.FormatUint(x, 10) }
+
+func parseXID8(s string) (uint64, error) {
+	x, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("parse xid8 %q: %w", s, err)
+	}
+	return x, nil
+}
+
+// claim is the ownership of one (consumer group, topic, partition) row by
+// one session, valid while the session is and until a fenced statement
+// finds the row taken.
+type claim struct {
+	group     string
+	topic     string
+	partition int32
+	sessionID uuid.UUID
+	epoch     int64
+	// acked is the last acknowledged position known to be committed.
+	acked Position
+}
+
+func (c *claim) params(pos Position) OffsetParams {
+	return OffsetParams{
+		ConsumerGroup: c.group,
+		Topic:         c.topic,
+		Partition:     c.partition,
+		SessionID:     c.sessionID,
+		Epoch:         c.epoch,
+		Position:      pos,
+	}
+}
+
+// offsetStore runs the claim, commit and release statements of the
+// offsets table. It is safe for concurrent use.
+type offsetStore struct {
+	pool    *pgxpool.Pool
+	adapter SchemaAdapter
+}
+
+// ensure creates the offset row of (group, topic) at the beginning of the
+// topic if it does not exist yet: a new consumer group reads the topic from
+// its first message.
+func (s offsetStore) ensure(ctx context.Context, group, topic string) error {
+	q := s.adapter.EnsureOffset(OffsetParams{ConsumerGroup: group, Topic: topic})
+	if _, err := s.pool.Exec(ctx, q.SQL, q.Args...); err != nil {
+		return fmt.Errorf("create offset row for topic %q: %w", topic, wrapMissingSchema(err))
+	}
+	return nil
+}
+
+// tryClaim claims (group, topic) for the session if it is free. It returns
+// nil and no error when another live session owns it.
+func (s offsetStore) tryClaim(ctx context.Context, group, topic string, sessionID uuid.UUID) (*claim, error) {
+	q := s.adapter.ClaimOffset(OffsetParams{ConsumerGroup: group, Topic: topic, SessionID: sessionID})
+	var (
+		epoch  int64
+		txText string
+		offset int64
+	)
+	err := s.pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&epoch, &txText, &offset)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("claim topic %q: %w", topic, wrapMissingSchema(err))
+	}
+	txID, err := parseXID8(txText)
+	if err != nil {
+		return nil, fmt.Errorf("claim topic %q: %w", topic, err)
+	}
+	return &claim{
+		group:     group,
+		topic:     topic,
+		sessionID: sessionID,
+		epoch:     epoch,
+		acked:     Position{TransactionID: txID, Offset: offset},
+	}, nil
+}
+
+// commit moves the acknowledged position of a claim. It returns
+// ErrOwnershipLost when the row is no longer owned by the claim's session
+// and epoch: the position was not written.
+func (s offsetStore) commit(ctx context.Context, c *claim, pos Position) error {
+	q := s.adapter.CommitOffset(c.params(pos))
+	tag, err := s.pool.Exec(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return fmt.Errorf("commit offset for topic %q: %w", c.topic, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("commit offset for topic %q (epoch %d): %w", c.topic, c.epoch, ErrOwnershipLost)
+	}
+	c.acked = pos
+	return nil
+}
+
+// release writes the claim's acknowledged position and frees the row in one
+// statement, so that a waiting Subscriber can claim it at once. It returns
+// ErrOwnershipLost when the claim was already taken over.
+func (s offsetStore) release(ctx context.Context, c *claim) error {
+	q := s.adapter.ReleaseOffset(c.params(c.acked))
+	tag, err := s.pool.Exec(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return fmt.Errorf("release topic %q: %w", c.topic, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("release topic %q (epoch %d): %w", c.topic, c.epoch, ErrOwnershipLost)
+	}
+	return nil
+}

@@ -1,0 +1,213 @@
+package pglease
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DB is what a [Publisher] writes with. *pgxpool.Pool, *pgx.Conn and pgx.Tx
+// implement it; with a pgx.Tx every Publish runs inside the caller's
+// transaction (the transactional outbox), so the messages commit or roll
+// back with the caller's own writes.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// PublisherConfig configures a [Publisher]. The zero value is valid.
+type PublisherConfig struct {
+	// AutoInitializeSchema creates or migrates the tables before the first
+	// Publish. With a pgx.Tx it runs inside that transaction (a savepoint),
+	// and its advisory lock is held until the transaction ends. Leave it
+	// off when the DDL of [SchemaSQL] is applied by a migration tool.
+	AutoInitializeSchema bool
+
+	// SchemaAdapter builds every SQL statement. Default DefaultSchemaAdapter{}.
+	SchemaAdapter SchemaAdapter
+}
+
+func (c *PublisherConfig) setDefaults() {
+	if c.SchemaAdapter == nil {
+		c.SchemaAdapter = DefaultSchemaAdapter{}
+	}
+}
+
+func (c PublisherConfig) validate() error {
+	if a, ok := c.SchemaAdapter.(DefaultSchemaAdapter); ok {
+		if err := a.validate(); err != nil {
+			return fmt.Errorf("PublisherConfig.SchemaAdapter: %w", err)
+		}
+	}
+	return nil
+}
+
+// Publisher is a Watermill [message.Publisher] writing to PostgreSQL. All
+// topics share one messages table; a topic needs no set-up.
+//
+// A Publisher is safe for concurrent use. On a *pgx.Conn or a pgx.Tx, which
+// run one statement at a time, concurrent Publish calls take turns.
+type Publisher struct {
+	db     DB
+	config PublisherConfig
+	logger watermill.LoggerAdapter
+	// serial is held around every statement when db is not a pool.
+	serial *sync.Mutex
+
+	schemaMu    sync.Mutex
+	schemaReady bool
+
+	closeMu  sync.RWMutex
+	closed   bool
+	inflight sync.WaitGroup
+}
+
+var _ message.Publisher = (*Publisher)(nil)
+
+// NewPublisher returns a Publisher writing with db: a *pgxpool.Pool, a
+// *pgx.Conn or a pgx.Tx. It does not touch the database. A nil logger means
+// no logging.
+func NewPublisher(db DB, config PublisherConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
+	if isNilDB(db) {
+		return nil, fmt.Errorf("%w: NewPublisher needs a *pgxpool.Pool, *pgx.Conn or pgx.Tx, got nil", ErrInvalidConfig)
+	}
+	config.setDefaults()
+	if err := config.validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	p := &Publisher{db: db, config: config, logger: logger}
+	if _, ok := db.(*pgxpool.Pool); !ok {
+		p.serial = &sync.Mutex{}
+	}
+	return p, nil
+}
+
+// Publish writes msgs to topic atomically, in one statement: either all of
+// them are stored, in order, or none and an error is returned. The UUID,
+// payload and metadata are kept exactly. The context of the first message
+// bounds the statement. Publish with no messages does nothing.
+//
+// After [Publisher.Close], Publish returns ErrPublisherClosed.
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	if err := validateTopic(topic); err != nil {
+		return err
+	}
+	params, err := buildInsertParams(topic, msgs)
+	if err != nil {
+		return err
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+
+	p.closeMu.RLock()
+	if p.closed {
+		p.closeMu.RUnlock()
+		return ErrPublisherClosed
+	}
+	p.inflight.Add(1)
+	p.closeMu.RUnlock()
+	defer p.inflight.Done()
+
+	ctx := msgs[0].Context()
+	if p.serial != nil {
+		p.serial.Lock()
+		defer p.serial.Unlock()
+	}
+	if err := p.initializeSchema(ctx); err != nil {
+		return err
+	}
+	q := p.config.SchemaAdapter.InsertMessages(params)
+	if _, err := p.db.Exec(ctx, q.SQL, q.Args...); err != nil {
+		return fmt.Errorf("publish %d messages to topic %q: %w", len(msgs), topic, wrapMissingSchema(err))
+	}
+	p.logger.Trace("Messages published", watermill.LogFields{"topic": topic, "count": len(msgs)})
+	return nil
+}
+
+// Close makes later Publish calls fail with ErrPublisherClosed and waits for
+// the ones under way. It does not close db, which belongs to the caller. It
+// is idempotent.
+func (p *Publisher) Close() error {
+	p.closeMu.Lock()
+	if p.closed {
+		p.closeMu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.closeMu.Unlock()
+	p.inflight.Wait()
+	return nil
+}
+
+func (p *Publisher) initializeSchema(ctx context.Context) error {
+	if !p.config.AutoInitializeSchema {
+		return nil
+	}
+	p.schemaMu.Lock()
+	defer p.schemaMu.Unlock()
+	if p.schemaReady {
+		return nil
+	}
+	if err := initializeSchema(ctx, p.db, p.config.SchemaAdapter); err != nil {
+		return err
+	}
+	p.schemaReady = true
+	return nil
+}
+
+func buildInsertParams(topic string, msgs []*message.Message) (InsertMessagesParams, error) {
+	params := InsertMessagesParams{
+		Topic:    topic,
+		UUIDs:    make([]string, len(msgs)),
+		Payloads: make([][]byte, len(msgs)),
+		Metadata: make([]string, len(msgs)),
+	}
+	for i, msg := range msgs {
+		if msg == nil {
+			return params, fmt.Errorf("%w: message %d of %d is nil", ErrInvalidMessage, i, len(msgs))
+		}
+		if !validText(msg.UUID) {
+			return params, fmt.Errorf("%w: UUID of message %d must be UTF-8 without NUL bytes", ErrInvalidMessage, i)
+		}
+		for k, v := range msg.Metadata {
+			if !validText(k) || !validText(v) {
+				return params, fmt.Errorf("%w: metadata %q of message %s must be UTF-8 without NUL bytes", ErrInvalidMessage, k, msg.UUID)
+			}
+		}
+		md := msg.Metadata
+		if md == nil {
+			md = message.Metadata{}
+		}
+		b, err := json.Marshal(md)
+		if err != nil {
+			return params, fmt.Errorf("%w: encode metadata of message %s: %w", ErrInvalidMessage, msg.UUID, err)
+		}
+		params.UUIDs[i] = msg.UUID
+		params.Payloads[i] = msg.Payload
+		params.Metadata[i] = string(b)
+	}
+	return params, nil
+}
+
+func isNilDB(db DB) bool {
+	switch d := db.(type) {
+	case nil:
+		return true
+	case *pgxpool.Pool:
+		return d == nil
+	case *pgx.Conn:
+		return d == nil
+	}
+	return false
+}

@@ -1,0 +1,140 @@
+package pglease_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/internal/pgtest"
+)
+
+// conformance holds what every Pub/Sub built by one run of the universal
+// suite shares: a pool and a schema.
+type conformance struct {
+	pool    *pgxpool.Pool
+	adapter pglease.DefaultSchemaAdapter
+	logger  watermill.LoggerAdapter
+
+	mu   sync.Mutex
+	subs []*pglease.Subscriber
+}
+
+// newConformance returns the shared parts of one suite run. When the run
+// ends (after its parallel subtests), every Subscriber it built is closed,
+// including those some tests of the suite leave open, and no goroutine of
+// pglease may be left.
+func newConformance(t *testing.T) *conformance {
+	pool := newPool(t, 60)
+	c := &conformance{pool: pool, adapter: newSchema(t, pool), logger: testLogger()}
+	t.Cleanup(func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, sub := range c.subs {
+			require.NoError(t, sub.Close())
+		}
+		assertNoLeakedGoroutines(t)
+	})
+	return c
+}
+
+func (c *conformance) pubSub(t *testing.T, group string) (message.Publisher, message.Subscriber) {
+	pub, err := pglease.NewPublisher(c.pool, pglease.PublisherConfig{
+		SchemaAdapter:        c.adapter,
+		AutoInitializeSchema: true,
+	}, c.logger)
+	require.NoError(t, err)
+	sub, err := pglease.NewSubscriber(c.pool, pglease.SubscriberConfig{
+		ConsumerGroup:    group,
+		SessionTTL:       2 * time.Second,
+		PollInterval:     20 * time.Millisecond,
+		NackResendDelay:  10 * time.Millisecond,
+		InitializeSchema: true,
+		SchemaAdapter:    c.adapter,
+	}, c.logger)
+	require.NoError(t, err)
+	c.mu.Lock()
+	c.subs = append(c.subs, sub)
+	c.mu.Unlock()
+	return pub, sub
+}
+
+func (c *conformance) features() tests.Features {
+	return tests.Features{
+		ConsumerGroups:      true,
+		ExactlyOnceDelivery: false,
+		GuaranteedOrder:     true,
+		Persistent:          true,
+		// Subscribers built for one test share its consumer group, so a new
+		// Subscriber continues where the group is; a new group starts at the
+		// beginning, which TestNewSubscriberReceivesOldMessages checks below.
+		NewSubscriberReceivesOldMessages: false,
+		RestartServiceCommand:            pgtest.RestartCommand(),
+	}
+}
+
+// TestPubSub runs Watermill's universal Pub/Sub test suite. The Subscribers
+// one test builds share a consumer group named after the test, the way
+// several instances of one service would.
+func TestPubSub(t *testing.T) {
+	c := newConformance(t)
+	features := c.features()
+	switch {
+	case raceDetector:
+		// TestReconnect appends to its list of published messages in one
+		// goroutine and reads it in another without synchronization, so the
+		// race detector flags the suite itself, whatever the backend. `make
+		// test` runs it again without -race (TestReconnect only).
+		features.RestartServiceCommand = nil
+		t.Log("built with -race: the suite skips TestReconnect, which `make test` runs without -race")
+	case len(features.RestartServiceCommand) == 0:
+		t.Log("PGLEASE_TEST_RESTART_CMD is not set: the suite skips TestReconnect; `make test` sets it")
+	}
+	tests.TestPubSub(t, features,
+		func(t *testing.T) (message.Publisher, message.Subscriber) { return c.pubSub(t, t.Name()) },
+		c.pubSub,
+	)
+}
+
+// TestNewSubscriberReceivesOldMessages runs the suite's test of that name
+// with a new consumer group for every Subscriber: a new group starts at the
+// beginning of the topic.
+func TestNewSubscriberReceivesOldMessages(t *testing.T) {
+	c := newConformance(t)
+	features := c.features()
+	features.NewSubscriberReceivesOldMessages = true
+	var mu sync.Mutex
+	n := 0
+	tests.TestNewSubscriberReceivesOldMessages(t, tests.TestContext{TestID: tests.NewTestID(), Features: features},
+		func(t *testing.T) (message.Publisher, message.Subscriber) {
+			mu.Lock()
+			defer mu.Unlock()
+			n++
+			return c.pubSub(t, fmt.Sprintf("%s/group-%d", t.Name(), n))
+		})
+}
+
+func BenchmarkSubscriber(b *testing.B) {
+	pool := newPool(b, 20)
+	adapter := newSchema(b, pool)
+	tests.BenchSubscriber(b, func(n int) (message.Publisher, message.Subscriber) {
+		pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, nil)
+		require.NoError(b, err)
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true}, nil)
+		require.NoError(b, err)
+		b.Cleanup(func() {
+			_ = pub.Close()
+			_ = sub.Close()
+		})
+		// Create the tables before the benchmark's publisher goroutine starts.
+		require.NoError(b, sub.SubscribeInitialize("bench"))
+		return pub, sub
+	})
+}

@@ -1,0 +1,53 @@
+package pglease
+
+import (
+	"math/rand/v2"
+	"time"
+)
+
+// backoff is a capped exponential backoff with full jitter. The zero value
+// is not usable; build it with newBackoff. Not safe for concurrent use.
+type backoff struct {
+	min, max time.Duration
+	next     time.Duration
+}
+
+func newBackoff(min, max time.Duration) *backoff {
+	if min <= 0 {
+		min = time.Millisecond
+	}
+	if max < min {
+		max = min
+	}
+	return &backoff{min: min, max: max, next: min}
+}
+
+// delay returns the next wait, a random duration in [d/2, d] where d doubles
+// from min up to max.
+func (b *backoff) delay() time.Duration {
+	d := b.next
+	b.next *= 2
+	if b.next > b.max {
+		b.next = b.max
+	}
+	half := d / 2
+	return half + rand.N(half+1)
+}
+
+// reset starts again from min after a success.
+func (b *backoff) reset() { b.next = b.min }
+
+// sleep waits for d, or until a or b is closed (a nil channel is never
+// closed); it reports whether the whole delay passed.
+func sleep(d time.Duration, a, b <-chan struct{}) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-a:
+		return false
+	case <-b:
+		return false
+	}
+}

@@ -1,0 +1,483 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Default table names of [DefaultSchemaAdapter].
+const (
+	DefaultMessagesTable         = "pglease_messages"
+	DefaultConsumerSessionsTable = "pglease_consumer_sessions"
+	DefaultConsumerOffsetsTable  = "pglease_consumer_offsets"
+	DefaultSchemaVersionTable    = "pglease_schema_version"
+)
+
+// Query is one SQL statement and its parameters, as built by a [SchemaAdapter].
+type Query struct {
+	SQL  string
+	Args []any
+}
+
+// Migration is one step of a versioned schema. Versions start at 1 and grow
+// by one; a step runs once, in a transaction, under an advisory lock.
+type Migration struct {
+	Version     int
+	Description string
+	SQL         string
+}
+
+// InsertMessagesParams are the messages of one Publish call. The slices have
+// one element per message, in publish order.
+type InsertMessagesParams struct {
+	Topic     string
+	UUIDs     []string
+	Payloads  [][]byte
+	Metadata  []string // JSON objects
+	Partition int32
+}
+
+// SelectMessagesParams select the next messages of a topic after a position.
+type SelectMessagesParams struct {
+	Topic     string
+	Partition int32
+	After     Position
+	Limit     int
+}
+
+// SessionParams identify a consumer session.
+type SessionParams struct {
+	SessionID uuid.UUID
+	// ReplacesSessionID, when not uuid.Nil, is an older session of the same
+	// Subscriber that is deleted in the same statement that creates SessionID.
+	ReplacesSessionID uuid.UUID
+	ConsumerGroup     string
+	Owner             string
+	TTL               time.Duration
+}
+
+// OffsetParams identify one (consumer group, topic, partition) row and, for
+// fenced statements, the session and epoch that must still own it.
+type OffsetParams struct {
+	ConsumerGroup string
+	Topic         string
+	Partition     int32
+	SessionID     uuid.UUID
+	Epoch         int64
+	// Position is the acknowledged position written by commit and release.
+	Position Position
+}
+
+// SchemaAdapter owns every SQL statement pglease runs and the names of the
+// tables it runs them on. [DefaultSchemaAdapter] is the implementation for
+// PostgreSQL; a custom adapter may change names, types or indexes, as long as
+// each query returns the columns its method documents.
+//
+// Implementations must be safe for concurrent use.
+type SchemaAdapter interface {
+	// Migrations returns every schema step, oldest first.
+	Migrations() []Migration
+	// SchemaLockKey is the key of the transaction-level advisory lock taken
+	// while migrations run, so that concurrent set-ups serialize.
+	SchemaLockKey() string
+	// VersionTable is the quoted, possibly schema-qualified, name of the table
+	// that records applied migration versions (columns: version int primary
+	// key, description text, applied_at timestamptz).
+	VersionTable() string
+	// Prepare returns statements run before the version table is read (for
+	// example CREATE SCHEMA and the version table itself); they must be
+	// idempotent.
+	Prepare() []string
+
+	// InsertMessages inserts the messages of one Publish call in one
+	// statement, in order.
+	InsertMessages(p InsertMessagesParams) Query
+	// SelectMessages returns at most p.Limit messages after p.After that
+	// every transaction can see, in delivery order. Columns:
+	// offset bigint, transaction_id xid8 (as text), uuid text, payload bytea,
+	// metadata jsonb (as text).
+	SelectMessages(p SelectMessagesParams) Query
+
+	// CreateSession inserts a session row expiring at now() + TTL (and
+	// deletes p.ReplacesSessionID). Returns no rows.
+	CreateSession(p SessionParams) Query
+	// HeartbeatSession moves the session's expiry to now() + TTL only if it
+	// has not expired yet. Zero rows affected means the session is lost.
+	HeartbeatSession(p SessionParams) Query
+	// DeleteSession deletes the session row.
+	DeleteSession(p SessionParams) Query
+	// DeleteExpiredSessions deletes sessions expired for longer than p.TTL.
+	DeleteExpiredSessions(p SessionParams) Query
+
+	// EnsureOffset creates the offset row of a (group, topic, partition) at
+	// the beginning of the topic if it does not exist.
+	EnsureOffset(p OffsetParams) Query
+	// ClaimOffset takes ownership of a free offset row for p.SessionID and
+	// bumps its epoch. Returns one row (epoch bigint, acked_transaction_id
+	// xid8 as text, acked_offset bigint) when claimed, none otherwise.
+	ClaimOffset(p OffsetParams) Query
+	// CommitOffset moves the acknowledged position, fenced by session and
+	// epoch. Zero rows affected means ownership was lost.
+	CommitOffset(p OffsetParams) Query
+	// ReleaseOffset writes the acknowledged position and frees the claim in
+	// one statement, fenced by session and epoch.
+	ReleaseOffset(p OffsetParams) Query
+}
+
+// DefaultSchemaAdapter is the PostgreSQL [SchemaAdapter]: one messages table
+// for all topics, one row per live Subscriber in the sessions table, and one
+// row per (consumer group, topic, partition) in the offsets table.
+//
+// The zero value uses the default table names in the connection's
+// search_path. Names are quoted, so they are used exactly as given.
+// A DefaultSchemaAdapter is safe for concurrent use.
+type DefaultSchemaAdapter struct {
+	// Schema is the PostgreSQL schema of the tables. Empty means the
+	// connection's search_path (usually "public"). When set, it is created
+	// by schema initialization if missing.
+	Schema string
+	// MessagesTable defaults to DefaultMessagesTable.
+	MessagesTable string
+	// ConsumerSessionsTable defaults to DefaultConsumerSessionsTable.
+	ConsumerSessionsTable string
+	// ConsumerOffsetsTable defaults to DefaultConsumerOffsetsTable.
+	ConsumerOffsetsTable string
+	// SchemaVersionTable defaults to DefaultSchemaVersionTable.
+	SchemaVersionTable string
+}
+
+func (a DefaultSchemaAdapter) ident(name, def string) string {
+	if name == "" {
+		name = def
+	}
+	if a.Schema == "" {
+		return pgx.Identifier{name}.Sanitize()
+	}
+	return pgx.Identifier{a.Schema, name}.Sanitize()
+}
+
+func (a DefaultSchemaAdapter) messages() string {
+	return a.ident(a.MessagesTable, DefaultMessagesTable)
+}
+
+func (a DefaultSchemaAdapter) sessions() string {
+	return a.ident(a.ConsumerSessionsTable, DefaultConsumerSessionsTable)
+}
+
+func (a DefaultSchemaAdapter) offsets() string {
+	return a.ident(a.ConsumerOffsetsTable, DefaultConsumerOffsetsTable)
+}
+
+// indexName builds a quoted index name from a table name; indexes live in
+// the table's schema, so the name is not schema-qualified.
+func (a DefaultSchemaAdapter) indexName(table, def, suffix string) string {
+	if table == "" {
+		table = def
+	}
+	name := table + "_" + suffix
+	if len(name) > 63 { // PostgreSQL truncates identifiers at 63 bytes
+		name = name[:63]
+	}
+	return pgx.Identifier{name}.Sanitize()
+}
+
+// validate checks the configured names.
+func (a DefaultSchemaAdapter) validate() error {
+	for _, n := range []struct{ field, value string }{
+		{"Schema", a.Schema},
+		{"MessagesTable", a.MessagesTable},
+		{"ConsumerSessionsTable", a.ConsumerSessionsTable},
+		{"ConsumerOffsetsTable", a.ConsumerOffsetsTable},
+		{"SchemaVersionTable", a.SchemaVersionTable},
+	} {
+		if len(n.value) > 63 {
+			return fmt.Errorf("DefaultSchemaAdapter.%s must be at most 63 bytes, got %d", n.field, len(n.value))
+		}
+		if strings.ContainsRune(n.value, 0) {
+			return fmt.Errorf("DefaultSchemaAdapter.%s must not contain a NUL byte", n.field)
+		}
+	}
+	return nil
+}
+
+// SchemaLockKey implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) SchemaLockKey() string {
+	return "pglease schema " + a.messages()
+}
+
+// VersionTable implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) VersionTable() string {
+	return a.ident(a.SchemaVersionTable, DefaultSchemaVersionTable)
+}
+
+// Prepare implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) Prepare() []string {
+	var stmts []string
+	if a.Schema != "" {
+		stmts = append(stmts, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{a.Schema}.Sanitize())
+	}
+	stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+a.VersionTable()+` (
+	version     integer PRIMARY KEY,
+	description text NOT NULL,
+	applied_at  timestamptz NOT NULL DEFAULT now()
+)`)
+	return stmts
+}
+
+// Migrations implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) Migrations() []Migration {
+	return []Migration{{
+		Version:     1,
+		Description: "messages, consumer sessions and consumer offsets",
+		SQL: `CREATE TABLE IF NOT EXISTS ` + a.messages() + ` (
+	"offset"       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	topic          text NOT NULL,
+	partition      integer NOT NULL DEFAULT 0,
+	transaction_id xid8 NOT NULL DEFAULT pg_current_xact_id(),
+	uuid           text NOT NULL,
+	payload        bytea,
+	metadata       jsonb,
+	created_at     timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS ` + a.indexName(a.MessagesTable, DefaultMessagesTable, "topic_position_idx") + `
+	ON ` + a.messages() + ` (topic, partition, transaction_id, "offset");
+
+CREATE TABLE IF NOT EXISTS ` + a.sessions() + ` (
+	id             uuid PRIMARY KEY,
+	consumer_group text NOT NULL,
+	owner          text NOT NULL,
+	created_at     timestamptz NOT NULL DEFAULT now(),
+	expires_at     timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ` + a.indexName(a.ConsumerSessionsTable, DefaultConsumerSessionsTable, "expires_at_idx") + `
+	ON ` + a.sessions() + ` (expires_at);
+
+CREATE TABLE IF NOT EXISTS ` + a.offsets() + ` (
+	consumer_group       text NOT NULL,
+	topic                text NOT NULL,
+	partition            integer NOT NULL DEFAULT 0,
+	acked_transaction_id xid8 NOT NULL DEFAULT '0',
+	acked_offset         bigint NOT NULL DEFAULT 0,
+	session_id           uuid,
+	lease_expires_at     timestamptz,
+	epoch                bigint NOT NULL DEFAULT 0,
+	updated_at           timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (consumer_group, topic, partition)
+);`,
+	}}
+}
+
+// InsertMessages implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) InsertMessages(p InsertMessagesParams) Query {
+	return Query{
+		SQL: `INSERT INTO ` + a.messages() + ` (topic, partition, uuid, payload, metadata)
+SELECT $1, $2, m.uuid, m.payload, m.metadata::jsonb
+FROM unnest($3::text[], $4::bytea[], $5::text[]) WITH ORDINALITY AS m(uuid, payload, metadata, n)
+ORDER BY m.n`,
+		Args: []any{p.Topic, p.Partition, p.UUIDs, p.Payloads, p.Metadata},
+	}
+}
+
+// SelectMessages implements [SchemaAdapter].
+//
+// Offsets are assigned before commit, so they commit out of order; only rows
+// of transactions older than every running one (below pg_snapshot_xmin) are
+// returned, ordered by (transaction_id, offset), so a row can never appear
+// behind a position already consumed.
+func (a DefaultSchemaAdapter) SelectMessages(p SelectMessagesParams) Query {
+	return Query{
+		SQL: `SELECT "offset", transaction_id::text, uuid, payload, metadata::text
+FROM ` + a.messages() + `
+WHERE topic = $1 AND partition = $2
+	AND (transaction_id, "offset") > ($3::text::xid8, $4::bigint)
+	AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+ORDER BY transaction_id, "offset"
+LIMIT $5`,
+		Args: []any{p.Topic, p.Partition, formatXID8(p.After.TransactionID), p.After.Offset, p.Limit},
+	}
+}
+
+// CreateSession implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) CreateSession(p SessionParams) Query {
+	return Query{
+		SQL: `WITH replaced AS (
+	DELETE FROM ` + a.sessions() + ` WHERE id = $5
+)
+INSERT INTO ` + a.sessions() + ` (id, consumer_group, owner, expires_at)
+VALUES ($1, $2, $3, now() + $4::bigint * interval '1 microsecond')`,
+		Args: []any{p.SessionID, p.ConsumerGroup, p.Owner, p.TTL.Microseconds(), p.ReplacesSessionID},
+	}
+}
+
+// HeartbeatSession implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) HeartbeatSession(p SessionParams) Query {
+	return Query{
+		SQL: `UPDATE ` + a.sessions() + `
+SET expires_at = now() + $2::bigint * interval '1 microsecond'
+WHERE id = $1 AND expires_at > now()`,
+		Args: []any{p.SessionID, p.TTL.Microseconds()},
+	}
+}
+
+// DeleteSession implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) DeleteSession(p SessionParams) Query {
+	return Query{
+		SQL:  `DELETE FROM ` + a.sessions() + ` WHERE id = $1`,
+		Args: []any{p.SessionID},
+	}
+}
+
+// DeleteExpiredSessions implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) DeleteExpiredSessions(p SessionParams) Query {
+	return Query{
+		SQL:  `DELETE FROM ` + a.sessions() + ` WHERE expires_at < now() - $1::bigint * interval '1 microsecond'`,
+		Args: []any{p.TTL.Microseconds()},
+	}
+}
+
+// EnsureOffset implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) EnsureOffset(p OffsetParams) Query {
+	return Query{
+		SQL: `INSERT INTO ` + a.offsets() + ` (consumer_group, topic, partition)
+VALUES ($1, $2, $3)
+ON CONFLICT (consumer_group, topic, partition) DO NOTHING`,
+		Args: []any{p.ConsumerGroup, p.Topic, p.Partition},
+	}
+}
+
+// ClaimOffset implements [SchemaAdapter].
+//
+// A row is free when nobody owns it, when its lease override has expired,
+// or when its owner's session has expired or is gone. A session may also
+// claim a row it already owns (bumping the epoch), so that a claim whose
+// outcome was lost in transit can be retried; a Subscriber lets only one
+// of its subscriptions per topic claim at a time. The check and the
+// write are one statement: of two concurrent claimers, the second re-checks
+// the row after the first committed and finds it taken.
+func (a DefaultSchemaAdapter) ClaimOffset(p OffsetParams) Query {
+	return Query{
+		SQL: `UPDATE ` + a.offsets() + ` o
+SET session_id = $4, lease_expires_at = NULL, epoch = o.epoch + 1, updated_at = now()
+WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
+	AND (o.session_id IS NULL OR o.session_id = $4 OR COALESCE(
+		o.lease_expires_at,
+		(SELECT s.expires_at FROM ` + a.sessions() + ` s WHERE s.id = o.session_id),
+		'-infinity'
+	) < now())
+RETURNING o.epoch, o.acked_transaction_id::text, o.acked_offset`,
+		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID},
+	}
+}
+
+// CommitOffset implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) CommitOffset(p OffsetParams) Query {
+	return Query{
+		SQL: `UPDATE ` + a.offsets() + `
+SET acked_transaction_id = $6::text::xid8, acked_offset = $7, updated_at = now()
+WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5`,
+		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
+			formatXID8(p.Position.TransactionID), p.Position.Offset},
+	}
+}
+
+// ReleaseOffset implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) ReleaseOffset(p OffsetParams) Query {
+	return Query{
+		SQL: `UPDATE ` + a.offsets() + `
+SET acked_transaction_id = $6::text::xid8, acked_offset = $7,
+	session_id = NULL, lease_expires_at = NULL, updated_at = now()
+WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5`,
+		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
+			formatXID8(p.Position.TransactionID), p.Position.Offset},
+	}
+}
+
+// SchemaSQL returns the whole DDL of the adapter's current schema version as
+// one script, for users who run migrations with their own tool and leave
+// schema initialization off. The script is idempotent and records the
+// versions it creates, so automatic initialization run later is a no-op.
+func SchemaSQL(adapter SchemaAdapter) string {
+	if adapter == nil {
+		adapter = DefaultSchemaAdapter{}
+	}
+	var b strings.Builder
+	b.WriteString("BEGIN;\n")
+	for _, s := range adapter.Prepare() {
+		b.WriteString(s)
+		b.WriteString(";\n")
+	}
+	for _, m := range adapter.Migrations() {
+		fmt.Fprintf(&b, "\n-- version %d: %s\n%s\n", m.Version, m.Description, strings.TrimSpace(m.SQL))
+		fmt.Fprintf(&b, "INSERT INTO %s (version, description) VALUES (%d, %s) ON CONFLICT (version) DO NOTHING;\n",
+			adapter.VersionTable(), m.Version, quoteLiteral(m.Description))
+	}
+	b.WriteString("COMMIT;\n")
+	return b.String()
+}
+
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// beginner is what schema initialization needs: pgx.Tx, *pgx.Conn and
+// *pgxpool.Pool all provide it (on a pgx.Tx, Begin opens a savepoint).
+type beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// initializeSchema applies the adapter's missing migrations. It is
+// idempotent and safe to run from many goroutines and processes at once:
+// everything runs in one transaction holding an advisory lock, so set-ups
+// serialize and each later one finds the work done.
+func initializeSchema(ctx context.Context, db beginner, adapter SchemaAdapter) error {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("initialize schema: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, adapter.SchemaLockKey()); err != nil {
+		return fmt.Errorf("initialize schema: lock: %w", err)
+	}
+	for _, s := range adapter.Prepare() {
+		if _, err := tx.Exec(ctx, s); err != nil {
+			return fmt.Errorf("initialize schema: %w", err)
+		}
+	}
+	var current int
+	if err := tx.QueryRow(ctx, `SELECT COALESCE(max(version), 0) FROM `+adapter.VersionTable()).Scan(&current); err != nil {
+		return fmt.Errorf("initialize schema: read version: %w", err)
+	}
+	for _, m := range adapter.Migrations() {
+		if m.Version <= current {
+			continue
+		}
+		if _, err := tx.Exec(ctx, m.SQL); err != nil {
+			return fmt.Errorf("initialize schema: migration %d (%s): %w", m.Version, m.Description, err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+adapter.VersionTable()+` (version, description) VALUES ($1, $2)`,
+			m.Version, m.Description); err != nil {
+			return fmt.Errorf("initialize schema: record version %d: %w", m.Version, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("initialize schema: commit: %w", err)
+	}
+	return nil
+}
+
+// wrapMissingSchema adds a hint to "relation does not exist" errors.
+func wrapMissingSchema(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return fmt.Errorf("%w (the pglease tables are missing: set InitializeSchema or run the DDL of pglease.SchemaSQL)", err)
+	}
+	return err
+}

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# check.sh: the full check run by `make test` (inside scripts/localpg.sh run,
+# which provides PGLEASE_TEST_DSN): gofmt, go vet, build of the examples and
+# the race-enabled test suite. Extra arguments go to `go test`.
+set -euo pipefail
+
+ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)"
+cd -- "$ROOT"
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "gofmt"
+mapfile -t files < <("$ROOT/scripts/gofiles.sh")
+if ((${#files[@]} > 0)); then
+	unformatted="$(gofmt -l -- "${files[@]}")"
+	if [[ -n "$unformatted" ]]; then
+		echo "these files need gofmt (run 'make fmt'):" >&2
+		while IFS= read -r f; do
+			printf '  %s\n' "$f"
+		done <<<"$unformatted" >&2
+		exit 1
+	fi
+fi
+echo "ok (${#files[@]} files)"
+
+step "go vet ./..."
+go vet ./...
+echo "ok"
+
+# The go tool skips directories starting with '_' in ./... and in
+# ./_examples/..., so the examples are listed by hand: each directory with Go
+# files, or each nested module (a go.mod of its own) built as a whole.
+step "go build (examples)"
+if [[ -d _examples ]]; then
+	mapfile -t modroots < <(find _examples -name go.mod -type f -exec dirname {} \; | sort)
+	pkgs=()
+	while IFS= read -r dir; do
+		inner=0
+		for m in "${modroots[@]}"; do
+			if [[ "$dir" == "$m" || "$dir" == "$m"/* ]]; then
+				inner=1
+				break
+			fi
+		done
+		((inner)) || pkgs+=("./$dir")
+	done < <(find _examples -name '*.go' -not -name '*_test.go' -type f -not -path '*/testdata/*' \
+		-exec dirname {} \; | sort -u)
+	if ((${#pkgs[@]} > 0)); then
+		echo "go build ${pkgs[*]}"
+		go build -o /dev/null "${pkgs[@]}"
+	fi
+	for m in "${modroots[@]}"; do
+		echo "(cd $m && go build ./...)"
+		(cd -- "$m" && go build -o /dev/null ./...)
+	done
+	if ((${#pkgs[@]} == 0 && ${#modroots[@]} == 0)); then
+		echo "no Go files under _examples"
+	fi
+else
+	echo "no _examples directory"
+fi
+echo "ok"
+
+step "go test -race ./..."
+if [[ -z "${PGLEASE_TEST_DSN:-}" ]]; then
+	echo "note: PGLEASE_TEST_DSN is not set; run this through 'make test' (scripts/localpg.sh run)" >&2
+fi
+# -p 1: one package's test binary at a time. Tests restart the shared
+# server (PGLEASE_TEST_RESTART_CMD), which would break the tests of any
+# other package running at the same moment.
+go test -race -count=1 -p 1 -timeout 40m "$@" ./...

@@ -1,0 +1,336 @@
+package pglease
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// sessionGen is one consumer-session row as this process knows it. A
+// generation is trusted until lost is closed: by self-fencing (no heartbeat
+// succeeded for long enough that the server may have expired the row), by a
+// heartbeat that found the row gone or expired, or by Close. A lost
+// generation is never trusted again; the keeper opens a new one.
+type sessionGen struct {
+	id   uuid.UUID
+	lost chan struct{}
+	once sync.Once
+}
+
+func newSessionGen() *sessionGen {
+	return &sessionGen{id: uuid.New(), lost: make(chan struct{})}
+}
+
+func (g *sessionGen) markLost() bool {
+	marked := false
+	g.once.Do(func() {
+		close(g.lost)
+		marked = true
+	})
+	return marked
+}
+
+func (g *sessionGen) isLost() bool {
+	select {
+	case <-g.lost:
+		return true
+	default:
+		return false
+	}
+}
+
+// sessionKeeper keeps one consumer-session row alive for a Subscriber: it
+// creates it, heartbeats it every interval with the server's clock,
+// self-fences on the monotonic clock when heartbeats fail, opens a new
+// session when the row was lost, and deletes the row on stop.
+//
+// Start it once with start; stop is safe to call more than once and before
+// start. Its methods are safe for concurrent use.
+type sessionKeeper struct {
+	pool     *pgxpool.Pool
+	adapter  SchemaAdapter
+	logger   watermill.LoggerAdapter
+	group    string
+	owner    string
+	ttl      time.Duration
+	interval time.Duration // between heartbeats
+	// trust is how long after a successful heartbeat was sent the session
+	// is trusted locally: the TTL less a margin for clock-rate differences
+	// and scheduling, so the process stops before the server expires it.
+	trust time.Duration
+
+	mu      sync.Mutex
+	cur     *sessionGen   // nil while no generation is trusted
+	ready   chan struct{} // closed when cur becomes non-nil
+	prevID  uuid.UUID     // the last generation's id, deleted with the next insert
+	fence   *time.Timer   // self-fencing deadline of cur
+	started bool
+	stopped bool
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+func newSessionKeeper(pool *pgxpool.Pool, adapter SchemaAdapter, group string, ttl time.Duration, logger watermill.LoggerAdapter) *sessionKeeper {
+	host, _ := os.Hostname()
+	return &sessionKeeper{
+		pool:     pool,
+		adapter:  adapter,
+		logger:   logger,
+		group:    group,
+		owner:    fmt.Sprintf("%s/%d", host, os.Getpid()),
+		ttl:      ttl,
+		interval: ttl / 3,
+		trust:    ttl - ttl/10,
+		ready:    make(chan struct{}),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+}
+
+// start creates the first session row, returning its error, and starts the
+// heartbeat loop. Calls after the first successful one do nothing.
+func (k *sessionKeeper) start(ctx context.Context) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.stopped {
+		return ErrSubscriberClosed
+	}
+	if k.started {
+		return nil
+	}
+	if err := k.createLocked(ctx); err != nil {
+		return err
+	}
+	k.started = true
+	go k.run()
+	return nil
+}
+
+// current returns the trusted generation, or nil and a channel closed when
+// one becomes available.
+func (k *sessionKeeper) current() (*sessionGen, <-chan struct{}) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.cur != nil && !k.cur.isLost() {
+		return k.cur, nil
+	}
+	return nil, k.ready
+}
+
+// wait returns the trusted generation, waiting for one; nil when stop or
+// stop2 is closed first.
+func (k *sessionKeeper) wait(stop, stop2 <-chan struct{}) *sessionGen {
+	for {
+		g, ready := k.current()
+		if g != nil {
+			return g
+		}
+		select {
+		case <-ready:
+		case <-stop:
+			return nil
+		case <-stop2:
+			return nil
+		}
+	}
+}
+
+// createLocked inserts a new session row (deleting the previous one of this
+// keeper in the same statement) and makes it current. k.mu must be held;
+// the statement runs under it so that no consumer sees a half-made
+// generation.
+func (k *sessionKeeper) createLocked(ctx context.Context) error {
+	g := newSessionGen()
+	ctx, cancel := context.WithTimeout(ctx, k.interval)
+	defer cancel()
+	sent := time.Now()
+	q := k.adapter.CreateSession(SessionParams{
+		SessionID:         g.id,
+		ReplacesSessionID: k.prevID,
+		ConsumerGroup:     k.group,
+		Owner:             k.owner,
+		TTL:               k.ttl,
+	})
+	if _, err := k.pool.Exec(ctx, q.SQL, q.Args...); err != nil {
+		return fmt.Errorf("create consumer session: %w", wrapMissingSchema(err))
+	}
+	k.cur = g
+	k.prevID = g.id
+	close(k.ready)
+	k.armFenceLocked(g, sent)
+	k.logger.Debug("Consumer session created", watermill.LogFields{"session_id": g.id.String()})
+	return nil
+}
+
+// armFenceLocked (re)sets the self-fencing deadline of g to sent + trust.
+func (k *sessionKeeper) armFenceLocked(g *sessionGen, sent time.Time) {
+	d := time.Until(sent.Add(k.trust))
+	if k.fence != nil {
+		k.fence.Stop()
+	}
+	k.fence = time.AfterFunc(d, func() { k.selfFence(g) })
+}
+
+// selfFence stops trusting g: no heartbeat succeeded within the trust
+// window, so the server may expire the row and another session may claim
+// its topics.
+func (k *sessionKeeper) selfFence(g *sessionGen) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.loseLocked(g) {
+		k.logger.Error("Consumer session self-fenced: no heartbeat succeeded in time, delivery stopped until a new session is open",
+			ErrOwnershipLost, watermill.LogFields{"session_id": g.id.String(), "trust_window": k.trust.String()})
+	}
+}
+
+// loseLocked marks g lost and, if it is current, clears it.
+func (k *sessionKeeper) loseLocked(g *sessionGen) bool {
+	marked := g.markLost()
+	if k.cur == g {
+		k.cur = nil
+		k.ready = make(chan struct{})
+		if k.fence != nil {
+			k.fence.Stop()
+		}
+	}
+	return marked
+}
+
+func (k *sessionKeeper) run() {
+	defer close(k.done)
+	retry := newBackoff(50*time.Millisecond, k.interval)
+	// Expired sessions of others are deleted every cleanupEvery successful
+	// heartbeats, from a random phase so that Subscribers spread it out.
+	const cleanupEvery = 10
+	beats := rand.N(cleanupEvery)
+	wait := k.interval
+	for {
+		if !sleep(wait, k.stop, nil) {
+			return
+		}
+		k.mu.Lock()
+		g := k.cur
+		k.mu.Unlock()
+
+		if g == nil {
+			k.mu.Lock()
+			err := k.createLocked(context.Background())
+			k.mu.Unlock()
+			if err != nil {
+				k.logger.Error("Cannot open a new consumer session, retrying", err, nil)
+				wait = retry.delay()
+				continue
+			}
+			retry.reset()
+			wait = k.interval
+			continue
+		}
+
+		ok, err := k.heartbeat(g)
+		switch {
+		case err != nil:
+			k.logger.Error("Consumer session heartbeat failed, retrying", err,
+				watermill.LogFields{"session_id": g.id.String()})
+			wait = retry.delay()
+		case !ok:
+			k.mu.Lock()
+			k.loseLocked(g)
+			k.mu.Unlock()
+			k.logger.Error("Consumer session lost (expired or deleted), opening a new one", ErrOwnershipLost,
+				watermill.LogFields{"session_id": g.id.String()})
+			wait = 0
+		default:
+			retry.reset()
+			wait = k.interval
+			beats++
+			if beats%cleanupEvery == 0 {
+				k.deleteExpired()
+			}
+		}
+	}
+}
+
+// heartbeat extends g's row. It reports false when the row is gone or had
+// expired: the session is lost.
+func (k *sessionKeeper) heartbeat(g *sessionGen) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), k.interval)
+	defer cancel()
+	sent := time.Now()
+	q := k.adapter.HeartbeatSession(SessionParams{SessionID: g.id, TTL: k.ttl})
+	tag, err := k.pool.Exec(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return false, fmt.Errorf("heartbeat consumer session: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return false, nil
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.cur != g {
+		// Self-fenced while the heartbeat was under way: the generation
+		// stays lost (consumers already dropped its claims) and the loop
+		// opens a new one on its next turn.
+		return true, nil
+	}
+	k.armFenceLocked(g, sent)
+	return true, nil
+}
+
+// deleteExpired removes session rows of others that expired more than a
+// TTL ago. Their claims are free either way; this only keeps the table small.
+func (k *sessionKeeper) deleteExpired() {
+	ctx, cancel := context.WithTimeout(context.Background(), k.interval)
+	defer cancel()
+	q := k.adapter.DeleteExpiredSessions(SessionParams{TTL: k.ttl})
+	tag, err := k.pool.Exec(ctx, q.SQL, q.Args...)
+	if err != nil {
+		k.logger.Info("Cannot delete expired consumer sessions", watermill.LogFields{"error": err.Error()})
+		return
+	}
+	if n := tag.RowsAffected(); n > 0 {
+		k.logger.Debug("Deleted expired consumer sessions", watermill.LogFields{"count": n})
+	}
+}
+
+// close stops the heartbeat loop, marks the current generation lost and
+// deletes its row. Consumers must have released their claims before.
+func (k *sessionKeeper) close(timeout time.Duration) error {
+	k.mu.Lock()
+	if k.stopped {
+		k.mu.Unlock()
+		return nil
+	}
+	k.stopped = true
+	started := k.started
+	k.mu.Unlock()
+	if !started {
+		return nil
+	}
+	close(k.stop)
+	<-k.done
+
+	k.mu.Lock()
+	g := k.cur
+	id := k.prevID
+	if g != nil {
+		k.loseLocked(g)
+	}
+	k.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	q := k.adapter.DeleteSession(SessionParams{SessionID: id})
+	if _, err := k.pool.Exec(ctx, q.SQL, q.Args...); err != nil {
+		return fmt.Errorf("delete consumer session %s: %w", id, err)
+	}
+	k.logger.Debug("Consumer session deleted", watermill.LogFields{"session_id": id.String()})
+	return nil
+}

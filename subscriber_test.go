@@ -1,0 +1,269 @@
+package pglease_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+func publishN(t *testing.T, pub *pglease.Publisher, topic string, n int) []string {
+	t.Helper()
+	var ids []string
+	for i := 0; i < n; i++ {
+		msg := message.NewMessage(watermill.NewUUID(), []byte("x"))
+		require.NoError(t, pub.Publish(topic, msg))
+		ids = append(ids, msg.UUID)
+	}
+	return ids
+}
+
+func uuids(msgs []*message.Message) []string {
+	var ids []string
+	for _, m := range msgs {
+		ids = append(ids, m.UUID)
+	}
+	return ids
+}
+
+func table(adapter pglease.DefaultSchemaAdapter, name string) string {
+	return pgx.Identifier{adapter.Schema, name}.Sanitize()
+}
+
+type offsetRow struct {
+	session *uuid.UUID
+	epoch   int64
+	offset  int64
+}
+
+func readOffset(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, group, topic string) offsetRow {
+	t.Helper()
+	var r offsetRow
+	require.NoError(t, pool.QueryRow(context.Background(),
+		"SELECT session_id, epoch, acked_offset FROM "+table(adapter, pglease.DefaultConsumerOffsetsTable)+
+			" WHERE consumer_group = $1 AND topic = $2", group, topic).Scan(&r.session, &r.epoch, &r.offset))
+	return r
+}
+
+func TestSubscriberConfigErrorsNameTheField(t *testing.T) {
+	pool := newPool(t, 2)
+	cases := map[string]pglease.SubscriberConfig{
+		"SubscriberConfig.SessionTTL":      {SessionTTL: 500 * time.Millisecond},
+		"SubscriberConfig.PollInterval":    {PollInterval: -time.Second},
+		"SubscriberConfig.NackResendDelay": {NackResendDelay: -time.Second},
+		"SubscriberConfig.BatchSize":       {BatchSize: -1},
+		"SubscriberConfig.ConsumerGroup":   {ConsumerGroup: "a\x00"},
+		"DefaultSchemaAdapter.Schema":      {SchemaAdapter: pglease.DefaultSchemaAdapter{Schema: string(make([]byte, 64))}},
+	}
+	for field, cfg := range cases {
+		_, err := pglease.NewSubscriber(pool, cfg, nil)
+		require.ErrorIs(t, err, pglease.ErrInvalidConfig, field)
+		assert.Contains(t, err.Error(), field)
+	}
+	_, err := pglease.NewSubscriber(nil, pglease.SubscriberConfig{}, nil)
+	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
+}
+
+func TestSubscriberLifecycle(t *testing.T) {
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true}, nil)
+	require.NoError(t, err)
+
+	require.ErrorIs(t, sub.SubscribeInitialize(""), pglease.ErrInvalidTopic)
+	_, err = sub.Subscribe(context.Background(), "")
+	require.ErrorIs(t, err, pglease.ErrInvalidTopic)
+	require.NoError(t, sub.SubscribeInitialize("t"))
+
+	a, err := sub.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	b, err := sub.Subscribe(context.Background(), "u")
+	require.NoError(t, err)
+
+	var sessions int
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table(adapter, pglease.DefaultConsumerSessionsTable)).Scan(&sessions))
+	assert.Equal(t, 1, sessions, "one session row per Subscriber, whatever the number of topics")
+
+	require.NoError(t, sub.Close())
+	require.NoError(t, sub.Close(), "Close is idempotent")
+	for _, ch := range []<-chan *message.Message{a, b} {
+		_, open := <-ch
+		assert.False(t, open, "channel closed by Close")
+	}
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table(adapter, pglease.DefaultConsumerSessionsTable)).Scan(&sessions))
+	assert.Equal(t, 0, sessions, "Close deletes the session row")
+	_, err = sub.Subscribe(context.Background(), "t")
+	require.ErrorIs(t, err, pglease.ErrSubscriberClosed)
+	require.ErrorIs(t, sub.SubscribeInitialize("t"), pglease.ErrSubscriberClosed)
+	assertNoLeakedGoroutines(t)
+}
+
+func TestOneAtATimeAndNackRedelivers(t *testing.T) {
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{NackResendDelay: 50 * time.Millisecond})
+	ids := publishN(t, pub, "t", 3)
+
+	msgs, err := sub.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	first := <-msgs
+	require.Equal(t, ids[0], first.UUID)
+	assertNothingWithin(t, msgs, 200*time.Millisecond) // not before Ack or Nack
+
+	first.Nack()
+	select {
+	case <-first.Context().Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("message context not cancelled after Nack")
+	}
+	again := <-msgs
+	require.Equal(t, ids[0], again.UUID, "Nack redelivers the same message first")
+	require.NotSame(t, first, again, "a redelivery is a new message")
+	again.Ack()
+	select {
+	case <-again.Context().Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("message context not cancelled after Ack")
+	}
+	rest := receive(t, msgs, 2, 10*time.Second)
+	assert.Equal(t, ids[1:], uuids(rest))
+}
+
+// TestCancelledSubscriptionHandsOverAtOnce cancels the owner's Subscribe
+// context while another Subscriber of the group waits: the waiting one
+// continues after the last acked message, long before the session TTL.
+func TestCancelledSubscriptionHandsOverAtOnce(t *testing.T) {
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	cfg := pglease.SubscriberConfig{ConsumerGroup: "g", SessionTTL: 30 * time.Second}
+	owner := newTestSubscriber(t, pool, adapter, cfg)
+	standby := newTestSubscriber(t, pool, adapter, cfg)
+	ids := publishN(t, pub, "t", 10)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	ownerMsgs, err := owner.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	got := receive(t, ownerMsgs, 4, 10*time.Second)
+	assert.Equal(t, ids[:4], uuids(got))
+	unacked := <-ownerMsgs // delivered, never acked: goes to the next owner
+
+	standbyMsgs, err := standby.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	assertNothingWithin(t, standbyMsgs, 200*time.Millisecond)
+
+	cancel()
+	select {
+	case <-unacked.Context().Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("message context not cancelled when the subscription ended")
+	}
+	waitFor(t, 5*time.Second, "owner channel to close", func() bool {
+		select {
+		case _, open := <-ownerMsgs:
+			return !open
+		default:
+			return false
+		}
+	})
+	start := time.Now()
+	rest := receive(t, standbyMsgs, 6, 5*time.Second)
+	t.Logf("handover after cancel: %s", time.Since(start))
+	assert.Equal(t, ids[4:], uuids(rest))
+}
+
+// TestLostSessionIsReplaced deletes the Subscriber's session row behind its
+// back: it notices on the next heartbeat, opens a new session, claims its
+// topic again and delivers everything.
+func TestLostSessionIsReplaced(t *testing.T) {
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g", SessionTTL: time.Second})
+	msgs, err := sub.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	ids := publishN(t, pub, "t", 3)
+	receive(t, msgs, 3, 10*time.Second)
+	before := readOffset(t, pool, adapter, "g", "t")
+	require.NotNil(t, before.session)
+
+	_, err = pool.Exec(context.Background(), "DELETE FROM "+table(adapter, pglease.DefaultConsumerSessionsTable))
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, "a new session to claim the topic", func() bool {
+		r := readOffset(t, pool, adapter, "g", "t")
+		return r.session != nil && *r.session != *before.session
+	})
+	after := readOffset(t, pool, adapter, "g", "t")
+	assert.Greater(t, after.epoch, before.epoch, "a new claim bumps the epoch")
+	more := publishN(t, pub, "t", 3)
+	got := receive(t, msgs, 3, 10*time.Second)
+	assert.Equal(t, more, uuids(got), "delivery goes on after the last acked message: %v", ids)
+}
+
+// TestFencedCommitStopsDelivery lets another session take the claim while a
+// message is being handled: the owner's commit is rejected, it delivers
+// nothing more, and the offset stays where the new owner put it.
+func TestFencedCommitStopsDelivery(t *testing.T) {
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g", SessionTTL: 30 * time.Second})
+	publishN(t, pub, "t", 5)
+	msgs, err := sub.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	receive(t, msgs, 1, 10*time.Second)
+	inFlight := <-msgs
+	before := readOffset(t, pool, adapter, "g", "t")
+
+	// Another live session takes over (as after an expiry it would).
+	thief := uuid.New()
+	ctx := context.Background()
+	_, err = pool.Exec(ctx, "INSERT INTO "+table(adapter, pglease.DefaultConsumerSessionsTable)+
+		" (id, consumer_group, owner, expires_at) VALUES ($1, 'g', 'test', now() + interval '1 hour')", thief)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "UPDATE "+table(adapter, pglease.DefaultConsumerOffsetsTable)+
+		" SET session_id = $1, epoch = epoch + 1 WHERE consumer_group = 'g' AND topic = 't'", thief)
+	require.NoError(t, err)
+
+	inFlight.Ack()
+	assertNothingWithin(t, msgs, 500*time.Millisecond)
+	r := readOffset(t, pool, adapter, "g", "t")
+	assert.Equal(t, before.offset, r.offset, "the fenced commit did not move the offset")
+	assert.Equal(t, thief, *r.session)
+
+	// When the other session releases, the Subscriber claims again and
+	// redelivers the message whose commit was rejected.
+	_, err = pool.Exec(ctx, "UPDATE "+table(adapter, pglease.DefaultConsumerOffsetsTable)+
+		" SET session_id = NULL WHERE consumer_group = 'g' AND topic = 't'")
+	require.NoError(t, err)
+	got := receive(t, msgs, 1, 10*time.Second)
+	assert.Equal(t, inFlight.UUID, got[0].UUID)
+}
+
+func TestExpiredSessionsAreCleanedUp(t *testing.T) {
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{SessionTTL: time.Second})
+	_, err := sub.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	dead := uuid.New()
+	_, err = pool.Exec(context.Background(), "INSERT INTO "+table(adapter, pglease.DefaultConsumerSessionsTable)+
+		" (id, consumer_group, owner, expires_at) VALUES ($1, 'g', 'crashed', now() - interval '1 hour')", dead)
+	require.NoError(t, err)
+	waitFor(t, 30*time.Second, "the expired session row to be deleted", func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM "+
+			table(adapter, pglease.DefaultConsumerSessionsTable)+" WHERE id = $1", dead).Scan(&n))
+		return n == 0
+	})
+}
