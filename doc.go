@@ -26,11 +26,11 @@
 //
 // # Sessions, claims and fencing
 //
-//	               claim succeeds                       ctx ends / Close
-//	 standby ─────────────────────────▶ owner ─────────────────────────▶ released
-//	    ▲                                 │        (offset written, claim freed
-//	    │  session lost, self-fenced,     │         in one statement)
-//	    └──────── or commit fenced ◀──────┘
+//	              claim succeeds                       ctx ends / Close
+//	standby ─────────────────────────▶ owner ─────────────────────────▶ released
+//	   ▲                                 │        (offset written, claim freed
+//	   │  session lost, self-fenced,     │         in one statement)
+//	   └──────── or commit fenced ◀──────┘
 //
 // The first Subscribe opens a session row expiring at the server's
 // now() + SessionTTL; a heartbeat moves the expiry every SessionTTL/3, and

@@ -1,6 +1,6 @@
 module github.com/pglease/watermill-pglease
 
-go 1.26.8
+go 1.25.0
 
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
