@@ -59,6 +59,10 @@ func newSchema(t testing.TB, pool *pgxpool.Pool) pglease.DefaultSchemaAdapter {
 	t.Helper()
 	name := "pglease_test_" + randomHex(6)
 	t.Cleanup(func() {
+		if os.Getenv("PGLEASE_TEST_KEEP_SCHEMA") != "" {
+			t.Logf("kept schema %s", name)
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE")

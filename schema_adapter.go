@@ -293,12 +293,14 @@ ORDER BY m.n`,
 // behind a position already consumed.
 func (a DefaultSchemaAdapter) SelectMessages(p SelectMessagesParams) Query {
 	return Query{
-		SQL: `SELECT "offset", transaction_id::text, uuid, payload, metadata::text
-FROM ` + a.messages() + `
-WHERE topic = $1 AND partition = $2
-	AND (transaction_id, "offset") > ($3::text::xid8, $4::bigint)
-	AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
-ORDER BY transaction_id, "offset"
+		// The ORDER BY names the table's columns, qualified: a bare
+		// transaction_id would sort by the text output column.
+		SQL: `SELECT m."offset", m.transaction_id::text AS transaction_id_text, m.uuid, m.payload, m.metadata::text AS metadata_text
+FROM ` + a.messages() + ` m
+WHERE m.topic = $1 AND m.partition = $2
+	AND (m.transaction_id, m."offset") > ($3::text::xid8, $4::bigint)
+	AND m.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+ORDER BY m.transaction_id, m."offset"
 LIMIT $5`,
 		Args: []any{p.Topic, p.Partition, formatXID8(p.After.TransactionID), p.After.Offset, p.Limit},
 	}
@@ -371,7 +373,7 @@ WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
 		(SELECT s.expires_at FROM ` + a.sessions() + ` s WHERE s.id = o.session_id),
 		'-infinity'
 	) < now())
-RETURNING o.epoch, o.acked_transaction_id::text, o.acked_offset`,
+RETURNING o.epoch, o.acked_transaction_id::text AS acked_transaction_id_text, o.acked_offset`,
 		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID},
 	}
 }

@@ -2,6 +2,7 @@ package pglease_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -266,4 +267,30 @@ func TestExpiredSessionsAreCleanedUp(t *testing.T) {
 			table(adapter, pglease.DefaultConsumerSessionsTable)+" WHERE id = $1", dead).Scan(&n))
 		return n == 0
 	})
+}
+
+// TestDeliveryOrderIsNumeric stores messages whose transaction ids have
+// different numbers of digits (as on a young cluster, where xids are short):
+// they are delivered in numeric (transaction_id, offset) order, not in the
+// order of their text.
+func TestDeliveryOrderIsNumeric(t *testing.T) {
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	require.NoError(t, newPublisher(t, pool, adapter).Publish("setup", message.NewMessage(watermill.NewUUID(), nil)))
+	// Inserted in this order, so offsets grow along it; the transaction ids
+	// say the delivery order is 9, 10, 100, 100 (by offset), 1000.
+	rows := []struct {
+		uuid string
+		txID int
+	}{{"tx-1000", 1000}, {"tx-100-a", 100}, {"tx-9", 9}, {"tx-100-b", 100}, {"tx-10", 10}}
+	for _, r := range rows {
+		_, err := pool.Exec(context.Background(), "INSERT INTO "+table(adapter, pglease.DefaultMessagesTable)+
+			" (topic, uuid, transaction_id, metadata) VALUES ('ordered', $1, $2::text::xid8, '{}')", r.uuid, fmt.Sprint(r.txID))
+		require.NoError(t, err)
+	}
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{BatchSize: 2})
+	msgs, err := sub.Subscribe(context.Background(), "ordered")
+	require.NoError(t, err)
+	got := receive(t, msgs, len(rows), 10*time.Second)
+	assert.Equal(t, []string{"tx-9", "tx-10", "tx-100-a", "tx-100-b", "tx-1000"}, uuids(got))
 }
