@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -39,9 +40,14 @@ type claim struct {
 	partition int32
 	sessionID uuid.UUID
 	epoch     int64
-	// acked is the last acknowledged position known to be committed.
-	acked Position
+	// acked is the last acknowledged position; committed is the last one
+	// known to be written. Between the two are acks not committed yet.
+	acked     Position
+	committed Position
 }
+
+// dirty reports whether acknowledged positions wait to be committed.
+func (c *claim) dirty() bool { return c.acked != c.committed }
 
 func (c *claim) params(pos Position) OffsetParams {
 	return OffsetParams{
@@ -72,39 +78,55 @@ func (s offsetStore) ensure(ctx context.Context, group, topic string) error {
 	return nil
 }
 
-// tryClaim claims (group, topic) for the session if it is free. It returns
-// nil and no error when another live session owns it.
-func (s offsetStore) tryClaim(ctx context.Context, group, topic string, sessionID uuid.UUID) (*claim, error) {
+// tryClaim claims (group, topic) for the session if it is free. When
+// another live session owns it, it returns nil and how long that owner's
+// lease has left (0 if unknown).
+func (s offsetStore) tryClaim(ctx context.Context, group, topic string, sessionID uuid.UUID) (*claim, time.Duration, error) {
 	q := s.adapter.ClaimOffset(OffsetParams{ConsumerGroup: group, Topic: topic, SessionID: sessionID})
 	var (
-		epoch  int64
-		txText string
-		offset int64
+		claimed    bool
+		epoch      *int64
+		txText     *string
+		offset     *int64
+		retryAfter *int64
 	)
-	err := s.pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&epoch, &txText, &offset)
+	err := s.pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&claimed, &epoch, &txText, &offset, &retryAfter)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
+		return nil, 0, fmt.Errorf("claim topic %q: the offset row does not exist", topic)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("claim topic %q: %w", topic, wrapMissingSchema(err))
+		return nil, 0, fmt.Errorf("claim topic %q: %w", topic, wrapMissingSchema(err))
 	}
-	txID, err := parseXID8(txText)
+	if !claimed {
+		var wait time.Duration
+		if retryAfter != nil && *retryAfter > 0 {
+			wait = time.Duration(*retryAfter) * time.Millisecond
+		}
+		return nil, wait, nil
+	}
+	if epoch == nil || txText == nil || offset == nil {
+		return nil, 0, fmt.Errorf("claim topic %q: incomplete row", topic)
+	}
+	txID, err := parseXID8(*txText)
 	if err != nil {
-		return nil, fmt.Errorf("claim topic %q: %w", topic, err)
+		return nil, 0, fmt.Errorf("claim topic %q: %w", topic, err)
 	}
+	pos := Position{TransactionID: txID, Offset: *offset}
 	return &claim{
 		group:     group,
 		topic:     topic,
 		sessionID: sessionID,
-		epoch:     epoch,
-		acked:     Position{TransactionID: txID, Offset: offset},
-	}, nil
+		epoch:     *epoch,
+		acked:     pos,
+		committed: pos,
+	}, 0, nil
 }
 
-// commit moves the acknowledged position of a claim. It returns
+// commit writes the claim's acknowledged position. It returns
 // ErrOwnershipLost when the row is no longer owned by the claim's session
 // and epoch: the position was not written.
-func (s offsetStore) commit(ctx context.Context, c *claim, pos Position) error {
+func (s offsetStore) commit(ctx context.Context, c *claim) error {
+	pos := c.acked
 	q := s.adapter.CommitOffset(c.params(pos))
 	tag, err := s.pool.Exec(ctx, q.SQL, q.Args...)
 	if err != nil {
@@ -113,7 +135,7 @@ func (s offsetStore) commit(ctx context.Context, c *claim, pos Position) error {
 	if tag.RowsAffected() == 0 {
 		return fmt.Errorf("commit offset for topic %q (epoch %d): %w", c.topic, c.epoch, ErrOwnershipLost)
 	}
-	c.acked = pos
+	c.committed = pos
 	return nil
 }
 
@@ -121,7 +143,9 @@ func (s offsetStore) commit(ctx context.Context, c *claim, pos Position) error {
 // statement, so that a waiting Subscriber can claim it at once. It returns
 // ErrOwnershipLost when the claim was already taken over.
 func (s offsetStore) release(ctx context.Context, c *claim) error {
-	q := s.adapter.ReleaseOffset(c.params(c.acked))
+	p := c.params(c.acked)
+	p.NotifyChannel = s.adapter.NotifyChannel()
+	q := s.adapter.ReleaseOffset(p)
 	tag, err := s.pool.Exec(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return fmt.Errorf("release topic %q: %w", c.topic, err)
@@ -129,5 +153,6 @@ func (s offsetStore) release(ctx context.Context, c *claim) error {
 	if tag.RowsAffected() == 0 {
 		return fmt.Errorf("release topic %q (epoch %d): %w", c.topic, c.epoch, ErrOwnershipLost)
 	}
+	c.committed = c.acked
 	return nil
 }

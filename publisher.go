@@ -52,14 +52,19 @@ func (c PublisherConfig) validate() error {
 // Publisher is a Watermill [message.Publisher] writing to PostgreSQL. All
 // topics share one messages table; a topic needs no set-up.
 //
-// A Publisher is safe for concurrent use. On a *pgx.Conn or a pgx.Tx, which
-// run one statement at a time, concurrent Publish calls take turns.
+// A Publisher is safe for concurrent use. On a *pgxpool.Pool, Publish calls
+// that arrive together are group-committed: written by one statement, each
+// caller returning once its own messages are committed, or with the error
+// that concerns them. On a *pgx.Conn or a pgx.Tx, which run one statement at
+// a time, concurrent Publish calls take turns.
 type Publisher struct {
 	db     DB
 	config PublisherConfig
 	logger watermill.LoggerAdapter
 	// serial is held around every statement when db is not a pool.
 	serial *sync.Mutex
+	// group batches concurrent Publish calls when db is a pool.
+	group *groupCommitter
 
 	schemaMu    sync.Mutex
 	schemaReady bool
@@ -86,7 +91,9 @@ func NewPublisher(db DB, config PublisherConfig, logger watermill.LoggerAdapter)
 		logger = watermill.NopLogger{}
 	}
 	p := &Publisher{db: db, config: config, logger: logger}
-	if _, ok := db.(*pgxpool.Pool); !ok {
+	if pool, ok := db.(*pgxpool.Pool); ok {
+		p.group = newGroupCommitter(pool, config.SchemaAdapter, logger)
+	} else {
 		p.serial = &sync.Mutex{}
 	}
 	return p, nil
@@ -94,8 +101,11 @@ func NewPublisher(db DB, config PublisherConfig, logger watermill.LoggerAdapter)
 
 // Publish writes msgs to topic atomically, in one statement: either all of
 // them are stored, in order, or none and an error is returned. The UUID,
-// payload and metadata are kept exactly. The context of the first message
-// bounds the statement. Publish with no messages does nothing.
+// payload and metadata are kept exactly. Subscribers listening on the
+// messages table are notified when the messages commit. The context of the
+// first message bounds the call: if it ends first, Publish returns its
+// error, and the messages may or may not have been stored. Publish with no
+// messages does nothing.
 //
 // After [Publisher.Close], Publish returns ErrPublisherClosed.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
@@ -127,11 +137,24 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err := p.initializeSchema(ctx); err != nil {
 		return err
 	}
-	q := p.config.SchemaAdapter.InsertMessages(params)
-	if _, err := p.db.Exec(ctx, q.SQL, q.Args...); err != nil {
-		return fmt.Errorf("publish %d messages to topic %q: %w", len(msgs), topic, wrapMissingSchema(err))
+	params.NotifyChannel = p.config.SchemaAdapter.NotifyChannel()
+	if p.group != nil {
+		err = p.group.publish(ctx, params)
+	} else {
+		err = execInsert(ctx, p.db, p.config.SchemaAdapter, params)
+	}
+	if err != nil {
+		return fmt.Errorf("publish %d messages to topic %q: %w", len(msgs), topic, err)
 	}
 	p.logger.Trace("Messages published", watermill.LogFields{"topic": topic, "count": len(msgs)})
+	return nil
+}
+
+func execInsert(ctx context.Context, db DB, adapter SchemaAdapter, params InsertMessagesParams) error {
+	q := adapter.InsertMessages(params)
+	if _, err := db.Exec(ctx, q.SQL, q.Args...); err != nil {
+		return wrapMissingSchema(err)
+	}
 	return nil
 }
 
@@ -147,6 +170,9 @@ func (p *Publisher) Close() error {
 	p.closed = true
 	p.closeMu.Unlock()
 	p.inflight.Wait()
+	if p.group != nil {
+		p.group.stop()
+	}
 	return nil
 }
 
@@ -168,7 +194,7 @@ func (p *Publisher) initializeSchema(ctx context.Context) error {
 
 func buildInsertParams(topic string, msgs []*message.Message) (InsertMessagesParams, error) {
 	params := InsertMessagesParams{
-		Topic:    topic,
+		Topics:   make([]string, len(msgs)),
 		UUIDs:    make([]string, len(msgs)),
 		Payloads: make([][]byte, len(msgs)),
 		Metadata: make([]string, len(msgs)),
@@ -193,6 +219,7 @@ func buildInsertParams(topic string, msgs []*message.Message) (InsertMessagesPar
 		if err != nil {
 			return params, fmt.Errorf("%w: encode metadata of message %s: %w", ErrInvalidMessage, msg.UUID, err)
 		}
+		params.Topics[i] = topic
 		params.UUIDs[i] = msg.UUID
 		params.Payloads[i] = msg.Payload
 		params.Metadata[i] = string(b)

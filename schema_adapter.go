@@ -2,6 +2,8 @@ package pglease
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -34,14 +36,17 @@ type Migration struct {
 	SQL         string
 }
 
-// InsertMessagesParams are the messages of one Publish call. The slices have
-// one element per message, in publish order.
+// InsertMessagesParams are the messages of one or more Publish calls,
+// written by one statement. The slices have one element per message, in
+// publish order.
 type InsertMessagesParams struct {
-	Topic     string
-	UUIDs     []string
-	Payloads  [][]byte
-	Metadata  []string // JSON objects
-	Partition int32
+	Topics   []string
+	UUIDs    []string
+	Payloads [][]byte
+	Metadata []string // JSON objects
+	// NotifyChannel, when not empty, is the channel notified once per
+	// distinct topic when the statement's transaction commits.
+	NotifyChannel string
 }
 
 // SelectMessagesParams select the next messages of a topic after a position.
@@ -50,6 +55,14 @@ type SelectMessagesParams struct {
 	Partition int32
 	After     Position
 	Limit     int
+}
+
+// VisibleTopicsParams list topics with a position each; the query returns
+// the (1-based) index of every topic that has a message visible to all
+// readers after its position.
+type VisibleTopicsParams struct {
+	Topics    []string
+	Positions []Position
 }
 
 // SessionParams identify a consumer session.
@@ -73,6 +86,9 @@ type OffsetParams struct {
 	Epoch         int64
 	// Position is the acknowledged position written by commit and release.
 	Position Position
+	// NotifyChannel, when not empty, is notified with "r" + topic when a
+	// release frees the row, to wake waiting Subscribers.
+	NotifyChannel string
 }
 
 // SchemaAdapter owns every SQL statement pglease runs and the names of the
@@ -96,14 +112,23 @@ type SchemaAdapter interface {
 	// idempotent.
 	Prepare() []string
 
-	// InsertMessages inserts the messages of one Publish call in one
-	// statement, in order.
+	// NotifyChannel is the LISTEN/NOTIFY channel of this messages table.
+	// Payloads are "m" + topic (new messages) and "r" + topic (released).
+	NotifyChannel() string
+
+	// InsertMessages inserts messages in one statement, in order, and
+	// notifies p.NotifyChannel with "m" + topic for each distinct topic.
 	InsertMessages(p InsertMessagesParams) Query
 	// SelectMessages returns at most p.Limit messages after p.After that
-	// every transaction can see, in delivery order. Columns:
-	// offset bigint, transaction_id xid8 (as text), uuid text, payload bytea,
-	// metadata jsonb (as text).
+	// every transaction can see, in delivery order, and one more row with
+	// pending = true when committed messages after p.After are not visible
+	// yet (an older transaction is still running). Columns: offset bigint,
+	// transaction_id xid8 (as text), uuid text, payload bytea, metadata
+	// jsonb (as text), pending bool.
 	SelectMessages(p SelectMessagesParams) Query
+	// VisibleTopics returns one row (index bigint, 1-based) per topic of p
+	// that has a visible message after its position.
+	VisibleTopics(p VisibleTopicsParams) Query
 
 	// CreateSession inserts a session row expiring at now() + TTL (and
 	// deletes p.ReplacesSessionID). Returns no rows.
@@ -120,8 +145,10 @@ type SchemaAdapter interface {
 	// the beginning of the topic if it does not exist.
 	EnsureOffset(p OffsetParams) Query
 	// ClaimOffset takes ownership of a free offset row for p.SessionID and
-	// bumps its epoch. Returns one row (epoch bigint, acked_transaction_id
-	// xid8 as text, acked_offset bigint) when claimed, none otherwise.
+	// bumps its epoch. Returns one row: claimed bool, epoch bigint,
+	// acked_transaction_id xid8 as text, acked_offset bigint, and, when not
+	// claimed, retry_after_ms bigint: how long until the current owner's
+	// lease runs out (NULL if unknown).
 	ClaimOffset(p OffsetParams) Query
 	// CommitOffset moves the acknowledged position, fenced by session and
 	// epoch. Zero rows affected means ownership was lost.
@@ -274,14 +301,29 @@ CREATE TABLE IF NOT EXISTS ` + a.offsets() + ` (
 	}}
 }
 
+// NotifyChannel implements [SchemaAdapter]. The name is derived from the
+// quoted messages table name, so that each set of tables has its own
+// channel, and is short enough for any table name.
+func (a DefaultSchemaAdapter) NotifyChannel() string {
+	sum := sha256.Sum256([]byte(a.messages()))
+	return "pglease_" + hex.EncodeToString(sum[:8])
+}
+
 // InsertMessages implements [SchemaAdapter].
 func (a DefaultSchemaAdapter) InsertMessages(p InsertMessagesParams) Query {
+	insert := `INSERT INTO ` + a.messages() + ` (topic, partition, uuid, payload, metadata)
+SELECT m.topic, 0, m.uuid, m.payload, m.metadata::jsonb
+FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[]) WITH ORDINALITY AS m(topic, uuid, payload, metadata, n)
+ORDER BY m.n`
+	if p.NotifyChannel == "" {
+		return Query{SQL: insert, Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata}}
+	}
 	return Query{
-		SQL: `INSERT INTO ` + a.messages() + ` (topic, partition, uuid, payload, metadata)
-SELECT $1, $2, m.uuid, m.payload, m.metadata::jsonb
-FROM unnest($3::text[], $4::bytea[], $5::text[]) WITH ORDINALITY AS m(uuid, payload, metadata, n)
-ORDER BY m.n`,
-		Args: []any{p.Topic, p.Partition, p.UUIDs, p.Payloads, p.Metadata},
+		SQL: `WITH inserted AS (
+` + insert + `
+)
+SELECT pg_notify($5, 'm' || t.topic) FROM (SELECT DISTINCT unnest($1::text[]) AS topic) t`,
+		Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, p.NotifyChannel},
 	}
 }
 
@@ -295,14 +337,40 @@ func (a DefaultSchemaAdapter) SelectMessages(p SelectMessagesParams) Query {
 	return Query{
 		// The ORDER BY names the table's columns, qualified: a bare
 		// transaction_id would sort by the text output column.
-		SQL: `SELECT m."offset", m.transaction_id::text AS transaction_id_text, m.uuid, m.payload, m.metadata::text AS metadata_text
+		SQL: `(SELECT m."offset", m.transaction_id::text AS transaction_id_text, m.uuid, m.payload,
+	m.metadata::text AS metadata_text, false AS pending
 FROM ` + a.messages() + ` m
 WHERE m.topic = $1 AND m.partition = $2
 	AND (m.transaction_id, m."offset") > ($3::text::xid8, $4::bigint)
 	AND m.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
 ORDER BY m.transaction_id, m."offset"
-LIMIT $5`,
+LIMIT $5)
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, true
+WHERE EXISTS (SELECT 1 FROM ` + a.messages() + ` m
+	WHERE m.topic = $1 AND m.partition = $2
+		AND (m.transaction_id, m."offset") > ($3::text::xid8, $4::bigint)
+		AND m.transaction_id >= pg_snapshot_xmin(pg_current_snapshot()))`,
 		Args: []any{p.Topic, p.Partition, formatXID8(p.After.TransactionID), p.After.Offset, p.Limit},
+	}
+}
+
+// VisibleTopics implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) VisibleTopics(p VisibleTopicsParams) Query {
+	txIDs := make([]string, len(p.Positions))
+	offsets := make([]int64, len(p.Positions))
+	for i, pos := range p.Positions {
+		txIDs[i] = formatXID8(pos.TransactionID)
+		offsets[i] = pos.Offset
+	}
+	return Query{
+		SQL: `SELECT t.n
+FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS t(topic, tx, off, n)
+WHERE EXISTS (SELECT 1 FROM ` + a.messages() + ` m
+	WHERE m.topic = t.topic AND m.partition = 0
+		AND (m.transaction_id, m."offset") > (t.tx::xid8, t.off)
+		AND m.transaction_id < pg_snapshot_xmin(pg_current_snapshot()))`,
+		Args: []any{p.Topics, txIDs, offsets},
 	}
 }
 
@@ -360,20 +428,32 @@ ON CONFLICT (consumer_group, topic, partition) DO NOTHING`,
 // or when its owner's session has expired or is gone. A session may also
 // claim a row it already owns (bumping the epoch), so that a claim whose
 // outcome was lost in transit can be retried; a Subscriber lets only one
-// of its subscriptions per topic claim at a time. The check and the
-// write are one statement: of two concurrent claimers, the second re-checks
-// the row after the first committed and finds it taken.
+// of its subscriptions per topic claim at a time. The conditions are on the
+// updated row itself, so a concurrent claim that committed first is seen
+// when the row is re-checked, and the second claimer finds it taken.
+//
+// When the row is not free, the statement reports how long the owner's
+// lease has left, so that a standby can try again just after it runs out.
 func (a DefaultSchemaAdapter) ClaimOffset(p OffsetParams) Query {
 	return Query{
-		SQL: `UPDATE ` + a.offsets() + ` o
-SET session_id = $4, lease_expires_at = NULL, epoch = o.epoch + 1, updated_at = now()
+		SQL: `WITH claimed AS (
+	UPDATE ` + a.offsets() + ` o
+	SET session_id = $4, lease_expires_at = NULL, epoch = o.epoch + 1, updated_at = now()
+	WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
+		AND (o.session_id IS NULL OR o.session_id = $4 OR COALESCE(
+			o.lease_expires_at,
+			(SELECT s.expires_at FROM ` + a.sessions() + ` s WHERE s.id = o.session_id),
+			'-infinity'
+		) < now())
+	RETURNING o.epoch, o.acked_transaction_id::text AS acked_transaction_id_text, o.acked_offset
+)
+SELECT true, c.epoch, c.acked_transaction_id_text, c.acked_offset, NULL::bigint FROM claimed c
+UNION ALL
+SELECT false, NULL, NULL, NULL,
+	ceil(extract(epoch FROM COALESCE(o.lease_expires_at, s.expires_at) - now()) * 1000)::bigint
+FROM ` + a.offsets() + ` o LEFT JOIN ` + a.sessions() + ` s ON s.id = o.session_id
 WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
-	AND (o.session_id IS NULL OR o.session_id = $4 OR COALESCE(
-		o.lease_expires_at,
-		(SELECT s.expires_at FROM ` + a.sessions() + ` s WHERE s.id = o.session_id),
-		'-infinity'
-	) < now())
-RETURNING o.epoch, o.acked_transaction_id::text AS acked_transaction_id_text, o.acked_offset`,
+	AND NOT EXISTS (SELECT 1 FROM claimed)`,
 		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID},
 	}
 }
@@ -389,15 +469,25 @@ WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 
 	}
 }
 
-// ReleaseOffset implements [SchemaAdapter].
+// ReleaseOffset implements [SchemaAdapter]. The command tag counts the
+// rows released (zero when ownership was lost).
 func (a DefaultSchemaAdapter) ReleaseOffset(p OffsetParams) Query {
-	return Query{
-		SQL: `UPDATE ` + a.offsets() + `
+	update := `UPDATE ` + a.offsets() + `
 SET acked_transaction_id = $6::text::xid8, acked_offset = $7,
 	session_id = NULL, lease_expires_at = NULL, updated_at = now()
-WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5`,
-		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
-			formatXID8(p.Position.TransactionID), p.Position.Offset},
+WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5`
+	args := []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
+		formatXID8(p.Position.TransactionID), p.Position.Offset}
+	if p.NotifyChannel == "" {
+		return Query{SQL: update, Args: args}
+	}
+	return Query{
+		SQL: `WITH released AS (
+` + update + `
+RETURNING topic
+)
+SELECT pg_notify($8, 'r' || topic) FROM released`,
+		Args: append(args, p.NotifyChannel),
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -22,7 +23,18 @@ type sessionGen struct {
 	id   uuid.UUID
 	lost chan struct{}
 	once sync.Once
+	// trustUntil is the self-fencing deadline in monoNow units. isLost
+	// checks it directly, so a process resumed after a long pause (SIGSTOP,
+	// a VM freeze) cannot hand out a message before the fencing timer's
+	// goroutine had a chance to run.
+	trustUntil atomic.Int64
 }
+
+// monoBase anchors monoNow; time.Since uses the monotonic clock.
+var monoBase = time.Now()
+
+// monoNow is the monotonic time since monoBase, in nanoseconds.
+func monoNow() int64 { return int64(time.Since(monoBase)) }
 
 func newSessionGen() *sessionGen {
 	return &sessionGen{id: uuid.New(), lost: make(chan struct{})}
@@ -42,7 +54,7 @@ func (g *sessionGen) isLost() bool {
 	case <-g.lost:
 		return true
 	default:
-		return false
+		return monoNow() >= g.trustUntil.Load()
 	}
 }
 
@@ -119,7 +131,11 @@ func (k *sessionKeeper) start(ctx context.Context) error {
 func (k *sessionKeeper) current() (*sessionGen, <-chan struct{}) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.cur != nil && !k.cur.isLost() {
+	if k.cur != nil && k.cur.isLost() {
+		// The trust window passed before the fencing timer ran.
+		k.fenceLocked(k.cur)
+	}
+	if k.cur != nil {
 		return k.cur, nil
 	}
 	return nil, k.ready
@@ -172,7 +188,9 @@ func (k *sessionKeeper) createLocked(ctx context.Context) error {
 
 // armFenceLocked (re)sets the self-fencing deadline of g to sent + trust.
 func (k *sessionKeeper) armFenceLocked(g *sessionGen, sent time.Time) {
-	d := time.Until(sent.Add(k.trust))
+	until := sent.Add(k.trust)
+	g.trustUntil.Store(int64(until.Sub(monoBase)))
+	d := time.Until(until)
 	if k.fence != nil {
 		k.fence.Stop()
 	}
@@ -185,6 +203,10 @@ func (k *sessionKeeper) armFenceLocked(g *sessionGen, sent time.Time) {
 func (k *sessionKeeper) selfFence(g *sessionGen) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	k.fenceLocked(g)
+}
+
+func (k *sessionKeeper) fenceLocked(g *sessionGen) {
 	if k.loseLocked(g) {
 		k.logger.Error("Consumer session self-fenced: no heartbeat succeeded in time, delivery stopped until a new session is open",
 			ErrOwnershipLost, watermill.LogFields{"session_id": g.id.String(), "trust_window": k.trust.String()})

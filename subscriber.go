@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -16,9 +17,11 @@ import (
 // Defaults of [SubscriberConfig].
 const (
 	DefaultSessionTTL      = 10 * time.Second
-	DefaultPollInterval    = 100 * time.Millisecond
+	DefaultPollInterval    = time.Second
 	DefaultNackResendDelay = 100 * time.Millisecond
 	DefaultBatchSize       = 100
+	DefaultCommitInterval  = 100 * time.Millisecond
+	DefaultCommitBatch     = 100
 	DefaultCloseTimeout    = 5 * time.Second
 
 	// MinSessionTTL is the shortest SessionTTL accepted.
@@ -42,9 +45,12 @@ type SubscriberConfig struct {
 	// DefaultSessionTTL (10s), at least MinSessionTTL (1s).
 	SessionTTL time.Duration
 
-	// PollInterval is how often an idle topic is queried for new messages
-	// and how often a hot standby tries to claim its topic. Default
-	// DefaultPollInterval (100ms).
+	// PollInterval is the fallback for missed notifications. Subscribers
+	// LISTEN for new messages and released topics and are woken at once;
+	// besides, every PollInterval one statement per Subscriber checks all
+	// its idle topics for messages, and a hot standby retries its claim at
+	// least this often (and just after the owner's lease runs out). Default
+	// DefaultPollInterval (1s).
 	PollInterval time.Duration
 
 	// NackResendDelay is how long after a Nack the same message is
@@ -54,6 +60,17 @@ type SubscriberConfig struct {
 	// BatchSize is how many messages one query reads; they are still handed
 	// out one at a time. Default DefaultBatchSize (100).
 	BatchSize int
+
+	// CommitInterval and CommitBatch bound how acknowledged offsets are
+	// coalesced: the position is committed at most CommitInterval after an
+	// Ack, after CommitBatch Acks, before the Subscriber waits for new
+	// messages, and on release and Close. After a crash or a lost session,
+	// at most that many acknowledged messages are delivered again. Set
+	// CommitBatch to 1 to commit every Ack before the next message is
+	// handed out. Defaults DefaultCommitInterval (100ms) and
+	// DefaultCommitBatch (100).
+	CommitInterval time.Duration
+	CommitBatch    int
 
 	// CloseTimeout bounds the statements that release topics and delete the
 	// session when a subscription ends or the Subscriber closes. Default
@@ -82,6 +99,12 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
 	}
+	if c.CommitInterval == 0 {
+		c.CommitInterval = DefaultCommitInterval
+	}
+	if c.CommitBatch == 0 {
+		c.CommitBatch = DefaultCommitBatch
+	}
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = DefaultCloseTimeout
 	}
@@ -102,6 +125,12 @@ func (c SubscriberConfig) validate() error {
 	}
 	if c.BatchSize < 0 {
 		return fmt.Errorf("SubscriberConfig.BatchSize must be positive, got %d", c.BatchSize)
+	}
+	if c.CommitInterval < 0 {
+		return fmt.Errorf("SubscriberConfig.CommitInterval must be positive, got %s", c.CommitInterval)
+	}
+	if c.CommitBatch < 0 {
+		return fmt.Errorf("SubscriberConfig.CommitBatch must be positive, got %d", c.CommitBatch)
 	}
 	if c.CloseTimeout < 0 {
 		return fmt.Errorf("SubscriberConfig.CloseTimeout must be positive, got %s", c.CloseTimeout)
@@ -137,12 +166,16 @@ type Subscriber struct {
 	schemaMu    sync.Mutex
 	schemaReady bool
 
-	mu        sync.Mutex
-	closed    bool
-	slots     map[string]*topicSlot
-	ctx       context.Context // cancelled by Close
-	cancel    context.CancelFunc
-	consumers sync.WaitGroup
+	hub *wakeHub
+
+	mu         sync.Mutex
+	closed     bool
+	started    bool // listener and idle poller running
+	slots      map[string]*topicSlot
+	ctx        context.Context // cancelled by Close
+	cancel     context.CancelFunc
+	consumers  sync.WaitGroup
+	background sync.WaitGroup // listener and idle poller
 }
 
 // topicSlot lets one consumer of this Subscriber at a time work on a topic,
@@ -179,6 +212,7 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		logger:  logger,
 		offsets: offsetStore{pool: pool, adapter: config.SchemaAdapter},
 		session: newSessionKeeper(pool, config.SchemaAdapter, config.ConsumerGroup, config.SessionTTL, logger),
+		hub:     newWakeHub(),
 		slots:   map[string]*topicSlot{},
 		ctx:     ctx,
 		cancel:  cancel,
@@ -235,18 +269,28 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	}
 	slot.refs++
 	s.consumers.Add(1)
+	if !s.started {
+		s.started = true
+		s.background.Add(2)
+		go s.listen()
+		go s.pollIdle()
+	}
 	s.mu.Unlock()
 
 	cctx, cancel := context.WithCancel(ctx)
 	c := &consumer{
-		s:      s,
-		topic:  topic,
-		slot:   slot,
-		ctx:    cctx,
-		cancel: cancel,
-		out:    make(chan *message.Message),
-		logger: s.logger.With(watermill.LogFields{"topic": topic}),
+		s:          s,
+		topic:      topic,
+		slot:       slot,
+		ctx:        cctx,
+		cancel:     cancel,
+		out:        make(chan *message.Message),
+		wake:       make(chan struct{}, 1),
+		flushTimer: time.NewTimer(time.Hour),
+		logger:     s.logger.With(watermill.LogFields{"topic": topic}),
 	}
+	c.flushTimer.Stop()
+	s.hub.add(c)
 	stopOnClose := context.AfterFunc(s.ctx, cancel)
 	go func() {
 		defer stopOnClose()
@@ -270,6 +314,7 @@ func (s *Subscriber) Close() error {
 
 	s.cancel()
 	s.consumers.Wait()
+	s.background.Wait()
 	if err := s.session.close(s.config.CloseTimeout); err != nil {
 		s.logger.Error("Cannot delete the consumer session; it expires after SessionTTL", err, nil)
 	}
@@ -339,6 +384,22 @@ type consumer struct {
 	cancel context.CancelFunc
 	out    chan *message.Message
 	logger watermill.LoggerAdapter
+
+	// wake is poked (never blocking) by notifications and the idle poller.
+	wake chan struct{}
+	// owning tells the wake hub which notifications concern this consumer.
+	owning atomic.Bool
+	// flushTimer fires CommitInterval after the first uncommitted Ack.
+	flushTimer *time.Timer
+	flushArmed bool
+	unflushed  int
+}
+
+func (c *consumer) poke() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
 }
 
 type outcome int
@@ -354,6 +415,8 @@ func (c *consumer) run() {
 	defer close(c.out)
 	defer c.cancel()
 	defer c.s.releaseSlot(c.topic, c.slot)
+	defer c.s.hub.remove(c)
+	defer c.flushTimer.Stop()
 
 	select {
 	case c.slot.token <- struct{}{}:
@@ -362,7 +425,7 @@ func (c *consumer) run() {
 		return
 	}
 
-	retry := newBackoff(c.s.config.PollInterval/2, maxRetryBackoff)
+	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
 	ensured := false
 	standby := false
 	for {
@@ -380,7 +443,7 @@ func (c *consumer) run() {
 			}
 			ensured = true
 		}
-		cl, err := c.tryClaim(g)
+		cl, retryAfter, err := c.tryClaim(g)
 		if err != nil {
 			c.logger.Error("Cannot claim the topic, retrying", err, nil)
 			if !sleep(retry.delay(), c.ctx.Done(), nil) {
@@ -394,7 +457,13 @@ func (c *consumer) run() {
 				c.logger.Debug("Topic is owned by another session, waiting as hot standby", nil)
 				standby = true
 			}
-			if !sleep(c.s.config.PollInterval, c.ctx.Done(), nil) {
+			// Retry when the owner releases (a notification), just after
+			// its lease runs out, or after PollInterval at the latest.
+			wait := c.s.config.PollInterval
+			if retryAfter > 0 && retryAfter+standbyMargin < wait {
+				wait = retryAfter + standbyMargin
+			}
+			if !c.waitWake(wait, nil) && c.ctx.Err() != nil {
 				return
 			}
 			continue
@@ -402,10 +471,36 @@ func (c *consumer) run() {
 		standby = false
 		c.logger.Debug("Topic claimed", watermill.LogFields{"session_id": g.id.String(), "epoch": cl.epoch,
 			"acked_transaction_id": cl.acked.TransactionID, "acked_offset": cl.acked.Offset})
-		if c.own(g, cl) == stopped {
+		c.owning.Store(true)
+		res := c.own(g, cl)
+		c.owning.Store(false)
+		c.resetFlush()
+		if res == stopped {
 			c.release(cl)
 			return
 		}
+	}
+}
+
+// standbyMargin is added to the owner's remaining lease before a standby
+// retries, so that the retry lands after the expiry on the server.
+const standbyMargin = 20 * time.Millisecond
+
+// waitWake waits for d, a wake-up, the end of the subscription or the loss
+// of the session (when lost is not nil). It reports whether it returned
+// because of the timer or a wake-up.
+func (c *consumer) waitWake(d time.Duration, lost <-chan struct{}) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-c.wake:
+		return true
+	case <-c.ctx.Done():
+		return false
+	case <-lost:
+		return false
 	}
 }
 
@@ -421,12 +516,13 @@ func (c *consumer) ensureOffset() error {
 
 // tryClaim runs on a context that the subscription's end does not cancel: a
 // claim cut off half-way could commit without this consumer knowing.
-func (c *consumer) tryClaim(g *sessionGen) (*claim, error) {
+func (c *consumer) tryClaim(g *sessionGen) (*claim, time.Duration, error) {
 	ctx, cancel := c.stmtContext()
 	defer cancel()
 	return c.s.offsets.tryClaim(ctx, c.s.config.ConsumerGroup, c.topic, g.id)
 }
 
+// release writes the acknowledged position and frees the topic.
 func (c *consumer) release(cl *claim) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.s.config.CloseTimeout)
 	defer cancel()
@@ -445,7 +541,9 @@ func (c *consumer) release(cl *claim) {
 // own delivers the claimed topic's messages until the subscription ends
 // (stopped) or ownership is lost (lost).
 func (c *consumer) own(g *sessionGen, cl *claim) outcome {
-	retry := newBackoff(c.s.config.PollInterval/2, maxRetryBackoff)
+	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
+	// pendingWait re-polls while committed messages are not visible yet.
+	pendingWait := newBackoff(5*time.Millisecond, c.s.config.PollInterval)
 	for {
 		if c.ctx.Err() != nil {
 			return stopped
@@ -454,8 +552,11 @@ func (c *consumer) own(g *sessionGen, cl *claim) outcome {
 			c.logger.Info("Session lost, topic delivery stopped", watermill.LogFields{"epoch": cl.epoch})
 			return lost
 		}
-		batch, err := c.fetch(cl.acked)
+		batch, pending, err := c.fetch(cl.acked)
 		if err != nil {
+			if c.ctx.Err() != nil {
+				return stopped
+			}
 			c.logger.Error("Cannot read messages, retrying", err, nil)
 			if !sleep(retry.delay(), c.ctx.Done(), g.lost) && c.ctx.Err() != nil {
 				return stopped
@@ -464,23 +565,56 @@ func (c *consumer) own(g *sessionGen, cl *claim) outcome {
 		}
 		retry.reset()
 		if len(batch) == 0 {
-			if !sleep(c.s.config.PollInterval, c.ctx.Done(), g.lost) && c.ctx.Err() != nil {
-				return stopped
+			if res := c.flush(g, cl); res != acked {
+				return res
+			}
+			if pending {
+				// Committed rows wait behind an older running transaction:
+				// look again soon, backing off while it runs.
+				if !c.waitWake(pendingWait.delay(), g.lost) {
+					return c.interrupted()
+				}
+				continue
+			}
+			pendingWait.reset()
+			c.s.hub.setIdle(c, cl.acked)
+			ok := c.waitWake(idleWait, g.lost)
+			c.s.hub.clearIdle(c)
+			if !ok {
+				return c.interrupted()
 			}
 			continue
 		}
 		for _, m := range batch {
-			if res := c.deliver(g, m); res != acked {
+			if res := c.deliver(g, cl, m); res != acked {
 				return res
 			}
-			if res := c.commit(g, cl, m.pos); res != acked {
-				return res
+			cl.acked = m.pos
+			c.unflushed++
+			if c.unflushed >= c.s.config.CommitBatch {
+				if res := c.flush(g, cl); res != acked {
+					return res
+				}
+			} else if !c.flushArmed {
+				c.flushArmed = true
+				c.flushTimer.Reset(c.s.config.CommitInterval)
 			}
 		}
 	}
 }
 
-func (c *consumer) fetch(after Position) ([]storedMessage, error) {
+// idleWait bounds how long an idle owner sleeps without any wake-up; the
+// idle poller and notifications normally wake it first.
+const idleWait = time.Minute
+
+func (c *consumer) interrupted() outcome {
+	if c.ctx.Err() != nil {
+		return stopped
+	}
+	return lost
+}
+
+func (c *consumer) fetch(after Position) ([]storedMessage, bool, error) {
 	ctx, cancel := context.WithTimeout(c.ctx, c.s.config.SessionTTL)
 	defer cancel()
 	q := c.s.config.SchemaAdapter.SelectMessages(SelectMessagesParams{
@@ -490,21 +624,34 @@ func (c *consumer) fetch(after Position) ([]storedMessage, error) {
 	})
 	rows, err := c.s.pool.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
-		return nil, fmt.Errorf("read messages of topic %q: %w", c.topic, wrapMissingSchema(err))
+		return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, wrapMissingSchema(err))
 	}
 	defer rows.Close()
 	batch := make([]storedMessage, 0, c.s.config.BatchSize)
+	pending := false
 	for rows.Next() {
 		var (
-			m        storedMessage
-			txText   string
+			offset   *int64
+			txText   *string
+			uuid     *string
+			payload  []byte
 			metadata *string
+			more     bool
 		)
-		if err := rows.Scan(&m.pos.Offset, &txText, &m.uuid, &m.payload, &metadata); err != nil {
-			return nil, fmt.Errorf("read messages of topic %q: %w", c.topic, err)
+		if err := rows.Scan(&offset, &txText, &uuid, &payload, &metadata, &more); err != nil {
+			return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, err)
 		}
-		if m.pos.TransactionID, err = parseXID8(txText); err != nil {
-			return nil, fmt.Errorf("read messages of topic %q: %w", c.topic, err)
+		if more {
+			pending = true
+			continue
+		}
+		if offset == nil || txText == nil || uuid == nil {
+			return nil, false, fmt.Errorf("read messages of topic %q: incomplete row", c.topic)
+		}
+		m := storedMessage{uuid: *uuid, payload: payload}
+		m.pos.Offset = *offset
+		if m.pos.TransactionID, err = parseXID8(*txText); err != nil {
+			return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, err)
 		}
 		if metadata != nil {
 			m.metadata = *metadata
@@ -512,15 +659,31 @@ func (c *consumer) fetch(after Position) ([]storedMessage, error) {
 		batch = append(batch, m)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read messages of topic %q: %w", c.topic, err)
+		return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, err)
 	}
-	return batch, nil
+	return batch, pending, nil
+}
+
+// flushC is the flush timer's channel while acknowledged positions wait to
+// be committed, nil otherwise.
+func (c *consumer) flushC() <-chan time.Time {
+	if c.flushArmed {
+		return c.flushTimer.C
+	}
+	return nil
+}
+
+func (c *consumer) resetFlush() {
+	c.flushTimer.Stop()
+	c.flushArmed = false
+	c.unflushed = 0
 }
 
 // deliver hands m out until it is acked. Each delivery is a fresh message
 // whose context ends after its Ack or Nack. Nothing is handed out once the
-// session generation is lost.
-func (c *consumer) deliver(g *sessionGen, m storedMessage) outcome {
+// session generation is lost or its trust window has passed. While it
+// waits, acknowledged positions due for commit are flushed.
+func (c *consumer) deliver(g *sessionGen, cl *claim, m storedMessage) outcome {
 	for {
 		if g.isLost() {
 			return lost
@@ -531,51 +694,80 @@ func (c *consumer) deliver(g *sessionGen, m storedMessage) outcome {
 			// metadata would hide the problem, skipping it would lose it.
 			c.logger.Error("Cannot decode message, retrying", err, nil)
 			if !sleep(maxRetryBackoff, c.ctx.Done(), g.lost) {
-				return c.interrupted(g)
+				return c.interrupted()
 			}
 			continue
 		}
 		mctx, mcancel := context.WithCancel(c.ctx)
 		msg.SetContext(mctx)
-
-		select {
-		case c.out <- msg:
-		case <-c.ctx.Done():
-			mcancel()
-			return stopped
-		case <-g.lost:
-			mcancel()
-			return lost
+		res, nacked := c.handOut(g, cl, m, msg)
+		mcancel()
+		if !nacked {
+			return res
 		}
-		c.logger.Trace("Message delivered", watermill.LogFields{"uuid": m.uuid, "offset": m.pos.Offset})
-
-		select {
-		case <-msg.Acked():
-			mcancel()
-			return acked
-		case <-msg.Nacked():
-			mcancel()
-		case <-c.ctx.Done():
-			mcancel()
-			if isAcked(msg) {
-				return acked
-			}
-			return stopped
-		case <-g.lost:
-			mcancel()
-			return lost
-		}
-		if !sleep(c.s.config.NackResendDelay, c.ctx.Done(), g.lost) {
-			return c.interrupted(g)
+		if !c.waitFlushing(g, cl, c.s.config.NackResendDelay) {
+			return c.interrupted()
 		}
 	}
 }
 
-func (c *consumer) interrupted(g *sessionGen) outcome {
-	if c.ctx.Err() != nil {
-		return stopped
+// handOut sends msg and waits for its Ack or Nack.
+func (c *consumer) handOut(g *sessionGen, cl *claim, m storedMessage, msg *message.Message) (res outcome, nacked bool) {
+	for sent := false; !sent; {
+		select {
+		case c.out <- msg:
+			sent = true
+		case <-c.ctx.Done():
+			return stopped, false
+		case <-g.lost:
+			return lost, false
+		case <-c.flushC():
+			if res := c.flush(g, cl); res != acked {
+				return res, false
+			}
+		}
 	}
-	return lost
+	c.logger.Trace("Message delivered", watermill.LogFields{"uuid": m.uuid, "offset": m.pos.Offset})
+	for {
+		select {
+		case <-msg.Acked():
+			return acked, false
+		case <-msg.Nacked():
+			return acked, true
+		case <-c.ctx.Done():
+			if isAcked(msg) {
+				return acked, false
+			}
+			return stopped, false
+		case <-g.lost:
+			return lost, false
+		case <-c.flushC():
+			if res := c.flush(g, cl); res != acked {
+				return res, false
+			}
+		}
+	}
+}
+
+// waitFlushing sleeps d, flushing due commits meanwhile. It reports false
+// when the subscription ended or the session was lost.
+func (c *consumer) waitFlushing(g *sessionGen, cl *claim, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			return true
+		case <-c.ctx.Done():
+			return false
+		case <-g.lost:
+			return false
+		case <-c.flushC():
+			if c.flush(g, cl) != acked {
+				return false
+			}
+		}
+	}
 }
 
 func isAcked(msg *message.Message) bool {
@@ -587,13 +779,18 @@ func isAcked(msg *message.Message) bool {
 	}
 }
 
-// commit writes pos as the claim's acknowledged position, fenced by session
-// and epoch, retrying while the database cannot be reached.
-func (c *consumer) commit(g *sessionGen, cl *claim, pos Position) outcome {
-	retry := newBackoff(c.s.config.PollInterval/2, maxRetryBackoff)
+// flush commits the acknowledged position, fenced by session and epoch,
+// retrying while the database cannot be reached. Nothing to commit is a
+// no-op.
+func (c *consumer) flush(g *sessionGen, cl *claim) outcome {
+	c.resetFlush()
+	if !cl.dirty() {
+		return acked
+	}
+	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
 	for {
 		ctx, cancel := c.stmtContext()
-		err := c.s.offsets.commit(ctx, cl, pos)
+		err := c.s.offsets.commit(ctx, cl)
 		cancel()
 		if err == nil {
 			return acked
@@ -605,7 +802,7 @@ func (c *consumer) commit(g *sessionGen, cl *claim, pos Position) outcome {
 		}
 		c.logger.Error("Cannot commit offset, retrying", err, nil)
 		if !sleep(retry.delay(), c.ctx.Done(), g.lost) {
-			return c.interrupted(g)
+			return c.interrupted()
 		}
 	}
 }

@@ -214,11 +214,16 @@ func TestLostSessionIsReplaced(t *testing.T) {
 // TestFencedCommitStopsDelivery lets another session take the claim while a
 // message is being handled: the owner's commit is rejected, it delivers
 // nothing more, and the offset stays where the new owner put it.
+//
+// The protocol itself only lets a claim go once the owner's session has
+// expired, and the owner stops delivering before that (self-fencing); this
+// test forces the take-over while the owner's session lives, so it commits
+// every Ack (CommitBatch 1) to check the fence before each delivery.
 func TestFencedCommitStopsDelivery(t *testing.T) {
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
-	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g", SessionTTL: 30 * time.Second})
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g", SessionTTL: 30 * time.Second, CommitBatch: 1})
 	publishN(t, pub, "t", 5)
 	msgs, err := sub.Subscribe(context.Background(), "t")
 	require.NoError(t, err)

@@ -1,0 +1,192 @@
+package pglease_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// TestGroupCommitErrorsReachTheRightCallers publishes from many goroutines
+// at once, so that calls share statements, while a CHECK constraint rejects
+// one message: only the call holding it fails, every other call's messages
+// are stored.
+func TestGroupCommitErrorsReachTheRightCallers(t *testing.T) {
+	pool := newPool(t, 8)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	require.NoError(t, pub.Publish("setup", message.NewMessage(watermill.NewUUID(), nil)))
+	_, err := pool.Exec(context.Background(), "ALTER TABLE "+table(adapter, pglease.DefaultMessagesTable)+
+		" ADD CONSTRAINT no_poison CHECK (uuid NOT LIKE 'poison%')")
+	require.NoError(t, err)
+
+	const callers, rounds = 32, 20
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		poisoned int
+		stored   int
+	)
+	for c := 0; c < callers; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := 0; r < rounds; r++ {
+				poison := c == 0 && r%5 == 0
+				id := watermill.NewUUID()
+				if poison {
+					id = "poison-" + id
+				}
+				// Two messages per call: a call is stored whole or not at all.
+				msgs := []*message.Message{message.NewMessage(id, []byte("x")), message.NewMessage(watermill.NewUUID(), []byte("y"))}
+				err := pub.Publish("group", msgs...)
+				mu.Lock()
+				if poison {
+					var pgErr *pgconn.PgError
+					if assert.ErrorAs(t, err, &pgErr, "the poisoned call gets the server's error") {
+						assert.Equal(t, "23514", pgErr.Code)
+					}
+					poisoned++
+				} else if assert.NoError(t, err, "a call without poison must succeed") {
+					stored += len(msgs)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, 4, poisoned)
+	assert.Equal(t, stored, countRows(t, pool, adapter, "topic = 'group'"), "exactly the successful calls are stored")
+	assert.Equal(t, 0, countRows(t, pool, adapter, "uuid LIKE 'poison%'"))
+	// Calls did share statements: some transaction wrote more than one call.
+	assert.Positive(t, countRows(t, pool, adapter, "topic = 'group' AND transaction_id IN (SELECT transaction_id FROM "+
+		table(adapter, pglease.DefaultMessagesTable)+" WHERE topic = 'group' GROUP BY transaction_id HAVING count(*) > 2)"))
+}
+
+// TestCoalescedCommitsAreFlushedOnRelease acks messages with commits
+// coalesced (a long CommitInterval): the offset row does not move while the
+// owner works, and ending the subscription writes the last acked position
+// in the release.
+func TestCoalescedCommitsAreFlushedOnRelease(t *testing.T) {
+	for _, end := range []string{"cancel", "close"} {
+		t.Run(end, func(t *testing.T) {
+			pool := newPool(t, 10)
+			adapter := newSchema(t, pool)
+			pub := newPublisher(t, pool, adapter)
+			sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
+				ConsumerGroup:    "g",
+				SessionTTL:       10 * time.Second,
+				CommitInterval:   time.Hour,
+				CommitBatch:      1000,
+				InitializeSchema: true,
+				SchemaAdapter:    adapter,
+			}, nil)
+			require.NoError(t, err)
+			defer sub.Close()
+			ids := publishN(t, pub, "t", 6)
+
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			msgs, err := sub.Subscribe(ctx, "t")
+			require.NoError(t, err)
+			got := receive(t, msgs, 5, 10*time.Second)
+			assert.Equal(t, ids[:5], uuids(got))
+			held := <-msgs // handed out, not acked: the owner is busy
+			require.Equal(t, ids[5], held.UUID)
+			assert.Equal(t, int64(0), readOffset(t, pool, adapter, "g", "t").offset, "acks are not committed one by one")
+
+			var fifth int64
+			require.NoError(t, pool.QueryRow(context.Background(), "SELECT \"offset\" FROM "+
+				table(adapter, pglease.DefaultMessagesTable)+" WHERE uuid = $1", ids[4]).Scan(&fifth))
+			if end == "cancel" {
+				cancel()
+				waitFor(t, 5*time.Second, "the channel to close", func() bool {
+					select {
+					case _, open := <-msgs:
+						return !open
+					default:
+						return false
+					}
+				})
+			} else {
+				require.NoError(t, sub.Close())
+			}
+			r := readOffset(t, pool, adapter, "g", "t")
+			assert.Equal(t, fifth, r.offset, "the release wrote the last acked position")
+			assert.Nil(t, r.session, "the release freed the claim")
+		})
+	}
+}
+
+// TestNotificationWakesSubscriber sets a PollInterval of a minute: a
+// published message still arrives at once, woken by LISTEN/NOTIFY.
+func TestNotificationWakesSubscriber(t *testing.T) {
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{PollInterval: time.Minute})
+	msgs, err := sub.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	assertNothingWithin(t, msgs, 300*time.Millisecond) // idle now
+	for i := 0; i < 3; i++ {
+		id := publishN(t, pub, "t", 1)
+		start := time.Now()
+		got := receive(t, msgs, 1, 10*time.Second)
+		assert.Equal(t, id[0], got[0].UUID)
+		t.Logf("publish to delivery: %s", time.Since(start))
+	}
+}
+
+// TestMissedNotificationIsCaughtByPoll inserts a message with plain SQL,
+// which sends no notification: the idle poll finds it.
+func TestMissedNotificationIsCaughtByPoll(t *testing.T) {
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{PollInterval: 200 * time.Millisecond})
+	msgs, err := sub.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	assertNothingWithin(t, msgs, 300*time.Millisecond)
+	_, err = pool.Exec(context.Background(), "INSERT INTO "+table(adapter, pglease.DefaultMessagesTable)+
+		" (topic, uuid, metadata) VALUES ('t', 'silent', '{}')")
+	require.NoError(t, err)
+	got := receive(t, msgs, 1, 10*time.Second)
+	assert.Equal(t, "silent", got[0].UUID)
+}
+
+// TestRowsBehindAnOlderTransactionArriveSoon holds a transaction with an
+// xid open while a message commits after it: the message is not visible
+// below pg_snapshot_xmin until the older transaction ends, and then the
+// Subscriber's short re-poll delivers it without waiting for PollInterval.
+func TestRowsBehindAnOlderTransactionArriveSoon(t *testing.T) {
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{PollInterval: time.Minute})
+	msgs, err := sub.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	publishN(t, pub, "t", 1)
+	receive(t, msgs, 1, 10*time.Second)
+
+	ctx := context.Background()
+	older, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = older.Rollback(ctx) }()
+	_, err = older.Exec(ctx, "SELECT pg_current_xact_id()") // takes an xid below the next message's
+	require.NoError(t, err)
+
+	id := publishN(t, pub, "t", 1)
+	assertNothingWithin(t, msgs, 500*time.Millisecond)
+	require.NoError(t, older.Commit(ctx))
+	start := time.Now()
+	got := receive(t, msgs, 1, 10*time.Second)
+	assert.Equal(t, id[0], got[0].UUID)
+	t.Logf("delivered %s after the older transaction ended (PollInterval is a minute)", time.Since(start))
+}

@@ -1,0 +1,152 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Limits of one group-committed statement.
+const (
+	groupMaxMessages = 1000
+	groupMaxBytes    = 8 << 20
+	groupMaxWorkers  = 4
+)
+
+// publishRequest is one Publish call waiting in a group commit.
+type publishRequest struct {
+	ctx    context.Context
+	params InsertMessagesParams
+	bytes  int
+	done   chan error // buffered: the worker never blocks on a caller
+}
+
+// groupCommitter writes concurrent Publish calls on a pool together. Each
+// worker takes the first waiting call and every other one already queued
+// (up to groupMaxMessages / groupMaxBytes) and writes them with one INSERT,
+// so no call waits for a timer: calls batch up only while earlier
+// statements run. Its workers start with the first call and stop in stop.
+type groupCommitter struct {
+	pool    *pgxpool.Pool
+	adapter SchemaAdapter
+	logger  watermill.LoggerAdapter
+	queue   chan *publishRequest
+	workers int
+
+	once sync.Once
+	wg   sync.WaitGroup
+}
+
+func newGroupCommitter(pool *pgxpool.Pool, adapter SchemaAdapter, logger watermill.LoggerAdapter) *groupCommitter {
+	workers := int(pool.Config().MaxConns) / 2
+	workers = max(1, min(groupMaxWorkers, workers))
+	return &groupCommitter{
+		pool:    pool,
+		adapter: adapter,
+		logger:  logger,
+		queue:   make(chan *publishRequest, 4*groupMaxWorkers),
+		workers: workers,
+	}
+}
+
+// publish queues params and waits for the statement that writes them.
+// The Publisher guarantees that stop is not called while publish runs.
+func (g *groupCommitter) publish(ctx context.Context, params InsertMessagesParams) error {
+	g.once.Do(func() {
+		g.wg.Add(g.workers)
+		for range g.workers {
+			go g.work()
+		}
+	})
+	req := &publishRequest{ctx: ctx, params: params, done: make(chan error, 1)}
+	for _, b := range params.Payloads {
+		req.bytes += len(b)
+	}
+	select {
+	case g.queue <- req:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-req.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// stop ends the workers after the queue is drained.
+func (g *groupCommitter) stop() {
+	close(g.queue)
+	g.wg.Wait()
+}
+
+func (g *groupCommitter) work() {
+	defer g.wg.Done()
+	for first := range g.queue {
+		batch := []*publishRequest{first}
+		n, size := len(first.params.UUIDs), first.bytes
+	gather:
+		for n < groupMaxMessages && size < groupMaxBytes {
+			select {
+			case req, ok := <-g.queue:
+				if !ok {
+					break gather
+				}
+				batch = append(batch, req)
+				n += len(req.params.UUIDs)
+				size += req.bytes
+			default:
+				break gather
+			}
+		}
+		g.write(batch)
+	}
+}
+
+// write runs one statement for the batch. If the server rejects it, no
+// message of the batch was stored, and each call is written on its own so
+// that the error reaches only the calls it concerns. Other errors (a
+// connection lost mid-statement) leave the outcome unknown and go to every
+// call of the batch.
+func (g *groupCommitter) write(batch []*publishRequest) {
+	live := batch[:0]
+	for _, req := range batch {
+		if err := req.ctx.Err(); err != nil {
+			req.done <- err
+			continue
+		}
+		live = append(live, req)
+	}
+	if len(live) == 0 {
+		return
+	}
+	if len(live) == 1 {
+		live[0].done <- execInsert(live[0].ctx, g.pool, g.adapter, live[0].params)
+		return
+	}
+	combined := InsertMessagesParams{NotifyChannel: live[0].params.NotifyChannel}
+	for _, req := range live {
+		combined.Topics = append(combined.Topics, req.params.Topics...)
+		combined.UUIDs = append(combined.UUIDs, req.params.UUIDs...)
+		combined.Payloads = append(combined.Payloads, req.params.Payloads...)
+		combined.Metadata = append(combined.Metadata, req.params.Metadata...)
+	}
+	err := execInsert(context.Background(), g.pool, g.adapter, combined)
+	var pgErr *pgconn.PgError
+	if err != nil && errors.As(err, &pgErr) {
+		g.logger.Debug("Group commit rejected, writing its calls one by one", watermill.LogFields{
+			"calls": len(live), "error": err.Error()})
+		for _, req := range live {
+			req.done <- execInsert(req.ctx, g.pool, g.adapter, req.params)
+		}
+		return
+	}
+	for _, req := range live {
+		req.done <- err
+	}
+}
