@@ -20,7 +20,8 @@
 // orders them by (transaction_id, offset), so no row can later appear behind
 // a position already consumed. Messages of a (group, topic) are handed out
 // one at a time: the next only after an Ack, whose position is then
-// committed. A Nack delivers the same message again after
+// committed, coalesced (SubscriberConfig.CommitInterval and CommitBatch;
+// always before idling and in the release). A Nack delivers the same message again after
 // SubscriberConfig.NackResendDelay. No transaction is open while a handler
 // runs. Delivery is at least once.
 //
@@ -50,8 +51,17 @@
 // start from the committed offsets.
 //
 // When a Subscribe context ends or the Subscriber closes, each topic is
-// released at once with its acknowledged position, so a standby takes over
-// within its PollInterval; Close then deletes the session row. A crashed
-// process's topics are taken over once its session expires, after at most
-// about SessionTTL.
+// released at once with its acknowledged position and a notification, so a
+// standby takes over in milliseconds; Close then deletes the session row. A
+// crashed process's topics are taken over once its session expires, after
+// at most about SessionTTL: a standby learns the owner's expiry from its
+// failed claim and retries just after it.
+//
+// # Wake-ups
+//
+// Publish notifies the messages table's channel once per topic when its
+// transaction commits; each Subscriber listens on one connection of its own
+// and wakes only the consumers of the notified topic. Polling is the
+// fallback: every PollInterval, one statement per Subscriber checks all of
+// its idle topics. Concurrent Publish calls on a pool are group-committed.
 package pglease
