@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // wakeHub routes wake-ups to the consumers of one Subscriber: from
@@ -102,47 +103,128 @@ func (h *wakeHub) idleSnapshot() ([]*consumer, VisibleTopicsParams) {
 	return cs, p
 }
 
-// listen keeps one connection LISTENing on the adapter's channel and wakes
-// consumers on notifications. After every (re)connect it wakes all of them,
-// since notifications may have been missed meanwhile; while it is
-// disconnected, the idle poller and the standbys' timed retries carry on.
-func (s *Subscriber) listen() {
-	defer s.background.Done()
+// listenerKey identifies a shared listener: Subscribers on the same pool
+// and the same messages table share one LISTEN connection.
+type listenerKey struct {
+	pool    *pgxpool.Pool
+	channel string
+}
+
+var (
+	listenersMu sync.Mutex
+	listeners   = map[listenerKey]*sharedListener{}
+)
+
+// sharedListener keeps one connection LISTENing on a channel for every
+// Subscriber of the process that uses the same pool and tables, and passes
+// each notification to their wake hubs. It runs while at least one
+// Subscriber uses it.
+type sharedListener struct {
+	key          listenerKey
+	logger       watermill.LoggerAdapter
+	closeTimeout time.Duration
+
+	mu   sync.Mutex
+	hubs map[*wakeHub]struct{}
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// acquireListener registers hub with the listener of (pool, channel),
+// starting it if needed.
+func acquireListener(pool *pgxpool.Pool, channel string, hub *wakeHub, logger watermill.LoggerAdapter, closeTimeout time.Duration) *sharedListener {
+	key := listenerKey{pool: pool, channel: channel}
+	listenersMu.Lock()
+	defer listenersMu.Unlock()
+	l := listeners[key]
+	if l == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		l = &sharedListener{
+			key:          key,
+			logger:       logger.With(watermill.LogFields{"channel": channel}),
+			closeTimeout: closeTimeout,
+			hubs:         map[*wakeHub]struct{}{},
+			ctx:          ctx,
+			cancel:       cancel,
+			done:         make(chan struct{}),
+		}
+		listeners[key] = l
+		go l.run()
+	}
+	l.mu.Lock()
+	l.hubs[hub] = struct{}{}
+	l.mu.Unlock()
+	return l
+}
+
+// release unregisters hub; the last one stops the listener and waits for
+// its goroutine to end.
+func (l *sharedListener) release(hub *wakeHub) {
+	listenersMu.Lock()
+	l.mu.Lock()
+	delete(l.hubs, hub)
+	last := len(l.hubs) == 0
+	l.mu.Unlock()
+	if last {
+		delete(listeners, l.key)
+		l.cancel()
+	}
+	listenersMu.Unlock()
+	if last {
+		<-l.done
+	}
+}
+
+func (l *sharedListener) each(f func(*wakeHub)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for h := range l.hubs {
+		f(h)
+	}
+}
+
+// run keeps the connection LISTENing. After every (re)connect it wakes every
+// consumer, since notifications may have been missed meanwhile; while it is
+// disconnected, the idle pollers and the standbys' timed retries carry on.
+func (l *sharedListener) run() {
+	defer close(l.done)
 	retry := newBackoff(100*time.Millisecond, maxRetryBackoff)
 	for {
-		err := s.listenOnce(retry.reset)
-		if s.ctx.Err() != nil {
+		err := l.listenOnce(retry.reset)
+		if l.ctx.Err() != nil {
 			return
 		}
-		s.logger.Error("Notification listener disconnected, reconnecting (idle topics are polled every PollInterval meanwhile)", err, nil)
-		if !sleep(retry.delay(), s.ctx.Done(), nil) {
+		l.logger.Error("Notification listener disconnected, reconnecting (idle topics are polled every PollInterval meanwhile)", err, nil)
+		if !sleep(retry.delay(), l.ctx.Done(), nil) {
 			return
 		}
 	}
 }
 
-func (s *Subscriber) listenOnce(connected func()) error {
-	conn, err := pgx.ConnectConfig(s.ctx, s.pool.Config().ConnConfig.Copy())
+func (l *sharedListener) listenOnce(connected func()) error {
+	conn, err := pgx.ConnectConfig(l.ctx, l.key.pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return err
 	}
 	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), s.config.CloseTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), l.closeTimeout)
 		defer cancel()
 		_ = conn.Close(ctx)
 	}()
-	if _, err := conn.Exec(s.ctx, "LISTEN "+pgx.Identifier{s.config.SchemaAdapter.NotifyChannel()}.Sanitize()); err != nil {
+	if _, err := conn.Exec(l.ctx, "LISTEN "+pgx.Identifier{l.key.channel}.Sanitize()); err != nil {
 		return err
 	}
 	connected()
-	s.hub.wakeAll()
-	s.logger.Debug("Listening for notifications", watermill.LogFields{"channel": s.config.SchemaAdapter.NotifyChannel()})
+	l.each((*wakeHub).wakeAll)
+	l.logger.Debug("Listening for notifications", nil)
 	for {
-		n, err := conn.WaitForNotification(s.ctx)
+		n, err := conn.WaitForNotification(l.ctx)
 		if err != nil {
 			return err
 		}
-		s.hub.notify(n.Payload)
+		l.each(func(h *wakeHub) { h.notify(n.Payload) })
 	}
 }
 

@@ -24,19 +24,23 @@ type conformance struct {
 	logger  watermill.LoggerAdapter
 
 	mu   sync.Mutex
+	pubs []*pglease.Publisher
 	subs []*pglease.Subscriber
 }
 
 // newConformance returns the shared parts of one suite run. When the run
-// ends (after its parallel subtests), every Subscriber it built is closed,
-// including those some tests of the suite leave open, and no goroutine of
-// pglease may be left.
+// ends (after its parallel subtests), every Publisher and Subscriber it
+// built is closed, including those some tests of the suite leave open, and
+// no goroutine of pglease may be left.
 func newConformance(t *testing.T) *conformance {
 	pool := newPool(t, 60)
 	c := &conformance{pool: pool, adapter: newSchema(t, pool), logger: testLogger()}
 	t.Cleanup(func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
+		for _, pub := range c.pubs {
+			require.NoError(t, pub.Close())
+		}
 		for _, sub := range c.subs {
 			require.NoError(t, sub.Close())
 		}
@@ -53,7 +57,7 @@ func (c *conformance) pubSub(t *testing.T, group string) (message.Publisher, mes
 	require.NoError(t, err)
 	sub, err := pglease.NewSubscriber(c.pool, pglease.SubscriberConfig{
 		ConsumerGroup:    group,
-		SessionTTL:       2 * time.Second,
+		SessionTTL:       5 * time.Second,
 		PollInterval:     20 * time.Millisecond,
 		NackResendDelay:  10 * time.Millisecond,
 		InitializeSchema: true,
@@ -61,6 +65,7 @@ func (c *conformance) pubSub(t *testing.T, group string) (message.Publisher, mes
 	}, c.logger)
 	require.NoError(t, err)
 	c.mu.Lock()
+	c.pubs = append(c.pubs, pub)
 	c.subs = append(c.subs, sub)
 	c.mu.Unlock()
 	return pub, sub
@@ -119,22 +124,4 @@ func TestNewSubscriberReceivesOldMessages(t *testing.T) {
 			n++
 			return c.pubSub(t, fmt.Sprintf("%s/group-%d", t.Name(), n))
 		})
-}
-
-func BenchmarkSubscriber(b *testing.B) {
-	pool := newPool(b, 20)
-	adapter := newSchema(b, pool)
-	tests.BenchSubscriber(b, func(n int) (message.Publisher, message.Subscriber) {
-		pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, nil)
-		require.NoError(b, err)
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true}, nil)
-		require.NoError(b, err)
-		b.Cleanup(func() {
-			_ = pub.Close()
-			_ = sub.Close()
-		})
-		// Create the tables before the benchmark's publisher goroutine starts.
-		require.NoError(b, sub.SubscribeInitialize("bench"))
-		return pub, sub
-	})
 }

@@ -2,6 +2,7 @@ package pglease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -107,8 +109,11 @@ func newSessionKeeper(pool *pgxpool.Pool, adapter SchemaAdapter, group string, t
 	}
 }
 
-// start creates the first session row, returning its error, and starts the
-// heartbeat loop. Calls after the first successful one do nothing.
+// start creates the first session row and starts the heartbeat loop. An
+// error the server returns (missing tables, permissions) is returned; if the
+// database cannot be reached or answers too slowly, the loop keeps trying
+// in the background and start succeeds. Calls after the first successful
+// one do nothing.
 func (k *sessionKeeper) start(ctx context.Context) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -118,8 +123,12 @@ func (k *sessionKeeper) start(ctx context.Context) error {
 	if k.started {
 		return nil
 	}
-	if err := k.createLocked(ctx); err != nil {
-		return err
+	if err := k.createLocked(ctx, k.ttl); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) || ctx.Err() != nil {
+			return err
+		}
+		k.logger.Error("Cannot open the consumer session yet, retrying in the background", err, nil)
 	}
 	k.started = true
 	go k.run()
@@ -163,9 +172,9 @@ func (k *sessionKeeper) wait(stop, stop2 <-chan struct{}) *sessionGen {
 // keeper in the same statement) and makes it current. k.mu must be held;
 // the statement runs under it so that no consumer sees a half-made
 // generation.
-func (k *sessionKeeper) createLocked(ctx context.Context) error {
+func (k *sessionKeeper) createLocked(ctx context.Context, timeout time.Duration) error {
 	g := newSessionGen()
-	ctx, cancel := context.WithTimeout(ctx, k.interval)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	sent := time.Now()
 	q := k.adapter.CreateSession(SessionParams{
@@ -234,6 +243,9 @@ func (k *sessionKeeper) run() {
 	const cleanupEvery = 10
 	beats := rand.N(cleanupEvery)
 	wait := k.interval
+	if g, _ := k.current(); g == nil {
+		wait = 0 // the first session is not open yet
+	}
 	for {
 		if !sleep(wait, k.stop, nil) {
 			return
@@ -244,7 +256,7 @@ func (k *sessionKeeper) run() {
 
 		if g == nil {
 			k.mu.Lock()
-			err := k.createLocked(context.Background())
+			err := k.createLocked(context.Background(), k.stmtTimeout())
 			k.mu.Unlock()
 			if err != nil {
 				k.logger.Error("Cannot open a new consumer session, retrying", err, nil)
@@ -280,10 +292,15 @@ func (k *sessionKeeper) run() {
 	}
 }
 
+// stmtTimeout bounds the keeper's statements: half the TTL, so that a
+// heartbeat or a new session that succeeds still leaves most of the trust
+// window, which starts when the statement was sent.
+func (k *sessionKeeper) stmtTimeout() time.Duration { return k.ttl / 2 }
+
 // heartbeat extends g's row. It reports false when the row is gone or had
 // expired: the session is lost.
 func (k *sessionKeeper) heartbeat(g *sessionGen) (bool, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), k.interval)
+	ctx, cancel := context.WithTimeout(context.Background(), k.stmtTimeout())
 	defer cancel()
 	sent := time.Now()
 	q := k.adapter.HeartbeatSession(SessionParams{SessionID: g.id, TTL: k.ttl})
@@ -309,7 +326,7 @@ func (k *sessionKeeper) heartbeat(g *sessionGen) (bool, error) {
 // deleteExpired removes session rows of others that expired more than a
 // TTL ago. Their claims are free either way; this only keeps the table small.
 func (k *sessionKeeper) deleteExpired() {
-	ctx, cancel := context.WithTimeout(context.Background(), k.interval)
+	ctx, cancel := context.WithTimeout(context.Background(), k.stmtTimeout())
 	defer cancel()
 	q := k.adapter.DeleteExpiredSessions(SessionParams{TTL: k.ttl})
 	tag, err := k.pool.Exec(ctx, q.SQL, q.Args...)

@@ -166,7 +166,8 @@ type Subscriber struct {
 	schemaMu    sync.Mutex
 	schemaReady bool
 
-	hub *wakeHub
+	hub      *wakeHub
+	listener *sharedListener // set with started
 
 	mu         sync.Mutex
 	closed     bool
@@ -175,7 +176,7 @@ type Subscriber struct {
 	ctx        context.Context // cancelled by Close
 	cancel     context.CancelFunc
 	consumers  sync.WaitGroup
-	background sync.WaitGroup // listener and idle poller
+	background sync.WaitGroup // idle poller
 }
 
 // topicSlot lets one consumer of this Subscriber at a time work on a topic,
@@ -271,8 +272,8 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	s.consumers.Add(1)
 	if !s.started {
 		s.started = true
-		s.background.Add(2)
-		go s.listen()
+		s.listener = acquireListener(s.pool, s.config.SchemaAdapter.NotifyChannel(), s.hub, s.logger, s.config.CloseTimeout)
+		s.background.Add(1)
 		go s.pollIdle()
 	}
 	s.mu.Unlock()
@@ -315,6 +316,9 @@ func (s *Subscriber) Close() error {
 	s.cancel()
 	s.consumers.Wait()
 	s.background.Wait()
+	if s.listener != nil {
+		s.listener.release(s.hub)
+	}
 	if err := s.session.close(s.config.CloseTimeout); err != nil {
 		s.logger.Error("Cannot delete the consumer session; it expires after SessionTTL", err, nil)
 	}
