@@ -60,8 +60,9 @@
 // # Wake-ups
 //
 // Publish notifies the messages table's channel once per topic when its
-// transaction commits; each Subscriber listens on one connection of its own
-// and wakes only the consumers of the notified topic. Polling is the
+// transaction commits; the Subscribers of a process that share a pool
+// listen on one connection and wake only the consumers of the notified
+// topic. Polling is the
 // fallback: every PollInterval, one statement per Subscriber checks all of
 // its idle topics. Concurrent Publish calls on a pool are group-committed.
 package pglease
