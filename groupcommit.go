@@ -25,52 +25,44 @@ type publishRequest struct {
 	done   chan error // buffered: the worker never blocks on a caller
 }
 
-// groupCommitter writes concurrent Publish calls on a pool together. Each
-// worker takes the first waiting call and every other one already queued
-// (up to groupMaxMessages / groupMaxBytes) and writes them with one INSERT,
-// so no call waits for a timer: calls batch up only while earlier
-// statements run. Its workers start with the first call and stop in stop.
+// groupCommitter writes concurrent Publish calls on a pool together. A
+// worker takes every call waiting (up to groupMaxMessages / groupMaxBytes)
+// and writes them with one INSERT, so no call waits for a timer: calls
+// batch up only while earlier statements run. Workers start on demand, up
+// to a limit, and end as soon as nothing waits, so an idle Publisher runs
+// no goroutine.
 type groupCommitter struct {
 	pool    *pgxpool.Pool
 	adapter SchemaAdapter
 	logger  watermill.LoggerAdapter
-	queue   chan *publishRequest
 	workers int
 
-	once sync.Once
-	wg   sync.WaitGroup
+	mu      sync.Mutex
+	pending []*publishRequest
+	running int
+	wg      sync.WaitGroup
 }
 
 func newGroupCommitter(pool *pgxpool.Pool, adapter SchemaAdapter, logger watermill.LoggerAdapter) *groupCommitter {
 	workers := int(pool.Config().MaxConns) / 2
 	workers = max(1, min(groupMaxWorkers, workers))
-	return &groupCommitter{
-		pool:    pool,
-		adapter: adapter,
-		logger:  logger,
-		queue:   make(chan *publishRequest, 4*groupMaxWorkers),
-		workers: workers,
-	}
+	return &groupCommitter{pool: pool, adapter: adapter, logger: logger, workers: workers}
 }
 
 // publish queues params and waits for the statement that writes them.
-// The Publisher guarantees that stop is not called while publish runs.
 func (g *groupCommitter) publish(ctx context.Context, params InsertMessagesParams) error {
-	g.once.Do(func() {
-		g.wg.Add(g.workers)
-		for range g.workers {
-			go g.work()
-		}
-	})
 	req := &publishRequest{ctx: ctx, params: params, done: make(chan error, 1)}
 	for _, b := range params.Payloads {
 		req.bytes += len(b)
 	}
-	select {
-	case g.queue <- req:
-	case <-ctx.Done():
-		return ctx.Err()
+	g.mu.Lock()
+	g.pending = append(g.pending, req)
+	if g.running < g.workers {
+		g.running++
+		g.wg.Add(1)
+		go g.work()
 	}
+	g.mu.Unlock()
 	select {
 	case err := <-req.done:
 		return err
@@ -79,33 +71,39 @@ func (g *groupCommitter) publish(ctx context.Context, params InsertMessagesParam
 	}
 }
 
-// stop ends the workers after the queue is drained.
-func (g *groupCommitter) stop() {
-	close(g.queue)
-	g.wg.Wait()
-}
+// wait returns once no worker runs; the Publisher calls it after the last
+// Publish call returned.
+func (g *groupCommitter) wait() { g.wg.Wait() }
 
 func (g *groupCommitter) work() {
 	defer g.wg.Done()
-	for first := range g.queue {
-		batch := []*publishRequest{first}
-		n, size := len(first.params.UUIDs), first.bytes
-	gather:
-		for n < groupMaxMessages && size < groupMaxBytes {
-			select {
-			case req, ok := <-g.queue:
-				if !ok {
-					break gather
-				}
-				batch = append(batch, req)
-				n += len(req.params.UUIDs)
-				size += req.bytes
-			default:
-				break gather
-			}
+	for {
+		batch := g.take()
+		if batch == nil {
+			return
 		}
 		g.write(batch)
 	}
+}
+
+// take removes the next batch from the queue, or ends the worker (nil)
+// when nothing waits.
+func (g *groupCommitter) take() []*publishRequest {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.pending) == 0 {
+		g.running--
+		return nil
+	}
+	n, size, i := 0, 0, 0
+	for i < len(g.pending) && (i == 0 || (n < groupMaxMessages && size < groupMaxBytes)) {
+		n += len(g.pending[i].params.UUIDs)
+		size += g.pending[i].bytes
+		i++
+	}
+	batch := append([]*publishRequest(nil), g.pending[:i]...)
+	g.pending = append(g.pending[:0], g.pending[i:]...)
+	return batch
 }
 
 // write runs one statement for the batch. If the server rejects it, no

@@ -171,7 +171,7 @@ func (p *Publisher) Close() error {
 	p.closeMu.Unlock()
 	p.inflight.Wait()
 	if p.group != nil {
-		p.group.stop()
+		p.group.wait()
 	}
 	return nil
 }
