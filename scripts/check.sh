@@ -61,6 +61,14 @@ else
 fi
 echo "ok"
 
+# The benchmarks are a module of their own (they depend on watermill-sql,
+# which the library must not): vet them and run their unit tests, which need
+# no database.
+if [[ -d benchmarks ]]; then
+	step "benchmarks: go vet, go test"
+	(cd benchmarks && go vet ./... && go test -count=1 ./...)
+fi
+
 step "go test -race ./..."
 if [[ -z "${PGLEASE_TEST_DSN:-}" ]]; then
 	echo "note: PGLEASE_TEST_DSN is not set; run this through 'make test' (scripts/localpg.sh run)" >&2

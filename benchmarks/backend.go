@@ -1,0 +1,195 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// consumerGroup is the consumer group of every subscriber, for both backends.
+const consumerGroup = "bench"
+
+// backend is one Pub/Sub implementation under test.
+type backend interface {
+	name() string
+	short() string // in schema and profile file names
+	// open returns a handle on a fresh, empty PostgreSQL schema named ns.
+	open(ctx context.Context, e *env, ns string) (handle, error)
+}
+
+// handle builds Publishers and Subscribers of one backend in one schema.
+// Publishers and Subscribers have the backend's default configuration
+// except for the schema they work in and the consumer group; schema
+// initialization (off by default in both) is left to initTopic.
+type handle interface {
+	publisher() (message.Publisher, error)
+	subscriber() (message.Subscriber, error)
+	// initTopic creates the tables topic needs, so that no workload times
+	// DDL.
+	initTopic(ctx context.Context, topic string) error
+	// close closes the handle's connections and drops its schema.
+	close(ctx context.Context) error
+}
+
+// ---------------------------------------------------------------- pglease
+
+type pgleaseBackend struct{}
+
+func (pgleaseBackend) name() string  { return "pglease" }
+func (pgleaseBackend) short() string { return "pgl" }
+
+func (pgleaseBackend) open(ctx context.Context, e *env, ns string) (handle, error) {
+	pc, err := e.poolConfig()
+	if err != nil {
+		return nil, err
+	}
+	pc.MaxConns = int32(e.cfg.conns)
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("pglease pool: %w", err)
+	}
+	// The schema itself is created by pglease's schema initialization.
+	return &pgleaseHandle{e: e, ns: ns, pool: pool, adapter: pglease.DefaultSchemaAdapter{Schema: ns}}, nil
+}
+
+type pgleaseHandle struct {
+	e       *env
+	ns      string
+	pool    *pgxpool.Pool
+	adapter pglease.DefaultSchemaAdapter
+}
+
+func (h *pgleaseHandle) publisher() (message.Publisher, error) {
+	return pglease.NewPublisher(h.pool, pglease.PublisherConfig{SchemaAdapter: h.adapter}, h.e.logger)
+}
+
+func (h *pgleaseHandle) subscriber() (message.Subscriber, error) {
+	return h.newSubscriber(false)
+}
+
+func (h *pgleaseHandle) newSubscriber(initializeSchema bool) (message.Subscriber, error) {
+	return pglease.NewSubscriber(h.pool, pglease.SubscriberConfig{
+		ConsumerGroup:    consumerGroup,
+		InitializeSchema: initializeSchema,
+		SchemaAdapter:    h.adapter,
+	}, h.e.logger)
+}
+
+func (h *pgleaseHandle) initTopic(ctx context.Context, topic string) error {
+	sub, err := h.newSubscriber(true)
+	if err != nil {
+		return err
+	}
+	defer sub.Close()
+	return sub.(message.SubscribeInitializer).SubscribeInitialize(topic)
+}
+
+func (h *pgleaseHandle) close(ctx context.Context) error {
+	h.pool.Close()
+	return dropSchema(ctx, h.e.admin, h.ns)
+}
+
+// ---------------------------------------------------------- watermill-sql
+
+type watermillSQLBackend struct{}
+
+func (watermillSQLBackend) name() string  { return "watermill-sql" }
+func (watermillSQLBackend) short() string { return "wsql" }
+
+// open creates the schema and a database/sql pool (pgx/v5's stdlib driver)
+// whose search_path is that schema: watermill-sql names its tables without
+// a schema. The pool keeps as many idle connections as it may open, the
+// same as pglease's pgxpool; database/sql's default of 2 idle connections
+// would make watermill-sql reconnect all the time under concurrency.
+func (watermillSQLBackend) open(ctx context.Context, e *env, ns string) (handle, error) {
+	if _, err := e.admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{ns}.Sanitize()); err != nil {
+		return nil, fmt.Errorf("create schema %s: %w", ns, err)
+	}
+	cc, err := e.connConfig()
+	if err != nil {
+		return nil, err
+	}
+	cc.RuntimeParams["search_path"] = ns
+	db := stdlib.OpenDB(*cc)
+	db.SetMaxOpenConns(e.cfg.conns)
+	db.SetMaxIdleConns(e.cfg.conns)
+	return &watermillSQLHandle{e: e, ns: ns, db: db}, nil
+}
+
+type watermillSQLHandle struct {
+	e  *env
+	ns string
+	db *sql.DB
+}
+
+func (h *watermillSQLHandle) publisher() (message.Publisher, error) {
+	return wsql.NewPublisher(h.db, wsql.PublisherConfig{
+		SchemaAdapter: wsql.DefaultPostgreSQLSchema{},
+	}, h.e.logger)
+}
+
+func (h *watermillSQLHandle) subscriber() (message.Subscriber, error) {
+	return h.newSubscriber(false)
+}
+
+func (h *watermillSQLHandle) newSubscriber(initializeSchema bool) (message.Subscriber, error) {
+	return wsql.NewSubscriber(h.db, wsql.SubscriberConfig{
+		ConsumerGroup:    consumerGroup,
+		SchemaAdapter:    wsql.DefaultPostgreSQLSchema{},
+		OffsetsAdapter:   wsql.DefaultPostgreSQLOffsetsAdapter{},
+		InitializeSchema: initializeSchema,
+	}, h.e.logger)
+}
+
+func (h *watermillSQLHandle) initTopic(ctx context.Context, topic string) error {
+	sub, err := h.newSubscriber(true)
+	if err != nil {
+		return err
+	}
+	defer sub.Close()
+	return sub.(message.SubscribeInitializer).SubscribeInitialize(topic)
+}
+
+func (h *watermillSQLHandle) close(ctx context.Context) error {
+	if err := h.db.Close(); err != nil {
+		return err
+	}
+	return dropSchema(ctx, h.e.admin, h.ns)
+}
+
+// dropSchema drops schema ns if it exists. Its tables go first, a few
+// hundred per statement: one DROP SCHEMA ... CASCADE of thousands of tables
+// (watermill-sql's two per topic) would need more locks than a default
+// server has.
+func dropSchema(ctx context.Context, admin *pgxpool.Pool, ns string) error {
+	for {
+		rows, err := admin.Query(ctx,
+			`SELECT format('%I.%I', schemaname, tablename) FROM pg_tables WHERE schemaname = $1 LIMIT 200`, ns)
+		if err != nil {
+			return fmt.Errorf("list tables of schema %s: %w", ns, err)
+		}
+		tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("list tables of schema %s: %w", ns, err)
+		}
+		if len(tables) == 0 {
+			break
+		}
+		if _, err := admin.Exec(ctx, "DROP TABLE IF EXISTS "+strings.Join(tables, ", ")+" CASCADE"); err != nil {
+			return fmt.Errorf("drop tables of schema %s: %w", ns, err)
+		}
+	}
+	if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{ns}.Sanitize()+" CASCADE"); err != nil {
+		return fmt.Errorf("drop schema %s: %w", ns, err)
+	}
+	return nil
+}

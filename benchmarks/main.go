@@ -1,0 +1,365 @@
+// Command benchmarks measures pglease side by side with the official
+// watermill-sql backend (v3, PostgreSQL schema and offsets adapters) on the
+// same PostgreSQL server, and reports medians and ratios from one run.
+//
+// Each workload runs for several rounds; in every round both backends run
+// once, each in a fresh, empty PostgreSQL schema, and the order of the two
+// alternates from round to round, so that noise from other work on the
+// machine falls on both alike. The table is printed to standard output and,
+// unless told otherwise, written to results.md with a bar chart of the
+// ratios in results.svg.
+//
+// Usage (from the repository root, with a throwaway PostgreSQL):
+//
+//	make bench
+//
+// or against a database of your own:
+//
+//	cd benchmarks && PGLEASE_TEST_DSN=postgres://... go run . [flags]
+//
+// The database comes from -dsn, else PGLEASE_TEST_DSN, else DATABASE_URL.
+// Every schema the program creates is named pglease_bench_* and dropped
+// again. -quick (or PGLEASE_BENCH_QUICK=1) runs one short round of each
+// workload for development; it writes no files unless -out is given.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// config holds the knobs of one run. Their defaults are the workloads of
+// issue 5; -quick shrinks them.
+type config struct {
+	dsn        string
+	rounds     int
+	quick      bool
+	only       []string
+	conns      int
+	out        string
+	cpuProfile string
+	statements bool
+	verbose    bool
+
+	publishers     int
+	publishFor     time.Duration
+	batchSize      int
+	backlog        int
+	latencyRate    int
+	latencyFor     time.Duration
+	idleTopics     int
+	idleSettle     time.Duration
+	idleFor        time.Duration
+	routerMessages int
+}
+
+func parseFlags(args []string) (config, error) {
+	var c config
+	var only string
+	fs := flag.NewFlagSet("benchmarks", flag.ContinueOnError)
+	fs.StringVar(&c.dsn, "dsn", "", "PostgreSQL URL (default: $PGLEASE_TEST_DSN, else $DATABASE_URL)")
+	fs.IntVar(&c.rounds, "rounds", 3, "rounds per workload; each round runs both backends once")
+	fs.BoolVar(&c.quick, "quick", os.Getenv("PGLEASE_BENCH_QUICK") != "", "one short round of each workload, smaller sizes, no files written unless -out is set (also PGLEASE_BENCH_QUICK=1)")
+	fs.StringVar(&only, "only", "", "comma-separated workloads to run: "+strings.Join(workloadIDs(), ","))
+	fs.IntVar(&c.conns, "conns", 64, "maximum connections of each backend's pool (the same for both)")
+	fs.StringVar(&c.out, "out", ".", "directory for results.md and results.svg; empty: write nothing")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "directory for a CPU profile of every measured run (WORKLOAD-BACKEND-rN.pprof)")
+	fs.BoolVar(&c.statements, "statements", false, "print the busiest statements (pg_stat_statements) of each backend in the first round of each workload")
+	fs.BoolVar(&c.verbose, "v", false, "log the backends' info messages to standard error")
+
+	fs.IntVar(&c.publishers, "publishers", 64, "goroutines of the concurrent publish workload")
+	fs.DurationVar(&c.publishFor, "publish-for", 5*time.Second, "duration of each publish measurement")
+	fs.IntVar(&c.batchSize, "batch", 100, "messages per Publish call of the batch workload")
+	fs.IntVar(&c.backlog, "backlog", 100_000, "messages of the drain workload's backlog")
+	fs.IntVar(&c.latencyRate, "latency-rate", 100, "messages per second of the latency workload")
+	fs.DurationVar(&c.latencyFor, "latency-for", 10*time.Second, "duration of the latency workload")
+	fs.IntVar(&c.idleTopics, "idle-topics", 1000, "subscribed topics of the idle workload")
+	fs.DurationVar(&c.idleSettle, "idle-settle", 3*time.Second, "wait after the last Subscribe before the idle window opens")
+	fs.DurationVar(&c.idleFor, "idle-for", 10*time.Second, "length of the idle window")
+	fs.IntVar(&c.routerMessages, "router-messages", 20_000, "messages the Router workload consumes")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if c.quick {
+		quick := map[string]func(){
+			"rounds":          func() { c.rounds = 1 },
+			"out":             func() { c.out = "" },
+			"publish-for":     func() { c.publishFor = time.Second },
+			"backlog":         func() { c.backlog = 10_000 },
+			"latency-for":     func() { c.latencyFor = 3 * time.Second },
+			"idle-topics":     func() { c.idleTopics = 100 },
+			"idle-settle":     func() { c.idleSettle = 2 * time.Second },
+			"idle-for":        func() { c.idleFor = 3 * time.Second },
+			"router-messages": func() { c.routerMessages = 2_000 },
+		}
+		for name, apply := range quick {
+			if !set[name] {
+				apply()
+			}
+		}
+	}
+	if c.dsn == "" {
+		c.dsn = os.Getenv("PGLEASE_TEST_DSN")
+	}
+	if c.dsn == "" {
+		c.dsn = os.Getenv("DATABASE_URL")
+	}
+	if c.dsn == "" {
+		return c, errors.New("no database: set PGLEASE_TEST_DSN or DATABASE_URL, pass -dsn, or run `make bench` from the repository root, which starts a throwaway PostgreSQL")
+	}
+	if only != "" {
+		for _, id := range strings.Split(only, ",") {
+			id = strings.TrimSpace(id)
+			if !slices.Contains(workloadIDs(), id) {
+				return c, fmt.Errorf("-only: unknown workload %q (known: %s)", id, strings.Join(workloadIDs(), ", "))
+			}
+			c.only = append(c.only, id)
+		}
+	}
+	switch {
+	case c.rounds < 1:
+		return c, errors.New("-rounds must be at least 1")
+	case c.conns < 1:
+		return c, errors.New("-conns must be at least 1")
+	case c.publishers < 1 || c.batchSize < 1 || c.backlog < 1 || c.latencyRate < 1 || c.idleTopics < 1 || c.routerMessages < 1:
+		return c, errors.New("-publishers, -batch, -backlog, -latency-rate, -idle-topics and -router-messages must be at least 1")
+	case c.publishFor <= 0 || c.latencyFor <= 0 || c.idleFor <= 0 || c.idleSettle < 0:
+		return c, errors.New("-publish-for, -latency-for and -idle-for must be positive, -idle-settle not negative")
+	}
+	return c, nil
+}
+
+// env is what every workload shares: the configuration and an
+// administrative pool for set-up, statistics and clean-up.
+type env struct {
+	cfg      config
+	database string // the run's own database; empty: the one of cfg.dsn
+	admin    *pgxpool.Pool
+	stats    bool // pg_stat_statements can be read
+	logger   watermill.LoggerAdapter
+}
+
+func (e *env) log(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s  "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchmarks:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "benchmarks:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cfg config) error {
+	e := &env{cfg: cfg, logger: watermill.NopLogger{}}
+	if cfg.verbose {
+		e.logger = watermill.NewStdLoggerWithOut(os.Stderr, false, false)
+	}
+	bootstrap, err := newAdminPool(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer bootstrap.Close()
+	// A database of its own keeps the statistics of this run apart from
+	// anything else on the server, and lets the idle workload clear this
+	// database's pg_stat_statements entries (those of dropped schemas would
+	// otherwise fill the view and push out live entries mid-measurement).
+	// Without the privilege to create one, the run uses the given database.
+	name := fmt.Sprintf("pglease_bench_%d_%d", time.Now().Unix(), os.Getpid())
+	if _, err := bootstrap.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		e.log("cannot create a database for the run (%v); using the given one", err)
+	} else {
+		e.database = name
+		defer func() {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			defer cancel()
+			if _, err := bootstrap.Exec(dctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+				e.log("drop database %s: %v", name, err)
+			}
+		}()
+	}
+	admin := bootstrap
+	if e.database != "" {
+		if admin, err = newAdminPool(ctx, e); err != nil {
+			return err
+		}
+		defer admin.Close()
+	}
+	e.admin = admin
+
+	e.stats, err = enableStatements(ctx, admin)
+	if err != nil {
+		e.log("pg_stat_statements is not available (%v); idle load is counted in transactions (pg_stat_database) instead", err)
+	}
+	info, err := collectMachineInfo(ctx, e)
+	if err != nil {
+		return err
+	}
+	e.log("PostgreSQL %s, Go %s, %d cores; %d round(s)%s", info.postgres, info.goVersion, info.cores, cfg.rounds, map[bool]string{true: " (quick mode)"}[cfg.quick])
+
+	res := newResults()
+	failed := false
+	for _, w := range selectedWorkloads(cfg) {
+		for round := 1; round <= cfg.rounds; round++ {
+			order := []backend{pgleaseBackend{}, watermillSQLBackend{}}
+			if round%2 == 0 {
+				slices.Reverse(order)
+			}
+			for _, b := range order {
+				if ctx.Err() != nil {
+					return fmt.Errorf("interrupted: %w", context.Cause(ctx))
+				}
+				vals, err := runOne(ctx, e, w, b, round)
+				if err != nil {
+					e.log("%s, round %d, %s: FAILED: %v", w.id, round, b.name(), err)
+					res.fail(w, b.name(), err)
+					failed = true
+					continue
+				}
+				res.add(w, b.name(), vals)
+				e.log("%s, round %d, %s: %s", w.id, round, b.name(), w.describe(vals))
+			}
+		}
+	}
+
+	rows := res.rows(cfg)
+	fmt.Println()
+	printTable(os.Stdout, rows)
+	if cfg.out != "" {
+		md, svg, err := writeReports(cfg.out, rows, res, info)
+		if err != nil {
+			return err
+		}
+		e.log("wrote %s and %s", md, svg)
+	}
+	if failed {
+		return errors.New("some runs failed (see above)")
+	}
+	return nil
+}
+
+func newAdminPool(ctx context.Context, e *env) (*pgxpool.Pool, error) {
+	pc, err := e.poolConfig()
+	if err != nil {
+		return nil, err
+	}
+	pc.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	return pool, nil
+}
+
+// poolConfig parses the database URL for a pgxpool, in the run's own
+// database when there is one.
+func (e *env) poolConfig() (*pgxpool.Config, error) {
+	pc, err := pgxpool.ParseConfig(e.cfg.dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse the database URL: %w", err)
+	}
+	if e.database != "" {
+		pc.ConnConfig.Database = e.database
+	}
+	return pc, nil
+}
+
+// connConfig is poolConfig for a single connection (database/sql).
+func (e *env) connConfig() (*pgx.ConnConfig, error) {
+	cc, err := pgx.ParseConfig(e.cfg.dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse the database URL: %w", err)
+	}
+	if e.database != "" {
+		cc.Database = e.database
+	}
+	return cc, nil
+}
+
+// runOne runs workload w once on backend b in a fresh schema of its own,
+// which is dropped afterwards.
+func runOne(ctx context.Context, e *env, w workload, b backend, round int) (map[string]float64, error) {
+	ns := fmt.Sprintf("pglease_bench_%s_%s_r%d", strings.ReplaceAll(w.id, "-", "_"), b.short(), round)
+	// A stale schema of an interrupted run would not be an empty start.
+	if err := dropSchema(ctx, e.admin, ns); err != nil {
+		return nil, err
+	}
+	h, err := b.open(ctx, e, ns)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		defer cancel()
+		t0 := time.Now()
+		if err := h.close(cctx); err != nil {
+			e.log("clean-up of schema %s: %v", ns, err)
+		}
+		if d := time.Since(t0); d > 2*time.Second {
+			e.log("clean-up of schema %s took %s", ns, d.Round(time.Millisecond))
+		}
+	}()
+	// Start each run with no dirty buffers left over from the previous one.
+	_, _ = e.admin.Exec(ctx, "CHECKPOINT")
+
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+
+	var before statSnapshot
+	profileStatements := e.cfg.statements && e.stats && round == 1
+	if profileStatements {
+		if before, err = takeStatements(wctx, e.admin); err != nil {
+			return nil, err
+		}
+	}
+	stopProfile, err := startCPUProfile(e.cfg.cpuProfile, fmt.Sprintf("%s-%s-r%d", w.id, b.short(), round))
+	if err != nil {
+		return nil, err
+	}
+	vals, err := w.run(wctx, e, h)
+	stopProfile()
+	if err != nil {
+		return nil, err
+	}
+	if profileStatements {
+		after, err := takeStatements(wctx, e.admin)
+		if err != nil {
+			return nil, err
+		}
+		printTopStatements(os.Stderr, fmt.Sprintf("%s, %s", w.id, b.name()), before, after, 8)
+	}
+	return vals, nil
+}

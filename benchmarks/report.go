@@ -1,0 +1,434 @@
+package main
+
+import (
+	"fmt"
+	"html"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+)
+
+const (
+	pgleaseName      = "pglease"
+	watermillSQLName = "watermill-sql"
+)
+
+// results collects every round's value of every metric, per backend.
+type results struct {
+	values   map[string]map[string][]float64 // metric key → backend → rounds
+	failures map[string]map[string][]string  // metric key → backend → errors
+}
+
+func newResults() *results {
+	return &results{values: map[string]map[string][]float64{}, failures: map[string]map[string][]string{}}
+}
+
+func (r *results) add(w workload, backend string, vals map[string]float64) {
+	for _, m := range w.metrics {
+		v, ok := vals[m.key]
+		if !ok {
+			continue
+		}
+		if r.values[m.key] == nil {
+			r.values[m.key] = map[string][]float64{}
+		}
+		r.values[m.key][backend] = append(r.values[m.key][backend], v)
+	}
+}
+
+func (r *results) fail(w workload, backend string, err error) {
+	for _, m := range w.metrics {
+		if r.failures[m.key] == nil {
+			r.failures[m.key] = map[string][]string{}
+		}
+		r.failures[m.key][backend] = append(r.failures[m.key][backend], err.Error())
+	}
+}
+
+// row is one line of the table.
+type row struct {
+	m        metric
+	pg, ws   []float64 // every round
+	pgMed    float64
+	wsMed    float64
+	complete bool // both backends have values
+	ratio    float64
+	met      string // "yes", "no" or "" (no target)
+}
+
+func (r *results) rows(cfg config) []row {
+	var rows []row
+	for _, w := range selectedWorkloads(cfg) {
+		for _, m := range w.metrics {
+			x := row{m: m, pg: r.values[m.key][pgleaseName], ws: r.values[m.key][watermillSQLName]}
+			if len(x.pg) == 0 && len(x.ws) == 0 && len(r.failures[m.key]) == 0 {
+				// A fallback metric that was not needed.
+				continue
+			}
+			if len(x.pg) > 0 && len(x.ws) > 0 {
+				x.complete = true
+				x.pgMed, x.wsMed = median(x.pg), median(x.ws)
+				x.ratio = x.pgMed / x.wsMed
+				x.met = judge(m.target, x.pgMed, x.ratio)
+			}
+			rows = append(rows, x)
+		}
+	}
+	return rows
+}
+
+func judge(t target, pg, ratio float64) string {
+	var ok bool
+	switch t.kind {
+	case ratioAtLeast:
+		ok = ratio >= t.value
+	case ratioAtMost:
+		ok = ratio <= t.value
+	case pgleaseAtMost:
+		ok = pg <= t.value
+	case pgleaseAtLeast:
+		ok = pg >= t.value
+	default:
+		return ""
+	}
+	if ok {
+		return "yes"
+	}
+	return "no"
+}
+
+// factor is how many times better pglease is than watermill-sql on the
+// row's metric: above 1, pglease is better, whichever way the metric goes.
+func (x row) factor() float64 {
+	if x.m.better == lowerIsBetter {
+		return x.wsMed / x.pgMed
+	}
+	return x.pgMed / x.wsMed
+}
+
+// targetFactor is the row's target expressed as a factor, when it is one.
+func (x row) targetFactor() (float64, bool) {
+	switch x.m.target.kind {
+	case ratioAtLeast:
+		return x.m.target.value, true
+	case ratioAtMost:
+		return 1 / x.m.target.value, true
+	}
+	return 0, false
+}
+
+func median(vs []float64) float64 {
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+func formatValue(v float64) string {
+	switch {
+	case math.IsInf(v, 0) || math.IsNaN(v):
+		return fmt.Sprint(v)
+	case v >= 1000:
+		return thousands(int(math.Round(v)))
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.2f", v)
+	}
+}
+
+func thousands(n int) string {
+	s := fmt.Sprint(n)
+	if n < 0 {
+		return "-" + thousands(-n)
+	}
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+func formatRatio(r float64) string {
+	switch {
+	case r == 0 || math.IsInf(r, 0) || math.IsNaN(r):
+		return fmt.Sprint(r)
+	case r >= 10:
+		return fmt.Sprintf("%.1f×", r)
+	case r >= 0.995:
+		return fmt.Sprintf("%.2f×", r)
+	default:
+		return fmt.Sprintf("%.3g× (1/%s)", r, formatValue(1/r))
+	}
+}
+
+func (x row) cells() []string {
+	target := x.m.target.text
+	if x.complete {
+		return []string{x.m.label, x.m.unit, formatValue(x.pgMed), formatValue(x.wsMed), formatRatio(x.ratio), target, x.met}
+	}
+	pg, ws := "n/a", "n/a"
+	if len(x.pg) > 0 {
+		pg = formatValue(median(x.pg))
+	}
+	if len(x.ws) > 0 {
+		ws = formatValue(median(x.ws))
+	}
+	return []string{x.m.label, x.m.unit, pg, ws, "n/a", target, ""}
+}
+
+var tableHeader = []string{"workload", "unit", "pglease", "watermill-sql", "pglease ÷ watermill-sql", "target", "met"}
+
+func printTable(w io.Writer, rows []row) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(tableHeader, "\t"))
+	for _, x := range rows {
+		fmt.Fprintln(tw, strings.Join(x.cells(), "\t"))
+	}
+	_ = tw.Flush()
+}
+
+func markdownTable(w io.Writer, rows []row) {
+	fmt.Fprintf(w, "| %s |\n", strings.Join(tableHeader, " | "))
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|---|---|")
+	for _, x := range rows {
+		cells := x.cells()
+		for i, c := range cells {
+			cells[i] = strings.ReplaceAll(c, "|", `\|`)
+		}
+		fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
+	}
+}
+
+// writeReports writes results.md and results.svg into dir.
+func writeReports(dir string, rows []row, res *results, info machineInfo) (string, string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", "", err
+	}
+	mdPath := filepath.Join(dir, "results.md")
+	svgPath := filepath.Join(dir, "results.svg")
+
+	var md strings.Builder
+	writeMarkdown(&md, rows, res, info)
+	if err := os.WriteFile(mdPath, []byte(md.String()), 0o644); err != nil {
+		return "", "", err
+	}
+	var svg strings.Builder
+	writeSVG(&svg, rows, info)
+	if err := os.WriteFile(svgPath, []byte(svg.String()), 0o644); err != nil {
+		return "", "", err
+	}
+	return mdPath, svgPath, nil
+}
+
+func writeMarkdown(w io.Writer, rows []row, res *results, info machineInfo) {
+	fmt.Fprintf(w, "# pglease vs watermill-sql\n\n")
+	fmt.Fprintf(w, "Medians of %d round(s) per workload, measured %s with `%s`.\n", rounds(rows), info.date.Format("2006-01-02 15:04 MST"), info.command)
+	fmt.Fprintf(w, "The file is written by the benchmark program (`benchmarks/`); rerun it rather than editing by hand.\n\n")
+	markdownTable(w, rows)
+	fmt.Fprintf(w, "\n![pglease vs watermill-sql: times better, log scale](results.svg)\n\n")
+
+	fmt.Fprintf(w, "## Machine\n\n")
+	cpu := info.cpu
+	if cpu == "" {
+		cpu = "unknown CPU"
+	}
+	fmt.Fprintf(w, "- %d cores (%s), %s, %s\n", info.cores, cpu, info.osArch, info.goVersion)
+	fmt.Fprintf(w, "- PostgreSQL %s on the same machine, reached over TCP on 127.0.0.1 (%s)\n", info.postgres, info.settings)
+	fmt.Fprintf(w, "- watermill %s, watermill-sql %s, pgx %s; pglease: the working tree\n", info.watermill, info.watermillSQL, info.pgx)
+	fmt.Fprintf(w, "- other work may have been running on the machine at the same time\n\n")
+
+	fmt.Fprintf(w, "## Method\n\n")
+	database := "The run works in a database of its own, created for it and dropped at the end."
+	if !info.ownDatabase {
+		database = "The run works in the database it was given (it could not create one of its own)."
+	}
+	for _, line := range []string{
+		database + " Every round runs each workload once on each backend, alternating which goes first; each run starts in a fresh, empty PostgreSQL schema after a `CHECKPOINT`, and the schema is dropped afterwards.",
+		"pglease: `NewPublisher`/`NewSubscriber` with default configurations, `DefaultSchemaAdapter{Schema: ...}`, consumer group `bench`.",
+		"watermill-sql v3: `DefaultPostgreSQLSchema` and `DefaultPostgreSQLOffsetsAdapter`, default configurations (1 s poll, batches of 100), consumer group `bench`, through `database/sql` with pgx/v5's stdlib driver and `search_path` set to the run's schema.",
+		"Both pools open at most the same number of connections (`-conns`, default 64), and database/sql keeps that many idle (its default of 2 idle connections would make watermill-sql reconnect under concurrency). Tables are created before the clock starts.",
+		"Payloads are 64 bytes of JSON (watermill-sql's default payload column is `json`).",
+		"Publish workloads count the messages whose Publish call returned within the time; each of the goroutines publishes once before the clock starts.",
+		"Drain and Router: the backlog is published beforehand in calls of 1,000 messages from 4 goroutines; the clock runs from Subscribe (Router.Run) until the last message is acked (handled).",
+		"Latency: one message per Publish call at a fixed rate; latency is from just before Publish to the subscriber's channel delivering it, on the monotonic clock of one process. Warm-up messages sent until the subscriber delivers are not counted.",
+		"Idle load: one Subscriber subscribed to every topic, no messages. Once the subscriptions are set up, this database's `pg_stat_statements` entries are reset; when the per-second rate has settled, the window counts the calls of every top-level statement (BEGIN and COMMIT included) that the server ran in this database. Only without `pg_stat_statements` does it fall back to `pg_stat_database` xact_commit + xact_rollback, which backends report lazily (an idle backend up to 10 s late), so set-up work leaks into the window.",
+		"The ratio column is pglease ÷ watermill-sql; the chart shows how many times better pglease is (the inverse for rows where lower is better).",
+	} {
+		fmt.Fprintf(w, "- %s\n", line)
+	}
+
+	fmt.Fprintf(w, "\n## Every round\n\n")
+	fmt.Fprintf(w, "| workload | unit | pglease | watermill-sql |\n|---|---|---|---|\n")
+	for _, x := range rows {
+		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", x.m.label, x.m.unit, roundList(x.pg), roundList(x.ws))
+	}
+	var failures []string
+	for _, x := range rows {
+		for _, b := range []string{pgleaseName, watermillSQLName} {
+			for _, f := range res.failures[x.m.key][b] {
+				failures = append(failures, fmt.Sprintf("- %s, %s: %s", x.m.label, b, f))
+			}
+		}
+	}
+	if len(failures) > 0 {
+		fmt.Fprintf(w, "\n## Failed runs\n\n%s\n", strings.Join(slices.Compact(failures), "\n"))
+	}
+}
+
+func roundList(vs []float64) string {
+	if len(vs) == 0 {
+		return "n/a"
+	}
+	var s []string
+	for _, v := range vs {
+		s = append(s, formatValue(v))
+	}
+	return strings.Join(s, ", ")
+}
+
+// writeSVG draws one horizontal bar per complete row: how many times better
+// pglease is than watermill-sql, on a log scale, from the 1× line. A black
+// tick marks the target where it is a ratio.
+func writeSVG(w io.Writer, rows []row, info machineInfo) {
+	var bars []row
+	for _, x := range rows {
+		if x.complete && x.pgMed > 0 && x.wsMed > 0 {
+			bars = append(bars, x)
+		}
+	}
+	const (
+		width    = 900.0
+		labelW   = 400.0
+		left     = labelW + 10
+		right    = width - 80
+		top      = 64.0
+		rowH     = 40.0
+		barH     = 20.0
+		fontSize = 13
+	)
+	height := top + rowH*float64(max(len(bars), 1)) + 70
+
+	// Decades from below the smallest to above the largest factor or target.
+	lo, hi := 1.0, 1.0
+	for _, x := range bars {
+		f := x.factor()
+		lo, hi = math.Min(lo, f), math.Max(hi, f)
+		if t, ok := x.targetFactor(); ok {
+			hi = math.Max(hi, t)
+		}
+	}
+	loExp := math.Floor(math.Log10(lo))
+	hiExp := math.Ceil(math.Log10(hi * 1.05))
+	if hiExp <= loExp {
+		hiExp = loExp + 1
+	}
+	xOf := func(f float64) float64 {
+		return left + (math.Log10(f)-loExp)/(hiExp-loExp)*(right-left)
+	}
+
+	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
+	p(`<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="Helvetica, Arial, sans-serif" font-size="%d">`, width, height, width, height, fontSize)
+	p(`<rect width="100%%" height="100%%" fill="#ffffff"/>`)
+	p(`<text x="%.0f" y="26" font-size="17" font-weight="bold">pglease vs watermill-sql: how many times better (log scale)</text>`, 16.0)
+	p(`<text x="%.0f" y="46" fill="#555">%s</text>`, 16.0, esc(fmt.Sprintf("medians of %d rounds; %d cores, %s, PostgreSQL %s, %s", rounds(rows), info.cores, info.goVersion, strings.Fields(info.postgres + " ?")[0], info.date.Format("2006-01-02"))))
+
+	// Grid: one line per decade, the 1× line darker.
+	axisY := top + rowH*float64(len(bars)) + 6
+	for e := loExp; e <= hiExp; e++ {
+		f := math.Pow(10, e)
+		x := xOf(f)
+		stroke, sw := "#dddddd", 1.0
+		if e == 0 {
+			stroke, sw = "#444444", 1.5
+		}
+		p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="%.1f"/>`, x, top-6, x, axisY, stroke, sw)
+		p(`<text x="%.1f" y="%.1f" text-anchor="middle" fill="#333">%s</text>`, x, axisY+16, esc(decadeLabel(f)))
+	}
+	p(`<text x="%.1f" y="%.1f" text-anchor="middle" fill="#555">← watermill-sql better · pglease better →</text>`, xOf(1), axisY+34)
+
+	for i, x := range bars {
+		y := top + rowH*float64(i)
+		f := x.factor()
+		color := "#2e7d32" // better, target met or none
+		switch {
+		case f < 1:
+			color = "#c62828"
+		case x.met == "no":
+			color = "#ef8f00"
+		}
+		x0, x1 := xOf(1), xOf(f)
+		if x1 < x0 {
+			x0, x1 = x1, x0
+		}
+		p(`<text x="%.0f" y="%.1f" text-anchor="end" fill="#111">%s</text>`, labelW, y+barH/2-1, esc(x.m.short))
+		p(`<text x="%.0f" y="%.1f" text-anchor="end" fill="#666" font-size="11">%s</text>`, labelW, y+barH/2+12, esc(x.detail()))
+		p(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`, x0, y, math.Max(x1-x0, 1), barH, color)
+		tx, hasTarget := x.targetFactor()
+		if hasTarget {
+			p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#000" stroke-width="2.5"><title>target %s</title></line>`, xOf(tx), y-3, xOf(tx), y+barH+3, esc(x.m.target.text))
+		}
+		valueText := formatFactor(f) + "×"
+		if f >= 1 {
+			end := x1
+			if hasTarget {
+				end = math.Max(end, xOf(tx)+2)
+			}
+			p(`<text x="%.1f" y="%.1f" fill="#111">%s</text>`, end+4, y+barH/2+4, esc(valueText))
+		} else {
+			p(`<text x="%.1f" y="%.1f" text-anchor="end" fill="#111">%s</text>`, x0-4, y+barH/2+4, esc(valueText))
+		}
+	}
+	p(`<text x="16" y="%.1f" fill="#555">%s</text>`, height-10, esc("green: target met or none; orange: target missed; red: watermill-sql better; black ticks: ratio targets"))
+	p(`</svg>`)
+}
+
+// detail is the chart's second line for x: both medians, and an absolute
+// target.
+func (x row) detail() string {
+	d := fmt.Sprintf("pglease %s · watermill-sql %s %s", formatValue(x.pgMed), formatValue(x.wsMed), x.m.unit)
+	if x.m.target.kind == pgleaseAtMost || x.m.target.kind == pgleaseAtLeast {
+		d += "; target " + x.m.target.text
+	}
+	return d
+}
+
+func rounds(rows []row) int {
+	n := 0
+	for _, x := range rows {
+		n = max(n, len(x.pg), len(x.ws))
+	}
+	return n
+}
+
+func decadeLabel(f float64) string {
+	if f < 1 {
+		return fmt.Sprintf("%g×", f)
+	}
+	return thousands(int(f)) + "×"
+}
+
+func formatFactor(f float64) string {
+	switch {
+	case f >= 100:
+		return thousands(int(math.Round(f)))
+	case f >= 10:
+		return fmt.Sprintf("%.0f", f)
+	default:
+		return fmt.Sprintf("%.2g", f)
+	}
+}
+
+func esc(s string) string { return html.EscapeString(s) }
