@@ -264,17 +264,18 @@ func (a DefaultSchemaAdapter) Migrations() []Migration {
 		Version:     1,
 		Description: "messages, consumer sessions and consumer offsets",
 		SQL: `CREATE TABLE IF NOT EXISTS ` + a.messages() + ` (
-	"offset"       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-	topic          text NOT NULL,
+	"offset"       bigint GENERATED ALWAYS AS IDENTITY,
+	topic          text COLLATE "C" NOT NULL,
 	partition      integer NOT NULL DEFAULT 0,
 	transaction_id xid8 NOT NULL DEFAULT pg_current_xact_id(),
 	uuid           text NOT NULL,
 	payload        bytea,
 	metadata       jsonb,
-	created_at     timestamptz NOT NULL DEFAULT now()
+	created_at     timestamptz NOT NULL DEFAULT now(),
+	-- The read path's index is the primary key: one index per row written.
+	-- Topics compare bytewise ("C"), whatever the database's collation.
+	PRIMARY KEY (topic, partition, transaction_id, "offset")
 );
-CREATE INDEX IF NOT EXISTS ` + a.indexName(a.MessagesTable, DefaultMessagesTable, "topic_position_idx") + `
-	ON ` + a.messages() + ` (topic, partition, transaction_id, "offset");
 
 CREATE TABLE IF NOT EXISTS ` + a.sessions() + ` (
 	id             uuid PRIMARY KEY,
@@ -310,21 +311,41 @@ func (a DefaultSchemaAdapter) NotifyChannel() string {
 }
 
 // InsertMessages implements [SchemaAdapter].
+//
+// When all messages have one topic (a single Publish call), the topic is
+// sent once instead of once per message.
 func (a DefaultSchemaAdapter) InsertMessages(p InsertMessagesParams) Query {
+	var topics any = p.Topics
+	topicExpr, topicsExpr := "m.topic", "unnest($1::text[])"
+	from := "unnest($1::text[], $2::text[], $3::bytea[], $4::text[]) WITH ORDINALITY AS m(topic, uuid, payload, metadata, n)"
+	if oneTopic(p.Topics) {
+		topics = p.Topics[0]
+		topicExpr, topicsExpr = "$1::text", "$1::text"
+		from = "unnest($2::text[], $3::bytea[], $4::text[]) WITH ORDINALITY AS m(uuid, payload, metadata, n)"
+	}
 	insert := `INSERT INTO ` + a.messages() + ` (topic, partition, uuid, payload, metadata)
-SELECT m.topic, 0, m.uuid, m.payload, m.metadata::jsonb
-FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[]) WITH ORDINALITY AS m(topic, uuid, payload, metadata, n)
+SELECT ` + topicExpr + `, 0, m.uuid, m.payload, m.metadata::jsonb
+FROM ` + from + `
 ORDER BY m.n`
 	if p.NotifyChannel == "" {
-		return Query{SQL: insert, Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata}}
+		return Query{SQL: insert, Args: []any{topics, p.UUIDs, p.Payloads, p.Metadata}}
 	}
 	return Query{
 		SQL: `WITH inserted AS (
 ` + insert + `
 )
-SELECT pg_notify($5, 'm' || t.topic) FROM (SELECT DISTINCT unnest($1::text[]) AS topic) t`,
-		Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, p.NotifyChannel},
+SELECT pg_notify($5, 'm' || t.topic) FROM (SELECT DISTINCT ` + topicsExpr + ` AS topic) t`,
+		Args: []any{topics, p.UUIDs, p.Payloads, p.Metadata, p.NotifyChannel},
 	}
+}
+
+func oneTopic(topics []string) bool {
+	for _, t := range topics[1:] {
+		if t != topics[0] {
+			return false
+		}
+	}
+	return len(topics) > 0
 }
 
 // SelectMessages implements [SchemaAdapter].
@@ -333,6 +354,11 @@ SELECT pg_notify($5, 'm' || t.topic) FROM (SELECT DISTINCT unnest($1::text[]) AS
 // of transactions older than every running one (below pg_snapshot_xmin) are
 // returned, ordered by (transaction_id, offset), so a row can never appear
 // behind a position already consumed.
+//
+// The pending check needs no comparison with p.After: xmin never moves
+// back, and p.After's transaction was below an earlier xmin, so every row at
+// or above the current xmin lies after p.After. (With the comparison, the
+// index scan would start at p.After and walk the whole backlog.)
 func (a DefaultSchemaAdapter) SelectMessages(p SelectMessagesParams) Query {
 	return Query{
 		// The ORDER BY names the table's columns, qualified: a bare
@@ -349,7 +375,6 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, true
 WHERE EXISTS (SELECT 1 FROM ` + a.messages() + ` m
 	WHERE m.topic = $1 AND m.partition = $2
-		AND (m.transaction_id, m."offset") > ($3::text::xid8, $4::bigint)
 		AND m.transaction_id >= pg_snapshot_xmin(pg_current_snapshot()))`,
 		Args: []any{p.Topic, p.Partition, formatXID8(p.After.TransactionID), p.After.Offset, p.Limit},
 	}

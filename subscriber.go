@@ -546,8 +546,12 @@ func (c *consumer) release(cl *claim) {
 // (stopped) or ownership is lost (lost).
 func (c *consumer) own(g *sessionGen, cl *claim) outcome {
 	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
-	// pendingWait re-polls while committed messages are not visible yet.
-	pendingWait := newBackoff(5*time.Millisecond, c.s.config.PollInterval)
+	// pendingWait re-polls while committed messages are not visible yet:
+	// every few milliseconds at first (such rows usually wait behind a
+	// transaction that ends a moment later), then backing off to
+	// PollInterval once that has lasted longer than pendingFastFor.
+	pendingWait := newBackoff(2*time.Millisecond, pendingFastCap)
+	var pendingSince time.Time
 	for {
 		if c.ctx.Err() != nil {
 			return stopped
@@ -575,12 +579,18 @@ func (c *consumer) own(g *sessionGen, cl *claim) outcome {
 			if pending {
 				// Committed rows wait behind an older running transaction:
 				// look again soon, backing off while it runs.
+				if pendingSince.IsZero() {
+					pendingSince = time.Now()
+				} else if time.Since(pendingSince) > pendingFastFor {
+					pendingWait.max = max(pendingFastCap, c.s.config.PollInterval)
+				}
 				if !c.waitWake(pendingWait.delay(), g.lost) {
 					return c.interrupted()
 				}
 				continue
 			}
-			pendingWait.reset()
+			pendingSince = time.Time{}
+			pendingWait = newBackoff(2*time.Millisecond, pendingFastCap)
 			c.s.hub.setIdle(c, cl.acked)
 			ok := c.waitWake(idleWait, g.lost)
 			c.s.hub.clearIdle(c)
@@ -606,6 +616,13 @@ func (c *consumer) own(g *sessionGen, cl *claim) outcome {
 		}
 	}
 }
+
+// While committed rows are not visible yet, they are re-polled with a
+// backoff capped at pendingFastCap for pendingFastFor, then at PollInterval.
+const (
+	pendingFastCap = 20 * time.Millisecond
+	pendingFastFor = time.Second
+)
 
 // idleWait bounds how long an idle owner sleeps without any wake-up; the
 // idle poller and notifications normally wake it first.
