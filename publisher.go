@@ -211,18 +211,16 @@ func buildInsertParams(topic string, msgs []*message.Message) (InsertMessagesPar
 				return params, fmt.Errorf("%w: metadata %q of message %s must be UTF-8 without NUL bytes", ErrInvalidMessage, k, msg.UUID)
 			}
 		}
-		md := msg.Metadata
-		if md == nil {
-			md = message.Metadata{}
-		}
-		b, err := json.Marshal(md)
-		if err != nil {
-			return params, fmt.Errorf("%w: encode metadata of message %s: %w", ErrInvalidMessage, msg.UUID, err)
-		}
 		params.Topics[i] = topic
 		params.UUIDs[i] = msg.UUID
 		params.Payloads[i] = msg.Payload
-		params.Metadata[i] = string(b)
+		if len(msg.Metadata) > 0 { // no metadata is stored as NULL
+			b, err := json.Marshal(msg.Metadata)
+			if err != nil {
+				return params, fmt.Errorf("%w: encode metadata of message %s: %w", ErrInvalidMessage, msg.UUID, err)
+			}
+			params.Metadata[i] = string(b)
+		}
 	}
 	return params, nil
 }

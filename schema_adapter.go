@@ -43,7 +43,7 @@ type InsertMessagesParams struct {
 	Topics   []string
 	UUIDs    []string
 	Payloads [][]byte
-	Metadata []string // JSON objects
+	Metadata []string // JSON objects; "" stores NULL (no metadata)
 	// NotifyChannel, when not empty, is the channel notified once per
 	// distinct topic when the statement's transaction commits.
 	NotifyChannel string
@@ -324,7 +324,7 @@ func (a DefaultSchemaAdapter) InsertMessages(p InsertMessagesParams) Query {
 		from = "unnest($2::text[], $3::bytea[], $4::text[]) WITH ORDINALITY AS m(uuid, payload, metadata, n)"
 	}
 	insert := `INSERT INTO ` + a.messages() + ` (topic, partition, uuid, payload, metadata)
-SELECT ` + topicExpr + `, 0, m.uuid, m.payload, m.metadata::jsonb
+SELECT ` + topicExpr + `, 0, m.uuid, m.payload, NULLIF(m.metadata, '')::jsonb
 FROM ` + from + `
 ORDER BY m.n`
 	if p.NotifyChannel == "" {
