@@ -248,7 +248,12 @@ func (s *Subscriber) pollIdleOnce(consumers []*consumer, params VisibleTopicsPar
 	ctx, cancel := context.WithTimeout(s.ctx, s.config.SessionTTL)
 	defer cancel()
 	q := s.config.SchemaAdapter.VisibleTopics(params)
-	rows, err := s.pool.Query(ctx, q.SQL, q.Args...)
+	conn, err := s.offsets.gate.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer s.offsets.gate.release(conn)
+	rows, err := conn.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return err
 	}

@@ -63,8 +63,41 @@ func (c *claim) params(pos Position) OffsetParams {
 // offsetStore runs the claim, commit and release statements of the
 // offsets table. It is safe for concurrent use.
 type offsetStore struct {
-	pool    *pgxpool.Pool
+	gate    *dataGate
 	adapter SchemaAdapter
+}
+
+// dataGate lets a Subscriber's consumers use at most all but one of the
+// pool's connections at once, so that a burst of subscriptions (thousands
+// of claims) cannot starve the session heartbeat of a connection.
+type dataGate struct {
+	pool  *pgxpool.Pool
+	slots chan struct{}
+}
+
+func newDataGate(pool *pgxpool.Pool) *dataGate {
+	n := max(1, int(pool.Config().MaxConns)-1)
+	return &dataGate{pool: pool, slots: make(chan struct{}, n)}
+}
+
+// acquire waits for a slot and a connection; give both back with release.
+func (g *dataGate) acquire(ctx context.Context) (*pgxpool.Conn, error) {
+	select {
+	case g.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	conn, err := g.pool.Acquire(ctx)
+	if err != nil {
+		<-g.slots
+		return nil, err
+	}
+	return conn, nil
+}
+
+func (g *dataGate) release(conn *pgxpool.Conn) {
+	conn.Release()
+	<-g.slots
 }
 
 // ensure creates the offset row of (group, topic) at the beginning of the
@@ -72,7 +105,12 @@ type offsetStore struct {
 // its first message.
 func (s offsetStore) ensure(ctx context.Context, group, topic string) error {
 	q := s.adapter.EnsureOffset(OffsetParams{ConsumerGroup: group, Topic: topic})
-	if _, err := s.pool.Exec(ctx, q.SQL, q.Args...); err != nil {
+	conn, err := s.gate.acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("create offset row for topic %q: %w", topic, err)
+	}
+	defer s.gate.release(conn)
+	if _, err := conn.Exec(ctx, q.SQL, q.Args...); err != nil {
 		return fmt.Errorf("create offset row for topic %q: %w", topic, wrapMissingSchema(err))
 	}
 	return nil
@@ -90,7 +128,12 @@ func (s offsetStore) tryClaim(ctx context.Context, group, topic string, sessionI
 		offset     *int64
 		retryAfter *int64
 	)
-	err := s.pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&claimed, &epoch, &txText, &offset, &retryAfter)
+	conn, err := s.gate.acquire(ctx)
+	if err != nil {
+		return nil, 0, fmt.Errorf("claim topic %q: %w", topic, err)
+	}
+	defer s.gate.release(conn)
+	err = conn.QueryRow(ctx, q.SQL, q.Args...).Scan(&claimed, &epoch, &txText, &offset, &retryAfter)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, 0, fmt.Errorf("claim topic %q: the offset row does not exist", topic)
 	}
@@ -128,7 +171,12 @@ func (s offsetStore) tryClaim(ctx context.Context, group, topic string, sessionI
 func (s offsetStore) commit(ctx context.Context, c *claim) error {
 	pos := c.acked
 	q := s.adapter.CommitOffset(c.params(pos))
-	tag, err := s.pool.Exec(ctx, q.SQL, q.Args...)
+	conn, err := s.gate.acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("commit offset for topic %q: %w", c.topic, err)
+	}
+	defer s.gate.release(conn)
+	tag, err := conn.Exec(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return fmt.Errorf("commit offset for topic %q: %w", c.topic, err)
 	}
@@ -146,7 +194,12 @@ func (s offsetStore) release(ctx context.Context, c *claim) error {
 	p := c.params(c.acked)
 	p.NotifyChannel = s.adapter.NotifyChannel()
 	q := s.adapter.ReleaseOffset(p)
-	tag, err := s.pool.Exec(ctx, q.SQL, q.Args...)
+	conn, err := s.gate.acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("release topic %q: %w", c.topic, err)
+	}
+	defer s.gate.release(conn)
+	tag, err := conn.Exec(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return fmt.Errorf("release topic %q: %w", c.topic, err)
 	}

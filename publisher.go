@@ -69,9 +69,10 @@ type Publisher struct {
 	schemaMu    sync.Mutex
 	schemaReady bool
 
-	closeMu  sync.RWMutex
-	closed   bool
-	inflight sync.WaitGroup
+	closeMu   sync.RWMutex
+	closed    bool
+	inflight  sync.WaitGroup
+	closeDone chan struct{} // closed when the first Close returns
 }
 
 var _ message.Publisher = (*Publisher)(nil)
@@ -90,7 +91,7 @@ func NewPublisher(db DB, config PublisherConfig, logger watermill.LoggerAdapter)
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	p := &Publisher{db: db, config: config, logger: logger}
+	p := &Publisher{db: db, config: config, logger: logger, closeDone: make(chan struct{})}
 	if pool, ok := db.(*pgxpool.Pool); ok {
 		p.group = newGroupCommitter(pool, config.SchemaAdapter, logger)
 	} else {
@@ -160,15 +161,18 @@ func execInsert(ctx context.Context, db DB, adapter SchemaAdapter, params Insert
 
 // Close makes later Publish calls fail with ErrPublisherClosed and waits for
 // the ones under way. It does not close db, which belongs to the caller. It
-// is idempotent.
+// is idempotent, and a call made while another is under way returns when
+// that one is done.
 func (p *Publisher) Close() error {
 	p.closeMu.Lock()
 	if p.closed {
 		p.closeMu.Unlock()
+		<-p.closeDone // a concurrent Close may still be waiting
 		return nil
 	}
 	p.closed = true
 	p.closeMu.Unlock()
+	defer close(p.closeDone)
 	p.inflight.Wait()
 	if p.group != nil {
 		p.group.wait()

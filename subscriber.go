@@ -177,6 +177,7 @@ type Subscriber struct {
 	cancel     context.CancelFunc
 	consumers  sync.WaitGroup
 	background sync.WaitGroup // idle poller
+	closeDone  chan struct{}  // closed when the first Close returns
 }
 
 // topicSlot lets one consumer of this Subscriber at a time work on a topic,
@@ -208,15 +209,16 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 	logger = logger.With(watermill.LogFields{"consumer_group": config.ConsumerGroup})
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Subscriber{
-		pool:    pool,
-		config:  config,
-		logger:  logger,
-		offsets: offsetStore{pool: pool, adapter: config.SchemaAdapter},
-		session: newSessionKeeper(pool, config.SchemaAdapter, config.ConsumerGroup, config.SessionTTL, logger),
-		hub:     newWakeHub(),
-		slots:   map[string]*topicSlot{},
-		ctx:     ctx,
-		cancel:  cancel,
+		pool:      pool,
+		config:    config,
+		logger:    logger,
+		offsets:   offsetStore{gate: newDataGate(pool), adapter: config.SchemaAdapter},
+		session:   newSessionKeeper(pool, config.SchemaAdapter, config.ConsumerGroup, config.SessionTTL, logger),
+		hub:       newWakeHub(),
+		closeDone: make(chan struct{}),
+		slots:     map[string]*topicSlot{},
+		ctx:       ctx,
+		cancel:    cancel,
 	}, nil
 }
 
@@ -302,16 +304,20 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 
 // Close ends every subscription: it releases their topics with their
 // acknowledged offsets, closes their channels, waits for every goroutine the
-// Subscriber started, and deletes the session row. It is idempotent. If the
-// database cannot be reached, the topics are free once the session expires.
+// Subscriber started, and deletes the session row. It is idempotent, and a
+// call made while another is under way returns when that one is done. If
+// the database cannot be reached, the topics are free once the session
+// expires.
 func (s *Subscriber) Close() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
+		<-s.closeDone // a concurrent Close may still be releasing
 		return nil
 	}
 	s.closed = true
 	s.mu.Unlock()
+	defer close(s.closeDone)
 
 	s.cancel()
 	s.consumers.Wait()
@@ -643,7 +649,12 @@ func (c *consumer) fetch(after Position) ([]storedMessage, bool, error) {
 		After: after,
 		Limit: c.s.config.BatchSize,
 	})
-	rows, err := c.s.pool.Query(ctx, q.SQL, q.Args...)
+	conn, err := c.s.offsets.gate.acquire(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, err)
+	}
+	defer c.s.offsets.gate.release(conn)
+	rows, err := conn.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, wrapMissingSchema(err))
 	}
