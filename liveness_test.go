@@ -1,0 +1,285 @@
+package pglease_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// TestIdleTopicsCostNoWrites holds 10, 1,000 and 10,000 idle topics with one
+// Subscriber for three heartbeat intervals. Holding a claim must write
+// nothing: no claim row changes (their xmin stays the same), and the
+// session row is written at most once per heartbeat interval, whatever the
+// number of topics. It reports the writes per second, measured from the
+// rows' xmin and, where pg_stat_statements is available, from the rows the
+// statements on the two tables wrote.
+//
+// PollInterval is 30s so that the fallback poll does not run in the window;
+// it would only read anyway.
+func TestIdleTopicsCostNoWrites(t *testing.T) {
+	for _, n := range []int{10, 1000, 10000} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) { measureIdleTopics(t, n) })
+	}
+}
+
+func measureIdleTopics(t *testing.T, topics int) {
+	const (
+		ttl       = 3 * time.Second
+		heartbeat = ttl / 3
+		window    = 3 * heartbeat
+	)
+	pool := newPool(t, 20)
+	adapter := newSchema(t, pool)
+	ctx := context.Background()
+	stats := newStatements(t, pool, adapter)
+
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
+		ConsumerGroup:    "g",
+		SessionTTL:       ttl,
+		PollInterval:     30 * time.Second,
+		InitializeSchema: true,
+		SchemaAdapter:    adapter,
+	}, testLogger())
+	require.NoError(t, err)
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			_ = sub.Close()
+		}
+	})
+	// Subscribe in chunks, each claimed before the next: a burst of claims
+	// for thousands of topics at once starves the heartbeat of pool
+	// connections (TestHeartbeatSurvivesSubscribeBurst), and this test
+	// measures the steady state.
+	const chunk = 250
+	offsets := table(adapter, pglease.DefaultConsumerOffsetsTable)
+	sessions := table(adapter, pglease.DefaultConsumerSessionsTable)
+	claimedByCurrentSession := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, testQuery+"SELECT count(*) FROM "+offsets+" o JOIN "+sessions+
+			" s ON s.id = o.session_id WHERE s.expires_at > now()").Scan(&n))
+		return n
+	}
+	began := time.Now()
+	subCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for i := 0; i < topics; i++ {
+		_, err := sub.Subscribe(subCtx, fmt.Sprintf("idle-%05d", i))
+		require.NoError(t, err)
+		if (i+1)%chunk == 0 || i+1 == topics {
+			waitFor(t, 2*time.Minute, fmt.Sprintf("%d topics to be claimed", i+1), func() bool {
+				return claimedByCurrentSession() == i+1
+			})
+		}
+	}
+	claimed := time.Since(began)
+
+	claimXmins := func() map[string]string {
+		rows, err := pool.Query(ctx, testQuery+"SELECT topic, xmin::text || '/' || session_id::text FROM "+offsets)
+		require.NoError(t, err)
+		m := map[string]string{}
+		for rows.Next() {
+			var topic, v string
+			require.NoError(t, rows.Scan(&topic, &v))
+			m[topic] = v
+		}
+		require.NoError(t, rows.Err())
+		return m
+	}
+	sessionXmin := func() (uuid.UUID, string) {
+		var (
+			id   uuid.UUID
+			xmin string
+		)
+		require.NoError(t, pool.QueryRow(ctx, testQuery+"SELECT id, xmin::text FROM "+sessions).Scan(&id, &xmin))
+		return id, xmin
+	}
+
+	claimsBefore := claimXmins()
+	require.Len(t, claimsBefore, topics)
+	sessionID, xmin := sessionXmin()
+	statsBefore := stats.snapshot(t)
+	start := time.Now()
+	sessionWrites := 0
+	for time.Since(start) < window {
+		time.Sleep(10 * time.Millisecond)
+		id, x := sessionXmin()
+		require.Equal(t, sessionID, id, "the session was replaced during the window")
+		if x != xmin {
+			sessionWrites++
+			xmin = x
+		}
+	}
+	elapsed := time.Since(start)
+	statsAfter := stats.snapshot(t)
+	claimsAfter := claimXmins()
+
+	changed := 0
+	for topic, v := range claimsBefore {
+		if claimsAfter[topic] != v {
+			changed++
+		}
+	}
+	assert.Zero(t, changed, "claim rows written while idle")
+	assert.LessOrEqual(t, sessionWrites, 3, "the session row is written at most once per heartbeat interval")
+	assert.GreaterOrEqual(t, sessionWrites, 1, "no heartbeat seen: the measurement is broken")
+	perSecond := float64(sessionWrites+changed) / elapsed.Seconds()
+
+	report := fmt.Sprintf("%d idle topics: claimed in %s; over %s (3 heartbeat intervals of %s): "+
+		"%d session row writes, %d claim row writes (xmin) = %.2f writes/s",
+		topics, claimed.Round(time.Millisecond), elapsed.Round(time.Millisecond), heartbeat,
+		sessionWrites, changed, perSecond)
+	if statsBefore != nil {
+		d := statsAfter.minus(statsBefore)
+		assert.Zero(t, d.offsetRows, "statements wrote claim rows while idle")
+		assert.LessOrEqual(t, d.sessionRows, int64(3), "statements wrote the session row more than once per interval")
+		report += fmt.Sprintf("; pg_stat_statements: %d rows written to the sessions table, %d to the offsets table, "+
+			"%d statements on the pglease tables (%.1f/s)",
+			d.sessionRows, d.offsetRows, d.calls, float64(d.calls)/elapsed.Seconds())
+	}
+	t.Log(report)
+
+	closeStart := time.Now()
+	require.NoError(t, sub.Close())
+	closed = true
+	// Every topic is free after Close: released, or its owner session is
+	// deleted (a release that could not run in CloseTimeout leaves that).
+	var owned, notReleased int
+	require.NoError(t, pool.QueryRow(ctx, testQuery+"SELECT count(*) FILTER (WHERE s.id IS NOT NULL), count(o.session_id) FROM "+
+		offsets+" o LEFT JOIN "+sessions+" s ON s.id = o.session_id").Scan(&owned, &notReleased))
+	assert.Zero(t, owned, "topics still owned after Close")
+	t.Logf("%d idle topics: Close took %s; %d topics released one by one, %d freed by the deletion of the session",
+		topics, time.Since(closeStart).Round(time.Millisecond), topics-notReleased, notReleased)
+	assertNoLeakedGoroutines(t)
+}
+
+// testQuery marks the test's own queries, which statements leaves out.
+const testQuery = "/* pglease test */ "
+
+// statements reads pg_stat_statements for the library's statements on one
+// test schema's tables; it is nil-safe when the extension is not available.
+type statements struct {
+	pool     *pgxpool.Pool
+	schema   string
+	sessions string // quoted table names as they appear in the statements
+	offsets  string
+}
+
+type statementTotals struct {
+	calls       int64
+	sessionRows int64 // rows written to the sessions table
+	offsetRows  int64 // rows written to the offsets table
+}
+
+func (a *statementTotals) minus(b *statementTotals) statementTotals {
+	return statementTotals{calls: a.calls - b.calls, sessionRows: a.sessionRows - b.sessionRows, offsetRows: a.offsetRows - b.offsetRows}
+}
+
+func newStatements(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) *statements {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+		t.Logf("pg_stat_statements not available (%v): writes are measured from xmin only", err)
+		return nil
+	}
+	var ok bool
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) >= 0 FROM pg_stat_statements").Scan(&ok); err != nil {
+		t.Logf("pg_stat_statements not loaded (%v): writes are measured from xmin only", err)
+		return nil
+	}
+	return &statements{
+		pool:     pool,
+		schema:   adapter.Schema,
+		sessions: table(adapter, pglease.DefaultConsumerSessionsTable),
+		offsets:  table(adapter, pglease.DefaultConsumerOffsetsTable),
+	}
+}
+
+// snapshot sums calls of every statement that names the schema, and the
+// rows of the writing ones per table: a statement writes the table it
+// starts with (UPDATE t, INSERT INTO t, DELETE FROM t) or, for the session
+// insert behind a CTE, the sessions table.
+func (s *statements) snapshot(t *testing.T) *statementTotals {
+	t.Helper()
+	if s == nil {
+		return nil
+	}
+	rows, err := s.pool.Query(context.Background(),
+		testQuery+"SELECT query, calls, rows FROM pg_stat_statements WHERE query LIKE '%' || $1 || '%'", s.schema)
+	require.NoError(t, err)
+	defer rows.Close()
+	var tot statementTotals
+	for rows.Next() {
+		var (
+			q           string
+			calls, nrow int64
+		)
+		require.NoError(t, rows.Scan(&q, &calls, &nrow))
+		q = strings.TrimSpace(q)
+		if strings.HasPrefix(q, strings.TrimSpace(testQuery)) {
+			continue
+		}
+		tot.calls += calls
+		for _, w := range []string{"UPDATE ", "INSERT INTO ", "DELETE FROM "} {
+			switch {
+			case strings.HasPrefix(q, w+s.sessions):
+				tot.sessionRows += nrow
+			case strings.HasPrefix(q, w+s.offsets):
+				tot.offsetRows += nrow
+			}
+		}
+		if strings.HasPrefix(q, "WITH") && strings.Contains(q, "INSERT INTO "+s.sessions) {
+			tot.sessionRows += nrow
+		}
+	}
+	require.NoError(t, rows.Err())
+	return &tot
+}
+
+// TestHeartbeatSurvivesSubscribeBurst subscribes one Subscriber to 5,000
+// topics at once on a pool of 2 connections. The claims queue up for the pool's
+// connections; the heartbeat must still get through, or the session
+// self-fences, every claim is dropped and made again by a new session (one
+// more burst), and a large Subscriber may never settle.
+func TestHeartbeatSurvivesSubscribeBurst(t *testing.T) {
+	const topics = 5000
+	pool := newPool(t, 2)
+	adapter := newSchema(t, pool)
+	instrument(t, pool, adapter)
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{
+		ConsumerGroup: "g",
+		SessionTTL:    2 * time.Second,
+		PollInterval:  30 * time.Second,
+	})
+	ctx := context.Background()
+	began := time.Now()
+	for i := 0; i < topics; i++ {
+		_, err := sub.Subscribe(ctx, fmt.Sprintf("burst-%05d", i))
+		require.NoError(t, err)
+	}
+	offsets := table(adapter, pglease.DefaultConsumerOffsetsTable)
+	sessions := table(adapter, pglease.DefaultConsumerSessionsTable)
+	var created, claimed int
+	// Done when every topic is claimed by the live session, or as soon as
+	// a second session was opened (the first was lost).
+	waitFor(t, 3*time.Minute, "every topic to be claimed by the live session", func() bool {
+		require.NoError(t, pool.QueryRow(ctx, testQuery+"SELECT count(*) FROM "+table(adapter, sessionsLogTable)+
+			" WHERE op = 'INSERT'").Scan(&created))
+		require.NoError(t, pool.QueryRow(ctx, testQuery+"SELECT count(*) FROM "+offsets+" o JOIN "+sessions+
+			" s ON s.id = o.session_id WHERE s.expires_at > now()").Scan(&claimed))
+		return claimed == topics || created > 1
+	})
+	var maxEpoch int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT max(epoch) FROM "+offsets).Scan(&maxEpoch))
+	t.Logf("%d of %d topics claimed after %s on a pool of 2 connections; %d sessions opened; highest epoch %d",
+		claimed, topics, time.Since(began).Round(time.Millisecond), created, maxEpoch)
+	assert.Equal(t, 1, created, "the session was lost while the claims were under way")
+}
