@@ -320,32 +320,13 @@ func prefill(ctx context.Context, h handle, topic string, n int) error {
 		return err
 	}
 	defer pub.Close()
-	var (
-		next atomic.Int64
-		wg   sync.WaitGroup
-		errs firstError
-	)
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil && errs.get() == nil {
-				from := int(next.Add(chunk)) - chunk
-				if from >= n {
-					return
-				}
-				if err := pub.Publish(topic, newMessages(min(chunk, n-from))...); err != nil {
-					errs.set(fmt.Errorf("prefill: %w", err))
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if err := errs.get(); err != nil {
-		return err
-	}
-	return ctx.Err()
+	calls := (n + chunk - 1) / chunk
+	return parallel(ctx, workers, calls, func(i int) error {
+		if err := pub.Publish(topic, newMessages(min(chunk, n-i*chunk))...); err != nil {
+			return fmt.Errorf("prefill: %w", err)
+		}
+		return nil
+	})
 }
 
 // runDrain: a backlog of cfg.backlog messages, then one subscriber with
