@@ -2,6 +2,7 @@ package pglease_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -69,6 +70,62 @@ func TestGroupCommitErrorsReachTheRightCallers(t *testing.T) {
 	// Calls did share statements: some transaction wrote more than one call.
 	assert.Positive(t, countRows(t, pool, adapter, "topic = 'group' AND transaction_id IN (SELECT transaction_id FROM "+
 		table(adapter, pglease.DefaultMessagesTable)+" WHERE topic = 'group' GROUP BY transaction_id HAVING count(*) > 2)"))
+}
+
+// TestGroupCommitTakesOverFromAnInlineCall: with a single worker slot (a
+// pool of 2 connections), a call that finds nothing running writes in its
+// own goroutine. Calls arriving while it waits (here on a table lock) queue
+// up, and are written once it is done, by a goroutine that takes the slot
+// over; none is lost, none hangs, and nothing is left running after Close.
+func TestGroupCommitTakesOverFromAnInlineCall(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 2)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	require.NoError(t, pub.Publish("setup", message.NewMessage(watermill.NewUUID(), nil)))
+
+	other := newPool(t, 2)
+	lock, err := other.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(ctx) }()
+	_, err = lock.Exec(ctx, "LOCK TABLE "+table(adapter, pglease.DefaultMessagesTable)+" IN SHARE MODE")
+	require.NoError(t, err)
+
+	const queued = 10
+	errs := make(chan error, queued+1)
+	go func() { errs <- pub.Publish("takeover", message.NewMessage("first", nil)) }()
+	waitFor(t, 10*time.Second, "the first call to wait on the lock", func() bool {
+		var n int
+		err := other.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH inserted%'`).Scan(&n)
+		return err == nil && n == 1
+	})
+	// A bounded context: a call left in the queue fails the test instead
+	// of hanging it.
+	callCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for i := range queued {
+		msg := message.NewMessage(fmt.Sprintf("queued-%d", i), nil)
+		msg.SetContext(callCtx)
+		go func() { errs <- pub.Publish("takeover", msg) }()
+	}
+	waitFor(t, 10*time.Second, "the other calls to queue behind it", func() bool {
+		return pglease.PendingPublishes(pub) == queued
+	})
+	require.NoError(t, lock.Commit(ctx))
+
+	for range queued + 1 {
+		select {
+		case err := <-errs:
+			require.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("a Publish call did not return")
+		}
+	}
+	assert.Equal(t, queued+1, countRows(t, pool, adapter, "topic = 'takeover'"))
+	assert.Equal(t, 1, countRows(t, pool, adapter, "topic = 'takeover' AND uuid = 'first'"))
+	require.NoError(t, pub.Close())
+	assertNoLeakedGoroutines(t)
 }
 
 // TestCoalescedCommitsAreFlushedOnRelease acks messages with commits

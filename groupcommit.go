@@ -30,7 +30,8 @@ type publishRequest struct {
 // and writes them with one INSERT, so no call waits for a timer: calls
 // batch up only while earlier statements run. Workers start on demand, up
 // to a limit, and end as soon as nothing waits, so an idle Publisher runs
-// no goroutine.
+// no goroutine. A call that finds nothing running or waiting is its own
+// worker, for its own messages only.
 type groupCommitter struct {
 	pool    *pgxpool.Pool
 	adapter SchemaAdapter
@@ -51,11 +52,30 @@ func newGroupCommitter(pool *pgxpool.Pool, adapter SchemaAdapter, logger watermi
 
 // publish queues params and waits for the statement that writes them.
 func (g *groupCommitter) publish(ctx context.Context, params InsertMessagesParams) error {
+	g.mu.Lock()
+	if g.running == 0 && len(g.pending) == 0 {
+		// Nothing to group with: write in the caller's goroutine, which
+		// saves two goroutine switches per call. The call takes a worker's
+		// slot; calls arriving meanwhile go to the other slots' workers, or
+		// wait for the goroutine that takes this slot over when it is done.
+		g.running++
+		g.wg.Add(1)
+		g.mu.Unlock()
+		err := execInsert(ctx, g.pool, g.adapter, params)
+		g.mu.Lock()
+		if len(g.pending) > 0 {
+			go g.work() // carries on with the slot
+		} else {
+			g.running--
+			g.wg.Done()
+		}
+		g.mu.Unlock()
+		return err
+	}
 	req := &publishRequest{ctx: ctx, params: params, done: make(chan error, 1)}
 	for _, b := range params.Payloads {
 		req.bytes += len(b)
 	}
-	g.mu.Lock()
 	g.pending = append(g.pending, req)
 	if g.running < g.workers {
 		g.running++
