@@ -5,7 +5,7 @@
 LOCALPG := scripts/localpg.sh run --
 
 .DEFAULT_GOAL := test
-.PHONY: test demo stress bench fmt pg
+.PHONY: test demo stress bench bench-insert fmt pg
 
 ## test: gofmt check, go vet, build of _examples, go test -race ./...
 test:
@@ -19,13 +19,13 @@ demo:
 stress:
 	$(LOCALPG) go test -race -count=1 -tags stress -run 'TestStress' -timeout 80m .
 
-## bench: the benchmarks in benchmarks/, once there are any
+## bench: pglease vs watermill-sql (benchmarks/), writes benchmarks/results.md and .svg
 bench:
-	@if [ -d benchmarks ]; then \
-		$(LOCALPG) sh -c 'cd benchmarks && go run .'; \
-	else \
-		echo "no benchmarks yet (no benchmarks/ directory)"; \
-	fi
+	$(LOCALPG) sh -c 'cd benchmarks && go run .'
+
+## bench-insert: what one statement of 100 messages costs the server, per storage shape
+bench-insert:
+	$(LOCALPG) sh -c 'cd benchmarks && go test -run "^$$" -bench InsertShapes -benchtime 2000x -count 5 .'
 
 ## fmt: gofmt -w every Go file of the project
 fmt:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
@@ -153,6 +154,7 @@ type machineInfo struct {
 	watermill    string
 	watermillSQL string
 	pgx          string
+	pglease      string // the library's commit, as git describes it
 	command      string
 	ownDatabase  bool // the run had a database of its own
 }
@@ -166,6 +168,7 @@ func collectMachineInfo(ctx context.Context, e *env) (machineInfo, error) {
 		osArch:      runtime.GOOS + "/" + runtime.GOARCH,
 		command:     benchCommand(),
 		ownDatabase: e.database != "",
+		pglease:     pgleaseRevision(),
 	}
 	if err := e.admin.QueryRow(ctx, "SHOW server_version").Scan(&info.postgres); err != nil {
 		return info, fmt.Errorf("read the server version: %w", err)
@@ -191,6 +194,17 @@ func collectMachineInfo(ctx context.Context, e *env) (machineInfo, error) {
 		}
 	}
 	return info, nil
+}
+
+// pgleaseRevision names the commit of the library measured (the
+// repository around this module), with "-dirty" when it has uncommitted
+// changes; empty when git cannot tell.
+func pgleaseRevision() string {
+	out, err := exec.Command("git", "-C", "..", "describe", "--always", "--dirty", "--abbrev=12").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
 }
 
 func cpuModel() string {

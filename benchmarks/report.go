@@ -247,7 +247,13 @@ func writeMarkdown(w io.Writer, rows []row, res *results, info machineInfo) {
 	}
 	fmt.Fprintf(w, "- %d cores (%s), %s, %s\n", info.cores, cpu, info.osArch, info.goVersion)
 	fmt.Fprintf(w, "- PostgreSQL %s on the same machine, reached over TCP on 127.0.0.1 (%s)\n", info.postgres, info.settings)
-	fmt.Fprintf(w, "- watermill %s, watermill-sql %s, pgx %s; pglease: the working tree\n", info.watermill, info.watermillSQL, info.pgx)
+	pgl := "the working tree"
+	if rev, dirty := strings.CutSuffix(info.pglease, "-dirty"); dirty {
+		pgl = "commit " + rev + " with uncommitted changes"
+	} else if rev != "" {
+		pgl = "commit " + rev
+	}
+	fmt.Fprintf(w, "- watermill %s, watermill-sql %s, pgx %s; pglease: %s\n", info.watermill, info.watermillSQL, info.pgx, pgl)
 	fmt.Fprintf(w, "- other work may have been running on the machine at the same time\n\n")
 
 	fmt.Fprintf(w, "## Method\n\n")
