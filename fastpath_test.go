@@ -128,6 +128,71 @@ func TestGroupCommitTakesOverFromAnInlineCall(t *testing.T) {
 	assertNoLeakedGoroutines(t)
 }
 
+// TestGroupCommitAddsWorkersOnlyForOverflow: while one statement runs,
+// calls queue for the next one; a second statement runs side by side only
+// once more waits than one statement takes (1,000 messages).
+func TestGroupCommitAddsWorkersOnlyForOverflow(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 8) // room for 4 workers
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	require.NoError(t, pub.Publish("setup", message.NewMessage(watermill.NewUUID(), nil)))
+
+	other := newPool(t, 2)
+	lock, err := other.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(ctx) }()
+	_, err = lock.Exec(ctx, "LOCK TABLE "+table(adapter, pglease.DefaultMessagesTable)+" IN SHARE MODE")
+	require.NoError(t, err)
+	waiting := func() int {
+		var n int
+		err := other.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH inserted%'`).Scan(&n)
+		require.NoError(t, err)
+		return n
+	}
+
+	callCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	errs := make(chan error, 16)
+	publish := func(n int) {
+		msgs := make([]*message.Message, n)
+		for i := range msgs {
+			msgs[i] = message.NewMessage(watermill.NewUUID(), []byte("x"))
+			msgs[i].SetContext(callCtx)
+		}
+		go func() { errs <- pub.Publish("overflow", msgs...) }()
+	}
+	calls := 0
+	publish(1)
+	calls++
+	waitFor(t, 10*time.Second, "the first statement to wait on the lock", func() bool { return waiting() == 1 })
+	// 10 calls of 60 messages: less than one statement takes.
+	for range 10 {
+		publish(60)
+		calls++
+	}
+	waitFor(t, 10*time.Second, "the calls to queue", func() bool { return pglease.PendingPublishes(pub) == 10 })
+	assert.Equal(t, 1, waiting(), "no second statement while one statement takes everything queued")
+	// 500 more: 1,100 queued, a second worker takes a statement's worth.
+	publish(500)
+	calls++
+	waitFor(t, 10*time.Second, "a second statement", func() bool { return waiting() == 2 })
+	require.NoError(t, lock.Commit(ctx))
+
+	for range calls {
+		select {
+		case err := <-errs:
+			require.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("a Publish call did not return")
+		}
+	}
+	assert.Equal(t, 1+600+500, countRows(t, pool, adapter, "topic = 'overflow'"))
+	require.NoError(t, pub.Close())
+	assertNoLeakedGoroutines(t)
+}
+
 // TestCoalescedCommitsAreFlushedOnRelease acks messages with commits
 // coalesced (a long CommitInterval): the offset row does not move while the
 // owner works, and ending the subscription writes the last acked position

@@ -28,10 +28,14 @@ type publishRequest struct {
 // groupCommitter writes concurrent Publish calls on a pool together. A
 // worker takes every call waiting (up to groupMaxMessages / groupMaxBytes)
 // and writes them with one INSERT, so no call waits for a timer: calls
-// batch up only while earlier statements run. Workers start on demand, up
-// to a limit, and end as soon as nothing waits, so an idle Publisher runs
-// no goroutine. A call that finds nothing running or waiting is its own
-// worker, for its own messages only.
+// batch up only while earlier statements run. One worker runs while one
+// statement can take everything that waits; a further worker starts only
+// for what one statement cannot take (up to a limit), because statements
+// writing side by side into one table and index cost the server more per
+// message than one larger statement. Workers start on demand and end as
+// soon as nothing waits, so an idle Publisher runs no goroutine. A call
+// that finds nothing running or waiting is its own worker, for its own
+// messages only.
 type groupCommitter struct {
 	pool    *pgxpool.Pool
 	adapter SchemaAdapter
@@ -40,6 +44,8 @@ type groupCommitter struct {
 
 	mu      sync.Mutex
 	pending []*publishRequest
+	queued  int // messages in pending
+	qbytes  int // payload bytes in pending
 	running int
 	wg      sync.WaitGroup
 }
@@ -56,8 +62,8 @@ func (g *groupCommitter) publish(ctx context.Context, params InsertMessagesParam
 	if g.running == 0 && len(g.pending) == 0 {
 		// Nothing to group with: write in the caller's goroutine, which
 		// saves two goroutine switches per call. The call takes a worker's
-		// slot; calls arriving meanwhile go to the other slots' workers, or
-		// wait for the goroutine that takes this slot over when it is done.
+		// slot; calls arriving meanwhile queue for the goroutine that takes
+		// the slot over when it is done.
 		g.running++
 		g.wg.Add(1)
 		g.mu.Unlock()
@@ -77,7 +83,10 @@ func (g *groupCommitter) publish(ctx context.Context, params InsertMessagesParam
 		req.bytes += len(b)
 	}
 	g.pending = append(g.pending, req)
-	if g.running < g.workers {
+	g.queued += len(params.UUIDs)
+	g.qbytes += req.bytes
+	if g.running < g.workers && (g.running == 0 ||
+		g.queued > g.running*groupMaxMessages || g.qbytes > g.running*groupMaxBytes) {
 		g.running++
 		g.wg.Add(1)
 		go g.work()
@@ -121,6 +130,8 @@ func (g *groupCommitter) take() []*publishRequest {
 		size += g.pending[i].bytes
 		i++
 	}
+	g.queued -= n
+	g.qbytes -= size
 	batch := append([]*publishRequest(nil), g.pending[:i]...)
 	g.pending = append(g.pending[:0], g.pending[i:]...)
 	return batch

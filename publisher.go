@@ -61,6 +61,8 @@ type Publisher struct {
 	db     DB
 	config PublisherConfig
 	logger watermill.LoggerAdapter
+	// notifyChannel is the adapter's NotifyChannel, asked once.
+	notifyChannel string
 	// serial is held around every statement when db is not a pool.
 	serial *sync.Mutex
 	// group batches concurrent Publish calls when db is a pool.
@@ -91,7 +93,8 @@ func NewPublisher(db DB, config PublisherConfig, logger watermill.LoggerAdapter)
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	p := &Publisher{db: db, config: config, logger: logger, closeDone: make(chan struct{})}
+	p := &Publisher{db: db, config: config, logger: logger, closeDone: make(chan struct{}),
+		notifyChannel: config.SchemaAdapter.NotifyChannel()}
 	if pool, ok := db.(*pgxpool.Pool); ok {
 		p.group = newGroupCommitter(pool, config.SchemaAdapter, logger)
 	} else {
@@ -138,7 +141,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err := p.initializeSchema(ctx); err != nil {
 		return err
 	}
-	params.NotifyChannel = p.config.SchemaAdapter.NotifyChannel()
+	params.NotifyChannel = p.notifyChannel
 	if p.group != nil {
 		err = p.group.publish(ctx, params)
 	} else {
