@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -197,14 +198,22 @@ func collectMachineInfo(ctx context.Context, e *env) (machineInfo, error) {
 }
 
 // pgleaseRevision names the commit of the library measured (the
-// repository around this module), with "-dirty" when it has uncommitted
-// changes; empty when git cannot tell.
+// repository around this module), with "-dirty" when files other than
+// this program's own results differ from it; empty when git cannot tell.
 func pgleaseRevision() string {
-	out, err := exec.Command("git", "-C", "..", "describe", "--always", "--dirty", "--abbrev=12").Output()
+	rev, err := exec.Command("git", "-C", "..", "rev-parse", "--short=12", "HEAD").Output()
 	if err != nil {
 		return ""
 	}
-	return strings.TrimSpace(string(out))
+	changed, err := exec.Command("git", "-C", "..", "status", "--porcelain", "--untracked-files=no", "--",
+		":(top)", ":(top,exclude)benchmarks/results.md", ":(top,exclude)benchmarks/results.svg").Output()
+	if err != nil {
+		return ""
+	}
+	if len(bytes.TrimSpace(changed)) > 0 {
+		return strings.TrimSpace(string(rev)) + "-dirty"
+	}
+	return strings.TrimSpace(string(rev))
 }
 
 func cpuModel() string {
