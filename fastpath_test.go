@@ -9,7 +9,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -311,4 +313,103 @@ func TestRowsBehindAnOlderTransactionArriveSoon(t *testing.T) {
 	got := receive(t, msgs, 1, 10*time.Second)
 	assert.Equal(t, id[0], got[0].UUID)
 	t.Logf("delivered %s after the older transaction ended (PollInterval is a minute)", time.Since(start))
+}
+
+// TestCloseReleasesTopicsInBatches: Close of a Subscriber that holds many
+// topics writes their releases in pipelined batches (several topics per
+// transaction), each with its last acked position, which coalescing had
+// not committed yet. With poison, a trigger rejects the release of one
+// topic: the batch holding it is written again release by release, so the
+// error stays with that topic, whose claim is then freed by the deletion
+// of the session.
+func TestCloseReleasesTopicsInBatches(t *testing.T) {
+	for _, poison := range []bool{false, true} {
+		t.Run(fmt.Sprintf("poison=%v", poison), func(t *testing.T) {
+			ctx := context.Background()
+			pool := newPool(t, 10)
+			adapter := newSchema(t, pool)
+			pub := newPublisher(t, pool, adapter)
+			sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
+				ConsumerGroup:    "g",
+				SessionTTL:       10 * time.Second,
+				CommitInterval:   time.Hour,
+				CommitBatch:      1000,
+				InitializeSchema: true,
+				SchemaAdapter:    adapter,
+			}, nil)
+			require.NoError(t, err)
+			defer sub.Close()
+
+			const topics = 100
+			const poisoned = "t050"
+			acked := map[string]string{} // topic -> UUID of the acked message
+			for i := range topics {
+				topic := fmt.Sprintf("t%03d", i)
+				ids := publishN(t, pub, topic, 2)
+				msgs, err := sub.Subscribe(ctx, topic)
+				require.NoError(t, err)
+				receive(t, msgs, 1, 10*time.Second) // acked
+				// The second message is handed out only once the first
+				// one's ack was taken in; it stays unacked.
+				select {
+				case m := <-msgs:
+					require.Equal(t, ids[1], m.UUID)
+				case <-time.After(10 * time.Second):
+					t.Fatalf("second message of %s not delivered", topic)
+				}
+				acked[topic] = ids[0]
+			}
+			offsets := table(adapter, pglease.DefaultConsumerOffsetsTable)
+			if poison {
+				_, err := pool.Exec(ctx, `CREATE FUNCTION `+pgx.Identifier{adapter.Schema, "refuse_release"}.Sanitize()+`() RETURNS trigger
+LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'release refused'; END $$`)
+				require.NoError(t, err)
+				_, err = pool.Exec(ctx, `CREATE TRIGGER refuse_release BEFORE UPDATE ON `+offsets+`
+FOR EACH ROW WHEN (NEW.topic = '`+poisoned+`' AND NEW.session_id IS NULL)
+EXECUTE FUNCTION `+pgx.Identifier{adapter.Schema, "refuse_release"}.Sanitize()+`()`)
+				require.NoError(t, err)
+			}
+			assert.Equal(t, 0, countOffsetRows(t, pool, offsets, "acked_offset > 0"), "nothing committed before Close")
+
+			require.NoError(t, sub.Close())
+
+			released := 0
+			xmins := map[string]bool{}
+			for topic, id := range acked {
+				var free bool
+				var ackedOffset, want int64
+				var xmin string
+				require.NoError(t, pool.QueryRow(ctx, `SELECT o.session_id IS NULL, o.acked_offset, o.xmin::text, m."offset"
+FROM `+offsets+` o, `+table(adapter, pglease.DefaultMessagesTable)+` m
+WHERE o.consumer_group = 'g' AND o.topic = $1 AND m.topic = $1 AND m.uuid = $2`, topic, id).Scan(&free, &ackedOffset, &xmin, &want))
+				if poison && topic == poisoned {
+					assert.False(t, free, "the refused release changed nothing")
+					assert.Equal(t, int64(0), ackedOffset)
+					continue
+				}
+				assert.True(t, free, "topic %s released", topic)
+				assert.Equal(t, want, ackedOffset, "topic %s released with its last acked position", topic)
+				released++
+				xmins[xmin] = true
+			}
+			if poison {
+				assert.Equal(t, topics-1, released)
+				var sessions int
+				require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+
+					table(adapter, pglease.DefaultConsumerSessionsTable)).Scan(&sessions))
+				assert.Zero(t, sessions, "the session row is deleted, which frees the refused topic")
+			} else {
+				assert.Equal(t, topics, released)
+				assert.Less(t, len(xmins), topics, "releases shared transactions")
+			}
+			assertNoLeakedGoroutines(t)
+		})
+	}
+}
+
+func countOffsetRows(t *testing.T, pool *pgxpool.Pool, offsets, where string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM "+offsets+" WHERE "+where).Scan(&n))
+	return n
 }

@@ -63,8 +63,14 @@ func (c *claim) params(pos Position) OffsetParams {
 // offsetStore runs the claim, commit and release statements of the
 // offsets table. It is safe for concurrent use.
 type offsetStore struct {
-	gate    *dataGate
-	adapter SchemaAdapter
+	gate     *dataGate
+	adapter  SchemaAdapter
+	releases *releaser
+}
+
+func newOffsetStore(pool *pgxpool.Pool, adapter SchemaAdapter) offsetStore {
+	gate := newDataGate(pool)
+	return offsetStore{gate: gate, adapter: adapter, releases: newReleaser(gate)}
 }
 
 // dataGate lets a Subscriber's consumers use at most all but one of the
@@ -189,22 +195,13 @@ func (s offsetStore) commit(ctx context.Context, c *claim) error {
 
 // release writes the claim's acknowledged position and frees the row in one
 // statement, so that a waiting Subscriber can claim it at once. It returns
-// ErrOwnershipLost when the claim was already taken over.
+// ErrOwnershipLost when the claim was already taken over. Releases that
+// come together are batched (see releaser).
 func (s offsetStore) release(ctx context.Context, c *claim) error {
 	p := c.params(c.acked)
 	p.NotifyChannel = s.adapter.NotifyChannel()
-	q := s.adapter.ReleaseOffset(p)
-	conn, err := s.gate.acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("release topic %q: %w", c.topic, err)
-	}
-	defer s.gate.release(conn)
-	tag, err := conn.Exec(ctx, q.SQL, q.Args...)
-	if err != nil {
-		return fmt.Errorf("release topic %q: %w", c.topic, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("release topic %q (epoch %d): %w", c.topic, c.epoch, ErrOwnershipLost)
+	if err := s.releases.release(ctx, c, s.adapter.ReleaseOffset(p)); err != nil {
+		return err
 	}
 	c.committed = c.acked
 	return nil

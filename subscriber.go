@@ -212,7 +212,7 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		pool:      pool,
 		config:    config,
 		logger:    logger,
-		offsets:   offsetStore{gate: newDataGate(pool), adapter: config.SchemaAdapter},
+		offsets:   newOffsetStore(pool, config.SchemaAdapter),
 		session:   newSessionKeeper(pool, config.SchemaAdapter, config.ConsumerGroup, config.SessionTTL, logger),
 		hub:       newWakeHub(),
 		closeDone: make(chan struct{}),
@@ -321,6 +321,7 @@ func (s *Subscriber) Close() error {
 
 	s.cancel()
 	s.consumers.Wait()
+	s.offsets.releases.wait()
 	s.background.Wait()
 	if s.listener != nil {
 		s.listener.release(s.hub)
