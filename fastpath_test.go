@@ -205,16 +205,7 @@ func TestCoalescedCommitsAreFlushedOnRelease(t *testing.T) {
 			pool := newPool(t, 10)
 			adapter := newSchema(t, pool)
 			pub := newPublisher(t, pool, adapter)
-			sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
-				ConsumerGroup:    "g",
-				SessionTTL:       10 * time.Second,
-				CommitInterval:   time.Hour,
-				CommitBatch:      1000,
-				InitializeSchema: true,
-				SchemaAdapter:    adapter,
-			}, nil)
-			require.NoError(t, err)
-			defer sub.Close()
+			sub := newCoalescingSubscriber(t, pool, adapter)
 			ids := publishN(t, pub, "t", 6)
 
 			ctx, cancel := context.WithCancel(context.Background())
@@ -329,16 +320,7 @@ func TestCloseReleasesTopicsInBatches(t *testing.T) {
 			pool := newPool(t, 10)
 			adapter := newSchema(t, pool)
 			pub := newPublisher(t, pool, adapter)
-			sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
-				ConsumerGroup:    "g",
-				SessionTTL:       10 * time.Second,
-				CommitInterval:   time.Hour,
-				CommitBatch:      1000,
-				InitializeSchema: true,
-				SchemaAdapter:    adapter,
-			}, nil)
-			require.NoError(t, err)
-			defer sub.Close()
+			sub := newCoalescingSubscriber(t, pool, adapter)
 
 			const topics = 100
 			const poisoned = "t050"
@@ -412,4 +394,22 @@ func countOffsetRows(t *testing.T, pool *pgxpool.Pool, offsets, where string) in
 	var n int
 	require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM "+offsets+" WHERE "+where).Scan(&n))
 	return n
+}
+
+// newCoalescingSubscriber returns a Subscriber of group "g" whose acks are
+// committed only when released (CommitInterval of an hour), closed at the
+// end of the test.
+func newCoalescingSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) *pglease.Subscriber {
+	t.Helper()
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
+		ConsumerGroup:    "g",
+		SessionTTL:       10 * time.Second,
+		CommitInterval:   time.Hour,
+		CommitBatch:      1000,
+		InitializeSchema: true,
+		SchemaAdapter:    adapter,
+	}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	return sub
 }

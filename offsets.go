@@ -106,6 +106,25 @@ func (g *dataGate) release(conn *pgxpool.Conn) {
 	<-g.slots
 }
 
+// execFenced runs q, a statement fenced by c's session and epoch, on a
+// gated connection. It returns ErrOwnershipLost when q changed no row: the
+// claim was taken over. action names the statement in errors.
+func (g *dataGate) execFenced(ctx context.Context, q Query, c *claim, action string) error {
+	conn, err := g.acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("%s %q: %w", action, c.topic, err)
+	}
+	defer g.release(conn)
+	tag, err := conn.Exec(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return fmt.Errorf("%s %q: %w", action, c.topic, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%s %q (epoch %d): %w", action, c.topic, c.epoch, ErrOwnershipLost)
+	}
+	return nil
+}
+
 // ensure creates the offset row of (group, topic) at the beginning of the
 // topic if it does not exist yet: a new consumer group reads the topic from
 // its first message.
@@ -177,17 +196,8 @@ func (s offsetStore) tryClaim(ctx context.Context, group, topic string, sessionI
 func (s offsetStore) commit(ctx context.Context, c *claim) error {
 	pos := c.acked
 	q := s.adapter.CommitOffset(c.params(pos))
-	conn, err := s.gate.acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("commit offset for topic %q: %w", c.topic, err)
-	}
-	defer s.gate.release(conn)
-	tag, err := conn.Exec(ctx, q.SQL, q.Args...)
-	if err != nil {
-		return fmt.Errorf("commit offset for topic %q: %w", c.topic, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("commit offset for topic %q (epoch %d): %w", c.topic, c.epoch, ErrOwnershipLost)
+	if err := s.gate.execFenced(ctx, q, c, "commit offset for topic"); err != nil {
+		return err
 	}
 	c.committed = pos
 	return nil

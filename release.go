@@ -95,19 +95,7 @@ func (r *releaser) work() {
 }
 
 func (r *releaser) writeOne(ctx context.Context, c *claim, q Query) error {
-	conn, err := r.gate.acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("release topic %q: %w", c.topic, err)
-	}
-	defer r.gate.release(conn)
-	tag, err := conn.Exec(ctx, q.SQL, q.Args...)
-	if err != nil {
-		return fmt.Errorf("release topic %q: %w", c.topic, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("release topic %q (epoch %d): %w", c.topic, c.epoch, ErrOwnershipLost)
-	}
-	return nil
+	return r.gate.execFenced(ctx, q, c, "release topic")
 }
 
 // writeBatch sends the releases as one batch. The batch is one implicit
