@@ -6,7 +6,8 @@ func PendingPublishes(p *Publisher) int {
 	if p.group == nil {
 		return 0
 	}
-	p.group.mu.Lock()
-	defer p.group.mu.Unlock()
-	return len(p.group.pending)
+	b := &p.group.batcher
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.pending)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ThreeDotsLabs/watermill"
 	"strconv"
 	"time"
 
@@ -68,9 +69,9 @@ type offsetStore struct {
 	releases *releaser
 }
 
-func newOffsetStore(pool *pgxpool.Pool, adapter SchemaAdapter) offsetStore {
+func newOffsetStore(pool *pgxpool.Pool, adapter SchemaAdapter, logger watermill.LoggerAdapter) offsetStore {
 	gate := newDataGate(pool)
-	return offsetStore{gate: gate, adapter: adapter, releases: newReleaser(gate)}
+	return offsetStore{gate: gate, adapter: adapter, releases: newReleaser(gate, logger)}
 }
 
 // dataGate lets a Subscriber's consumers use at most all but one of the
@@ -120,9 +121,14 @@ func (g *dataGate) execFenced(ctx context.Context, q Query, c *claim, action str
 		return fmt.Errorf("%s %q: %w", action, c.topic, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%s %q (epoch %d): %w", action, c.topic, c.epoch, ErrOwnershipLost)
+		return ownershipLost(action, c)
 	}
 	return nil
+}
+
+// ownershipLost is the error of a fenced statement that changed no row.
+func ownershipLost(action string, c *claim) error {
+	return fmt.Errorf("%s %q (epoch %d): %w", action, c.topic, c.epoch, ErrOwnershipLost)
 }
 
 // ensure creates the offset row of (group, topic) at the beginning of the

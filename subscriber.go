@@ -212,7 +212,7 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		pool:      pool,
 		config:    config,
 		logger:    logger,
-		offsets:   newOffsetStore(pool, config.SchemaAdapter),
+		offsets:   newOffsetStore(pool, config.SchemaAdapter, logger),
 		session:   newSessionKeeper(pool, config.SchemaAdapter, config.ConsumerGroup, config.SessionTTL, logger),
 		hub:       newWakeHub(),
 		closeDone: make(chan struct{}),
