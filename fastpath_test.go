@@ -86,22 +86,12 @@ func TestGroupCommitTakesOverFromAnInlineCall(t *testing.T) {
 	pub := newPublisher(t, pool, adapter)
 	require.NoError(t, pub.Publish("setup", message.NewMessage(watermill.NewUUID(), nil)))
 
-	other := newPool(t, 2)
-	lock, err := other.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = lock.Rollback(ctx) }()
-	_, err = lock.Exec(ctx, "LOCK TABLE "+table(adapter, pglease.DefaultMessagesTable)+" IN SHARE MODE")
-	require.NoError(t, err)
+	waiting, unlock := lockMessagesTable(t, adapter)
 
 	const queued = 10
 	errs := make(chan error, queued+1)
 	go func() { errs <- pub.Publish("takeover", message.NewMessage("first", nil)) }()
-	waitFor(t, 10*time.Second, "the first call to wait on the lock", func() bool {
-		var n int
-		err := other.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH inserted%'`).Scan(&n)
-		return err == nil && n == 1
-	})
+	waitFor(t, 10*time.Second, "the first call to wait on the lock", func() bool { return waiting() == 1 })
 	// A bounded context: a call left in the queue fails the test instead
 	// of hanging it.
 	callCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
@@ -114,7 +104,7 @@ func TestGroupCommitTakesOverFromAnInlineCall(t *testing.T) {
 	waitFor(t, 10*time.Second, "the other calls to queue behind it", func() bool {
 		return pglease.PendingPublishes(pub) == queued
 	})
-	require.NoError(t, lock.Commit(ctx))
+	unlock()
 
 	for range queued + 1 {
 		select {
@@ -140,19 +130,7 @@ func TestGroupCommitAddsWorkersOnlyForOverflow(t *testing.T) {
 	pub := newPublisher(t, pool, adapter)
 	require.NoError(t, pub.Publish("setup", message.NewMessage(watermill.NewUUID(), nil)))
 
-	other := newPool(t, 2)
-	lock, err := other.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = lock.Rollback(ctx) }()
-	_, err = lock.Exec(ctx, "LOCK TABLE "+table(adapter, pglease.DefaultMessagesTable)+" IN SHARE MODE")
-	require.NoError(t, err)
-	waiting := func() int {
-		var n int
-		err := other.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH inserted%'`).Scan(&n)
-		require.NoError(t, err)
-		return n
-	}
+	waiting, unlock := lockMessagesTable(t, adapter)
 
 	callCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
@@ -180,7 +158,7 @@ func TestGroupCommitAddsWorkersOnlyForOverflow(t *testing.T) {
 	publish(500)
 	calls++
 	waitFor(t, 10*time.Second, "a second statement", func() bool { return waiting() == 2 })
-	require.NoError(t, lock.Commit(ctx))
+	unlock()
 
 	for range calls {
 		select {
@@ -412,4 +390,26 @@ func newCoalescingSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.D
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	return sub
+}
+
+// lockMessagesTable holds a lock on the messages table that makes every
+// INSERT wait, until unlock is called (or the test ends). waiting counts the
+// INSERTs of the Publisher waiting for it.
+func lockMessagesTable(t *testing.T, adapter pglease.DefaultSchemaAdapter) (waiting func() int, unlock func()) {
+	t.Helper()
+	ctx := context.Background()
+	other := newPool(t, 2)
+	lock, err := other.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = lock.Rollback(ctx) })
+	_, err = lock.Exec(ctx, "LOCK TABLE "+table(adapter, pglease.DefaultMessagesTable)+" IN SHARE MODE")
+	require.NoError(t, err)
+	waiting = func() int {
+		var n int
+		require.NoError(t, other.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH inserted%'`).Scan(&n))
+		return n
+	}
+	unlock = func() { require.NoError(t, lock.Commit(ctx)) }
+	return waiting, unlock
 }

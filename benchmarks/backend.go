@@ -85,12 +85,7 @@ func (h *pgleaseHandle) newSubscriber(initializeSchema bool) (message.Subscriber
 }
 
 func (h *pgleaseHandle) initTopic(ctx context.Context, topic string) error {
-	sub, err := h.newSubscriber(true)
-	if err != nil {
-		return err
-	}
-	defer sub.Close()
-	return sub.(message.SubscribeInitializer).SubscribeInitialize(topic)
+	return subscribeInitialize(h.newSubscriber, topic)
 }
 
 func (h *pgleaseHandle) close(ctx context.Context) error {
@@ -151,12 +146,7 @@ func (h *watermillSQLHandle) newSubscriber(initializeSchema bool) (message.Subsc
 }
 
 func (h *watermillSQLHandle) initTopic(ctx context.Context, topic string) error {
-	sub, err := h.newSubscriber(true)
-	if err != nil {
-		return err
-	}
-	defer sub.Close()
-	return sub.(message.SubscribeInitializer).SubscribeInitialize(topic)
+	return subscribeInitialize(h.newSubscriber, topic)
 }
 
 func (h *watermillSQLHandle) close(ctx context.Context) error {
@@ -192,4 +182,15 @@ func dropSchema(ctx context.Context, admin *pgxpool.Pool, ns string) error {
 		return fmt.Errorf("drop schema %s: %w", ns, err)
 	}
 	return nil
+}
+
+// subscribeInitialize creates topic's tables with a Subscriber that
+// initializes the schema, closed again at once.
+func subscribeInitialize(newSubscriber func(initializeSchema bool) (message.Subscriber, error), topic string) error {
+	sub, err := newSubscriber(true)
+	if err != nil {
+		return err
+	}
+	defer sub.Close()
+	return sub.(message.SubscribeInitializer).SubscribeInitialize(topic)
 }
