@@ -20,6 +20,13 @@ var (
 	// ErrOwnershipLost means a fenced write found that another session
 	// took over the (consumer group, topic): nothing was written.
 	ErrOwnershipLost = errors.New("pglease: ownership of the topic was lost")
+	// ErrFuturePosition means that a stored position or message lies ahead
+	// of the database's transaction counter: they were copied from another
+	// cluster (a logical dump and restore, for example), whose transaction
+	// ids ran higher. New messages would sort before them and be skipped,
+	// so the topic is not delivered until it is repaired; see "Positions
+	// from another cluster" in docs/guarantees.md.
+	ErrFuturePosition = errors.New("pglease: stored position lies ahead of the database's transaction counter (data from another cluster?)")
 	// ErrInvalidTopic is wrapped by the errors for topic names that are
 	// empty, longer than [MaxTopicLength], not UTF-8 or hold a NUL byte.
 	ErrInvalidTopic = errors.New("pglease: invalid topic")

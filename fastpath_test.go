@@ -331,7 +331,14 @@ EXECUTE FUNCTION `+pgx.Identifier{adapter.Schema, "refuse_release"}.Sanitize()+`
 			}
 			assert.Equal(t, 0, countOffsetRows(t, pool, offsets, "acked_offset > 0"), "nothing committed before Close")
 
-			require.NoError(t, sub.Close())
+			err := sub.Close()
+			if poison {
+				require.Error(t, err, "Close reports the release it could not write")
+				assert.Contains(t, err.Error(), `release topic "`+poisoned+`"`)
+				assert.Contains(t, err.Error(), "release refused")
+			} else {
+				require.NoError(t, err)
+			}
 
 			released := 0
 			xmins := map[string]bool{}

@@ -67,6 +67,10 @@ type offsetStore struct {
 	gate     *dataGate
 	adapter  SchemaAdapter
 	releases *releaser
+	// afterClaim, when set (tests only), runs after every claim statement
+	// and turns its outcome into the error it returns, as if the reply had
+	// been lost after the claim committed.
+	afterClaim func(topic string) error
 }
 
 func newOffsetStore(pool *pgxpool.Pool, adapter SchemaAdapter, logger watermill.LoggerAdapter) offsetStore {
@@ -147,10 +151,30 @@ func (s offsetStore) ensure(ctx context.Context, group, topic string) error {
 	return nil
 }
 
-// tryClaim claims (group, topic) for the session if it is free. When
-// another live session owns it, it returns nil and how long that owner's
-// lease has left (0 if unknown).
-func (s offsetStore) tryClaim(ctx context.Context, group, topic string, sessionID uuid.UUID) (*claim, time.Duration, error) {
+// errOffsetRowMissing is returned by tryClaim when the offset row of the
+// (group, topic) does not exist: deleted by hand, the usual way to reset a
+// group's position. The consumer creates it again.
+var errOffsetRowMissing = errors.New("the offset row does not exist")
+
+// claimResult is the outcome of one claim statement.
+type claimResult struct {
+	// claim is the new claim, nil when the row was not free.
+	claim *claim
+	// retryAfter is how long the current owner's session has left when the
+	// row was not free (0 if unknown).
+	retryAfter time.Duration
+	// previous is the session the row was taken from (uuid.Nil when it was
+	// free or already this session's); previousOwner its owner string,
+	// empty when that session's row was gone.
+	previous      uuid.UUID
+	previousOwner string
+}
+
+// tryClaim claims (group, topic) for the session if it is free. It returns
+// an error wrapping ErrFuturePosition when the row's position lies ahead of
+// the database's transaction counter, and errOffsetRowMissing when the row
+// does not exist.
+func (s offsetStore) tryClaim(ctx context.Context, group, topic string, sessionID uuid.UUID) (claimResult, error) {
 	q := s.adapter.ClaimOffset(OffsetParams{ConsumerGroup: group, Topic: topic, SessionID: sessionID})
 	var (
 		claimed    bool
@@ -158,42 +182,60 @@ func (s offsetStore) tryClaim(ctx context.Context, group, topic string, sessionI
 		txText     *string
 		offset     *int64
 		retryAfter *int64
+		previous   *uuid.UUID
+		prevOwner  *string
+		future     bool
 	)
 	conn, err := s.gate.acquire(ctx)
 	if err != nil {
-		return nil, 0, fmt.Errorf("claim topic %q: %w", topic, err)
+		return claimResult{}, fmt.Errorf("claim topic %q: %w", topic, err)
 	}
 	defer s.gate.release(conn)
-	err = conn.QueryRow(ctx, q.SQL, q.Args...).Scan(&claimed, &epoch, &txText, &offset, &retryAfter)
+	err = conn.QueryRow(ctx, q.SQL, q.Args...).Scan(&claimed, &epoch, &txText, &offset, &retryAfter, &previous, &prevOwner, &future)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, 0, fmt.Errorf("claim topic %q: the offset row does not exist", topic)
+		return claimResult{}, fmt.Errorf("claim topic %q: %w", topic, errOffsetRowMissing)
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("claim topic %q: %w", topic, wrapMissingSchema(err))
+		return claimResult{}, fmt.Errorf("claim topic %q: %w", topic, wrapMissingSchema(err))
+	}
+	if s.afterClaim != nil {
+		if err := s.afterClaim(topic); err != nil {
+			return claimResult{}, fmt.Errorf("claim topic %q: %w", topic, err)
+		}
+	}
+	var res claimResult
+	if previous != nil {
+		res.previous = *previous
+	}
+	if prevOwner != nil {
+		res.previousOwner = *prevOwner
+	}
+	if future {
+		return res, fmt.Errorf("claim topic %q of consumer group %q: %w", topic, group, ErrFuturePosition)
 	}
 	if !claimed {
-		var wait time.Duration
 		if retryAfter != nil && *retryAfter > 0 {
-			wait = time.Duration(*retryAfter) * time.Millisecond
+			res.retryAfter = time.Duration(*retryAfter) * time.Millisecond
 		}
-		return nil, wait, nil
+		return res, nil
 	}
 	if epoch == nil || txText == nil || offset == nil {
-		return nil, 0, fmt.Errorf("claim topic %q: incomplete row", topic)
+		return claimResult{}, fmt.Errorf("claim topic %q: incomplete row", topic)
 	}
 	txID, err := parseXID8(*txText)
 	if err != nil {
-		return nil, 0, fmt.Errorf("claim topic %q: %w", topic, err)
+		return claimResult{}, fmt.Errorf("claim topic %q: %w", topic, err)
 	}
 	pos := Position{TransactionID: txID, Offset: *offset}
-	return &claim{
+	res.claim = &claim{
 		group:     group,
 		topic:     topic,
 		sessionID: sessionID,
 		epoch:     *epoch,
 		acked:     pos,
 		committed: pos,
-	}, 0, nil
+	}
+	return res, nil
 }
 
 // commit writes the claim's acknowledged position. It returns

@@ -124,7 +124,9 @@ type SchemaAdapter interface {
 	// pending = true when committed messages after p.After are not visible
 	// yet (an older transaction is still running). Columns: offset bigint,
 	// transaction_id xid8 (as text), uuid text, payload bytea, metadata
-	// jsonb (as text), pending bool.
+	// jsonb (as text), pending bool, future bool: on the pending row, true
+	// when a stored message's transaction id lies ahead of the database's
+	// transaction counter (rows copied from another cluster).
 	SelectMessages(p SelectMessagesParams) Query
 	// VisibleTopics returns one row (index bigint, 1-based) per topic of p
 	// that has a visible message after its position.
@@ -145,10 +147,18 @@ type SchemaAdapter interface {
 	// the beginning of the topic if it does not exist.
 	EnsureOffset(p OffsetParams) Query
 	// ClaimOffset takes ownership of a free offset row for p.SessionID and
-	// bumps its epoch. Returns one row: claimed bool, epoch bigint,
-	// acked_transaction_id xid8 as text, acked_offset bigint, and, when not
+	// bumps its epoch; taking a row from an expired session must conflict
+	// with that session's heartbeat on a row lock (see
+	// [DefaultSchemaAdapter.ClaimOffset]). Returns one row, none if the
+	// offset row does not exist: claimed bool, epoch bigint,
+	// acked_transaction_id xid8 as text, acked_offset bigint; when not
 	// claimed, retry_after_ms bigint: how long until the current owner's
-	// lease runs out (NULL if unknown).
+	// session expires (NULL if unknown); previous_session uuid and
+	// previous_owner text: the session that owned the row before (NULL when
+	// it was free or owned by p.SessionID; the owner string is NULL when
+	// that session's row was gone); future bool: the row was not claimed
+	// because its position lies ahead of the database's transaction
+	// counter.
 	ClaimOffset(p OffsetParams) Query
 	// CommitOffset moves the acknowledged position, fenced by session and
 	// epoch. Zero rows affected means ownership was lost.
@@ -299,6 +309,17 @@ CREATE TABLE IF NOT EXISTS ` + a.offsets() + ` (
 	updated_at           timestamptz NOT NULL DEFAULT now(),
 	PRIMARY KEY (consumer_group, topic, partition)
 );`,
+	}, {
+		Version:     2,
+		Description: "consumer_offsets.lease_expires_at is no longer used",
+		// Version 1 claimed a row when COALESCE(lease_expires_at, owner
+		// session's expiry) had passed, but nothing ever set the column.
+		// From version 2 on, a row's claim lives exactly as long as its
+		// owner's session. The column stays, always NULL, so that
+		// Subscribers of version 1 keep working during a rolling upgrade;
+		// a later migration drops it.
+		SQL: `COMMENT ON COLUMN ` + a.offsets() + `.lease_expires_at IS
+	'Unused since pglease schema version 2 (always NULL); kept for Subscribers of version 1 during a rolling upgrade.'`,
 	}}
 }
 
@@ -359,12 +380,16 @@ func oneTopic(topics []string) bool {
 // back, and p.After's transaction was below an earlier xmin, so every row at
 // or above the current xmin lies after p.After. (With the comparison, the
 // index scan would start at p.After and walk the whole backlog.)
+//
+// The pending row reads the highest transaction id at or above xmin (one
+// step of a backward index scan): at or above the snapshot's xmax, no
+// transaction of this cluster can have written it.
 func (a DefaultSchemaAdapter) SelectMessages(p SelectMessagesParams) Query {
 	return Query{
 		// The ORDER BY names the table's columns, qualified: a bare
 		// transaction_id would sort by the text output column.
 		SQL: `(SELECT m."offset", m.transaction_id::text AS transaction_id_text, m.uuid, m.payload,
-	m.metadata::text AS metadata_text, false AS pending
+	m.metadata::text AS metadata_text, false AS pending, false AS future
 FROM ` + a.messages() + ` m
 WHERE m.topic = $1 AND m.partition = $2
 	AND (m.transaction_id, m."offset") > ($3::text::xid8, $4::bigint)
@@ -372,10 +397,12 @@ WHERE m.topic = $1 AND m.partition = $2
 ORDER BY m.transaction_id, m."offset"
 LIMIT $5)
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, true
-WHERE EXISTS (SELECT 1 FROM ` + a.messages() + ` m
+SELECT NULL, NULL, NULL, NULL, NULL, true, t.transaction_id >= pg_snapshot_xmax(pg_current_snapshot())
+FROM (SELECT m.transaction_id FROM ` + a.messages() + ` m
 	WHERE m.topic = $1 AND m.partition = $2
-		AND m.transaction_id >= pg_snapshot_xmin(pg_current_snapshot()))`,
+		AND m.transaction_id >= pg_snapshot_xmin(pg_current_snapshot())
+	ORDER BY m.transaction_id DESC
+	LIMIT 1) t`,
 		Args: []any{p.Topic, p.Partition, formatXID8(p.After.TransactionID), p.After.Offset, p.Limit},
 	}
 }
@@ -449,36 +476,64 @@ ON CONFLICT (consumer_group, topic, partition) DO NOTHING`,
 
 // ClaimOffset implements [SchemaAdapter].
 //
-// A row is free when nobody owns it, when its lease override has expired,
-// or when its owner's session has expired or is gone. A session may also
-// claim a row it already owns (bumping the epoch), so that a claim whose
-// outcome was lost in transit can be retried; a Subscriber lets only one
-// of its subscriptions per topic claim at a time. The conditions are on the
-// updated row itself, so a concurrent claim that committed first is seen
-// when the row is re-checked, and the second claimer finds it taken.
+// The statement decides on the row as its snapshot shows it and writes only
+// if the row is still in that state when it gets the row lock, a
+// compare-and-swap on (session_id, epoch). So a concurrent claim that
+// committed first always makes this one fail, whatever the statement's
+// snapshot shows of the sessions table. (Re-checking a sub-select on the
+// sessions table instead, as an UPDATE's WHERE clause would after waiting
+// for a concurrent claim, reads the old snapshot: a session created after
+// it is invisible there and would count as gone.)
 //
-// When the row is not free, the statement reports how long the owner's
-// lease has left, so that a standby can try again just after it runs out.
+// The row is free when it has no owner, when its owner's session row is
+// gone (a session row exists before its first claim commits, so an owner
+// missing from the snapshot was deleted), or when the owner's session has
+// expired: then the statement deletes that session row and claims only if
+// the delete went through. The delete and the owner's heartbeat conflict on
+// the session row's lock: either the heartbeat commits first and the delete,
+// re-checking the extended expiry, does nothing (no claim), or the delete
+// commits first and the heartbeat finds no row (the owner learns that its
+// session is lost). A session may also claim a row it already owns, bumping
+// the epoch, so that a claim whose outcome was lost in transit can be
+// retried; a Subscriber lets only one of its subscriptions per topic claim
+// at a time.
+//
+// A row whose acknowledged position lies ahead of the database's
+// transaction counter (positions copied from another cluster) is not
+// claimed and reported as future.
 func (a DefaultSchemaAdapter) ClaimOffset(p OffsetParams) Query {
 	return Query{
-		SQL: `WITH claimed AS (
-	UPDATE ` + a.offsets() + ` o
-	SET session_id = $4, lease_expires_at = NULL, epoch = o.epoch + 1, updated_at = now()
+		SQL: `WITH cur AS (
+	SELECT o.session_id, o.epoch, s.id IS NOT NULL AS owner_exists, s.expires_at, s.owner,
+		o.acked_transaction_id >= pg_snapshot_xmax(pg_current_snapshot()) AS future
+	FROM ` + a.offsets() + ` o LEFT JOIN ` + a.sessions() + ` s ON s.id = o.session_id
 	WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
-		AND (o.session_id IS NULL OR o.session_id = $4 OR COALESCE(
-			o.lease_expires_at,
-			(SELECT s.expires_at FROM ` + a.sessions() + ` s WHERE s.id = o.session_id),
-			'-infinity'
-		) < now())
+),
+expired AS (
+	DELETE FROM ` + a.sessions() + ` s USING cur
+	WHERE s.id = cur.session_id AND cur.session_id <> $4 AND s.expires_at < now() AND NOT cur.future
+	RETURNING s.id
+),
+claimed AS (
+	UPDATE ` + a.offsets() + ` o
+	SET session_id = $4, epoch = o.epoch + 1, updated_at = now()
+	FROM cur
+	WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
+		AND o.session_id IS NOT DISTINCT FROM cur.session_id AND o.epoch = cur.epoch
+		AND NOT cur.future
+		AND (cur.session_id IS NULL OR cur.session_id = $4 OR NOT cur.owner_exists
+			OR EXISTS (SELECT 1 FROM expired))
 	RETURNING o.epoch, o.acked_transaction_id::text AS acked_transaction_id_text, o.acked_offset
 )
-SELECT true, c.epoch, c.acked_transaction_id_text, c.acked_offset, NULL::bigint FROM claimed c
+SELECT true, c.epoch, c.acked_transaction_id_text, c.acked_offset, NULL::bigint,
+	NULLIF(cur.session_id, $4), cur.owner, false
+FROM claimed c, cur
 UNION ALL
 SELECT false, NULL, NULL, NULL,
-	ceil(extract(epoch FROM COALESCE(o.lease_expires_at, s.expires_at) - now()) * 1000)::bigint
-FROM ` + a.offsets() + ` o LEFT JOIN ` + a.sessions() + ` s ON s.id = o.session_id
-WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
-	AND NOT EXISTS (SELECT 1 FROM claimed)`,
+	ceil(extract(epoch FROM cur.expires_at - now()) * 1000)::bigint,
+	cur.session_id, cur.owner, cur.future
+FROM cur
+WHERE NOT EXISTS (SELECT 1 FROM claimed)`,
 		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID},
 	}
 }
@@ -499,7 +554,7 @@ WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 
 func (a DefaultSchemaAdapter) ReleaseOffset(p OffsetParams) Query {
 	update := `UPDATE ` + a.offsets() + `
 SET acked_transaction_id = $6::text::xid8, acked_offset = $7,
-	session_id = NULL, lease_expires_at = NULL, updated_at = now()
+	session_id = NULL, updated_at = now()
 WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5`
 	args := []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
 		formatXID8(p.Position.TransactionID), p.Position.Offset}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -178,6 +179,10 @@ type Subscriber struct {
 	consumers  sync.WaitGroup
 	background sync.WaitGroup // idle poller
 	closeDone  chan struct{}  // closed when the first Close returns
+	// giveUp is closed CloseTimeout after Close began: subscriptions stop
+	// retrying releases that fail, and Close reports them.
+	giveUp    chan struct{}
+	closeErrs []error // under mu
 }
 
 // topicSlot lets one consumer of this Subscriber at a time work on a topic,
@@ -216,6 +221,7 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		session:   newSessionKeeper(pool, config.SchemaAdapter, config.ConsumerGroup, config.SessionTTL, logger),
 		hub:       newWakeHub(),
 		closeDone: make(chan struct{}),
+		giveUp:    make(chan struct{}),
 		slots:     map[string]*topicSlot{},
 		ctx:       ctx,
 		cancel:    cancel,
@@ -304,10 +310,14 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 
 // Close ends every subscription: it releases their topics with their
 // acknowledged offsets, closes their channels, waits for every goroutine the
-// Subscriber started, and deletes the session row. It is idempotent, and a
-// call made while another is under way returns when that one is done. If
-// the database cannot be reached, the topics are free once the session
-// expires.
+// Subscriber started, and deletes the session row. Releases that fail are
+// retried until CloseTimeout has passed since Close began.
+//
+// Close returns an error when a release or the session delete could not be
+// written (the database is unreachable, say): nothing is lost, the topics
+// are free for other Subscribers once the session row expires, after at
+// most SessionTTL. It is idempotent: a call made while another is under way
+// returns when that one is done; later calls return nil.
 func (s *Subscriber) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -319,18 +329,58 @@ func (s *Subscriber) Close() error {
 	s.mu.Unlock()
 	defer close(s.closeDone)
 
+	giveUp := time.AfterFunc(s.config.CloseTimeout, func() { close(s.giveUp) })
 	s.cancel()
 	s.consumers.Wait()
+	if giveUp.Stop() {
+		close(s.giveUp)
+	}
 	s.offsets.releases.wait()
 	s.background.Wait()
 	if s.listener != nil {
 		s.listener.release(s.hub)
 	}
+	s.mu.Lock()
+	errs := s.closeErrs
+	s.mu.Unlock()
 	if err := s.session.close(s.config.CloseTimeout); err != nil {
-		s.logger.Error("Cannot delete the consumer session; it expires after SessionTTL", err, nil)
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("close subscriber of consumer group %q (its topics are free once its session expires): %w",
+			s.config.ConsumerGroup, errors.Join(summarize(errs, maxCloseErrors)...))
 	}
 	s.logger.Info("Subscriber closed", nil)
 	return nil
+}
+
+// maxCloseErrors bounds the errors that Close reports one by one.
+const maxCloseErrors = 10
+
+// summarize returns at most max of errs, the last one saying how many more
+// there were.
+func summarize(errs []error, max int) []error {
+	if len(errs) <= max {
+		return errs
+	}
+	return append(errs[:max-1:max-1], fmt.Errorf("and %d more errors", len(errs)-max+1))
+}
+
+// isGivingUp reports whether Close stopped waiting for releases.
+func (s *Subscriber) isGivingUp() bool {
+	select {
+	case <-s.giveUp:
+		return true
+	default:
+		return false
+	}
+}
+
+// closeError records an error for Close to return.
+func (s *Subscriber) closeError(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closeErrs = append(s.closeErrs, err)
 }
 
 func (s *Subscriber) isClosed() bool {
@@ -423,73 +473,187 @@ const (
 
 func (c *consumer) run() {
 	defer c.s.consumers.Done()
-	defer close(c.out)
-	defer c.cancel()
 	defer c.s.releaseSlot(c.topic, c.slot)
 	defer c.s.hub.remove(c)
 	defer c.flushTimer.Stop()
 
 	select {
 	case c.slot.token <- struct{}{}:
-		defer func() { <-c.slot.token }()
 	case <-c.ctx.Done():
+		c.cancel()
+		close(c.out)
 		return
 	}
+	// The slot is held until nothing of this subscription may own the topic
+	// any more: no other subscription of this Subscriber claims it meanwhile.
+	defer func() { <-c.slot.token }()
+	left := c.consume()
+	c.cancel()
+	c.finish(&left)
+}
 
+// leftover is what a subscription may still own when it ends: a claim to
+// release, or a claim statement under g whose outcome is unknown (its reply
+// was lost; it may have committed).
+type leftover struct {
+	g       *sessionGen
+	cl      *claim
+	unknown bool
+}
+
+// consume claims the topic, waiting as a hot standby while another session
+// owns it, and delivers it while it owns it, until the subscription ends.
+// It returns what the subscription may still own.
+func (c *consumer) consume() leftover {
 	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
+	futureRetry := newBackoff(maxRetryBackoff, futureRetryMax)
 	ensured := false
 	standby := false
+	var unknown *sessionGen // a claim under it may have committed unseen
+	ended := func() leftover { return leftover{g: unknown, unknown: unknown != nil} }
 	for {
 		g := c.s.session.wait(c.ctx.Done(), nil)
 		if g == nil {
-			return
+			return ended()
 		}
 		if !ensured {
 			if err := c.ensureOffset(); err != nil {
 				c.logger.Error("Cannot create the offset row, retrying", err, nil)
 				if !sleep(retry.delay(), c.ctx.Done(), nil) {
-					return
+					return ended()
 				}
 				continue
 			}
 			ensured = true
 		}
-		cl, retryAfter, err := c.tryClaim(g)
+		res, err := c.tryClaim(g)
 		if err != nil {
-			c.logger.Error("Cannot claim the topic, retrying", err, nil)
-			if !sleep(retry.delay(), c.ctx.Done(), nil) {
-				return
+			wait := retry.delay()
+			switch {
+			case errors.Is(err, errOffsetRowMissing):
+				c.logger.Info("The offset row is gone (deleted by hand?); creating it again at the beginning of the topic", nil)
+				ensured = false
+			case errors.Is(err, ErrFuturePosition):
+				c.logger.Error("Refusing to claim the topic: its acknowledged position lies ahead of the database's "+
+					"transaction counter, so new messages would be skipped; see \"Positions from another cluster\" in "+
+					"docs/guarantees.md for the repair", err, nil)
+				wait = futureRetry.delay()
+			default:
+				// The statement may have committed without this consumer
+				// seeing its reply.
+				unknown = g
+				c.logger.Error("Cannot claim the topic, retrying", err, nil)
+			}
+			if !sleep(wait, c.ctx.Done(), nil) {
+				return ended()
 			}
 			continue
 		}
 		retry.reset()
-		if cl == nil {
+		futureRetry.reset()
+		unknown = nil
+		if res.claim == nil {
 			if !standby {
-				c.logger.Debug("Topic is owned by another session, waiting as hot standby", nil)
+				c.logger.Debug("Topic is owned by another session, waiting as hot standby",
+					watermill.LogFields{"owner_session_id": res.previous.String(), "owner": res.previousOwner})
 				standby = true
 			}
 			// Retry when the owner releases (a notification), just after
-			// its lease runs out, or after PollInterval at the latest.
+			// its session runs out, or after PollInterval at the latest.
 			wait := c.s.config.PollInterval
-			if retryAfter > 0 && retryAfter+standbyMargin < wait {
-				wait = retryAfter + standbyMargin
+			if res.retryAfter > 0 && res.retryAfter+standbyMargin < wait {
+				wait = res.retryAfter + standbyMargin
 			}
 			if !c.waitWake(wait, nil) && c.ctx.Err() != nil {
-				return
+				return leftover{}
 			}
 			continue
 		}
 		standby = false
-		c.logger.Debug("Topic claimed", watermill.LogFields{"session_id": g.id.String(), "epoch": cl.epoch,
-			"acked_transaction_id": cl.acked.TransactionID, "acked_offset": cl.acked.Offset})
+		cl := res.claim
+		fields := watermill.LogFields{"session_id": g.id.String(), "epoch": cl.epoch,
+			"acked_transaction_id": cl.acked.TransactionID, "acked_offset": cl.acked.Offset}
+		if res.previous != uuid.Nil {
+			fields["previous_session_id"] = res.previous.String()
+			fields["previous_owner"] = res.previousOwner
+			c.logger.Info("Topic taken over from an expired session", fields)
+		} else {
+			c.logger.Debug("Topic claimed", fields)
+		}
 		c.owning.Store(true)
-		res := c.own(g, cl)
+		out := c.own(g, cl)
 		c.owning.Store(false)
 		c.resetFlush()
-		if res == stopped {
-			c.release(cl)
+		if out == stopped {
+			return leftover{g: g, cl: cl}
+		}
+	}
+}
+
+// futureRetryMax caps the wait between claims refused with ErrFuturePosition.
+const futureRetryMax = time.Minute
+
+// finish ends the subscription: it releases what the subscription may still
+// own, closes its channel, and, if the release could not be written, tries
+// again with backoff while the session lives. A live session never keeps a
+// topic that no subscription consumes: it holds the row only until the
+// release goes through, the session is lost (its rows are free with it), or
+// Close gives up after CloseTimeout (then Close deletes the session row).
+func (c *consumer) finish(left *leftover) {
+	err := c.releaseLeftover(left)
+	close(c.out)
+	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
+	for err != nil {
+		if !sleep(retry.delay(), c.s.giveUp, left.g.lost) {
+			if c.s.isGivingUp() {
+				c.s.closeError(err)
+			}
 			return
 		}
+		err = c.releaseLeftover(left)
+	}
+}
+
+// releaseLeftover makes one attempt at releasing what left holds; nil means
+// nothing is left to do. A claim of unknown outcome is claimed again (a
+// session may claim a row it owns) to learn its epoch, then released.
+func (c *consumer) releaseLeftover(left *leftover) error {
+	if left.g == nil {
+		return nil
+	}
+	if left.unknown {
+		if left.g.isLost() {
+			return nil // the session's rows are free with it
+		}
+		res, err := c.tryClaim(left.g)
+		if errors.Is(err, errOffsetRowMissing) || errors.Is(err, ErrFuturePosition) {
+			return nil // no row, or one that this session cannot have claimed
+		}
+		if err != nil {
+			c.logger.Error("Cannot settle a claim whose outcome was lost, retrying", err, nil)
+			return err
+		}
+		left.unknown = false
+		if res.claim == nil {
+			return nil
+		}
+		left.cl = res.claim
+	}
+	cl := left.cl
+	ctx, cancel := context.WithTimeout(context.Background(), c.s.config.CloseTimeout)
+	defer cancel()
+	err := c.s.offsets.release(ctx, cl)
+	switch {
+	case err == nil:
+		c.logger.Debug("Topic released", watermill.LogFields{"epoch": cl.epoch,
+			"acked_transaction_id": cl.acked.TransactionID, "acked_offset": cl.acked.Offset})
+		return nil
+	case errors.Is(err, ErrOwnershipLost):
+		c.logger.Info("Topic was already taken over before release", watermill.LogFields{"epoch": cl.epoch})
+		return nil
+	default:
+		c.logger.Error("Cannot release the topic, retrying while the session lives", err, nil)
+		return err
 	}
 }
 
@@ -497,14 +661,18 @@ func (c *consumer) run() {
 // retries, so that the retry lands after the expiry on the server.
 const standbyMargin = 20 * time.Millisecond
 
-// waitWake waits for d, a wake-up, the end of the subscription or the loss
-// of the session (when lost is not nil). It reports whether it returned
-// because of the timer or a wake-up.
+// waitWake waits for d (forever when d is 0), a wake-up, the end of the
+// subscription or the loss of the session (when lost is not nil). It
+// reports whether it returned because of the timer or a wake-up.
 func (c *consumer) waitWake(d time.Duration, lost <-chan struct{}) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
+	var timeout <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	}
 	select {
-	case <-t.C:
+	case <-timeout:
 		return true
 	case <-c.wake:
 		return true
@@ -527,26 +695,10 @@ func (c *consumer) ensureOffset() error {
 
 // tryClaim runs on a context that the subscription's end does not cancel: a
 // claim cut off half-way could commit without this consumer knowing.
-func (c *consumer) tryClaim(g *sessionGen) (*claim, time.Duration, error) {
+func (c *consumer) tryClaim(g *sessionGen) (claimResult, error) {
 	ctx, cancel := c.stmtContext()
 	defer cancel()
 	return c.s.offsets.tryClaim(ctx, c.s.config.ConsumerGroup, c.topic, g.id)
-}
-
-// release writes the acknowledged position and frees the topic.
-func (c *consumer) release(cl *claim) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.s.config.CloseTimeout)
-	defer cancel()
-	if err := c.s.offsets.release(ctx, cl); err != nil {
-		if errors.Is(err, ErrOwnershipLost) {
-			c.logger.Info("Topic was already taken over before release", watermill.LogFields{"epoch": cl.epoch})
-			return
-		}
-		c.logger.Error("Cannot release the topic; it is free once the session ends", err, nil)
-		return
-	}
-	c.logger.Debug("Topic released", watermill.LogFields{"epoch": cl.epoch,
-		"acked_transaction_id": cl.acked.TransactionID, "acked_offset": cl.acked.Offset})
 }
 
 // own delivers the claimed topic's messages until the subscription ends
@@ -599,7 +751,9 @@ func (c *consumer) own(g *sessionGen, cl *claim) outcome {
 			pendingSince = time.Time{}
 			pendingWait = newBackoff(2*time.Millisecond, pendingFastCap)
 			c.s.hub.setIdle(c, cl.acked)
-			ok := c.waitWake(idleWait, g.lost)
+			// No timer of its own: a notification or the idle poller (one
+			// statement per Subscriber for all its idle topics) wakes it.
+			ok := c.waitWake(0, g.lost)
 			c.s.hub.clearIdle(c)
 			if !ok {
 				return c.interrupted()
@@ -631,9 +785,6 @@ const (
 	pendingFastFor = time.Second
 )
 
-// idleWait bounds how long an idle owner sleeps without any wake-up; the
-// idle poller and notifications normally wake it first.
-const idleWait = time.Minute
 
 func (c *consumer) interrupted() outcome {
 	if c.ctx.Err() != nil {
@@ -670,9 +821,15 @@ func (c *consumer) fetch(after Position) ([]storedMessage, bool, error) {
 			payload  []byte
 			metadata *string
 			more     bool
+			future   bool
 		)
-		if err := rows.Scan(&offset, &txText, &uuid, &payload, &metadata, &more); err != nil {
+		if err := rows.Scan(&offset, &txText, &uuid, &payload, &metadata, &more, &future); err != nil {
 			return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, err)
+		}
+		if future {
+			return nil, false, fmt.Errorf("read messages of topic %q: a stored message was written by a transaction "+
+				"this database has not reached yet, so it would be delivered after messages published later or "+
+				"never: %w", c.topic, ErrFuturePosition)
 		}
 		if more {
 			pending = true

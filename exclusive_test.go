@@ -1,0 +1,591 @@
+package pglease_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// The tests of this file force, one by one, the interleavings and failures
+// under which a (consumer group, topic) could end up with two deliverers or
+// with an owner that does not consume it. Each holds a row lock from a
+// second connection, or makes a statement fail on purpose, at the moment
+// that matters, and waits for the blocked statement to be seen waiting on
+// that lock in pg_stat_activity: nothing depends on timing luck.
+
+// createTables creates the pglease tables in adapter's schema.
+func createTables(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), pglease.SchemaSQL(adapter))
+	require.NoError(t, err)
+}
+
+// dedicatedConn returns a connection of pool held for the whole test.
+func dedicatedConn(t *testing.T, pool *pgxpool.Pool) *pgxpool.Conn {
+	t.Helper()
+	conn, err := pool.Acquire(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(conn.Release)
+	return conn
+}
+
+func execQuery(t *testing.T, conn *pgxpool.Conn, q pglease.Query) int64 {
+	t.Helper()
+	tag, err := conn.Exec(context.Background(), q.SQL, q.Args...)
+	require.NoError(t, err, q.SQL)
+	return tag.RowsAffected()
+}
+
+// claimOutcome is one row of the adapter's claim statement.
+type claimOutcome struct {
+	claimed  bool
+	epoch    *int64
+	previous *uuid.UUID
+	future   bool
+}
+
+func runClaim(ctx context.Context, conn *pgxpool.Conn, adapter pglease.DefaultSchemaAdapter, group, topic string, session uuid.UUID) (claimOutcome, error) {
+	q := adapter.ClaimOffset(pglease.OffsetParams{ConsumerGroup: group, Topic: topic, SessionID: session})
+	var (
+		o          claimOutcome
+		tx         *string
+		offset     *int64
+		retryAfter *int64
+		owner      *string
+	)
+	err := conn.QueryRow(ctx, q.SQL, q.Args...).Scan(&o.claimed, &o.epoch, &tx, &offset, &retryAfter, &o.previous, &owner, &o.future)
+	return o, err
+}
+
+// waitBlockedOnLock waits until the backend pid waits for a lock, or fails
+// the test; done, when closed first, means the statement finished instead.
+func waitBlockedOnLock(t *testing.T, pool *pgxpool.Pool, pid uint32, done <-chan struct{}) bool {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case <-done:
+			return false
+		default:
+		}
+		var waiting bool
+		require.NoError(t, pool.QueryRow(context.Background(),
+			`SELECT COALESCE(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting))
+		if waiting {
+			return true
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backend %d neither finished nor waited for a lock within 10s", pid)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// TestClaimCannotTakeARowFromASessionItCannotSee: a claim statement whose
+// snapshot predates a session, and that waits for that session's claim of
+// the same row, must find the row taken when it gets the lock. (Deciding
+// "owner is gone" with a sub-select on the sessions table, re-checked on the
+// old snapshot, took the row from the live session.)
+func TestClaimCannotTakeARowFromASessionItCannotSee(t *testing.T) {
+	pool := newPool(t, 6)
+	adapter := newSchema(t, pool)
+	createTables(t, pool, adapter)
+	ctx := context.Background()
+	const group, topic = "g", "t"
+	early, late := uuid.New(), uuid.New()
+	setup := dedicatedConn(t, pool)
+	execQuery(t, setup, adapter.CreateSession(pglease.SessionParams{SessionID: early, ConsumerGroup: group, Owner: "early", TTL: time.Hour}))
+	execQuery(t, setup, adapter.EnsureOffset(pglease.OffsetParams{ConsumerGroup: group, Topic: topic}))
+
+	// The late session is created and claims the free row in one open
+	// transaction: the early claimer's snapshot will not see the session.
+	lateConn := dedicatedConn(t, pool)
+	tx, err := lateConn.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	q := adapter.CreateSession(pglease.SessionParams{SessionID: late, ConsumerGroup: group, Owner: "late", TTL: time.Hour})
+	_, err = tx.Exec(ctx, q.SQL, q.Args...)
+	require.NoError(t, err)
+	q = adapter.ClaimOffset(pglease.OffsetParams{ConsumerGroup: group, Topic: topic, SessionID: late})
+	var lateClaimed bool
+	require.NoError(t, tx.QueryRow(ctx, q.SQL, q.Args...).Scan(&lateClaimed, nil, nil, nil, nil, nil, nil, nil))
+	require.True(t, lateClaimed)
+
+	earlyConn := dedicatedConn(t, pool)
+	done := make(chan struct{})
+	var (
+		early1 claimOutcome
+		errE   error
+	)
+	go func() {
+		defer close(done)
+		early1, errE = runClaim(ctx, earlyConn, adapter, group, topic, early)
+	}()
+	require.True(t, waitBlockedOnLock(t, pool, earlyConn.Conn().PgConn().PID(), done), "the early claim did not wait for the late one")
+	require.NoError(t, tx.Commit(ctx))
+	<-done
+	require.NoError(t, errE)
+
+	assert.False(t, early1.claimed, "the early claim took the row from the live late session")
+	r := readOffset(t, pool, adapter, group, topic)
+	require.NotNil(t, r.session)
+	assert.Equal(t, late, *r.session, "the late session owns the row")
+}
+
+// TestLateHeartbeatAndClaimAtExpirySerialize: a heartbeat that was sent
+// before its session expired but reaches the row after the expiry, and a
+// claim made after the expiry, must not both succeed: else the old owner
+// trusts its session again while the new one delivers. The test holds the
+// session row locked from a third connection so that the heartbeat is
+// under way from before the expiry until after the claim.
+func TestLateHeartbeatAndClaimAtExpirySerialize(t *testing.T) {
+	pool := newPool(t, 8)
+	adapter := newSchema(t, pool)
+	createTables(t, pool, adapter)
+	ctx := context.Background()
+	const group, topic = "g", "t"
+	const ttl = 2 * time.Second
+	owner, claimer := uuid.New(), uuid.New()
+	setup := dedicatedConn(t, pool)
+	execQuery(t, setup, adapter.CreateSession(pglease.SessionParams{SessionID: owner, ConsumerGroup: group, Owner: "owner", TTL: ttl}))
+	execQuery(t, setup, adapter.CreateSession(pglease.SessionParams{SessionID: claimer, ConsumerGroup: group, Owner: "claimer", TTL: time.Hour}))
+	execQuery(t, setup, adapter.EnsureOffset(pglease.OffsetParams{ConsumerGroup: group, Topic: topic}))
+	o, err := runClaim(ctx, setup, adapter, group, topic, owner)
+	require.NoError(t, err)
+	require.True(t, o.claimed)
+
+	lockConn := dedicatedConn(t, pool)
+	lock, err := lockConn.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(ctx) }()
+	var expires time.Time
+	require.NoError(t, lock.QueryRow(ctx, `SELECT expires_at FROM `+table(adapter, pglease.DefaultConsumerSessionsTable)+
+		` WHERE id = $1 FOR UPDATE`, owner).Scan(&expires))
+
+	// The heartbeat starts before the expiry and waits for the row.
+	hbConn := dedicatedConn(t, pool)
+	hbDone := make(chan struct{})
+	var (
+		hbRows int64
+		hbErr  error
+	)
+	go func() {
+		defer close(hbDone)
+		q := adapter.HeartbeatSession(pglease.SessionParams{SessionID: owner, TTL: ttl})
+		tag, err := hbConn.Exec(ctx, q.SQL, q.Args...)
+		hbRows, hbErr = tag.RowsAffected(), err
+	}()
+	require.True(t, waitBlockedOnLock(t, pool, hbConn.Conn().PgConn().PID(), hbDone))
+	var beforeExpiry bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT query_start < $2 FROM pg_stat_activity WHERE pid = $1`,
+		hbConn.Conn().PgConn().PID(), expires).Scan(&beforeExpiry))
+	require.True(t, beforeExpiry, "the heartbeat must start before the session expires (the machine is too slow for a %s TTL)", ttl)
+
+	// After the expiry, as the server sees it, the claimer tries.
+	waitFor(t, 2*ttl, "the owner's session to expire", func() bool {
+		var expired bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT $1 < clock_timestamp()`, expires).Scan(&expired))
+		return expired
+	})
+	claimConn := dedicatedConn(t, pool)
+	claimDone := make(chan struct{})
+	var (
+		claim    claimOutcome
+		claimErr error
+	)
+	go func() {
+		defer close(claimDone)
+		claim, claimErr = runClaim(ctx, claimConn, adapter, group, topic, claimer)
+	}()
+	waitBlockedOnLock(t, pool, claimConn.Conn().PgConn().PID(), claimDone)
+	require.NoError(t, lock.Commit(ctx))
+	<-hbDone
+	<-claimDone
+	require.NoError(t, hbErr)
+	require.NoError(t, claimErr)
+	t.Logf("heartbeat applied: %v, claim succeeded: %v", hbRows == 1, claim.claimed)
+
+	assert.False(t, hbRows == 1 && claim.claimed,
+		"the claim took the topic from the expired session and the late heartbeat then extended that session")
+	r := readOffset(t, pool, adapter, group, topic)
+	if claim.claimed {
+		assert.Equal(t, claimer, *r.session)
+		var sessions int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+table(adapter, pglease.DefaultConsumerSessionsTable)+
+			` WHERE id = $1`, owner).Scan(&sessions))
+		assert.Zero(t, sessions, "the claimer deleted the expired session, so its owner learns that it is lost")
+	} else {
+		assert.Equal(t, owner, *r.session)
+	}
+}
+
+// TestClaimTakesRowsOfExpiredAndGoneSessions: the ordinary takeovers still
+// work: from an expired session (whose row the claim deletes, and which the
+// claim reports), from a session whose row is gone, and from a free row;
+// a live owner keeps its row.
+func TestClaimTakesRowsOfExpiredAndGoneSessions(t *testing.T) {
+	pool := newPool(t, 4)
+	adapter := newSchema(t, pool)
+	createTables(t, pool, adapter)
+	ctx := context.Background()
+	conn := dedicatedConn(t, pool)
+	const group = "g"
+	sessions := table(adapter, pglease.DefaultConsumerSessionsTable)
+	me, live, expired, gone := uuid.New(), uuid.New(), uuid.New(), uuid.New()
+	for _, s := range []uuid.UUID{me, live, expired, gone} {
+		execQuery(t, conn, adapter.CreateSession(pglease.SessionParams{SessionID: s, ConsumerGroup: group, Owner: s.String(), TTL: time.Hour}))
+	}
+	for _, owner := range []uuid.UUID{live, expired, gone} {
+		topic := owner.String()
+		execQuery(t, conn, adapter.EnsureOffset(pglease.OffsetParams{ConsumerGroup: group, Topic: topic}))
+		o, err := runClaim(ctx, conn, adapter, group, topic, owner)
+		require.NoError(t, err)
+		require.True(t, o.claimed)
+	}
+	_, err := pool.Exec(ctx, `UPDATE `+sessions+` SET expires_at = now() - interval '1 second' WHERE id = $1`, expired)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `DELETE FROM `+sessions+` WHERE id = $1`, gone)
+	require.NoError(t, err)
+
+	o, err := runClaim(ctx, conn, adapter, group, live.String(), me)
+	require.NoError(t, err)
+	assert.False(t, o.claimed, "a live owner keeps its row")
+	assert.Equal(t, live, *o.previous, "the claim names the owner")
+
+	for _, owner := range []uuid.UUID{expired, gone} {
+		o, err := runClaim(ctx, conn, adapter, group, owner.String(), me)
+		require.NoError(t, err)
+		assert.True(t, o.claimed)
+		require.NotNil(t, o.previous)
+		assert.Equal(t, owner, *o.previous, "the claim names the session it took the row from")
+		assert.EqualValues(t, 2, *o.epoch)
+	}
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+sessions+` WHERE id = $1`, expired).Scan(&left))
+	assert.Zero(t, left, "the claim deleted the expired session")
+
+	execQuery(t, conn, adapter.EnsureOffset(pglease.OffsetParams{ConsumerGroup: group, Topic: "free"}))
+	o, err = runClaim(ctx, conn, adapter, group, "free", me)
+	require.NoError(t, err)
+	assert.True(t, o.claimed)
+	assert.Nil(t, o.previous)
+}
+
+// lockOffsetRow locks the offset row of (group, topic) from a connection of
+// its own until unlock is called (or the test ends).
+func lockOffsetRow(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, group, topic string) (unlock func()) {
+	t.Helper()
+	ctx := context.Background()
+	conn := dedicatedConn(t, pool)
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM `+table(adapter, pglease.DefaultConsumerOffsetsTable)+
+		` WHERE consumer_group = $1 AND topic = $2 FOR UPDATE`, group, topic)
+	require.NoError(t, err)
+	var once sync.Once
+	unlock = func() { once.Do(func() { require.NoError(t, tx.Rollback(ctx)) }) }
+	t.Cleanup(unlock)
+	return unlock
+}
+
+// TestFailedReleaseIsRetried: when the release at the end of a subscription
+// fails (here it times out behind a row lock held from another connection),
+// the live Subscriber keeps trying until the row is free, instead of
+// sitting on a topic that nobody consumes until the process exits.
+func TestFailedReleaseIsRetried(t *testing.T) {
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	const group, topic = "g", "t"
+	cfg := pglease.SubscriberConfig{ConsumerGroup: group, SessionTTL: 3 * time.Second, CloseTimeout: 200 * time.Millisecond}
+	sub := newTestSubscriber(t, pool, adapter, cfg)
+	standby := newTestSubscriber(t, pool, adapter, cfg)
+	ids := publishN(t, pub, topic, 2)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	receive(t, msgs, 1, 10*time.Second)
+	waitFor(t, 10*time.Second, "the first ack to be committed", func() bool {
+		return readOffset(t, pool, adapter, group, topic).offset > 0
+	})
+	standbyMsgs, err := standby.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	owned := readOffset(t, pool, adapter, group, topic)
+	require.NotNil(t, owned.session)
+
+	unlock := lockOffsetRow(t, pool, adapter, group, topic)
+	cancel()
+	for range msgs { // the channel closes after the first attempt, which times out
+	}
+	stillOwned := readOffset(t, pool, adapter, group, topic)
+	require.NotNil(t, stillOwned.session, "the release cannot have gone through while the row is locked")
+
+	unlock()
+	waitFor(t, 10*time.Second, "the release to be retried", func() bool {
+		r := readOffset(t, pool, adapter, group, topic)
+		return r.session == nil || *r.session != *owned.session
+	})
+	got := receive(t, standbyMsgs, 1, 10*time.Second)
+	assert.Equal(t, ids[1], got[0].UUID, "the standby starts after the acked message: the retried release wrote it")
+}
+
+// TestClaimWithLostReplyIsSettled: a claim that committed while its reply
+// was lost, followed by the end of the subscription, must not leave the
+// topic owned by the live session: the Subscriber settles it (claims it again
+// to learn the epoch, then releases it).
+func TestClaimWithLostReplyIsSettled(t *testing.T) {
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	const group, topic = "g", "t"
+	cfg := pglease.SubscriberConfig{ConsumerGroup: group, PollInterval: time.Second}
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter,
+		InitializeSchema: true, PollInterval: time.Minute}, testLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, sub.Close()) })
+	// The first claim commits, but its reply is lost.
+	lost := make(chan struct{})
+	var once sync.Once
+	pglease.SetAfterClaimHook(sub, func(string) error {
+		var err error
+		once.Do(func() {
+			err = errors.New("test: the claim's reply was lost")
+			close(lost)
+		})
+		return err
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	<-lost
+	r := readOffset(t, pool, adapter, group, topic)
+	require.NotNil(t, r.session, "the claim committed")
+	cancel()
+	for range msgs {
+	}
+	waitFor(t, 10*time.Second, "the lost claim to be released", func() bool {
+		return readOffset(t, pool, adapter, group, topic).session == nil
+	})
+
+	other := newTestSubscriber(t, pool, adapter, cfg)
+	ids := publishN(t, pub, topic, 1)
+	otherMsgs, err := other.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	got := receive(t, otherMsgs, 1, 10*time.Second)
+	assert.Equal(t, ids, uuids(got))
+}
+
+// TestDeletedOffsetRowIsRecreated: deleting a group's offset row (the
+// obvious manual reset) starts the group again from the beginning of the
+// topic instead of failing every claim.
+func TestDeletedOffsetRowIsRecreated(t *testing.T) {
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	const group, topic = "g", "t"
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: group, CommitBatch: 1})
+	ids := publishN(t, pub, topic, 3)
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	receive(t, msgs, 3, 10*time.Second)
+	waitFor(t, 10*time.Second, "the third ack to be committed", func() bool {
+		return countOffsetRows(t, pool, table(adapter, pglease.DefaultConsumerOffsetsTable),
+			`acked_offset = (SELECT max("offset") FROM `+table(adapter, pglease.DefaultMessagesTable)+`)`) == 1
+	})
+
+	_, err = pool.Exec(context.Background(), `DELETE FROM `+table(adapter, pglease.DefaultConsumerOffsetsTable))
+	require.NoError(t, err)
+	ids = append(ids, publishN(t, pub, topic, 1)...)
+	// The owner hands out the new message from memory; its commit then finds
+	// no row, and the group starts over from the beginning.
+	got := receive(t, msgs, 5, 10*time.Second)
+	assert.Equal(t, ids[3], got[0].UUID)
+	assert.Equal(t, ids, uuids(got[1:]), "after the reset, the topic is delivered from its first message")
+	r := readOffset(t, pool, adapter, group, topic)
+	assert.NotNil(t, r.session, "the row exists again and is owned")
+}
+
+// logEntry is one line logged through a capturingLogger.
+type logEntry struct {
+	level  string
+	msg    string
+	err    error
+	fields watermill.LogFields
+}
+
+// capturingLogger records every line at Info and above.
+type capturingLogger struct {
+	mu      *sync.Mutex
+	entries *[]logEntry
+	fields  watermill.LogFields
+}
+
+func newCapturingLogger() *capturingLogger {
+	return &capturingLogger{mu: &sync.Mutex{}, entries: &[]logEntry{}}
+}
+
+func (l *capturingLogger) add(level, msg string, err error, fields watermill.LogFields) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	*l.entries = append(*l.entries, logEntry{level: level, msg: msg, err: err, fields: l.fields.Add(fields)})
+}
+
+func (l *capturingLogger) Error(msg string, err error, fields watermill.LogFields) {
+	l.add("error", msg, err, fields)
+}
+func (l *capturingLogger) Info(msg string, fields watermill.LogFields) {
+	l.add("info", msg, nil, fields)
+}
+func (l *capturingLogger) Debug(string, watermill.LogFields) {}
+func (l *capturingLogger) Trace(string, watermill.LogFields) {}
+func (l *capturingLogger) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return &capturingLogger{mu: l.mu, entries: l.entries, fields: l.fields.Add(fields)}
+}
+
+// find returns the first entry for which match holds.
+func (l *capturingLogger) find(match func(logEntry) bool) (logEntry, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range *l.entries {
+		if match(e) {
+			return e, true
+		}
+	}
+	return logEntry{}, false
+}
+
+// TestPositionsFromAnotherClusterAreRefused: a stored position or message
+// whose transaction id lies ahead of the database's counter (as after a
+// logical dump and restore into a new cluster) stops delivery with an error
+// that names the problem, instead of skipping new messages silently; after
+// the documented repair, delivery goes on.
+func TestPositionsFromAnotherClusterAreRefused(t *testing.T) {
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	ctx := context.Background()
+	offsets := table(adapter, pglease.DefaultConsumerOffsetsTable)
+	messages := table(adapter, pglease.DefaultMessagesTable)
+	// future is far ahead of anything this test cluster reaches.
+	const future = "1000000000000"
+
+	t.Run("position", func(t *testing.T) {
+		ids := publishN(t, pub, "positions", 2)
+		_, err := pool.Exec(ctx, `INSERT INTO `+offsets+` (consumer_group, topic, acked_transaction_id, acked_offset)
+VALUES ('g', 'positions', $1::text::xid8, 1)`, future)
+		require.NoError(t, err)
+		logger := newCapturingLogger()
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
+			PollInterval: 10 * time.Millisecond}, logger)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, sub.Close()) }()
+		msgs, err := sub.Subscribe(ctx, "positions")
+		require.NoError(t, err)
+		waitFor(t, 10*time.Second, "the refusal to be logged", func() bool {
+			_, ok := logger.find(func(e logEntry) bool { return errors.Is(e.err, pglease.ErrFuturePosition) })
+			return ok
+		})
+		assert.Nil(t, readOffset(t, pool, adapter, "g", "positions").session, "the row was not claimed")
+		assertNothingWithin(t, msgs, 100*time.Millisecond)
+
+		// The repair of docs/guarantees.md for positions only.
+		_, err = pool.Exec(ctx, `UPDATE `+offsets+` SET acked_transaction_id = '1', acked_offset = 0
+WHERE acked_transaction_id >= pg_snapshot_xmax(pg_current_snapshot())`)
+		require.NoError(t, err)
+		got := receive(t, msgs, 2, 10*time.Second)
+		assert.Equal(t, ids, uuids(got))
+	})
+
+	t.Run("message", func(t *testing.T) {
+		_, err := pool.Exec(ctx, `INSERT INTO `+messages+` (topic, transaction_id, uuid, payload)
+VALUES ('messages', $1::text::xid8, 'restored', 'x')`, future)
+		require.NoError(t, err)
+		ids := publishN(t, pub, "messages", 1)
+		logger := newCapturingLogger()
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
+			PollInterval: 10 * time.Millisecond}, logger)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, sub.Close()) }()
+		msgs, err := sub.Subscribe(ctx, "messages")
+		require.NoError(t, err)
+		waitFor(t, 10*time.Second, "the refusal to be logged", func() bool {
+			_, ok := logger.find(func(e logEntry) bool { return errors.Is(e.err, pglease.ErrFuturePosition) })
+			return ok
+		})
+		assertNothingWithin(t, msgs, 100*time.Millisecond)
+
+		_, err = pool.Exec(ctx, `UPDATE `+messages+` SET transaction_id = '1'
+WHERE transaction_id >= pg_snapshot_xmax(pg_current_snapshot())`)
+		require.NoError(t, err)
+		got := receive(t, msgs, 2, 10*time.Second)
+		assert.Equal(t, append([]string{"restored"}, ids...), uuids(got), "the restored message comes first")
+	})
+}
+
+// TestTakeoverIsLoggedWithTheOldSession: taking a topic over from an
+// expired session is logged at Info, naming that session and its owner.
+func TestTakeoverIsLoggedWithTheOldSession(t *testing.T) {
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	createTables(t, pool, adapter)
+	ctx := context.Background()
+	conn := dedicatedConn(t, pool)
+	crashed := uuid.New()
+	execQuery(t, conn, adapter.CreateSession(pglease.SessionParams{SessionID: crashed, ConsumerGroup: "g", Owner: "crashed-host/42", TTL: time.Hour}))
+	execQuery(t, conn, adapter.EnsureOffset(pglease.OffsetParams{ConsumerGroup: "g", Topic: "t"}))
+	_, err := runClaim(ctx, conn, adapter, "g", "t", crashed)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `UPDATE `+table(adapter, pglease.DefaultConsumerSessionsTable)+
+		` SET expires_at = now() - interval '1 second'`)
+	require.NoError(t, err)
+
+	logger := newCapturingLogger()
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter}, logger)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, sub.Close()) }()
+	_, err = sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, "the takeover to be logged", func() bool {
+		e, ok := logger.find(func(e logEntry) bool { return strings.Contains(e.msg, "taken over") })
+		return ok && e.level == "info" && e.fields["previous_session_id"] == crashed.String() &&
+			e.fields["previous_owner"] == "crashed-host/42" && e.fields["topic"] == "t"
+	})
+}
+
+// TestCloseReportsReleasesItCouldNotWrite: Close returns an error naming
+// the topic whose release it could not write within CloseTimeout, and
+// still stops every goroutine.
+func TestCloseReportsReleasesItCouldNotWrite(t *testing.T) {
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
+		InitializeSchema: true, CloseTimeout: 300 * time.Millisecond}, testLogger())
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(context.Background(), "stuck")
+	require.NoError(t, err)
+	publishN(t, pub, "stuck", 1)
+	receive(t, msgs, 1, 10*time.Second)
+	lockOffsetRow(t, pool, adapter, "g", "stuck")
+
+	start := time.Now()
+	err = sub.Close()
+	t.Logf("Close took %s: %v", time.Since(start), err)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `release topic "stuck"`)
+	assert.Less(t, time.Since(start), 5*time.Second)
+	assertNoLeakedGoroutines(t)
+	assert.NoError(t, sub.Close(), "a second Close has nothing to report")
+}
