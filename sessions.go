@@ -276,6 +276,7 @@ func (k *sessionKeeper) run() {
 			continue
 		}
 
+		sent := time.Now()
 		ok, err := k.heartbeat(g)
 		switch {
 		case err != nil:
@@ -291,11 +292,14 @@ func (k *sessionKeeper) run() {
 			wait = 0
 		default:
 			retry.reset()
-			wait = k.interval
 			beats++
 			if beats%cleanupEvery == 0 {
 				k.deleteExpired()
 			}
+			// The next heartbeat is due an interval after this one was
+			// sent, however long the clean-up took: it runs on the pool
+			// and may wait for a connection up to its timeout.
+			wait = max(0, k.interval-time.Since(sent))
 		}
 	}
 }
