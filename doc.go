@@ -50,6 +50,13 @@
 // A session found expired or deleted is replaced by a new one, whose claims
 // start from the committed offsets.
 //
+// The session statements do not use the pool: the Subscribers of a process
+// that share a pool run them, one at a time, on one connection of their own,
+// so that a pool saturated by the application cannot stop the heartbeats.
+// That connection, like the LISTEN connection, is dialled as the pool dials
+// (with its BeforeConnect, AfterConnect and BeforeClose hooks) and counts
+// against the server's max_connections, not against the pool's MaxConns.
+//
 // When a Subscribe context ends or the Subscriber closes, each topic is
 // released at once with its acknowledged position and a notification, so a
 // standby takes over in milliseconds; Close then deletes the session row. A

@@ -118,9 +118,12 @@ var (
 // sharedListener keeps one connection LISTENing on a channel for every
 // Subscriber of the process that uses the same pool and tables, and passes
 // each notification to their wake hubs. It runs while at least one
-// Subscriber uses it.
+// Subscriber uses it. The connection is not the pool's (a LISTEN needs a
+// connection of its own for as long as it runs); it is dialled the way the
+// pool dials, with the pool's hooks (poolDialer).
 type sharedListener struct {
 	key          listenerKey
+	dialer       poolDialer
 	logger       watermill.LoggerAdapter
 	closeTimeout time.Duration
 
@@ -143,6 +146,7 @@ func acquireListener(pool *pgxpool.Pool, channel string, hub *wakeHub, logger wa
 		ctx, cancel := context.WithCancel(context.Background())
 		l = &sharedListener{
 			key:          key,
+			dialer:       newPoolDialer(pool),
 			logger:       logger.With(watermill.LogFields{"channel": channel}),
 			closeTimeout: closeTimeout,
 			hubs:         map[*wakeHub]struct{}{},
@@ -204,15 +208,11 @@ func (l *sharedListener) run() {
 }
 
 func (l *sharedListener) listenOnce(connected func()) error {
-	conn, err := pgx.ConnectConfig(l.ctx, l.key.pool.Config().ConnConfig.Copy())
+	conn, err := l.dialer.dial(l.ctx)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), l.closeTimeout)
-		defer cancel()
-		_ = conn.Close(ctx)
-	}()
+	defer l.dialer.close(conn, l.closeTimeout)
 	if _, err := conn.Exec(l.ctx, "LISTEN "+pgx.Identifier{l.key.channel}.Sanitize()); err != nil {
 		return err
 	}

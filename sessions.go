@@ -63,7 +63,11 @@ func (g *sessionGen) isLost() bool {
 // sessionKeeper keeps one consumer-session row alive for a Subscriber: it
 // creates it, heartbeats it every interval with the server's clock,
 // self-fences on the monotonic clock when heartbeats fail, opens a new
-// session when the row was lost, and deletes the row on stop.
+// session when the row was lost, and deletes the row on stop. Those
+// statements run on the session connection of the pool (sessionConn),
+// shared by the keepers of the process, never on a pooled connection, so
+// that the session's liveness does not depend on the application's load on
+// the pool; only the clean-up of expired sessions of others uses the pool.
 //
 // Start it once with start; stop is safe to call more than once and before
 // start. Its methods are safe for concurrent use.
@@ -81,6 +85,7 @@ type sessionKeeper struct {
 	trust time.Duration
 
 	mu      sync.Mutex
+	conn    *sessionConn  // acquired by the first start, released by close
 	cur     *sessionGen   // nil while no generation is trusted
 	ready   chan struct{} // closed when cur becomes non-nil
 	prevID  uuid.UUID     // the last generation's id, deleted with the next insert
@@ -122,6 +127,9 @@ func (k *sessionKeeper) start(ctx context.Context) error {
 	}
 	if k.started {
 		return nil
+	}
+	if k.conn == nil {
+		k.conn = acquireSessionConn(k.pool)
 	}
 	if err := k.createLocked(ctx, k.ttl); err != nil {
 		var pgErr *pgconn.PgError
@@ -184,7 +192,7 @@ func (k *sessionKeeper) createLocked(ctx context.Context, timeout time.Duration)
 		Owner:             k.owner,
 		TTL:               k.ttl,
 	})
-	if _, err := k.pool.Exec(ctx, q.SQL, q.Args...); err != nil {
+	if _, err := k.conn.exec(ctx, q); err != nil {
 		return fmt.Errorf("create consumer session: %w", wrapMissingSchema(err))
 	}
 	k.cur = g
@@ -268,6 +276,7 @@ func (k *sessionKeeper) run() {
 			continue
 		}
 
+		sent := time.Now()
 		ok, err := k.heartbeat(g)
 		switch {
 		case err != nil:
@@ -283,11 +292,14 @@ func (k *sessionKeeper) run() {
 			wait = 0
 		default:
 			retry.reset()
-			wait = k.interval
 			beats++
 			if beats%cleanupEvery == 0 {
 				k.deleteExpired()
 			}
+			// The next heartbeat is due an interval after this one was
+			// sent, however long the clean-up took: it runs on the pool
+			// and may wait for a connection up to its timeout.
+			wait = max(0, k.interval-time.Since(sent))
 		}
 	}
 }
@@ -304,7 +316,7 @@ func (k *sessionKeeper) heartbeat(g *sessionGen) (bool, error) {
 	defer cancel()
 	sent := time.Now()
 	q := k.adapter.HeartbeatSession(SessionParams{SessionID: g.id, TTL: k.ttl})
-	tag, err := k.pool.Exec(ctx, q.SQL, q.Args...)
+	tag, err := k.conn.exec(ctx, q)
 	if err != nil {
 		return false, fmt.Errorf("heartbeat consumer session: %w", err)
 	}
@@ -325,6 +337,8 @@ func (k *sessionKeeper) heartbeat(g *sessionGen) (bool, error) {
 
 // deleteExpired removes session rows of others that expired more than a
 // TTL ago. Their claims are free either way; this only keeps the table small.
+// It is not liveness, so it runs on the pool, not on the session connection
+// that the heartbeats of every Subscriber of the process share.
 func (k *sessionKeeper) deleteExpired() {
 	ctx, cancel := context.WithTimeout(context.Background(), k.stmtTimeout())
 	defer cancel()
@@ -339,8 +353,10 @@ func (k *sessionKeeper) deleteExpired() {
 	}
 }
 
-// close stops the heartbeat loop, marks the current generation lost and
-// deletes its row. Consumers must have released their claims before.
+// close stops the heartbeat loop, marks the current generation lost,
+// deletes its row and releases the session connection (the last keeper of
+// the pool to close closes it). Consumers must have released their claims
+// before.
 func (k *sessionKeeper) close(timeout time.Duration) error {
 	k.mu.Lock()
 	if k.stopped {
@@ -349,7 +365,11 @@ func (k *sessionKeeper) close(timeout time.Duration) error {
 	}
 	k.stopped = true
 	started := k.started
+	conn := k.conn
 	k.mu.Unlock()
+	if conn != nil {
+		defer conn.release(timeout)
+	}
 	if !started {
 		return nil
 	}
@@ -367,7 +387,7 @@ func (k *sessionKeeper) close(timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	q := k.adapter.DeleteSession(SessionParams{SessionID: id})
-	if _, err := k.pool.Exec(ctx, q.SQL, q.Args...); err != nil {
+	if _, err := conn.exec(ctx, q); err != nil {
 		return fmt.Errorf("delete consumer session %s: %w", id, err)
 	}
 	k.logger.Debug("Consumer session deleted", watermill.LogFields{"session_id": id.String()})
