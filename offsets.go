@@ -78,37 +78,25 @@ func newOffsetStore(pool *pgxpool.Pool, adapter SchemaAdapter, logger watermill.
 	return offsetStore{gate: gate, adapter: adapter, releases: newReleaser(gate, logger)}
 }
 
-// dataGate lets a Subscriber's consumers use at most all but one of the
-// pool's connections at once, so that a burst of subscriptions (thousands
-// of claims) cannot starve the session heartbeat of a connection.
+// dataGate is where a Subscriber's consumers (claims, fetches, commits,
+// releases, idle polls) take pool connections. It once held one connection
+// back for the session heartbeat; the heartbeat now has a connection of its
+// own (sessionConn), so the gate only hands out pooled connections.
 type dataGate struct {
-	pool  *pgxpool.Pool
-	slots chan struct{}
+	pool *pgxpool.Pool
 }
 
 func newDataGate(pool *pgxpool.Pool) *dataGate {
-	n := max(1, int(pool.Config().MaxConns)-1)
-	return &dataGate{pool: pool, slots: make(chan struct{}, n)}
+	return &dataGate{pool: pool}
 }
 
-// acquire waits for a slot and a connection; give both back with release.
+// acquire waits for a connection; give it back with release.
 func (g *dataGate) acquire(ctx context.Context) (*pgxpool.Conn, error) {
-	select {
-	case g.slots <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	conn, err := g.pool.Acquire(ctx)
-	if err != nil {
-		<-g.slots
-		return nil, err
-	}
-	return conn, nil
+	return g.pool.Acquire(ctx)
 }
 
 func (g *dataGate) release(conn *pgxpool.Conn) {
 	conn.Release()
-	<-g.slots
 }
 
 // execFenced runs q, a statement fenced by c's session and epoch, on a
@@ -135,16 +123,34 @@ func ownershipLost(action string, c *claim) error {
 	return fmt.Errorf("%s %q (epoch %d): %w", action, c.topic, c.epoch, ErrOwnershipLost)
 }
 
+// errNotSent marks errors of statements that were never sent: no
+// connection could be had before the wait context ended.
+var errNotSent = errors.New("statement not sent")
+
+// conn waits for a pooled connection while wait lasts, then returns it with
+// a context for one statement that ends after timeout, whatever wait does.
+// Waiting for a connection is not bounded by the statement's timeout: a
+// burst of thousands of subscriptions queues for the pool instead of timing
+// out and retrying. Give the connection back with done.
+func (s offsetStore) conn(wait context.Context, timeout time.Duration) (*pgxpool.Conn, context.Context, func(), error) {
+	conn, err := s.gate.acquire(wait)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("%w: %w", errNotSent, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	return conn, ctx, func() { cancel(); s.gate.release(conn) }, nil
+}
+
 // ensure creates the offset row of (group, topic) at the beginning of the
 // topic if it does not exist yet: a new consumer group reads the topic from
-// its first message.
-func (s offsetStore) ensure(ctx context.Context, group, topic string) error {
+// its first message. See conn for wait and timeout.
+func (s offsetStore) ensure(wait context.Context, timeout time.Duration, group, topic string) error {
 	q := s.adapter.EnsureOffset(OffsetParams{ConsumerGroup: group, Topic: topic})
-	conn, err := s.gate.acquire(ctx)
+	conn, ctx, done, err := s.conn(wait, timeout)
 	if err != nil {
 		return fmt.Errorf("create offset row for topic %q: %w", topic, err)
 	}
-	defer s.gate.release(conn)
+	defer done()
 	if _, err := conn.Exec(ctx, q.SQL, q.Args...); err != nil {
 		return fmt.Errorf("create offset row for topic %q: %w", topic, wrapMissingSchema(err))
 	}
@@ -172,9 +178,11 @@ type claimResult struct {
 
 // tryClaim claims (group, topic) for the session if it is free. It returns
 // an error wrapping ErrFuturePosition when the row's position lies ahead of
-// the database's transaction counter, and errOffsetRowMissing when the row
-// does not exist.
-func (s offsetStore) tryClaim(ctx context.Context, group, topic string, sessionID uuid.UUID) (claimResult, error) {
+// the database's transaction counter, errOffsetRowMissing when the row
+// does not exist, and one wrapping errNotSent when wait ended before a
+// connection was free (see conn); after any other error the claim may have
+// committed.
+func (s offsetStore) tryClaim(wait context.Context, timeout time.Duration, group, topic string, sessionID uuid.UUID) (claimResult, error) {
 	q := s.adapter.ClaimOffset(OffsetParams{ConsumerGroup: group, Topic: topic, SessionID: sessionID})
 	var (
 		claimed    bool
@@ -186,11 +194,11 @@ func (s offsetStore) tryClaim(ctx context.Context, group, topic string, sessionI
 		prevOwner  *string
 		future     bool
 	)
-	conn, err := s.gate.acquire(ctx)
+	conn, ctx, done, err := s.conn(wait, timeout)
 	if err != nil {
 		return claimResult{}, fmt.Errorf("claim topic %q: %w", topic, err)
 	}
-	defer s.gate.release(conn)
+	defer done()
 	err = conn.QueryRow(ctx, q.SQL, q.Args...).Scan(&claimed, &epoch, &txText, &offset, &retryAfter, &previous, &prevOwner, &future)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return claimResult{}, fmt.Errorf("claim topic %q: %w", topic, errOffsetRowMissing)

@@ -518,6 +518,9 @@ func (c *consumer) consume() leftover {
 		}
 		if !ensured {
 			if err := c.ensureOffset(); err != nil {
+				if c.ctx.Err() != nil {
+					return ended()
+				}
 				c.logger.Error("Cannot create the offset row, retrying", err, nil)
 				if !sleep(retry.delay(), c.ctx.Done(), nil) {
 					return ended()
@@ -538,10 +541,14 @@ func (c *consumer) consume() leftover {
 					"transaction counter, so new messages would be skipped; see \"Positions from another cluster\" in "+
 					"docs/guarantees.md for the repair", err, nil)
 				wait = futureRetry.delay()
+			case errors.Is(err, errNotSent) && c.ctx.Err() != nil:
+				return ended()
 			default:
-				// The statement may have committed without this consumer
-				// seeing its reply.
-				unknown = g
+				if !errors.Is(err, errNotSent) {
+					// The statement may have committed without this
+					// consumer seeing its reply.
+					unknown = g
+				}
 				c.logger.Error("Cannot claim the topic, retrying", err, nil)
 			}
 			if !sleep(wait, c.ctx.Done(), nil) {
@@ -625,7 +632,7 @@ func (c *consumer) releaseLeftover(left *leftover) error {
 		if left.g.isLost() {
 			return nil // the session's rows are free with it
 		}
-		res, err := c.tryClaim(left.g)
+		res, err := c.settleClaim(left.g)
 		if errors.Is(err, errOffsetRowMissing) || errors.Is(err, ErrFuturePosition) {
 			return nil // no row, or one that this session cannot have claimed
 		}
@@ -687,18 +694,24 @@ func (c *consumer) stmtContext() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), c.s.config.SessionTTL)
 }
 
+// ensureOffset waits for a connection while the subscription lasts.
 func (c *consumer) ensureOffset() error {
-	ctx, cancel := c.stmtContext()
-	defer cancel()
-	return c.s.offsets.ensure(ctx, c.s.config.ConsumerGroup, c.topic)
+	return c.s.offsets.ensure(c.ctx, c.s.config.SessionTTL, c.s.config.ConsumerGroup, c.topic)
 }
 
-// tryClaim runs on a context that the subscription's end does not cancel: a
-// claim cut off half-way could commit without this consumer knowing.
+// tryClaim waits for a connection while the subscription lasts, but runs
+// the statement on a context that the subscription's end does not cancel:
+// a claim cut off half-way could commit without this consumer knowing.
 func (c *consumer) tryClaim(g *sessionGen) (claimResult, error) {
-	ctx, cancel := c.stmtContext()
+	return c.s.offsets.tryClaim(c.ctx, c.s.config.SessionTTL, c.s.config.ConsumerGroup, c.topic, g.id)
+}
+
+// settleClaim claims again, after the subscription ended, a claim whose
+// outcome is unknown, waiting at most CloseTimeout for a connection.
+func (c *consumer) settleClaim(g *sessionGen) (claimResult, error) {
+	wait, cancel := context.WithTimeout(context.Background(), c.s.config.CloseTimeout)
 	defer cancel()
-	return c.s.offsets.tryClaim(ctx, c.s.config.ConsumerGroup, c.topic, g.id)
+	return c.s.offsets.tryClaim(wait, c.s.config.SessionTTL, c.s.config.ConsumerGroup, c.topic, g.id)
 }
 
 // own delivers the claimed topic's messages until the subscription ends
@@ -794,18 +807,18 @@ func (c *consumer) interrupted() outcome {
 }
 
 func (c *consumer) fetch(after Position) ([]storedMessage, bool, error) {
-	ctx, cancel := context.WithTimeout(c.ctx, c.s.config.SessionTTL)
-	defer cancel()
 	q := c.s.config.SchemaAdapter.SelectMessages(SelectMessagesParams{
 		Topic: c.topic,
 		After: after,
 		Limit: c.s.config.BatchSize,
 	})
-	conn, err := c.s.offsets.gate.acquire(ctx)
+	conn, err := c.s.offsets.gate.acquire(c.ctx)
 	if err != nil {
 		return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, err)
 	}
 	defer c.s.offsets.gate.release(conn)
+	ctx, cancel := context.WithTimeout(c.ctx, c.s.config.SessionTTL)
+	defer cancel()
 	rows, err := conn.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, wrapMissingSchema(err))
