@@ -175,8 +175,8 @@ type statements struct {
 type statementTotals struct {
 	calls       int64
 	execMs      float64 // total execution time on the server
-	sessionRows int64 // rows written to the sessions table
-	offsetRows  int64 // rows written to the offsets table
+	sessionRows int64   // rows written to the sessions table
+	offsetRows  int64   // rows written to the offsets table
 }
 
 func (a *statementTotals) minus(b *statementTotals) statementTotals {

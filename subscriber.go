@@ -798,7 +798,6 @@ const (
 	pendingFastFor = time.Second
 )
 
-
 func (c *consumer) interrupted() outcome {
 	if c.ctx.Err() != nil {
 		return stopped
