@@ -319,7 +319,7 @@ CREATE TABLE IF NOT EXISTS ` + a.offsets() + ` (
 		// Subscribers of version 1 keep working during a rolling upgrade;
 		// a later migration drops it.
 		SQL: `COMMENT ON COLUMN ` + a.offsets() + `.lease_expires_at IS
-	'Unused since pglease schema version 2 (always NULL); kept for Subscribers of version 1 during a rolling upgrade.'`,
+	'Unused since pglease schema version 2 (always NULL); kept for Subscribers of version 1 during a rolling upgrade.';`,
 	}}
 }
 
@@ -586,7 +586,11 @@ func SchemaSQL(adapter SchemaAdapter) string {
 		b.WriteString(";\n")
 	}
 	for _, m := range adapter.Migrations() {
-		fmt.Fprintf(&b, "\n-- version %d: %s\n%s\n", m.Version, m.Description, strings.TrimSpace(m.SQL))
+		sql := strings.TrimSpace(m.SQL)
+		if !strings.HasSuffix(sql, ";") {
+			sql += ";"
+		}
+		fmt.Fprintf(&b, "\n-- version %d: %s\n%s\n", m.Version, m.Description, sql)
 		fmt.Fprintf(&b, "INSERT INTO %s (version, description) VALUES (%d, %s) ON CONFLICT (version) DO NOTHING;\n",
 			adapter.VersionTable(), m.Version, quoteLiteral(m.Description))
 	}
