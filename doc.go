@@ -36,10 +36,15 @@
 // The first Subscribe opens a session row expiring at the server's
 // now() + SessionTTL; a heartbeat moves the expiry every SessionTTL/3, and
 // only while the row has not expired. A (group, topic) row is free when it
-// has no owner, when its lease override has passed, or when its owner
-// session has expired or is gone; claiming sets the owner and bumps the
-// epoch in one statement. Holding a claim writes nothing: liveness costs one
-// write per Subscriber per heartbeat, whatever the number of topics.
+// has no owner, or when its owner session has expired or is gone; claiming
+// sets the owner and bumps the epoch in one statement, which writes only if
+// the row still has the owner and epoch it decided on (a compare-and-swap),
+// and which deletes an expired owner's session row: the owner's heartbeat
+// and that delete conflict on the row's lock, so a session that lost a row
+// can never be extended again. Holding a claim writes nothing: liveness
+// costs one write per Subscriber per heartbeat, whatever the number of
+// topics. A live session never keeps a topic that no subscription consumes:
+// a release that fails is retried while the session lives.
 //
 // Every offset commit is fenced: it matches the row only while it still
 // names this session and epoch, so a paused or partitioned old owner can
@@ -65,6 +70,14 @@
 // failed claim and retries just after it.
 //
 // # Wake-ups
+//
+// Messages are ordered by the id of the publishing transaction (assigned at
+// its first write) and delivered once no older transaction is running in the
+// cluster: a writing transaction left open anywhere in the PostgreSQL
+// cluster holds back delivery on every topic until it ends (bound it with
+// idle_in_transaction_session_timeout). Positions copied from another
+// cluster, ahead of this one's transaction counter, are refused with
+// [ErrFuturePosition].
 //
 // Publish notifies the messages table's channel once per topic when its
 // transaction commits; the Subscribers of a process that share a pool

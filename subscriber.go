@@ -50,7 +50,7 @@ type SubscriberConfig struct {
 	// LISTEN for new messages and released topics and are woken at once;
 	// besides, every PollInterval one statement per Subscriber checks all
 	// its idle topics for messages, and a hot standby retries its claim at
-	// least this often (and just after the owner's lease runs out). Default
+	// least this often (and just after the owner's session runs out). Default
 	// DefaultPollInterval (1s).
 	PollInterval time.Duration
 
@@ -74,7 +74,9 @@ type SubscriberConfig struct {
 	CommitBatch    int
 
 	// CloseTimeout bounds the statements that release topics and delete the
-	// session when a subscription ends or the Subscriber closes. Default
+	// session when a subscription ends or the Subscriber closes. A release
+	// that fails is retried while the session lives; Close stops retrying
+	// CloseTimeout after it began and returns the error. Default
 	// DefaultCloseTimeout (5s).
 	CloseTimeout time.Duration
 
