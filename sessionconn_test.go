@@ -253,13 +253,7 @@ func TestSessionAndListenConnectionsUseThePoolHooks(t *testing.T) {
 // and is closed when the last one closes, with no goroutine left.
 func TestSessionConnectionIsSharedAndClosedWithTheLastSubscriber(t *testing.T) {
 	app := "pglease-shared-" + randomHex(4)
-	cfg, err := pgxpool.ParseConfig(testDSN)
-	require.NoError(t, err)
-	cfg.MaxConns = 4
-	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := newNamedPool(t, app, 4)
 	adapter := newSchema(t, pool)
 	watcher := newPool(t, 2)
 	sessions := table(adapter, pglease.DefaultConsumerSessionsTable)
@@ -319,20 +313,14 @@ func TestSessionConnectionIsSharedAndClosedWithTheLastSubscriber(t *testing.T) {
 // replaced).
 func TestSessionConnectionIsRedialled(t *testing.T) {
 	app := "pglease-redial-" + randomHex(4)
-	cfg, err := pgxpool.ParseConfig(testDSN)
-	require.NoError(t, err)
-	cfg.MaxConns = 4
-	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := newNamedPool(t, app, 4)
 	adapter := newSchema(t, pool)
 	instrument(t, pool, adapter)
 	watcher := newPool(t, 2)
 	ctx := context.Background()
 	sessions := table(adapter, pglease.DefaultConsumerSessionsTable)
 	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g", SessionTTL: pglease.MinSessionTTL})
-	_, err = sub.Subscribe(ctx, "t")
+	_, err := sub.Subscribe(ctx, "t")
 	require.NoError(t, err)
 
 	// sessionBackend is the pid of the session connection, 0 if none.
@@ -368,4 +356,18 @@ func TestSessionConnectionIsRedialled(t *testing.T) {
 	require.NoError(t, watcher.QueryRow(ctx, "SELECT count(*) FROM "+table(adapter, sessionsLogTable)+
 		" WHERE op = 'INSERT'").Scan(&inserted))
 	assert.Equal(t, 1, inserted, "the session was replaced")
+}
+
+// newNamedPool returns a pool of maxConns connections whose application_name
+// is app, so that tests can find its connections in pg_stat_activity.
+func newNamedPool(t *testing.T, app string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testDSN)
+	require.NoError(t, err)
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
 }
