@@ -1,0 +1,513 @@
+package pglease_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// This file holds the invariant checker: triggers on the offsets and
+// sessions tables that judge every change of owner and every heartbeat
+// against the committed state of the database at the moment the change is
+// made, while the load runs. They record two kinds of violation of "one
+// deliverer per (group, topic, partition)":
+//
+//	(a) "taken from a live session": the owner of an offsets row changed
+//	    from one session to another while the previous owner's session was
+//	    still alive: its row exists with expires_at > clock_timestamp(), and
+//	    the row carries no lease override that has run out. A claimer that
+//	    deletes the owner's session row in its own statement is judged by
+//	    the row it deleted: deleting a live owner session to take its row is
+//	    the same violation.
+//	(b) "heartbeat after a loss": a heartbeat (an UPDATE of expires_at)
+//	    applied to a session that had already expired (OLD.expires_at <=
+//	    clock_timestamp()) and had lost a row in between: an owner change
+//	    away from it, committed and logged at or after OLD.expires_at. The
+//	    old owner then trusts its session again while another one owns the
+//	    row.
+//
+// The trigger functions are VOLATILE plpgsql, so in READ COMMITTED (the
+// isolation pglease runs in) each query in them takes a fresh snapshot:
+// they see every transaction committed by then, plus their own
+// transaction's changes, whatever snapshot the statement that fired them
+// decided on. Times are clock_timestamp(), the moment of the check, not
+// now(), the start of the transaction.
+//
+// A check at the moment of a change cannot see a conflicting change that
+// commits after it: a heartbeat whose trigger ran before a concurrent
+// takeover committed, while that takeover's trigger ran before the
+// heartbeat committed, escapes both (a) and (b). The logs close that gap
+// after the run: revivedInHindsight finds every heartbeat that moved a
+// session's expiry from at or before a takeover of one of its rows to
+// after it, whatever the order of commits.
+
+const (
+	invOwnershipTable  = "inv_ownership"  // every change of owner or epoch of an offsets row
+	invSessionsTable   = "inv_sessions"   // every insert, heartbeat and delete of a session row
+	invViolationsTable = "inv_violations" // (a) and (b), with what the check saw
+)
+
+// installInvariantChecker creates the checker's tables and triggers in
+// adapter's schema. The pglease tables must exist already (see instrument);
+// the checker's triggers are independent of instrument's and may be
+// installed with or without them.
+func installInvariantChecker(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) {
+	t.Helper()
+	tbl := func(name string) string { return table(adapter, name) }
+	offsets := tbl(pglease.DefaultConsumerOffsetsTable)
+	sessions := tbl(pglease.DefaultConsumerSessionsTable)
+	ownership, sessLog, violations := tbl(invOwnershipTable), tbl(invSessionsTable), tbl(invViolationsTable)
+
+	ddl := []string{
+		`CREATE TABLE ` + ownership + ` (
+	id             bigserial PRIMARY KEY,
+	at             timestamptz NOT NULL,
+	tx             xid8 NOT NULL DEFAULT pg_current_xact_id(),
+	app            text NOT NULL DEFAULT current_setting('application_name'),
+	consumer_group text NOT NULL,
+	topic          text NOT NULL,
+	partition      integer NOT NULL,
+	old_session    uuid,
+	new_session    uuid,
+	old_epoch      bigint NOT NULL,
+	new_epoch      bigint NOT NULL,
+	-- The previous owner's expiry in the committed state at "at"; NULL when
+	-- there was no previous owner or its session row was gone.
+	old_expires_at timestamptz
+)`,
+		`CREATE INDEX ON ` + ownership + ` (old_session)`,
+		`CREATE TABLE ` + sessLog + ` (
+	id             bigserial PRIMARY KEY,
+	at             timestamptz NOT NULL,
+	tx             xid8 NOT NULL DEFAULT pg_current_xact_id(),
+	app            text NOT NULL DEFAULT current_setting('application_name'),
+	op             text NOT NULL CHECK (op IN ('INSERT', 'HEARTBEAT', 'DELETE')),
+	session_id     uuid NOT NULL,
+	old_expires_at timestamptz, -- NULL for INSERT
+	new_expires_at timestamptz  -- NULL for DELETE
+)`,
+		`CREATE INDEX ON ` + sessLog + ` (session_id)`,
+		`CREATE TABLE ` + violations + ` (
+	id             bigserial PRIMARY KEY,
+	at             timestamptz NOT NULL,
+	tx             xid8 NOT NULL DEFAULT pg_current_xact_id(),
+	app            text NOT NULL DEFAULT current_setting('application_name'),
+	kind           text NOT NULL CHECK (kind IN ('a', 'b')),
+	reason         text NOT NULL,
+	consumer_group text,
+	topic          text,
+	partition      integer,
+	victim         uuid NOT NULL, -- the session that lost the row
+	taker          uuid,          -- the session that took it
+	epoch          bigint,        -- the epoch of the takeover
+	victim_expires timestamptz,   -- (a): the victim's expiry seen; (b): OLD.expires_at
+	extended_to    timestamptz,   -- (b): NEW.expires_at
+	takeover_at    timestamptz    -- (b): when the row was taken
+)`,
+
+		// (a), and the log of every change of owner or epoch.
+		`CREATE FUNCTION ` + tbl("inv_check_offsets") + `() RETURNS trigger LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+	t       timestamptz;
+	exp     timestamptz;
+	takeover boolean := OLD.session_id IS NOT NULL AND NEW.session_id IS NOT NULL AND OLD.session_id <> NEW.session_id;
+	deleted ` + sessLog + `%ROWTYPE;
+BEGIN
+	IF takeover THEN
+		-- A fresh snapshot: every committed session, and this transaction's
+		-- own changes (a session row it deleted is gone).
+		SELECT s.expires_at INTO exp FROM ` + sessions + ` s WHERE s.id = OLD.session_id;
+	END IF;
+	t := clock_timestamp(); -- after the snapshot: an expiry in between counts as expired
+	INSERT INTO ` + ownership + ` (at, consumer_group, topic, partition, old_session, new_session, old_epoch, new_epoch, old_expires_at)
+	VALUES (t, NEW.consumer_group, NEW.topic, NEW.partition, OLD.session_id, NEW.session_id, OLD.epoch, NEW.epoch, exp);
+	IF NOT takeover OR (OLD.lease_expires_at IS NOT NULL AND OLD.lease_expires_at <= t) THEN
+		RETURN NULL; -- a claim of a free row, a release, or a lease override that ran out
+	END IF;
+	IF exp > t THEN
+		INSERT INTO ` + violations + ` (at, kind, reason, consumer_group, topic, partition, victim, taker, epoch, victim_expires)
+		VALUES (t, 'a', 'taken from a live session', NEW.consumer_group, NEW.topic, NEW.partition,
+			OLD.session_id, NEW.session_id, NEW.epoch, exp);
+	ELSIF exp IS NULL THEN
+		-- Gone: if this transaction deleted it, it must have been expired.
+		-- (When the delete's trigger runs after this one, it does this check.)
+		SELECT * INTO deleted FROM ` + sessLog + ` d
+		WHERE d.op = 'DELETE' AND d.session_id = OLD.session_id AND d.tx = pg_current_xact_id()
+			AND d.old_expires_at > d.at
+		LIMIT 1;
+		IF FOUND THEN
+			INSERT INTO ` + violations + ` (at, kind, reason, consumer_group, topic, partition, victim, taker, epoch, victim_expires)
+			VALUES (t, 'a', 'the taker deleted the live owner session', NEW.consumer_group, NEW.topic, NEW.partition,
+				OLD.session_id, NEW.session_id, NEW.epoch, deleted.old_expires_at);
+		END IF;
+	END IF;
+	RETURN NULL;
+END $$`,
+		`CREATE TRIGGER inv_check_offsets AFTER UPDATE ON ` + offsets + ` FOR EACH ROW
+	WHEN (OLD.session_id IS DISTINCT FROM NEW.session_id OR OLD.epoch IS DISTINCT FROM NEW.epoch)
+	EXECUTE FUNCTION ` + tbl("inv_check_offsets") + `()`,
+
+		// (b), the other half of (a) for deleted owners, and the log of
+		// sessions: inserts, heartbeats and deletes.
+		`CREATE FUNCTION ` + tbl("inv_check_sessions") + `() RETURNS trigger LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+	t timestamptz := clock_timestamp();
+BEGIN
+	IF TG_OP = 'INSERT' THEN
+		INSERT INTO ` + sessLog + ` (at, op, session_id, new_expires_at) VALUES (t, 'INSERT', NEW.id, NEW.expires_at);
+		RETURN NULL;
+	END IF;
+	IF TG_OP = 'DELETE' THEN
+		INSERT INTO ` + sessLog + ` (at, op, session_id, old_expires_at) VALUES (t, 'DELETE', OLD.id, OLD.expires_at);
+		IF OLD.expires_at > t THEN
+			-- A live session deleted by a transaction that took its rows.
+			INSERT INTO ` + violations + ` (at, kind, reason, consumer_group, topic, partition, victim, taker, epoch, victim_expires)
+			SELECT t, 'a', 'the taker deleted the live owner session', o.consumer_group, o.topic, o.partition,
+				o.old_session, o.new_session, o.new_epoch, OLD.expires_at
+			FROM ` + ownership + ` o
+			WHERE o.old_session = OLD.id AND o.new_session <> OLD.id AND o.tx = pg_current_xact_id()
+				AND o.old_expires_at IS NULL;
+		END IF;
+		RETURN NULL;
+	END IF;
+	IF NEW.expires_at IS NOT DISTINCT FROM OLD.expires_at THEN
+		RETURN NULL;
+	END IF;
+	INSERT INTO ` + sessLog + ` (at, op, session_id, old_expires_at, new_expires_at)
+	VALUES (t, 'HEARTBEAT', NEW.id, OLD.expires_at, NEW.expires_at);
+	IF OLD.expires_at <= t THEN
+		-- Expired before this heartbeat: did another session take one of its
+		-- rows since then? (A fresh snapshot: every committed takeover.)
+		INSERT INTO ` + violations + ` (at, kind, reason, consumer_group, topic, partition, victim, taker, epoch,
+			victim_expires, extended_to, takeover_at)
+		SELECT t, 'b', 'heartbeat after a loss', o.consumer_group, o.topic, o.partition,
+			o.old_session, o.new_session, o.new_epoch, OLD.expires_at, NEW.expires_at, o.at
+		FROM ` + ownership + ` o
+		WHERE o.old_session = OLD.id AND o.new_session <> OLD.id AND o.at >= OLD.expires_at;
+	END IF;
+	RETURN NULL;
+END $$`,
+		`CREATE TRIGGER inv_check_sessions AFTER INSERT OR UPDATE OR DELETE ON ` + sessions + ` FOR EACH ROW
+	EXECUTE FUNCTION ` + tbl("inv_check_sessions") + `()`,
+	}
+	for _, q := range ddl {
+		_, err := pool.Exec(context.Background(), q)
+		require.NoError(t, err, q)
+	}
+}
+
+// invariantCounts is what the checker recorded.
+type invariantCounts struct {
+	takenFromLive      int // (a)
+	revivedAfterLoss   int // (b), at the moment of the heartbeat
+	revivedInHindsight int // (b) judged from the logs after the run, whatever the order of commits
+	ownerChanges       int // every change of owner of an offsets row: claims, takeovers, releases
+	claims             int // changes that gave a row to a session (from nobody, another session or itself)
+	takeovers          int // changes of owner from one session directly to another
+}
+
+func (c invariantCounts) String() string {
+	return fmt.Sprintf("(a) taken from a live session: %d; (b) heartbeat after a loss: %d (in hindsight: %d); "+
+		"%d owner changes: %d claims, %d takeovers from another session",
+		c.takenFromLive, c.revivedAfterLoss, c.revivedInHindsight, c.ownerChanges, c.claims, c.takeovers)
+}
+
+// revivedInHindsightSQL finds, from the logs, every heartbeat that moved a
+// session's expiry from at or before a takeover of one of its rows to after
+// it, unless another transaction had deleted the session by the takeover
+// (then the heartbeat came before the delete, and the row was free). The
+// session was then trusted by its owner past the moment another session
+// took the row: the conflict (b) looks for, caught here whichever of the
+// two committed first.
+func revivedInHindsightSQL(adapter pglease.DefaultSchemaAdapter) string {
+	return `SELECT o.id, o.at, o.topic, o.old_session, o.new_session, o.new_epoch, o.app,
+	h.id, h.at, h.old_expires_at, h.new_expires_at, h.app
+FROM ` + table(adapter, invOwnershipTable) + ` o
+JOIN ` + table(adapter, invSessionsTable) + ` h ON h.session_id = o.old_session AND h.op = 'HEARTBEAT'
+WHERE o.new_session <> o.old_session
+	AND h.old_expires_at <= o.at AND o.at < h.new_expires_at
+	AND NOT EXISTS (SELECT 1 FROM ` + table(adapter, invSessionsTable) + ` d
+		WHERE d.op = 'DELETE' AND d.session_id = o.old_session AND d.at <= o.at AND d.tx <> o.tx)
+ORDER BY o.id, h.id`
+}
+
+// readInvariantCounts returns what the checker recorded so far.
+func readInvariantCounts(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) invariantCounts {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var c invariantCounts
+	require.NoError(t, pool.QueryRow(ctx, `SELECT
+	count(*) FILTER (WHERE kind = 'a'), count(*) FILTER (WHERE kind = 'b')
+FROM `+table(adapter, invViolationsTable)).Scan(&c.takenFromLive, &c.revivedAfterLoss))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM (`+revivedInHindsightSQL(adapter)+`) v`).Scan(&c.revivedInHindsight))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT
+	count(*) FILTER (WHERE old_session IS DISTINCT FROM new_session),
+	count(*) FILTER (WHERE new_session IS NOT NULL AND new_epoch > old_epoch),
+	count(*) FILTER (WHERE new_session <> old_session)
+FROM `+table(adapter, invOwnershipTable)).Scan(&c.ownerChanges, &c.claims, &c.takeovers))
+	return c
+}
+
+// logInvariantViolations logs every violation the checker recorded, with
+// the log of each victim session, at most limit of each kind.
+func logInvariantViolations(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, limit int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var b strings.Builder
+	victims := map[uuid.UUID]bool{}
+	ts := func(p *time.Time) string {
+		if p == nil {
+			return "-"
+		}
+		return p.Format("15:04:05.000000")
+	}
+
+	rows, err := pool.Query(ctx, `SELECT * FROM (
+	SELECT *, row_number() OVER (PARTITION BY kind ORDER BY id) AS n FROM `+table(adapter, invViolationsTable)+`
+) v WHERE n <= $1 ORDER BY id`, limit)
+	require.NoError(t, err)
+	for rows.Next() {
+		var (
+			id, n                             int64
+			at                                time.Time
+			tx, app, kind, reason             string
+			group, topic                      *string
+			partition                         *int32
+			victim                            uuid.UUID
+			taker                             *uuid.UUID
+			epoch                             *int64
+			victimExp, extendedTo, takeoverAt *time.Time
+		)
+		require.NoError(t, rows.Scan(&id, &at, &tx, &app, &kind, &reason, &group, &topic, &partition,
+			&victim, &taker, &epoch, &victimExp, &extendedTo, &takeoverAt, &n))
+		victims[victim] = true
+		fmt.Fprintf(&b, "violation %d (%s) %s at %s by tx %s (%s): topic %q epoch %v: session %s lost it to %v; "+
+			"victim's expiry %s, extended to %s, taken at %s\n",
+			id, kind, reason, ts(&at), tx, app, deref(topic), deref(epoch), victim, deref(taker),
+			ts(victimExp), ts(extendedTo), ts(takeoverAt))
+	}
+	require.NoError(t, rows.Err())
+
+	rows, err = pool.Query(ctx, revivedInHindsightSQL(adapter)+` LIMIT $1`, limit)
+	require.NoError(t, err)
+	for rows.Next() {
+		var (
+			oid, hid, epoch        int64
+			oat, hat, hOld, hNew   time.Time
+			topic, oApp, hApp      string
+			oldSession, newSession uuid.UUID
+		)
+		require.NoError(t, rows.Scan(&oid, &oat, &topic, &oldSession, &newSession, &epoch, &oApp,
+			&hid, &hat, &hOld, &hNew, &hApp))
+		victims[oldSession] = true
+		fmt.Fprintf(&b, "in hindsight: topic %q taken from %s by %s (epoch %d) at %s (ownership log %d, %s); "+
+			"heartbeat at %s (%s) moved the expiry from %s to %s (sessions log %d)\n",
+			topic, oldSession, newSession, epoch, ts(&oat), oid, oApp, ts(&hat), hApp, ts(&hOld), ts(&hNew), hid)
+	}
+	require.NoError(t, rows.Err())
+
+	for v := range victims {
+		fmt.Fprintf(&b, "session %s:\n", v)
+		rows, err := pool.Query(ctx, `SELECT at, 'ownership' AS what, format('%s -> %s epoch %s topic %s (%s)',
+		old_session, new_session, new_epoch, topic, app) FROM `+table(adapter, invOwnershipTable)+`
+	WHERE old_session = $1 OR new_session = $1
+UNION ALL
+SELECT at, op, format('expires %s -> %s (%s)', to_char(old_expires_at, 'HH24:MI:SS.US'),
+		to_char(new_expires_at, 'HH24:MI:SS.US'), app) FROM `+table(adapter, invSessionsTable)+`
+	WHERE session_id = $1
+ORDER BY 1`, v)
+		require.NoError(t, err)
+		for rows.Next() {
+			var (
+				at         time.Time
+				what, text string
+			)
+			require.NoError(t, rows.Scan(&at, &what, &text))
+			fmt.Fprintf(&b, "  %s %-9s %s\n", ts(&at), what, text)
+		}
+		require.NoError(t, rows.Err())
+	}
+	if b.Len() > 0 {
+		t.Logf("invariant violations:\n%s", b.String())
+	}
+}
+
+func deref[T any](p *T) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+// ------------------------------------------------------------------ tests
+
+// TestInvariantCheckerCatchesViolations forces each violation with plain SQL
+// on the tables and checks that the checker counts it, once; then that
+// clean takeovers count nothing.
+func TestInvariantCheckerCatchesViolations(t *testing.T) {
+	pool := newPool(t, 4)
+	ctx := context.Background()
+
+	// setup returns a schema with the pglease tables and the checker, and
+	// an exec that fails the test on error.
+	setup := func(t *testing.T) (pglease.DefaultSchemaAdapter, func(q string, args ...any)) {
+		adapter := newSchema(t, pool)
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true}, nil)
+		require.NoError(t, err)
+		require.NoError(t, sub.SubscribeInitialize("setup"))
+		require.NoError(t, sub.Close())
+		installInvariantChecker(t, pool, adapter)
+		return adapter, func(q string, args ...any) {
+			t.Helper()
+			_, err := pool.Exec(ctx, q, args...)
+			require.NoError(t, err, q)
+		}
+	}
+	// Statements on the pglease tables, as plain SQL.
+	type tables struct{ sessions, offsets string }
+	names := func(a pglease.DefaultSchemaAdapter) tables {
+		return tables{table(a, pglease.DefaultConsumerSessionsTable), table(a, pglease.DefaultConsumerOffsetsTable)}
+	}
+	// session creates a session row expiring after d (negative: expired).
+	session := func(exec func(string, ...any), tb tables, d time.Duration) uuid.UUID {
+		id := uuid.New()
+		exec(`INSERT INTO `+tb.sessions+` (id, consumer_group, owner, expires_at)
+VALUES ($1, 'g', 'test/0', clock_timestamp() + $2::bigint * interval '1 microsecond')`, id, d.Microseconds())
+		return id
+	}
+	// owned creates the offsets row of topic, owned by s (uuid.Nil: free).
+	owned := func(exec func(string, ...any), tb tables, topic string, s uuid.UUID) {
+		var owner any
+		if s != uuid.Nil {
+			owner = s
+		}
+		exec(`INSERT INTO `+tb.offsets+` (consumer_group, topic, session_id, epoch) VALUES ('g', $1, $2, 1)`, topic, owner)
+	}
+	take := func(exec func(string, ...any), tb tables, topic string, s uuid.UUID) {
+		exec(`UPDATE `+tb.offsets+` SET session_id = $2, epoch = epoch + 1 WHERE consumer_group = 'g' AND topic = $1`, topic, s)
+	}
+	heartbeat := func(exec func(string, ...any), tb tables, s uuid.UUID) {
+		exec(`UPDATE `+tb.sessions+` SET expires_at = now() + interval '10 seconds' WHERE id = $1`, s)
+	}
+	check := func(t *testing.T, adapter pglease.DefaultSchemaAdapter, want invariantCounts) {
+		t.Helper()
+		got := readInvariantCounts(t, pool, adapter)
+		if !assert.Equal(t, want, got) {
+			logInvariantViolations(t, pool, adapter, 10)
+		}
+	}
+
+	t.Run("taken from a live session", func(t *testing.T) {
+		adapter, exec := setup(t)
+		tb := names(adapter)
+		owner, taker := session(exec, tb, time.Hour), session(exec, tb, time.Hour)
+		owned(exec, tb, "t", owner)
+		take(exec, tb, "t", taker)
+		check(t, adapter, invariantCounts{takenFromLive: 1, ownerChanges: 1, claims: 1, takeovers: 1})
+	})
+
+	t.Run("the taker deletes the live owner session", func(t *testing.T) {
+		adapter, exec := setup(t)
+		tb := names(adapter)
+		owner1, owner2, taker := session(exec, tb, time.Hour), session(exec, tb, time.Hour), session(exec, tb, time.Hour)
+		owned(exec, tb, "t1", owner1)
+		owned(exec, tb, "t2", owner2)
+		// One statement deletes the live owner's row and takes its topic:
+		// whichever of the two triggers runs second sees the other's log.
+		exec(`WITH gone AS (DELETE FROM `+tb.sessions+` WHERE id = $1 RETURNING id)
+UPDATE `+tb.offsets+` o SET session_id = $2, epoch = o.epoch + 1
+WHERE o.topic = 't1' AND o.session_id = (SELECT id FROM gone)`, owner1, taker)
+		check(t, adapter, invariantCounts{takenFromLive: 1, ownerChanges: 1, claims: 1, takeovers: 1})
+
+		// The delete first, the takeover in a later statement of the same
+		// transaction.
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = tx.Exec(ctx, `DELETE FROM `+tb.sessions+` WHERE id = $1`, owner2)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, `UPDATE `+tb.offsets+` SET session_id = $2, epoch = epoch + 1 WHERE topic = 't2' AND session_id = $1`, owner2, taker)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx))
+		check(t, adapter, invariantCounts{takenFromLive: 2, ownerChanges: 2, claims: 2, takeovers: 2})
+	})
+
+	t.Run("heartbeat after a loss", func(t *testing.T) {
+		adapter, exec := setup(t)
+		tb := names(adapter)
+		owner, taker := session(exec, tb, -time.Second), session(exec, tb, time.Hour)
+		owned(exec, tb, "t", owner)
+		take(exec, tb, "t", taker) // the owner had expired: a clean takeover
+		check(t, adapter, invariantCounts{ownerChanges: 1, claims: 1, takeovers: 1})
+		heartbeat(exec, tb, owner)
+		check(t, adapter, invariantCounts{revivedAfterLoss: 1, revivedInHindsight: 1, ownerChanges: 1, claims: 1, takeovers: 1})
+	})
+
+	t.Run("heartbeat that commits after a takeover it ran before", func(t *testing.T) {
+		// The heartbeat's trigger runs before the takeover exists; the
+		// takeover's trigger sees the expiry from before the heartbeat,
+		// which has not committed. Neither trigger can see the conflict;
+		// the logs show it after the fact.
+		adapter, exec := setup(t)
+		tb := names(adapter)
+		owner, taker := session(exec, tb, -time.Second), session(exec, tb, time.Hour)
+		owned(exec, tb, "t", owner)
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = tx.Exec(ctx, `UPDATE `+tb.sessions+` SET expires_at = clock_timestamp() + interval '10 seconds' WHERE id = $1`, owner)
+		require.NoError(t, err)
+		take(exec, tb, "t", taker)
+		require.NoError(t, tx.Commit(ctx))
+		check(t, adapter, invariantCounts{revivedInHindsight: 1, ownerChanges: 1, claims: 1, takeovers: 1})
+	})
+
+	t.Run("clean changes of owner", func(t *testing.T) {
+		adapter, exec := setup(t)
+		tb := names(adapter)
+		expired, gone, live := session(exec, tb, -time.Second), session(exec, tb, time.Hour), session(exec, tb, time.Hour)
+		owned(exec, tb, "expired", expired)
+		owned(exec, tb, "gone", gone)
+		owned(exec, tb, "free", uuid.Nil)
+		owned(exec, tb, "released", live)
+		owned(exec, tb, "override", live)
+		// From an expired session whose row the claimer deletes in the same
+		// statement (the fixed claim's shape).
+		exec(`WITH gone AS (DELETE FROM `+tb.sessions+` WHERE id = $1 AND expires_at < now() RETURNING id)
+UPDATE `+tb.offsets+` o SET session_id = $2, epoch = o.epoch + 1
+WHERE o.topic = 'expired' AND o.session_id = (SELECT id FROM gone)`, expired, live)
+		// From a session that was deleted (closed) before.
+		exec(`DELETE FROM `+tb.sessions+` WHERE id = $1`, gone)
+		take(exec, tb, "gone", live)
+		// A free row.
+		take(exec, tb, "free", live)
+		// A release, then a claim of the freed row by another session.
+		other := session(exec, tb, time.Hour)
+		exec(`UPDATE ` + tb.offsets + ` SET session_id = NULL WHERE topic = 'released'`)
+		take(exec, tb, "released", other)
+		// A row whose lease override ran out although its owner lives.
+		exec(`UPDATE ` + tb.offsets + ` SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE topic = 'override'`)
+		take(exec, tb, "override", other)
+		// A session re-claiming its own row, heartbeats of live sessions and
+		// an offset commit (no change of owner).
+		take(exec, tb, "override", other)
+		heartbeat(exec, tb, live)
+		heartbeat(exec, tb, other)
+		exec(`UPDATE ` + tb.offsets + ` SET acked_offset = 7 WHERE topic = 'free'`)
+		check(t, adapter, invariantCounts{ownerChanges: 6, claims: 6, takeovers: 3})
+		var logged int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+table(adapter, invOwnershipTable)).Scan(&logged))
+		assert.Equal(t, 7, logged, "every change of owner or epoch is logged, the re-claim too")
+	})
+}
