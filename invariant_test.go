@@ -3,7 +3,10 @@ package pglease_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -509,5 +512,217 @@ WHERE o.topic = 'expired' AND o.session_id = (SELECT id FROM gone)`, expired, li
 		var logged int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+table(adapter, invOwnershipTable)).Scan(&logged))
 		assert.Equal(t, 7, logged, "every change of owner or epoch is logged, the re-claim too")
+	})
+}
+
+// ------------------------------------------------------------ under load
+
+// freezer stops random helper processes with SIGSTOP for a random time in
+// [minFreeze, maxFreeze] and continues them with SIGCONT, until halted.
+// Each of its workers waits a random time up to gapMax between freezes; a
+// process is frozen by one worker at a time.
+type freezer struct {
+	procs                []*helperProc
+	gapMax               time.Duration
+	minFreeze, maxFreeze time.Duration
+
+	stopOnce sync.Once
+	stop     chan struct{}
+	done     sync.WaitGroup
+
+	mu      sync.Mutex
+	frozen  map[*helperProc]bool
+	freezes int
+	longest time.Duration
+	errs    []error
+}
+
+func startFreezer(t *testing.T, procs []*helperProc, workers int, gapMax, minFreeze, maxFreeze time.Duration) *freezer {
+	t.Helper()
+	f := &freezer{procs: procs, gapMax: gapMax, minFreeze: minFreeze, maxFreeze: maxFreeze,
+		stop: make(chan struct{}), frozen: map[*helperProc]bool{}}
+	for range workers {
+		f.done.Add(1)
+		go f.work()
+	}
+	t.Cleanup(f.halt) // before the helpers are killed: cleanups run last first
+	return f
+}
+
+func (f *freezer) work() {
+	defer f.done.Done()
+	for {
+		select {
+		case <-f.stop:
+			return
+		case <-time.After(rand.N(f.gapMax)):
+		}
+		p := f.pick()
+		if p == nil {
+			continue
+		}
+		if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			f.fail(p, fmt.Errorf("SIGSTOP to %s: %w", p.cfg.Name, err))
+			continue
+		}
+		began := time.Now()
+		select {
+		case <-f.stop:
+		case <-time.After(f.minFreeze + rand.N(f.maxFreeze-f.minFreeze+1)):
+		}
+		err := p.cmd.Process.Signal(syscall.SIGCONT)
+		took := time.Since(began)
+		f.mu.Lock()
+		delete(f.frozen, p)
+		f.freezes++
+		f.longest = max(f.longest, took)
+		if err != nil {
+			f.errs = append(f.errs, fmt.Errorf("SIGCONT to %s: %w", p.cfg.Name, err))
+		}
+		f.mu.Unlock()
+	}
+}
+
+// pick returns a random process that is not frozen, marked frozen, or nil.
+func (f *freezer) pick() *helperProc {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var free []*helperProc
+	for _, p := range f.procs {
+		if !f.frozen[p] {
+			free = append(free, p)
+		}
+	}
+	if len(free) == 0 {
+		return nil
+	}
+	p := free[rand.N(len(free))]
+	f.frozen[p] = true
+	return p
+}
+
+func (f *freezer) fail(p *helperProc, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.frozen, p)
+	f.errs = append(f.errs, err)
+}
+
+// halt stops freezing and continues every frozen process. It is safe to
+// call more than once.
+func (f *freezer) halt() {
+	f.stopOnce.Do(func() { close(f.stop) })
+	f.done.Wait()
+}
+
+// frozenChurn is one run of the churn under freezes.
+type frozenChurn struct {
+	procs, subs, slots int           // processes, Subscribers per process, subscriptions per Subscriber
+	topics             int           // topics in the set the subscriptions pick from
+	run                time.Duration // how long messages are published and processes frozen
+	publishEvery       time.Duration // per topic
+	freezers           int           // processes frozen at once, at most
+	freezeGapMax       time.Duration // between the freezes of one freezer
+	renewMax           time.Duration // the lifetime of a Subscriber, at most
+	drain              time.Duration // to process what is left once publishing stopped
+	minClaims          int           // claims the run must exercise
+}
+
+// runFrozenChurn runs helper processes in modeRoam, one consumer group,
+// SessionTTL 1s, while messages are published to every topic and random
+// processes are frozen with SIGSTOP for 0.7 to 1.3 s, longer than the TTL
+// or about it. The invariant checker must find no violation: no row taken
+// from a live session, no heartbeat that revived a session after one of
+// its rows was taken. Every published message is processed (duplicates are
+// allowed: a frozen owner's unacknowledged and uncommitted messages go to
+// the next one), and the run exercised at least minClaims claims.
+func runFrozenChurn(t *testing.T, c frozenChurn) {
+	const ttl = time.Second
+	began := time.Now()
+	var topics []string
+	for i := range c.topics {
+		topics = append(topics, fmt.Sprintf("f%02d", i))
+	}
+	s := newFailureSetup(t, ttl, topics...)
+	installInvariantChecker(t, s.pool, s.adapter)
+	cfg := s.cfg
+	cfg.Mode = modeRoam
+	cfg.Subscribers = c.subs
+	cfg.Slots = c.slots
+	cfg.ChurnMin, cfg.ChurnMax = 1, 20
+	cfg.HoldMax = time.Second
+	cfg.RenewMax = c.renewMax
+	cfg.PollInterval = 250 * time.Millisecond
+
+	var helpers []*helperProc
+	for i := range c.procs {
+		helpers = append(helpers, startHelper(t, cfg.named(fmt.Sprintf("p%d", i))))
+	}
+	startedIn := time.Since(began)
+
+	var streams []*stream
+	for _, topic := range topics {
+		streams = append(streams, startStream(t, s.pub, topic, c.publishEvery))
+	}
+	frz := startFreezer(t, helpers, c.freezers, c.freezeGapMax, 700*time.Millisecond, 1300*time.Millisecond)
+	time.Sleep(c.run) // the load's schedule, not a wait for a result
+	frz.halt()
+	published := 0
+	for _, st := range streams {
+		st.halt()
+		for _, a := range st.results() {
+			require.NoError(t, a.err, "Publish failed although the database was fine")
+			published++
+		}
+	}
+	require.Empty(t, frz.errs)
+	drainBegan := time.Now()
+	waitProcessed(t, s.pool, s.adapter, topics, c.drain)
+	drained := time.Since(drainBegan)
+	for _, h := range helpers {
+		require.True(t, h.alive(), "helper %s exited during the run", h.cfg.Name)
+		h.close(t)
+	}
+
+	counts := readInvariantCounts(t, s.pool, s.adapter)
+	var duplicates, sessions int
+	require.NoError(t, s.pool.QueryRow(context.Background(), `SELECT count(*) FROM (SELECT uuid FROM `+
+		table(s.adapter, processedTable)+` GROUP BY uuid HAVING count(*) > 1) d`).Scan(&duplicates))
+	require.NoError(t, s.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+
+		table(s.adapter, invSessionsTable)+` WHERE op = 'INSERT'`).Scan(&sessions))
+	selfFenced, lost := 0, 0
+	for _, h := range helpers {
+		selfFenced += strings.Count(h.logs(), "self-fenced")
+		lost += strings.Count(h.logs(), "Consumer session lost")
+	}
+	t.Logf("frozen churn: %d processes x %d Subscribers x %d subscriptions on %d topics, started in %s; "+
+		"%s of load: %d messages published, %d freezes (longest %s); drained in %s; whole run %s; "+
+		"%d sessions opened (%d self-fenced, %d found lost by a heartbeat); %d messages processed more than once; %s",
+		c.procs, c.subs, c.slots, c.topics, startedIn.Round(time.Millisecond), c.run, published, frz.freezes,
+		frz.longest.Round(time.Millisecond), drained.Round(time.Millisecond), time.Since(began).Round(time.Millisecond),
+		sessions, selfFenced, lost, duplicates, counts)
+
+	assert.Zero(t, counts.takenFromLive, "(a) a row was taken from a live session")
+	assert.Zero(t, counts.revivedAfterLoss, "(b) a heartbeat revived a session after one of its rows was taken")
+	assert.Zero(t, counts.revivedInHindsight, "(b, from the logs) a heartbeat revived a session past a takeover of one of its rows")
+	if counts.takenFromLive+counts.revivedAfterLoss+counts.revivedInHindsight > 0 {
+		logInvariantViolations(t, s.pool, s.adapter, 10)
+	}
+	assert.GreaterOrEqual(t, counts.claims, c.minClaims, "ownership hardly moved: the run did not test much")
+	assert.Positive(t, counts.takeovers, "no row was ever taken from an expired or lost session")
+}
+
+// TestFrozenChurnInvariants is the short run of runFrozenChurn; `make
+// stress` runs TestStressFrozenChurn, a longer one with more of everything.
+func TestFrozenChurnInvariants(t *testing.T) {
+	runFrozenChurn(t, frozenChurn{
+		procs: 3, subs: 2, slots: 2, topics: 6,
+		run:          12 * time.Second,
+		publishEvery: 25 * time.Millisecond,
+		freezers:     2,
+		freezeGapMax: 800 * time.Millisecond,
+		renewMax:     4 * time.Second,
+		drain:        time.Minute,
+		minClaims:    30,
 	})
 }
