@@ -9,7 +9,7 @@ import (
 
 // TestStressFrozenChurn is the long run of runFrozenChurn: more processes,
 // Subscribers, subscriptions and topics, and three minutes of publishing
-// and freezing. Run it with `make stress`.
+// and freezing, with the server jitter. Run it with `make stress`.
 func TestStressFrozenChurn(t *testing.T) {
 	runFrozenChurn(t, frozenChurn{
 		procs: 5, subs: 3, slots: 3, topics: 24,
@@ -20,5 +20,7 @@ func TestStressFrozenChurn(t *testing.T) {
 		renewMax:     5 * time.Second,
 		drain:        3 * time.Minute,
 		minClaims:    1000,
+		jitter:       0.3,
+		jitterMax:    50 * time.Millisecond,
 	})
 }
