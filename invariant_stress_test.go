@@ -19,7 +19,7 @@ func TestStressFrozenChurn(t *testing.T) {
 		freezeGapMax: 800 * time.Millisecond,
 		renewMax:     5 * time.Second,
 		drain:        3 * time.Minute,
-		minClaims:    1000,
+		minClaims:    3000,
 		jitter:       0.3,
 		jitterMax:    50 * time.Millisecond,
 	})

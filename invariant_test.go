@@ -32,18 +32,19 @@ import (
 //	    the row it deleted: deleting a live owner session to take its row is
 //	    the same violation.
 //	(b) "heartbeat after a loss": a heartbeat (an UPDATE that moves
-//	    expires_at later) applied to a session that had already expired (OLD.expires_at <=
-//	    clock_timestamp()) and had lost a row in between: an owner change
-//	    away from it, committed and logged at or after OLD.expires_at. The
-//	    old owner then trusts its session again while another one owns the
-//	    row.
+//	    expires_at later) applied to a session that had already expired
+//	    (OLD.expires_at <= clock_timestamp()) and had lost a row in
+//	    between: an owner change away from it, committed and logged at or
+//	    after OLD.expires_at. The old owner then trusts its session again
+//	    while another one owns the row.
 //
 // The trigger functions are VOLATILE plpgsql, so in READ COMMITTED (the
 // isolation pglease runs in) each query in them takes a fresh snapshot:
 // they see every transaction committed by then, plus their own
 // transaction's changes, whatever snapshot the statement that fired them
-// decided on. Times are clock_timestamp(), the moment of the check, not
-// now(), the start of the transaction.
+// decided on. (Under REPEATABLE READ or SERIALIZABLE they would see the
+// transaction's snapshot instead.) Times are clock_timestamp(), the moment
+// of the check, not now(), the start of the transaction.
 //
 // A check at the moment of a change cannot see a conflicting change that
 // commits after it: a heartbeat whose trigger ran before a concurrent

@@ -87,7 +87,7 @@ type helperConfig struct {
 	// again.
 	ChurnMin, ChurnMax int
 	// Slots, HoldMax and RenewMax shape modeRoam (see there). Slots
-	// defaults to 1.
+	// defaults to 1, HoldMax to 1s.
 	Slots    int
 	HoldMax  time.Duration
 	RenewMax time.Duration
@@ -120,6 +120,9 @@ func runHelperProcess() int {
 	}
 	if cfg.Slots == 0 {
 		cfg.Slots = 1
+	}
+	if cfg.HoldMax == 0 {
+		cfg.HoldMax = time.Second
 	}
 	h := &helperChild{
 		cfg:    cfg,
@@ -188,8 +191,8 @@ type helperChild struct {
 	pid     int
 	logger  watermill.LoggerAdapter
 	subPool *pgxpool.Pool
-	// subs are the Subscribers; modeRoam replaces them, each in its own
-	// goroutine.
+	// subs are the Subscribers the helper starts with; modeRoam closes
+	// them and goes on with new ones of its own.
 	subs   []*pglease.Subscriber
 	rec    *pgxpool.Pool
 	recSQL string
