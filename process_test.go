@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -60,6 +61,13 @@ const (
 	// it processes, ends the subscription and subscribes again, so that
 	// ownership of the topics keeps moving between Subscribers.
 	modeChurn = "churn"
+	// modeRoam gives each Subscriber Slots subscriptions at a time, each to
+	// a random topic of Topics, ended after a random number of messages in
+	// [ChurnMin, ChurnMax] or a random time up to HoldMax, whichever comes
+	// first, and replaced by a subscription to another random topic. With
+	// RenewMax set, each Subscriber is closed after a random time up to
+	// RenewMax and replaced by a new one, with a new session.
+	modeRoam = "roam"
 )
 
 // helperConfig is what a helper process runs.
@@ -75,8 +83,14 @@ type helperConfig struct {
 	PollInterval time.Duration
 	Work         time.Duration // simulated processing time per message
 	// ChurnMin and ChurnMax bound how many messages a subscription
-	// processes in modeChurn before it ends and subscribes again.
+	// processes in modeChurn and modeRoam before it ends and subscribes
+	// again.
 	ChurnMin, ChurnMax int
+	// Slots, HoldMax and RenewMax shape modeRoam (see there). Slots
+	// defaults to 1, HoldMax to 1s.
+	Slots    int
+	HoldMax  time.Duration
+	RenewMax time.Duration
 }
 
 // subAppName and recAppName are the application_name of the helper's
@@ -104,6 +118,12 @@ func runHelperProcess() int {
 	if cfg.Subscribers == 0 {
 		cfg.Subscribers = 1
 	}
+	if cfg.Slots == 0 {
+		cfg.Slots = 1
+	}
+	if cfg.HoldMax == 0 {
+		cfg.HoldMax = time.Second
+	}
 	h := &helperChild{
 		cfg:    cfg,
 		pid:    os.Getpid(),
@@ -112,11 +132,12 @@ func runHelperProcess() int {
 		out:    bufio.NewWriter(os.Stdout),
 	}
 	ctx := context.Background()
-	subPool, err := helperPool(ctx, cfg.DSN, cfg.subAppName(), int32(4+2*cfg.Subscribers))
+	subPool, err := helperPool(ctx, cfg.DSN, cfg.subAppName(), int32(4+2*cfg.Subscribers*cfg.Slots))
 	if err != nil {
 		return fail(err)
 	}
 	defer subPool.Close()
+	h.subPool = subPool
 	recPool, err := helperPool(ctx, cfg.DSN, cfg.recAppName(), 8)
 	if err != nil {
 		return fail(err)
@@ -125,16 +146,9 @@ func runHelperProcess() int {
 	h.rec = recPool
 	h.recSQL = recordSQL(cfg.Schema)
 
-	logger := watermill.NewStdLoggerWithOut(os.Stderr, true, false).With(watermill.LogFields{"proc": cfg.Name})
+	h.logger = watermill.NewStdLoggerWithOut(os.Stderr, true, false).With(watermill.LogFields{"proc": cfg.Name})
 	for i := 0; i < cfg.Subscribers; i++ {
-		sub, err := pglease.NewSubscriber(subPool, pglease.SubscriberConfig{
-			ConsumerGroup:    cfg.Group,
-			SessionTTL:       cfg.SessionTTL,
-			PollInterval:     cfg.PollInterval,
-			NackResendDelay:  10 * time.Millisecond,
-			InitializeSchema: true,
-			SchemaAdapter:    pglease.DefaultSchemaAdapter{Schema: cfg.Schema},
-		}, logger.With(watermill.LogFields{"sub": i}))
+		sub, err := h.newSubscriber(i)
 		if err != nil {
 			return fail(err)
 		}
@@ -150,6 +164,8 @@ func runHelperProcess() int {
 		err = h.runRouter(term)
 	case modeChurn:
 		err = h.runChurn(term)
+	case modeRoam:
+		err = h.runRoam(term)
 	default:
 		err = fmt.Errorf("unknown mode %q", cfg.Mode)
 	}
@@ -171,8 +187,12 @@ func helperPool(ctx context.Context, dsn, app string, maxConns int32) (*pgxpool.
 
 // helperChild is the state of a helper process.
 type helperChild struct {
-	cfg    helperConfig
-	pid    int
+	cfg     helperConfig
+	pid     int
+	logger  watermill.LoggerAdapter
+	subPool *pgxpool.Pool
+	// subs are the Subscribers the helper starts with; modeRoam closes
+	// them and goes on with new ones of its own.
 	subs   []*pglease.Subscriber
 	rec    *pgxpool.Pool
 	recSQL string
@@ -185,6 +205,19 @@ type helperChild struct {
 	gateMu  sync.Mutex
 	closing bool
 	working sync.WaitGroup
+}
+
+// newSubscriber returns a Subscriber of the helper's group; i numbers it
+// in processedTable and in the log.
+func (h *helperChild) newSubscriber(i int) (*pglease.Subscriber, error) {
+	return pglease.NewSubscriber(h.subPool, pglease.SubscriberConfig{
+		ConsumerGroup:    h.cfg.Group,
+		SessionTTL:       h.cfg.SessionTTL,
+		PollInterval:     h.cfg.PollInterval,
+		NackResendDelay:  10 * time.Millisecond,
+		InitializeSchema: true,
+		SchemaAdapter:    pglease.DefaultSchemaAdapter{Schema: h.cfg.Schema},
+	}, h.logger.With(watermill.LogFields{"sub": i}))
 }
 
 func (h *helperChild) say(line string) {
@@ -355,6 +388,194 @@ func (h *helperChild) runChurn(term <-chan os.Signal) error {
 	}
 	h.say("closed " + time.Since(began).String())
 	return nil
+}
+
+func (h *helperChild) runRoam(term <-chan os.Signal) error {
+	stop := make(chan struct{})
+	var started, done sync.WaitGroup
+	errs := make(chan error, len(h.subs))
+	for i := range h.subs {
+		started.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			if err := h.roamSubscriber(i, stop, started.Done); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	started.Wait()
+	h.say("ready")
+	var err error
+	select {
+	case <-term:
+	case err = <-errs:
+	}
+	began := time.Now()
+	close(stop)
+	done.Wait()
+	if err != nil {
+		return err
+	}
+	select {
+	case err := <-errs:
+		return err
+	default:
+	}
+	h.say("closed " + time.Since(began).String())
+	return nil
+}
+
+// roamSubscriber runs the subscriptions of Subscriber i until stop, then
+// closes it. With RenewMax set, it closes the Subscriber after a random
+// lifetime and goes on with a new one. started is called once the first
+// Subscriber's subscriptions have begun.
+func (h *helperChild) roamSubscriber(i int, stop <-chan struct{}, started func()) error {
+	sub := h.subs[i]
+	var once sync.Once
+	for {
+		renew := make(chan struct{})
+		lifetime := time.AfterFunc(time.Duration(math.MaxInt64), func() { close(renew) })
+		if h.cfg.RenewMax > 0 {
+			lifetime.Reset(h.cfg.RenewMax/4 + rand.N(h.cfg.RenewMax*3/4))
+		}
+		pick := newTopicPicker(h.cfg.Topics)
+		var slots, begun sync.WaitGroup
+		errs := make(chan error, h.cfg.Slots)
+		for range h.cfg.Slots {
+			slots.Add(1)
+			begun.Add(1)
+			go func() {
+				defer slots.Done()
+				if err := h.roam(sub, i, pick, stop, renew, begun.Done); err != nil {
+					errs <- err
+				}
+			}()
+		}
+		begun.Wait()
+		once.Do(started)
+		slots.Wait()
+		lifetime.Stop()
+		closeErr := sub.Close()
+		select {
+		case err := <-errs:
+			return err
+		default:
+		}
+		if closeErr != nil {
+			return closeErr
+		}
+		select {
+		case <-stop:
+			return nil
+		default:
+		}
+		var err error
+		if sub, err = h.newSubscriber(i); err != nil {
+			return err
+		}
+	}
+}
+
+// roam subscribes sub to one random topic after another until stop or
+// renew is closed. Each subscription ends after a random number of
+// messages in [ChurnMin, ChurnMax] or a random time up to HoldMax,
+// whichever comes first, between messages; messages handed out after that
+// are nacked unprocessed. begun is called after the first Subscribe call.
+func (h *helperChild) roam(sub *pglease.Subscriber, i int, pick *topicPicker, stop, renew <-chan struct{}, begun func()) error {
+	first := true
+	for {
+		topic := pick.take()
+		ctx, cancel := context.WithCancel(context.Background())
+		msgs, err := sub.Subscribe(ctx, topic)
+		if first {
+			begun()
+			first = false
+		}
+		if err != nil {
+			cancel()
+			pick.put(topic)
+			return fmt.Errorf("subscribe %d to %s: %w", i, topic, err)
+		}
+		quota := h.cfg.ChurnMin + rand.N(h.cfg.ChurnMax-h.cfg.ChurnMin+1)
+		hold := time.NewTimer(time.Duration(1 + rand.N(int64(h.cfg.HoldMax))))
+		ended := false
+	loop:
+		for quota > 0 {
+			select {
+			case msg, ok := <-msgs:
+				if !ok {
+					hold.Stop()
+					cancel()
+					return fmt.Errorf("subscription %d to %s closed by itself", i, topic)
+				}
+				if h.process(i, topic, msg) {
+					quota--
+				}
+			case <-hold.C:
+				break loop
+			case <-stop:
+				ended = true
+				break loop
+			case <-renew:
+				ended = true
+				break loop
+			}
+		}
+		hold.Stop()
+		cancel()
+		for msg := range msgs {
+			msg.Nack()
+		}
+		pick.put(topic)
+		if ended {
+			return nil
+		}
+		select {
+		case <-stop:
+			return nil
+		case <-renew:
+			return nil
+		case <-time.After(time.Duration(rand.N(20)) * time.Millisecond):
+		}
+	}
+}
+
+// topicPicker hands out random topics, each to one subscription of a
+// Subscriber at a time while there are enough of them. It is safe for
+// concurrent use.
+type topicPicker struct {
+	mu     sync.Mutex
+	topics []string
+	held   map[string]int
+}
+
+func newTopicPicker(topics []string) *topicPicker {
+	return &topicPicker{topics: topics, held: map[string]int{}}
+}
+
+// take returns a random topic, one that is not held if there is one.
+func (p *topicPicker) take() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var free []string
+	for _, t := range p.topics {
+		if p.held[t] == 0 {
+			free = append(free, t)
+		}
+	}
+	if len(free) == 0 {
+		free = p.topics
+	}
+	t := free[rand.N(len(free))]
+	p.held[t]++
+	return t
+}
+
+func (p *topicPicker) put(topic string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held[topic]--
 }
 
 // churn subscribes sub to topic again and again: each subscription ends
