@@ -578,6 +578,9 @@ func TestCloseReportsReleasesItCouldNotWrite(t *testing.T) {
 	require.NoError(t, err)
 	publishN(t, pub, "stuck", 1)
 	receive(t, msgs, 1, 10*time.Second)
+	waitFor(t, 10*time.Second, "the ack to be committed", func() bool {
+		return readOffset(t, pool, adapter, "g", "stuck").offset > 0
+	})
 	lockOffsetRow(t, pool, adapter, "g", "stuck")
 
 	start := time.Now()

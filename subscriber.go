@@ -692,10 +692,6 @@ func (c *consumer) waitWake(d time.Duration, lost <-chan struct{}) bool {
 	}
 }
 
-func (c *consumer) stmtContext() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), c.s.config.SessionTTL)
-}
-
 // ensureOffset waits for a connection while the subscription lasts.
 func (c *consumer) ensureOffset() error {
 	return c.s.offsets.ensure(c.ctx, c.s.config.SessionTTL, c.s.config.ConsumerGroup, c.topic)
@@ -993,7 +989,9 @@ func (c *consumer) flush(g *sessionGen, cl *claim) outcome {
 	}
 	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
 	for {
-		ctx, cancel := c.stmtContext()
+		// The end of the subscription may cut a commit off: the release
+		// that follows writes the same position, fenced the same way.
+		ctx, cancel := context.WithTimeout(c.ctx, c.s.config.SessionTTL)
 		err := c.s.offsets.commit(ctx, cl)
 		cancel()
 		if err == nil {
@@ -1003,6 +1001,9 @@ func (c *consumer) flush(g *sessionGen, cl *claim) outcome {
 			c.logger.Info("Topic was taken over by another session, delivery stopped",
 				watermill.LogFields{"epoch": cl.epoch, "error": err.Error()})
 			return lost
+		}
+		if c.ctx.Err() != nil {
+			return stopped // the release writes the position
 		}
 		c.logger.Error("Cannot commit offset, retrying", err, nil)
 		if !sleep(retry.delay(), c.ctx.Done(), g.lost) {
