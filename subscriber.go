@@ -943,6 +943,11 @@ func (c *consumer) handOut(g *sessionGen, cl *claim, m storedMessage, msg *messa
 			return lost, false
 		case <-c.flushC():
 			if res := c.flush(g, cl); res != acked {
+				if res == stopped && isAcked(msg) {
+					// Acked just before the subscription ended: its
+					// position goes into the release.
+					return acked, false
+				}
 				return res, false
 			}
 		}
