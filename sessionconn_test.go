@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -174,7 +175,10 @@ func hookedPool(t *testing.T, maxConns int32, app string) (*pgxpool.Pool, *hookC
 		calls.afterConnect.Add(1)
 		return nil
 	}
-	cfg.BeforeClose = func(*pgx.Conn) { calls.beforeClose.Add(1) }
+	cfg.BeforeClose = func(c *pgx.Conn) {
+		calls.beforeClose.Add(1)
+		calls.closed.Store(c.PgConn().PID(), true)
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -183,6 +187,7 @@ func hookedPool(t *testing.T, maxConns int32, app string) (*pgxpool.Pool, *hookC
 
 type hookCalls struct {
 	beforeConnect, afterConnect, beforeClose atomic.Int64
+	closed                                   sync.Map // pid of each connection BeforeClose saw
 }
 
 // backends counts the server's connections named app: all of them, the
@@ -197,6 +202,20 @@ func backends(t *testing.T, watcher *pgxpool.Pool, app string, adapter pglease.D
 		OR query LIKE 'DELETE FROM ' || $2 || ' WHERE id = %')
 FROM pg_stat_activity WHERE application_name = $1`, app, sessions).Scan(&all, &listen, &session))
 	return all, listen, session
+}
+
+// ownBackends returns the pids of the LISTEN and session connections named
+// app.
+func ownBackends(t *testing.T, watcher *pgxpool.Pool, app string, adapter pglease.DefaultSchemaAdapter) []uint32 {
+	t.Helper()
+	sessions := table(adapter, pglease.DefaultConsumerSessionsTable)
+	rows, err := watcher.Query(context.Background(), `SELECT pid FROM pg_stat_activity
+WHERE application_name = $1 AND (query LIKE 'LISTEN %' OR query LIKE 'WITH replaced AS%'
+	OR query LIKE 'UPDATE ' || $2 || '%' OR query LIKE 'DELETE FROM ' || $2 || ' WHERE id = %')`, app, sessions)
+	require.NoError(t, err)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[uint32])
+	require.NoError(t, err)
+	return pids
 }
 
 // TestSessionAndListenConnectionsUseThePoolHooks checks that the two
@@ -230,16 +249,24 @@ func TestSessionAndListenConnectionsUseThePoolHooks(t *testing.T) {
 		all, listen, session = backends(t, watcher, app, adapter)
 		return listen == 1 && session == 1 &&
 			all == int(pool.Stat().TotalConns())+2 &&
-			calls.beforeConnect.Load() == pool.Stat().NewConnsCount()+2
+			calls.beforeConnect.Load() == pool.Stat().NewConnsCount()+2 &&
+			calls.afterConnect.Load() == calls.beforeConnect.Load()
 	})
 	assert.Equal(t, calls.beforeConnect.Load(), calls.afterConnect.Load(), "AfterConnect calls")
 	assert.Zero(t, calls.beforeClose.Load(), "BeforeClose calls before Close")
 	t.Logf("%d connections named by BeforeConnect: %d of the pool, 1 LISTEN, 1 session; BeforeConnect called %d times",
 		all, pool.Stat().TotalConns(), calls.beforeConnect.Load())
 
+	ownPIDs := ownBackends(t, watcher, app, adapter)
+	require.Len(t, ownPIDs, 2)
 	require.NoError(t, sub.Close())
 	closed = true
-	assert.Equal(t, int64(2), calls.beforeClose.Load(), "BeforeClose calls after Close: the LISTEN and session connections")
+	// BeforeClose saw both (and maybe a pooled connection whose query
+	// Close cut off, an idle poll under way).
+	for _, pid := range ownPIDs {
+		_, ok := calls.closed.Load(pid)
+		assert.True(t, ok, "BeforeClose was not called for backend %d", pid)
+	}
 	waitFor(t, 10*time.Second, "the LISTEN and session connections to end", func() bool {
 		all, listen, session = backends(t, watcher, app, adapter)
 		return listen == 0 && session == 0 && all == int(pool.Stat().TotalConns())
