@@ -15,6 +15,6 @@ func PendingPublishes(p *Publisher) int {
 // SetAfterClaimHook makes every claim statement of s run hook after it
 // committed, returning hook's error instead of its outcome, as if the reply
 // had been lost (tests only). Set it before the first Subscribe.
-func SetAfterClaimHook(s *Subscriber, hook func(topic string) error) {
+func SetAfterClaimHook(s *Subscriber, hook func(topics []string) error) {
 	s.offsets.afterClaim = hook
 }

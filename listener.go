@@ -14,14 +14,18 @@ import (
 // notifications, by topic, and from the idle poller. It is safe for
 // concurrent use.
 type wakeHub struct {
+	member *groupMember
+	group  string
+
 	mu      sync.Mutex
 	byTopic map[string]map[*consumer]struct{}
 	// idle holds owners waiting for news, with the position they wait after.
 	idle map[*consumer]Position
 }
 
-func newWakeHub() *wakeHub {
-	return &wakeHub{byTopic: map[string]map[*consumer]struct{}{}, idle: map[*consumer]Position{}}
+func newWakeHub(member *groupMember, group string) *wakeHub {
+	return &wakeHub{member: member, group: group,
+		byTopic: map[string]map[*consumer]struct{}{}, idle: map[*consumer]Position{}}
 }
 
 func (h *wakeHub) add(c *consumer) {
@@ -59,32 +63,44 @@ func (h *wakeHub) clearIdle(c *consumer) {
 	delete(h.idle, c)
 }
 
-// notify handles one notification payload: "m" + topic wakes the topic's
-// owner, "r" + topic (released) wakes its standbys.
+// notify handles one notification payload: "m" + topic (new messages)
+// wakes the topic's consumer, "r" + topic (released) the group member if it
+// waits for the topic, "g" + group (a session of the group started, ended
+// or changed its topics) the group member.
 func (h *wakeHub) notify(payload string) {
 	if payload == "" {
 		return
 	}
-	kind, topic := payload[0], payload[1:]
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for c := range h.byTopic[topic] {
-		owner := c.owning.Load()
-		if (kind == 'm' && owner) || (kind == 'r' && !owner) {
+	kind, name := payload[0], payload[1:]
+	switch kind {
+	case 'm':
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		// Consumers that wait for a grant keep the wake-up: they read
+		// once they own the topic.
+		for c := range h.byTopic[name] {
 			c.poke()
+		}
+	case 'r':
+		h.member.released(name)
+	case 'g':
+		if name == h.group {
+			h.member.membersChanged()
 		}
 	}
 }
 
-// wakeAll wakes every consumer, after notifications may have been missed.
+// wakeAll wakes every consumer and the group member, after notifications
+// may have been missed.
 func (h *wakeHub) wakeAll() {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	for _, set := range h.byTopic {
 		for c := range set {
 			c.poke()
 		}
 	}
+	h.mu.Unlock()
+	h.member.membersChanged()
 }
 
 func (h *wakeHub) idleSnapshot() ([]*consumer, VisibleTopicsParams) {

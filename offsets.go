@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -70,7 +69,7 @@ type offsetStore struct {
 	// afterClaim, when set (tests only), runs after every claim statement
 	// and turns its outcome into the error it returns, as if the reply had
 	// been lost after the claim committed.
-	afterClaim func(topic string) error
+	afterClaim func(topics []string) error
 }
 
 func newOffsetStore(pool *pgxpool.Pool, adapter SchemaAdapter, logger watermill.LoggerAdapter) offsetStore {
@@ -141,34 +140,38 @@ func (s offsetStore) conn(wait context.Context, timeout time.Duration) (*pgxpool
 	return conn, ctx, func() { cancel(); s.gate.release(conn) }, nil
 }
 
-// ensure creates the offset row of (group, topic) at the beginning of the
-// topic if it does not exist yet: a new consumer group reads the topic from
-// its first message. See conn for wait and timeout.
-func (s offsetStore) ensure(wait context.Context, timeout time.Duration, group, topic string) error {
-	q := s.adapter.EnsureOffset(OffsetParams{ConsumerGroup: group, Topic: topic})
+// ensureMany creates the missing offset rows of topics at the beginning of
+// each topic: a new consumer group reads a topic from its first message.
+// See conn for wait and timeout.
+func (s offsetStore) ensureMany(wait context.Context, timeout time.Duration, group string, topics []string) error {
+	q := s.adapter.EnsureOffsets(OffsetsParams{ConsumerGroup: group, Topics: topics})
 	conn, ctx, done, err := s.conn(wait, timeout)
 	if err != nil {
-		return fmt.Errorf("create offset row for topic %q: %w", topic, err)
+		return fmt.Errorf("create offset rows: %w", err)
 	}
 	defer done()
 	if _, err := conn.Exec(ctx, q.SQL, q.Args...); err != nil {
-		return fmt.Errorf("create offset row for topic %q: %w", topic, wrapMissingSchema(err))
+		return fmt.Errorf("create offset rows: %w", wrapMissingSchema(err))
 	}
 	return nil
 }
 
-// errOffsetRowMissing is returned by tryClaim when the offset row of the
-// (group, topic) does not exist: deleted by hand, the usual way to reset a
-// group's position. The consumer creates it again.
-var errOffsetRowMissing = errors.New("the offset row does not exist")
+// claimKind is what a claim statement says about one topic.
+type claimKind byte
 
-// claimResult is the outcome of one claim statement.
-type claimResult struct {
-	// claim is the new claim, nil when the row was not free.
-	claim *claim
-	// retryAfter is how long the current owner's session has left when the
-	// row was not free (0 if unknown).
-	retryAfter time.Duration
+const (
+	claimTaken   claimKind = 'c' // claimed
+	claimMissing claimKind = 'm' // no offset row
+	claimFuture  claimKind = 'f' // position ahead of the transaction counter
+)
+
+// claimedRow is one row of a claim statement.
+type claimedRow struct {
+	kind  claimKind
+	topic string
+	claim *claim // claimTaken only
+	// hasNext reports that a message lies after the claimed position.
+	hasNext bool
 	// previous is the session the row was taken from (uuid.Nil when it was
 	// free or already this session's); previousOwner its owner string,
 	// empty when that session's row was gone.
@@ -176,74 +179,67 @@ type claimResult struct {
 	previousOwner string
 }
 
-// tryClaim claims (group, topic) for the session if it is free. It returns
-// an error wrapping ErrFuturePosition when the row's position lies ahead of
-// the database's transaction counter, errOffsetRowMissing when the row
-// does not exist, and one wrapping errNotSent when wait ended before a
-// connection was free (see conn); after any other error the claim may have
-// committed.
-func (s offsetStore) tryClaim(wait context.Context, timeout time.Duration, group, topic string, sessionID uuid.UUID) (claimResult, error) {
-	q := s.adapter.ClaimOffset(OffsetParams{ConsumerGroup: group, Topic: topic, SessionID: sessionID})
-	var (
-		claimed    bool
-		epoch      *int64
-		txText     *string
-		offset     *int64
-		retryAfter *int64
-		previous   *uuid.UUID
-		prevOwner  *string
-		future     bool
-	)
+// claimMany claims for the session up to limit of the topics' rows of
+// group that are free (see [DefaultSchemaAdapter.ClaimOffsets]). An error
+// that wraps errNotSent or a *pgconn.PgError means nothing was claimed;
+// after any other the statement may have committed.
+func (s offsetStore) claimMany(wait context.Context, timeout time.Duration, group string, topics []string, sessionID uuid.UUID, limit int) ([]claimedRow, error) {
+	q := s.adapter.ClaimOffsets(OffsetsParams{ConsumerGroup: group, Topics: topics, SessionID: sessionID, Limit: limit})
 	conn, ctx, done, err := s.conn(wait, timeout)
 	if err != nil {
-		return claimResult{}, fmt.Errorf("claim topic %q: %w", topic, err)
+		return nil, fmt.Errorf("claim topics: %w", err)
 	}
 	defer done()
-	err = conn.QueryRow(ctx, q.SQL, q.Args...).Scan(&claimed, &epoch, &txText, &offset, &retryAfter, &previous, &prevOwner, &future)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return claimResult{}, fmt.Errorf("claim topic %q: %w", topic, errOffsetRowMissing)
-	}
+	rows, err := conn.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
-		return claimResult{}, fmt.Errorf("claim topic %q: %w", topic, wrapMissingSchema(err))
+		return nil, fmt.Errorf("claim topics: %w", wrapMissingSchema(err))
+	}
+	defer rows.Close()
+	var out []claimedRow
+	for rows.Next() {
+		var (
+			kind      string
+			r         claimedRow
+			epoch     *int64
+			txText    *string
+			offset    *int64
+			hasNext   *bool
+			previous  *uuid.UUID
+			prevOwner *string
+		)
+		if err := rows.Scan(&kind, &r.topic, &epoch, &txText, &offset, &hasNext, &previous, &prevOwner); err != nil {
+			return nil, fmt.Errorf("claim topics: %w", err)
+		}
+		r.kind = claimKind(kind[0])
+		if r.kind == claimTaken {
+			if epoch == nil || txText == nil || offset == nil || hasNext == nil {
+				return nil, fmt.Errorf("claim topic %q: incomplete row", r.topic)
+			}
+			txID, err := parseXID8(*txText)
+			if err != nil {
+				return nil, fmt.Errorf("claim topic %q: %w", r.topic, err)
+			}
+			pos := Position{TransactionID: txID, Offset: *offset}
+			r.claim = &claim{group: group, topic: r.topic, sessionID: sessionID, epoch: *epoch, acked: pos, committed: pos}
+			r.hasNext = *hasNext
+		}
+		if previous != nil {
+			r.previous = *previous
+		}
+		if prevOwner != nil {
+			r.previousOwner = *prevOwner
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claim topics: %w", err)
 	}
 	if s.afterClaim != nil {
-		if err := s.afterClaim(topic); err != nil {
-			return claimResult{}, fmt.Errorf("claim topic %q: %w", topic, err)
+		if err := s.afterClaim(topics); err != nil {
+			return nil, fmt.Errorf("claim topics: %w", err)
 		}
 	}
-	var res claimResult
-	if previous != nil {
-		res.previous = *previous
-	}
-	if prevOwner != nil {
-		res.previousOwner = *prevOwner
-	}
-	if future {
-		return res, fmt.Errorf("claim topic %q of consumer group %q: %w", topic, group, ErrFuturePosition)
-	}
-	if !claimed {
-		if retryAfter != nil && *retryAfter > 0 {
-			res.retryAfter = time.Duration(*retryAfter) * time.Millisecond
-		}
-		return res, nil
-	}
-	if epoch == nil || txText == nil || offset == nil {
-		return claimResult{}, fmt.Errorf("claim topic %q: incomplete row", topic)
-	}
-	txID, err := parseXID8(*txText)
-	if err != nil {
-		return claimResult{}, fmt.Errorf("claim topic %q: %w", topic, err)
-	}
-	pos := Position{TransactionID: txID, Offset: *offset}
-	res.claim = &claim{
-		group:     group,
-		topic:     topic,
-		sessionID: sessionID,
-		epoch:     *epoch,
-		acked:     pos,
-		committed: pos,
-	}
-	return res, nil
+	return out, nil
 }
 
 // commit writes the claim's acknowledged position. It returns

@@ -68,12 +68,35 @@ type VisibleTopicsParams struct {
 // SessionParams identify a consumer session.
 type SessionParams struct {
 	SessionID uuid.UUID
+	// NotifyChannel, when not empty, is notified with "g" + consumer group
+	// when a session starts or ends or changes its subscriptions, to wake
+	// the other members of the group.
+	NotifyChannel string
+	// SubscriptionHash and SubscriptionSize describe the rows the session
+	// subscribes to (see [DefaultSchemaAdapter.GroupMembers]).
+	SubscriptionHash int64
+	SubscriptionSize int
 	// ReplacesSessionID, when not uuid.Nil, is an older session of the same
 	// Subscriber that is deleted in the same statement that creates SessionID.
 	ReplacesSessionID uuid.UUID
 	ConsumerGroup     string
 	Owner             string
 	TTL               time.Duration
+}
+
+// GroupParams select the sessions of a consumer group.
+type GroupParams struct {
+	ConsumerGroup string
+}
+
+// OffsetsParams name many rows of one consumer group (partition 0 of each
+// topic) for statements that handle them together.
+type OffsetsParams struct {
+	ConsumerGroup string
+	Topics        []string
+	SessionID     uuid.UUID
+	// Limit bounds the rows a claim takes.
+	Limit int
 }
 
 // OffsetParams identify one (consumer group, topic, partition) row and, for
@@ -142,24 +165,33 @@ type SchemaAdapter interface {
 	DeleteSession(p SessionParams) Query
 	// DeleteExpiredSessions deletes sessions expired for longer than p.TTL.
 	DeleteExpiredSessions(p SessionParams) Query
+	// SetSubscriptions records, in the session row, the hash and number of
+	// the rows the session subscribes to, and notifies p.NotifyChannel.
+	// Zero rows affected means the session is gone.
+	SetSubscriptions(p SessionParams) Query
+	// GroupMembers returns the live sessions of a group: id uuid,
+	// created_at timestamptz, expires_in_ms bigint (how long until the
+	// session expires, by the server's clock), subscription_hash bigint,
+	// subscription_size integer.
+	GroupMembers(p GroupParams) Query
 
-	// EnsureOffset creates the offset row of a (group, topic, partition) at
-	// the beginning of the topic if it does not exist.
-	EnsureOffset(p OffsetParams) Query
-	// ClaimOffset takes ownership of a free offset row for p.SessionID and
-	// bumps its epoch; taking a row from an expired session must conflict
-	// with that session's heartbeat on a row lock (see
-	// [DefaultSchemaAdapter.ClaimOffset]). Returns one row, none if the
-	// offset row does not exist: claimed bool, epoch bigint,
-	// acked_transaction_id xid8 as text, acked_offset bigint; when not
-	// claimed, retry_after_ms bigint: how long until the current owner's
-	// session expires (NULL if unknown); previous_session uuid and
-	// previous_owner text: the session that owned the row before (NULL when
-	// it was free or owned by p.SessionID; the owner string is NULL when
-	// that session's row was gone); future bool: the row was not claimed
-	// because its position lies ahead of the database's transaction
-	// counter.
-	ClaimOffset(p OffsetParams) Query
+	// EnsureOffsets creates the missing offset rows of p.Topics at the
+	// beginning of each topic.
+	EnsureOffsets(p OffsetsParams) Query
+	// ClaimOffsets claims, for p.SessionID, up to p.Limit of the rows of
+	// p.Topics that are free, bumping their epochs; taking a row from an
+	// expired session must conflict with that session's heartbeat on a row
+	// lock (see [DefaultSchemaAdapter.ClaimOffsets]). Returns one row per
+	// claimed row: kind text 'c', topic text, epoch bigint,
+	// acked_transaction_id (xid8 as text), acked_offset bigint, has_next
+	// bool (a message lies after the position), previous_session uuid and
+	// previous_owner text (the session the row was taken from, NULL when it
+	// was free or already p.SessionID's; the owner string is NULL when that
+	// session's row was gone); and one row of kind 'm' (no offset row) or
+	// 'f' (position ahead of the database's transaction counter, not
+	// claimed) per such topic among those looked at, its other columns
+	// NULL.
+	ClaimOffsets(p OffsetsParams) Query
 	// CommitOffset moves the acknowledged position, fenced by session and
 	// epoch. Zero rows affected means ownership was lost.
 	CommitOffset(p OffsetParams) Query
@@ -320,6 +352,14 @@ CREATE TABLE IF NOT EXISTS ` + a.offsets() + ` (
 		// a later migration drops it.
 		SQL: `COMMENT ON COLUMN ` + a.offsets() + `.lease_expires_at IS
 	'Unused since pglease schema version 2 (always NULL); kept for Subscribers of version 1 during a rolling upgrade.';`,
+	}, {
+		Version:     3,
+		Description: "consumer groups: the rows each session subscribes to",
+		SQL: `ALTER TABLE ` + a.sessions() + `
+	ADD COLUMN IF NOT EXISTS subscription_hash bigint NOT NULL DEFAULT 0,
+	ADD COLUMN IF NOT EXISTS subscription_size integer NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS ` + a.indexName(a.ConsumerSessionsTable, DefaultConsumerSessionsTable, "group_idx") + `
+	ON ` + a.sessions() + ` (consumer_group);`,
 	}}
 }
 
@@ -431,10 +471,13 @@ func (a DefaultSchemaAdapter) CreateSession(p SessionParams) Query {
 	return Query{
 		SQL: `WITH replaced AS (
 	DELETE FROM ` + a.sessions() + ` WHERE id = $5
+), inserted AS (
+	INSERT INTO ` + a.sessions() + ` (id, consumer_group, owner, expires_at)
+	VALUES ($1, $2, $3, now() + $4::bigint * interval '1 microsecond')
+	RETURNING consumer_group
 )
-INSERT INTO ` + a.sessions() + ` (id, consumer_group, owner, expires_at)
-VALUES ($1, $2, $3, now() + $4::bigint * interval '1 microsecond')`,
-		Args: []any{p.SessionID, p.ConsumerGroup, p.Owner, p.TTL.Microseconds(), p.ReplacesSessionID},
+SELECT pg_notify($6, 'g' || consumer_group) FROM inserted WHERE $6 <> ''`,
+		Args: []any{p.SessionID, p.ConsumerGroup, p.Owner, p.TTL.Microseconds(), p.ReplacesSessionID, p.NotifyChannel},
 	}
 }
 
@@ -451,8 +494,35 @@ WHERE id = $1 AND expires_at > now()`,
 // DeleteSession implements [SchemaAdapter].
 func (a DefaultSchemaAdapter) DeleteSession(p SessionParams) Query {
 	return Query{
-		SQL:  `DELETE FROM ` + a.sessions() + ` WHERE id = $1`,
-		Args: []any{p.SessionID},
+		SQL: `WITH deleted AS (
+	DELETE FROM ` + a.sessions() + ` WHERE id = $1 RETURNING consumer_group
+)
+SELECT pg_notify($2, 'g' || consumer_group) FROM deleted WHERE $2 <> ''`,
+		Args: []any{p.SessionID, p.NotifyChannel},
+	}
+}
+
+// SetSubscriptions implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) SetSubscriptions(p SessionParams) Query {
+	return Query{
+		SQL: `WITH updated AS (
+	UPDATE ` + a.sessions() + ` SET subscription_hash = $2, subscription_size = $3
+	WHERE id = $1
+	RETURNING consumer_group
+)
+SELECT pg_notify($4, 'g' || consumer_group) FROM updated WHERE $4 <> ''`,
+		Args: []any{p.SessionID, p.SubscriptionHash, p.SubscriptionSize, p.NotifyChannel},
+	}
+}
+
+// GroupMembers implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) GroupMembers(p GroupParams) Query {
+	return Query{
+		SQL: `SELECT id, created_at, ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint,
+	subscription_hash, subscription_size
+FROM ` + a.sessions() + `
+WHERE consumer_group = $1 AND expires_at > now()`,
+		Args: []any{p.ConsumerGroup},
 	}
 }
 
@@ -464,20 +534,21 @@ func (a DefaultSchemaAdapter) DeleteExpiredSessions(p SessionParams) Query {
 	}
 }
 
-// EnsureOffset implements [SchemaAdapter].
-func (a DefaultSchemaAdapter) EnsureOffset(p OffsetParams) Query {
+// EnsureOffsets implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) EnsureOffsets(p OffsetsParams) Query {
 	return Query{
 		SQL: `INSERT INTO ` + a.offsets() + ` (consumer_group, topic, partition)
-VALUES ($1, $2, $3)
+SELECT $1, t.topic, 0 FROM unnest($2::text[]) AS t(topic)
+ORDER BY t.topic
 ON CONFLICT (consumer_group, topic, partition) DO NOTHING`,
-		Args: []any{p.ConsumerGroup, p.Topic, p.Partition},
+		Args: []any{p.ConsumerGroup, p.Topics},
 	}
 }
 
-// ClaimOffset implements [SchemaAdapter].
+// ClaimOffsets implements [SchemaAdapter].
 //
-// The statement decides on the row as its snapshot shows it and writes only
-// if the row is still in that state when it gets the row lock, a
+// The statement decides on each row as its snapshot shows it and writes
+// only if the row is still in that state when it gets the row lock, a
 // compare-and-swap on (session_id, epoch). So a concurrent claim that
 // committed first always makes this one fail, whatever the statement's
 // snapshot shows of the sessions table. (Re-checking a sub-select on the
@@ -485,56 +556,67 @@ ON CONFLICT (consumer_group, topic, partition) DO NOTHING`,
 // for a concurrent claim, reads the old snapshot: a session created after
 // it is invisible there and would count as gone.)
 //
-// The row is free when it has no owner, when its owner's session row is
-// gone (a session row exists before its first claim commits, so an owner
+// A row is free when it has no owner, when its owner's session row is gone
+// (a session row exists before its first claim commits, so an owner
 // missing from the snapshot was deleted), or when the owner's session has
 // expired: then the statement deletes that session row and claims only if
 // the delete went through. The delete and the owner's heartbeat conflict on
-// the session row's lock: either the heartbeat commits first and the delete,
-// re-checking the extended expiry, does nothing (no claim), or the delete
-// commits first and the heartbeat finds no row (the owner learns that its
-// session is lost). A session may also claim a row it already owns, bumping
-// the epoch, so that a claim whose outcome was lost in transit can be
-// retried; a Subscriber lets only one of its subscriptions per topic claim
-// at a time.
+// the session row's lock: either the heartbeat commits first and the
+// delete, re-checking the extended expiry, does nothing (no claim), or the
+// delete commits first and the heartbeat finds no row (the owner learns
+// that its session is lost). A session may also claim a row it already
+// owns, bumping the epoch, so that a claim whose outcome was lost in
+// transit can be retried.
 //
 // A row whose acknowledged position lies ahead of the database's
 // transaction counter (positions copied from another cluster) is not
-// claimed and reported as future.
-func (a DefaultSchemaAdapter) ClaimOffset(p OffsetParams) Query {
+// claimed and reported as 'f'.
+//
+// The statement looks at the topics in order and stops after p.Limit rows
+// that it can claim (or that are missing or ahead of the counter), so that
+// the rows it locks are bounded and two claimers lock common rows in the
+// same order.
+func (a DefaultSchemaAdapter) ClaimOffsets(p OffsetsParams) Query {
 	return Query{
 		SQL: `WITH cur AS (
-	SELECT o.session_id, o.epoch, s.id IS NOT NULL AS owner_exists, s.expires_at, s.owner,
-		o.acked_transaction_id >= pg_snapshot_xmax(pg_current_snapshot()) AS future
-	FROM ` + a.offsets() + ` o LEFT JOIN ` + a.sessions() + ` s ON s.id = o.session_id
-	WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
+	SELECT t.topic, o.consumer_group IS NULL AS missing, o.session_id, o.epoch,
+		s.id IS NOT NULL AS owner_exists, s.owner,
+		COALESCE(o.acked_transaction_id >= pg_snapshot_xmax(pg_current_snapshot()), false) AS future
+	FROM unnest($2::text[]) AS t(topic)
+	LEFT JOIN ` + a.offsets() + ` o ON o.consumer_group = $1 AND o.topic = t.topic AND o.partition = 0
+	LEFT JOIN ` + a.sessions() + ` s ON s.id = o.session_id
+	WHERE o.consumer_group IS NULL OR o.session_id IS NULL OR o.session_id = $3 OR s.id IS NULL
+		OR s.expires_at < now()
+	ORDER BY t.topic
+	LIMIT $4
 ),
 expired AS (
-	DELETE FROM ` + a.sessions() + ` s USING cur
-	WHERE s.id = cur.session_id AND cur.session_id <> $4 AND s.expires_at < now() AND NOT cur.future
+	DELETE FROM ` + a.sessions() + ` s
+	WHERE s.id IN (SELECT cur.session_id FROM cur WHERE NOT cur.future AND cur.session_id <> $3)
+		AND s.expires_at < now()
 	RETURNING s.id
 ),
 claimed AS (
 	UPDATE ` + a.offsets() + ` o
-	SET session_id = $4, epoch = o.epoch + 1, updated_at = now()
+	SET session_id = $3, epoch = o.epoch + 1, updated_at = now()
 	FROM cur
-	WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
+	WHERE o.consumer_group = $1 AND o.topic = cur.topic AND o.partition = 0
+		AND NOT cur.missing AND NOT cur.future
 		AND o.session_id IS NOT DISTINCT FROM cur.session_id AND o.epoch = cur.epoch
-		AND NOT cur.future
-		AND (cur.session_id IS NULL OR cur.session_id = $4 OR NOT cur.owner_exists
-			OR EXISTS (SELECT 1 FROM expired))
-	RETURNING o.epoch, o.acked_transaction_id::text AS acked_transaction_id_text, o.acked_offset
+		AND (cur.session_id IS NULL OR cur.session_id = $3 OR NOT cur.owner_exists
+			OR cur.session_id IN (SELECT id FROM expired))
+	RETURNING o.topic, o.epoch, o.acked_transaction_id, o.acked_offset
 )
-SELECT true, c.epoch, c.acked_transaction_id_text, c.acked_offset, NULL::bigint,
-	NULLIF(cur.session_id, $4), cur.owner, false
-FROM claimed c, cur
+SELECT 'c', c.topic, c.epoch, c.acked_transaction_id::text, c.acked_offset,
+	EXISTS (SELECT 1 FROM ` + a.messages() + ` m
+		WHERE m.topic = c.topic AND m.partition = 0
+			AND (m.transaction_id, m."offset") > (c.acked_transaction_id, c.acked_offset)),
+	NULLIF(cur.session_id, $3), cur.owner
+FROM claimed c JOIN cur ON cur.topic = c.topic
 UNION ALL
-SELECT false, NULL, NULL, NULL,
-	ceil(extract(epoch FROM cur.expires_at - now()) * 1000)::bigint,
-	cur.session_id, cur.owner, cur.future
-FROM cur
-WHERE NOT EXISTS (SELECT 1 FROM claimed)`,
-		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID},
+SELECT CASE WHEN cur.missing THEN 'm' ELSE 'f' END, cur.topic, NULL, NULL, NULL, NULL, NULL, NULL
+FROM cur WHERE cur.missing OR cur.future`,
+		Args: []any{p.ConsumerGroup, p.Topics, p.SessionID, p.Limit},
 	}
 }
 

@@ -95,6 +95,10 @@ type sessionKeeper struct {
 
 	stop chan struct{}
 	done chan struct{}
+
+	// onNewSession, when set, is called (under mu, so it must not block)
+	// each time a session generation becomes current.
+	onNewSession func()
 }
 
 func newSessionKeeper(pool *pgxpool.Pool, adapter SchemaAdapter, group string, ttl time.Duration, logger watermill.LoggerAdapter) *sessionKeeper {
@@ -186,6 +190,7 @@ func (k *sessionKeeper) createLocked(ctx context.Context, timeout time.Duration)
 	defer cancel()
 	sent := time.Now()
 	q := k.adapter.CreateSession(SessionParams{
+		NotifyChannel:     k.adapter.NotifyChannel(),
 		SessionID:         g.id,
 		ReplacesSessionID: k.prevID,
 		ConsumerGroup:     k.group,
@@ -200,6 +205,9 @@ func (k *sessionKeeper) createLocked(ctx context.Context, timeout time.Duration)
 	close(k.ready)
 	k.armFenceLocked(g, sent)
 	k.logger.Debug("Consumer session created", watermill.LogFields{"session_id": g.id.String()})
+	if k.onNewSession != nil {
+		k.onNewSession()
+	}
 	return nil
 }
 
@@ -386,10 +394,60 @@ func (k *sessionKeeper) close(timeout time.Duration) error {
 
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	q := k.adapter.DeleteSession(SessionParams{SessionID: id})
+	q := k.adapter.DeleteSession(SessionParams{SessionID: id, NotifyChannel: k.adapter.NotifyChannel()})
 	if _, err := conn.exec(ctx, q); err != nil {
 		return fmt.Errorf("delete consumer session %s: %w", id, err)
 	}
 	k.logger.Debug("Consumer session deleted", watermill.LogFields{"session_id": id.String()})
 	return nil
+}
+
+// setSubscriptions records the hash and size of set in g's session row and
+// notifies the group. It reports false when the row is gone. It runs on the
+// pool: it is not liveness.
+func (k *sessionKeeper) setSubscriptions(g *sessionGen, set rowSet) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), k.stmtTimeout())
+	defer cancel()
+	q := k.adapter.SetSubscriptions(SessionParams{SessionID: g.id, NotifyChannel: k.adapter.NotifyChannel(),
+		SubscriptionHash: int64(set.hash), SubscriptionSize: set.size})
+	rows, err := k.pool.Query(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return false, fmt.Errorf("record the topics of consumer session %s: %w", g.id, err)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return false, fmt.Errorf("record the topics of consumer session %s: %w", g.id, err)
+	}
+	return rows.CommandTag().RowsAffected() > 0, nil
+}
+
+// groupMembers reads the live sessions of the keeper's group.
+func (k *sessionKeeper) groupMembers() ([]member, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), k.stmtTimeout())
+	defer cancel()
+	q := k.adapter.GroupMembers(GroupParams{ConsumerGroup: k.group})
+	read := time.Now()
+	rows, err := k.pool.Query(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return nil, fmt.Errorf("read the members of consumer group %q: %w", k.group, err)
+	}
+	defer rows.Close()
+	var members []member
+	for rows.Next() {
+		var (
+			m      member
+			leftMs int64
+			hash   int64
+		)
+		if err := rows.Scan(&m.id, &m.createdAt, &leftMs, &hash, &m.size); err != nil {
+			return nil, fmt.Errorf("read the members of consumer group %q: %w", k.group, err)
+		}
+		m.set = uint64(hash)
+		m.expiresAt = read.Add(time.Duration(leftMs) * time.Millisecond)
+		members = append(members, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the members of consumer group %q: %w", k.group, err)
+	}
+	return members, nil
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -171,6 +170,7 @@ type Subscriber struct {
 
 	hub      *wakeHub
 	listener *sharedListener // set with started
+	member   *groupMember
 
 	mu         sync.Mutex
 	closed     bool
@@ -179,7 +179,7 @@ type Subscriber struct {
 	ctx        context.Context // cancelled by Close
 	cancel     context.CancelFunc
 	consumers  sync.WaitGroup
-	background sync.WaitGroup // idle poller
+	background sync.WaitGroup // idle poller, group member
 	closeDone  chan struct{}  // closed when the first Close returns
 	// giveUp is closed CloseTimeout after Close began: subscriptions stop
 	// retrying releases that fail, and Close reports them.
@@ -215,19 +215,22 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 	}
 	logger = logger.With(watermill.LogFields{"consumer_group": config.ConsumerGroup})
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Subscriber{
+	s := &Subscriber{
 		pool:      pool,
 		config:    config,
 		logger:    logger,
 		offsets:   newOffsetStore(pool, config.SchemaAdapter, logger),
 		session:   newSessionKeeper(pool, config.SchemaAdapter, config.ConsumerGroup, config.SessionTTL, logger),
-		hub:       newWakeHub(),
 		closeDone: make(chan struct{}),
 		giveUp:    make(chan struct{}),
 		slots:     map[string]*topicSlot{},
 		ctx:       ctx,
 		cancel:    cancel,
-	}, nil
+	}
+	s.member = newGroupMember(s)
+	s.hub = newWakeHub(s.member, config.ConsumerGroup)
+	s.session.onNewSession = s.member.wake
+	return s, nil
 }
 
 // SubscribeInitialize validates topic and, with InitializeSchema, creates
@@ -283,8 +286,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if !s.started {
 		s.started = true
 		s.listener = acquireListener(s.pool, s.config.SchemaAdapter.NotifyChannel(), s.hub, s.logger, s.config.CloseTimeout)
-		s.background.Add(1)
+		s.background.Add(2)
 		go s.pollIdle()
+		go s.member.run()
 	}
 	s.mu.Unlock()
 
@@ -297,6 +301,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		cancel:     cancel,
 		out:        make(chan *message.Message),
 		wake:       make(chan struct{}, 1),
+		grant:      make(chan grant, 1),
 		flushTimer: time.NewTimer(time.Hour),
 		logger:     s.logger.With(watermill.LogFields{"topic": topic}),
 	}
@@ -337,8 +342,8 @@ func (s *Subscriber) Close() error {
 	if giveUp.Stop() {
 		close(s.giveUp)
 	}
-	s.offsets.releases.wait()
 	s.background.Wait()
+	s.offsets.releases.wait()
 	if s.listener != nil {
 		s.listener.release(s.hub)
 	}
@@ -450,8 +455,16 @@ type consumer struct {
 
 	// wake is poked (never blocking) by notifications and the idle poller.
 	wake chan struct{}
-	// owning tells the wake hub which notifications concern this consumer.
+	// grant receives the claims of the topic from the group member; it
+	// holds at most one, as the member grants only to waiting consumers.
+	grant chan grant
+	// yield is closed when the member asks for the topic back; set from
+	// each grant, used by this consumer's goroutine only.
+	yield chan struct{}
+	// owning tells the wake hub which notifications concern this consumer;
+	// idle that it waits for news with nothing in flight.
 	owning atomic.Bool
+	idle   atomic.Bool
 	// flushTimer fires CommitInterval after the first uncommitted Ack.
 	flushTimer *time.Timer
 	flushArmed bool
@@ -470,7 +483,8 @@ type outcome int
 const (
 	acked   outcome = iota
 	stopped         // the subscription ended: release the claim
-	lost            // ownership lost: go back to standby
+	lost            // ownership lost: wait for a new grant
+	yielded         // the member asked for the topic: release it, wait
 )
 
 func (c *consumer) run() {
@@ -494,116 +508,57 @@ func (c *consumer) run() {
 	c.finish(&left)
 }
 
-// leftover is what a subscription may still own when it ends: a claim to
-// release, or a claim statement under g whose outcome is unknown (its reply
-// was lost; it may have committed).
+// leftover is a claim that a subscription may still hold when it stops
+// owning the topic: released by releaseLeftover.
 type leftover struct {
-	g       *sessionGen
-	cl      *claim
-	unknown bool
+	g  *sessionGen
+	cl *claim
 }
 
-// consume claims the topic, waiting as a hot standby while another session
-// owns it, and delivers it while it owns it, until the subscription ends.
-// It returns what the subscription may still own.
+// consume registers the topic with the group member, waits for it to
+// grant the topic, delivers it while it owns it, and gives it back when
+// the member asks for it, until the subscription ends. It returns what
+// the subscription may still hold. Every way of ending ownership goes
+// through releaseLeftover, but for a lost one (nothing to release).
 func (c *consumer) consume() leftover {
-	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
-	futureRetry := newBackoff(maxRetryBackoff, futureRetryMax)
-	ensured := false
-	standby := false
-	var unknown *sessionGen // a claim under it may have committed unseen
-	ended := func() leftover { return leftover{g: unknown, unknown: unknown != nil} }
+	m := c.s.member
+	m.register(c)
 	for {
-		g := c.s.session.wait(c.ctx.Done(), nil)
-		if g == nil {
-			return ended()
+		var gr grant
+		select {
+		case gr = <-c.grant:
+		case <-c.ctx.Done():
+			if gr, ok := m.unregister(c); ok {
+				return leftover{g: gr.g, cl: gr.cl}
+			}
+			return leftover{}
 		}
-		if !ensured {
-			if err := c.ensureOffset(); err != nil {
-				if c.ctx.Err() != nil {
-					return ended()
-				}
-				c.logger.Error("Cannot create the offset row, retrying", err, nil)
-				if !sleep(retry.delay(), c.ctx.Done(), nil) {
-					return ended()
-				}
-				continue
-			}
-			ensured = true
-		}
-		res, err := c.tryClaim(g)
-		if err != nil {
-			wait := retry.delay()
-			switch {
-			case errors.Is(err, errOffsetRowMissing):
-				c.logger.Info("The offset row is gone (deleted by hand?); creating it again at the beginning of the topic", nil)
-				ensured = false
-			case errors.Is(err, ErrFuturePosition):
-				c.logger.Error("Refusing to claim the topic: its acknowledged position lies ahead of the database's "+
-					"transaction counter, so new messages would be skipped; see \"Positions from another cluster\" in "+
-					"docs/guarantees.md for the repair", err, nil)
-				wait = futureRetry.delay()
-			case errors.Is(err, errNotSent) && c.ctx.Err() != nil:
-				return ended()
-			default:
-				if !errors.Is(err, errNotSent) {
-					// The statement may have committed without this
-					// consumer seeing its reply.
-					unknown = g
-				}
-				c.logger.Error("Cannot claim the topic, retrying", err, nil)
-			}
-			if !sleep(wait, c.ctx.Done(), nil) {
-				return ended()
-			}
-			continue
-		}
-		retry.reset()
-		futureRetry.reset()
-		unknown = nil
-		if res.claim == nil {
-			if !standby {
-				c.logger.Debug("Topic is owned by another session, waiting as hot standby",
-					watermill.LogFields{"owner_session_id": res.previous.String(), "owner": res.previousOwner})
-				standby = true
-			}
-			// Retry when the owner releases (a notification), just after
-			// its session runs out, or after PollInterval at the latest.
-			wait := c.s.config.PollInterval
-			if res.retryAfter > 0 && res.retryAfter+standbyMargin < wait {
-				wait = res.retryAfter + standbyMargin
-			}
-			if !c.waitWake(wait, nil) && c.ctx.Err() != nil {
-				return leftover{}
-			}
-			continue
-		}
-		standby = false
-		cl := res.claim
-		fields := watermill.LogFields{"session_id": g.id.String(), "epoch": cl.epoch,
-			"acked_transaction_id": cl.acked.TransactionID, "acked_offset": cl.acked.Offset}
-		if res.previous != uuid.Nil {
-			fields["previous_session_id"] = res.previous.String()
-			fields["previous_owner"] = res.previousOwner
-			c.logger.Info("Topic taken over from an expired session", fields)
-		} else {
-			c.logger.Debug("Topic claimed", fields)
-		}
+		c.yield = gr.yield
 		c.owning.Store(true)
-		out := c.own(g, cl)
+		out := c.own(gr.g, gr.cl, gr.hasNext)
 		c.owning.Store(false)
+		c.idle.Store(false)
 		c.resetFlush()
-		if out == stopped {
-			return leftover{g: g, cl: cl}
+		switch out {
+		case stopped:
+			m.unregister(c)
+			return leftover{g: gr.g, cl: gr.cl}
+		case yielded:
+			left := leftover{g: gr.g, cl: gr.cl}
+			c.releaseRetrying(&left, c.releaseLeftover(&left))
+			c.logger.Debug("Topic given up to another member of the group", nil)
 		}
+		m.disown(c)
 	}
 }
 
-// futureRetryMax caps the wait between claims refused with ErrFuturePosition.
-const futureRetryMax = time.Minute
+// standbyMargin is added to another member's expiry before this member
+// looks at the group again, so that it lands after the expiry on the
+// server.
+const standbyMargin = 20 * time.Millisecond
 
 // finish ends the subscription: it releases what the subscription may still
-// own, closes its channel, and, if the release could not be written, tries
+// hold, closes its channel, and, if the release could not be written, tries
 // again with backoff while the session lives. A live session never keeps a
 // topic that no subscription consumes: it holds the row only until the
 // release goes through, the session is lost (its rows are free with it), or
@@ -611,6 +566,12 @@ const futureRetryMax = time.Minute
 func (c *consumer) finish(left *leftover) {
 	err := c.releaseLeftover(left)
 	close(c.out)
+	c.releaseRetrying(left, err)
+}
+
+// releaseRetrying retries a failed release (err, from releaseLeftover) with
+// backoff until it goes through, the session is lost or Close gives up.
+func (c *consumer) releaseRetrying(left *leftover, err error) {
 	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
 	for err != nil {
 		if !sleep(retry.delay(), c.s.giveUp, left.g.lost) {
@@ -624,29 +585,10 @@ func (c *consumer) finish(left *leftover) {
 }
 
 // releaseLeftover makes one attempt at releasing what left holds; nil means
-// nothing is left to do. A claim of unknown outcome is claimed again (a
-// session may claim a row it owns) to learn its epoch, then released.
+// nothing is left to do.
 func (c *consumer) releaseLeftover(left *leftover) error {
-	if left.g == nil {
+	if left.cl == nil {
 		return nil
-	}
-	if left.unknown {
-		if left.g.isLost() {
-			return nil // the session's rows are free with it
-		}
-		res, err := c.settleClaim(left.g)
-		if errors.Is(err, errOffsetRowMissing) || errors.Is(err, ErrFuturePosition) {
-			return nil // no row, or one that this session cannot have claimed
-		}
-		if err != nil {
-			c.logger.Error("Cannot settle a claim whose outcome was lost, retrying", err, nil)
-			return err
-		}
-		left.unknown = false
-		if res.claim == nil {
-			return nil
-		}
-		left.cl = res.claim
 	}
 	cl := left.cl
 	ctx, cancel := context.WithTimeout(context.Background(), c.s.config.CloseTimeout)
@@ -666,13 +608,10 @@ func (c *consumer) releaseLeftover(left *leftover) error {
 	}
 }
 
-// standbyMargin is added to the owner's remaining lease before a standby
-// retries, so that the retry lands after the expiry on the server.
-const standbyMargin = 20 * time.Millisecond
-
 // waitWake waits for d (forever when d is 0), a wake-up, the end of the
-// subscription or the loss of the session (when lost is not nil). It
-// reports whether it returned because of the timer or a wake-up.
+// subscription, the loss of the session (when lost is not nil) or the
+// member's request for the topic. It reports whether it returned because
+// of the timer or a wake-up.
 func (c *consumer) waitWake(d time.Duration, lost <-chan struct{}) bool {
 	var timeout <-chan time.Time
 	if d > 0 {
@@ -689,32 +628,16 @@ func (c *consumer) waitWake(d time.Duration, lost <-chan struct{}) bool {
 		return false
 	case <-lost:
 		return false
+	case <-c.yield:
+		return false
 	}
 }
 
-// ensureOffset waits for a connection while the subscription lasts.
-func (c *consumer) ensureOffset() error {
-	return c.s.offsets.ensure(c.ctx, c.s.config.SessionTTL, c.s.config.ConsumerGroup, c.topic)
-}
-
-// tryClaim waits for a connection while the subscription lasts, but runs
-// the statement on a context that the subscription's end does not cancel:
-// a claim cut off half-way could commit without this consumer knowing.
-func (c *consumer) tryClaim(g *sessionGen) (claimResult, error) {
-	return c.s.offsets.tryClaim(c.ctx, c.s.config.SessionTTL, c.s.config.ConsumerGroup, c.topic, g.id)
-}
-
-// settleClaim claims again, after the subscription ended, a claim whose
-// outcome is unknown, waiting at most CloseTimeout for a connection.
-func (c *consumer) settleClaim(g *sessionGen) (claimResult, error) {
-	wait, cancel := context.WithTimeout(context.Background(), c.s.config.CloseTimeout)
-	defer cancel()
-	return c.s.offsets.tryClaim(wait, c.s.config.SessionTTL, c.s.config.ConsumerGroup, c.topic, g.id)
-}
-
 // own delivers the claimed topic's messages until the subscription ends
-// (stopped) or ownership is lost (lost).
-func (c *consumer) own(g *sessionGen, cl *claim) outcome {
+// (stopped), ownership is lost (lost) or the member asks for the topic
+// (yielded, only between messages: a message handed out is first acked or
+// nacked). Without hasNext it waits for news before its first read.
+func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
 	// pendingWait re-polls while committed messages are not visible yet:
 	// every few milliseconds at first (such rows usually wait behind a
@@ -722,13 +645,22 @@ func (c *consumer) own(g *sessionGen, cl *claim) outcome {
 	// PollInterval once that has lasted longer than pendingFastFor.
 	pendingWait := newBackoff(2*time.Millisecond, pendingFastCap)
 	var pendingSince time.Time
-	for {
+	for first := true; ; first = false {
 		if c.ctx.Err() != nil {
 			return stopped
 		}
 		if g.isLost() {
 			c.logger.Info("Session lost, topic delivery stopped", watermill.LogFields{"epoch": cl.epoch})
 			return lost
+		}
+		if c.yielding() {
+			return c.interrupted()
+		}
+		if first && !hasNext {
+			if !c.waitIdle(g, cl) {
+				return c.interrupted()
+			}
+			continue
 		}
 		batch, pending, err := c.fetch(cl.acked)
 		if err != nil {
@@ -761,17 +693,15 @@ func (c *consumer) own(g *sessionGen, cl *claim) outcome {
 			}
 			pendingSince = time.Time{}
 			pendingWait = newBackoff(2*time.Millisecond, pendingFastCap)
-			c.s.hub.setIdle(c, cl.acked)
-			// No timer of its own: a notification or the idle poller (one
-			// statement per Subscriber for all its idle topics) wakes it.
-			ok := c.waitWake(0, g.lost)
-			c.s.hub.clearIdle(c)
-			if !ok {
+			if !c.waitIdle(g, cl) {
 				return c.interrupted()
 			}
 			continue
 		}
 		for _, m := range batch {
+			if c.yielding() {
+				return c.interrupted()
+			}
 			if res := c.deliver(g, cl, m); res != acked {
 				return res
 			}
@@ -796,11 +726,40 @@ const (
 	pendingFastFor = time.Second
 )
 
-func (c *consumer) interrupted() outcome {
-	if c.ctx.Err() != nil {
-		return stopped
+// waitIdle waits for news of the topic after cl's position, with no timer
+// of its own: a notification or the idle poller (one statement per
+// Subscriber for all its idle topics) wakes it. It reports false when the
+// subscription ended, the session was lost or the member asked for the
+// topic.
+func (c *consumer) waitIdle(g *sessionGen, cl *claim) bool {
+	c.s.hub.setIdle(c, cl.acked)
+	c.idle.Store(true)
+	ok := c.waitWake(0, g.lost)
+	c.idle.Store(false)
+	c.s.hub.clearIdle(c)
+	return ok
+}
+
+// yielding reports whether the member asked for the topic back.
+func (c *consumer) yielding() bool {
+	select {
+	case <-c.yield:
+		return true
+	default:
+		return false
 	}
-	return lost
+}
+
+// interrupted tells why a wait ended early.
+func (c *consumer) interrupted() outcome {
+	switch {
+	case c.ctx.Err() != nil:
+		return stopped
+	case c.yielding():
+		return yielded
+	default:
+		return lost
+	}
 }
 
 func (c *consumer) fetch(after Position) ([]storedMessage, bool, error) {
@@ -921,6 +880,8 @@ func (c *consumer) handOut(g *sessionGen, cl *claim, m storedMessage, msg *messa
 			return stopped, false
 		case <-g.lost:
 			return lost, false
+		case <-c.yield:
+			return yielded, false
 		case <-c.flushC():
 			if res := c.flush(g, cl); res != acked {
 				return res, false
@@ -967,6 +928,8 @@ func (c *consumer) waitFlushing(g *sessionGen, cl *claim, d time.Duration) bool 
 			return false
 		case <-g.lost:
 			return false
+		case <-c.yield:
+			return false // the nacked message goes to the next owner
 		case <-c.flushC():
 			if c.flush(g, cl) != acked {
 				return false

@@ -1,0 +1,523 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// claimBatchMax bounds the rows one claim statement takes, and the topics
+// one offset-row insert creates.
+const claimBatchMax = 1000
+
+// errSessionGone means the session row of the generation in use is gone:
+// the keeper finds out on its next heartbeat and opens a new one.
+var errSessionGone = errors.New("the consumer session row is gone")
+
+// grant hands a claim to the consumer of its topic. yield is closed when
+// the member asks the consumer to give the topic up (the group was split
+// again and this member holds more than its share).
+type grant struct {
+	g     *sessionGen
+	cl    *claim
+	yield chan struct{}
+	// hasNext reports that a message lay after the claim's position when
+	// it was claimed; without one the consumer waits for news at once.
+	hasNext bool
+}
+
+// held is a topic this member owns, as the member sees it.
+type held struct {
+	c     *consumer
+	g     *sessionGen
+	yield chan struct{}
+	since time.Time
+}
+
+// groupMember is the consumer-group side of a Subscriber. It knows the
+// topics the Subscriber subscribes to, which of them it owns, and the other
+// live members of its group, read from the sessions table. It publishes
+// this Subscriber's set of topics in its session row, computes its share
+// (shareOf), claims free topics in batches up to that share and hands each
+// claim to the subscription of its topic, and asks subscriptions to give
+// up topics above the share, which they do by the normal release.
+//
+// It runs no per-topic timer: it acts when woken by a subscription that
+// starts, ends or loses its topic, by notifications (a release, a session
+// that starts, ends or changes its topics), by the expiry of another
+// member's session that it read, or, while it holds less than its share,
+// every PollInterval. Its methods are safe for concurrent use.
+type groupMember struct {
+	s      *Subscriber
+	logger watermill.LoggerAdapter
+
+	mu      sync.Mutex
+	waiting map[string]*consumer // subscribed, not owned
+	owning  map[string]*held     // granted
+	set     rowSet               // the topics of waiting and owning
+	// unensured are subscribed topics whose offset row may not exist.
+	unensured map[string]struct{}
+	// unsettled are topics of a claim statement whose outcome is unknown:
+	// they may be this session's. The next claim takes them again and
+	// releases those that are no longer subscribed.
+	unsettled map[string]struct{}
+	// future holds back topics refused for a position ahead of the
+	// transaction counter: until when, and the wait before the next try
+	// (doubling from a second to a minute).
+	future map[string]futureHold
+	stale  bool // the members must be read again
+	// published is the set last written to the session row, under pubGen.
+	published rowSet
+	pubGen    *sessionGen
+	// me and members are the last read of the group.
+	me      member
+	members []member
+
+	kick chan struct{}
+}
+
+func newGroupMember(s *Subscriber) *groupMember {
+	return &groupMember{
+		s:         s,
+		logger:    s.logger,
+		waiting:   map[string]*consumer{},
+		owning:    map[string]*held{},
+		unensured: map[string]struct{}{},
+		unsettled: map[string]struct{}{},
+		future:    map[string]futureHold{},
+		stale:     true,
+		kick:      make(chan struct{}, 1),
+	}
+}
+
+// wake makes the loop run a step soon.
+func (m *groupMember) wake() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+// membersChanged marks the group's members stale (a session started,
+// ended or changed its topics) and wakes the loop.
+func (m *groupMember) membersChanged() {
+	m.mu.Lock()
+	m.stale = true
+	m.mu.Unlock()
+	m.wake()
+}
+
+// released wakes the loop if topic, just released by its owner, is one this
+// member waits for.
+func (m *groupMember) released(topic string) {
+	m.mu.Lock()
+	_, ok := m.waiting[topic]
+	m.mu.Unlock()
+	if ok {
+		m.wake()
+	}
+}
+
+// register adds c's topic to the subscribed set; c then waits for a grant.
+func (m *groupMember) register(c *consumer) {
+	m.mu.Lock()
+	m.waiting[c.topic] = c
+	m.set.add(c.topic, 0)
+	m.unensured[c.topic] = struct{}{}
+	m.mu.Unlock()
+	m.wake()
+}
+
+// unregister removes c's topic from the subscribed set. It returns the
+// grant c had not taken yet, if any, for c to release.
+func (m *groupMember) unregister(c *consumer) (grant, bool) {
+	m.mu.Lock()
+	if m.waiting[c.topic] == c {
+		delete(m.waiting, c.topic)
+		m.set.remove(c.topic, 0)
+	} else if h := m.owning[c.topic]; h != nil && h.c == c {
+		delete(m.owning, c.topic)
+		m.set.remove(c.topic, 0)
+	}
+	delete(m.unensured, c.topic)
+	m.mu.Unlock()
+	m.wake()
+	select {
+	case gr := <-c.grant:
+		return gr, true
+	default:
+		return grant{}, false
+	}
+}
+
+// disown moves c back to waiting: it lost or gave up its topic.
+func (m *groupMember) disown(c *consumer) {
+	m.mu.Lock()
+	if h := m.owning[c.topic]; h != nil && h.c == c {
+		delete(m.owning, c.topic)
+		m.waiting[c.topic] = c
+	}
+	m.mu.Unlock()
+	m.wake()
+}
+
+// run is the member's loop; it ends when the Subscriber closes.
+func (m *groupMember) run() {
+	defer m.s.background.Done()
+	retry := newBackoff(m.s.config.PollInterval/20, maxRetryBackoff)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		select {
+		case <-m.kick:
+		case <-timer.C:
+		case <-m.s.ctx.Done():
+			return
+		}
+		g, ready := m.s.session.current()
+		if g == nil {
+			select {
+			case <-ready:
+				m.wake()
+			case <-m.s.ctx.Done():
+				return
+			}
+			continue
+		}
+		next, err := m.step(g)
+		timer.Stop()
+		if err != nil {
+			if m.s.ctx.Err() != nil {
+				return
+			}
+			if !errors.Is(err, errSessionGone) {
+				m.logger.Error("Cannot split the consumer group's topics, retrying", err, nil)
+			}
+			timer.Reset(retry.delay())
+			continue
+		}
+		retry.reset()
+		if next > 0 {
+			timer.Reset(next)
+		}
+	}
+}
+
+// step brings this member to its share under generation g: creates missing
+// offset rows, publishes its topics, reads the group if needed, gives up
+// surplus topics and claims up to its share. It returns when it wants to
+// run again (0: only when woken).
+func (m *groupMember) step(g *sessionGen) (time.Duration, error) {
+	if err := m.ensure(); err != nil {
+		return 0, err
+	}
+	if err := m.publish(g); err != nil {
+		return 0, err
+	}
+	if err := m.readMembers(g); err != nil {
+		return 0, err
+	}
+	share, owned := m.yieldSurplus(g)
+	m.mu.Lock()
+	settle := len(m.unsettled) > 0
+	m.mu.Unlock()
+	if owned < share || settle {
+		full, err := m.claim(g, max(share-owned, 0))
+		if err != nil {
+			return 0, err
+		}
+		if full {
+			return time.Millisecond, nil // there may be more to claim
+		}
+	}
+	return m.nextWake(g), nil
+}
+
+// ensure creates the offset rows of newly subscribed topics, in batches.
+func (m *groupMember) ensure() error {
+	m.mu.Lock()
+	topics := make([]string, 0, len(m.unensured))
+	for t := range m.unensured {
+		topics = append(topics, t)
+	}
+	m.mu.Unlock()
+	for len(topics) > 0 {
+		n := min(len(topics), claimBatchMax)
+		batch := topics[:n]
+		topics = topics[n:]
+		if err := m.s.offsets.ensureMany(m.s.ctx, m.s.config.SessionTTL, m.s.config.ConsumerGroup, batch); err != nil {
+			return err
+		}
+		m.mu.Lock()
+		for _, t := range batch {
+			delete(m.unensured, t)
+		}
+		m.mu.Unlock()
+	}
+	return nil
+}
+
+// publish writes the member's set of topics into its session row when it
+// changed, or the generation did, and marks the members stale.
+func (m *groupMember) publish(g *sessionGen) error {
+	m.mu.Lock()
+	set := m.set
+	due := m.pubGen != g || m.published != set
+	m.mu.Unlock()
+	if !due {
+		return nil
+	}
+	ok, err := m.s.session.setSubscriptions(g, set)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errSessionGone
+	}
+	m.mu.Lock()
+	m.published, m.pubGen, m.stale = set, g, true
+	m.mu.Unlock()
+	return nil
+}
+
+// readMembers reads the live members of the group when they are stale or
+// one of them may have expired.
+func (m *groupMember) readMembers(g *sessionGen) error {
+	m.mu.Lock()
+	due := m.stale || m.me.id != g.id
+	if !due {
+		if next, ok := nextExpiry(m.members, g.id, time.Time{}); ok && !time.Now().Before(next) {
+			due = true
+		}
+	}
+	m.stale = false
+	m.mu.Unlock()
+	if !due {
+		return nil
+	}
+	members, err := m.s.session.groupMembers()
+	if err != nil {
+		m.membersChanged()
+		return err
+	}
+	i := slices.IndexFunc(members, func(x member) bool { return x.id == g.id })
+	if i < 0 {
+		return errSessionGone
+	}
+	m.mu.Lock()
+	m.me, m.members = members[i], members
+	m.mu.Unlock()
+	return nil
+}
+
+// yieldSurplus asks subscriptions to give up the topics this member holds
+// above its share, the idle ones first, and returns the share and how many
+// topics it holds under g (not counting those asked to go).
+func (m *groupMember) yieldSurplus(g *sessionGen) (share, owned int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	share = shareOf(m.members, m.me)
+	var mine []*held
+	for _, h := range m.owning {
+		if h.g != g {
+			continue // under a lost generation: it is dropping the topic
+		}
+		select {
+		case <-h.yield:
+			continue // already asked
+		default:
+		}
+		mine = append(mine, h)
+	}
+	owned = len(mine)
+	if owned <= share {
+		return share, owned
+	}
+	// Idle topics first (their release is immediate), then the ones held
+	// the shortest time.
+	slices.SortFunc(mine, func(a, b *held) int {
+		ai, bi := a.c.idle.Load(), b.c.idle.Load()
+		if ai != bi {
+			if ai {
+				return -1
+			}
+			return 1
+		}
+		return b.since.Compare(a.since)
+	})
+	for _, h := range mine[:owned-share] {
+		close(h.yield)
+	}
+	m.logger.Debug("Giving up topics above this member's share", watermill.LogFields{
+		"share": share, "held": owned, "giving_up": owned - share})
+	return share, share
+}
+
+// claim takes up to want free topics that this member waits for, in
+// statements of at most claimBatchMax rows, and hands each claim to its
+// subscription. It first settles topics whose claim may have committed
+// unseen, whatever the share: what is claimed of them is granted or
+// released. It reports whether the last statement took all it was
+// allowed (more may be free).
+func (m *groupMember) claim(g *sessionGen, want int) (bool, error) {
+	m.mu.Lock()
+	unsettled := make([]string, 0, len(m.unsettled))
+	for t := range m.unsettled {
+		unsettled = append(unsettled, t)
+	}
+	m.mu.Unlock()
+	for len(unsettled) > 0 {
+		n := min(len(unsettled), claimBatchMax)
+		if _, err := m.claimTopics(g, unsettled[:n], n); err != nil {
+			return false, err
+		}
+		m.mu.Lock()
+		for _, t := range unsettled[:n] {
+			delete(m.unsettled, t)
+		}
+		m.mu.Unlock()
+		unsettled = unsettled[n:]
+	}
+	if want == 0 {
+		return false, nil
+	}
+	now := time.Now()
+	m.mu.Lock()
+	topics := make([]string, 0, len(m.waiting))
+	for t := range m.waiting {
+		if h, ok := m.future[t]; ok && now.Before(h.until) {
+			continue
+		}
+		topics = append(topics, t)
+	}
+	m.mu.Unlock()
+	if len(topics) == 0 {
+		return false, nil
+	}
+	limit := min(want, claimBatchMax)
+	n, err := m.claimTopics(g, topics, limit)
+	return err == nil && n >= limit, err
+}
+
+// claimTopics runs one claim statement for up to limit of topics and
+// handles what it says of each. It returns how many rows the statement
+// reported (claimed, missing or refused).
+func (m *groupMember) claimTopics(g *sessionGen, topics []string, limit int) (int, error) {
+	rows, err := m.s.offsets.claimMany(m.s.ctx, m.s.config.SessionTTL,
+		m.s.config.ConsumerGroup, topics, g.id, limit)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if !errors.Is(err, errNotSent) && !errors.As(err, &pgErr) {
+			// The statement may have committed without its reply.
+			m.mu.Lock()
+			for _, t := range topics {
+				m.unsettled[t] = struct{}{}
+			}
+			m.mu.Unlock()
+		}
+		return 0, err
+	}
+	for _, r := range rows {
+		switch r.kind {
+		case claimMissing:
+			m.logger.Info("The offset row is gone (deleted by hand?); creating it again at the beginning of the topic",
+				watermill.LogFields{"topic": r.topic})
+			m.mu.Lock()
+			if _, ok := m.waiting[r.topic]; ok {
+				m.unensured[r.topic] = struct{}{}
+			}
+			m.mu.Unlock()
+			m.wake()
+		case claimFuture:
+			m.logger.Error("Refusing to claim the topic: its acknowledged position lies ahead of the database's "+
+				"transaction counter, so new messages would be skipped; see \"Positions from another cluster\" in "+
+				"docs/guarantees.md for the repair", fmt.Errorf("claim topic %q of consumer group %q: %w",
+				r.topic, m.s.config.ConsumerGroup, ErrFuturePosition), watermill.LogFields{"topic": r.topic})
+			m.mu.Lock()
+			h := m.future[r.topic]
+			h.wait = min(max(2*h.wait, time.Second), time.Minute)
+			h.until = time.Now().Add(h.wait)
+			m.future[r.topic] = h
+			m.mu.Unlock()
+		case claimTaken:
+			m.mu.Lock()
+			delete(m.future, r.topic)
+			m.mu.Unlock()
+			m.handOver(g, r)
+		}
+	}
+	return len(rows), nil
+}
+
+// futureHold is how long a topic refused with ErrFuturePosition is left
+// alone.
+type futureHold struct {
+	until time.Time
+	wait  time.Duration
+}
+
+// handOver gives a claim to the subscription of its topic, or releases it
+// when nobody of this Subscriber waits for the topic any more.
+func (m *groupMember) handOver(g *sessionGen, r claimedRow) {
+	fields := watermill.LogFields{"topic": r.topic, "session_id": g.id.String(), "epoch": r.claim.epoch,
+		"acked_transaction_id": r.claim.acked.TransactionID, "acked_offset": r.claim.acked.Offset}
+	if r.previous != uuid.Nil {
+		fields["previous_session_id"] = r.previous.String()
+		fields["previous_owner"] = r.previousOwner
+		m.logger.Info("Topic taken over from an expired session", fields)
+	} else {
+		m.logger.Debug("Topic claimed", fields)
+	}
+	m.mu.Lock()
+	c := m.waiting[r.topic]
+	if c != nil {
+		delete(m.waiting, r.topic)
+		yield := make(chan struct{})
+		m.owning[r.topic] = &held{c: c, g: g, yield: yield, since: time.Now()}
+		c.grant <- grant{g: g, cl: r.claim, yield: yield, hasNext: r.hasNext}
+	}
+	m.mu.Unlock()
+	if c != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), m.s.config.CloseTimeout)
+	defer cancel()
+	if err := m.s.offsets.release(ctx, r.claim); err != nil && !errors.Is(err, ErrOwnershipLost) {
+		m.logger.Error("Cannot release a topic claimed for a subscription that ended; it is free once the session ends",
+			err, watermill.LogFields{"topic": r.topic})
+	}
+}
+
+// nextWake returns when the loop should run again without being woken:
+// while it waits for topics, when another member's session may expire (its
+// topics are then to be shared), and every PollInterval while it holds
+// less than its share; otherwise never.
+func (m *groupMember) nextWake(g *sessionGen) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.waiting) == 0 {
+		return 0
+	}
+	var wait time.Duration
+	if next, ok := nextExpiry(m.members, g.id, time.Now()); ok {
+		wait = time.Until(next) + standbyMargin
+	}
+	owned := 0
+	for _, h := range m.owning {
+		if h.g == g {
+			owned++
+		}
+	}
+	if owned < shareOf(m.members, m.me) && (wait == 0 || m.s.config.PollInterval < wait) {
+		wait = m.s.config.PollInterval
+	}
+	return wait
+}
