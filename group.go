@@ -399,12 +399,24 @@ func (m *groupMember) claim(g *sessionGen, want int) (bool, error) {
 		topics = append(topics, t)
 	}
 	m.mu.Unlock()
-	if len(topics) == 0 {
-		return false, nil
+	// In topic order (the order in which the statement locks rows), a
+	// chunk of claimBatchMax topics per statement: a statement over every
+	// topic a member waits for would look at all of them each time.
+	slices.Sort(topics)
+	for len(topics) > 0 && want > 0 {
+		chunk := topics[:min(len(topics), claimBatchMax)]
+		topics = topics[len(chunk):]
+		limit := min(want, claimBatchMax)
+		n, err := m.claimTopics(g, chunk, limit)
+		if err != nil {
+			return false, err
+		}
+		if n >= limit {
+			return true, nil // the share may allow more: the next step goes on
+		}
+		want -= n
 	}
-	limit := min(want, claimBatchMax)
-	n, err := m.claimTopics(g, topics, limit)
-	return err == nil && n >= limit, err
+	return false, nil
 }
 
 // claimTopics runs one claim statement for up to limit of topics and
