@@ -62,12 +62,25 @@
 // (with its BeforeConnect, AfterConnect and BeforeClose hooks) and counts
 // against the server's max_connections, not against the pool's MaxConns.
 //
+// # Consumer groups
+//
+// The live sessions of a consumer group split the topics they subscribe to,
+// as a Kafka consumer group splits partitions: each Subscriber publishes the
+// hash and size of its set of topics in its session row, reads the group's
+// live sessions when notified that one started, ended or changed, and owns
+// at most its share: of the N members with the same set of T topics, ranked
+// by age, the first T mod N own floor(T/N)+1 and the others floor(T/N). A
+// member claims free topics in batches up to its share and gives topics
+// above it up, between messages, by the normal release. Nobody takes a topic
+// from a live session; a dead member's topics are claimed once its session
+// expires. Standbys run no statement per topic.
+//
 // When a Subscribe context ends or the Subscriber closes, each topic is
 // released at once with its acknowledged position and a notification, so a
 // standby takes over in milliseconds; Close then deletes the session row. A
 // crashed process's topics are taken over once its session expires, after
-// at most about SessionTTL: a standby learns the owner's expiry from its
-// failed claim and retries just after it.
+// at most about SessionTTL: the other members read the owner's expiry and
+// claim its topics just after it.
 //
 // # Wake-ups
 //

@@ -151,11 +151,14 @@ func (c SubscriberConfig) validate() error {
 // Subscriber is a Watermill [message.Subscriber] reading from PostgreSQL.
 //
 // On its first Subscribe it opens one consumer-session row, kept alive by a
-// heartbeat, and claims each subscribed (consumer group, topic) through it.
-// Messages of a claimed topic are delivered in order, one at a time: the
-// next only after the previous one was acked. A Subscriber that cannot claim
-// a topic waits as a hot standby; its channel starts delivering when it wins
-// the claim. See the package documentation for the protocol.
+// heartbeat, and claims subscribed (consumer group, topic) rows through it:
+// the live Subscribers of a group split the topics they subscribe to
+// evenly. Messages of a claimed topic are delivered in order, one at a time:
+// the next only after the previous one was acked. The channel of a topic
+// that another Subscriber of the group owns stays silent until this one is
+// granted the topic; a topic can also move to another Subscriber between
+// two messages when the group is split again. See the package documentation
+// for the protocol.
 //
 // A Subscriber is safe for concurrent use.
 type Subscriber struct {
