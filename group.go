@@ -249,10 +249,7 @@ func (m *groupMember) ensure() error {
 		topics = append(topics, t)
 	}
 	m.mu.Unlock()
-	for len(topics) > 0 {
-		n := min(len(topics), claimBatchMax)
-		batch := topics[:n]
-		topics = topics[n:]
+	return inChunks(topics, func(batch []string) error {
 		if err := m.s.offsets.ensureMany(m.s.ctx, m.s.config.SessionTTL, m.s.config.ConsumerGroup, batch); err != nil {
 			return err
 		}
@@ -261,6 +258,19 @@ func (m *groupMember) ensure() error {
 			delete(m.unensured, t)
 		}
 		m.mu.Unlock()
+		return nil
+	})
+}
+
+// inChunks calls f with consecutive chunks of at most claimBatchMax topics,
+// until f fails.
+func inChunks(topics []string, f func([]string) error) error {
+	for len(topics) > 0 {
+		n := min(len(topics), claimBatchMax)
+		if err := f(topics[:n]); err != nil {
+			return err
+		}
+		topics = topics[n:]
 	}
 	return nil
 }
@@ -374,17 +384,19 @@ func (m *groupMember) claim(g *sessionGen, want int) (bool, error) {
 		unsettled = append(unsettled, t)
 	}
 	m.mu.Unlock()
-	for len(unsettled) > 0 {
-		n := min(len(unsettled), claimBatchMax)
-		if _, err := m.claimTopics(g, unsettled[:n], n); err != nil {
-			return false, err
+	err := inChunks(unsettled, func(batch []string) error {
+		if _, err := m.claimTopics(g, batch, len(batch)); err != nil {
+			return err
 		}
 		m.mu.Lock()
-		for _, t := range unsettled[:n] {
+		for _, t := range batch {
 			delete(m.unsettled, t)
 		}
 		m.mu.Unlock()
-		unsettled = unsettled[n:]
+		return nil
+	})
+	if err != nil {
+		return false, err
 	}
 	if want == 0 {
 		return false, nil

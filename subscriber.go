@@ -305,10 +305,8 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		out:        make(chan *message.Message),
 		wake:       make(chan struct{}, 1),
 		grant:      make(chan grant, 1),
-		flushTimer: time.NewTimer(time.Hour),
 		logger:     s.logger.With(watermill.LogFields{"topic": topic}),
 	}
-	c.flushTimer.Stop()
 	s.hub.add(c)
 	stopOnClose := context.AfterFunc(s.ctx, cancel)
 	go func() {
@@ -468,7 +466,8 @@ type consumer struct {
 	// idle that it waits for news with nothing in flight.
 	owning atomic.Bool
 	idle   atomic.Bool
-	// flushTimer fires CommitInterval after the first uncommitted Ack.
+	// flushTimer fires CommitInterval after the first uncommitted Ack; it
+	// is made on the first Ack (an idle topic has none).
 	flushTimer *time.Timer
 	flushArmed bool
 	unflushed  int
@@ -494,7 +493,7 @@ func (c *consumer) run() {
 	defer c.s.consumers.Done()
 	defer c.s.releaseSlot(c.topic, c.slot)
 	defer c.s.hub.remove(c)
-	defer c.flushTimer.Stop()
+	defer c.resetFlush()
 
 	select {
 	case c.slot.token <- struct{}{}:
@@ -716,7 +715,11 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 				}
 			} else if !c.flushArmed {
 				c.flushArmed = true
-				c.flushTimer.Reset(c.s.config.CommitInterval)
+				if c.flushTimer == nil {
+					c.flushTimer = time.NewTimer(c.s.config.CommitInterval)
+				} else {
+					c.flushTimer.Reset(c.s.config.CommitInterval)
+				}
 			}
 		}
 	}
@@ -836,7 +839,9 @@ func (c *consumer) flushC() <-chan time.Time {
 }
 
 func (c *consumer) resetFlush() {
-	c.flushTimer.Stop()
+	if c.flushTimer != nil {
+		c.flushTimer.Stop()
+	}
 	c.flushArmed = false
 	c.unflushed = 0
 }
