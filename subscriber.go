@@ -297,15 +297,15 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 
 	cctx, cancel := context.WithCancel(ctx)
 	c := &consumer{
-		s:          s,
-		topic:      topic,
-		slot:       slot,
-		ctx:        cctx,
-		cancel:     cancel,
-		out:        make(chan *message.Message),
-		wake:       make(chan struct{}, 1),
-		grant:      make(chan grant, 1),
-		logger:     s.logger.With(watermill.LogFields{"topic": topic}),
+		s:      s,
+		topic:  topic,
+		slot:   slot,
+		ctx:    cctx,
+		cancel: cancel,
+		out:    make(chan *message.Message),
+		wake:   make(chan struct{}, 1),
+		grant:  make(chan grant, 1),
+		logger: s.logger.With(watermill.LogFields{"topic": topic}),
 	}
 	s.hub.add(c)
 	stopOnClose := context.AfterFunc(s.ctx, cancel)
