@@ -162,24 +162,6 @@ func (k *sessionKeeper) current() (*sessionGen, <-chan struct{}) {
 	return nil, k.ready
 }
 
-// wait returns the trusted generation, waiting for one; nil when stop or
-// stop2 is closed first.
-func (k *sessionKeeper) wait(stop, stop2 <-chan struct{}) *sessionGen {
-	for {
-		g, ready := k.current()
-		if g != nil {
-			return g
-		}
-		select {
-		case <-ready:
-		case <-stop:
-			return nil
-		case <-stop2:
-			return nil
-		}
-	}
-}
-
 // createLocked inserts a new session row (deleting the previous one of this
 // keeper in the same statement) and makes it current. k.mu must be held;
 // the statement runs under it so that no consumer sees a half-made
