@@ -385,7 +385,7 @@ func (m *groupMember) claim(g *sessionGen, want int) (bool, error) {
 	}
 	m.mu.Unlock()
 	err := inChunks(unsettled, func(batch []string) error {
-		if _, err := m.claimTopics(g, batch, len(batch)); err != nil {
+		if _, _, err := m.claimTopics(g, batch, len(batch)); err != nil {
 			return err
 		}
 		m.mu.Lock()
@@ -419,12 +419,15 @@ func (m *groupMember) claim(g *sessionGen, want int) (bool, error) {
 		chunk := topics[:min(len(topics), claimBatchMax)]
 		topics = topics[len(chunk):]
 		limit := min(want, claimBatchMax)
-		n, err := m.claimTopics(g, chunk, limit)
+		n, raced, err := m.claimTopics(g, chunk, limit)
 		if err != nil {
 			return false, err
 		}
-		if n >= limit {
-			return true, nil // the share may allow more: the next step goes on
+		if n >= limit || raced {
+			// The share may allow more, or another member took rows this
+			// statement had chosen while others of the chunk may still be
+			// free: the next step goes on at once.
+			return true, nil
 		}
 		want -= n
 	}
@@ -433,8 +436,9 @@ func (m *groupMember) claim(g *sessionGen, want int) (bool, error) {
 
 // claimTopics runs one claim statement for up to limit of topics and
 // handles what it says of each. It returns how many rows the statement
-// reported (claimed, missing or refused).
-func (m *groupMember) claimTopics(g *sessionGen, topics []string, limit int) (int, error) {
+// claimed or found missing or refused, and whether it lost rows to another
+// transaction.
+func (m *groupMember) claimTopics(g *sessionGen, topics []string, limit int) (n int, raced bool, err error) {
 	rows, err := m.s.offsets.claimMany(m.s.ctx, m.s.config.SessionTTL,
 		m.s.config.ConsumerGroup, topics, g.id, limit)
 	if err != nil {
@@ -447,10 +451,15 @@ func (m *groupMember) claimTopics(g *sessionGen, topics []string, limit int) (in
 			}
 			m.mu.Unlock()
 		}
-		return 0, err
+		return 0, false, err
 	}
 	for _, r := range rows {
+		if r.kind != claimLost {
+			n++
+		}
 		switch r.kind {
+		case claimLost:
+			raced = true
 		case claimMissing:
 			m.logger.Info("The offset row is gone (deleted by hand?); creating it again at the beginning of the topic",
 				watermill.LogFields{"topic": r.topic})
@@ -478,7 +487,7 @@ func (m *groupMember) claimTopics(g *sessionGen, topics []string, limit int) (in
 			m.handOver(g, r)
 		}
 	}
-	return len(rows), nil
+	return n, raced, nil
 }
 
 // futureHold is how long a topic refused with ErrFuturePosition is left

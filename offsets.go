@@ -163,6 +163,7 @@ const (
 	claimTaken   claimKind = 'c' // claimed
 	claimMissing claimKind = 'm' // no offset row
 	claimFuture  claimKind = 'f' // position ahead of the transaction counter
+	claimLost    claimKind = 'l' // changed by another transaction meanwhile
 )
 
 // claimedRow is one row of a claim statement.

@@ -187,10 +187,11 @@ type SchemaAdapter interface {
 	// bool (a message lies after the position), previous_session uuid and
 	// previous_owner text (the session the row was taken from, NULL when it
 	// was free or already p.SessionID's; the owner string is NULL when that
-	// session's row was gone); and one row of kind 'm' (no offset row) or
+	// session's row was gone); and one row of kind 'm' (no offset row),
 	// 'f' (position ahead of the database's transaction counter, not
-	// claimed) per such topic among those looked at, its other columns
-	// NULL.
+	// claimed) or 'l' (free in the statement's snapshot, but changed by
+	// another transaction before this one could claim it) per such topic
+	// among those looked at, its other columns NULL.
 	ClaimOffsets(p OffsetsParams) Query
 	// CommitOffset moves the acknowledged position, fenced by session and
 	// epoch. Zero rows affected means ownership was lost.
@@ -614,8 +615,9 @@ SELECT 'c', c.topic, c.epoch, c.acked_transaction_id::text, c.acked_offset,
 	NULLIF(cur.session_id, $3), cur.owner
 FROM claimed c JOIN cur ON cur.topic = c.topic
 UNION ALL
-SELECT CASE WHEN cur.missing THEN 'm' ELSE 'f' END, cur.topic, NULL, NULL, NULL, NULL, NULL, NULL
-FROM cur WHERE cur.missing OR cur.future`,
+SELECT CASE WHEN cur.missing THEN 'm' WHEN cur.future THEN 'f' ELSE 'l' END, cur.topic,
+	NULL, NULL, NULL, NULL, NULL, NULL
+FROM cur WHERE NOT EXISTS (SELECT 1 FROM claimed c WHERE c.topic = cur.topic)`,
 		Args: []any{p.ConsumerGroup, p.Topics, p.SessionID, p.Limit},
 	}
 }
