@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -723,6 +724,13 @@ func launchHelper(t *testing.T, cfg helperConfig) *helperProc {
 			t.Errorf("helper %s: the race detector found a data race:\n%s", cfg.Name, logs)
 		} else if t.Failed() || os.Getenv("PGLEASE_TEST_HELPER_LOG") != "" {
 			t.Logf("log of helper %s (pid %d):\n%s", cfg.Name, cmd.Process.Pid, tail(logs, 200))
+		}
+		// The whole log, which the test output cuts to its tail.
+		if dir := os.Getenv("PGLEASE_TEST_HELPER_LOG_DIR"); dir != "" {
+			name := filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+"-"+cfg.Name+".log")
+			if err := os.WriteFile(name, []byte(logs), 0o644); err != nil {
+				t.Errorf("write the log of helper %s: %v", cfg.Name, err)
+			}
 		}
 	})
 	return h
