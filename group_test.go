@@ -3,13 +3,17 @@ package pglease_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -562,4 +566,202 @@ func TestGroupOverlappingTopicSets(t *testing.T) {
 		"%d messages (%d processed, %d more than once), %d claims; invariants: %s; whole run %s",
 		victim.cfg.Name, split[victim.pid()], afterKill.Round(time.Millisecond), ttl, lostSessions, sum.messages, sum.records,
 		sum.duplicates, sum.claims, counts, time.Since(began).Round(time.Millisecond))
+}
+
+// TestGroupConcurrentClaimsTakeEveryFreeRow checks that when free rows
+// appear and several members below their cap claim them at the same
+// moment, every free row is owned again soon, whichever claim commits
+// first.
+//
+// Three Subscribers of one process, each on the group's 30 topics (caps of
+// 10 each), split 15 of them; the other 15 belong to a dead member: a
+// session row with no process behind it, as a SIGKILLed process leaves (it
+// subscribes to no set of theirs, so it does not change their caps). At
+// least two of the three are below their cap. Then the dead member's rows
+// become free, and the members below their cap all claim at once; to make
+// their statements overlap every time, as they do in some runs by
+// themselves, the test holds a row lock that every claim needs until each
+// of them waits for it, then lets them go.
+//
+//   - ExpiredSession: the dead session expires (its expiry is brought to a
+//     second from now and announced, as a heartbeat would be); the claims
+//     wait for its row lock, to delete it. The first deletes it and takes
+//     the rows it asked for; the others, whose snapshot still showed the
+//     session, find it deleted and take none of its rows, not even those
+//     the first left.
+//   - DeletedSession: the dead session's row is deleted (announced); the
+//     claims wait for the lock of the first free offsets row. They all
+//     picked the same rows, the first free ones in topic order: the first
+//     takes them, the others lose every row they share with it.
+//
+// In both, a member whose claim took fewer rows than it asked for is not
+// woken again before its next poll or the next expiry of a live member
+// (long here: PollInterval 30s, SessionTTL 6s), so free rows stay without
+// an owner for seconds. With the defaults that is up to a PollInterval
+// (1s) per round of colliding claims; TestGroupSplitsTopicsEvenly sees up
+// to about 2s between a killed process's session expiry and its last row
+// taken, in processes, without the lock.
+//
+// This test fails until the library claims again at once when a claim
+// took fewer rows than it asked for while free rows remain.
+func TestGroupConcurrentClaimsTakeEveryFreeRow(t *testing.T) {
+	t.Run("ExpiredSession", func(t *testing.T) { runConcurrentClaims(t, true) })
+	t.Run("DeletedSession", func(t *testing.T) { runConcurrentClaims(t, false) })
+}
+
+func runConcurrentClaims(t *testing.T, expire bool) {
+	const (
+		group = "g"
+		ttl   = 6 * time.Second
+		poll  = 30 * time.Second
+		share = 10
+	)
+	pool := newPool(t, 20)
+	adapter := newSchema(t, pool)
+	createTables(t, pool, adapter)
+	ctx := context.Background()
+	topics := numberedTopics("d", 0, 30)
+	sessions, offsets := table(adapter, pglease.DefaultConsumerSessionsTable), table(adapter, pglease.DefaultConsumerOffsetsTable)
+
+	dead := uuid.New()
+	_, err := pool.Exec(ctx, `INSERT INTO `+sessions+` (id, consumer_group, owner, expires_at)
+VALUES ($1, $2, 'dead/1', now() + interval '1 hour')`, dead, group)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+offsets+` (consumer_group, topic, partition, session_id, epoch)
+SELECT $1, t, 0, $2, 1 FROM unnest($3::text[]) t`, group, dead, topics[:15])
+	require.NoError(t, err)
+
+	// Every claim statement of each Subscriber: when it returned and how
+	// many rows its session owned then.
+	type claimStmt struct {
+		sub   int
+		at    time.Time
+		owned int
+	}
+	var (
+		mu    sync.Mutex
+		stmts []claimStmt
+		ids   = map[int]uuid.UUID{}
+	)
+	ownedBy := func() map[uuid.UUID]int {
+		rows, err := pool.Query(ctx, `SELECT o.session_id FROM `+offsets+` o JOIN `+sessions+` s ON s.id = o.session_id
+WHERE o.consumer_group = $1 AND s.expires_at > now() AND s.id <> $2`, group, dead)
+		require.NoError(t, err)
+		defer rows.Close()
+		out := map[uuid.UUID]int{}
+		for rows.Next() {
+			var id uuid.UUID
+			require.NoError(t, rows.Scan(&id))
+			out[id]++
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+	for i := range 3 {
+		sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: group, SessionTTL: ttl, PollInterval: poll})
+		pglease.SetAfterClaimHook(sub, func([]string) error {
+			mu.Lock()
+			id, ok := ids[i]
+			k := len(stmts)
+			stmts = append(stmts, claimStmt{sub: i, at: time.Now(), owned: -1})
+			mu.Unlock()
+			owned := -1
+			if ok {
+				_ = pool.QueryRow(ctx, `SELECT count(*) FROM `+offsets+` WHERE session_id = $1`, id).Scan(&owned)
+			}
+			mu.Lock()
+			stmts[k].owned = owned
+			mu.Unlock()
+			return nil
+		})
+		for _, topic := range topics {
+			_, err := sub.Subscribe(ctx, topic)
+			require.NoError(t, err)
+		}
+		waitFor(t, 10*time.Second, "the session of Subscriber "+strconv.Itoa(i), func() bool {
+			mu.Lock()
+			known := append([]uuid.UUID{dead}, slices.Collect(maps.Values(ids))...)
+			mu.Unlock()
+			var id uuid.UUID
+			if err := pool.QueryRow(ctx, `SELECT id FROM `+sessions+` WHERE id <> ALL($1) LIMIT 1`, known).Scan(&id); err != nil {
+				return false
+			}
+			mu.Lock()
+			ids[i] = id
+			mu.Unlock()
+			return true
+		})
+	}
+	waitFor(t, 20*time.Second, "the live Subscribers to own the 15 free topics, each within its cap", func() bool {
+		n := 0
+		for _, c := range ownedBy() {
+			if c > share {
+				return false
+			}
+			n += c
+		}
+		return n == 15
+	})
+	before := ownedBy()
+	below := 0
+	for i := range 3 {
+		if before[ids[i]] < share {
+			below++
+		}
+	}
+
+	// Free the dead member's rows with the lock every claim needs held.
+	lock, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(ctx) }()
+	var freed time.Time
+	if expire {
+		require.NoError(t, pool.QueryRow(ctx, `WITH u AS (
+	UPDATE `+sessions+` SET expires_at = now() + interval '1 second' WHERE id = $1 RETURNING expires_at
+)
+SELECT u.expires_at FROM u, pg_notify($2, 'g' || $3::text)`, dead, adapter.NotifyChannel(), group).Scan(&freed))
+		_, err = lock.Exec(ctx, `SELECT 1 FROM `+sessions+` WHERE id = $1 FOR UPDATE`, dead)
+		require.NoError(t, err)
+	} else {
+		_, err = lock.Exec(ctx, `SELECT 1 FROM `+offsets+` WHERE consumer_group = $1 AND topic = $2 FOR UPDATE`, group, topics[0])
+		require.NoError(t, err)
+		require.NoError(t, pool.QueryRow(ctx, `WITH d AS (DELETE FROM `+sessions+` WHERE id = $1)
+SELECT now() FROM pg_notify($2, 'g' || $3::text)`, dead, adapter.NotifyChannel(), group).Scan(&freed))
+	}
+	waitFor(t, 3*ttl, fmt.Sprintf("the claims of the %d members below their cap to wait for the lock", below), func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%expired AS%' AND query LIKE '%' || $1 || '%'`,
+			adapter.Schema).Scan(&n))
+		return n == below
+	})
+	require.NoError(t, lock.Rollback(ctx))
+	released := time.Now()
+	var took time.Duration
+	waitFor(t, 3*ttl, "the dead member's rows to be owned again", func() bool {
+		n := 0
+		for _, c := range ownedBy() {
+			n += c
+		}
+		took = time.Since(freed)
+		return n == len(topics)
+	})
+
+	after := ownedBy()
+	var split, timeline []string
+	for i := range 3 {
+		split = append(split, fmt.Sprintf("sub %d: %d -> %d", i, before[ids[i]], after[ids[i]]))
+	}
+	mu.Lock()
+	for _, st := range stmts {
+		if st.at.After(freed.Add(-time.Second)) {
+			timeline = append(timeline, fmt.Sprintf("sub %d %+dms (then owning %d)", st.sub, st.at.Sub(freed).Milliseconds(), st.owned))
+		}
+	}
+	mu.Unlock()
+	t.Logf("the dead member's 15 rows were all owned %s after they became free (SessionTTL %s, PollInterval %s); "+
+		"the lock was let go %+dms after; rows owned %s; claim statements returned (from the time the rows became free): %s",
+		took.Round(time.Millisecond), ttl, poll, released.Sub(freed).Milliseconds(), strings.Join(split, ", "),
+		strings.Join(timeline, ", "))
+	assert.Less(t, took, time.Second, "the dead member's rows must all be owned soon after they became free")
 }
