@@ -145,8 +145,8 @@ type publishAttempt struct {
 	err   error
 }
 
-// stream publishes one message per Publish call to a topic until stopped,
-// remembering the outcome of every call.
+// stream publishes one message per Publish call until stopped, to one
+// topic or to several in turn, remembering the outcome of every call.
 type stream struct {
 	stopOnce sync.Once
 	stop     chan struct{}
@@ -160,10 +160,18 @@ type stream struct {
 // the test ends).
 func startStream(t *testing.T, pub *pglease.Publisher, topic string, every time.Duration) *stream {
 	t.Helper()
+	return startRoundRobin(t, pub, []string{topic}, every)
+}
+
+// startRoundRobin publishes to topics in turn, one message every interval,
+// until stop is called (or the test ends).
+func startRoundRobin(t *testing.T, pub *pglease.Publisher, topics []string, every time.Duration) *stream {
+	t.Helper()
 	s := &stream{stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
 		for seq := 0; ; seq++ {
+			topic := topics[seq%len(topics)]
 			msg := message.NewMessage(watermill.NewUUID(), []byte(strconv.Itoa(seq)))
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			msg.SetContext(ctx)

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -91,6 +92,12 @@ type helperConfig struct {
 	Slots    int
 	HoldMax  time.Duration
 	RenewMax time.Duration
+	// NoKeepalive leaves out modeRouter's keepalive subscription, so that
+	// each Subscriber's set of topics is exactly Topics: fair share splits
+	// a set of topics among the members of the group that subscribe to
+	// that same set, and a keepalive topic of each process's own would
+	// make every set different. Without it, "cancel" closes the Router.
+	NoKeepalive bool
 }
 
 // subAppName and recAppName are the application_name of the helper's
@@ -310,8 +317,10 @@ func (h *helperChild) runRouter(term <-chan os.Signal) error {
 		// A handler that is never stopped keeps the Router running after
 		// "cancel" stopped the others: a Router whose handlers all stopped
 		// closes itself, and with it the Subscribers.
-		router.AddConsumerHandler(fmt.Sprintf("%d/keepalive", i), "keepalive-"+h.cfg.Name, sub,
-			func(*message.Message) error { return nil })
+		if !h.cfg.NoKeepalive {
+			router.AddConsumerHandler(fmt.Sprintf("%d/keepalive", i), "keepalive-"+h.cfg.Name, sub,
+				func(*message.Message) error { return nil })
+		}
 	}
 	runErr := make(chan error, 1)
 	go func() { runErr <- router.Run(context.Background()) }()
@@ -662,6 +671,28 @@ type helperProc struct {
 // ready.
 func startHelper(t *testing.T, cfg helperConfig) *helperProc {
 	t.Helper()
+	h := launchHelper(t, cfg)
+	h.waitLine(t, "ready", time.Minute)
+	return h
+}
+
+// startHelpers starts a helper process for each of cfgs at once and waits
+// until they are all ready: the processes start up in parallel.
+func startHelpers(t *testing.T, cfgs ...helperConfig) []*helperProc {
+	t.Helper()
+	hs := make([]*helperProc, len(cfgs))
+	for i, cfg := range cfgs {
+		hs[i] = launchHelper(t, cfg)
+	}
+	for _, h := range hs {
+		h.waitLine(t, "ready", time.Minute)
+	}
+	return hs
+}
+
+// launchHelper starts a helper process running cfg; it is not ready yet.
+func launchHelper(t *testing.T, cfg helperConfig) *helperProc {
+	t.Helper()
 	if cfg.DSN == "" {
 		cfg.DSN = testDSN
 	}
@@ -694,8 +725,14 @@ func startHelper(t *testing.T, cfg helperConfig) *helperProc {
 		} else if t.Failed() || os.Getenv("PGLEASE_TEST_HELPER_LOG") != "" {
 			t.Logf("log of helper %s (pid %d):\n%s", cfg.Name, cmd.Process.Pid, tail(logs, 200))
 		}
+		// The whole log, which the test output cuts to its tail.
+		if dir := os.Getenv("PGLEASE_TEST_HELPER_LOG_DIR"); dir != "" {
+			name := filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+"-"+cfg.Name+".log")
+			if err := os.WriteFile(name, []byte(logs), 0o644); err != nil {
+				t.Errorf("write the log of helper %s: %v", cfg.Name, err)
+			}
+		}
 	})
-	h.waitLine(t, "ready", time.Minute)
 	return h
 }
 
