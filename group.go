@@ -540,8 +540,9 @@ func (m *groupMember) nextWake(g *sessionGen) time.Duration {
 		return 0
 	}
 	var wait time.Duration
-	if next, ok := nextExpiry(m.members, g.id, time.Now()); ok {
-		wait = time.Until(next) + standbyMargin
+	if next, ok := nextExpiry(m.members, g.id, time.Time{}); ok {
+		// An expiry already past (the read was slow) is read again soon.
+		wait = max(time.Until(next), 0) + standbyMargin
 	}
 	owned := 0
 	for _, h := range m.owning {

@@ -90,13 +90,16 @@ func (h *wakeHub) notify(payload string) {
 	}
 }
 
-// wakeAll wakes every consumer and the group member, after notifications
-// may have been missed.
+// wakeAll wakes every owner and the group member, after notifications may
+// have been missed. Consumers that wait for their topic learn from the claim
+// whether a message waits.
 func (h *wakeHub) wakeAll() {
 	h.mu.Lock()
 	for _, set := range h.byTopic {
 		for c := range set {
-			c.poke()
+			if c.owning.Load() {
+				c.poke()
+			}
 		}
 	}
 	h.mu.Unlock()

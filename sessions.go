@@ -408,12 +408,15 @@ func (k *sessionKeeper) groupMembers() ([]member, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), k.stmtTimeout())
 	defer cancel()
 	q := k.adapter.GroupMembers(GroupParams{ConsumerGroup: k.group})
-	read := time.Now()
 	rows, err := k.pool.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return nil, fmt.Errorf("read the members of consumer group %q: %w", k.group, err)
 	}
 	defer rows.Close()
+	// Expiries count from when the answer came, not from when the query
+	// was sent (it may have waited for a pool connection): a member wakes
+	// after another's expiry on the server, never before.
+	read := time.Now()
 	var members []member
 	for rows.Next() {
 		var (
