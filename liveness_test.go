@@ -133,6 +133,13 @@ func measureIdleTopics(t *testing.T, topics int) {
 	claimsBefore := claimXmins()
 	require.Len(t, claimsBefore, topics)
 	sessionID, xmin := sessionXmin()
+	// Start the window once the start-up is over: two idle polls have run
+	// since every topic was claimed (the member's last claims, reads of the
+	// group and the first reads of the topics come before).
+	if stats != nil {
+		polls := stats.idlePolls(t)
+		waitFor(t, 30*time.Second, "two idle polls", func() bool { return stats.idlePolls(t) >= polls+2 })
+	}
 	statsBefore := stats.snapshot(t)
 	start := time.Now()
 	sessionWrites := 0
@@ -234,6 +241,15 @@ func newStatements(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSche
 		sessions: table(adapter, pglease.DefaultConsumerSessionsTable),
 		offsets:  table(adapter, pglease.DefaultConsumerOffsetsTable),
 	}
+}
+
+// idlePolls returns how many idle polls (VisibleTopics) ran on the schema.
+func (s *statements) idlePolls(t *testing.T) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, s.pool.QueryRow(context.Background(), testQuery+`SELECT COALESCE(sum(calls), 0)::bigint
+FROM pg_stat_statements WHERE query LIKE 'SELECT t.n%' AND query LIKE '%' || $1 || '%'`, s.schema).Scan(&n))
+	return n
 }
 
 // snapshot sums calls of every statement that names the schema, and the
