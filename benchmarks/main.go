@@ -232,6 +232,9 @@ func run(ctx context.Context, cfg config) error {
 			if round%2 == 0 {
 				slices.Reverse(order)
 			}
+			if w.pgleaseOnly {
+				order = []backend{pgleaseBackend{}}
+			}
 			for _, b := range order {
 				if ctx.Err() != nil {
 					return fmt.Errorf("interrupted: %w", context.Cause(ctx))

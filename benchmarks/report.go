@@ -69,11 +69,19 @@ func (r *results) rows(cfg config) []row {
 				// A fallback metric that was not needed.
 				continue
 			}
+			if len(x.pg) > 0 {
+				x.pgMed = median(x.pg)
+			}
+			if len(x.ws) > 0 {
+				x.wsMed = median(x.ws)
+			}
 			if len(x.pg) > 0 && len(x.ws) > 0 {
 				x.complete = true
-				x.pgMed, x.wsMed = median(x.pg), median(x.ws)
 				x.ratio = x.pgMed / x.wsMed
 				x.met = judge(m.target, x.pgMed, x.ratio)
+			} else if len(x.pg) > 0 && (m.target.kind == pgleaseAtMost || m.target.kind == pgleaseAtLeast) {
+				// An absolute target needs no watermill-sql value.
+				x.met = judge(m.target, x.pgMed, 0)
 			}
 			rows = append(rows, x)
 		}
@@ -179,15 +187,21 @@ func (x row) cells() []string {
 	if x.complete {
 		return []string{x.m.label, x.m.unit, formatValue(x.pgMed), formatValue(x.wsMed), formatRatio(x.ratio), target, x.met}
 	}
-	pg, ws := "n/a", "n/a"
+	pg, ws, ratio := "n/a", "n/a", "n/a"
 	if len(x.pg) > 0 {
-		pg = formatValue(median(x.pg))
+		pg = formatValue(x.pgMed)
 	}
 	if len(x.ws) > 0 {
-		ws = formatValue(median(x.ws))
+		ws = formatValue(x.wsMed)
 	}
-	return []string{x.m.label, x.m.unit, pg, ws, "n/a", target, ""}
+	if x.m.pgleaseOnly {
+		ws, ratio = notMeasured, notMeasured
+	}
+	return []string{x.m.label, x.m.unit, pg, ws, ratio, target, x.met}
 }
+
+// notMeasured fills the watermill-sql cells of a pglease-only row.
+const notMeasured = "—"
 
 var tableHeader = []string{"workload", "unit", "pglease", "watermill-sql", "pglease ÷ watermill-sql", "target", "met"}
 
@@ -271,7 +285,7 @@ func writeMarkdown(w io.Writer, rows []row, res *results, info machineInfo) {
 		"Drain and Router: the backlog is published beforehand in calls of 1,000 messages from 4 goroutines; the clock runs from Subscribe (Router.Run) until the last message is acked (handled).",
 		"Latency: one message per Publish call at a fixed rate; latency is from just before Publish to the subscriber's channel delivering it, on the monotonic clock of one process. Warm-up messages sent until the subscriber delivers are not counted.",
 		"Idle load: one Subscriber subscribed to every topic, no messages. Once the subscriptions are set up, this database's `pg_stat_statements` entries are reset; when the per-second rate has settled, the window counts the calls of every top-level statement (BEGIN and COMMIT included) that the server ran in this database. Only without `pg_stat_statements` does it fall back to `pg_stat_database` xact_commit + xact_rollback, which backends report lazily (an idle backend up to 10 s late), so set-up work leaks into the window.",
-		"The ratio column is pglease ÷ watermill-sql; the chart shows how many times better pglease is (the inverse for rows where lower is better).",
+		"The ratio column is pglease ÷ watermill-sql; the chart shows how many times better pglease is (the inverse for rows where lower is better). Rows marked " + notMeasured + " are pglease alone: watermill-sql has no counterpart.",
 	} {
 		fmt.Fprintf(w, "- %s\n", line)
 	}
@@ -279,7 +293,11 @@ func writeMarkdown(w io.Writer, rows []row, res *results, info machineInfo) {
 	fmt.Fprintf(w, "\n## Every round\n\n")
 	fmt.Fprintf(w, "| workload | unit | pglease | watermill-sql |\n|---|---|---|---|\n")
 	for _, x := range rows {
-		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", x.m.label, x.m.unit, roundList(x.pg), roundList(x.ws))
+		ws := roundList(x.ws)
+		if x.m.pgleaseOnly {
+			ws = notMeasured
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", x.m.label, x.m.unit, roundList(x.pg), ws)
 	}
 	var failures []string
 	for _, x := range rows {

@@ -70,6 +70,8 @@ type metric struct {
 	unit   string
 	better direction
 	target target
+	// pgleaseOnly: watermill-sql has no counterpart to measure.
+	pgleaseOnly bool
 }
 
 // workload is one measurement; run returns a value for each of its metrics.
@@ -77,6 +79,8 @@ type workload struct {
 	id      string
 	metrics []metric
 	run     func(ctx context.Context, e *env, h handle) (map[string]float64, error)
+	// pgleaseOnly workloads run on pglease alone.
+	pgleaseOnly bool
 }
 
 func (w workload) describe(vals map[string]float64) string {
