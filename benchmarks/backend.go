@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 
+	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -33,6 +35,10 @@ type backend interface {
 type handle interface {
 	publisher() (message.Publisher, error)
 	subscriber() (message.Subscriber, error)
+	// member returns a Subscriber of the consumer group with a connection
+	// pool of its own (at most cfg.memberConns connections), as a member in
+	// a process of its own would have, and a function that closes both.
+	member() (message.Subscriber, func() error, error)
 	// initTopic creates the tables topic needs, so that no workload times
 	// DDL.
 	initTopic(ctx context.Context, topic string) error
@@ -48,17 +54,27 @@ func (pgleaseBackend) name() string  { return "pglease" }
 func (pgleaseBackend) short() string { return "pgl" }
 
 func (pgleaseBackend) open(ctx context.Context, e *env, ns string) (handle, error) {
+	pool, err := e.pgleasePool(e.cfg.conns)
+	if err != nil {
+		return nil, err
+	}
+	// The schema itself is created by pglease's schema initialization.
+	return &pgleaseHandle{e: e, ns: ns, pool: pool, adapter: pglease.DefaultSchemaAdapter{Schema: ns}}, nil
+}
+
+// pgleasePool opens a pool of at most conns connections (it connects on
+// first use).
+func (e *env) pgleasePool(conns int) (*pgxpool.Pool, error) {
 	pc, err := e.poolConfig()
 	if err != nil {
 		return nil, err
 	}
-	pc.MaxConns = int32(e.cfg.conns)
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	pc.MaxConns = int32(conns)
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {
 		return nil, fmt.Errorf("pglease pool: %w", err)
 	}
-	// The schema itself is created by pglease's schema initialization.
-	return &pgleaseHandle{e: e, ns: ns, pool: pool, adapter: pglease.DefaultSchemaAdapter{Schema: ns}}, nil
+	return pool, nil
 }
 
 type pgleaseHandle struct {
@@ -77,11 +93,42 @@ func (h *pgleaseHandle) subscriber() (message.Subscriber, error) {
 }
 
 func (h *pgleaseHandle) newSubscriber(initializeSchema bool) (message.Subscriber, error) {
-	return pglease.NewSubscriber(h.pool, pglease.SubscriberConfig{
+	return newPgleaseSubscriber(h.pool, h.ns, initializeSchema, h.e.logger)
+}
+
+// newPgleaseSubscriber returns a Subscriber of the consumer group with the
+// default configuration in schema ns.
+func newPgleaseSubscriber(pool *pgxpool.Pool, ns string, initializeSchema bool, logger watermill.LoggerAdapter) (*pglease.Subscriber, error) {
+	return pglease.NewSubscriber(pool, pglease.SubscriberConfig{
 		ConsumerGroup:    consumerGroup,
 		InitializeSchema: initializeSchema,
-		SchemaAdapter:    h.adapter,
-	}, h.e.logger)
+		SchemaAdapter:    pglease.DefaultSchemaAdapter{Schema: ns},
+	}, logger)
+}
+
+func (h *pgleaseHandle) member() (message.Subscriber, func() error, error) {
+	pool, err := h.e.pgleasePool(h.e.cfg.memberConns)
+	if err != nil {
+		return nil, nil, err
+	}
+	sub, err := newPgleaseSubscriber(pool, h.ns, false, h.e.logger)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return sub, func() error {
+		err := sub.Close()
+		pool.Close()
+		return err
+	}, nil
+}
+
+func (h *pgleaseHandle) offsetsTable() string { return offsetsTable(h.ns) }
+
+// offsetsTable is the quoted name of pglease's consumer offsets table in
+// schema ns.
+func offsetsTable(ns string) string {
+	return pgx.Identifier{ns, pglease.DefaultConsumerOffsetsTable}.Sanitize()
 }
 
 func (h *pgleaseHandle) initTopic(ctx context.Context, topic string) error {
@@ -109,15 +156,25 @@ func (watermillSQLBackend) open(ctx context.Context, e *env, ns string) (handle,
 	if _, err := e.admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{ns}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("create schema %s: %w", ns, err)
 	}
+	db, err := e.watermillSQLDB(ns, e.cfg.conns)
+	if err != nil {
+		return nil, err
+	}
+	return &watermillSQLHandle{e: e, ns: ns, db: db}, nil
+}
+
+// watermillSQLDB opens a database/sql pool of at most conns connections,
+// all kept when idle, for schema ns (see open).
+func (e *env) watermillSQLDB(ns string, conns int) (*sql.DB, error) {
 	cc, err := e.connConfig()
 	if err != nil {
 		return nil, err
 	}
 	cc.RuntimeParams["search_path"] = ns
 	db := stdlib.OpenDB(*cc)
-	db.SetMaxOpenConns(e.cfg.conns)
-	db.SetMaxIdleConns(e.cfg.conns)
-	return &watermillSQLHandle{e: e, ns: ns, db: db}, nil
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	return db, nil
 }
 
 type watermillSQLHandle struct {
@@ -137,12 +194,31 @@ func (h *watermillSQLHandle) subscriber() (message.Subscriber, error) {
 }
 
 func (h *watermillSQLHandle) newSubscriber(initializeSchema bool) (message.Subscriber, error) {
-	return wsql.NewSubscriber(h.db, wsql.SubscriberConfig{
+	return newWatermillSQLSubscriber(h.db, initializeSchema, h.e.logger)
+}
+
+func (h *watermillSQLHandle) member() (message.Subscriber, func() error, error) {
+	db, err := h.e.watermillSQLDB(h.ns, h.e.cfg.memberConns)
+	if err != nil {
+		return nil, nil, err
+	}
+	sub, err := newWatermillSQLSubscriber(db, false, h.e.logger)
+	if err != nil {
+		_ = db.Close()
+		return nil, nil, err
+	}
+	return sub, func() error {
+		return errors.Join(sub.Close(), db.Close())
+	}, nil
+}
+
+func newWatermillSQLSubscriber(db *sql.DB, initializeSchema bool, logger watermill.LoggerAdapter) (message.Subscriber, error) {
+	return wsql.NewSubscriber(db, wsql.SubscriberConfig{
 		ConsumerGroup:    consumerGroup,
 		SchemaAdapter:    wsql.DefaultPostgreSQLSchema{},
 		OffsetsAdapter:   wsql.DefaultPostgreSQLOffsetsAdapter{},
 		InitializeSchema: initializeSchema,
-	}, h.e.logger)
+	}, logger)
 }
 
 func (h *watermillSQLHandle) initTopic(ctx context.Context, topic string) error {

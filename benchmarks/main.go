@@ -5,9 +5,12 @@
 // Each workload runs for several rounds; in every round both backends run
 // once, each in a fresh, empty PostgreSQL schema, and the order of the two
 // alternates from round to round, so that noise from other work on the
-// machine falls on both alike. The table is printed to standard output and,
-// unless told otherwise, written to results.md with a bar chart of the
-// ratios in results.svg.
+// machine falls on both alike. Workloads that watermill-sql has no
+// counterpart for (how a consumer group splits its topics, one Subscriber
+// on 100,000 topics) run pglease alone; some of them run the benchmark
+// binary again as a child process (child.go). The table is printed to
+// standard output and, unless told otherwise, written to results.md with a
+// bar chart of the ratios in results.svg.
 //
 // Usage (from the repository root, with a throwaway PostgreSQL):
 //
@@ -31,6 +34,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -38,6 +42,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	pglease "github.com/pglease/watermill-pglease"
 )
 
 // config holds the knobs of one run. Their defaults are the workloads of
@@ -63,7 +69,22 @@ type config struct {
 	idleSettle     time.Duration
 	idleFor        time.Duration
 	routerMessages int
+
+	// The consumer-group workloads (issue 10).
+	groupWindow time.Duration
+	groupSettle time.Duration
+	memberConns int
+	manyTopics  []int
 }
+
+// defaultGroupWindow is ten heartbeats at the default SessionTTL: every
+// timer of an idle Subscriber (heartbeat every SessionTTL/3, idle poll
+// every PollInterval, expired-session clean-up every tenth heartbeat) runs
+// a whole number of times in it, whatever its phase.
+const defaultGroupWindow = 10 * pglease.DefaultSessionTTL / 3
+
+// defaultManyTopics are the sizes of the many-topics workloads.
+var defaultManyTopics = []int{10_000, 100_000}
 
 func parseFlags(args []string) (config, error) {
 	var c config
@@ -72,7 +93,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.dsn, "dsn", "", "PostgreSQL URL (default: $PGLEASE_TEST_DSN, else $DATABASE_URL)")
 	fs.IntVar(&c.rounds, "rounds", 3, "rounds per workload; each round runs both backends once")
 	fs.BoolVar(&c.quick, "quick", os.Getenv("PGLEASE_BENCH_QUICK") != "", "one short round of each workload, smaller sizes, no files written unless -out is set (also PGLEASE_BENCH_QUICK=1)")
-	fs.StringVar(&only, "only", "", "comma-separated workloads to run: "+strings.Join(workloadIDs(), ","))
+	fs.StringVar(&only, "only", "", "comma-separated workloads to run: "+strings.Join(workloadIDs(config{manyTopics: defaultManyTopics}), ","))
 	fs.IntVar(&c.conns, "conns", 64, "maximum connections of each backend's pool (the same for both)")
 	fs.StringVar(&c.out, "out", ".", "directory for results.md and results.svg; empty: write nothing")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "directory for a CPU profile of every measured run (WORKLOAD-BACKEND-rN.pprof)")
@@ -89,6 +110,11 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.idleSettle, "idle-settle", 3*time.Second, "wait after the last Subscribe before the idle window opens")
 	fs.DurationVar(&c.idleFor, "idle-for", 10*time.Second, "length of the idle window")
 	fs.IntVar(&c.routerMessages, "router-messages", 20_000, "messages the Router workload consumes")
+	fs.DurationVar(&c.groupWindow, "group-window", defaultGroupWindow, "length of the idle windows of the consumer-group workloads (default: 10 heartbeats at the default SessionTTL)")
+	fs.DurationVar(&c.groupSettle, "group-settle", 11*time.Second, "wait after the load of a consumer-group workload settled before its idle window opens (at least 1.1s); pg_stat_database hears of a backend's transactions up to 10s late")
+	fs.IntVar(&c.memberConns, "member-conns", 16, "maximum connections of the pool of each group member (the same for both backends; 10 members of -conns would pass a default max_connections)")
+	manyTopics := intList(defaultManyTopics)
+	fs.Var(&manyTopics, "many-topics", "comma-separated topic counts of the many-topics workloads (one Subscriber, one process each)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -108,6 +134,9 @@ func parseFlags(args []string) (config, error) {
 			"idle-settle":     func() { c.idleSettle = 2 * time.Second },
 			"idle-for":        func() { c.idleFor = 3 * time.Second },
 			"router-messages": func() { c.routerMessages = 2_000 },
+			"group-window":    func() { c.groupWindow = 3 * time.Second },
+			"group-settle":    func() { c.groupSettle = 2 * time.Second },
+			"many-topics":     func() { manyTopics = intList{1_000, 10_000} },
 		}
 		for name, apply := range quick {
 			if !set[name] {
@@ -115,6 +144,7 @@ func parseFlags(args []string) (config, error) {
 			}
 		}
 	}
+	c.manyTopics = slices.Compact(slices.Sorted(slices.Values(manyTopics)))
 	if c.dsn == "" {
 		c.dsn = os.Getenv("PGLEASE_TEST_DSN")
 	}
@@ -127,8 +157,8 @@ func parseFlags(args []string) (config, error) {
 	if only != "" {
 		for _, id := range strings.Split(only, ",") {
 			id = strings.TrimSpace(id)
-			if !slices.Contains(workloadIDs(), id) {
-				return c, fmt.Errorf("-only: unknown workload %q (known: %s)", id, strings.Join(workloadIDs(), ", "))
+			if !slices.Contains(workloadIDs(c), id) {
+				return c, fmt.Errorf("-only: unknown workload %q (known: %s)", id, strings.Join(workloadIDs(c), ", "))
 			}
 			c.only = append(c.only, id)
 		}
@@ -136,12 +166,16 @@ func parseFlags(args []string) (config, error) {
 	switch {
 	case c.rounds < 1:
 		return c, errors.New("-rounds must be at least 1")
-	case c.conns < 1:
-		return c, errors.New("-conns must be at least 1")
+	case c.conns < 1 || c.memberConns < 1:
+		return c, errors.New("-conns and -member-conns must be at least 1")
 	case c.publishers < 1 || c.batchSize < 1 || c.backlog < 1 || c.latencyRate < 1 || c.idleTopics < 1 || c.routerMessages < 1:
 		return c, errors.New("-publishers, -batch, -backlog, -latency-rate, -idle-topics and -router-messages must be at least 1")
 	case c.publishFor <= 0 || c.latencyFor <= 0 || c.idleFor <= 0 || c.idleSettle < 0:
 		return c, errors.New("-publish-for, -latency-for and -idle-for must be positive, -idle-settle not negative")
+	case c.groupWindow <= 0 || c.groupSettle < 0:
+		return c, errors.New("-group-window must be positive, -group-settle not negative")
+	case len(c.manyTopics) == 0 || c.manyTopics[0] < 1:
+		return c, errors.New("-many-topics must list at least one count, each at least 1")
 	}
 	return c, nil
 }
@@ -152,8 +186,12 @@ type env struct {
 	cfg      config
 	database string // the run's own database; empty: the one of cfg.dsn
 	admin    *pgxpool.Pool
-	stats    bool // pg_stat_statements can be read
-	logger   watermill.LoggerAdapter
+	// server reads pg_stat_database from outside the run's database, so
+	// that the reads are not counted among the transactions they measure;
+	// it is admin when the run has no database of its own.
+	server *pgxpool.Pool
+	stats  bool // pg_stat_statements can be read
+	logger watermill.LoggerAdapter
 }
 
 func (e *env) log(format string, args ...any) {
@@ -161,6 +199,10 @@ func (e *env) log(format string, args ...any) {
 }
 
 func main() {
+	if os.Getenv(childEnv) != "" {
+		// A member process of a consumer-group workload (child.go).
+		os.Exit(runChild())
+	}
 	cfg, err := parseFlags(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(2)
@@ -213,6 +255,7 @@ func run(ctx context.Context, cfg config) error {
 		defer admin.Close()
 	}
 	e.admin = admin
+	e.server = bootstrap
 
 	e.stats, err = enableStatements(ctx, admin)
 	if err != nil {
@@ -231,6 +274,9 @@ func run(ctx context.Context, cfg config) error {
 			order := []backend{pgleaseBackend{}, watermillSQLBackend{}}
 			if round%2 == 0 {
 				slices.Reverse(order)
+			}
+			if w.pgleaseOnly {
+				order = []backend{pgleaseBackend{}}
 			}
 			for _, b := range order {
 				if ctx.Err() != nil {
@@ -253,7 +299,7 @@ func run(ctx context.Context, cfg config) error {
 	fmt.Println()
 	printTable(os.Stdout, rows)
 	if cfg.out != "" {
-		md, svg, err := writeReports(cfg.out, rows, res, info)
+		md, svg, err := writeReports(cfg.out, cfg, rows, res, info)
 		if err != nil {
 			return err
 		}
@@ -328,6 +374,16 @@ func runOne(ctx context.Context, e *env, w workload, b backend, round int) (map[
 		if err := h.close(cctx); err != nil {
 			e.log("clean-up of schema %s: %v", ns, err)
 		}
+		// The catalog rows of the dropped tables (thousands for
+		// watermill-sql's idle workloads) are vacuumed now: autovacuum
+		// would do it during the next run, and its transactions count in
+		// pg_stat_database, which the idle-group workload measures. Only
+		// in a database of the run's own: it holds nothing else.
+		if e.database != "" {
+			if _, err := e.admin.Exec(cctx, "VACUUM (ANALYZE)"); err != nil {
+				e.log("vacuum after dropping schema %s: %v", ns, err)
+			}
+		}
 		if d := time.Since(t0); d > 2*time.Second {
 			e.log("clean-up of schema %s took %s", ns, d.Round(time.Millisecond))
 		}
@@ -362,4 +418,28 @@ func runOne(ctx context.Context, e *env, w workload, b backend, round int) (map[
 		printTopStatements(os.Stderr, fmt.Sprintf("%s, %s", w.id, b.name()), before, after, 8)
 	}
 	return vals, nil
+}
+
+// intList is a flag of comma-separated integers.
+type intList []int
+
+func (l *intList) String() string {
+	var parts []string
+	for _, n := range *l {
+		parts = append(parts, strconv.Itoa(n))
+	}
+	return strings.Join(parts, ",")
+}
+
+func (l *intList) Set(s string) error {
+	var out intList
+	for _, part := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.ReplaceAll(strings.TrimSpace(part), "_", ""))
+		if err != nil {
+			return fmt.Errorf("not a number: %q", part)
+		}
+		out = append(out, n)
+	}
+	*l = out
+	return nil
 }

@@ -56,7 +56,21 @@ func (s statSnapshot) calls() int64 {
 	return n
 }
 
-func takeStatements(ctx context.Context, admin *pgxpool.Pool) (statSnapshot, error) {
+// execTime is the statements' total execution time, in milliseconds.
+func (s statSnapshot) execTime() float64 {
+	var ms float64
+	for _, e := range s {
+		ms += e.time
+	}
+	return ms
+}
+
+// querier is a pool or one connection of it.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+func takeStatements(ctx context.Context, admin querier) (statSnapshot, error) {
 	rows, err := admin.Query(ctx, `
 		SELECT userid::int8, coalesce(queryid, 0), toplevel, calls, total_exec_time,
 		       left(regexp_replace(query, '\s+', ' ', 'g'), 160)

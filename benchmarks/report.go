@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 )
 
 const (
@@ -69,11 +70,19 @@ func (r *results) rows(cfg config) []row {
 				// A fallback metric that was not needed.
 				continue
 			}
+			if len(x.pg) > 0 {
+				x.pgMed = median(x.pg)
+			}
+			if len(x.ws) > 0 {
+				x.wsMed = median(x.ws)
+			}
 			if len(x.pg) > 0 && len(x.ws) > 0 {
 				x.complete = true
-				x.pgMed, x.wsMed = median(x.pg), median(x.ws)
 				x.ratio = x.pgMed / x.wsMed
 				x.met = judge(m.target, x.pgMed, x.ratio)
+			} else if len(x.pg) > 0 && (m.target.kind == pgleaseAtMost || m.target.kind == pgleaseAtLeast) {
+				// An absolute target needs no watermill-sql value.
+				x.met = judge(m.target, x.pgMed, 0)
 			}
 			rows = append(rows, x)
 		}
@@ -179,15 +188,21 @@ func (x row) cells() []string {
 	if x.complete {
 		return []string{x.m.label, x.m.unit, formatValue(x.pgMed), formatValue(x.wsMed), formatRatio(x.ratio), target, x.met}
 	}
-	pg, ws := "n/a", "n/a"
+	pg, ws, ratio := "n/a", "n/a", "n/a"
 	if len(x.pg) > 0 {
-		pg = formatValue(median(x.pg))
+		pg = formatValue(x.pgMed)
 	}
 	if len(x.ws) > 0 {
-		ws = formatValue(median(x.ws))
+		ws = formatValue(x.wsMed)
 	}
-	return []string{x.m.label, x.m.unit, pg, ws, "n/a", target, ""}
+	if x.m.pgleaseOnly {
+		ws, ratio = notMeasured, notMeasured
+	}
+	return []string{x.m.label, x.m.unit, pg, ws, ratio, target, x.met}
 }
+
+// notMeasured fills the watermill-sql cells of a pglease-only row.
+const notMeasured = "—"
 
 var tableHeader = []string{"workload", "unit", "pglease", "watermill-sql", "pglease ÷ watermill-sql", "target", "met"}
 
@@ -213,7 +228,7 @@ func markdownTable(w io.Writer, rows []row) {
 }
 
 // writeReports writes results.md and results.svg into dir.
-func writeReports(dir string, rows []row, res *results, info machineInfo) (string, string, error) {
+func writeReports(dir string, cfg config, rows []row, res *results, info machineInfo) (string, string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", "", err
 	}
@@ -221,7 +236,7 @@ func writeReports(dir string, rows []row, res *results, info machineInfo) (strin
 	svgPath := filepath.Join(dir, "results.svg")
 
 	var md strings.Builder
-	writeMarkdown(&md, rows, res, info)
+	writeMarkdown(&md, cfg, rows, res, info)
 	if err := os.WriteFile(mdPath, []byte(md.String()), 0o644); err != nil {
 		return "", "", err
 	}
@@ -233,7 +248,7 @@ func writeReports(dir string, rows []row, res *results, info machineInfo) (strin
 	return mdPath, svgPath, nil
 }
 
-func writeMarkdown(w io.Writer, rows []row, res *results, info machineInfo) {
+func writeMarkdown(w io.Writer, cfg config, rows []row, res *results, info machineInfo) {
 	fmt.Fprintf(w, "# pglease vs watermill-sql\n\n")
 	fmt.Fprintf(w, "Medians of %d round(s) per workload, measured %s with `%s`.\n", rounds(rows), info.date.Format("2006-01-02 15:04 MST"), info.command)
 	fmt.Fprintf(w, "The file is written by the benchmark program (`benchmarks/`); rerun it rather than editing by hand.\n\n")
@@ -271,7 +286,10 @@ func writeMarkdown(w io.Writer, rows []row, res *results, info machineInfo) {
 		"Drain and Router: the backlog is published beforehand in calls of 1,000 messages from 4 goroutines; the clock runs from Subscribe (Router.Run) until the last message is acked (handled).",
 		"Latency: one message per Publish call at a fixed rate; latency is from just before Publish to the subscriber's channel delivering it, on the monotonic clock of one process. Warm-up messages sent until the subscriber delivers are not counted.",
 		"Idle load: one Subscriber subscribed to every topic, no messages. Once the subscriptions are set up, this database's `pg_stat_statements` entries are reset; when the per-second rate has settled, the window counts the calls of every top-level statement (BEGIN and COMMIT included) that the server ran in this database. Only without `pg_stat_statements` does it fall back to `pg_stat_database` xact_commit + xact_rollback, which backends report lazily (an idle backend up to 10 s late), so set-up work leaks into the window.",
-		"The ratio column is pglease ÷ watermill-sql; the chart shows how many times better pglease is (the inverse for rows where lower is better).",
+		fmt.Sprintf("Idle group (issue 10): 1, 3 and 10 Subscribers of one consumer group, each with a pool of its own and the default configuration (SessionTTL 10 s, PollInterval 1 s), in the benchmark's process, subscribe to the same %s topics, which get no messages; watermill-sql runs the 3-Subscriber case only. Once the group settled (pglease: every topic owned and split evenly), the server's statement rate is steady from one second to the next, and %s more passed (pg_stat_database hears of a backend's transactions up to 10 s late), the window counts the database's xact_commit + xact_rollback in pg_stat_database over %s (ten heartbeats: every timer of an idle Subscriber, the expired-session clean-up every tenth heartbeat included, runs a whole number of times), read from another database so that the reads are not counted.", thousands(cfg.idleTopics), cfg.groupSettle, cfg.groupWindow.Round(100*time.Millisecond)),
+		fmt.Sprintf("Group split (pglease only): %d Subscribers of one group on %d idle topics, one of them in a child process (the benchmark binary run again) and the others in the benchmark's process, each with a pool of its own and the default configuration. Once they own %d topics each, a Subscriber joins: the time from its first Subscribe call until every member owns %d±1. Then the child is killed with SIGKILL, so that its session stays until it expires and nothing is released: the time from the kill until the other %d own %d±1 each. Ownership is read from the offsets table every 10 ms.", balanceMembers, balanceTopics, balanceTopics/balanceMembers, balanceTopics/(balanceMembers+1), balanceMembers, balanceTopics/balanceMembers),
+		fmt.Sprintf("Many topics (pglease only): one Subscriber with the default configuration, in a child process of its own, subscribes to every topic (their offset rows do not exist yet). Claimed: from its first Subscribe call until the offsets table shows every topic owned (polled at most every 50 ms). Idle: once the statement rate is steady and %s more passed, statements (pg_stat_statements, as for idle load) over %s. Memory: `runtime.MemStats` HeapAlloc + StackInuse after two GCs, after the idle window, less the same before the first Subscribe, per topic; the channels are not read (no messages). Close: how long `Subscriber.Close` takes.", cfg.groupSettle, cfg.groupWindow.Round(100*time.Millisecond)),
+		"The ratio column is pglease ÷ watermill-sql; the chart shows how many times better pglease is (the inverse for rows where lower is better). Rows marked " + notMeasured + " are pglease alone: watermill-sql has no counterpart.",
 	} {
 		fmt.Fprintf(w, "- %s\n", line)
 	}
@@ -279,7 +297,11 @@ func writeMarkdown(w io.Writer, rows []row, res *results, info machineInfo) {
 	fmt.Fprintf(w, "\n## Every round\n\n")
 	fmt.Fprintf(w, "| workload | unit | pglease | watermill-sql |\n|---|---|---|---|\n")
 	for _, x := range rows {
-		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", x.m.label, x.m.unit, roundList(x.pg), roundList(x.ws))
+		ws := roundList(x.ws)
+		if x.m.pgleaseOnly {
+			ws = notMeasured
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", x.m.label, x.m.unit, roundList(x.pg), ws)
 	}
 	var failures []string
 	for _, x := range rows {

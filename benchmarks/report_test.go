@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -27,13 +28,20 @@ func sampleRows(t *testing.T) []row {
 		"latency-p99":        {{30, 31, 29}, {990, 995, 996}},
 		"idle-statements":    {{1.3, 1.4, 1.2}, {2900, 3000, 2950}},
 		"router":             {{40000, 41000, 39000}, {20000, 21000, 19000}},
+		"group-idle-1":       {{1.4, 1.5, 1.3}, nil},
+		"group-idle-3":       {{4.1, 4.3, 4.2}, {700, 710, 690}},
+		"group-idle-10":      {{14, 15, 16}, nil},
+		"balance-join":       {{0.2, 0.3, 0.25}, nil},
+		"balance-kill":       {{9.1, 8.2, 7.3}, nil},
+		"many-claim-100000":  {{61, 62, 63}, nil},
+		"many-heap-100000":   {{7.1, 7.2, 7.3}, nil},
 	}
 	for _, w := range workloads(cfg) {
 		for i := range 3 {
 			for b, name := range []string{pgleaseName, watermillSQLName} {
 				vals := map[string]float64{}
 				for _, m := range w.metrics {
-					if v, ok := values[m.key]; ok {
+					if v, ok := values[m.key]; ok && v[b] != nil {
 						vals[m.key] = v[b][i]
 					}
 				}
@@ -57,6 +65,11 @@ func TestReportTargets(t *testing.T) {
 		"latency-p99":        "no", // 30 ms
 		"idle-statements":    "yes",
 		"router":             "",
+		"group-idle-1":       "",
+		"group-idle-3":       "yes", // 4.2 ≤ 15, judged on pglease alone
+		"balance-kill":       "",
+		"many-claim-100000":  "no",  // 62 s, pglease alone
+		"many-heap-100000":   "yes", // 7.2 KiB, pglease alone
 	}
 	for k, v := range want {
 		if met[k] != v {
@@ -96,8 +109,14 @@ func TestMarkdownTable(t *testing.T) {
 	var b strings.Builder
 	markdownTable(&b, sampleRows(t))
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
-	if len(lines) != 2+7 {
-		t.Fatalf("got %d lines, want a header, a rule and 7 rows (no row for the unused fallback metric):\n%s", len(lines), b.String())
+	if len(lines) != 2+14 {
+		t.Fatalf("got %d lines, want a header, a rule and 14 rows (none for metrics without values):\n%s", len(lines), b.String())
+	}
+	// A pglease-only row shows that watermill-sql was not measured, and its
+	// absolute target is judged.
+	want := "| 1 Subscriber, 100,000 topics: Go heap and stacks per idle topic, after GC | KiB | 7.20 | — | — | pglease ≤ 8 KiB | yes |"
+	if !strings.Contains(b.String(), want+"\n") {
+		t.Errorf("table lacks the row\n%s\n%s", want, b.String())
 	}
 	for _, l := range lines {
 		if got := strings.Count(l, " | ") + 2; got != len(tableHeader)+1 && !strings.HasPrefix(l, "|---") {
@@ -127,5 +146,39 @@ func TestQuickKeepsExplicitFlags(t *testing.T) {
 func TestPayloadSize(t *testing.T) {
 	if len(payload) != payloadSize {
 		t.Fatalf("payload is %d bytes", len(payload))
+	}
+}
+
+func TestSplitHolds(t *testing.T) {
+	for _, tc := range []struct {
+		s      split
+		counts []int
+		want   bool
+	}{
+		{fairSplit(3, 1000), []int{333, 333, 334}, true},
+		{fairSplit(3, 1000), []int{332, 334, 334}, false},
+		{fairSplit(3, 1000), []int{333, 333}, false},
+		{fairSplit(4, 200), []int{50, 50, 50, 50}, true},
+		{fairSplit(4, 200), []int{50, 50, 50, 49}, false}, // one topic not owned
+		{split{members: 5, lo: 39, hi: 41}, []int{39, 40, 40, 40, 41}, true},
+		{split{members: 5, lo: 39, hi: 41}, []int{38, 40, 40, 41, 41}, false},
+		{split{members: 4, lo: 49, hi: 51}, []int{10, 49, 50, 50, 41}, false}, // the dead member still owns some
+	} {
+		if got := tc.s.holds(tc.counts); got != tc.want {
+			t.Errorf("%v holds %v = %v, want %v", tc.s, tc.counts, got, tc.want)
+		}
+	}
+}
+
+func TestWorkloadIDsFollowManyTopics(t *testing.T) {
+	cfg, err := parseFlags([]string{"-dsn", "x", "-many-topics", "500,2_000", "-only", "many-topics-2000,group-idle"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(cfg.manyTopics, []int{500, 2000}) {
+		t.Fatalf("many-topics = %v", cfg.manyTopics)
+	}
+	if _, err := parseFlags([]string{"-dsn", "x", "-only", "many-topics-5"}); err == nil {
+		t.Fatal("-only accepted a many-topics size that -many-topics does not list")
 	}
 }

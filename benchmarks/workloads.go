@@ -70,6 +70,8 @@ type metric struct {
 	unit   string
 	better direction
 	target target
+	// pgleaseOnly: watermill-sql has no counterpart to measure.
+	pgleaseOnly bool
 }
 
 // workload is one measurement; run returns a value for each of its metrics.
@@ -77,6 +79,8 @@ type workload struct {
 	id      string
 	metrics []metric
 	run     func(ctx context.Context, e *env, h handle) (map[string]float64, error)
+	// pgleaseOnly workloads run on pglease alone.
+	pgleaseOnly bool
 }
 
 func (w workload) describe(vals map[string]float64) string {
@@ -89,11 +93,11 @@ func (w workload) describe(vals map[string]float64) string {
 	return strings.Join(parts, ", ")
 }
 
-// workloads lists the workloads in the order they run. Idle load runs last:
-// watermill-sql creates and drops two tables per topic there, and the
-// catalog clean-up that follows would slow down whatever ran next.
+// workloads lists the workloads in the order they run. The idle workloads
+// run last: watermill-sql creates and drops two tables per topic there, and
+// the catalog clean-up that follows would slow down whatever ran next.
 func workloads(cfg config) []workload {
-	return []workload{
+	ws := []workload{
 		{
 			id: "publish-concurrent",
 			metrics: []metric{{
@@ -184,11 +188,19 @@ func workloads(cfg config) []workload {
 			run: runIdle,
 		},
 	}
+	// The consumer-group workloads of issue 10 (group.go): the pglease-only
+	// ones before the idle workloads, the idle group after them.
+	idle := ws[len(ws)-1]
+	ws = append(ws[:len(ws)-1], balanceWorkload())
+	for _, n := range cfg.manyTopics {
+		ws = append(ws, manyTopicsWorkload(n))
+	}
+	return append(ws, idle, groupIdleWorkload(cfg))
 }
 
-func workloadIDs() []string {
+func workloadIDs(cfg config) []string {
 	var ids []string
-	for _, w := range workloads(config{}) {
+	for _, w := range workloads(cfg) {
 		ids = append(ids, w.id)
 	}
 	return ids
@@ -611,12 +623,12 @@ func settle(ctx context.Context, e *env) error {
 		}
 		rate := (count(cur) - count(prev)) / cur.at.Sub(prev.at).Seconds()
 		if prevRate >= 0 && math.Abs(rate-prevRate) <= math.Max(0.2*prevRate, 5) {
-			e.log("idle: steady after %s (%.0f, then %.0f per second)", time.Since(t0).Round(time.Millisecond), prevRate, rate)
+			e.log("steady after %s (%.0f, then %.0f per second)", time.Since(t0).Round(time.Millisecond), prevRate, rate)
 			return nil
 		}
 		prev, prevRate = cur, rate
 	}
-	e.log("idle: the load did not settle within a minute; measuring anyway")
+	e.log("the load did not settle within a minute; measuring anyway")
 	return nil
 }
 
