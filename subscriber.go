@@ -46,11 +46,12 @@ type SubscriberConfig struct {
 	SessionTTL time.Duration
 
 	// PollInterval is the fallback for missed notifications. Subscribers
-	// LISTEN for new messages and released topics and are woken at once;
-	// besides, every PollInterval one statement per Subscriber checks all
-	// its idle topics for messages, and a hot standby retries its claim at
-	// least this often (and just after the owner's session runs out). Default
-	// DefaultPollInterval (1s).
+	// LISTEN for new messages, released topics and members of their group
+	// that come and go, and are woken at once; besides, every PollInterval
+	// one statement per Subscriber checks all its idle topics for messages,
+	// and a Subscriber that holds less than its share of its group's topics
+	// tries one claim statement this often. Default DefaultPollInterval
+	// (1s).
 	PollInterval time.Duration
 
 	// NackResendDelay is how long after a Nack the same message is
@@ -442,9 +443,9 @@ func (m storedMessage) toMessage() (*message.Message, error) {
 	return msg, nil
 }
 
-// consumer is one Subscribe call: it waits for the session, claims the
-// topic (or waits as a hot standby), then delivers messages until its
-// context ends or ownership is lost.
+// consumer is one Subscribe call: it registers its topic with the group
+// member, waits for the member to grant it, delivers it while it owns it,
+// and gives it back when the member asks, until its context ends.
 type consumer struct {
 	s      *Subscriber
 	topic  string
