@@ -65,6 +65,7 @@ func (g *groupCommitter) insertMany(ctx context.Context, calls []InsertMessagesP
 		combined.UUIDs = append(combined.UUIDs, p.UUIDs...)
 		combined.Payloads = append(combined.Payloads, p.Payloads...)
 		combined.Metadata = append(combined.Metadata, p.Metadata...)
+		combined.PartitionHashes = append(combined.PartitionHashes, p.PartitionHashes...)
 	}
 	return nil, execInsert(ctx, g.pool, g.adapter, combined)
 }

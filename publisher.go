@@ -20,6 +20,8 @@ import (
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // PublisherConfig configures a [Publisher]. The zero value is valid.
@@ -32,6 +34,16 @@ type PublisherConfig struct {
 
 	// SchemaAdapter builds every SQL statement. Default DefaultSchemaAdapter{}.
 	SchemaAdapter SchemaAdapter
+
+	// PartitionKey returns the partition key of a message published to a
+	// topic with partitions (see [CreateTopic]): messages with the same
+	// key go to the same partition ([PartitionOf]) and are delivered in
+	// order. Nil means the value of the message's PartitionKeyMetadata
+	// ("partition_key") metadata. A message with an empty key is placed by
+	// its UUID, which spreads such messages over the partitions with no
+	// order between them. An error fails the Publish call before anything
+	// is stored. On a topic with one partition the key does not matter.
+	PartitionKey func(topic string, msg *message.Message) (string, error)
 }
 
 func (c *PublisherConfig) setDefaults() {
@@ -116,7 +128,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err := validateTopic(topic); err != nil {
 		return err
 	}
-	params, err := buildInsertParams(topic, msgs)
+	params, err := buildInsertParams(topic, msgs, p.config.PartitionKey)
 	if err != nil {
 		return err
 	}
@@ -199,12 +211,13 @@ func (p *Publisher) initializeSchema(ctx context.Context) error {
 	return nil
 }
 
-func buildInsertParams(topic string, msgs []*message.Message) (InsertMessagesParams, error) {
+func buildInsertParams(topic string, msgs []*message.Message, keyFunc func(string, *message.Message) (string, error)) (InsertMessagesParams, error) {
 	params := InsertMessagesParams{
-		Topics:   make([]string, len(msgs)),
-		UUIDs:    make([]string, len(msgs)),
-		Payloads: make([][]byte, len(msgs)),
-		Metadata: make([]string, len(msgs)),
+		Topics:          make([]string, len(msgs)),
+		UUIDs:           make([]string, len(msgs)),
+		Payloads:        make([][]byte, len(msgs)),
+		Metadata:        make([]string, len(msgs)),
+		PartitionHashes: make([]uint32, len(msgs)),
 	}
 	for i, msg := range msgs {
 		if msg == nil {
@@ -218,6 +231,11 @@ func buildInsertParams(topic string, msgs []*message.Message) (InsertMessagesPar
 				return params, fmt.Errorf("%w: metadata %q of message %s must be UTF-8 without NUL bytes", ErrInvalidMessage, k, msg.UUID)
 			}
 		}
+		h, err := partitionHash(keyFunc, topic, msg)
+		if err != nil {
+			return params, fmt.Errorf("partition key of message %s for topic %q: %w", msg.UUID, topic, err)
+		}
+		params.PartitionHashes[i] = h
 		params.Topics[i] = topic
 		params.UUIDs[i] = msg.UUID
 		params.Payloads[i] = msg.Payload

@@ -20,6 +20,7 @@ const (
 	DefaultConsumerSessionsTable = "pglease_consumer_sessions"
 	DefaultConsumerOffsetsTable  = "pglease_consumer_offsets"
 	DefaultSchemaVersionTable    = "pglease_schema_version"
+	DefaultTopicsTable           = "pglease_topics"
 )
 
 // Query is one SQL statement and its parameters, as built by a [SchemaAdapter].
@@ -44,6 +45,11 @@ type InsertMessagesParams struct {
 	UUIDs    []string
 	Payloads [][]byte
 	Metadata []string // JSON objects; "" stores NULL (no metadata)
+	// PartitionHashes are the hashes of the messages' partition keys
+	// (see [PartitionOf]): a message goes to partition hash mod the
+	// topic's partition count, read from the topics table by the
+	// statement itself. Nil stores every message in partition 0.
+	PartitionHashes []uint32
 	// NotifyChannel, when not empty, is the channel notified once per
 	// distinct topic when the statement's transaction commits.
 	NotifyChannel string
@@ -63,6 +69,20 @@ type SelectMessagesParams struct {
 type VisibleTopicsParams struct {
 	Topics    []string
 	Positions []Position
+}
+
+// TopicParams are the settings of one topic.
+type TopicParams struct {
+	Topic      string
+	Partitions int
+	// NotifyChannel, when not empty, is notified with "p" + topic when the
+	// statement creates the topic or raises its partition count.
+	NotifyChannel string
+}
+
+// TopicsParams name topics whose settings are read together.
+type TopicsParams struct {
+	Topics []string
 }
 
 // SessionParams identify a consumer session.
@@ -136,8 +156,19 @@ type SchemaAdapter interface {
 	Prepare() []string
 
 	// NotifyChannel is the LISTEN/NOTIFY channel of this messages table.
-	// Payloads are "m" + topic (new messages) and "r" + topic (released).
+	// Payloads are "m" + topic (new messages), "r" + topic (released),
+	// "g" + consumer group (members changed) and "p" + topic (partition
+	// count raised).
 	NotifyChannel() string
+
+	// UpsertTopic creates the topic's settings row, or raises its partition
+	// count to p.Partitions, never lowering it, and notifies. Returns one
+	// row: old_partitions integer (NULL when the statement's snapshot had
+	// no row) and new_partitions integer (NULL when nothing was written).
+	UpsertTopic(p TopicParams) Query
+	// TopicPartitions returns one row per topic of p: topic text,
+	// partitions integer (1 for a topic with no settings row).
+	TopicPartitions(p TopicsParams) Query
 
 	// InsertMessages inserts messages in one statement, in order, and
 	// notifies p.NotifyChannel with "m" + topic for each distinct topic.
@@ -221,6 +252,8 @@ type DefaultSchemaAdapter struct {
 	ConsumerOffsetsTable string
 	// SchemaVersionTable defaults to DefaultSchemaVersionTable.
 	SchemaVersionTable string
+	// TopicsTable defaults to DefaultTopicsTable.
+	TopicsTable string
 }
 
 func (a DefaultSchemaAdapter) ident(name, def string) string {
@@ -245,6 +278,10 @@ func (a DefaultSchemaAdapter) offsets() string {
 	return a.ident(a.ConsumerOffsetsTable, DefaultConsumerOffsetsTable)
 }
 
+func (a DefaultSchemaAdapter) topics() string {
+	return a.ident(a.TopicsTable, DefaultTopicsTable)
+}
+
 // indexName builds a quoted index name from a table name; indexes live in
 // the table's schema, so the name is not schema-qualified.
 func (a DefaultSchemaAdapter) indexName(table, def, suffix string) string {
@@ -266,6 +303,7 @@ func (a DefaultSchemaAdapter) validate() error {
 		{"ConsumerSessionsTable", a.ConsumerSessionsTable},
 		{"ConsumerOffsetsTable", a.ConsumerOffsetsTable},
 		{"SchemaVersionTable", a.SchemaVersionTable},
+		{"TopicsTable", a.TopicsTable},
 	} {
 		if len(n.value) > 63 {
 			return fmt.Errorf("DefaultSchemaAdapter.%s must be at most 63 bytes, got %d", n.field, len(n.value))
@@ -361,6 +399,16 @@ CREATE TABLE IF NOT EXISTS ` + a.offsets() + ` (
 	ADD COLUMN IF NOT EXISTS subscription_size integer NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS ` + a.indexName(a.ConsumerSessionsTable, DefaultConsumerSessionsTable, "group_idx") + `
 	ON ` + a.sessions() + ` (consumer_group);`,
+	}, {
+		Version:     4,
+		Description: "topic settings: partition count",
+		// A topic without a row has one partition. The count only grows.
+		SQL: `CREATE TABLE IF NOT EXISTS ` + a.topics() + ` (
+	topic      text COLLATE "C" PRIMARY KEY,
+	partitions integer NOT NULL DEFAULT 1 CHECK (partitions >= 1),
+	created_at timestamptz NOT NULL DEFAULT now(),
+	updated_at timestamptz NOT NULL DEFAULT now()
+);`,
 	}}
 }
 
@@ -375,29 +423,67 @@ func (a DefaultSchemaAdapter) NotifyChannel() string {
 // InsertMessages implements [SchemaAdapter].
 //
 // When all messages have one topic (a single Publish call), the topic is
-// sent once instead of once per message.
+// sent once instead of once per message, and its partition count is read
+// once. A topic without a settings row has one partition: every hash maps
+// to partition 0.
 func (a DefaultSchemaAdapter) InsertMessages(p InsertMessagesParams) Query {
+	hashes := make([]int64, len(p.UUIDs))
+	for i := range hashes {
+		if i < len(p.PartitionHashes) {
+			hashes[i] = int64(p.PartitionHashes[i])
+		}
+	}
 	var topics any = p.Topics
 	topicExpr, topicsExpr := "m.topic", "unnest($1::text[])"
-	from := "unnest($1::text[], $2::text[], $3::bytea[], $4::text[]) WITH ORDINALITY AS m(topic, uuid, payload, metadata, n)"
+	from := "unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::bigint[]) WITH ORDINALITY AS m(topic, uuid, payload, metadata, hash, n)"
+	partitions := `(SELECT tp.partitions FROM ` + a.topics() + ` tp WHERE tp.topic = m.topic)`
 	if oneTopic(p.Topics) {
 		topics = p.Topics[0]
 		topicExpr, topicsExpr = "$1::text", "$1::text"
-		from = "unnest($2::text[], $3::bytea[], $4::text[]) WITH ORDINALITY AS m(uuid, payload, metadata, n)"
+		from = "unnest($2::text[], $3::bytea[], $4::text[], $5::bigint[]) WITH ORDINALITY AS m(uuid, payload, metadata, hash, n)"
+		partitions = `(SELECT tp.partitions FROM ` + a.topics() + ` tp WHERE tp.topic = $1::text)`
 	}
 	insert := `INSERT INTO ` + a.messages() + ` (topic, partition, uuid, payload, metadata)
-SELECT ` + topicExpr + `, 0, m.uuid, m.payload, NULLIF(m.metadata, '')::jsonb
+SELECT ` + topicExpr + `, m.hash % COALESCE(` + partitions + `, 1), m.uuid, m.payload, NULLIF(m.metadata, '')::jsonb
 FROM ` + from + `
 ORDER BY m.n`
 	if p.NotifyChannel == "" {
-		return Query{SQL: insert, Args: []any{topics, p.UUIDs, p.Payloads, p.Metadata}}
+		return Query{SQL: insert, Args: []any{topics, p.UUIDs, p.Payloads, p.Metadata, hashes}}
 	}
 	return Query{
 		SQL: `WITH inserted AS (
 ` + insert + `
 )
-SELECT pg_notify($5, 'm' || t.topic) FROM (SELECT DISTINCT ` + topicsExpr + ` AS topic) t`,
-		Args: []any{topics, p.UUIDs, p.Payloads, p.Metadata, p.NotifyChannel},
+SELECT pg_notify($6, 'm' || t.topic) FROM (SELECT DISTINCT ` + topicsExpr + ` AS topic) t`,
+		Args: []any{topics, p.UUIDs, p.Payloads, p.Metadata, hashes, p.NotifyChannel},
+	}
+}
+
+// UpsertTopic implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) UpsertTopic(p TopicParams) Query {
+	return Query{
+		SQL: `WITH old AS (
+	SELECT partitions FROM ` + a.topics() + ` WHERE topic = $1
+), up AS (
+	INSERT INTO ` + a.topics() + ` AS t (topic, partitions) VALUES ($1, $2)
+	ON CONFLICT (topic) DO UPDATE SET partitions = EXCLUDED.partitions, updated_at = now()
+		WHERE t.partitions < EXCLUDED.partitions
+	RETURNING partitions
+), notified AS (
+	SELECT pg_notify($3, 'p' || $1) FROM up WHERE $3 <> ''
+)
+SELECT (SELECT partitions FROM old), (SELECT partitions FROM up), (SELECT count(*) FROM notified)`,
+		Args: []any{p.Topic, p.Partitions, p.NotifyChannel},
+	}
+}
+
+// TopicPartitions implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) TopicPartitions(p TopicsParams) Query {
+	return Query{
+		SQL: `SELECT t.topic, COALESCE(tp.partitions, 1)
+FROM unnest($1::text[]) AS t(topic)
+LEFT JOIN ` + a.topics() + ` tp ON tp.topic = t.topic`,
+		Args: []any{p.Topics},
 	}
 }
 

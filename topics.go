@@ -1,0 +1,164 @@
+package pglease
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// MaxPartitions is the largest partition count a topic may have. Each
+// partition is a row per consumer group that is claimed, balanced and
+// delivered on its own.
+const MaxPartitions = 1024
+
+// PartitionKeyMetadata is the metadata key that gives a message's partition
+// key when [PublisherConfig.PartitionKey] is not set.
+const PartitionKeyMetadata = "partition_key"
+
+// TopicConfig is the settings of a topic, stored in the database so that
+// every process agrees on them. A topic that was never created has one
+// partition.
+type TopicConfig struct {
+	// Partitions is the number of partitions, from 1 to [MaxPartitions].
+	// 0 means 1. Messages with the same partition key go to the same
+	// partition and are delivered in order; the partitions of a topic are
+	// owned and delivered independently, by the members of each consumer
+	// group.
+	Partitions int
+
+	// SchemaAdapter names the tables. Default DefaultSchemaAdapter{}.
+	SchemaAdapter SchemaAdapter
+	// InitializeSchema creates or migrates the tables first.
+	InitializeSchema bool
+}
+
+// CreateTopic stores the settings of topic. It is idempotent: creating a
+// topic again with the same settings does nothing.
+//
+// The partition count of an existing topic may be raised: messages
+// published from then on spread over the new partitions, so a key may map
+// to another partition than before (as in Kafka), and order between a
+// key's messages published before and after the change is not kept.
+// Subscribers pick up the new partitions within a moment. Lowering the
+// count is refused with an error wrapping [ErrInvalidConfig]: the messages
+// and offsets of the dropped partitions would be stranded.
+//
+// db may be a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx (the settings then
+// commit with the transaction).
+func CreateTopic(ctx context.Context, db DB, topic string, config TopicConfig) error {
+	if err := validateTopic(topic); err != nil {
+		return err
+	}
+	if isNilDB(db) {
+		return fmt.Errorf("%w: CreateTopic needs a *pgxpool.Pool, *pgx.Conn or pgx.Tx, got nil", ErrInvalidConfig)
+	}
+	if config.Partitions == 0 {
+		config.Partitions = 1
+	}
+	if config.Partitions < 1 || config.Partitions > MaxPartitions {
+		return fmt.Errorf("%w: create topic %q: TopicConfig.Partitions must be between 1 and %d, got %d",
+			ErrInvalidConfig, topic, MaxPartitions, config.Partitions)
+	}
+	adapter := config.SchemaAdapter
+	if adapter == nil {
+		adapter = DefaultSchemaAdapter{}
+	}
+	if a, ok := adapter.(DefaultSchemaAdapter); ok {
+		if err := a.validate(); err != nil {
+			return fmt.Errorf("%w: TopicConfig.SchemaAdapter: %w", ErrInvalidConfig, err)
+		}
+	}
+	if config.InitializeSchema {
+		if err := initializeSchema(ctx, db, adapter); err != nil {
+			return err
+		}
+	}
+	q := adapter.UpsertTopic(TopicParams{Topic: topic, Partitions: config.Partitions,
+		NotifyChannel: adapter.NotifyChannel()})
+	var oldN, newN *int32
+	var notified int64
+	if err := db.QueryRow(ctx, q.SQL, q.Args...).Scan(&oldN, &newN, &notified); err != nil {
+		return fmt.Errorf("create topic %q: %w", topic, wrapMissingSchema(err))
+	}
+	if newN != nil {
+		return nil // created, or its partition count raised
+	}
+	current := oldN
+	if current == nil {
+		// Created by a concurrent call after this statement's snapshot.
+		rows, err := topicPartitions(ctx, db, adapter, []string{topic})
+		if err != nil {
+			return fmt.Errorf("create topic %q: %w", topic, err)
+		}
+		n := int32(rows[topic])
+		current = &n
+	}
+	if int(*current) > config.Partitions {
+		return fmt.Errorf("%w: create topic %q: it has %d partitions, and the count can only be raised, not lowered to %d",
+			ErrInvalidConfig, topic, *current, config.Partitions)
+	}
+	return nil
+}
+
+// topicPartitions reads the partition counts of topics.
+func topicPartitions(ctx context.Context, db DB, adapter SchemaAdapter, topics []string) (map[string]int, error) {
+	q := adapter.TopicPartitions(TopicsParams{Topics: topics})
+	rows, err := db.Query(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return nil, fmt.Errorf("read partition counts: %w", wrapMissingSchema(err))
+	}
+	defer rows.Close()
+	out := make(map[string]int, len(topics))
+	for rows.Next() {
+		var t string
+		var n int32
+		if err := rows.Scan(&t, &n); err != nil {
+			return nil, fmt.Errorf("read partition counts: %w", err)
+		}
+		out[t] = int(n)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read partition counts: %w", err)
+	}
+	return out, nil
+}
+
+// PartitionOf returns the partition of a key on a topic with partitions
+// partitions: the 32-bit FNV-1a hash of the key's bytes modulo partitions.
+// The same key maps to the same partition in every process, release and
+// restart, as long as the partition count stays.
+func PartitionOf(key string, partitions int) int {
+	if partitions <= 1 {
+		return 0
+	}
+	return int(keyHash(key) % uint32(partitions))
+}
+
+func keyHash(key string) uint32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	return h.Sum32()
+}
+
+// partitionHash returns the hash that places msg: of its partition key,
+// from keyFunc when set, else from the PartitionKeyMetadata metadata; a
+// message without a key (empty) is placed by the hash of its UUID, which
+// spreads such messages over the partitions.
+func partitionHash(keyFunc func(string, *message.Message) (string, error), topic string, msg *message.Message) (uint32, error) {
+	var key string
+	if keyFunc != nil {
+		k, err := keyFunc(topic, msg)
+		if err != nil {
+			return 0, err
+		}
+		key = k
+	} else {
+		key = msg.Metadata.Get(PartitionKeyMetadata)
+	}
+	if key == "" {
+		key = msg.UUID
+	}
+	return keyHash(key), nil
+}
