@@ -67,12 +67,13 @@ func scanClaim(rows pgx.Rows) (claimOutcome, error) {
 	for rows.Next() {
 		var (
 			kind, topic string
+			partition   int32
 			tx          *string
 			offset      *int64
 			hasNext     *bool
 			owner       *string
 		)
-		if err := rows.Scan(&kind, &topic, &o.epoch, &tx, &offset, &hasNext, &o.previous, &owner); err != nil {
+		if err := rows.Scan(&kind, &topic, &partition, &o.epoch, &tx, &offset, &hasNext, &o.previous, &owner); err != nil {
 			return o, err
 		}
 		o.claimed = kind == "c"

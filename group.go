@@ -59,19 +59,25 @@ type groupMember struct {
 	logger watermill.LoggerAdapter
 
 	mu      sync.Mutex
-	waiting map[string]*consumer // subscribed, not owned
-	owning  map[string]*held     // granted
-	set     rowSet               // the topics of waiting and owning
-	// unensured are subscribed topics whose offset row may not exist.
-	unensured map[string]struct{}
-	// unsettled are topics of a claim statement whose outcome is unknown:
+	waiting map[rowKey]*consumer // subscribed, not owned
+	owning  map[rowKey]*held     // granted
+	set     rowSet               // the rows of waiting and owning
+	// unensured are subscribed rows whose offset row may not exist.
+	unensured map[rowKey]struct{}
+	// unsettled are rows of a claim statement whose outcome is unknown:
 	// they may be this session's. The next claim takes them again and
 	// releases those that are no longer subscribed.
-	unsettled map[string]struct{}
-	// future holds back topics refused for a position ahead of the
+	unsettled map[rowKey]struct{}
+	// future holds back rows refused for a position ahead of the
 	// transaction counter: until when, and the wait before the next try
 	// (doubling from a second to a minute).
-	future map[string]futureHold
+	future map[rowKey]futureHold
+	// subs are the Subscriber's subscriptions by topic; unresolved those
+	// whose topic's partition count is to be read, with the mark's number
+	// (a mark made while a read runs is not cleared by that read).
+	subs       map[string]map[*subscription]struct{}
+	unresolved map[*subscription]uint64
+	marks      uint64
 	stale  bool // the members must be read again
 	// published is the set last written to the session row, under pubGen.
 	published rowSet
@@ -87,11 +93,13 @@ func newGroupMember(s *Subscriber) *groupMember {
 	return &groupMember{
 		s:         s,
 		logger:    s.logger,
-		waiting:   map[string]*consumer{},
-		owning:    map[string]*held{},
-		unensured: map[string]struct{}{},
-		unsettled: map[string]struct{}{},
-		future:    map[string]futureHold{},
+		waiting:    map[rowKey]*consumer{},
+		owning:     map[rowKey]*held{},
+		unensured:  map[rowKey]struct{}{},
+		unsettled:  map[rowKey]struct{}{},
+		future:     map[rowKey]futureHold{},
+		subs:       map[string]map[*subscription]struct{}{},
+		unresolved: map[*subscription]uint64{},
 		stale:     true,
 		kick:      make(chan struct{}, 1),
 	}
@@ -114,39 +122,88 @@ func (m *groupMember) membersChanged() {
 	m.wake()
 }
 
-// released wakes the loop if topic, just released by its owner, is one this
-// member waits for.
+// released wakes the loop if topic, a row of which was just released by its
+// owner, is one this member subscribes to.
 func (m *groupMember) released(topic string) {
 	m.mu.Lock()
-	_, ok := m.waiting[topic]
+	ok := len(m.subs[topic]) > 0
 	m.mu.Unlock()
 	if ok {
 		m.wake()
 	}
 }
 
-// register adds c's topic to the subscribed set; c then waits for a grant.
-func (m *groupMember) register(c *consumer) {
+// addSubscription registers sub; the loop reads its topic's partition
+// count and starts a consumer per partition (subscription.grow).
+func (m *groupMember) addSubscription(sub *subscription) {
 	m.mu.Lock()
-	m.waiting[c.topic] = c
-	m.set.add(c.topic, 0)
-	m.unensured[c.topic] = struct{}{}
+	set := m.subs[sub.topic]
+	if set == nil {
+		set = map[*subscription]struct{}{}
+		m.subs[sub.topic] = set
+	}
+	set[sub] = struct{}{}
+	m.marks++
+	m.unresolved[sub] = m.marks
 	m.mu.Unlock()
 	m.wake()
 }
 
-// unregister removes c's topic from the subscribed set. It returns the
+// removeSubscription forgets sub, whose context ended.
+func (m *groupMember) removeSubscription(sub *subscription) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if set := m.subs[sub.topic]; set != nil {
+		delete(set, sub)
+		if len(set) == 0 {
+			delete(m.subs, sub.topic)
+		}
+	}
+	delete(m.unresolved, sub)
+}
+
+// topicChanged makes the loop read the partition count of topic again
+// (all topics when topic is nil): it was raised, or a notification saying
+// so may have been missed.
+func (m *groupMember) topicChanged(topic *string) {
+	m.mu.Lock()
+	for t, set := range m.subs {
+		if topic != nil && *topic != t {
+			continue
+		}
+		for sub := range set {
+			m.marks++
+			m.unresolved[sub] = m.marks
+		}
+	}
+	m.mu.Unlock()
+	m.wake()
+}
+
+// register adds c's row to the subscribed set; c then waits for a grant.
+func (m *groupMember) register(c *consumer) {
+	key := c.row()
+	m.mu.Lock()
+	m.waiting[key] = c
+	m.set.add(key.topic, key.partition)
+	m.unensured[key] = struct{}{}
+	m.mu.Unlock()
+	m.wake()
+}
+
+// unregister removes c's row from the subscribed set. It returns the
 // grant c had not taken yet, if any, for c to release.
 func (m *groupMember) unregister(c *consumer) (grant, bool) {
+	key := c.row()
 	m.mu.Lock()
-	if m.waiting[c.topic] == c {
-		delete(m.waiting, c.topic)
-		m.set.remove(c.topic, 0)
-	} else if h := m.owning[c.topic]; h != nil && h.c == c {
-		delete(m.owning, c.topic)
-		m.set.remove(c.topic, 0)
+	if m.waiting[key] == c {
+		delete(m.waiting, key)
+		m.set.remove(key.topic, key.partition)
+	} else if h := m.owning[key]; h != nil && h.c == c {
+		delete(m.owning, key)
+		m.set.remove(key.topic, key.partition)
 	}
-	delete(m.unensured, c.topic)
+	delete(m.unensured, key)
 	m.mu.Unlock()
 	m.wake()
 	select {
@@ -157,12 +214,13 @@ func (m *groupMember) unregister(c *consumer) (grant, bool) {
 	}
 }
 
-// disown moves c back to waiting: it lost or gave up its topic.
+// disown moves c back to waiting: it lost or gave up its row.
 func (m *groupMember) disown(c *consumer) {
+	key := c.row()
 	m.mu.Lock()
-	if h := m.owning[c.topic]; h != nil && h.c == c {
-		delete(m.owning, c.topic)
-		m.waiting[c.topic] = c
+	if h := m.owning[key]; h != nil && h.c == c {
+		delete(m.owning, key)
+		m.waiting[key] = c
 	}
 	m.mu.Unlock()
 	m.wake()
@@ -216,6 +274,9 @@ func (m *groupMember) run() {
 // surplus topics and claims up to its share. It returns when it wants to
 // run again (0: only when woken).
 func (m *groupMember) step(g *sessionGen) (time.Duration, error) {
+	if err := m.resolve(); err != nil {
+		return 0, err
+	}
 	if err := m.ensure(); err != nil {
 		return 0, err
 	}
@@ -241,36 +302,78 @@ func (m *groupMember) step(g *sessionGen) (time.Duration, error) {
 	return m.nextWake(g), nil
 }
 
-// ensure creates the offset rows of newly subscribed topics, in batches.
-func (m *groupMember) ensure() error {
+// resolve reads the partition counts of the topics of new subscriptions (and
+// of topics whose count changed), in batches, and has each subscription
+// start a consumer per partition.
+func (m *groupMember) resolve() error {
 	m.mu.Lock()
-	topics := make([]string, 0, len(m.unensured))
-	for t := range m.unensured {
-		topics = append(topics, t)
+	marks := make(map[*subscription]uint64, len(m.unresolved))
+	byTopic := map[string][]*subscription{}
+	for sub, mark := range m.unresolved {
+		marks[sub] = mark
+		byTopic[sub.topic] = append(byTopic[sub.topic], sub)
 	}
 	m.mu.Unlock()
+	if len(byTopic) == 0 {
+		return nil
+	}
+	topics := make([]string, 0, len(byTopic))
+	for t := range byTopic {
+		topics = append(topics, t)
+	}
+	slices.Sort(topics)
 	return inChunks(topics, func(batch []string) error {
+		counts, err := m.s.offsets.partitionCounts(m.s.ctx, m.s.config.SessionTTL, batch)
+		if err != nil {
+			return err
+		}
+		for _, t := range batch {
+			for _, sub := range byTopic[t] {
+				m.mu.Lock()
+				mark, ok := m.unresolved[sub]
+				if ok && mark == marks[sub] {
+					delete(m.unresolved, sub)
+				}
+				m.mu.Unlock()
+				if ok {
+					sub.grow(max(counts[t], 1))
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// ensure creates the offset rows of newly subscribed rows, in batches.
+func (m *groupMember) ensure() error {
+	m.mu.Lock()
+	rows := make([]rowKey, 0, len(m.unensured))
+	for r := range m.unensured {
+		rows = append(rows, r)
+	}
+	m.mu.Unlock()
+	return inChunks(rows, func(batch []rowKey) error {
 		if err := m.s.offsets.ensureMany(m.s.ctx, m.s.config.SessionTTL, m.s.config.ConsumerGroup, batch); err != nil {
 			return err
 		}
 		m.mu.Lock()
-		for _, t := range batch {
-			delete(m.unensured, t)
+		for _, r := range batch {
+			delete(m.unensured, r)
 		}
 		m.mu.Unlock()
 		return nil
 	})
 }
 
-// inChunks calls f with consecutive chunks of at most claimBatchMax topics,
+// inChunks calls f with consecutive chunks of at most claimBatchMax items,
 // until f fails.
-func inChunks(topics []string, f func([]string) error) error {
-	for len(topics) > 0 {
-		n := min(len(topics), claimBatchMax)
-		if err := f(topics[:n]); err != nil {
+func inChunks[T any](items []T, f func([]T) error) error {
+	for len(items) > 0 {
+		n := min(len(items), claimBatchMax)
+		if err := f(items[:n]); err != nil {
 			return err
 		}
-		topics = topics[n:]
+		items = items[n:]
 	}
 	return nil
 }
@@ -379,18 +482,19 @@ func (m *groupMember) yieldSurplus(g *sessionGen) (share, owned int) {
 // allowed (more may be free).
 func (m *groupMember) claim(g *sessionGen, want int) (bool, error) {
 	m.mu.Lock()
-	unsettled := make([]string, 0, len(m.unsettled))
-	for t := range m.unsettled {
-		unsettled = append(unsettled, t)
+	unsettled := make([]rowKey, 0, len(m.unsettled))
+	for r := range m.unsettled {
+		unsettled = append(unsettled, r)
 	}
 	m.mu.Unlock()
-	err := inChunks(unsettled, func(batch []string) error {
-		if _, _, err := m.claimTopics(g, batch, len(batch)); err != nil {
+	slices.SortFunc(unsettled, compareRows)
+	err := inChunks(unsettled, func(batch []rowKey) error {
+		if _, _, err := m.claimRows(g, batch, len(batch)); err != nil {
 			return err
 		}
 		m.mu.Lock()
-		for _, t := range batch {
-			delete(m.unsettled, t)
+		for _, r := range batch {
+			delete(m.unsettled, r)
 		}
 		m.mu.Unlock()
 		return nil
@@ -403,23 +507,23 @@ func (m *groupMember) claim(g *sessionGen, want int) (bool, error) {
 	}
 	now := time.Now()
 	m.mu.Lock()
-	topics := make([]string, 0, len(m.waiting))
-	for t := range m.waiting {
-		if h, ok := m.future[t]; ok && now.Before(h.until) {
+	rows := make([]rowKey, 0, len(m.waiting))
+	for r := range m.waiting {
+		if h, ok := m.future[r]; ok && now.Before(h.until) {
 			continue
 		}
-		topics = append(topics, t)
+		rows = append(rows, r)
 	}
 	m.mu.Unlock()
-	// In topic order (the order in which the statement locks rows), a
-	// chunk of claimBatchMax topics per statement: a statement over every
-	// topic a member waits for would look at all of them each time.
-	slices.Sort(topics)
-	for len(topics) > 0 && want > 0 {
-		chunk := topics[:min(len(topics), claimBatchMax)]
-		topics = topics[len(chunk):]
+	// In row order (the order in which the statement locks rows), a chunk
+	// of claimBatchMax rows per statement: a statement over every row a
+	// member waits for would look at all of them each time.
+	slices.SortFunc(rows, compareRows)
+	for len(rows) > 0 && want > 0 {
+		chunk := rows[:min(len(rows), claimBatchMax)]
+		rows = rows[len(chunk):]
 		limit := min(want, claimBatchMax)
-		n, raced, err := m.claimTopics(g, chunk, limit)
+		n, raced, err := m.claimRows(g, chunk, limit)
 		if err != nil {
 			return false, err
 		}
@@ -434,26 +538,26 @@ func (m *groupMember) claim(g *sessionGen, want int) (bool, error) {
 	return false, nil
 }
 
-// claimTopics runs one claim statement for up to limit of topics and
-// handles what it says of each. It returns how many rows the statement
-// claimed or found missing or refused, and whether it lost rows to another
+// claimRows runs one claim statement for up to limit of rows and handles
+// what it says of each. It returns how many rows the statement claimed or
+// found missing or refused, and whether it lost rows to another
 // transaction.
-func (m *groupMember) claimTopics(g *sessionGen, topics []string, limit int) (n int, raced bool, err error) {
-	rows, err := m.s.offsets.claimMany(m.s.ctx, m.s.config.SessionTTL,
-		m.s.config.ConsumerGroup, topics, g.id, limit)
+func (m *groupMember) claimRows(g *sessionGen, rows []rowKey, limit int) (n int, raced bool, err error) {
+	results, err := m.s.offsets.claimMany(m.s.ctx, m.s.config.SessionTTL,
+		m.s.config.ConsumerGroup, rows, g.id, limit)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if !errors.Is(err, errNotSent) && !errors.As(err, &pgErr) {
 			// The statement may have committed without its reply.
 			m.mu.Lock()
-			for _, t := range topics {
-				m.unsettled[t] = struct{}{}
+			for _, r := range rows {
+				m.unsettled[r] = struct{}{}
 			}
 			m.mu.Unlock()
 		}
 		return 0, false, err
 	}
-	for _, r := range rows {
+	for _, r := range results {
 		if r.kind != claimLost {
 			n++
 		}
@@ -462,27 +566,28 @@ func (m *groupMember) claimTopics(g *sessionGen, topics []string, limit int) (n 
 			raced = true
 		case claimMissing:
 			m.logger.Info("The offset row is gone (deleted by hand?); creating it again at the beginning of the topic",
-				watermill.LogFields{"topic": r.topic})
+				watermill.LogFields{"topic": r.row.topic, "partition": r.row.partition})
 			m.mu.Lock()
-			if _, ok := m.waiting[r.topic]; ok {
-				m.unensured[r.topic] = struct{}{}
+			if _, ok := m.waiting[r.row]; ok {
+				m.unensured[r.row] = struct{}{}
 			}
 			m.mu.Unlock()
 			m.wake()
 		case claimFuture:
 			m.logger.Error("Refusing to claim the topic: its acknowledged position lies ahead of the database's "+
 				"transaction counter, so new messages would be skipped; see \"Positions from another cluster\" in "+
-				"docs/guarantees.md for the repair", fmt.Errorf("claim topic %q of consumer group %q: %w",
-				r.topic, m.s.config.ConsumerGroup, ErrFuturePosition), watermill.LogFields{"topic": r.topic})
+				"docs/guarantees.md for the repair", fmt.Errorf("claim %s of consumer group %q: %w",
+				r.row, m.s.config.ConsumerGroup, ErrFuturePosition),
+				watermill.LogFields{"topic": r.row.topic, "partition": r.row.partition})
 			m.mu.Lock()
-			h := m.future[r.topic]
+			h := m.future[r.row]
 			h.wait = min(max(2*h.wait, time.Second), time.Minute)
 			h.until = time.Now().Add(h.wait)
-			m.future[r.topic] = h
+			m.future[r.row] = h
 			m.mu.Unlock()
 		case claimTaken:
 			m.mu.Lock()
-			delete(m.future, r.topic)
+			delete(m.future, r.row)
 			m.mu.Unlock()
 			m.handOver(g, r)
 		}
@@ -500,7 +605,8 @@ type futureHold struct {
 // handOver gives a claim to the subscription of its topic, or releases it
 // when nobody of this Subscriber waits for the topic any more.
 func (m *groupMember) handOver(g *sessionGen, r claimedRow) {
-	fields := watermill.LogFields{"topic": r.topic, "session_id": g.id.String(), "epoch": r.claim.epoch,
+	fields := watermill.LogFields{"topic": r.row.topic, "partition": r.row.partition,
+		"session_id": g.id.String(), "epoch": r.claim.epoch,
 		"acked_transaction_id": r.claim.acked.TransactionID, "acked_offset": r.claim.acked.Offset}
 	if r.previous != uuid.Nil {
 		fields["previous_session_id"] = r.previous.String()
@@ -510,11 +616,11 @@ func (m *groupMember) handOver(g *sessionGen, r claimedRow) {
 		m.logger.Debug("Topic claimed", fields)
 	}
 	m.mu.Lock()
-	c := m.waiting[r.topic]
+	c := m.waiting[r.row]
 	if c != nil {
-		delete(m.waiting, r.topic)
+		delete(m.waiting, r.row)
 		yield := make(chan struct{})
-		m.owning[r.topic] = &held{c: c, g: g, yield: yield, since: time.Now()}
+		m.owning[r.row] = &held{c: c, g: g, yield: yield, since: time.Now()}
 		c.grant <- grant{g: g, cl: r.claim, yield: yield, hasNext: r.hasNext}
 	}
 	m.mu.Unlock()
@@ -525,7 +631,7 @@ func (m *groupMember) handOver(g *sessionGen, r claimedRow) {
 	defer cancel()
 	if err := m.s.offsets.release(ctx, r.claim); err != nil && !errors.Is(err, ErrOwnershipLost) {
 		m.logger.Error("Cannot release a topic claimed for a subscription that ended; it is free once the session ends",
-			err, watermill.LogFields{"topic": r.topic})
+			err, watermill.LogFields{"topic": r.row.topic, "partition": r.row.partition})
 	}
 }
 

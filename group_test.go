@@ -68,16 +68,16 @@ func haltStreams(t *testing.T, streams []*stream) []publishAttempt {
 	return all
 }
 
-// topicOwners returns, for each of topics that a live session owns, the
-// pid of that session's process. A row whose owner session has expired,
+// topicOwners returns, for each of topics (stream names: see streamName)
+// that a live session owns, the pid of that session's process. A row whose owner session has expired,
 // is gone, or whose lease override has run out counts as not owned.
 func topicOwners(s failureSetup, topics []string) (map[string]int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	rows, err := s.pool.Query(ctx, `SELECT o.topic, s.owner
+	rows, err := s.pool.Query(ctx, `SELECT `+streamSQL+`, s.owner
 FROM `+table(s.adapter, pglease.DefaultConsumerOffsetsTable)+` o
 JOIN `+table(s.adapter, pglease.DefaultConsumerSessionsTable)+` s ON s.id = o.session_id
-WHERE o.consumer_group = $1 AND o.partition = 0 AND o.topic = ANY($2)
+WHERE o.consumer_group = $1 AND `+streamSQL+` = ANY($2)
 	AND s.expires_at > now() AND (o.lease_expires_at IS NULL OR o.lease_expires_at > now())`,
 		s.cfg.Group, topics)
 	if err != nil {

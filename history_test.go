@@ -83,11 +83,11 @@ func instrument(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaA
 BEGIN
 	IF TG_OP = 'INSERT' THEN
 		INSERT INTO ` + tbl(offsetsLogTable) + ` (op, topic, new_session, new_epoch, new_tx, new_offset)
-		VALUES ('INSERT', NEW.topic, NEW.session_id, NEW.epoch, NEW.acked_transaction_id::text, NEW.acked_offset);
+		VALUES ('INSERT', NEW.topic || CASE WHEN NEW.partition = 0 THEN '' ELSE '#' || NEW.partition END, NEW.session_id, NEW.epoch, NEW.acked_transaction_id::text, NEW.acked_offset);
 	ELSE
 		INSERT INTO ` + tbl(offsetsLogTable) + ` (op, topic, old_session, new_session, old_epoch, new_epoch,
 			old_tx, old_offset, new_tx, new_offset)
-		VALUES ('UPDATE', NEW.topic, OLD.session_id, NEW.session_id, OLD.epoch, NEW.epoch,
+		VALUES ('UPDATE', NEW.topic || CASE WHEN NEW.partition = 0 THEN '' ELSE '#' || NEW.partition END, OLD.session_id, NEW.session_id, OLD.epoch, NEW.epoch,
 			OLD.acked_transaction_id::text, OLD.acked_offset, NEW.acked_transaction_id::text, NEW.acked_offset);
 	END IF;
 	RETURN NULL;
@@ -133,8 +133,21 @@ func recordSQL(schema string) string {
 SELECT $1, $2, $3, $4, $5, $6, clock_timestamp(), o.session_id, o.epoch
 FROM (VALUES (1)) v
 LEFT JOIN ` + table(a, pglease.DefaultConsumerOffsetsTable) + ` o
-	ON o.consumer_group = $7 AND o.topic = $4 AND o.partition = 0`
+	ON o.consumer_group = $7 AND o.topic = $8 AND o.partition = $9`
 }
+
+// streamName is how the history names the (topic, partition) row of a
+// partition: the topic for partition 0, topic#p for the others. Order and
+// ownership are judged per stream.
+func streamName(topic string, partition int32) string {
+	if partition == 0 {
+		return topic
+	}
+	return fmt.Sprintf("%s#%d", topic, partition)
+}
+
+// streamSQL is streamName in SQL, over the columns topic and partition.
+const streamSQL = `(topic || CASE WHEN partition = 0 THEN '' ELSE '#' || partition END)`
 
 // ---------------------------------------------------------------- publishing
 
@@ -400,9 +413,9 @@ func loadHistory(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchema
 		claims:   map[string][]claimInfo{},
 	}
 
-	rows, err := pool.Query(ctx, `SELECT topic, uuid, transaction_id::text AS tx_text, "offset"
+	rows, err := pool.Query(ctx, `SELECT `+streamSQL+`, uuid, transaction_id::text AS tx_text, "offset"
 FROM `+table(adapter, pglease.DefaultMessagesTable)+` m
-ORDER BY m.topic, m.transaction_id, m."offset"`)
+ORDER BY m.topic, m.partition, m.transaction_id, m."offset"`)
 	require.NoError(t, err)
 	for rows.Next() {
 		var (

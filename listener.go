@@ -64,9 +64,11 @@ func (h *wakeHub) clearIdle(c *consumer) {
 }
 
 // notify handles one notification payload: "m" + topic (new messages)
-// wakes the topic's consumer, "r" + topic (released) the group member if it
-// waits for the topic, "g" + group (a session of the group started, ended
-// or changed its topics) the group member.
+// wakes the topic's consumers (one per partition), "r" + topic (released)
+// the group member if it subscribes to the topic, "g" + group (a session of
+// the group started, ended or changed its topics) the group member, "p" +
+// topic (partition count raised) the member, to start consumers for the new
+// partitions.
 func (h *wakeHub) notify(payload string) {
 	if payload == "" {
 		return
@@ -87,12 +89,14 @@ func (h *wakeHub) notify(payload string) {
 		if name == h.group {
 			h.member.membersChanged()
 		}
+	case 'p':
+		h.member.topicChanged(&name)
 	}
 }
 
 // wakeAll wakes every owner and the group member, after notifications may
-// have been missed. Consumers that wait for their topic learn from the claim
-// whether a message waits.
+// have been missed; the member reads the partition counts again. Consumers
+// that wait for their row learn from the claim whether a message waits.
 func (h *wakeHub) wakeAll() {
 	h.mu.Lock()
 	for _, set := range h.byTopic {
@@ -103,6 +107,7 @@ func (h *wakeHub) wakeAll() {
 		}
 	}
 	h.mu.Unlock()
+	h.member.topicChanged(nil)
 	h.member.membersChanged()
 }
 
@@ -111,12 +116,14 @@ func (h *wakeHub) idleSnapshot() ([]*consumer, VisibleTopicsParams) {
 	defer h.mu.Unlock()
 	cs := make([]*consumer, 0, len(h.idle))
 	p := VisibleTopicsParams{
-		Topics:    make([]string, 0, len(h.idle)),
-		Positions: make([]Position, 0, len(h.idle)),
+		Topics:     make([]string, 0, len(h.idle)),
+		Partitions: make([]int32, 0, len(h.idle)),
+		Positions:  make([]Position, 0, len(h.idle)),
 	}
 	for c, pos := range h.idle {
 		cs = append(cs, c)
 		p.Topics = append(p.Topics, c.topic)
+		p.Partitions = append(p.Partitions, c.partition)
 		p.Positions = append(p.Positions, pos)
 	}
 	return cs, p

@@ -1,11 +1,13 @@
 package pglease
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"github.com/ThreeDotsLabs/watermill"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -45,6 +47,8 @@ type claim struct {
 	acked     Position
 	committed Position
 }
+
+func (c *claim) row() rowKey { return rowKey{topic: c.topic, partition: c.partition} }
 
 // dirty reports whether acknowledged positions wait to be committed.
 func (c *claim) dirty() bool { return c.acked != c.committed }
@@ -143,8 +147,9 @@ func (s offsetStore) conn(wait context.Context, timeout time.Duration) (*pgxpool
 // ensureMany creates the missing offset rows of topics at the beginning of
 // each topic: a new consumer group reads a topic from its first message.
 // See conn for wait and timeout.
-func (s offsetStore) ensureMany(wait context.Context, timeout time.Duration, group string, topics []string) error {
-	q := s.adapter.EnsureOffsets(OffsetsParams{ConsumerGroup: group, Topics: topics})
+func (s offsetStore) ensureMany(wait context.Context, timeout time.Duration, group string, rows []rowKey) error {
+	topics, partitions := splitRows(rows)
+	q := s.adapter.EnsureOffsets(OffsetsParams{ConsumerGroup: group, Topics: topics, Partitions: partitions})
 	conn, ctx, done, err := s.conn(wait, timeout)
 	if err != nil {
 		return fmt.Errorf("create offset rows: %w", err)
@@ -154,6 +159,47 @@ func (s offsetStore) ensureMany(wait context.Context, timeout time.Duration, gro
 		return fmt.Errorf("create offset rows: %w", wrapMissingSchema(err))
 	}
 	return nil
+}
+
+// partitionCounts reads the partition counts of topics (1 for a topic never
+// created). See conn for wait and timeout.
+func (s offsetStore) partitionCounts(wait context.Context, timeout time.Duration, topics []string) (map[string]int, error) {
+	conn, ctx, done, err := s.conn(wait, timeout)
+	if err != nil {
+		return nil, fmt.Errorf("read partition counts: %w", err)
+	}
+	defer done()
+	return topicPartitions(ctx, conn, s.adapter, topics)
+}
+
+// rowKey names one (topic, partition) row of a consumer group: the unit of
+// ownership.
+type rowKey struct {
+	topic     string
+	partition int32
+}
+
+func (r rowKey) String() string {
+	return fmt.Sprintf("topic %q partition %d", r.topic, r.partition)
+}
+
+// compareRows orders rows by topic (bytewise), then partition.
+func compareRows(a, b rowKey) int {
+	if c := strings.Compare(a.topic, b.topic); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.partition, b.partition)
+}
+
+// splitRows returns the topics and partitions of rows, for statement
+// parameters.
+func splitRows(rows []rowKey) ([]string, []int32) {
+	topics := make([]string, len(rows))
+	partitions := make([]int32, len(rows))
+	for i, r := range rows {
+		topics[i], partitions[i] = r.topic, r.partition
+	}
+	return topics, partitions
 }
 
 // claimKind is what a claim statement says about one topic.
@@ -168,8 +214,8 @@ const (
 
 // claimedRow is one row of a claim statement.
 type claimedRow struct {
-	kind  claimKind
-	topic string
+	kind claimKind
+	row  rowKey
 	claim *claim // claimTaken only
 	// hasNext reports that a message lies after the claimed position.
 	hasNext bool
@@ -184,20 +230,22 @@ type claimedRow struct {
 // group that are free (see [DefaultSchemaAdapter.ClaimOffsets]). An error
 // that wraps errNotSent or a *pgconn.PgError means nothing was claimed;
 // after any other the statement may have committed.
-func (s offsetStore) claimMany(wait context.Context, timeout time.Duration, group string, topics []string, sessionID uuid.UUID, limit int) ([]claimedRow, error) {
-	q := s.adapter.ClaimOffsets(OffsetsParams{ConsumerGroup: group, Topics: topics, SessionID: sessionID, Limit: limit})
+func (s offsetStore) claimMany(wait context.Context, timeout time.Duration, group string, rows []rowKey, sessionID uuid.UUID, limit int) ([]claimedRow, error) {
+	topics, partitions := splitRows(rows)
+	q := s.adapter.ClaimOffsets(OffsetsParams{ConsumerGroup: group, Topics: topics, Partitions: partitions,
+		SessionID: sessionID, Limit: limit})
 	conn, ctx, done, err := s.conn(wait, timeout)
 	if err != nil {
 		return nil, fmt.Errorf("claim topics: %w", err)
 	}
 	defer done()
-	rows, err := conn.Query(ctx, q.SQL, q.Args...)
+	res, err := conn.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return nil, fmt.Errorf("claim topics: %w", wrapMissingSchema(err))
 	}
-	defer rows.Close()
+	defer res.Close()
 	var out []claimedRow
-	for rows.Next() {
+	for res.Next() {
 		var (
 			kind      string
 			r         claimedRow
@@ -208,20 +256,21 @@ func (s offsetStore) claimMany(wait context.Context, timeout time.Duration, grou
 			previous  *uuid.UUID
 			prevOwner *string
 		)
-		if err := rows.Scan(&kind, &r.topic, &epoch, &txText, &offset, &hasNext, &previous, &prevOwner); err != nil {
+		if err := res.Scan(&kind, &r.row.topic, &r.row.partition, &epoch, &txText, &offset, &hasNext, &previous, &prevOwner); err != nil {
 			return nil, fmt.Errorf("claim topics: %w", err)
 		}
 		r.kind = claimKind(kind[0])
 		if r.kind == claimTaken {
 			if epoch == nil || txText == nil || offset == nil || hasNext == nil {
-				return nil, fmt.Errorf("claim topic %q: incomplete row", r.topic)
+				return nil, fmt.Errorf("claim %s: incomplete row", r.row)
 			}
 			txID, err := parseXID8(*txText)
 			if err != nil {
-				return nil, fmt.Errorf("claim topic %q: %w", r.topic, err)
+				return nil, fmt.Errorf("claim %s: %w", r.row, err)
 			}
 			pos := Position{TransactionID: txID, Offset: *offset}
-			r.claim = &claim{group: group, topic: r.topic, sessionID: sessionID, epoch: *epoch, acked: pos, committed: pos}
+			r.claim = &claim{group: group, topic: r.row.topic, partition: r.row.partition, sessionID: sessionID,
+				epoch: *epoch, acked: pos, committed: pos}
 			r.hasNext = *hasNext
 		}
 		if previous != nil {
@@ -232,7 +281,7 @@ func (s offsetStore) claimMany(wait context.Context, timeout time.Duration, grou
 		}
 		out = append(out, r)
 	}
-	if err := rows.Err(); err != nil {
+	if err := res.Err(); err != nil {
 		return nil, fmt.Errorf("claim topics: %w", err)
 	}
 	if s.afterClaim != nil {

@@ -273,7 +273,12 @@ func (h *helperChild) drain() {
 func (h *helperChild) record(sub int, topic string, msg *message.Message, received time.Time) error {
 	ctx, cancel := context.WithTimeout(msg.Context(), 10*time.Second)
 	defer cancel()
-	_, err := h.rec.Exec(ctx, h.recSQL, h.cfg.Name, sub, h.pid, topic, msg.UUID, received, h.cfg.Group)
+	partition, ok := pglease.MessagePartitionFromCtx(msg.Context())
+	if !ok {
+		return errors.New("delivered message without its partition in its context")
+	}
+	_, err := h.rec.Exec(ctx, h.recSQL, h.cfg.Name, sub, h.pid, streamName(topic, partition), msg.UUID, received,
+		h.cfg.Group, topic, partition)
 	return err
 }
 

@@ -1,7 +1,6 @@
 package pglease
 
 import (
-	"cmp"
 	"context"
 	"slices"
 
@@ -54,14 +53,14 @@ func (r *releaser) releaseOne(ctx context.Context, rel release) error {
 }
 
 // releaseMany sends the releases as one batch, which is one implicit
-// transaction, the rows updated in topic order whatever the order of the
+// transaction, the rows updated in (topic, partition) order whatever the order of the
 // calls.
 func (r *releaser) releaseMany(ctx context.Context, rels []release) ([]error, error) {
 	order := make([]int, len(rels))
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(rels[a].claim.topic, rels[b].claim.topic) })
+	slices.SortFunc(order, func(a, b int) int { return compareRows(rels[a].claim.row(), rels[b].claim.row()) })
 
 	conn, err := r.gate.acquire(ctx)
 	if err != nil {

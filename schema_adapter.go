@@ -63,12 +63,13 @@ type SelectMessagesParams struct {
 	Limit     int
 }
 
-// VisibleTopicsParams list topics with a position each; the query returns
-// the (1-based) index of every topic that has a message visible to all
-// readers after its position.
+// VisibleTopicsParams list (topic, partition) rows with a position each;
+// the query returns the (1-based) index of every row that has a message
+// visible to all readers after its position.
 type VisibleTopicsParams struct {
-	Topics    []string
-	Positions []Position
+	Topics     []string
+	Partitions []int32 // nil: partition 0 of each topic
+	Positions  []Position
 }
 
 // TopicParams are the settings of one topic.
@@ -109,11 +110,12 @@ type GroupParams struct {
 	ConsumerGroup string
 }
 
-// OffsetsParams name many rows of one consumer group (partition 0 of each
-// topic) for statements that handle them together.
+// OffsetsParams name many (topic, partition) rows of one consumer group for
+// statements that handle them together.
 type OffsetsParams struct {
 	ConsumerGroup string
 	Topics        []string
+	Partitions    []int32 // one per topic; nil: partition 0 of each topic
 	SessionID     uuid.UUID
 	// Limit bounds the rows a claim takes.
 	Limit int
@@ -206,14 +208,15 @@ type SchemaAdapter interface {
 	// subscription_size integer.
 	GroupMembers(p GroupParams) Query
 
-	// EnsureOffsets creates the missing offset rows of p.Topics at the
-	// beginning of each topic.
+	// EnsureOffsets creates the missing offset rows of p's (topic,
+	// partition) rows at the beginning of each.
 	EnsureOffsets(p OffsetsParams) Query
-	// ClaimOffsets claims, for p.SessionID, up to p.Limit of the rows of
-	// p.Topics that are free, bumping their epochs; taking a row from an
-	// expired session must conflict with that session's heartbeat on a row
-	// lock (see [DefaultSchemaAdapter.ClaimOffsets]). Returns one row per
-	// claimed row: kind text 'c', topic text, epoch bigint,
+	// ClaimOffsets claims, for p.SessionID, up to p.Limit of p's (topic,
+	// partition) rows that are free, bumping their epochs; taking a row
+	// from an expired session must conflict with that session's heartbeat
+	// on a row lock (see [DefaultSchemaAdapter.ClaimOffsets]). Returns one
+	// row per claimed row: kind text 'c', topic text, partition integer,
+	// epoch bigint,
 	// acked_transaction_id (xid8 as text), acked_offset bigint, has_next
 	// bool (a message lies after the position), previous_session uuid and
 	// previous_owner text (the session the row was taken from, NULL when it
@@ -221,8 +224,8 @@ type SchemaAdapter interface {
 	// session's row was gone); and one row of kind 'm' (no offset row),
 	// 'f' (position ahead of the database's transaction counter, not
 	// claimed) or 'l' (free in the statement's snapshot, but changed by
-	// another transaction before this one could claim it) per such topic
-	// among those looked at, its other columns NULL.
+	// another transaction before this one could claim it) per such row
+	// among those looked at, its columns after partition NULL.
 	ClaimOffsets(p OffsetsParams) Query
 	// CommitOffset moves the acknowledged position, fenced by session and
 	// epoch. Zero rows affected means ownership was lost.
@@ -544,13 +547,22 @@ func (a DefaultSchemaAdapter) VisibleTopics(p VisibleTopicsParams) Query {
 	}
 	return Query{
 		SQL: `SELECT t.n
-FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS t(topic, tx, off, n)
+FROM unnest($1::text[], $4::integer[], $2::text[], $3::bigint[]) WITH ORDINALITY AS t(topic, partition, tx, off, n)
 WHERE EXISTS (SELECT 1 FROM ` + a.messages() + ` m
-	WHERE m.topic = t.topic AND m.partition = 0
+	WHERE m.topic = t.topic AND m.partition = t.partition
 		AND (m.transaction_id, m."offset") > (t.tx::xid8, t.off)
 		AND m.transaction_id < pg_snapshot_xmin(pg_current_snapshot()))`,
-		Args: []any{p.Topics, txIDs, offsets},
+		Args: []any{p.Topics, txIDs, offsets, partitionsOf(p.Topics, p.Partitions)},
 	}
+}
+
+// partitionsOf returns partitions, or partition 0 for each topic when it is
+// nil.
+func partitionsOf(topics []string, partitions []int32) []int32 {
+	if partitions != nil {
+		return partitions
+	}
+	return make([]int32, len(topics))
 }
 
 // CreateSession implements [SchemaAdapter].
@@ -625,10 +637,10 @@ func (a DefaultSchemaAdapter) DeleteExpiredSessions(p SessionParams) Query {
 func (a DefaultSchemaAdapter) EnsureOffsets(p OffsetsParams) Query {
 	return Query{
 		SQL: `INSERT INTO ` + a.offsets() + ` (consumer_group, topic, partition)
-SELECT $1, t.topic, 0 FROM unnest($2::text[]) AS t(topic)
-ORDER BY t.topic
+SELECT $1, t.topic, t.partition FROM unnest($2::text[], $3::integer[]) AS t(topic, partition)
+ORDER BY t.topic, t.partition
 ON CONFLICT (consumer_group, topic, partition) DO NOTHING`,
-		Args: []any{p.ConsumerGroup, p.Topics},
+		Args: []any{p.ConsumerGroup, p.Topics, partitionsOf(p.Topics, p.Partitions)},
 	}
 }
 
@@ -659,22 +671,22 @@ ON CONFLICT (consumer_group, topic, partition) DO NOTHING`,
 // transaction counter (positions copied from another cluster) is not
 // claimed and reported as 'f'.
 //
-// The statement looks at the topics in order and stops after p.Limit rows
-// that it can claim (or that are missing or ahead of the counter), so that
-// the rows it locks are bounded and two claimers lock common rows in the
-// same order.
+// The statement looks at the rows in (topic, partition) order and stops
+// after p.Limit rows that it can claim (or that are missing or ahead of the
+// counter), so that the rows it locks are bounded and two claimers lock
+// common rows in the same order.
 func (a DefaultSchemaAdapter) ClaimOffsets(p OffsetsParams) Query {
 	return Query{
 		SQL: `WITH cur AS (
-	SELECT t.topic, o.consumer_group IS NULL AS missing, o.session_id, o.epoch,
+	SELECT t.topic, t.partition, o.consumer_group IS NULL AS missing, o.session_id, o.epoch,
 		s.id IS NOT NULL AS owner_exists, s.owner,
 		COALESCE(o.acked_transaction_id >= pg_snapshot_xmax(pg_current_snapshot()), false) AS future
-	FROM unnest($2::text[]) AS t(topic)
-	LEFT JOIN ` + a.offsets() + ` o ON o.consumer_group = $1 AND o.topic = t.topic AND o.partition = 0
+	FROM unnest($2::text[], $5::integer[]) AS t(topic, partition)
+	LEFT JOIN ` + a.offsets() + ` o ON o.consumer_group = $1 AND o.topic = t.topic AND o.partition = t.partition
 	LEFT JOIN ` + a.sessions() + ` s ON s.id = o.session_id
 	WHERE o.consumer_group IS NULL OR o.session_id IS NULL OR o.session_id = $3 OR s.id IS NULL
 		OR s.expires_at < now()
-	ORDER BY t.topic
+	ORDER BY t.topic, t.partition
 	LIMIT $4
 ),
 expired AS (
@@ -687,24 +699,24 @@ claimed AS (
 	UPDATE ` + a.offsets() + ` o
 	SET session_id = $3, epoch = o.epoch + 1, updated_at = now()
 	FROM cur
-	WHERE o.consumer_group = $1 AND o.topic = cur.topic AND o.partition = 0
+	WHERE o.consumer_group = $1 AND o.topic = cur.topic AND o.partition = cur.partition
 		AND NOT cur.missing AND NOT cur.future
 		AND o.session_id IS NOT DISTINCT FROM cur.session_id AND o.epoch = cur.epoch
 		AND (cur.session_id IS NULL OR cur.session_id = $3 OR NOT cur.owner_exists
 			OR cur.session_id IN (SELECT id FROM expired))
-	RETURNING o.topic, o.epoch, o.acked_transaction_id, o.acked_offset
+	RETURNING o.topic, o.partition, o.epoch, o.acked_transaction_id, o.acked_offset
 )
-SELECT 'c', c.topic, c.epoch, c.acked_transaction_id::text, c.acked_offset,
+SELECT 'c', c.topic, c.partition, c.epoch, c.acked_transaction_id::text, c.acked_offset,
 	EXISTS (SELECT 1 FROM ` + a.messages() + ` m
-		WHERE m.topic = c.topic AND m.partition = 0
+		WHERE m.topic = c.topic AND m.partition = c.partition
 			AND (m.transaction_id, m."offset") > (c.acked_transaction_id, c.acked_offset)),
 	NULLIF(cur.session_id, $3), cur.owner
-FROM claimed c JOIN cur ON cur.topic = c.topic
+FROM claimed c JOIN cur ON cur.topic = c.topic AND cur.partition = c.partition
 UNION ALL
-SELECT CASE WHEN cur.missing THEN 'm' WHEN cur.future THEN 'f' ELSE 'l' END, cur.topic,
+SELECT CASE WHEN cur.missing THEN 'm' WHEN cur.future THEN 'f' ELSE 'l' END, cur.topic, cur.partition,
 	NULL, NULL, NULL, NULL, NULL, NULL
-FROM cur WHERE NOT EXISTS (SELECT 1 FROM claimed c WHERE c.topic = cur.topic)`,
-		Args: []any{p.ConsumerGroup, p.Topics, p.SessionID, p.Limit},
+FROM cur WHERE NOT EXISTS (SELECT 1 FROM claimed c WHERE c.topic = cur.topic AND c.partition = cur.partition)`,
+		Args: []any{p.ConsumerGroup, p.Topics, p.SessionID, p.Limit, partitionsOf(p.Topics, p.Partitions)},
 	}
 }
 

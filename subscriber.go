@@ -179,7 +179,7 @@ type Subscriber struct {
 	mu         sync.Mutex
 	closed     bool
 	started    bool // listener and idle poller running
-	slots      map[string]*topicSlot
+	slots      map[rowKey]*topicSlot
 	ctx        context.Context // cancelled by Close
 	cancel     context.CancelFunc
 	consumers  sync.WaitGroup
@@ -191,8 +191,9 @@ type Subscriber struct {
 	closeErrs []error // under mu
 }
 
-// topicSlot lets one consumer of this Subscriber at a time work on a topic,
-// so that two Subscribe calls for the same topic take turns.
+// topicSlot lets one consumer of this Subscriber at a time work on a
+// (topic, partition) row, so that two Subscribe calls for the same topic
+// take turns.
 type topicSlot struct {
 	token chan struct{}
 	refs  int
@@ -227,7 +228,7 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		session:   newSessionKeeper(pool, config.SchemaAdapter, config.ConsumerGroup, config.SessionTTL, logger),
 		closeDone: make(chan struct{}),
 		giveUp:    make(chan struct{}),
-		slots:     map[string]*topicSlot{},
+		slots:     map[rowKey]*topicSlot{},
 		ctx:       ctx,
 		cancel:    cancel,
 	}
@@ -280,12 +281,6 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		s.mu.Unlock()
 		return nil, ErrSubscriberClosed
 	}
-	slot := s.slots[topic]
-	if slot == nil {
-		slot = &topicSlot{token: make(chan struct{}, 1)}
-		s.slots[topic] = slot
-	}
-	slot.refs++
 	s.consumers.Add(1)
 	if !s.started {
 		s.started = true
@@ -297,24 +292,102 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	s.mu.Unlock()
 
 	cctx, cancel := context.WithCancel(ctx)
-	c := &consumer{
+	sub := &subscription{
 		s:      s,
 		topic:  topic,
-		slot:   slot,
 		ctx:    cctx,
 		cancel: cancel,
 		out:    make(chan *message.Message),
-		wake:   make(chan struct{}, 1),
-		grant:  make(chan grant, 1),
 		logger: s.logger.With(watermill.LogFields{"topic": topic}),
 	}
-	s.hub.add(c)
 	stopOnClose := context.AfterFunc(s.ctx, cancel)
 	go func() {
 		defer stopOnClose()
-		c.run()
+		sub.run()
 	}()
-	return c.out, nil
+	return sub.out, nil
+}
+
+// subscription is one Subscribe call. It runs one consumer per partition of
+// its topic, started once the group member has read the topic's partition
+// count (grow), all delivering on the one channel: the messages of each
+// partition in order, one unacked message per partition at a time.
+type subscription struct {
+	s      *Subscriber
+	topic  string
+	ctx    context.Context // ends with the Subscribe context or Close
+	cancel context.CancelFunc
+	out    chan *message.Message
+	logger watermill.LoggerAdapter
+
+	mu         sync.Mutex
+	partitions int  // consumers started: partitions 0 to partitions-1
+	ending     bool // no consumer starts any more
+	// delivering counts the consumers that may still send on out.
+	delivering sync.WaitGroup
+}
+
+// run waits for the end of the subscription and closes its channel once no
+// consumer sends on it any more.
+func (sub *subscription) run() {
+	defer sub.s.consumers.Done()
+	m := sub.s.member
+	m.addSubscription(sub)
+	<-sub.ctx.Done()
+	m.removeSubscription(sub)
+	sub.mu.Lock()
+	sub.ending = true
+	sub.mu.Unlock()
+	sub.delivering.Wait()
+	close(sub.out)
+}
+
+// grow starts the consumers of partitions up to n (a topic's partition
+// count only grows).
+func (sub *subscription) grow(n int) {
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	if sub.ending || n <= sub.partitions {
+		return
+	}
+	s := sub.s
+	for p := sub.partitions; p < n; p++ {
+		key := rowKey{topic: sub.topic, partition: int32(p)}
+		s.mu.Lock()
+		slot := s.slots[key]
+		if slot == nil {
+			slot = &topicSlot{token: make(chan struct{}, 1)}
+			s.slots[key] = slot
+		}
+		slot.refs++
+		// The subscription's own count keeps s.consumers above zero.
+		s.consumers.Add(1)
+		s.mu.Unlock()
+		logger := sub.logger
+		if n > 1 {
+			logger = logger.With(watermill.LogFields{"partition": p})
+		}
+		c := &consumer{
+			s:         s,
+			sub:       sub,
+			topic:     sub.topic,
+			partition: int32(p),
+			slot:      slot,
+			ctx:       sub.ctx,
+			out:       sub.out,
+			wake:      make(chan struct{}, 1),
+			grant:     make(chan grant, 1),
+			logger:    logger,
+		}
+		s.hub.add(c)
+		sub.delivering.Add(1)
+		go c.run()
+	}
+	if sub.partitions > 0 {
+		sub.logger.Info("The topic's partition count was raised: consuming the new partitions",
+			watermill.LogFields{"partitions": n, "before": sub.partitions})
+	}
+	sub.partitions = n
 }
 
 // Close ends every subscription: it releases their topics with their
@@ -414,12 +487,12 @@ func (s *Subscriber) initializeSchema(ctx context.Context) error {
 	return nil
 }
 
-func (s *Subscriber) releaseSlot(topic string, slot *topicSlot) {
+func (s *Subscriber) releaseSlot(key rowKey, slot *topicSlot) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	slot.refs--
 	if slot.refs == 0 {
-		delete(s.slots, topic)
+		delete(s.slots, key)
 	}
 }
 
@@ -443,17 +516,19 @@ func (m storedMessage) toMessage() (*message.Message, error) {
 	return msg, nil
 }
 
-// consumer is one Subscribe call: it registers its topic with the group
-// member, waits for the member to grant it, delivers it while it owns it,
-// and gives it back when the member asks, until its context ends.
+// consumer is one partition of a subscription: it registers its (topic,
+// partition) row with the group member, waits for the member to grant it,
+// delivers it while it owns it, and gives it back when the member asks,
+// until the subscription ends.
 type consumer struct {
-	s      *Subscriber
-	topic  string
-	slot   *topicSlot
-	ctx    context.Context // ends with the Subscribe context or Close
-	cancel context.CancelFunc
-	out    chan *message.Message
-	logger watermill.LoggerAdapter
+	s         *Subscriber
+	sub       *subscription
+	topic     string
+	partition int32
+	slot      *topicSlot
+	ctx       context.Context // the subscription's
+	out       chan *message.Message
+	logger    watermill.LoggerAdapter
 
 	// wake is poked (never blocking) by notifications and the idle poller.
 	wake chan struct{}
@@ -474,6 +549,8 @@ type consumer struct {
 	unflushed  int
 }
 
+func (c *consumer) row() rowKey { return rowKey{topic: c.topic, partition: c.partition} }
+
 func (c *consumer) poke() {
 	select {
 	case c.wake <- struct{}{}:
@@ -492,22 +569,21 @@ const (
 
 func (c *consumer) run() {
 	defer c.s.consumers.Done()
-	defer c.s.releaseSlot(c.topic, c.slot)
+	defer c.s.releaseSlot(c.row(), c.slot)
 	defer c.s.hub.remove(c)
 	defer c.resetFlush()
 
 	select {
 	case c.slot.token <- struct{}{}:
 	case <-c.ctx.Done():
-		c.cancel()
-		close(c.out)
+		c.sub.delivering.Done()
 		return
 	}
-	// The slot is held until nothing of this subscription may own the topic
+	// The slot is held until nothing of this subscription may own the row
 	// any more: no other subscription of this Subscriber claims it meanwhile.
 	defer func() { <-c.slot.token }()
 	left := c.consume()
-	c.cancel()
+	c.sub.cancel() // a consumer ends only with its subscription
 	c.finish(&left)
 }
 
@@ -560,15 +636,15 @@ func (c *consumer) consume() leftover {
 // server.
 const standbyMargin = 20 * time.Millisecond
 
-// finish ends the subscription: it releases what the subscription may still
-// hold, closes its channel, and, if the release could not be written, tries
-// again with backoff while the session lives. A live session never keeps a
+// finish ends the consumer: it releases what it may still hold, lets the
+// subscription close its channel, and, if the release could not be
+// written, tries again with backoff while the session lives. A live session never keeps a
 // topic that no subscription consumes: it holds the row only until the
 // release goes through, the session is lost (its rows are free with it), or
 // Close gives up after CloseTimeout (then Close deletes the session row).
 func (c *consumer) finish(left *leftover) {
 	err := c.releaseLeftover(left)
-	close(c.out)
+	c.sub.delivering.Done()
 	c.releaseRetrying(left, err)
 }
 
@@ -771,9 +847,10 @@ func (c *consumer) interrupted() outcome {
 
 func (c *consumer) fetch(after Position) ([]storedMessage, bool, error) {
 	q := c.s.config.SchemaAdapter.SelectMessages(SelectMessagesParams{
-		Topic: c.topic,
-		After: after,
-		Limit: c.s.config.BatchSize,
+		Topic:     c.topic,
+		Partition: c.partition,
+		After:     after,
+		Limit:     c.s.config.BatchSize,
 	})
 	conn, err := c.s.offsets.gate.acquire(c.ctx)
 	if err != nil {
@@ -866,7 +943,8 @@ func (c *consumer) deliver(g *sessionGen, cl *claim, m storedMessage) outcome {
 			}
 			continue
 		}
-		mctx, mcancel := context.WithCancel(c.ctx)
+		mctx, mcancel := context.WithCancel(context.WithValue(c.ctx, deliveryKey{},
+			&delivery{topic: c.topic, partition: c.partition, pos: m.pos}))
 		msg.SetContext(mctx)
 		res, nacked := c.handOut(g, cl, m, msg)
 		mcancel()
