@@ -78,7 +78,7 @@ type groupMember struct {
 	subs       map[string]map[*subscription]struct{}
 	unresolved map[*subscription]uint64
 	marks      uint64
-	stale  bool // the members must be read again
+	stale      bool // the members must be read again
 	// published is the set last written to the session row, under pubGen.
 	published rowSet
 	pubGen    *sessionGen
@@ -91,8 +91,8 @@ type groupMember struct {
 
 func newGroupMember(s *Subscriber) *groupMember {
 	return &groupMember{
-		s:         s,
-		logger:    s.logger,
+		s:          s,
+		logger:     s.logger,
 		waiting:    map[rowKey]*consumer{},
 		owning:     map[rowKey]*held{},
 		unensured:  map[rowKey]struct{}{},
@@ -100,8 +100,8 @@ func newGroupMember(s *Subscriber) *groupMember {
 		future:     map[rowKey]futureHold{},
 		subs:       map[string]map[*subscription]struct{}{},
 		unresolved: map[*subscription]uint64{},
-		stale:     true,
-		kick:      make(chan struct{}, 1),
+		stale:      true,
+		kick:       make(chan struct{}, 1),
 	}
 }
 

@@ -214,8 +214,8 @@ const (
 
 // claimedRow is one row of a claim statement.
 type claimedRow struct {
-	kind claimKind
-	row  rowKey
+	kind  claimKind
+	row   rowKey
 	claim *claim // claimTaken only
 	// hasNext reports that a message lies after the claimed position.
 	hasNext bool
