@@ -2,6 +2,8 @@ package pglease
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -63,8 +65,9 @@ func (h *wakeHub) clearIdle(c *consumer) {
 	delete(h.idle, c)
 }
 
-// notify handles one notification payload: "m" + topic (new messages)
-// wakes the topic's consumers (one per partition), "r" + topic (released)
+// notify handles one notification payload: "m" + topic (new messages in
+// partition 0) and "n" + partition + ":" + topic (in another partition)
+// wake the consumer of that partition, "r" + topic (released)
 // the group member if it subscribes to the topic, "g" + group (a session of
 // the group started, ended or changed its topics) the group member, "p" +
 // topic (partition count raised) the member, to start consumers for the new
@@ -75,13 +78,24 @@ func (h *wakeHub) notify(payload string) {
 	}
 	kind, name := payload[0], payload[1:]
 	switch kind {
-	case 'm':
+	case 'm', 'n':
+		var partition int32
+		if kind == 'n' {
+			p, topic, ok := strings.Cut(name, ":")
+			n, err := strconv.ParseInt(p, 10, 32)
+			if !ok || err != nil {
+				return
+			}
+			partition, name = int32(n), topic
+		}
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		// Consumers that wait for a grant keep the wake-up: they read
-		// once they own the topic.
+		// once they own the row.
 		for c := range h.byTopic[name] {
-			c.poke()
+			if c.partition == partition {
+				c.poke()
+			}
 		}
 	case 'r':
 		h.member.released(name)

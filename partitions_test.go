@@ -187,6 +187,26 @@ func TestPartitionCountRaisedWhileSubscribed(t *testing.T) {
 		msg.Ack()
 	}
 	require.Equal(t, want, got)
+
+	// Every partition is owned and idle now; with no poll, only the
+	// notification of each partition ("n<partition>:<topic>") wakes its
+	// consumer.
+	var keys []string
+	for p := range 4 {
+		for i := 0; ; i++ {
+			if key := fmt.Sprintf("again%d", i); pglease.PartitionOf(key, 4) == p {
+				keys = append(keys, key)
+				break
+			}
+		}
+	}
+	for _, key := range keys {
+		require.NoError(t, pub.Publish("growing", keyedMessage(key, 0)))
+		msg := receiveOne(t, msgs)
+		gotKey, _ := parseKeyed(t, msg)
+		require.Equal(t, key, gotKey)
+		msg.Ack()
+	}
 	require.NoError(t, sub.Close())
 	assertNoLeakedGoroutines(t)
 }

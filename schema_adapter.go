@@ -158,7 +158,9 @@ type SchemaAdapter interface {
 	Prepare() []string
 
 	// NotifyChannel is the LISTEN/NOTIFY channel of this messages table.
-	// Payloads are "m" + topic (new messages), "r" + topic (released),
+	// Payloads are "m" + topic (new messages in partition 0), "n" +
+	// partition + ":" + topic (new messages in another partition), "r" +
+	// topic (released),
 	// "g" + consumer group (members changed) and "p" + topic (partition
 	// count raised).
 	NotifyChannel() string
@@ -173,7 +175,7 @@ type SchemaAdapter interface {
 	TopicPartitions(p TopicsParams) Query
 
 	// InsertMessages inserts messages in one statement, in order, and
-	// notifies p.NotifyChannel with "m" + topic for each distinct topic.
+	// notifies p.NotifyChannel once for each distinct (topic, partition).
 	InsertMessages(p InsertMessagesParams) Query
 	// SelectMessages returns at most p.Limit messages after p.After that
 	// every transaction can see, in delivery order, and one more row with
@@ -437,12 +439,12 @@ func (a DefaultSchemaAdapter) InsertMessages(p InsertMessagesParams) Query {
 		}
 	}
 	var topics any = p.Topics
-	topicExpr, topicsExpr := "m.topic", "unnest($1::text[])"
+	topicExpr := "m.topic"
 	from := "unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::bigint[]) WITH ORDINALITY AS m(topic, uuid, payload, metadata, hash, n)"
 	partitions := `(SELECT tp.partitions FROM ` + a.topics() + ` tp WHERE tp.topic = m.topic)`
 	if oneTopic(p.Topics) {
 		topics = p.Topics[0]
-		topicExpr, topicsExpr = "$1::text", "$1::text"
+		topicExpr = "$1::text"
 		from = "unnest($2::text[], $3::bytea[], $4::text[], $5::bigint[]) WITH ORDINALITY AS m(uuid, payload, metadata, hash, n)"
 		partitions = `(SELECT tp.partitions FROM ` + a.topics() + ` tp WHERE tp.topic = $1::text)`
 	}
@@ -453,11 +455,20 @@ ORDER BY m.n`
 	if p.NotifyChannel == "" {
 		return Query{SQL: insert, Args: []any{topics, p.UUIDs, p.Payloads, p.Metadata, hashes}}
 	}
+	// One notification per distinct (topic, partition): "m" + topic for
+	// partition 0 (what Subscribers of schema versions before 4 listen
+	// for), "n" + partition + ":" + topic for the others.
+	rows := "unnest($1::text[], $5::bigint[]) AS m(topic, hash)"
+	if oneTopic(p.Topics) {
+		rows = "unnest($5::bigint[]) AS m(hash)"
+	}
 	return Query{
 		SQL: `WITH inserted AS (
 ` + insert + `
 )
-SELECT pg_notify($6, 'm' || t.topic) FROM (SELECT DISTINCT ` + topicsExpr + ` AS topic) t`,
+SELECT pg_notify($6, CASE WHEN t.partition = 0 THEN 'm' || t.topic ELSE 'n' || t.partition || ':' || t.topic END)
+FROM (SELECT DISTINCT ` + topicExpr + ` AS topic, m.hash % COALESCE(` + partitions + `, 1) AS partition
+	FROM ` + rows + `) t`,
 		Args: []any{topics, p.UUIDs, p.Payloads, p.Metadata, hashes, p.NotifyChannel},
 	}
 }
