@@ -20,11 +20,14 @@ import (
 // The benchmark binary runs as a child process when childEnv is set (main
 // sends it here), with its settings as JSON in that variable. A child is
 // one pglease Subscriber in a process of its own: a group member that the
-// balance workload can SIGKILL, or the one Subscriber of a many-topics
-// workload, whose Go heap no other workload's garbage skews. It talks to
+// balance workload can SIGKILL, the one Subscriber of a many-topics
+// workload, whose Go heap no other workload's garbage skews, or a member
+// of the partitions workload that handles messages (keyed). It talks to
 // the parent on its standard streams:
 //
-//	stdout: "ready"              member: every Subscribe call returned
+//	stdout: "ready"              member, keyed: every Subscribe call returned
+//	        "msg <key> <seq> <partition>"
+//	                             keyed: a message handled, before its Ack
 //	        "claimed <seconds>"  many: every topic is owned by the Subscriber,
 //	                             that long after the first Subscribe call
 //	        "heap <bytes>"       many, after "close": Go heap and stacks per
@@ -32,7 +35,8 @@ import (
 //	        "closed <seconds>"   after "close": Close took that long (an
 //	                             error it returned goes to stderr); then
 //	                             the process exits
-//	stdin:  "close"              close the Subscriber and exit; so does the
+//	stdin:  "go"                 keyed: start reading the channel
+//	        "close"              close the Subscriber and exit; so does the
 //	                             end of standard input (the parent is gone)
 //	stderr: errors, and the library's log with -v
 const childEnv = "PGLEASE_BENCH_CHILD"
@@ -40,6 +44,7 @@ const childEnv = "PGLEASE_BENCH_CHILD"
 const (
 	childMember = "member" // subscribe to Topics topics, then idle
 	childMany   = "many"   // subscribe to Topics topics and time the claims
+	childKeyed  = "keyed"  // subscribe to Topic, handle its messages after "go"
 )
 
 // childConfig is what a child process runs.
@@ -53,6 +58,10 @@ type childConfig struct {
 	// Topics are named fmt.Sprintf(TopicFormat, i) for i in [0, Topics).
 	TopicFormat string
 	Topics      int
+	// Topic and HandlerDelay are the keyed role's topic and the time its
+	// handler takes per message.
+	Topic        string
+	HandlerDelay time.Duration
 }
 
 func (c childConfig) topic(i int) string { return fmt.Sprintf(c.TopicFormat, i) }
@@ -99,11 +108,16 @@ func (c childConfig) run() error {
 		return err
 	}
 	defer sub.Close()
-	closing := make(chan struct{})
+	start, closing := make(chan struct{}), make(chan struct{})
 	go func() {
 		// "close", or the end of standard input: the parent is gone.
 		sc := bufio.NewScanner(os.Stdin)
+		started := false
 		for sc.Scan() && sc.Text() != "close" {
+			if sc.Text() == "go" && !started {
+				started = true
+				close(start)
+			}
 		}
 		close(closing)
 	}()
@@ -123,6 +137,11 @@ func (c childConfig) run() error {
 	switch c.Role {
 	case childMember:
 		fmt.Println("ready")
+	case childKeyed:
+		// Topics is 0: the one topic is subscribed to here.
+		if err := c.consumeKeyed(ctx, sub, start, closing); err != nil {
+			return err
+		}
 	case childMany:
 		if err := c.waitClaimed(ctx, closing); err != nil {
 			return err

@@ -234,9 +234,9 @@ type split struct {
 
 func (s split) String() string {
 	if s.lo == s.hi {
-		return fmt.Sprintf("%d members owning %d topics each", s.members, s.lo)
+		return fmt.Sprintf("%d members owning %d rows each", s.members, s.lo)
 	}
-	return fmt.Sprintf("%d members owning %d to %d topics each", s.members, s.lo, s.hi)
+	return fmt.Sprintf("%d members owning %d to %d rows each", s.members, s.lo, s.hi)
 }
 
 func (s split) holds(counts []int) bool {
@@ -262,19 +262,25 @@ func fairSplit(members, topics int) split {
 // as s says. It returns when the read that saw it was sent (the split
 // happened between that read's and the previous read's snapshot).
 func waitSplit(ctx context.Context, e *env, h *pgleaseHandle, s split, timeout time.Duration) (time.Time, error) {
+	return waitSplitBy(ctx, func(ctx context.Context) ([]int, error) { return ownerCounts(ctx, e, h) }, s, timeout)
+}
+
+// waitSplitBy is waitSplit with the rows owned per session counted by
+// count. With a timeout of 0 it reads once.
+func waitSplitBy(ctx context.Context, count func(context.Context) ([]int, error), s split, timeout time.Duration) (time.Time, error) {
 	deadline := time.Now().Add(timeout)
 	var counts []int
 	for {
 		sent := time.Now()
 		var err error
-		if counts, err = ownerCounts(ctx, e, h); err != nil {
+		if counts, err = count(ctx); err != nil {
 			return time.Time{}, err
 		}
 		if s.holds(counts) {
 			return sent, nil
 		}
 		if time.Now().After(deadline) {
-			return time.Time{}, fmt.Errorf("no %s within %s; topics owned per session: %v", s, timeout, counts)
+			return time.Time{}, fmt.Errorf("no %s within %s; rows (topic, partition) owned per session: %v", s, timeout, counts)
 		}
 		if !sleepCtx(ctx, 10*time.Millisecond) {
 			return time.Time{}, ctx.Err()
