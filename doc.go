@@ -75,6 +75,18 @@
 // from a live session; a dead member's topics are claimed once its session
 // expires. Standbys run no statement per topic.
 //
+// # Partitioned topics
+//
+// A topic created with [CreateTopic] and TopicConfig.Partitions > 1 is
+// split into partitions, each a (group, topic, partition) row of its own:
+// owned, balanced and delivered independently. A Publisher places each
+// message by its key ([PublisherConfig.PartitionKey], by default the
+// [PartitionKeyMetadata] metadata; [PartitionOf] is the hash), so that
+// messages with the same key keep their order. A Subscribe call delivers
+// every partition its Subscriber owns on its one channel, one unacked
+// message per partition at a time; [MessagePartitionFromCtx] tells which.
+// A topic never created has one partition.
+//
 // When a Subscribe context ends or the Subscriber closes, each topic is
 // released at once with its acknowledged position and a notification, so a
 // standby takes over in milliseconds; Close then deletes the session row. A
@@ -92,10 +104,10 @@
 // cluster, ahead of this one's transaction counter, are refused with
 // [ErrFuturePosition].
 //
-// Publish notifies the messages table's channel once per topic when its
-// transaction commits; the Subscribers of a process that share a pool
-// listen on one connection and wake only the consumers of the notified
-// topic. Polling is the
+// Publish notifies the messages table's channel once per topic and
+// partition when its transaction commits; the Subscribers of a process that
+// share a pool listen on one connection and wake only the consumer of the
+// notified partition. Polling is the
 // fallback: every PollInterval, one statement per Subscriber checks all of
 // its idle topics. Concurrent Publish calls on a pool are group-committed.
 package pglease

@@ -75,7 +75,7 @@ type groupMember struct {
 	// subs are the Subscriber's subscriptions by topic; unresolved those
 	// whose topic's partition count is to be read, with the mark's number
 	// (a mark made while a read runs is not cleared by that read).
-	subs       map[string]map[*subscription]struct{}
+	subs       map[string][]*subscription
 	unresolved map[*subscription]uint64
 	marks      uint64
 	stale      bool // the members must be read again
@@ -98,7 +98,7 @@ func newGroupMember(s *Subscriber) *groupMember {
 		unensured:  map[rowKey]struct{}{},
 		unsettled:  map[rowKey]struct{}{},
 		future:     map[rowKey]futureHold{},
-		subs:       map[string]map[*subscription]struct{}{},
+		subs:       map[string][]*subscription{},
 		unresolved: map[*subscription]uint64{},
 		stale:      true,
 		kick:       make(chan struct{}, 1),
@@ -137,12 +137,7 @@ func (m *groupMember) released(topic string) {
 // count and starts a consumer per partition (subscription.grow).
 func (m *groupMember) addSubscription(sub *subscription) {
 	m.mu.Lock()
-	set := m.subs[sub.topic]
-	if set == nil {
-		set = map[*subscription]struct{}{}
-		m.subs[sub.topic] = set
-	}
-	set[sub] = struct{}{}
+	m.subs[sub.topic] = append(m.subs[sub.topic], sub)
 	m.marks++
 	m.unresolved[sub] = m.marks
 	m.mu.Unlock()
@@ -153,13 +148,23 @@ func (m *groupMember) addSubscription(sub *subscription) {
 func (m *groupMember) removeSubscription(sub *subscription) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if set := m.subs[sub.topic]; set != nil {
-		delete(set, sub)
-		if len(set) == 0 {
-			delete(m.subs, sub.topic)
-		}
+	if subs := slices.DeleteFunc(m.subs[sub.topic], func(x *subscription) bool { return x == sub }); len(subs) > 0 {
+		m.subs[sub.topic] = subs
+	} else {
+		delete(m.subs, sub.topic)
 	}
 	delete(m.unresolved, sub)
+}
+
+// cancelAll ends every subscription (Close).
+func (m *groupMember) cancelAll() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, subs := range m.subs {
+		for _, sub := range subs {
+			sub.cancel()
+		}
+	}
 }
 
 // topicChanged makes the loop read the partition count of topic again
@@ -167,11 +172,11 @@ func (m *groupMember) removeSubscription(sub *subscription) {
 // so may have been missed.
 func (m *groupMember) topicChanged(topic *string) {
 	m.mu.Lock()
-	for t, set := range m.subs {
+	for t, subs := range m.subs {
 		if topic != nil && *topic != t {
 			continue
 		}
-		for sub := range set {
+		for _, sub := range subs {
 			m.marks++
 			m.unresolved[sub] = m.marks
 		}

@@ -2,6 +2,7 @@ package pglease
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,35 +21,29 @@ type wakeHub struct {
 	group  string
 
 	mu      sync.Mutex
-	byTopic map[string]map[*consumer]struct{}
+	byTopic map[string][]*consumer
 	// idle holds owners waiting for news, with the position they wait after.
 	idle map[*consumer]Position
 }
 
 func newWakeHub(member *groupMember, group string) *wakeHub {
 	return &wakeHub{member: member, group: group,
-		byTopic: map[string]map[*consumer]struct{}{}, idle: map[*consumer]Position{}}
+		byTopic: map[string][]*consumer{}, idle: map[*consumer]Position{}}
 }
 
 func (h *wakeHub) add(c *consumer) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	set := h.byTopic[c.topic]
-	if set == nil {
-		set = map[*consumer]struct{}{}
-		h.byTopic[c.topic] = set
-	}
-	set[c] = struct{}{}
+	h.byTopic[c.topic] = append(h.byTopic[c.topic], c)
 }
 
 func (h *wakeHub) remove(c *consumer) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if set := h.byTopic[c.topic]; set != nil {
-		delete(set, c)
-		if len(set) == 0 {
-			delete(h.byTopic, c.topic)
-		}
+	if cs := slices.DeleteFunc(h.byTopic[c.topic], func(x *consumer) bool { return x == c }); len(cs) > 0 {
+		h.byTopic[c.topic] = cs
+	} else {
+		delete(h.byTopic, c.topic)
 	}
 	delete(h.idle, c)
 }
@@ -92,7 +87,7 @@ func (h *wakeHub) notify(payload string) {
 		defer h.mu.Unlock()
 		// Consumers that wait for a grant keep the wake-up: they read
 		// once they own the row.
-		for c := range h.byTopic[name] {
+		for _, c := range h.byTopic[name] {
 			if c.partition == partition {
 				c.poke()
 			}
@@ -113,8 +108,8 @@ func (h *wakeHub) notify(payload string) {
 // that wait for their row learn from the claim whether a message waits.
 func (h *wakeHub) wakeAll() {
 	h.mu.Lock()
-	for _, set := range h.byTopic {
-		for c := range set {
+	for _, cs := range h.byTopic {
+		for _, c := range cs {
 			if c.owning.Load() {
 				c.poke()
 			}

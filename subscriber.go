@@ -276,9 +276,19 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		return nil, fmt.Errorf("subscribe to topic %q: %w", topic, err)
 	}
 
+	cctx, cancel := context.WithCancel(ctx)
+	sub := &subscription{
+		s:      s,
+		topic:  topic,
+		ctx:    cctx,
+		cancel: cancel,
+		out:    make(chan *message.Message),
+		logger: s.logger.With(watermill.LogFields{"topic": topic}),
+	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.closed {
-		s.mu.Unlock()
+		cancel()
 		return nil, ErrSubscriberClosed
 	}
 	s.consumers.Add(1)
@@ -289,22 +299,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		go s.pollIdle()
 		go s.member.run()
 	}
-	s.mu.Unlock()
-
-	cctx, cancel := context.WithCancel(ctx)
-	sub := &subscription{
-		s:      s,
-		topic:  topic,
-		ctx:    cctx,
-		cancel: cancel,
-		out:    make(chan *message.Message),
-		logger: s.logger.With(watermill.LogFields{"topic": topic}),
-	}
-	stopOnClose := context.AfterFunc(s.ctx, cancel)
-	go func() {
-		defer stopOnClose()
-		sub.run()
-	}()
+	// Under s.mu: a Close that follows finds the subscription registered
+	// and ends it (groupMember.cancelAll).
+	sub.start()
 	return sub.out, nil
 }
 
@@ -323,23 +320,46 @@ type subscription struct {
 	mu         sync.Mutex
 	partitions int  // consumers started: partitions 0 to partitions-1
 	ending     bool // no consumer starts any more
-	// delivering counts the consumers that may still send on out.
-	delivering sync.WaitGroup
+	// running counts the consumers that may still send on out.
+	running int
 }
 
-// run waits for the end of the subscription and closes its channel once no
-// consumer sends on it any more.
-func (sub *subscription) run() {
-	defer sub.s.consumers.Done()
-	m := sub.s.member
-	m.addSubscription(sub)
-	<-sub.ctx.Done()
-	m.removeSubscription(sub)
+// start registers the subscription with the group member and arranges
+// for its end. It runs no goroutine of its own: a Subscriber of 100,000
+// topics runs one goroutine per topic, its consumer's. Close ends it
+// through the member (cancelAll).
+func (sub *subscription) start() {
+	sub.s.member.addSubscription(sub)
+	context.AfterFunc(sub.ctx, sub.end)
+}
+
+// end runs when the subscription's context ends: no consumer starts any
+// more, and the channel is closed once no consumer sends on it.
+func (sub *subscription) end() {
+	sub.s.member.removeSubscription(sub)
 	sub.mu.Lock()
 	sub.ending = true
+	done := sub.running == 0
 	sub.mu.Unlock()
-	sub.delivering.Wait()
+	if done {
+		sub.closeOut()
+	}
+}
+
+// consumerDone is called by each consumer once it no longer sends on out.
+func (sub *subscription) consumerDone() {
+	sub.mu.Lock()
+	sub.running--
+	done := sub.ending && sub.running == 0
+	sub.mu.Unlock()
+	if done {
+		sub.closeOut()
+	}
+}
+
+func (sub *subscription) closeOut() {
 	close(sub.out)
+	sub.s.consumers.Done()
 }
 
 // grow starts the consumers of partitions up to n (a topic's partition
@@ -360,7 +380,8 @@ func (sub *subscription) grow(n int) {
 			s.slots[key] = slot
 		}
 		slot.refs++
-		// The subscription's own count keeps s.consumers above zero.
+		// The subscription's own count (until its channel is closed)
+		// keeps s.consumers above zero.
 		s.consumers.Add(1)
 		s.mu.Unlock()
 		logger := sub.logger
@@ -380,7 +401,7 @@ func (sub *subscription) grow(n int) {
 			logger:    logger,
 		}
 		s.hub.add(c)
-		sub.delivering.Add(1)
+		sub.running++
 		go c.run()
 	}
 	if sub.partitions > 0 {
@@ -413,6 +434,7 @@ func (s *Subscriber) Close() error {
 
 	giveUp := time.AfterFunc(s.config.CloseTimeout, func() { close(s.giveUp) })
 	s.cancel()
+	s.member.cancelAll()
 	s.consumers.Wait()
 	if giveUp.Stop() {
 		close(s.giveUp)
@@ -576,7 +598,7 @@ func (c *consumer) run() {
 	select {
 	case c.slot.token <- struct{}{}:
 	case <-c.ctx.Done():
-		c.sub.delivering.Done()
+		c.sub.consumerDone()
 		return
 	}
 	// The slot is held until nothing of this subscription may own the row
@@ -644,7 +666,7 @@ const standbyMargin = 20 * time.Millisecond
 // Close gives up after CloseTimeout (then Close deletes the session row).
 func (c *consumer) finish(left *leftover) {
 	err := c.releaseLeftover(left)
-	c.sub.delivering.Done()
+	c.sub.consumerDone()
 	c.releaseRetrying(left, err)
 }
 
