@@ -69,6 +69,8 @@ const (
 	// RenewMax set, each Subscriber is closed after a random time up to
 	// RenewMax and replaced by a new one, with a new session.
 	modeRoam = "roam"
+	// modeTx consumes with pglease.TxHandler: see runTx.
+	modeTx = "tx"
 )
 
 // helperConfig is what a helper process runs.
@@ -98,6 +100,9 @@ type helperConfig struct {
 	// that same set, and a keepalive topic of each process's own would
 	// make every set different. Without it, "cancel" closes the Router.
 	NoKeepalive bool
+	// DeriveTopic is where modeTx publishes one derived message per
+	// message it processes.
+	DeriveTopic string
 }
 
 // subAppName and recAppName are the application_name of the helper's
@@ -173,6 +178,8 @@ func runHelperProcess() int {
 		err = h.runChurn(term)
 	case modeRoam:
 		err = h.runRoam(term)
+	case modeTx:
+		err = h.runTx(term)
 	default:
 		err = fmt.Errorf("unknown mode %q", cfg.Mode)
 	}

@@ -229,12 +229,21 @@ type SchemaAdapter interface {
 	// another transaction before this one could claim it) per such row
 	// among those looked at, its columns after partition NULL.
 	ClaimOffsets(p OffsetsParams) Query
-	// CommitOffset moves the acknowledged position, fenced by session and
+	// CommitOffset moves the acknowledged position forward (never back: a
+	// position committed by AckInTx may lie ahead), fenced by session and
 	// epoch. Zero rows affected means ownership was lost.
 	CommitOffset(p OffsetParams) Query
-	// ReleaseOffset writes the acknowledged position and frees the claim in
-	// one statement, fenced by session and epoch.
+	// ReleaseOffset writes the acknowledged position (never moving it back)
+	// and frees the claim in one statement, fenced by session and epoch.
 	ReleaseOffset(p OffsetParams) Query
+	// LockOffset locks the row (SELECT ... FOR UPDATE) and returns its
+	// session_id uuid, epoch bigint, acked_transaction_id (xid8 as text)
+	// and acked_offset bigint; no row when it does not exist.
+	LockOffset(p OffsetParams) Query
+	// AdvanceOffset moves the acknowledged position to p.Position if it
+	// lies ahead, fenced by session and epoch: what AckInTx runs, in the
+	// caller's transaction, after LockOffset.
+	AdvanceOffset(p OffsetParams) Query
 }
 
 // DefaultSchemaAdapter is the PostgreSQL [SchemaAdapter]: one messages table
@@ -731,11 +740,19 @@ FROM cur WHERE NOT EXISTS (SELECT 1 FROM claimed c WHERE c.topic = cur.topic AND
 	}
 }
 
+// forwardSet is the SET list that moves the acknowledged position to
+// ($6, $7) only if that lies ahead: both columns are computed from the old
+// row, so they move together or not at all.
+const forwardSet = `acked_transaction_id = CASE WHEN (acked_transaction_id, acked_offset) < ($6::text::xid8, $7::bigint)
+		THEN $6::text::xid8 ELSE acked_transaction_id END,
+	acked_offset = CASE WHEN (acked_transaction_id, acked_offset) < ($6::text::xid8, $7::bigint)
+		THEN $7::bigint ELSE acked_offset END`
+
 // CommitOffset implements [SchemaAdapter].
 func (a DefaultSchemaAdapter) CommitOffset(p OffsetParams) Query {
 	return Query{
 		SQL: `UPDATE ` + a.offsets() + `
-SET acked_transaction_id = $6::text::xid8, acked_offset = $7, updated_at = now()
+SET ` + forwardSet + `, updated_at = now()
 WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5`,
 		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
 			formatXID8(p.Position.TransactionID), p.Position.Offset},
@@ -746,7 +763,7 @@ WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 
 // rows released (zero when ownership was lost).
 func (a DefaultSchemaAdapter) ReleaseOffset(p OffsetParams) Query {
 	update := `UPDATE ` + a.offsets() + `
-SET acked_transaction_id = $6::text::xid8, acked_offset = $7,
+SET ` + forwardSet + `,
 	session_id = NULL, updated_at = now()
 WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5`
 	args := []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
@@ -761,6 +778,28 @@ RETURNING topic
 )
 SELECT pg_notify($8, 'r' || topic) FROM released`,
 		Args: append(args, p.NotifyChannel),
+	}
+}
+
+// LockOffset implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) LockOffset(p OffsetParams) Query {
+	return Query{
+		SQL: `SELECT session_id, epoch, acked_transaction_id::text, acked_offset FROM ` + a.offsets() + `
+WHERE consumer_group = $1 AND topic = $2 AND partition = $3
+FOR UPDATE`,
+		Args: []any{p.ConsumerGroup, p.Topic, p.Partition},
+	}
+}
+
+// AdvanceOffset implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) AdvanceOffset(p OffsetParams) Query {
+	return Query{
+		SQL: `UPDATE ` + a.offsets() + `
+SET acked_transaction_id = $6::text::xid8, acked_offset = $7, updated_at = now()
+WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5
+	AND (acked_transaction_id, acked_offset) < ($6::text::xid8, $7::bigint)`,
+		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
+			formatXID8(p.Position.TransactionID), p.Position.Offset},
 	}
 }
 

@@ -965,8 +965,9 @@ func (c *consumer) deliver(g *sessionGen, cl *claim, m storedMessage) outcome {
 			}
 			continue
 		}
-		mctx, mcancel := context.WithCancel(context.WithValue(c.ctx, deliveryKey{},
-			&delivery{topic: c.topic, partition: c.partition, pos: m.pos}))
+		mctx, mcancel := context.WithCancel(context.WithValue(c.ctx, deliveryKey{}, &delivery{
+			topic: c.topic, partition: c.partition, pos: m.pos, group: cl.group,
+			sessionID: cl.sessionID, epoch: cl.epoch, g: g, adapter: c.s.config.SchemaAdapter}))
 		msg.SetContext(mctx)
 		res, nacked := c.handOut(g, cl, m, msg)
 		mcancel()

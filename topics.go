@@ -162,35 +162,3 @@ func partitionHash(keyFunc func(string, *message.Message) (string, error), topic
 	}
 	return keyHash(key), nil
 }
-
-// deliveryKey is the context key of a delivered message's place.
-type deliveryKey struct{}
-
-// delivery is where a delivered message comes from.
-type delivery struct {
-	topic     string
-	partition int32
-	pos       Position
-}
-
-// MessagePartitionFromCtx returns the partition of its topic that a message
-// delivered by a [Subscriber] comes from; pass the message's Context. It
-// reports false for a context that is not a delivered message's.
-func MessagePartitionFromCtx(ctx context.Context) (int32, bool) {
-	d, ok := ctx.Value(deliveryKey{}).(*delivery)
-	if !ok {
-		return 0, false
-	}
-	return d.partition, true
-}
-
-// MessagePositionFromCtx returns the position in its partition of a message
-// delivered by a [Subscriber]; pass the message's Context. It reports false
-// for a context that is not a delivered message's.
-func MessagePositionFromCtx(ctx context.Context) (Position, bool) {
-	d, ok := ctx.Value(deliveryKey{}).(*delivery)
-	if !ok {
-		return Position{}, false
-	}
-	return d.pos, true
-}

@@ -1,0 +1,232 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrAlreadyAcknowledged is returned by [AckInTx] for a message whose
+// position its consumer group has already committed: it was acknowledged
+// before (in a transaction that committed, or by Ack), and is delivered
+// again only because the outcome was not known (a Nack after the commit, a
+// commit whose reply was lost). Roll the transaction back and Ack the
+// message: its effects are already there.
+var ErrAlreadyAcknowledged = errors.New("pglease: the message was already acknowledged")
+
+// deliveryKey is the context key of a delivered message's place.
+type deliveryKey struct{}
+
+// delivery is where a delivered message comes from and who delivered it.
+type delivery struct {
+	topic     string
+	partition int32
+	pos       Position
+	group     string
+	sessionID uuid.UUID
+	epoch     int64
+	g         *sessionGen
+	adapter   SchemaAdapter
+}
+
+func deliveryOf(msg *message.Message) (*delivery, bool) {
+	d, ok := msg.Context().Value(deliveryKey{}).(*delivery)
+	return d, ok
+}
+
+// MessagePartitionFromCtx returns the partition of its topic that a message
+// delivered by a [Subscriber] comes from; pass the message's Context. It
+// reports false for a context that is not a delivered message's.
+func MessagePartitionFromCtx(ctx context.Context) (int32, bool) {
+	d, ok := ctx.Value(deliveryKey{}).(*delivery)
+	if !ok {
+		return 0, false
+	}
+	return d.partition, true
+}
+
+// MessagePositionFromCtx returns the position in its partition of a message
+// delivered by a [Subscriber]; pass the message's Context. It reports false
+// for a context that is not a delivered message's.
+func MessagePositionFromCtx(ctx context.Context) (Position, bool) {
+	d, ok := ctx.Value(deliveryKey{}).(*delivery)
+	if !ok {
+		return Position{}, false
+	}
+	return d.pos, true
+}
+
+// AckInTx acknowledges msg inside tx: it moves its consumer group's
+// acknowledged position of the message's topic and partition to the
+// message, fenced by the session and epoch that delivered it, as one more
+// write of tx. Once tx commits, the message counts as acknowledged even if
+// the process dies before msg.Ack(): the next owner starts after it. So
+// effects written in tx (and messages published in tx, by a [Publisher] on
+// tx) happen exactly once for the group, as long as every delivery of the
+// message goes through AckInTx.
+//
+// Call msg.Ack() after tx committed, as always; it costs no extra
+// statement beyond the coalesced commit. If tx rolls back, Nack (or Ack:
+// the message is then acknowledged the usual way).
+//
+// Errors, after which tx must be rolled back:
+//   - one wrapping [ErrOwnershipLost]: another session took the partition
+//     over (or this Subscriber's session was lost); the message goes to
+//     the new owner;
+//   - one wrapping [ErrAlreadyAcknowledged]: the group's position is
+//     already at or after the message; Ack it;
+//   - one wrapping [ErrInvalidMessage]: msg was not delivered by a pglease
+//     Subscriber (or its context was replaced);
+//   - the database's errors (a serialization failure under REPEATABLE READ
+//     or SERIALIZABLE when the row changed concurrently, for example).
+//
+// AckInTx locks the group's offset row until tx ends: keep tx short, as a
+// takeover of the partition waits for it.
+func AckInTx(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	if msg == nil {
+		return fmt.Errorf("%w: AckInTx of a nil message", ErrInvalidMessage)
+	}
+	if tx == nil {
+		return fmt.Errorf("%w: AckInTx needs a transaction, got nil", ErrInvalidConfig)
+	}
+	d, ok := deliveryOf(msg)
+	if !ok {
+		return fmt.Errorf("%w: message %s was not delivered by a pglease Subscriber (AckInTx reads its origin from the message's context)",
+			ErrInvalidMessage, msg.UUID)
+	}
+	p := OffsetParams{ConsumerGroup: d.group, Topic: d.topic, Partition: d.partition,
+		SessionID: d.sessionID, Epoch: d.epoch, Position: d.pos}
+	what := func() string {
+		return fmt.Sprintf("acknowledge message %s of topic %q partition %d for consumer group %q in a transaction",
+			msg.UUID, d.topic, d.partition, d.group)
+	}
+	if d.g.isLost() {
+		return fmt.Errorf("%s: the delivering session was lost: %w", what(), ErrOwnershipLost)
+	}
+	lock := d.adapter.LockOffset(p)
+	var (
+		session *uuid.UUID
+		epoch   int64
+		txText  string
+		offset  int64
+	)
+	err := tx.QueryRow(ctx, lock.SQL, lock.Args...).Scan(&session, &epoch, &txText, &offset)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%s: the offset row is gone: %w", what(), ErrOwnershipLost)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", what(), wrapMissingSchema(err))
+	}
+	if session == nil || *session != d.sessionID || epoch != d.epoch {
+		return fmt.Errorf("%s (epoch %d, now %d): %w", what(), d.epoch, epoch, ErrOwnershipLost)
+	}
+	txID, err := parseXID8(txText)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what(), err)
+	}
+	if acked := (Position{TransactionID: txID, Offset: offset}); !positionLess(acked, d.pos) {
+		return fmt.Errorf("%s: %w", what(), ErrAlreadyAcknowledged)
+	}
+	// The row is locked by tx: the fenced update cannot miss now.
+	adv := d.adapter.AdvanceOffset(p)
+	tag, err := tx.Exec(ctx, adv.SQL, adv.Args...)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what(), err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("%s: the offset row changed under its lock: %w", what(), ErrOwnershipLost)
+	}
+	return nil
+}
+
+func positionLess(a, b Position) bool {
+	if a.TransactionID != b.TransactionID {
+		return a.TransactionID < b.TransactionID
+	}
+	return a.Offset < b.Offset
+}
+
+// TxHandlerFunc handles one message inside tx: it writes its effects with
+// tx and returns the messages to publish, which are published in tx too.
+type TxHandlerFunc func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error)
+
+// TxHandlerConfig configures [TxHandler].
+type TxHandlerConfig struct {
+	// PublishTopic is where the messages returned by the handler are
+	// published. Required when the handler returns messages.
+	PublishTopic string
+	// Publisher configures the Publisher that writes them in the
+	// transaction (its SchemaAdapter, PartitionKey, ...).
+	Publisher PublisherConfig
+	// TxOptions are the options of each transaction (default READ
+	// COMMITTED, read-write).
+	TxOptions pgx.TxOptions
+}
+
+// TxBeginner begins transactions: a *pgxpool.Pool or a *pgx.Conn.
+type TxBeginner interface {
+	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
+}
+
+// TxHandler turns f into a Watermill handler that processes each message
+// exactly once, for effects in the same PostgreSQL database: it begins a
+// transaction on db, calls f with it, publishes the messages f returns to
+// config.PublishTopic in the same transaction, acknowledges the message in
+// it ([AckInTx]) and commits. The input consumed, the effects written and
+// the messages published commit together or not at all. Use it with
+// Router.AddConsumerHandler (or AddNoPublisherHandler):
+//
+//	router.AddConsumerHandler("orders", "orders", sub,
+//		pglease.TxHandler(pool, pglease.TxHandlerConfig{PublishTopic: "invoices"}, handle))
+//
+// An error from f, from publishing or from the commit rolls everything back
+// and is returned, so the Router nacks the message and it is delivered
+// again (Retry and PoisonQueue middlewares work as usual: the poison queue
+// publish is not part of the transaction). A message already acknowledged
+// (ErrAlreadyAcknowledged: delivered again after its transaction committed)
+// is rolled back and acked: what f wrote this time is undone. The message's
+// context bounds the transaction.
+func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.NoPublishHandlerFunc {
+	return func(msg *message.Message) error {
+		ctx := msg.Context()
+		tx, err := db.BeginTx(ctx, config.TxOptions)
+		if err != nil {
+			return fmt.Errorf("begin the transaction of message %s: %w", msg.UUID, err)
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		out, err := f(ctx, tx, msg)
+		if err != nil {
+			return err
+		}
+		if len(out) > 0 {
+			if config.PublishTopic == "" {
+				return fmt.Errorf("%w: the handler of message %s returned %d messages, but TxHandlerConfig.PublishTopic is empty",
+					ErrInvalidConfig, msg.UUID, len(out))
+			}
+			pub, err := NewPublisher(tx, config.Publisher, watermill.NopLogger{})
+			if err != nil {
+				return err
+			}
+			if err := pub.Publish(config.PublishTopic, out...); err != nil {
+				return err
+			}
+		}
+		// Last: the offset row stays locked only from here to the commit,
+		// so claims and commits of the partition do not wait for f.
+		if err := AckInTx(ctx, tx, msg); err != nil {
+			if errors.Is(err, ErrAlreadyAcknowledged) {
+				return nil // done before; what f did now is rolled back
+			}
+			return err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return fmt.Errorf("commit the transaction of message %s: %w", msg.UUID, err)
+		}
+		return nil
+	}
+}

@@ -1,0 +1,26 @@
+package pglease_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestExamplesRun runs each program of _examples against the test database:
+// each checks its own outcome and exits non-zero when it is wrong.
+func TestExamplesRun(t *testing.T) {
+	for _, dir := range []string{"./_examples/basic", "./_examples/exactlyonce"} {
+		t.Run(dir, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, "go", "run", dir)
+			cmd.Env = append(os.Environ(), "DATABASE_URL="+testDSN)
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "go run %s:\n%s", dir, out)
+		})
+	}
+}
