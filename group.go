@@ -1,7 +1,6 @@
 package pglease
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -165,6 +164,27 @@ func (m *groupMember) cancelAll() {
 			sub.cancel()
 		}
 	}
+}
+
+// offsetsReset makes the subscriptions that own rows of topic give them up
+// and wait for a new grant: an operator reset the group's offsets
+// (Inspector.ResetOffsets) and bumped the rows' epochs. The release is
+// refused (the epoch moved), and the member claims the rows again, from
+// the new positions (a row whose owner was alive is still this session's).
+func (m *groupMember) offsetsReset(topic string) {
+	m.mu.Lock()
+	for key, h := range m.owning {
+		if key.topic != topic {
+			continue
+		}
+		select {
+		case <-h.yield:
+		default:
+			close(h.yield)
+		}
+	}
+	m.mu.Unlock()
+	m.wake()
 }
 
 // topicChanged makes the loop read the partition count of topic again
@@ -632,9 +652,7 @@ func (m *groupMember) handOver(g *sessionGen, r claimedRow) {
 	if c != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), m.s.config.CloseTimeout)
-	defer cancel()
-	if err := m.s.offsets.release(ctx, r.claim); err != nil && !errors.Is(err, ErrOwnershipLost) {
+	if err := m.s.offsets.release(m.s.releaseCtx, r.claim); err != nil && !errors.Is(err, ErrOwnershipLost) {
 		m.logger.Error("Cannot release a topic claimed for a subscription that ended; it is free once the session ends",
 			err, watermill.LogFields{"topic": r.row.topic, "partition": r.row.partition})
 	}

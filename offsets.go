@@ -76,9 +76,9 @@ type offsetStore struct {
 	afterClaim func(topics []string) error
 }
 
-func newOffsetStore(pool *pgxpool.Pool, adapter SchemaAdapter, logger watermill.LoggerAdapter) offsetStore {
+func newOffsetStore(pool *pgxpool.Pool, adapter SchemaAdapter, releaseTimeout time.Duration, logger watermill.LoggerAdapter) offsetStore {
 	gate := newDataGate(pool)
-	return offsetStore{gate: gate, adapter: adapter, releases: newReleaser(gate, logger)}
+	return offsetStore{gate: gate, adapter: adapter, releases: newReleaser(gate, releaseTimeout, logger)}
 }
 
 // dataGate is where a Subscriber's consumers (claims, fetches, commits,

@@ -3,6 +3,7 @@ package pglease
 import (
 	"context"
 	"slices"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
@@ -22,12 +23,17 @@ type release struct {
 // as one pipelined batch (see batcher): one round trip and one transaction
 // per releaseBatchMax releases, instead of one each.
 type releaser struct {
-	gate    *dataGate
+	gate *dataGate
+	// timeout bounds each statement (or batch) once it is sent; the wait
+	// in the queue before it is bounded by the caller's context only, so
+	// that Close of 100,000 subscriptions does not time out the releases
+	// queued behind the first batches.
+	timeout time.Duration
 	batcher batcher[release]
 }
 
-func newReleaser(gate *dataGate, logger watermill.LoggerAdapter) *releaser {
-	r := &releaser{gate: gate}
+func newReleaser(gate *dataGate, timeout time.Duration, logger watermill.LoggerAdapter) *releaser {
+	r := &releaser{gate: gate, timeout: timeout}
 	r.batcher = batcher[release]{
 		workers:  1,
 		maxCount: releaseBatchMax,
@@ -49,6 +55,8 @@ func (r *releaser) release(ctx context.Context, c *claim, q Query) error {
 func (r *releaser) wait() { r.batcher.wait() }
 
 func (r *releaser) releaseOne(ctx context.Context, rel release) error {
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
 	return r.gate.execFenced(ctx, rel.query, rel.claim, "release topic")
 }
 
@@ -62,6 +70,8 @@ func (r *releaser) releaseMany(ctx context.Context, rels []release) ([]error, er
 	}
 	slices.SortFunc(order, func(a, b int) int { return compareRows(rels[a].claim.row(), rels[b].claim.row()) })
 
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
 	conn, err := r.gate.acquire(ctx)
 	if err != nil {
 		return nil, err

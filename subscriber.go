@@ -189,6 +189,10 @@ type Subscriber struct {
 	// retrying releases that fail, and Close reports them.
 	giveUp    chan struct{}
 	closeErrs []error // under mu
+	// releaseCtx bounds the wait of releases for their turn: it ends with
+	// giveUp. Each release statement is bounded by CloseTimeout once sent.
+	releaseCtx    context.Context
+	releaseCancel context.CancelFunc
 }
 
 // topicSlot lets one consumer of this Subscriber at a time work on a
@@ -224,7 +228,7 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		pool:      pool,
 		config:    config,
 		logger:    logger,
-		offsets:   newOffsetStore(pool, config.SchemaAdapter, logger),
+		offsets:   newOffsetStore(pool, config.SchemaAdapter, config.CloseTimeout, logger),
 		session:   newSessionKeeper(pool, config.SchemaAdapter, config.ConsumerGroup, config.SessionTTL, logger),
 		closeDone: make(chan struct{}),
 		giveUp:    make(chan struct{}),
@@ -232,6 +236,7 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		ctx:       ctx,
 		cancel:    cancel,
 	}
+	s.releaseCtx, s.releaseCancel = context.WithCancel(context.Background())
 	s.member = newGroupMember(s)
 	s.hub = newWakeHub(s.member, config.ConsumerGroup)
 	s.session.onNewSession = s.member.wake
@@ -432,12 +437,16 @@ func (s *Subscriber) Close() error {
 	s.mu.Unlock()
 	defer close(s.closeDone)
 
-	giveUp := time.AfterFunc(s.config.CloseTimeout, func() { close(s.giveUp) })
+	giveUp := time.AfterFunc(s.config.CloseTimeout, func() {
+		close(s.giveUp)
+		s.releaseCancel()
+	})
 	s.cancel()
 	s.member.cancelAll()
 	s.consumers.Wait()
 	if giveUp.Stop() {
 		close(s.giveUp)
+		s.releaseCancel()
 	}
 	s.background.Wait()
 	s.offsets.releases.wait()
@@ -692,9 +701,7 @@ func (c *consumer) releaseLeftover(left *leftover) error {
 		return nil
 	}
 	cl := left.cl
-	ctx, cancel := context.WithTimeout(context.Background(), c.s.config.CloseTimeout)
-	defer cancel()
-	err := c.s.offsets.release(ctx, cl)
+	err := c.s.offsets.release(c.s.releaseCtx, cl)
 	switch {
 	case err == nil:
 		c.logger.Debug("Topic released", watermill.LogFields{"epoch": cl.epoch,
