@@ -173,10 +173,12 @@ func (m *groupMember) cancelAll() {
 // the new positions (a row whose owner was alive is still this session's).
 func (m *groupMember) offsetsReset(topic string) {
 	m.mu.Lock()
+	var partitions []int32
 	for key, h := range m.owning {
 		if key.topic != topic {
 			continue
 		}
+		partitions = append(partitions, key.partition)
 		select {
 		case <-h.yield:
 		default:
@@ -184,6 +186,11 @@ func (m *groupMember) offsetsReset(topic string) {
 		}
 	}
 	m.mu.Unlock()
+	if len(partitions) > 0 {
+		slices.Sort(partitions)
+		m.logger.Info("Offsets of the topic were reset: giving its partitions up after the messages in flight, to claim them again from the new positions",
+			watermill.LogFields{"topic": topic, "partitions": partitions})
+	}
 	m.wake()
 }
 

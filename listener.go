@@ -66,7 +66,10 @@ func (h *wakeHub) clearIdle(c *consumer) {
 // the group member if it subscribes to the topic, "g" + group (a session of
 // the group started, ended or changed its topics) the group member, "p" +
 // topic (partition count raised) the member, to start consumers for the new
-// partitions.
+// partitions, "x" + topic (offsets reset by an operator) the member, to give
+// its rows of the topic up and claim them again. A reset notified while
+// the listener reconnects is caught at the owner's next commit instead,
+// which the reset's epoch bump refuses.
 func (h *wakeHub) notify(payload string) {
 	if payload == "" {
 		return
@@ -100,6 +103,8 @@ func (h *wakeHub) notify(payload string) {
 		}
 	case 'p':
 		h.member.topicChanged(&name)
+	case 'x':
+		h.member.offsetsReset(name)
 	}
 }
 

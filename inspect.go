@@ -1,0 +1,427 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// InspectionAdapter builds the read and reset statements of [Inspector].
+// [DefaultSchemaAdapter] implements it.
+type InspectionAdapter interface {
+	// InspectSessions returns every session row: id uuid, consumer_group
+	// text, owner text, created_at timestamptz, expires_at timestamptz,
+	// now timestamptz, rows_held bigint.
+	InspectSessions() Query
+	// InspectLag returns one row per offsets row of the groups and topics
+	// (nil: all): consumer_group, topic, partition, session_id uuid,
+	// owner text (NULL unless the owner session is alive), epoch,
+	// acked_transaction_id (xid8 as text), acked_offset, lag bigint
+	// (visible messages after the position), lag_seconds float8 (age of
+	// the oldest of them, NULL without one), pending bool (committed
+	// messages wait behind the xmin horizon).
+	InspectLag(groups, topics []string) Query
+	// InspectHorizon returns one row: xmin (xid8 as text) and the oldest
+	// transaction holding it back, all NULL when none: pid int, gid text
+	// (a prepared transaction's), application_name, state, xact_start,
+	// query_start, age_seconds float8, query text.
+	InspectHorizon() Query
+	// InspectTopics returns one row per topic that has messages, settings
+	// or offsets: topic, partitions integer, groups bigint, newest_at
+	// timestamptz (NULL without messages).
+	InspectTopics() Query
+	// ResetOffsets sets the acknowledged positions of the rows of group's
+	// topic (EnsureOffsets creates missing ones first) and bumps each
+	// row's epoch, so that an owner's later commits are refused. A row
+	// whose owner session is alive keeps its owner (with force; without
+	// force it is left alone), others are freed. It notifies "x" + topic,
+	// for owners to claim their rows again. to is "earliest", "latest" or
+	// "time" (then at is the time). Returns one row per partition:
+	// partition, old_session uuid, old_owner text (NULL unless alive),
+	// old_transaction_id text, old_offset, new_transaction_id text,
+	// new_offset, applied bool.
+	ResetOffsets(group, topic, to string, at time.Time, force bool, notifyChannel string) Query
+}
+
+// Inspector reads who owns what, how far behind each consumer group is and
+// what holds delivery back, for health checks, admin pages, the pglease
+// command and metrics; and resets offsets. It only reads, but for
+// [Inspector.ResetOffsets]. It is safe for concurrent use.
+type Inspector struct {
+	db      DB
+	adapter SchemaAdapter
+	queries InspectionAdapter
+}
+
+// NewInspector returns an Inspector of the tables of adapter (nil:
+// DefaultSchemaAdapter{}) on db, which may be a *pgxpool.Pool, a *pgx.Conn
+// or a pgx.Tx. The adapter must implement [InspectionAdapter].
+func NewInspector(db DB, adapter SchemaAdapter) (*Inspector, error) {
+	if isNilDB(db) {
+		return nil, fmt.Errorf("%w: NewInspector needs a *pgxpool.Pool, *pgx.Conn or pgx.Tx, got nil", ErrInvalidConfig)
+	}
+	if adapter == nil {
+		adapter = DefaultSchemaAdapter{}
+	}
+	q, ok := adapter.(InspectionAdapter)
+	if !ok {
+		return nil, fmt.Errorf("%w: the schema adapter %T does not implement pglease.InspectionAdapter", ErrInvalidConfig, adapter)
+	}
+	return &Inspector{db: db, adapter: adapter, queries: q}, nil
+}
+
+// SessionInfo is one consumer session: one per live Subscriber (a row
+// whose session expired is kept until it is cleaned up or taken over).
+type SessionInfo struct {
+	ID            uuid.UUID     `json:"id"`
+	ConsumerGroup string        `json:"group"`
+	Owner         string        `json:"owner"` // host and pid of the process
+	CreatedAt     time.Time     `json:"created_at"`
+	ExpiresAt     time.Time     `json:"expires_at"`
+	Age           time.Duration `json:"age_ns"`
+	// ExpiresIn is how long the session lives without a heartbeat; zero
+	// or negative: expired.
+	ExpiresIn time.Duration `json:"expires_in_ns"`
+	Alive     bool          `json:"alive"`
+	// RowsHeld counts the (group, topic, partition) rows it owns.
+	RowsHeld int64 `json:"rows_held"`
+}
+
+// Sessions returns every consumer session, by group and age.
+func (i *Inspector) Sessions(ctx context.Context) ([]SessionInfo, error) {
+	q := i.queries.InspectSessions()
+	rows, err := i.db.Query(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return nil, fmt.Errorf("read sessions: %w", wrapMissingSchema(err))
+	}
+	defer rows.Close()
+	var out []SessionInfo
+	for rows.Next() {
+		var s SessionInfo
+		var now time.Time
+		if err := rows.Scan(&s.ID, &s.ConsumerGroup, &s.Owner, &s.CreatedAt, &s.ExpiresAt, &now, &s.RowsHeld); err != nil {
+			return nil, fmt.Errorf("read sessions: %w", err)
+		}
+		s.Age, s.ExpiresIn = now.Sub(s.CreatedAt), s.ExpiresAt.Sub(now)
+		s.Alive = s.ExpiresIn > 0
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read sessions: %w", err)
+	}
+	return out, nil
+}
+
+// LagInfo is where one consumer group stands on one partition of a topic.
+type LagInfo struct {
+	ConsumerGroup string `json:"group"`
+	Topic         string `json:"topic"`
+	Partition     int32  `json:"partition"`
+	// OwnerSession is the live session that owns the row (uuid.Nil: free,
+	// or its owner's session expired); Owner its process.
+	OwnerSession uuid.UUID `json:"owner_session"`
+	Owner        string    `json:"owner"`
+	Epoch        int64     `json:"epoch"`
+	Position     Position  `json:"position"`
+	// Lag counts the messages after the position that every reader can
+	// see; LagSeconds is the age of the oldest of them (0 without one).
+	Lag        int64   `json:"lag"`
+	LagSeconds float64 `json:"lag_seconds"`
+	// Pending reports committed messages after the position that wait
+	// for an older transaction to end (see Inspector.Horizon).
+	Pending bool `json:"pending"`
+}
+
+// LagFilter selects rows of [Inspector.Lag]; a nil field selects all.
+type LagFilter struct {
+	ConsumerGroups []string
+	Topics         []string
+}
+
+// Lag returns, for every (group, topic, partition) row that f selects, its
+// owner, position and lag. Counting the lag reads the index entries of the
+// messages after each position, so its cost grows with the total lag.
+func (i *Inspector) Lag(ctx context.Context, f LagFilter) ([]LagInfo, error) {
+	q := i.queries.InspectLag(f.ConsumerGroups, f.Topics)
+	rows, err := i.db.Query(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return nil, fmt.Errorf("read lag: %w", wrapMissingSchema(err))
+	}
+	defer rows.Close()
+	var out []LagInfo
+	for rows.Next() {
+		var (
+			l       LagInfo
+			session *uuid.UUID
+			owner   *string
+			txText  string
+			lagSecs *float64
+		)
+		if err := rows.Scan(&l.ConsumerGroup, &l.Topic, &l.Partition, &session, &owner, &l.Epoch, &txText,
+			&l.Position.Offset, &l.Lag, &lagSecs, &l.Pending); err != nil {
+			return nil, fmt.Errorf("read lag: %w", err)
+		}
+		if owner != nil && session != nil {
+			l.OwnerSession, l.Owner = *session, *owner
+		}
+		if lagSecs != nil {
+			l.LagSeconds = max(*lagSecs, 0)
+		}
+		if l.Position.TransactionID, err = parseXID8(txText); err != nil {
+			return nil, fmt.Errorf("read lag: %w", err)
+		}
+		out = append(out, l)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read lag: %w", err)
+	}
+	return out, nil
+}
+
+// Horizon is the cluster's xmin horizon as pglease sees it: messages of
+// transactions at or above Xmin are not delivered yet, on any topic. A
+// writing transaction left open holds it back.
+type Horizon struct {
+	// Xmin is the oldest transaction id still running
+	// (pg_snapshot_xmin(pg_current_snapshot())).
+	Xmin uint64 `json:"xmin"`
+	// Holder is the oldest running transaction that holds it back; nil
+	// when no writing transaction runs.
+	Holder *HorizonHolder `json:"holder,omitempty"`
+}
+
+// HorizonHolder is the oldest running writing transaction.
+type HorizonHolder struct {
+	// PID is its backend's process id; 0 for a prepared transaction,
+	// named by GID.
+	PID             int       `json:"pid"`
+	GID             string    `json:"gid,omitempty"`
+	ApplicationName string    `json:"application_name"`
+	State           string    `json:"state"`
+	XactStart       time.Time `json:"xact_start"`
+	QueryStart      time.Time `json:"query_start"`
+	// Age is how long the transaction has been running.
+	Age   time.Duration `json:"age_ns"`
+	Query string        `json:"query"`
+}
+
+// Horizon returns the xmin horizon and the transaction holding it back.
+// Reading other users' backends needs the pg_read_all_stats role (or
+// superuser); without it the query text and state read as empty.
+func (i *Inspector) Horizon(ctx context.Context) (Horizon, error) {
+	q := i.queries.InspectHorizon()
+	var (
+		h                      Horizon
+		xmin                   string
+		pid                    *int32
+		gid, app, state, query *string
+		xactStart, queryStart  *time.Time
+		age                    *float64
+	)
+	err := i.db.QueryRow(ctx, q.SQL, q.Args...).Scan(&xmin, &pid, &gid, &app, &state, &xactStart, &queryStart, &age, &query)
+	if err != nil {
+		return h, fmt.Errorf("read the xmin horizon: %w", err)
+	}
+	if h.Xmin, err = parseXID8(xmin); err != nil {
+		return h, fmt.Errorf("read the xmin horizon: %w", err)
+	}
+	if pid == nil {
+		return h, nil
+	}
+	hh := &HorizonHolder{PID: int(*pid)}
+	hh.GID, hh.ApplicationName, hh.State, hh.Query = deref(gid), deref(app), deref(state), deref(query)
+	if xactStart != nil {
+		hh.XactStart = *xactStart
+	}
+	if queryStart != nil {
+		hh.QueryStart = *queryStart
+	}
+	if age != nil {
+		hh.Age = time.Duration(*age * float64(time.Second))
+	}
+	h.Holder = hh
+	return h, nil
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+// TopicInfo describes one topic.
+type TopicInfo struct {
+	Topic      string `json:"topic"`
+	Partitions int    `json:"partitions"`
+	// Groups counts the consumer groups with an offset row on the topic.
+	Groups int64 `json:"groups"`
+	// NewestAt is when its newest message was stored (nil: no message).
+	NewestAt *time.Time `json:"newest_at,omitempty"`
+}
+
+// Topics returns every topic that has messages, settings or offset rows.
+func (i *Inspector) Topics(ctx context.Context) ([]TopicInfo, error) {
+	q := i.queries.InspectTopics()
+	rows, err := i.db.Query(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return nil, fmt.Errorf("read topics: %w", wrapMissingSchema(err))
+	}
+	defer rows.Close()
+	var out []TopicInfo
+	for rows.Next() {
+		var t TopicInfo
+		var n int32
+		if err := rows.Scan(&t.Topic, &n, &t.Groups, &t.NewestAt); err != nil {
+			return nil, fmt.Errorf("read topics: %w", err)
+		}
+		t.Partitions = int(n)
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read topics: %w", err)
+	}
+	return out, nil
+}
+
+// ResetTo says where [Inspector.ResetOffsets] moves a group's positions.
+type ResetTo struct {
+	kind string
+	at   time.Time
+}
+
+var (
+	// ResetToEarliest delivers the topic again from its first message.
+	ResetToEarliest = ResetTo{kind: "earliest"}
+	// ResetToLatest skips every message visible now: delivery goes on
+	// with messages of transactions still running or not started.
+	ResetToLatest = ResetTo{kind: "latest"}
+)
+
+// ResetToTime skips the messages before the first one (in delivery order)
+// stored at or after t; with none, it is ResetToLatest.
+func ResetToTime(t time.Time) ResetTo { return ResetTo{kind: "time", at: t} }
+
+func (r ResetTo) String() string {
+	if r.kind == "time" {
+		return "time " + r.at.Format(time.RFC3339Nano)
+	}
+	return r.kind
+}
+
+// ErrOwnedByLiveSession is returned by [Inspector.ResetOffsets] without
+// Force when a live session owns a row of the topic.
+var ErrOwnedByLiveSession = errors.New("pglease: a live session owns the offsets")
+
+// ResetOffsetsParams select the rows to reset and where to.
+type ResetOffsetsParams struct {
+	ConsumerGroup string
+	Topic         string
+	To            ResetTo
+	// Force resets rows that a live session owns: the row's epoch is
+	// bumped, so the owner's later commits and releases are refused
+	// (ErrOwnershipLost); notified, the owner stops delivering the
+	// partition and claims it again, from the new position. A message it
+	// had handed out before may still be processed once.
+	Force bool
+}
+
+// OffsetReset is what [Inspector.ResetOffsets] did to one partition.
+type OffsetReset struct {
+	Partition int32 `json:"partition"`
+	// PreviousOwner is the live session that owned the row (uuid.Nil:
+	// none), fenced by the reset.
+	PreviousOwnerSession uuid.UUID `json:"previous_owner_session"`
+	PreviousOwner        string    `json:"previous_owner"`
+	From                 Position  `json:"from"`
+	To                   Position  `json:"to"`
+}
+
+// ResetOffsets moves the acknowledged positions of every partition of a
+// consumer group's topic, in one transaction: all or nothing. Rows that do
+// not exist yet are created (to set where a new group starts). Without
+// Force it fails with an error wrapping [ErrOwnedByLiveSession], changing
+// nothing, while a live session owns a row.
+func (i *Inspector) ResetOffsets(ctx context.Context, p ResetOffsetsParams) ([]OffsetReset, error) {
+	if err := validateTopic(p.Topic); err != nil {
+		return nil, err
+	}
+	if p.To.kind == "" {
+		return nil, fmt.Errorf("%w: ResetOffsetsParams.To is not set (ResetToEarliest, ResetToLatest or ResetToTime)", ErrInvalidConfig)
+	}
+	what := fmt.Sprintf("reset offsets of consumer group %q on topic %q to %s", p.ConsumerGroup, p.Topic, p.To)
+	tx, err := i.db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	counts, err := topicPartitions(ctx, tx, i.adapter, []string{p.Topic})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	var rowsToEnsure []rowKey
+	for part := range max(counts[p.Topic], 1) {
+		rowsToEnsure = append(rowsToEnsure, rowKey{topic: p.Topic, partition: int32(part)})
+	}
+	topics, partitions := splitRows(rowsToEnsure)
+	ensure := i.adapter.EnsureOffsets(OffsetsParams{ConsumerGroup: p.ConsumerGroup, Topics: topics, Partitions: partitions})
+	if _, err := tx.Exec(ctx, ensure.SQL, ensure.Args...); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, wrapMissingSchema(err))
+	}
+	q := i.queries.ResetOffsets(p.ConsumerGroup, p.Topic, p.To.kind, p.To.at, p.Force, i.adapter.NotifyChannel())
+	rows, err := tx.Query(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, wrapMissingSchema(err))
+	}
+	var (
+		out   []OffsetReset
+		owned []string
+	)
+	for rows.Next() {
+		var (
+			r                  OffsetReset
+			session            *uuid.UUID
+			owner              *string
+			oldTx, newTx       string
+			applied            bool
+			oldOffset, newOffs int64
+		)
+		if err := rows.Scan(&r.Partition, &session, &owner, &oldTx, &oldOffset, &newTx, &newOffs, &applied); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		if owner != nil && session != nil {
+			r.PreviousOwnerSession, r.PreviousOwner = *session, *owner
+			if !applied {
+				owned = append(owned, fmt.Sprintf("partition %d by %s (session %s)", r.Partition, *owner, *session))
+			}
+		}
+		if r.From.TransactionID, err = parseXID8(oldTx); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		if r.To.TransactionID, err = parseXID8(newTx); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		r.From.Offset, r.To.Offset = oldOffset, newOffs
+		out = append(out, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if len(owned) > 0 {
+		return nil, fmt.Errorf("%s: %w: %s (stop those Subscribers, or force the reset, which fences them)",
+			what, ErrOwnedByLiveSession, strings.Join(owned, ", "))
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return out, nil
+}

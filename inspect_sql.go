@@ -1,0 +1,141 @@
+package pglease
+
+import "time"
+
+var _ InspectionAdapter = DefaultSchemaAdapter{}
+
+// InspectSessions implements [InspectionAdapter].
+func (a DefaultSchemaAdapter) InspectSessions() Query {
+	return Query{SQL: `SELECT s.id, s.consumer_group, s.owner, s.created_at, s.expires_at, now(), COALESCE(h.n, 0)
+FROM ` + a.sessions() + ` s
+LEFT JOIN (SELECT session_id, count(*) AS n FROM ` + a.offsets() + `
+	WHERE session_id IS NOT NULL GROUP BY session_id) h ON h.session_id = s.id
+ORDER BY s.consumer_group, s.created_at, s.id`}
+}
+
+// InspectLag implements [InspectionAdapter]. Per row: a count over the
+// index range after the position, one index probe for the oldest message
+// after it, one for a pending one.
+func (a DefaultSchemaAdapter) InspectLag(groups, topics []string) Query {
+	return Query{
+		SQL: `SELECT o.consumer_group, o.topic, o.partition, o.session_id,
+	CASE WHEN s.expires_at > now() THEN s.owner END, o.epoch, o.acked_transaction_id::text, o.acked_offset,
+	(SELECT count(*) FROM ` + a.messages() + ` m
+		WHERE m.topic = o.topic AND m.partition = o.partition
+			AND (m.transaction_id, m."offset") > (o.acked_transaction_id, o.acked_offset)
+			AND m.transaction_id < x.xmin),
+	(SELECT extract(epoch FROM now() - m.created_at)::float8 FROM ` + a.messages() + ` m
+		WHERE m.topic = o.topic AND m.partition = o.partition
+			AND (m.transaction_id, m."offset") > (o.acked_transaction_id, o.acked_offset)
+			AND m.transaction_id < x.xmin
+		ORDER BY m.transaction_id, m."offset" LIMIT 1),
+	EXISTS (SELECT 1 FROM ` + a.messages() + ` m
+		WHERE m.topic = o.topic AND m.partition = o.partition AND m.transaction_id >= x.xmin)
+FROM ` + a.offsets() + ` o
+CROSS JOIN (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin) x
+LEFT JOIN ` + a.sessions() + ` s ON s.id = o.session_id
+WHERE ($1::text[] IS NULL OR o.consumer_group = ANY($1)) AND ($2::text[] IS NULL OR o.topic = ANY($2))
+ORDER BY o.consumer_group, o.topic, o.partition`,
+		Args: []any{groups, topics},
+	}
+}
+
+// InspectHorizon implements [InspectionAdapter]: the oldest transaction
+// with a transaction id, among backends and prepared transactions.
+func (a DefaultSchemaAdapter) InspectHorizon() Query {
+	return Query{SQL: `SELECT pg_snapshot_xmin(pg_current_snapshot())::text, h.pid, h.gid, h.application_name, h.state,
+	h.xact_start, h.query_start, extract(epoch FROM now() - h.xact_start)::float8, h.query
+FROM (SELECT 1) one
+LEFT JOIN LATERAL (
+	SELECT * FROM (
+		SELECT b.pid, NULL::text AS gid, b.application_name, b.state, b.xact_start, b.query_start,
+			left(b.query, 1000) AS query, b.backend_xid AS xid
+		FROM pg_stat_activity b
+		WHERE b.backend_xid IS NOT NULL AND b.pid <> pg_backend_pid()
+		UNION ALL
+		SELECT 0, p.gid, NULL, 'prepared', p.prepared, NULL, NULL, p.transaction
+		FROM pg_prepared_xacts p
+	) c
+	ORDER BY age(c.xid) DESC
+	LIMIT 1
+) h ON true`}
+}
+
+// InspectTopics implements [InspectionAdapter]. The topics with messages
+// are found by skipping through the primary key, one probe per topic.
+func (a DefaultSchemaAdapter) InspectTopics() Query {
+	return Query{SQL: `WITH RECURSIVE mt AS (
+	(SELECT topic FROM ` + a.messages() + ` ORDER BY topic LIMIT 1)
+	UNION ALL
+	SELECT (SELECT m.topic FROM ` + a.messages() + ` m WHERE m.topic > mt.topic ORDER BY m.topic LIMIT 1)
+	FROM mt WHERE mt.topic IS NOT NULL
+), names AS (
+	SELECT topic FROM mt WHERE topic IS NOT NULL
+	UNION SELECT topic FROM ` + a.topics() + `
+	UNION SELECT topic COLLATE "C" FROM ` + a.offsets() + `
+), groups AS (
+	SELECT topic COLLATE "C" AS topic, count(DISTINCT consumer_group) AS n FROM ` + a.offsets() + ` GROUP BY topic
+)
+SELECT n.topic, COALESCE(t.partitions, 1), COALESCE(g.n, 0),
+	(SELECT max(l.created_at) FROM generate_series(0, COALESCE(t.partitions, 1) - 1) AS p(partition),
+		LATERAL (SELECT m.created_at FROM ` + a.messages() + ` m WHERE m.topic = n.topic AND m.partition = p.partition
+			ORDER BY m.transaction_id DESC, m."offset" DESC LIMIT 1) l)
+FROM names n
+LEFT JOIN ` + a.topics() + ` t ON t.topic = n.topic
+LEFT JOIN groups g ON g.topic = n.topic
+ORDER BY n.topic`}
+}
+
+// ResetOffsets implements [InspectionAdapter]. "latest" is the position
+// just below the xmin horizon: every message of a finished transaction
+// older than the oldest running one is skipped, the messages of running
+// transactions are not.
+func (a DefaultSchemaAdapter) ResetOffsets(group, topic, to string, at time.Time, force bool, notifyChannel string) Query {
+	return Query{
+		SQL: `WITH cur AS (
+	SELECT o.partition, o.session_id, o.acked_transaction_id, o.acked_offset,
+		CASE WHEN s.expires_at > now() THEN s.owner END AS live_owner
+	FROM ` + a.offsets() + ` o
+	LEFT JOIN ` + a.sessions() + ` s ON s.id = o.session_id
+	WHERE o.consumer_group = $1 AND o.topic = $2
+	FOR UPDATE OF o
+), x AS (
+	SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin
+), target AS (
+	SELECT cur.*, t.tx, t.off
+	FROM cur, x, LATERAL (
+		SELECT c.tx, c.off FROM (
+			SELECT 1 AS choice, f.tx, f.off FROM (
+				SELECT m.transaction_id AS tx, m."offset" - 1 AS off
+				FROM ` + a.messages() + ` m
+				WHERE $3 = 'time' AND m.topic = $2 AND m.partition = cur.partition
+					AND m.created_at >= $4 AND m.transaction_id < x.xmin
+				ORDER BY m.transaction_id, m."offset"
+				LIMIT 1
+			) f
+			UNION ALL
+			SELECT 2, '0'::xid8, 0::bigint WHERE $3 = 'earliest'
+			UNION ALL
+			SELECT 3, (x.xmin::text::numeric - 1)::text::xid8, 9223372036854775807::bigint WHERE $3 IN ('latest', 'time')
+		) c
+		ORDER BY c.choice
+		LIMIT 1
+	) t
+), updated AS (
+	UPDATE ` + a.offsets() + ` o
+	SET acked_transaction_id = target.tx, acked_offset = target.off, epoch = o.epoch + 1, updated_at = now(),
+		session_id = CASE WHEN target.live_owner IS NULL THEN NULL ELSE o.session_id END
+	FROM target
+	WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = target.partition
+		AND ($5 OR target.live_owner IS NULL)
+	RETURNING o.partition
+), notified AS (
+	SELECT pg_notify($6, 'x' || $2) FROM (SELECT 1 FROM updated LIMIT 1) u WHERE $6 <> ''
+)
+SELECT target.partition, target.session_id, target.live_owner, target.acked_transaction_id::text, target.acked_offset,
+	target.tx::text, target.off, EXISTS (SELECT 1 FROM updated u WHERE u.partition = target.partition)
+FROM target, (SELECT count(*) FROM notified) n
+ORDER BY target.partition`,
+		Args: []any{group, topic, to, at, force, notifyChannel},
+	}
+}

@@ -1,0 +1,280 @@
+package pglease_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// TestInspectorLagAfterKnownAcks: after a known number of acks, Lag reports
+// the owner, the position of the last ack and the messages after it, per
+// partition; Sessions reports the rows the session holds; Topics lists the
+// topic with its partitions and groups.
+func TestInspectorLagAfterKnownAcks(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "two", pglease.TopicConfig{Partitions: 2, SchemaAdapter: adapter,
+		InitializeSchema: true}))
+	pub := newPublisher(t, pool, adapter)
+	perPartition := map[int32]int{}
+	for i := range 10 {
+		key := fmt.Sprintf("k%d", i)
+		msg := message.NewMessage(fmt.Sprintf("m%d", i), nil)
+		msg.Metadata.Set(pglease.PartitionKeyMetadata, key)
+		require.NoError(t, pub.Publish("two", msg))
+		perPartition[int32(pglease.PartitionOf(key, 2))]++
+	}
+	require.Len(t, perPartition, 2)
+	publishN(t, pub, "plain", 5)
+
+	insp, err := pglease.NewInspector(pool, adapter)
+	require.NoError(t, err)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
+		CommitBatch: 1}, testLogger())
+	require.NoError(t, err)
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, "two")
+	require.NoError(t, err)
+	acked := map[int32]int{}
+	var lastPos = map[int32]pglease.Position{}
+	for range 4 {
+		msg := receiveOne(t, msgs)
+		p, _ := pglease.MessagePartitionFromCtx(msg.Context())
+		pos, _ := pglease.MessagePositionFromCtx(msg.Context())
+		acked[p]++
+		lastPos[p] = pos
+		msg.Ack()
+	}
+	var lag []pglease.LagInfo
+	waitFor(t, 10*time.Second, "the acks to be committed", func() bool {
+		lag, err = insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{"g"}, Topics: []string{"two"}})
+		require.NoError(t, err)
+		for _, l := range lag {
+			if l.Position != lastPos[l.Partition] {
+				return false
+			}
+		}
+		return len(lag) == 2
+	})
+	hostname := lag[0].Owner
+	for _, l := range lag {
+		assert.Equal(t, "g", l.ConsumerGroup)
+		assert.Equal(t, "two", l.Topic)
+		assert.Equal(t, int64(perPartition[l.Partition]-acked[l.Partition]), l.Lag, "partition %d", l.Partition)
+		assert.NotEqual(t, uuid.Nil, l.OwnerSession, "partition %d owned", l.Partition)
+		assert.NotEmpty(t, l.Owner)
+		assert.Positive(t, l.Epoch)
+		assert.False(t, l.Pending)
+		if l.Lag > 0 {
+			assert.Positive(t, l.LagSeconds)
+		}
+	}
+
+	sessions, err := insp.Sessions(ctx)
+	require.NoError(t, err)
+	require.Len(t, sessions, 1)
+	assert.Equal(t, lag[0].OwnerSession, sessions[0].ID)
+	assert.Equal(t, "g", sessions[0].ConsumerGroup)
+	assert.Equal(t, hostname, sessions[0].Owner)
+	assert.Equal(t, int64(2), sessions[0].RowsHeld)
+	assert.True(t, sessions[0].Alive)
+	assert.Positive(t, sessions[0].ExpiresIn)
+
+	topics, err := insp.Topics(ctx)
+	require.NoError(t, err)
+	byName := map[string]pglease.TopicInfo{}
+	for _, tp := range topics {
+		byName[tp.Topic] = tp
+	}
+	require.Contains(t, byName, "two")
+	require.Contains(t, byName, "plain")
+	assert.Equal(t, 2, byName["two"].Partitions)
+	assert.Equal(t, int64(1), byName["two"].Groups)
+	assert.Equal(t, 1, byName["plain"].Partitions)
+	assert.Equal(t, int64(0), byName["plain"].Groups)
+	require.NotNil(t, byName["plain"].NewestAt)
+}
+
+// TestInspectorHorizonNamesTheBlockingTransaction: a writing transaction
+// left open is reported as the horizon's holder, with its pid and
+// application name, and a topic whose committed message waits behind it
+// shows as pending, not as lag.
+func TestInspectorHorizonNamesTheBlockingTransaction(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	publishN(t, pub, "t", 1)
+	insp, err := pglease.NewInspector(pool, adapter)
+	require.NoError(t, err)
+	_, err = insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{ConsumerGroup: "g", Topic: "t", To: pglease.ResetToLatest})
+	require.NoError(t, err)
+
+	cfg, err := pgx.ParseConfig(testDSN)
+	require.NoError(t, err)
+	cfg.RuntimeParams["application_name"] = "pglease-test-blocker"
+	blocker, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer blocker.Close(ctx)
+	var pid int
+	require.NoError(t, blocker.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	tx, err := blocker.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()") // takes a transaction id: a writer
+	require.NoError(t, err)
+
+	publishN(t, pub, "t", 1) // committed, but behind the open transaction
+	h, err := insp.Horizon(ctx)
+	require.NoError(t, err)
+	require.NotNil(t, h.Holder)
+	assert.Equal(t, pid, h.Holder.PID)
+	assert.Equal(t, "pglease-test-blocker", h.Holder.ApplicationName)
+	assert.Equal(t, "idle in transaction", h.Holder.State)
+	assert.Positive(t, h.Holder.Age)
+	assert.Positive(t, h.Xmin)
+
+	lag, err := insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{"g"}})
+	require.NoError(t, err)
+	require.Len(t, lag, 1)
+	assert.True(t, lag[0].Pending, "a committed message waits behind the open transaction")
+	assert.Zero(t, lag[0].Lag, "not visible yet, so not counted")
+
+	require.NoError(t, tx.Rollback(ctx))
+	h, err = insp.Horizon(ctx)
+	require.NoError(t, err)
+	if h.Holder != nil {
+		assert.NotEqual(t, pid, h.Holder.PID, "the transaction ended")
+	}
+	lag, err = insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{"g"}})
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), lag[0].Lag)
+	assert.False(t, lag[0].Pending)
+}
+
+// TestResetOffsets: earliest, latest and by time on a topic nobody owns;
+// refused while a live session owns it, changing nothing; forced, the
+// owner is fenced (its commit of an ack made before the reset is refused)
+// and delivers again from the new position.
+func TestResetOffsets(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	first := publishN(t, pub, "t", 3)
+	var boundary time.Time
+	require.NoError(t, pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&boundary))
+	second := publishN(t, pub, "t", 3)
+	insp, err := pglease.NewInspector(pool, adapter)
+	require.NoError(t, err)
+
+	next := func(to pglease.ResetTo) string {
+		t.Helper()
+		_, err := insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{ConsumerGroup: "g", Topic: "t", To: to})
+		require.NoError(t, err)
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter}, testLogger())
+		require.NoError(t, err)
+		defer sub.Close()
+		sctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		msgs, err := sub.Subscribe(sctx, "t")
+		require.NoError(t, err)
+		select {
+		case msg := <-msgs:
+			msg.Nack()
+			return msg.UUID
+		case <-time.After(2 * time.Second): // nothing to deliver: the assertion below says so
+			return ""
+		}
+	}
+	assert.Equal(t, first[0], next(pglease.ResetToEarliest))
+	assert.Equal(t, second[0], next(pglease.ResetToTime(boundary)))
+	assert.Equal(t, "", next(pglease.ResetToLatest), "latest skips every visible message")
+	assert.Equal(t, first[0], next(pglease.ResetToEarliest))
+
+	// A live owner holds the third message, acked but not committed.
+	logs := newCapturingLogger()
+	owner, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
+		CommitInterval: time.Hour, CommitBatch: 1000}, logs)
+	require.NoError(t, err)
+	defer owner.Close()
+	msgs, err := owner.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	var held *message.Message
+	for i := range 3 {
+		msg := receiveOne(t, msgs)
+		require.Equal(t, first[i], msg.UUID)
+		if i < 2 {
+			msg.Ack()
+		} else {
+			held = msg // acked after the reset
+		}
+	}
+	waitListening(t, pool, adapter) // else the reset is only noticed at the owner's next commit
+	before := readOffset(t, pool, adapter, "g", "t")
+	_, err = insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{ConsumerGroup: "g", Topic: "t", To: pglease.ResetToLatest})
+	require.ErrorIs(t, err, pglease.ErrOwnedByLiveSession)
+	require.ErrorContains(t, err, "partition 0 by")
+	require.Equal(t, before, readOffset(t, pool, adapter, "g", "t"), "a refused reset changes nothing")
+
+	resets, err := insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{ConsumerGroup: "g", Topic: "t",
+		To: pglease.ResetToEarliest, Force: true})
+
+	require.NoError(t, err)
+	require.Len(t, resets, 1)
+	assert.Equal(t, *before.session, resets[0].PreviousOwnerSession)
+	assert.Equal(t, pglease.Position{}, resets[0].To)
+	// The owner is told; once the message it handed out is acked, it gives
+	// the row up (its release, with the acks made before the reset, is
+	// refused by the epoch) and delivers again from the beginning.
+	waitFor(t, 10*time.Second, "the owner to learn of the reset", func() bool {
+		_, ok := logs.find(func(e logEntry) bool {
+			return e.msg == "Offsets of the topic were reset: "+
+				"giving its partitions up after the messages in flight, to claim them again from the new positions"
+		})
+		return ok
+	})
+	held.Ack()
+	again := receiveOne(t, msgs)
+	assert.Equal(t, first[0], again.UUID, "delivered again from the reset position")
+	after := readOffset(t, pool, adapter, "g", "t")
+	assert.Equal(t, int64(0), after.offset, "the acks made before the reset did not overwrite it")
+	assert.Greater(t, after.epoch, before.epoch+1, "fenced by the reset, then claimed again")
+	again.Ack()
+	require.NoError(t, owner.Close())
+}
+
+func TestInspectorBadInput(t *testing.T) {
+	pool := newPool(t, 2)
+	_, err := pglease.NewInspector(nil, nil)
+	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
+	insp, err := pglease.NewInspector(pool, nil)
+	require.NoError(t, err)
+	_, err = insp.ResetOffsets(context.Background(), pglease.ResetOffsetsParams{Topic: "t"})
+	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
+	_, err = insp.ResetOffsets(context.Background(), pglease.ResetOffsetsParams{To: pglease.ResetToLatest})
+	require.ErrorIs(t, err, pglease.ErrInvalidTopic)
+}
+
+// waitListening waits until a connection LISTENs on adapter's channel: its
+// last statement, as pg_stat_activity shows it, is the LISTEN.
+func waitListening(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) {
+	t.Helper()
+	listen := "LISTEN " + pgx.Identifier{adapter.NotifyChannel()}.Sanitize()
+	waitFor(t, 10*time.Second, "a connection to LISTEN", func() bool {
+		var n int
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE query = $1`, listen).Scan(&n)
+		return n > 0
+	})
+}
