@@ -188,11 +188,12 @@ func workloads(cfg config) []workload {
 			run: runIdle,
 		},
 	}
-	// The consumer-group workloads of issue 10 (group.go) and the
-	// partitioned group (partitions.go): the pglease-only ones before the
-	// idle workloads, the idle group after them.
+	// The consumer-group workloads of issue 10 (group.go), the
+	// partitioned group (partitions.go) and the transactional handler
+	// (txhandler.go): the pglease-only ones before the idle workloads, the
+	// idle group after them.
 	idle := ws[len(ws)-1]
-	ws = append(ws[:len(ws)-1], balanceWorkload(), partitionsWorkload())
+	ws = append(ws[:len(ws)-1], balanceWorkload(), partitionsWorkload(), txHandlerWorkload(cfg))
 	for _, n := range cfg.manyTopics {
 		ws = append(ws, manyTopicsWorkload(n))
 	}
