@@ -414,7 +414,7 @@ func lockMessagesTable(t *testing.T, adapter pglease.DefaultSchemaAdapter) (wait
 	waiting = func() int {
 		var n int
 		require.NoError(t, other.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH inserted%'`).Scan(&n))
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH %INSERT INTO%'`).Scan(&n))
 		return n
 	}
 	unlock = func() { require.NoError(t, lock.Commit(ctx)) }

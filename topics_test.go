@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
@@ -150,4 +154,71 @@ func TestPublishDefaultPartitionKey(t *testing.T) {
 	for u, p := range storedPartitions(t, pool, adapter, "plain") {
 		require.Zero(t, p, "message %s of a topic never created", u)
 	}
+}
+
+// TestInsertStatementWithManyTopics: the statement that group commit runs
+// for calls to several topics places each message by its own topic's
+// partition count, and notifies each (topic, partition) once.
+func TestInsertStatementWithManyTopics(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 4)
+	adapter := newSchema(t, pool)
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "eight", pglease.TopicConfig{Partitions: 8,
+		SchemaAdapter: adapter, InitializeSchema: true}))
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{adapter.NotifyChannel()}.Sanitize())
+	require.NoError(t, err)
+
+	p := pglease.InsertMessagesParams{NotifyChannel: adapter.NotifyChannel()}
+	want := map[string]int{}
+	for i := range 12 {
+		topic := []string{"eight", "plain"}[i%2]
+		key := fmt.Sprintf("key%d", i)
+		id := fmt.Sprintf("%s-%d", topic, i)
+		p.Topics = append(p.Topics, topic)
+		p.UUIDs = append(p.UUIDs, id)
+		p.Payloads = append(p.Payloads, nil)
+		p.Metadata = append(p.Metadata, "")
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(key))
+		p.PartitionHashes = append(p.PartitionHashes, h.Sum32())
+		if topic == "eight" {
+			want[id] = pglease.PartitionOf(key, 8)
+		} else {
+			want[id] = 0
+		}
+	}
+	q := adapter.InsertMessages(p)
+	_, err = pool.Exec(ctx, q.SQL, q.Args...)
+	require.NoError(t, err)
+	got := storedPartitions(t, pool, adapter, "eight")
+	for id, part := range storedPartitions(t, pool, adapter, "plain") {
+		got[id] = part
+	}
+	require.Equal(t, want, got)
+
+	notified := map[string]bool{}
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		n, err := conn.Conn().WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			break // no more: all were delivered at once at the commit
+		}
+		require.False(t, notified[n.Payload], "notified twice: %s", n.Payload)
+		notified[n.Payload] = true
+	}
+	wantNotified := map[string]bool{"mplain": true}
+	for id, part := range want {
+		if strings.HasPrefix(id, "eight") {
+			if part == 0 {
+				wantNotified["meight"] = true
+			} else {
+				wantNotified[fmt.Sprintf("n%d:eight", part)] = true
+			}
+		}
+	}
+	require.Equal(t, wantNotified, notified)
 }
