@@ -166,6 +166,13 @@ func (m *groupMember) cancelAll() {
 	}
 }
 
+// ownedRows counts the rows this member holds.
+func (m *groupMember) ownedRows() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.owning)
+}
+
 // offsetsReset makes the subscriptions that own rows of topic give them up
 // and wait for a new grant: an operator reset the group's offsets
 // (Inspector.ResetOffsets) and bumped the rows' epochs. The release is
@@ -640,7 +647,9 @@ func (m *groupMember) handOver(g *sessionGen, r claimedRow) {
 	fields := watermill.LogFields{"topic": r.row.topic, "partition": r.row.partition,
 		"session_id": g.id.String(), "epoch": r.claim.epoch,
 		"acked_transaction_id": r.claim.acked.TransactionID, "acked_offset": r.claim.acked.Offset}
+	m.s.stats.claims.Add(1)
 	if r.previous != uuid.Nil {
+		m.s.stats.takeovers.Add(1)
 		fields["previous_session_id"] = r.previous.String()
 		fields["previous_owner"] = r.previousOwner
 		m.logger.Info("Topic taken over from an expired session", fields)

@@ -251,6 +251,7 @@ func TestResetOffsets(t *testing.T) {
 	after := readOffset(t, pool, adapter, "g", "t")
 	assert.Equal(t, int64(0), after.offset, "the acks made before the reset did not overwrite it")
 	assert.Greater(t, after.epoch, before.epoch+1, "fenced by the reset, then claimed again")
+	assert.Equal(t, uint64(1), owner.Stats().FencedWrites, "the release after the reset was refused")
 	again.Ack()
 	require.NoError(t, owner.Close())
 }

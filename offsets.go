@@ -70,6 +70,7 @@ type offsetStore struct {
 	gate     *dataGate
 	adapter  SchemaAdapter
 	releases *releaser
+	stats    *subscriberStats // nil in tests of the store alone
 	// afterClaim, when set (tests only), runs after every claim statement
 	// and turns its outcome into the error it returns, as if the reply had
 	// been lost after the claim committed.
@@ -299,6 +300,9 @@ func (s offsetStore) commit(ctx context.Context, c *claim) error {
 	pos := c.acked
 	q := s.adapter.CommitOffset(c.params(pos))
 	if err := s.gate.execFenced(ctx, q, c, "commit offset for topic"); err != nil {
+		if errors.Is(err, ErrOwnershipLost) && s.stats != nil {
+			s.stats.fenced.Add(1)
+		}
 		return err
 	}
 	c.committed = pos
@@ -313,7 +317,13 @@ func (s offsetStore) release(ctx context.Context, c *claim) error {
 	p := c.params(c.acked)
 	p.NotifyChannel = s.adapter.NotifyChannel()
 	if err := s.releases.release(ctx, c, s.adapter.ReleaseOffset(p)); err != nil {
+		if errors.Is(err, ErrOwnershipLost) && s.stats != nil {
+			s.stats.fenced.Add(1)
+		}
 		return err
+	}
+	if s.stats != nil {
+		s.stats.releases.Add(1)
 	}
 	c.committed = c.acked
 	return nil

@@ -83,6 +83,7 @@ type sessionKeeper struct {
 	// is trusted locally: the TTL less a margin for clock-rate differences
 	// and scheduling, so the process stops before the server expires it.
 	trust time.Duration
+	stats *subscriberStats // set by the Subscriber
 
 	mu      sync.Mutex
 	conn    *sessionConn  // acquired by the first start, released by close
@@ -223,6 +224,9 @@ func (k *sessionKeeper) fenceLocked(g *sessionGen) {
 // loseLocked marks g lost and, if it is current, clears it.
 func (k *sessionKeeper) loseLocked(g *sessionGen) bool {
 	marked := g.markLost()
+	if marked && k.stats != nil {
+		k.stats.sessionsLost.Add(1)
+	}
 	if k.cur == g {
 		k.cur = nil
 		k.ready = make(chan struct{})
@@ -312,6 +316,9 @@ func (k *sessionKeeper) heartbeat(g *sessionGen) (bool, error) {
 	}
 	if tag.RowsAffected() == 0 {
 		return false, nil
+	}
+	if k.stats != nil {
+		k.stats.heartbeat(time.Since(sent))
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()

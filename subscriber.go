@@ -168,6 +168,7 @@ type Subscriber struct {
 	logger  watermill.LoggerAdapter
 	offsets offsetStore
 	session *sessionKeeper
+	stats   *subscriberStats
 
 	schemaMu    sync.Mutex
 	schemaReady bool
@@ -237,6 +238,9 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		cancel:    cancel,
 	}
 	s.releaseCtx, s.releaseCancel = context.WithCancel(context.Background())
+	s.stats = newSubscriberStats()
+	s.session.stats = s.stats
+	s.offsets.stats = s.stats
 	s.member = newGroupMember(s)
 	s.hub = newWakeHub(s.member, config.ConsumerGroup)
 	s.session.onNewSession = s.member.wake
@@ -1006,11 +1010,14 @@ func (c *consumer) handOut(g *sessionGen, cl *claim, m storedMessage, msg *messa
 		}
 	}
 	c.logger.Trace("Message delivered", watermill.LogFields{"uuid": m.uuid, "offset": m.pos.Offset})
+	c.s.stats.delivered.Add(1)
 	for {
 		select {
 		case <-msg.Acked():
+			c.s.stats.acked.Add(1)
 			return acked, false
 		case <-msg.Nacked():
+			c.s.stats.nacked.Add(1)
 			return acked, true
 		case <-c.ctx.Done():
 			if isAcked(msg) {

@@ -1,0 +1,99 @@
+package pglease
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// HeartbeatBuckets are the upper bounds of the heartbeat latency histogram
+// of [SubscriberStats] (those of Prometheus's default buckets).
+var HeartbeatBuckets = []time.Duration{
+	5 * time.Millisecond, 10 * time.Millisecond, 25 * time.Millisecond, 50 * time.Millisecond,
+	100 * time.Millisecond, 250 * time.Millisecond, 500 * time.Millisecond, time.Second,
+	2500 * time.Millisecond, 5 * time.Second, 10 * time.Second,
+}
+
+// SubscriberStats are counters of one Subscriber since it was created, for
+// metrics (the metrics package exports them to Prometheus). Counters only
+// grow.
+type SubscriberStats struct {
+	ConsumerGroup string
+	// Claims counts the (topic, partition) rows claimed; Takeovers those
+	// of them taken from an expired session (a crashed or paused owner).
+	Claims    uint64
+	Takeovers uint64
+	// Releases counts rows given back (subscription ended, Close, a
+	// rebalance, an offsets reset).
+	Releases uint64
+	// FencedWrites counts commits and releases refused because another
+	// session or an offsets reset had taken the row (ErrOwnershipLost).
+	FencedWrites uint64
+	// SessionsLost counts sessions found expired or deleted, or
+	// self-fenced after heartbeats failed for the trust window.
+	SessionsLost uint64
+	// Delivered counts messages handed out (redeliveries included); Acked
+	// and Nacked the outcomes.
+	Delivered uint64
+	Acked     uint64
+	Nacked    uint64
+	// OwnedRows is the number of rows the Subscriber owns now.
+	OwnedRows int
+	// Heartbeats holds the latency of successful heartbeats.
+	Heartbeats LatencyHistogram
+}
+
+// LatencyHistogram is a cumulative histogram: Buckets[i] counts the
+// observations at or below HeartbeatBuckets[i].
+type LatencyHistogram struct {
+	Count   uint64
+	Sum     time.Duration
+	Buckets []uint64
+}
+
+// subscriberStats are the live counters behind SubscriberStats.
+type subscriberStats struct {
+	claims, takeovers, releases, fenced, sessionsLost atomic.Uint64
+	delivered, acked, nacked                          atomic.Uint64
+	hbCount, hbSumNanos                               atomic.Uint64
+	hbBuckets                                         []atomic.Uint64
+}
+
+func newSubscriberStats() *subscriberStats {
+	return &subscriberStats{hbBuckets: make([]atomic.Uint64, len(HeartbeatBuckets))}
+}
+
+func (s *subscriberStats) heartbeat(d time.Duration) {
+	s.hbCount.Add(1)
+	s.hbSumNanos.Add(uint64(max(d, 0)))
+	for i, b := range HeartbeatBuckets {
+		if d <= b {
+			s.hbBuckets[i].Add(1)
+		}
+	}
+}
+
+// Stats returns the Subscriber's counters.
+func (s *Subscriber) Stats() SubscriberStats {
+	st := s.stats
+	out := SubscriberStats{
+		ConsumerGroup: s.config.ConsumerGroup,
+		Claims:        st.claims.Load(),
+		Takeovers:     st.takeovers.Load(),
+		Releases:      st.releases.Load(),
+		FencedWrites:  st.fenced.Load(),
+		SessionsLost:  st.sessionsLost.Load(),
+		Delivered:     st.delivered.Load(),
+		Acked:         st.acked.Load(),
+		Nacked:        st.nacked.Load(),
+		OwnedRows:     s.member.ownedRows(),
+		Heartbeats: LatencyHistogram{
+			Count:   st.hbCount.Load(),
+			Sum:     time.Duration(st.hbSumNanos.Load()),
+			Buckets: make([]uint64, len(HeartbeatBuckets)),
+		},
+	}
+	for i := range st.hbBuckets {
+		out.Heartbeats.Buckets[i] = st.hbBuckets[i].Load()
+	}
+	return out
+}

@@ -1,0 +1,60 @@
+package pglease_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// TestSubscriberStats: the counters follow what the Subscriber did: claims,
+// deliveries, acks and nacks, heartbeats, a lost session (its row deleted
+// by hand), a takeover of the rows the lost session held, and releases.
+func TestSubscriberStats(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	publishN(t, pub, "t", 3)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
+		InitializeSchema: true, SessionTTL: time.Second, NackResendDelay: time.Millisecond}, testLogger())
+	require.NoError(t, err)
+	defer sub.Close()
+	sctx, cancel := context.WithCancel(ctx)
+	msgs, err := sub.Subscribe(sctx, "t")
+	require.NoError(t, err)
+	receiveOne(t, msgs).Nack()
+	for range 3 {
+		receiveOne(t, msgs).Ack()
+	}
+	waitFor(t, 10*time.Second, "the last ack to be seen", func() bool { return sub.Stats().Acked == 3 })
+	st := sub.Stats()
+	assert.Equal(t, "g", st.ConsumerGroup)
+	assert.Equal(t, uint64(1), st.Claims)
+	assert.Zero(t, st.Takeovers)
+	assert.Equal(t, uint64(4), st.Delivered)
+	assert.Equal(t, uint64(3), st.Acked)
+	assert.Equal(t, uint64(1), st.Nacked)
+	assert.Equal(t, 1, st.OwnedRows)
+	waitFor(t, 10*time.Second, "a heartbeat", func() bool { return sub.Stats().Heartbeats.Count > 0 })
+	hb := sub.Stats().Heartbeats
+	assert.Positive(t, hb.Sum)
+	assert.Len(t, hb.Buckets, len(pglease.HeartbeatBuckets))
+	assert.Equal(t, hb.Count, hb.Buckets[len(hb.Buckets)-1], "every heartbeat took less than 10 s")
+
+	// The session row deleted by hand: the next heartbeat finds it gone;
+	// the new session takes the rows of the old one over once it expired.
+	_, err = pool.Exec(ctx, `UPDATE `+table(adapter, pglease.DefaultConsumerSessionsTable)+` SET expires_at = now() - interval '1 second'`)
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, "the session to be lost", func() bool { return sub.Stats().SessionsLost == 1 })
+	waitFor(t, 10*time.Second, "the row taken over", func() bool { return sub.Stats().Takeovers == 1 })
+	assert.Equal(t, uint64(2), sub.Stats().Claims)
+
+	cancel()
+	waitFor(t, 10*time.Second, "the release", func() bool { return sub.Stats().Releases == 1 })
+	assert.Zero(t, sub.Stats().OwnedRows)
+}
