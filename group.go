@@ -392,7 +392,8 @@ func (m *groupMember) ensure() error {
 	}
 	m.mu.Unlock()
 	return inChunks(rows, func(batch []rowKey) error {
-		if err := m.s.offsets.ensureMany(m.s.ctx, m.s.config.SessionTTL, m.s.config.ConsumerGroup, batch); err != nil {
+		if err := m.s.offsets.ensureMany(m.s.ctx, m.s.config.SessionTTL, m.s.config.ConsumerGroup, batch,
+			m.s.config.StartFrom == StartFromLatest); err != nil {
 			return err
 		}
 		m.mu.Lock()

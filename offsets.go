@@ -146,11 +146,12 @@ func (s offsetStore) conn(wait context.Context, timeout time.Duration) (*pgxpool
 }
 
 // ensureMany creates the missing offset rows of topics at the beginning of
-// each topic: a new consumer group reads a topic from its first message.
+// each topic (a new consumer group reads a topic from its first message),
+// or with latest after every message visible now.
 // See conn for wait and timeout.
-func (s offsetStore) ensureMany(wait context.Context, timeout time.Duration, group string, rows []rowKey) error {
+func (s offsetStore) ensureMany(wait context.Context, timeout time.Duration, group string, rows []rowKey, latest bool) error {
 	topics, partitions := splitRows(rows)
-	q := s.adapter.EnsureOffsets(OffsetsParams{ConsumerGroup: group, Topics: topics, Partitions: partitions})
+	q := s.adapter.EnsureOffsets(OffsetsParams{ConsumerGroup: group, Topics: topics, Partitions: partitions, Latest: latest})
 	conn, ctx, done, err := s.conn(wait, timeout)
 	if err != nil {
 		return fmt.Errorf("create offset rows: %w", err)

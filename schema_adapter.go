@@ -119,6 +119,10 @@ type OffsetsParams struct {
 	SessionID     uuid.UUID
 	// Limit bounds the rows a claim takes.
 	Limit int
+	// Latest makes EnsureOffsets create rows at the end of each topic
+	// (every message visible now counts as acknowledged) instead of at
+	// the beginning.
+	Latest bool
 }
 
 // OffsetParams identify one (consumer group, topic, partition) row and, for
@@ -211,7 +215,8 @@ type SchemaAdapter interface {
 	GroupMembers(p GroupParams) Query
 
 	// EnsureOffsets creates the missing offset rows of p's (topic,
-	// partition) rows at the beginning of each.
+	// partition) rows at the beginning of each, or, with p.Latest, just
+	// below the xmin horizon (after every message visible now).
 	EnsureOffsets(p OffsetsParams) Query
 	// ClaimOffsets claims, for p.SessionID, up to p.Limit of p's (topic,
 	// partition) rows that are free, bumping their epochs; taking a row
@@ -670,11 +675,14 @@ func (a DefaultSchemaAdapter) DeleteExpiredSessions(p SessionParams) Query {
 // EnsureOffsets implements [SchemaAdapter].
 func (a DefaultSchemaAdapter) EnsureOffsets(p OffsetsParams) Query {
 	return Query{
-		SQL: `INSERT INTO ` + a.offsets() + ` (consumer_group, topic, partition)
-SELECT $1, t.topic, t.partition FROM unnest($2::text[], $3::integer[]) AS t(topic, partition)
+		SQL: `INSERT INTO ` + a.offsets() + ` (consumer_group, topic, partition, acked_transaction_id, acked_offset)
+SELECT $1, t.topic, t.partition,
+	CASE WHEN $4 THEN (pg_snapshot_xmin(pg_current_snapshot())::text::numeric - 1)::text::xid8 ELSE '0'::xid8 END,
+	CASE WHEN $4 THEN 9223372036854775807 ELSE 0 END
+FROM unnest($2::text[], $3::integer[]) AS t(topic, partition)
 ORDER BY t.topic, t.partition
 ON CONFLICT (consumer_group, topic, partition) DO NOTHING`,
-		Args: []any{p.ConsumerGroup, p.Topics, partitionsOf(p.Topics, p.Partitions)},
+		Args: []any{p.ConsumerGroup, p.Topics, partitionsOf(p.Topics, p.Partitions), p.Latest},
 	}
 }
 

@@ -58,3 +58,41 @@ func TestSubscriberStats(t *testing.T) {
 	waitFor(t, 10*time.Second, "the release", func() bool { return sub.Stats().Releases == 1 })
 	assert.Zero(t, sub.Stats().OwnedRows)
 }
+
+// TestStartFromLatest: a new group with StartFromLatest skips what the
+// topic holds and gets what is published afterwards; a group whose row
+// exists is not moved by it.
+func TestStartFromLatest(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	old := publishN(t, pub, "t", 3)
+	newSub := func(group string, from pglease.StartFrom) *pglease.Subscriber {
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter,
+			InitializeSchema: true, StartFrom: from}, testLogger())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = sub.Close() })
+		return sub
+	}
+	early := newSub("early", pglease.StartFromEarliest)
+	earlyMsgs, err := early.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	require.Equal(t, old[0], receiveOne(t, earlyMsgs).UUID)
+
+	late := newSub("late", pglease.StartFromLatest)
+	lateMsgs, err := late.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	insp, err := pglease.NewInspector(pool, adapter)
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, "the late group's row", func() bool {
+		lag, err := insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{"late"}})
+		require.NoError(t, err)
+		return len(lag) == 1 && lag[0].Lag == 0
+	})
+	fresh := publishN(t, pub, "t", 1)
+	require.Equal(t, fresh[0], receiveOne(t, lateMsgs).UUID, "only what was published after the row was made")
+
+	_, err = pglease.NewSubscriber(pool, pglease.SubscriberConfig{StartFrom: 7}, nil)
+	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
+}

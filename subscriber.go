@@ -30,13 +30,24 @@ const (
 	maxRetryBackoff = time.Second
 )
 
+// StartFrom is where a consumer group starts on a topic it never consumed.
+type StartFrom int
+
+const (
+	// StartFromEarliest starts at the first message of the topic.
+	StartFromEarliest StartFrom = iota
+	// StartFromLatest starts after the messages visible when the group's
+	// offset row is created.
+	StartFromLatest
+)
+
 // SubscriberConfig configures a [Subscriber]. The zero value of every field
 // means its default.
 type SubscriberConfig struct {
 	// ConsumerGroup names the group whose Subscribers share topics: each
-	// (ConsumerGroup, topic) is delivered by one Subscriber at a time, from
-	// the group's own offset. A new group starts at the beginning of the
-	// topic. The empty string is a group like any other.
+	// (ConsumerGroup, topic, partition) is delivered by one Subscriber at a
+	// time, from the group's own offset. A new group starts where StartFrom
+	// says. The empty string is a group like any other.
 	ConsumerGroup string
 
 	// SessionTTL is how long the Subscriber's session lives without a
@@ -44,6 +55,14 @@ type SubscriberConfig struct {
 	// topics are taken over after at most about SessionTTL. Default
 	// DefaultSessionTTL (10s), at least MinSessionTTL (1s).
 	SessionTTL time.Duration
+
+	// StartFrom is where a consumer group starts on a (topic, partition)
+	// it has no offset row for yet: StartFromEarliest (the default) at the
+	// first message, StartFromLatest after every message visible when the
+	// row is created (messages of transactions still running then are
+	// delivered). Once the row exists it has no effect; reset positions
+	// with Inspector.ResetOffsets.
+	StartFrom StartFrom
 
 	// PollInterval is the fallback for missed notifications. Subscribers
 	// LISTEN for new messages, released topics and members of their group
@@ -134,6 +153,9 @@ func (c SubscriberConfig) validate() error {
 	}
 	if c.CommitBatch < 0 {
 		return fmt.Errorf("SubscriberConfig.CommitBatch must be positive, got %d", c.CommitBatch)
+	}
+	if c.StartFrom != StartFromEarliest && c.StartFrom != StartFromLatest {
+		return fmt.Errorf("SubscriberConfig.StartFrom must be StartFromEarliest or StartFromLatest, got %d", c.StartFrom)
 	}
 	if c.CloseTimeout < 0 {
 		return fmt.Errorf("SubscriberConfig.CloseTimeout must be positive, got %s", c.CloseTimeout)
