@@ -11,6 +11,17 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// DeliveryAttemptMetadata is the metadata key that a [Subscriber] sets on
+// every message it hands out: the delivery attempt, from 1. It counts the
+// Nacks of this Subscriber and, for the first message a claim hands out
+// (the one after the group's committed position), the claims before that
+// handed it out without its position being committed: a message that
+// crashes every process that takes it keeps counting up, across
+// processes. A message after the first one of a claim that a crashed owner
+// had already handed out counts from 1 again unless the owner committed
+// each Ack (CommitBatch 1): positions are committed in batches.
+const DeliveryAttemptMetadata = "_pglease_delivery_attempt"
+
 // ErrAlreadyAcknowledged is returned by [AckInTx] for a message whose
 // position its consumer group has already committed: it was acknowledged
 // before (in a transaction that committed, or by Ack), and is delivered

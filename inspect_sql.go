@@ -124,6 +124,7 @@ func (a DefaultSchemaAdapter) ResetOffsets(group, topic, to string, at time.Time
 ), updated AS (
 	UPDATE ` + a.offsets() + ` o
 	SET acked_transaction_id = target.tx, acked_offset = target.off, epoch = o.epoch + 1, updated_at = now(),
+		head_deliveries = 0,
 		session_id = CASE WHEN target.live_owner IS NULL THEN NULL ELSE o.session_id END
 	FROM target
 	WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = target.partition

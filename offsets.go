@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -292,6 +293,25 @@ func (s offsetStore) claimMany(wait context.Context, timeout time.Duration, grou
 		}
 	}
 	return out, nil
+}
+
+// countHead counts a delivery of the message after c's committed position
+// (see SchemaAdapter.CountHeadDelivery) and returns the count.
+func (s offsetStore) countHead(ctx context.Context, c *claim) (int, error) {
+	q := s.adapter.CountHeadDelivery(c.params(c.committed))
+	conn, err := s.gate.acquire(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("count delivery of topic %q: %w", c.topic, err)
+	}
+	defer s.gate.release(conn)
+	var n int32
+	if err := conn.QueryRow(ctx, q.SQL, q.Args...).Scan(&n); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, ownershipLost("count delivery of topic", c)
+		}
+		return 0, fmt.Errorf("count delivery of topic %q: %w", c.topic, wrapMissingSchema(err))
+	}
+	return int(n), nil
 }
 
 // commit writes the claim's acknowledged position. It returns

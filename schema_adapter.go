@@ -241,6 +241,11 @@ type SchemaAdapter interface {
 	// ReleaseOffset writes the acknowledged position (never moving it back)
 	// and frees the claim in one statement, fenced by session and epoch.
 	ReleaseOffset(p OffsetParams) Query
+	// CountHeadDelivery adds one to the row's head_deliveries, fenced by
+	// session and epoch and only while its acknowledged position is still
+	// p.Position, and returns the new count (no row: ownership lost).
+	// Commits that move the position set it back to 0.
+	CountHeadDelivery(p OffsetParams) Query
 	// LockOffset locks the row (SELECT ... FOR UPDATE) and returns its
 	// session_id uuid, epoch bigint, acked_transaction_id (xid8 as text)
 	// and acked_offset bigint; no row when it does not exist.
@@ -428,6 +433,11 @@ CREATE INDEX IF NOT EXISTS ` + a.indexName(a.ConsumerSessionsTable, DefaultConsu
 	created_at timestamptz NOT NULL DEFAULT now(),
 	updated_at timestamptz NOT NULL DEFAULT now()
 );`,
+	}, {
+		Version:     5,
+		Description: "delivery attempts: claims that handed out the message after the position",
+		SQL: `ALTER TABLE ` + a.offsets() + `
+	ADD COLUMN IF NOT EXISTS head_deliveries integer NOT NULL DEFAULT 0;`,
 	}}
 }
 
@@ -768,7 +778,9 @@ FROM cur WHERE NOT EXISTS (SELECT 1 FROM claimed c WHERE c.topic = cur.topic AND
 const forwardSet = `acked_transaction_id = CASE WHEN (acked_transaction_id, acked_offset) < ($6::text::xid8, $7::bigint)
 		THEN $6::text::xid8 ELSE acked_transaction_id END,
 	acked_offset = CASE WHEN (acked_transaction_id, acked_offset) < ($6::text::xid8, $7::bigint)
-		THEN $7::bigint ELSE acked_offset END`
+		THEN $7::bigint ELSE acked_offset END,
+	head_deliveries = CASE WHEN (acked_transaction_id, acked_offset) < ($6::text::xid8, $7::bigint)
+		THEN 0 ELSE head_deliveries END`
 
 // CommitOffset implements [SchemaAdapter].
 func (a DefaultSchemaAdapter) CommitOffset(p OffsetParams) Query {
@@ -803,6 +815,18 @@ SELECT pg_notify($8, 'r' || topic) FROM released`,
 	}
 }
 
+// CountHeadDelivery implements [SchemaAdapter].
+func (a DefaultSchemaAdapter) CountHeadDelivery(p OffsetParams) Query {
+	return Query{
+		SQL: `UPDATE ` + a.offsets() + ` SET head_deliveries = head_deliveries + 1
+WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5
+	AND acked_transaction_id = $6::text::xid8 AND acked_offset = $7
+RETURNING head_deliveries`,
+		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
+			formatXID8(p.Position.TransactionID), p.Position.Offset},
+	}
+}
+
 // LockOffset implements [SchemaAdapter].
 func (a DefaultSchemaAdapter) LockOffset(p OffsetParams) Query {
 	return Query{
@@ -817,7 +841,7 @@ FOR UPDATE`,
 func (a DefaultSchemaAdapter) AdvanceOffset(p OffsetParams) Query {
 	return Query{
 		SQL: `UPDATE ` + a.offsets() + `
-SET acked_transaction_id = $6::text::xid8, acked_offset = $7, updated_at = now()
+SET acked_transaction_id = $6::text::xid8, acked_offset = $7, head_deliveries = 0, updated_at = now()
 WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5
 	AND (acked_transaction_id, acked_offset) < ($6::text::xid8, $7::bigint)`,
 		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,

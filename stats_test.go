@@ -96,3 +96,46 @@ func TestStartFromLatest(t *testing.T) {
 	_, err = pglease.NewSubscriber(pool, pglease.SubscriberConfig{StartFrom: 7}, nil)
 	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
 }
+
+// TestDeliveryAttemptMetadata: a Nack delivers the message again with the
+// next attempt number; a Subscriber that takes the topic over after a claim
+// that did not commit past the message counts that claim too.
+func TestDeliveryAttemptMetadata(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	ids := publishN(t, pub, "t", 2)
+	newSub := func() *pglease.Subscriber {
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
+			InitializeSchema: true, NackResendDelay: time.Millisecond}, testLogger())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = sub.Close() })
+		return sub
+	}
+	a := newSub()
+	actx, cancelA := context.WithCancel(ctx)
+	msgs, err := a.Subscribe(actx, "t")
+	require.NoError(t, err)
+	m := receiveOne(t, msgs)
+	require.Equal(t, ids[0], m.UUID)
+	require.Equal(t, "1", m.Metadata.Get(pglease.DeliveryAttemptMetadata))
+	m.Nack()
+	m = receiveOne(t, msgs)
+	require.Equal(t, "2", m.Metadata.Get(pglease.DeliveryAttemptMetadata), "after a Nack")
+	cancelA() // released without an Ack: the position stays before the message
+	for range msgs {
+	}
+
+	b := newSub()
+	msgs, err = b.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	m = receiveOne(t, msgs)
+	require.Equal(t, ids[0], m.UUID)
+	require.Equal(t, "2", m.Metadata.Get(pglease.DeliveryAttemptMetadata), "the second claim to hand it out")
+	m.Ack()
+	m = receiveOne(t, msgs)
+	require.Equal(t, ids[1], m.UUID)
+	require.Equal(t, "1", m.Metadata.Get(pglease.DeliveryAttemptMetadata))
+	m.Ack()
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -779,6 +780,7 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 	// PollInterval once that has lasted longer than pendingFastFor.
 	pendingWait := newBackoff(2*time.Millisecond, pendingFastCap)
 	var pendingSince time.Time
+	head := true // no message of this claim delivered yet
 	for first := true; ; first = false {
 		if c.ctx.Err() != nil {
 			return stopped
@@ -836,7 +838,17 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 			if c.yielding() {
 				return c.interrupted()
 			}
-			if res := c.deliver(g, cl, m); res != acked {
+			attempt := 1
+			if head {
+				// The first message after the claim's position: count
+				// this claim's delivery of it in the row, across owners.
+				n, res := c.countHead(g, cl)
+				if res != acked {
+					return res
+				}
+				attempt, head = n, false
+			}
+			if res := c.deliver(g, cl, m, attempt); res != acked {
 				return res
 			}
 			cl.acked = m.pos
@@ -983,8 +995,8 @@ func (c *consumer) resetFlush() {
 // whose context ends after its Ack or Nack. Nothing is handed out once the
 // session generation is lost or its trust window has passed. While it
 // waits, acknowledged positions due for commit are flushed.
-func (c *consumer) deliver(g *sessionGen, cl *claim, m storedMessage) outcome {
-	for {
+func (c *consumer) deliver(g *sessionGen, cl *claim, m storedMessage, attempt int) outcome {
+	for ; ; attempt++ {
 		if g.isLost() {
 			return lost
 		}
@@ -998,6 +1010,7 @@ func (c *consumer) deliver(g *sessionGen, cl *claim, m storedMessage) outcome {
 			}
 			continue
 		}
+		msg.Metadata.Set(DeliveryAttemptMetadata, strconv.Itoa(attempt))
 		mctx, mcancel := context.WithCancel(context.WithValue(c.ctx, deliveryKey{}, &delivery{
 			topic: c.topic, partition: c.partition, pos: m.pos, group: cl.group,
 			sessionID: cl.sessionID, epoch: cl.epoch, g: g, adapter: c.s.config.SchemaAdapter}))
@@ -1009,6 +1022,34 @@ func (c *consumer) deliver(g *sessionGen, cl *claim, m storedMessage) outcome {
 		}
 		if !c.waitFlushing(g, cl, c.s.config.NackResendDelay) {
 			return c.interrupted()
+		}
+	}
+}
+
+// countHead counts one more delivery of the message after cl's position
+// in the offsets row, and returns the count: how many claims have handed
+// that message out without its position being committed. It retries while
+// the database cannot be reached.
+func (c *consumer) countHead(g *sessionGen, cl *claim) (int, outcome) {
+	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
+	for {
+		ctx, cancel := context.WithTimeout(c.ctx, c.s.config.SessionTTL)
+		n, err := c.s.offsets.countHead(ctx, cl)
+		cancel()
+		if err == nil {
+			return n, acked
+		}
+		if errors.Is(err, ErrOwnershipLost) {
+			c.logger.Info("Topic was taken over by another session, delivery stopped",
+				watermill.LogFields{"epoch": cl.epoch, "error": err.Error()})
+			return 0, lost
+		}
+		if c.ctx.Err() != nil {
+			return 0, stopped
+		}
+		c.logger.Error("Cannot count the delivery, retrying", err, nil)
+		if !sleep(retry.delay(), c.ctx.Done(), g.lost) {
+			return 0, c.interrupted()
 		}
 	}
 }
