@@ -27,6 +27,10 @@ var (
 	// so the topic is not delivered until it is repaired; see "Positions
 	// from another cluster" in docs/guarantees.md.
 	ErrFuturePosition = errors.New("pglease: stored position lies ahead of the database's transaction counter (data from another cluster?)")
+	// ErrDeliveryHeldBack is logged, once per stall, when committed
+	// messages have waited for an older running transaction (the xmin
+	// horizon) for over a second; the log names the blocking backend.
+	ErrDeliveryHeldBack = errors.New("pglease: delivery held back by a long-running transaction")
 	// ErrInvalidTopic is wrapped by the errors for topic names that are
 	// empty, longer than [MaxTopicLength], not UTF-8 or hold a NUL byte.
 	ErrInvalidTopic = errors.New("pglease: invalid topic")

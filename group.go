@@ -509,7 +509,7 @@ func (m *groupMember) yieldSurplus(g *sessionGen) (share, owned int) {
 	for _, h := range mine[:owned-share] {
 		close(h.yield)
 	}
-	m.logger.Debug("Giving up topics above this member's share", watermill.LogFields{
+	m.logger.Info("Rebalancing: giving up topics above this member's share", watermill.LogFields{
 		"share": share, "held": owned, "giving_up": owned - share})
 	return share, share
 }

@@ -213,6 +213,11 @@ type Subscriber struct {
 	// retrying releases that fail, and Close reports them.
 	giveUp    chan struct{}
 	closeErrs []error // under mu
+	// stallXmin is the xmin horizon of the last delivery stall logged;
+	// stallChecking that a consumer is reading the horizon now.
+	stallMu       sync.Mutex
+	stallXmin     uint64
+	stallChecking bool
 	// releaseCtx bounds the wait of releases for their turn: it ends with
 	// giveUp. Each release statement is bounded by CloseTimeout once sent.
 	releaseCtx    context.Context
@@ -504,6 +509,52 @@ func summarize(errs []error, max int) []error {
 		return errs
 	}
 	return append(errs[:max-1:max-1], fmt.Errorf("and %d more errors", len(errs)-max+1))
+}
+
+// reportStall logs, once per stall (per xmin horizon), that committed
+// messages have waited behind an older running transaction for over
+// pendingFastFor, naming the backend that holds the horizon back.
+func (s *Subscriber) reportStall() {
+	s.stallMu.Lock()
+	if s.stallChecking {
+		s.stallMu.Unlock()
+		return
+	}
+	s.stallChecking = true
+	s.stallMu.Unlock()
+	defer func() {
+		s.stallMu.Lock()
+		s.stallChecking = false
+		s.stallMu.Unlock()
+	}()
+	insp, err := NewInspector(s.pool, s.config.SchemaAdapter)
+	if err != nil {
+		return // a custom adapter without the inspection statements
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.config.SessionTTL)
+	defer cancel()
+	h, err := insp.Horizon(ctx)
+	if err != nil {
+		return
+	}
+	s.stallMu.Lock()
+	seen := h.Xmin == s.stallXmin
+	s.stallXmin = h.Xmin
+	s.stallMu.Unlock()
+	if seen {
+		return
+	}
+	fields := watermill.LogFields{"xmin": h.Xmin}
+	if hh := h.Holder; hh != nil {
+		fields["pid"], fields["application_name"], fields["state"] = hh.PID, hh.ApplicationName, hh.State
+		fields["transaction_age"], fields["xact_start"] = hh.Age.Round(time.Millisecond).String(), hh.XactStart
+		if hh.GID != "" {
+			fields["prepared_gid"] = hh.GID
+		}
+	}
+	s.logger.Error("Delivery is held back: committed messages wait for an older transaction to end "+
+		"(every topic of the cluster waits; end it, or bound such transactions with idle_in_transaction_session_timeout)",
+		ErrDeliveryHeldBack, fields)
 }
 
 // isGivingUp reports whether Close stopped waiting for releases.
@@ -820,6 +871,9 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 				if pendingSince.IsZero() {
 					pendingSince = time.Now()
 				} else if time.Since(pendingSince) > pendingFastFor {
+					if pendingWait.max < c.s.config.PollInterval {
+						c.s.reportStall()
+					}
 					pendingWait.max = max(pendingFastCap, c.s.config.PollInterval)
 				}
 				if !c.waitWake(pendingWait.delay(), g.lost) {
