@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -99,60 +98,65 @@ func MessagePositionFromCtx(ctx context.Context) (Position, bool) {
 // AckInTx locks the group's offset row until tx ends: keep tx short, as a
 // takeover of the partition waits for it.
 func AckInTx(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
-	if msg == nil {
-		return fmt.Errorf("%w: AckInTx of a nil message", ErrInvalidMessage)
-	}
 	if tx == nil {
 		return fmt.Errorf("%w: AckInTx needs a transaction, got nil", ErrInvalidConfig)
 	}
+	q, check, err := ackQuery(msg)
+	if err != nil {
+		return err
+	}
+	return check(tx.QueryRow(ctx, q.SQL, q.Args...))
+}
+
+// ackQuery returns the statement of AckInTx for msg and the function that
+// reads its outcome.
+func ackQuery(msg *message.Message) (Query, func(pgx.Row) error, error) {
+	if msg == nil {
+		return Query{}, nil, fmt.Errorf("%w: AckInTx of a nil message", ErrInvalidMessage)
+	}
 	d, ok := deliveryOf(msg)
 	if !ok {
-		return fmt.Errorf("%w: message %s was not delivered by a pglease Subscriber (AckInTx reads its origin from the message's context)",
-			ErrInvalidMessage, msg.UUID)
+		return Query{}, nil, fmt.Errorf("%w: message %s was not delivered by a pglease Subscriber "+
+			"(AckInTx reads its origin from the message's context)", ErrInvalidMessage, msg.UUID)
 	}
-	p := OffsetParams{ConsumerGroup: d.group, Topic: d.topic, Partition: d.partition,
-		SessionID: d.sessionID, Epoch: d.epoch, Position: d.pos}
 	what := func() string {
 		return fmt.Sprintf("acknowledge message %s of topic %q partition %d for consumer group %q in a transaction",
 			msg.UUID, d.topic, d.partition, d.group)
 	}
 	if d.g.isLost() {
-		return fmt.Errorf("%s: the delivering session was lost: %w", what(), ErrOwnershipLost)
+		return Query{}, nil, fmt.Errorf("%s: the delivering session was lost: %w", what(), ErrOwnershipLost)
 	}
-	lock := d.adapter.LockOffset(p)
-	var (
-		session *uuid.UUID
-		epoch   int64
-		txText  string
-		offset  int64
-	)
-	err := tx.QueryRow(ctx, lock.SQL, lock.Args...).Scan(&session, &epoch, &txText, &offset)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("%s: the offset row is gone: %w", what(), ErrOwnershipLost)
+	q := d.adapter.AckOffset(OffsetParams{ConsumerGroup: d.group, Topic: d.topic, Partition: d.partition,
+		SessionID: d.sessionID, Epoch: d.epoch, Position: d.pos})
+	check := func(row pgx.Row) error {
+		var (
+			session  *uuid.UUID
+			epoch    int64
+			txText   string
+			offset   int64
+			advanced bool
+		)
+		err := row.Scan(&session, &epoch, &txText, &offset, &advanced)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return fmt.Errorf("%s: the offset row is gone: %w", what(), ErrOwnershipLost)
+		case err != nil:
+			return fmt.Errorf("%s: %w", what(), wrapMissingSchema(err))
+		case advanced:
+			return nil
+		case session == nil || *session != d.sessionID || epoch != d.epoch:
+			return fmt.Errorf("%s (epoch %d, now %d): %w", what(), d.epoch, epoch, ErrOwnershipLost)
+		}
+		txID, err := parseXID8(txText)
+		if err != nil {
+			return fmt.Errorf("%s: %w", what(), err)
+		}
+		if acked := (Position{TransactionID: txID, Offset: offset}); !positionLess(acked, d.pos) {
+			return fmt.Errorf("%s: %w", what(), ErrAlreadyAcknowledged)
+		}
+		return fmt.Errorf("%s: the offset row was not moved: %w", what(), ErrOwnershipLost)
 	}
-	if err != nil {
-		return fmt.Errorf("%s: %w", what(), wrapMissingSchema(err))
-	}
-	if session == nil || *session != d.sessionID || epoch != d.epoch {
-		return fmt.Errorf("%s (epoch %d, now %d): %w", what(), d.epoch, epoch, ErrOwnershipLost)
-	}
-	txID, err := parseXID8(txText)
-	if err != nil {
-		return fmt.Errorf("%s: %w", what(), err)
-	}
-	if acked := (Position{TransactionID: txID, Offset: offset}); !positionLess(acked, d.pos) {
-		return fmt.Errorf("%s: %w", what(), ErrAlreadyAcknowledged)
-	}
-	// The row is locked by tx: the fenced update cannot miss now.
-	adv := d.adapter.AdvanceOffset(p)
-	tag, err := tx.Exec(ctx, adv.SQL, adv.Args...)
-	if err != nil {
-		return fmt.Errorf("%s: %w", what(), err)
-	}
-	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("%s: the offset row changed under its lock: %w", what(), ErrOwnershipLost)
-	}
-	return nil
+	return q, check, nil
 }
 
 func positionLess(a, b Position) bool {
@@ -171,8 +175,9 @@ type TxHandlerConfig struct {
 	// PublishTopic is where the messages returned by the handler are
 	// published. Required when the handler returns messages.
 	PublishTopic string
-	// Publisher configures the Publisher that writes them in the
-	// transaction (its SchemaAdapter, PartitionKey, ...).
+	// Publisher configures how they are written in the transaction: its
+	// SchemaAdapter and PartitionKey (AutoInitializeSchema is not used:
+	// the Subscriber's InitializeSchema has created the tables).
 	Publisher PublisherConfig
 	// TxOptions are the options of each transaction (default READ
 	// COMMITTED, read-write).
@@ -203,6 +208,10 @@ type TxBeginner interface {
 // is rolled back and acked: what f wrote this time is undone. The message's
 // context bounds the transaction.
 func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.NoPublishHandlerFunc {
+	adapter := config.Publisher.SchemaAdapter
+	if adapter == nil {
+		adapter = DefaultSchemaAdapter{}
+	}
 	return func(msg *message.Message) error {
 		ctx := msg.Context()
 		tx, err := db.BeginTx(ctx, config.TxOptions)
@@ -214,22 +223,43 @@ func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.N
 		if err != nil {
 			return err
 		}
+		// Last: the offset row stays locked only from here to the commit,
+		// so claims and commits of the partition do not wait for f. The
+		// messages to publish and the acknowledgement go in one round trip.
+		ack, check, err := ackQuery(msg)
+		if err != nil {
+			return err
+		}
+		batch := &pgx.Batch{}
 		if len(out) > 0 {
 			if config.PublishTopic == "" {
 				return fmt.Errorf("%w: the handler of message %s returned %d messages, but TxHandlerConfig.PublishTopic is empty",
 					ErrInvalidConfig, msg.UUID, len(out))
 			}
-			pub, err := NewPublisher(tx, config.Publisher, watermill.NopLogger{})
+			if err := validateTopic(config.PublishTopic); err != nil {
+				return err
+			}
+			params, err := buildInsertParams(config.PublishTopic, out, config.Publisher.PartitionKey)
 			if err != nil {
 				return err
 			}
-			if err := pub.Publish(config.PublishTopic, out...); err != nil {
-				return err
+			params.NotifyChannel = adapter.NotifyChannel()
+			insert := adapter.InsertMessages(params)
+			batch.Queue(insert.SQL, insert.Args...)
+		}
+		batch.Queue(ack.SQL, ack.Args...)
+		results := tx.SendBatch(ctx, batch)
+		if len(out) > 0 {
+			if _, err := results.Exec(); err != nil {
+				_ = results.Close()
+				return fmt.Errorf("publish %d messages to topic %q: %w", len(out), config.PublishTopic, wrapMissingSchema(err))
 			}
 		}
-		// Last: the offset row stays locked only from here to the commit,
-		// so claims and commits of the partition do not wait for f.
-		if err := AckInTx(ctx, tx, msg); err != nil {
+		err = check(results.QueryRow())
+		if cerr := results.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+		if err != nil {
 			if errors.Is(err, ErrAlreadyAcknowledged) {
 				return nil // done before; what f did now is rolled back
 			}

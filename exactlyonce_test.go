@@ -444,3 +444,55 @@ func TestStaleOwnerAckInTxIsRefused(t *testing.T) {
 		` WHERE uuid = $1`, "derived-"+held).Scan(&derived))
 	require.Equal(t, 1, derived, "one derived message")
 }
+
+// TestAckInTxWaitsForAConcurrentClaim forces the interleaving that the
+// one-statement AckInTx must get right: a claim of the row is under way
+// (row locked, epoch bumped, not committed) when AckInTx runs. AckInTx
+// waits for it and, once it commits, refuses with ErrOwnershipLost; if it
+// rolls back instead, AckInTx goes through.
+func TestAckInTxWaitsForAConcurrentClaim(t *testing.T) {
+	for _, claimCommits := range []bool{true, false} {
+		t.Run(fmt.Sprintf("claim commits %v", claimCommits), func(t *testing.T) {
+			ctx := context.Background()
+			pool := newPool(t, 10)
+			adapter := newSchema(t, pool)
+			pub := newPublisher(t, pool, adapter)
+			publishN(t, pub, "t", 1)
+			sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true}, testLogger())
+			require.NoError(t, err)
+			defer sub.Close()
+			msgs, err := sub.Subscribe(ctx, "t")
+			require.NoError(t, err)
+			msg := receiveOne(t, msgs)
+
+			claimer, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			defer claimer.Rollback(ctx)
+			_, err = claimer.Exec(ctx, `UPDATE `+table(adapter, pglease.DefaultConsumerOffsetsTable)+
+				` SET session_id = gen_random_uuid(), epoch = epoch + 1 WHERE topic = 't'`)
+			require.NoError(t, err)
+
+			conn, err := pool.Acquire(ctx)
+			require.NoError(t, err)
+			defer conn.Release()
+			pid := conn.Conn().PgConn().PID()
+			tx, err := conn.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			done := make(chan error, 1)
+			go func() { done <- pglease.AckInTx(ctx, tx, msg) }()
+			doneSignal := make(chan struct{})
+			require.True(t, waitBlockedOnLock(t, pool, pid, doneSignal), "AckInTx must wait for the claim's row lock")
+			if claimCommits {
+				require.NoError(t, claimer.Commit(ctx))
+				require.ErrorIs(t, <-done, pglease.ErrOwnershipLost)
+			} else {
+				require.NoError(t, claimer.Rollback(ctx))
+				require.NoError(t, <-done)
+				require.NoError(t, tx.Commit(ctx))
+				pos, _ := pglease.MessagePositionFromCtx(msg.Context())
+				require.Equal(t, pos, ackedOffset(t, pool, adapter, "", "t"))
+			}
+		})
+	}
+}

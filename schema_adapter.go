@@ -246,14 +246,15 @@ type SchemaAdapter interface {
 	// p.Position, and returns the new count (no row: ownership lost).
 	// Commits that move the position set it back to 0.
 	CountHeadDelivery(p OffsetParams) Query
-	// LockOffset locks the row (SELECT ... FOR UPDATE) and returns its
-	// session_id uuid, epoch bigint, acked_transaction_id (xid8 as text)
-	// and acked_offset bigint; no row when it does not exist.
-	LockOffset(p OffsetParams) Query
-	// AdvanceOffset moves the acknowledged position to p.Position if it
-	// lies ahead, fenced by session and epoch: what AckInTx runs, in the
-	// caller's transaction, after LockOffset.
-	AdvanceOffset(p OffsetParams) Query
+	// AckOffset is what AckInTx runs in the caller's transaction: it locks
+	// the row (SELECT ... FOR UPDATE, which waits for a concurrent claim
+	// and reads its outcome) and moves the acknowledged position to
+	// p.Position if the row is still p.SessionID's at p.Epoch and the
+	// position lies ahead. Returns one row (none when the row does not
+	// exist): session_id uuid, epoch bigint, acked_transaction_id (xid8
+	// as text) and acked_offset bigint as they were before, and advanced
+	// bool.
+	AckOffset(p OffsetParams) Query
 }
 
 // DefaultSchemaAdapter is the PostgreSQL [SchemaAdapter]: one messages table
@@ -827,23 +828,27 @@ RETURNING head_deliveries`,
 	}
 }
 
-// LockOffset implements [SchemaAdapter].
-func (a DefaultSchemaAdapter) LockOffset(p OffsetParams) Query {
+// AckOffset implements [SchemaAdapter]. The UPDATE finds the row in the
+// statement's snapshot; if a claim changed it since, PostgreSQL re-checks
+// the WHERE clause on the latest version, which is the one cur locked and
+// read, so the decision and the write are made on the same version.
+func (a DefaultSchemaAdapter) AckOffset(p OffsetParams) Query {
 	return Query{
-		SQL: `SELECT session_id, epoch, acked_transaction_id::text, acked_offset FROM ` + a.offsets() + `
-WHERE consumer_group = $1 AND topic = $2 AND partition = $3
-FOR UPDATE`,
-		Args: []any{p.ConsumerGroup, p.Topic, p.Partition},
-	}
-}
-
-// AdvanceOffset implements [SchemaAdapter].
-func (a DefaultSchemaAdapter) AdvanceOffset(p OffsetParams) Query {
-	return Query{
-		SQL: `UPDATE ` + a.offsets() + `
-SET acked_transaction_id = $6::text::xid8, acked_offset = $7, head_deliveries = 0, updated_at = now()
-WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5
-	AND (acked_transaction_id, acked_offset) < ($6::text::xid8, $7::bigint)`,
+		SQL: `WITH cur AS (
+	SELECT session_id, epoch, acked_transaction_id, acked_offset FROM ` + a.offsets() + `
+	WHERE consumer_group = $1 AND topic = $2 AND partition = $3
+	FOR UPDATE
+), advanced AS (
+	UPDATE ` + a.offsets() + ` o
+	SET acked_transaction_id = $6::text::xid8, acked_offset = $7, head_deliveries = 0, updated_at = now()
+	FROM cur
+	WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
+		AND cur.session_id = $4 AND cur.epoch = $5
+		AND (cur.acked_transaction_id, cur.acked_offset) < ($6::text::xid8, $7::bigint)
+	RETURNING 1
+)
+SELECT cur.session_id, cur.epoch, cur.acked_transaction_id::text, cur.acked_offset, EXISTS (SELECT 1 FROM advanced)
+FROM cur`,
 		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
 			formatXID8(p.Position.TransactionID), p.Position.Offset},
 	}
