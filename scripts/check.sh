@@ -69,6 +69,13 @@ if [[ -d benchmarks ]]; then
 	(cd benchmarks && go vet ./... && go test -count=1 ./...)
 fi
 
+# The Prometheus exporter is a module of its own too (the library must not
+# depend on the Prometheus client); its tests use PGLEASE_TEST_DSN.
+if [[ -d metrics ]]; then
+	step "metrics: go vet, go test -race"
+	(cd metrics && go vet ./... && go test -race -count=1 -timeout 10m ./...)
+fi
+
 step "go test -race ./..."
 if [[ -z "${PGLEASE_TEST_DSN:-}" ]]; then
 	echo "note: PGLEASE_TEST_DSN is not set; run this through 'make test' (scripts/localpg.sh run)" >&2

@@ -1,0 +1,282 @@
+package metrics
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// DefaultScrapeTimeout bounds the queries of one scrape of a [Collector].
+const DefaultScrapeTimeout = 5 * time.Second
+
+// CollectorConfig configures a [Collector]. The zero value is valid.
+type CollectorConfig struct {
+	// ConsumerGroups selects the consumer groups whose lag, members and
+	// owned rows are exported; nil: every group. They are passed to
+	// [pglease.Inspector.Lag], so the database reads only their rows.
+	ConsumerGroups []string
+	// Topics selects the topics whose lag and topic metrics are exported;
+	// nil: every topic. Passed to [pglease.Inspector.Lag]; the topic
+	// metrics are filtered after [pglease.Inspector.Topics], which reads
+	// every topic.
+	Topics []string
+	// ScrapeTimeout bounds the queries of one scrape. Default:
+	// [DefaultScrapeTimeout]. Keep it below Prometheus's scrape_timeout.
+	ScrapeTimeout time.Duration
+	// ConstLabels are added to every metric, e.g. {"database": "orders"}
+	// to export several databases from one process.
+	ConstLabels prometheus.Labels
+	// Logger receives the errors of failed scrapes (also exported as
+	// pglease_up 0). Default: watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+func (c *CollectorConfig) setDefaults() {
+	if c.ScrapeTimeout == 0 {
+		c.ScrapeTimeout = DefaultScrapeTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+}
+
+func (c CollectorConfig) validate() error {
+	if c.ScrapeTimeout < 0 {
+		return fmt.Errorf("CollectorConfig.ScrapeTimeout must not be negative, got %s", c.ScrapeTimeout)
+	}
+	return nil
+}
+
+// Collector is a [prometheus.Collector] of what a [pglease.Inspector]
+// reads: the lag of every consumer group on every partition, the live
+// members of each group, the xmin horizon and the topics. Every scrape
+// runs the queries of the Inspector (Sessions, Lag, Horizon, Topics) on
+// the database, one scrape at a time. A query that fails leaves its
+// metrics out of that scrape and sets pglease_up to 0; the scrape itself
+// does not fail, so the other collectors of the registry are still
+// exported. It is safe for concurrent use.
+type Collector struct {
+	insp   *pglease.Inspector
+	config CollectorConfig
+	groups map[string]bool // nil: every group
+	topics map[string]bool // nil: every topic
+	logger watermill.LoggerAdapter
+	mu     sync.Mutex // one scrape at a time
+
+	up, scrapeDuration                         *prometheus.Desc
+	lag, lagSeconds, pending                   *prometheus.Desc
+	members, ownedRows                         *prometheus.Desc
+	horizonAge                                 *prometheus.Desc
+	topicPartitions, topicNewestMessageSeconds *prometheus.Desc
+}
+
+// NewCollector returns a Collector of insp's tables. Register it with
+// [prometheus.Registry.Register]. The error wraps
+// [pglease.ErrInvalidConfig].
+func NewCollector(insp *pglease.Inspector, config CollectorConfig) (*Collector, error) {
+	if insp == nil {
+		return nil, fmt.Errorf("%w: NewCollector needs a *pglease.Inspector, got nil", pglease.ErrInvalidConfig)
+	}
+	config.setDefaults()
+	if err := config.validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", pglease.ErrInvalidConfig, err)
+	}
+	config.ConsumerGroups = slices.Clone(config.ConsumerGroups)
+	config.Topics = slices.Clone(config.Topics)
+	partition := []string{"consumergroup", "topic", "partition"}
+	desc := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, labels, config.ConstLabels)
+	}
+	return &Collector{
+		insp:   insp,
+		config: config,
+		groups: set(config.ConsumerGroups),
+		topics: set(config.Topics),
+		logger: config.Logger.With(watermill.LogFields{"component": "pglease_metrics"}),
+
+		up: desc("pglease_up",
+			"1 if the last scrape read every pglease metric from the database, 0 if a query failed (its metrics are missing)."),
+		scrapeDuration: desc("pglease_scrape_duration_seconds",
+			"How long the last scrape of the pglease tables took."),
+		lag: desc("pglease_consumergroup_lag",
+			"Messages after the consumer group's acknowledged position on the partition that every reader can see (not yet acked).",
+			partition...),
+		lagSeconds: desc("pglease_consumergroup_lag_seconds",
+			"Age of the oldest message not yet acked by the consumer group on the partition; 0 when it has none.",
+			partition...),
+		pending: desc("pglease_consumergroup_pending",
+			"1 if committed messages of the partition wait behind the xmin horizon (an older transaction still running; see pglease_xmin_horizon_age_seconds), else 0.",
+			partition...),
+		members: desc("pglease_consumergroup_members",
+			"Live sessions (Subscribers) of the consumer group.",
+			"consumergroup"),
+		ownedRows: desc("pglease_consumergroup_owned_rows",
+			"Exported (topic, partition) rows of the consumer group that a live member owns; fewer than the group's pglease_consumergroup_lag series means rows wait for an owner.",
+			"consumergroup"),
+		horizonAge: desc("pglease_xmin_horizon_age_seconds",
+			"Age of the oldest running writing transaction, which holds back delivery on every topic; 0 when none runs."),
+		topicPartitions: desc("pglease_topic_partitions",
+			"Partitions of the topic.",
+			"topic"),
+		topicNewestMessageSeconds: desc("pglease_topic_newest_message_timestamp_seconds",
+			"When the newest message of the topic was stored, in seconds since the Unix epoch (absent for a topic without messages).",
+			"topic"),
+	}, nil
+}
+
+func set(names []string) map[string]bool {
+	if names == nil {
+		return nil
+	}
+	m := make(map[string]bool, len(names))
+	for _, n := range names {
+		m[n] = true
+	}
+	return m
+}
+
+// Describe implements [prometheus.Collector].
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.up, c.scrapeDuration, c.lag, c.lagSeconds, c.pending,
+		c.members, c.ownedRows, c.horizonAge, c.topicPartitions, c.topicNewestMessageSeconds} {
+		ch <- d
+	}
+}
+
+// Collect implements [prometheus.Collector]: it reads the Inspector,
+// within CollectorConfig.ScrapeTimeout.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), c.config.ScrapeTimeout)
+	defer cancel()
+	s := c.scrape(ctx)
+	c.emit(s, ch)
+	ch <- prometheus.MustNewConstMetric(c.scrapeDuration, prometheus.GaugeValue, time.Since(start).Seconds())
+}
+
+// snapshot is what one scrape read; a nil slice or horizon: its query
+// failed.
+type snapshot struct {
+	sessions []pglease.SessionInfo
+	lag      []pglease.LagInfo
+	horizon  *pglease.Horizon
+	topics   []pglease.TopicInfo
+	failed   bool
+}
+
+func (c *Collector) scrape(ctx context.Context) snapshot {
+	var s snapshot
+	fail := func(query string, err error) {
+		s.failed = true
+		c.logger.Error("Scrape of the pglease tables failed", err, watermill.LogFields{"query": query})
+	}
+	var err error
+	if s.sessions, err = c.insp.Sessions(ctx); err != nil {
+		fail("sessions", err)
+		s.sessions = nil
+	} else if s.sessions == nil {
+		s.sessions = []pglease.SessionInfo{}
+	}
+	lf := pglease.LagFilter{ConsumerGroups: c.config.ConsumerGroups, Topics: c.config.Topics}
+	if s.lag, err = c.insp.Lag(ctx, lf); err != nil {
+		fail("lag", err)
+		s.lag = nil
+	} else if s.lag == nil {
+		s.lag = []pglease.LagInfo{}
+	}
+	if h, err := c.insp.Horizon(ctx); err != nil {
+		fail("horizon", err)
+	} else {
+		s.horizon = &h
+	}
+	if s.topics, err = c.insp.Topics(ctx); err != nil {
+		fail("topics", err)
+		s.topics = nil
+	} else if s.topics == nil {
+		s.topics = []pglease.TopicInfo{}
+	}
+	return s
+}
+
+// emit turns a snapshot into metrics.
+func (c *Collector) emit(s snapshot, ch chan<- prometheus.Metric) {
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	gauge(c.up, boolValue(!s.failed))
+
+	for _, l := range s.lag {
+		p := strconv.Itoa(int(l.Partition))
+		gauge(c.lag, float64(l.Lag), l.ConsumerGroup, l.Topic, p)
+		gauge(c.lagSeconds, l.LagSeconds, l.ConsumerGroup, l.Topic, p)
+		gauge(c.pending, boolValue(l.Pending), l.ConsumerGroup, l.Topic, p)
+	}
+
+	// A group is known by the filter, its sessions or its rows; each gets
+	// members and owned rows, 0 included, so that "no live member" can
+	// be alerted on. Members need the sessions; owned rows the lag.
+	groups := map[string]bool{}
+	for g := range c.groups {
+		groups[g] = true
+	}
+	members, owned := map[string]int{}, map[string]int{}
+	for _, ss := range s.sessions {
+		if c.groups != nil && !c.groups[ss.ConsumerGroup] {
+			continue
+		}
+		groups[ss.ConsumerGroup] = true
+		if ss.Alive {
+			members[ss.ConsumerGroup]++
+		}
+	}
+	for _, l := range s.lag {
+		groups[l.ConsumerGroup] = true
+		if l.OwnerSession != uuid.Nil {
+			owned[l.ConsumerGroup]++
+		}
+	}
+	for g := range groups {
+		if s.sessions != nil {
+			gauge(c.members, float64(members[g]), g)
+		}
+		if s.lag != nil {
+			gauge(c.ownedRows, float64(owned[g]), g)
+		}
+	}
+
+	if s.horizon != nil {
+		age := 0.0
+		if s.horizon.Holder != nil {
+			age = max(s.horizon.Holder.Age.Seconds(), 0)
+		}
+		gauge(c.horizonAge, age)
+	}
+
+	for _, t := range s.topics {
+		if c.topics != nil && !c.topics[t.Topic] {
+			continue
+		}
+		gauge(c.topicPartitions, float64(t.Partitions), t.Topic)
+		if t.NewestAt != nil {
+			gauge(c.topicNewestMessageSeconds, float64(t.NewestAt.UnixNano())/1e9, t.Topic)
+		}
+	}
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,488 @@
+package metrics
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// envDSN names the variable that holds the test database's URL, as in the
+// core module (internal/pgtest).
+const envDSN = "PGLEASE_TEST_DSN"
+
+// testDSN is the database every test uses; each test works in a schema of
+// its own.
+var testDSN string
+
+func TestMain(m *testing.M) {
+	testDSN = os.Getenv(envDSN)
+	if testDSN == "" {
+		fmt.Fprintf(os.Stderr, "metrics tests: no PostgreSQL: %s is not set. Run `make test` in the repository root, "+
+			"which starts a throwaway local PostgreSQL, or set %s "+
+			"(e.g. postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable).\n", envDSN, envDSN)
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}
+
+// newPool returns a pool on the test database, closed at the end of the test.
+func newPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), testDSN)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// newSchema returns an adapter on a fresh PostgreSQL schema, dropped at
+// the end of the test. Schema initialization creates it.
+func newSchema(t *testing.T, pool *pgxpool.Pool) pglease.DefaultSchemaAdapter {
+	t.Helper()
+	name := "pglease_metrics_test_" + randomHex(6)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE")
+		if err != nil {
+			t.Errorf("drop schema %s: %v", name, err)
+		}
+	})
+	return pglease.DefaultSchemaAdapter{Schema: name}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+func newPublisher(t *testing.T, pool *pgxpool.Pool, adapter pglease.SchemaAdapter) *pglease.Publisher {
+	t.Helper()
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pub.Close()) })
+	return pub
+}
+
+func publishN(t *testing.T, pub *pglease.Publisher, topic string, n int) {
+	t.Helper()
+	for range n {
+		require.NoError(t, pub.Publish(topic, message.NewMessage(watermill.NewUUID(), []byte("x"))))
+	}
+}
+
+// newSubscriber returns a Subscriber of group that commits every Ack at
+// once, closed at the end of the test.
+func newSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.SchemaAdapter, group string) *pglease.Subscriber {
+	t.Helper()
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
+		ConsumerGroup:    group,
+		SchemaAdapter:    adapter,
+		InitializeSchema: true,
+		CommitBatch:      1,
+		SessionTTL:       time.Second,
+		PollInterval:     10 * time.Millisecond,
+		NackResendDelay:  time.Millisecond,
+	}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, sub.Close()) })
+	return sub
+}
+
+func newInspector(t *testing.T, pool *pgxpool.Pool, adapter pglease.SchemaAdapter) *pglease.Inspector {
+	t.Helper()
+	insp, err := pglease.NewInspector(pool, adapter)
+	require.NoError(t, err)
+	return insp
+}
+
+func receiveOne(t *testing.T, msgs <-chan *message.Message) *message.Message {
+	t.Helper()
+	select {
+	case msg, ok := <-msgs:
+		require.True(t, ok, "channel closed")
+		return msg
+	case <-time.After(30 * time.Second):
+		t.Fatal("no message within 30s")
+		return nil
+	}
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// only is a collector of the metrics of c with the descriptor d, for
+// testutil.ToFloat64 on a metric whose value is not known exactly.
+type only struct {
+	c prometheus.Collector
+	d *prometheus.Desc
+}
+
+func (o only) Describe(ch chan<- *prometheus.Desc) { ch <- o.d }
+
+func (o only) Collect(ch chan<- prometheus.Metric) {
+	all := make(chan prometheus.Metric)
+	go func() {
+		o.c.Collect(all)
+		close(all)
+	}()
+	for m := range all {
+		if m.Desc() == o.d {
+			ch <- m
+		}
+	}
+}
+
+// TestCollectorLagAndMembers: N messages published, K acked by the one
+// Subscriber of the group: the scrape shows a lag of N-K on the topic's
+// partition, one live member owning the row, nothing pending, and the
+// topic with its partition and the time of its newest message.
+func TestCollectorLagAndMembers(t *testing.T) {
+	const n, k = 10, 4
+	ctx := context.Background()
+	pool := newPool(t)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	publishN(t, pub, "orders", n)
+	insp := newInspector(t, pool, adapter)
+	sub := newSubscriber(t, pool, adapter, "billing")
+	msgs, err := sub.Subscribe(ctx, "orders")
+	require.NoError(t, err)
+	var last pglease.Position
+	for range k {
+		msg := receiveOne(t, msgs)
+		last, _ = pglease.MessagePositionFromCtx(msg.Context())
+		require.True(t, msg.Ack())
+	}
+	waitFor(t, 10*time.Second, "the last ack to be committed", func() bool {
+		lag, err := insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{"billing"}})
+		require.NoError(t, err)
+		return len(lag) == 1 && lag[0].Position == last
+	})
+
+	c, err := NewCollector(insp, CollectorConfig{})
+	require.NoError(t, err)
+	expected := fmt.Sprintf(`
+# HELP pglease_consumergroup_lag Messages after the consumer group's acknowledged position on the partition that every reader can see (not yet acked).
+# TYPE pglease_consumergroup_lag gauge
+pglease_consumergroup_lag{consumergroup="billing",partition="0",topic="orders"} %d
+# HELP pglease_consumergroup_members Live sessions (Subscribers) of the consumer group.
+# TYPE pglease_consumergroup_members gauge
+pglease_consumergroup_members{consumergroup="billing"} 1
+# HELP pglease_consumergroup_owned_rows Exported (topic, partition) rows of the consumer group that a live member owns; fewer than the group's pglease_consumergroup_lag series means rows wait for an owner.
+# TYPE pglease_consumergroup_owned_rows gauge
+pglease_consumergroup_owned_rows{consumergroup="billing"} 1
+# HELP pglease_consumergroup_pending 1 if committed messages of the partition wait behind the xmin horizon (an older transaction still running; see pglease_xmin_horizon_age_seconds), else 0.
+# TYPE pglease_consumergroup_pending gauge
+pglease_consumergroup_pending{consumergroup="billing",partition="0",topic="orders"} 0
+# HELP pglease_topic_partitions Partitions of the topic.
+# TYPE pglease_topic_partitions gauge
+pglease_topic_partitions{topic="orders"} 1
+# HELP pglease_up 1 if the last scrape read every pglease metric from the database, 0 if a query failed (its metrics are missing).
+# TYPE pglease_up gauge
+pglease_up 1
+`, n-k)
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(expected),
+		"pglease_consumergroup_lag", "pglease_consumergroup_members", "pglease_consumergroup_owned_rows",
+		"pglease_consumergroup_pending", "pglease_topic_partitions", "pglease_up"))
+
+	assert.Positive(t, testutil.ToFloat64(only{c, c.lagSeconds}), "the oldest unacked message has an age")
+	newest := testutil.ToFloat64(only{c, c.topicNewestMessageSeconds})
+	assert.InDelta(t, float64(time.Now().Unix()), newest, 60, "newest message stored just now")
+	assert.Equal(t, 1, testutil.CollectAndCount(c, "pglease_xmin_horizon_age_seconds"))
+	assert.Equal(t, 1, testutil.CollectAndCount(c, "pglease_scrape_duration_seconds"))
+}
+
+// TestCollectorFilters: the groups and topics of the config select the
+// series; a listed group without sessions or rows is exported with no
+// members, and the topic filter applies to the topic metrics too.
+func TestCollectorFilters(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	publishN(t, pub, "a", 3)
+	publishN(t, pub, "b", 2)
+	insp := newInspector(t, pool, adapter)
+	// Offsets rows without Subscribers: a reset creates them.
+	for _, r := range []struct{ group, topic string }{{"g1", "a"}, {"g1", "b"}, {"g2", "a"}} {
+		_, err := insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{ConsumerGroup: r.group, Topic: r.topic,
+			To: pglease.ResetToEarliest})
+		require.NoError(t, err)
+	}
+
+	all, err := NewCollector(insp, CollectorConfig{})
+	require.NoError(t, err)
+	assert.Equal(t, 3, testutil.CollectAndCount(all, "pglease_consumergroup_lag"))
+	assert.Equal(t, 2, testutil.CollectAndCount(all, "pglease_topic_partitions"))
+
+	c, err := NewCollector(insp, CollectorConfig{ConsumerGroups: []string{"g1", "nobody"}, Topics: []string{"a"}})
+	require.NoError(t, err)
+	expected := `
+# HELP pglease_consumergroup_lag Messages after the consumer group's acknowledged position on the partition that every reader can see (not yet acked).
+# TYPE pglease_consumergroup_lag gauge
+pglease_consumergroup_lag{consumergroup="g1",partition="0",topic="a"} 3
+# HELP pglease_consumergroup_members Live sessions (Subscribers) of the consumer group.
+# TYPE pglease_consumergroup_members gauge
+pglease_consumergroup_members{consumergroup="g1"} 0
+pglease_consumergroup_members{consumergroup="nobody"} 0
+# HELP pglease_consumergroup_owned_rows Exported (topic, partition) rows of the consumer group that a live member owns; fewer than the group's pglease_consumergroup_lag series means rows wait for an owner.
+# TYPE pglease_consumergroup_owned_rows gauge
+pglease_consumergroup_owned_rows{consumergroup="g1"} 0
+pglease_consumergroup_owned_rows{consumergroup="nobody"} 0
+# HELP pglease_topic_partitions Partitions of the topic.
+# TYPE pglease_topic_partitions gauge
+pglease_topic_partitions{topic="a"} 1
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(expected),
+		"pglease_consumergroup_lag", "pglease_consumergroup_members", "pglease_consumergroup_owned_rows",
+		"pglease_topic_partitions"))
+}
+
+// TestCollectorHorizonAge: a writing transaction held open on another
+// connection makes pglease_xmin_horizon_age_seconds positive; once it
+// ends, the metric is 0 again.
+func TestCollectorHorizonAge(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t)
+	adapter := newSchema(t, pool)
+	c, err := NewCollector(newInspector(t, pool, adapter), CollectorConfig{})
+	require.NoError(t, err)
+	age := func() float64 { return testutil.ToFloat64(only{c, c.horizonAge}) }
+
+	blocker, err := pgx.Connect(ctx, testDSN)
+	require.NoError(t, err)
+	defer blocker.Close(ctx)
+	tx, err := blocker.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()") // takes a transaction id: a writer
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, "a positive horizon age", func() bool { return age() > 0 })
+
+	require.NoError(t, tx.Rollback(ctx))
+	waitFor(t, 10*time.Second, "the horizon age back to 0", func() bool { return age() == 0 })
+}
+
+// TestCollectorScrapeFailure: a query that fails sets pglease_up to 0 and
+// leaves its metrics out, the others are still exported; a scrape that
+// runs out of time exports only pglease_up and the duration. Collecting
+// never fails the registry's scrape.
+func TestCollectorScrapeFailure(t *testing.T) {
+	pool := newPool(t)
+	missing := pglease.DefaultSchemaAdapter{Schema: "pglease_metrics_test_missing_" + randomHex(6)}
+	c, err := NewCollector(newInspector(t, pool, missing), CollectorConfig{})
+	require.NoError(t, err)
+	assert.Equal(t, 0.0, testutil.ToFloat64(only{c, c.up}))
+	assert.Zero(t, testutil.CollectAndCount(c, "pglease_consumergroup_lag", "pglease_consumergroup_members",
+		"pglease_consumergroup_owned_rows", "pglease_topic_partitions"))
+	assert.Equal(t, 1, testutil.CollectAndCount(c, "pglease_xmin_horizon_age_seconds"), "the horizon needs no table")
+
+	adapter := newSchema(t, pool)
+	publishN(t, newPublisher(t, pool, adapter), "t", 1)
+	c, err = NewCollector(newInspector(t, pool, adapter), CollectorConfig{ScrapeTimeout: time.Nanosecond})
+	require.NoError(t, err)
+	assert.Equal(t, 0.0, testutil.ToFloat64(only{c, c.up}))
+	assert.Equal(t, 2, testutil.CollectAndCount(c), "pglease_up and pglease_scrape_duration_seconds")
+
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	_, err = reg.Gather()
+	assert.NoError(t, err)
+}
+
+// TestSubscriberCollector: after one Nack and three Acks the counters
+// show four deliveries, three acks, one nack, one claim and one owned
+// row; heartbeats fill the histogram; ending the subscription counts a
+// release.
+func TestSubscriberCollector(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t)
+	adapter := newSchema(t, pool)
+	publishN(t, newPublisher(t, pool, adapter), "orders", 3)
+	sub := newSubscriber(t, pool, adapter, "billing")
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	msgs, err := sub.Subscribe(sctx, "orders")
+	require.NoError(t, err)
+	require.True(t, receiveOne(t, msgs).Nack())
+	for range 3 {
+		require.True(t, receiveOne(t, msgs).Ack())
+	}
+	waitFor(t, 10*time.Second, "the last ack to be counted", func() bool { return sub.Stats().Acked == 3 })
+
+	c, err := NewSubscriberCollector(sub, SubscriberCollectorConfig{ConstLabels: prometheus.Labels{"subscriber": "a"}})
+	require.NoError(t, err)
+	const expected = `
+# HELP pglease_subscriber_claims_total (topic, partition) rows the Subscriber claimed, takeovers included.
+# TYPE pglease_subscriber_claims_total counter
+pglease_subscriber_claims_total{consumergroup="billing",subscriber="a"} 1
+# HELP pglease_subscriber_takeovers_total Rows the Subscriber claimed from an expired session (a crashed or paused owner).
+# TYPE pglease_subscriber_takeovers_total counter
+pglease_subscriber_takeovers_total{consumergroup="billing",subscriber="a"} 0
+# HELP pglease_subscriber_releases_total Rows the Subscriber gave back: subscription ended, Close, a rebalance or an offsets reset.
+# TYPE pglease_subscriber_releases_total counter
+pglease_subscriber_releases_total{consumergroup="billing",subscriber="a"} 0
+# HELP pglease_subscriber_fenced_writes_total Offset commits and releases refused because another session or an offsets reset had taken the row (ErrOwnershipLost); the messages since the last commit are delivered again.
+# TYPE pglease_subscriber_fenced_writes_total counter
+pglease_subscriber_fenced_writes_total{consumergroup="billing",subscriber="a"} 0
+# HELP pglease_subscriber_sessions_lost_total Sessions of the Subscriber found expired or deleted, or self-fenced after heartbeats failed for the trust window; its rows are claimed again with a new session.
+# TYPE pglease_subscriber_sessions_lost_total counter
+pglease_subscriber_sessions_lost_total{consumergroup="billing",subscriber="a"} 0
+# HELP pglease_subscriber_messages_delivered_total Messages handed out to handlers, redeliveries included.
+# TYPE pglease_subscriber_messages_delivered_total counter
+pglease_subscriber_messages_delivered_total{consumergroup="billing",subscriber="a"} 4
+# HELP pglease_subscriber_messages_acked_total Messages acked by handlers.
+# TYPE pglease_subscriber_messages_acked_total counter
+pglease_subscriber_messages_acked_total{consumergroup="billing",subscriber="a"} 3
+# HELP pglease_subscriber_messages_nacked_total Messages nacked by handlers (delivered again after NackResendDelay).
+# TYPE pglease_subscriber_messages_nacked_total counter
+pglease_subscriber_messages_nacked_total{consumergroup="billing",subscriber="a"} 1
+# HELP pglease_subscriber_owned_rows (topic, partition) rows the Subscriber owns now.
+# TYPE pglease_subscriber_owned_rows gauge
+pglease_subscriber_owned_rows{consumergroup="billing",subscriber="a"} 1
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(expected),
+		"pglease_subscriber_claims_total", "pglease_subscriber_takeovers_total", "pglease_subscriber_releases_total",
+		"pglease_subscriber_fenced_writes_total", "pglease_subscriber_sessions_lost_total",
+		"pglease_subscriber_messages_delivered_total", "pglease_subscriber_messages_acked_total",
+		"pglease_subscriber_messages_nacked_total", "pglease_subscriber_owned_rows"))
+
+	waitFor(t, 10*time.Second, "a heartbeat", func() bool { return sub.Stats().Heartbeats.Count > 0 })
+	assert.Equal(t, 1, testutil.CollectAndCount(c, "pglease_subscriber_heartbeat_duration_seconds"))
+
+	cancel()
+	waitFor(t, 10*time.Second, "the release", func() bool { return testutil.ToFloat64(only{c, c.releases}) == 1 })
+	assert.Equal(t, 0.0, testutil.ToFloat64(only{c, c.ownedRows}))
+}
+
+// TestLatencyHistogram: the cumulative buckets of a LatencyHistogram
+// become the histogram's buckets, in seconds, +Inf being the count.
+func TestLatencyHistogram(t *testing.T) {
+	d := prometheus.NewDesc("pglease_subscriber_heartbeat_duration_seconds", "Latency.", nil, nil)
+	h := pglease.LatencyHistogram{Count: 4, Sum: 1100 * time.Millisecond,
+		Buckets: []uint64{1, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3}}
+	const expected = `
+# HELP pglease_subscriber_heartbeat_duration_seconds Latency.
+# TYPE pglease_subscriber_heartbeat_duration_seconds histogram
+pglease_subscriber_heartbeat_duration_seconds_bucket{le="0.005"} 1
+pglease_subscriber_heartbeat_duration_seconds_bucket{le="0.01"} 2
+pglease_subscriber_heartbeat_duration_seconds_bucket{le="0.025"} 2
+pglease_subscriber_heartbeat_duration_seconds_bucket{le="0.05"} 2
+pglease_subscriber_heartbeat_duration_seconds_bucket{le="0.1"} 2
+pglease_subscriber_heartbeat_duration_seconds_bucket{le="0.25"} 2
+pglease_subscriber_heartbeat_duration_seconds_bucket{le="0.5"} 2
+pglease_subscriber_heartbeat_duration_seconds_bucket{le="1"} 3
+pglease_subscriber_heartbeat_duration_seconds_bucket{le="2.5"} 3
+pglease_subscriber_heartbeat_duration_seconds_bucket{le="5"} 3
+pglease_subscriber_heartbeat_duration_seconds_bucket{le="10"} 3
+pglease_subscriber_heartbeat_duration_seconds_bucket{le="+Inf"} 4
+pglease_subscriber_heartbeat_duration_seconds_sum 1.1
+pglease_subscriber_heartbeat_duration_seconds_count 4
+`
+	require.NoError(t, testutil.CollectAndCompare(metricCollector{d, latencyHistogram(d, h, pglease.HeartbeatBuckets)},
+		strings.NewReader(expected)))
+
+	// Fewer counts than bounds (or the reverse) keep the common ones.
+	m := latencyHistogram(d, pglease.LatencyHistogram{Count: 1, Buckets: []uint64{1}}, pglease.HeartbeatBuckets)
+	assert.Equal(t, 1, testutil.CollectAndCount(metricCollector{d, m}))
+}
+
+// metricCollector collects one metric.
+type metricCollector struct {
+	d *prometheus.Desc
+	m prometheus.Metric
+}
+
+func (c metricCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.d }
+func (c metricCollector) Collect(ch chan<- prometheus.Metric) { ch <- c.m }
+
+// TestRegistryLint: both collectors, and two Subscribers of one group told
+// apart by a label, register with a pedantic registry; what they export
+// passes the Prometheus linter; concurrent scrapes are safe; a second
+// collector with the same labels is refused by the registry.
+func TestRegistryLint(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t)
+	adapter := newSchema(t, pool)
+	publishN(t, newPublisher(t, pool, adapter), "orders", 2)
+	subA := newSubscriber(t, pool, adapter, "billing")
+	msgs, err := subA.Subscribe(ctx, "orders")
+	require.NoError(t, err)
+	require.True(t, receiveOne(t, msgs).Ack())
+	subB := newSubscriber(t, pool, adapter, "billing")
+	waitFor(t, 10*time.Second, "a heartbeat", func() bool { return subA.Stats().Heartbeats.Count > 0 })
+
+	reg := prometheus.NewPedanticRegistry()
+	c, err := NewCollector(newInspector(t, pool, adapter), CollectorConfig{})
+	require.NoError(t, err)
+	require.NoError(t, reg.Register(c))
+	for name, sub := range map[string]*pglease.Subscriber{"a": subA, "b": subB} {
+		sc, err := NewSubscriberCollector(sub, SubscriberCollectorConfig{ConstLabels: prometheus.Labels{"subscriber": name}})
+		require.NoError(t, err)
+		require.NoError(t, reg.Register(sc))
+	}
+	again, err := NewSubscriberCollector(subA, SubscriberCollectorConfig{ConstLabels: prometheus.Labels{"subscriber": "a"}})
+	require.NoError(t, err)
+	var already prometheus.AlreadyRegisteredError
+	assert.True(t, errors.As(reg.Register(again), &already), "the same labels again")
+	_, err = NewSubscriberCollector(subA, SubscriberCollectorConfig{ConstLabels: prometheus.Labels{"consumergroup": "x"}})
+	assert.ErrorIs(t, err, pglease.ErrInvalidConfig)
+
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			_, err := reg.Gather()
+			assert.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	problems, err := testutil.GatherAndLint(reg)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+	n, err := testutil.GatherAndCount(reg, "pglease_consumergroup_lag", "pglease_subscriber_heartbeat_duration_seconds")
+	require.NoError(t, err)
+	assert.Equal(t, 3, n, "one lag series, one histogram per Subscriber")
+}
+
+// TestConfigErrors: invalid arguments are refused with ErrInvalidConfig.
+func TestConfigErrors(t *testing.T) {
+	_, err := NewCollector(nil, CollectorConfig{})
+	assert.ErrorIs(t, err, pglease.ErrInvalidConfig)
+	insp, err := pglease.NewInspector(newPool(t), nil)
+	require.NoError(t, err)
+	_, err = NewCollector(insp, CollectorConfig{ScrapeTimeout: -time.Second})
+	assert.ErrorIs(t, err, pglease.ErrInvalidConfig)
+	assert.ErrorContains(t, err, "CollectorConfig.ScrapeTimeout")
+	_, err = NewSubscriberCollector(nil, SubscriberCollectorConfig{})
+	assert.ErrorIs(t, err, pglease.ErrInvalidConfig)
+}

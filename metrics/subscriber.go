@@ -1,0 +1,125 @@
+package metrics
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// SubscriberCollectorConfig configures a [SubscriberCollector]. The zero
+// value is valid.
+type SubscriberCollectorConfig struct {
+	// ConstLabels are added to every metric of the Subscriber, next to
+	// consumergroup. A registry refuses two collectors with the same
+	// labels, so Subscribers of one group in one process need a label
+	// that tells them apart, e.g. {"subscriber": "orders-worker"}. The
+	// label name consumergroup is taken.
+	ConstLabels prometheus.Labels
+}
+
+func (c SubscriberCollectorConfig) validate() error {
+	if _, ok := c.ConstLabels["consumergroup"]; ok {
+		return errors.New("SubscriberCollectorConfig.ConstLabels must not hold consumergroup, which is the Subscriber's")
+	}
+	return nil
+}
+
+// SubscriberCollector is a [prometheus.Collector] of the counters of one
+// [pglease.Subscriber] ([pglease.Subscriber.Stats]): what this process's
+// Subscriber claimed, released and delivered, and how long its heartbeats
+// take. Every metric has the label consumergroup. Collecting reads memory
+// only, no database. It is safe for concurrent use.
+type SubscriberCollector struct {
+	sub *pglease.Subscriber
+
+	claims, takeovers, releases, fencedWrites, sessionsLost *prometheus.Desc
+	delivered, acked, nacked                                *prometheus.Desc
+	ownedRows, heartbeat                                    *prometheus.Desc
+}
+
+// NewSubscriberCollector returns a SubscriberCollector of sub. The error
+// wraps [pglease.ErrInvalidConfig].
+func NewSubscriberCollector(sub *pglease.Subscriber, config SubscriberCollectorConfig) (*SubscriberCollector, error) {
+	if sub == nil {
+		return nil, fmt.Errorf("%w: NewSubscriberCollector needs a *pglease.Subscriber, got nil", pglease.ErrInvalidConfig)
+	}
+	if err := config.validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", pglease.ErrInvalidConfig, err)
+	}
+	labels := maps.Clone(config.ConstLabels)
+	if labels == nil {
+		labels = prometheus.Labels{}
+	}
+	labels["consumergroup"] = sub.Stats().ConsumerGroup
+	desc := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, nil, labels)
+	}
+	return &SubscriberCollector{
+		sub: sub,
+		claims: desc("pglease_subscriber_claims_total",
+			"(topic, partition) rows the Subscriber claimed, takeovers included."),
+		takeovers: desc("pglease_subscriber_takeovers_total",
+			"Rows the Subscriber claimed from an expired session (a crashed or paused owner)."),
+		releases: desc("pglease_subscriber_releases_total",
+			"Rows the Subscriber gave back: subscription ended, Close, a rebalance or an offsets reset."),
+		fencedWrites: desc("pglease_subscriber_fenced_writes_total",
+			"Offset commits and releases refused because another session or an offsets reset had taken the row (ErrOwnershipLost); the messages since the last commit are delivered again."),
+		sessionsLost: desc("pglease_subscriber_sessions_lost_total",
+			"Sessions of the Subscriber found expired or deleted, or self-fenced after heartbeats failed for the trust window; its rows are claimed again with a new session."),
+		delivered: desc("pglease_subscriber_messages_delivered_total",
+			"Messages handed out to handlers, redeliveries included."),
+		acked: desc("pglease_subscriber_messages_acked_total",
+			"Messages acked by handlers."),
+		nacked: desc("pglease_subscriber_messages_nacked_total",
+			"Messages nacked by handlers (delivered again after NackResendDelay)."),
+		ownedRows: desc("pglease_subscriber_owned_rows",
+			"(topic, partition) rows the Subscriber owns now."),
+		heartbeat: desc("pglease_subscriber_heartbeat_duration_seconds",
+			"Latency of the Subscriber's successful session heartbeats."),
+	}, nil
+}
+
+// Describe implements [prometheus.Collector].
+func (c *SubscriberCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.claims, c.takeovers, c.releases, c.fencedWrites, c.sessionsLost,
+		c.delivered, c.acked, c.nacked, c.ownedRows, c.heartbeat} {
+		ch <- d
+	}
+}
+
+// Collect implements [prometheus.Collector].
+func (c *SubscriberCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.sub.Stats()
+	counter := func(d *prometheus.Desc, v uint64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+	}
+	counter(c.claims, st.Claims)
+	counter(c.takeovers, st.Takeovers)
+	counter(c.releases, st.Releases)
+	counter(c.fencedWrites, st.FencedWrites)
+	counter(c.sessionsLost, st.SessionsLost)
+	counter(c.delivered, st.Delivered)
+	counter(c.acked, st.Acked)
+	counter(c.nacked, st.Nacked)
+	ch <- prometheus.MustNewConstMetric(c.ownedRows, prometheus.GaugeValue, float64(st.OwnedRows))
+	ch <- latencyHistogram(c.heartbeat, st.Heartbeats, pglease.HeartbeatBuckets)
+}
+
+// latencyHistogram converts h, whose Buckets[i] counts the observations at
+// or below bounds[i], to a Prometheus histogram.
+func latencyHistogram(d *prometheus.Desc, h pglease.LatencyHistogram, bounds []time.Duration) prometheus.Metric {
+	buckets := make(map[float64]uint64, len(h.Buckets))
+	for i := range min(len(h.Buckets), len(bounds)) {
+		buckets[bounds[i].Seconds()] = h.Buckets[i]
+	}
+	m, err := prometheus.NewConstHistogram(d, h.Count, h.Sum.Seconds(), buckets)
+	if err != nil {
+		return prometheus.NewInvalidMetric(d, err)
+	}
+	return m
+}
