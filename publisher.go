@@ -117,7 +117,8 @@ func NewPublisher(db DB, config PublisherConfig, logger watermill.LoggerAdapter)
 
 // Publish writes msgs to topic atomically, in one statement: either all of
 // them are stored, in order, or none and an error is returned. The UUID,
-// payload and metadata are kept exactly. Subscribers listening on the
+// payload and metadata are kept exactly (a Subscriber adds one metadata
+// key on delivery, DeliveryAttemptMetadata). Subscribers listening on the
 // messages table are notified when the messages commit. The context of the
 // first message bounds the call: if it ends first, Publish returns its
 // error, and the messages may or may not have been stored. Publish with no

@@ -161,6 +161,9 @@ func TestPublishKeepsMessagesExactlyAndInOrder(t *testing.T) {
 		assert.Equal(t, sent[i].UUID, got[i].UUID)
 		assert.Equal(t, len(sent[i].Payload), len(got[i].Payload))
 		assert.Equal(t, string(sent[i].Payload), string(got[i].Payload))
+		// Kept exactly, plus the delivery attempt the Subscriber adds.
+		assert.Equal(t, "1", got[i].Metadata.Get(pglease.DeliveryAttemptMetadata))
+		delete(got[i].Metadata, pglease.DeliveryAttemptMetadata)
 		assert.Equal(t, sent[i].Metadata, got[i].Metadata)
 	}
 }
