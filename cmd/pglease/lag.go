@@ -1,0 +1,66 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+type lagCmd struct {
+	groups, topics stringList
+}
+
+func (c *lagCmd) flags(fs *flag.FlagSet) {
+	fs.Var(&c.groups, "group", "show only this consumer `GROUP`; repeat for several (default: all)")
+	fs.Var(&c.topics, "topic", "show only this `TOPIC`; repeat for several (default: all)")
+}
+
+func (c *lagCmd) check(*flag.FlagSet) error { return nil }
+
+func (c *lagCmd) run(ctx context.Context, e *cmdEnv) error {
+	rows, err := e.insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: c.groups.values, Topics: c.topics.values})
+	if err != nil {
+		return err
+	}
+	if e.json {
+		return writeJSON(e.stdout, nonNil(rows))
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(e.stdout, "No offsets rows: no consumer group has subscribed to these topics yet.")
+		return nil
+	}
+	pending := false
+	for _, l := range rows {
+		pending = pending || l.Pending
+	}
+	tw := newTable(e.stdout)
+	fmt.Fprint(tw, "GROUP\tTOPIC\tPARTITION\tOWNER\tPOSITION\tLAG\tLAG-SECONDS")
+	if pending {
+		fmt.Fprint(tw, "\tPENDING")
+	}
+	fmt.Fprintln(tw)
+	for _, l := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s", displayName(l.ConsumerGroup), displayName(l.Topic), l.Partition,
+			orDash(l.Owner), formatPosition(l.Position), l.Lag, formatLagSeconds(l))
+		if pending {
+			fmt.Fprintf(tw, "\t%s", yesNo(l.Pending))
+		}
+		fmt.Fprintln(tw)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if pending {
+		fmt.Fprintln(e.stdout, "\nPENDING: committed messages wait behind an older open transaction; see pglease status.")
+	}
+	return nil
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}

@@ -1,0 +1,432 @@
+// Command pglease shows and operates the consumer groups of pglease, the
+// Watermill Pub/Sub backend on PostgreSQL, as kafka-consumer-groups does
+// for Kafka:
+//
+//	pglease status          live sessions and the xmin horizon
+//	pglease lag             position, owner and lag per (group, topic, partition)
+//	pglease topics          topics with their partitions, groups and newest message
+//	pglease reset-offsets   move a consumer group's positions on a topic
+//
+// It connects to --dsn, else to $DATABASE_URL, and reads the pglease tables
+// of --schema (default: the search_path). Every command takes --json.
+// Exit status: 0 on success, 1 on an error (or a refused reset), 2 on bad
+// usage. docs/operations.md shows every command with its output.
+//
+// Install it with
+//
+//	go install github.com/pglease/watermill-pglease/cmd/pglease@latest
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// Exit statuses.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+const (
+	// defaultTimeout bounds a whole command: connecting, reading, resetting.
+	defaultTimeout = 30 * time.Second
+	// applicationName is the application_name the command connects with
+	// (unless the DSN sets one), so that it is recognizable in
+	// pg_stat_activity.
+	applicationName = "pglease"
+	// undefinedTable is PostgreSQL's error code for a missing table.
+	undefinedTable = "42P01"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// subcommand is one command of pglease: flags registers its own flags,
+// check validates them once parsed (returning a usageError for bad input),
+// run does the work on an open connection.
+type subcommand interface {
+	flags(fs *flag.FlagSet)
+	check(fs *flag.FlagSet) error
+	run(ctx context.Context, e *cmdEnv) error
+}
+
+// commandSpec names a subcommand and documents it.
+type commandSpec struct {
+	name     string
+	summary  string // one line, for the list of commands
+	synopsis string // the arguments after "pglease <name>"
+	help     string // what it does, for its usage
+	new      func() subcommand
+}
+
+var commands = []commandSpec{
+	{
+		name:     "status",
+		summary:  "the sessions (one per live Subscriber) and the xmin horizon",
+		synopsis: "[--warn-after DURATION] [--json]",
+		help: `Shows every consumer session (one per Subscriber: its group, owner process,
+age, time left without a heartbeat and the (group, topic, partition) rows it
+owns), then the xmin horizon: no message of a transaction at or above xmin is
+delivered yet, on any topic. When a writing transaction older than
+--warn-after holds the horizon back, it says so and names it.`,
+		new: func() subcommand { return &statusCmd{} },
+	},
+	{
+		name:     "lag",
+		summary:  "owner, position and lag of each (group, topic, partition)",
+		synopsis: "[--group GROUP]... [--topic TOPIC]... [--json]",
+		help: `Shows, for each (consumer group, topic, partition) row, the live session's
+owner process, the acknowledged position (TRANSACTION:OFFSET; 0:0 is the
+beginning, TRANSACTION:* is after every message of transactions up to
+TRANSACTION), the number of messages after it (LAG) and the age in seconds of
+the oldest of them (LAG-SECONDS). PENDING (shown when a row has it) means that
+committed messages wait behind the xmin horizon: see pglease status.
+
+--group and --topic may be repeated to select several; names are taken as
+they are (no comma splitting), and --group "" selects the group named "".`,
+		new: func() subcommand { return &lagCmd{} },
+	},
+	{
+		name:     "topics",
+		summary:  "topics with their partitions, consumer groups and newest message",
+		synopsis: "[--json]",
+		help: `Lists every topic that has messages, settings (pglease.CreateTopic) or
+offsets rows: its partition count, the number of consumer groups with offsets
+on it and when its newest message was stored (UTC).`,
+		new: func() subcommand { return &topicsCmd{} },
+	},
+	{
+		name:     "reset-offsets",
+		summary:  "move a consumer group's positions on a topic",
+		synopsis: "--group GROUP --topic TOPIC (--to-earliest | --to-latest | --to-time TIME) [--force] [--dry-run] [--json]",
+		help: `Moves the acknowledged positions of every partition of one consumer group on
+one topic, in one transaction, and prints each partition's old and new
+position. Rows that do not exist yet are created, so a reset also sets where
+a new group starts.
+
+  --to-earliest  deliver the topic again from its first message
+  --to-latest    skip every message visible now
+  --to-time T    skip the messages stored before T (RFC 3339); with none
+                 stored at or after T, as --to-latest
+
+While a live Subscriber owns a partition of the topic the reset is refused
+(exit status 1) and nothing changes. With --force it is applied anyway: the
+owner is fenced (the row's epoch is bumped, so its later commits are
+refused); it gives its partitions up after the message in flight and claims
+them again from the new positions. A message it handed out before the reset
+may still be processed once. --dry-run shows what would change and rolls
+back.`,
+		new: func() subcommand { return &resetCmd{} },
+	},
+}
+
+func lookup(name string) *commandSpec {
+	for i := range commands {
+		if commands[i].name == name {
+			return &commands[i]
+		}
+	}
+	return nil
+}
+
+// run runs the pglease command line args (without the program name), with
+// env for environment variables, and returns the exit status.
+func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		printUsage(stderr)
+		return exitUsage
+	}
+	switch args[0] {
+	case "help", "-h", "-help", "--help":
+		switch {
+		case len(args) == 1:
+			printUsage(stdout)
+			return exitOK
+		case len(args) == 2 && lookup(args[1]) != nil:
+			spec := lookup(args[1])
+			fs, _, _ := spec.flagSet(io.Discard)
+			spec.printUsage(stdout, fs)
+			return exitOK
+		}
+		fmt.Fprintf(stderr, "pglease help: unknown command %q\n\n", strings.Join(args[1:], " "))
+		printUsage(stderr)
+		return exitUsage
+	}
+	spec := lookup(args[0])
+	if spec == nil {
+		if strings.HasPrefix(args[0], "-") {
+			fmt.Fprintf(stderr, "pglease: %s: flags go after the command, as in: pglease status --dsn URL\n\n", args[0])
+		} else {
+			fmt.Fprintf(stderr, "pglease: unknown command %q\n\n", args[0])
+		}
+		printUsage(stderr)
+		return exitUsage
+	}
+	return spec.execute(ctx, args[1:], env, stdout, stderr)
+}
+
+func printUsage(w io.Writer) {
+	fmt.Fprint(w, `pglease shows and operates the consumer groups of pglease on PostgreSQL.
+
+Usage:
+  pglease <command> [flags]
+
+Commands:
+`)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, c := range commands {
+		fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(tw, "  help [command]\tthis help, or a command's\n")
+	_ = tw.Flush()
+	fmt.Fprint(w, `
+Every command takes:
+`)
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	(&commonFlags{}).register(fs)
+	printFlags(w, fs, nil)
+	fmt.Fprint(w, `
+Exit status: 0 on success, 1 on an error or a refused reset, 2 on bad usage.
+`)
+}
+
+// commonFlags are the flags of every command.
+type commonFlags struct {
+	dsn     string
+	schema  string
+	json    bool
+	timeout time.Duration
+}
+
+func (c *commonFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.dsn, "dsn", "", "PostgreSQL `URL` or key=value connection string (default: $DATABASE_URL)")
+	fs.StringVar(&c.schema, "schema", "", "PostgreSQL `SCHEMA` of the pglease tables (default: the search_path)")
+	fs.BoolVar(&c.json, "json", false, "print JSON instead of tables")
+	fs.DurationVar(&c.timeout, "timeout", defaultTimeout, "give up after this `DURATION` (0: never)")
+}
+
+// isCommon reports whether name is a flag of commonFlags.
+func isCommon(name string) bool {
+	switch name {
+	case "dsn", "schema", "json", "timeout":
+		return true
+	}
+	return false
+}
+
+// cmdEnv is what a subcommand runs with.
+type cmdEnv struct {
+	conn    *pgx.Conn
+	adapter pglease.DefaultSchemaAdapter
+	insp    *pglease.Inspector
+	json    bool
+	stdout  io.Writer
+}
+
+// usageError is bad input on the command line: reported with the
+// command's usage and exit status 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usageErrorf(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// flagSet returns a new instance of the command and its flag set, with
+// its own and the common flags registered, writing its messages to out.
+func (s *commandSpec) flagSet(out io.Writer) (*flag.FlagSet, *commonFlags, subcommand) {
+	fs := flag.NewFlagSet("pglease "+s.name, flag.ContinueOnError)
+	fs.SetOutput(out)
+	var common commonFlags
+	common.register(fs)
+	cmd := s.new()
+	cmd.flags(fs)
+	return fs, &common, cmd
+}
+
+func (s *commandSpec) printShortUsage(w io.Writer) {
+	fmt.Fprintf(w, "usage: pglease %s %s\nRun 'pglease help %s' for more.\n", s.name, s.synopsis, s.name)
+}
+
+func (s *commandSpec) printUsage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprintf(w, "Usage: pglease %s %s\n\n%s\n\nFlags:\n", s.name, s.synopsis, s.help)
+	printFlags(w, fs, func(name string) bool { return !isCommon(name) })
+	fmt.Fprintf(w, "\nConnection and output (every command):\n")
+	printFlags(w, fs, isCommon)
+}
+
+// printFlags prints the flags of fs that keep selects (nil: all), with
+// double dashes.
+func printFlags(w io.Writer, fs *flag.FlagSet, keep func(string) bool) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fs.VisitAll(func(f *flag.Flag) {
+		if keep != nil && !keep(f.Name) {
+			return
+		}
+		arg, usage := flag.UnquoteUsage(f)
+		if arg != "" {
+			arg = " " + arg
+		}
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && !strings.Contains(usage, "(default") {
+			usage += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(tw, "  --%s%s\t%s\n", f.Name, arg, usage)
+	})
+	_ = tw.Flush()
+}
+
+// execute parses args for the command, connects and runs it.
+func (s *commandSpec) execute(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	var msgs bytes.Buffer // what the flag package prints: the error
+	fs, common, cmd := s.flagSet(&msgs)
+	fs.Usage = func() {} // printed below: all of it on -h, the synopsis on an error
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			s.printUsage(stdout, fs)
+			return exitOK
+		}
+		fmt.Fprintf(stderr, "pglease %s: %s\n", s.name, strings.TrimSpace(msgs.String()))
+		s.printShortUsage(stderr)
+		return exitUsage
+	}
+	err := cmd.check(fs)
+	if err == nil && fs.NArg() > 0 {
+		err = usageErrorf("unexpected argument %q", fs.Arg(0))
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "pglease %s: %v\n", s.name, err)
+		s.printShortUsage(stderr)
+		return exitUsage
+	}
+	dsn := common.dsn
+	if dsn == "" {
+		dsn = getenv("DATABASE_URL")
+	}
+	if dsn == "" {
+		fmt.Fprintf(stderr, "pglease %s: no database to connect to: pass --dsn or set DATABASE_URL\n", s.name)
+		return exitUsage
+	}
+
+	if common.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, common.timeout)
+		defer cancel()
+	}
+	err = s.connectAndRun(ctx, cmd, dsn, common, stdout)
+	if err == nil {
+		return exitOK
+	}
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+		err = fmt.Errorf("%w (gave up after --timeout %s)", err, common.timeout)
+	}
+	fmt.Fprintf(stderr, "pglease %s: %v\n", s.name, err)
+	var (
+		refused *refusedError
+		pgErr   *pgconn.PgError
+	)
+	switch {
+	case errors.As(err, &refused):
+		fmt.Fprintln(stderr, refused.hint)
+	case errors.As(err, &pgErr) && pgErr.Code == undefinedTable:
+		where := "the search_path"
+		if common.schema != "" {
+			where = "schema " + strconv.Quote(common.schema)
+		}
+		fmt.Fprintf(stderr, "No pglease tables in %s: are they in another schema (--schema)?\n", where)
+	}
+	return exitError
+}
+
+func (s *commandSpec) connectAndRun(ctx context.Context, cmd subcommand, dsn string, common *commonFlags, stdout io.Writer) error {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return fmt.Errorf("parse the connection string: %w", err)
+	}
+	if cfg.RuntimeParams["application_name"] == "" {
+		cfg.RuntimeParams["application_name"] = applicationName
+	}
+	if cfg.RuntimeParams["jit"] == "" {
+		// The inspection queries are index probes, but their row estimates
+		// (generate_series counts 1,000 rows) cross jit_above_cost: JIT
+		// compilation then costs 0.4 to 1.5 s of a pglease topics that
+		// reads a few rows.
+		cfg.RuntimeParams["jit"] = "off"
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = conn.Close(closeCtx)
+	}()
+	adapter := pglease.DefaultSchemaAdapter{Schema: common.schema}
+	insp, err := pglease.NewInspector(conn, adapter)
+	if err != nil {
+		return err
+	}
+	return cmd.run(ctx, &cmdEnv{conn: conn, adapter: adapter, insp: insp, json: common.json, stdout: stdout})
+}
+
+// stringList is a repeatable flag. values stays nil until the flag is
+// given, so that "not given" (nil: everything) differs from `--group ""`
+// (the group named "").
+type stringList struct{ values []string }
+
+func (l *stringList) String() string {
+	if l == nil {
+		return ""
+	}
+	return strings.Join(l.values, ",")
+}
+
+func (l *stringList) Set(v string) error {
+	l.values = append(l.values, v)
+	return nil
+}
+
+// onceString is a flag that may be given once, and knows whether it was
+// (an empty value is a valid one).
+type onceString struct {
+	value string
+	set   bool
+}
+
+func (s *onceString) String() string {
+	if s == nil {
+		return ""
+	}
+	return s.value
+}
+
+func (s *onceString) Set(v string) error {
+	if s.set {
+		return fmt.Errorf("given more than once (%q, then %q)", s.value, v)
+	}
+	s.value, s.set = v, true
+	return nil
+}

@@ -1,0 +1,510 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// testDSN is the database of every test; each works in a schema of its own.
+var testDSN string
+
+func TestMain(m *testing.M) {
+	testDSN = os.Getenv("PGLEASE_TEST_DSN")
+	if testDSN == "" {
+		fmt.Fprintln(os.Stderr, "cmd/pglease tests: PGLEASE_TEST_DSN is not set. They need PostgreSQL: run make test, "+
+			"or scripts/localpg.sh run -- go test ./cmd/pglease, or set PGLEASE_TEST_DSN to a database of your own")
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}
+
+// fixture is a fresh schema with the pglease tables, a pool and a
+// publisher on it.
+type fixture struct {
+	t       *testing.T
+	pool    *pgxpool.Pool
+	schema  string
+	adapter pglease.DefaultSchemaAdapter
+	pub     *pglease.Publisher
+}
+
+// newFixture creates a schema with a random name, dropped at the end of
+// the test, and the pglease tables in it.
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testDSN)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b := make([]byte, 6)
+	_, err = rand.Read(b)
+	require.NoError(t, err)
+	schema := "pglease_cmd_test_" + hex.EncodeToString(b)
+	_, err = pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
+	adapter := pglease.DefaultSchemaAdapter{Schema: schema}
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	// The tables, before anything reads them.
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "created-by-the-fixture", pglease.TopicConfig{
+		SchemaAdapter: adapter, InitializeSchema: true}))
+	_, err = pool.Exec(ctx, "DELETE FROM "+pgx.Identifier{schema, pglease.DefaultTopicsTable}.Sanitize())
+	require.NoError(t, err)
+	return &fixture{t: t, pool: pool, schema: schema, adapter: adapter, pub: pub}
+}
+
+// result is what one run of the command did.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit status %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+}
+
+// runCLI runs the command line args in process, with DATABASE_URL from
+// env (nil: none set).
+func runCLI(t *testing.T, env map[string]string, args ...string) result {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	code := run(ctx, args, func(k string) string { return env[k] }, &stdout, &stderr)
+	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+}
+
+// cli runs command with args on the fixture's schema, connecting through
+// DATABASE_URL.
+func (f *fixture) cli(command string, args ...string) result {
+	f.t.Helper()
+	return runCLI(f.t, map[string]string{"DATABASE_URL": testDSN}, append([]string{command, "--schema", f.schema}, args...)...)
+}
+
+// ok runs command and requires exit status 0.
+func (f *fixture) ok(command string, args ...string) string {
+	f.t.Helper()
+	r := f.cli(command, args...)
+	require.Equal(f.t, 0, r.code, "pglease %s %s: %s", command, strings.Join(args, " "), r)
+	return r.stdout
+}
+
+// lag returns the rows of `pglease lag --json args...`.
+func (f *fixture) lag(args ...string) []pglease.LagInfo {
+	f.t.Helper()
+	var rows []pglease.LagInfo
+	require.NoError(f.t, json.Unmarshal([]byte(f.ok("lag", append([]string{"--json"}, args...)...)), &rows))
+	return rows
+}
+
+// publish publishes n messages on topic and returns their UUIDs.
+func (f *fixture) publish(topic string, n int) []string {
+	f.t.Helper()
+	var ids []string
+	for range n {
+		msg := message.NewMessage(watermill.NewUUID(), []byte("x"))
+		require.NoError(f.t, f.pub.Publish(topic, msg))
+		ids = append(ids, msg.UUID)
+	}
+	return ids
+}
+
+// subscribe starts a Subscriber of group on topic, committing every ack at
+// once and polling every 50 ms, closed at the end of the test.
+func (f *fixture) subscribe(group, topic string) (*pglease.Subscriber, <-chan *message.Message) {
+	f.t.Helper()
+	sub, err := pglease.NewSubscriber(f.pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: f.adapter,
+		CommitBatch: 1, PollInterval: 50 * time.Millisecond}, nil)
+	require.NoError(f.t, err)
+	f.t.Cleanup(func() { _ = sub.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	f.t.Cleanup(cancel)
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(f.t, err)
+	return sub, msgs
+}
+
+// waitFor polls cond until it holds or timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func receive(t *testing.T, msgs <-chan *message.Message) *message.Message {
+	t.Helper()
+	select {
+	case msg := <-msgs:
+		require.NotNil(t, msg, "channel closed")
+		return msg
+	case <-time.After(10 * time.Second):
+		t.Fatal("no message within 10s")
+		return nil
+	}
+}
+
+// thisOwner is the owner string of the sessions of this process.
+func thisOwner(t *testing.T) string {
+	host, err := os.Hostname()
+	require.NoError(t, err)
+	return fmt.Sprintf("%s/%d", host, os.Getpid())
+}
+
+// tableRow returns the fields of the first line of a table whose first
+// fields are prefix.
+func tableRow(t *testing.T, out string, prefix ...string) []string {
+	t.Helper()
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) >= len(prefix) && slicesEqual(f[:len(prefix)], prefix) {
+			return f
+		}
+	}
+	t.Fatalf("no line starting with %q in:\n%s", prefix, out)
+	return nil
+}
+
+func slicesEqual(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestLag: a subscriber that acked 4 of 10 messages shows as the owner
+// with a lag of 6, in text and JSON; --group "" selects the group named "";
+// filters that match nothing print a note, or [].
+func TestLag(t *testing.T) {
+	f := newFixture(t)
+	f.publish("orders", 10)
+	_, msgs := f.subscribe("billing", "orders")
+	var last pglease.Position
+	for range 4 {
+		msg := receive(t, msgs)
+		last, _ = pglease.MessagePositionFromCtx(msg.Context())
+		msg.Ack()
+	}
+	var rows []pglease.LagInfo
+	waitFor(t, 10*time.Second, "the 4th ack to be committed", func() bool {
+		rows = f.lag("--group", "billing")
+		return len(rows) == 1 && rows[0].Position == last
+	})
+	owner := thisOwner(t)
+	l := rows[0]
+	assert.Equal(t, "billing", l.ConsumerGroup)
+	assert.Equal(t, "orders", l.Topic)
+	assert.Equal(t, int32(0), l.Partition)
+	assert.Equal(t, owner, l.Owner)
+	assert.NotEqual(t, uuid.Nil, l.OwnerSession)
+	assert.Equal(t, int64(6), l.Lag)
+	assert.Positive(t, l.LagSeconds)
+	assert.False(t, l.Pending)
+
+	out := f.ok("lag", "--topic", "orders")
+	assert.Equal(t, []string{"GROUP", "TOPIC", "PARTITION", "OWNER", "POSITION", "LAG", "LAG-SECONDS"},
+		strings.Fields(strings.SplitN(out, "\n", 2)[0]), "header, without PENDING:\n%s", out)
+	row := tableRow(t, out, "billing", "orders")
+	assert.Equal(t, []string{"billing", "orders", "0", owner, formatPosition(last), "6"}, row[:6], out)
+
+	// The group named "" is a group like any other.
+	reset := f.ok("reset-offsets", "--group", "", "--topic", "orders", "--to-earliest")
+	assert.Contains(t, reset, `Reset consumer group "" on topic "orders" to earliest.`)
+	rows = f.lag("--group", "")
+	require.Len(t, rows, 1)
+	assert.Equal(t, "", rows[0].ConsumerGroup)
+	assert.Equal(t, int64(10), rows[0].Lag)
+	assert.Empty(t, rows[0].Owner)
+	row = tableRow(t, f.ok("lag", "--group="), `""`)
+	assert.Equal(t, []string{`""`, "orders", "0", "-", "0:0", "10"}, row[:6])
+	assert.Len(t, f.lag(), 2, "no filter: every group")
+	assert.Len(t, f.lag("--group", "billing", "--group", ""), 2, "--group repeated")
+	assert.Len(t, f.lag("--group", "billing", "--topic", "orders", "--topic", "other"), 1)
+
+	assert.Equal(t, "[]\n", f.ok("lag", "--json", "--topic", "nothing"))
+	assert.Contains(t, f.ok("lag", "--group", "nobody"), "No offsets rows")
+}
+
+// TestStatus: the session of a live Subscriber, and a writing transaction
+// held open on another connection named as the horizon's holder.
+func TestStatus(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	f.publish("t", 1)
+	f.subscribe("g", "t")
+	var st statusOutput
+	waitFor(t, 10*time.Second, "the session to own its row", func() bool {
+		st = statusOutput{}
+		require.NoError(t, json.Unmarshal([]byte(f.ok("status", "--json")), &st))
+		return len(st.Sessions) == 1 && st.Sessions[0].RowsHeld == 1
+	})
+	s := st.Sessions[0]
+	assert.Equal(t, "g", s.ConsumerGroup)
+	assert.Equal(t, thisOwner(t), s.Owner)
+	assert.True(t, s.Alive)
+	assert.Positive(t, s.ExpiresIn)
+
+	cfg, err := pgx.ParseConfig(testDSN)
+	require.NoError(t, err)
+	cfg.RuntimeParams["application_name"] = "pglease-cmd-test-blocker"
+	blocker, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer blocker.Close(ctx)
+	var pid int
+	require.NoError(t, blocker.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	tx, err := blocker.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()")
+	require.NoError(t, err)
+
+	waitFor(t, 10*time.Second, "the blocker to be the horizon's holder", func() bool {
+		st = statusOutput{}
+		require.NoError(t, json.Unmarshal([]byte(f.ok("status", "--json", "--warn-after", "1ms")), &st))
+		return st.Horizon.Holder != nil && st.Horizon.Holder.PID == pid
+	})
+	h := st.Horizon.Holder
+	assert.Equal(t, "pglease-cmd-test-blocker", h.ApplicationName)
+	assert.Equal(t, "idle in transaction", h.State)
+	assert.Equal(t, "SELECT pg_current_xact_id()", h.Query)
+	assert.Positive(t, st.Horizon.Xmin)
+	require.NotNil(t, st.DeliveryHeldBack)
+	assert.True(t, *st.DeliveryHeldBack)
+
+	out := f.ok("status", "--warn-after", "1ms")
+	row := tableRow(t, out, "g", s.ID.String())
+	assert.Equal(t, thisOwner(t), row[2])
+	assert.Equal(t, "1", row[len(row)-1], "ROWS")
+	assert.Regexp(t, regexp.MustCompile(`(?m)^held by\s+pid `+strconv.Itoa(pid)+`$`), out)
+	assert.Regexp(t, `(?m)^application\s+pglease-cmd-test-blocker$`, out)
+	assert.Regexp(t, `(?m)^state\s+idle in transaction$`, out)
+	assert.Regexp(t, `(?m)^query\s+SELECT pg_current_xact_id\(\)$`, out)
+	assert.Contains(t, out, fmt.Sprintf("DELIVERY IS HELD BACK: pid %d has kept a writing transaction open", pid))
+	assert.Contains(t, out, fmt.Sprintf("pg_terminate_backend(%d)", pid))
+	assert.Contains(t, f.ok("status", "--warn-after", "1h"), "Delivery is not held back")
+
+	require.NoError(t, tx.Rollback(ctx))
+	st = statusOutput{} // "holder" is left out when there is none
+	require.NoError(t, json.Unmarshal([]byte(f.ok("status", "--json")), &st))
+	if st.Horizon.Holder != nil {
+		assert.NotEqual(t, pid, st.Horizon.Holder.PID, "the transaction ended: %+v", *st.Horizon.Holder)
+	}
+}
+
+// TestTopics: partitions from CreateTopic, groups with offsets rows, and
+// the newest message, in text and JSON.
+func TestTopics(t *testing.T) {
+	f := newFixture(t)
+	require.NoError(t, pglease.CreateTopic(context.Background(), f.pool, "two", pglease.TopicConfig{Partitions: 2,
+		SchemaAdapter: f.adapter}))
+	f.publish("plain", 3)
+	f.subscribe("g", "two")
+	waitFor(t, 10*time.Second, "the offsets rows of two", func() bool { return len(f.lag("--topic", "two")) == 2 })
+
+	var topics []pglease.TopicInfo
+	require.NoError(t, json.Unmarshal([]byte(f.ok("topics", "--json")), &topics))
+	require.Len(t, topics, 2)
+	assert.Equal(t, "plain", topics[0].Topic)
+	assert.Equal(t, 1, topics[0].Partitions)
+	assert.Equal(t, int64(0), topics[0].Groups)
+	require.NotNil(t, topics[0].NewestAt)
+	assert.Equal(t, "two", topics[1].Topic)
+	assert.Equal(t, 2, topics[1].Partitions)
+	assert.Equal(t, int64(1), topics[1].Groups)
+	assert.Nil(t, topics[1].NewestAt)
+
+	out := f.ok("topics")
+	assert.Equal(t, []string{"TOPIC", "PARTITIONS", "GROUPS", "NEWEST"}, strings.Fields(strings.SplitN(out, "\n", 2)[0]))
+	assert.Equal(t, []string{"plain", "1", "0", topics[0].NewestAt.UTC().Format(time.RFC3339)}, tableRow(t, out, "plain"))
+	assert.Equal(t, []string{"two", "2", "1", "-"}, tableRow(t, out, "two"))
+}
+
+// TestResetOffsets: earliest, by time and latest on a topic nobody owns;
+// a dry run changes nothing; refused while a live Subscriber owns the
+// topic, changing nothing; applied with --force, naming the fenced owner.
+func TestResetOffsets(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	first := f.publish("t", 3)
+	var boundary time.Time
+	require.NoError(t, f.pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&boundary))
+	f.publish("t", 3)
+	only := func() pglease.LagInfo {
+		t.Helper()
+		rows := f.lag("--group", "g", "--topic", "t")
+		require.Len(t, rows, 1)
+		return rows[0]
+	}
+
+	out := f.ok("reset-offsets", "--group", "g", "--topic", "t", "--to-earliest")
+	assert.Contains(t, out, `Reset consumer group "g" on topic "t" to earliest.`)
+	assert.Equal(t, []string{"0", "0:0", "0:0", "-"}, tableRow(t, out, "0"), "a new row: from the beginning to it")
+	l := only()
+	assert.Equal(t, pglease.Position{}, l.Position)
+	assert.Equal(t, int64(6), l.Lag)
+
+	var res resetOutput
+	require.NoError(t, json.Unmarshal([]byte(f.ok("reset-offsets", "--group", "g", "--topic", "t",
+		"--to-time", boundary.Format(time.RFC3339Nano), "--json")), &res))
+	assert.Equal(t, "time", res.To)
+	require.NotNil(t, res.Time)
+	assert.True(t, boundary.Equal(*res.Time))
+	require.Len(t, res.Partitions, 1)
+	assert.Equal(t, pglease.Position{}, res.Partitions[0].From)
+	l = only()
+	assert.Equal(t, res.Partitions[0].To, l.Position)
+	assert.Equal(t, int64(3), l.Lag, "the 3 messages stored after the time")
+
+	f.ok("reset-offsets", "--group", "g", "--topic", "t", "--to-latest")
+	l = only()
+	assert.Equal(t, int64(math.MaxInt64), l.Position.Offset)
+	assert.Equal(t, int64(0), l.Lag)
+	latest := l.Position
+
+	out = f.ok("reset-offsets", "--group", "g", "--topic", "t", "--to-earliest", "--dry-run")
+	assert.Contains(t, out, "Dry run, nothing was changed")
+	assert.Equal(t, []string{"0", formatPosition(latest), "0:0", "-"}, tableRow(t, out, "0"))
+	assert.Equal(t, latest, only().Position, "a dry run changes nothing")
+
+	// A live owner.
+	_, msgs := f.subscribe("g", "t")
+	f.publish("t", 1)
+	msg := receive(t, msgs) // in flight, not acked
+	l = only()
+	require.Equal(t, thisOwner(t), l.Owner)
+
+	r := f.cli("reset-offsets", "--group", "g", "--topic", "t", "--to-earliest")
+	assert.Equal(t, 1, r.code, "%s", r)
+	assert.Contains(t, r.stderr, "a live session owns the offsets")
+	assert.Contains(t, r.stderr, fmt.Sprintf("partition 0 by %s (session %s)", l.Owner, l.OwnerSession))
+	assert.Contains(t, r.stderr, "Nothing was changed. With --force")
+	assert.Empty(t, r.stdout)
+	after := only()
+	assert.Equal(t, l.Position, after.Position, "a refused reset changes nothing")
+	assert.Equal(t, l.Epoch, after.Epoch)
+
+	out = f.ok("reset-offsets", "--group", "g", "--topic", "t", "--to-earliest", "--force")
+	assert.Equal(t, []string{"0", formatPosition(latest), "0:0", l.Owner}, tableRow(t, out, "0"))
+	assert.Contains(t, out, fmt.Sprintf("Fenced %s (session %s) on partition 0.", l.Owner, l.OwnerSession))
+	after = only()
+	assert.Greater(t, after.Epoch, l.Epoch, "fenced")
+	assert.Equal(t, pglease.Position{}, after.Position)
+	// The owner learns of the reset; once its message in flight is acked
+	// (that commit is refused by the epoch), it gives the row up and
+	// delivers again from the beginning.
+	msg.Ack()
+	again := receive(t, msgs)
+	assert.Equal(t, first[0], again.UUID, "delivered again from the reset position")
+	assert.Equal(t, pglease.Position{}, only().Position, "the ack made before the reset did not move it")
+	again.Nack()
+}
+
+// TestBadInput: usage errors exit with status 2 before connecting; errors
+// of the database exit with status 1.
+func TestBadInput(t *testing.T) {
+	db := map[string]string{"DATABASE_URL": testDSN}
+	for _, tc := range []struct {
+		name   string
+		env    map[string]string
+		args   []string
+		code   int
+		stderr string
+	}{
+		{"no command", db, nil, 2, "Commands:"},
+		{"unknown command", db, []string{"offsets"}, 2, `unknown command "offsets"`},
+		{"flag before the command", db, []string{"--dsn", "x", "status"}, 2, "flags go after the command"},
+		{"unknown flag", db, []string{"status", "--verbose"}, 2, "flag provided but not defined: -verbose"},
+		{"extra argument", db, []string{"lag", "billing"}, 2, `unexpected argument "billing"`},
+		{"missing --group", db, []string{"reset-offsets", "--topic", "t", "--to-latest"}, 2, "--group is required"},
+		{"--group twice", db, []string{"reset-offsets", "--group", "a", "--group", "b", "--topic", "t", "--to-latest"}, 2,
+			"given more than once"},
+		{"missing --topic", db, []string{"reset-offsets", "--group", "g", "--to-latest"}, 2, "--topic is required"},
+		{"empty --topic", db, []string{"reset-offsets", "--group", "g", "--topic", "", "--to-latest"}, 2, "--topic is required"},
+		{"no --to", db, []string{"reset-offsets", "--group", "g", "--topic", "t"}, 2,
+			"one of --to-earliest, --to-latest and --to-time is required"},
+		{"two --to", db, []string{"reset-offsets", "--group", "g", "--topic", "t", "--to-earliest", "--to-latest"}, 2,
+			"give only one of --to-earliest, --to-latest and --to-time, not --to-earliest and --to-latest"},
+		{"--to-time and --to-latest", db, []string{"reset-offsets", "--group", "g", "--topic", "t", "--to-latest",
+			"--to-time", "2026-01-02T03:04:05Z"}, 2, "not --to-latest and --to-time"},
+		{"bad time", db, []string{"reset-offsets", "--group", "g", "--topic", "t", "--to-time", "yesterday"}, 2,
+			`--to-time "yesterday" is not an RFC 3339 time`},
+		{"time without zone", db, []string{"reset-offsets", "--group", "g", "--topic", "t", "--to-time", "2026-01-02T03:04:05"}, 2,
+			"is not an RFC 3339 time"},
+		{"negative --warn-after", db, []string{"status", "--warn-after", "-1s"}, 2, "--warn-after must not be negative"},
+		{"no DSN", nil, []string{"lag"}, 2, "no database to connect to: pass --dsn or set DATABASE_URL"},
+		{"unreachable database", nil, []string{"lag", "--dsn", "postgres://postgres@127.0.0.1:1/x?connect_timeout=5"}, 1,
+			"pglease lag: connect:"},
+		{"no tables in the schema", db, []string{"topics", "--schema", "pglease_cmd_test_missing"}, 1,
+			`No pglease tables in schema "pglease_cmd_test_missing"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := runCLI(t, tc.env, tc.args...)
+			assert.Equal(t, tc.code, r.code, "%s", r)
+			assert.Contains(t, r.stderr, tc.stderr)
+			assert.Empty(t, r.stdout)
+			if tc.code == 2 && len(tc.args) > 0 && lookup(tc.args[0]) != nil && tc.name != "no DSN" {
+				assert.Contains(t, r.stderr, "usage: pglease "+tc.args[0], "the command's usage")
+			}
+		})
+	}
+}
+
+// TestHelp: help goes to stdout with exit status 0.
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"help"}, {"-h"}, {"--help"}} {
+		r := runCLI(t, nil, args...)
+		assert.Equal(t, 0, r.code, "%s", r)
+		assert.Contains(t, r.stdout, "Commands:")
+		for _, c := range commands {
+			assert.Contains(t, r.stdout, "  "+c.name+" ")
+		}
+	}
+	for _, c := range commands {
+		for _, args := range [][]string{{"help", c.name}, {c.name, "-h"}, {c.name, "--help"}} {
+			r := runCLI(t, nil, args...)
+			assert.Equal(t, 0, r.code, "%s", r)
+			assert.Contains(t, r.stdout, "Usage: pglease "+c.name)
+			assert.Contains(t, r.stdout, "--dsn URL")
+			assert.Empty(t, r.stderr)
+		}
+	}
+	r := runCLI(t, nil, "help", "nope")
+	assert.Equal(t, 2, r.code)
+	assert.Contains(t, r.stderr, `unknown command "nope"`)
+}

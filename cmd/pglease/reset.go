@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+type resetCmd struct {
+	group, topic     onceString
+	earliest, latest bool
+	at               onceString
+	force, dryRun    bool
+
+	// Set by check.
+	to     pglease.ResetTo
+	toName string     // earliest, latest or time
+	toTime *time.Time // with toName "time"
+}
+
+// resetOutput is the JSON of pglease reset-offsets.
+type resetOutput struct {
+	Group  string     `json:"group"`
+	Topic  string     `json:"topic"`
+	To     string     `json:"to"`             // earliest, latest or time
+	Time   *time.Time `json:"time,omitempty"` // with to: time
+	Force  bool       `json:"force"`
+	DryRun bool       `json:"dry_run"`
+	// Partitions is what was done to each partition (with dry_run: what
+	// would have been done).
+	Partitions []pglease.OffsetReset `json:"partitions"`
+}
+
+// refusedError is a reset refused because a live session owns a row; hint
+// says what to do.
+type refusedError struct {
+	err  error
+	hint string
+}
+
+func (e *refusedError) Error() string { return e.err.Error() }
+func (e *refusedError) Unwrap() error { return e.err }
+
+func (c *resetCmd) flags(fs *flag.FlagSet) {
+	fs.Var(&c.group, "group", "the consumer `GROUP` (required; --group \"\" is the group named \"\")")
+	fs.Var(&c.topic, "topic", "the `TOPIC` (required)")
+	fs.BoolVar(&c.earliest, "to-earliest", false, "deliver the topic again from its first message")
+	fs.BoolVar(&c.latest, "to-latest", false, "skip every message visible now")
+	fs.Var(&c.at, "to-time", "skip the messages stored before this RFC 3339 `TIME`, e.g. 2026-11-23T08:00:00Z")
+	fs.BoolVar(&c.force, "force", false, "reset rows that a live Subscriber owns too, fencing it")
+	fs.BoolVar(&c.dryRun, "dry-run", false, "show what would change, and change nothing")
+}
+
+func (c *resetCmd) check(*flag.FlagSet) error {
+	if !c.group.set {
+		return usageErrorf(`--group is required (--group "" selects the group named "")`)
+	}
+	if !c.topic.set || c.topic.value == "" {
+		return usageErrorf("--topic is required")
+	}
+	var tos []string
+	if c.earliest {
+		tos = append(tos, "--to-earliest")
+		c.to, c.toName = pglease.ResetToEarliest, "earliest"
+	}
+	if c.latest {
+		tos = append(tos, "--to-latest")
+		c.to, c.toName = pglease.ResetToLatest, "latest"
+	}
+	if c.at.set {
+		tos = append(tos, "--to-time")
+	}
+	switch {
+	case len(tos) == 0:
+		return usageErrorf("say where to: one of --to-earliest, --to-latest and --to-time is required")
+	case len(tos) > 1:
+		return usageErrorf("give only one of --to-earliest, --to-latest and --to-time, not %s", strings.Join(tos, " and "))
+	case c.at.set:
+		t, err := time.Parse(time.RFC3339, c.at.value)
+		if err != nil {
+			return usageErrorf("--to-time %q is not an RFC 3339 time such as 2026-11-23T08:00:00Z or 2026-11-23T09:00:00+01:00", c.at.value)
+		}
+		c.to, c.toName, c.toTime = pglease.ResetToTime(t), "time", &t
+	}
+	return nil
+}
+
+func (c *resetCmd) run(ctx context.Context, e *cmdEnv) error {
+	insp := e.insp
+	if c.dryRun {
+		// The reset runs in a transaction of its own (a savepoint in
+		// this one), which is rolled back: its notification is not sent.
+		tx, err := e.conn.Begin(ctx)
+		if err != nil {
+			return fmt.Errorf("begin the dry run: %w", err)
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		if insp, err = pglease.NewInspector(tx, e.adapter); err != nil {
+			return err
+		}
+	}
+	resets, err := insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{
+		ConsumerGroup: c.group.value,
+		Topic:         c.topic.value,
+		To:            c.to,
+		Force:         c.force,
+	})
+	if errors.Is(err, pglease.ErrOwnedByLiveSession) {
+		return &refusedError{err: err, hint: "Nothing was changed. With --force the reset is applied anyway: the owners are fenced,\n" +
+			"give their partitions up after the message in flight and claim them again from the new positions."}
+	}
+	if err != nil {
+		return err
+	}
+	if e.json {
+		return writeJSON(e.stdout, resetOutput{
+			Group: c.group.value, Topic: c.topic.value, To: c.toName, Time: c.toTime,
+			Force: c.force, DryRun: c.dryRun, Partitions: nonNil(resets),
+		})
+	}
+	return c.print(e.stdout, resets)
+}
+
+func (c *resetCmd) print(w io.Writer, resets []pglease.OffsetReset) error {
+	to := c.toName
+	if c.toTime != nil {
+		to = "the first message stored at or after " + c.toTime.Format(time.RFC3339Nano)
+	}
+	if c.dryRun {
+		fmt.Fprintf(w, "Dry run, nothing was changed: would reset consumer group %s on topic %s to %s.\n",
+			strconv.Quote(c.group.value), strconv.Quote(c.topic.value), to)
+	} else {
+		fmt.Fprintf(w, "Reset consumer group %s on topic %s to %s.\n", strconv.Quote(c.group.value), strconv.Quote(c.topic.value), to)
+	}
+	tw := newTable(w)
+	fmt.Fprintln(tw, "PARTITION\tFROM\tTO\tPREVIOUS-OWNER")
+	type owner struct {
+		name    string
+		session uuid.UUID
+	}
+	var (
+		owners []owner
+		parts  = map[owner][]string{}
+	)
+	for _, r := range resets {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", r.Partition, formatPosition(r.From), formatPosition(r.To), orDash(r.PreviousOwner))
+		if r.PreviousOwnerSession != uuid.Nil {
+			o := owner{r.PreviousOwner, r.PreviousOwnerSession}
+			if parts[o] == nil {
+				owners = append(owners, o)
+			}
+			parts[o] = append(parts[o], strconv.Itoa(int(r.Partition)))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(owners) == 0 {
+		return nil
+	}
+	verb := "Fenced"
+	if c.dryRun {
+		verb = "Would fence"
+	}
+	for _, o := range owners {
+		p := parts[o]
+		what := "partition " + p[0]
+		if len(p) > 1 {
+			what = "partitions " + strings.Join(p, ", ")
+		}
+		fmt.Fprintf(w, "%s %s (session %s) on %s.\n", verb, o.name, o.session, what)
+	}
+	fmt.Fprintln(w, "A fenced owner gives its partitions up after the message in flight and claims them\nagain from the new positions.")
+	return nil
+}

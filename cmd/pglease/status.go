@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+const (
+	// defaultWarnAfter is the age from which status reports the oldest
+	// writing transaction as holding delivery back: pglease's own
+	// transactions last milliseconds.
+	defaultWarnAfter = 5 * time.Second
+	// queryWidth is how much of the holder's query status prints.
+	queryWidth = 60
+)
+
+type statusCmd struct {
+	warnAfter time.Duration
+}
+
+// statusOutput is the JSON of pglease status.
+type statusOutput struct {
+	Sessions []pglease.SessionInfo `json:"sessions"`
+	Horizon  pglease.Horizon       `json:"horizon"`
+	// DeliveryHeldBack reports a horizon holder older than --warn-after;
+	// nil when the holder's age cannot be read (a role without
+	// pg_read_all_stats does not see when other roles' transactions
+	// began).
+	DeliveryHeldBack *bool `json:"delivery_held_back"`
+}
+
+// newStatusOutput judges the horizon's holder against warnAfter.
+func newStatusOutput(sessions []pglease.SessionInfo, h pglease.Horizon, warnAfter time.Duration) statusOutput {
+	out := statusOutput{Sessions: nonNil(sessions), Horizon: h}
+	held := false
+	switch {
+	case h.Holder == nil:
+	case !holderAgeKnown(h.Holder):
+		return out
+	default:
+		held = h.Holder.Age >= warnAfter
+	}
+	out.DeliveryHeldBack = &held
+	return out
+}
+
+// holderAgeKnown reports whether the holder's start time could be read:
+// pg_stat_activity hides it (and the state and query) of other roles'
+// backends from a role without pg_read_all_stats. A prepared
+// transaction's is always known.
+func holderAgeKnown(hh *pglease.HorizonHolder) bool {
+	return hh.GID != "" || !hh.XactStart.IsZero()
+}
+
+func (c *statusCmd) flags(fs *flag.FlagSet) {
+	fs.DurationVar(&c.warnAfter, "warn-after", defaultWarnAfter,
+		"say that delivery is held back when the oldest writing transaction is older than this `DURATION`")
+}
+
+func (c *statusCmd) check(*flag.FlagSet) error {
+	if c.warnAfter < 0 {
+		return usageErrorf("--warn-after must not be negative, got %s", c.warnAfter)
+	}
+	return nil
+}
+
+func (c *statusCmd) run(ctx context.Context, e *cmdEnv) error {
+	sessions, err := e.insp.Sessions(ctx)
+	if err != nil {
+		return err
+	}
+	h, err := e.insp.Horizon(ctx)
+	if err != nil {
+		return err
+	}
+	out := newStatusOutput(sessions, h, c.warnAfter)
+	if e.json {
+		return writeJSON(e.stdout, out)
+	}
+	printSessions(e.stdout, out.Sessions)
+	fmt.Fprintln(e.stdout)
+	printHorizon(e.stdout, out, c.warnAfter)
+	return nil
+}
+
+func printSessions(w io.Writer, sessions []pglease.SessionInfo) {
+	live := 0
+	for _, s := range sessions {
+		if s.Alive {
+			live++
+		}
+	}
+	if len(sessions) == 0 {
+		fmt.Fprintln(w, "Sessions: none (no Subscriber is running)")
+		return
+	}
+	if live == len(sessions) {
+		fmt.Fprintf(w, "Sessions: %d live\n", live)
+	} else {
+		fmt.Fprintf(w, "Sessions: %d live, %d expired (kept until taken over or cleaned up)\n", live, len(sessions)-live)
+	}
+	tw := newTable(w)
+	fmt.Fprintln(tw, "GROUP\tSESSION\tOWNER\tAGE\tEXPIRES-IN\tROWS")
+	for _, s := range sessions {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", displayName(s.ConsumerGroup), s.ID, orDash(s.Owner),
+			formatDuration(s.Age), formatExpiresIn(s.ExpiresIn), s.RowsHeld)
+	}
+	_ = tw.Flush()
+}
+
+func printHorizon(w io.Writer, out statusOutput, warnAfter time.Duration) {
+	h := out.Horizon
+	fmt.Fprintln(w, "Xmin horizon: messages of transactions at or above xmin are not delivered yet")
+	tw := newTable(w)
+	fmt.Fprintf(tw, "xmin\t%d\n", h.Xmin)
+	hh := h.Holder
+	if hh == nil {
+		fmt.Fprintf(tw, "held by\tnothing: no writing transaction is running\n")
+		_ = tw.Flush()
+		return
+	}
+	known := holderAgeKnown(hh)
+	if hh.GID != "" {
+		fmt.Fprintf(tw, "held by\tprepared transaction %s\n", strconv.Quote(hh.GID))
+	} else {
+		fmt.Fprintf(tw, "held by\tpid %d\n", hh.PID)
+		fmt.Fprintf(tw, "application\t%s\n", orDash(hh.ApplicationName))
+	}
+	fmt.Fprintf(tw, "state\t%s\n", orDash(hh.State))
+	if known {
+		fmt.Fprintf(tw, "age\t%s (since %s)\n", formatDuration(hh.Age), formatTime(hh.XactStart))
+	} else {
+		fmt.Fprintf(tw, "age\tunknown: hidden from this role (grant it pg_read_all_stats)\n")
+	}
+	if !hh.QueryStart.IsZero() && known {
+		// The server's clock at the time of reading, from the holder's
+		// start and age, so that the age does not depend on this
+		// machine's clock.
+		now := hh.XactStart.Add(hh.Age)
+		fmt.Fprintf(tw, "query start\t%s (%s ago)\n", formatTime(hh.QueryStart), formatDuration(now.Sub(hh.QueryStart)))
+	}
+	if hh.GID == "" {
+		fmt.Fprintf(tw, "query\t%s\n", orDash(abbreviate(hh.Query, queryWidth)))
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w)
+	who, end := fmt.Sprintf("pid %d", hh.PID), fmt.Sprintf("commit or roll it back, or end it with\nSELECT pg_terminate_backend(%d).", hh.PID)
+	if hh.GID != "" {
+		who = "prepared transaction " + strconv.Quote(hh.GID)
+		end = fmt.Sprintf("COMMIT PREPARED or ROLLBACK PREPARED %s.", quoteLiteral(hh.GID))
+	}
+	switch {
+	case out.DeliveryHeldBack == nil:
+		fmt.Fprintf(w, "Delivery may be held back: %s runs a writing transaction, for how long this role cannot see.\n", who)
+	case *out.DeliveryHeldBack:
+		fmt.Fprintf(w, "DELIVERY IS HELD BACK: %s has kept a writing transaction open for %s.\n", who, formatDuration(hh.Age))
+		fmt.Fprintf(w, "Messages stored by younger transactions are not delivered, on any topic,\nuntil it ends: %s\n", end)
+	default:
+		fmt.Fprintf(w, "Delivery is not held back: the oldest writing transaction is %s old (less than --warn-after %s).\n",
+			formatDuration(hh.Age), warnAfter)
+	}
+}
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string {
+	out := []byte{'\''}
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\'' {
+			out = append(out, '\'')
+		}
+		out = append(out, s[i])
+	}
+	return string(append(out, '\''))
+}

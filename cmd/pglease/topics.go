@@ -1,0 +1,41 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+type topicsCmd struct{}
+
+func (c *topicsCmd) flags(*flag.FlagSet)       {}
+func (c *topicsCmd) check(*flag.FlagSet) error { return nil }
+
+func (c *topicsCmd) run(ctx context.Context, e *cmdEnv) error {
+	topics, err := e.insp.Topics(ctx)
+	if err != nil {
+		return err
+	}
+	if e.json {
+		return writeJSON(e.stdout, nonNil(topics))
+	}
+	if len(topics) == 0 {
+		fmt.Fprintln(e.stdout, "No topics: nothing was published, created or subscribed to yet.")
+		return nil
+	}
+	tw := newTable(e.stdout)
+	fmt.Fprintln(tw, "TOPIC\tPARTITIONS\tGROUPS\tNEWEST")
+	for _, t := range topics {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", displayName(t.Topic), t.Partitions, t.Groups, newest(t))
+	}
+	return tw.Flush()
+}
+
+func newest(t pglease.TopicInfo) string {
+	if t.NewestAt == nil {
+		return "-"
+	}
+	return formatTime(*t.NewestAt)
+}
