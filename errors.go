@@ -37,8 +37,9 @@ var (
 	// ErrInvalidMessage is wrapped by the errors for nil messages and for
 	// messages whose UUID or metadata PostgreSQL cannot store.
 	ErrInvalidMessage = errors.New("pglease: invalid message")
-	// ErrInvalidConfig is wrapped by the errors of NewPublisher and
-	// NewSubscriber for invalid arguments or configuration.
+	// ErrInvalidConfig is wrapped by the errors of the constructors
+	// (NewPublisher, NewSubscriber, NewInspector, ...), CreateTopic,
+	// AckInTx and ResetOffsets for invalid arguments or configuration.
 	ErrInvalidConfig = errors.New("pglease: invalid config")
 )
 

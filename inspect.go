@@ -28,7 +28,8 @@ type InspectionAdapter interface {
 	// InspectHorizon returns one row: xmin (xid8 as text) and the oldest
 	// transaction holding it back, all NULL when none: pid int, gid text
 	// (a prepared transaction's), application_name, state, xact_start,
-	// query_start, age_seconds float8, query text.
+	// query_start, age_seconds float8, query text, database text, user
+	// text.
 	InspectHorizon() Query
 	// InspectTopics returns one row per topic that has messages, settings
 	// or offsets: topic, partitions integer, groups bigint, newest_at
@@ -50,7 +51,8 @@ type InspectionAdapter interface {
 // Inspector reads who owns what, how far behind each consumer group is and
 // what holds delivery back, for health checks, admin pages, the pglease
 // command and metrics; and resets offsets. It only reads, but for
-// [Inspector.ResetOffsets]. It is safe for concurrent use.
+// [Inspector.ResetOffsets]. It is safe for concurrent use on a
+// *pgxpool.Pool; on a *pgx.Conn or a pgx.Tx, one call at a time.
 type Inspector struct {
 	db      DB
 	adapter SchemaAdapter
@@ -200,29 +202,39 @@ type HorizonHolder struct {
 	// named by GID.
 	PID             int       `json:"pid"`
 	GID             string    `json:"gid,omitempty"`
-	ApplicationName string    `json:"application_name"`
-	State           string    `json:"state"`
-	XactStart       time.Time `json:"xact_start"`
-	QueryStart      time.Time `json:"query_start"`
-	// Age is how long the transaction has been running.
-	Age   time.Duration `json:"age_ns"`
-	Query string        `json:"query"`
+	ApplicationName string `json:"application_name"`
+	// Database and User are those of its session: the horizon is the
+	// whole cluster's, so it may be in another database.
+	Database   string    `json:"database"`
+	User       string    `json:"user"`
+	State      string    `json:"state"`
+	XactStart  time.Time `json:"xact_start"`
+	QueryStart time.Time `json:"query_start"`
+	// Age is how long the transaction has been running. AgeKnown is false
+	// when the role may not see the backend's details (it lacks
+	// pg_read_all_stats): then Age, the start times and Query are unknown,
+	// and the holder may well be old.
+	Age      time.Duration `json:"age_ns"`
+	AgeKnown bool          `json:"age_known"`
+	Query    string        `json:"query"`
 }
 
 // Horizon returns the xmin horizon and the transaction holding it back.
 // Reading other users' backends needs the pg_read_all_stats role (or
-// superuser); without it the query text and state read as empty.
+// superuser); without it the holder is still found, but its age, start
+// times and query are unknown (HorizonHolder.AgeKnown is false).
 func (i *Inspector) Horizon(ctx context.Context) (Horizon, error) {
 	q := i.queries.InspectHorizon()
 	var (
-		h                      Horizon
-		xmin                   string
-		pid                    *int32
-		gid, app, state, query *string
-		xactStart, queryStart  *time.Time
-		age                    *float64
+		h                                  Horizon
+		xmin                               string
+		pid                                *int32
+		gid, app, state, query, dbName, us *string
+		xactStart, queryStart              *time.Time
+		age                                *float64
 	)
-	err := i.db.QueryRow(ctx, q.SQL, q.Args...).Scan(&xmin, &pid, &gid, &app, &state, &xactStart, &queryStart, &age, &query)
+	err := i.db.QueryRow(ctx, q.SQL, q.Args...).Scan(&xmin, &pid, &gid, &app, &state, &xactStart, &queryStart, &age,
+		&query, &dbName, &us)
 	if err != nil {
 		return h, fmt.Errorf("read the xmin horizon: %w", err)
 	}
@@ -234,6 +246,7 @@ func (i *Inspector) Horizon(ctx context.Context) (Horizon, error) {
 	}
 	hh := &HorizonHolder{PID: int(*pid)}
 	hh.GID, hh.ApplicationName, hh.State, hh.Query = deref(gid), deref(app), deref(state), deref(query)
+	hh.Database, hh.User = deref(dbName), deref(us)
 	if xactStart != nil {
 		hh.XactStart = *xactStart
 	}
@@ -241,7 +254,7 @@ func (i *Inspector) Horizon(ctx context.Context) (Horizon, error) {
 		hh.QueryStart = *queryStart
 	}
 	if age != nil {
-		hh.Age = time.Duration(*age * float64(time.Second))
+		hh.Age, hh.AgeKnown = time.Duration(*age*float64(time.Second)), true
 	}
 	h.Holder = hh
 	return h, nil
@@ -266,9 +279,20 @@ type TopicInfo struct {
 }
 
 // Topics returns every topic that has messages, settings or offset rows.
+// It runs in a transaction of its own with JIT compilation off: the
+// planner's estimate of the per-partition look-ups crosses jit_above_cost
+// and compiling took most of the statement's time.
 func (i *Inspector) Topics(ctx context.Context) ([]TopicInfo, error) {
 	q := i.queries.InspectTopics()
-	rows, err := i.db.Query(ctx, q.SQL, q.Args...)
+	tx, err := i.db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read topics: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, "SET LOCAL jit = off"); err != nil {
+		return nil, fmt.Errorf("read topics: %w", err)
+	}
+	rows, err := tx.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return nil, fmt.Errorf("read topics: %w", wrapMissingSchema(err))
 	}
@@ -317,6 +341,28 @@ func (r ResetTo) String() string {
 // ErrOwnedByLiveSession is returned by [Inspector.ResetOffsets] without
 // Force when a live session owns a row of the topic.
 var ErrOwnedByLiveSession = errors.New("pglease: a live session owns the offsets")
+
+// ResetRefusedError is the error of a reset refused because live sessions
+// own rows of the topic; it wraps [ErrOwnedByLiveSession].
+type ResetRefusedError struct {
+	ConsumerGroup string
+	Topic         string
+	To            ResetTo
+	// Owned are the partitions owned by a live session, with their owner.
+	Owned []OffsetReset
+}
+
+func (e *ResetRefusedError) Error() string {
+	var owners []string
+	for _, r := range e.Owned {
+		owners = append(owners, fmt.Sprintf("partition %d by %s (session %s)", r.Partition, r.PreviousOwner, r.PreviousOwnerSession))
+	}
+	return fmt.Sprintf("reset offsets of consumer group %q on topic %q to %s: %v: %s (stop those Subscribers, or force the reset, which fences them)",
+		e.ConsumerGroup, e.Topic, e.To, ErrOwnedByLiveSession, strings.Join(owners, ", "))
+}
+
+// Unwrap returns ErrOwnedByLiveSession.
+func (e *ResetRefusedError) Unwrap() error { return ErrOwnedByLiveSession }
 
 // ResetOffsetsParams select the rows to reset and where to.
 type ResetOffsetsParams struct {
@@ -380,7 +426,7 @@ func (i *Inspector) ResetOffsets(ctx context.Context, p ResetOffsetsParams) ([]O
 	}
 	var (
 		out   []OffsetReset
-		owned []string
+		owned []OffsetReset
 	)
 	for rows.Next() {
 		var (
@@ -398,7 +444,7 @@ func (i *Inspector) ResetOffsets(ctx context.Context, p ResetOffsetsParams) ([]O
 		if owner != nil && session != nil {
 			r.PreviousOwnerSession, r.PreviousOwner = *session, *owner
 			if !applied {
-				owned = append(owned, fmt.Sprintf("partition %d by %s (session %s)", r.Partition, *owner, *session))
+				owned = append(owned, r)
 			}
 		}
 		if r.From.TransactionID, err = parseXID8(oldTx); err != nil {
@@ -417,8 +463,7 @@ func (i *Inspector) ResetOffsets(ctx context.Context, p ResetOffsetsParams) ([]O
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	if len(owned) > 0 {
-		return nil, fmt.Errorf("%s: %w: %s (stop those Subscribers, or force the reset, which fences them)",
-			what, ErrOwnedByLiveSession, strings.Join(owned, ", "))
+		return nil, &ResetRefusedError{ConsumerGroup: p.ConsumerGroup, Topic: p.Topic, To: p.To, Owned: owned}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)

@@ -44,16 +44,16 @@ ORDER BY o.consumer_group, o.topic, o.partition`,
 // with a transaction id, among backends and prepared transactions.
 func (a DefaultSchemaAdapter) InspectHorizon() Query {
 	return Query{SQL: `SELECT pg_snapshot_xmin(pg_current_snapshot())::text, h.pid, h.gid, h.application_name, h.state,
-	h.xact_start, h.query_start, extract(epoch FROM now() - h.xact_start)::float8, h.query
+	h.xact_start, h.query_start, extract(epoch FROM now() - h.xact_start)::float8, h.query, h.datname, h.usename
 FROM (SELECT 1) one
 LEFT JOIN LATERAL (
 	SELECT * FROM (
 		SELECT b.pid, NULL::text AS gid, b.application_name, b.state, b.xact_start, b.query_start,
-			left(b.query, 1000) AS query, b.backend_xid AS xid
+			left(b.query, 1000) AS query, b.backend_xid AS xid, b.datname::text, b.usename::text
 		FROM pg_stat_activity b
 		WHERE b.backend_xid IS NOT NULL AND b.pid <> pg_backend_pid()
 		UNION ALL
-		SELECT 0, p.gid, NULL, 'prepared', p.prepared, NULL, NULL, p.transaction
+		SELECT 0, p.gid, NULL, 'prepared', p.prepared, NULL, NULL, p.transaction, p.database::text, p.owner::text
 		FROM pg_prepared_xacts p
 	) c
 	ORDER BY age(c.xid) DESC
@@ -87,9 +87,9 @@ ORDER BY n.topic`}
 }
 
 // ResetOffsets implements [InspectionAdapter]. "latest" is the position
-// just below the xmin horizon: every message of a finished transaction
+// (xmin, 0), just below the xmin horizon: every message of a transaction
 // older than the oldest running one is skipped, the messages of running
-// transactions are not.
+// transactions are not (their offsets are at least 1).
 func (a DefaultSchemaAdapter) ResetOffsets(group, topic, to string, at time.Time, force bool, notifyChannel string) Query {
 	return Query{
 		SQL: `WITH cur AS (
@@ -116,7 +116,7 @@ func (a DefaultSchemaAdapter) ResetOffsets(group, topic, to string, at time.Time
 			UNION ALL
 			SELECT 2, '0'::xid8, 0::bigint WHERE $3 = 'earliest'
 			UNION ALL
-			SELECT 3, (x.xmin::text::numeric - 1)::text::xid8, 9223372036854775807::bigint WHERE $3 IN ('latest', 'time')
+			SELECT 3, x.xmin, 0::bigint WHERE $3 IN ('latest', 'time')
 		) c
 		ORDER BY c.choice
 		LIMIT 1

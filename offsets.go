@@ -20,8 +20,8 @@ import (
 // xid8 of the transaction that inserted the message. The zero Position is
 // the beginning of every topic.
 type Position struct {
-	TransactionID uint64
-	Offset        int64
+	TransactionID uint64 `json:"transaction_id"`
+	Offset        int64  `json:"offset"`
 }
 
 func formatXID8(x uint64) string { return strconv.FormatUint(x, 10) }

@@ -688,8 +688,8 @@ func (a DefaultSchemaAdapter) EnsureOffsets(p OffsetsParams) Query {
 	return Query{
 		SQL: `INSERT INTO ` + a.offsets() + ` (consumer_group, topic, partition, acked_transaction_id, acked_offset)
 SELECT $1, t.topic, t.partition,
-	CASE WHEN $4 THEN (pg_snapshot_xmin(pg_current_snapshot())::text::numeric - 1)::text::xid8 ELSE '0'::xid8 END,
-	CASE WHEN $4 THEN 9223372036854775807 ELSE 0 END
+	CASE WHEN $4 THEN pg_snapshot_xmin(pg_current_snapshot()) ELSE '0'::xid8 END,
+	0
 FROM unnest($2::text[], $3::integer[]) AS t(topic, partition)
 ORDER BY t.topic, t.partition
 ON CONFLICT (consumer_group, topic, partition) DO NOTHING`,

@@ -6,7 +6,9 @@ import (
 )
 
 // HeartbeatBuckets are the upper bounds of the heartbeat latency histogram
-// of [SubscriberStats] (those of Prometheus's default buckets).
+// of [SubscriberStats] (those of Prometheus's default buckets). A
+// Subscriber copies them when it is created; changing the slice later
+// does not affect it.
 var HeartbeatBuckets = []time.Duration{
 	5 * time.Millisecond, 10 * time.Millisecond, 25 * time.Millisecond, 50 * time.Millisecond,
 	100 * time.Millisecond, 250 * time.Millisecond, 500 * time.Millisecond, time.Second,
@@ -43,10 +45,11 @@ type SubscriberStats struct {
 }
 
 // LatencyHistogram is a cumulative histogram: Buckets[i] counts the
-// observations at or below HeartbeatBuckets[i].
+// observations at or below Bounds[i].
 type LatencyHistogram struct {
 	Count   uint64
 	Sum     time.Duration
+	Bounds  []time.Duration
 	Buckets []uint64
 }
 
@@ -55,17 +58,19 @@ type subscriberStats struct {
 	claims, takeovers, releases, fenced, sessionsLost atomic.Uint64
 	delivered, acked, nacked                          atomic.Uint64
 	hbCount, hbSumNanos                               atomic.Uint64
+	hbBounds                                          []time.Duration
 	hbBuckets                                         []atomic.Uint64
 }
 
 func newSubscriberStats() *subscriberStats {
-	return &subscriberStats{hbBuckets: make([]atomic.Uint64, len(HeartbeatBuckets))}
+	bounds := append([]time.Duration(nil), HeartbeatBuckets...)
+	return &subscriberStats{hbBounds: bounds, hbBuckets: make([]atomic.Uint64, len(bounds))}
 }
 
 func (s *subscriberStats) heartbeat(d time.Duration) {
 	s.hbCount.Add(1)
 	s.hbSumNanos.Add(uint64(max(d, 0)))
-	for i, b := range HeartbeatBuckets {
+	for i, b := range s.hbBounds {
 		if d <= b {
 			s.hbBuckets[i].Add(1)
 		}
@@ -89,7 +94,8 @@ func (s *Subscriber) Stats() SubscriberStats {
 		Heartbeats: LatencyHistogram{
 			Count:   st.hbCount.Load(),
 			Sum:     time.Duration(st.hbSumNanos.Load()),
-			Buckets: make([]uint64, len(HeartbeatBuckets)),
+			Bounds:  append([]time.Duration(nil), st.hbBounds...),
+			Buckets: make([]uint64, len(st.hbBounds)),
 		},
 	}
 	for i := range st.hbBuckets {

@@ -107,7 +107,7 @@ func (c *SubscriberCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.acked, st.Acked)
 	counter(c.nacked, st.Nacked)
 	ch <- prometheus.MustNewConstMetric(c.ownedRows, prometheus.GaugeValue, float64(st.OwnedRows))
-	ch <- latencyHistogram(c.heartbeat, st.Heartbeats, pglease.HeartbeatBuckets)
+	ch <- latencyHistogram(c.heartbeat, st.Heartbeats, st.Heartbeats.Bounds)
 }
 
 // latencyHistogram converts h, whose Buckets[i] counts the observations at
