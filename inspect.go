@@ -200,8 +200,8 @@ type Horizon struct {
 type HorizonHolder struct {
 	// PID is its backend's process id; 0 for a prepared transaction,
 	// named by GID.
-	PID             int       `json:"pid"`
-	GID             string    `json:"gid,omitempty"`
+	PID             int    `json:"pid"`
+	GID             string `json:"gid,omitempty"`
 	ApplicationName string `json:"application_name"`
 	// Database and User are those of its session: the horizon is the
 	// whole cluster's, so it may be in another database.
