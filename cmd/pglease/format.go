@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"io"
-	"math"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -56,12 +55,9 @@ func orDash(s string) string {
 }
 
 // formatPosition prints a position as TRANSACTION:OFFSET. 0:0 is the
-// beginning of a topic; an offset of MaxInt64 (where a reset to the latest
-// position leaves it: after every message of the transaction) prints as *.
+// beginning of a topic; X:0 (where a reset to the latest leaves it) lies
+// before every message of transaction X and after those of older ones.
 func formatPosition(p pglease.Position) string {
-	if p.Offset == math.MaxInt64 {
-		return strconv.FormatUint(p.TransactionID, 10) + ":*"
-	}
 	return strconv.FormatUint(p.TransactionID, 10) + ":" + strconv.FormatInt(p.Offset, 10)
 }
 

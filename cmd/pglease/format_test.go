@@ -1,7 +1,6 @@
 package main
 
 import (
-	"math"
 	"testing"
 	"time"
 
@@ -29,7 +28,7 @@ func TestDisplayName(t *testing.T) {
 func TestFormatPosition(t *testing.T) {
 	assert.Equal(t, "0:0", formatPosition(pglease.Position{}))
 	assert.Equal(t, "812:41", formatPosition(pglease.Position{TransactionID: 812, Offset: 41}))
-	assert.Equal(t, "812:*", formatPosition(pglease.Position{TransactionID: 812, Offset: math.MaxInt64}))
+	assert.Equal(t, "812:0", formatPosition(pglease.Position{TransactionID: 812}))
 }
 
 func TestFormatDuration(t *testing.T) {

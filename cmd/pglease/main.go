@@ -99,7 +99,7 @@ delivered yet, on any topic. When a writing transaction older than
 		synopsis: "[--group GROUP]... [--topic TOPIC]... [--json]",
 		help: `Shows, for each (consumer group, topic, partition) row, the live session's
 owner process, the acknowledged position (TRANSACTION:OFFSET; 0:0 is the
-beginning, TRANSACTION:* is after every message of transactions up to
+beginning, TRANSACTION:0 is after every message of transactions before
 TRANSACTION), the number of messages after it (LAG) and the age in seconds of
 the oldest of them (LAG-SECONDS). PENDING (shown when a row has it) means that
 committed messages wait behind the xmin horizon: see pglease status.
