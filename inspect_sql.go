@@ -13,27 +13,25 @@ LEFT JOIN (SELECT session_id, count(*) AS n FROM ` + a.offsets() + `
 ORDER BY s.consumer_group, s.created_at, s.id`}
 }
 
-// InspectLag implements [InspectionAdapter]. Per row: a count over the
-// index range after the position, one index probe for the oldest message
-// after it, one for a pending one.
+// InspectLag implements [InspectionAdapter]. Per row: one pass over the
+// index range after the position (the count, and the oldest storage time
+// among those messages), and one index probe for a pending message.
 func (a DefaultSchemaAdapter) InspectLag(groups, topics []string) Query {
 	return Query{
 		SQL: `SELECT o.consumer_group, o.topic, o.partition, o.session_id,
 	CASE WHEN s.expires_at > now() THEN s.owner END, o.epoch, o.acked_transaction_id::text, o.acked_offset,
-	(SELECT count(*) FROM ` + a.messages() + ` m
-		WHERE m.topic = o.topic AND m.partition = o.partition
-			AND (m.transaction_id, m."offset") > (o.acked_transaction_id, o.acked_offset)
-			AND m.transaction_id < x.xmin),
-	(SELECT extract(epoch FROM now() - m.created_at)::float8 FROM ` + a.messages() + ` m
-		WHERE m.topic = o.topic AND m.partition = o.partition
-			AND (m.transaction_id, m."offset") > (o.acked_transaction_id, o.acked_offset)
-			AND m.transaction_id < x.xmin
-		ORDER BY m.transaction_id, m."offset" LIMIT 1),
+	l.lag, extract(epoch FROM now() - l.oldest)::float8,
 	EXISTS (SELECT 1 FROM ` + a.messages() + ` m
 		WHERE m.topic = o.topic AND m.partition = o.partition AND m.transaction_id >= x.xmin)
 FROM ` + a.offsets() + ` o
 CROSS JOIN (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin) x
 LEFT JOIN ` + a.sessions() + ` s ON s.id = o.session_id
+CROSS JOIN LATERAL (
+	SELECT count(*) AS lag, min(m.created_at) AS oldest FROM ` + a.messages() + ` m
+	WHERE m.topic = o.topic AND m.partition = o.partition
+		AND (m.transaction_id, m."offset") > (o.acked_transaction_id, o.acked_offset)
+		AND m.transaction_id < x.xmin
+) l
 WHERE ($1::text[] IS NULL OR o.consumer_group = ANY($1)) AND ($2::text[] IS NULL OR o.topic = ANY($2))
 ORDER BY o.consumer_group, o.topic, o.partition`,
 		Args: []any{groups, topics},
