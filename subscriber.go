@@ -786,7 +786,8 @@ func (c *consumer) releaseLeftover(left *leftover) error {
 			"acked_transaction_id": cl.acked.TransactionID, "acked_offset": cl.acked.Offset})
 		return nil
 	case errors.Is(err, ErrOwnershipLost):
-		c.logger.Info("Topic was already taken over before release", watermill.LogFields{"epoch": cl.epoch})
+		c.logger.Info("Topic was already taken over before release (fenced)", watermill.LogFields{
+			"epoch": cl.epoch, "session_id": cl.sessionID.String()})
 		return nil
 	default:
 		c.logger.Error("Cannot release the topic, retrying while the session lives", err, nil)
@@ -837,7 +838,8 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 			return stopped
 		}
 		if g.isLost() {
-			c.logger.Info("Session lost, topic delivery stopped", watermill.LogFields{"epoch": cl.epoch})
+			c.logger.Info("Session lost, topic delivery stopped", watermill.LogFields{
+				"epoch": cl.epoch, "session_id": cl.sessionID.String()})
 			return lost
 		}
 		if c.yielding() {
@@ -1094,8 +1096,8 @@ func (c *consumer) countHead(g *sessionGen, cl *claim) (int, outcome) {
 			return n, acked
 		}
 		if errors.Is(err, ErrOwnershipLost) {
-			c.logger.Info("Topic was taken over by another session, delivery stopped",
-				watermill.LogFields{"epoch": cl.epoch, "error": err.Error()})
+			c.logger.Info("Topic was taken over by another session (fenced), delivery stopped",
+				watermill.LogFields{"epoch": cl.epoch, "session_id": cl.sessionID.String(), "error": err.Error()})
 			return 0, lost
 		}
 		if c.ctx.Err() != nil {
@@ -1207,8 +1209,8 @@ func (c *consumer) flush(g *sessionGen, cl *claim) outcome {
 			return acked
 		}
 		if errors.Is(err, ErrOwnershipLost) {
-			c.logger.Info("Topic was taken over by another session, delivery stopped",
-				watermill.LogFields{"epoch": cl.epoch, "error": err.Error()})
+			c.logger.Info("Topic was taken over by another session (fenced), delivery stopped",
+				watermill.LogFields{"epoch": cl.epoch, "session_id": cl.sessionID.String(), "error": err.Error()})
 			return lost
 		}
 		if c.ctx.Err() != nil {
