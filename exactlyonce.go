@@ -44,6 +44,21 @@ type delivery struct {
 	adapter   SchemaAdapter
 }
 
+// deliveryCtx is a delivered message's context: the subscription's, plus
+// where the message comes from, in one allocation per delivery.
+type deliveryCtx struct {
+	context.Context
+	d delivery
+}
+
+// Value implements context.Context.
+func (c *deliveryCtx) Value(key any) any {
+	if key == (deliveryKey{}) {
+		return &c.d
+	}
+	return c.Context.Value(key)
+}
+
 func deliveryOf(msg *message.Message) (*delivery, bool) {
 	d, ok := msg.Context().Value(deliveryKey{}).(*delivery)
 	return d, ok

@@ -1067,9 +1067,9 @@ func (c *consumer) deliver(g *sessionGen, cl *claim, m storedMessage, attempt in
 			continue
 		}
 		msg.Metadata.Set(DeliveryAttemptMetadata, strconv.Itoa(attempt))
-		mctx, mcancel := context.WithCancel(context.WithValue(c.ctx, deliveryKey{}, &delivery{
+		mctx, mcancel := context.WithCancel(&deliveryCtx{Context: c.ctx, d: delivery{
 			topic: c.topic, partition: c.partition, pos: m.pos, group: cl.group,
-			sessionID: cl.sessionID, epoch: cl.epoch, g: g, adapter: c.s.config.SchemaAdapter}))
+			sessionID: cl.sessionID, epoch: cl.epoch, g: g, adapter: c.s.config.SchemaAdapter}})
 		msg.SetContext(mctx)
 		res, nacked := c.handOut(g, cl, m, msg)
 		mcancel()
@@ -1128,7 +1128,6 @@ func (c *consumer) handOut(g *sessionGen, cl *claim, m storedMessage, msg *messa
 			}
 		}
 	}
-	c.logger.Trace("Message delivered", watermill.LogFields{"uuid": m.uuid, "offset": m.pos.Offset})
 	c.s.stats.delivered.Add(1)
 	for {
 		select {
