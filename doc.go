@@ -87,6 +87,21 @@
 // message per partition at a time; [MessagePartitionFromCtx] tells which.
 // A topic never created has one partition.
 //
+// # Exactly once for effects in the same database
+//
+// [AckInTx] commits a delivered message's position in the caller's own
+// transaction, fenced by the delivering session and epoch, so effects and
+// the position commit together; [TxHandler] wraps that for the Router,
+// publishing the handler's messages in the same transaction.
+//
+// # Operating
+//
+// [Inspector] reads sessions, lag per (group, topic, partition), the xmin
+// horizon and topics, and resets offsets; the pglease command (cmd/pglease)
+// and the metrics module are built on it. [Subscriber.Stats] returns the
+// client-side counters. [SubscriberConfig.StartFrom] sets where a new group
+// starts; [DeliveryAttemptMetadata] numbers deliveries.
+//
 // When a Subscribe context ends or the Subscriber closes, each topic is
 // released at once with its acknowledged position and a notification, so a
 // standby takes over in milliseconds; Close then deletes the session row. A
