@@ -60,12 +60,24 @@ func (g *groupCommitter) insert(ctx context.Context, params InsertMessagesParams
 // or none.
 func (g *groupCommitter) insertMany(ctx context.Context, calls []InsertMessagesParams) ([]error, error) {
 	combined := InsertMessagesParams{NotifyChannel: calls[0].NotifyChannel}
+	keyed := false
+	for _, p := range calls {
+		keyed = keyed || p.PartitionHashes != nil
+	}
 	for _, p := range calls {
 		combined.Topics = append(combined.Topics, p.Topics...)
 		combined.UUIDs = append(combined.UUIDs, p.UUIDs...)
 		combined.Payloads = append(combined.Payloads, p.Payloads...)
 		combined.Metadata = append(combined.Metadata, p.Metadata...)
-		combined.PartitionHashes = append(combined.PartitionHashes, p.PartitionHashes...)
+		switch {
+		case !keyed:
+		case p.PartitionHashes != nil:
+			combined.PartitionHashes = append(combined.PartitionHashes, p.PartitionHashes...)
+		default: // a call without keys next to one with: placed by UUID here
+			for _, u := range p.UUIDs {
+				combined.PartitionHashes = append(combined.PartitionHashes, keyHash(u))
+			}
+		}
 	}
 	return nil, execInsert(ctx, g.pool, g.adapter, combined)
 }

@@ -218,7 +218,6 @@ func buildInsertParams(topic string, msgs []*message.Message, keyFunc func(strin
 		UUIDs:           make([]string, len(msgs)),
 		Payloads:        make([][]byte, len(msgs)),
 		Metadata:        make([]string, len(msgs)),
-		PartitionHashes: make([]uint32, len(msgs)),
 	}
 	for i, msg := range msgs {
 		if msg == nil {
@@ -232,11 +231,21 @@ func buildInsertParams(topic string, msgs []*message.Message, keyFunc func(strin
 				return params, fmt.Errorf("%w: metadata %q of message %s must be UTF-8 without NUL bytes", ErrInvalidMessage, k, msg.UUID)
 			}
 		}
-		h, err := partitionHash(keyFunc, topic, msg)
+		h, keyed, err := partitionHash(keyFunc, topic, msg)
 		if err != nil {
 			return params, fmt.Errorf("partition key of message %s for topic %q: %w", msg.UUID, topic, err)
 		}
-		params.PartitionHashes[i] = h
+		if keyed && params.PartitionHashes == nil {
+			// The first message with a key: the ones before it are
+			// placed by their UUID's hash, here rather than by the server.
+			params.PartitionHashes = make([]uint32, len(msgs))
+			for j := range i {
+				params.PartitionHashes[j] = keyHash(msgs[j].UUID)
+			}
+		}
+		if params.PartitionHashes != nil {
+			params.PartitionHashes[i] = h
+		}
 		params.Topics[i] = topic
 		params.UUIDs[i] = msg.UUID
 		params.Payloads[i] = msg.Payload

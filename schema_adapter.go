@@ -48,7 +48,8 @@ type InsertMessagesParams struct {
 	// PartitionHashes are the hashes of the messages' partition keys
 	// (see [PartitionOf]): a message goes to partition hash mod the
 	// topic's partition count, read from the topics table by the
-	// statement itself. Nil stores every message in partition 0.
+	// statement itself. Nil (no message has a key) spreads the messages
+	// over the partitions by a hash of their UUID computed by the server.
 	PartitionHashes []uint32
 	// NotifyChannel, when not empty, is the channel notified once per
 	// distinct topic when the statement's transaction commits.
@@ -460,13 +461,16 @@ func (a DefaultSchemaAdapter) NotifyChannel() string {
 // uint32 back): measured, a fifth of the statement's cost was the wider
 // int8 array and the per-row arithmetic.
 func (a DefaultSchemaAdapter) InsertMessages(p InsertMessagesParams) Query {
-	hashes := make([]int32, len(p.UUIDs))
-	for i := range hashes {
-		if i < len(p.PartitionHashes) {
-			hashes[i] = int32(p.PartitionHashes[i])
+	var hashes []int32 // nil: NULL, no keys
+	if p.PartitionHashes != nil {
+		hashes = make([]int32, len(p.UUIDs))
+		for i := range hashes {
+			if i < len(p.PartitionHashes) {
+				hashes[i] = int32(p.PartitionHashes[i])
+			}
 		}
 	}
-	const partitionOf = `((m.hash::bigint & 4294967295) %% %s)::integer`
+	const partitionOf = `((COALESCE(m.hash, hashtext(m.uuid))::bigint & 4294967295) %% %s)::integer`
 	if oneTopic(p.Topics) {
 		insert := `INSERT INTO ` + a.messages() + ` (topic, partition, uuid, payload, metadata)
 SELECT $1::text, CASE WHEN p.n = 1 THEN 0 ELSE ` + fmt.Sprintf(partitionOf, "p.n") + ` END,
@@ -488,8 +492,9 @@ ORDER BY m.n`
 SELECT pg_notify($6, 'm' || $1::text) FROM p WHERE p.n = 1
 UNION ALL
 SELECT pg_notify($6, CASE WHEN t.partition = 0 THEN 'm' || $1::text ELSE 'n' || t.partition || ':' || $1::text END)
-FROM (SELECT DISTINCT ` + fmt.Sprintf(partitionOf, "p.n") + ` AS partition
-	FROM p, unnest($5::int4[]) AS m(hash) WHERE p.n > 1) t`,
+FROM (SELECT DISTINCT ` + fmt.Sprintf(partitionOf, "(SELECT n FROM p)") + ` AS partition
+	FROM unnest($2::text[], $5::int4[]) AS m(uuid, hash)
+	WHERE (SELECT n FROM p) > 1) t`,
 			Args: []any{p.Topics[0], p.UUIDs, p.Payloads, p.Metadata, hashes, p.NotifyChannel},
 		}
 	}
@@ -507,7 +512,7 @@ ORDER BY m.n`
 )
 SELECT pg_notify($6, CASE WHEN t.partition = 0 THEN 'm' || t.topic ELSE 'n' || t.partition || ':' || t.topic END)
 FROM (SELECT DISTINCT m.topic, ` + fmt.Sprintf(partitionOf, partitions) + ` AS partition
-	FROM unnest($1::text[], $5::int4[]) AS m(topic, hash)) t`,
+	FROM unnest($1::text[], $2::text[], $5::int4[]) AS m(topic, uuid, hash)) t`,
 		Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, hashes, p.NotifyChannel},
 	}
 }

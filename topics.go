@@ -142,23 +142,23 @@ func keyHash(key string) uint32 {
 	return h.Sum32()
 }
 
-// partitionHash returns the hash that places msg: of its partition key,
-// from keyFunc when set, else from the PartitionKeyMetadata metadata; a
-// message without a key (empty) is placed by the hash of its UUID, which
-// spreads such messages over the partitions.
-func partitionHash(keyFunc func(string, *message.Message) (string, error), topic string, msg *message.Message) (uint32, error) {
+// partitionHash returns the hash that places msg and whether it has a key:
+// the hash of its partition key, from keyFunc when set, else from the
+// PartitionKeyMetadata metadata; a message without a key (empty) is placed
+// by the hash of its UUID, which spreads such messages over the partitions.
+func partitionHash(keyFunc func(string, *message.Message) (string, error), topic string, msg *message.Message) (uint32, bool, error) {
 	var key string
 	if keyFunc != nil {
 		k, err := keyFunc(topic, msg)
 		if err != nil {
-			return 0, err
+			return 0, false, err
 		}
 		key = k
 	} else {
 		key = msg.Metadata.Get(PartitionKeyMetadata)
 	}
 	if key == "" {
-		key = msg.UUID
+		return keyHash(msg.UUID), false, nil
 	}
-	return keyHash(key), nil
+	return keyHash(key), true, nil
 }

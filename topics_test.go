@@ -151,6 +151,21 @@ func TestPublishDefaultPartitionKey(t *testing.T) {
 		}
 	}
 	require.Greater(t, len(unkeyed), 1, "messages without a key spread")
+
+	// A call in which no message has a key: placed by the server's hash of
+	// the UUID, spread too.
+	var plain []*message.Message
+	for i := range 40 {
+		plain = append(plain, message.NewMessage(fmt.Sprintf("nokey%d", i), nil))
+	}
+	require.NoError(t, pub.Publish("spread", plain...))
+	used := map[int]bool{}
+	for u, p := range storedPartitions(t, pool, adapter, "spread") {
+		if strings.HasPrefix(u, "nokey") {
+			used[p] = true
+		}
+	}
+	require.Greater(t, len(used), 1, "a call without keys spreads over the partitions")
 	for u, p := range storedPartitions(t, pool, adapter, "plain") {
 		require.Zero(t, p, "message %s of a topic never created", u)
 	}
