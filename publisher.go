@@ -214,10 +214,10 @@ func (p *Publisher) initializeSchema(ctx context.Context) error {
 
 func buildInsertParams(topic string, msgs []*message.Message, keyFunc func(string, *message.Message) (string, error)) (InsertMessagesParams, error) {
 	params := InsertMessagesParams{
-		Topics:          make([]string, len(msgs)),
-		UUIDs:           make([]string, len(msgs)),
-		Payloads:        make([][]byte, len(msgs)),
-		Metadata:        make([]string, len(msgs)),
+		Topics:   make([]string, len(msgs)),
+		UUIDs:    make([]string, len(msgs)),
+		Payloads: make([][]byte, len(msgs)),
+		Metadata: make([]string, len(msgs)),
 	}
 	for i, msg := range msgs {
 		if msg == nil {
