@@ -40,7 +40,7 @@ type PublisherConfig struct {
 	// key go to the same partition ([PartitionOf]) and are delivered in
 	// order. Nil means the value of the message's PartitionKeyMetadata
 	// ("partition_key") metadata. A message with an empty key is placed by
-	// its UUID, which spreads such messages over the partitions with no
+	// a hash of its UUID, which spreads such messages over the partitions with no
 	// order between them. An error fails the Publish call before anything
 	// is stored. On a topic with one partition the key does not matter.
 	PartitionKey func(topic string, msg *message.Message) (string, error)
