@@ -145,8 +145,12 @@ type LagInfo struct {
 	// or its owner's session expired); Owner its process.
 	OwnerSession uuid.UUID `json:"owner_session"`
 	Owner        string    `json:"owner"`
-	Epoch        int64     `json:"epoch"`
-	Position     Position  `json:"position"`
+	// OwnerExpired reports a row still held by a session that expired or
+	// is gone (its process crashed or paused): the group takes it over
+	// soon. False for a free row.
+	OwnerExpired bool     `json:"owner_expired"`
+	Epoch        int64    `json:"epoch"`
+	Position     Position `json:"position"`
 	// Lag counts the messages after the position that every reader can
 	// see; LagSeconds is the age of the oldest of them (0 without one).
 	Lag        int64   `json:"lag"`
@@ -193,6 +197,8 @@ func (i *Inspector) Lag(ctx context.Context, f LagFilter) ([]LagInfo, error) {
 		}
 		if owner != nil && session != nil {
 			l.OwnerSession, l.Owner = *session, *owner
+		} else if session != nil {
+			l.OwnerExpired = true
 		}
 		if lagSecs != nil {
 			l.LagSeconds = max(*lagSecs, 0)

@@ -77,10 +77,21 @@ func TestInspectorLagAfterKnownAcks(t *testing.T) {
 		assert.NotEmpty(t, l.Owner)
 		assert.Positive(t, l.Epoch)
 		assert.False(t, l.Pending)
+		assert.False(t, l.OwnerExpired)
 		if l.Lag > 0 {
 			assert.Positive(t, l.LagSeconds)
 		}
 	}
+
+	// A row held by a session that is gone (a crashed process's, say).
+	_, err = pool.Exec(ctx, `INSERT INTO `+table(adapter, pglease.DefaultConsumerOffsetsTable)+
+		` (consumer_group, topic, partition, session_id, epoch) VALUES ('ghost', 'two', 0, gen_random_uuid(), 1)`)
+	require.NoError(t, err)
+	ghost, err := insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{"ghost"}})
+	require.NoError(t, err)
+	require.Len(t, ghost, 1)
+	assert.True(t, ghost[0].OwnerExpired)
+	assert.Equal(t, uuid.Nil, ghost[0].OwnerSession)
 
 	sessions, err := insp.Sessions(ctx)
 	require.NoError(t, err)
@@ -101,7 +112,7 @@ func TestInspectorLagAfterKnownAcks(t *testing.T) {
 	require.Contains(t, byName, "two")
 	require.Contains(t, byName, "plain")
 	assert.Equal(t, 2, byName["two"].Partitions)
-	assert.Equal(t, int64(1), byName["two"].Groups)
+	assert.Equal(t, int64(2), byName["two"].Groups)
 	assert.Equal(t, 1, byName["plain"].Partitions)
 	assert.Equal(t, int64(0), byName["plain"].Groups)
 	require.NotNil(t, byName["plain"].NewestAt)
