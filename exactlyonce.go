@@ -251,9 +251,6 @@ func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.N
 				return fmt.Errorf("%w: the handler of message %s returned %d messages, but TxHandlerConfig.PublishTopic is empty",
 					ErrInvalidConfig, msg.UUID, len(out))
 			}
-			if err := validateTopic(config.PublishTopic); err != nil {
-				return err
-			}
 			params, err := buildInsertParams(config.PublishTopic, out, config.Publisher.PartitionKey)
 			if err != nil {
 				return err

@@ -71,16 +71,16 @@ type offsetStore struct {
 	gate     *dataGate
 	adapter  SchemaAdapter
 	releases *releaser
-	stats    *subscriberStats // nil in tests of the store alone
+	stats    *subscriberStats
 	// afterClaim, when set (tests only), runs after every claim statement
 	// and turns its outcome into the error it returns, as if the reply had
 	// been lost after the claim committed.
 	afterClaim func(topics []string) error
 }
 
-func newOffsetStore(pool *pgxpool.Pool, adapter SchemaAdapter, releaseTimeout time.Duration, logger watermill.LoggerAdapter) offsetStore {
+func newOffsetStore(pool *pgxpool.Pool, adapter SchemaAdapter, releaseTimeout time.Duration, stats *subscriberStats, logger watermill.LoggerAdapter) offsetStore {
 	gate := newDataGate(pool)
-	return offsetStore{gate: gate, adapter: adapter, releases: newReleaser(gate, releaseTimeout, logger)}
+	return offsetStore{gate: gate, adapter: adapter, releases: newReleaser(gate, releaseTimeout, logger), stats: stats}
 }
 
 // dataGate is where a Subscriber's consumers (claims, fetches, commits,
@@ -321,7 +321,7 @@ func (s offsetStore) commit(ctx context.Context, c *claim) error {
 	pos := c.acked
 	q := s.adapter.CommitOffset(c.params(pos))
 	if err := s.gate.execFenced(ctx, q, c, "commit offset for topic"); err != nil {
-		if errors.Is(err, ErrOwnershipLost) && s.stats != nil {
+		if errors.Is(err, ErrOwnershipLost) {
 			s.stats.fenced.Add(1)
 		}
 		return err
@@ -338,14 +338,12 @@ func (s offsetStore) release(ctx context.Context, c *claim) error {
 	p := c.params(c.acked)
 	p.NotifyChannel = s.adapter.NotifyChannel()
 	if err := s.releases.release(ctx, c, s.adapter.ReleaseOffset(p)); err != nil {
-		if errors.Is(err, ErrOwnershipLost) && s.stats != nil {
+		if errors.Is(err, ErrOwnershipLost) {
 			s.stats.fenced.Add(1)
 		}
 		return err
 	}
-	if s.stats != nil {
-		s.stats.releases.Add(1)
-	}
+	s.stats.releases.Add(1)
 	c.committed = c.acked
 	return nil
 }

@@ -126,9 +126,6 @@ func NewPublisher(db DB, config PublisherConfig, logger watermill.LoggerAdapter)
 //
 // After [Publisher.Close], Publish returns ErrPublisherClosed.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
-	if err := validateTopic(topic); err != nil {
-		return err
-	}
 	params, err := buildInsertParams(topic, msgs, p.config.PartitionKey)
 	if err != nil {
 		return err
@@ -212,7 +209,12 @@ func (p *Publisher) initializeSchema(ctx context.Context) error {
 	return nil
 }
 
+// buildInsertParams validates topic and msgs and returns the parameters that
+// write them, placed by keyFunc (see PublisherConfig.PartitionKey).
 func buildInsertParams(topic string, msgs []*message.Message, keyFunc func(string, *message.Message) (string, error)) (InsertMessagesParams, error) {
+	if err := validateTopic(topic); err != nil {
+		return InsertMessagesParams{}, err
+	}
 	params := InsertMessagesParams{
 		Topics:   make([]string, len(msgs)),
 		UUIDs:    make([]string, len(msgs)),

@@ -83,7 +83,7 @@ type sessionKeeper struct {
 	// is trusted locally: the TTL less a margin for clock-rate differences
 	// and scheduling, so the process stops before the server expires it.
 	trust time.Duration
-	stats *subscriberStats // set by the Subscriber
+	stats *subscriberStats
 
 	mu      sync.Mutex
 	conn    *sessionConn  // acquired by the first start, released by close
@@ -102,10 +102,11 @@ type sessionKeeper struct {
 	onNewSession func()
 }
 
-func newSessionKeeper(pool *pgxpool.Pool, adapter SchemaAdapter, group string, ttl time.Duration, logger watermill.LoggerAdapter) *sessionKeeper {
+func newSessionKeeper(pool *pgxpool.Pool, adapter SchemaAdapter, group string, ttl time.Duration, stats *subscriberStats, logger watermill.LoggerAdapter) *sessionKeeper {
 	host, _ := os.Hostname()
 	return &sessionKeeper{
 		pool:     pool,
+		stats:    stats,
 		adapter:  adapter,
 		logger:   logger,
 		group:    group,
@@ -224,7 +225,7 @@ func (k *sessionKeeper) fenceLocked(g *sessionGen) {
 // loseLocked marks g lost and, if it is current, clears it.
 func (k *sessionKeeper) loseLocked(g *sessionGen) bool {
 	marked := g.markLost()
-	if marked && k.stats != nil {
+	if marked {
 		k.stats.sessionsLost.Add(1)
 	}
 	if k.cur == g {
@@ -317,9 +318,7 @@ func (k *sessionKeeper) heartbeat(g *sessionGen) (bool, error) {
 	if tag.RowsAffected() == 0 {
 		return false, nil
 	}
-	if k.stats != nil {
-		k.stats.heartbeat(time.Since(sent))
-	}
+	k.stats.heartbeat(time.Since(sent))
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.cur != g {

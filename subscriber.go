@@ -253,12 +253,14 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 	}
 	logger = logger.With(watermill.LogFields{"consumer_group": config.ConsumerGroup})
 	ctx, cancel := context.WithCancel(context.Background())
+	stats := newSubscriberStats()
 	s := &Subscriber{
 		pool:      pool,
 		config:    config,
 		logger:    logger,
-		offsets:   newOffsetStore(pool, config.SchemaAdapter, config.CloseTimeout, logger),
-		session:   newSessionKeeper(pool, config.SchemaAdapter, config.ConsumerGroup, config.SessionTTL, logger),
+		offsets:   newOffsetStore(pool, config.SchemaAdapter, config.CloseTimeout, stats, logger),
+		session:   newSessionKeeper(pool, config.SchemaAdapter, config.ConsumerGroup, config.SessionTTL, stats, logger),
+		stats:     stats,
 		closeDone: make(chan struct{}),
 		giveUp:    make(chan struct{}),
 		slots:     map[rowKey]*topicSlot{},
@@ -266,9 +268,6 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		cancel:    cancel,
 	}
 	s.releaseCtx, s.releaseCancel = context.WithCancel(context.Background())
-	s.stats = newSubscriberStats()
-	s.session.stats = s.stats
-	s.offsets.stats = s.stats
 	s.member = newGroupMember(s)
 	s.hub = newWakeHub(s.member, config.ConsumerGroup)
 	s.session.onNewSession = s.member.wake
@@ -1087,25 +1086,39 @@ func (c *consumer) deliver(g *sessionGen, cl *claim, m storedMessage, attempt in
 // that message out without its position being committed. It retries while
 // the database cannot be reached.
 func (c *consumer) countHead(g *sessionGen, cl *claim) (int, outcome) {
+	var n int
+	res := c.fencedWrite(g, cl, "Cannot count the delivery, retrying", func(ctx context.Context) (err error) {
+		n, err = c.s.offsets.countHead(ctx, cl)
+		return err
+	})
+	return n, res
+}
+
+// fencedWrite runs write, a statement fenced by cl's session and epoch,
+// retrying with backoff while the database cannot be reached (logging
+// retryMsg). It reports acked when it went through, lost when the row was
+// taken over, and stopped or why a wait was interrupted otherwise. The end
+// of the subscription cuts a write off.
+func (c *consumer) fencedWrite(g *sessionGen, cl *claim, retryMsg string, write func(context.Context) error) outcome {
 	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
 	for {
 		ctx, cancel := context.WithTimeout(c.ctx, c.s.config.SessionTTL)
-		n, err := c.s.offsets.countHead(ctx, cl)
+		err := write(ctx)
 		cancel()
 		if err == nil {
-			return n, acked
+			return acked
 		}
 		if errors.Is(err, ErrOwnershipLost) {
 			c.logger.Info("Topic was taken over by another session (fenced), delivery stopped",
 				watermill.LogFields{"epoch": cl.epoch, "session_id": cl.sessionID.String(), "error": err.Error()})
-			return 0, lost
+			return lost
 		}
 		if c.ctx.Err() != nil {
-			return 0, stopped
+			return stopped
 		}
-		c.logger.Error("Cannot count the delivery, retrying", err, nil)
+		c.logger.Error(retryMsg, err, nil)
 		if !sleep(retry.delay(), c.ctx.Done(), g.lost) {
-			return 0, c.interrupted()
+			return c.interrupted()
 		}
 	}
 }
@@ -1197,27 +1210,9 @@ func (c *consumer) flush(g *sessionGen, cl *claim) outcome {
 	if !cl.dirty() {
 		return acked
 	}
-	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
-	for {
-		// The end of the subscription may cut a commit off: the release
-		// that follows writes the same position, fenced the same way.
-		ctx, cancel := context.WithTimeout(c.ctx, c.s.config.SessionTTL)
-		err := c.s.offsets.commit(ctx, cl)
-		cancel()
-		if err == nil {
-			return acked
-		}
-		if errors.Is(err, ErrOwnershipLost) {
-			c.logger.Info("Topic was taken over by another session (fenced), delivery stopped",
-				watermill.LogFields{"epoch": cl.epoch, "session_id": cl.sessionID.String(), "error": err.Error()})
-			return lost
-		}
-		if c.ctx.Err() != nil {
-			return stopped // the release writes the position
-		}
-		c.logger.Error("Cannot commit offset, retrying", err, nil)
-		if !sleep(retry.delay(), c.ctx.Done(), g.lost) {
-			return c.interrupted()
-		}
-	}
+	// The end of the subscription may cut a commit off (stopped): the
+	// release that follows writes the same position, fenced the same way.
+	return c.fencedWrite(g, cl, "Cannot commit offset, retrying", func(ctx context.Context) error {
+		return c.s.offsets.commit(ctx, cl)
+	})
 }
