@@ -61,3 +61,9 @@ func validateTopic(topic string) error {
 func validText(s string) bool {
 	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
 }
+
+// ErrSkippedByRetention is the error logged (Watermill's logger has no
+// Warn level) when the maintainer removes messages, past their topic's
+// retention, that a consumer group had not acknowledged: the group skips
+// them.
+var ErrSkippedByRetention = errors.New("pglease: messages removed by retention before the consumer group acknowledged them")

@@ -246,6 +246,7 @@ func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.N
 			return err
 		}
 		batch := &pgx.Batch{}
+		var inserts []Query
 		if len(out) > 0 {
 			if config.PublishTopic == "" {
 				return fmt.Errorf("%w: the handler of message %s returned %d messages, but TxHandlerConfig.PublishTopic is empty",
@@ -256,12 +257,17 @@ func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.N
 				return err
 			}
 			params.NotifyChannel = adapter.NotifyChannel()
-			insert := adapter.InsertMessages(params)
-			batch.Queue(insert.SQL, insert.Args...)
+			inserts, err = insertQueries(adapter, params)
+			if err != nil {
+				return err
+			}
+			for _, q := range inserts {
+				batch.Queue(q.SQL, q.Args...)
+			}
 		}
 		batch.Queue(ack.SQL, ack.Args...)
 		results := tx.SendBatch(ctx, batch)
-		if len(out) > 0 {
+		for range inserts {
 			if _, err := results.Exec(); err != nil {
 				_ = results.Close()
 				return fmt.Errorf("publish %d messages to topic %q: %w", len(out), config.PublishTopic, wrapMissingSchema(err))

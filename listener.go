@@ -18,6 +18,7 @@ import (
 // concurrent use.
 type wakeHub struct {
 	member *groupMember
+	maint  *maintainer // nil when maintenance is disabled
 	group  string
 
 	mu      sync.Mutex
@@ -26,8 +27,8 @@ type wakeHub struct {
 	idle map[*consumer]Position
 }
 
-func newWakeHub(member *groupMember, group string) *wakeHub {
-	return &wakeHub{member: member, group: group,
+func newWakeHub(member *groupMember, maint *maintainer, group string) *wakeHub {
+	return &wakeHub{member: member, maint: maint, group: group,
 		byTopic: map[string][]*consumer{}, idle: map[*consumer]Position{}}
 }
 
@@ -67,7 +68,9 @@ func (h *wakeHub) clearIdle(c *consumer) {
 // the group started, ended or changed its topics) the group member, "p" +
 // topic (partition count raised) the member, to start consumers for the new
 // partitions, "x" + topic (offsets reset by an operator) the member, to give
-// its rows of the topic up and claim them again. A reset notified while
+// its rows of the topic up and claim them again; "e" (the maintainer's row
+// was released), "d" + due time (delayed messages stored) and "t" + topic
+// (a retention changed) the maintainer. A reset notified while
 // the listener reconnects is caught at the owner's next commit instead,
 // which the reset's epoch bump refuses.
 func (h *wakeHub) notify(payload string) {
@@ -105,6 +108,8 @@ func (h *wakeHub) notify(payload string) {
 		h.member.topicChanged(&name)
 	case 'x':
 		h.member.offsetsReset(name)
+	case 'e', 'd', 't':
+		h.maint.notified(kind)
 	}
 }
 
@@ -123,6 +128,7 @@ func (h *wakeHub) wakeAll() {
 	h.mu.Unlock()
 	h.member.topicChanged(nil)
 	h.member.membersChanged()
+	h.maint.wakeAll()
 }
 
 func (h *wakeHub) idleSnapshot() ([]*consumer, VisibleTopicsParams) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -152,9 +153,12 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		return err
 	}
 	params.NotifyChannel = p.notifyChannel
-	if p.group != nil {
+	switch {
+	case params.DueAt != nil:
+		err = execDelayed(ctx, p.db, p.config.SchemaAdapter, params)
+	case p.group != nil:
 		err = p.group.publish(ctx, params)
-	} else {
+	default:
 		err = execInsert(ctx, p.db, p.config.SchemaAdapter, params)
 	}
 	if err != nil {
@@ -221,6 +225,7 @@ func buildInsertParams(topic string, msgs []*message.Message, keyFunc func(strin
 		Payloads: make([][]byte, len(msgs)),
 		Metadata: make([]string, len(msgs)),
 	}
+	now := time.Now()
 	for i, msg := range msgs {
 		if msg == nil {
 			return params, fmt.Errorf("%w: message %d of %d is nil", ErrInvalidMessage, i, len(msgs))
@@ -232,6 +237,16 @@ func buildInsertParams(topic string, msgs []*message.Message, keyFunc func(strin
 			if !validText(k) || !validText(v) {
 				return params, fmt.Errorf("%w: metadata %q of message %s must be UTF-8 without NUL bytes", ErrInvalidMessage, k, msg.UUID)
 			}
+		}
+		due, delayed, err := messageDue(msg.Metadata, now)
+		if err != nil {
+			return params, fmt.Errorf("message %s: %w", msg.UUID, err)
+		}
+		if delayed {
+			if params.DueAt == nil {
+				params.DueAt = make([]time.Time, len(msgs))
+			}
+			params.DueAt[i] = due
 		}
 		h, keyed, err := partitionHash(keyFunc, topic, msg)
 		if err != nil {

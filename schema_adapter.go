@@ -21,6 +21,9 @@ const (
 	DefaultConsumerOffsetsTable  = "pglease_consumer_offsets"
 	DefaultSchemaVersionTable    = "pglease_schema_version"
 	DefaultTopicsTable           = "pglease_topics"
+	DefaultDelayedTable          = "pglease_delayed"
+	DefaultMaintenanceTable      = "pglease_maintenance"
+	DefaultRetentionTable        = "pglease_retention"
 )
 
 // Query is one SQL statement and its parameters, as built by a [SchemaAdapter].
@@ -54,6 +57,10 @@ type InsertMessagesParams struct {
 	// NotifyChannel, when not empty, is the channel notified once per
 	// distinct topic when the statement's transaction commits.
 	NotifyChannel string
+	// DueAt, when not nil, holds one time per message: the message is
+	// delayed until then (Watermill's delay metadata). Only
+	// [MaintenanceAdapter.InsertDelayed] uses it.
+	DueAt []time.Time
 }
 
 // SelectMessagesParams select the next messages of a topic after a position.
@@ -77,6 +84,11 @@ type VisibleTopicsParams struct {
 type TopicParams struct {
 	Topic      string
 	Partitions int
+	// Retention is how long the topic's messages are kept (0: forever),
+	// and RetentionClass its class (see [DefaultSchemaAdapter.Migrations],
+	// version 6), 0 for no retention.
+	Retention      time.Duration
+	RetentionClass int
 	// NotifyChannel, when not empty, is notified with "p" + topic when the
 	// statement creates the topic or raises its partition count.
 	NotifyChannel string
@@ -280,6 +292,12 @@ type DefaultSchemaAdapter struct {
 	SchemaVersionTable string
 	// TopicsTable defaults to DefaultTopicsTable.
 	TopicsTable string
+	// DelayedTable defaults to DefaultDelayedTable.
+	DelayedTable string
+	// MaintenanceTable defaults to DefaultMaintenanceTable.
+	MaintenanceTable string
+	// RetentionTable defaults to DefaultRetentionTable.
+	RetentionTable string
 }
 
 func (a DefaultSchemaAdapter) ident(name, def string) string {
@@ -308,6 +326,43 @@ func (a DefaultSchemaAdapter) topics() string {
 	return a.ident(a.TopicsTable, DefaultTopicsTable)
 }
 
+func (a DefaultSchemaAdapter) delayed() string {
+	return a.ident(a.DelayedTable, DefaultDelayedTable)
+}
+
+func (a DefaultSchemaAdapter) maintenance() string {
+	return a.ident(a.MaintenanceTable, DefaultMaintenanceTable)
+}
+
+func (a DefaultSchemaAdapter) retention() string {
+	return a.ident(a.RetentionTable, DefaultRetentionTable)
+}
+
+// partitionName returns the bare (unquoted, unqualified) name of a
+// partition of the messages table: its name, "_" and suffix, with the
+// table's name shortened and a hash of it added when that would exceed
+// PostgreSQL's 63 bytes.
+func (a DefaultSchemaAdapter) partitionName(suffix string) string {
+	base := a.MessagesTable
+	if base == "" {
+		base = DefaultMessagesTable
+	}
+	name := base + "_" + suffix
+	if len(name) <= 63 {
+		return name
+	}
+	sum := sha256.Sum256([]byte(base))
+	return base[:63-len(suffix)-10] + "_" + hex.EncodeToString(sum[:4]) + "_" + suffix
+}
+
+// partition returns the quoted, schema-qualified name of a partition.
+func (a DefaultSchemaAdapter) partition(suffix string) string {
+	if a.Schema == "" {
+		return pgx.Identifier{a.partitionName(suffix)}.Sanitize()
+	}
+	return pgx.Identifier{a.Schema, a.partitionName(suffix)}.Sanitize()
+}
+
 // indexName builds a quoted index name from a table name; indexes live in
 // the table's schema, so the name is not schema-qualified.
 func (a DefaultSchemaAdapter) indexName(table, def, suffix string) string {
@@ -330,6 +385,9 @@ func (a DefaultSchemaAdapter) validate() error {
 		{"ConsumerOffsetsTable", a.ConsumerOffsetsTable},
 		{"SchemaVersionTable", a.SchemaVersionTable},
 		{"TopicsTable", a.TopicsTable},
+		{"DelayedTable", a.DelayedTable},
+		{"MaintenanceTable", a.MaintenanceTable},
+		{"RetentionTable", a.RetentionTable},
 	} {
 		if len(n.value) > 63 {
 			return fmt.Errorf("DefaultSchemaAdapter.%s must be at most 63 bytes, got %d", n.field, len(n.value))
@@ -440,7 +498,108 @@ CREATE INDEX IF NOT EXISTS ` + a.indexName(a.ConsumerSessionsTable, DefaultConsu
 		Description: "delivery attempts: claims that handed out the message after the position",
 		SQL: `ALTER TABLE ` + a.offsets() + `
 	ADD COLUMN IF NOT EXISTS head_deliveries integer NOT NULL DEFAULT 0;`,
+	}, {
+		Version:     6,
+		Description: "maintenance: retention partitions, delayed messages, the maintainer's election",
+		SQL:         a.migration6(),
 	}}
+}
+
+// migration6 turns the messages table into a table partitioned by
+// (retention_class, expires_at) without copying a row: the existing table,
+// with its rows, index and positions, becomes the partition of the
+// messages kept forever (class 0); the maintainer adds a partition per
+// time slot of each retention class in use and drops it, whole, once every
+// message in it has expired. Offsets continue from the old table's
+// sequence. The conversion is skipped when the table is partitioned
+// already, so that the script of SchemaSQL can run twice.
+func (a DefaultSchemaAdapter) migration6() string {
+	forever := a.partitionName("forever")
+	convert := `ALTER TABLE ` + a.messages() + ` RENAME TO ` + pgx.Identifier{forever}.Sanitize() + `;
+ALTER TABLE ` + a.partition("forever") + `
+	ADD COLUMN retention_class smallint NOT NULL DEFAULT 0,
+	ADD COLUMN expires_at timestamptz NOT NULL DEFAULT 'infinity';
+CREATE TABLE ` + a.messages() + ` (
+	"offset"        bigint GENERATED ALWAYS AS IDENTITY,
+	topic           text COLLATE "C" NOT NULL,
+	partition       integer NOT NULL DEFAULT 0,
+	transaction_id  xid8 NOT NULL DEFAULT pg_current_xact_id(),
+	uuid            text NOT NULL,
+	payload         bytea,
+	metadata        jsonb,
+	created_at      timestamptz NOT NULL DEFAULT now(),
+	retention_class smallint NOT NULL DEFAULT 0,
+	expires_at      timestamptz NOT NULL DEFAULT 'infinity'
+) PARTITION BY RANGE (retention_class, expires_at);
+PERFORM setval(pg_get_serial_sequence(` + quoteLiteral(a.messages()) + `, 'offset'),
+	COALESCE(pg_sequence_last_value(pg_get_serial_sequence(` + quoteLiteral(a.partition("forever")) + `, 'offset')::regclass), 0) + 1,
+	false);
+ALTER TABLE ` + a.partition("forever") + ` ALTER COLUMN "offset" DROP IDENTITY;
+ALTER TABLE ` + a.messages() + ` ATTACH PARTITION ` + a.partition("forever") + `
+	FOR VALUES FROM (0, MINVALUE) TO (1, MINVALUE);`
+	return `DO $pglease$
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = to_regclass(` + quoteLiteral(a.messages()) + `)) THEN
+` + doStatements(convert) + `
+	END IF;
+END
+$pglease$;
+
+ALTER TABLE ` + a.topics() + `
+	ADD COLUMN IF NOT EXISTS retention interval NOT NULL DEFAULT '0',
+	ADD COLUMN IF NOT EXISTS retention_class smallint NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS ` + a.indexName(a.TopicsTable, DefaultTopicsTable, "retention_idx") + `
+	ON ` + a.topics() + ` (retention_class) WHERE retention_class > 0;
+
+-- One row per retention class in use: the partitions of the class cover
+-- expiry times up to covered_until, contiguously from the present on.
+CREATE TABLE IF NOT EXISTS ` + a.retention() + ` (
+	retention_class smallint PRIMARY KEY,
+	covered_until   timestamptz NOT NULL DEFAULT '-infinity',
+	updated_at      timestamptz NOT NULL DEFAULT now()
+);
+
+-- Messages published with a delay wait here until due_at.
+CREATE TABLE IF NOT EXISTS ` + a.delayed() + ` (
+	id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	due_at         timestamptz NOT NULL,
+	topic          text COLLATE "C" NOT NULL,
+	partition_hash integer,
+	uuid           text NOT NULL,
+	payload        bytea,
+	metadata       jsonb,
+	created_at     timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS ` + a.indexName(a.DelayedTable, DefaultDelayedTable, "due_idx") + `
+	ON ` + a.delayed() + ` (due_at, id);
+
+-- The maintainer: the row is owned through a consumer session, like an
+-- offset row.
+CREATE TABLE IF NOT EXISTS ` + a.maintenance() + ` (
+	name       text PRIMARY KEY,
+	session_id uuid,
+	epoch      bigint NOT NULL DEFAULT 0,
+	updated_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO ` + a.maintenance() + ` (name) VALUES ('maintainer') ON CONFLICT (name) DO NOTHING;`
+}
+
+// doStatements turns a script into PL/pgSQL statements run with EXECUTE
+// (a PERFORM line stays as it is).
+func doStatements(script string) string {
+	var b strings.Builder
+	for _, stmt := range strings.Split(script, ";\n") {
+		stmt = strings.TrimSuffix(strings.TrimSpace(stmt), ";")
+		if stmt == "" {
+			continue
+		}
+		if strings.HasPrefix(stmt, "PERFORM ") {
+			b.WriteString("\t\t" + stmt + ";\n")
+			continue
+		}
+		b.WriteString("\t\tEXECUTE " + quoteLiteral(stmt) + ";\n")
+	}
+	return b.String()
 }
 
 // NotifyChannel implements [SchemaAdapter]. The name is derived from the
@@ -472,12 +631,14 @@ func (a DefaultSchemaAdapter) InsertMessages(p InsertMessagesParams) Query {
 	}
 	const partitionOf = `((COALESCE(m.hash, hashtext(m.uuid))::bigint & 4294967295) %% %s)::integer`
 	if oneTopic(p.Topics) {
-		insert := `INSERT INTO ` + a.messages() + ` (topic, partition, uuid, payload, metadata)
+		insert := `INSERT INTO ` + a.messages() + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at)
 SELECT $1::text, CASE WHEN p.n = 1 THEN 0 ELSE ` + fmt.Sprintf(partitionOf, "p.n") + ` END,
-	m.uuid, m.payload, NULLIF(m.metadata, '')::jsonb
+	m.uuid, m.payload, NULLIF(m.metadata, '')::jsonb, p.rc, p.exp
 FROM p, unnest($2::text[], $3::bytea[], $4::text[], $5::int4[]) WITH ORDINALITY AS m(uuid, payload, metadata, hash, n)
 ORDER BY m.n`
-		count := `p AS (SELECT COALESCE((SELECT tp.partitions FROM ` + a.topics() + ` tp WHERE tp.topic = $1::text), 1) AS n)`
+		count := `p AS (SELECT COALESCE(tp.partitions, 1) AS n, ` + a.placement("tp", "r") + `
+	FROM (SELECT 1) one LEFT JOIN ` + a.topics() + ` tp ON tp.topic = $1::text
+	CROSS JOIN LATERAL (` + a.placementCheck("tp") + `) r)`
 		if p.NotifyChannel == "" {
 			return Query{SQL: `WITH ` + count + `
 ` + insert, Args: []any{p.Topics[0], p.UUIDs, p.Payloads, p.Metadata, hashes}}
@@ -499,9 +660,12 @@ FROM (SELECT DISTINCT ` + fmt.Sprintf(partitionOf, "(SELECT n FROM p)") + ` AS p
 		}
 	}
 	partitions := `COALESCE((SELECT tp.partitions FROM ` + a.topics() + ` tp WHERE tp.topic = m.topic), 1)`
-	insert := `INSERT INTO ` + a.messages() + ` (topic, partition, uuid, payload, metadata)
-SELECT m.topic, ` + fmt.Sprintf(partitionOf, partitions) + `, m.uuid, m.payload, NULLIF(m.metadata, '')::jsonb
+	insert := `INSERT INTO ` + a.messages() + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at)
+SELECT m.topic, ` + fmt.Sprintf(partitionOf, "COALESCE(tp.partitions, 1)") + `, m.uuid, m.payload, NULLIF(m.metadata, '')::jsonb,
+	` + a.placement("tp", "r") + `
 FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::int4[]) WITH ORDINALITY AS m(topic, uuid, payload, metadata, hash, n)
+LEFT JOIN ` + a.topics() + ` tp ON tp.topic = m.topic
+CROSS JOIN LATERAL (` + a.placementCheck("tp") + `) r
 ORDER BY m.n`
 	if p.NotifyChannel == "" {
 		return Query{SQL: insert, Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, hashes}}
@@ -517,21 +681,58 @@ FROM (SELECT DISTINCT m.topic, ` + fmt.Sprintf(partitionOf, partitions) + ` AS p
 	}
 }
 
-// UpsertTopic implements [SchemaAdapter].
+// placementCheck is a one-row query, lateral to the topics row tp (NULL
+// for a topic without settings), that decides where a message published
+// now goes: ok is true when the topic has a retention and a partition of
+// its class covers now + retention (the maintainer keeps them ahead), ck
+// is the time the expiry counts from. Otherwise the message goes to the
+// partition of messages kept forever, from which the maintainer deletes
+// it, row by row, once its retention has passed. A topic without retention
+// pays nothing more than the columns: the covered_until lookup runs only
+// for topics with a retention class.
+func (a DefaultSchemaAdapter) placementCheck(tp string) string {
+	return `SELECT CASE WHEN ` + tp + `.retention_class > 0
+		THEN k.ck + ` + tp + `.retention < (SELECT l.covered_until FROM ` + a.retention() + ` l
+			WHERE l.retention_class = ` + tp + `.retention_class)
+		ELSE false END AS ok, k.ck
+	FROM (SELECT clock_timestamp() AS ck) k`
+}
+
+// placement is the retention_class and expires_at values of a message,
+// from the topics row tp and placementCheck's row r.
+func (a DefaultSchemaAdapter) placement(tp, r string) string {
+	return `CASE WHEN ` + r + `.ok THEN ` + tp + `.retention_class ELSE 0 END AS rc,
+	CASE WHEN ` + r + `.ok THEN ` + r + `.ck + ` + tp + `.retention ELSE 'infinity' END AS exp`
+}
+
+// UpsertTopic implements [SchemaAdapter]. Besides the partition count it
+// sets the retention (both ways); a change of retention is notified with
+// "t" + topic, for the maintainer, and a retention class gets its row in
+// the retention table, so that the maintainer adds its partitions.
 func (a DefaultSchemaAdapter) UpsertTopic(p TopicParams) Query {
 	return Query{
 		SQL: `WITH old AS (
-	SELECT partitions FROM ` + a.topics() + ` WHERE topic = $1
+	SELECT partitions, retention FROM ` + a.topics() + ` WHERE topic = $1
 ), up AS (
-	INSERT INTO ` + a.topics() + ` AS t (topic, partitions) VALUES ($1, $2)
-	ON CONFLICT (topic) DO UPDATE SET partitions = EXCLUDED.partitions, updated_at = now()
-		WHERE t.partitions < EXCLUDED.partitions
-	RETURNING partitions
+	INSERT INTO ` + a.topics() + ` AS t (topic, partitions, retention, retention_class)
+	VALUES ($1, $2, $4::bigint * interval '1 microsecond', $5)
+	ON CONFLICT (topic) DO UPDATE SET partitions = EXCLUDED.partitions, retention = EXCLUDED.retention,
+		retention_class = EXCLUDED.retention_class, updated_at = now()
+		WHERE t.partitions <= EXCLUDED.partitions
+			AND (t.partitions < EXCLUDED.partitions OR t.retention <> EXCLUDED.retention)
+	RETURNING partitions, retention
+), lane AS (
+	INSERT INTO ` + a.retention() + ` (retention_class) SELECT $5 WHERE $5 > 0
+	ON CONFLICT (retention_class) DO NOTHING
 ), notified AS (
-	SELECT pg_notify($3, 'p' || $1) FROM up WHERE $3 <> ''
+	SELECT pg_notify($3, 'p' || $1) FROM up
+	WHERE $3 <> '' AND up.partitions > COALESCE((SELECT partitions FROM old), 0)
+	UNION ALL
+	SELECT pg_notify($3, 't' || $1) FROM up
+	WHERE $3 <> '' AND up.retention IS DISTINCT FROM COALESCE((SELECT retention FROM old), '0')
 )
 SELECT (SELECT partitions FROM old), (SELECT partitions FROM up), (SELECT count(*) FROM notified)`,
-		Args: []any{p.Topic, p.Partitions, p.NotifyChannel},
+		Args: []any{p.Topic, p.Partitions, p.NotifyChannel, p.Retention.Microseconds(), int16(p.RetentionClass)},
 	}
 }
 

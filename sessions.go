@@ -97,6 +97,10 @@ type sessionKeeper struct {
 	stop chan struct{}
 	done chan struct{}
 
+	// cleanup makes the keeper delete expired sessions of others now and
+	// then (when no maintainer does).
+	cleanup bool
+
 	// onNewSession, when set, is called (under mu, so it must not block)
 	// each time a session generation becomes current.
 	onNewSession func()
@@ -288,7 +292,7 @@ func (k *sessionKeeper) run() {
 		default:
 			retry.reset()
 			beats++
-			if beats%cleanupEvery == 0 {
+			if k.cleanup && beats%cleanupEvery == 0 {
 				k.deleteExpired()
 			}
 			// The next heartbeat is due an interval after this one was

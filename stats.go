@@ -42,6 +42,30 @@ type SubscriberStats struct {
 	OwnedRows int
 	// Heartbeats holds the latency of successful heartbeats.
 	Heartbeats LatencyHistogram
+
+	// Maintainer tells whether this Subscriber is the maintainer now (see
+	// MaintenanceConfig); MaintainerTerms counts the times it was elected.
+	// The counters below grow only while it is.
+	Maintainer      bool
+	MaintainerTerms uint64
+	// DelayedMoved counts delayed messages moved into their topics.
+	DelayedMoved uint64
+	// RetentionSkipped counts messages removed by retention before a
+	// consumer group had acknowledged them (per group: a message two
+	// groups had not consumed counts twice). Counted just before removal,
+	// so a message acknowledged in that moment may be counted too.
+	RetentionSkipped uint64
+	// RetentionPartitionsCreated and RetentionPartitionsDropped count the
+	// partitions of retention classes added and removed whole;
+	// RetentionRowsDeleted the messages deleted one by one from the
+	// partition of messages kept forever.
+	RetentionPartitionsCreated uint64
+	RetentionPartitionsDropped uint64
+	RetentionRowsDeleted       uint64
+	// SessionsDeleted counts expired sessions of any Subscriber deleted;
+	// GroupsRemoved idle consumer groups whose offsets were removed.
+	SessionsDeleted uint64
+	GroupsRemoved   uint64
 }
 
 // LatencyHistogram is a cumulative histogram: Buckets[i] counts the
@@ -57,6 +81,9 @@ type LatencyHistogram struct {
 type subscriberStats struct {
 	claims, takeovers, releases, fenced, sessionsLost atomic.Uint64
 	delivered, acked, nacked                          atomic.Uint64
+	maintainerTerms, delayedMoved, retentionSkipped   atomic.Uint64
+	partitionsCreated, partitionsDropped, rowsDeleted atomic.Uint64
+	sessionsDeleted, groupsRemoved                    atomic.Uint64
 	hbCount, hbSumNanos                               atomic.Uint64
 	hbBounds                                          []time.Duration
 	hbBuckets                                         []atomic.Uint64
@@ -91,6 +118,16 @@ func (s *Subscriber) Stats() SubscriberStats {
 		Acked:         st.acked.Load(),
 		Nacked:        st.nacked.Load(),
 		OwnedRows:     s.member.ownedRows(),
+
+		Maintainer:                 s.maint != nil && s.maint.active.Load(),
+		MaintainerTerms:            st.maintainerTerms.Load(),
+		DelayedMoved:               st.delayedMoved.Load(),
+		RetentionSkipped:           st.retentionSkipped.Load(),
+		RetentionPartitionsCreated: st.partitionsCreated.Load(),
+		RetentionPartitionsDropped: st.partitionsDropped.Load(),
+		RetentionRowsDeleted:       st.rowsDeleted.Load(),
+		SessionsDeleted:            st.sessionsDeleted.Load(),
+		GroupsRemoved:              st.groupsRemoved.Load(),
 		Heartbeats: LatencyHistogram{
 			Count:   st.hbCount.Load(),
 			Sum:     time.Duration(st.hbSumNanos.Load()),

@@ -107,6 +107,11 @@ type SubscriberConfig struct {
 
 	// SchemaAdapter builds every SQL statement. Default DefaultSchemaAdapter{}.
 	SchemaAdapter SchemaAdapter
+
+	// Maintenance configures the maintenance this Subscriber runs if it is
+	// elected the maintainer: delayed messages, retention, expired
+	// sessions, idle groups. On by default.
+	Maintenance MaintenanceConfig
 }
 
 func (c *SubscriberConfig) setDefaults() {
@@ -134,6 +139,9 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.SchemaAdapter == nil {
 		c.SchemaAdapter = DefaultSchemaAdapter{}
 	}
+	if c.Maintenance.Interval == 0 {
+		c.Maintenance.Interval = DefaultMaintenanceInterval
+	}
 }
 
 func (c SubscriberConfig) validate() error {
@@ -157,6 +165,12 @@ func (c SubscriberConfig) validate() error {
 	}
 	if c.StartFrom != StartFromEarliest && c.StartFrom != StartFromLatest {
 		return fmt.Errorf("SubscriberConfig.StartFrom must be StartFromEarliest or StartFromLatest, got %d", c.StartFrom)
+	}
+	if c.Maintenance.Interval < 0 {
+		return fmt.Errorf("SubscriberConfig.Maintenance.Interval must be positive, got %s", c.Maintenance.Interval)
+	}
+	if c.Maintenance.RemoveIdleGroupsAfter < 0 {
+		return fmt.Errorf("SubscriberConfig.Maintenance.RemoveIdleGroupsAfter must not be negative, got %s", c.Maintenance.RemoveIdleGroupsAfter)
 	}
 	if c.CloseTimeout < 0 {
 		return fmt.Errorf("SubscriberConfig.CloseTimeout must be positive, got %s", c.CloseTimeout)
@@ -199,6 +213,7 @@ type Subscriber struct {
 	hub      *wakeHub
 	listener *sharedListener // set with started
 	member   *groupMember
+	maint    *maintainer // nil when maintenance is disabled
 
 	mu         sync.Mutex
 	closed     bool
@@ -269,8 +284,14 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 	}
 	s.releaseCtx, s.releaseCancel = context.WithCancel(context.Background())
 	s.member = newGroupMember(s)
-	s.hub = newWakeHub(s.member, config.ConsumerGroup)
-	s.session.onNewSession = s.member.wake
+	s.maint = newMaintainer(s)
+	s.hub = newWakeHub(s.member, s.maint, config.ConsumerGroup)
+	s.session.onNewSession = func() {
+		s.member.wake()
+		s.maint.notified('e')
+	}
+	// The maintainer deletes expired sessions; without one, each Subscriber does.
+	s.session.cleanup = s.maint == nil
 	return s, nil
 }
 
@@ -334,6 +355,10 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		s.background.Add(2)
 		go s.pollIdle()
 		go s.member.run()
+		if s.maint != nil {
+			s.background.Add(1)
+			go s.maint.run()
+		}
 	}
 	// Under s.mu: a Close that follows finds the subscription registered
 	// and ends it (groupMember.cancelAll).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 )
@@ -28,6 +29,22 @@ type TopicConfig struct {
 	// group.
 	Partitions int
 
+	// Retention is how long messages of the topic are kept after they
+	// were published (or, for delayed messages, became due): older ones
+	// are removed whether consumed or not, as in Kafka. 0 keeps them
+	// forever (the default); otherwise between [MinRetention] and
+	// [MaxRetention]. Removal is done by the maintainer (see
+	// [MaintenanceConfig]) a partition at a time, so a message may live up
+	// to a quarter of its retention longer. A consumer group whose
+	// position falls behind retention skips the removed messages; the
+	// maintainer logs it at Warn level and counts it
+	// (SubscriberStats.RetentionSkipped). Setting the topic again with
+	// another Retention changes it for the messages published from then
+	// on; messages already stored keep the expiry they were given, except
+	// that messages kept forever (published before the topic had a
+	// retention) are deleted once they are older than the new retention.
+	Retention time.Duration
+
 	// SchemaAdapter names the tables. Default DefaultSchemaAdapter{}.
 	SchemaAdapter SchemaAdapter
 	// InitializeSchema creates or migrates the tables first.
@@ -35,7 +52,9 @@ type TopicConfig struct {
 }
 
 // CreateTopic stores the settings of topic. It is idempotent: creating a
-// topic again with the same settings does nothing.
+// topic again with the same settings does nothing. Every setting is what
+// config says: calling it again with another Retention (0 included)
+// changes the retention.
 //
 // The partition count of an existing topic may be raised: messages
 // published from then on spread over the new partitions, so a key may map
@@ -61,6 +80,10 @@ func CreateTopic(ctx context.Context, db DB, topic string, config TopicConfig) e
 		return fmt.Errorf("%w: create topic %q: TopicConfig.Partitions must be between 1 and %d, got %d",
 			ErrInvalidConfig, topic, MaxPartitions, config.Partitions)
 	}
+	if config.Retention != 0 && (config.Retention < MinRetention || config.Retention > MaxRetention) {
+		return fmt.Errorf("%w: create topic %q: TopicConfig.Retention must be 0 (forever) or between %s and %s, got %s",
+			ErrInvalidConfig, topic, MinRetention, MaxRetention, config.Retention)
+	}
 	adapter := config.SchemaAdapter
 	if adapter == nil {
 		adapter = DefaultSchemaAdapter{}
@@ -76,6 +99,7 @@ func CreateTopic(ctx context.Context, db DB, topic string, config TopicConfig) e
 		}
 	}
 	q := adapter.UpsertTopic(TopicParams{Topic: topic, Partitions: config.Partitions,
+		Retention: config.Retention, RetentionClass: retentionClass(config.Retention),
 		NotifyChannel: adapter.NotifyChannel()})
 	var oldN, newN *int32
 	var notified int64

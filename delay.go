@@ -1,0 +1,98 @@
+package pglease
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/components/delay"
+	"github.com/jackc/pgx/v5"
+)
+
+// messageDue returns the time a message is delayed until, from Watermill's
+// delay metadata (delay.DelayedUntilKey, set by delay.Message, the
+// DelayOnError middleware and the requeuer's users), and whether it is
+// still ahead. A time that has passed, by this process's clock (the clock
+// that computed it), means no delay: the message is stored at once.
+func messageDue(msgMeta map[string]string, now time.Time) (time.Time, bool, error) {
+	v, ok := msgMeta[delay.DelayedUntilKey]
+	if !ok || v == "" {
+		return time.Time{}, false, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("%w: metadata %s is not an RFC 3339 time: %q", ErrInvalidMessage, delay.DelayedUntilKey, v)
+	}
+	return t, t.After(now), nil
+}
+
+// splitDelayed splits params into the messages stored now and those
+// delayed (params.DueAt set for them); either may be empty. Order is kept
+// within each part.
+func splitDelayed(params InsertMessagesParams) (now, later InsertMessagesParams) {
+	if params.DueAt == nil {
+		return params, InsertMessagesParams{}
+	}
+	now = InsertMessagesParams{NotifyChannel: params.NotifyChannel}
+	later = InsertMessagesParams{NotifyChannel: params.NotifyChannel}
+	keyed := params.PartitionHashes != nil
+	for i := range params.UUIDs {
+		part := &now
+		if !params.DueAt[i].IsZero() {
+			part = &later
+			part.DueAt = append(part.DueAt, params.DueAt[i])
+		}
+		part.Topics = append(part.Topics, params.Topics[i])
+		part.UUIDs = append(part.UUIDs, params.UUIDs[i])
+		part.Payloads = append(part.Payloads, params.Payloads[i])
+		part.Metadata = append(part.Metadata, params.Metadata[i])
+		if keyed {
+			part.PartitionHashes = append(part.PartitionHashes, params.PartitionHashes[i])
+		}
+	}
+	return now, later
+}
+
+// insertQueries returns the statements that store params: the messages
+// due now in the messages table, the delayed ones in the delayed table.
+func insertQueries(adapter SchemaAdapter, params InsertMessagesParams) ([]Query, error) {
+	now, later := splitDelayed(params)
+	var qs []Query
+	if len(now.UUIDs) > 0 {
+		qs = append(qs, adapter.InsertMessages(now))
+	}
+	if len(later.UUIDs) > 0 {
+		m, ok := adapter.(MaintenanceAdapter)
+		if !ok {
+			return nil, fmt.Errorf("%w: delayed messages need a schema adapter that implements pglease.MaintenanceAdapter, %T does not",
+				ErrInvalidConfig, adapter)
+		}
+		qs = append(qs, m.InsertDelayed(later))
+	}
+	return qs, nil
+}
+
+// execDelayed stores params, some of them delayed: with one statement, or
+// with two in one transaction (a savepoint on a pgx.Tx), so that the call
+// stores all of its messages or none.
+func execDelayed(ctx context.Context, db DB, adapter SchemaAdapter, params InsertMessagesParams) error {
+	qs, err := insertQueries(adapter, params)
+	if err != nil {
+		return err
+	}
+	if len(qs) == 1 {
+		if _, err := db.Exec(ctx, qs[0].SQL, qs[0].Args...); err != nil {
+			return wrapMissingSchema(err)
+		}
+		return nil
+	}
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		for _, q := range qs {
+			if _, err := tx.Exec(ctx, q.SQL, q.Args...); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return wrapMissingSchema(err)
+}

@@ -1,0 +1,329 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultMaintenanceInterval is the default of MaintenanceConfig.Interval.
+const DefaultMaintenanceInterval = 30 * time.Second
+
+// MaintenanceConfig configures the maintenance that one Subscriber runs
+// for all Subscribers of a set of tables: moving delayed messages into
+// their topics when due, removing messages past their topic's retention,
+// expired sessions and, if asked, the offsets of idle consumer groups.
+//
+// Every Subscriber whose maintenance is not disabled is a candidate; one
+// of them, elected through the consumer-session rows they keep anyway, is
+// the maintainer at a time. It holds the role as long as its session
+// lives: when it closes, another candidate takes over at once; when its
+// process dies, when its session expires (after at most SessionTTL).
+// Standing by costs one statement per candidate about every SessionTTL.
+// The maintainer's own settings apply; give every Subscriber the same.
+type MaintenanceConfig struct {
+	// Disabled makes the Subscriber never run maintenance. With every
+	// Subscriber disabled, delayed messages are not delivered and
+	// retention removes nothing.
+	Disabled bool
+	// Interval is how often the maintainer deletes expired sessions,
+	// removes idle groups and looks for new retention settings it was not
+	// notified of. Default DefaultMaintenanceInterval (30s).
+	Interval time.Duration
+	// RemoveIdleGroupsAfter, when positive, deletes the offset rows of a
+	// consumer group that has had no live session and no commit or claim
+	// for that long: the group starts again as a new group (StartFrom). 0
+	// (the default) keeps them forever.
+	RemoveIdleGroupsAfter time.Duration
+}
+
+// maintenance batch sizes and bounds.
+const (
+	moveDueLimit        = 1000
+	keptDeleteLimit     = 5000
+	keptDeleteRounds    = 10
+	maxPartitionsRound  = 64
+	maintenanceStmtTime = 30 * time.Second
+	maxSkipLogs         = 20
+)
+
+// maintainer runs for a Subscriber: a candidate while its session lives,
+// the maintainer while it holds the maintainer's row.
+type maintainer struct {
+	s      *Subscriber
+	q      MaintenanceAdapter
+	cfg    MaintenanceConfig
+	logger watermill.LoggerAdapter
+
+	elect  chan struct{} // the row was released, or a new session opened
+	due    chan struct{} // delayed messages were stored
+	topics chan struct{} // a topic's retention changed
+
+	active atomic.Bool
+}
+
+func newMaintainer(s *Subscriber) *maintainer {
+	q, ok := s.config.SchemaAdapter.(MaintenanceAdapter)
+	if !ok || s.config.Maintenance.Disabled {
+		return nil
+	}
+	return &maintainer{
+		s: s, q: q, cfg: s.config.Maintenance,
+		logger: s.logger,
+		elect:  make(chan struct{}, 1),
+		due:    make(chan struct{}, 1),
+		topics: make(chan struct{}, 1),
+	}
+}
+
+func kick(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// notified handles the maintainer's notifications (nil-safe): "e" the row
+// was released, "d" delayed messages stored, "t" a retention changed.
+func (m *maintainer) notified(kind byte) {
+	if m == nil {
+		return
+	}
+	switch kind {
+	case 'e':
+		kick(m.elect)
+	case 'd':
+		kick(m.due)
+	case 't':
+		kick(m.topics)
+	}
+}
+
+// wakeAll runs every task soon, after notifications may have been missed.
+func (m *maintainer) wakeAll() {
+	if m == nil {
+		return
+	}
+	kick(m.elect)
+	kick(m.due)
+	kick(m.topics)
+}
+
+func (m *maintainer) run() {
+	defer m.s.background.Done()
+	ctx := m.s.ctx
+	retry := newBackoff(100*time.Millisecond, 5*time.Second)
+	for ctx.Err() == nil {
+		g, ready := m.s.session.current()
+		if g == nil {
+			select {
+			case <-ready:
+			case <-ctx.Done():
+			}
+			continue
+		}
+		epoch, wait, err := m.claim(ctx, g)
+		switch {
+		case err != nil:
+			if ctx.Err() == nil {
+				m.logger.Info("Cannot claim the maintainer's row, retrying", watermill.LogFields{"error": err.Error()})
+			}
+			wait = retry.delay()
+		case epoch != nil:
+			retry.reset()
+			m.lead(ctx, g, *epoch)
+			continue
+		default:
+			retry.reset()
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-m.elect:
+		case <-g.lost:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+}
+
+// claim tries to become the maintainer. When another session holds the
+// row, wait is when to try again: just after that session expires unless
+// it heartbeats.
+func (m *maintainer) claim(ctx context.Context, g *sessionGen) (*int64, time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, m.s.session.stmtTimeout())
+	defer cancel()
+	q := m.q.ClaimMaintainer(MaintainerParams{SessionID: g.id})
+	var epoch, expiresIn *int64
+	var holder *[16]byte
+	if err := m.s.pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&epoch, &holder, &expiresIn); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, 0, fmt.Errorf("the maintainer's row is missing (schema version 6 creates it)")
+		}
+		return nil, 0, wrapMissingSchema(err)
+	}
+	if epoch != nil {
+		return epoch, 0, nil
+	}
+	wait := 100 * time.Millisecond
+	if expiresIn != nil {
+		wait = max(wait, time.Duration(*expiresIn)*time.Millisecond+20*time.Millisecond)
+	}
+	return nil, wait, nil
+}
+
+// lead runs the maintenance while g lives and ctx has not ended, then
+// releases the row if the Subscriber is closing.
+func (m *maintainer) lead(ctx context.Context, g *sessionGen, epoch int64) {
+	m.active.Store(true)
+	m.s.stats.maintainerTerms.Add(1)
+	defer m.active.Store(false)
+	m.logger.Info("Elected the maintainer", watermill.LogFields{"session_id": g.id.String(), "epoch": epoch})
+
+	interval := m.cfg.Interval
+	dueT := time.NewTimer(0)
+	retT := time.NewTimer(0)
+	houseT := time.NewTimer(0)
+	defer dueT.Stop()
+	defer retT.Stop()
+	defer houseT.Stop()
+	dueRetry := newBackoff(100*time.Millisecond, 5*time.Second)
+	retRetry := newBackoff(100*time.Millisecond, 5*time.Second)
+	for {
+		if g.isLost() {
+			m.logger.Info("No longer the maintainer: its session was lost", watermill.LogFields{"session_id": g.id.String()})
+			return
+		}
+		select {
+		case <-ctx.Done():
+			m.release(g, epoch)
+			return
+		case <-g.lost:
+			continue
+		case <-m.elect:
+			continue
+		case <-m.due:
+		case <-dueT.C:
+		case <-m.topics:
+			retT.Reset(0)
+			continue
+		case <-retT.C:
+			next, err := m.retentionRound(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					m.logger.Error("Retention maintenance failed, retrying", err, nil)
+				}
+				next = retRetry.delay()
+			} else {
+				retRetry.reset()
+			}
+			if next <= 0 {
+				next = interval
+			}
+			retT.Reset(next)
+			continue
+		case <-houseT.C:
+			m.housekeeping(ctx)
+			houseT.Reset(interval)
+			continue
+		}
+		// Delayed messages.
+		next, err := m.moveDue(ctx)
+		dueT.Stop()
+		switch {
+		case err != nil:
+			if ctx.Err() == nil {
+				m.logger.Error("Moving due delayed messages failed, retrying", err, nil)
+			}
+			dueT.Reset(dueRetry.delay())
+		case next >= 0:
+			dueRetry.reset()
+			dueT.Reset(next)
+		default:
+			dueRetry.reset()
+		}
+	}
+}
+
+func (m *maintainer) release(g *sessionGen, epoch int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), m.s.config.CloseTimeout)
+	defer cancel()
+	q := m.q.ReleaseMaintainer(MaintainerParams{SessionID: g.id, Epoch: epoch, NotifyChannel: m.s.config.SchemaAdapter.NotifyChannel()})
+	if _, err := m.s.pool.Exec(ctx, q.SQL, q.Args...); err != nil {
+		m.logger.Info("Cannot release the maintainer's row; another Subscriber takes over when this session expires",
+			watermill.LogFields{"error": err.Error()})
+		return
+	}
+	m.logger.Debug("Released the maintainer's row", nil)
+}
+
+// moveDue moves due delayed messages into their topics and returns when
+// the next one is due (-1: none waits).
+func (m *maintainer) moveDue(ctx context.Context) (time.Duration, error) {
+	for {
+		sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
+		q := m.q.MoveDueMessages(MoveDueParams{Limit: moveDueLimit, NotifyChannel: m.s.config.SchemaAdapter.NotifyChannel()})
+		var moved int64
+		var nextMs *int64
+		err := m.s.pool.QueryRow(sctx, q.SQL, q.Args...).Scan(&moved, &nextMs)
+		cancel()
+		if err != nil {
+			return 0, fmt.Errorf("move due delayed messages: %w", wrapMissingSchema(err))
+		}
+		m.s.stats.delayedMoved.Add(uint64(moved))
+		if moved > 0 {
+			m.logger.Trace("Moved due delayed messages", watermill.LogFields{"count": moved})
+		}
+		if moved >= moveDueLimit {
+			continue
+		}
+		if nextMs == nil {
+			return -1, nil
+		}
+		return max(0, time.Duration(*nextMs)*time.Millisecond), nil
+	}
+}
+
+// housekeeping deletes expired sessions and, if configured, idle groups.
+func (m *maintainer) housekeeping(ctx context.Context) {
+	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
+	defer cancel()
+	q := m.s.config.SchemaAdapter.DeleteExpiredSessions(SessionParams{TTL: m.s.config.SessionTTL})
+	tag, err := m.s.pool.Exec(sctx, q.SQL, q.Args...)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.logger.Info("Cannot delete expired consumer sessions", watermill.LogFields{"error": err.Error()})
+		}
+	} else if n := tag.RowsAffected(); n > 0 {
+		m.s.stats.sessionsDeleted.Add(uint64(n))
+		m.logger.Debug("Deleted expired consumer sessions", watermill.LogFields{"count": n})
+	}
+	if m.cfg.RemoveIdleGroupsAfter <= 0 {
+		return
+	}
+	q = m.q.DeleteIdleGroups(m.cfg.RemoveIdleGroupsAfter)
+	rows, err := m.s.pool.Query(sctx, q.SQL, q.Args...)
+	if err != nil {
+		m.logger.Info("Cannot remove idle consumer groups", watermill.LogFields{"error": err.Error()})
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var group string
+		var n int64
+		if err := rows.Scan(&group, &n); err != nil {
+			break
+		}
+		m.s.stats.groupsRemoved.Add(1)
+		m.logger.Info("Removed the offsets of an idle consumer group", watermill.LogFields{
+			"idle_group": group, "rows": n, "idle_for": m.cfg.RemoveIdleGroupsAfter.String()})
+	}
+	if err := rows.Err(); err != nil && ctx.Err() == nil {
+		m.logger.Info("Cannot remove idle consumer groups", watermill.LogFields{"error": err.Error()})
+	}
+}

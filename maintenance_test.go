@@ -1,0 +1,184 @@
+package pglease_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/components/delay"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// TestDelayedMessageArrivesWhenDue publishes a message delayed by two
+// seconds and then undelayed ones: those arrive at once, the delayed one
+// no earlier than its time and within about a second after it.
+func TestDelayedMessageArrivesWhenDue(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{PollInterval: time.Hour})
+	msgs, err := sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, "the maintainer to be elected", func() bool { return sub.Stats().Maintainer })
+
+	// delay.Until stores whole seconds: take a time that is one.
+	due := time.Now().Add(2 * time.Second).Truncate(time.Second).Add(time.Second)
+	delayed := message.NewMessage(watermill.NewUUID(), []byte("later"))
+	delay.Message(delayed, delay.Until(due))
+	require.NoError(t, pub.Publish("t", delayed))
+	undelayed := publishN(t, pub, "t", 3)
+
+	for _, id := range undelayed {
+		m := receiveOne(t, msgs)
+		assert.Equal(t, id, m.UUID, "undelayed messages are not held back by the delayed one")
+		assert.True(t, time.Now().Before(due), "undelayed message arrived before the delayed one was due")
+		m.Ack()
+	}
+	m := receiveOne(t, msgs)
+	arrived := time.Now()
+	require.Equal(t, delayed.UUID, m.UUID)
+	m.Ack()
+	assert.False(t, arrived.Before(due), "delivered %s before it was due", due.Sub(arrived))
+	assert.Less(t, arrived.Sub(due), 1500*time.Millisecond, "delivered too long after it was due")
+	assert.Equal(t, uint64(1), sub.Stats().DelayedMoved)
+}
+
+// TestDelayedMessageCommitsWithTheTransaction publishes delayed messages
+// with a pgx.Tx: the rolled-back one is never delivered, the committed one
+// is, when due.
+func TestDelayedMessageCommitsWithTheTransaction(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	newPublisher(t, pool, adapter) // initializes the schema
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{SchemaAdapter: adapter, InitializeSchema: true}))
+
+	publishInTx := func(commit bool) string {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		pub, err := pglease.NewPublisher(tx, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+		require.NoError(t, err)
+		msg := message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprint(commit)))
+		delay.Message(msg, delay.For(time.Second))
+		require.NoError(t, pub.Publish("t", msg))
+		if commit {
+			require.NoError(t, tx.Commit(ctx))
+		} else {
+			require.NoError(t, tx.Rollback(ctx))
+		}
+		return msg.UUID
+	}
+	publishInTx(false)
+	committed := publishInTx(true)
+
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{})
+	msgs, err := sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	m := receiveOne(t, msgs)
+	assert.Equal(t, committed, m.UUID)
+	m.Ack()
+	select {
+	case m := <-msgs:
+		t.Fatalf("unexpected message %s", m.UUID)
+	case <-time.After(2 * time.Second):
+	}
+}
+
+// TestRetentionEmptiesTopic keeps a topic's messages for two seconds and
+// another's forever: the first is emptied, by partitions dropped whole,
+// the second keeps every message, and the group that had not consumed the
+// expired messages is told it skips them.
+func TestRetentionEmptiesTopic(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "short", pglease.TopicConfig{Retention: 2 * time.Second,
+		SchemaAdapter: adapter, InitializeSchema: true}))
+	pub := newPublisher(t, pool, adapter)
+
+	maint := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "maint"})
+	_, err := maint.Subscribe(ctx, "keep")
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, "the retention partitions", func() bool { return maint.Stats().RetentionPartitionsCreated > 0 })
+
+	// A group that stops after consuming part of the short topic.
+	lagging := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "lagging",
+		Maintenance: pglease.MaintenanceConfig{Disabled: true}})
+	lctx, stop := context.WithCancel(ctx)
+	lmsgs, err := lagging.Subscribe(lctx, "short")
+	require.NoError(t, err)
+
+	publishN(t, pub, "short", 50)
+	publishN(t, pub, "keep", 50)
+	count := func(topic string) (lanes, kept int) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE retention_class > 0),
+			count(*) FILTER (WHERE retention_class = 0) FROM `+table(adapter, pglease.DefaultMessagesTable)+
+			` WHERE topic = $1`, topic).Scan(&lanes, &kept))
+		return lanes, kept
+	}
+	lanes, kept := count("short")
+	assert.Equal(t, 50, lanes, "messages of a topic with retention go to the partitions of its class")
+	assert.Zero(t, kept)
+	for range 10 {
+		receiveOne(t, lmsgs).Ack()
+	}
+	stop()
+
+	waitFor(t, 20*time.Second, "the short topic to be emptied", func() bool {
+		lanes, kept := count("short")
+		return lanes+kept == 0
+	})
+	lanes, kept = count("keep")
+	assert.Equal(t, 0, lanes)
+	assert.Equal(t, 50, kept, "a topic without retention keeps every message")
+	st := maint.Stats()
+	assert.Positive(t, st.RetentionPartitionsDropped)
+	assert.Zero(t, st.RetentionRowsDeleted, "nothing was deleted row by row")
+	assert.Equal(t, uint64(40), st.RetentionSkipped, "the lagging group skipped the 40 messages it had not acknowledged")
+}
+
+// TestMaintainerIsOneSubscriber runs three Subscribers: one of them is
+// the maintainer; when it closes, another takes over at once.
+func TestMaintainerIsOneSubscriber(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	var subs []*pglease.Subscriber
+	for i := range 3 {
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true,
+			ConsumerGroup: fmt.Sprint("g", i), SessionTTL: 10 * time.Second}, testLogger())
+		require.NoError(t, err)
+		_, err = sub.Subscribe(ctx, "t")
+		require.NoError(t, err)
+		subs = append(subs, sub)
+	}
+	maintainers := func() []int {
+		var out []int
+		for i, s := range subs {
+			if s != nil && s.Stats().Maintainer {
+				out = append(out, i)
+			}
+		}
+		return out
+	}
+	waitFor(t, 10*time.Second, "a maintainer", func() bool { return len(maintainers()) == 1 })
+	first := maintainers()[0]
+	closed := time.Now()
+	require.NoError(t, subs[first].Close())
+	subs[first] = nil
+	waitFor(t, 5*time.Second, "another maintainer", func() bool { return len(maintainers()) == 1 })
+	assert.Less(t, time.Since(closed), 2*time.Second, "a released row is taken over at once, not after the TTL")
+	for _, s := range subs {
+		if s != nil {
+			require.NoError(t, s.Close())
+		}
+	}
+	assertNoLeakedGoroutines(t)
+}

@@ -1,0 +1,301 @@
+package pglease
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5"
+)
+
+// MinRetention and MaxRetention bound [TopicConfig.Retention] (0 keeps a
+// topic's messages forever).
+const (
+	MinRetention = time.Second
+	MaxRetention = 10 * 365 * 24 * time.Hour
+)
+
+// retentionLookahead is how many slots of a retention class the
+// maintainer keeps ready beyond the longest retention of the class.
+const retentionLookahead = 4
+
+// retentionClass is the class of a retention: class k > 0 holds the
+// retentions of more than 2^(k-2) and at most 2^(k-1) seconds (class 1:
+// up to 1 s). Messages of one class share partitions, one per time slot
+// of the class (retentionSlot) by expiry time, and a partition is dropped
+// once its slot has passed. The slot is at most a quarter of the class's
+// shortest retention (at least 1 s), so a message lives at most a quarter
+// longer than its retention (plus the maintainer's period), and a class
+// has about a dozen partitions whatever its retention.
+func retentionClass(r time.Duration) int {
+	if r <= 0 {
+		return 0
+	}
+	s := (r + time.Second - 1) / time.Second
+	return 1 + bits.Len64(uint64(s-1))
+}
+
+// retentionSlot is the width of the time slot of class k's partitions.
+func retentionSlot(k int) time.Duration {
+	return time.Second << max(0, k-4)
+}
+
+// retentionSpan is the longest retention of class k.
+func retentionSpan(k int) time.Duration {
+	return time.Second << max(0, k-1)
+}
+
+// retentionLane is one row of the retention table.
+type retentionLane struct {
+	class   int
+	covered time.Time
+	inUse   bool
+}
+
+// retentionRound drops the partitions whose every message has expired
+// (after counting what each consumer group had not acknowledged), adds
+// the partitions each class in use needs ahead, and deletes expired rows
+// from the partition of messages kept forever. It returns when to run
+// again (0: nothing to watch but new settings).
+func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) {
+	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
+	defer cancel()
+	var lanes []retentionLane
+	var now time.Time
+	q := m.q.RetentionLanes()
+	rows, err := m.s.pool.Query(sctx, q.SQL, q.Args...)
+	if err != nil {
+		return 0, fmt.Errorf("read retention classes: %w", wrapMissingSchema(err))
+	}
+	for rows.Next() {
+		var l retentionLane
+		var class int16
+		if err := rows.Scan(&class, &l.covered, &l.inUse, &now); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("read retention classes: %w", err)
+		}
+		l.class = int(class)
+		lanes = append(lanes, l)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("read retention classes: %w", err)
+	}
+	if len(lanes) == 0 {
+		return 0, nil
+	}
+
+	type part struct {
+		RetentionPartition
+		pending bool
+	}
+	var parts []part
+	q = m.q.RetentionPartitions()
+	rows, err = m.s.pool.Query(sctx, q.SQL, q.Args...)
+	if err != nil {
+		return 0, fmt.Errorf("read retention partitions: %w", err)
+	}
+	for rows.Next() {
+		var class int32
+		var start int64
+		var pending bool
+		if err := rows.Scan(&class, &start, &pending); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("read retention partitions: %w", err)
+		}
+		st := time.Unix(start, 0)
+		parts = append(parts, part{RetentionPartition{Class: int(class), Start: st,
+			End: st.Add(retentionSlot(int(class)))}, pending})
+	}
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("read retention partitions: %w", err)
+	}
+
+	var next time.Duration
+	soon := func(d time.Duration) {
+		if d > 0 && (next == 0 || d < next) {
+			next = d
+		}
+	}
+	have := map[RetentionPartition]bool{}
+	for _, p := range parts {
+		have[p.RetentionPartition] = true
+		if !p.pending && p.End.After(now) {
+			soon(p.End.Sub(now))
+			continue
+		}
+		if err := m.expirePartition(ctx, p.RetentionPartition, p.pending); err != nil {
+			return 0, err
+		}
+	}
+
+	anyInUse := false
+	for _, l := range lanes {
+		if !l.inUse {
+			continue
+		}
+		anyInUse = true
+		slot := retentionSlot(l.class)
+		soon(slot)
+		secs := int64(slot / time.Second)
+		start := time.Unix(now.Unix()/secs*secs, 0)
+		if l.covered.After(start) {
+			start = l.covered
+		}
+		until := now.Add(retentionSpan(l.class) + retentionLookahead*slot)
+		for n := 0; start.Before(until) && n < maxPartitionsRound; n++ {
+			p := RetentionPartition{Class: l.class, Start: start, End: start.Add(slot)}
+			if !have[p] {
+				if err := m.createPartition(ctx, p); err != nil {
+					return 0, err
+				}
+			}
+			start = p.End
+		}
+	}
+	if anyInUse {
+		if err := m.deleteExpiredKept(ctx); err != nil {
+			return 0, err
+		}
+	}
+	return next, nil
+}
+
+func (m *maintainer) createPartition(ctx context.Context, p RetentionPartition) error {
+	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
+	defer cancel()
+	err := pgx.BeginFunc(sctx, m.s.pool, func(tx pgx.Tx) error {
+		for _, stmt := range m.q.CreateRetentionPartition(p) {
+			if _, err := tx.Exec(sctx, stmt); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("add the retention partition of class %d from %s: %w", p.Class, p.Start.UTC().Format(time.RFC3339), err)
+	}
+	m.s.stats.partitionsCreated.Add(1)
+	m.logger.Trace("Added a retention partition", watermill.LogFields{"class": p.Class, "from": p.Start, "to": p.End})
+	return nil
+}
+
+// expirePartition counts, per consumer group, the messages of p that the
+// group had not acknowledged (they are skipped: logged at Warn level and
+// counted), then detaches p without blocking readers and drops it.
+func (m *maintainer) expirePartition(ctx context.Context, p RetentionPartition, pending bool) error {
+	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
+	defer cancel()
+	if !pending {
+		q := m.q.UnacknowledgedInPartition(p)
+		rows, err := m.s.pool.Query(sctx, q.SQL, q.Args...)
+		if err != nil {
+			return fmt.Errorf("count the unacknowledged messages of an expired retention partition: %w", err)
+		}
+		if err := m.reportSkipped(rows, "its retention partition expired"); err != nil {
+			return err
+		}
+		if _, err := m.s.pool.Exec(sctx, m.q.DetachRetentionPartition(p, false)); err != nil {
+			return fmt.Errorf("detach an expired retention partition: %w", err)
+		}
+	} else if _, err := m.s.pool.Exec(sctx, m.q.DetachRetentionPartition(p, true)); err != nil {
+		return fmt.Errorf("finish detaching an expired retention partition: %w", err)
+	}
+	if _, err := m.s.pool.Exec(sctx, m.q.DropRetentionPartition(p)); err != nil {
+		return fmt.Errorf("drop an expired retention partition: %w", err)
+	}
+	m.s.stats.partitionsDropped.Add(1)
+	m.logger.Debug("Dropped an expired retention partition", watermill.LogFields{"class": p.Class, "from": p.Start, "to": p.End})
+	return nil
+}
+
+// skippedRow is a count of messages a consumer group skips on one (topic,
+// partition); group is NULL on a statement's row of totals.
+type skippedRow struct {
+	group, topic *string
+	partition    *int32
+	n            int64
+}
+
+// reportSkipped reads rows of (consumer_group, topic, partition, messages)
+// and reports them (reportSkippedRows).
+func (m *maintainer) reportSkipped(rows pgx.Rows, why string) error {
+	defer rows.Close()
+	var skipped []skippedRow
+	for rows.Next() {
+		var r skippedRow
+		if err := rows.Scan(&r.group, &r.topic, &r.partition, &r.n); err != nil {
+			return fmt.Errorf("read skipped messages: %w", err)
+		}
+		if r.group != nil {
+			skipped = append(skipped, r)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read skipped messages: %w", err)
+	}
+	m.reportSkippedRows(skipped, why)
+	return nil
+}
+
+// reportSkippedRows logs and counts messages that consumer groups skip
+// because retention removed them before they were acknowledged.
+func (m *maintainer) reportSkippedRows(skipped []skippedRow, why string) {
+	var more int64
+	for i, r := range skipped {
+		m.s.stats.retentionSkipped.Add(uint64(r.n))
+		if i < maxSkipLogs {
+			m.logger.Error("Consumer group skips messages removed by retention", ErrSkippedByRetention, watermill.LogFields{
+				"skipping_group": *r.group, "topic": *r.topic, "partition": *r.partition, "messages": r.n, "reason": why})
+		} else {
+			more += r.n
+		}
+	}
+	if more > 0 {
+		m.logger.Error("More consumer groups skip messages removed by retention", ErrSkippedByRetention,
+			watermill.LogFields{"messages": more, "reason": why})
+	}
+}
+
+// deleteExpiredKept deletes, in bounded batches, expired messages of
+// topics with a retention from the partition of messages kept forever
+// (published before the topic had a retention, or while no partition of
+// its class covered their expiry).
+func (m *maintainer) deleteExpiredKept(ctx context.Context) error {
+	for range keptDeleteRounds {
+		sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
+		q := m.q.DeleteExpiredKept(keptDeleteLimit)
+		rows, err := m.s.pool.Query(sctx, q.SQL, q.Args...)
+		if err != nil {
+			cancel()
+			return fmt.Errorf("delete expired messages kept forever: %w", err)
+		}
+		var deleted int64
+		var skipped []skippedRow
+		for rows.Next() {
+			var r skippedRow
+			if err := rows.Scan(&r.group, &r.topic, &r.partition, &r.n); err != nil {
+				rows.Close()
+				cancel()
+				return fmt.Errorf("delete expired messages kept forever: %w", err)
+			}
+			if r.group == nil {
+				deleted = r.n
+			} else {
+				skipped = append(skipped, r)
+			}
+		}
+		err = rows.Err()
+		cancel()
+		if err != nil {
+			return fmt.Errorf("delete expired messages kept forever: %w", err)
+		}
+		m.s.stats.rowsDeleted.Add(uint64(deleted))
+		m.reportSkippedRows(skipped, "deleted past its retention")
+		if deleted < keptDeleteLimit {
+			return nil
+		}
+	}
+	return nil
+}
