@@ -185,15 +185,23 @@ func (m *maintainer) lead(ctx context.Context, g *sessionGen, epoch int64) {
 	defer m.active.Store(false)
 	m.logger.Info("Elected the maintainer", watermill.LogFields{"session_id": g.id.String(), "epoch": epoch})
 
-	interval := m.cfg.Interval
+	// Retention and housekeeping run on a goroutine of their own: a
+	// detach that waits for an old transaction must not hold back
+	// delayed messages.
+	uctx, stop := context.WithCancel(ctx)
+	upkeepDone := make(chan struct{})
+	go m.upkeep(uctx, upkeepDone)
+	defer func() {
+		stop()
+		<-upkeepDone
+		if ctx.Err() != nil && !g.isLost() {
+			m.release(g, epoch)
+		}
+	}()
+
 	dueT := time.NewTimer(0)
-	retT := time.NewTimer(0)
-	houseT := time.NewTimer(0)
 	defer dueT.Stop()
-	defer retT.Stop()
-	defer houseT.Stop()
-	dueRetry := newBackoff(100*time.Millisecond, 5*time.Second)
-	retRetry := newBackoff(100*time.Millisecond, 5*time.Second)
+	retry := newBackoff(100*time.Millisecond, 5*time.Second)
 	for {
 		if g.isLost() {
 			m.logger.Info("No longer the maintainer: its session was lost", watermill.LogFields{"session_id": g.id.String()})
@@ -201,7 +209,6 @@ func (m *maintainer) lead(ctx context.Context, g *sessionGen, epoch int64) {
 		}
 		select {
 		case <-ctx.Done():
-			m.release(g, epoch)
 			return
 		case <-g.lost:
 			continue
@@ -209,30 +216,7 @@ func (m *maintainer) lead(ctx context.Context, g *sessionGen, epoch int64) {
 			continue
 		case <-m.due:
 		case <-dueT.C:
-		case <-m.topics:
-			retT.Reset(0)
-			continue
-		case <-retT.C:
-			next, err := m.retentionRound(ctx)
-			if err != nil {
-				if ctx.Err() == nil {
-					m.logger.Error("Retention maintenance failed, retrying", err, nil)
-				}
-				next = retRetry.delay()
-			} else {
-				retRetry.reset()
-			}
-			if next <= 0 {
-				next = interval
-			}
-			retT.Reset(next)
-			continue
-		case <-houseT.C:
-			m.housekeeping(ctx)
-			houseT.Reset(interval)
-			continue
 		}
-		// Delayed messages.
 		next, err := m.moveDue(ctx)
 		dueT.Stop()
 		switch {
@@ -240,12 +224,49 @@ func (m *maintainer) lead(ctx context.Context, g *sessionGen, epoch int64) {
 			if ctx.Err() == nil {
 				m.logger.Error("Moving due delayed messages failed, retrying", err, nil)
 			}
-			dueT.Reset(dueRetry.delay())
+			dueT.Reset(retry.delay())
 		case next >= 0:
-			dueRetry.reset()
+			retry.reset()
 			dueT.Reset(next)
 		default:
-			dueRetry.reset()
+			retry.reset()
+		}
+	}
+}
+
+// upkeep runs the retention rounds, when they are due or a retention
+// changed, and the housekeeping every Interval, until ctx ends.
+func (m *maintainer) upkeep(ctx context.Context, done chan<- struct{}) {
+	defer close(done)
+	interval := m.cfg.Interval
+	retT := time.NewTimer(0)
+	houseT := time.NewTimer(0)
+	defer retT.Stop()
+	defer houseT.Stop()
+	retry := newBackoff(100*time.Millisecond, 5*time.Second)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.topics:
+			retT.Reset(0)
+		case <-retT.C:
+			next, err := m.retentionRound(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					m.logger.Error("Retention maintenance failed, retrying", err, nil)
+				}
+				next = retry.delay()
+			} else {
+				retry.reset()
+			}
+			if next <= 0 {
+				next = interval
+			}
+			retT.Reset(next)
+		case <-houseT.C:
+			m.housekeeping(ctx)
+			houseT.Reset(interval)
 		}
 	}
 }
@@ -302,6 +323,9 @@ func (m *maintainer) housekeeping(ctx context.Context) {
 	} else if n := tag.RowsAffected(); n > 0 {
 		m.s.stats.sessionsDeleted.Add(uint64(n))
 		m.logger.Debug("Deleted expired consumer sessions", watermill.LogFields{"count": n})
+	}
+	if err := m.deleteExpiredKept(ctx); err != nil && ctx.Err() == nil {
+		m.logger.Error("Cannot delete expired messages kept forever", err, nil)
 	}
 	if m.cfg.RemoveIdleGroupsAfter <= 0 {
 		return

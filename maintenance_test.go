@@ -182,3 +182,100 @@ func TestMaintainerIsOneSubscriber(t *testing.T) {
 	}
 	assertNoLeakedGoroutines(t)
 }
+
+// TestRetentionSetLaterDeletesKeptMessages gives a topic whose messages
+// were kept forever a retention: the expired ones are deleted row by row,
+// and the group that had not consumed them is told it skips them.
+func TestRetentionSetLaterDeletesKeptMessages(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	publishN(t, pub, "t", 20)
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g",
+		Maintenance: pglease.MaintenanceConfig{Interval: 200 * time.Millisecond}})
+	msgs, err := sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	for range 5 {
+		receiveOne(t, msgs).Ack()
+	}
+	// Wait for the commit of the five.
+	waitFor(t, 10*time.Second, "the position to be committed", func() bool {
+		return readOffset(t, pool, adapter, "g", "t").offset > 0
+	})
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Retention: time.Second, SchemaAdapter: adapter}))
+	waitFor(t, 20*time.Second, "the kept messages to be deleted", func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+table(adapter, pglease.DefaultMessagesTable)+
+			" WHERE topic = 't'").Scan(&n))
+		return n == 0
+	})
+	st := sub.Stats()
+	assert.Equal(t, uint64(20), st.RetentionRowsDeleted)
+	// The consumer may have read a few more before they were deleted.
+	assert.LessOrEqual(t, st.RetentionSkipped, uint64(15))
+	assert.Positive(t, st.RetentionSkipped)
+}
+
+// TestIdleGroupsAreRemoved removes the offsets of a group with no session
+// and no write for longer than RemoveIdleGroupsAfter, and keeps the others.
+func TestIdleGroupsAreRemoved(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "live",
+		Maintenance: pglease.MaintenanceConfig{Interval: 200 * time.Millisecond, RemoveIdleGroupsAfter: time.Minute}})
+	_, err := sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	offsets := table(adapter, pglease.DefaultConsumerOffsetsTable)
+	// "old" is idle; "recent" was written a moment ago; "live" is idle
+	// too, but has a live session.
+	_, err = pool.Exec(ctx, `INSERT INTO `+offsets+` (consumer_group, topic, updated_at) VALUES
+		('old', 'a', now() - interval '1 hour'), ('old', 'b', now() - interval '2 hours'),
+		('recent', 'a', now()), ('live', 'a', now() - interval '1 hour')`)
+	require.NoError(t, err)
+	groups := func() map[string]int {
+		rows, err := pool.Query(ctx, "SELECT consumer_group, count(*) FROM "+offsets+" GROUP BY 1")
+		require.NoError(t, err)
+		out := map[string]int{}
+		for rows.Next() {
+			var g string
+			var n int
+			require.NoError(t, rows.Scan(&g, &n))
+			out[g] = n
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+	waitFor(t, 10*time.Second, "the idle group to be removed", func() bool { return groups()["old"] == 0 })
+	got := groups()
+	assert.Equal(t, 1, got["recent"])
+	assert.Equal(t, 2, got["live"], "a group with a live session keeps its rows: %v", got)
+	assert.Equal(t, uint64(1), sub.Stats().GroupsRemoved)
+}
+
+func TestMaintenanceBadInput(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 4)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{SchemaAdapter: adapter, InitializeSchema: true}))
+	for _, r := range []time.Duration{-time.Second, 500 * time.Millisecond, pglease.MaxRetention + time.Hour} {
+		err := pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Retention: r, SchemaAdapter: adapter, InitializeSchema: true})
+		require.ErrorIs(t, err, pglease.ErrInvalidConfig, "retention %s", r)
+		assert.Contains(t, err.Error(), "TopicConfig.Retention")
+	}
+	good := message.NewMessage(watermill.NewUUID(), nil)
+	bad := message.NewMessage(watermill.NewUUID(), nil)
+	bad.Metadata.Set(delay.DelayedUntilKey, "tomorrow")
+	err := pub.Publish("t", good, bad)
+	require.ErrorIs(t, err, pglease.ErrInvalidMessage)
+	assert.Contains(t, err.Error(), delay.DelayedUntilKey)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+table(adapter, pglease.DefaultMessagesTable)+
+		") + (SELECT count(*) FROM "+table(adapter, pglease.DefaultDelayedTable)+")").Scan(&n))
+	assert.Zero(t, n, "nothing of a failed Publish is stored")
+	_, err = pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter,
+		Maintenance: pglease.MaintenanceConfig{RemoveIdleGroupsAfter: -time.Second}}, nil)
+	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
+}

@@ -56,8 +56,7 @@ type retentionLane struct {
 
 // retentionRound drops the partitions whose every message has expired
 // (after counting what each consumer group had not acknowledged), adds
-// the partitions each class in use needs ahead, and deletes expired rows
-// from the partition of messages kept forever. It returns when to run
+// the partitions each class in use needs ahead. It returns when to run
 // again (0: nothing to watch but new settings).
 func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) {
 	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
@@ -130,12 +129,10 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 		}
 	}
 
-	anyInUse := false
 	for _, l := range lanes {
 		if !l.inUse {
 			continue
 		}
-		anyInUse = true
 		slot := retentionSlot(l.class)
 		soon(slot)
 		secs := int64(slot / time.Second)
@@ -152,11 +149,6 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 				}
 			}
 			start = p.End
-		}
-	}
-	if anyInUse {
-		if err := m.deleteExpiredKept(ctx); err != nil {
-			return 0, err
 		}
 	}
 	return next, nil

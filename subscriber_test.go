@@ -259,7 +259,8 @@ func TestFencedCommitStopsDelivery(t *testing.T) {
 func TestExpiredSessionsAreCleanedUp(t *testing.T) {
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
-	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{SessionTTL: time.Second})
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{SessionTTL: time.Second,
+		Maintenance: pglease.MaintenanceConfig{Interval: 200 * time.Millisecond}})
 	_, err := sub.Subscribe(context.Background(), "t")
 	require.NoError(t, err)
 	dead := uuid.New()
