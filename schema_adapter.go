@@ -177,15 +177,19 @@ type SchemaAdapter interface {
 	// NotifyChannel is the LISTEN/NOTIFY channel of this messages table.
 	// Payloads are "m" + topic (new messages in partition 0), "n" +
 	// partition + ":" + topic (new messages in another partition), "r" +
-	// topic (released),
-	// "g" + consumer group (members changed) and "p" + topic (partition
-	// count raised).
+	// topic (released), "g" + consumer group (members changed), "p" +
+	// topic (partition count raised), "x" + topic (offsets reset), "t" +
+	// topic (retention changed), "d" + Unix milliseconds (delayed messages
+	// stored, the earliest due then) and "e" (the maintainer's row
+	// released).
 	NotifyChannel() string
 
 	// UpsertTopic creates the topic's settings row, or raises its partition
-	// count to p.Partitions, never lowering it, and notifies. Returns one
-	// row: old_partitions integer (NULL when the statement's snapshot had
-	// no row) and new_partitions integer (NULL when nothing was written).
+	// count to p.Partitions (never lowering it: then nothing is written)
+	// and sets its retention, and notifies. Returns one row:
+	// old_partitions integer (NULL when the statement's snapshot had no
+	// row), new_partitions integer (NULL when nothing was written) and the
+	// number of notifications.
 	UpsertTopic(p TopicParams) Query
 	// TopicPartitions returns one row per topic of p: topic text,
 	// partitions integer (1 for a topic with no settings row).
@@ -193,6 +197,9 @@ type SchemaAdapter interface {
 
 	// InsertMessages inserts messages in one statement, in order, and
 	// notifies p.NotifyChannel once for each distinct (topic, partition).
+	// A message of a topic with a retention goes to the partition of its
+	// retention class that covers its expiry, or, when none does yet, to
+	// the partition of messages kept forever.
 	InsertMessages(p InsertMessagesParams) Query
 	// SelectMessages returns at most p.Limit messages after p.After that
 	// every transaction can see, in delivery order, and one more row with
