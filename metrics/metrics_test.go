@@ -380,6 +380,11 @@ pglease_subscriber_owned_rows{consumergroup="billing",subscriber="a"} 1
 	waitFor(t, 10*time.Second, "a heartbeat", func() bool { return sub.Stats().Heartbeats.Count > 0 })
 	assert.Equal(t, 1, testutil.CollectAndCount(c, "pglease_subscriber_heartbeat_duration_seconds"))
 
+	// The only Subscriber of its tables is their maintainer.
+	waitFor(t, 10*time.Second, "the election", func() bool { return testutil.ToFloat64(only{c, c.maintainer}) == 1 })
+	assert.Equal(t, 1.0, testutil.ToFloat64(only{c, c.maintainerTerms}))
+	assert.Equal(t, 0.0, testutil.ToFloat64(only{c, c.retentionSkipped}))
+
 	cancel()
 	waitFor(t, 10*time.Second, "the release", func() bool { return testutil.ToFloat64(only{c, c.releases}) == 1 })
 	assert.Equal(t, 0.0, testutil.ToFloat64(only{c, c.ownedRows}))

@@ -40,6 +40,10 @@ type SubscriberCollector struct {
 	claims, takeovers, releases, fencedWrites, sessionsLost *prometheus.Desc
 	delivered, acked, nacked                                *prometheus.Desc
 	ownedRows, heartbeat                                    *prometheus.Desc
+	// The maintainer's (see pglease.MaintenanceConfig).
+	maintainer, maintainerTerms, delayedMoved, retentionSkipped *prometheus.Desc
+	partitionsCreated, partitionsDropped, rowsDeleted           *prometheus.Desc
+	sessionsDeleted, groupsRemoved                              *prometheus.Desc
 }
 
 // NewSubscriberCollector returns a SubscriberCollector of sub. The error
@@ -81,13 +85,33 @@ func NewSubscriberCollector(sub *pglease.Subscriber, config SubscriberCollectorC
 			"(topic, partition) rows the Subscriber owns now."),
 		heartbeat: desc("pglease_subscriber_heartbeat_duration_seconds",
 			"Latency of the Subscriber's successful session heartbeats."),
+		maintainer: desc("pglease_subscriber_maintainer",
+			"1 while the Subscriber is the elected maintainer of its tables, else 0; one Subscriber of a database's tables has 1."),
+		maintainerTerms: desc("pglease_subscriber_maintainer_terms_total",
+			"Times the Subscriber was elected the maintainer."),
+		delayedMoved: desc("pglease_maintenance_delayed_moved_total",
+			"Delayed messages the maintainer moved into their topics when due."),
+		retentionSkipped: desc("pglease_maintenance_retention_skipped_total",
+			"Messages removed by retention before a consumer group acknowledged them, per group (the groups skip them)."),
+		partitionsCreated: desc("pglease_maintenance_retention_partitions_created_total",
+			"Partitions of retention classes the maintainer added."),
+		partitionsDropped: desc("pglease_maintenance_retention_partitions_dropped_total",
+			"Expired partitions of retention classes the maintainer dropped whole."),
+		rowsDeleted: desc("pglease_maintenance_retention_rows_deleted_total",
+			"Expired messages the maintainer deleted row by row from the partition of messages kept forever."),
+		sessionsDeleted: desc("pglease_maintenance_sessions_deleted_total",
+			"Expired consumer sessions the maintainer deleted."),
+		groupsRemoved: desc("pglease_maintenance_groups_removed_total",
+			"Idle consumer groups whose offsets the maintainer removed."),
 	}, nil
 }
 
 // Describe implements [prometheus.Collector].
 func (c *SubscriberCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.claims, c.takeovers, c.releases, c.fencedWrites, c.sessionsLost,
-		c.delivered, c.acked, c.nacked, c.ownedRows, c.heartbeat} {
+		c.delivered, c.acked, c.nacked, c.ownedRows, c.heartbeat,
+		c.maintainer, c.maintainerTerms, c.delayedMoved, c.retentionSkipped, c.partitionsCreated,
+		c.partitionsDropped, c.rowsDeleted, c.sessionsDeleted, c.groupsRemoved} {
 		ch <- d
 	}
 }
@@ -108,6 +132,19 @@ func (c *SubscriberCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.nacked, st.Nacked)
 	ch <- prometheus.MustNewConstMetric(c.ownedRows, prometheus.GaugeValue, float64(st.OwnedRows))
 	ch <- latencyHistogram(c.heartbeat, st.Heartbeats, st.Heartbeats.Bounds)
+	maintainer := 0.0
+	if st.Maintainer {
+		maintainer = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.maintainer, prometheus.GaugeValue, maintainer)
+	counter(c.maintainerTerms, st.MaintainerTerms)
+	counter(c.delayedMoved, st.DelayedMoved)
+	counter(c.retentionSkipped, st.RetentionSkipped)
+	counter(c.partitionsCreated, st.RetentionPartitionsCreated)
+	counter(c.partitionsDropped, st.RetentionPartitionsDropped)
+	counter(c.rowsDeleted, st.RetentionRowsDeleted)
+	counter(c.sessionsDeleted, st.SessionsDeleted)
+	counter(c.groupsRemoved, st.GroupsRemoved)
 }
 
 // latencyHistogram converts h, whose Buckets[i] counts the observations at
