@@ -40,6 +40,7 @@ import (
 //	                           cancelled; the Subscribers stay open
 //	        "closed <duration>" after SIGTERM: everything closed (in that
 //	                           time), exiting 0
+//	        "maintainer ..."   with ReportMaintainer: see reportMaintainer
 //	stdin:  "go"               ack the held message
 //	        "cancel"           end every subscription gracefully
 //	stderr: the library's log (debug level)
@@ -103,6 +104,10 @@ type helperConfig struct {
 	// DeriveTopic is where modeTx publishes one derived message per
 	// message it processes.
 	DeriveTopic string
+	// ReportMaintainer makes the helper print whether one of the
+	// Subscribers it starts with is the maintainer each time that
+	// changes: see reportMaintainer.
+	ReportMaintainer bool
 }
 
 // subAppName and recAppName are the application_name of the helper's
@@ -165,6 +170,11 @@ func runHelperProcess() int {
 			return fail(err)
 		}
 		h.subs = append(h.subs, sub)
+	}
+
+	if cfg.ReportMaintainer {
+		stop := h.reportMaintainer()
+		defer stop()
 	}
 
 	term := make(chan os.Signal, 1)
@@ -239,6 +249,63 @@ func (h *helperChild) say(line string) {
 	defer h.outMu.Unlock()
 	_, _ = h.out.WriteString(line + "\n")
 	_ = h.out.Flush()
+}
+
+// reportMaintainer samples, every 10 ms until the returned stop is called,
+// whether one of h.subs is the maintainer (Stats().Maintainer), and prints
+// each change:
+//
+//	"maintainer true <at> <terms>"          seen to be at <at>
+//	"maintainer false <at> <last> <terms>"  seen not to be at <at>, last
+//	                                        seen to be at <last>
+//
+// with times in Unix nanoseconds and terms the sum of MaintainerTerms. A
+// new term between two samples is a change too: false, then true. stop
+// takes a last sample, after the mode closed the Subscribers.
+func (h *helperChild) reportMaintainer() (stop func()) {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		var was bool
+		var terms uint64
+		var last time.Time
+		sample := func() {
+			now := time.Now()
+			is, n := false, uint64(0)
+			for _, sub := range h.subs {
+				st := sub.Stats()
+				is = is || st.Maintainer
+				n += st.MaintainerTerms
+			}
+			if was && (!is || n != terms) {
+				h.say(fmt.Sprintf("maintainer false %d %d %d", now.UnixNano(), last.UnixNano(), terms))
+				was = false
+			}
+			if is && !was {
+				h.say(fmt.Sprintf("maintainer true %d %d", now.UnixNano(), n))
+			}
+			was, terms = is, n
+			if is {
+				last = now
+			}
+		}
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			sample()
+			select {
+			case <-tick.C:
+			case <-done:
+				sample()
+				return
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-stopped
+	}
 }
 
 func (h *helperChild) readCommands() {
