@@ -13,7 +13,7 @@ import (
 // TestExamplesRun runs each program of _examples against the test database:
 // each checks its own outcome and exits non-zero when it is wrong.
 func TestExamplesRun(t *testing.T) {
-	for _, dir := range []string{"./_examples/basic", "./_examples/exactlyonce"} {
+	for _, dir := range []string{"./_examples/basic", "./_examples/exactlyonce", "./_examples/requeue"} {
 		t.Run(dir, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
