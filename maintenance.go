@@ -180,9 +180,8 @@ func (m *maintainer) claim(ctx context.Context, g *sessionGen) (*int64, time.Dur
 // lead runs the maintenance while g lives and ctx has not ended, then
 // releases the row if the Subscriber is closing.
 func (m *maintainer) lead(ctx context.Context, g *sessionGen, epoch int64) {
-	m.active.Store(true)
 	m.s.stats.maintainerTerms.Add(1)
-	defer m.active.Store(false)
+	m.active.Store(true)
 	m.logger.Info("Elected the maintainer", watermill.LogFields{"session_id": g.id.String(), "epoch": epoch})
 
 	// Retention and housekeeping run on a goroutine of their own: a
@@ -194,6 +193,7 @@ func (m *maintainer) lead(ctx context.Context, g *sessionGen, epoch int64) {
 	defer func() {
 		stop()
 		<-upkeepDone
+		m.active.Store(false) // before the row is another's
 		if ctx.Err() != nil && !g.isLost() {
 			m.release(g, epoch)
 		}

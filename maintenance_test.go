@@ -9,11 +9,25 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
 )
+
+// waitCovered waits until the maintainer has partitions ready for every
+// retention class in use well beyond retention from now: until then, new
+// messages of those topics would go to the partition kept forever.
+func waitCovered(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, retention time.Duration) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "the retention partitions", func() bool {
+		var ready bool
+		require.NoError(t, pool.QueryRow(context.Background(), `SELECT COALESCE(bool_and(covered_until > now() + $1::interval),
+			false) FROM `+table(adapter, pglease.DefaultRetentionTable), fmt.Sprintf("%d milliseconds", (retention+time.Second).Milliseconds())).Scan(&ready))
+		return ready
+	})
+}
 
 // TestDelayedMessageArrivesWhenDue publishes a message delayed by two
 // seconds and then undelayed ones: those arrive at once, the delayed one
@@ -106,7 +120,7 @@ func TestRetentionEmptiesTopic(t *testing.T) {
 	maint := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "maint"})
 	_, err := maint.Subscribe(ctx, "keep")
 	require.NoError(t, err)
-	waitFor(t, 10*time.Second, "the retention partitions", func() bool { return maint.Stats().RetentionPartitionsCreated > 0 })
+	waitCovered(t, pool, adapter, 2*time.Second)
 
 	// A group that stops after consuming part of the short topic.
 	lagging := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "lagging",
@@ -278,4 +292,60 @@ func TestMaintenanceBadInput(t *testing.T) {
 	_, err = pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter,
 		Maintenance: pglease.MaintenanceConfig{RemoveIdleGroupsAfter: -time.Second}}, nil)
 	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
+}
+
+// TestInterruptedDetachIsFinished interrupts the maintainer's DETACH
+// PARTITION CONCURRENTLY while it waits for an old transaction, leaving
+// the partition "detach pending" (which blocks every other detach of the
+// table): the maintainer finishes it on a later round, and the topic is
+// emptied.
+func TestInterruptedDetachIsFinished(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "short", pglease.TopicConfig{Retention: time.Second,
+		SchemaAdapter: adapter, InitializeSchema: true}))
+	pub := newPublisher(t, pool, adapter)
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{})
+	_, err := sub.Subscribe(ctx, "other")
+	require.NoError(t, err)
+	waitCovered(t, pool, adapter, time.Second)
+	publishN(t, pub, "short", 5)
+
+	messages := table(adapter, pglease.DefaultMessagesTable)
+	blocker, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback(ctx) }()
+	_, err = blocker.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, blocker.QueryRow(ctx, "SELECT count(*) FROM "+messages).Scan(&n))
+
+	// The maintainer's detach of the first expired partition waits for
+	// the blocker; cancel it there.
+	var pid int
+	waitFor(t, 20*time.Second, "a detach waiting for the old transaction", func() bool {
+		err := pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
+			WHERE query LIKE '%DETACH PARTITION%CONCURRENTLY%' AND wait_event_type IS NOT NULL
+				AND pid <> pg_backend_pid()`).Scan(&pid)
+		return err == nil
+	})
+	var cancelled bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_cancel_backend($1)", pid).Scan(&cancelled))
+	require.True(t, cancelled)
+	pending := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits
+			WHERE inhparent = to_regclass($1) AND inhdetachpending`, messages).Scan(&n))
+		return n
+	}
+	waitFor(t, 10*time.Second, "the detach to be left pending", func() bool { return pending() == 1 })
+	require.NoError(t, blocker.Commit(ctx))
+
+	waitFor(t, 20*time.Second, "the pending detach to be finished and the topic emptied", func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+messages+" WHERE topic = 'short'").Scan(&n))
+		return pending() == 0 && n == 0
+	})
+	assert.Zero(t, sub.Stats().RetentionRowsDeleted, "the messages went with their partitions")
 }

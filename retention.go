@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/bits"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -117,10 +118,22 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 			next = d
 		}
 	}
+	// A detach left pending blocks every other detach of the table until
+	// it is finished: those go first.
+	slices.SortStableFunc(parts, func(a, b part) int {
+		switch {
+		case a.pending == b.pending:
+			return 0
+		case a.pending:
+			return -1
+		default:
+			return 1
+		}
+	})
 	have := map[RetentionPartition]bool{}
 	for _, p := range parts {
 		have[p.RetentionPartition] = true
-		if !p.pending && p.End.After(now) {
+		if p.End.After(now) {
 			soon(p.End.Sub(now))
 			continue
 		}
