@@ -109,6 +109,9 @@ type SessionInfo struct {
 	Alive     bool          `json:"alive"`
 	// RowsHeld counts the (group, topic, partition) rows it owns.
 	RowsHeld int64 `json:"rows_held"`
+	// Maintainer tells whether it holds the maintainer's row (see
+	// MaintenanceConfig).
+	Maintainer bool `json:"maintainer"`
 }
 
 // Sessions returns every consumer session, by group and age.
@@ -123,7 +126,7 @@ func (i *Inspector) Sessions(ctx context.Context) ([]SessionInfo, error) {
 	for rows.Next() {
 		var s SessionInfo
 		var now time.Time
-		if err := rows.Scan(&s.ID, &s.ConsumerGroup, &s.Owner, &s.CreatedAt, &s.ExpiresAt, &now, &s.RowsHeld); err != nil {
+		if err := rows.Scan(&s.ID, &s.ConsumerGroup, &s.Owner, &s.CreatedAt, &s.ExpiresAt, &now, &s.RowsHeld, &s.Maintainer); err != nil {
 			return nil, fmt.Errorf("read sessions: %w", err)
 		}
 		s.Age, s.ExpiresIn = now.Sub(s.CreatedAt), s.ExpiresAt.Sub(now)
@@ -302,6 +305,8 @@ func deref[T any](p *T) T {
 type TopicInfo struct {
 	Topic      string `json:"topic"`
 	Partitions int    `json:"partitions"`
+	// Retention is how long its messages are kept (0: forever).
+	Retention time.Duration `json:"retention_ns"`
 	// Groups counts the consumer groups with an offset row on the topic.
 	Groups int64 `json:"groups"`
 	// NewestAt is when its newest message was stored (nil: no message).
@@ -326,10 +331,12 @@ func (i *Inspector) Topics(ctx context.Context) ([]TopicInfo, error) {
 	for rows.Next() {
 		var t TopicInfo
 		var n int32
-		if err := rows.Scan(&t.Topic, &n, &t.Groups, &t.NewestAt); err != nil {
+		var retentionUs int64
+		if err := rows.Scan(&t.Topic, &n, &t.Groups, &t.NewestAt, &retentionUs); err != nil {
 			return nil, fmt.Errorf("read topics: %w", err)
 		}
 		t.Partitions = int(n)
+		t.Retention = time.Duration(retentionUs) * time.Microsecond
 		out = append(out, t)
 	}
 	if err := rows.Err(); err != nil {

@@ -6,7 +6,8 @@ var _ InspectionAdapter = DefaultSchemaAdapter{}
 
 // InspectSessions implements [InspectionAdapter].
 func (a DefaultSchemaAdapter) InspectSessions() Query {
-	return Query{SQL: `SELECT s.id, s.consumer_group, s.owner, s.created_at, s.expires_at, now(), COALESCE(h.n, 0)
+	return Query{SQL: `SELECT s.id, s.consumer_group, s.owner, s.created_at, s.expires_at, now(), COALESCE(h.n, 0),
+	EXISTS (SELECT 1 FROM ` + a.maintenance() + ` mt WHERE mt.session_id = s.id)
 FROM ` + a.sessions() + ` s
 LEFT JOIN (SELECT session_id, count(*) AS n FROM ` + a.offsets() + `
 	WHERE session_id IS NOT NULL GROUP BY session_id) h ON h.session_id = s.id
@@ -77,7 +78,8 @@ func (a DefaultSchemaAdapter) InspectTopics() Query {
 SELECT n.topic, COALESCE(t.partitions, 1), COALESCE(g.n, 0),
 	(SELECT max(l.created_at) FROM generate_series(0, COALESCE(t.partitions, 1) - 1) AS p(partition),
 		LATERAL (SELECT m.created_at FROM ` + a.messages() + ` m WHERE m.topic = n.topic AND m.partition = p.partition
-			ORDER BY m.transaction_id DESC, m."offset" DESC LIMIT 1) l)
+			ORDER BY m.transaction_id DESC, m."offset" DESC LIMIT 1) l),
+	COALESCE(floor(extract(epoch FROM t.retention) * 1000000)::bigint, 0)
 FROM names n
 LEFT JOIN ` + a.topics() + ` t ON t.topic = n.topic
 LEFT JOIN groups g ON g.topic = n.topic

@@ -310,6 +310,13 @@ func TestStatus(t *testing.T) {
 	row := tableRow(t, out, "g", s.ID.String())
 	assert.Equal(t, thisOwner(t), row[2])
 	assert.Equal(t, "1", row[len(row)-1], "ROWS")
+	// The only Subscriber is the maintainer.
+	waitFor(t, 10*time.Second, "the maintainer", func() bool {
+		return strings.Contains(f.ok("status"), "Maintainer: session "+s.ID.String()+" of "+thisOwner(t))
+	})
+	st = statusOutput{}
+	require.NoError(t, json.Unmarshal([]byte(f.ok("status", "--json")), &st))
+	assert.True(t, st.Sessions[0].Maintainer)
 	assert.Regexp(t, regexp.MustCompile(`(?m)^held by\s+pid `+strconv.Itoa(pid)+`$`), out)
 	assert.Regexp(t, `(?m)^application\s+pglease-cmd-test-blocker$`, out)
 	assert.Regexp(t, `(?m)^state\s+idle in transaction$`, out)
@@ -331,7 +338,7 @@ func TestStatus(t *testing.T) {
 func TestTopics(t *testing.T) {
 	f := newFixture(t)
 	require.NoError(t, pglease.CreateTopic(context.Background(), f.pool, "two", pglease.TopicConfig{Partitions: 2,
-		SchemaAdapter: f.adapter}))
+		Retention: time.Hour, SchemaAdapter: f.adapter}))
 	f.publish("plain", 3)
 	f.subscribe("g", "two")
 	waitFor(t, 10*time.Second, "the offsets rows of two", func() bool { return len(f.lag("--topic", "two")) == 2 })
@@ -349,9 +356,10 @@ func TestTopics(t *testing.T) {
 	assert.Nil(t, topics[1].NewestAt)
 
 	out := f.ok("topics")
-	assert.Equal(t, []string{"TOPIC", "PARTITIONS", "GROUPS", "NEWEST"}, strings.Fields(strings.SplitN(out, "\n", 2)[0]))
-	assert.Equal(t, []string{"plain", "1", "0", topics[0].NewestAt.UTC().Format(time.RFC3339)}, tableRow(t, out, "plain"))
-	assert.Equal(t, []string{"two", "2", "1", "-"}, tableRow(t, out, "two"))
+	assert.Equal(t, []string{"TOPIC", "PARTITIONS", "RETENTION", "GROUPS", "NEWEST"}, strings.Fields(strings.SplitN(out, "\n", 2)[0]))
+	assert.Equal(t, []string{"plain", "1", "-", "0", topics[0].NewestAt.UTC().Format(time.RFC3339)}, tableRow(t, out, "plain"))
+	assert.Equal(t, []string{"two", "2", "1h0m0s", "1", "-"}, tableRow(t, out, "two"))
+	assert.Equal(t, time.Hour, topics[1].Retention)
 }
 
 // TestResetOffsets: earliest, by time and latest on a topic nobody owns;

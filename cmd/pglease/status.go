@@ -107,11 +107,23 @@ func printSessions(w io.Writer, sessions []pglease.SessionInfo) {
 	}
 	tw := newTable(w)
 	fmt.Fprintln(tw, "GROUP\tSESSION\tOWNER\tAGE\tEXPIRES-IN\tROWS")
-	for _, s := range sessions {
+	var maintainer *pglease.SessionInfo
+	for i, s := range sessions {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", displayName(s.ConsumerGroup), s.ID, orDash(s.Owner),
 			formatDuration(s.Age), formatExpiresIn(s.ExpiresIn), s.RowsHeld)
+		if s.Maintainer {
+			maintainer = &sessions[i]
+		}
 	}
 	_ = tw.Flush()
+	switch {
+	case maintainer == nil:
+		fmt.Fprintln(w, "Maintainer: none (delayed messages wait and retention removes nothing until a Subscriber is elected)")
+	case !maintainer.Alive:
+		fmt.Fprintf(w, "Maintainer: session %s of %s, expired: another Subscriber takes over\n", maintainer.ID, orDash(maintainer.Owner))
+	default:
+		fmt.Fprintf(w, "Maintainer: session %s of %s\n", maintainer.ID, orDash(maintainer.Owner))
+	}
 }
 
 func printHorizon(w io.Writer, out statusOutput, warnAfter time.Duration) {

@@ -26,9 +26,13 @@ func (c *topicsCmd) run(ctx context.Context, e *cmdEnv) error {
 		return nil
 	}
 	tw := newTable(e.stdout)
-	fmt.Fprintln(tw, "TOPIC\tPARTITIONS\tGROUPS\tNEWEST")
+	fmt.Fprintln(tw, "TOPIC\tPARTITIONS\tRETENTION\tGROUPS\tNEWEST")
 	for _, t := range topics {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", displayName(t.Topic), t.Partitions, t.Groups, newest(t))
+		retention := "-"
+		if t.Retention > 0 {
+			retention = t.Retention.String()
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\n", displayName(t.Topic), t.Partitions, retention, t.Groups, newest(t))
 	}
 	return tw.Flush()
 }
