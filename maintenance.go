@@ -260,7 +260,7 @@ func (m *maintainer) upkeep(ctx context.Context, done chan<- struct{}) {
 			} else {
 				retry.reset()
 			}
-			if next <= 0 {
+			if next <= 0 || next > interval {
 				next = interval
 			}
 			retT.Reset(next)
