@@ -134,7 +134,7 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 	for _, p := range parts {
 		have[p.RetentionPartition] = true
 		if p.End.After(now) {
-			soon(p.End.Sub(now))
+			soon(p.End.Sub(now) + 20*time.Millisecond) // just after it expires
 			continue
 		}
 		if err := m.expirePartition(ctx, p.RetentionPartition, p.pending); err != nil {
