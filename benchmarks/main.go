@@ -76,6 +76,12 @@ type config struct {
 	groupSettle time.Duration
 	memberConns int
 	manyTopics  []int
+
+	// The retention workload (retention.go).
+	retentionFor        time.Duration
+	retentionTTL        time.Duration
+	retentionPublishers int
+	retentionMaxLag     int
 }
 
 // defaultGroupWindow is ten heartbeats at the default SessionTTL: every
@@ -115,6 +121,10 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.groupWindow, "group-window", defaultGroupWindow, "length of the idle windows of the consumer-group workloads (default: 10 heartbeats at the default SessionTTL)")
 	fs.DurationVar(&c.groupSettle, "group-settle", 11*time.Second, "wait after the load of a consumer-group workload settled before its idle window opens (at least 1.1s); pg_stat_database hears of a backend's transactions up to 10s late")
 	fs.IntVar(&c.memberConns, "member-conns", 16, "maximum connections of the pool of each group member (the same for both backends; 10 members of -conns would pass a default max_connections)")
+	fs.DurationVar(&c.retentionFor, "retention-for", 3*time.Minute, "how long each case of the retention workload publishes and drains")
+	fs.DurationVar(&c.retentionTTL, "retention", 5*time.Second, "the retention of the retention workload's topic")
+	fs.IntVar(&c.retentionPublishers, "retention-publishers", 4, "publishing goroutines of the retention workload (batches of -batch)")
+	fs.IntVar(&c.retentionMaxLag, "retention-max-lag", 50_000, "the retention workload's publishers pause while more messages than this are unacked, so that the drain keeps up; 0: never")
 	manyTopics := intList(defaultManyTopics)
 	fs.Var(&manyTopics, "many-topics", "comma-separated topic counts of the many-topics workloads (one Subscriber, one process each)")
 	if err := fs.Parse(args); err != nil {
@@ -140,6 +150,7 @@ func parseFlags(args []string) (config, error) {
 			"group-window":    func() { c.groupWindow = 3 * time.Second },
 			"group-settle":    func() { c.groupSettle = 2 * time.Second },
 			"many-topics":     func() { manyTopics = intList{1_000, 10_000} },
+			"retention-for":   func() { c.retentionFor = 20 * time.Second },
 		}
 		for name, apply := range quick {
 			if !set[name] {
@@ -179,6 +190,9 @@ func parseFlags(args []string) (config, error) {
 		return c, errors.New("-group-window must be positive, -group-settle not negative")
 	case len(c.manyTopics) == 0 || c.manyTopics[0] < 1:
 		return c, errors.New("-many-topics must list at least one count, each at least 1")
+	}
+	if err := checkRetentionFlags(c); err != nil {
+		return c, err
 	}
 	return c, nil
 }

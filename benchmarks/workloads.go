@@ -193,7 +193,7 @@ func workloads(cfg config) []workload {
 	// (txhandler.go): the pglease-only ones before the idle workloads, the
 	// idle group after them.
 	idle := ws[len(ws)-1]
-	ws = append(ws[:len(ws)-1], balanceWorkload(), partitionsWorkload(), txHandlerWorkload(cfg))
+	ws = append(ws[:len(ws)-1], balanceWorkload(), partitionsWorkload(), txHandlerWorkload(cfg), retentionWorkload(cfg))
 	for _, n := range cfg.manyTopics {
 		ws = append(ws, manyTopicsWorkload(n))
 	}
