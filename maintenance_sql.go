@@ -65,7 +65,8 @@ type MaintenanceAdapter interface {
 
 	// RetentionLanes returns one row per retention class with a row in
 	// the retention table: class smallint, covered_until timestamptz,
-	// in_use bool (a topic has this class), now timestamptz.
+	// max_retention_us bigint (the longest retention of the class's
+	// topics; NULL when no topic has the class), now timestamptz.
 	RetentionLanes() Query
 	// RetentionPartitions returns one row per partition of a retention
 	// class: class integer, start_unix bigint, detach_pending bool.
@@ -233,7 +234,8 @@ SELECT consumer_group, count(*) FROM gone GROUP BY consumer_group ORDER BY consu
 // RetentionLanes implements [MaintenanceAdapter].
 func (a DefaultSchemaAdapter) RetentionLanes() Query {
 	return Query{SQL: `SELECT l.retention_class, GREATEST(l.covered_until, '1970-01-01 00:00:00+00'),
-	EXISTS (SELECT 1 FROM ` + a.topics() + ` t WHERE t.retention_class = l.retention_class), now()
+	(SELECT ceil(extract(epoch FROM max(t.retention)) * 1000000)::bigint FROM ` + a.topics() + ` t
+		WHERE t.retention_class = l.retention_class), now()
 FROM ` + a.retention() + ` l
 ORDER BY l.retention_class`}
 }

@@ -19,8 +19,11 @@ const (
 )
 
 // retentionLookahead is how many slots of a retention class the
-// maintainer keeps ready beyond the longest retention of the class.
-const retentionLookahead = 4
+// maintainer keeps ready beyond the longest retention of the class's
+// topics. Few: every partition costs each read of the class's topics a
+// probe, and a message whose slot is not ready yet is not lost (it goes
+// to the partition kept forever and is deleted row by row).
+const retentionLookahead = 2
 
 // retentionClass is the class of a retention: class k > 0 holds the
 // retentions of more than 2^(k-2) and at most 2^(k-1) seconds (class 1:
@@ -43,16 +46,11 @@ func retentionSlot(k int) time.Duration {
 	return time.Second << max(0, k-4)
 }
 
-// retentionSpan is the longest retention of class k.
-func retentionSpan(k int) time.Duration {
-	return time.Second << max(0, k-1)
-}
-
 // retentionLane is one row of the retention table.
 type retentionLane struct {
 	class   int
 	covered time.Time
-	inUse   bool
+	longest time.Duration // 0: no topic has the class
 }
 
 // retentionRound drops the partitions whose every message has expired
@@ -72,11 +70,15 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 	for rows.Next() {
 		var l retentionLane
 		var class int16
-		if err := rows.Scan(&class, &l.covered, &l.inUse, &now); err != nil {
+		var longestUs *int64
+		if err := rows.Scan(&class, &l.covered, &longestUs, &now); err != nil {
 			rows.Close()
 			return 0, fmt.Errorf("read retention classes: %w", err)
 		}
 		l.class = int(class)
+		if longestUs != nil {
+			l.longest = time.Duration(*longestUs) * time.Microsecond
+		}
 		lanes = append(lanes, l)
 	}
 	if err := rows.Err(); err != nil {
@@ -143,7 +145,7 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 	}
 
 	for _, l := range lanes {
-		if !l.inUse {
+		if l.longest <= 0 {
 			continue
 		}
 		slot := retentionSlot(l.class)
@@ -153,7 +155,7 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 		if l.covered.After(start) {
 			start = l.covered
 		}
-		until := now.Add(retentionSpan(l.class) + retentionLookahead*slot)
+		until := now.Add(l.longest + retentionLookahead*slot)
 		for n := 0; start.Before(until) && n < maxPartitionsRound; n++ {
 			p := RetentionPartition{Class: l.class, Start: start, End: start.Add(slot)}
 			if !have[p] {

@@ -554,7 +554,13 @@ $pglease$;
 
 ALTER TABLE ` + a.topics() + `
 	ADD COLUMN IF NOT EXISTS retention interval NOT NULL DEFAULT '0',
-	ADD COLUMN IF NOT EXISTS retention_class smallint NOT NULL DEFAULT 0;
+	ADD COLUMN IF NOT EXISTS retention_class smallint NOT NULL DEFAULT 0,
+	-- The classes the topic's messages may be stored under: 0, and those
+	-- from classes_from to classes_to (every class it ever had lies
+	-- there; 0 and 0 when it never had a retention). Readers read only
+	-- those partitions.
+	ADD COLUMN IF NOT EXISTS classes_from smallint NOT NULL DEFAULT 0,
+	ADD COLUMN IF NOT EXISTS classes_to smallint NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS ` + a.indexName(a.TopicsTable, DefaultTopicsTable, "retention_idx") + `
 	ON ` + a.topics() + ` (retention_class) WHERE retention_class > 0;
 
@@ -688,6 +694,23 @@ FROM (SELECT DISTINCT m.topic, ` + fmt.Sprintf(partitionOf, partitions) + ` AS p
 	}
 }
 
+// classesOf is a condition on m.retention_class that keeps the classes
+// whose partitions may hold messages of topic: 0 and the topic's range of
+// classes, read by the statement itself. Each bound is a scalar sub-select,
+// which PostgreSQL prunes partitions by when the statement starts (an
+// array of classes would not prune), so a reader scans only the partition
+// kept forever for a topic that never had a retention, and that and its
+// class's partitions for one that has. Reading the bounds in the statement
+// that reads the messages is safe: a message of a class was written after
+// the topics row that gave it the class had committed, so a snapshot that
+// sees the message sees the class.
+func (a DefaultSchemaAdapter) classesOf(topic string) string {
+	bound := func(col string) string {
+		return `COALESCE((SELECT tc.` + col + ` FROM ` + a.topics() + ` tc WHERE tc.topic = ` + topic + `), 0)`
+	}
+	return `(m.retention_class = 0 OR m.retention_class BETWEEN ` + bound("classes_from") + ` AND ` + bound("classes_to") + `)`
+}
+
 // placementCheck is a one-row query, lateral to the topics row tp (NULL
 // for a topic without settings), that decides where a message published
 // now goes: ok is true when the topic has a retention and a partition of
@@ -721,15 +744,20 @@ func (a DefaultSchemaAdapter) UpsertTopic(p TopicParams) Query {
 		SQL: `WITH old AS (
 	SELECT partitions, retention FROM ` + a.topics() + ` WHERE topic = $1
 ), up AS (
-	INSERT INTO ` + a.topics() + ` AS t (topic, partitions, retention, retention_class)
-	VALUES ($1, $2, $4::bigint * interval '1 microsecond', $5)
+	INSERT INTO ` + a.topics() + ` AS t (topic, partitions, retention, retention_class, classes_from, classes_to)
+	VALUES ($1, $2, $4::bigint * interval '1 microsecond', $5::smallint, $5::smallint, $5::smallint)
 	ON CONFLICT (topic) DO UPDATE SET partitions = EXCLUDED.partitions, retention = EXCLUDED.retention,
-		retention_class = EXCLUDED.retention_class, updated_at = now()
+		retention_class = EXCLUDED.retention_class,
+		classes_from = CASE WHEN EXCLUDED.retention_class = 0 THEN t.classes_from
+			WHEN t.classes_from = 0 THEN EXCLUDED.retention_class
+			ELSE LEAST(t.classes_from, EXCLUDED.retention_class) END,
+		classes_to = GREATEST(t.classes_to, EXCLUDED.retention_class),
+		updated_at = now()
 		WHERE t.partitions <= EXCLUDED.partitions
 			AND (t.partitions < EXCLUDED.partitions OR t.retention <> EXCLUDED.retention)
 	RETURNING partitions, retention
 ), lane AS (
-	INSERT INTO ` + a.retention() + ` (retention_class) SELECT $5 WHERE $5 > 0
+	INSERT INTO ` + a.retention() + ` (retention_class) SELECT $5::smallint WHERE $5::smallint > 0
 	ON CONFLICT (retention_class) DO NOTHING
 ), notified AS (
 	SELECT pg_notify($3, 'p' || $1) FROM up
@@ -784,7 +812,7 @@ func (a DefaultSchemaAdapter) SelectMessages(p SelectMessagesParams) Query {
 		SQL: `(SELECT m."offset", m.transaction_id::text AS transaction_id_text, m.uuid, m.payload,
 	m.metadata::text AS metadata_text, false AS pending, false AS future
 FROM ` + a.messages() + ` m
-WHERE m.topic = $1 AND m.partition = $2
+WHERE m.topic = $1 AND m.partition = $2 AND ` + a.classesOf("$1") + `
 	AND (m.transaction_id, m."offset") > ($3::text::xid8, $4::bigint)
 	AND m.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
 ORDER BY m.transaction_id, m."offset"
@@ -792,7 +820,7 @@ LIMIT $5)
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, true, t.transaction_id >= pg_snapshot_xmax(pg_current_snapshot())
 FROM (SELECT m.transaction_id FROM ` + a.messages() + ` m
-	WHERE m.topic = $1 AND m.partition = $2
+	WHERE m.topic = $1 AND m.partition = $2 AND ` + a.classesOf("$1") + `
 		AND m.transaction_id >= pg_snapshot_xmin(pg_current_snapshot())
 	ORDER BY m.transaction_id DESC
 	LIMIT 1) t`,
@@ -812,7 +840,7 @@ func (a DefaultSchemaAdapter) VisibleTopics(p VisibleTopicsParams) Query {
 		SQL: `SELECT t.n
 FROM unnest($1::text[], $4::integer[], $2::text[], $3::bigint[]) WITH ORDINALITY AS t(topic, partition, tx, off, n)
 WHERE EXISTS (SELECT 1 FROM ` + a.messages() + ` m
-	WHERE m.topic = t.topic AND m.partition = t.partition
+	WHERE m.topic = t.topic AND m.partition = t.partition AND ` + a.classesOf("t.topic") + `
 		AND (m.transaction_id, m."offset") > (t.tx::xid8, t.off)
 		AND m.transaction_id < pg_snapshot_xmin(pg_current_snapshot()))`,
 		Args: []any{p.Topics, txIDs, offsets, partitionsOf(p.Topics, p.Partitions)},
