@@ -35,7 +35,7 @@ type TopicConfig struct {
 	// forever (the default); otherwise between [MinRetention] and
 	// [MaxRetention]. Removal is done by the maintainer (see
 	// [MaintenanceConfig]) a partition at a time, so a message may live up
-	// to a quarter of its retention longer. A consumer group whose
+	// to half its retention longer. A consumer group whose
 	// position falls behind retention skips the removed messages; the
 	// maintainer logs it at Warn level and counts it
 	// (SubscriberStats.RetentionSkipped). Setting the topic again with
