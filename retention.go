@@ -135,9 +135,13 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 			return 1
 		}
 	})
-	have := map[RetentionPartition]bool{}
+	type slotKey struct {
+		class int
+		start int64
+	}
+	have := map[slotKey]bool{}
 	for _, p := range parts {
-		have[p.RetentionPartition] = true
+		have[slotKey{p.Class, p.Start.Unix()}] = true
 		if p.End.After(now) {
 			soon(p.End.Sub(now) + 20*time.Millisecond) // just after it expires
 			continue
@@ -161,7 +165,7 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 		until := now.Add(l.longest + retentionLookahead*slot)
 		for n := 0; start.Before(until) && n < maxPartitionsRound; n++ {
 			p := RetentionPartition{Class: l.class, Start: start, End: start.Add(slot)}
-			if !have[p] {
+			if !have[slotKey{p.Class, p.Start.Unix()}] {
 				if err := m.createPartition(ctx, p); err != nil {
 					return 0, err
 				}
