@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
@@ -65,6 +66,9 @@ type maintainer struct {
 	topics chan struct{} // a topic's retention changed
 
 	active atomic.Bool
+	// retained tells whether the last retention round found a topic with
+	// a retention.
+	retained atomic.Bool
 }
 
 func newMaintainer(s *Subscriber) *maintainer {
@@ -156,7 +160,9 @@ func (m *maintainer) run() {
 // row, wait is when to try again: just after that session expires unless
 // it heartbeats.
 func (m *maintainer) claim(ctx context.Context, g *sessionGen) (*int64, time.Duration, error) {
-	ctx, cancel := context.WithTimeout(ctx, m.s.session.stmtTimeout())
+	// Not liveness: a claim that waits is better than one cancelled
+	// (which costs the pool its connection).
+	ctx, cancel := context.WithTimeout(ctx, m.s.config.SessionTTL)
 	defer cancel()
 	q := m.q.ClaimMaintainer(MaintainerParams{SessionID: g.id})
 	var epoch, expiresIn *int64
@@ -170,9 +176,13 @@ func (m *maintainer) claim(ctx context.Context, g *sessionGen) (*int64, time.Dur
 	if epoch != nil {
 		return epoch, 0, nil
 	}
-	wait := 100 * time.Millisecond
+	// Every candidate learns the same expiry: spread their claims over a
+	// tenth of the TTL, so that they do not all queue on the expired
+	// session row's lock at once.
+	spread := rand.N(m.s.config.SessionTTL/10 + 1)
+	wait := 100*time.Millisecond + spread
 	if expiresIn != nil {
-		wait = max(wait, time.Duration(*expiresIn)*time.Millisecond+20*time.Millisecond)
+		wait = max(wait, time.Duration(*expiresIn)*time.Millisecond+20*time.Millisecond+spread)
 	}
 	return nil, wait, nil
 }
@@ -240,7 +250,10 @@ func (m *maintainer) upkeep(ctx context.Context, done chan<- struct{}) {
 	defer close(done)
 	interval := m.cfg.Interval
 	retT := time.NewTimer(0)
-	houseT := time.NewTimer(0)
+	// Housekeeping waits an Interval after the election: where
+	// Subscribers come and go often, the role moves often, and each new
+	// term need not start with it.
+	houseT := time.NewTimer(interval)
 	defer retT.Stop()
 	defer houseT.Stop()
 	retry := newBackoff(100*time.Millisecond, 5*time.Second)
@@ -324,8 +337,10 @@ func (m *maintainer) housekeeping(ctx context.Context) {
 		m.s.stats.sessionsDeleted.Add(uint64(n))
 		m.logger.Debug("Deleted expired consumer sessions", watermill.LogFields{"count": n})
 	}
-	if err := m.deleteExpiredKept(ctx); err != nil && ctx.Err() == nil {
-		m.logger.Error("Cannot delete expired messages kept forever", err, nil)
+	if m.retained.Load() { // a topic had a retention at the last retention round
+		if err := m.deleteExpiredKept(ctx); err != nil && ctx.Err() == nil {
+			m.logger.Error("Cannot delete expired messages kept forever", err, nil)
+		}
 	}
 	if m.cfg.RemoveIdleGroupsAfter <= 0 {
 		return

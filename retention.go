@@ -87,6 +87,11 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 	if err := rows.Err(); err != nil {
 		return 0, fmt.Errorf("read retention classes: %w", err)
 	}
+	retained := false
+	for _, l := range lanes {
+		retained = retained || l.longest > 0
+	}
+	m.retained.Store(retained)
 	if len(lanes) == 0 {
 		return 0, nil
 	}
