@@ -212,7 +212,7 @@ func (m *maintainer) expirePartition(ctx context.Context, p RetentionPartition, 
 		if err != nil {
 			return fmt.Errorf("count the unacknowledged messages of an expired retention partition: %w", err)
 		}
-		if err := m.reportSkipped(rows, "its retention partition expired"); err != nil {
+		if _, err := m.reportSkipped(rows, "its retention partition expired"); err != nil {
 			return err
 		}
 		if _, err := m.s.pool.Exec(sctx, m.q.DetachRetentionPartition(p, false)); err != nil {
@@ -237,25 +237,29 @@ type skippedRow struct {
 	n            int64
 }
 
-// reportSkipped reads rows of (consumer_group, topic, partition, messages)
-// and reports them (reportSkippedRows).
-func (m *maintainer) reportSkipped(rows pgx.Rows, why string) error {
+// reportSkipped reads rows of (consumer_group, topic, partition, messages),
+// reports those with a group (reportSkippedRows) and returns the messages
+// of the row without one (a statement's total; 0 when there is none).
+func (m *maintainer) reportSkipped(rows pgx.Rows, why string) (int64, error) {
 	defer rows.Close()
+	var total int64
 	var skipped []skippedRow
 	for rows.Next() {
 		var r skippedRow
 		if err := rows.Scan(&r.group, &r.topic, &r.partition, &r.n); err != nil {
-			return fmt.Errorf("read skipped messages: %w", err)
+			return 0, fmt.Errorf("read skipped messages: %w", err)
 		}
-		if r.group != nil {
+		if r.group == nil {
+			total = r.n
+		} else {
 			skipped = append(skipped, r)
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read skipped messages: %w", err)
+		return 0, fmt.Errorf("read skipped messages: %w", err)
 	}
 	m.reportSkippedRows(skipped, why)
-	return nil
+	return total, nil
 }
 
 // reportSkippedRows logs and counts messages that consumer groups skip
@@ -290,28 +294,12 @@ func (m *maintainer) deleteExpiredKept(ctx context.Context) error {
 			cancel()
 			return fmt.Errorf("delete expired messages kept forever: %w", err)
 		}
-		var deleted int64
-		var skipped []skippedRow
-		for rows.Next() {
-			var r skippedRow
-			if err := rows.Scan(&r.group, &r.topic, &r.partition, &r.n); err != nil {
-				rows.Close()
-				cancel()
-				return fmt.Errorf("delete expired messages kept forever: %w", err)
-			}
-			if r.group == nil {
-				deleted = r.n
-			} else {
-				skipped = append(skipped, r)
-			}
-		}
-		err = rows.Err()
+		deleted, err := m.reportSkipped(rows, "deleted past its retention")
 		cancel()
 		if err != nil {
 			return fmt.Errorf("delete expired messages kept forever: %w", err)
 		}
 		m.s.stats.rowsDeleted.Add(uint64(deleted))
-		m.reportSkippedRows(skipped, "deleted past its retention")
 		if deleted < keptDeleteLimit {
 			return nil
 		}
