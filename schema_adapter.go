@@ -1136,7 +1136,19 @@ type beginner interface {
 // idempotent and safe to run from many goroutines and processes at once:
 // everything runs in one transaction holding an advisory lock, so set-ups
 // serialize and each later one finds the work done.
+//
+// Most calls find the schema current, where Subscribers come and go: they
+// read the recorded version first, without the lock, and stop there. Only
+// a schema that is missing or behind waits for the lock (which a paused
+// process may hold for as long as it is paused).
 func initializeSchema(ctx context.Context, db beginner, adapter SchemaAdapter) error {
+	latest := 0
+	for _, m := range adapter.Migrations() {
+		latest = max(latest, m.Version)
+	}
+	if schemaIsCurrent(ctx, db, adapter.VersionTable(), latest) {
+		return nil
+	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("initialize schema: begin: %w", err)
@@ -1171,6 +1183,21 @@ func initializeSchema(ctx context.Context, db beginner, adapter SchemaAdapter) e
 		return fmt.Errorf("initialize schema: commit: %w", err)
 	}
 	return nil
+}
+
+// schemaIsCurrent tells whether the version table records latest: false
+// too when it cannot be read (then the locked path creates it or reports
+// why not). It reads in a transaction of its own, a savepoint on a pgx.Tx,
+// which a missing table aborts.
+func schemaIsCurrent(ctx context.Context, db beginner, versionTable string, latest int) bool {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return false
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var current int
+	err = tx.QueryRow(ctx, `SELECT COALESCE(max(version), 0) FROM `+versionTable).Scan(&current)
+	return err == nil && current >= latest
 }
 
 // wrapMissingSchema adds a hint to "relation does not exist" errors.

@@ -47,6 +47,58 @@ func TestSchemaSetUpIsConcurrencySafe(t *testing.T) {
 	assert.Equal(t, len(adapter.Migrations()), versions, "each migration is recorded once")
 }
 
+// TestSchemaSetUpWaitsForTheLockOnlyWhenBehind holds the schema lock from
+// another transaction, as a process paused in its own set-up would: a
+// set-up that finds the schema current goes on without it; one that finds
+// a version missing waits for it, then applies the migration once.
+func TestSchemaSetUpWaitsForTheLockOnlyWhenBehind(t *testing.T) {
+	pool := newPool(t, 5)
+	adapter := newSchema(t, pool)
+	ctx := context.Background()
+	setUp := func(ctx context.Context, topic string) error {
+		return pglease.CreateTopic(ctx, pool, topic, pglease.TopicConfig{SchemaAdapter: adapter, InitializeSchema: true})
+	}
+	require.NoError(t, setUp(ctx, "first"))
+
+	holder, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, adapter.SchemaLockKey())
+	require.NoError(t, err)
+
+	current, cancel := context.WithTimeout(ctx, 10*time.Second)
+	require.NoError(t, setUp(current, "current"), "a set-up of a current schema waited for the lock")
+	cancel()
+
+	versions := pgx.Identifier{adapter.Schema, pglease.DefaultSchemaVersionTable}.Sanitize()
+	migrations := adapter.Migrations()
+	last := migrations[len(migrations)-1].Version
+	_, err = pool.Exec(ctx, `DELETE FROM `+versions+` WHERE version = $1`, last)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- setUp(ctx, "behind") }()
+	waitFor(t, 10*time.Second, "the set-up of a schema behind to wait for the lock", func() bool {
+		var waiting int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&waiting)
+		return err == nil && waiting > 0
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("the set-up of a schema behind did not wait for the lock: %v", err)
+	default:
+	}
+	require.NoError(t, holder.Rollback(ctx))
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the set-up did not finish once the lock was free")
+	}
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+versions+` WHERE version = $1`, last).Scan(&n))
+	assert.Equal(t, 1, n, "the missing version is recorded again, once")
+}
+
 // TestSchemaSQLForMigrationTools applies the exported DDL by hand, with names
 // that need quoting, then runs the Pub/Sub with schema set-up off.
 func TestSchemaSQLForMigrationTools(t *testing.T) {
