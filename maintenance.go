@@ -158,23 +158,31 @@ func (m *maintainer) run() {
 
 // claim tries to become the maintainer. When another session holds the
 // row, wait is when to try again: just after that session expires unless
-// it heartbeats.
+// it heartbeats. While a live session holds the row, the candidate only
+// reads it: the compare-and-swap, whose plan costs more than the read's,
+// runs when the row looks free.
 func (m *maintainer) claim(ctx context.Context, g *sessionGen) (*int64, time.Duration, error) {
 	// Not liveness: a claim that waits is better than one cancelled
 	// (which costs the pool its connection).
 	ctx, cancel := context.WithTimeout(ctx, m.s.config.SessionTTL)
 	defer cancel()
-	q := m.q.ClaimMaintainer(MaintainerParams{SessionID: g.id})
-	var epoch, expiresIn *int64
 	var holder *[16]byte
-	if err := m.s.pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&epoch, &holder, &expiresIn); err != nil {
+	var expiresIn *int64
+	q := m.q.MaintainerHolder()
+	err := m.s.pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&holder, &expiresIn)
+	if err == nil && (holder == nil || *holder == g.id || expiresIn == nil || *expiresIn <= 0) {
+		q = m.q.ClaimMaintainer(MaintainerParams{SessionID: g.id})
+		var epoch *int64
+		err = m.s.pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&epoch, &holder, &expiresIn)
+		if err == nil && epoch != nil {
+			return epoch, 0, nil
+		}
+	}
+	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, 0, fmt.Errorf("the maintainer's row is missing (schema version 6 creates it)")
 		}
 		return nil, 0, wrapMissingSchema(err)
-	}
-	if epoch != nil {
-		return epoch, 0, nil
 	}
 	// Every candidate learns the same expiry: spread their claims over a
 	// tenth of the TTL, so that they do not all queue on the expired

@@ -43,6 +43,12 @@ type MaintenanceAdapter interface {
 	// (the owner before the statement), holder_expires_in_ms bigint (NULL
 	// when the holder has no session row).
 	ClaimMaintainer(p MaintainerParams) Query
+	// MaintainerHolder reads, without locking or writing anything, who
+	// holds the maintainer's row: one row with holder uuid (NULL when
+	// free) and holder_expires_in_ms bigint (NULL when the holder has no
+	// session row). Candidates run it while a live session holds the row,
+	// and ClaimMaintainer only when it looks free.
+	MaintainerHolder() Query
 	// ReleaseMaintainer frees the row if p.SessionID still holds it at
 	// p.Epoch, and notifies.
 	ReleaseMaintainer(p MaintainerParams) Query
@@ -131,6 +137,19 @@ SELECT (SELECT epoch FROM claimed), cur.session_id,
 	ceil(extract(epoch FROM cur.expires_at - now()) * 1000)::bigint
 FROM cur`,
 		Args: []any{maintainerRow, p.SessionID},
+	}
+}
+
+// MaintainerHolder implements [MaintenanceAdapter]. It has no parameter
+// (the row's name is a constant): PostgreSQL then plans it once per
+// connection, where a parameter would make it plan the statement anew on
+// most calls (a custom plan costs it no more than the generic one here).
+func (a DefaultSchemaAdapter) MaintainerHolder() Query {
+	return Query{
+		SQL: `SELECT m.session_id, ceil(extract(epoch FROM s.expires_at - now()) * 1000)::bigint
+FROM ` + a.maintenance() + ` m
+LEFT JOIN ` + a.sessions() + ` s ON s.id = m.session_id
+WHERE m.name = ` + quoteLiteral(maintainerRow),
 	}
 }
 
