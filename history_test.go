@@ -235,17 +235,52 @@ func publishHeld(t *testing.T, pub *pglease.Publisher, topic, proc string) strin
 // yet".
 func waitProcessed(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, topics []string, timeout time.Duration) {
 	t.Helper()
+	waitDrained(t, pool, adapter, topics, timeout, timeout)
+}
+
+// waitDrained waits until every message stored on topics has been
+// processed, failing when the number left has not gone down for stall or
+// when limit has passed. A drain is a liveness check, not a speed target:
+// where the consumers are slow (race detector, a saturated machine) it may
+// take long, but a message that is never delivered stops its progress.
+//
+// The check reads every stored message: on a large run it takes a good
+// part of a second of a core, so polling it every few milliseconds would
+// take a core from the consumers it waits for. Between two checks it
+// waits three times as long as the last one took (at least 5 ms): the
+// check costs at most a quarter of a core.
+func waitDrained(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, topics []string, stall, limit time.Duration) {
+	t.Helper()
 	q := `SELECT count(*) FROM ` + table(adapter, pglease.DefaultMessagesTable) + ` m
 WHERE m.topic = ANY($1) AND NOT EXISTS (SELECT 1 FROM ` + table(adapter, processedTable) + ` p WHERE p.uuid = m.uuid)`
-	var left int
-	waitFor(t, timeout, "every stored message to be processed", func() bool {
+	began := time.Now()
+	progressed := began
+	best := -1
+	var err error
+	for {
+		checked := time.Now()
+		left := -1
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := pool.QueryRow(ctx, q, topics).Scan(&left); err != nil {
-			return false
+		err = pool.QueryRow(ctx, q, topics).Scan(&left)
+		cancel()
+		if err == nil {
+			if left == 0 {
+				return
+			}
+			if best < 0 || left < best {
+				best, progressed = left, time.Now()
+			}
 		}
-		return left == 0
-	})
+		switch {
+		case time.Since(progressed) > stall:
+			t.Fatalf("waiting for every stored message to be processed: %d left, none processed for %s (last error: %v)",
+				best, stall, err)
+		case time.Since(began) > limit:
+			t.Fatalf("timed out after %s waiting for every stored message to be processed: %d left (last error: %v)",
+				limit, best, err)
+		}
+		time.Sleep(max(5*time.Millisecond, 3*time.Since(checked)))
+	}
 }
 
 // countProcessed returns how many messages proc processed after since.

@@ -665,8 +665,11 @@ type frozenChurn struct {
 	freezers           int           // processes frozen at once, at most
 	freezeGapMax       time.Duration // between the freezes of one freezer
 	renewMax           time.Duration // the lifetime of a Subscriber, at most
-	drain              time.Duration // to process what is left once publishing stopped
-	minClaims          int           // claims the run must exercise
+	// The drain processes what is left once publishing stopped: it
+	// fails when no message was processed for drainStall, or after
+	// drainLimit.
+	drainStall, drainLimit time.Duration
+	minClaims              int // claims the run must exercise
 	// jitter, when set, is the probability of a delay of up to jitterMax
 	// in heartbeats and offsets statements (see installServerJitter).
 	jitter    float64
@@ -726,7 +729,11 @@ func runFrozenChurn(t *testing.T, c frozenChurn) {
 	}
 	require.Empty(t, frz.errs)
 	drainBegan := time.Now()
-	waitProcessed(t, s.pool, s.adapter, topics, c.drain)
+	var left int
+	require.NoError(t, s.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+
+		table(s.adapter, pglease.DefaultMessagesTable)+` m WHERE NOT EXISTS (SELECT 1 FROM `+
+		table(s.adapter, processedTable)+` p WHERE p.uuid = m.uuid)`).Scan(&left))
+	waitDrained(t, s.pool, s.adapter, topics, c.drainStall, c.drainLimit)
 	drained := time.Since(drainBegan)
 	for _, h := range helpers {
 		require.True(t, h.alive(), "helper %s exited during the run", h.cfg.Name)
@@ -745,10 +752,11 @@ func runFrozenChurn(t *testing.T, c frozenChurn) {
 		lost += strings.Count(h.logs(), "Consumer session lost")
 	}
 	t.Logf("frozen churn: %d processes x %d Subscribers x %d subscriptions on %d topics, started in %s; "+
-		"%s of load: %d messages published, %d freezes (longest %s); drained in %s; whole run %s; "+
+		"%s of load: %d messages published, %d freezes (longest %s); %d left, drained in %s (%.0f/s); whole run %s; "+
 		"%d sessions opened (%d self-fenced, %d found lost by a heartbeat); %d messages processed more than once; %s",
 		c.procs, c.subs, c.slots, c.topics, startedIn.Round(time.Millisecond), c.run, published, frz.freezes,
-		frz.longest.Round(time.Millisecond), drained.Round(time.Millisecond), time.Since(began).Round(time.Millisecond),
+		frz.longest.Round(time.Millisecond), left, drained.Round(time.Millisecond), float64(left)/drained.Seconds(),
+		time.Since(began).Round(time.Millisecond),
 		sessions, selfFenced, lost, duplicates, counts)
 
 	assert.Zero(t, counts.takenFromLive, "(a) a row was taken from a live session")
@@ -774,7 +782,8 @@ func TestFrozenChurnInvariants(t *testing.T) {
 		freezers:     2,
 		freezeGapMax: 800 * time.Millisecond,
 		renewMax:     4 * time.Second,
-		drain:        time.Minute,
+		drainStall:   30 * time.Second,
+		drainLimit:   5 * time.Minute,
 		minClaims:    100,
 		jitter:       0.3,
 		jitterMax:    50 * time.Millisecond,
