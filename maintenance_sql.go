@@ -141,9 +141,8 @@ FROM cur`,
 }
 
 // MaintainerHolder implements [MaintenanceAdapter]. It has no parameter
-// (the row's name is a constant): PostgreSQL then plans it once per
-// connection, where a parameter would make it plan the statement anew on
-// most calls (a custom plan costs it no more than the generic one here).
+// (the row's name is a constant), so a connection reuses its plan: with
+// the name as a parameter PostgreSQL planned it anew on most calls.
 func (a DefaultSchemaAdapter) MaintainerHolder() Query {
 	return Query{
 		SQL: `SELECT m.session_id, ceil(extract(epoch FROM s.expires_at - now()) * 1000)::bigint
