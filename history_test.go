@@ -251,18 +251,14 @@ func waitProcessed(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSche
 // check costs at most a quarter of a core.
 func waitDrained(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, topics []string, stall, limit time.Duration) {
 	t.Helper()
-	q := `SELECT count(*) FROM ` + table(adapter, pglease.DefaultMessagesTable) + ` m
-WHERE m.topic = ANY($1) AND NOT EXISTS (SELECT 1 FROM ` + table(adapter, processedTable) + ` p WHERE p.uuid = m.uuid)`
 	began := time.Now()
 	progressed := began
 	best := -1
 	var err error
 	for {
 		checked := time.Now()
-		left := -1
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err = pool.QueryRow(ctx, q, topics).Scan(&left)
-		cancel()
+		var left int
+		left, err = countUnprocessed(pool, adapter, topics)
 		if err == nil {
 			if left == 0 {
 				return
@@ -281,6 +277,18 @@ WHERE m.topic = ANY($1) AND NOT EXISTS (SELECT 1 FROM ` + table(adapter, process
 		}
 		time.Sleep(max(5*time.Millisecond, 3*time.Since(checked)))
 	}
+}
+
+// countUnprocessed returns how many messages stored on topics have not
+// been processed.
+func countUnprocessed(pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, topics []string) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var n int
+	err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table(adapter, pglease.DefaultMessagesTable)+` m
+WHERE m.topic = ANY($1) AND NOT EXISTS (SELECT 1 FROM `+table(adapter, processedTable)+` p WHERE p.uuid = m.uuid)`,
+		topics).Scan(&n)
+	return n, err
 }
 
 // countProcessed returns how many messages proc processed after since.

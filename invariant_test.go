@@ -729,10 +729,8 @@ func runFrozenChurn(t *testing.T, c frozenChurn) {
 	}
 	require.Empty(t, frz.errs)
 	drainBegan := time.Now()
-	var left int
-	require.NoError(t, s.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+
-		table(s.adapter, pglease.DefaultMessagesTable)+` m WHERE NOT EXISTS (SELECT 1 FROM `+
-		table(s.adapter, processedTable)+` p WHERE p.uuid = m.uuid)`).Scan(&left))
+	left, err := countUnprocessed(s.pool, s.adapter, topics)
+	require.NoError(t, err)
 	waitDrained(t, s.pool, s.adapter, topics, c.drainStall, c.drainLimit)
 	drained := time.Since(drainBegan)
 	for _, h := range helpers {
