@@ -96,4 +96,7 @@ PGLEASE_TEST_TOPICS=100000 go test -count=1 -timeout 10m -run 'TestIdleTopicsCos
 # race pass above skips it and it runs here, against a real restart of the
 # test PostgreSQL (PGLEASE_TEST_RESTART_CMD).
 step "go test -run TestPubSub/TestReconnect (without -race)"
-go test -count=1 -timeout 10m -run 'TestPubSub/TestReconnect' -v . | grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS)|server restarted|received in bulk read'
+# The filter keeps the suite's failure messages (Error Trace, Error,
+# Messages, t.Errorf lines), so that a failure says why.
+go test -count=1 -timeout 10m -run 'TestPubSub/TestReconnect' -v . |
+	grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS)|server restarted|received in bulk read|Error( Trace)?:|Messages:|Test:|^\s+\S+_test\.go:[0-9]+:|test_(asserts|pubsub)\.go:[0-9]+'
