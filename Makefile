@@ -1,6 +1,7 @@
 # Every target that needs PostgreSQL runs through scripts/localpg.sh, which
 # starts a throwaway local server (or uses PGLEASE_TEST_DSN / DATABASE_URL
-# when set). See scripts/localpg.sh for the environment it provides.
+# when set) with a PgBouncer in transaction mode in front of it. See
+# scripts/localpg.sh for the environment it provides.
 
 LOCALPG := scripts/localpg.sh run --
 
@@ -31,6 +32,6 @@ bench-insert:
 fmt:
 	@files="$$(scripts/gofiles.sh)"; if [ -n "$$files" ]; then gofmt -l -w $$files; fi
 
-## pg: an interactive $SHELL with a throwaway PostgreSQL (PGLEASE_TEST_DSN, DATABASE_URL set)
+## pg: an interactive $SHELL with a throwaway PostgreSQL and a PgBouncer in front of it (PGLEASE_TEST_DSN, DATABASE_URL, PGLEASE_TEST_PGBOUNCER_DSN set)
 pg:
-	$(LOCALPG) sh -c 'echo "PGLEASE_TEST_DSN=$$PGLEASE_TEST_DSN"; echo "PGLEASE_TEST_RESTART_CMD=$$PGLEASE_TEST_RESTART_CMD"; echo "exit the shell to stop PostgreSQL"; exec "$${SHELL:-/bin/bash}"'
+	$(LOCALPG) sh -c 'echo "PGLEASE_TEST_DSN=$$PGLEASE_TEST_DSN"; echo "PGLEASE_TEST_RESTART_CMD=$$PGLEASE_TEST_RESTART_CMD"; echo "PGLEASE_TEST_PGBOUNCER_DSN=$$PGLEASE_TEST_PGBOUNCER_DSN (log: $$PGLEASE_TEST_PGBOUNCER_LOG)"; echo "exit the shell to stop PostgreSQL and PgBouncer"; exec "$${SHELL:-/bin/bash}"'
