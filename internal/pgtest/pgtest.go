@@ -13,6 +13,15 @@
 //     is started through testcontainers-go and shared by the whole test
 //     process.
 //  3. Otherwise [DSN] returns an error that says how to provide a database.
+//
+// Tests that run pglease behind a transaction pooler call [PgBouncerDSN]
+// for the URL of the same database through PgBouncer in transaction mode,
+// and [PgBouncerAlive] at the end to check that PgBouncer survived them.
+// Only `make test` (scripts/localpg.sh) provides one, in
+// PGLEASE_TEST_PGBOUNCER_DSN with PGLEASE_TEST_PGBOUNCER_PIDFILE and
+// PGLEASE_TEST_PGBOUNCER_LOG; no container is started for it, and without
+// it [PgBouncerDSN] returns an error that says so: such tests fail rather
+// than skip.
 package pgtest
 
 import (
