@@ -1,0 +1,286 @@
+// Package tcpproxy is a TCP proxy for tests that can freeze the
+// connections it forwards: they stay open but nothing goes through any
+// more, as with a connection behind a NAT or a proxy that lost it, or a
+// peer that vanished without a FIN. The peers see a half-open connection:
+// their writes succeed and nothing arrives, for as long as the test likes,
+// with no timeout of the kernel to end it.
+//
+// A test puts a [Proxy] between a client and a server (say, a pgx
+// connection and PostgreSQL), calls [Proxy.Freeze] to break the
+// connections that exist, and checks that the client notices and
+// reconnects: connections accepted after Freeze forward normally.
+//
+// It uses nothing but the standard library and is meant for tests only.
+package tcpproxy
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// dialTimeout bounds the connection to the target for each accepted
+// connection.
+const dialTimeout = 10 * time.Second
+
+// bufferSize is the size of the buffer of each direction of a connection.
+const bufferSize = 32 << 10
+
+// Proxy listens on 127.0.0.1 and forwards each accepted connection to a
+// target address. Its methods are safe for concurrent use.
+type Proxy struct {
+	target string
+	ln     net.Listener
+	ctx    context.Context // cancelled by Close: ends dials under way
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	links  map[*link]struct{}
+	closed bool
+
+	wg sync.WaitGroup // the accept loop and every link's goroutines
+}
+
+// link is one accepted connection and its connection to the target.
+type link struct {
+	client net.Conn
+
+	mu     sync.Mutex
+	server net.Conn // nil until dialled
+	ended  bool     // closed: no server may be set any more
+
+	// fwd is held for reading by a goroutine while it writes what it read
+	// to the other side, and for writing by Freeze, so that once Freeze
+	// returns nothing more is forwarded.
+	fwd    sync.RWMutex
+	frozen atomic.Bool
+}
+
+// Start listens on 127.0.0.1 on a free port and forwards every connection
+// it accepts to target (host:port), until [Proxy.Close].
+func Start(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Proxy{
+		target: target,
+		ln:     ln,
+		ctx:    ctx,
+		cancel: cancel,
+		links:  map[*link]struct{}{},
+	}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// Addr returns the address the proxy listens on, as host:port.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Freeze stops forwarding on every connection that exists now, in both
+// directions, without closing them: from the time Freeze returns, what
+// either peer sends is read and dropped, so its writes succeed and nothing
+// arrives. A frozen connection ends only when a peer closes it (the proxy
+// then closes the other side too, so that, say, a PostgreSQL backend does
+// not outlive its client) or on [Proxy.Close]. Connections accepted after
+// Freeze forward normally. Freeze may be called again.
+func (p *Proxy) Freeze() {
+	for _, l := range p.snapshot() {
+		l.freeze()
+	}
+}
+
+// Unfreeze resumes forwarding on the connections that Freeze froze. What
+// was sent while they were frozen is lost: a protocol above sees a gap in
+// the stream.
+func (p *Proxy) Unfreeze() {
+	for _, l := range p.snapshot() {
+		l.unfreeze()
+	}
+}
+
+// Conns returns the number of connections accepted and not yet ended,
+// frozen or not.
+func (p *Proxy) Conns() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.links)
+}
+
+// Close stops listening, closes every connection and waits for the
+// proxy's goroutines to end. It returns the error of closing the listener;
+// later calls wait likewise and return nil.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		p.wg.Wait()
+		return nil
+	}
+	// No connection is added from now on.
+	p.closed = true
+	p.mu.Unlock()
+
+	p.cancel()
+	err := p.ln.Close()
+	for _, l := range p.snapshot() {
+		l.close()
+	}
+	p.wg.Wait()
+	return err
+}
+
+func (p *Proxy) snapshot() []*link {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	links := make([]*link, 0, len(p.links))
+	for l := range p.links {
+		links = append(links, l)
+	}
+	return links
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		l := &link{client: c}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			_ = c.Close()
+			return
+		}
+		p.links[l] = struct{}{}
+		p.wg.Add(1)
+		p.mu.Unlock()
+		go p.serve(l)
+	}
+}
+
+// serve dials the target for l and forwards both ways until either side
+// ends.
+func (p *Proxy) serve(l *link) {
+	defer p.wg.Done()
+	defer p.remove(l)
+
+	dialer := net.Dialer{Timeout: dialTimeout}
+	s, err := dialer.DialContext(p.ctx, "tcp", p.target)
+	if err != nil {
+		l.close()
+		return
+	}
+	if !l.setServer(s) {
+		// Closed meanwhile.
+		_ = s.Close()
+		return
+	}
+
+	var both sync.WaitGroup
+	both.Add(1)
+	go func() {
+		defer both.Done()
+		l.pipe(s, l.client)
+	}()
+	l.pipe(l.client, s)
+	both.Wait()
+}
+
+func (p *Proxy) remove(l *link) {
+	p.mu.Lock()
+	delete(p.links, l)
+	p.mu.Unlock()
+}
+
+// pipe copies from src to dst, dropping what it reads while l is frozen,
+// until either fails; then it closes both sides, which ends the other
+// direction too. A peer's end of its stream thus closes the whole
+// connection: there are no half-closed connections.
+func (l *link) pipe(dst, src net.Conn) {
+	defer l.close()
+	buf := make([]byte, bufferSize)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			l.fwd.RLock()
+			var werr error
+			if !l.frozen.Load() {
+				_, werr = dst.Write(buf[:n])
+			}
+			// A write that Freeze cut short ended on its deadline: the
+			// connection stays open, frozen.
+			broken := werr != nil && !l.frozen.Load()
+			l.fwd.RUnlock()
+			if broken {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (l *link) freeze() {
+	l.frozen.Store(true)
+	// Cut short the writes under way (a peer that reads nothing could hold
+	// one for ever), then wait for them to end.
+	l.setWriteDeadline(time.Unix(1, 0))
+	l.fwd.Lock()
+	// Every write under way has ended, and none starts while frozen.
+	l.fwd.Unlock()
+}
+
+func (l *link) unfreeze() {
+	l.fwd.Lock()
+	defer l.fwd.Unlock()
+	if l.frozen.Load() {
+		l.setWriteDeadline(time.Time{})
+		l.frozen.Store(false)
+	}
+}
+
+func (l *link) setWriteDeadline(t time.Time) {
+	_ = l.client.SetWriteDeadline(t)
+	l.mu.Lock()
+	s := l.server
+	l.mu.Unlock()
+	if s != nil {
+		_ = s.SetWriteDeadline(t)
+	}
+}
+
+// setServer records the connection to the target; it returns false when l
+// was closed meanwhile.
+func (l *link) setServer(s net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ended {
+		return false
+	}
+	l.server = s
+	return true
+}
+
+// close closes both sides; later calls do nothing.
+func (l *link) close() {
+	l.mu.Lock()
+	if l.ended {
+		l.mu.Unlock()
+		return
+	}
+	l.ended = true
+	s := l.server
+	l.mu.Unlock()
+	_ = l.client.Close()
+	if s != nil {
+		_ = s.Close()
+	}
+}
