@@ -82,6 +82,10 @@ type pgleaseHandle struct {
 	ns      string
 	pool    *pgxpool.Pool
 	adapter pglease.DefaultSchemaAdapter
+	// newPool opens the pool of a member; nil: e.pgleasePool.
+	newPool func(conns int) (*pgxpool.Pool, error)
+	// verify, when set, checks after a workload that it ran as intended.
+	verify func() error
 }
 
 func (h *pgleaseHandle) publisher() (message.Publisher, error) {
@@ -107,7 +111,11 @@ func newPgleaseSubscriber(pool *pgxpool.Pool, ns string, initializeSchema bool, 
 }
 
 func (h *pgleaseHandle) member() (message.Subscriber, func() error, error) {
-	pool, err := h.e.pgleasePool(h.e.cfg.memberConns)
+	newPool := h.newPool
+	if newPool == nil {
+		newPool = h.e.pgleasePool
+	}
+	pool, err := newPool(h.e.cfg.memberConns)
 	if err != nil {
 		return nil, nil, err
 	}

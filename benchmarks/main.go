@@ -24,6 +24,13 @@
 // Every schema the program creates is named pglease_bench_* and dropped
 // again. -quick (or PGLEASE_BENCH_QUICK=1) runs one short round of each
 // workload for development; it writes no files unless -out is given.
+//
+// With -pgbouncer (default: PGLEASE_BENCH_PGBOUNCER_DSN, else
+// PGLEASE_TEST_PGBOUNCER_DSN, which `make bench` sets to the PgBouncer that
+// scripts/localpg.sh starts), the publish and drain workloads also run on
+// pglease with its pool going through that PgBouncer in transaction mode,
+// in the same rounds; the table shows those rows under the direct ones
+// (pgbouncer.go). -pgbouncer= turns them off.
 package main
 
 import (
@@ -58,6 +65,9 @@ type config struct {
 	cpuProfile string
 	statements bool
 	verbose    bool
+	// pgbouncerDSN: the publish and drain workloads also run on pglease
+	// through this PgBouncer (pgbouncer.go); empty: they do not.
+	pgbouncerDSN string
 
 	publishers     int
 	publishFor     time.Duration
@@ -106,6 +116,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "directory for a CPU profile of every measured run (WORKLOAD-BACKEND-rN.pprof)")
 	fs.BoolVar(&c.statements, "statements", false, "print the busiest statements (pg_stat_statements) of each backend in the first round of each workload")
 	fs.BoolVar(&c.verbose, "v", false, "log the backends' info messages to standard error")
+	fs.StringVar(&c.pgbouncerDSN, "pgbouncer", defaultPgBouncerDSN(), "URL of a PgBouncer in transaction mode in front of the server of -dsn, same user: the publish and drain workloads also run on pglease through it (default: $PGLEASE_BENCH_PGBOUNCER_DSN, else $PGLEASE_TEST_PGBOUNCER_DSN, which `make bench` sets); empty: they do not")
 
 	fs.IntVar(&c.publishers, "publishers", 64, "goroutines of the concurrent publish workload")
 	fs.DurationVar(&c.publishFor, "publish-for", 5*time.Second, "duration of each publish measurement")
@@ -197,6 +208,14 @@ func parseFlags(args []string) (config, error) {
 	return c, nil
 }
 
+// defaultPgBouncerDSN is the default of -pgbouncer.
+func defaultPgBouncerDSN() string {
+	if dsn := os.Getenv("PGLEASE_BENCH_PGBOUNCER_DSN"); dsn != "" {
+		return dsn
+	}
+	return os.Getenv("PGLEASE_TEST_PGBOUNCER_DSN")
+}
+
 // env is what every workload shares: the configuration and an
 // administrative pool for set-up, statistics and clean-up.
 type env struct {
@@ -282,6 +301,12 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return err
 	}
+	if cfg.pgbouncerDSN != "" {
+		if info.pgbouncer, err = checkPgBouncer(ctx, e); err != nil {
+			return err
+		}
+		e.log("the publish and drain workloads also run on pglease through %s at %s", info.pgbouncer, pgbouncerAddr(cfg.pgbouncerDSN))
+	}
 	e.log("PostgreSQL %s, Go %s, %d cores; %d round(s)%s", info.postgres, info.goVersion, info.cores, cfg.rounds, map[bool]string{true: " (quick mode)"}[cfg.quick])
 
 	res := newResults()
@@ -289,11 +314,14 @@ func run(ctx context.Context, cfg config) error {
 	for _, w := range selectedWorkloads(cfg) {
 		for round := 1; round <= cfg.rounds; round++ {
 			order := []backend{pgleaseBackend{}, watermillSQLBackend{}}
-			if round%2 == 0 {
-				slices.Reverse(order)
-			}
 			if w.pgleaseOnly {
 				order = []backend{pgleaseBackend{}}
+			}
+			if w.pgbouncer && cfg.pgbouncerDSN != "" {
+				order = slices.Insert(order, 1, backend(pgleasePgBouncerBackend{}))
+			}
+			if round%2 == 0 {
+				slices.Reverse(order)
 			}
 			for _, b := range order {
 				if ctx.Err() != nil {
@@ -426,6 +454,11 @@ func runOne(ctx context.Context, e *env, w workload, b backend, round int) (map[
 	stopProfile()
 	if err != nil {
 		return nil, err
+	}
+	if ph, ok := h.(*pgleaseHandle); ok && ph.verify != nil {
+		if err := ph.verify(); err != nil {
+			return nil, err
+		}
 	}
 	if profileStatements {
 		after, err := takeStatements(wctx, e.admin)

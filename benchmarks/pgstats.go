@@ -172,6 +172,8 @@ type machineInfo struct {
 	pglease      string // the library's commit, as git describes it
 	command      string
 	ownDatabase  bool // the run had a database of its own
+	// pgbouncer describes the PgBouncer of -pgbouncer; empty: none.
+	pgbouncer string
 }
 
 func collectMachineInfo(ctx context.Context, e *env) (machineInfo, error) {

@@ -59,35 +59,78 @@ type row struct {
 	complete bool // both backends have values
 	ratio    float64
 	met      string // "yes", "no" or "" (no target)
+	// via names the backend in the pglease column when it is not pglease
+	// direct (pgbouncerName); directMed is then pglease's direct median.
+	via       string
+	directMed float64
 }
 
 func (r *results) rows(cfg config) []row {
 	var rows []row
 	for _, w := range selectedWorkloads(cfg) {
 		for _, m := range w.metrics {
-			x := row{m: m, pg: r.values[m.key][pgleaseName], ws: r.values[m.key][watermillSQLName]}
-			if len(x.pg) == 0 && len(x.ws) == 0 && len(r.failures[m.key]) == 0 {
-				// A fallback metric that was not needed.
-				continue
+			x, ok := r.row(m)
+			if ok {
+				rows = append(rows, x)
 			}
-			if len(x.pg) > 0 {
-				x.pgMed = median(x.pg)
+			if w.pgbouncer {
+				if y, ok := r.pgbouncerRow(m, x); ok {
+					rows = append(rows, y)
+				}
 			}
-			if len(x.ws) > 0 {
-				x.wsMed = median(x.ws)
-			}
-			if len(x.pg) > 0 && len(x.ws) > 0 {
-				x.complete = true
-				x.ratio = x.pgMed / x.wsMed
-				x.met = judge(m.target, x.pgMed, x.ratio)
-			} else if len(x.pg) > 0 && (m.target.kind == pgleaseAtMost || m.target.kind == pgleaseAtLeast) {
-				// An absolute target needs no watermill-sql value.
-				x.met = judge(m.target, x.pgMed, 0)
-			}
-			rows = append(rows, x)
 		}
 	}
 	return rows
+}
+
+// row is metric m's row of pglease direct and watermill-sql; false when
+// neither ran (a fallback metric that was not needed).
+func (r *results) row(m metric) (row, bool) {
+	x := row{m: m, pg: r.values[m.key][pgleaseName], ws: r.values[m.key][watermillSQLName]}
+	if len(x.pg) > 0 {
+		x.pgMed = median(x.pg)
+	}
+	if len(x.ws) > 0 {
+		x.wsMed = median(x.ws)
+	}
+	if len(x.pg) == 0 && len(x.ws) == 0 && len(r.failures[m.key][pgleaseName]) == 0 && len(r.failures[m.key][watermillSQLName]) == 0 {
+		return x, false
+	}
+	if len(x.pg) > 0 && len(x.ws) > 0 {
+		x.complete = true
+		x.ratio = x.pgMed / x.wsMed
+		x.met = judge(m.target, x.pgMed, x.ratio)
+	} else if len(x.pg) > 0 && (m.target.kind == pgleaseAtMost || m.target.kind == pgleaseAtLeast) {
+		// An absolute target needs no watermill-sql value.
+		x.met = judge(m.target, x.pgMed, 0)
+	}
+	return x, true
+}
+
+// pgbouncerRow is metric m's row of pglease through PgBouncer, to go under
+// direct, the row of pglease direct; false when it did not run. It has no
+// target and no watermill-sql value: its ratio is to pglease direct.
+func (r *results) pgbouncerRow(m metric, direct row) (row, bool) {
+	y := row{m: m, pg: r.values[m.key][pgbouncerName], via: pgbouncerName, directMed: direct.pgMed}
+	if len(y.pg) == 0 && len(r.failures[m.key][pgbouncerName]) == 0 {
+		return y, false
+	}
+	y.m.label = m.label + ", pglease through PgBouncer"
+	y.m.short = m.short + ", through PgBouncer"
+	y.m.target = target{}
+	y.m.pgleaseOnly = true
+	if len(y.pg) > 0 {
+		y.pgMed = median(y.pg)
+	}
+	return y, true
+}
+
+// backends are the backends whose values the row shows.
+func (x row) backends() []string {
+	if x.via != "" {
+		return []string{x.via}
+	}
+	return []string{pgleaseName, watermillSQLName}
 }
 
 func judge(t target, pg, ratio float64) string {
@@ -184,6 +227,17 @@ func formatRatio(r float64) string {
 }
 
 func (x row) cells() []string {
+	if x.via != "" {
+		// Through PgBouncer: the ratio is to pglease direct.
+		pg, ratio := "n/a", notMeasured
+		if len(x.pg) > 0 {
+			pg = formatValue(x.pgMed)
+			if x.directMed > 0 {
+				ratio = formatRatio(x.pgMed/x.directMed) + " of direct"
+			}
+		}
+		return []string{x.m.label, x.m.unit, pg, notMeasured, ratio, "", ""}
+	}
 	target := x.m.target.text
 	if x.complete {
 		return []string{x.m.label, x.m.unit, formatValue(x.pgMed), formatValue(x.wsMed), formatRatio(x.ratio), target, x.met}
@@ -295,6 +349,9 @@ func writeMarkdown(w io.Writer, cfg config, rows []row, res *results, info machi
 	} {
 		fmt.Fprintf(w, "- %s\n", line)
 	}
+	if info.pgbouncer != "" {
+		fmt.Fprintf(w, "- Through PgBouncer (rows \"pglease through PgBouncer\"): in each round the publish and drain workloads run a third time, on pglease with its pool (`-conns`) going through %s on the same machine (`-pgbouncer`), with pgx's `default_query_exec_mode=exec`, in the order pglease, through PgBouncer, watermill-sql (reversed every other round). The Subscriber's LISTEN connection goes directly to PostgreSQL (the pool's BeforeConnect hook points every connection that pgxpool does not dial for the pool at PostgreSQL, until pglease has a setting for it). The ratio of those rows is to pglease direct in the same run; watermill-sql is not measured through PgBouncer.\n", info.pgbouncer)
+	}
 
 	fmt.Fprintf(w, "\n## Every round\n\n")
 	fmt.Fprintf(w, "| workload | unit | pglease | watermill-sql |\n|---|---|---|---|\n")
@@ -307,8 +364,13 @@ func writeMarkdown(w io.Writer, cfg config, rows []row, res *results, info machi
 	}
 	var failures []string
 	for _, x := range rows {
-		for _, b := range []string{pgleaseName, watermillSQLName} {
+		for _, b := range x.backends() {
 			for _, f := range res.failures[x.m.key][b] {
+				if x.via != "" {
+					// The label names the backend.
+					failures = append(failures, fmt.Sprintf("- %s: %s", x.m.label, f))
+					continue
+				}
 				failures = append(failures, fmt.Sprintf("- %s, %s: %s", x.m.label, b, f))
 			}
 		}

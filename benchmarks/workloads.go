@@ -81,6 +81,9 @@ type workload struct {
 	run     func(ctx context.Context, e *env, h handle) (map[string]float64, error)
 	// pgleaseOnly workloads run on pglease alone.
 	pgleaseOnly bool
+	// pgbouncer workloads also run on pglease through PgBouncer, when
+	// -pgbouncer is set (pgbouncer.go).
+	pgbouncer bool
 }
 
 func (w workload) describe(vals map[string]float64) string {
@@ -108,7 +111,8 @@ func workloads(cfg config) []workload {
 				better: higherIsBetter,
 				target: target{kind: ratioAtLeast, value: 5, text: "≥ 5×"},
 			}},
-			run: runPublishConcurrent,
+			run:       runPublishConcurrent,
+			pgbouncer: true,
 		},
 		{
 			id: "publish-batch",
@@ -120,7 +124,8 @@ func workloads(cfg config) []workload {
 				better: higherIsBetter,
 				target: target{kind: ratioAtLeast, value: 2, text: "≥ 2×"},
 			}},
-			run: runPublishBatch,
+			run:       runPublishBatch,
+			pgbouncer: true,
 		},
 		{
 			id: "drain",
@@ -132,7 +137,8 @@ func workloads(cfg config) []workload {
 				better: higherIsBetter,
 				target: target{kind: ratioAtLeast, value: 4, text: "≥ 4×"},
 			}},
-			run: runDrain,
+			run:       runDrain,
+			pgbouncer: true,
 		},
 		{
 			id: "latency",
