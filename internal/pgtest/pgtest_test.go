@@ -37,6 +37,7 @@ func TestConnectAndRestart(t *testing.T) {
 	defer cancel()
 
 	before := startTime(ctx, t, dsn)
+	bouncer := pgBouncerConn(ctx, t)
 
 	cmd := pgtest.RestartCommand()
 	if cmd == nil {
@@ -59,6 +60,7 @@ func TestConnectAndRestart(t *testing.T) {
 				t.Fatalf("pg_postmaster_start_time() = %v after the restart, want later than %v", after, before)
 			}
 			t.Logf("restarted: postmaster start time %v -> %v (connected on attempt %d)", before, after, attempt+1)
+			pgBouncerAfterRestart(ctx, t, bouncer)
 			return
 		}
 		lastErr = err
@@ -108,4 +110,55 @@ func queryStartTime(ctx context.Context, dsn string) (time.Time, error) {
 	var start time.Time
 	err = conn.QueryRow(cctx, "select pg_postmaster_start_time()").Scan(&start)
 	return start, err
+}
+
+// pgBouncerConn returns a connection through the PgBouncer of `make
+// test`, on which a query ran, closed at the end of the test; nil when
+// there is no PgBouncer (TestPgBouncerAlive fails then).
+func pgBouncerConn(ctx context.Context, t *testing.T) *pgx.Conn {
+	t.Helper()
+	dsn, err := pgtest.PgBouncerDSN()
+	if err != nil {
+		t.Logf("no PgBouncer: not checked across the restart (%v)", err)
+		return nil
+	}
+	conn, err := pgx.Connect(ctx, dsn+"&default_query_exec_mode=exec")
+	if err != nil {
+		t.Fatalf("connect through PgBouncer: %v", err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatalf("SELECT 1 through PgBouncer: %v", err)
+	}
+	return conn
+}
+
+// pgBouncerAfterRestart checks that PgBouncer serves again after the
+// server restarted, on conn, made before the restart: it drops the server
+// connections the restart closed, and its clients stay connected.
+func pgBouncerAfterRestart(ctx context.Context, t *testing.T, conn *pgx.Conn) {
+	t.Helper()
+	if conn == nil {
+		return
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for attempt := 1; ; attempt++ {
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := conn.Exec(qctx, "SELECT 1")
+		cancel()
+		if err == nil {
+			if err := pgtest.PgBouncerAlive(); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("PgBouncer served the connection made before the restart on attempt %d", attempt)
+			return
+		}
+		if conn.IsClosed() {
+			t.Fatalf("PgBouncer closed a client connection when the server restarted: %v", err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("PgBouncer does not serve 30 s after the server restarted: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
