@@ -420,7 +420,18 @@ func (a DefaultSchemaAdapter) VersionTable() string {
 func (a DefaultSchemaAdapter) Prepare() []string {
 	var stmts []string
 	if a.Schema != "" {
-		stmts = append(stmts, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{a.Schema}.Sanitize())
+		// Not CREATE SCHEMA IF NOT EXISTS: that looks the name up in the
+		// backend's catalog cache, which may still hold "missing" from a
+		// read made before the set-up lock was granted (the lock does
+		// not refresh it), and then fails on the schema another set-up
+		// just created. A query reads the catalog as of now.
+		stmts = append(stmts, doBlock(`
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = `+quoteLiteral(a.Schema)+`) THEN
+		CREATE SCHEMA `+pgx.Identifier{a.Schema}.Sanitize()+`;
+	END IF;
+END
+`))
 	}
 	stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+a.VersionTable()+` (
 	version     integer PRIMARY KEY,
@@ -1120,6 +1131,16 @@ func SchemaSQL(adapter SchemaAdapter) string {
 	}
 	b.WriteString("COMMIT;\n")
 	return b.String()
+}
+
+// doBlock is a DO statement running body, dollar-quoted with a tag that
+// body does not contain (names from configuration may hold any text).
+func doBlock(body string) string {
+	tag := "$pglease$"
+	for i := 1; strings.Contains(body, tag); i++ {
+		tag = fmt.Sprintf("$pglease%d$", i)
+	}
+	return "DO " + tag + body + tag
 }
 
 func quoteLiteral(s string) string {
