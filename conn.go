@@ -23,11 +23,17 @@ const poolConnectTimeout = 2 * time.Minute
 // tokens, roles and session settings in those hooks; a connection made
 // without them may fail to log in or behave differently from the pool's.
 //
+// With a ConnConfig of its own (SubscriberConfig.ListenConnConfig), it
+// dials that instead of the pool's, still through the pool's hooks.
+//
 // The hooks that concern acquiring from the pool (PrepareConn,
 // BeforeAcquire, AfterRelease, ShouldPing) do not apply. A poolDialer is
 // safe for concurrent use.
 type poolDialer struct {
 	config *pgxpool.Config
+	// conn, when not nil, replaces the pool's ConnConfig (the pool's
+	// hooks still apply): SubscriberConfig.ListenConnConfig.
+	conn *pgx.ConnConfig
 }
 
 func newPoolDialer(pool *pgxpool.Pool) poolDialer {
@@ -36,7 +42,11 @@ func newPoolDialer(pool *pgxpool.Pool) poolDialer {
 
 // dial opens a connection. Close it with close.
 func (d poolDialer) dial(ctx context.Context) (*pgx.Conn, error) {
-	cfg := d.config.ConnConfig.Copy()
+	base := d.config.ConnConfig
+	if d.conn != nil {
+		base = d.conn
+	}
+	cfg := base.Copy()
 	if cfg.ConnectTimeout <= 0 {
 		cfg.ConnectTimeout = poolConnectTimeout
 	}
@@ -180,4 +190,21 @@ func (c *sessionConn) exec(ctx context.Context, q Query) (pgconn.CommandTag, err
 func usableAfter(conn *pgx.Conn, err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && !conn.IsClosed() && conn.PgConn().TxStatus() == 'I'
+}
+
+// parsedConnConfig tells whether cfg was created by pgx.ParseConfig, which
+// pgx.ConnectConfig demands (it panics otherwise). It tries to connect
+// with a context that has already ended, so nothing is dialled.
+func parsedConnConfig(cfg *pgx.ConnConfig) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if conn, err := pgx.ConnectConfig(ctx, cfg.Copy()); err == nil {
+		_ = conn.Close(context.Background())
+	}
+	return true
 }

@@ -1,5 +1,7 @@
 package pglease
 
+import "time"
+
 // PendingPublishes is how many Publish calls of p wait in its group commit
 // for a worker (tests only).
 func PendingPublishes(p *Publisher) int {
@@ -17,4 +19,34 @@ func PendingPublishes(p *Publisher) int {
 // had been lost (tests only). Set it before the first Subscribe.
 func SetAfterClaimHook(s *Subscriber, hook func(topics []string) error) {
 	s.offsets.afterClaim = hook
+}
+
+// SetListenerProbe sets how often listeners probe their connection and how
+// long a probe may take, until the returned function restores the defaults
+// (tests only; not while a listener runs).
+func SetListenerProbe(interval, timeout time.Duration) (restore func()) {
+	oldInterval, oldTimeout := listenerProbeInterval, listenerProbeTimeout
+	listenerProbeInterval, listenerProbeTimeout = interval, timeout
+	return func() { listenerProbeInterval, listenerProbeTimeout = oldInterval, oldTimeout }
+}
+
+// CheckDirect is checkDirect: nil when conn reaches its backend directly,
+// an error wrapping ErrPooledConnection otherwise (tests only).
+var CheckDirect = checkDirect
+
+// ErrPooledConnection is errPooledConnection (tests only).
+var ErrPooledConnection = errPooledConnection
+
+// Listening reports whether s receives notifications (tests only).
+func Listening(s *Subscriber) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.listener.Listening()
+}
+
+// SetAfterMembersReadHook makes s call hook, with the number of members,
+// after each read of its group (tests only). Set it before the first
+// Subscribe.
+func SetAfterMembersReadHook(s *Subscriber, hook func(members int)) {
+	s.member.afterRead = hook
 }

@@ -84,6 +84,9 @@ type groupMember struct {
 	// me and members are the last read of the group.
 	me      member
 	members []member
+	// afterRead, when set, runs after each read of the group with the
+	// number of members read (tests only).
+	afterRead func(members int)
 
 	kick chan struct{}
 }
@@ -119,6 +122,18 @@ func (m *groupMember) membersChanged() {
 	m.stale = true
 	m.mu.Unlock()
 	m.wake()
+}
+
+// pollTick stands in for notifications that do not arrive (see
+// wakeHub.pollTick): while consumers wait for their rows, the group is
+// read again, so that a row released or left by another member is taken.
+func (m *groupMember) pollTick() {
+	m.mu.Lock()
+	waiting := len(m.waiting) > 0
+	m.mu.Unlock()
+	if waiting {
+		m.membersChanged()
+	}
 }
 
 // released wakes the loop if topic, a row of which was just released by its
@@ -468,6 +483,9 @@ func (m *groupMember) readMembers(g *sessionGen) error {
 	m.mu.Lock()
 	m.me, m.members = members[i], members
 	m.mu.Unlock()
+	if m.afterRead != nil {
+		m.afterRead(len(members))
+	}
 	return nil
 }
 

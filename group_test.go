@@ -3,7 +3,6 @@ package pglease_test
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -692,10 +691,13 @@ WHERE o.consumer_group = $1 AND s.expires_at > now() AND s.id <> $2`, group, dea
 		}
 		waitFor(t, 10*time.Second, "the session of Subscriber "+strconv.Itoa(i), func() bool {
 			mu.Lock()
-			known := append([]uuid.UUID{dead}, slices.Collect(maps.Values(ids))...)
+			known := []string{dead.String()}
+			for _, id := range ids {
+				known = append(known, id.String())
+			}
 			mu.Unlock()
 			var id uuid.UUID
-			if err := pool.QueryRow(ctx, `SELECT id FROM `+sessions+` WHERE id <> ALL($1) LIMIT 1`, known).Scan(&id); err != nil {
+			if err := pool.QueryRow(ctx, `SELECT id FROM `+sessions+` WHERE id <> ALL($1::uuid[]) LIMIT 1`, known).Scan(&id); err != nil {
 				return false
 			}
 			mu.Lock()

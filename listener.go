@@ -2,13 +2,17 @@ package pglease
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -131,6 +135,26 @@ func (h *wakeHub) wakeAll() {
 	h.maint.wakeAll()
 }
 
+// partitionPollTicks is how many PollIntervals apart a Subscriber that
+// receives no notifications reads its topics' partition counts again.
+const partitionPollTicks = 30
+
+// pollTick stands in, every PollInterval, for the notifications of a
+// Subscriber that receives none (PollOnly, a listener that reconnects or
+// refused a pooler): the member reads its group again while it waits for
+// topics (another member may have released one, or left), the maintainer's
+// candidates look at the row and the maintainer for delayed messages
+// stored since, and every partitionPollTicks-th tick (tick counts from 1)
+// the member reads the partition counts. New messages of idle topics are
+// found by pollIdle, as when notifications arrive.
+func (h *wakeHub) pollTick(tick int) {
+	h.member.pollTick()
+	h.maint.pollTick()
+	if tick%partitionPollTicks == 0 {
+		h.member.topicChanged(nil)
+	}
+}
+
 func (h *wakeHub) idleSnapshot() ([]*consumer, VisibleTopicsParams) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -150,10 +174,12 @@ func (h *wakeHub) idleSnapshot() ([]*consumer, VisibleTopicsParams) {
 }
 
 // listenerKey identifies a shared listener: Subscribers on the same pool
-// and the same messages table share one LISTEN connection.
+// and the same messages table, with the same ListenConnConfig, share one
+// LISTEN connection.
 type listenerKey struct {
 	pool    *pgxpool.Pool
 	channel string
+	direct  *pgx.ConnConfig // SubscriberConfig.ListenConnConfig; nil: the pool's
 }
 
 var (
@@ -161,12 +187,37 @@ var (
 	listeners   = map[listenerKey]*sharedListener{}
 )
 
+// The wake-up probe: while it listens, a listener sends itself a
+// notification through the pool every listenerProbeInterval and expects it
+// back within listenerProbeTimeout; otherwise its connection no longer
+// receives (half-open, dropped by a proxy) and it reconnects. Variables,
+// so that tests can shrink them.
+var (
+	listenerProbeInterval = 30 * time.Second
+	listenerProbeTimeout  = 10 * time.Second
+)
+
+// probeKind starts the payload of a listener's probe notification; wake
+// hubs never see it.
+const probeKind = 'k'
+
+// errPooledConnection is returned when the connection dialled for LISTEN
+// turns out to go through a connection pooler or proxy.
+var errPooledConnection = errors.New("the connection goes through a connection pooler or proxy")
+
 // sharedListener keeps one connection LISTENing on a channel for every
 // Subscriber of the process that uses the same pool and tables, and passes
 // each notification to their wake hubs. It runs while at least one
 // Subscriber uses it. The connection is not the pool's (a LISTEN needs a
 // connection of its own for as long as it runs); it is dialled the way the
-// pool dials, with the pool's hooks (poolDialer).
+// pool dials, with the pool's hooks (poolDialer), from ListenConnConfig
+// when the Subscriber has one.
+//
+// It never LISTENs through a connection pooler: a notification that
+// arrives on a server connection no client holds makes PgBouncer drop it
+// (or, in transaction mode, crash). Every connection is checked first
+// (checkDirect); one that goes through a pooler is closed, the Subscribers
+// poll, and the listener says once what to set.
 type sharedListener struct {
 	key          listenerKey
 	dialer       poolDialer
@@ -176,23 +227,35 @@ type sharedListener struct {
 	mu   sync.Mutex
 	hubs map[*wakeHub]struct{}
 
+	// listening is true while the connection LISTENs and its last probe
+	// came back: Subscribers rely on notifications and poll only as a
+	// fallback. While it is false they poll for what notifications
+	// would have told them.
+	listening atomic.Bool
+
+	probeMu    sync.Mutex
+	probeToken string        // the probe awaited, "" if none
+	probeBack  chan struct{} // closed when it arrives
+
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
-// acquireListener registers hub with the listener of (pool, channel),
-// starting it if needed.
-func acquireListener(pool *pgxpool.Pool, channel string, hub *wakeHub, logger watermill.LoggerAdapter, closeTimeout time.Duration) *sharedListener {
-	key := listenerKey{pool: pool, channel: channel}
+// acquireListener registers hub with the listener of (pool, channel,
+// direct), starting it if needed.
+func acquireListener(pool *pgxpool.Pool, channel string, direct *pgx.ConnConfig, hub *wakeHub, logger watermill.LoggerAdapter, closeTimeout time.Duration) *sharedListener {
+	key := listenerKey{pool: pool, channel: channel, direct: direct}
 	listenersMu.Lock()
 	defer listenersMu.Unlock()
 	l := listeners[key]
 	if l == nil {
 		ctx, cancel := context.WithCancel(context.Background())
+		dialer := newPoolDialer(pool)
+		dialer.conn = direct
 		l = &sharedListener{
 			key:          key,
-			dialer:       newPoolDialer(pool),
+			dialer:       dialer,
 			logger:       logger.With(watermill.LogFields{"channel": channel}),
 			closeTimeout: closeTimeout,
 			hubs:         map[*wakeHub]struct{}{},
@@ -235,9 +298,16 @@ func (l *sharedListener) each(f func(*wakeHub)) {
 	}
 }
 
+// Listening reports whether notifications reach the Subscribers (nil-safe:
+// a Subscriber without a listener polls).
+func (l *sharedListener) Listening() bool {
+	return l != nil && l.listening.Load()
+}
+
 // run keeps the connection LISTENing. After every (re)connect it wakes every
 // consumer, since notifications may have been missed meanwhile; while it is
-// disconnected, the idle pollers and the standbys' timed retries carry on.
+// disconnected, the Subscribers poll. A connection that goes through a
+// pooler ends the attempts: the Subscribers poll for as long as they run.
 func (l *sharedListener) run() {
 	defer close(l.done)
 	retry := newBackoff(100*time.Millisecond, maxRetryBackoff)
@@ -246,7 +316,18 @@ func (l *sharedListener) run() {
 		if l.ctx.Err() != nil {
 			return
 		}
-		l.logger.Error("Notification listener disconnected, reconnecting (idle topics are polled every PollInterval meanwhile)", err, nil)
+		if errors.Is(err, errPooledConnection) {
+			setting := "set SubscriberConfig.ListenConnConfig to a direct connection to the primary (not through the pooler)"
+			if l.key.direct != nil {
+				setting = "point SubscriberConfig.ListenConnConfig at the primary itself, not at a pooler"
+			}
+			l.logger.Error("Not listening for notifications: "+setting+
+				", or set SubscriberConfig.PollOnly to poll without this message. Messages, hand-overs and group changes are found by polling every PollInterval meanwhile",
+				err, nil)
+			<-l.ctx.Done()
+			return
+		}
+		l.logger.Error("Notification listener disconnected, reconnecting (the Subscribers poll every PollInterval meanwhile)", err, nil)
 		if !sleep(retry.delay(), l.ctx.Done(), nil) {
 			return
 		}
@@ -259,27 +340,149 @@ func (l *sharedListener) listenOnce(connected func()) error {
 		return err
 	}
 	defer l.dialer.close(conn, l.closeTimeout)
+	if err := checkDirect(l.ctx, conn); err != nil {
+		return err
+	}
 	if _, err := conn.Exec(l.ctx, "LISTEN "+pgx.Identifier{l.key.channel}.Sanitize()); err != nil {
 		return err
 	}
 	connected()
+	l.listening.Store(true)
+	defer l.listening.Store(false)
 	l.each((*wakeHub).wakeAll)
 	l.logger.Debug("Listening for notifications", nil)
+
+	ctx, cancel := context.WithCancel(l.ctx)
+	defer cancel()
+	probeErr := make(chan error, 1)
+	probing := make(chan struct{})
+	go func() {
+		defer close(probing)
+		if err := l.probe(ctx); err != nil {
+			probeErr <- err
+			cancel()
+		}
+	}()
+	defer func() { <-probing }()
 	for {
-		n, err := conn.WaitForNotification(l.ctx)
+		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
-			return err
+			select {
+			case perr := <-probeErr:
+				return perr
+			default:
+				return err
+			}
+		}
+		if len(n.Payload) > 0 && n.Payload[0] == probeKind {
+			l.probeArrived(n.Payload[1:])
+			continue
 		}
 		l.each(func(h *wakeHub) { h.notify(n.Payload) })
 	}
 }
 
+// probe sends the listener a notification through the pool every
+// listenerProbeInterval and returns an error when one does not come back
+// within listenerProbeTimeout. A probe that cannot be sent (the pool's
+// server is unreachable) proves nothing and is skipped.
+func (l *sharedListener) probe(ctx context.Context) error {
+	for sleep(listenerProbeInterval, ctx.Done(), nil) {
+		token := uuid.NewString()
+		back := make(chan struct{})
+		l.probeMu.Lock()
+		l.probeToken, l.probeBack = token, back
+		l.probeMu.Unlock()
+		sctx, cancel := context.WithTimeout(ctx, listenerProbeTimeout)
+		sent := time.Now()
+		_, err := l.key.pool.Exec(sctx, "SELECT pg_notify($1, $2)", l.key.channel, string(probeKind)+token)
+		if err == nil {
+			select {
+			case <-back:
+			case <-sctx.Done():
+				if ctx.Err() == nil {
+					err = fmt.Errorf("%w: a notification sent through the pool %s ago has not arrived", errListenerDeaf,
+						time.Since(sent).Round(time.Millisecond))
+				}
+			}
+		} else {
+			err = nil
+		}
+		cancel()
+		l.probeMu.Lock()
+		l.probeToken, l.probeBack = "", nil
+		l.probeMu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// errListenerDeaf is why a listener that stopped receiving reconnects.
+var errListenerDeaf = errors.New("the notification listener receives nothing (a half-open connection, or a proxy or pooler between it and the server)")
+
+func (l *sharedListener) probeArrived(token string) {
+	l.probeMu.Lock()
+	defer l.probeMu.Unlock()
+	if l.probeBack != nil && token == l.probeToken {
+		close(l.probeBack)
+		l.probeBack = nil
+	}
+}
+
+// checkDirect tells whether conn reaches the PostgreSQL backend it
+// LISTENs on for as long as it lives, and returns errPooledConnection when
+// it may not: when the backend's process id differs from the one the
+// server announced at login (PgBouncer, RDS Proxy, Supavisor and other
+// poolers announce their own, even in session mode), when it changes
+// between two statements, or when a LISTEN is not seen by the next
+// statement (the statements ran on different server connections).
+func checkDirect(ctx context.Context, conn *pgx.Conn) error {
+	var pid int32
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		return fmt.Errorf("check the listener's connection: %w", err)
+	}
+	if announced := conn.PgConn().PID(); uint32(pid) != announced {
+		return fmt.Errorf("%w: its backend's process id is %d, the one announced at login %d", errPooledConnection, pid, announced)
+	}
+	probe := pgx.Identifier{"pglease_probe_" + strings.ReplaceAll(uuid.NewString(), "-", "")}.Sanitize()
+	if _, err := conn.Exec(ctx, "LISTEN "+probe); err != nil {
+		return fmt.Errorf("check the listener's connection: %w", err)
+	}
+	var pid2 int32
+	var seen bool
+	err := conn.QueryRow(ctx, "SELECT pg_backend_pid(), $1 = ANY (ARRAY(SELECT pg_listening_channels()))",
+		strings.Trim(probe, `"`)).Scan(&pid2, &seen)
+	if err != nil {
+		return fmt.Errorf("check the listener's connection: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "UNLISTEN "+probe); err != nil {
+		return fmt.Errorf("check the listener's connection: %w", err)
+	}
+	if pid2 != pid || !seen {
+		return fmt.Errorf("%w: a LISTEN was not seen by the next statement on the same connection (backend %d, then %d)",
+			errPooledConnection, pid, pid2)
+	}
+	return nil
+}
+
 // pollIdle is the fallback for missed notifications: every PollInterval it
 // asks, in one statement for all idle topics of this Subscriber, which of
 // them have messages after their position, and wakes those.
+//
+// While no notifications arrive (s.listener.Listening is false), each
+// round also polls for what they would have told (wakeHub.pollTick).
 func (s *Subscriber) pollIdle() {
 	defer s.background.Done()
+	deaf := 0
 	for sleep(s.config.PollInterval, s.ctx.Done(), nil) {
+		if s.listener.Listening() {
+			deaf = 0
+		} else {
+			deaf++
+			s.hub.pollTick(deaf)
+		}
 		consumers, params := s.hub.idleSnapshot()
 		if len(consumers) == 0 {
 			continue

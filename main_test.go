@@ -25,6 +25,12 @@ import (
 // its own.
 var testDSN string
 
+// poolDSN is where newPool's pools connect: testDSN, unless
+// PGLEASE_TEST_POOL_DSN names another way to the same database (`make test`
+// runs part of the suite through PgBouncer in transaction mode so).
+// Subscribers of newTestSubscriber then LISTEN on testDSN.
+var poolDSN string
+
 func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(runHelperProcess())
@@ -35,6 +41,10 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	testDSN = dsn
+	poolDSN = dsn
+	if d := os.Getenv("PGLEASE_TEST_POOL_DSN"); d != "" {
+		poolDSN = d
+	}
 	code := m.Run()
 	pgtest.Terminate()
 	os.Exit(code)
@@ -43,13 +53,33 @@ func TestMain(m *testing.M) {
 // newPool returns a pool on the test database, closed at the end of the test.
 func newPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testDSN)
+	cfg, err := pgxpool.ParseConfig(poolDSN)
 	require.NoError(t, err)
 	cfg.MaxConns = maxConns
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// newPoolOn returns a pool on dsn, closed at the end of the test.
+func newPoolOn(t testing.TB, dsn string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	require.NoError(t, err)
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// directConnConfig is the test database's DSN, direct, for ListenConnConfig.
+func directConnConfig(t testing.TB) *pgx.ConnConfig {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(testDSN)
+	require.NoError(t, err)
+	return cfg
 }
 
 // newSchema returns an adapter on a fresh PostgreSQL schema of its own,

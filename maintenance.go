@@ -108,6 +108,20 @@ func (m *maintainer) notified(kind byte) {
 	}
 }
 
+// pollTick stands in for notifications that do not arrive (nil-safe): a
+// candidate looks at the maintainer's row (it may have been released), the
+// maintainer for delayed messages stored since it last looked.
+func (m *maintainer) pollTick() {
+	if m == nil {
+		return
+	}
+	if m.active.Load() {
+		kick(m.due)
+	} else {
+		kick(m.elect)
+	}
+}
+
 // wakeAll runs every task soon, after notifications may have been missed.
 func (m *maintainer) wakeAll() {
 	if m == nil {

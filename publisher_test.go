@@ -35,6 +35,9 @@ func newTestSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.SchemaA
 	if cfg.SessionTTL == 0 {
 		cfg.SessionTTL = 2 * time.Second
 	}
+	if poolDSN != testDSN && cfg.ListenConnConfig == nil && !cfg.PollOnly {
+		cfg.ListenConnConfig = directConnConfig(t)
+	}
 	sub, err := pglease.NewSubscriber(pool, cfg, testLogger())
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, sub.Close()) })

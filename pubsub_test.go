@@ -22,6 +22,8 @@ type conformance struct {
 	pool    *pgxpool.Pool
 	adapter pglease.DefaultSchemaAdapter
 	logger  watermill.LoggerAdapter
+	// tweak, when set, changes each Subscriber's config.
+	tweak func(*pglease.SubscriberConfig)
 
 	mu   sync.Mutex
 	pubs []*pglease.Publisher
@@ -33,7 +35,11 @@ type conformance struct {
 // built is closed, including those some tests of the suite leave open, and
 // no goroutine of pglease may be left.
 func newConformance(t *testing.T) *conformance {
-	pool := newPool(t, 60)
+	return newConformanceOn(t, newPool(t, 60))
+}
+
+// newConformanceOn is newConformance on pool.
+func newConformanceOn(t *testing.T, pool *pgxpool.Pool) *conformance {
 	c := &conformance{pool: pool, adapter: newSchema(t, pool), logger: testLogger()}
 	t.Cleanup(func() {
 		c.mu.Lock()
@@ -55,14 +61,18 @@ func (c *conformance) pubSub(t *testing.T, group string) (message.Publisher, mes
 		AutoInitializeSchema: true,
 	}, c.logger)
 	require.NoError(t, err)
-	sub, err := pglease.NewSubscriber(c.pool, pglease.SubscriberConfig{
+	cfg := pglease.SubscriberConfig{
 		ConsumerGroup:    group,
 		SessionTTL:       5 * time.Second,
 		PollInterval:     20 * time.Millisecond,
 		NackResendDelay:  10 * time.Millisecond,
 		InitializeSchema: true,
 		SchemaAdapter:    c.adapter,
-	}, c.logger)
+	}
+	if c.tweak != nil {
+		c.tweak(&cfg)
+	}
+	sub, err := pglease.NewSubscriber(c.pool, cfg, c.logger)
 	require.NoError(t, err)
 	c.mu.Lock()
 	c.pubs = append(c.pubs, pub)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -73,6 +74,28 @@ type SubscriberConfig struct {
 	// tries one claim statement this often. Default DefaultPollInterval
 	// (1s).
 	PollInterval time.Duration
+
+	// ListenConnConfig, when set, is what the connection that LISTENs for
+	// notifications is dialled with, instead of the pool's ConnConfig (the
+	// pool's BeforeConnect, AfterConnect and BeforeClose hooks still
+	// apply). Set it to a direct connection to the primary when the pool
+	// goes through a transaction pooler (PgBouncer, RDS Proxy,
+	// Supavisor): a LISTEN needs a connection of its own for as long as it
+	// runs. The connection is checked before it LISTENs: one that goes
+	// through a pooler is refused, and the Subscriber polls. Subscribers
+	// of a process that share a pool and a ListenConnConfig (the same
+	// pointer) share one LISTEN connection. Nil (the default) dials with
+	// the pool's settings.
+	ListenConnConfig *pgx.ConnConfig
+
+	// PollOnly turns notifications off: no LISTEN connection. New
+	// messages, topics released by other Subscribers of the group,
+	// members that come and go, and elections are then found by polling
+	// every PollInterval: a message is delivered up to PollInterval after
+	// its commit instead of at once, and a topic handed over up to
+	// PollInterval after its release. For pools that cannot reach the
+	// server but through a transaction pooler. Default false.
+	PollOnly bool
 
 	// NackResendDelay is how long after a Nack the same message is
 	// delivered again. Default DefaultNackResendDelay (100ms).
@@ -177,6 +200,12 @@ func (c SubscriberConfig) validate() error {
 	}
 	if !validText(c.ConsumerGroup) {
 		return fmt.Errorf("SubscriberConfig.ConsumerGroup must be UTF-8 without NUL bytes")
+	}
+	if c.PollOnly && c.ListenConnConfig != nil {
+		return fmt.Errorf("SubscriberConfig.ListenConnConfig must be nil when PollOnly is set (PollOnly opens no LISTEN connection)")
+	}
+	if c.ListenConnConfig != nil && !parsedConnConfig(c.ListenConnConfig) {
+		return fmt.Errorf("SubscriberConfig.ListenConnConfig must be created by pgx.ParseConfig")
 	}
 	if a, ok := c.SchemaAdapter.(DefaultSchemaAdapter); ok {
 		if err := a.validate(); err != nil {
@@ -351,7 +380,10 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	s.consumers.Add(1)
 	if !s.started {
 		s.started = true
-		s.listener = acquireListener(s.pool, s.config.SchemaAdapter.NotifyChannel(), s.hub, s.logger, s.config.CloseTimeout)
+		if !s.config.PollOnly {
+			s.listener = acquireListener(s.pool, s.config.SchemaAdapter.NotifyChannel(), s.config.ListenConnConfig,
+				s.hub, s.logger, s.config.CloseTimeout)
+		}
 		s.background.Add(2)
 		go s.pollIdle()
 		go s.member.run()
