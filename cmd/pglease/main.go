@@ -368,13 +368,10 @@ func (s *commandSpec) connectAndRun(ctx context.Context, cmd subcommand, dsn str
 	if cfg.RuntimeParams["application_name"] == "" {
 		cfg.RuntimeParams["application_name"] = applicationName
 	}
-	if cfg.RuntimeParams["jit"] == "" {
-		// The inspection queries are index probes, but their row estimates
-		// (generate_series counts 1,000 rows) cross jit_above_cost: JIT
-		// compilation then costs 0.4 to 1.5 s of a pglease topics that
-		// reads a few rows.
-		cfg.RuntimeParams["jit"] = "off"
-	}
+	// No session settings as startup parameters: a transaction pooler
+	// (PgBouncer) refuses those it does not know ("unsupported startup
+	// parameter: jit"). The Inspector turns JIT off per transaction for
+	// the statements that need it.
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
