@@ -85,6 +85,28 @@ fi
 # other package running at the same moment.
 go test -race -count=1 -p 1 -timeout 40m "$@" ./...
 
+# Behind PgBouncer in transaction mode (scripts/localpg.sh starts one): the
+# tests of the Publisher, AckInTx/TxHandler, the Inspector, topics, delays,
+# retention and groups again, with every pool of theirs going through it in
+# pgx's simple protocol (their Subscribers LISTEN directly), and the
+# command's tests with everything through it. The universal suite through
+# PgBouncer is part of the race pass above (pooler_test.go).
+if [[ -n "${PGLEASE_TEST_PGBOUNCER_DSN:-}" ]]; then
+	bouncer_simple="$PGLEASE_TEST_PGBOUNCER_DSN"
+	if [[ "$bouncer_simple" == *\?* ]]; then
+		bouncer_simple+="&default_query_exec_mode=simple_protocol"
+	else
+		bouncer_simple+="?default_query_exec_mode=simple_protocol"
+	fi
+	step "go test -race, pools through PgBouncer (simple protocol)"
+	PGLEASE_TEST_POOL_DSN="$bouncer_simple" go test -race -count=1 -timeout 10m \
+		-run 'TestAckInTxCommitsWithTheTransaction|TestAckInTxBadInput|TestAckInTxIsFencedInTheDatabase|TestTxHandlerWithTheRouter|TestStaleOwnerAckInTxIsRefused|TestInspectorLagAfterKnownAcks|TestInspectorBadInput|TestCreateTopic|TestPublish|TestRequeue|TestDelayed|TestRetention|TestMaintainerIsOneSubscriber|TestPartitionedTopicOneSubscriber|TestNewSubscriberReceivesOldMessages|TestGroupSplitsTopicsEvenly' .
+	step "cmd/pglease: go test -race through PgBouncer (simple protocol)"
+	(cd cmd/pglease && PGLEASE_TEST_DSN="$bouncer_simple" go test -race -count=1 -timeout 10m .)
+else
+	echo "note: PGLEASE_TEST_PGBOUNCER_DSN is not set: the pooler tests of the race pass failed saying so" >&2
+fi
+
 # One Subscriber on 100,000 idle topics, without -race (the race detector
 # adds its own memory per goroutine): all claimed, idle statements per second
 # as for 10 topics, at most 8 KiB of Go memory per topic, Close releases all.
