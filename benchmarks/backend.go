@@ -86,6 +86,9 @@ type pgleaseHandle struct {
 	newPool func(conns int) (*pgxpool.Pool, error)
 	// verify, when set, checks after a workload that it ran as intended.
 	verify func() error
+	// listen, when set, is the Subscribers' ListenConnConfig (a direct
+	// connection when the pool goes through PgBouncer).
+	listen *pgx.ConnConfig
 }
 
 func (h *pgleaseHandle) publisher() (message.Publisher, error) {
@@ -97,16 +100,17 @@ func (h *pgleaseHandle) subscriber() (message.Subscriber, error) {
 }
 
 func (h *pgleaseHandle) newSubscriber(initializeSchema bool) (message.Subscriber, error) {
-	return newPgleaseSubscriber(h.pool, h.ns, initializeSchema, h.e.logger)
+	return newPgleaseSubscriber(h.pool, h.ns, initializeSchema, h.e.logger, h.listen)
 }
 
 // newPgleaseSubscriber returns a Subscriber of the consumer group with the
 // default configuration in schema ns.
-func newPgleaseSubscriber(pool *pgxpool.Pool, ns string, initializeSchema bool, logger watermill.LoggerAdapter) (*pglease.Subscriber, error) {
+func newPgleaseSubscriber(pool *pgxpool.Pool, ns string, initializeSchema bool, logger watermill.LoggerAdapter, listen *pgx.ConnConfig) (*pglease.Subscriber, error) {
 	return pglease.NewSubscriber(pool, pglease.SubscriberConfig{
 		ConsumerGroup:    consumerGroup,
 		InitializeSchema: initializeSchema,
 		SchemaAdapter:    pglease.DefaultSchemaAdapter{Schema: ns},
+		ListenConnConfig: listen,
 	}, logger)
 }
 
@@ -119,7 +123,7 @@ func (h *pgleaseHandle) member() (message.Subscriber, func() error, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	sub, err := newPgleaseSubscriber(pool, h.ns, false, h.e.logger)
+	sub, err := newPgleaseSubscriber(pool, h.ns, false, h.e.logger, h.listen)
 	if err != nil {
 		pool.Close()
 		return nil, nil, err

@@ -103,7 +103,7 @@ func (c childConfig) run() error {
 	if c.Verbose {
 		logger = watermill.NewStdLoggerWithOut(os.Stderr, false, false).With(watermill.LogFields{"child": os.Getpid()})
 	}
-	sub, err := newPgleaseSubscriber(pool, c.Schema, false, logger)
+	sub, err := newPgleaseSubscriber(pool, c.Schema, false, logger, nil)
 	if err != nil {
 		return err
 	}

@@ -8,7 +8,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -34,7 +33,13 @@ func (pgleasePgBouncerBackend) open(ctx context.Context, e *env, ns string) (han
 	if err != nil {
 		return nil, err
 	}
+	listen, err := e.connConfig() // LISTEN directly, not through PgBouncer
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
 	return &pgleaseHandle{
+		listen:  listen,
 		e:       e,
 		ns:      ns,
 		pool:    pool,
@@ -54,7 +59,9 @@ func (pgleasePgBouncerBackend) open(ctx context.Context, e *env, ns string) (han
 // first use) through PgBouncer, in the run's database when there is one,
 // with pgx's default_query_exec_mode=exec: PgBouncer 1.18 in transaction
 // mode does not keep the named prepared statements of pgx's default mode.
-// It counts the pool's connections in pooled.
+// It counts the pool's connections in pooled. Its Subscribers LISTEN
+// directly (ListenConnConfig); their session connection, dialled with the
+// pool's settings, goes through PgBouncer.
 func (e *env) pgbouncerPool(conns int, pooled *atomic.Int64) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(e.cfg.pgbouncerDSN)
 	if err != nil {
@@ -65,69 +72,15 @@ func (e *env) pgbouncerPool(conns int, pooled *atomic.Int64) (*pgxpool.Pool, err
 	}
 	pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 	pc.MaxConns = int32(conns)
-	direct, err := e.connConfig()
-	if err != nil {
-		return nil, err
+	pc.BeforeConnect = func(context.Context, *pgx.ConnConfig) error {
+		pooled.Add(1)
+		return nil
 	}
-	// TODO(issue 20): once SubscriberConfig.ListenConnConfig is on main,
-	// set it to direct in the Subscribers of this backend
-	// (newPgleaseSubscriber) and delete routeDials and this hook: every
-	// connection of the pool then goes through PgBouncer, and pglease
-	// dials its LISTEN connection with ListenConnConfig.
-	pc.BeforeConnect = routeDials(direct, pooled)
 	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {
 		return nil, fmt.Errorf("pglease pool through PgBouncer: %w", err)
 	}
 	return pool, nil
-}
-
-// routeDials returns a BeforeConnect hook for the pool through PgBouncer
-// that keeps pglease's LISTEN connection off PgBouncer, until pglease has a
-// setting for it (see the TODO in pgbouncerPool).
-//
-// pglease dials its LISTEN connection, and the connection of its session
-// statements, outside the pool with the pool's config and hooks. A LISTEN
-// through PgBouncer in transaction mode leaves notifications arriving on
-// server connections that no client holds (PgBouncer 1.18 crashed on that
-// under load: "server in bad state"). So the hook lets through PgBouncer
-// only the connections that pgxpool dials for the pool and pglease's
-// session connection, and points every other one (the LISTEN connection)
-// at PostgreSQL directly: host, port, user, password and TLS of direct,
-// the database of the pool. Should pglease rename its session connection,
-// that one goes direct too, which costs nothing measurable; the LISTEN
-// connection never goes through PgBouncer. pooled counts the connections
-// that did.
-func routeDials(direct *pgx.ConnConfig, pooled *atomic.Int64) func(context.Context, *pgx.ConnConfig) error {
-	return func(_ context.Context, cc *pgx.ConnConfig) error {
-		if dialledForPool() {
-			pooled.Add(1)
-			return nil
-		}
-		cc.Host, cc.Port = direct.Host, direct.Port
-		cc.User, cc.Password = direct.User, direct.Password
-		cc.TLSConfig, cc.Fallbacks = direct.TLSConfig, direct.Fallbacks
-		return nil
-	}
-}
-
-// dialledForPool reports whether the BeforeConnect hook that calls it runs
-// for a connection of the pool itself (pgxpool dials it) or for pglease's
-// session statements.
-func dialledForPool() bool {
-	pcs := make([]uintptr, 64)
-	n := runtime.Callers(3, pcs) // Callers, dialledForPool, the hook
-	frames := runtime.CallersFrames(pcs[:n])
-	for {
-		f, more := frames.Next()
-		if strings.HasPrefix(f.Function, "github.com/jackc/pgx/v5/pgxpool.") ||
-			strings.HasPrefix(f.Function, "github.com/pglease/watermill-pglease.(*sessionConn).") {
-			return true
-		}
-		if !more {
-			return false
-		}
-	}
 }
 
 // checkPgBouncer connects through PgBouncer to the run's database and

@@ -1,17 +1,9 @@
 package main
 
 import (
-	"context"
 	"errors"
-	"fmt"
-	"net"
 	"strings"
-	"sync/atomic"
 	"testing"
-	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func TestPgBouncerFlagDefault(t *testing.T) {
@@ -38,72 +30,6 @@ func TestPgBouncerFlagDefault(t *testing.T) {
 				t.Fatalf("pgbouncerDSN = %q, want %q", cfg.pgbouncerDSN, tc.want)
 			}
 		})
-	}
-}
-
-// TestRouteDials checks, without a database, that the hook lets the
-// connections pgxpool dials go to PgBouncer and points the others (as
-// pglease's LISTEN connection is dialled) at PostgreSQL.
-func TestRouteDials(t *testing.T) {
-	direct, err := pgx.ParseConfig("postgres://direct:pw@127.0.0.1:5432/run?sslmode=disable")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// PgBouncer's address: a port that refuses connections.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bouncer := l.Addr().String()
-	l.Close()
-
-	var pooled atomic.Int64
-	hook := routeDials(direct, &pooled)
-
-	// A dial outside the pool, with the pool's config, as pglease's
-	// poolDialer does it.
-	cc, err := pgx.ParseConfig("postgres://app@" + bouncer + "/run?sslmode=disable")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := hook(context.Background(), cc); err != nil {
-		t.Fatal(err)
-	}
-	if got := fmt.Sprintf("%s@%s:%d/%s", cc.User, cc.Host, cc.Port, cc.Database); got != "direct@127.0.0.1:5432/run" || cc.Password != "pw" {
-		t.Fatalf("a dial outside the pool went to %s (password %q), want direct@127.0.0.1:5432/run", got, cc.Password)
-	}
-	if n := pooled.Load(); n != 0 {
-		t.Fatalf("pooled = %d after a dial outside the pool, want 0", n)
-	}
-
-	// The pool's own dial keeps PgBouncer's address; it fails (nothing
-	// listens), after the hook ran.
-	pc, err := pgxpool.ParseConfig("postgres://app@" + bouncer + "/run?sslmode=disable&connect_timeout=5")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var addr atomic.Value
-	pc.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
-		err := hook(ctx, cc)
-		addr.Store(fmt.Sprintf("%s:%d", cc.Host, cc.Port))
-		return err
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err = pool.Ping(ctx)
-	if err == nil {
-		t.Fatal("Ping to a closed port succeeded")
-	}
-	if n := pooled.Load(); n != 1 {
-		t.Fatalf("pooled = %d after the pool's dial, want 1", n)
-	}
-	if got, _ := addr.Load().(string); got != bouncer {
-		t.Fatalf("the pool's dial went to %q, want PgBouncer at %s", got, bouncer)
 	}
 }
 
