@@ -416,11 +416,18 @@ func (a DefaultSchemaAdapter) VersionTable() string {
 	return a.ident(a.SchemaVersionTable, DefaultSchemaVersionTable)
 }
 
-// Prepare implements [SchemaAdapter].
+// Prepare implements [SchemaAdapter]. The schema is created only when
+// pg_namespace does not have it: CREATE SCHEMA IF NOT EXISTS checks the
+// CREATE privilege on the database even when the schema exists, which an
+// owner role given its own schema usually lacks.
 func (a DefaultSchemaAdapter) Prepare() []string {
 	var stmts []string
 	if a.Schema != "" {
-		stmts = append(stmts, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{a.Schema}.Sanitize())
+		stmts = append(stmts, doBlock(`BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = `+quoteLiteral(a.Schema)+`) THEN
+		EXECUTE `+quoteLiteral("CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{a.Schema}.Sanitize())+`;
+	END IF;
+END`))
 	}
 	stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+a.VersionTable()+` (
 	version     integer PRIMARY KEY,
@@ -595,6 +602,21 @@ CREATE TABLE IF NOT EXISTS ` + a.maintenance() + ` (
 	updated_at timestamptz NOT NULL DEFAULT now()
 );
 INSERT INTO ` + a.maintenance() + ` (name) VALUES ('maintainer') ON CONFLICT (name) DO NOTHING;`
+}
+
+// doBlock is an anonymous code block (DO) running the PL/pgSQL block body.
+func doBlock(body string) string {
+	return "DO " + dollarQuote(body)
+}
+
+// dollarQuote quotes s as a dollar-quoted string constant, with a tag that
+// s does not contain (names from the configuration may contain anything).
+func dollarQuote(s string) string {
+	tag := "$pglease$"
+	for i := 1; strings.Contains(s, tag); i++ {
+		tag = fmt.Sprintf("$pglease%d$", i)
+	}
+	return tag + "\n" + s + "\n" + tag
 }
 
 // doStatements turns a script into PL/pgSQL statements run with EXECUTE
