@@ -76,8 +76,7 @@ func TestSchemaSetUpWithoutCreateOnDatabase(t *testing.T) {
 	ownerPool := poolAs(t, owner, 2)
 	_, err := ownerPool.Exec(ctx, pglease.SchemaSQL(byScript))
 	require.NoError(t, err, "SchemaSQL as the schema's owner")
-	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "t", pglease.TopicConfig{SchemaAdapter: byInit, InitializeSchema: true}),
-		"automatic set-up as the schema's owner")
+	require.NoError(t, pglease.Migrate(ctx, ownerPool, byInit), "Migrate as the schema's owner")
 	for _, a := range []pglease.DefaultSchemaAdapter{byScript, byInit} {
 		require.Equal(t, len(a.Migrations()), schemaVersion(t, pool, pgx.Identifier{a.Schema, pglease.DefaultSchemaVersionTable}.Sanitize()))
 	}

@@ -1148,6 +1148,35 @@ func quoteLiteral(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
 }
 
+// Migrate creates the tables of adapter (nil: DefaultSchemaAdapter{}), or
+// upgrades them to the latest schema version: the explicit schema step,
+// run as the role that is to own the tables (a deploy job, the command
+// `pglease migrate`), so that the application itself can run as a role
+// that owns nothing (see [GrantSQL]). It is what
+// SubscriberConfig.InitializeSchema, PublisherConfig.AutoInitializeSchema
+// and TopicConfig.InitializeSchema run.
+//
+// It is idempotent and safe to run from many processes at once: the
+// missing migrations run in one transaction under an advisory lock
+// ([SchemaAdapter.SchemaLockKey]), and a schema found current is left
+// alone without waiting for the lock. db may be a *pgxpool.Pool, a
+// *pgx.Conn or a pgx.Tx (then in a savepoint, and the lock is held until
+// the caller's transaction ends).
+func Migrate(ctx context.Context, db DB, adapter SchemaAdapter) error {
+	if isNilDB(db) {
+		return fmt.Errorf("%w: Migrate needs a *pgxpool.Pool, *pgx.Conn or pgx.Tx, got nil", ErrInvalidConfig)
+	}
+	if adapter == nil {
+		adapter = DefaultSchemaAdapter{}
+	}
+	if a, ok := adapter.(DefaultSchemaAdapter); ok {
+		if err := a.validate(); err != nil {
+			return fmt.Errorf("%w: Migrate: %w", ErrInvalidConfig, err)
+		}
+	}
+	return initializeSchema(ctx, db, adapter)
+}
+
 // beginner is what schema initialization needs: pgx.Tx, *pgx.Conn and
 // *pgxpool.Pool all provide it (on a pgx.Tx, Begin opens a savepoint).
 type beginner interface {
@@ -1222,11 +1251,20 @@ func schemaIsCurrent(ctx context.Context, db beginner, versionTable string, late
 	return err == nil && current >= latest
 }
 
-// wrapMissingSchema adds a hint to "relation does not exist" errors.
+// wrapMissingSchema adds what to do to the errors that say that the
+// tables are missing or that the role may not use them.
 func wrapMissingSchema(err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-		return fmt.Errorf("%w (the pglease tables are missing: set InitializeSchema or run the DDL of pglease.SchemaSQL)", err)
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch pgErr.Code {
+	case "42P01": // undefined_table
+		return fmt.Errorf("%w (the pglease tables are missing: run pglease.Migrate or `pglease migrate` as the role that is to own them, "+
+			"or apply pglease.SchemaSQL with your migration tool)", err)
+	case "42501": // insufficient_privilege
+		return fmt.Errorf("%w (the role lacks pglease's grants: have the owner of the tables run pglease.GrantSQL "+
+			"or `pglease grant --role NAME`)", err)
 	}
 	return err
 }
