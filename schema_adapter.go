@@ -527,6 +527,11 @@ CREATE INDEX IF NOT EXISTS ` + a.indexName(a.ConsumerSessionsTable, DefaultConsu
 // message in it has expired. Offsets continue from the old table's
 // sequence. The conversion is skipped when the table is partitioned
 // already, so that the script of SchemaSQL can run twice.
+//
+// The new parent keeps what the roles of the deployment had on the old
+// table (see keepAccess), so that an upgrade does not lock out roles that
+// own nothing. The tables of this version are created first, so that the
+// conversion can give them the old table's grants.
 func (a DefaultSchemaAdapter) migration6() string {
 	forever := a.partitionName("forever")
 	convert := `ALTER TABLE ` + a.messages() + ` RENAME TO ` + pgx.Identifier{forever}.Sanitize() + `;
@@ -551,15 +556,7 @@ PERFORM setval(pg_get_serial_sequence(` + quoteLiteral(a.messages()) + `, 'offse
 ALTER TABLE ` + a.partition("forever") + ` ALTER COLUMN "offset" DROP IDENTITY;
 ALTER TABLE ` + a.messages() + ` ATTACH PARTITION ` + a.partition("forever") + `
 	FOR VALUES FROM (0, MINVALUE) TO (1, MINVALUE);`
-	return `DO $pglease$
-BEGIN
-	IF NOT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = to_regclass(` + quoteLiteral(a.messages()) + `)) THEN
-` + doStatements(convert) + `
-	END IF;
-END
-$pglease$;
-
-ALTER TABLE ` + a.topics() + `
+	return `ALTER TABLE ` + a.topics() + `
 	ADD COLUMN IF NOT EXISTS retention interval NOT NULL DEFAULT '0',
 	ADD COLUMN IF NOT EXISTS retention_class smallint NOT NULL DEFAULT 0,
 	-- The classes the topic's messages may be stored under: 0, and those
@@ -601,8 +598,113 @@ CREATE TABLE IF NOT EXISTS ` + a.maintenance() + ` (
 	epoch      bigint NOT NULL DEFAULT 0,
 	updated_at timestamptz NOT NULL DEFAULT now()
 );
-INSERT INTO ` + a.maintenance() + ` (name) VALUES ('maintainer') ON CONFLICT (name) DO NOTHING;`
+INSERT INTO ` + a.maintenance() + ` (name) VALUES ('maintainer') ON CONFLICT (name) DO NOTHING;` + `
+
+` + doBlock(`DECLARE
+	old_table regclass;
+	new_table regclass;
+	storage regclass[];
+	r record;
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = to_regclass(`+quoteLiteral(a.messages())+`)) THEN
+`+doStatements(convert)+`
+		old_table := to_regclass(`+quoteLiteral(a.partition("forever"))+`);
+		new_table := to_regclass(`+quoteLiteral(a.messages())+`);
+		storage := ARRAY[to_regclass(`+quoteLiteral(a.delayed())+`), to_regclass(`+quoteLiteral(a.retention())+`),
+			to_regclass(`+quoteLiteral(a.maintenance())+`)];
+`+keepAccess+`
+	END IF;
+END`) + ";"
 }
+
+// keepAccess is the PL/pgSQL, run right after the conversion of
+// migration 6, that gives the new parent table (new_table) what roles had
+// on the old messages table (old_table, now the partition of messages kept
+// forever, which keeps all of it too): its owner (when the migration runs
+// as another role, a superuser for example; the tables of storage get
+// that owner too), every table and column
+// privilege of every grantee, PUBLIC included, with its grant option, its
+// row-level security flags and policies, and its membership of
+// publications. The tables this version adds for message storage
+// (storage: delayed messages, retention, the maintainer's row) get the old
+// table's SELECT, INSERT, UPDATE and DELETE grants: a role that could
+// publish and consume before can still do so, delayed messages and the
+// maintainer's work included.
+//
+// A publication that lists the old table with a row filter or a column
+// list but does not publish through the partition root cannot list the
+// parent with them (PostgreSQL refuses): the parent is then not added, and
+// a WARNING says so (the partition kept forever stays published as it
+// was; retention partitions are not published).
+const keepAccess = `		FOR r IN SELECT c.oid::regclass AS tbl, pg_get_userbyid(o.relowner) AS owner
+			FROM pg_class o, pg_class c
+			WHERE o.oid = old_table AND c.oid = ANY (new_table || storage) AND c.relowner <> o.relowner
+		LOOP
+			EXECUTE format('ALTER TABLE %s OWNER TO %I', r.tbl, r.owner);
+		END LOOP;
+		FOR r IN SELECT a.grantee, a.privilege_type, a.is_grantable
+			FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+			WHERE c.oid = old_table AND a.grantee <> c.relowner
+		LOOP
+			EXECUTE format('GRANT %s ON TABLE %s TO %s%s', r.privilege_type, new_table,
+				CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(r.grantee)) END,
+				CASE WHEN r.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+			IF r.privilege_type IN ('SELECT', 'INSERT', 'UPDATE', 'DELETE') THEN
+				EXECUTE format('GRANT %s ON TABLE %s TO %s%s', r.privilege_type, array_to_string(storage, ', '),
+					CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(r.grantee)) END,
+					CASE WHEN r.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+			END IF;
+		END LOOP;
+		FOR r IN SELECT att.attname, a.grantee, a.privilege_type, a.is_grantable
+			FROM pg_attribute att CROSS JOIN LATERAL aclexplode(att.attacl) a
+			WHERE att.attrelid = old_table AND att.attnum > 0 AND NOT att.attisdropped
+				AND a.grantee <> (SELECT relowner FROM pg_class WHERE oid = old_table)
+		LOOP
+			EXECUTE format('GRANT %s (%I) ON TABLE %s TO %s%s', r.privilege_type, r.attname, new_table,
+				CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(r.grantee)) END,
+				CASE WHEN r.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+		END LOOP;
+		IF (SELECT relrowsecurity FROM pg_class WHERE oid = old_table) THEN
+			EXECUTE format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', new_table);
+		END IF;
+		IF (SELECT relforcerowsecurity FROM pg_class WHERE oid = old_table) THEN
+			EXECUTE format('ALTER TABLE %s FORCE ROW LEVEL SECURITY', new_table);
+		END IF;
+		FOR r IN SELECT p.polname, p.polpermissive, p.polcmd, p.polroles,
+				pg_get_expr(p.polqual, p.polrelid) AS qual, pg_get_expr(p.polwithcheck, p.polrelid) AS with_check
+			FROM pg_policy p WHERE p.polrelid = old_table
+		LOOP
+			EXECUTE format('CREATE POLICY %I ON %s AS %s FOR %s TO %s%s%s', r.polname, new_table,
+				CASE WHEN r.polpermissive THEN 'PERMISSIVE' ELSE 'RESTRICTIVE' END,
+				CASE r.polcmd WHEN 'r' THEN 'SELECT' WHEN 'a' THEN 'INSERT' WHEN 'w' THEN 'UPDATE' WHEN 'd' THEN 'DELETE' ELSE 'ALL' END,
+				(SELECT string_agg(CASE WHEN g = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g)) END, ', ') FROM unnest(r.polroles) g),
+				CASE WHEN r.qual IS NULL THEN '' ELSE ' USING (' || r.qual || ')' END,
+				CASE WHEN r.with_check IS NULL THEN '' ELSE ' WITH CHECK (' || r.with_check || ')' END);
+		END LOOP;
+		-- Row filters and column lists of publications exist from PostgreSQL 15 on.
+		FOR r IN EXECUTE CASE WHEN current_setting('server_version_num')::integer >= 150000 THEN
+				'SELECT p.pubname, p.pubviaroot, pg_get_expr(pr.prqual, pr.prrelid) AS qual,
+					(SELECT string_agg(quote_ident(att.attname), '', '' ORDER BY att.attnum) FROM pg_attribute att
+						WHERE att.attrelid = pr.prrelid AND att.attnum = ANY (pr.prattrs)) AS cols
+				FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid WHERE pr.prrelid = $1'
+			ELSE
+				'SELECT p.pubname, p.pubviaroot, NULL::text AS qual, NULL::text AS cols
+				FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid WHERE pr.prrelid = $1'
+			END USING old_table
+		LOOP
+			IF NOT r.pubviaroot AND (r.qual IS NOT NULL OR r.cols IS NOT NULL) THEN
+				RAISE WARNING 'pglease: publication % lists % with a row filter or a column list, which PostgreSQL does not allow for the partitioned table % unless the publication has publish_via_partition_root: add it yourself', r.pubname, old_table, new_table;
+			ELSE
+				BEGIN
+					EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s%s%s', r.pubname, new_table,
+						CASE WHEN r.cols IS NULL THEN '' ELSE ' (' || r.cols || ')' END,
+						CASE WHEN r.qual IS NULL THEN '' ELSE ' WHERE (' || r.qual || ')' END);
+				EXCEPTION WHEN insufficient_privilege THEN
+					RAISE EXCEPTION 'pglease: the upgrade must add % to publication %, which role % may not alter', new_table, r.pubname, current_user
+						USING HINT = 'Run the migration as the owner of the publication or as a superuser.';
+				END;
+			END IF;
+		END LOOP;`
 
 // doBlock is an anonymous code block (DO) running the PL/pgSQL block body.
 func doBlock(body string) string {
