@@ -18,3 +18,9 @@ func PendingPublishes(p *Publisher) int {
 func SetAfterClaimHook(s *Subscriber, hook func(topics []string) error) {
 	s.offsets.afterClaim = hook
 }
+
+// PartitionName is the bare name of a partition (or of one of the
+// maintainer's functions) of a's messages table (tests only).
+func PartitionName(a DefaultSchemaAdapter, suffix string) string {
+	return a.partitionName(suffix)
+}

@@ -3,6 +3,8 @@ package pglease_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -224,4 +226,161 @@ WHERE relnamespace = $1::regnamespace AND relkind IN ('r', 'p')`, pgx.Identifier
 	require.NoError(t, err)
 	defer pub.Close()
 	publishN(t, pub, "t", 3)
+}
+
+// TestMaintainerFunctionsActOnlyOnRetentionPartitions calls the owner's
+// functions directly, as an application role, on a messages table whose
+// long name makes partition names carry a hash: they are SECURITY DEFINER
+// with a pinned search_path and no EXECUTE for PUBLIC; they build the
+// partition's name as the maintainer does; they refuse bad arguments and
+// leave alone every table that is not a retention partition of that
+// messages table, even one with a partition's name; and the detach of
+// the expiring one gives up after its lock_timeout, measured with what it
+// costs a publisher meanwhile.
+func TestMaintainerFunctionsActOnlyOnRetentionPartitions(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 6)
+	adapter := newSchema(t, pool)
+	adapter.MessagesTable = strings.Repeat("m", 60)
+	require.NoError(t, pglease.Migrate(ctx, pool, adapter))
+	app, stranger := newRole(t, pool, "pglease_app"), newRole(t, pool, "pglease_stranger")
+	execAll(t, pool, pglease.GrantSQL(adapter, app))
+	appPool := poolAs(t, app, 4)
+	qualified := func(name string) string { return pgx.Identifier{adapter.Schema, name}.Sanitize() }
+	messages := qualified(adapter.MessagesTable)
+	partition := func(class int, start int64) string {
+		return pglease.PartitionName(adapter, fmt.Sprintf("r%d_%d", class, start))
+	}
+	exists := func(name string) bool {
+		var ok bool
+		require.NoError(t, pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", qualified(name)).Scan(&ok))
+		return ok
+	}
+	call := func(q pglease.Query) (bool, error) {
+		var done bool
+		err := appPool.QueryRow(ctx, q.SQL, q.Args...).Scan(&done)
+		return done, err
+	}
+	slot := func(class int, start int64, seconds int64) pglease.RetentionPartition {
+		return pglease.RetentionPartition{Class: class, Start: time.Unix(start, 0), End: time.Unix(start+seconds, 0)}
+	}
+
+	for _, fn := range []string{"add_retention_partition(integer, bigint, bigint)", "expire_retention_partition(integer, bigint)",
+		"drop_detached_partition(integer, bigint)"} {
+		sig := pgx.Identifier{adapter.Schema, pglease.PartitionName(adapter, fn[:strings.IndexByte(fn, '(')])}.Sanitize() + fn[strings.IndexByte(fn, '('):]
+		var definer, appMay, strangerMay bool
+		var config []string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT prosecdef, proconfig, has_function_privilege($2, oid, 'EXECUTE'),
+	has_function_privilege($3, oid, 'EXECUTE') FROM pg_proc WHERE oid = $1::regprocedure`, sig, app, stranger).
+			Scan(&definer, &config, &appMay, &strangerMay))
+		assert.True(t, definer, "%s is SECURITY DEFINER", sig)
+		assert.Contains(t, config, "search_path=pg_catalog, pg_temp", sig)
+		assert.True(t, appMay, "GrantSQL grants EXECUTE on %s", sig)
+		assert.False(t, strangerMay, "PUBLIC may not execute %s", sig)
+	}
+
+	// Adds a partition named as the maintainer names it, once.
+	const start = int64(1_700_000_000)
+	p := slot(3, start, 1)
+	require.Greater(t, len(adapter.MessagesTable)+len("_r3_1700000000"), 63, "the name is shortened, with a hash")
+	done, err := call(adapter.CallAddRetentionPartition(p))
+	require.NoError(t, err)
+	assert.True(t, done)
+	assert.True(t, exists(partition(3, start)), "partition %s", partition(3, start))
+	done, err = call(adapter.CallAddRetentionPartition(p))
+	require.NoError(t, err)
+	assert.False(t, done, "added once")
+
+	for _, bad := range []pglease.RetentionPartition{slot(0, start, 1), slot(-1, start, 1), slot(40_000, start, 1),
+		slot(3, -5, 1), slot(3, start+10, 0), slot(3, start+10, -1)} {
+		_, err := call(adapter.CallAddRetentionPartition(bad))
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, "class %d from %d to %d", bad.Class, bad.Start.Unix(), bad.End.Unix())
+		assert.Equal(t, "22023", pgErr.Code, err.Error())
+	}
+
+	// Tables with a partition's name that are none of this messages
+	// table: a table of another shape, and a partition of another table.
+	decoy, foreign := partition(3, start+100), partition(3, start+200)
+	execAll(t, pool,
+		"CREATE TABLE "+qualified(decoy)+" (id integer)",
+		"CREATE TABLE "+qualified("other")+" (LIKE "+messages+") PARTITION BY RANGE (retention_class, expires_at)",
+		"CREATE TABLE "+qualified(foreign)+" PARTITION OF "+qualified("other")+" FOR VALUES FROM (3, MINVALUE) TO (3, MAXVALUE)")
+	for _, d := range []pglease.RetentionPartition{slot(3, start+100, 1), slot(3, start+200, 1)} {
+		done, err := call(adapter.CallExpireRetentionPartition(d))
+		require.NoError(t, err)
+		assert.False(t, done, "expire leaves alone what is no partition of the messages table")
+		_, err = call(adapter.CallDropDetachedPartition(d))
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr)
+		assert.Equal(t, "42809", pgErr.Code, err.Error())
+	}
+	assert.True(t, exists(decoy) && exists(foreign), "the decoys are still there")
+
+	// A partition detached without its drop is found, and dropped.
+	execAll(t, pool, "ALTER TABLE "+messages+" DETACH PARTITION "+qualified(partition(3, start)))
+	detached := adapter.DetachedRetentionPartitions()
+	rows, err := appPool.Query(ctx, detached.SQL, detached.Args...)
+	require.NoError(t, err)
+	found, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (string, error) {
+		var class int32
+		var start int64
+		err := row.Scan(&class, &start)
+		return fmt.Sprintf("r%d_%d", class, start), err
+	})
+	require.NoError(t, err)
+	assert.Equal(t, []string{fmt.Sprintf("r3_%d", start)}, found, "the detached partition, not the decoys")
+	done, err = call(adapter.CallDropDetachedPartition(p))
+	require.NoError(t, err)
+	assert.True(t, done)
+	assert.False(t, exists(partition(3, start)))
+
+	// Expires an attached one: detached and dropped in one call.
+	done, err = call(adapter.CallAddRetentionPartition(p))
+	require.NoError(t, err)
+	require.True(t, done)
+	done, err = call(adapter.CallExpireRetentionPartition(p))
+	require.NoError(t, err)
+	assert.True(t, done)
+	assert.False(t, exists(partition(3, start)))
+
+	// While a transaction holds the messages table, the detach waits at
+	// most its lock_timeout, and a publisher that comes meanwhile waits
+	// behind it.
+	done, err = call(adapter.CallAddRetentionPartition(p))
+	require.NoError(t, err)
+	require.True(t, done)
+	holder, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, "SELECT count(*) FROM "+messages)
+	require.NoError(t, err)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	expired := make(chan error, 1)
+	began := time.Now()
+	go func() {
+		_, err := call(adapter.CallExpireRetentionPartition(p))
+		expired <- err
+	}()
+	waitFor(t, 5*time.Second, "the detach to wait for its lock", func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks
+WHERE relation = $1::regclass AND mode = 'AccessExclusiveLock' AND NOT granted`, messages).Scan(&n))
+		return n > 0
+	})
+	publishStart := time.Now()
+	require.NoError(t, pub.Publish("t", message.NewMessage(watermill.NewUUID(), nil)))
+	publishWait := time.Since(publishStart)
+	err = <-expired
+	detachWait := time.Since(began)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	assert.Equal(t, "55P03", pgErr.Code, "lock_not_available: %v", err)
+	assert.Less(t, detachWait, 3*time.Second, "the detach gave up after its lock_timeout")
+	assert.Less(t, publishWait, detachWait, "the publisher went on once the detach gave up")
+	t.Logf("detach gave up after %s; a publisher arriving meanwhile waited %s", detachWait.Round(time.Millisecond), publishWait.Round(time.Millisecond))
+	require.NoError(t, holder.Rollback(ctx))
+	assert.True(t, exists(partition(3, start)), "nothing was detached")
 }

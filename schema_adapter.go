@@ -516,6 +516,10 @@ CREATE INDEX IF NOT EXISTS ` + a.indexName(a.ConsumerSessionsTable, DefaultConsu
 		Version:     6,
 		Description: "maintenance: retention partitions, delayed messages, the maintainer's election",
 		SQL:         a.migration6(),
+	}, {
+		Version:     7,
+		Description: "least privilege: the maintainer's partition DDL through the owner's SECURITY DEFINER functions",
+		SQL:         a.migration7(),
 	}}
 }
 
