@@ -91,7 +91,8 @@ type MaintenanceAdapter interface {
 	// UnacknowledgedInPartition counts, per consumer group, topic and
 	// partition, the messages of the retention partition after the
 	// group's position: consumer_group text, topic text, partition
-	// integer, messages bigint.
+	// integer, messages bigint. It reads the partition through the
+	// messages table (no privilege on the partition is needed).
 	UnacknowledgedInPartition(p RetentionPartition) Query
 	// DetachRetentionPartition detaches the partition without blocking
 	// readers (CONCURRENTLY, outside a transaction), or, with finalize,
@@ -346,13 +347,22 @@ ORDER BY 1, 2`,
 // CreateRetentionPartition implements [MaintenanceAdapter]. The table is
 // created on its own and then attached, which takes a SHARE UPDATE
 // EXCLUSIVE lock on the messages table: publishers and readers go on
-// (CREATE TABLE ... PARTITION OF would block them).
+// (CREATE TABLE ... PARTITION OF would block them). A maintainer that is
+// a member of the owner role, not the owner, gives the partition to the
+// owner, so that the owner's functions can drop it later.
 func (a DefaultSchemaAdapter) CreateRetentionPartition(p RetentionPartition) []string {
 	part := a.retentionPartition(p)
 	return []string{
 		`SET LOCAL lock_timeout = '5s'`,
 		`CREATE TABLE ` + part + ` (LIKE ` + a.messages() + ` INCLUDING DEFAULTS)`,
 		`ALTER TABLE ` + part + ` ADD PRIMARY KEY (topic, partition, transaction_id, "offset")`,
+		doBlock(`DECLARE
+	owner name := (SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = to_regclass(` + quoteLiteral(a.messages()) + `));
+BEGIN
+	IF owner <> current_user THEN
+		EXECUTE format('ALTER TABLE %s OWNER TO %I', ` + quoteLiteral(part) + `, owner);
+	END IF;
+END`),
 		`ALTER TABLE ` + a.messages() + ` ATTACH PARTITION ` + part + `
 	FOR VALUES FROM (` + fmt.Sprint(p.Class) + `, ` + timestampLiteral(p.Start) + `) TO (` +
 			fmt.Sprint(p.Class) + `, ` + timestampLiteral(p.End) + `)`,
@@ -361,14 +371,20 @@ WHERE retention_class = ` + fmt.Sprint(p.Class) + ` AND covered_until < ` + time
 	}
 }
 
-// UnacknowledgedInPartition implements [MaintenanceAdapter].
+// UnacknowledgedInPartition implements [MaintenanceAdapter]. The bounds
+// are the partition's: PostgreSQL prunes every other partition (when it
+// plans the statement, or, on a generic plan, when it starts it).
 func (a DefaultSchemaAdapter) UnacknowledgedInPartition(p RetentionPartition) Query {
-	return Query{SQL: `SELECT o.consumer_group, o.topic, o.partition, count(*)
-FROM ` + a.retentionPartition(p) + ` m
+	return Query{
+		SQL: `SELECT o.consumer_group, o.topic, o.partition, count(*)
+FROM ` + a.messages() + ` m
 JOIN ` + a.offsets() + ` o ON o.topic = m.topic AND o.partition = m.partition
-WHERE (m.transaction_id, m."offset") > (o.acked_transaction_id, o.acked_offset)
+WHERE m.retention_class = $1::smallint AND m.expires_at >= $2::timestamptz AND m.expires_at < $3::timestamptz
+	AND (m.transaction_id, m."offset") > (o.acked_transaction_id, o.acked_offset)
 GROUP BY 1, 2, 3
-ORDER BY 1, 2, 3`}
+ORDER BY 1, 2, 3`,
+		Args: []any{int16(p.Class), p.Start, p.End},
+	}
 }
 
 // MaintainerAccess implements [MaintenanceAdapter]. It checks the grants

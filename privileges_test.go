@@ -228,6 +228,184 @@ WHERE relnamespace = $1::regnamespace AND relkind IN ('r', 'p')`, pgx.Identifier
 	publishN(t, pub, "t", 3)
 }
 
+// ownedSchema returns an adapter on a fresh schema that belongs to a new
+// owner role, which has applied every migration, and a pool logged in as
+// that owner.
+func ownedSchema(t *testing.T, pool *pgxpool.Pool) (pglease.DefaultSchemaAdapter, *pgxpool.Pool) {
+	t.Helper()
+	adapter := newSchema(t, pool)
+	owner := newRole(t, pool, "pglease_owner")
+	execAll(t, pool, "CREATE SCHEMA "+pgx.Identifier{adapter.Schema}.Sanitize()+" AUTHORIZATION "+pgx.Identifier{owner}.Sanitize())
+	ownerPool := poolAs(t, owner, 2)
+	require.NoError(t, pglease.Migrate(context.Background(), ownerPool, adapter))
+	return adapter, ownerPool
+}
+
+// errorsLogged returns the entries logged at Error level.
+func errorsLogged(l *capturingLogger) []logEntry {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []logEntry
+	for _, e := range *l.entries {
+		if e.level == "error" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// TestLeastPrivilegeRole runs pglease as a role that owns nothing and has
+// only the grants of GrantSQL: it publishes, delays, subscribes, creates
+// topics and resets offsets, and, elected maintainer, empties a topic
+// with a two-second retention by dropping partitions through the owner's
+// functions, without a single error logged. It cannot drop, alter or
+// truncate the tables.
+func TestLeastPrivilegeRole(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 4)
+	adapter, ownerPool := ownedSchema(t, pool)
+	app := newRole(t, pool, "pglease_app")
+	grants := pglease.GrantSQL(adapter, app)
+	for _, never := range []string{"TRUNCATE", "REFERENCES", "TRIGGER", "CREATE", "ALL", "SEQUENCE", "OWNER"} {
+		assert.NotContains(t, grants, never)
+	}
+	execAll(t, ownerPool, grants)
+	qualified := func(name string) string { return pgx.Identifier{adapter.Schema, name}.Sanitize() }
+	messages := qualified(pglease.DefaultMessagesTable)
+	var seqPriv bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT has_sequence_privilege($1, pg_get_serial_sequence($2, 'offset'), 'USAGE')
+	OR has_sequence_privilege($1, pg_get_serial_sequence($3, 'id'), 'USAGE')`, app, messages, qualified(pglease.DefaultDelayedTable)).Scan(&seqPriv))
+	require.False(t, seqPriv, "the identity columns' sequences need no grant")
+
+	appPool := poolAs(t, app, 10)
+	for _, stmt := range []string{
+		"DROP TABLE " + messages,
+		"ALTER TABLE " + qualified(pglease.DefaultConsumerSessionsTable) + " ADD COLUMN x integer",
+		"ALTER TABLE " + messages + " DETACH PARTITION " + qualified(pglease.DefaultMessagesTable+"_forever"),
+		"TRUNCATE " + qualified(pglease.DefaultConsumerOffsetsTable),
+		"CREATE TABLE " + qualified("x") + " (i integer)",
+	} {
+		_, err := appPool.Exec(ctx, stmt)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, stmt)
+		assert.Equal(t, "42501", pgErr.Code, "%s: %v", stmt, err)
+	}
+
+	require.NoError(t, pglease.CreateTopic(ctx, appPool, "short", pglease.TopicConfig{Retention: 2 * time.Second, SchemaAdapter: adapter}))
+	require.NoError(t, pglease.CreateTopic(ctx, appPool, "keep", pglease.TopicConfig{Partitions: 2, SchemaAdapter: adapter}))
+	logger := newCapturingLogger()
+	sub, err := pglease.NewSubscriber(appPool, pglease.SubscriberConfig{SchemaAdapter: adapter, ConsumerGroup: "g",
+		PollInterval: 20 * time.Millisecond, SessionTTL: 2 * time.Second}, logger)
+	require.NoError(t, err)
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, "keep")
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, "the application role to be elected maintainer", func() bool { return sub.Stats().Maintainer })
+	pub, err := pglease.NewPublisher(appPool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	ids := publishN(t, pub, "keep", 5)
+	delayed := message.NewMessage(watermill.NewUUID(), []byte("later"))
+	delay.Message(delayed, delay.For(time.Second))
+	require.NoError(t, pub.Publish("keep", delayed))
+	assert.ElementsMatch(t, append(ids, delayed.UUID), uuids(receive(t, msgs, 6, 15*time.Second)))
+
+	insp, err := pglease.NewInspector(appPool, adapter)
+	require.NoError(t, err)
+	resets, err := insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{ConsumerGroup: "other", Topic: "keep", To: pglease.ResetToLatest})
+	require.NoError(t, err)
+	assert.Len(t, resets, 2, "both partitions of the topic reset")
+
+	waitCovered(t, pool, adapter, 2*time.Second)
+	publishN(t, pub, "short", 20)
+	count := func() (lanes, kept int) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE retention_class > 0),
+			count(*) FILTER (WHERE retention_class = 0) FROM `+messages+` WHERE topic = 'short'`).Scan(&lanes, &kept))
+		return lanes, kept
+	}
+	lanes, kept := count()
+	require.Equal(t, 20, lanes, "the messages went to the partitions the maintainer added through the functions")
+	require.Zero(t, kept)
+	waitFor(t, 20*time.Second, "the short topic to be emptied", func() bool {
+		lanes, kept := count()
+		return lanes+kept == 0
+	})
+	st := sub.Stats()
+	assert.Positive(t, st.RetentionPartitionsCreated)
+	assert.Positive(t, st.RetentionPartitionsDropped)
+	assert.Zero(t, st.RetentionRowsDeleted, "nothing was deleted row by row")
+	var owned int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pg_class WHERE relowner = $1::regrole", app).Scan(&owned))
+	assert.Zero(t, owned, "the application role owns nothing, the partitions it had added included")
+	require.NoError(t, pub.Close())
+	require.NoError(t, sub.Close())
+	assert.Empty(t, errorsLogged(logger), "nothing logged at Error level")
+	assertNoLeakedGoroutines(t)
+}
+
+// TestMaintainerWithoutGrantsStandsAside runs a Subscriber whose role has
+// DML on the tables but may not execute the owner's functions: it says so
+// once, at Error level, naming the role, what it lacks and what to run,
+// and does not stand; a Subscriber whose role has the grants started
+// after it is elected, and when that one closes the first still does not
+// take the role.
+func TestMaintainerWithoutGrantsStandsAside(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 4)
+	adapter, ownerPool := ownedSchema(t, pool)
+	granted, lacking := newRole(t, pool, "pglease_granted"), newRole(t, pool, "pglease_lacking")
+	execAll(t, ownerPool, pglease.GrantSQL(adapter, granted), pglease.GrantSQL(adapter, lacking),
+		"REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA "+pgx.Identifier{adapter.Schema}.Sanitize()+" FROM "+pgx.Identifier{lacking}.Sanitize())
+	cfg := pglease.SubscriberConfig{SchemaAdapter: adapter, PollInterval: 20 * time.Millisecond, SessionTTL: 2 * time.Second}
+
+	lackLog := newCapturingLogger()
+	cfg.ConsumerGroup = "a"
+	lackSub, err := pglease.NewSubscriber(poolAs(t, lacking, 5), cfg, lackLog)
+	require.NoError(t, err)
+	defer lackSub.Close()
+	lackMsgs, err := lackSub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	refusals := func() []logEntry {
+		var out []logEntry
+		for _, e := range errorsLogged(lackLog) {
+			if errors.Is(e.err, pglease.ErrMaintenanceNotPermitted) {
+				out = append(out, e)
+			}
+		}
+		return out
+	}
+	waitFor(t, 10*time.Second, "the refusal to be logged", func() bool { return len(refusals()) > 0 })
+	refusal := refusals()[0]
+	assert.Equal(t, lacking, refusal.fields["role"])
+	assert.Contains(t, refusal.fields["missing"], "EXECUTE on function")
+	assert.Contains(t, refusal.msg, "pglease.GrantSQL")
+	assert.Contains(t, refusal.msg, "pglease grant --role "+lacking)
+
+	cfg.ConsumerGroup = "b"
+	grantedSub, err := pglease.NewSubscriber(poolAs(t, granted, 5), cfg, testLogger())
+	require.NoError(t, err)
+	defer grantedSub.Close()
+	_, err = grantedSub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, "the Subscriber with the grants to be elected", func() bool { return grantedSub.Stats().Maintainer })
+	assert.False(t, lackSub.Stats().Maintainer)
+
+	// Released, the maintainer's row is claimed at once by any candidate:
+	// the Subscriber without the grants is none, and says nothing more.
+	require.NoError(t, grantedSub.Close())
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	ids := publishN(t, pub, "t", 3)
+	assert.Equal(t, ids, uuids(receive(t, lackMsgs, 3, 10*time.Second)), "it delivers as usual")
+	assertNothingWithin(t, lackMsgs, time.Second)
+	assert.False(t, lackSub.Stats().Maintainer)
+	assert.Len(t, refusals(), 1, "the refusal is logged once")
+	assert.Len(t, errorsLogged(lackLog), 1, "and nothing else at Error level")
+	require.NoError(t, lackSub.Close())
+	assertNoLeakedGoroutines(t)
+}
+
 // TestMaintainerFunctionsActOnlyOnRetentionPartitions calls the owner's
 // functions directly, as an application role, on a messages table whose
 // long name makes partition names carry a hash: they are SECURITY DEFINER
