@@ -114,8 +114,9 @@ WHERE c.oid = $1::regclass AND a.grantee <> c.relowner`, table).Scan(&acl))
 // which the owner gave an application role DML on the tables and set up
 // other grants, row-level security and a publication, to the latest
 // version as the owner: the partitioned messages table that version 6
-// puts in place of the old one keeps all of it, and the application role
-// publishes and subscribes as before.
+// puts in place of the old one keeps all of it, the application role
+// publishes and subscribes as before, and may be the maintainer without
+// a new grant.
 func TestUpgradeFromVersion5KeepsAccess(t *testing.T) {
 	ctx := context.Background()
 	pool := newPool(t, 4)
@@ -180,6 +181,12 @@ FROM pg_class WHERE oid = $1::regclass`, messages, owner, reader, publication).
 			app, qualified(tbl)).Scan(&dml))
 		assert.True(t, dml, "the application role may use %s, added by the upgrade", tbl)
 	}
+	expire := pgx.Identifier{adapter.Schema, pglease.DefaultMessagesTable + "_expire_retention_partition"}.Sanitize() + "(integer, bigint)"
+	var appMay, readerMay bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT has_function_privilege($1, $3, 'EXECUTE'), has_function_privilege($2, $3, 'EXECUTE')`,
+		app, reader, expire).Scan(&appMay, &readerMay))
+	assert.True(t, appMay, "the upgrade lets a role that may publish call the maintainer's functions")
+	assert.False(t, readerMay, "and no other role")
 
 	// The application role goes on: publishes (a delayed message too),
 	// subscribes, and its policies still apply.
@@ -194,13 +201,16 @@ FROM pg_class WHERE oid = $1::regclass`, messages, owner, reader, publication).
 	var secrets int
 	require.NoError(t, appPool.QueryRow(ctx, "SELECT count(*) FROM "+messages+" WHERE topic = 'secret'").Scan(&secrets))
 	assert.Zero(t, secrets, "the restrictive policy applies to the new parent")
+	logger := newCapturingLogger()
 	sub, err := pglease.NewSubscriber(appPool, pglease.SubscriberConfig{SchemaAdapter: adapter, PollInterval: 50 * time.Millisecond,
-		Maintenance: pglease.MaintenanceConfig{Disabled: true}}, testLogger())
+		SessionTTL: 2 * time.Second}, logger)
 	require.NoError(t, err)
 	msgs, err := sub.Subscribe(ctx, "t")
 	require.NoError(t, err)
 	assert.Equal(t, append(before, after...), uuids(receive(t, msgs, 2, 10*time.Second)))
+	waitFor(t, 10*time.Second, "the application role to be elected maintainer", func() bool { return sub.Stats().Maintainer })
 	require.NoError(t, sub.Close())
+	assert.Empty(t, errorsLogged(logger), "nothing logged at Error level")
 	require.NoError(t, pub.Close())
 	assertNoLeakedGoroutines(t)
 }
