@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -571,4 +574,135 @@ WHERE relation = $1::regclass AND mode = 'AccessExclusiveLock' AND NOT granted`,
 	t.Logf("detach gave up after %s; a publisher arriving meanwhile waited %s", detachWait.Round(time.Millisecond), publishWait.Round(time.Millisecond))
 	require.NoError(t, holder.Rollback(ctx))
 	assert.True(t, exists(partition(3, start)), "nothing was detached")
+}
+
+// TestMeasureDetachUnderLoad measures what expiring a retention partition
+// costs publishers, by the owner's DDL (DETACH CONCURRENTLY, then DROP)
+// and through the owner's function (DETACH in its transaction, waiting at
+// most its lock_timeout, then DROP), while publishers write as fast as
+// they can and a Subscriber reads: each round adds a partition with 1,000
+// messages and expires it; the test logs how long each expiry took and
+// the publish latencies meanwhile. Skipped unless PGLEASE_MEASURE is set
+// (docs/architecture.md quotes its output).
+func TestMeasureDetachUnderLoad(t *testing.T) {
+	if os.Getenv("PGLEASE_MEASURE") == "" {
+		t.Skip("a measurement: set PGLEASE_MEASURE=1 to run it")
+	}
+	const (
+		publishers = 4
+		rounds     = 30
+	)
+	ctx := context.Background()
+	pool := newPool(t, 4)
+	adapter, ownerPool := ownedSchema(t, pool)
+	app := newRole(t, pool, "pglease_app")
+	execAll(t, ownerPool, pglease.GrantSQL(adapter, app))
+	appPool := poolAs(t, app, publishers+6)
+	messages := pgx.Identifier{adapter.Schema, pglease.DefaultMessagesTable}.Sanitize()
+
+	sub, err := pglease.NewSubscriber(appPool, pglease.SubscriberConfig{SchemaAdapter: adapter, ConsumerGroup: "reader",
+		Maintenance: pglease.MaintenanceConfig{Disabled: true}}, nil)
+	require.NoError(t, err)
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, "load")
+	require.NoError(t, err)
+	go func() {
+		for m := range msgs {
+			m.Ack()
+		}
+	}()
+	pub, err := pglease.NewPublisher(appPool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+
+	percentile := func(d []time.Duration, p float64) time.Duration {
+		if len(d) == 0 {
+			return 0
+		}
+		s := append([]time.Duration(nil), d...)
+		slices.Sort(s)
+		return s[min(len(s)-1, int(float64(len(s))*p))]
+	}
+	measure := func(name string, expire func(p pglease.RetentionPartition) error, add func(p pglease.RetentionPartition) error) {
+		var mu sync.Mutex
+		var latencies []time.Duration
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for range publishers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					began := time.Now()
+					if err := pub.Publish("load", message.NewMessage(watermill.NewUUID(), []byte("x"))); err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					latencies = append(latencies, time.Since(began))
+					mu.Unlock()
+				}
+			}()
+		}
+		var expiries []time.Duration
+		began := time.Now()
+		for i := range rounds {
+			start := time.Now().Add(-time.Hour).Unix() + int64(i)*10
+			p := pglease.RetentionPartition{Class: 2, Start: time.Unix(start, 0), End: time.Unix(start+1, 0)}
+			require.NoError(t, add(p))
+			execAll(t, pool, fmt.Sprintf(`INSERT INTO %s (topic, uuid, payload, retention_class, expires_at)
+SELECT 'expiring', gen_random_uuid()::text, 'x', 2, to_timestamp(%d) FROM generate_series(1, 1000)`, messages, start))
+			t0 := time.Now()
+			require.NoError(t, expire(p))
+			expiries = append(expiries, time.Since(t0))
+		}
+		elapsed := time.Since(began)
+		close(stop)
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		t.Logf("%s: %d expiries in %s: each p50 %s, max %s; %d publishes (%.0f/s): p50 %s, p99 %s, max %s",
+			name, rounds, elapsed.Round(time.Millisecond), percentile(expiries, 0.5).Round(time.Microsecond),
+			percentile(expiries, 1).Round(time.Microsecond), len(latencies), float64(len(latencies))/elapsed.Seconds(),
+			percentile(latencies, 0.5).Round(time.Microsecond), percentile(latencies, 0.99).Round(time.Microsecond),
+			percentile(latencies, 1).Round(time.Microsecond))
+		assert.Less(t, percentile(latencies, 1), 2*time.Second)
+	}
+
+	call := func(q pglease.Query) error {
+		var done bool
+		if err := appPool.QueryRow(ctx, q.SQL, q.Args...).Scan(&done); err != nil {
+			return err
+		}
+		if !done {
+			return fmt.Errorf("%s: nothing done", q.SQL)
+		}
+		return nil
+	}
+	measure("owner's DDL (DETACH CONCURRENTLY)", func(p pglease.RetentionPartition) error {
+		if _, err := ownerPool.Exec(ctx, adapter.DetachRetentionPartition(p, false)); err != nil {
+			return err
+		}
+		_, err := ownerPool.Exec(ctx, adapter.DropRetentionPartition(p))
+		return err
+	}, func(p pglease.RetentionPartition) error {
+		return pgx.BeginFunc(ctx, ownerPool, func(tx pgx.Tx) error {
+			for _, stmt := range adapter.CreateRetentionPartition(p) {
+				if _, err := tx.Exec(ctx, stmt); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	})
+	measure("owner's function (DETACH in a transaction)", func(p pglease.RetentionPartition) error {
+		return call(adapter.CallExpireRetentionPartition(p))
+	}, func(p pglease.RetentionPartition) error {
+		return call(adapter.CallAddRetentionPartition(p))
+	})
 }
