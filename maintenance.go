@@ -211,10 +211,9 @@ func (m *maintainer) decide(ctx context.Context) (bool, error) {
 			watermill.LogFields{"role": role, "owner": owner})
 		return true, nil
 	}
-	m.logger.Error("This Subscriber does not stand for maintainer: its role can do neither the maintainer's partition DDL "+
-		"(it lacks the owner's privileges) nor call the owner's functions for it (it lacks grants). "+
-		"Subscribers whose role can are elected; without one, delayed messages wait and retention removes nothing. "+
-		"Have the owner of the tables run pglease.GrantSQL for this role, or `pglease grant --role "+role+"`",
+	m.logger.Error("Not standing for maintainer: this role neither owns the tables nor may call the owner's functions "+
+		"for the partition DDL. Subscribers whose role can are elected; with none, delayed messages wait and retention "+
+		"removes nothing. Have the owner of the tables run pglease.GrantSQL for this role, or `pglease grant --role "+role+"`",
 		ErrMaintenanceNotPermitted, watermill.LogFields{"role": role, "owner": owner, "missing": strings.Join(missing, "; ")})
 	return false, nil
 }
