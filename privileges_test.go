@@ -706,3 +706,29 @@ SELECT 'expiring', gen_random_uuid()::text, 'x', 2, to_timestamp(%d) FROM genera
 		return call(adapter.CallAddRetentionPartition(p))
 	})
 }
+
+// notDefault is a schema adapter that does not embed DefaultSchemaAdapter.
+type notDefault struct{ pglease.SchemaAdapter }
+
+// TestGrantSQL checks the statements without a database, and that the
+// scripts for what it refuses fail when run.
+func TestGrantSQL(t *testing.T) {
+	sql := pglease.GrantSQL(nil, `app"; DROP TABLE x; --`)
+	assert.Contains(t, sql, `TO "app""; DROP TABLE x; --";`, "the role is quoted")
+	assert.Contains(t, sql, `ON TABLE "pglease_messages" TO`, "nil is the default adapter")
+	assert.NotContains(t, sql, "ON SCHEMA", "no schema without Schema")
+	withSchema := pglease.GrantSQL(version5Adapter{pglease.DefaultSchemaAdapter{Schema: "My Schema", MessagesTable: "msgs"}}, "app")
+	assert.Contains(t, withSchema, `GRANT USAGE ON SCHEMA "My Schema" TO "app";`)
+	assert.Contains(t, withSchema, `GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "My Schema"."msgs_forever" TO "app";`)
+	assert.Contains(t, withSchema, `GRANT EXECUTE ON FUNCTION "My Schema"."msgs_expire_retention_partition"(integer, bigint) TO "app";`)
+	assert.Contains(t, withSchema, `GRANT SELECT ON TABLE "My Schema"."pglease_schema_version" TO "app";`)
+
+	pool := newPool(t, 2)
+	for _, refused := range []string{pglease.GrantSQL(nil, ""), pglease.GrantSQL(nil, "public"),
+		pglease.GrantSQL(notDefault{pglease.DefaultSchemaAdapter{}}, "app")} {
+		assert.NotContains(t, refused, "GRANT")
+		_, err := pool.Exec(context.Background(), refused)
+		require.Error(t, err, refused)
+		assert.Contains(t, err.Error(), "pglease.GrantSQL: ")
+	}
+}
