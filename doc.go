@@ -9,7 +9,11 @@
 // quoted): one messages table for all topics, one consumer_sessions row per
 // live Subscriber, and one consumer_offsets row per (consumer group, topic,
 // partition) holding the acknowledged position, the owner session, an
-// optional lease override and the epoch. [SchemaSQL] returns the DDL.
+// optional lease override and the epoch. [SchemaSQL] returns the DDL;
+// [Migrate] applies it (the owner's step, also `pglease migrate`), and
+// [GrantSQL] gives an application role that owns nothing what it needs
+// to run pglease, the maintainer's work included (through the owner's
+// SECURITY DEFINER functions).
 //
 // # Delivery
 //

@@ -67,3 +67,10 @@ func validText(s string) bool {
 // retention, that a consumer group had not acknowledged: the group skips
 // them.
 var ErrSkippedByRetention = errors.New("pglease: messages removed by retention before the consumer group acknowledged them")
+
+// ErrMaintenanceNotPermitted is the error logged, once, by a Subscriber
+// whose role can do the maintainer's partition DDL neither itself (it
+// lacks the privileges of the tables' owner) nor through the owner's
+// functions (it lacks the grants of [GrantSQL]): it does not stand for
+// maintainer.
+var ErrMaintenanceNotPermitted = errors.New("pglease: the role may not do the maintainer's work")

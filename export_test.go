@@ -50,3 +50,9 @@ func Listening(s *Subscriber) bool {
 func SetAfterMembersReadHook(s *Subscriber, hook func(members int)) {
 	s.member.afterRead = hook
 }
+
+// PartitionName is the bare name of a partition (or of one of the
+// maintainer's functions) of a's messages table (tests only).
+func PartitionName(a DefaultSchemaAdapter, suffix string) string {
+	return a.partitionName(suffix)
+}

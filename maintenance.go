@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // DefaultMaintenanceInterval is the default of MaintenanceConfig.Interval.
@@ -69,6 +71,10 @@ type maintainer struct {
 	// retained tells whether the last retention round found a topic with
 	// a retention.
 	retained atomic.Bool
+	// delegated is set, once, before the first term, when the role does
+	// not own the tables: partition DDL then goes through the owner's
+	// functions (see decide).
+	delegated bool
 }
 
 func newMaintainer(s *Subscriber) *maintainer {
@@ -136,6 +142,7 @@ func (m *maintainer) run() {
 	defer m.s.background.Done()
 	ctx := m.s.ctx
 	retry := newBackoff(100*time.Millisecond, 5*time.Second)
+	decided := false
 	for ctx.Err() == nil {
 		g, ready := m.s.session.current()
 		if g == nil {
@@ -144,6 +151,21 @@ func (m *maintainer) run() {
 			case <-ctx.Done():
 			}
 			continue
+		}
+		if !decided {
+			stand, err := m.decide(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					m.logger.Info("Cannot read what the role may do as the maintainer, retrying", watermill.LogFields{"error": err.Error()})
+				}
+				sleep(retry.delay(), ctx.Done(), nil)
+				continue
+			}
+			retry.reset()
+			if !stand {
+				return
+			}
+			decided = true
 		}
 		epoch, wait, err := m.claim(ctx, g)
 		switch {
@@ -168,6 +190,46 @@ func (m *maintainer) run() {
 		}
 		t.Stop()
 	}
+}
+
+// decide tells, once per Subscriber, whether it stands for maintainer and
+// how it would do the partition DDL: itself, when its role has the
+// privileges of the tables' owner (DETACH CONCURRENTLY needs them), else
+// through the owner's SECURITY DEFINER functions, when the role has the
+// grants of GrantSQL. A role that has neither is told so, once, at Error
+// level, and does not stand: the Subscribers whose role can are elected.
+// An error is a failure to find out, to be retried.
+func (m *maintainer) decide(ctx context.Context) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, m.s.config.SessionTTL)
+	defer cancel()
+	var role, owner string
+	var owns bool
+	var missing []string
+	q := m.q.MaintainerAccess()
+	err := m.s.pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&role, &owner, &owns, &missing)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42501":
+		// Typically no USAGE on the schema, which naming a table in it needs.
+		missing = []string{pgErr.Message}
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, fmt.Errorf("the messages table is missing (run pglease.Migrate)")
+	case err != nil:
+		return false, wrapMissingSchema(err)
+	case owns:
+		m.logger.Debug("Candidate for maintainer: the role has the owner's privileges", watermill.LogFields{"role": role})
+		return true, nil
+	case len(missing) == 0:
+		m.delegated = true
+		m.logger.Debug("Candidate for maintainer: partition DDL through the owner's functions",
+			watermill.LogFields{"role": role, "owner": owner})
+		return true, nil
+	}
+	m.logger.Error("Not standing for maintainer: this role neither owns the tables nor may call the owner's functions "+
+		"for the partition DDL. Subscribers whose role can are elected; with none, delayed messages wait and retention "+
+		"removes nothing. Have the owner of the tables run pglease.GrantSQL for this role, or `pglease grant --role "+role+"`",
+		ErrMaintenanceNotPermitted, watermill.LogFields{"role": role, "owner": owner, "missing": strings.Join(missing, "; ")})
+	return false, nil
 }
 
 // claim tries to become the maintainer. When another session holds the
@@ -279,6 +341,11 @@ func (m *maintainer) upkeep(ctx context.Context, done chan<- struct{}) {
 	defer retT.Stop()
 	defer houseT.Stop()
 	retry := newBackoff(100*time.Millisecond, 5*time.Second)
+	// A detach through the owner's function that gave up on its lock
+	// (a transaction holds the messages table) made publishers and
+	// readers wait up to its lock_timeout: it is retried less often.
+	locked := newBackoff(time.Second, interval)
+	m.dropDetached(ctx)
 	for {
 		select {
 		case <-ctx.Done():
@@ -287,13 +354,22 @@ func (m *maintainer) upkeep(ctx context.Context, done chan<- struct{}) {
 			retT.Reset(0)
 		case <-retT.C:
 			next, err := m.retentionRound(ctx)
-			if err != nil {
+			var pgErr *pgconn.PgError
+			switch {
+			case err == nil:
+				retry.reset()
+				locked.reset()
+			case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available
+				next = locked.delay()
+				if ctx.Err() == nil {
+					m.logger.Error("Retention maintenance gave up waiting for the messages table (a transaction holds it); retrying later",
+						err, watermill.LogFields{"retry_in": next.String()})
+				}
+			default:
 				if ctx.Err() == nil {
 					m.logger.Error("Retention maintenance failed, retrying", err, nil)
 				}
 				next = retry.delay()
-			} else {
-				retry.reset()
 			}
 			if next <= 0 || next > interval {
 				next = interval
@@ -301,6 +377,7 @@ func (m *maintainer) upkeep(ctx context.Context, done chan<- struct{}) {
 			retT.Reset(next)
 		case <-houseT.C:
 			m.housekeeping(ctx)
+			m.dropDetached(ctx)
 			houseT.Reset(interval)
 		}
 	}

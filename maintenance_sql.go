@@ -1,6 +1,8 @@
 package pglease
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"time"
 
@@ -77,21 +79,52 @@ type MaintenanceAdapter interface {
 	// RetentionPartitions returns one row per partition of a retention
 	// class: class integer, start_unix bigint, detach_pending bool.
 	RetentionPartitions() Query
+	// DetachedRetentionPartitions returns one row per table that is named
+	// as a retention partition of the messages table, in its schema, but
+	// is no partition any more (a detach whose drop did not follow):
+	// class integer, start_unix bigint.
+	DetachedRetentionPartitions() Query
 	// CreateRetentionPartition returns the statements, run in one
 	// transaction, that add the partition and record that its class is
-	// covered up to its end.
+	// covered up to its end. They need the owner's privileges.
 	CreateRetentionPartition(p RetentionPartition) []string
 	// UnacknowledgedInPartition counts, per consumer group, topic and
 	// partition, the messages of the retention partition after the
 	// group's position: consumer_group text, topic text, partition
-	// integer, messages bigint.
+	// integer, messages bigint. It reads the partition through the
+	// messages table (no privilege on the partition is needed).
 	UnacknowledgedInPartition(p RetentionPartition) Query
 	// DetachRetentionPartition detaches the partition without blocking
 	// readers (CONCURRENTLY, outside a transaction), or, with finalize,
-	// completes a detach that was interrupted.
+	// completes a detach that was interrupted. It needs the owner's
+	// privileges.
 	DetachRetentionPartition(p RetentionPartition, finalize bool) string
-	// DropRetentionPartition drops a detached partition.
+	// DropRetentionPartition drops a detached partition. It needs the
+	// owner's privileges.
 	DropRetentionPartition(p RetentionPartition) string
+
+	// MaintainerAccess tells how the connected role can do the
+	// maintainer's work. Returns one row (none when the messages table
+	// is missing): role text (current_user), owner text (the messages
+	// table's owner), owns bool (the role has the owner's privileges: it
+	// runs the partition DDL itself), missing text[] (what it lacks of
+	// the grants of [GrantSQL] to do the work through the owner's
+	// functions instead, one entry each; empty when nothing).
+	MaintainerAccess() Query
+	// CallAddRetentionPartition does what CreateRetentionPartition does,
+	// through the owner's function (schema version 7): one row, created
+	// bool (false when the partition exists already).
+	CallAddRetentionPartition(p RetentionPartition) Query
+	// CallExpireRetentionPartition detaches (not concurrently: a function
+	// runs in a transaction; waiting at most a lock_timeout for the
+	// messages table) and drops the partition, or finishes a detach left
+	// pending, through the owner's function: one row, dropped bool (false
+	// when it is no partition of the messages table).
+	CallExpireRetentionPartition(p RetentionPartition) Query
+	// CallDropDetachedPartition drops a detached retention partition
+	// (see DetachedRetentionPartitions) through the owner's function: one
+	// row, dropped bool (false when there is no table of that name).
+	CallDropDetachedPartition(p RetentionPartition) Query
 	// DeleteExpiredKept deletes, row by row and at most limit rows, the
 	// messages in the partition of messages kept forever whose topic has a
 	// retention now and that are older than it. Returns one row with a
@@ -284,16 +317,52 @@ func timestampLiteral(t time.Time) string {
 	return "'" + t.UTC().Format("2006-01-02 15:04:05.999999") + "+00'"
 }
 
+// DetachedRetentionPartitions implements [MaintenanceAdapter]: the tables
+// of the messages table's schema whose name is the one partitionName
+// gives a class and a start (computed by the statement as it computes it),
+// that are no partition and that have the messages table's expires_at.
+func (a DefaultSchemaAdapter) DetachedRetentionPartitions() Query {
+	base := a.MessagesTable
+	if base == "" {
+		base = DefaultMessagesTable
+	}
+	sum := sha256.Sum256([]byte(base))
+	return Query{
+		SQL: `SELECT r.m[1]::integer, r.m[2]::bigint
+FROM pg_class p
+JOIN pg_class c ON c.relnamespace = p.relnamespace AND c.relkind = 'r' AND NOT c.relispartition
+CROSS JOIN LATERAL (SELECT regexp_match(c.relname, '_r([0-9]{1,5})_([0-9]{1,12})$') AS m) r
+CROSS JOIN LATERAL (SELECT 'r' || r.m[1]::integer || '_' || r.m[2]::bigint AS suffix) s
+WHERE p.oid = to_regclass($1) AND r.m IS NOT NULL
+	AND c.relname = CASE WHEN octet_length($2::text || '_' || s.suffix) <= 63 THEN $2::text || '_' || s.suffix
+		ELSE convert_from(substring(convert_to($2::text, 'UTF8') FROM 1 FOR 53 - octet_length(s.suffix)), 'UTF8')
+			|| '_' || $3::text || '_' || s.suffix END
+	AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = c.oid)
+	AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'expires_at' AND NOT a.attisdropped)
+ORDER BY 1, 2`,
+		Args: []any{a.messages(), base, hex.EncodeToString(sum[:4])},
+	}
+}
+
 // CreateRetentionPartition implements [MaintenanceAdapter]. The table is
 // created on its own and then attached, which takes a SHARE UPDATE
 // EXCLUSIVE lock on the messages table: publishers and readers go on
-// (CREATE TABLE ... PARTITION OF would block them).
+// (CREATE TABLE ... PARTITION OF would block them). A maintainer that is
+// a member of the owner role, not the owner, gives the partition to the
+// owner, so that the owner's functions can drop it later.
 func (a DefaultSchemaAdapter) CreateRetentionPartition(p RetentionPartition) []string {
 	part := a.retentionPartition(p)
 	return []string{
 		`SET LOCAL lock_timeout = '5s'`,
 		`CREATE TABLE ` + part + ` (LIKE ` + a.messages() + ` INCLUDING DEFAULTS)`,
 		`ALTER TABLE ` + part + ` ADD PRIMARY KEY (topic, partition, transaction_id, "offset")`,
+		doBlock(`DECLARE
+	owner name := (SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = to_regclass(` + quoteLiteral(a.messages()) + `));
+BEGIN
+	IF owner <> current_user THEN
+		EXECUTE format('ALTER TABLE %s OWNER TO %I', ` + quoteLiteral(part) + `, owner);
+	END IF;
+END`),
 		`ALTER TABLE ` + a.messages() + ` ATTACH PARTITION ` + part + `
 	FOR VALUES FROM (` + fmt.Sprint(p.Class) + `, ` + timestampLiteral(p.Start) + `) TO (` +
 			fmt.Sprint(p.Class) + `, ` + timestampLiteral(p.End) + `)`,
@@ -302,14 +371,78 @@ WHERE retention_class = ` + fmt.Sprint(p.Class) + ` AND covered_until < ` + time
 	}
 }
 
-// UnacknowledgedInPartition implements [MaintenanceAdapter].
+// UnacknowledgedInPartition implements [MaintenanceAdapter]. The bounds
+// are the partition's: PostgreSQL prunes every other partition (when it
+// plans the statement, or, on a generic plan, when it starts it).
 func (a DefaultSchemaAdapter) UnacknowledgedInPartition(p RetentionPartition) Query {
-	return Query{SQL: `SELECT o.consumer_group, o.topic, o.partition, count(*)
-FROM ` + a.retentionPartition(p) + ` m
+	return Query{
+		SQL: `SELECT o.consumer_group, o.topic, o.partition, count(*)
+FROM ` + a.messages() + ` m
 JOIN ` + a.offsets() + ` o ON o.topic = m.topic AND o.partition = m.partition
-WHERE (m.transaction_id, m."offset") > (o.acked_transaction_id, o.acked_offset)
+WHERE m.retention_class = $1::smallint AND m.expires_at >= $2::timestamptz AND m.expires_at < $3::timestamptz
+	AND (m.transaction_id, m."offset") > (o.acked_transaction_id, o.acked_offset)
 GROUP BY 1, 2, 3
-ORDER BY 1, 2, 3`}
+ORDER BY 1, 2, 3`,
+		Args: []any{int16(p.Class), p.Start, p.End},
+	}
+}
+
+// MaintainerAccess implements [MaintenanceAdapter]. It checks the grants
+// of GrantSQL one privilege at a time; an object that does not exist (the
+// functions before schema version 7) is reported as missing.
+func (a DefaultSchemaAdapter) MaintainerAccess() Query {
+	var kinds, names, shown, privs []string
+	for _, g := range a.runtimeGrants() {
+		name := g.name
+		if g.kind == "schema" {
+			name = a.Schema // has_schema_privilege takes the name as it is
+		}
+		for _, priv := range g.privs {
+			kinds, names, shown, privs = append(kinds, g.kind), append(names, name), append(shown, g.name), append(privs, priv)
+		}
+	}
+	return Query{
+		SQL: `SELECT current_user::text, pg_get_userbyid(c.relowner)::text, pg_has_role(current_user, c.relowner, 'USAGE'),
+	ARRAY(SELECT CASE WHEN g.exists THEN g.priv || ' on ' || g.kind || ' ' || g.shown
+			ELSE g.kind || ' ' || g.shown || ' (missing: run pglease.Migrate)' END
+		FROM (SELECT x.n, x.kind, x.shown, x.priv, CASE x.kind
+				WHEN 'schema' THEN (SELECT has_schema_privilege(ns.oid, x.priv) FROM pg_namespace ns WHERE ns.nspname = x.name)
+				WHEN 'table' THEN has_table_privilege(to_regclass(x.name), x.priv)
+				ELSE has_function_privilege(to_regprocedure(x.name), x.priv) END AS ok,
+			CASE x.kind
+				WHEN 'schema' THEN EXISTS (SELECT 1 FROM pg_namespace ns WHERE ns.nspname = x.name)
+				WHEN 'table' THEN to_regclass(x.name) IS NOT NULL
+				ELSE to_regprocedure(x.name) IS NOT NULL END AS exists
+			FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS x(kind, name, shown, priv, n)) g
+		WHERE g.ok IS NOT TRUE
+		ORDER BY g.n)
+FROM pg_class c WHERE c.oid = to_regclass($5)`,
+		Args: []any{kinds, names, shown, privs, a.messages()},
+	}
+}
+
+// CallAddRetentionPartition implements [MaintenanceAdapter].
+func (a DefaultSchemaAdapter) CallAddRetentionPartition(p RetentionPartition) Query {
+	return Query{
+		SQL:  `SELECT ` + a.function(fnAddPartition) + `($1::integer, $2::bigint, $3::bigint)`,
+		Args: []any{int32(p.Class), p.Start.Unix(), p.End.Unix()},
+	}
+}
+
+// CallExpireRetentionPartition implements [MaintenanceAdapter].
+func (a DefaultSchemaAdapter) CallExpireRetentionPartition(p RetentionPartition) Query {
+	return Query{
+		SQL:  `SELECT ` + a.function(fnExpirePartition) + `($1::integer, $2::bigint)`,
+		Args: []any{int32(p.Class), p.Start.Unix()},
+	}
+}
+
+// CallDropDetachedPartition implements [MaintenanceAdapter].
+func (a DefaultSchemaAdapter) CallDropDetachedPartition(p RetentionPartition) Query {
+	return Query{
+		SQL:  `SELECT ` + a.function(fnDropDetached) + `($1::integer, $2::bigint)`,
+		Args: []any{int32(p.Class), p.Start.Unix()},
+	}
 }
 
 // DetachRetentionPartition implements [MaintenanceAdapter].

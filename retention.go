@@ -181,19 +181,31 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 	return next, nil
 }
 
+// createPartition adds p, by the owner's DDL or, for a role that does not
+// own the tables, through the owner's function.
 func (m *maintainer) createPartition(ctx context.Context, p RetentionPartition) error {
 	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
 	defer cancel()
-	err := pgx.BeginFunc(sctx, m.s.pool, func(tx pgx.Tx) error {
-		for _, stmt := range m.q.CreateRetentionPartition(p) {
-			if _, err := tx.Exec(sctx, stmt); err != nil {
-				return err
+	created := true
+	var err error
+	if m.delegated {
+		q := m.q.CallAddRetentionPartition(p)
+		err = m.s.pool.QueryRow(sctx, q.SQL, q.Args...).Scan(&created)
+	} else {
+		err = pgx.BeginFunc(sctx, m.s.pool, func(tx pgx.Tx) error {
+			for _, stmt := range m.q.CreateRetentionPartition(p) {
+				if _, err := tx.Exec(sctx, stmt); err != nil {
+					return err
+				}
 			}
-		}
-		return nil
-	})
+			return nil
+		})
+	}
 	if err != nil {
 		return fmt.Errorf("add the retention partition of class %d from %s: %w", p.Class, p.Start.UTC().Format(time.RFC3339), err)
+	}
+	if !created {
+		return nil // another maintainer did
 	}
 	m.s.stats.partitionsCreated.Add(1)
 	m.logger.Trace("Added a retention partition", watermill.LogFields{"class": p.Class, "from": p.Start, "to": p.End})
@@ -202,7 +214,11 @@ func (m *maintainer) createPartition(ctx context.Context, p RetentionPartition) 
 
 // expirePartition counts, per consumer group, the messages of p that the
 // group had not acknowledged (they are skipped: logged at Warn level and
-// counted), then detaches p without blocking readers and drops it.
+// counted), then detaches p and drops it: by the owner's DDL, which
+// detaches without blocking readers (CONCURRENTLY), or, for a role that
+// does not own the tables, through the owner's function, which detaches
+// in its transaction (waiting at most its lock_timeout for the messages
+// table, during which publishers and readers queue behind it).
 func (m *maintainer) expirePartition(ctx context.Context, p RetentionPartition, pending bool) error {
 	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
 	defer cancel()
@@ -215,18 +231,80 @@ func (m *maintainer) expirePartition(ctx context.Context, p RetentionPartition, 
 		if _, err := m.reportSkipped(rows, "its retention partition expired"); err != nil {
 			return err
 		}
-		if _, err := m.s.pool.Exec(sctx, m.q.DetachRetentionPartition(p, false)); err != nil {
-			return fmt.Errorf("detach an expired retention partition: %w", err)
-		}
-	} else if _, err := m.s.pool.Exec(sctx, m.q.DetachRetentionPartition(p, true)); err != nil {
-		return fmt.Errorf("finish detaching an expired retention partition: %w", err)
 	}
-	if _, err := m.s.pool.Exec(sctx, m.q.DropRetentionPartition(p)); err != nil {
-		return fmt.Errorf("drop an expired retention partition: %w", err)
+	if m.delegated {
+		q := m.q.CallExpireRetentionPartition(p)
+		var dropped bool
+		if err := m.s.pool.QueryRow(sctx, q.SQL, q.Args...).Scan(&dropped); err != nil {
+			return fmt.Errorf("detach and drop an expired retention partition: %w", err)
+		}
+		if !dropped {
+			return nil // another maintainer did
+		}
+	} else {
+		if !pending {
+			if _, err := m.s.pool.Exec(sctx, m.q.DetachRetentionPartition(p, false)); err != nil {
+				return fmt.Errorf("detach an expired retention partition: %w", err)
+			}
+		} else if _, err := m.s.pool.Exec(sctx, m.q.DetachRetentionPartition(p, true)); err != nil {
+			return fmt.Errorf("finish detaching an expired retention partition: %w", err)
+		}
+		if _, err := m.s.pool.Exec(sctx, m.q.DropRetentionPartition(p)); err != nil {
+			return fmt.Errorf("drop an expired retention partition: %w", err)
+		}
 	}
 	m.s.stats.partitionsDropped.Add(1)
 	m.logger.Debug("Dropped an expired retention partition", watermill.LogFields{"class": p.Class, "from": p.Start, "to": p.End})
 	return nil
+}
+
+// dropDetached drops the retention partitions that were detached but not
+// dropped (a maintainer stopped between its detach and its drop): no
+// read sees their messages any more. Failures are logged: the next
+// housekeeping tries again.
+func (m *maintainer) dropDetached(ctx context.Context) {
+	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
+	defer cancel()
+	q := m.q.DetachedRetentionPartitions()
+	rows, err := m.s.pool.Query(sctx, q.SQL, q.Args...)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.logger.Error("Cannot look for detached retention partitions", err, nil)
+		}
+		return
+	}
+	parts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RetentionPartition, error) {
+		var class int32
+		var start int64
+		err := row.Scan(&class, &start)
+		st := time.Unix(start, 0)
+		return RetentionPartition{Class: int(class), Start: st, End: st.Add(retentionSlot(int(class)))}, err
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			m.logger.Error("Cannot look for detached retention partitions", err, nil)
+		}
+		return
+	}
+	for _, p := range parts {
+		dropped := true
+		if m.delegated {
+			q := m.q.CallDropDetachedPartition(p)
+			err = m.s.pool.QueryRow(sctx, q.SQL, q.Args...).Scan(&dropped)
+		} else {
+			_, err = m.s.pool.Exec(sctx, m.q.DropRetentionPartition(p))
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				m.logger.Error("Cannot drop a detached retention partition", err, watermill.LogFields{"class": p.Class, "from": p.Start})
+			}
+			return
+		}
+		if dropped {
+			m.s.stats.partitionsDropped.Add(1)
+			m.logger.Info("Dropped a retention partition left detached", watermill.LogFields{"class": p.Class, "from": p.Start})
+		}
+	}
 }
 
 // skippedRow is a count of messages a consumer group skips on one (topic,

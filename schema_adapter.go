@@ -416,22 +416,25 @@ func (a DefaultSchemaAdapter) VersionTable() string {
 	return a.ident(a.SchemaVersionTable, DefaultSchemaVersionTable)
 }
 
-// Prepare implements [SchemaAdapter].
+// Prepare implements [SchemaAdapter]. The schema is created only when
+// pg_namespace does not have it: CREATE SCHEMA IF NOT EXISTS checks the
+// CREATE privilege on the database even when the schema exists, which an
+// owner role given its own schema usually lacks.
 func (a DefaultSchemaAdapter) Prepare() []string {
 	var stmts []string
 	if a.Schema != "" {
-		// Not CREATE SCHEMA IF NOT EXISTS: that looks the name up in the
+		// Not CREATE SCHEMA IF NOT EXISTS: it checks CREATE on the
+		// database even when the schema exists (an owner given its own
+		// schema usually lacks it), and it looks the name up in the
 		// backend's catalog cache, which may still hold "missing" from a
 		// read made before the set-up lock was granted (the lock does
-		// not refresh it), and then fails on the schema another set-up
+		// not refresh it): it then fails on the schema another set-up
 		// just created. A query reads the catalog as of now.
-		stmts = append(stmts, doBlock(`
-BEGIN
+		stmts = append(stmts, doBlock(`BEGIN
 	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = `+quoteLiteral(a.Schema)+`) THEN
 		CREATE SCHEMA `+pgx.Identifier{a.Schema}.Sanitize()+`;
 	END IF;
-END
-`))
+END`))
 	}
 	stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+a.VersionTable()+` (
 	version     integer PRIMARY KEY,
@@ -520,6 +523,10 @@ CREATE INDEX IF NOT EXISTS ` + a.indexName(a.ConsumerSessionsTable, DefaultConsu
 		Version:     6,
 		Description: "maintenance: retention partitions, delayed messages, the maintainer's election",
 		SQL:         a.migration6(),
+	}, {
+		Version:     7,
+		Description: "least privilege: the maintainer's partition DDL through the owner's SECURITY DEFINER functions",
+		SQL:         a.migration7(),
 	}}
 }
 
@@ -531,6 +538,11 @@ CREATE INDEX IF NOT EXISTS ` + a.indexName(a.ConsumerSessionsTable, DefaultConsu
 // message in it has expired. Offsets continue from the old table's
 // sequence. The conversion is skipped when the table is partitioned
 // already, so that the script of SchemaSQL can run twice.
+//
+// The new parent keeps what the roles of the deployment had on the old
+// table (see keepAccess), so that an upgrade does not lock out roles that
+// own nothing. The tables of this version are created first, so that the
+// conversion can give them the old table's grants.
 func (a DefaultSchemaAdapter) migration6() string {
 	forever := a.partitionName("forever")
 	convert := `ALTER TABLE ` + a.messages() + ` RENAME TO ` + pgx.Identifier{forever}.Sanitize() + `;
@@ -555,15 +567,7 @@ PERFORM setval(pg_get_serial_sequence(` + quoteLiteral(a.messages()) + `, 'offse
 ALTER TABLE ` + a.partition("forever") + ` ALTER COLUMN "offset" DROP IDENTITY;
 ALTER TABLE ` + a.messages() + ` ATTACH PARTITION ` + a.partition("forever") + `
 	FOR VALUES FROM (0, MINVALUE) TO (1, MINVALUE);`
-	return `DO $pglease$
-BEGIN
-	IF NOT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = to_regclass(` + quoteLiteral(a.messages()) + `)) THEN
-` + doStatements(convert) + `
-	END IF;
-END
-$pglease$;
-
-ALTER TABLE ` + a.topics() + `
+	return `ALTER TABLE ` + a.topics() + `
 	ADD COLUMN IF NOT EXISTS retention interval NOT NULL DEFAULT '0',
 	ADD COLUMN IF NOT EXISTS retention_class smallint NOT NULL DEFAULT 0,
 	-- The classes the topic's messages may be stored under: 0, and those
@@ -605,7 +609,127 @@ CREATE TABLE IF NOT EXISTS ` + a.maintenance() + ` (
 	epoch      bigint NOT NULL DEFAULT 0,
 	updated_at timestamptz NOT NULL DEFAULT now()
 );
-INSERT INTO ` + a.maintenance() + ` (name) VALUES ('maintainer') ON CONFLICT (name) DO NOTHING;`
+INSERT INTO ` + a.maintenance() + ` (name) VALUES ('maintainer') ON CONFLICT (name) DO NOTHING;` + `
+
+` + doBlock(`DECLARE
+	old_table regclass;
+	new_table regclass;
+	storage regclass[];
+	r record;
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = to_regclass(`+quoteLiteral(a.messages())+`)) THEN
+`+doStatements(convert)+`
+		old_table := to_regclass(`+quoteLiteral(a.partition("forever"))+`);
+		new_table := to_regclass(`+quoteLiteral(a.messages())+`);
+		storage := ARRAY[to_regclass(`+quoteLiteral(a.delayed())+`), to_regclass(`+quoteLiteral(a.retention())+`),
+			to_regclass(`+quoteLiteral(a.maintenance())+`)];
+`+keepAccess+`
+	END IF;
+END`) + ";"
+}
+
+// keepAccess is the PL/pgSQL, run right after the conversion of
+// migration 6, that gives the new parent table (new_table) what roles had
+// on the old messages table (old_table, now the partition of messages kept
+// forever, which keeps all of it too): its owner (when the migration runs
+// as another role, a superuser for example; the tables of storage get
+// that owner too), every table and column
+// privilege of every grantee, PUBLIC included, with its grant option, its
+// row-level security flags and policies, and its membership of
+// publications. The tables this version adds for message storage
+// (storage: delayed messages, retention, the maintainer's row) get the old
+// table's SELECT, INSERT, UPDATE and DELETE grants: a role that could
+// publish and consume before can still do so, delayed messages and the
+// maintainer's work included.
+//
+// A publication that lists the old table with a row filter or a column
+// list but does not publish through the partition root cannot list the
+// parent with them (PostgreSQL refuses): the parent is then not added, and
+// a WARNING says so (the partition kept forever stays published as it
+// was; retention partitions are not published).
+const keepAccess = `		FOR r IN SELECT c.oid::regclass AS tbl, pg_get_userbyid(o.relowner) AS owner
+			FROM pg_class o, pg_class c
+			WHERE o.oid = old_table AND c.oid = ANY (new_table || storage) AND c.relowner <> o.relowner
+		LOOP
+			EXECUTE format('ALTER TABLE %s OWNER TO %I', r.tbl, r.owner);
+		END LOOP;
+		FOR r IN SELECT a.grantee, a.privilege_type, a.is_grantable
+			FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+			WHERE c.oid = old_table AND a.grantee <> c.relowner
+		LOOP
+			EXECUTE format('GRANT %s ON TABLE %s TO %s%s', r.privilege_type, new_table,
+				CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(r.grantee)) END,
+				CASE WHEN r.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+			IF r.privilege_type IN ('SELECT', 'INSERT', 'UPDATE', 'DELETE') THEN
+				EXECUTE format('GRANT %s ON TABLE %s TO %s%s', r.privilege_type, array_to_string(storage, ', '),
+					CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(r.grantee)) END,
+					CASE WHEN r.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+			END IF;
+		END LOOP;
+		FOR r IN SELECT att.attname, a.grantee, a.privilege_type, a.is_grantable
+			FROM pg_attribute att CROSS JOIN LATERAL aclexplode(att.attacl) a
+			WHERE att.attrelid = old_table AND att.attnum > 0 AND NOT att.attisdropped
+				AND a.grantee <> (SELECT relowner FROM pg_class WHERE oid = old_table)
+		LOOP
+			EXECUTE format('GRANT %s (%I) ON TABLE %s TO %s%s', r.privilege_type, r.attname, new_table,
+				CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(r.grantee)) END,
+				CASE WHEN r.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+		END LOOP;
+		IF (SELECT relrowsecurity FROM pg_class WHERE oid = old_table) THEN
+			EXECUTE format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', new_table);
+		END IF;
+		IF (SELECT relforcerowsecurity FROM pg_class WHERE oid = old_table) THEN
+			EXECUTE format('ALTER TABLE %s FORCE ROW LEVEL SECURITY', new_table);
+		END IF;
+		FOR r IN SELECT p.polname, p.polpermissive, p.polcmd, p.polroles,
+				pg_get_expr(p.polqual, p.polrelid) AS qual, pg_get_expr(p.polwithcheck, p.polrelid) AS with_check
+			FROM pg_policy p WHERE p.polrelid = old_table
+		LOOP
+			EXECUTE format('CREATE POLICY %I ON %s AS %s FOR %s TO %s%s%s', r.polname, new_table,
+				CASE WHEN r.polpermissive THEN 'PERMISSIVE' ELSE 'RESTRICTIVE' END,
+				CASE r.polcmd WHEN 'r' THEN 'SELECT' WHEN 'a' THEN 'INSERT' WHEN 'w' THEN 'UPDATE' WHEN 'd' THEN 'DELETE' ELSE 'ALL' END,
+				(SELECT string_agg(CASE WHEN g = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g)) END, ', ') FROM unnest(r.polroles) g),
+				CASE WHEN r.qual IS NULL THEN '' ELSE ' USING (' || r.qual || ')' END,
+				CASE WHEN r.with_check IS NULL THEN '' ELSE ' WITH CHECK (' || r.with_check || ')' END);
+		END LOOP;
+		-- Row filters and column lists of publications exist from PostgreSQL 15 on.
+		FOR r IN EXECUTE CASE WHEN current_setting('server_version_num')::integer >= 150000 THEN
+				'SELECT p.pubname, p.pubviaroot, pg_get_expr(pr.prqual, pr.prrelid) AS qual,
+					(SELECT string_agg(quote_ident(att.attname), '', '' ORDER BY att.attnum) FROM pg_attribute att
+						WHERE att.attrelid = pr.prrelid AND att.attnum = ANY (pr.prattrs)) AS cols
+				FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid WHERE pr.prrelid = $1'
+			ELSE
+				'SELECT p.pubname, p.pubviaroot, NULL::text AS qual, NULL::text AS cols
+				FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid WHERE pr.prrelid = $1'
+			END USING old_table
+		LOOP
+			IF NOT r.pubviaroot AND (r.qual IS NOT NULL OR r.cols IS NOT NULL) THEN
+				RAISE WARNING 'pglease: publication % lists % with a row filter or a column list, which PostgreSQL does not allow for the partitioned table % unless the publication has publish_via_partition_root: add it yourself', r.pubname, old_table, new_table;
+			ELSE
+				BEGIN
+					EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s%s%s', r.pubname, new_table,
+						CASE WHEN r.cols IS NULL THEN '' ELSE ' (' || r.cols || ')' END,
+						CASE WHEN r.qual IS NULL THEN '' ELSE ' WHERE (' || r.qual || ')' END);
+				EXCEPTION WHEN insufficient_privilege THEN
+					RAISE EXCEPTION 'pglease: the upgrade must add % to publication %, which role % may not alter', new_table, r.pubname, current_user
+						USING HINT = 'Run the migration as the owner of the publication or as a superuser.';
+				END;
+			END IF;
+		END LOOP;`
+
+// doBlock is an anonymous code block (DO) running the PL/pgSQL block body.
+func doBlock(body string) string {
+	return "DO " + dollarQuote(body)
+}
+
+// dollarQuote quotes s as a dollar-quoted string constant, with a tag that
+// s does not contain (names from the configuration may contain anything).
+func dollarQuote(s string) string {
+	tag := "$pglease$"
+	for i := 1; strings.Contains(s, tag); i++ {
+		tag = fmt.Sprintf("$pglease%d$", i)
+	}
+	return tag + "\n" + s + "\n" + tag
 }
 
 // doStatements turns a script into PL/pgSQL statements run with EXECUTE
@@ -1133,18 +1257,37 @@ func SchemaSQL(adapter SchemaAdapter) string {
 	return b.String()
 }
 
-// doBlock is a DO statement running body, dollar-quoted with a tag that
-// body does not contain (names from configuration may hold any text).
-func doBlock(body string) string {
-	tag := "$pglease$"
-	for i := 1; strings.Contains(body, tag); i++ {
-		tag = fmt.Sprintf("$pglease%d$", i)
-	}
-	return "DO " + tag + body + tag
-}
-
 func quoteLiteral(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// Migrate creates the tables of adapter (nil: DefaultSchemaAdapter{}), or
+// upgrades them to the latest schema version: the explicit schema step,
+// run as the role that is to own the tables (a deploy job, the command
+// `pglease migrate`), so that the application itself can run as a role
+// that owns nothing (see [GrantSQL]). It is what
+// SubscriberConfig.InitializeSchema, PublisherConfig.AutoInitializeSchema
+// and TopicConfig.InitializeSchema run.
+//
+// It is idempotent and safe to run from many processes at once: the
+// missing migrations run in one transaction under an advisory lock
+// ([SchemaAdapter.SchemaLockKey]), and a schema found current is left
+// alone without waiting for the lock. db may be a *pgxpool.Pool, a
+// *pgx.Conn or a pgx.Tx (then in a savepoint, and the lock is held until
+// the caller's transaction ends).
+func Migrate(ctx context.Context, db DB, adapter SchemaAdapter) error {
+	if isNilDB(db) {
+		return fmt.Errorf("%w: Migrate needs a *pgxpool.Pool, *pgx.Conn or pgx.Tx, got nil", ErrInvalidConfig)
+	}
+	if adapter == nil {
+		adapter = DefaultSchemaAdapter{}
+	}
+	if a, ok := adapter.(DefaultSchemaAdapter); ok {
+		if err := a.validate(); err != nil {
+			return fmt.Errorf("%w: Migrate: %w", ErrInvalidConfig, err)
+		}
+	}
+	return initializeSchema(ctx, db, adapter)
 }
 
 // beginner is what schema initialization needs: pgx.Tx, *pgx.Conn and
@@ -1221,11 +1364,20 @@ func schemaIsCurrent(ctx context.Context, db beginner, versionTable string, late
 	return err == nil && current >= latest
 }
 
-// wrapMissingSchema adds a hint to "relation does not exist" errors.
+// wrapMissingSchema adds what to do to the errors that say that the
+// tables are missing or that the role may not use them.
 func wrapMissingSchema(err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-		return fmt.Errorf("%w (the pglease tables are missing: set InitializeSchema or run the DDL of pglease.SchemaSQL)", err)
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch pgErr.Code {
+	case "42P01": // undefined_table
+		return fmt.Errorf("%w (the pglease tables are missing: run pglease.Migrate or `pglease migrate` as the role that is to own them, "+
+			"or apply pglease.SchemaSQL with your migration tool)", err)
+	case "42501": // insufficient_privilege
+		return fmt.Errorf("%w (the role lacks pglease's grants: have the owner of the tables run pglease.GrantSQL "+
+			"or `pglease grant --role NAME`)", err)
 	}
 	return err
 }

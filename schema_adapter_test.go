@@ -157,4 +157,35 @@ func TestMissingSchemaIsAClearError(t *testing.T) {
 	_, err = sub.Subscribe(context.Background(), "t")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "SchemaSQL")
+
+	// CreateTopic has no setting that creates the tables by default: it
+	// says to run the migration step.
+	err = pglease.CreateTopic(context.Background(), pool, "t", pglease.TopicConfig{SchemaAdapter: adapter})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "run pglease.Migrate or `pglease migrate`")
+	assert.NotContains(t, err.Error(), "InitializeSchema")
+}
+
+// TestMigrate runs the explicit schema step: it creates every version
+// once, a second run changes nothing, and then the Pub/Sub runs with
+// schema set-up off.
+func TestMigrate(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 5)
+	adapter := newSchema(t, pool)
+	require.ErrorIs(t, pglease.Migrate(ctx, nil, adapter), pglease.ErrInvalidConfig)
+	require.ErrorIs(t, pglease.Migrate(ctx, pool, pglease.DefaultSchemaAdapter{Schema: strings.Repeat("s", 64)}), pglease.ErrInvalidConfig)
+	versions := pgx.Identifier{adapter.Schema, pglease.DefaultSchemaVersionTable}.Sanitize()
+	for range 2 {
+		require.NoError(t, pglease.Migrate(ctx, pool, adapter))
+		var n, latest int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*), max(version) FROM "+versions).Scan(&n, &latest))
+		assert.Equal(t, len(adapter.Migrations()), n, "each version recorded once")
+		assert.Equal(t, adapter.Migrations()[len(adapter.Migrations())-1].Version, latest)
+	}
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{SchemaAdapter: adapter}))
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	require.NoError(t, pub.Publish("t", message.NewMessage(watermill.NewUUID(), nil)))
 }

@@ -6,9 +6,11 @@
 //	pglease lag             position, owner and lag per (group, topic, partition)
 //	pglease topics          topics with their partitions, groups and newest message
 //	pglease reset-offsets   move a consumer group's positions on a topic
+//	pglease migrate         create or upgrade the tables (as their owner)
+//	pglease grant           let an application role run pglease (as the owner)
 //
-// It connects to --dsn, else to $DATABASE_URL, and reads the pglease tables
-// of --schema (default: the search_path). Every command takes --json.
+// It connects to --dsn, else to $DATABASE_URL, and works on the pglease
+// tables of --schema (default: the search_path). Every command takes --json.
 // Exit status: 0 on success, 1 on an error (or a refused reset), 2 on bad
 // usage. docs/operations.md shows every command with its output.
 //
@@ -140,6 +142,36 @@ may still be processed once. --dry-run shows what would change and rolls
 back.`,
 		new: func() subcommand { return &resetCmd{} },
 	},
+	{
+		name:     "migrate",
+		summary:  "create the tables, or upgrade them to this pglease's schema version",
+		synopsis: "[--dry-run] [--json]",
+		help: `Applies the schema migrations that the database lacks (all of them on a
+database without the pglease tables), in one transaction under pglease's
+advisory lock, exactly as pglease.Migrate does, and prints the versions it
+applied. Run it as the role that is to own the tables (a deploy job), so that
+the application can run as a role that owns nothing: see pglease grant.
+Running it again applies nothing.
+
+--dry-run prints the SQL of the migrations it would apply (a script that
+psql can run as it is) and changes nothing.`,
+		new: func() subcommand { return &migrateCmd{} },
+	},
+	{
+		name:     "grant",
+		summary:  "let an application role run pglease on the tables (run as their owner)",
+		synopsis: "--role ROLE [--dry-run] [--json]",
+		help: `Runs pglease.GrantSQL for ROLE: USAGE on the schema, SELECT, INSERT, UPDATE and
+DELETE on the pglease tables, SELECT on the schema version table, EXECUTE on
+the owner's functions that the maintainer adds and drops retention partitions
+with. That is everything the role needs to publish, subscribe, create topics,
+delay messages, reset offsets and be the maintainer, and nothing more: it
+cannot drop, alter or truncate the tables. Run it as the tables' owner, after
+pglease migrate. Upgrades keep these grants.
+
+--dry-run prints the statements and grants nothing.`,
+		new: func() subcommand { return &grantCmd{} },
+	},
 }
 
 func lookup(name string) *commandSpec {
@@ -188,7 +220,8 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 }
 
 func printUsage(w io.Writer) {
-	fmt.Fprint(w, `pglease shows and operates the consumer groups of pglease on PostgreSQL.
+	fmt.Fprint(w, `pglease shows and operates the consumer groups of pglease on PostgreSQL,
+and sets up its tables.
 
 Usage:
   pglease <command> [flags]

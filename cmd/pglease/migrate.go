@@ -1,0 +1,195 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// undefinedFunction is PostgreSQL's error code for a missing function.
+const undefinedFunction = "42883"
+
+type migrateCmd struct {
+	dryRun bool
+}
+
+// migrationInfo is one schema version in the JSON of pglease migrate.
+type migrationInfo struct {
+	Version     int    `json:"version"`
+	Description string `json:"description"`
+}
+
+// migrateOutput is the JSON of pglease migrate.
+type migrateOutput struct {
+	// FromVersion is the version found (0: no pglease tables), ToVersion
+	// the version after the command (with dry_run: the one it would
+	// reach), LatestVersion the newest this pglease knows.
+	FromVersion   int  `json:"from_version"`
+	ToVersion     int  `json:"to_version"`
+	LatestVersion int  `json:"latest_version"`
+	DryRun        bool `json:"dry_run"`
+	// Migrations are the versions applied (with dry_run: to apply).
+	Migrations []migrationInfo `json:"migrations"`
+	// SQL is the script of those migrations (with dry_run only).
+	SQL string `json:"sql,omitempty"`
+}
+
+func (c *migrateCmd) flags(fs *flag.FlagSet) {
+	fs.BoolVar(&c.dryRun, "dry-run", false, "print the SQL of the migrations to apply, and apply nothing")
+}
+
+func (c *migrateCmd) check(*flag.FlagSet) error { return nil }
+
+func (c *migrateCmd) run(ctx context.Context, e *cmdEnv) error {
+	from, err := schemaVersion(ctx, e.conn, e.adapter)
+	if err != nil {
+		return err
+	}
+	migrations := e.adapter.Migrations()
+	latest := migrations[len(migrations)-1].Version
+	out := migrateOutput{FromVersion: from, ToVersion: from, LatestVersion: latest, DryRun: c.dryRun, Migrations: []migrationInfo{}}
+	if c.dryRun {
+		var pending []pglease.Migration
+		for _, m := range migrations {
+			if m.Version > from {
+				pending = append(pending, m)
+				out.Migrations = append(out.Migrations, migrationInfo{m.Version, m.Description})
+				out.ToVersion = m.Version
+			}
+		}
+		if len(pending) > 0 {
+			out.SQL = migrationScript(e.adapter, pending)
+		}
+	} else {
+		if err := pglease.Migrate(ctx, e.conn, e.adapter); err != nil {
+			return err
+		}
+		if out.ToVersion, err = schemaVersion(ctx, e.conn, e.adapter); err != nil {
+			return err
+		}
+		for _, m := range migrations {
+			if m.Version > from && m.Version <= out.ToVersion {
+				out.Migrations = append(out.Migrations, migrationInfo{m.Version, m.Description})
+			}
+		}
+	}
+	if e.json {
+		return writeJSON(e.stdout, out)
+	}
+	switch {
+	case from > latest:
+		fmt.Fprintf(e.stdout, "The schema is at version %d, newer than this pglease knows (%d): nothing to apply.\n", from, latest)
+	case len(out.Migrations) == 0:
+		fmt.Fprintf(e.stdout, "The schema is at version %d, the latest: nothing to apply.\n", from)
+	case c.dryRun:
+		fmt.Fprintf(e.stdout, "-- The schema is at version %d; pglease migrate would apply what follows, as one transaction.\n%s", from, out.SQL)
+	default:
+		for _, m := range out.Migrations {
+			fmt.Fprintf(e.stdout, "Applied version %d: %s\n", m.Version, m.Description)
+		}
+		fmt.Fprintf(e.stdout, "The schema is at version %d.\n", out.ToVersion)
+	}
+	return nil
+}
+
+// schemaVersion reads the highest version recorded: 0 when the version
+// table does not exist yet.
+func schemaVersion(ctx context.Context, conn *pgx.Conn, adapter pglease.DefaultSchemaAdapter) (int, error) {
+	var v int
+	err := conn.QueryRow(ctx, "SELECT COALESCE(max(version), 0) FROM "+adapter.VersionTable()).Scan(&v)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == undefinedTable {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read the schema version: %w", err)
+	}
+	return v, nil
+}
+
+// migrationScript is what pglease.Migrate runs for pending, as a script:
+// the lock, the adapter's set-up statements, each migration and the
+// record of its version, in one transaction.
+func migrationScript(adapter pglease.DefaultSchemaAdapter, pending []pglease.Migration) string {
+	var b strings.Builder
+	b.WriteString("BEGIN;\n")
+	fmt.Fprintf(&b, "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0));\n", quoteLiteral(adapter.SchemaLockKey()))
+	for _, s := range adapter.Prepare() {
+		b.WriteString(s + ";\n")
+	}
+	for _, m := range pending {
+		sql := strings.TrimSpace(m.SQL)
+		if !strings.HasSuffix(sql, ";") {
+			sql += ";"
+		}
+		fmt.Fprintf(&b, "\n-- version %d: %s\n%s\n", m.Version, m.Description, sql)
+		fmt.Fprintf(&b, "INSERT INTO %s (version, description) VALUES (%d, %s);\n", adapter.VersionTable(), m.Version, quoteLiteral(m.Description))
+	}
+	b.WriteString("COMMIT;\n")
+	return b.String()
+}
+
+type grantCmd struct {
+	role   onceString
+	dryRun bool
+}
+
+// grantOutput is the JSON of pglease grant.
+type grantOutput struct {
+	Role   string `json:"role"`
+	DryRun bool   `json:"dry_run"`
+	// SQL is what was run (with dry_run: what would be).
+	SQL string `json:"sql"`
+}
+
+func (c *grantCmd) flags(fs *flag.FlagSet) {
+	fs.Var(&c.role, "role", "the application `ROLE` to grant (required; used exactly as given)")
+	fs.BoolVar(&c.dryRun, "dry-run", false, "print the statements, and grant nothing")
+}
+
+func (c *grantCmd) check(*flag.FlagSet) error {
+	switch {
+	case !c.role.set || c.role.value == "":
+		return usageErrorf("--role is required")
+	case c.role.value == "public":
+		return usageErrorf(`--role public would grant to every role: name an application role`)
+	}
+	return nil
+}
+
+func (c *grantCmd) run(ctx context.Context, e *cmdEnv) error {
+	out := grantOutput{Role: c.role.value, DryRun: c.dryRun, SQL: pglease.GrantSQL(e.adapter, c.role.value)}
+	if !c.dryRun {
+		if _, err := e.conn.Exec(ctx, out.SQL); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == undefinedFunction {
+				return fmt.Errorf("%w (the schema predates the maintainer's functions: run pglease migrate first)", err)
+			}
+			return err
+		}
+	}
+	if e.json {
+		return writeJSON(e.stdout, out)
+	}
+	if c.dryRun {
+		fmt.Fprint(e.stdout, out.SQL)
+		return nil
+	}
+	fmt.Fprintf(e.stdout, "Granted role %s what pglease needs at run time, maintainer included, on the tables of %s.\n",
+		pgx.Identifier{c.role.value}.Sanitize(), schemaName(e.adapter))
+	return nil
+}
+
+func schemaName(a pglease.DefaultSchemaAdapter) string {
+	if a.Schema == "" {
+		return "the search_path"
+	}
+	return "schema " + pgx.Identifier{a.Schema}.Sanitize()
+}

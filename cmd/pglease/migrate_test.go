@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// emptySchema creates a schema without the pglease tables, dropped at the
+// end of the test.
+func emptySchema(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	b := make([]byte, 6)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	schema := "pglease_cmd_test_" + hex.EncodeToString(b)
+	_, err = pool.Exec(context.Background(), "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
+	return schema
+}
+
+// firstFive is the schema of a release whose latest version was 5.
+type firstFive struct{ pglease.DefaultSchemaAdapter }
+
+func (a firstFive) Migrations() []pglease.Migration { return a.DefaultSchemaAdapter.Migrations()[:5] }
+
+func TestMigrateCommand(t *testing.T) {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testDSN)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	env := map[string]string{"DATABASE_URL": testDSN}
+	latest := len(pglease.DefaultSchemaAdapter{}.Migrations())
+	version := func(schema string) int {
+		var v int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT COALESCE(max(version), 0) FROM "+
+			pgx.Identifier{schema, pglease.DefaultSchemaVersionTable}.Sanitize()).Scan(&v))
+		return v
+	}
+	migrate := func(schema string, args ...string) (result, migrateOutput) {
+		t.Helper()
+		r := runCLI(t, env, append([]string{"migrate", "--schema", schema, "--json"}, args...)...)
+		require.Equal(t, 0, r.code, "%s", r)
+		var out migrateOutput
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+		return r, out
+	}
+	versions := func(out migrateOutput) []int {
+		var v []int
+		for _, m := range out.Migrations {
+			v = append(v, m.Version)
+		}
+		return v
+	}
+	all := make([]int, latest)
+	for i := range all {
+		all[i] = i + 1
+	}
+
+	// On a schema without the tables: --dry-run prints the whole script and
+	// creates nothing; the script runs as it is.
+	schema := emptySchema(t, pool)
+	r := runCLI(t, env, "migrate", "--schema", schema, "--dry-run")
+	require.Equal(t, 0, r.code, "%s", r)
+	assert.Contains(t, r.stdout, "The schema is at version 0; pglease migrate would apply")
+	assert.Contains(t, r.stdout, "BEGIN;\nSELECT pg_advisory_xact_lock(")
+	for _, v := range all {
+		assert.Contains(t, r.stdout, fmt.Sprintf("\n-- version %d: ", v))
+	}
+	var created bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL",
+		pgx.Identifier{schema, pglease.DefaultSchemaVersionTable}.Sanitize()).Scan(&created))
+	assert.False(t, created, "a dry run creates nothing")
+	byScript := emptySchema(t, pool)
+	script := runCLI(t, env, "migrate", "--schema", byScript, "--dry-run")
+	_, err = pool.Exec(ctx, script.stdout)
+	require.NoError(t, err, "the printed script")
+	assert.Equal(t, latest, version(byScript))
+	_, out := migrate(byScript)
+	assert.Empty(t, out.Migrations, "the script recorded its versions")
+
+	_, out = migrate(schema, "--dry-run")
+	assert.Equal(t, migrateOutput{FromVersion: 0, ToVersion: latest, LatestVersion: latest, DryRun: true,
+		Migrations: out.Migrations, SQL: out.SQL}, out)
+	assert.Equal(t, all, versions(out))
+
+	// Applies every version, and says so; then nothing.
+	r = runCLI(t, env, "migrate", "--schema", schema)
+	require.Equal(t, 0, r.code, "%s", r)
+	for _, v := range all {
+		assert.Contains(t, r.stdout, fmt.Sprintf("Applied version %d: ", v))
+	}
+	assert.Contains(t, r.stdout, fmt.Sprintf("The schema is at version %d.\n", latest))
+	assert.Equal(t, latest, version(schema))
+	r = runCLI(t, env, "migrate", "--schema", schema)
+	assert.Equal(t, fmt.Sprintf("The schema is at version %d, the latest: nothing to apply.\n", latest), r.stdout)
+	r = runCLI(t, env, "migrate", "--schema", schema, "--dry-run")
+	assert.Equal(t, fmt.Sprintf("The schema is at version %d, the latest: nothing to apply.\n", latest), r.stdout)
+
+	// From an older release's schema: only what it lacks.
+	old := emptySchema(t, pool)
+	require.NoError(t, pglease.Migrate(ctx, pool, firstFive{pglease.DefaultSchemaAdapter{Schema: old}}))
+	_, out = migrate(old, "--dry-run")
+	assert.Equal(t, 5, out.FromVersion)
+	assert.Equal(t, all[5:], versions(out))
+	assert.NotContains(t, out.SQL, "-- version 5:")
+	_, out = migrate(old)
+	assert.Equal(t, all[5:], versions(out))
+	assert.Equal(t, latest, out.ToVersion)
+	assert.Empty(t, out.SQL)
+	assert.Equal(t, latest, version(old))
+}
+
+func TestGrantCommand(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	b := make([]byte, 4)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	role := "pglease_cmd_role_" + hex.EncodeToString(b)
+	_, err = f.pool.Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = f.pool.Exec(context.Background(), "DROP OWNED BY "+pgx.Identifier{role}.Sanitize())
+		_, _ = f.pool.Exec(context.Background(), "DROP ROLE "+pgx.Identifier{role}.Sanitize())
+	})
+	messages := pgx.Identifier{f.schema, pglease.DefaultMessagesTable}.Sanitize()
+	expire := pgx.Identifier{f.schema, pglease.DefaultMessagesTable + "_expire_retention_partition"}.Sanitize() + "(integer, bigint)"
+	granted := func() (table, function bool) {
+		require.NoError(t, f.pool.QueryRow(ctx, `SELECT has_table_privilege($1, $2, 'INSERT'), has_function_privilege($1, $3, 'EXECUTE')`,
+			role, messages, expire).Scan(&table, &function))
+		return table, function
+	}
+
+	out := f.ok("grant", "--role", role, "--dry-run")
+	assert.Equal(t, pglease.GrantSQL(f.adapter, role), out)
+	table, function := granted()
+	assert.False(t, table || function, "a dry run grants nothing")
+
+	out = f.ok("grant", "--role", role)
+	assert.Equal(t, fmt.Sprintf("Granted role %s what pglease needs at run time, maintainer included, on the tables of schema %s.\n",
+		pgx.Identifier{role}.Sanitize(), pgx.Identifier{f.schema}.Sanitize()), out)
+	table, function = granted()
+	assert.True(t, table && function)
+
+	var res grantOutput
+	require.NoError(t, json.Unmarshal([]byte(f.ok("grant", "--role", role, "--json")), &res), "granting again")
+	assert.Equal(t, grantOutput{Role: role, SQL: pglease.GrantSQL(f.adapter, role)}, res)
+
+	for _, tc := range []struct {
+		args   []string
+		code   int
+		stderr string
+	}{
+		{[]string{"grant"}, 2, "--role is required"},
+		{[]string{"grant", "--role", ""}, 2, "--role is required"},
+		{[]string{"grant", "--role", "public"}, 2, "would grant to every role"},
+		{[]string{"grant", "--role", "a", "--role", "b"}, 2, "given more than once"},
+		{[]string{"grant", "--role", "pglease_no_such_role"}, 1, `role "pglease_no_such_role" does not exist`},
+	} {
+		r := f.cli(tc.args[0], tc.args[1:]...)
+		assert.Equal(t, tc.code, r.code, "%v: %s", tc.args, r)
+		assert.Contains(t, r.stderr, tc.stderr, "%v", tc.args)
+	}
+	r := runCLI(t, map[string]string{"DATABASE_URL": testDSN}, "grant", "--role", role, "--schema", emptySchema(t, f.pool))
+	assert.Equal(t, 1, r.code, "%s", r)
+	assert.Contains(t, r.stderr, "No pglease tables in schema")
+}
