@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -112,6 +113,10 @@ type sessionConn struct {
 	turn     chan struct{}
 	conn     *pgx.Conn // nil until dialled, and after an error dropped it
 	released bool
+	// systemID is the system identifier of the server the connection was
+	// last dialled to ("" when not known: not dialled yet, or the role may
+	// not read pg_control_system()).
+	systemID atomic.Pointer[string]
 }
 
 // acquireSessionConn returns the session connection of pool, adding a
@@ -167,22 +172,74 @@ func (c *sessionConn) exec(ctx context.Context, q Query) (pgconn.CommandTag, err
 	if c.released {
 		return pgconn.CommandTag{}, errSessionConnReleased
 	}
-	if c.conn == nil {
-		conn, err := c.dialer.dial(ctx)
-		if err != nil {
-			return pgconn.CommandTag{}, fmt.Errorf("connect for session statements: %w", err)
-		}
-		c.conn = conn
+	if err := c.dialIfNeeded(ctx); err != nil {
+		return pgconn.CommandTag{}, err
 	}
 	tag, err := c.conn.Exec(ctx, q.SQL, q.Args...)
+	c.afterError(err)
+	return tag, err
+}
+
+// queryRow runs q like exec and scans its one row into dest.
+func (c *sessionConn) queryRow(ctx context.Context, q Query, dest ...any) error {
+	select {
+	case c.turn <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("wait for the session connection: %w", ctx.Err())
+	}
+	defer func() { <-c.turn }()
+	if c.released {
+		return errSessionConnReleased
+	}
+	if err := c.dialIfNeeded(ctx); err != nil {
+		return err
+	}
+	err := c.conn.QueryRow(ctx, q.SQL, q.Args...).Scan(dest...)
+	c.afterError(err)
+	return err
+}
+
+// dialIfNeeded dials the connection when there is none, and reads the
+// system identifier of the server it reached. Called with the turn held.
+func (c *sessionConn) dialIfNeeded(ctx context.Context) error {
+	if c.conn != nil {
+		return nil
+	}
+	conn, err := c.dialer.dial(ctx)
+	if err != nil {
+		return fmt.Errorf("connect for session statements: %w", err)
+	}
+	var id string
+	if err := conn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&id); err != nil {
+		if !usableAfter(conn, err) {
+			c.dialer.close(conn, 0)
+			return fmt.Errorf("connect for session statements: %w", err)
+		}
+		id = "" // not allowed to read it: the other signs still tell
+	}
+	c.systemID.Store(&id)
+	c.conn = conn
+	return nil
+}
+
+// afterError drops the connection after an error that may have left it
+// unusable: most such errors closed it already (a deadline or a network
+// error does). It is closed without waiting to tell the server: it may not
+// answer, and others wait for their turn. Called with the turn held.
+func (c *sessionConn) afterError(err error) {
 	if err != nil && !usableAfter(c.conn, err) {
-		// Most such errors closed the connection already (a deadline or
-		// a network error does). Close it without waiting to tell the
-		// server: it may not answer, and others wait for their turn.
 		c.dialer.close(c.conn, 0)
 		c.conn = nil
 	}
-	return tag, err
+}
+
+// serverID is the system identifier of the server the connection was last
+// dialled to, "" when unknown.
+func (c *sessionConn) serverID() string {
+	if p := c.systemID.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // usableAfter reports whether conn can run another statement after err:

@@ -27,6 +27,17 @@ var (
 	// so the topic is not delivered until it is repaired; see "Positions
 	// from another cluster" in docs/guarantees.md.
 	ErrFuturePosition = errors.New("pglease: stored position lies ahead of the database's transaction counter (data from another cluster?)")
+	// ErrDatabaseWentBack is logged when a Subscriber finds that the
+	// database went back in time since its last heartbeat: a new
+	// timeline (a standby was promoted), WAL or a transaction counter
+	// behind what it read before (a copy started as the primary, a
+	// restore), or another cluster. Positions it held in memory may name
+	// transaction ids the database hands out again, so it drops them and
+	// claims every row again from the position the database has: what
+	// was acknowledged after that position is delivered again, nothing
+	// published afterwards is skipped. See "Failover" in
+	// docs/guarantees.md.
+	ErrDatabaseWentBack = errors.New("pglease: the database went back in time (failover or restore)")
 	// ErrDeliveryHeldBack is logged, once per stall, when committed
 	// messages have waited for an older running transaction (the xmin
 	// horizon) for over a second; the log names the blocking backend.

@@ -218,7 +218,11 @@ type SchemaAdapter interface {
 	// deletes p.ReplacesSessionID). Returns no rows.
 	CreateSession(p SessionParams) Query
 	// HeartbeatSession moves the session's expiry to now() + TTL only if it
-	// has not expired yet. Zero rows affected means the session is lost.
+	// has not expired yet. Returns one row: the rows updated bigint (0: the
+	// session is lost), and where the database is: the transaction counter
+	// (pg_snapshot_xmax of the current snapshot, xid8 as text), the WAL
+	// position in bytes (numeric as text) and the timeline (8 hex digits),
+	// so that a failover to a standby that lagged, or a restore, is seen.
 	HeartbeatSession(p SessionParams) Query
 	// DeleteSession deletes the session row.
 	DeleteSession(p SessionParams) Query
@@ -1009,9 +1013,14 @@ SELECT pg_notify($6, 'g' || consumer_group) FROM inserted WHERE $6 <> ''`,
 // HeartbeatSession implements [SchemaAdapter].
 func (a DefaultSchemaAdapter) HeartbeatSession(p SessionParams) Query {
 	return Query{
-		SQL: `UPDATE ` + a.sessions() + `
-SET expires_at = now() + $2::bigint * interval '1 microsecond'
-WHERE id = $1 AND expires_at > now()`,
+		SQL: `WITH beat AS (
+	UPDATE ` + a.sessions() + `
+	SET expires_at = now() + $2::bigint * interval '1 microsecond'
+	WHERE id = $1 AND expires_at > now()
+	RETURNING 1
+)
+SELECT (SELECT count(*) FROM beat), pg_snapshot_xmax(pg_current_snapshot())::text,
+	pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::text, substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)`,
 		Args: []any{p.SessionID, p.TTL.Microseconds()},
 	}
 }
@@ -1159,12 +1168,23 @@ const forwardSet = `acked_transaction_id = CASE WHEN (acked_transaction_id, acke
 	head_deliveries = CASE WHEN (acked_transaction_id, acked_offset) < ($6::text::xid8, $7::bigint)
 		THEN 0 ELSE head_deliveries END`
 
+// notFuture refuses to write a position ($6) that is not below the
+// database's transaction counter. Every position a Subscriber reads lies
+// below the xmin horizon of the moment it was read, and the counter only
+// grows, so such a position was read from another timeline: the database
+// failed over to a standby that lagged, or was restored. Written, it would
+// skip what the database hands those transaction ids out to now. Refused,
+// the write reports ownership lost and the row is claimed again from the
+// position the database has.
+const notFuture = `$6::text::xid8 < pg_snapshot_xmax(pg_current_snapshot())`
+
 // CommitOffset implements [SchemaAdapter].
 func (a DefaultSchemaAdapter) CommitOffset(p OffsetParams) Query {
 	return Query{
 		SQL: `UPDATE ` + a.offsets() + `
 SET ` + forwardSet + `, updated_at = now()
-WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5`,
+WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5
+	AND ` + notFuture,
 		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
 			formatXID8(p.Position.TransactionID), p.Position.Offset},
 	}
@@ -1176,7 +1196,8 @@ func (a DefaultSchemaAdapter) ReleaseOffset(p OffsetParams) Query {
 	update := `UPDATE ` + a.offsets() + `
 SET ` + forwardSet + `,
 	session_id = NULL, updated_at = now()
-WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5`
+WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5
+	AND ` + notFuture
 	args := []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
 		formatXID8(p.Position.TransactionID), p.Position.Offset}
 	if p.NotifyChannel == "" {
@@ -1221,6 +1242,7 @@ func (a DefaultSchemaAdapter) AckOffset(p OffsetParams) Query {
 	WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
 		AND cur.session_id = $4 AND cur.epoch = $5
 		AND (cur.acked_transaction_id, cur.acked_offset) < ($6::text::xid8, $7::bigint)
+		AND ` + notFuture + `
 	RETURNING 1
 )
 SELECT cur.session_id, cur.epoch, cur.acked_transaction_id::text, cur.acked_offset, EXISTS (SELECT 1 FROM advanced)

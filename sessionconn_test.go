@@ -354,7 +354,7 @@ func TestSessionConnectionIsRedialled(t *testing.T) {
 	sessionBackend := func() int {
 		var pid int
 		err := watcher.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = $1
-	AND (query LIKE 'WITH replaced AS%' OR query LIKE 'UPDATE ' || $2 || '%')`, app, sessions).Scan(&pid)
+	AND (query LIKE 'WITH replaced AS%' OR query LIKE 'WITH beat AS%' || $2 || '%')`, app, sessions).Scan(&pid)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return 0
 		}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -104,6 +106,9 @@ type sessionKeeper struct {
 	// onNewSession, when set, is called (under mu, so it must not block)
 	// each time a session generation becomes current.
 	onNewSession func()
+
+	// mark is where the database was at the last heartbeat (under mu).
+	mark clusterMark
 }
 
 func newSessionKeeper(pool *pgxpool.Pool, adapter SchemaAdapter, group string, ttl time.Duration, stats *subscriberStats, logger watermill.LoggerAdapter) *sessionKeeper {
@@ -309,17 +314,36 @@ func (k *sessionKeeper) run() {
 func (k *sessionKeeper) stmtTimeout() time.Duration { return k.ttl / 2 }
 
 // heartbeat extends g's row. It reports false when the row is gone or had
-// expired: the session is lost.
+// expired: the session is lost. It also reads where the database is, and
+// when the database went back in time since the last heartbeat (a failover
+// to a standby that lagged, a restore), it drops g and every position held
+// in memory with it (backInTime) and reports true: the keeper's next turn
+// opens a new session, whose claims read the positions this database has.
 func (k *sessionKeeper) heartbeat(g *sessionGen) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), k.stmtTimeout())
 	defer cancel()
 	sent := time.Now()
 	q := k.adapter.HeartbeatSession(SessionParams{SessionID: g.id, TTL: k.ttl})
-	tag, err := k.conn.exec(ctx, q)
+	var (
+		updated   int64
+		xmax, lsn string
+		mark      clusterMark
+	)
+	err := k.conn.queryRow(ctx, q, &updated, &xmax, &lsn, &mark.timeline)
 	if err != nil {
 		return false, fmt.Errorf("heartbeat consumer session: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
+	mark.systemID = k.conn.serverID()
+	if mark.xmax, err = parseXID8(xmax); err != nil {
+		return false, fmt.Errorf("heartbeat consumer session: %w", err)
+	}
+	if mark.lsn, err = strconv.ParseUint(lsn, 10, 64); err != nil {
+		return false, fmt.Errorf("heartbeat consumer session: WAL position %q: %w", lsn, err)
+	}
+	if k.backInTime(g, mark) {
+		return true, nil
+	}
+	if updated == 0 {
 		return false, nil
 	}
 	k.stats.heartbeat(time.Since(sent))
@@ -333,6 +357,68 @@ func (k *sessionKeeper) heartbeat(g *sessionGen) (bool, error) {
 	}
 	k.armFenceLocked(g, sent)
 	return true, nil
+}
+
+// clusterMark is where the database was at a heartbeat: which cluster, on
+// which timeline, how far its WAL and its transaction counter were.
+type clusterMark struct {
+	systemID string // "" when unknown
+	timeline string
+	lsn      uint64
+	xmax     uint64
+}
+
+// wentBack tells why the database at cur cannot be the one read at prev,
+// later in the same history: "" when it can (or prev is the zero mark, no
+// earlier reading). A promoted standby starts a new timeline; a copy
+// started as it is (a restore, a standby started without promotion) has
+// its WAL position or transaction counter behind what was read before;
+// another cluster has another system identifier.
+func wentBack(prev, cur clusterMark) string {
+	switch {
+	case prev.timeline == "":
+		return ""
+	case prev.systemID != "" && cur.systemID != "" && prev.systemID != cur.systemID:
+		return fmt.Sprintf("another cluster (system identifier %s, was %s)", cur.systemID, prev.systemID)
+	case cur.timeline != prev.timeline:
+		return fmt.Sprintf("a new timeline (%s, was %s)", strings.TrimLeft(cur.timeline, "0"), strings.TrimLeft(prev.timeline, "0"))
+	case cur.lsn < prev.lsn:
+		return fmt.Sprintf("its WAL went back %d bytes", prev.lsn-cur.lsn)
+	case cur.xmax < prev.xmax:
+		return fmt.Sprintf("its transaction counter went back %d", prev.xmax-cur.xmax)
+	}
+	return ""
+}
+
+// backInTime records mark and, when the database went back in time since
+// the last mark (wentBack), logs it and drops g: consumers stop, acknowledged
+// positions not committed yet are dropped (they may name transaction ids
+// this database hands out again), and the next session claims every row
+// again from the position this database has. It reports whether it did.
+func (k *sessionKeeper) backInTime(g *sessionGen, mark clusterMark) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	prev := k.mark
+	k.mark = mark
+	why := wentBack(prev, mark)
+	if why == "" {
+		return false
+	}
+	k.stats.resyncs.Add(1)
+	k.logger.Error("The database went back in time (a failover to a standby that lagged, or a restore): "+
+		"dropping the positions held in memory and claiming every topic again from the position the database has; "+
+		"messages acknowledged since that position are delivered again", ErrDatabaseWentBack, watermill.LogFields{
+		"why":             why,
+		"session_id":      g.id.String(),
+		"counter_before":  prev.xmax,
+		"counter_now":     mark.xmax,
+		"wal_before":      prev.lsn,
+		"wal_now":         mark.lsn,
+		"timeline_before": strings.TrimLeft(prev.timeline, "0"),
+		"timeline_now":    strings.TrimLeft(mark.timeline, "0"),
+	})
+	k.loseLocked(g)
+	return true
 }
 
 // deleteExpired removes session rows of others that expired more than a

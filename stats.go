@@ -33,6 +33,11 @@ type SubscriberStats struct {
 	// SessionsLost counts sessions found expired or deleted, or
 	// self-fenced after heartbeats failed for the trust window.
 	SessionsLost uint64
+	// Resyncs counts the times the database was found to have gone back
+	// in time (a failover to a standby that lagged, a restore): the
+	// Subscriber dropped its positions and claimed its rows again
+	// ([ErrDatabaseWentBack]). Each also counts in SessionsLost.
+	Resyncs uint64
 	// Delivered counts messages handed out (redeliveries included); Acked
 	// and Nacked the outcomes.
 	Delivered uint64
@@ -80,6 +85,7 @@ type LatencyHistogram struct {
 // subscriberStats are the live counters behind SubscriberStats.
 type subscriberStats struct {
 	claims, takeovers, releases, fenced, sessionsLost atomic.Uint64
+	resyncs                                           atomic.Uint64
 	delivered, acked, nacked                          atomic.Uint64
 	maintainerTerms, delayedMoved, retentionSkipped   atomic.Uint64
 	partitionsCreated, partitionsDropped, rowsDeleted atomic.Uint64
@@ -114,6 +120,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 		Releases:      st.releases.Load(),
 		FencedWrites:  st.fenced.Load(),
 		SessionsLost:  st.sessionsLost.Load(),
+		Resyncs:       st.resyncs.Load(),
 		Delivered:     st.delivered.Load(),
 		Acked:         st.acked.Load(),
 		Nacked:        st.nacked.Load(),

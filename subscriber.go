@@ -1159,6 +1159,13 @@ func (c *consumer) countHead(g *sessionGen, cl *claim) (int, outcome) {
 func (c *consumer) fencedWrite(g *sessionGen, cl *claim, retryMsg string, write func(context.Context) error) outcome {
 	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
 	for {
+		// A generation found lost (expired, self-fenced, or dropped
+		// because the database went back in time) writes nothing more:
+		// its acknowledged positions may name transaction ids the
+		// database hands out again.
+		if g.isLost() {
+			return lost
+		}
 		ctx, cancel := context.WithTimeout(c.ctx, c.s.config.SessionTTL)
 		err := write(ctx)
 		cancel()

@@ -1,0 +1,39 @@
+package pglease
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestWentBack: which changes between two heartbeats mean that the
+// database is not the one read before, later in the same history.
+func TestWentBack(t *testing.T) {
+	base := clusterMark{systemID: "7712", timeline: "00000001", lsn: 5000, xmax: 900}
+	with := func(f func(*clusterMark)) clusterMark {
+		m := base
+		f(&m)
+		return m
+	}
+	for _, tc := range []struct {
+		name      string
+		prev, cur clusterMark
+		want      string // "" or a part of the reason
+	}{
+		{"first reading", clusterMark{}, base, ""},
+		{"same", base, base, ""},
+		{"moved on", base, with(func(m *clusterMark) { m.lsn, m.xmax = 9000, 1000 }), ""},
+		{"system identifier unknown now", base, with(func(m *clusterMark) { m.systemID = "" }), ""},
+		{"system identifier unknown before", with(func(m *clusterMark) { m.systemID = "" }), with(func(m *clusterMark) { m.systemID = "42" }), ""},
+		{"another cluster", base, with(func(m *clusterMark) { m.systemID = "42"; m.lsn = 9000 }), "another cluster"},
+		{"promoted standby", base, with(func(m *clusterMark) { m.timeline = "00000002"; m.lsn, m.xmax = 9000, 1000 }), "a new timeline (2, was 1)"},
+		{"WAL went back", base, with(func(m *clusterMark) { m.lsn = 4000; m.xmax = 950 }), "WAL went back 1000 bytes"},
+		{"counter went back", base, with(func(m *clusterMark) { m.xmax = 800 }), "transaction counter went back 100"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := wentBack(tc.prev, tc.cur)
+			if tc.want == "" && got != "" || tc.want != "" && !strings.Contains(got, tc.want) {
+				t.Fatalf("wentBack = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
