@@ -9,6 +9,29 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// MaxDelay bounds how far ahead a message may be delayed (Watermill's
+// delay metadata): a later time is refused with [ErrInvalidMessage] and
+// nothing of that Publish call is stored. Ten years, as [MaxRetention].
+const MaxDelay = 10 * 365 * 24 * time.Hour
+
+// maxDueWait caps how long the maintainer sleeps until the next delayed
+// message is due: it looks again at least this often (a message stored
+// meanwhile with an earlier due time notifies it anyway). The wait is
+// computed from milliseconds, and a due time years away overflowed it
+// into a negative wait: the maintainer ran its statement in a loop.
+const maxDueWait = time.Hour
+
+// dueWait is how long to wait for a message due in ms milliseconds.
+func dueWait(ms int64) time.Duration {
+	if ms <= 0 {
+		return 0
+	}
+	if ms >= maxDueWait.Milliseconds() {
+		return maxDueWait
+	}
+	return time.Duration(ms) * time.Millisecond
+}
+
 // messageDue returns the time a message is delayed until, from Watermill's
 // delay metadata (delay.DelayedUntilKey, set by delay.Message, the
 // DelayOnError middleware and the requeuer's users), and whether it is
@@ -22,6 +45,10 @@ func messageDue(msgMeta map[string]string, now time.Time) (time.Time, bool, erro
 	t, err := time.Parse(time.RFC3339Nano, v)
 	if err != nil {
 		return time.Time{}, false, fmt.Errorf("%w: metadata %s is not an RFC 3339 time: %q", ErrInvalidMessage, delay.DelayedUntilKey, v)
+	}
+	if t.Sub(now) > MaxDelay {
+		return time.Time{}, false, fmt.Errorf("%w: metadata %s is more than %s ahead (pglease.MaxDelay): %q",
+			ErrInvalidMessage, delay.DelayedUntilKey, MaxDelay, v)
 	}
 	return t, t.After(now), nil
 }

@@ -418,7 +418,7 @@ func (m *maintainer) moveDue(ctx context.Context) (time.Duration, error) {
 		if nextMs == nil {
 			return -1, nil
 		}
-		return max(0, time.Duration(*nextMs)*time.Millisecond), nil
+		return dueWait(*nextMs), nil
 	}
 }
 

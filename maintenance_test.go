@@ -349,3 +349,54 @@ func TestInterruptedDetachIsFinished(t *testing.T) {
 	})
 	assert.Zero(t, sub.Stats().RetentionRowsDeleted, "the messages went with their partitions")
 }
+
+// TestFarFutureDelay: a delay beyond MaxDelay is refused at publish, and
+// nothing of the call is stored; a delayed row due in the year 9999 (stored
+// by hand, or by a version that accepted it) does not make the maintainer
+// run its statement in a loop: it waits, at most an hour at a time. (The
+// wait in milliseconds overflowed: 9,991 transactions per second.)
+func TestFarFutureDelay(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	require.NoError(t, pglease.Migrate(ctx, pool, adapter))
+	delayedTable := table(adapter, pglease.DefaultDelayedTable)
+
+	far := message.NewMessage(watermill.NewUUID(), []byte("far"))
+	far.Metadata.Set(delay.DelayedUntilKey, "9999-12-31T23:59:59Z")
+	near := message.NewMessage(watermill.NewUUID(), []byte("near"))
+	err := pub.Publish("t", near, far)
+	require.ErrorIs(t, err, pglease.ErrInvalidMessage)
+	require.ErrorContains(t, err, "MaxDelay")
+	var stored int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+delayedTable+`) + (SELECT count(*) FROM `+
+		table(adapter, pglease.DefaultMessagesTable)+`)`).Scan(&stored))
+	require.Zero(t, stored, "nothing of the refused call is stored")
+
+	// Count the mover's statements: a statement-level trigger fires once
+	// per DELETE, whatever it deletes.
+	_, err = pool.Exec(ctx, `CREATE TABLE `+table(adapter, "mover_calls")+` (n bigint NOT NULL);
+INSERT INTO `+table(adapter, "mover_calls")+` VALUES (0);
+CREATE FUNCTION `+table(adapter, "count_mover")+`() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN UPDATE `+table(adapter, "mover_calls")+` SET n = n + 1; RETURN NULL; END $$;
+CREATE TRIGGER count_mover AFTER DELETE ON `+delayedTable+` FOR EACH STATEMENT EXECUTE FUNCTION `+table(adapter, "count_mover")+`()`)
+	require.NoError(t, err)
+	calls := func() int64 {
+		var n int64
+		require.NoError(t, pool.QueryRow(ctx, `SELECT n FROM `+table(adapter, "mover_calls")).Scan(&n))
+		return n
+	}
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{PollInterval: time.Hour})
+	_, err = sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, "the maintainer to be elected", func() bool { return sub.Stats().Maintainer })
+	before := calls()
+	_, err = pool.Exec(ctx, `WITH ins AS (INSERT INTO `+delayedTable+` (due_at, topic, uuid) VALUES ('9999-12-31 23:59:59+00', 't', 'far') RETURNING 1)
+SELECT pg_notify($1, 'd' || (extract(epoch FROM timestamptz '9999-12-31 23:59:59+00') * 1000)::bigint) FROM ins`, adapter.NotifyChannel())
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, "the maintainer to look at the delayed message", func() bool { return calls() > before })
+	seen := calls()
+	time.Sleep(time.Second) // a window to count in: the bug ran thousands of statements in it
+	assert.LessOrEqual(t, calls()-seen, int64(2), "the maintainer must wait for the far-future message, not loop")
+}

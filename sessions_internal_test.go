@@ -3,6 +3,7 @@ package pglease
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestWentBack: which changes between two heartbeats mean that the
@@ -35,5 +36,21 @@ func TestWentBack(t *testing.T) {
 				t.Fatalf("wentBack = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestDueWait: how long the maintainer waits for the next delayed message.
+func TestDueWait(t *testing.T) {
+	for _, tc := range []struct {
+		ms   int64
+		want time.Duration
+	}{
+		{-5, 0}, {0, 0}, {1500, 1500 * time.Millisecond},
+		{maxDueWait.Milliseconds(), maxDueWait},
+		{253402300799000, maxDueWait}, // 9999-12-31: overflowed into a negative wait
+	} {
+		if got := dueWait(tc.ms); got != tc.want {
+			t.Errorf("dueWait(%d) = %s, want %s", tc.ms, got, tc.want)
+		}
 	}
 }
