@@ -345,7 +345,6 @@ func (m *maintainer) upkeep(ctx context.Context, done chan<- struct{}) {
 	// (a transaction holds the messages table) made publishers and
 	// readers wait up to its lock_timeout: it is retried less often.
 	locked := newBackoff(time.Second, interval)
-	m.dropDetached(ctx)
 	for {
 		select {
 		case <-ctx.Done():

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -399,4 +400,35 @@ SELECT pg_notify($1, 'd' || (extract(epoch FROM timestamptz '9999-12-31 23:59:59
 	seen := calls()
 	time.Sleep(time.Second) // a window to count in: the bug ran thousands of statements in it
 	assert.LessOrEqual(t, calls()-seen, int64(2), "the maintainer must wait for the far-future message, not loop")
+}
+
+// TestPartitionDetachedByHandIsDropped: a retention partition detached
+// but not dropped (a drop that failed, a maintainer stopped in between, a
+// detach by hand) is dropped by the next retention round, not only at the
+// next housekeeping (Interval) or election.
+func TestPartitionDetachedByHandIsDropped(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "short", pglease.TopicConfig{Retention: 2 * time.Second,
+		SchemaAdapter: adapter, InitializeSchema: true}))
+	maint := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "maint",
+		Maintenance: pglease.MaintenanceConfig{Interval: time.Hour}})
+	_, err := maint.Subscribe(ctx, "keep")
+	require.NoError(t, err)
+	waitCovered(t, pool, adapter, 2*time.Second)
+
+	// The newest partition: it expires last.
+	var part string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = to_regclass($1) AND c.relname ~ '_r[0-9]+_[0-9]+$' ORDER BY c.relname DESC LIMIT 1`,
+		table(adapter, pglease.DefaultMessagesTable)).Scan(&part))
+	partTable := pgx.Identifier{adapter.Schema, part}.Sanitize()
+	_, err = pool.Exec(ctx, `ALTER TABLE `+table(adapter, pglease.DefaultMessagesTable)+` DETACH PARTITION `+partTable)
+	require.NoError(t, err)
+	waitFor(t, 20*time.Second, "the detached partition to be dropped", func() bool {
+		var exists bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, partTable).Scan(&exists))
+		return !exists
+	})
 }

@@ -2,6 +2,7 @@ package pglease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/bits"
 	"slices"
@@ -24,6 +25,11 @@ const (
 // probe, and a message whose slot is not ready yet is not lost (it goes
 // to the partition kept forever and is deleted row by row).
 const retentionLookahead = 2
+
+// retentionStepTime bounds each step of removing an expired partition
+// (the count, the detach, the drop) on its own: a long transaction that
+// holds the messages table or the partition delays that partition only.
+const retentionStepTime = 10 * time.Second
 
 // retentionClass is the class of a retention: class k > 0 holds the
 // retentions of more than 2^(k-2) and at most 2^(k-1) seconds (class 1:
@@ -128,18 +134,6 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 			next = d
 		}
 	}
-	// A detach left pending blocks every other detach of the table until
-	// it is finished: those go first.
-	slices.SortStableFunc(parts, func(a, b part) int {
-		switch {
-		case a.pending == b.pending:
-			return 0
-		case a.pending:
-			return -1
-		default:
-			return 1
-		}
-	})
 	type slotKey struct {
 		class int
 		start int64
@@ -147,15 +141,12 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 	have := map[slotKey]bool{}
 	for _, p := range parts {
 		have[slotKey{p.Class, p.Start.Unix()}] = true
-		if p.End.After(now) {
-			soon(p.End.Sub(now) + 20*time.Millisecond) // just after it expires
-			continue
-		}
-		if err := m.expirePartition(ctx, p.RetentionPartition, p.pending); err != nil {
-			return 0, err
-		}
 	}
 
+	// Partitions ahead first: publishers need them, and an expired
+	// partition that cannot be removed now (a long transaction holds it)
+	// must not hold them back. A failure stops only its own class.
+	var errs []error
 	for _, l := range lanes {
 		if l.longest <= 0 {
 			continue
@@ -172,13 +163,41 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 			p := RetentionPartition{Class: l.class, Start: start, End: start.Add(slot)}
 			if !have[slotKey{p.Class, p.Start.Unix()}] {
 				if err := m.createPartition(ctx, p); err != nil {
-					return 0, err
+					errs = append(errs, err)
+					break
 				}
 			}
 			start = p.End
 		}
 	}
-	return next, nil
+
+	// Then the expired ones, each on its own: one that fails or waits
+	// out its bound does not stop the others. A detach left pending
+	// blocks every other detach of the table until it is finished: those
+	// go first.
+	slices.SortStableFunc(parts, func(a, b part) int {
+		switch {
+		case a.pending == b.pending:
+			return 0
+		case a.pending:
+			return -1
+		default:
+			return 1
+		}
+	})
+	for _, p := range parts {
+		if p.End.After(now) {
+			soon(p.End.Sub(now) + 20*time.Millisecond) // just after it expires
+			continue
+		}
+		if err := m.expirePartition(ctx, p.RetentionPartition, p.pending); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// And those detached but never dropped (a drop that failed, a
+	// maintainer that stopped in between, a detach by hand).
+	m.dropDetached(ctx)
+	return next, errors.Join(errs...)
 }
 
 // createPartition adds p, by the owner's DDL or, for a role that does not
@@ -220,19 +239,18 @@ func (m *maintainer) createPartition(ctx context.Context, p RetentionPartition) 
 // in its transaction (waiting at most its lock_timeout for the messages
 // table, during which publishers and readers queue behind it).
 func (m *maintainer) expirePartition(ctx context.Context, p RetentionPartition, pending bool) error {
-	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
-	defer cancel()
+	fields := watermill.LogFields{"class": p.Class, "from": p.Start, "to": p.End}
 	if !pending {
-		q := m.q.UnacknowledgedInPartition(p)
-		rows, err := m.s.pool.Query(sctx, q.SQL, q.Args...)
-		if err != nil {
-			return fmt.Errorf("count the unacknowledged messages of an expired retention partition: %w", err)
-		}
-		if _, err := m.reportSkipped(rows, "its retention partition expired"); err != nil {
-			return err
+		// Counting is for the log: when it fails or takes longer than its
+		// bound, the partition is removed all the same.
+		if err := m.countSkipped(ctx, p); err != nil && ctx.Err() == nil {
+			m.logger.Error("Cannot count what consumer groups had not acknowledged in an expired retention partition; removing it all the same",
+				err, fields)
 		}
 	}
 	if m.delegated {
+		sctx, cancel := context.WithTimeout(ctx, retentionStepTime)
+		defer cancel()
 		q := m.q.CallExpireRetentionPartition(p)
 		var dropped bool
 		if err := m.s.pool.QueryRow(sctx, q.SQL, q.Args...).Scan(&dropped); err != nil {
@@ -242,20 +260,39 @@ func (m *maintainer) expirePartition(ctx context.Context, p RetentionPartition, 
 			return nil // another maintainer did
 		}
 	} else {
-		if !pending {
-			if _, err := m.s.pool.Exec(sctx, m.q.DetachRetentionPartition(p, false)); err != nil {
-				return fmt.Errorf("detach an expired retention partition: %w", err)
-			}
-		} else if _, err := m.s.pool.Exec(sctx, m.q.DetachRetentionPartition(p, true)); err != nil {
-			return fmt.Errorf("finish detaching an expired retention partition: %w", err)
+		// Each step has its own bound. A DETACH ... CONCURRENTLY cut off
+		// by it is left pending, and the next round finishes it first.
+		dctx, cancel := context.WithTimeout(ctx, retentionStepTime)
+		_, err := m.s.pool.Exec(dctx, m.q.DetachRetentionPartition(p, pending))
+		cancel()
+		if err != nil {
+			return fmt.Errorf("detach an expired retention partition (pending before: %t): %w", pending, err)
 		}
-		if _, err := m.s.pool.Exec(sctx, m.q.DropRetentionPartition(p)); err != nil {
-			return fmt.Errorf("drop an expired retention partition: %w", err)
+		dctx, cancel = context.WithTimeout(ctx, retentionStepTime)
+		_, err = m.s.pool.Exec(dctx, m.q.DropRetentionPartition(p))
+		cancel()
+		if err != nil {
+			return fmt.Errorf("drop an expired retention partition (detached: dropped by a later round): %w", err)
 		}
 	}
 	m.s.stats.partitionsDropped.Add(1)
-	m.logger.Debug("Dropped an expired retention partition", watermill.LogFields{"class": p.Class, "from": p.Start, "to": p.End})
+	m.logger.Debug("Dropped an expired retention partition", fields)
 	return nil
+}
+
+// countSkipped counts, per consumer group, the messages of p the group had
+// not acknowledged, and reports them (they are skipped), within
+// retentionStepTime.
+func (m *maintainer) countSkipped(ctx context.Context, p RetentionPartition) error {
+	sctx, cancel := context.WithTimeout(ctx, retentionStepTime)
+	defer cancel()
+	q := m.q.UnacknowledgedInPartition(p)
+	rows, err := m.s.pool.Query(sctx, q.SQL, q.Args...)
+	if err != nil {
+		return err
+	}
+	_, err = m.reportSkipped(rows, "its retention partition expired")
+	return err
 }
 
 // dropDetached drops the retention partitions that were detached but not
@@ -295,10 +332,12 @@ func (m *maintainer) dropDetached(ctx context.Context) {
 			_, err = m.s.pool.Exec(sctx, m.q.DropRetentionPartition(p))
 		}
 		if err != nil {
-			if ctx.Err() == nil {
-				m.logger.Error("Cannot drop a detached retention partition", err, watermill.LogFields{"class": p.Class, "from": p.Start})
+			if ctx.Err() != nil {
+				return
 			}
-			return
+			m.logger.Error("Cannot drop a detached retention partition; the next round tries again", err,
+				watermill.LogFields{"class": p.Class, "from": p.Start})
+			continue
 		}
 		if dropped {
 			m.s.stats.partitionsDropped.Add(1)
