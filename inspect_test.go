@@ -348,3 +348,117 @@ func TestDeliveryStallIsLoggedOnce(t *testing.T) {
 		m.Ack()
 	}
 }
+
+// TestResetOffsetsCannotFreeARowClaimedWhileItWaits: a reset that waits for
+// a concurrent claim of a free row must see the claim when it gets the
+// lock. Without Force it is refused, naming the new owner, and the row
+// keeps its owner and epoch; with Force it fences the new owner and keeps
+// it as the row's owner. (Locking the rows with FOR UPDATE and joining the
+// sessions re-checked only the locked row: the joined session came out
+// null-extended, and the row was freed from under its live owner.)
+//
+// The claim's transaction holds the row's lock from before the reset
+// starts. When it has already updated the row, the reset waits in the
+// insert of missing rows (ON CONFLICT waits for the claim to end) and its
+// reset statement then sees the claim; when it updates the row while the
+// reset statement waits for the lock, the statement's snapshot predates
+// the claim: that is the race. The claiming session is created before the
+// reset, or in the claim's own transaction, which the reset's snapshot
+// does not see at all.
+func TestResetOffsetsCannotFreeARowClaimedWhileItWaits(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		claimFirst       bool // the claim's UPDATE runs before the reset starts
+		sessionInClaimTx bool
+		force            bool
+	}{
+		{"claimed before the reset started", true, false, false},
+		{"claimed while the reset waits", false, false, false},
+		{"claimed while the reset waits, by a session it cannot see", false, true, false},
+		{"forced, claimed while the reset waits", false, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			pool := newPool(t, 6)
+			adapter := newSchema(t, pool)
+			createTables(t, pool, adapter)
+			const group, topic = "g", "t"
+			claimer := uuid.New()
+			setup := dedicatedConn(t, pool)
+			ensureRow(t, setup, adapter, group, topic)
+			createClaimer := adapter.CreateSession(pglease.SessionParams{SessionID: claimer, ConsumerGroup: group,
+				Owner: "claimer-host:42", TTL: time.Hour})
+			if !tc.sessionInClaimTx {
+				execQuery(t, setup, createClaimer)
+			}
+			before := readOffset(t, pool, adapter, group, topic)
+			require.Nil(t, before.session, "the row starts free")
+
+			claimConn := dedicatedConn(t, pool)
+			claimTx, err := claimConn.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = claimTx.Rollback(ctx) }()
+			if tc.sessionInClaimTx {
+				_, err = claimTx.Exec(ctx, createClaimer.SQL, createClaimer.Args...)
+				require.NoError(t, err)
+			}
+			var claim claimOutcome
+			runClaimInTx := func() {
+				q := claimQuery(adapter, group, topic, claimer)
+				rows, err := claimTx.Query(ctx, q.SQL, q.Args...)
+				require.NoError(t, err)
+				claim, err = scanClaim(rows)
+				require.NoError(t, err)
+				require.True(t, claim.claimed)
+			}
+			if tc.claimFirst {
+				runClaimInTx()
+			} else {
+				// The lock the claim's UPDATE takes, before it writes.
+				_, err = claimTx.Exec(ctx, `SELECT 1 FROM `+table(adapter, pglease.DefaultConsumerOffsetsTable)+
+					` WHERE consumer_group = $1 AND topic = $2 FOR NO KEY UPDATE`, group, topic)
+				require.NoError(t, err)
+			}
+
+			resetConn := dedicatedConn(t, pool)
+			insp, err := pglease.NewInspector(resetConn.Conn(), adapter)
+			require.NoError(t, err)
+			done := make(chan struct{})
+			var (
+				resets   []pglease.OffsetReset
+				resetErr error
+			)
+			go func() {
+				defer close(done)
+				resets, resetErr = insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{ConsumerGroup: group, Topic: topic,
+					To: pglease.ResetToLatest, Force: tc.force})
+			}()
+			require.True(t, waitBlockedOnLock(t, pool, resetConn.Conn().PgConn().PID(), done),
+				"the reset did not wait for the claim's row lock")
+			if !tc.claimFirst {
+				runClaimInTx()
+			}
+			require.NoError(t, claimTx.Commit(ctx))
+			<-done
+
+			after := readOffset(t, pool, adapter, group, topic)
+			require.NotNil(t, after.session, "the reset freed the row a live session had claimed")
+			assert.Equal(t, claimer, *after.session, "the claimer keeps the row")
+			if !tc.force {
+				require.ErrorIs(t, resetErr, pglease.ErrOwnedByLiveSession)
+				var refused *pglease.ResetRefusedError
+				require.ErrorAs(t, resetErr, &refused)
+				require.Len(t, refused.Owned, 1)
+				assert.Equal(t, claimer, refused.Owned[0].PreviousOwnerSession, "the refusal names the new owner")
+				assert.Equal(t, "claimer-host:42", refused.Owned[0].PreviousOwner)
+				assert.Equal(t, *claim.epoch, after.epoch, "the refused reset changed nothing")
+				assert.Equal(t, before.offset, after.offset)
+				return
+			}
+			require.NoError(t, resetErr)
+			require.Len(t, resets, 1)
+			assert.Equal(t, claimer, resets[0].PreviousOwnerSession, "the forced reset reports the owner it fenced")
+			assert.Greater(t, after.epoch, *claim.epoch, "the forced reset fences the claimer")
+		})
+	}
+}
