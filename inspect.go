@@ -47,7 +47,8 @@ type InspectionAdapter interface {
 	// in between (a concurrent claim or release) is left alone and
 	// reported with changed true; the caller then rolls the transaction
 	// back and runs the reset again, on a snapshot that sees the change.
-	// It notifies "x" + topic when it writes a row, for owners to claim
+	// When it writes a row it notifies the group's Subscribers (the "o"
+	// payload of [SchemaAdapter.NotifyChannel]), for the owners to claim
 	// their rows again. to is "earliest", "latest" or "time" (then at is
 	// the time). Returns one row per partition:
 	// partition, old_session uuid, old_owner text (NULL unless alive),

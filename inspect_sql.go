@@ -152,13 +152,13 @@ func (a DefaultSchemaAdapter) ResetOffsets(group, topic, to string, at time.Time
 		AND ($5 OR target.live_owner IS NULL)
 	RETURNING o.partition
 ), notified AS (
-	SELECT pg_notify($6, 'x' || $2) FROM (SELECT 1 FROM updated LIMIT 1) u WHERE $6 <> ''
+	SELECT pg_notify($6, $7) FROM (SELECT 1 FROM updated LIMIT 1) u WHERE $6 <> ''
 )
 SELECT target.partition, target.session_id, CASE WHEN NOT target.changed THEN target.live_owner END,
 	target.acked_transaction_id::text, target.acked_offset, target.tx::text, target.off,
 	EXISTS (SELECT 1 FROM updated u WHERE u.partition = target.partition), target.changed
 FROM target, (SELECT count(*) FROM notified) n
 ORDER BY target.partition`,
-		Args: []any{group, topic, to, at, force, notifyChannel},
+		Args: []any{group, topic, to, at, force, notifyChannel, resetNotification(group, topic)},
 	}
 }

@@ -462,3 +462,93 @@ func TestResetOffsetsCannotFreeARowClaimedWhileItWaits(t *testing.T) {
 		})
 	}
 }
+
+// TestResetOffsetsNotifiesOnlyItsGroup: two consumer groups consume one
+// topic; a forced reset of group a makes a's Subscriber give its row up and
+// claim it again from the new position, while b's Subscriber, told
+// nothing, keeps its row under the same epoch. (The reset's notification
+// named only the topic, and every group's Subscribers gave their rows up.)
+// Both Subscribers share the process's listener, which hands each
+// notification to every Subscriber before the next one: b delivering a
+// message published after the reset, woken by its notification (b polls
+// only every minute), has seen the reset's notification before.
+func TestResetOffsetsNotifiesOnlyItsGroup(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	first := publishN(t, pub, "t", 2)
+	insp, err := pglease.NewInspector(pool, adapter)
+	require.NoError(t, err)
+
+	logs := map[string]*capturingLogger{"a": newCapturingLogger(), "b": newCapturingLogger()}
+	msgs := map[string]<-chan *message.Message{}
+	for _, group := range []string{"a", "b"} {
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter,
+			CommitBatch: 1, PollInterval: time.Minute}, logs[group])
+		require.NoError(t, err)
+		defer func() { require.NoError(t, sub.Close()) }()
+		msgs[group], err = sub.Subscribe(ctx, "t")
+		require.NoError(t, err)
+	}
+	for _, group := range []string{"a", "b"} {
+		var last pglease.Position
+		for _, id := range first {
+			msg := receiveOne(t, msgs[group])
+			require.Equal(t, id, msg.UUID)
+			last, _ = pglease.MessagePositionFromCtx(msg.Context())
+			msg.Ack()
+		}
+		waitFor(t, 10*time.Second, "group "+group+"'s acks to be committed", func() bool {
+			return ackedOffset(t, pool, adapter, group, "t") == last
+		})
+	}
+	waitListening(t, pool, adapter)
+	beforeA, beforeB := readOffset(t, pool, adapter, "a", "t"), readOffset(t, pool, adapter, "b", "t")
+	require.NotNil(t, beforeA.session)
+	require.NotNil(t, beforeB.session)
+
+	_, err = insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{ConsumerGroup: "a", Topic: "t",
+		To: pglease.ResetToEarliest, Force: true})
+	require.NoError(t, err)
+
+	// a gives its row up and claims it again, from the beginning.
+	again := receiveOne(t, msgs["a"])
+	assert.Equal(t, first[0], again.UUID, "group a delivers again from the reset position")
+	again.Ack()
+	afterA := readOffset(t, pool, adapter, "a", "t")
+	assert.Equal(t, *beforeA.session, *afterA.session, "a's Subscriber claimed its row again")
+	assert.Greater(t, afterA.epoch, beforeA.epoch+1, "fenced by the reset, then claimed again")
+	_, told := logs["a"].find(func(e logEntry) bool { return e.msg == resetLogMessage })
+	assert.True(t, told, "group a's Subscriber was told of the reset")
+
+	// b delivers the next message under the same claim, and was not told.
+	next := publishN(t, pub, "t", 1)
+	msg := receiveOne(t, msgs["b"])
+	require.Equal(t, next[0], msg.UUID)
+	pos, _ := pglease.MessagePositionFromCtx(msg.Context())
+	msg.Ack()
+	_, told = logs["b"].find(func(e logEntry) bool { return e.msg == resetLogMessage })
+	assert.False(t, told, "group b's Subscriber gave its row up for group a's reset")
+	waitFor(t, 10*time.Second, "group b's ack to be committed", func() bool {
+		return ackedOffset(t, pool, adapter, "b", "t") == pos
+	})
+	afterB := readOffset(t, pool, adapter, "b", "t")
+	require.NotNil(t, afterB.session)
+	assert.Equal(t, *beforeB.session, *afterB.session, "group b keeps its row")
+	assert.Equal(t, beforeB.epoch, afterB.epoch, "group b's row keeps its epoch")
+
+	// The notification of an older version's reset names no group: every
+	// group's Subscriber acts on it, as then.
+	_, err = pool.Exec(ctx, "SELECT pg_notify($1, $2)", adapter.NotifyChannel(), "xt")
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, "group b's Subscriber to act on an unscoped reset notification", func() bool {
+		_, told := logs["b"].find(func(e logEntry) bool { return e.msg == resetLogMessage })
+		return told
+	})
+}
+
+// resetLogMessage is what a Subscriber logs when it gives its rows up for
+// a reset of its group's offsets.
+const resetLogMessage = "Offsets of the topic were reset: " +
+	"giving its partitions up after the messages in flight, to claim them again from the new positions"
