@@ -40,12 +40,20 @@ type InspectionAdapter interface {
 	// topic (EnsureOffsets creates missing ones first) and bumps each
 	// row's epoch, so that an owner's later commits are refused. A row
 	// whose owner session is alive keeps its owner (with force; without
-	// force it is left alone), others are freed. It notifies "x" + topic,
-	// for owners to claim their rows again. to is "earliest", "latest" or
-	// "time" (then at is the time). Returns one row per partition:
+	// force it is left alone), others are freed. Whether the owner is
+	// alive is decided on a snapshot that sees every committed session,
+	// and a row is written only if its owner and epoch are still those
+	// of that snapshot when the statement holds its lock: a row changed
+	// in between (a concurrent claim or release) is left alone and
+	// reported with changed true; the caller then rolls the transaction
+	// back and runs the reset again, on a snapshot that sees the change.
+	// When it writes a row it notifies the group's Subscribers (the "o"
+	// payload of [SchemaAdapter.NotifyChannel]), for the owners to claim
+	// their rows again. to is "earliest", "latest" or "time" (then at is
+	// the time). Returns one row per partition:
 	// partition, old_session uuid, old_owner text (NULL unless alive),
 	// old_transaction_id text, old_offset, new_transaction_id text,
-	// new_offset, applied bool.
+	// new_offset, applied bool, changed bool.
 	ResetOffsets(group, topic, to string, at time.Time, force bool, notifyChannel string) Query
 }
 
@@ -420,11 +428,24 @@ type OffsetReset struct {
 	To                   Position  `json:"to"`
 }
 
+// resetAttempts bounds how many times [Inspector.ResetOffsets] runs the
+// reset again after rows changed under it (a concurrent claim or release
+// committed between its snapshot and its lock).
+const resetAttempts = 5
+
 // ResetOffsets moves the acknowledged positions of every partition of a
 // consumer group's topic, in one transaction: all or nothing. Rows that do
 // not exist yet are created (to set where a new group starts). Without
 // Force it fails with an error wrapping [ErrOwnedByLiveSession], changing
 // nothing, while a live session owns a row.
+//
+// A row that a Subscriber claims (or releases) while the reset runs is
+// never reset on what it was before: the reset sees the change when it
+// gets the row's lock, rolls back and starts again, so a row a live
+// session has just claimed is refused (naming that session) without Force,
+// and with Force that session is the one fenced. After a few such rounds,
+// under a group that keeps rebalancing, it gives up with an error,
+// changing nothing.
 func (i *Inspector) ResetOffsets(ctx context.Context, p ResetOffsetsParams) ([]OffsetReset, error) {
 	if err := validateTopic(p.Topic); err != nil {
 		return nil, err
@@ -433,14 +454,35 @@ func (i *Inspector) ResetOffsets(ctx context.Context, p ResetOffsetsParams) ([]O
 		return nil, fmt.Errorf("%w: ResetOffsetsParams.To is not set (ResetToEarliest, ResetToLatest or ResetToTime)", ErrInvalidConfig)
 	}
 	what := fmt.Sprintf("reset offsets of consumer group %q on topic %q to %s", p.ConsumerGroup, p.Topic, p.To)
+	for range resetAttempts {
+		out, owned, changed, err := i.resetOnce(ctx, p)
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("%s: %w", what, err)
+		case changed:
+			continue
+		case len(owned) > 0:
+			return nil, &ResetRefusedError{ConsumerGroup: p.ConsumerGroup, Topic: p.Topic, To: p.To, Owned: owned}
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("%s: its rows changed owner under it %d times in a row (the group is rebalancing); nothing was reset, try again",
+		what, resetAttempts)
+}
+
+// resetOnce runs the reset in a transaction of its own and commits it,
+// unless a live session owns a row and p.Force is false (owned lists
+// those rows) or a row changed between the reset's snapshot and its lock
+// (changed): then nothing is written.
+func (i *Inspector) resetOnce(ctx context.Context, p ResetOffsetsParams) (out, owned []OffsetReset, changed bool, err error) {
 	tx, err := i.db.Begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
+		return nil, nil, false, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	counts, err := topicPartitions(ctx, tx, i.adapter, []string{p.Topic})
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
+		return nil, nil, false, err
 	}
 	var rowsToEnsure []rowKey
 	for part := range max(counts[p.Topic], 1) {
@@ -449,56 +491,51 @@ func (i *Inspector) ResetOffsets(ctx context.Context, p ResetOffsetsParams) ([]O
 	topics, partitions := splitRows(rowsToEnsure)
 	ensure := i.adapter.EnsureOffsets(OffsetsParams{ConsumerGroup: p.ConsumerGroup, Topics: topics, Partitions: partitions})
 	if _, err := tx.Exec(ctx, ensure.SQL, ensure.Args...); err != nil {
-		return nil, fmt.Errorf("%s: %w", what, wrapMissingSchema(err))
+		return nil, nil, false, wrapMissingSchema(err)
 	}
 	q := i.queries.ResetOffsets(p.ConsumerGroup, p.Topic, p.To.kind, p.To.at, p.Force, i.adapter.NotifyChannel())
 	rows, err := tx.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, wrapMissingSchema(err))
+		return nil, nil, false, wrapMissingSchema(err)
 	}
-	var (
-		out   []OffsetReset
-		owned []OffsetReset
-	)
+	defer rows.Close()
 	for rows.Next() {
 		var (
 			r                  OffsetReset
 			session            *uuid.UUID
 			owner              *string
 			oldTx, newTx       string
-			applied            bool
+			applied, moved     bool
 			oldOffset, newOffs int64
 		)
-		if err := rows.Scan(&r.Partition, &session, &owner, &oldTx, &oldOffset, &newTx, &newOffs, &applied); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("%s: %w", what, err)
+		if err := rows.Scan(&r.Partition, &session, &owner, &oldTx, &oldOffset, &newTx, &newOffs, &applied, &moved); err != nil {
+			return nil, nil, false, err
 		}
+		changed = changed || moved
 		if owner != nil && session != nil {
 			r.PreviousOwnerSession, r.PreviousOwner = *session, *owner
-			if !applied {
+			if !applied && !moved {
 				owned = append(owned, r)
 			}
 		}
 		if r.From.TransactionID, err = parseXID8(oldTx); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("%s: %w", what, err)
+			return nil, nil, false, err
 		}
 		if r.To.TransactionID, err = parseXID8(newTx); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("%s: %w", what, err)
+			return nil, nil, false, err
 		}
 		r.From.Offset, r.To.Offset = oldOffset, newOffs
 		out = append(out, r)
 	}
-	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
+		return nil, nil, false, err
 	}
-	if len(owned) > 0 {
-		return nil, &ResetRefusedError{ConsumerGroup: p.ConsumerGroup, Topic: p.Topic, To: p.To, Owned: owned}
+	rows.Close()
+	if changed || len(owned) > 0 {
+		return nil, owned, changed, nil
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
+		return nil, nil, false, err
 	}
-	return out, nil
+	return out, nil, false, nil
 }

@@ -90,20 +90,39 @@ ORDER BY n.topic`}
 // (xmin, 0), just below the xmin horizon: every message of a transaction
 // older than the oldest running one is skipped, the messages of running
 // transactions are not (their offsets are at least 1).
+//
+// Whether a row's owner is alive is decided as ClaimOffsets decides it: on
+// the statement's snapshot (snap), where a session row exists before its
+// first claim commits, and the write is a compare-and-swap on the
+// (session_id, epoch) read there. The rows are locked (cur) before any is
+// written, which waits for concurrent claims and commits and reads the rows
+// as they are then; a row whose owner or epoch changed since the snapshot
+// is reported changed and left alone, for the caller to run the statement
+// again on a fresh snapshot. (Locking the rows and joining the sessions in
+// one SELECT ... FOR UPDATE re-checks only the locked row when it waited:
+// the joined session comes out null-extended, and a row that a live
+// session had just claimed looked free.)
 func (a DefaultSchemaAdapter) ResetOffsets(group, topic, to string, at time.Time, force bool, notifyChannel string) Query {
 	return Query{
-		SQL: `WITH cur AS (
-	SELECT o.partition, o.session_id, o.acked_transaction_id, o.acked_offset,
-		CASE WHEN s.expires_at > now() THEN s.owner END AS live_owner
+		SQL: `WITH snap AS (
+	SELECT o.partition, o.session_id, o.epoch, CASE WHEN s.expires_at > now() THEN s.owner END AS live_owner
 	FROM ` + a.offsets() + ` o
 	LEFT JOIN ` + a.sessions() + ` s ON s.id = o.session_id
 	WHERE o.consumer_group = $1 AND o.topic = $2
-	FOR UPDATE OF o
+), cur AS (
+	SELECT o.partition, o.session_id, o.epoch, o.acked_transaction_id, o.acked_offset
+	FROM ` + a.offsets() + ` o
+	WHERE o.consumer_group = $1 AND o.topic = $2
+	ORDER BY o.partition
+	FOR UPDATE
 ), x AS (
 	SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin
 ), target AS (
-	SELECT cur.*, t.tx, t.off
-	FROM cur, x, LATERAL (
+	SELECT cur.partition, cur.session_id, cur.acked_transaction_id, cur.acked_offset,
+		snap.session_id AS snap_session_id, snap.epoch AS snap_epoch,
+		snap.partition IS NULL OR cur.session_id IS DISTINCT FROM snap.session_id OR cur.epoch <> snap.epoch AS changed,
+		snap.live_owner, t.tx, t.off
+	FROM cur LEFT JOIN snap ON snap.partition = cur.partition, x, LATERAL (
 		SELECT c.tx, c.off FROM (
 			SELECT 1 AS choice, f.tx, f.off FROM (
 				SELECT m.transaction_id AS tx, m."offset" - 1 AS off
@@ -128,15 +147,18 @@ func (a DefaultSchemaAdapter) ResetOffsets(group, topic, to string, at time.Time
 		session_id = CASE WHEN target.live_owner IS NULL THEN NULL ELSE o.session_id END
 	FROM target
 	WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = target.partition
+		AND NOT target.changed
+		AND o.session_id IS NOT DISTINCT FROM target.snap_session_id AND o.epoch = target.snap_epoch
 		AND ($5 OR target.live_owner IS NULL)
 	RETURNING o.partition
 ), notified AS (
-	SELECT pg_notify($6, 'x' || $2) FROM (SELECT 1 FROM updated LIMIT 1) u WHERE $6 <> ''
+	SELECT pg_notify($6, $7) FROM (SELECT 1 FROM updated LIMIT 1) u WHERE $6 <> ''
 )
-SELECT target.partition, target.session_id, target.live_owner, target.acked_transaction_id::text, target.acked_offset,
-	target.tx::text, target.off, EXISTS (SELECT 1 FROM updated u WHERE u.partition = target.partition)
+SELECT target.partition, target.session_id, CASE WHEN NOT target.changed THEN target.live_owner END,
+	target.acked_transaction_id::text, target.acked_offset, target.tx::text, target.off,
+	EXISTS (SELECT 1 FROM updated u WHERE u.partition = target.partition), target.changed
 FROM target, (SELECT count(*) FROM notified) n
 ORDER BY target.partition`,
-		Args: []any{group, topic, to, at, force, notifyChannel},
+		Args: []any{group, topic, to, at, force, notifyChannel, resetNotification(group, topic)},
 	}
 }

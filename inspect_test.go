@@ -348,3 +348,207 @@ func TestDeliveryStallIsLoggedOnce(t *testing.T) {
 		m.Ack()
 	}
 }
+
+// TestResetOffsetsCannotFreeARowClaimedWhileItWaits: a reset that waits for
+// a concurrent claim of a free row must see the claim when it gets the
+// lock. Without Force it is refused, naming the new owner, and the row
+// keeps its owner and epoch; with Force it fences the new owner and keeps
+// it as the row's owner. (Locking the rows with FOR UPDATE and joining the
+// sessions re-checked only the locked row: the joined session came out
+// null-extended, and the row was freed from under its live owner.)
+//
+// The claim's transaction holds the row's lock from before the reset
+// starts. When it has already updated the row, the reset waits in the
+// insert of missing rows (ON CONFLICT waits for the claim to end) and its
+// reset statement then sees the claim; when it updates the row while the
+// reset statement waits for the lock, the statement's snapshot predates
+// the claim: that is the race. The claiming session is created before the
+// reset, or in the claim's own transaction, which the reset's snapshot
+// does not see at all.
+func TestResetOffsetsCannotFreeARowClaimedWhileItWaits(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		claimFirst       bool // the claim's UPDATE runs before the reset starts
+		sessionInClaimTx bool
+		force            bool
+	}{
+		{"claimed before the reset started", true, false, false},
+		{"claimed while the reset waits", false, false, false},
+		{"claimed while the reset waits, by a session it cannot see", false, true, false},
+		{"forced, claimed while the reset waits", false, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			pool := newPool(t, 6)
+			adapter := newSchema(t, pool)
+			createTables(t, pool, adapter)
+			const group, topic = "g", "t"
+			claimer := uuid.New()
+			setup := dedicatedConn(t, pool)
+			ensureRow(t, setup, adapter, group, topic)
+			createClaimer := adapter.CreateSession(pglease.SessionParams{SessionID: claimer, ConsumerGroup: group,
+				Owner: "claimer-host:42", TTL: time.Hour})
+			if !tc.sessionInClaimTx {
+				execQuery(t, setup, createClaimer)
+			}
+			before := readOffset(t, pool, adapter, group, topic)
+			require.Nil(t, before.session, "the row starts free")
+
+			claimConn := dedicatedConn(t, pool)
+			claimTx, err := claimConn.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = claimTx.Rollback(ctx) }()
+			if tc.sessionInClaimTx {
+				_, err = claimTx.Exec(ctx, createClaimer.SQL, createClaimer.Args...)
+				require.NoError(t, err)
+			}
+			var claim claimOutcome
+			runClaimInTx := func() {
+				q := claimQuery(adapter, group, topic, claimer)
+				rows, err := claimTx.Query(ctx, q.SQL, q.Args...)
+				require.NoError(t, err)
+				claim, err = scanClaim(rows)
+				require.NoError(t, err)
+				require.True(t, claim.claimed)
+			}
+			if tc.claimFirst {
+				runClaimInTx()
+			} else {
+				// The lock the claim's UPDATE takes, before it writes.
+				_, err = claimTx.Exec(ctx, `SELECT 1 FROM `+table(adapter, pglease.DefaultConsumerOffsetsTable)+
+					` WHERE consumer_group = $1 AND topic = $2 FOR NO KEY UPDATE`, group, topic)
+				require.NoError(t, err)
+			}
+
+			resetConn := dedicatedConn(t, pool)
+			insp, err := pglease.NewInspector(resetConn.Conn(), adapter)
+			require.NoError(t, err)
+			done := make(chan struct{})
+			var (
+				resets   []pglease.OffsetReset
+				resetErr error
+			)
+			go func() {
+				defer close(done)
+				resets, resetErr = insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{ConsumerGroup: group, Topic: topic,
+					To: pglease.ResetToLatest, Force: tc.force})
+			}()
+			require.True(t, waitBlockedOnLock(t, pool, resetConn.Conn().PgConn().PID(), done),
+				"the reset did not wait for the claim's row lock")
+			if !tc.claimFirst {
+				runClaimInTx()
+			}
+			require.NoError(t, claimTx.Commit(ctx))
+			<-done
+
+			after := readOffset(t, pool, adapter, group, topic)
+			require.NotNil(t, after.session, "the reset freed the row a live session had claimed")
+			assert.Equal(t, claimer, *after.session, "the claimer keeps the row")
+			if !tc.force {
+				require.ErrorIs(t, resetErr, pglease.ErrOwnedByLiveSession)
+				var refused *pglease.ResetRefusedError
+				require.ErrorAs(t, resetErr, &refused)
+				require.Len(t, refused.Owned, 1)
+				assert.Equal(t, claimer, refused.Owned[0].PreviousOwnerSession, "the refusal names the new owner")
+				assert.Equal(t, "claimer-host:42", refused.Owned[0].PreviousOwner)
+				assert.Equal(t, *claim.epoch, after.epoch, "the refused reset changed nothing")
+				assert.Equal(t, before.offset, after.offset)
+				return
+			}
+			require.NoError(t, resetErr)
+			require.Len(t, resets, 1)
+			assert.Equal(t, claimer, resets[0].PreviousOwnerSession, "the forced reset reports the owner it fenced")
+			assert.Greater(t, after.epoch, *claim.epoch, "the forced reset fences the claimer")
+		})
+	}
+}
+
+// TestResetOffsetsNotifiesOnlyItsGroup: two consumer groups consume one
+// topic; a forced reset of group a makes a's Subscriber give its row up and
+// claim it again from the new position, while b's Subscriber, told
+// nothing, keeps its row under the same epoch. (The reset's notification
+// named only the topic, and every group's Subscribers gave their rows up.)
+// Both Subscribers share the process's listener, which hands each
+// notification to every Subscriber before the next one: b delivering a
+// message published after the reset, woken by its notification (b polls
+// only every minute), has seen the reset's notification before.
+func TestResetOffsetsNotifiesOnlyItsGroup(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	first := publishN(t, pub, "t", 2)
+	insp, err := pglease.NewInspector(pool, adapter)
+	require.NoError(t, err)
+
+	logs := map[string]*capturingLogger{"a": newCapturingLogger(), "b": newCapturingLogger()}
+	msgs := map[string]<-chan *message.Message{}
+	for _, group := range []string{"a", "b"} {
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter,
+			CommitBatch: 1, PollInterval: time.Minute}, logs[group])
+		require.NoError(t, err)
+		defer func() { require.NoError(t, sub.Close()) }()
+		msgs[group], err = sub.Subscribe(ctx, "t")
+		require.NoError(t, err)
+	}
+	for _, group := range []string{"a", "b"} {
+		var last pglease.Position
+		for _, id := range first {
+			msg := receiveOne(t, msgs[group])
+			require.Equal(t, id, msg.UUID)
+			last, _ = pglease.MessagePositionFromCtx(msg.Context())
+			msg.Ack()
+		}
+		waitFor(t, 10*time.Second, "group "+group+"'s acks to be committed", func() bool {
+			return ackedOffset(t, pool, adapter, group, "t") == last
+		})
+	}
+	waitListening(t, pool, adapter)
+	beforeA, beforeB := readOffset(t, pool, adapter, "a", "t"), readOffset(t, pool, adapter, "b", "t")
+	require.NotNil(t, beforeA.session)
+	require.NotNil(t, beforeB.session)
+
+	_, err = insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{ConsumerGroup: "a", Topic: "t",
+		To: pglease.ResetToEarliest, Force: true})
+	require.NoError(t, err)
+
+	// a gives its row up and claims it again, from the beginning.
+	again := receiveOne(t, msgs["a"])
+	assert.Equal(t, first[0], again.UUID, "group a delivers again from the reset position")
+	again.Ack()
+	afterA := readOffset(t, pool, adapter, "a", "t")
+	assert.Equal(t, *beforeA.session, *afterA.session, "a's Subscriber claimed its row again")
+	assert.Greater(t, afterA.epoch, beforeA.epoch+1, "fenced by the reset, then claimed again")
+	_, told := logs["a"].find(func(e logEntry) bool { return e.msg == resetLogMessage })
+	assert.True(t, told, "group a's Subscriber was told of the reset")
+
+	// b delivers the next message under the same claim, and was not told.
+	next := publishN(t, pub, "t", 1)
+	msg := receiveOne(t, msgs["b"])
+	require.Equal(t, next[0], msg.UUID)
+	pos, _ := pglease.MessagePositionFromCtx(msg.Context())
+	msg.Ack()
+	_, told = logs["b"].find(func(e logEntry) bool { return e.msg == resetLogMessage })
+	assert.False(t, told, "group b's Subscriber gave its row up for group a's reset")
+	waitFor(t, 10*time.Second, "group b's ack to be committed", func() bool {
+		return ackedOffset(t, pool, adapter, "b", "t") == pos
+	})
+	afterB := readOffset(t, pool, adapter, "b", "t")
+	require.NotNil(t, afterB.session)
+	assert.Equal(t, *beforeB.session, *afterB.session, "group b keeps its row")
+	assert.Equal(t, beforeB.epoch, afterB.epoch, "group b's row keeps its epoch")
+
+	// The notification of an older version's reset names no group: every
+	// group's Subscriber acts on it, as then.
+	_, err = pool.Exec(ctx, "SELECT pg_notify($1, $2)", adapter.NotifyChannel(), "xt")
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, "group b's Subscriber to act on an unscoped reset notification", func() bool {
+		_, told := logs["b"].find(func(e logEntry) bool { return e.msg == resetLogMessage })
+		return told
+	})
+}
+
+// resetLogMessage is what a Subscriber logs when it gives its rows up for
+// a reset of its group's offsets.
+const resetLogMessage = "Offsets of the topic were reset: " +
+	"giving its partitions up after the messages in flight, to claim them again from the new positions"

@@ -178,10 +178,15 @@ type SchemaAdapter interface {
 	// Payloads are "m" + topic (new messages in partition 0), "n" +
 	// partition + ":" + topic (new messages in another partition), "r" +
 	// topic (released), "g" + consumer group (members changed), "p" +
-	// topic (partition count raised), "x" + topic (offsets reset), "t" +
-	// topic (retention changed), "d" + Unix milliseconds (delayed messages
-	// stored, the earliest due then) and "e" (the maintainer's row
-	// released).
+	// topic (partition count raised), "o" + the consumer group's length
+	// in bytes (decimal) + ":" + consumer group + topic (the group's
+	// offsets reset; the length tells where the group ends, whatever text
+	// it and the topic hold), "t" + topic (retention changed), "d" + Unix
+	// milliseconds (delayed messages stored, the earliest due then) and
+	// "e" (the maintainer's row released). "x" + topic, the reset
+	// notification of earlier versions (and of a group too long for the
+	// "o" payload), names no group: every group's Subscribers of the
+	// topic act on it.
 	NotifyChannel() string
 
 	// UpsertTopic creates the topic's settings row, or raises its partition

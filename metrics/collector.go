@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -75,7 +76,7 @@ type Collector struct {
 	up, scrapeDuration                         *prometheus.Desc
 	lag, lagSeconds, pending                   *prometheus.Desc
 	members, ownedRows                         *prometheus.Desc
-	horizonAge                                 *prometheus.Desc
+	horizonAge, horizonAgeKnown                *prometheus.Desc
 	topicPartitions, topicNewestMessageSeconds *prometheus.Desc
 }
 
@@ -123,7 +124,9 @@ func NewCollector(insp *pglease.Inspector, config CollectorConfig) (*Collector, 
 			"Exported (topic, partition) rows of the consumer group that a live member owns; fewer than the group's pglease_consumergroup_lag series means rows wait for an owner.",
 			"consumergroup"),
 		horizonAge: desc("pglease_xmin_horizon_age_seconds",
-			"Age of the oldest running writing transaction, which holds back delivery on every topic; 0 when none runs."),
+			"Age of the oldest running writing transaction, which holds back delivery on every topic; 0 when none runs; NaN when this role may not see its age (see pglease_xmin_horizon_age_known)."),
+		horizonAgeKnown: desc("pglease_xmin_horizon_age_known",
+			"1 if pglease_xmin_horizon_age_seconds is known; 0 if a writing transaction holds the horizon back but this role may not see its start (grant it pg_read_all_stats): it may be old."),
 		topicPartitions: desc("pglease_topic_partitions",
 			"Partitions of the topic.",
 			"topic"),
@@ -147,7 +150,7 @@ func set(names []string) map[string]bool {
 // Describe implements [prometheus.Collector].
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.up, c.scrapeDuration, c.lag, c.lagSeconds, c.pending,
-		c.members, c.ownedRows, c.horizonAge, c.topicPartitions, c.topicNewestMessageSeconds} {
+		c.members, c.ownedRows, c.horizonAge, c.horizonAgeKnown, c.topicPartitions, c.topicNewestMessageSeconds} {
 		ch <- d
 	}
 }
@@ -256,11 +259,9 @@ func (c *Collector) emit(s snapshot, ch chan<- prometheus.Metric) {
 	}
 
 	if s.horizon != nil {
-		age := 0.0
-		if s.horizon.Holder != nil {
-			age = max(s.horizon.Holder.Age.Seconds(), 0)
-		}
+		age, known := horizonAge(*s.horizon)
 		gauge(c.horizonAge, age)
+		gauge(c.horizonAgeKnown, boolValue(known))
 	}
 
 	for _, t := range s.topics {
@@ -272,6 +273,21 @@ func (c *Collector) emit(s snapshot, ch chan<- prometheus.Metric) {
 			gauge(c.topicNewestMessageSeconds, float64(t.NewestAt.UnixNano())/1e9, t.Topic)
 		}
 	}
+}
+
+// horizonAge is the age in seconds of the transaction that holds h back (0
+// when none does) and whether it is known: NaN and false when the role
+// may not see the holder's start, so that the age never reads as a
+// reassuring 0 (an alert on age > X does not fire on NaN; alert on the
+// known gauge too).
+func horizonAge(h pglease.Horizon) (float64, bool) {
+	switch {
+	case h.Holder == nil:
+		return 0, true
+	case !h.Holder.AgeKnown:
+		return math.NaN(), false
+	}
+	return max(h.Holder.Age.Seconds(), 0), true
 }
 
 func boolValue(b bool) float64 {

@@ -21,7 +21,8 @@
 //	pglease_consumergroup_pending{consumergroup, topic, partition}      1: messages wait behind the xmin horizon
 //	pglease_consumergroup_members{consumergroup}                        live sessions (Subscribers)
 //	pglease_consumergroup_owned_rows{consumergroup}                     exported rows a live member owns
-//	pglease_xmin_horizon_age_seconds                                    oldest writing transaction, 0 without one
+//	pglease_xmin_horizon_age_seconds                                    oldest writing transaction, 0 without one, NaN if hidden
+//	pglease_xmin_horizon_age_known                                      0: one runs, but this role may not see its age
 //	pglease_topic_partitions{topic}
 //	pglease_topic_newest_message_timestamp_seconds{topic}
 //	pglease_up                                                          1: every query of the scrape succeeded
@@ -36,6 +37,20 @@
 //	pglease_subscriber_messages_nacked_total (counters),
 //	pglease_subscriber_owned_rows (gauge),
 //	pglease_subscriber_heartbeat_duration_seconds (histogram, buckets [pglease.HeartbeatBuckets]).
+//
+// # The horizon's age and the scraping role
+//
+// PostgreSQL shows another role's backends' transaction start only to
+// superusers and members of pg_read_all_stats. Without it the collector
+// still finds the transaction that holds the horizon back, but not how
+// long it has run ([pglease.HorizonHolder].AgeKnown is false): then
+// pglease_xmin_horizon_age_seconds is NaN (never 0, which would read as
+// "nothing holds delivery back") and pglease_xmin_horizon_age_known is 0.
+// A rule such as pglease_xmin_horizon_age_seconds > 300 does not fire on
+// NaN, so alert on the known gauge as well, or grant the scraping role
+// pg_read_all_stats:
+//
+//	GRANT pg_read_all_stats TO metrics_role;
 //
 // # Errors
 //

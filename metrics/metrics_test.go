@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -291,6 +292,92 @@ func TestCollectorHorizonAge(t *testing.T) {
 
 	require.NoError(t, tx.Rollback(ctx))
 	waitFor(t, 10*time.Second, "the horizon age back to 0", func() bool { return age() == 0 })
+}
+
+// TestCollectorHorizonAgeHiddenFromTheRole: a writing transaction held
+// open by another role, scraped by a role without pg_read_all_stats, which
+// may not see its start: the age is exported as NaN with
+// pglease_xmin_horizon_age_known 0, never as a reassuring 0; once the
+// transaction ends, the age is 0 and known again. (The collector exported
+// 0 for a holder whose age it could not see.)
+func TestCollectorHorizonAgeHiddenFromTheRole(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t)
+	adapter := newSchema(t, pool)
+	publishN(t, newPublisher(t, pool, adapter), "t", 1) // creates the tables
+
+	// A scraping role that owns nothing and lacks pg_read_all_stats.
+	role := "pglease_metrics_scraper_" + randomHex(4)
+	quoted := pgx.Identifier{role}.Sanitize()
+	_, err := pool.Exec(ctx, "CREATE ROLE "+quoted+" LOGIN")
+	require.NoError(t, err)
+	t.Cleanup(func() { // after the role's pool is closed (cleanups run last first)
+		_, err := pool.Exec(context.Background(), "DROP OWNED BY "+quoted+"; DROP ROLE "+quoted)
+		assert.NoError(t, err)
+	})
+	schema := pgx.Identifier{adapter.Schema}.Sanitize()
+	_, err = pool.Exec(ctx, "GRANT USAGE ON SCHEMA "+schema+" TO "+quoted+"; GRANT SELECT ON ALL TABLES IN SCHEMA "+schema+" TO "+quoted)
+	require.NoError(t, err)
+	cfg, err := pgxpool.ParseConfig(testDSN)
+	require.NoError(t, err)
+	cfg.ConnConfig.User = role
+	scraperPool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(scraperPool.Close)
+	insp := newInspector(t, scraperPool, adapter)
+	c, err := NewCollector(insp, CollectorConfig{})
+	require.NoError(t, err)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	// gauge returns the value of the metric name, and whether it was exported.
+	gauge := func(name string) (float64, bool) {
+		families, err := reg.Gather()
+		require.NoError(t, err)
+		for _, f := range families {
+			if f.GetName() == name && len(f.GetMetric()) == 1 {
+				return f.GetMetric()[0].GetGauge().GetValue(), true
+			}
+		}
+		return 0, false
+	}
+
+	// The holder runs as the test's superuser: another role.
+	blocker, err := pgx.Connect(ctx, testDSN)
+	require.NoError(t, err)
+	defer blocker.Close(ctx)
+	tx, err := blocker.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()") // takes a transaction id: a writer
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, "the scraping role to see the holder", func() bool {
+		h, err := insp.Horizon(ctx)
+		require.NoError(t, err)
+		return h.Holder != nil
+	})
+	h, err := insp.Horizon(ctx)
+	require.NoError(t, err)
+	require.NotNil(t, h.Holder)
+	require.False(t, h.Holder.AgeKnown, "the scraping role sees the holder's age: the test proves nothing")
+
+	age, ok := gauge("pglease_xmin_horizon_age_seconds")
+	require.True(t, ok, "pglease_xmin_horizon_age_seconds is exported")
+	assert.True(t, math.IsNaN(age), "an age the role cannot see is exported as NaN, got %v", age)
+	known, ok := gauge("pglease_xmin_horizon_age_known")
+	assert.True(t, ok, "pglease_xmin_horizon_age_known is exported")
+	assert.Equal(t, 0.0, known)
+	up, _ := gauge("pglease_up")
+	assert.Equal(t, 1.0, up, "an unknown age is not a failed scrape")
+	problems, err := testutil.GatherAndLint(reg)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+
+	require.NoError(t, tx.Rollback(ctx))
+	waitFor(t, 10*time.Second, "the horizon age back to a known 0", func() bool {
+		age, _ := gauge("pglease_xmin_horizon_age_seconds")
+		known, _ := gauge("pglease_xmin_horizon_age_known")
+		return age == 0 && known == 1
+	})
 }
 
 // TestCollectorScrapeFailure: a query that fails sets pglease_up to 0 and

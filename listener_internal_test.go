@@ -1,0 +1,48 @@
+package pglease
+
+import (
+	"strings"
+	"testing"
+)
+
+// These tests need no database.
+
+// TestResetNotificationRoundTrip: the group and the topic of a reset
+// notification come back as they were sent, whatever they hold (a
+// separator, digits, the text of another payload); a group too long for a
+// notification falls back to the unscoped payload of earlier versions.
+func TestResetNotificationRoundTrip(t *testing.T) {
+	for _, tc := range []struct{ group, topic string }{
+		{"", "t"},
+		{"billing", "orders"},
+		{"12:ab", "3:x"},
+		{"a:b", ":c"},
+		{"x", "xorders"},
+		{"g", "0:"},
+		{"ünïcødé", "tö:pïc"},
+		{strings.Repeat("g", maxNotifyPayload-len("o7999:t")), "t"},
+	} {
+		p := resetNotification(tc.group, tc.topic)
+		if p[0] != resetKind {
+			t.Fatalf("resetNotification(%q, %q) = %q: not of kind %q", tc.group, tc.topic, p, resetKind)
+		}
+		group, topic, ok := parseResetNotification(p[1:])
+		if !ok || group != tc.group || topic != tc.topic {
+			t.Errorf("parseResetNotification(%q) = %q, %q, %v; want %q, %q", p[1:], group, topic, ok, tc.group, tc.topic)
+		}
+	}
+	long := strings.Repeat("g", maxNotifyPayload)
+	if p := resetNotification(long, "orders"); p != "xorders" {
+		t.Errorf("a group too long for a notification: got a payload of %d bytes starting %.10q, want %q", len(p), p, "xorders")
+	}
+}
+
+// TestParseResetNotificationRefusesMalformed: a payload that
+// resetNotification cannot have made names no group.
+func TestParseResetNotificationRefusesMalformed(t *testing.T) {
+	for _, s := range []string{"", ":", "orders", ":orders", "5:ab", "-1:ab", "+1:ab", "1 :ab", "99999:ab", "1a:b"} {
+		if group, topic, ok := parseResetNotification(s); ok {
+			t.Errorf("parseResetNotification(%q) = %q, %q, true; want false", s, group, topic)
+		}
+	}
+}
