@@ -5,11 +5,14 @@
 //
 // # Tables
 //
-// [DefaultSchemaAdapter] uses three tables (names configurable, always
-// quoted): one messages table for all topics, one consumer_sessions row per
-// live Subscriber, and one consumer_offsets row per (consumer group, topic,
-// partition) holding the acknowledged position, the owner session, an
-// optional lease override and the epoch. [SchemaSQL] returns the DDL;
+// [DefaultSchemaAdapter] uses these tables (names configurable, always
+// quoted): one messages table for all topics (partitioned by retention
+// class and expiry), one consumer_sessions row per live Subscriber, one
+// consumer_offsets row per (consumer group, topic, partition) holding the
+// acknowledged position, the owner session and the epoch (its
+// lease_expires_at column is unused since schema version 2), the topics'
+// settings, delayed messages, the maintainer's row, the retention classes
+// and the schema version. [SchemaSQL] returns the DDL;
 // [Migrate] applies it (the owner's step, also `pglease migrate`), and
 // [GrantSQL] gives an application role that owns nothing what it needs
 // to run pglease, the maintainer's work included (through the owner's

@@ -27,7 +27,9 @@ const DefaultMaintenanceInterval = 30 * time.Second
 // the maintainer at a time. It holds the role as long as its session
 // lives: when it closes, another candidate takes over at once; when its
 // process dies, when its session expires (after at most SessionTTL).
-// Standing by costs one statement per candidate about every SessionTTL.
+// Standing by costs one read of the maintainer's row per candidate about
+// every two thirds of SessionTTL (the holder's heartbeat moves the expiry
+// it waits for); the claim statement runs only when the row looks free.
 // The maintainer's own settings apply; give every Subscriber the same.
 type MaintenanceConfig struct {
 	// Disabled makes the Subscriber never run maintenance. With every

@@ -232,7 +232,7 @@ func (m *maintainer) createPartition(ctx context.Context, p RetentionPartition) 
 }
 
 // expirePartition counts, per consumer group, the messages of p that the
-// group had not acknowledged (they are skipped: logged at Warn level and
+// group had not acknowledged (they are skipped: logged at Error level and
 // counted), then detaches p and drops it: by the owner's DDL, which
 // detaches without blocking readers (CONCURRENTLY), or, for a role that
 // does not own the tables, through the owner's function, which detaches
