@@ -193,6 +193,17 @@ func (k *sessionKeeper) createLocked(ctx context.Context, timeout time.Duration)
 	if _, err := k.conn.exec(ctx, q); err != nil {
 		return fmt.Errorf("create consumer session: %w", wrapMissingSchema(err))
 	}
+	// Where the database is when the session starts: the first heartbeat
+	// may already run after a failover, and must have something to
+	// compare with. A mark that cannot be read now is read at the next
+	// heartbeat.
+	if _, mark, err := k.beat(ctx, uuid.Nil); err == nil {
+		if why := wentBack(k.mark, mark); why != "" {
+			k.logger.Info("The database went back in time while no session was open; the new session claims from the positions the database has",
+				watermill.LogFields{"why": why})
+		}
+		k.mark = mark
+	}
 	k.cur = g
 	k.prevID = g.id
 	close(k.ready)
@@ -323,22 +334,9 @@ func (k *sessionKeeper) heartbeat(g *sessionGen) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), k.stmtTimeout())
 	defer cancel()
 	sent := time.Now()
-	q := k.adapter.HeartbeatSession(SessionParams{SessionID: g.id, TTL: k.ttl})
-	var (
-		updated   int64
-		xmax, lsn string
-		mark      clusterMark
-	)
-	err := k.conn.queryRow(ctx, q, &updated, &xmax, &lsn, &mark.timeline)
+	updated, mark, err := k.beat(ctx, g.id)
 	if err != nil {
 		return false, fmt.Errorf("heartbeat consumer session: %w", err)
-	}
-	mark.systemID = k.conn.serverID()
-	if mark.xmax, err = parseXID8(xmax); err != nil {
-		return false, fmt.Errorf("heartbeat consumer session: %w", err)
-	}
-	if mark.lsn, err = strconv.ParseUint(lsn, 10, 64); err != nil {
-		return false, fmt.Errorf("heartbeat consumer session: WAL position %q: %w", lsn, err)
 	}
 	if k.backInTime(g, mark) {
 		return true, nil
@@ -357,6 +355,30 @@ func (k *sessionKeeper) heartbeat(g *sessionGen) (bool, error) {
 	}
 	k.armFenceLocked(g, sent)
 	return true, nil
+}
+
+// beat runs the heartbeat statement for session id and returns the rows
+// it updated and where the database is. For uuid.Nil it updates nothing
+// and only reads the mark.
+func (k *sessionKeeper) beat(ctx context.Context, id uuid.UUID) (int64, clusterMark, error) {
+	q := k.adapter.HeartbeatSession(SessionParams{SessionID: id, TTL: k.ttl})
+	var (
+		updated   int64
+		xmax, lsn string
+		mark      clusterMark
+	)
+	if err := k.conn.queryRow(ctx, q, &updated, &xmax, &lsn, &mark.timeline); err != nil {
+		return 0, mark, err
+	}
+	mark.systemID = k.conn.serverID()
+	var err error
+	if mark.xmax, err = parseXID8(xmax); err != nil {
+		return 0, mark, err
+	}
+	if mark.lsn, err = strconv.ParseUint(lsn, 10, 64); err != nil {
+		return 0, mark, fmt.Errorf("WAL position %q: %w", lsn, err)
+	}
+	return updated, mark, nil
 }
 
 // clusterMark is where the database was at a heartbeat: which cluster, on
