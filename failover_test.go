@@ -367,9 +367,10 @@ func TestSynchronousFailoverLosesNoPublishedMessage(t *testing.T) {
 	killedAt := time.Now()
 	require.NoError(t, c.Primary.Kill())
 	require.NoError(t, c.Standby.Promote(ctx))
+	promotedAt := count()
 	t.Logf("%d messages published before the kill; primary killed and standby promoted in %s",
 		before, time.Since(killedAt).Round(time.Millisecond))
-	waitFor(t, time.Minute, "a Publish to succeed on the promoted standby", func() bool { return count() > before })
+	waitFor(t, time.Minute, "a Publish to succeed on the promoted standby", func() bool { return count() > promotedAt })
 	t.Logf("publishing again %s after the kill", time.Since(killedAt).Round(time.Millisecond))
 	time.Sleep(loadAfter)
 	stop.Store(true)

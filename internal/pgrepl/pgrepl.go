@@ -401,26 +401,26 @@ func (n *Node) Running() bool {
 
 func (n *Node) runningLocked() bool { return n.proc.running() }
 
-// Processes returns the process ids of the server: its postmaster and
-// every process whose title names the server (backends, walsenders, the
-// checkpointer...), also those whose postmaster is gone. Zombies do not
-// count.
+// Processes returns the process ids of the server: its postmaster, and
+// every process of it (backends, walsenders, the checkpointer...), also
+// those whose postmaster is gone. Zombies do not count.
 func (n *Node) Processes() ([]int, error) {
-	n.mu.Lock()
-	postmaster := 0
-	if n.runningLocked() {
-		postmaster = n.proc.cmd.Process.Pid
+	pids, err := findProcesses("postgres: "+n.title+": ",
+		filepath.Join(n.c.bindir, "postgres")+"\x00-D\x00"+n.dataDir+"\x00")
+	if err != nil {
+		return nil, fmt.Errorf("pgrepl: %s: list processes: %w", n.name, err)
 	}
-	n.mu.Unlock()
-	return processes(postmaster, "postgres: "+n.title+": ")
+	return pids, nil
 }
 
-// Kill crashes the server as a machine that loses power would: SIGKILL to
-// its postmaster and every process of it at once (a backend whose
-// postmaster is killed alone would finish, and may commit, what it is
-// doing before it notices). It returns once no process of the server is
-// left and its port refuses connections, or with an error after 10 s.
-// Killing a server that does not run returns nil.
+// Kill crashes the server as a machine that loses power would: every
+// process of it gets SIGKILL at once, none sends anything more to its
+// clients. (The postmaster is stopped first, so that it forks nothing more
+// and its children do not notice; killed alone, its backends would see it
+// die, tell their clients, and could finish and commit what they are
+// doing.) It returns once no process of the server is left and its port
+// refuses connections, or with an error after 10 s. Killing a server that
+// does not run returns nil.
 func (n *Node) Kill() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -429,24 +429,32 @@ func (n *Node) Kill() error {
 
 func (n *Node) killLocked() error {
 	if n.runningLocked() {
-		_ = n.proc.cmd.Process.Signal(syscall.SIGKILL)
+		_ = n.proc.cmd.Process.Signal(syscall.SIGSTOP)
 	}
 	deadline := time.Now().Add(killWait)
 	for {
-		pids, err := processes(0, "postgres: "+n.title+": ")
+		pids, err := n.Processes()
 		if err != nil {
-			return fmt.Errorf("pgrepl: %s: kill: %w", n.name, err)
+			return err
+		}
+		postmaster := 0
+		if n.runningLocked() {
+			postmaster = n.proc.cmd.Process.Pid
 		}
 		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
+			if pid != postmaster {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
 		}
-		exited := !n.runningLocked()
-		if exited && len(pids) == 0 && !portOpen(n.port) {
+		if postmaster != 0 {
+			_ = n.proc.cmd.Process.Signal(syscall.SIGKILL)
+		}
+		if postmaster == 0 && len(pids) == 0 && !portOpen(n.port) {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("pgrepl: %s: still there %s after SIGKILL (postmaster exited: %t, processes %v, port %d open: %t)%s",
-				n.name, killWait, exited, pids, n.port, portOpen(n.port), n.logTail())
+			return fmt.Errorf("pgrepl: %s: still there %s after SIGKILL (postmaster running: %t, processes %v, port %d open: %t)%s",
+				n.name, killWait, postmaster != 0, pids, n.port, portOpen(n.port), n.logTail())
 		}
 		time.Sleep(pollInterval)
 	}
@@ -1023,9 +1031,9 @@ func versionOf(bindir string) float64 {
 	return v
 }
 
-// processes returns postmaster (when not 0 and alive) and the live
-// processes whose command line starts with prefix.
-func processes(postmaster int, prefix string) ([]int, error) {
+// findProcesses returns the live processes whose command line starts with
+// one of prefixes.
+func findProcesses(prefixes ...string) ([]int, error) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, err
@@ -1036,16 +1044,18 @@ func processes(postmaster int, prefix string) ([]int, error) {
 		if err != nil {
 			continue
 		}
-		if pid != postmaster {
-			cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-			if err != nil || !strings.HasPrefix(string(cmdline), prefix) {
-				continue
-			}
-		}
-		if zombieOrGone(pid) {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
 			continue
 		}
-		pids = append(pids, pid)
+		for _, p := range prefixes {
+			if strings.HasPrefix(string(cmdline), p) {
+				if !zombieOrGone(pid) {
+					pids = append(pids, pid)
+				}
+				break
+			}
+		}
 	}
 	return pids, nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglease/watermill-pglease/internal/pgrepl"
 )
@@ -178,6 +179,14 @@ func TestAsynchronousFailoverLosesWhatTheStandbyDidNotReceive(t *testing.T) {
 	if err := c.Primary.Kill(); err != nil {
 		t.Fatalf("Kill again: %v", err)
 	}
+	// As after a crash of the machine, the server said nothing more: no
+	// "terminating connection due to unexpected postmaster exit".
+	_, err = primary.Exec(ctx, "SELECT 1")
+	var pgErr *pgconn.PgError
+	if err == nil || errors.As(err, &pgErr) {
+		t.Fatalf("a query on a connection to the killed primary: %v, want a network error", err)
+	}
+	t.Logf("a query on a connection to the killed primary: %v", err)
 
 	if err := c.Standby.Promote(ctx); err != nil {
 		t.Fatal(err)
