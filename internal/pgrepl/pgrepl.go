@@ -505,7 +505,7 @@ func (n *Node) Promote(ctx context.Context) error {
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, n.c.opts.Timeout)
 	defer cancel()
-	secs := strconv.Itoa(int(n.c.opts.Timeout.Round(time.Second) / time.Second))
+	secs := strconv.Itoa(max(1, int(n.c.opts.Timeout.Round(time.Second)/time.Second)))
 	if err := n.c.run(ctx, "pg_ctl", "promote", "-D", n.dataDir, "-w", "-t", secs); err != nil {
 		return fmt.Errorf("pgrepl: %s: %w%s", n.name, err, n.logTail())
 	}
