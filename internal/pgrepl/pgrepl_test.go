@@ -247,6 +247,13 @@ func TestSynchronousFailoverKeepsEveryCommit(t *testing.T) {
 		t.Fatalf("standby sees %v, want %v", got, want)
 	}
 
+	// A transaction id the primary hands out without writing WAL (here
+	// to a read-only transaction) never reaches the standby.
+	var lastXid, promotedXid int64
+	if err := primary.QueryRow(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&lastXid); err != nil {
+		t.Fatal(err)
+	}
+
 	if err := c.Primary.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -254,6 +261,10 @@ func TestSynchronousFailoverKeepsEveryCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	multi := connect(ctx, t, c.MultiHostDSN())
+	if err := multi.QueryRow(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&promotedXid); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("last transaction id handed out by the old primary %d, first one by the promoted standby %d", lastXid, promotedXid)
 	// The promoted standby has no synchronous standby of its own to wait
 	// for: this commit returns.
 	exec(ctx, t, multi, "INSERT INTO t VALUES (21)")
