@@ -1,16 +1,8 @@
-//go:build failover_bug
-
 // The failover tests of issue 21, on real streaming replication
 // (internal/pgrepl): a primary and a standby of their own, started by each
 // test, next to the shared test database of PGLEASE_TEST_DSN (which they
-// do not use).
-//
-// They carry the build tag failover_bug because the first one fails until
-// the library detects that the database went back in time and
-// resynchronises (issue 21, section 1); the lead removes the tag with that
-// fix, which puts them into `make test`. Run them with
-//
-//	scripts/localpg.sh run -- go test -tags failover_bug -count=1 -run TestFailover -v .
+// do not use). `make test` runs them once; `make stress` repeats them
+// (TestStressFailover).
 package pglease_test
 
 import (
