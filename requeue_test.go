@@ -181,7 +181,11 @@ func TestRequeueRetriesWhenDue(t *testing.T) {
 		table(adapter, pglease.DefaultMessagesTable)).Scan(&inOrders, &inRequeue))
 	assert.Equal(t, messages*(failures+1), inOrders, "each message and each retry stored once in the orders topic")
 	assert.Equal(t, messages*failures, inRequeue, "each failure stored once in the requeue topic")
-	assert.Equal(t, uint64(messages*failures), appSub.Stats().DelayedMoved+requeueSub.Stats().DelayedMoved,
+	// The mover counts after its statement returned, which may be after
+	// the moved message was delivered: wait for the count.
+	moved := func() uint64 { return appSub.Stats().DelayedMoved + requeueSub.Stats().DelayedMoved }
+	waitFor(t, 10*time.Second, "the mover to count every moved message", func() bool { return moved() >= uint64(messages*failures) })
+	assert.Equal(t, uint64(messages*failures), moved(),
 		"each failure was held back as a delayed message and moved when due")
 
 	require.NoError(t, appSub.Close())

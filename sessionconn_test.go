@@ -198,7 +198,7 @@ func backends(t *testing.T, watcher *pgxpool.Pool, app string, adapter pglease.D
 	sessions := table(adapter, pglease.DefaultConsumerSessionsTable)
 	require.NoError(t, watcher.QueryRow(context.Background(), `SELECT count(*),
 	count(*) FILTER (WHERE query LIKE 'LISTEN %'),
-	count(*) FILTER (WHERE query LIKE 'WITH replaced AS%' OR query LIKE 'UPDATE ' || $2 || '%'
+	count(*) FILTER (WHERE query LIKE 'WITH replaced AS%' OR query LIKE 'WITH beat AS%' || $2 || '%'
 		OR query LIKE 'WITH deleted AS%')
 FROM pg_stat_activity WHERE application_name = $1`, app, sessions).Scan(&all, &listen, &session))
 	return all, listen, session
@@ -210,7 +210,7 @@ func ownBackends(t *testing.T, watcher *pgxpool.Pool, app string, adapter pgleas
 	t.Helper()
 	sessions := table(adapter, pglease.DefaultConsumerSessionsTable)
 	rows, err := watcher.Query(context.Background(), `SELECT pid FROM pg_stat_activity
-WHERE application_name = $1 AND (query LIKE 'LISTEN %' OR query LIKE 'WITH replaced AS%'
+WHERE application_name = $1 AND (query LIKE 'LISTEN %' OR query LIKE 'WITH replaced AS%' OR query LIKE 'WITH beat AS%'
 	OR query LIKE 'UPDATE ' || $2 || '%' OR query LIKE 'WITH deleted AS%')`, app, sessions)
 	require.NoError(t, err)
 	pids, err := pgx.CollectRows(rows, pgx.RowTo[uint32])
