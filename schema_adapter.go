@@ -132,9 +132,12 @@ type OffsetsParams struct {
 	SessionID     uuid.UUID
 	// Limit bounds the rows a claim takes.
 	Limit int
-	// Latest makes EnsureOffsets create rows at the end of each topic
-	// (every message visible now counts as acknowledged) instead of at
-	// the beginning.
+	// Latest makes EnsureOffsets create the rows of a topic the group has
+	// no row of at all at the end of the topic (every message visible now
+	// counts as acknowledged) instead of at the beginning. The rows of a
+	// topic the group already has a row of (partitions added after it
+	// started on the topic, a row deleted by hand) start at the beginning
+	// all the same: their messages were published after the group started.
 	Latest bool
 }
 
@@ -235,8 +238,11 @@ type SchemaAdapter interface {
 	GroupMembers(p GroupParams) Query
 
 	// EnsureOffsets creates the missing offset rows of p's (topic,
-	// partition) rows at the beginning of each, or, with p.Latest, just
-	// below the xmin horizon (after every message visible now).
+	// partition) rows at the beginning of each, or, with p.Latest and for
+	// a topic the group has no row of yet, just below the xmin horizon
+	// (after every message visible now). Returns one row per row created:
+	// topic text, partition integer, acked_transaction_id (xid8 as text;
+	// '0' at the beginning).
 	EnsureOffsets(p OffsetsParams) Query
 	// ClaimOffsets claims, for p.SessionID, up to p.Limit of p's (topic,
 	// partition) rows that are free, bumping their epochs; taking a row
@@ -936,15 +942,23 @@ func (a DefaultSchemaAdapter) DeleteExpiredSessions(p SessionParams) Query {
 }
 
 // EnsureOffsets implements [SchemaAdapter].
+//
+// With p.Latest, whether the group has a row of the topic is decided on
+// the statement's snapshot, so the rows of a topic created by one
+// statement all start at the same place. Callers pass every partition of
+// a topic to the same statement: split over two, a new group's rows of
+// the second would start at the beginning, the first's rows existing.
 func (a DefaultSchemaAdapter) EnsureOffsets(p OffsetsParams) Query {
 	return Query{
-		SQL: `INSERT INTO ` + a.offsets() + ` (consumer_group, topic, partition, acked_transaction_id, acked_offset)
+		SQL: `INSERT INTO ` + a.offsets() + ` AS o (consumer_group, topic, partition, acked_transaction_id, acked_offset)
 SELECT $1, t.topic, t.partition,
-	CASE WHEN $4 THEN pg_snapshot_xmin(pg_current_snapshot()) ELSE '0'::xid8 END,
+	CASE WHEN $4 AND NOT EXISTS (SELECT 1 FROM ` + a.offsets() + ` g WHERE g.consumer_group = $1 AND g.topic = t.topic)
+		THEN pg_snapshot_xmin(pg_current_snapshot()) ELSE '0'::xid8 END,
 	0
 FROM unnest($2::text[], $3::integer[]) AS t(topic, partition)
 ORDER BY t.topic, t.partition
-ON CONFLICT (consumer_group, topic, partition) DO NOTHING`,
+ON CONFLICT (consumer_group, topic, partition) DO NOTHING
+RETURNING o.topic, o.partition, o.acked_transaction_id::text`,
 		Args: []any{p.ConsumerGroup, p.Topics, partitionsOf(p.Topics, p.Partitions), p.Latest},
 	}
 }

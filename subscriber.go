@@ -39,7 +39,8 @@ const (
 	// StartFromEarliest starts at the first message of the topic.
 	StartFromEarliest StartFrom = iota
 	// StartFromLatest starts after the messages visible when the group's
-	// offset row is created.
+	// offset rows of the topic are created. Partitions added to the topic
+	// later are consumed from their first message.
 	StartFromLatest
 )
 
@@ -58,11 +59,18 @@ type SubscriberConfig struct {
 	// DefaultSessionTTL (10s), at least MinSessionTTL (1s).
 	SessionTTL time.Duration
 
-	// StartFrom is where a consumer group starts on a (topic, partition)
-	// it has no offset row for yet: StartFromEarliest (the default) at the
-	// first message, StartFromLatest after every message visible when the
-	// row is created (messages of transactions still running then are
-	// delivered). Once the row exists it has no effect; reset positions
+	// StartFrom is where a consumer group starts on a topic it has no
+	// offset row of yet: StartFromEarliest (the default) at the first
+	// message, StartFromLatest after every message visible when the rows
+	// of the topic's partitions are created (messages of transactions
+	// still running then are delivered). A partition without a row of a
+	// topic the group already has a row of (added to the topic after the
+	// group started on it, or its row deleted) starts at its first
+	// message whatever StartFrom says: its messages were published after
+	// the group started. A row created again after it was found missing
+	// (deleted by hand, or the group removed by
+	// Maintenance.RemoveIdleGroupsAfter) is logged at Info with where it
+	// starts. Once the rows exist StartFrom has no effect; reset positions
 	// with Inspector.ResetOffsets.
 	StartFrom StartFrom
 
@@ -455,14 +463,23 @@ func (sub *subscription) closeOut() {
 	sub.s.consumers.Done()
 }
 
+// partitionCount returns how many partitions the subscription consumes.
+func (sub *subscription) partitionCount() int {
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	return sub.partitions
+}
+
 // grow starts the consumers of partitions up to n (a topic's partition
-// count only grows).
-func (sub *subscription) grow(n int) {
+// count only grows). It returns the first partition it started a consumer
+// for (n when it started none).
+func (sub *subscription) grow(n int) (from int) {
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
 	if sub.ending || n <= sub.partitions {
-		return
+		return n
 	}
+	from = sub.partitions
 	s := sub.s
 	for p := sub.partitions; p < n; p++ {
 		key := rowKey{topic: sub.topic, partition: int32(p)}
@@ -502,6 +519,7 @@ func (sub *subscription) grow(n int) {
 			watermill.LogFields{"partitions": n, "before": sub.partitions})
 	}
 	sub.partitions = n
+	return from
 }
 
 // Close ends every subscription: it releases their topics with their
