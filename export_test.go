@@ -50,3 +50,12 @@ func Listening(s *Subscriber) bool {
 func SetAfterMembersReadHook(s *Subscriber, hook func(members int)) {
 	s.member.afterRead = hook
 }
+
+// SetPartitionRefresh sets how often Subscribers read their topics'
+// partition counts again, until the returned function restores the default
+// (tests only; not while a Subscriber runs).
+func SetPartitionRefresh(interval time.Duration) (restore func()) {
+	old := partitionRefreshInterval
+	partitionRefreshInterval = interval
+	return func() { partitionRefreshInterval = old }
+}

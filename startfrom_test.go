@@ -146,6 +146,43 @@ func TestStartFromLatestNewGroupOnPartitionedTopic(t *testing.T) {
 	assertNoLeakedGoroutines(t)
 }
 
+// TestPartitionRaiseWithoutNotification: a partition count raised by a
+// statement that notifies nobody is still picked up, by the periodic
+// re-read of the partition counts, while the listener receives
+// notifications (so the fallback of a deaf listener does not explain it).
+func TestPartitionRaiseWithoutNotification(t *testing.T) {
+	defer pglease.SetPartitionRefresh(200 * time.Millisecond)()
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Partitions: 1,
+		SchemaAdapter: adapter, InitializeSchema: true}))
+	pub := newPublisher(t, pool, adapter)
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g"})
+	msgs, err := sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, "the listener", func() bool { return pglease.Listening(sub) })
+	require.NoError(t, pub.Publish("t", keyedMessage("first", 0)))
+	receive(t, msgs, 1, 10*time.Second)
+
+	_, err = pool.Exec(ctx, testQuery+"UPDATE "+table(adapter, pglease.DefaultTopicsTable)+
+		" SET partitions = 4 WHERE topic = 't'")
+	require.NoError(t, err)
+	keys := keyPerPartition("k", 4)
+	for _, k := range keys {
+		require.NoError(t, pub.Publish("t", keyedMessage(k, 0)))
+	}
+	partitions := map[int32]bool{}
+	for _, msg := range receive(t, msgs, len(keys), 10*time.Second) {
+		p, _ := pglease.MessagePartitionFromCtx(msg.Context())
+		partitions[p] = true
+	}
+	assert.Len(t, partitions, 4)
+	assert.True(t, pglease.Listening(sub), "the listener received notifications throughout")
+	require.NoError(t, sub.Close())
+	assertNoLeakedGoroutines(t)
+}
+
 // TestDeletedOffsetRowsUnderStartFromLatest: under StartFromLatest, a row
 // deleted while the group keeps another row of the topic is created again
 // at the beginning of its partition (its messages come again, nothing is

@@ -79,8 +79,10 @@ type SubscriberConfig struct {
 	// that come and go, and are woken at once; besides, every PollInterval
 	// one statement per Subscriber checks all its idle topics for messages,
 	// and a Subscriber that holds less than its share of its group's topics
-	// tries one claim statement this often. Default DefaultPollInterval
-	// (1s).
+	// tries one claim statement this often. The partition counts of the
+	// Subscriber's topics are read again every 5 minutes (at the first
+	// PollInterval after), in case a raise was not notified. Default
+	// DefaultPollInterval (1s).
 	PollInterval time.Duration
 
 	// ListenConnConfig, when set, is what the connection that LISTENs for
@@ -274,6 +276,9 @@ type Subscriber struct {
 	// giveUp. Each release statement is bounded by CloseTimeout once sent.
 	releaseCtx    context.Context
 	releaseCancel context.CancelFunc
+	// partitionRefresh is partitionRefreshInterval when the Subscriber was
+	// made.
+	partitionRefresh time.Duration
 }
 
 // topicSlot lets one consumer of this Subscriber at a time work on a
@@ -318,6 +323,8 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		slots:     map[rowKey]*topicSlot{},
 		ctx:       ctx,
 		cancel:    cancel,
+
+		partitionRefresh: partitionRefreshInterval,
 	}
 	s.releaseCtx, s.releaseCancel = context.WithCancel(context.Background())
 	s.member = newGroupMember(s)
