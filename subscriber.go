@@ -1094,9 +1094,9 @@ func (c *consumer) interrupted() outcome {
 // fetch reads the next messages after cl's position within the byte
 // budget (MaxBufferedBytes). It reserves up to an eighth of the budget,
 // waiting while nothing is free (after committing what is due), and reads
-// BatchSize messages, each sent whole only if it is at most a
-// BatchSize-th of the reservation, so that the bytes sent never exceed the
-// reservation whatever the sizes. The batch is the longest prefix of whole
+// BatchSize messages, each sent with its payload only if it is at most a
+// BatchSize-th of the reservation, so that the payloads sent never exceed
+// the reservation whatever the sizes (the metadata of the others is sent). The batch is the longest prefix of whole
 // messages that fits the reservation. When the first message was not
 // sent whole, the sizes read tell how many messages fit, and a second read
 // gets exactly those, after reserving the first one's size when it alone
