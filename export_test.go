@@ -56,3 +56,12 @@ func SetAfterMembersReadHook(s *Subscriber, hook func(members int)) {
 func PartitionName(a DefaultSchemaAdapter, suffix string) string {
 	return a.partitionName(suffix)
 }
+
+// SetPartitionRefresh sets how often Subscribers read their topics'
+// partition counts again, until the returned function restores the default
+// (tests only; not while a Subscriber runs).
+func SetPartitionRefresh(interval time.Duration) (restore func()) {
+	old := partitionRefreshInterval
+	partitionRefreshInterval = interval
+	return func() { partitionRefreshInterval = old }
+}

@@ -61,8 +61,12 @@ type groupMember struct {
 	waiting map[rowKey]*consumer // subscribed, not owned
 	owning  map[rowKey]*held     // granted
 	set     rowSet               // the rows of waiting and owning
-	// unensured are subscribed rows whose offset row may not exist.
+	// unensured are subscribed rows whose offset row may not exist: the
+	// partitions of a topic whose count was read (resolve), and every
+	// subscribed partition of a topic a claim found a row of missing.
+	// recreate are those of the second kind: their creation is logged.
 	unensured map[rowKey]struct{}
+	recreate  map[rowKey]struct{}
 	// unsettled are rows of a claim statement whose outcome is unknown:
 	// they may be this session's. The next claim takes them again and
 	// releases those that are no longer subscribed.
@@ -98,6 +102,7 @@ func newGroupMember(s *Subscriber) *groupMember {
 		waiting:    map[rowKey]*consumer{},
 		owning:     map[rowKey]*held{},
 		unensured:  map[rowKey]struct{}{},
+		recreate:   map[rowKey]struct{}{},
 		unsettled:  map[rowKey]struct{}{},
 		future:     map[rowKey]futureHold{},
 		subs:       map[string][]*subscription{},
@@ -240,7 +245,6 @@ func (m *groupMember) register(c *consumer) {
 	m.mu.Lock()
 	m.waiting[key] = c
 	m.set.add(key.topic, key.partition)
-	m.unensured[key] = struct{}{}
 	m.mu.Unlock()
 	m.wake()
 }
@@ -257,7 +261,6 @@ func (m *groupMember) unregister(c *consumer) (grant, bool) {
 		delete(m.owning, key)
 		m.set.remove(key.topic, key.partition)
 	}
-	delete(m.unensured, key)
 	m.mu.Unlock()
 	m.wake()
 	select {
@@ -358,7 +361,9 @@ func (m *groupMember) step(g *sessionGen) (time.Duration, error) {
 
 // resolve reads the partition counts of the topics of new subscriptions (and
 // of topics whose count changed), in batches, and has each subscription
-// start a consumer per partition.
+// start a consumer per partition. The offset rows of the new partitions
+// are created by the ensure that follows, all partitions of a topic in one
+// statement (see EnsureOffsets), before their consumers register.
 func (m *groupMember) resolve() error {
 	m.mu.Lock()
 	marks := make(map[*subscription]uint64, len(m.unresolved))
@@ -389,16 +394,25 @@ func (m *groupMember) resolve() error {
 					delete(m.unresolved, sub)
 				}
 				m.mu.Unlock()
-				if ok {
-					sub.grow(max(counts[t], 1))
+				if !ok {
+					continue
 				}
+				n := max(counts[t], 1)
+				from := sub.grow(n)
+				m.mu.Lock()
+				for p := from; p < n; p++ {
+					m.unensured[rowKey{topic: t, partition: int32(p)}] = struct{}{}
+				}
+				m.mu.Unlock()
 			}
 		}
 		return nil
 	})
 }
 
-// ensure creates the offset rows of newly subscribed rows, in batches.
+// ensure creates the offset rows of newly subscribed rows, in batches that
+// keep the rows of a topic together, and logs where the rows start when a
+// reader of StartFrom could not tell.
 func (m *groupMember) ensure() error {
 	m.mu.Lock()
 	rows := make([]rowKey, 0, len(m.unensured))
@@ -406,18 +420,108 @@ func (m *groupMember) ensure() error {
 		rows = append(rows, r)
 	}
 	m.mu.Unlock()
-	return inChunks(rows, func(batch []rowKey) error {
-		if err := m.s.offsets.ensureMany(m.s.ctx, m.s.config.SessionTTL, m.s.config.ConsumerGroup, batch,
-			m.s.config.StartFrom == StartFromLatest); err != nil {
+	slices.SortFunc(rows, compareRows)
+	latest := m.s.config.StartFrom == StartFromLatest
+	return inTopicChunks(rows, func(batch []rowKey) error {
+		created, err := m.s.offsets.ensureMany(m.s.ctx, m.s.config.SessionTTL, m.s.config.ConsumerGroup, batch, latest)
+		if err != nil {
 			return err
 		}
+		recreated := map[rowKey]bool{}
 		m.mu.Lock()
 		for _, r := range batch {
 			delete(m.unensured, r)
+			if _, ok := m.recreate[r]; ok {
+				recreated[r] = true
+				delete(m.recreate, r)
+			}
 		}
 		m.mu.Unlock()
+		m.logCreated(created, recreated, latest)
 		return nil
 	})
+}
+
+// logCreated logs, per topic, the offset rows ensure created where
+// StartFrom alone does not say where they start: at Info, rows created
+// again after they were found missing (deleted by hand, or the group
+// removed by Maintenance.RemoveIdleGroupsAfter), with where they start,
+// and, under StartFromLatest, rows started at the beginning because the
+// group already consumes the topic (partitions added after it started).
+// Info, not Error: nothing failed, both follow from something done on
+// purpose (Watermill's LoggerAdapter has no Warn level). The rows of a
+// group's first start on a topic are logged at Debug.
+func (m *groupMember) logCreated(created []createdRow, recreated map[rowKey]bool, latest bool) {
+	slices.SortFunc(created, func(a, b createdRow) int { return compareRows(a.row, b.row) })
+	type kind struct {
+		topic              string
+		recreated, atStart bool
+	}
+	var (
+		cur   kind
+		parts []int32
+		start Position
+	)
+	flush := func() {
+		if len(parts) == 0 {
+			return
+		}
+		fields := watermill.LogFields{"topic": cur.topic, "partitions": parts}
+		switch {
+		case cur.recreated && cur.atStart:
+			fields["start"] = "earliest"
+			m.logger.Info("Offset rows were gone (deleted by hand, or the group removed by "+
+				"Maintenance.RemoveIdleGroupsAfter) and are created again at the beginning of their partitions, "+
+				"since the group still consumes the topic or starts from the earliest: their messages are "+
+				"delivered again from the first one", fields)
+		case cur.recreated:
+			fields["start"], fields["acked_transaction_id"] = "latest", start.TransactionID
+			m.logger.Info("Offset rows were gone (deleted by hand, or the group removed by "+
+				"Maintenance.RemoveIdleGroupsAfter) and are created again after every message visible now, as for "+
+				"a new group (StartFromLatest, and the group had no row of the topic left): messages published "+
+				"before are not delivered", fields)
+		case latest && cur.atStart:
+			fields["start"] = "earliest"
+			m.logger.Info("The group consumes the topic already: its partitions without an offset row (added "+
+				"after the group started on the topic) are consumed from their first message, StartFromLatest "+
+				"notwithstanding", fields)
+		default:
+			if latest {
+				fields["start"], fields["acked_transaction_id"] = "latest", start.TransactionID
+			} else {
+				fields["start"] = "earliest"
+			}
+			m.logger.Debug("Offset rows created", fields)
+		}
+		parts = nil
+	}
+	for _, c := range created {
+		k := kind{topic: c.row.topic, recreated: recreated[c.row], atStart: c.start == (Position{})}
+		if k != cur {
+			flush()
+			cur = k
+		}
+		parts = append(parts, c.row.partition)
+		start = c.start
+	}
+	flush()
+}
+
+// inTopicChunks is inChunks for rows sorted by topic, but a chunk that
+// reaches claimBatchMax goes on to the last row of its last topic: a
+// chunk holds at most claimBatchMax-1+MaxPartitions rows.
+func inTopicChunks(rows []rowKey, f func([]rowKey) error) error {
+	for len(rows) > 0 {
+		n := min(len(rows), claimBatchMax)
+		for n < len(rows) && rows[n].topic == rows[n-1].topic {
+			n++
+		}
+		if err := f(rows[:n]); err != nil {
+			return err
+		}
+		rows = rows[n:]
+	}
+	return nil
 }
 
 // inChunks calls f with consecutive chunks of at most claimBatchMax items,
@@ -615,6 +719,8 @@ func (m *groupMember) claimRows(g *sessionGen, rows []rowKey, limit int) (n int,
 		}
 		return 0, false, err
 	}
+	var missing []rowKey
+	defer func() { m.recreateRows(missing) }()
 	for _, r := range results {
 		if r.kind != claimLost {
 			n++
@@ -623,14 +729,9 @@ func (m *groupMember) claimRows(g *sessionGen, rows []rowKey, limit int) (n int,
 		case claimLost:
 			raced = true
 		case claimMissing:
-			m.logger.Info("The offset row is gone (deleted by hand?); creating it again at the beginning of the topic",
+			m.logger.Debug("The offset row is gone; creating it again",
 				watermill.LogFields{"topic": r.row.topic, "partition": r.row.partition})
-			m.mu.Lock()
-			if _, ok := m.waiting[r.row]; ok {
-				m.unensured[r.row] = struct{}{}
-			}
-			m.mu.Unlock()
-			m.wake()
+			missing = append(missing, r.row)
 		case claimFuture:
 			m.logger.Error("Refusing to claim the topic: its acknowledged position lies ahead of the database's "+
 				"transaction counter, so new messages would be skipped; see \"Positions from another cluster\" in "+
@@ -651,6 +752,45 @@ func (m *groupMember) claimRows(g *sessionGen, rows []rowKey, limit int) (n int,
 		}
 	}
 	return n, raced, nil
+}
+
+// recreateRows has the next step create the offset rows of missing
+// again, with every subscribed partition of their topics (whose rows may
+// be gone too, unseen while their owners have nothing to commit), in one
+// statement per topic (see EnsureOffsets): a group whose rows were all
+// deleted starts again on every partition of a topic at the same place.
+func (m *groupMember) recreateRows(missing []rowKey) {
+	if len(missing) == 0 {
+		return
+	}
+	m.mu.Lock()
+	var subs []*subscription
+	topics := map[string]bool{}
+	for _, r := range missing {
+		m.unensured[r] = struct{}{}
+		m.recreate[r] = struct{}{}
+		if !topics[r.topic] {
+			topics[r.topic] = true
+			subs = append(subs, m.subs[r.topic]...)
+		}
+	}
+	m.mu.Unlock()
+	// The partition counts under sub.mu, not under m.mu: grow takes
+	// sub.mu, then s.mu, and Subscribe holds s.mu to take m.mu.
+	partitions := make(map[string]int, len(subs))
+	for _, sub := range subs {
+		partitions[sub.topic] = max(partitions[sub.topic], sub.partitionCount())
+	}
+	m.mu.Lock()
+	for topic, n := range partitions {
+		for p := range n {
+			r := rowKey{topic: topic, partition: int32(p)}
+			m.unensured[r] = struct{}{}
+			m.recreate[r] = struct{}{}
+		}
+	}
+	m.mu.Unlock()
+	m.wake()
 }
 
 // futureHold is how long a topic refused with ErrFuturePosition is left

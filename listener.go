@@ -185,6 +185,13 @@ func (h *wakeHub) wakeAll() {
 // receives no notifications reads its topics' partition counts again.
 const partitionPollTicks = 30
 
+// partitionRefreshInterval is how often every Subscriber reads its topics'
+// partition counts again, notifications or not: a raise whose notification
+// was never sent (the topics table updated by hand, a custom adapter) or
+// lost is picked up this long after it at most. A variable, so that tests
+// can shrink it.
+var partitionRefreshInterval = 5 * time.Minute
+
 // pollTick stands in, every PollInterval, for the notifications of a
 // Subscriber that receives none (PollOnly, a listener that reconnects or
 // refused a pooler): the member reads its group again while it waits for
@@ -519,15 +526,23 @@ func checkDirect(ctx context.Context, conn *pgx.Conn) error {
 //
 // While no notifications arrive (s.listener.Listening is false), each
 // round also polls for what they would have told (wakeHub.pollTick).
+// Whether they arrive or not, the partition counts of all topics are read
+// again every partitionRefreshInterval (at the first round after it): a
+// raise that was never notified is picked up all the same.
 func (s *Subscriber) pollIdle() {
 	defer s.background.Done()
 	deaf := 0
+	refreshed := time.Now()
 	for sleep(s.config.PollInterval, s.ctx.Done(), nil) {
 		if s.listener.Listening() {
 			deaf = 0
 		} else {
 			deaf++
 			s.hub.pollTick(deaf)
+		}
+		if time.Since(refreshed) >= s.partitionRefresh {
+			refreshed = time.Now()
+			s.member.topicChanged(nil)
 		}
 		consumers, params := s.hub.idleSnapshot()
 		if len(consumers) == 0 {

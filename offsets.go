@@ -146,22 +146,50 @@ func (s offsetStore) conn(wait context.Context, timeout time.Duration) (*pgxpool
 	return conn, ctx, func() { cancel(); s.gate.release(conn) }, nil
 }
 
-// ensureMany creates the missing offset rows of topics at the beginning of
+// ensureMany creates the missing offset rows of rows at the beginning of
 // each topic (a new consumer group reads a topic from its first message),
-// or with latest after every message visible now.
+// or with latest, for topics the group has no row of yet, after every
+// message visible now; rows must hold every partition of a topic that is
+// to be created. It returns the rows it created and where each starts.
 // See conn for wait and timeout.
-func (s offsetStore) ensureMany(wait context.Context, timeout time.Duration, group string, rows []rowKey, latest bool) error {
+func (s offsetStore) ensureMany(wait context.Context, timeout time.Duration, group string, rows []rowKey, latest bool) ([]createdRow, error) {
 	topics, partitions := splitRows(rows)
 	q := s.adapter.EnsureOffsets(OffsetsParams{ConsumerGroup: group, Topics: topics, Partitions: partitions, Latest: latest})
 	conn, ctx, done, err := s.conn(wait, timeout)
 	if err != nil {
-		return fmt.Errorf("create offset rows: %w", err)
+		return nil, fmt.Errorf("create offset rows: %w", err)
 	}
 	defer done()
-	if _, err := conn.Exec(ctx, q.SQL, q.Args...); err != nil {
-		return fmt.Errorf("create offset rows: %w", wrapMissingSchema(err))
+	res, err := conn.Query(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return nil, fmt.Errorf("create offset rows: %w", wrapMissingSchema(err))
 	}
-	return nil
+	defer res.Close()
+	var created []createdRow
+	for res.Next() {
+		var (
+			r    createdRow
+			txID string
+		)
+		if err := res.Scan(&r.row.topic, &r.row.partition, &txID); err != nil {
+			return nil, fmt.Errorf("create offset rows: %w", err)
+		}
+		if r.start.TransactionID, err = parseXID8(txID); err != nil {
+			return nil, fmt.Errorf("create offset rows: %w", err)
+		}
+		created = append(created, r)
+	}
+	if err := res.Err(); err != nil {
+		return nil, fmt.Errorf("create offset rows: %w", wrapMissingSchema(err))
+	}
+	return created, nil
+}
+
+// createdRow is an offset row that ensureMany created, and the position
+// it starts after (the zero Position: the beginning of the partition).
+type createdRow struct {
+	row   rowKey
+	start Position
 }
 
 // partitionCounts reads the partition counts of topics (1 for a topic never

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -69,6 +70,10 @@ type SelectMessagesParams struct {
 	Partition int32
 	After     Position
 	Limit     int
+	// MaxMessageBytes, when positive, is the size of the largest message
+	// returned whole: a larger one is returned without its payload and
+	// metadata (see [SchemaAdapter.SelectMessages]).
+	MaxMessageBytes int64
 }
 
 // VisibleTopicsParams list (topic, partition) rows with a position each;
@@ -132,9 +137,12 @@ type OffsetsParams struct {
 	SessionID     uuid.UUID
 	// Limit bounds the rows a claim takes.
 	Limit int
-	// Latest makes EnsureOffsets create rows at the end of each topic
-	// (every message visible now counts as acknowledged) instead of at
-	// the beginning.
+	// Latest makes EnsureOffsets create the rows of a topic the group has
+	// no row of at all at the end of the topic (every message visible now
+	// counts as acknowledged) instead of at the beginning. The rows of a
+	// topic the group already has a row of (partitions added after it
+	// started on the topic, a row deleted by hand) start at the beginning
+	// all the same: their messages were published after the group started.
 	Latest bool
 }
 
@@ -209,11 +217,16 @@ type SchemaAdapter interface {
 	// SelectMessages returns at most p.Limit messages after p.After that
 	// every transaction can see, in delivery order, and one more row with
 	// pending = true when committed messages after p.After are not visible
-	// yet (an older transaction is still running). Columns: offset bigint,
+	// yet (an older transaction is still running). A message's size is
+	// the length of its payload plus the stored size of its metadata
+	// (pg_column_size); with p.MaxMessageBytes, a message larger than that
+	// is returned with a NULL payload, so that the caller learns its size
+	// without receiving it. Columns: offset bigint,
 	// transaction_id xid8 (as text), uuid text, payload bytea, metadata
 	// jsonb (as text), pending bool, future bool: on the pending row, true
 	// when a stored message's transaction id lies ahead of the database's
-	// transaction counter (rows copied from another cluster).
+	// transaction counter (rows copied from another cluster), size integer
+	// (NULL on the pending row).
 	SelectMessages(p SelectMessagesParams) Query
 	// VisibleTopics returns one row (index bigint, 1-based) per topic of p
 	// that has a visible message after its position.
@@ -244,8 +257,11 @@ type SchemaAdapter interface {
 	GroupMembers(p GroupParams) Query
 
 	// EnsureOffsets creates the missing offset rows of p's (topic,
-	// partition) rows at the beginning of each, or, with p.Latest, just
-	// below the xmin horizon (after every message visible now).
+	// partition) rows at the beginning of each, or, with p.Latest and for
+	// a topic the group has no row of yet, just below the xmin horizon
+	// (after every message visible now). Returns one row per row created:
+	// topic text, partition integer, acked_transaction_id (xid8 as text;
+	// '0' at the beginning).
 	EnsureOffsets(p OffsetsParams) Query
 	// ClaimOffsets claims, for p.SessionID, up to p.Limit of p's (topic,
 	// partition) rows that are free, bumping their epochs; taking a row
@@ -950,11 +966,20 @@ func oneTopic(topics []string) bool {
 // step of a backward index scan): at or above the snapshot's xmax, no
 // transaction of this cluster can have written it.
 func (a DefaultSchemaAdapter) SelectMessages(p SelectMessagesParams) Query {
+	maxBytes := p.MaxMessageBytes
+	if maxBytes <= 0 {
+		maxBytes = math.MaxInt64
+	}
+	// Neither octet_length of a payload nor pg_column_size of metadata
+	// reads a TOASTed value, only its header: a message left out costs
+	// its index entry and heap tuple, not its bytes.
+	const size = `(COALESCE(octet_length(m.payload), 0) + COALESCE(pg_column_size(m.metadata), 0))`
 	return Query{
 		// The ORDER BY names the table's columns, qualified: a bare
 		// transaction_id would sort by the text output column.
-		SQL: `(SELECT m."offset", m.transaction_id::text AS transaction_id_text, m.uuid, m.payload,
-	m.metadata::text AS metadata_text, false AS pending, false AS future
+		SQL: `(SELECT m."offset", m.transaction_id::text AS transaction_id_text, m.uuid,
+	CASE WHEN ` + size + ` <= $6 THEN m.payload END, m.metadata::text AS metadata_text,
+	false AS pending, false AS future, ` + size + ` AS size
 FROM ` + a.messages() + ` m
 WHERE m.topic = $1 AND m.partition = $2 AND ` + a.classesOf("$1") + `
 	AND (m.transaction_id, m."offset") > ($3::text::xid8, $4::bigint)
@@ -962,13 +987,13 @@ WHERE m.topic = $1 AND m.partition = $2 AND ` + a.classesOf("$1") + `
 ORDER BY m.transaction_id, m."offset"
 LIMIT $5)
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, true, t.transaction_id >= pg_snapshot_xmax(pg_current_snapshot())
+SELECT NULL, NULL, NULL, NULL, NULL, true, t.transaction_id >= pg_snapshot_xmax(pg_current_snapshot()), NULL
 FROM (SELECT m.transaction_id FROM ` + a.messages() + ` m
 	WHERE m.topic = $1 AND m.partition = $2 AND ` + a.classesOf("$1") + `
 		AND m.transaction_id >= pg_snapshot_xmin(pg_current_snapshot())
 	ORDER BY m.transaction_id DESC
 	LIMIT 1) t`,
-		Args: []any{p.Topic, p.Partition, formatXID8(p.After.TransactionID), p.After.Offset, p.Limit},
+		Args: []any{p.Topic, p.Partition, formatXID8(p.After.TransactionID), p.After.Offset, p.Limit, maxBytes},
 	}
 }
 
@@ -1074,15 +1099,23 @@ func (a DefaultSchemaAdapter) DeleteExpiredSessions(p SessionParams) Query {
 }
 
 // EnsureOffsets implements [SchemaAdapter].
+//
+// With p.Latest, whether the group has a row of the topic is decided on
+// the statement's snapshot, so the rows of a topic created by one
+// statement all start at the same place. Callers pass every partition of
+// a topic to the same statement: split over two, a new group's rows of
+// the second would start at the beginning, the first's rows existing.
 func (a DefaultSchemaAdapter) EnsureOffsets(p OffsetsParams) Query {
 	return Query{
-		SQL: `INSERT INTO ` + a.offsets() + ` (consumer_group, topic, partition, acked_transaction_id, acked_offset)
+		SQL: `INSERT INTO ` + a.offsets() + ` AS o (consumer_group, topic, partition, acked_transaction_id, acked_offset)
 SELECT $1, t.topic, t.partition,
-	CASE WHEN $4 THEN pg_snapshot_xmin(pg_current_snapshot()) ELSE '0'::xid8 END,
+	CASE WHEN $4 AND NOT EXISTS (SELECT 1 FROM ` + a.offsets() + ` g WHERE g.consumer_group = $1 AND g.topic = t.topic)
+		THEN pg_snapshot_xmin(pg_current_snapshot()) ELSE '0'::xid8 END,
 	0
 FROM unnest($2::text[], $3::integer[]) AS t(topic, partition)
 ORDER BY t.topic, t.partition
-ON CONFLICT (consumer_group, topic, partition) DO NOTHING`,
+ON CONFLICT (consumer_group, topic, partition) DO NOTHING
+RETURNING o.topic, o.partition, o.acked_transaction_id::text`,
 		Args: []any{p.ConsumerGroup, p.Topics, partitionsOf(p.Topics, p.Partitions), p.Latest},
 	}
 }

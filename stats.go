@@ -45,6 +45,9 @@ type SubscriberStats struct {
 	Nacked    uint64
 	// OwnedRows is the number of rows the Subscriber owns now.
 	OwnedRows int
+	// BufferedBytes is the part of MaxBufferedBytes in use now: the bytes
+	// of messages read and not handed out yet, and of reads under way.
+	BufferedBytes int64
 	// Heartbeats holds the latency of successful heartbeats.
 	Heartbeats LatencyHistogram
 
@@ -125,6 +128,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 		Acked:         st.acked.Load(),
 		Nacked:        st.nacked.Load(),
 		OwnedRows:     s.member.ownedRows(),
+		BufferedBytes: s.budget.buffered(),
 
 		Maintainer:                 s.maint != nil && s.maint.active.Load(),
 		MaintainerTerms:            st.maintainerTerms.Load(),

@@ -25,6 +25,8 @@ const (
 	DefaultCommitInterval  = 100 * time.Millisecond
 	DefaultCommitBatch     = 100
 	DefaultCloseTimeout    = 5 * time.Second
+	// DefaultMaxBufferedBytes is the default MaxBufferedBytes: 64 MiB.
+	DefaultMaxBufferedBytes = 64 << 20
 
 	// MinSessionTTL is the shortest SessionTTL accepted.
 	MinSessionTTL = time.Second
@@ -39,7 +41,8 @@ const (
 	// StartFromEarliest starts at the first message of the topic.
 	StartFromEarliest StartFrom = iota
 	// StartFromLatest starts after the messages visible when the group's
-	// offset row is created.
+	// offset rows of the topic are created. Partitions added to the topic
+	// later are consumed from their first message.
 	StartFromLatest
 )
 
@@ -58,11 +61,18 @@ type SubscriberConfig struct {
 	// DefaultSessionTTL (10s), at least MinSessionTTL (1s).
 	SessionTTL time.Duration
 
-	// StartFrom is where a consumer group starts on a (topic, partition)
-	// it has no offset row for yet: StartFromEarliest (the default) at the
-	// first message, StartFromLatest after every message visible when the
-	// row is created (messages of transactions still running then are
-	// delivered). Once the row exists it has no effect; reset positions
+	// StartFrom is where a consumer group starts on a topic it has no
+	// offset row of yet: StartFromEarliest (the default) at the first
+	// message, StartFromLatest after every message visible when the rows
+	// of the topic's partitions are created (messages of transactions
+	// still running then are delivered). A partition without a row of a
+	// topic the group already has a row of (added to the topic after the
+	// group started on it, or its row deleted) starts at its first
+	// message whatever StartFrom says: its messages were published after
+	// the group started. A row created again after it was found missing
+	// (deleted by hand, or the group removed by
+	// Maintenance.RemoveIdleGroupsAfter) is logged at Info with where it
+	// starts. Once the rows exist StartFrom has no effect; reset positions
 	// with Inspector.ResetOffsets.
 	StartFrom StartFrom
 
@@ -71,8 +81,10 @@ type SubscriberConfig struct {
 	// that come and go, and are woken at once; besides, every PollInterval
 	// one statement per Subscriber checks all its idle topics for messages,
 	// and a Subscriber that holds less than its share of its group's topics
-	// tries one claim statement this often. Default DefaultPollInterval
-	// (1s).
+	// tries one claim statement this often. The partition counts of the
+	// Subscriber's topics are read again every 5 minutes (at the first
+	// PollInterval after), in case a raise was not notified. Default
+	// DefaultPollInterval (1s).
 	PollInterval time.Duration
 
 	// ListenConnConfig, when set, is what the connection that LISTENs for
@@ -104,6 +116,21 @@ type SubscriberConfig struct {
 	// BatchSize is how many messages one query reads; they are still handed
 	// out one at a time. Default DefaultBatchSize (100).
 	BatchSize int
+
+	// MaxBufferedBytes bounds the bytes of the messages the Subscriber has
+	// read and not handed out yet, over all its topics and partitions
+	// together: each partition with a backlog reads up to BatchSize
+	// messages ahead, so without a bound 1,024 partitions of 1 MB messages
+	// would hold 100 GB. A message counts the length of its payload and
+	// of its metadata (as JSON). A read takes at most an eighth of the
+	// budget, is cut short to what its messages use, and waits while
+	// nothing is free; a message larger than what is free is read once
+	// its size is, and one larger than the budget once any byte is, one
+	// such message at a time: the bytes held never exceed the budget by
+	// more than one message. Messages handed out are no longer counted
+	// (the handlers hold them until they ack or nack). Default
+	// DefaultMaxBufferedBytes (64 MiB); must not be negative.
+	MaxBufferedBytes int64
 
 	// CommitInterval and CommitBatch bound how acknowledged offsets are
 	// coalesced: the position is committed at most CommitInterval after an
@@ -150,6 +177,9 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
 	}
+	if c.MaxBufferedBytes == 0 {
+		c.MaxBufferedBytes = DefaultMaxBufferedBytes
+	}
 	if c.CommitInterval == 0 {
 		c.CommitInterval = DefaultCommitInterval
 	}
@@ -179,6 +209,9 @@ func (c SubscriberConfig) validate() error {
 	}
 	if c.BatchSize < 0 {
 		return fmt.Errorf("SubscriberConfig.BatchSize must be positive, got %d", c.BatchSize)
+	}
+	if c.MaxBufferedBytes < 0 {
+		return fmt.Errorf("SubscriberConfig.MaxBufferedBytes must not be negative, got %d", c.MaxBufferedBytes)
 	}
 	if c.CommitInterval < 0 {
 		return fmt.Errorf("SubscriberConfig.CommitInterval must be positive, got %s", c.CommitInterval)
@@ -235,6 +268,7 @@ type Subscriber struct {
 	offsets offsetStore
 	session *sessionKeeper
 	stats   *subscriberStats
+	budget  *byteBudget // MaxBufferedBytes
 
 	schemaMu    sync.Mutex
 	schemaReady bool
@@ -266,6 +300,9 @@ type Subscriber struct {
 	// giveUp. Each release statement is bounded by CloseTimeout once sent.
 	releaseCtx    context.Context
 	releaseCancel context.CancelFunc
+	// partitionRefresh is partitionRefreshInterval when the Subscriber was
+	// made.
+	partitionRefresh time.Duration
 }
 
 // topicSlot lets one consumer of this Subscriber at a time work on a
@@ -305,11 +342,14 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		offsets:   newOffsetStore(pool, config.SchemaAdapter, config.CloseTimeout, stats, logger),
 		session:   newSessionKeeper(pool, config.SchemaAdapter, config.ConsumerGroup, config.SessionTTL, stats, logger),
 		stats:     stats,
+		budget:    newByteBudget(config.MaxBufferedBytes),
 		closeDone: make(chan struct{}),
 		giveUp:    make(chan struct{}),
 		slots:     map[rowKey]*topicSlot{},
 		ctx:       ctx,
 		cancel:    cancel,
+
+		partitionRefresh: partitionRefreshInterval,
 	}
 	s.releaseCtx, s.releaseCancel = context.WithCancel(context.Background())
 	s.member = newGroupMember(s)
@@ -455,14 +495,23 @@ func (sub *subscription) closeOut() {
 	sub.s.consumers.Done()
 }
 
+// partitionCount returns how many partitions the subscription consumes.
+func (sub *subscription) partitionCount() int {
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	return sub.partitions
+}
+
 // grow starts the consumers of partitions up to n (a topic's partition
-// count only grows).
-func (sub *subscription) grow(n int) {
+// count only grows). It returns the first partition it started a consumer
+// for (n when it started none).
+func (sub *subscription) grow(n int) (from int) {
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
 	if sub.ending || n <= sub.partitions {
-		return
+		return n
 	}
+	from = sub.partitions
 	s := sub.s
 	for p := sub.partitions; p < n; p++ {
 		key := rowKey{topic: sub.topic, partition: int32(p)}
@@ -502,6 +551,7 @@ func (sub *subscription) grow(n int) {
 			watermill.LogFields{"partitions": n, "before": sub.partitions})
 	}
 	sub.partitions = n
+	return from
 }
 
 // Close ends every subscription: it releases their topics with their
@@ -667,6 +717,11 @@ type storedMessage struct {
 	uuid     string
 	payload  []byte
 	metadata string
+	// size is what the message counts against MaxBufferedBytes, as
+	// SelectMessages computes it; whole is false when the read left its
+	// payload and metadata out (larger than it asked for).
+	size  int64
+	whole bool
 }
 
 // toMessage builds a new Watermill message each time, so that an Ack of a
@@ -712,6 +767,11 @@ type consumer struct {
 	flushTimer *time.Timer
 	flushArmed bool
 	unflushed  int
+	// lease is what the consumer holds of the Subscriber's byte budget:
+	// the messages of its batch not handed out yet. unsent is the size of
+	// the message being delivered until it is first handed out.
+	lease  budgetLease
+	unsent int64
 }
 
 func (c *consumer) row() rowKey { return rowKey{topic: c.topic, partition: c.partition} }
@@ -889,6 +949,9 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 	pendingWait := newBackoff(2*time.Millisecond, pendingFastCap)
 	var pendingSince time.Time
 	head := true // no message of this claim delivered yet
+	// Messages of a batch not handed out when ownership ends are dropped:
+	// their bytes go back to the budget.
+	defer c.dropBuffered()
 	for first := true; ; first = false {
 		if c.ctx.Err() != nil {
 			return stopped
@@ -907,7 +970,10 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 			}
 			continue
 		}
-		batch, pending, err := c.fetch(cl.acked)
+		batch, pending, ok, err := c.fetch(g, cl)
+		if !ok {
+			return c.interrupted()
+		}
 		if err != nil {
 			if c.ctx.Err() != nil {
 				return stopped
@@ -960,6 +1026,7 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 				}
 				attempt, head = n, false
 			}
+			c.unsent = m.size
 			if res := c.deliver(g, cl, m, attempt); res != acked {
 				return res
 			}
@@ -1024,12 +1091,101 @@ func (c *consumer) interrupted() outcome {
 	}
 }
 
-func (c *consumer) fetch(after Position) ([]storedMessage, bool, error) {
+// fetch reads the next messages after cl's position within the byte
+// budget (MaxBufferedBytes). It reserves up to an eighth of the budget,
+// waiting while nothing is free (after committing what is due), and reads
+// BatchSize messages, each sent with its payload only if it is at most a
+// BatchSize-th of the reservation, so that the payloads sent never exceed
+// the reservation whatever the sizes (the metadata of the others is sent). The batch is the longest prefix of whole
+// messages that fits the reservation. When the first message was not
+// sent whole, the sizes read tell how many messages fit, and a second read
+// gets exactly those, after reserving the first one's size when it alone
+// is larger than the reservation (byteBudget.reserveExact). What the batch
+// uses stays in c.lease until its messages are handed out; the rest is
+// given back. ok is false when the subscription ended, the session was
+// lost or the member asked for the row while it waited.
+func (c *consumer) fetch(g *sessionGen, cl *claim) (batch []storedMessage, pending, ok bool, err error) {
+	b := c.s.budget
+	stop := budgetStop{c.ctx.Done(), g.lost, c.yield}
+	c.dropBuffered()
+	if !b.tryReserve(&c.lease, b.reserveWant()) {
+		// Nothing free: commit what is due before waiting.
+		if c.flush(g, cl) != acked {
+			return nil, false, false, nil
+		}
+		if !b.reserve(&c.lease, b.reserveWant(), stop) {
+			return nil, false, false, nil
+		}
+	}
+	limit := c.s.config.BatchSize
+	wholeUpTo := max(c.lease.n/int64(limit), 1)
+	for {
+		var rows []storedMessage
+		rows, pending, err = c.read(cl.acked, limit, wholeUpTo)
+		if err != nil {
+			c.dropBuffered()
+			return nil, false, true, err
+		}
+		batch, fit := cutBatch(rows, c.lease.n)
+		clear(rows[len(batch):]) // the payloads and metadata left out
+		if len(batch) > 0 || len(rows) == 0 {
+			var used int64
+			for _, m := range batch {
+				used += m.size
+			}
+			b.giveBack(&c.lease, c.lease.n-used)
+			return batch, pending, true, nil
+		}
+		if fit == 0 {
+			// The first message alone is larger than the reservation.
+			c.dropBuffered()
+			if !b.reserveExact(&c.lease, rows[0].size, stop) {
+				return nil, false, false, nil
+			}
+			fit = 1
+		}
+		// The next read returns the same first messages (the partition is
+		// this consumer's, and rows committed meanwhile come after them).
+		limit, wholeUpTo = fit, c.lease.n
+	}
+}
+
+// cutBatch returns the longest prefix of rows that are whole and whose
+// sizes add up to at most budget, and how many of rows, whole or not, fit
+// in budget.
+func cutBatch(rows []storedMessage, budget int64) (batch []storedMessage, fit int) {
+	var sum int64
+	whole := true
+	for _, m := range rows {
+		sum += m.size
+		if sum > budget {
+			break
+		}
+		whole = whole && m.whole
+		if whole {
+			batch = rows[:fit+1]
+		}
+		fit++
+	}
+	return batch, fit
+}
+
+// dropBuffered gives back to the budget what the consumer still holds of
+// it: a batch not handed out, or a reservation.
+func (c *consumer) dropBuffered() {
+	c.s.budget.giveBack(&c.lease, c.lease.n)
+	c.unsent = 0
+}
+
+// read runs one SelectMessages for limit messages after after, each
+// returned whole only if its size is at most wholeUpTo.
+func (c *consumer) read(after Position, limit int, wholeUpTo int64) (rows []storedMessage, pending bool, err error) {
 	q := c.s.config.SchemaAdapter.SelectMessages(SelectMessagesParams{
-		Topic:     c.topic,
-		Partition: c.partition,
-		After:     after,
-		Limit:     c.s.config.BatchSize,
+		Topic:           c.topic,
+		Partition:       c.partition,
+		After:           after,
+		Limit:           limit,
+		MaxMessageBytes: wholeUpTo,
 	})
 	conn, err := c.s.offsets.gate.acquire(c.ctx)
 	if err != nil {
@@ -1038,14 +1194,13 @@ func (c *consumer) fetch(after Position) ([]storedMessage, bool, error) {
 	defer c.s.offsets.gate.release(conn)
 	ctx, cancel := context.WithTimeout(c.ctx, c.s.config.SessionTTL)
 	defer cancel()
-	rows, err := conn.Query(ctx, q.SQL, q.Args...)
+	res, err := conn.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, wrapMissingSchema(err))
 	}
-	defer rows.Close()
-	batch := make([]storedMessage, 0, c.s.config.BatchSize)
-	pending := false
-	for rows.Next() {
+	defer res.Close()
+	rows = make([]storedMessage, 0, limit)
+	for res.Next() {
 		var (
 			offset   *int64
 			txText   *string
@@ -1054,8 +1209,9 @@ func (c *consumer) fetch(after Position) ([]storedMessage, bool, error) {
 			metadata *string
 			more     bool
 			future   bool
+			size     *int64
 		)
-		if err := rows.Scan(&offset, &txText, &uuid, &payload, &metadata, &more, &future); err != nil {
+		if err := res.Scan(&offset, &txText, &uuid, &payload, &metadata, &more, &future, &size); err != nil {
 			return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, err)
 		}
 		if future {
@@ -1067,10 +1223,10 @@ func (c *consumer) fetch(after Position) ([]storedMessage, bool, error) {
 			pending = true
 			continue
 		}
-		if offset == nil || txText == nil || uuid == nil {
+		if offset == nil || txText == nil || uuid == nil || size == nil {
 			return nil, false, fmt.Errorf("read messages of topic %q: incomplete row", c.topic)
 		}
-		m := storedMessage{uuid: *uuid, payload: payload}
+		m := storedMessage{uuid: *uuid, payload: payload, size: *size, whole: *size <= wholeUpTo}
 		m.pos.Offset = *offset
 		if m.pos.TransactionID, err = parseXID8(*txText); err != nil {
 			return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, err)
@@ -1078,12 +1234,12 @@ func (c *consumer) fetch(after Position) ([]storedMessage, bool, error) {
 		if metadata != nil {
 			m.metadata = *metadata
 		}
-		batch = append(batch, m)
+		rows = append(rows, m)
 	}
-	if err := rows.Err(); err != nil {
+	if err := res.Err(); err != nil {
 		return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, err)
 	}
-	return batch, pending, nil
+	return rows, pending, nil
 }
 
 // flushC is the flush timer's channel while acknowledged positions wait to
@@ -1206,6 +1362,11 @@ func (c *consumer) handOut(g *sessionGen, cl *claim, m storedMessage, msg *messa
 		}
 	}
 	c.s.stats.delivered.Add(1)
+	if c.unsent > 0 {
+		// Handed out: the handler holds it now.
+		c.s.budget.giveBack(&c.lease, c.unsent)
+		c.unsent = 0
+	}
 	for {
 		select {
 		case <-msg.Acked():

@@ -1,0 +1,142 @@
+package pglease_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// TestMaxBufferedBytes: 64 partitions with a backlog of 1 MB messages and a
+// budget of 16 MB. While nobody reads the channel, every partition's
+// consumer would read its backlog ahead (BatchSize 100: 3 messages each,
+// 192 MB); with the budget the Subscriber holds 16 MB plus at most one
+// message, and the Go heap grows by about that much. Then every message
+// is delivered, in order per partition, and the bytes held never exceed
+// the budget by more than one message.
+func TestMaxBufferedBytes(t *testing.T) {
+	const (
+		partitions   = 64
+		perPartition = 3
+		payloadSize  = 1 << 20
+		budget       = 16 << 20
+		// slack covers what else the heap holds meanwhile: pgx's read
+		// buffers, the goroutines, the test's own bookkeeping.
+		slack = 16 << 20
+	)
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "big", pglease.TopicConfig{Partitions: partitions,
+		SchemaAdapter: adapter, InitializeSchema: true}))
+	// The Publisher on a pool of its own, closed before the heap is
+	// measured: pgx keeps buffers as large as the messages it sent.
+	pubPool := newPool(t, 4)
+	pub, err := pglease.NewPublisher(pubPool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, err)
+	keys := keyPerPartition("k", partitions)
+	// Compressible: the server stores a few KB per message, the Subscriber
+	// receives 1 MB.
+	payload := bytes.Repeat([]byte("pglease "), payloadSize/8)
+	for seq := range perPartition {
+		for _, k := range keys {
+			msg := message.NewMessage(watermill.NewUUID(), payload)
+			msg.Metadata.Set(pglease.PartitionKeyMetadata, k)
+			msg.Metadata.Set("seq", strconv.Itoa(seq))
+			require.NoError(t, pub.Publish("big", msg))
+		}
+	}
+
+	require.NoError(t, pub.Close())
+	pubPool.Close()
+
+	heapBefore := heapAfterGC()
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g", MaxBufferedBytes: budget})
+	msgs, err := sub.Subscribe(ctx, "big")
+	require.NoError(t, err)
+	var peak atomic.Int64
+	sampled := make(chan struct{})
+	stopSampling := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			peak.Store(max(peak.Load(), sub.Stats().BufferedBytes))
+			select {
+			case <-stopSampling:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+
+	// Nobody reads: the consumers fill the budget and wait.
+	waitFor(t, 30*time.Second, "the budget to fill up", func() bool {
+		return sub.Stats().BufferedBytes >= budget-2*payloadSize
+	})
+	held := int64(heapAfterGC()) - int64(heapBefore)
+	t.Logf("budget full: %.1f MB buffered, Go heap grew by %.1f MB (budget %d MB, backlog %d MB); %s",
+		float64(sub.Stats().BufferedBytes)/(1<<20), float64(held)/(1<<20), budget>>20,
+		partitions*perPartition*payloadSize>>20, peakRSS())
+	assert.LessOrEqual(t, held, int64(budget+payloadSize+slack), "Go heap while the budget is full")
+
+	last := map[string]int{}
+	for n := 0; n < partitions*perPartition; n++ {
+		msg := receiveOne(t, msgs)
+		key := msg.Metadata.Get(pglease.PartitionKeyMetadata)
+		seq, err := strconv.Atoi(msg.Metadata.Get("seq"))
+		require.NoError(t, err)
+		prev, ok := last[key]
+		if !ok {
+			prev = -1
+		}
+		require.Equal(t, prev+1, seq, "key %s: message %d after %d", key, seq, prev)
+		require.Equal(t, len(payload), len(msg.Payload))
+		last[key] = seq
+		msg.Ack()
+	}
+	for _, k := range keys {
+		assert.Equal(t, perPartition-1, last[k], "key %s", k)
+	}
+	close(stopSampling)
+	<-sampled
+	// The metadata of a message is about 60 bytes of JSON.
+	assert.LessOrEqual(t, peak.Load(), int64(budget+payloadSize+1024), "bytes held beyond the budget and one message")
+	t.Logf("peak buffered %.2f MB of a %d MB budget", float64(peak.Load())/(1<<20), budget>>20)
+	require.NoError(t, sub.Close())
+	assertNoLeakedGoroutines(t)
+}
+
+// TestMaxBufferedBytesValidation: a negative budget is refused, naming the
+// field.
+func TestMaxBufferedBytesValidation(t *testing.T) {
+	pool := newPool(t, 1)
+	_, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{MaxBufferedBytes: -1}, nil)
+	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
+	require.ErrorContains(t, err, "SubscriberConfig.MaxBufferedBytes")
+}
+
+// peakRSS reads the process's peak resident set size (Linux).
+func peakRSS() string {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return "peak RSS unknown"
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			return fmt.Sprintf("peak RSS of the test process %s", strings.TrimSpace(v))
+		}
+	}
+	return "peak RSS unknown"
+}
