@@ -32,10 +32,10 @@
 //
 //	pglease_subscriber_claims_total, pglease_subscriber_takeovers_total,
 //	pglease_subscriber_releases_total, pglease_subscriber_fenced_writes_total,
-//	pglease_subscriber_sessions_lost_total,
+//	pglease_subscriber_sessions_lost_total, pglease_subscriber_resyncs_total,
 //	pglease_subscriber_messages_delivered_total, pglease_subscriber_messages_acked_total,
 //	pglease_subscriber_messages_nacked_total (counters),
-//	pglease_subscriber_owned_rows (gauge),
+//	pglease_subscriber_owned_rows, pglease_subscriber_buffered_bytes (gauges),
 //	pglease_subscriber_heartbeat_duration_seconds (histogram, buckets [pglease.HeartbeatBuckets]).
 //
 // # The horizon's age and the scraping role

@@ -457,12 +457,16 @@ pglease_subscriber_messages_nacked_total{consumergroup="billing",subscriber="a"}
 # HELP pglease_subscriber_owned_rows (topic, partition) rows the Subscriber owns now.
 # TYPE pglease_subscriber_owned_rows gauge
 pglease_subscriber_owned_rows{consumergroup="billing",subscriber="a"} 1
+# HELP pglease_subscriber_resyncs_total Times the Subscriber found that the database went back in time (a failover to a standby that lagged, a restore) and claimed its rows again from the database's positions; what was acknowledged after them is delivered again.
+# TYPE pglease_subscriber_resyncs_total counter
+pglease_subscriber_resyncs_total{consumergroup="billing",subscriber="a"} 0
 `
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(expected),
 		"pglease_subscriber_claims_total", "pglease_subscriber_takeovers_total", "pglease_subscriber_releases_total",
 		"pglease_subscriber_fenced_writes_total", "pglease_subscriber_sessions_lost_total",
 		"pglease_subscriber_messages_delivered_total", "pglease_subscriber_messages_acked_total",
-		"pglease_subscriber_messages_nacked_total", "pglease_subscriber_owned_rows"))
+		"pglease_subscriber_messages_nacked_total", "pglease_subscriber_owned_rows", "pglease_subscriber_resyncs_total"))
+	assert.Equal(t, 1, testutil.CollectAndCount(c, "pglease_subscriber_buffered_bytes"))
 
 	waitFor(t, 10*time.Second, "a heartbeat", func() bool { return sub.Stats().Heartbeats.Count > 0 })
 	assert.Equal(t, 1, testutil.CollectAndCount(c, "pglease_subscriber_heartbeat_duration_seconds"))

@@ -40,6 +40,7 @@ type SubscriberCollector struct {
 	claims, takeovers, releases, fencedWrites, sessionsLost *prometheus.Desc
 	delivered, acked, nacked                                *prometheus.Desc
 	ownedRows, heartbeat                                    *prometheus.Desc
+	resyncs, bufferedBytes                                  *prometheus.Desc
 	// The maintainer's (see pglease.MaintenanceConfig).
 	maintainer, maintainerTerms, delayedMoved, retentionSkipped *prometheus.Desc
 	partitionsCreated, partitionsDropped, rowsDeleted           *prometheus.Desc
@@ -75,6 +76,10 @@ func NewSubscriberCollector(sub *pglease.Subscriber, config SubscriberCollectorC
 			"Offset commits and releases refused because another session or an offsets reset had taken the row (ErrOwnershipLost); the messages since the last commit are delivered again."),
 		sessionsLost: desc("pglease_subscriber_sessions_lost_total",
 			"Sessions of the Subscriber found expired or deleted, or self-fenced after heartbeats failed for the trust window; its rows are claimed again with a new session."),
+		resyncs: desc("pglease_subscriber_resyncs_total",
+			"Times the Subscriber found that the database went back in time (a failover to a standby that lagged, a restore) and claimed its rows again from the database's positions; what was acknowledged after them is delivered again."),
+		bufferedBytes: desc("pglease_subscriber_buffered_bytes",
+			"Bytes of messages the Subscriber read ahead and has not handed out yet (bounded by MaxBufferedBytes, plus one message)."),
 		delivered: desc("pglease_subscriber_messages_delivered_total",
 			"Messages handed out to handlers, redeliveries included."),
 		acked: desc("pglease_subscriber_messages_acked_total",
@@ -109,7 +114,7 @@ func NewSubscriberCollector(sub *pglease.Subscriber, config SubscriberCollectorC
 // Describe implements [prometheus.Collector].
 func (c *SubscriberCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.claims, c.takeovers, c.releases, c.fencedWrites, c.sessionsLost,
-		c.delivered, c.acked, c.nacked, c.ownedRows, c.heartbeat,
+		c.resyncs, c.bufferedBytes, c.delivered, c.acked, c.nacked, c.ownedRows, c.heartbeat,
 		c.maintainer, c.maintainerTerms, c.delayedMoved, c.retentionSkipped, c.partitionsCreated,
 		c.partitionsDropped, c.rowsDeleted, c.sessionsDeleted, c.groupsRemoved} {
 		ch <- d
@@ -127,6 +132,8 @@ func (c *SubscriberCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.releases, st.Releases)
 	counter(c.fencedWrites, st.FencedWrites)
 	counter(c.sessionsLost, st.SessionsLost)
+	counter(c.resyncs, st.Resyncs)
+	ch <- prometheus.MustNewConstMetric(c.bufferedBytes, prometheus.GaugeValue, float64(st.BufferedBytes))
 	counter(c.delivered, st.Delivered)
 	counter(c.acked, st.Acked)
 	counter(c.nacked, st.Nacked)
