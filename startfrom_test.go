@@ -267,7 +267,14 @@ func TestDeletedOffsetRowsUnderStartFromLatest(t *testing.T) {
 		return countOffsetRows(t, pool, offsets, "partition = 0 AND session_id IS NOT NULL") == 1
 	})
 	publish(keys[0], 2)
-	assert.Equal(t, []string{keys[0] + "/2"}, payloads(1), "only what was published after the rows came back")
+	// Only what was published after the rows came back, and k0/1 if the
+	// rows came back (a claim that found them missing) before it was
+	// published: the rows start after what was visible then.
+	got := payloads(1)
+	if got[0] == keys[0]+"/1" {
+		got = append(got, payloads(1)...)
+	}
+	assert.Equal(t, keys[0]+"/2", got[len(got)-1], "only what was published after the rows came back: %v", got)
 	require.NoError(t, sub.Close())
 	assertNoLeakedGoroutines(t)
 }
