@@ -97,7 +97,11 @@ func TestPubSubThroughPgBouncer(t *testing.T) {
 // set, and delivers by polling: the suite passes and PgBouncer lives.
 func TestPubSubThroughPgBouncerWithoutListenConnConfig(t *testing.T) {
 	pool := newPoolOn(t, bouncerDSN(t, "exec"), 60)
-	runSuiteThrough(t, pool, func(c *pglease.SubscriberConfig) {})
+	// Polling stands in for every notification here: 50 Subscribers of
+	// one group (TestConcurrentSubscribe) that each re-read the group
+	// every 20 ms, through one PgBouncer process, starved the owner on a
+	// loaded 2-core machine. 100 ms keeps the suite's deadlines with room.
+	runSuiteThrough(t, pool, func(c *pglease.SubscriberConfig) { c.PollInterval = 100 * time.Millisecond })
 	requireBouncerHealthy(t)
 }
 
