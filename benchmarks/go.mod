@@ -7,8 +7,14 @@ replace github.com/pglease/watermill-pglease => ../
 require github.com/pglease/watermill-pglease v0.0.0-00010101000000-000000000000
 
 require (
+	github.com/ThreeDotsLabs/watermill-sql/v4 v4.1.2
+	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
+	github.com/lib/pq v1.10.9 // indirect
+	github.com/sony/gobreaker v1.0.0 // indirect
+)
+
+require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
-	github.com/ThreeDotsLabs/watermill-sql/v3 v3.1.0
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect

@@ -1,6 +1,7 @@
 // Command benchmarks measures pglease side by side with the official
-// watermill-sql backend (v3, PostgreSQL schema and offsets adapters) on the
-// same PostgreSQL server, and reports medians and ratios from one run.
+// watermill-sql backend (v4 with its pgx adapter, PostgreSQL schema and
+// offsets adapters) on the same PostgreSQL server, and reports medians and
+// ratios from one run.
 //
 // Each workload runs for several rounds; in every round both backends run
 // once, each in a fresh, empty PostgreSQL schema, and the order of the two
@@ -388,7 +389,7 @@ func (e *env) poolConfig() (*pgxpool.Config, error) {
 	return pc, nil
 }
 
-// connConfig is poolConfig for a single connection (database/sql).
+// connConfig is poolConfig for a single connection.
 func (e *env) connConfig() (*pgx.ConnConfig, error) {
 	cc, err := pgx.ParseConfig(e.cfg.dsn)
 	if err != nil {

@@ -203,7 +203,7 @@ func collectMachineInfo(ctx context.Context, e *env) (machineInfo, error) {
 			switch d.Path {
 			case "github.com/ThreeDotsLabs/watermill":
 				info.watermill = d.Version
-			case "github.com/ThreeDotsLabs/watermill-sql/v3":
+			case "github.com/ThreeDotsLabs/watermill-sql/v4":
 				info.watermillSQL = d.Version
 			case "github.com/jackc/pgx/v5":
 				info.pgx = d.Version

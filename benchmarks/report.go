@@ -333,8 +333,8 @@ func writeMarkdown(w io.Writer, cfg config, rows []row, res *results, info machi
 	for _, line := range []string{
 		database + " Every round runs each workload once on each backend, alternating which goes first; each run starts in a fresh, empty PostgreSQL schema after a `CHECKPOINT`, and the schema is dropped afterwards.",
 		"pglease: `NewPublisher`/`NewSubscriber` with default configurations, `DefaultSchemaAdapter{Schema: ...}`, consumer group `bench`.",
-		"watermill-sql v3: `DefaultPostgreSQLSchema` and `DefaultPostgreSQLOffsetsAdapter`, default configurations (1 s poll, batches of 100), consumer group `bench`, through `database/sql` with pgx/v5's stdlib driver and `search_path` set to the run's schema.",
-		"Both pools open at most the same number of connections (`-conns`, default 64), and database/sql keeps that many idle (its default of 2 idle connections would make watermill-sql reconnect under concurrency). Tables are created before the clock starts.",
+		"watermill-sql v4: `DefaultPostgreSQLSchema` and `DefaultPostgreSQLOffsetsAdapter`, default configurations (1 s poll, batches of 100), consumer group `bench`, on a pgxpool through its pgx adapter (`BeginnerFromPgx`), with `search_path` set to the run's schema.",
+		"Both pools (pgxpool) open at most the same number of connections (`-conns`, default 64). Tables are created before the clock starts.",
 		"Payloads are 64 bytes of JSON (watermill-sql's default payload column is `json`).",
 		"Publish workloads count the messages whose Publish call returned within the time; each of the goroutines publishes once before the clock starts.",
 		"Drain and Router: the backlog is published beforehand in calls of 1,000 messages from 4 goroutines; the clock runs from Subscribe (Router.Run) until the last message is acked (handled).",
