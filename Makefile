@@ -20,9 +20,10 @@ demo:
 stress:
 	$(LOCALPG) go test -race -count=1 -tags stress -run 'TestStress' -timeout 80m .
 
-## bench: pglease vs watermill-sql (benchmarks/), writes benchmarks/results.md and .svg
+## bench: pglease vs watermill-sql, NATS JetStream and Redis Streams (benchmarks/), writes benchmarks/results.md and .svg; PostgreSQL with fsync on
 bench:
-	$(LOCALPG) sh -c 'cd benchmarks && go run .'
+	scripts/install-redis.sh
+	LOCALPG_DURABLE=1 $(LOCALPG) sh -c 'cd benchmarks && go run .'
 
 ## bench-insert: what one statement of 100 messages costs the server, per storage shape
 bench-insert:

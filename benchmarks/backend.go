@@ -2,17 +2,14 @@ package main
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	pglease "github.com/pglease/watermill-pglease"
 )
@@ -156,48 +153,54 @@ func (h *pgleaseHandle) close(ctx context.Context) error {
 
 type watermillSQLBackend struct{}
 
-func (watermillSQLBackend) name() string  { return "watermill-sql" }
+func (watermillSQLBackend) name() string  { return watermillSQLName }
 func (watermillSQLBackend) short() string { return "wsql" }
 
-// open creates the schema and a database/sql pool (pgx/v5's stdlib driver)
-// whose search_path is that schema: watermill-sql names its tables without
-// a schema. The pool keeps as many idle connections as it may open, the
-// same as pglease's pgxpool; database/sql's default of 2 idle connections
-// would make watermill-sql reconnect all the time under concurrency.
+// open creates the schema and a pgxpool whose search_path is that schema:
+// watermill-sql names its tables without a schema. The pool goes to
+// watermill-sql through its pgx adapter (BeginnerFromPgx), as its own
+// tests do for pgx.
 func (watermillSQLBackend) open(ctx context.Context, e *env, ns string) (handle, error) {
 	if _, err := e.admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{ns}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("create schema %s: %w", ns, err)
 	}
-	db, err := e.watermillSQLDB(ns, e.cfg.conns)
+	pool, err := e.watermillSQLPool(ns, e.cfg.conns)
 	if err != nil {
 		return nil, err
 	}
-	return &watermillSQLHandle{e: e, ns: ns, db: db}, nil
+	return &watermillSQLHandle{e: e, ns: ns, pool: pool}, nil
 }
 
-// watermillSQLDB opens a database/sql pool of at most conns connections,
-// all kept when idle, for schema ns (see open).
-func (e *env) watermillSQLDB(ns string, conns int) (*sql.DB, error) {
-	cc, err := e.connConfig()
+// watermillSQLPool opens a pool of at most conns connections (it connects
+// on first use) for schema ns (see open).
+func (e *env) watermillSQLPool(ns string, conns int) (*pgxpool.Pool, error) {
+	pc, err := e.poolConfig()
 	if err != nil {
 		return nil, err
 	}
-	cc.RuntimeParams["search_path"] = ns
-	db := stdlib.OpenDB(*cc)
-	db.SetMaxOpenConns(conns)
-	db.SetMaxIdleConns(conns)
-	return db, nil
+	pc.ConnConfig.RuntimeParams["search_path"] = ns
+	pc.MaxConns = int32(conns)
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		return nil, fmt.Errorf("watermill-sql pool: %w", err)
+	}
+	return pool, nil
 }
 
 type watermillSQLHandle struct {
-	e  *env
-	ns string
-	db *sql.DB
+	e    *env
+	ns   string
+	pool *pgxpool.Pool
 }
 
+// watermillSQLSchema is the schema adapter of every watermill-sql
+// Publisher and Subscriber: the PostgreSQL default, whose payload column
+// is json (the benchmark's payloads are JSON).
+var watermillSQLSchema = wsql.DefaultPostgreSQLSchema{}
+
 func (h *watermillSQLHandle) publisher() (message.Publisher, error) {
-	return wsql.NewPublisher(h.db, wsql.PublisherConfig{
-		SchemaAdapter: wsql.DefaultPostgreSQLSchema{},
+	return wsql.NewPublisher(wsql.BeginnerFromPgx(h.pool), wsql.PublisherConfig{
+		SchemaAdapter: watermillSQLSchema,
 	}, h.e.logger)
 }
 
@@ -206,28 +209,30 @@ func (h *watermillSQLHandle) subscriber() (message.Subscriber, error) {
 }
 
 func (h *watermillSQLHandle) newSubscriber(initializeSchema bool) (message.Subscriber, error) {
-	return newWatermillSQLSubscriber(h.db, initializeSchema, h.e.logger)
+	return newWatermillSQLSubscriber(h.pool, initializeSchema, h.e.logger)
 }
 
 func (h *watermillSQLHandle) member() (message.Subscriber, func() error, error) {
-	db, err := h.e.watermillSQLDB(h.ns, h.e.cfg.memberConns)
+	pool, err := h.e.watermillSQLPool(h.ns, h.e.cfg.memberConns)
 	if err != nil {
 		return nil, nil, err
 	}
-	sub, err := newWatermillSQLSubscriber(db, false, h.e.logger)
+	sub, err := newWatermillSQLSubscriber(pool, false, h.e.logger)
 	if err != nil {
-		_ = db.Close()
+		pool.Close()
 		return nil, nil, err
 	}
 	return sub, func() error {
-		return errors.Join(sub.Close(), db.Close())
+		err := sub.Close()
+		pool.Close()
+		return err
 	}, nil
 }
 
-func newWatermillSQLSubscriber(db *sql.DB, initializeSchema bool, logger watermill.LoggerAdapter) (message.Subscriber, error) {
-	return wsql.NewSubscriber(db, wsql.SubscriberConfig{
+func newWatermillSQLSubscriber(pool *pgxpool.Pool, initializeSchema bool, logger watermill.LoggerAdapter) (message.Subscriber, error) {
+	return wsql.NewSubscriber(wsql.BeginnerFromPgx(pool), wsql.SubscriberConfig{
 		ConsumerGroup:    consumerGroup,
-		SchemaAdapter:    wsql.DefaultPostgreSQLSchema{},
+		SchemaAdapter:    watermillSQLSchema,
 		OffsetsAdapter:   wsql.DefaultPostgreSQLOffsetsAdapter{},
 		InitializeSchema: initializeSchema,
 	}, logger)
@@ -238,9 +243,7 @@ func (h *watermillSQLHandle) initTopic(ctx context.Context, topic string) error 
 }
 
 func (h *watermillSQLHandle) close(ctx context.Context) error {
-	if err := h.db.Close(); err != nil {
-		return err
-	}
+	h.pool.Close()
 	return dropSchema(ctx, h.e.admin, h.ns)
 }
 

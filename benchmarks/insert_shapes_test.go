@@ -8,7 +8,7 @@ import (
 	"os"
 	"testing"
 
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
@@ -116,10 +116,14 @@ func BenchmarkInsertShapes(b *testing.B) {
 	b.Run("watermill-sql", func(b *testing.B) {
 		inSchema(b, func(string) {
 			schema := wsql.DefaultPostgreSQLSchema{}
-			for _, q := range schema.SchemaInitializingQueries(topic) {
+			queries, err := schema.SchemaInitializingQueries(wsql.SchemaInitializingQueriesParams{Topic: topic})
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, q := range queries {
 				exec(b, q.Query, q.Args...)
 			}
-			q, err := schema.InsertQuery(topic, message.Messages(msgs))
+			q, err := schema.InsertQuery(wsql.InsertQueryParams{Topic: topic, Msgs: message.Messages(msgs)})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -1,16 +1,22 @@
 // Command benchmarks measures pglease side by side with the official
-// watermill-sql backend (v3, PostgreSQL schema and offsets adapters) on the
-// same PostgreSQL server, and reports medians and ratios from one run.
+// watermill-sql backend (v4 with its pgx adapter, PostgreSQL schema and
+// offsets adapters) on the same PostgreSQL server, and with the brokers a
+// team would weigh it against (the peers of issue 23: NATS JetStream and
+// Redis Streams, peers.go), and reports medians and ratios from one run.
 //
-// Each workload runs for several rounds; in every round both backends run
-// once, each in a fresh, empty PostgreSQL schema, and the order of the two
-// alternates from round to round, so that noise from other work on the
-// machine falls on both alike. Workloads that watermill-sql has no
-// counterpart for (how a consumer group splits its topics, one Subscriber
-// on 100,000 topics) run pglease alone; some of them run the benchmark
-// binary again as a child process (child.go). The table is printed to
-// standard output and, unless told otherwise, written to results.md with a
-// bar chart of the ratios in results.svg.
+// Each workload runs for several rounds; in every round each backend runs
+// once, each PostgreSQL backend in a fresh, empty PostgreSQL schema and
+// each broker on a fresh server of its own, and the order alternates from
+// round to round, so that noise from other work on the machine falls on
+// all alike. Workloads that watermill-sql has no counterpart for (how a
+// consumer group splits its topics, one Subscriber on 100,000 topics) run
+// pglease alone; some of them run the benchmark binary again as a child
+// process (child.go). The brokers run the publish, drain, latency and
+// Router workloads; the limits of the PostgreSQL server itself (COPY,
+// INSERT … SELECT, single-row commits; limits.go) are a workload of their
+// own. The tables are printed to standard output and, unless told
+// otherwise, written to results.md with a bar chart of the ratios in
+// results.svg; every backend's durability is stated next to its numbers.
 //
 // Usage (from the repository root, with a throwaway PostgreSQL):
 //
@@ -22,8 +28,12 @@
 //
 // The database comes from -dsn, else PGLEASE_TEST_DSN, else DATABASE_URL.
 // Every schema the program creates is named pglease_bench_* and dropped
-// again. -quick (or PGLEASE_BENCH_QUICK=1) runs one short round of each
-// workload for development; it writes no files unless -out is given.
+// again. -peers chooses the brokers (default: all); NATS runs embedded in
+// this process, Redis needs a redis-server program (`make bench` installs
+// Debian's with scripts/install-redis.sh; without one, Redis is left out
+// and the report says so). -quick (or PGLEASE_BENCH_QUICK=1) runs one
+// short round of each workload for development; it writes no files unless
+// -out is given.
 //
 // With -pgbouncer (default: PGLEASE_BENCH_PGBOUNCER_DSN, else
 // PGLEASE_TEST_PGBOUNCER_DSN, which `make bench` sets to the PgBouncer that
@@ -68,6 +78,12 @@ type config struct {
 	// pgbouncerDSN: the publish and drain workloads also run on pglease
 	// through this PgBouncer (pgbouncer.go); empty: they do not.
 	pgbouncerDSN string
+	// peers are the ids of the brokers that run the workloads marked
+	// peers (peers.go), in the order of peers.
+	peers []string
+	// redisServer is -redis-server: the program of the Redis peer; empty:
+	// found on PATH or in /usr/bin.
+	redisServer string
 
 	publishers     int
 	publishFor     time.Duration
@@ -105,7 +121,7 @@ var defaultManyTopics = []int{10_000, 100_000}
 
 func parseFlags(args []string) (config, error) {
 	var c config
-	var only string
+	var only, peerList string
 	fs := flag.NewFlagSet("benchmarks", flag.ContinueOnError)
 	fs.StringVar(&c.dsn, "dsn", "", "PostgreSQL URL (default: $PGLEASE_TEST_DSN, else $DATABASE_URL)")
 	fs.IntVar(&c.rounds, "rounds", 3, "rounds per workload; each round runs both backends once")
@@ -116,6 +132,8 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "directory for a CPU profile of every measured run (WORKLOAD-BACKEND-rN.pprof)")
 	fs.BoolVar(&c.statements, "statements", false, "print the busiest statements (pg_stat_statements) of each backend in the first round of each workload")
 	fs.BoolVar(&c.verbose, "v", false, "log the backends' info messages to standard error")
+	fs.StringVar(&peerList, "peers", strings.Join(peerIDs(), ","), "comma-separated brokers that run the publish, drain, latency and Router workloads side by side with pglease and watermill-sql: "+strings.Join(peerIDs(), ",")+"; empty: none")
+	fs.StringVar(&c.redisServer, "redis-server", "", "the redis-server program of the Redis peer (default: redis-server on PATH, else /usr/bin/redis-server)")
 	fs.StringVar(&c.pgbouncerDSN, "pgbouncer", defaultPgBouncerDSN(), "URL of a PgBouncer in transaction mode in front of the server of -dsn, same user: the publish and drain workloads also run on pglease through it (default: $PGLEASE_BENCH_PGBOUNCER_DSN, else $PGLEASE_TEST_PGBOUNCER_DSN, which `make bench` sets); empty: they do not")
 
 	fs.IntVar(&c.publishers, "publishers", 64, "goroutines of the concurrent publish workload")
@@ -179,6 +197,10 @@ func parseFlags(args []string) (config, error) {
 	if c.dsn == "" {
 		return c, errors.New("no database: set PGLEASE_TEST_DSN or DATABASE_URL, pass -dsn, or run `make bench` from the repository root, which starts a throwaway PostgreSQL")
 	}
+	var err error
+	if c.peers, err = parsePeers(peerList); err != nil {
+		return c, err
+	}
 	if only != "" {
 		for _, id := range strings.Split(only, ",") {
 			id = strings.TrimSpace(id)
@@ -228,6 +250,9 @@ type env struct {
 	server *pgxpool.Pool
 	stats  bool // pg_stat_statements can be read
 	logger watermill.LoggerAdapter
+	// redisServer is the redis-server program of the Redis peer, when it
+	// runs.
+	redisServer string
 }
 
 func (e *env) log(format string, args ...any) {
@@ -307,23 +332,23 @@ func run(ctx context.Context, cfg config) error {
 		}
 		e.log("the publish and drain workloads also run on pglease through %s at %s", info.pgbouncer, pgbouncerAddr(cfg.pgbouncerDSN))
 	}
-	e.log("PostgreSQL %s, Go %s, %d cores; %d round(s)%s", info.postgres, info.goVersion, info.cores, cfg.rounds, map[bool]string{true: " (quick mode)"}[cfg.quick])
+	if slices.Contains(e.cfg.peers, "redis") {
+		if err := e.findRedis(&info); err != nil {
+			e.log("Redis Streams left out: %v", err)
+			info.skipped = map[string]string{redisName: err.Error()}
+			e.cfg.peers = slices.DeleteFunc(slices.Clone(e.cfg.peers), func(id string) bool { return id == "redis" })
+		}
+	}
+	e.log("PostgreSQL %s (%s), Go %s, %d cores; %d round(s)%s", info.postgres, info.settings, info.goVersion, info.cores, cfg.rounds, map[bool]string{true: " (quick mode)"}[cfg.quick])
+	if len(e.cfg.peers) > 0 {
+		e.log("peers: %s", strings.Join(e.cfg.peers, ", "))
+	}
 
 	res := newResults()
 	failed := false
 	for _, w := range selectedWorkloads(cfg) {
 		for round := 1; round <= cfg.rounds; round++ {
-			order := []backend{pgleaseBackend{}, watermillSQLBackend{}}
-			if w.pgleaseOnly {
-				order = []backend{pgleaseBackend{}}
-			}
-			if w.pgbouncer && cfg.pgbouncerDSN != "" {
-				order = slices.Insert(order, 1, backend(pgleasePgBouncerBackend{}))
-			}
-			if round%2 == 0 {
-				slices.Reverse(order)
-			}
-			for _, b := range order {
+			for _, b := range roundOrder(w, e.cfg, round) {
 				if ctx.Err() != nil {
 					return fmt.Errorf("interrupted: %w", context.Cause(ctx))
 				}
@@ -343,8 +368,13 @@ func run(ctx context.Context, cfg config) error {
 	rows := res.rows(cfg)
 	fmt.Println()
 	printTable(os.Stdout, rows)
+	pr := newPeerReport(e.cfg, res, info)
+	if pr.any() {
+		fmt.Println()
+		pr.print(os.Stdout)
+	}
 	if cfg.out != "" {
-		md, svg, err := writeReports(cfg.out, cfg, rows, res, info)
+		md, svg, err := writeReports(cfg.out, e.cfg, rows, pr, res, info)
 		if err != nil {
 			return err
 		}
@@ -388,7 +418,7 @@ func (e *env) poolConfig() (*pgxpool.Config, error) {
 	return pc, nil
 }
 
-// connConfig is poolConfig for a single connection (database/sql).
+// connConfig is poolConfig for a single connection.
 func (e *env) connConfig() (*pgx.ConnConfig, error) {
 	cc, err := pgx.ParseConfig(e.cfg.dsn)
 	if err != nil {

@@ -59,7 +59,8 @@ func TestReportPgBouncerRows(t *testing.T) {
 		}
 	}
 	var b strings.Builder
-	writeMarkdown(&b, cfg, res.rows(cfg), res, machineInfo{pgbouncer: "PgBouncer 1.18.0 (pool_mode=transaction)"})
+	info := machineInfo{pgbouncer: "PgBouncer 1.18.0 (pool_mode=transaction)"}
+	writeMarkdown(&b, cfg, res.rows(cfg), newPeerReport(cfg, res, info), res, info)
 	md := b.String()
 	for _, want := range []string{
 		// Under the direct row, its ratio to it.

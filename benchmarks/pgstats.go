@@ -174,6 +174,13 @@ type machineInfo struct {
 	ownDatabase  bool // the run had a database of its own
 	// pgbouncer describes the PgBouncer of -pgbouncer; empty: none.
 	pgbouncer string
+	// fsync and synchronousCommit are the server's settings, which decide
+	// the durability of the PostgreSQL backends.
+	fsync, synchronousCommit string
+	// The peers' libraries and servers (peers.go).
+	watermillNATS, natsServer, watermillRedis, goRedis, redisServer string
+	// skipped are the peers of -peers left out, with the reason.
+	skipped map[string]string
 }
 
 func collectMachineInfo(ctx context.Context, e *env) (machineInfo, error) {
@@ -195,6 +202,12 @@ func collectMachineInfo(ctx context.Context, e *env) (machineInfo, error) {
 		var v string
 		if err := e.admin.QueryRow(ctx, "SELECT current_setting($1)", name).Scan(&v); err == nil {
 			parts = append(parts, name+"="+v)
+			switch name {
+			case "fsync":
+				info.fsync = v
+			case "synchronous_commit":
+				info.synchronousCommit = v
+			}
 		}
 	}
 	info.settings = strings.Join(parts, ", ")
@@ -203,10 +216,18 @@ func collectMachineInfo(ctx context.Context, e *env) (machineInfo, error) {
 			switch d.Path {
 			case "github.com/ThreeDotsLabs/watermill":
 				info.watermill = d.Version
-			case "github.com/ThreeDotsLabs/watermill-sql/v3":
+			case "github.com/ThreeDotsLabs/watermill-sql/v4":
 				info.watermillSQL = d.Version
 			case "github.com/jackc/pgx/v5":
 				info.pgx = d.Version
+			case "github.com/ThreeDotsLabs/watermill-nats/v2":
+				info.watermillNATS = d.Version
+			case "github.com/nats-io/nats-server/v2":
+				info.natsServer = d.Version
+			case "github.com/ThreeDotsLabs/watermill-redisstream":
+				info.watermillRedis = d.Version
+			case "github.com/redis/go-redis/v9":
+				info.goRedis = d.Version
 			}
 		}
 	}

@@ -63,11 +63,18 @@ type row struct {
 	// direct (pgbouncerName); directMed is then pglease's direct median.
 	via       string
 	directMed float64
+	// vs names the backend of the ws values when it is not watermill-sql
+	// (a bar of the chart that compares pglease with a peer or a limit,
+	// report_peers.go); vsUnit is their unit when it is not the metric's.
+	vs, vsUnit string
 }
 
 func (r *results) rows(cfg config) []row {
 	var rows []row
 	for _, w := range selectedWorkloads(cfg) {
+		if w.alone != nil {
+			continue // the limits: in the peers section
+		}
 		for _, m := range w.metrics {
 			x, ok := r.row(m)
 			if ok {
@@ -282,7 +289,7 @@ func markdownTable(w io.Writer, rows []row) {
 }
 
 // writeReports writes results.md and results.svg into dir.
-func writeReports(dir string, cfg config, rows []row, res *results, info machineInfo) (string, string, error) {
+func writeReports(dir string, cfg config, rows []row, pr *peerReport, res *results, info machineInfo) (string, string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", "", err
 	}
@@ -290,24 +297,28 @@ func writeReports(dir string, cfg config, rows []row, res *results, info machine
 	svgPath := filepath.Join(dir, "results.svg")
 
 	var md strings.Builder
-	writeMarkdown(&md, cfg, rows, res, info)
+	writeMarkdown(&md, cfg, rows, pr, res, info)
 	if err := os.WriteFile(mdPath, []byte(md.String()), 0o644); err != nil {
 		return "", "", err
 	}
 	var svg strings.Builder
-	writeSVG(&svg, rows, info)
+	writeSVG(&svg, chartBars(rows, pr), info)
 	if err := os.WriteFile(svgPath, []byte(svg.String()), 0o644); err != nil {
 		return "", "", err
 	}
 	return mdPath, svgPath, nil
 }
 
-func writeMarkdown(w io.Writer, cfg config, rows []row, res *results, info machineInfo) {
-	fmt.Fprintf(w, "# pglease vs watermill-sql\n\n")
+func writeMarkdown(w io.Writer, cfg config, rows []row, pr *peerReport, res *results, info machineInfo) {
+	fmt.Fprintf(w, "# pglease vs watermill-sql and the peers\n\n")
 	fmt.Fprintf(w, "Medians of %d round(s) per workload, measured %s with `%s`.\n", rounds(rows), info.date.Format("2006-01-02 15:04 MST"), info.command)
 	fmt.Fprintf(w, "The file is written by the benchmark program (`benchmarks/`); rerun it rather than editing by hand.\n\n")
 	markdownTable(w, rows)
-	fmt.Fprintf(w, "\n![pglease vs watermill-sql: times better, log scale](results.svg)\n\n")
+	fmt.Fprintf(w, "\n![pglease vs watermill-sql and the peers: times better, log scale](results.svg)\n\n")
+	if pr.any() {
+		pr.markdown(w)
+		fmt.Fprintln(w)
+	}
 
 	fmt.Fprintf(w, "## Machine\n\n")
 	cpu := info.cpu
@@ -323,6 +334,10 @@ func writeMarkdown(w io.Writer, cfg config, rows []row, res *results, info machi
 		pgl = "commit " + rev
 	}
 	fmt.Fprintf(w, "- watermill %s, watermill-sql %s, pgx %s; pglease: %s\n", info.watermill, info.watermillSQL, info.pgx, pgl)
+	if len(pr.peerNames()) > 0 {
+		fmt.Fprintf(w, "- watermill-nats %s with nats-server %s embedded in the benchmark's process; watermill-redisstream %s with go-redis %s and redis-server %s as a process of its own\n",
+			orUnknown(info.watermillNATS), orUnknown(info.natsServer), orUnknown(info.watermillRedis), orUnknown(info.goRedis), orUnknown(info.redisServer))
+	}
 	fmt.Fprintf(w, "- other work may have been running on the machine at the same time\n\n")
 
 	fmt.Fprintf(w, "## Method\n\n")
@@ -333,8 +348,8 @@ func writeMarkdown(w io.Writer, cfg config, rows []row, res *results, info machi
 	for _, line := range []string{
 		database + " Every round runs each workload once on each backend, alternating which goes first; each run starts in a fresh, empty PostgreSQL schema after a `CHECKPOINT`, and the schema is dropped afterwards.",
 		"pglease: `NewPublisher`/`NewSubscriber` with default configurations, `DefaultSchemaAdapter{Schema: ...}`, consumer group `bench`.",
-		"watermill-sql v3: `DefaultPostgreSQLSchema` and `DefaultPostgreSQLOffsetsAdapter`, default configurations (1 s poll, batches of 100), consumer group `bench`, through `database/sql` with pgx/v5's stdlib driver and `search_path` set to the run's schema.",
-		"Both pools open at most the same number of connections (`-conns`, default 64), and database/sql keeps that many idle (its default of 2 idle connections would make watermill-sql reconnect under concurrency). Tables are created before the clock starts.",
+		"watermill-sql v4: `DefaultPostgreSQLSchema` and `DefaultPostgreSQLOffsetsAdapter`, default configurations (1 s poll, batches of 100), consumer group `bench`, on a pgxpool through its pgx adapter (`BeginnerFromPgx`), with `search_path` set to the run's schema.",
+		"Both pools (pgxpool) open at most the same number of connections (`-conns`, default 64). Tables are created before the clock starts.",
 		"Payloads are 64 bytes of JSON (watermill-sql's default payload column is `json`).",
 		"Publish workloads count the messages whose Publish call returned within the time; each of the goroutines publishes once before the clock starts.",
 		"Drain and Router: the backlog is published beforehand in calls of 1,000 messages from 4 goroutines; the clock runs from Subscribe (Router.Run) until the last message is acked (handled).",
@@ -345,12 +360,17 @@ func writeMarkdown(w io.Writer, cfg config, rows []row, res *results, info machi
 		fmt.Sprintf("Partitioned group (pglease only): two topics, created with `CreateTopic` and %d and %d partitions, each get %s messages beforehand, published in calls of 100 from one goroutine, round robin over %d keys (metadata `partition_key`; keys `%s` to `%s`, which fall on the %d partitions %d each) and numbered per key. %d members of one group, each a child process with the default configuration, subscribe without reading their channels; once every member has a live session and the owning members hold the topic's rows evenly (read from the offsets and sessions tables every 10 ms; still so a second later), all are told to start. Each reads its channel and handles every message in a goroutine of its own, as a Watermill Router does: it sleeps %d ms, reports the message to the benchmark's process and acks it. Drain time: from the start until every message was reported once. A message from another partition than its key's, or a key's messages out of publishing order, fails the run. The two topics run one after the other in each round, in alternating order; the ratio is of the same round's times.", partitionCounts[0], partitionCounts[len(partitionCounts)-1], thousands(partitionMessages), partitionKeys, fmt.Sprintf(partitionKeyFormat, 0), fmt.Sprintf(partitionKeyFormat, partitionKeys-1), partitionCounts[len(partitionCounts)-1], partitionKeys/partitionCounts[len(partitionCounts)-1], partitionMembers, partitionHandlerDelay.Milliseconds()),
 		fmt.Sprintf("Many topics (pglease only): one Subscriber with the default configuration, in a child process of its own, subscribes to every topic (their offset rows do not exist yet). Claimed: from its first Subscribe call until the offsets table shows every topic owned (polled at most every 50 ms). Idle: once the statement rate is steady and %s more passed, statements (pg_stat_statements, as for idle load) over %s. Memory: `runtime.MemStats` HeapAlloc + StackInuse after two GCs, after the idle window, less the same before the first Subscribe, per topic; the channels are not read (no messages). Close: how long `Subscriber.Close` takes.", cfg.groupSettle, cfg.groupWindow.Round(100*time.Millisecond)),
 		fmt.Sprintf("Transactional handler (pglease only): a topic gets %s messages beforehand, as for the Router workload; then three fresh consumer groups consume all of them one after the other (in an order that rotates from round to round), each through a Router with the default configuration and one `AddConsumerHandler` on a Subscriber with the default configuration, sharing the pool (`-conns`) with its handler. Plain: the handler runs `INSERT INTO bench_effects (uuid) VALUES ($1)` on the pool and returns nil (at least once: the effect is not atomic with the position). TxHandler, effect + AckInTx: `pglease.TxHandler` on the pool, whose function runs the same INSERT with the transaction and returns no message (exactly once). TxHandler, effect + derived message + AckInTx: the function also returns one derived message, which `TxHandler` publishes to another topic in the transaction (consume-transform-produce). Each is timed from `Router.Run` until the last message was handled (its handler returned nil); the ratio is of the same round's rates. Server time and statements per message: the calls and `total_exec_time` of every top-level statement (BEGIN and COMMIT included) the server ran in this database over the same span (`pg_stat_statements`), divided by the messages; the work of committing (WAL, queued notifications) happens after COMMIT's execution and is not in the time, nor is the time between statements, which the round trips take. Afterwards the effect table must hold exactly one row per message (and the derived topic one message per message), or the run fails; the table is emptied before the next group.", thousands(cfg.txMessages)),
-		"The ratio column is pglease ÷ watermill-sql; the chart shows how many times better pglease is (the inverse for rows where lower is better). Rows marked " + notMeasured + " are pglease alone: watermill-sql has no counterpart.",
+		"The ratio column is pglease ÷ watermill-sql; the chart shows how many times better pglease is (the inverse for rows where lower is better), against watermill-sql and, on the lines marked ↳, against each peer and limit. Rows marked " + notMeasured + " are pglease alone: watermill-sql has no counterpart.",
 	} {
 		fmt.Fprintf(w, "- %s\n", line)
 	}
+	if len(pr.peerNames()) > 0 || pr.hasLimits() {
+		for _, line := range peerMethod(cfg) {
+			fmt.Fprintf(w, "- %s\n", line)
+		}
+	}
 	if info.pgbouncer != "" {
-		fmt.Fprintf(w, "- Through PgBouncer (rows \"pglease through PgBouncer\"): in each round the publish and drain workloads run a third time, on pglease with its pool (`-conns`) going through %s on the same machine (`-pgbouncer`), with pgx's `default_query_exec_mode=exec`, in the order pglease, through PgBouncer, watermill-sql (reversed every other round). The Subscriber's LISTEN connection goes directly to PostgreSQL (the pool's BeforeConnect hook points every connection that pgxpool does not dial for the pool at PostgreSQL, until pglease has a setting for it). The ratio of those rows is to pglease direct in the same run; watermill-sql is not measured through PgBouncer.\n", info.pgbouncer)
+		fmt.Fprintf(w, "- Through PgBouncer (rows \"pglease through PgBouncer\"): in each round the publish and drain workloads run a third time, on pglease with its pool (`-conns`) going through %s on the same machine (`-pgbouncer`), with pgx's `default_query_exec_mode=exec`, in the order pglease, through PgBouncer, watermill-sql, then the peers (reversed every other round). The Subscriber's LISTEN connection goes directly to PostgreSQL (the pool's BeforeConnect hook points every connection that pgxpool does not dial for the pool at PostgreSQL, until pglease has a setting for it). The ratio of those rows is to pglease direct in the same run; watermill-sql is not measured through PgBouncer.\n", info.pgbouncer)
 	}
 
 	fmt.Fprintf(w, "\n## Every round\n\n")
@@ -362,7 +382,11 @@ func writeMarkdown(w io.Writer, cfg config, rows []row, res *results, info machi
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", x.m.label, x.m.unit, roundList(x.pg), ws)
 	}
-	var failures []string
+	if t := pr.roundsTable(); len(t) > 1 {
+		fmt.Fprintf(w, "\n### Every round of the peers and limits\n\n")
+		markdownRows(w, t)
+	}
+	failures := pr.failures()
 	for _, x := range rows {
 		for _, b := range x.backends() {
 			for _, f := range res.failures[x.m.key][b] {
@@ -391,9 +415,25 @@ func roundList(vs []float64) string {
 	return strings.Join(s, ", ")
 }
 
+// chartBars are the bars of the chart: each complete row of the table,
+// followed by the bars that compare pglease with the peers and limits on
+// the same metric.
+func chartBars(rows []row, pr *peerReport) []row {
+	var bars []row
+	for _, x := range rows {
+		if x.complete {
+			bars = append(bars, x)
+		}
+		if x.via == "" && pr != nil {
+			bars = append(bars, pr.chartRows(x.m)...)
+		}
+	}
+	return bars
+}
+
 // writeSVG draws one horizontal bar per complete row: how many times better
-// pglease is than watermill-sql, on a log scale, from the 1× line. A black
-// tick marks the target where it is a ratio.
+// pglease is than the other backend, on a log scale, from the 1× line. A
+// black tick marks the target where it is a ratio.
 func writeSVG(w io.Writer, rows []row, info machineInfo) {
 	var bars []row
 	for _, x := range rows {
@@ -404,14 +444,14 @@ func writeSVG(w io.Writer, rows []row, info machineInfo) {
 	const (
 		width    = 900.0
 		labelW   = 400.0
-		left     = labelW + 10
+		left     = labelW + 56 // room for a value left of a bar below 1×
 		right    = width - 80
 		top      = 64.0
 		rowH     = 40.0
 		barH     = 20.0
 		fontSize = 13
 	)
-	height := top + rowH*float64(max(len(bars), 1)) + 70
+	height := top + rowH*float64(max(len(bars), 1)) + 88
 
 	// Decades from below the smallest to above the largest factor or target.
 	lo, hi := 1.0, 1.0
@@ -434,8 +474,8 @@ func writeSVG(w io.Writer, rows []row, info machineInfo) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
 	p(`<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="Helvetica, Arial, sans-serif" font-size="%d">`, width, height, width, height, fontSize)
 	p(`<rect width="100%%" height="100%%" fill="#ffffff"/>`)
-	p(`<text x="%.0f" y="26" font-size="17" font-weight="bold">pglease vs watermill-sql: how many times better (log scale)</text>`, 16.0)
-	p(`<text x="%.0f" y="46" fill="#555">%s</text>`, 16.0, esc(fmt.Sprintf("medians of %d rounds; %d cores, %s, PostgreSQL %s, %s", rounds(rows), info.cores, info.goVersion, strings.Fields(info.postgres + " ?")[0], info.date.Format("2006-01-02"))))
+	p(`<text x="%.0f" y="26" font-size="17" font-weight="bold">pglease vs watermill-sql and the peers: how many times better (log scale)</text>`, 16.0)
+	p(`<text x="%.0f" y="46" fill="#555">%s</text>`, 16.0, esc(fmt.Sprintf("medians of %d rounds; %d cores, %s, PostgreSQL %s%s, %s", rounds(bars), info.cores, info.goVersion, strings.Fields(info.postgres + " ?")[0], fsyncNote(info), info.date.Format("2006-01-02"))))
 
 	// Grid: one line per decade, the 1× line darker.
 	axisY := top + rowH*float64(len(bars)) + 6
@@ -449,17 +489,21 @@ func writeSVG(w io.Writer, rows []row, info machineInfo) {
 		p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="%.1f"/>`, x, top-6, x, axisY, stroke, sw)
 		p(`<text x="%.1f" y="%.1f" text-anchor="middle" fill="#333">%s</text>`, x, axisY+16, esc(decadeLabel(f)))
 	}
-	p(`<text x="%.1f" y="%.1f" text-anchor="middle" fill="#555">← watermill-sql better · pglease better →</text>`, xOf(1), axisY+34)
+	p(`<text x="%.1f" y="%.1f" text-anchor="middle" fill="#555">← the other better · pglease better →</text>`, xOf(1), axisY+34)
 
 	for i, x := range bars {
 		y := top + rowH*float64(i)
 		f := x.factor()
 		color := "#2e7d32" // better, target met or none
 		switch {
+		case x.vs == limitsName && x.met == "":
+			// A limit of the server: pglease is not expected to beat it.
+			color = "#90a4ae"
+		case x.vs == limitsName && x.met == "yes":
+		case x.met == "no" && (f >= 1 || x.vs == limitsName):
+			color = "#ef8f00"
 		case f < 1:
 			color = "#c62828"
-		case x.met == "no":
-			color = "#ef8f00"
 		}
 		x0, x1 := xOf(1), xOf(f)
 		if x1 < x0 {
@@ -483,14 +527,22 @@ func writeSVG(w io.Writer, rows []row, info machineInfo) {
 			p(`<text x="%.1f" y="%.1f" text-anchor="end" fill="#111">%s</text>`, x0-4, y+barH/2+4, esc(valueText))
 		}
 	}
-	p(`<text x="16" y="%.1f" fill="#555">%s</text>`, height-10, esc("green: target met or none; orange: target missed; red: watermill-sql better; black ticks: ratio targets"))
+	p(`<text x="16" y="%.1f" fill="#555">%s</text>`, height-28, esc("green: pglease better, target met or none; orange: target missed; red: the other better;"))
+	p(`<text x="16" y="%.1f" fill="#555">%s</text>`, height-10, esc("grey: pglease's share of a limit of the server; black ticks: ratio targets"))
 	p(`</svg>`)
 }
 
 // detail is the chart's second line for x: both medians, and an absolute
 // target.
 func (x row) detail() string {
-	d := fmt.Sprintf("pglease %s · watermill-sql %s %s", formatValue(x.pgMed), formatValue(x.wsMed), x.m.unit)
+	vs := watermillSQLName
+	if x.vs != "" {
+		vs = x.vs
+	}
+	d := fmt.Sprintf("pglease %s · %s %s %s", formatValue(x.pgMed), vs, formatValue(x.wsMed), x.m.unit)
+	if x.vsUnit != "" && x.vsUnit != x.m.unit {
+		d = fmt.Sprintf("pglease %s %s · %s %s %s", formatValue(x.pgMed), x.m.unit, vs, formatValue(x.wsMed), x.vsUnit)
+	}
 	if x.m.target.kind == pgleaseAtMost || x.m.target.kind == pgleaseAtLeast {
 		d += "; target " + x.m.target.text
 	}

@@ -84,6 +84,12 @@ type workload struct {
 	// pgbouncer workloads also run on pglease through PgBouncer, when
 	// -pgbouncer is set (pgbouncer.go).
 	pgbouncer bool
+	// peers workloads also run on the brokers of -peers (peers.go).
+	peers bool
+	// alone, when set, is the one backend the workload runs on (the
+	// limits of the server, limits.go); its metrics are not in the table
+	// of pglease and watermill-sql.
+	alone backend
 }
 
 func (w workload) describe(vals map[string]float64) string {
@@ -113,6 +119,7 @@ func workloads(cfg config) []workload {
 			}},
 			run:       runPublishConcurrent,
 			pgbouncer: true,
+			peers:     true,
 		},
 		{
 			id: "publish-batch",
@@ -126,6 +133,7 @@ func workloads(cfg config) []workload {
 			}},
 			run:       runPublishBatch,
 			pgbouncer: true,
+			peers:     true,
 		},
 		{
 			id: "drain",
@@ -139,6 +147,7 @@ func workloads(cfg config) []workload {
 			}},
 			run:       runDrain,
 			pgbouncer: true,
+			peers:     true,
 		},
 		{
 			id: "latency",
@@ -159,7 +168,8 @@ func workloads(cfg config) []workload {
 					target: target{kind: pgleaseAtMost, value: 25, text: "pglease ≤ 25 ms"},
 				},
 			},
-			run: runLatency,
+			run:   runLatency,
+			peers: true,
 		},
 		{
 			id: "router",
@@ -170,7 +180,8 @@ func workloads(cfg config) []workload {
 				unit:   "msg/s",
 				better: higherIsBetter,
 			}},
-			run: runRouter,
+			run:   runRouter,
+			peers: true,
 		},
 		{
 			id: "idle",
@@ -194,12 +205,12 @@ func workloads(cfg config) []workload {
 			run: runIdle,
 		},
 	}
-	// The consumer-group workloads of issue 10 (group.go), the
-	// partitioned group (partitions.go) and the transactional handler
-	// (txhandler.go): the pglease-only ones before the idle workloads, the
-	// idle group after them.
+	// The limits of the server (limits.go), the consumer-group workloads
+	// of issue 10 (group.go), the partitioned group (partitions.go) and
+	// the transactional handler (txhandler.go): the pglease-only ones
+	// before the idle workloads, the idle group after them.
 	idle := ws[len(ws)-1]
-	ws = append(ws[:len(ws)-1], balanceWorkload(), partitionsWorkload(), txHandlerWorkload(cfg), retentionWorkload(cfg))
+	ws = append(ws[:len(ws)-1], limitsWorkload(cfg), balanceWorkload(), partitionsWorkload(), txHandlerWorkload(cfg), retentionWorkload(cfg))
 	for _, n := range cfg.manyTopics {
 		ws = append(ws, manyTopicsWorkload(n))
 	}

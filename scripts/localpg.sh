@@ -27,6 +27,13 @@
 #       PGLEASE_TEST_RESTART_CMD runs. PgBouncer keeps running: it drops the
 #       server connections the restart closed and opens new ones.
 #
+# The server runs with fsync, synchronous_commit and full_page_writes off,
+# which makes tests fast and loses nothing a throwaway server needs. With
+# LOCALPG_DURABLE=1 they stay on (PostgreSQL's defaults: every commit waits
+# for its WAL to reach the disk), as `make bench` wants for comparing
+# pglease with brokers that fsync. Only a server this script starts is
+# affected: a database given in PGLEASE_TEST_DSN runs as it is configured.
+#
 # PgBouncer's log is $PGLEASE_TEST_PGBOUNCER_LOG while CMD runs; a crash
 # shows there as a FATAL line (e.g. "FATAL server_proto: server in bad
 # state"), and this script prints the log's last lines at the end when
@@ -717,7 +724,7 @@ cleanup() {
 	PGB_DIR=""
 	if [[ -n "$DATA_DIR" && -f "$DATA_DIR/postmaster.pid" ]]; then
 		# A fast shutdown waits for every backend to exit; the checkpoint
-		# it writes is cheap with fsync off.
+		# it writes is cheap with fsync off (LOCALPG_DURABLE unset).
 		run_as "$PG_USER" "$TMP_ROOT" "$BIN_DIR/pg_ctl" stop -D "$DATA_DIR" -m fast -w -t 30 \
 			>/dev/null 2>&1 ||
 			run_as "$PG_USER" "$TMP_ROOT" "$BIN_DIR/pg_ctl" stop -D "$DATA_DIR" -m immediate -w -t 10 \
@@ -861,6 +868,11 @@ start_postgres() {
 		preload="pg_stat_statements"
 	fi
 
+	local durability=off
+	if [[ "${LOCALPG_DURABLE:-}" == 1 ]]; then
+		durability=on
+	fi
+
 	# Settings common to every attempt; the port goes into an included file
 	# so that a retry on another port only rewrites that one.
 	cat >>"$DATA_DIR/postgresql.conf" <<EOF
@@ -869,9 +881,9 @@ start_postgres() {
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$TMP_ROOT'
 max_connections = $PG_MAX_CONNECTIONS
-fsync = off
-synchronous_commit = off
-full_page_writes = off
+fsync = $durability
+synchronous_commit = $durability
+full_page_writes = $durability
 shared_buffers = 256MB
 track_io_timing = off
 shared_preload_libraries = '$preload'
@@ -909,7 +921,7 @@ EOF
 	export PGLEASE_TEST_RESTART_CMD="$SELF restart $DATA_DIR"
 	local version
 	version="$("$BIN_DIR/postgres" --version 2>/dev/null | awk '{print $3}' || true)"
-	log "PostgreSQL ${version:-?} on 127.0.0.1:$port (data dir $DATA_DIR, log $logfile)"
+	log "PostgreSQL ${version:-?} on 127.0.0.1:$port with fsync $durability (data dir $DATA_DIR, log $logfile)"
 	PG_PORT="$port"
 }
 
