@@ -84,7 +84,12 @@ type workload struct {
 	// pgbouncer workloads also run on pglease through PgBouncer, when
 	// -pgbouncer is set (pgbouncer.go).
 	pgbouncer bool
+	// timeout bounds one run of the workload; 0: defaultRunTimeout.
+	timeout time.Duration
 }
+
+// defaultRunTimeout bounds one run of a workload that sets no timeout.
+const defaultRunTimeout = 10 * time.Minute
 
 func (w workload) describe(vals map[string]float64) string {
 	var parts []string
@@ -199,7 +204,7 @@ func workloads(cfg config) []workload {
 	// (txhandler.go): the pglease-only ones before the idle workloads, the
 	// idle group after them.
 	idle := ws[len(ws)-1]
-	ws = append(ws[:len(ws)-1], balanceWorkload(), partitionsWorkload(), txHandlerWorkload(cfg), retentionWorkload(cfg))
+	ws = append(ws[:len(ws)-1], balanceWorkload(), partitionsWorkload(), txHandlerWorkload(cfg), retentionWorkload(cfg), horizonWorkload(cfg))
 	for _, n := range cfg.manyTopics {
 		ws = append(ws, manyTopicsWorkload(n))
 	}
