@@ -1042,6 +1042,13 @@ FROM (SELECT m.transaction_id FROM ` + a.messages() + ` m
 }
 
 // VisibleTopics implements [SchemaAdapter].
+//
+// Each row looks for its first visible message in a LATERAL sub-select
+// ordered as the primary key and limited to one row: a probe of the index
+// per row, whatever the size of the table. Written as EXISTS, the planner
+// chose a hash semi-join over a sequential scan of the whole messages
+// table, from 3 idle topics on (measured: 47 ms per poll on 50,000
+// messages, 300 ms on 170,000, each idle poll of each Subscriber).
 func (a DefaultSchemaAdapter) VisibleTopics(p VisibleTopicsParams) Query {
 	txIDs := make([]string, len(p.Positions))
 	offsets := make([]int64, len(p.Positions))
@@ -1052,10 +1059,12 @@ func (a DefaultSchemaAdapter) VisibleTopics(p VisibleTopicsParams) Query {
 	return Query{
 		SQL: `SELECT t.n
 FROM unnest($1::text[], $4::integer[], $2::text[], $3::bigint[]) WITH ORDINALITY AS t(topic, partition, tx, off, n)
-WHERE EXISTS (SELECT 1 FROM ` + a.messages() + ` m
+CROSS JOIN LATERAL (SELECT 1 FROM ` + a.messages() + ` m
 	WHERE m.topic = t.topic AND m.partition = t.partition AND ` + a.classesOf("t.topic") + `
 		AND (m.transaction_id, m."offset") > (t.tx::xid8, t.off)
-		AND m.transaction_id < pg_snapshot_xmin(pg_current_snapshot()))`,
+		AND m.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+	ORDER BY m.transaction_id, m."offset"
+	LIMIT 1) visible`,
 		Args: []any{p.Topics, txIDs, offsets, partitionsOf(p.Topics, p.Partitions)},
 	}
 }
