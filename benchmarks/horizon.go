@@ -223,6 +223,9 @@ func runHeldHorizon(ctx context.Context, e *env, h *pgleaseHandle) (map[string]f
 		acked     atomic.Int64
 		published atomic.Int64
 		seen      sync.Map // topic → struct{}: delivered at least once
+		uuids     sync.Map // message UUID → struct{}: acked
+		again     atomic.Int64
+		subs      []*pglease.Subscriber
 		counter   = &windowCounter{window: cfg.horizonWindow}
 		members   groupMembers
 		consumers sync.WaitGroup
@@ -240,6 +243,7 @@ func runHeldHorizon(ctx context.Context, e *env, h *pgleaseHandle) (map[string]f
 			return nil, err
 		}
 		members.closers = append(members.closers, closeFn)
+		subs = append(subs, sub.(*pglease.Subscriber))
 		err = parallel(ctx, 32, len(topics), func(i int) error {
 			ch, err := sub.Subscribe(sctx, topics[i])
 			if err != nil {
@@ -255,6 +259,9 @@ func runHeldHorizon(ctx context.Context, e *env, h *pgleaseHandle) (map[string]f
 						sent = time.Unix(0, ns)
 					}
 					msg.Ack()
+					if _, dup := uuids.LoadOrStore(msg.UUID, struct{}{}); dup {
+						again.Add(1)
+					}
 					counter.add(now, sent)
 					acked.Add(1)
 					seen.Store(topics[i], struct{}{})
@@ -356,7 +363,7 @@ func runHeldHorizon(ctx context.Context, e *env, h *pgleaseHandle) (map[string]f
 			}
 			e.log("held horizon: %s: %.0f msg/s acked over the last minute; offsets %s KiB, sessions %s KiB; %d not yet acked",
 				now.Sub(t0).Round(time.Second), float64(a-lastAcked)/now.Sub(lastAt).Seconds(),
-				formatValue(float64(o.bytes)/kib), formatValue(float64(s.bytes)/kib), published.Load()-a)
+				formatValue(float64(o.bytes)/kib), formatValue(float64(s.bytes)/kib), published.Load()-(a-again.Load()))
 			lastAcked, lastAt = a, now
 		case <-time.After(time.Until(deadline)):
 		case <-ctx.Done():
@@ -366,7 +373,7 @@ func runHeldHorizon(ctx context.Context, e *env, h *pgleaseHandle) (map[string]f
 			return nil, err
 		}
 	}
-	lag := published.Load() - acked.Load()
+	lag := published.Load() - (acked.Load() - again.Load())
 	offsets1, sessions1, err := readTables(ctx, e, h.ns)
 	if err != nil {
 		return nil, err
@@ -380,7 +387,7 @@ func runHeldHorizon(ctx context.Context, e *env, h *pgleaseHandle) (map[string]f
 	}
 	total := published.Load()
 	tailErr := waitFor(ctx, horizonTailTimeout, "every message to be acked", func() (bool, error) {
-		return acked.Load() >= total, nil
+		return acked.Load()-again.Load() >= total, nil
 	})
 
 	start, end, p99 := counter.rates()
@@ -393,6 +400,16 @@ func runHeldHorizon(ctx context.Context, e *env, h *pgleaseHandle) (map[string]f
 	if tailErr != nil {
 		e.log("held horizon: after the window: %v (%s of %s acked)", tailErr, thousands(int(acked.Load())), thousands(int(total)))
 	}
+	var st pglease.SubscriberStats
+	for _, sub := range subs {
+		s := sub.Stats()
+		st.Claims += s.Claims
+		st.Releases += s.Releases
+		st.FencedWrites += s.FencedWrites
+		st.SessionsLost += s.SessionsLost
+	}
+	e.log("held horizon: %d messages delivered again; the Subscribers claimed %d rows, released %d, had %d commits fenced and lost %d sessions",
+		again.Load(), st.Claims, st.Releases, st.FencedWrites, st.SessionsLost)
 	return map[string]float64{
 		"horizon-start":          start,
 		"horizon-end":            end,
