@@ -47,6 +47,8 @@ type claim struct {
 	// known to be written. Between the two are acks not committed yet.
 	acked     Position
 	committed Position
+	// version is where the last commit wrote the row (OffsetParams.Version).
+	version string
 }
 
 func (c *claim) row() rowKey { return rowKey{topic: c.topic, partition: c.partition} }
@@ -342,20 +344,64 @@ func (s offsetStore) countHead(ctx context.Context, c *claim) (int, error) {
 	return int(n), nil
 }
 
-// commit writes the claim's acknowledged position. It returns
+// commit writes the claim's acknowledged position, starting from the
+// version of the row that the claim's last commit wrote. It returns
 // ErrOwnershipLost when the row is no longer owned by the claim's session
 // and epoch: the position was not written.
 func (s offsetStore) commit(ctx context.Context, c *claim) error {
 	pos := c.acked
-	q := s.adapter.CommitOffset(c.params(pos))
-	if err := s.gate.execFenced(ctx, q, c, "commit offset for topic"); err != nil {
+	p := c.params(pos)
+	p.Version = c.version
+	version, err := s.gate.commitFenced(ctx, s.adapter.CommitOffset(p), c)
+	if err != nil {
 		if errors.Is(err, ErrOwnershipLost) {
 			s.stats.fenced.Add(1)
 		}
 		return err
 	}
 	c.committed = pos
+	c.version = version
 	return nil
+}
+
+// commitFenced runs q, a CommitOffset statement, on a gated connection and
+// returns the version it wrote ("" when the statement returns none). It
+// returns ErrOwnershipLost when q changed no row.
+func (g *dataGate) commitFenced(ctx context.Context, q Query, c *claim) (string, error) {
+	const action = "commit offset for topic"
+	conn, err := g.acquire(ctx)
+	if err != nil {
+		return "", fmt.Errorf("%s %q: %w", action, c.topic, err)
+	}
+	defer g.release(conn)
+	rows, err := conn.Query(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return "", fmt.Errorf("%s %q: %w", action, c.topic, err)
+	}
+	defer rows.Close()
+	var version string
+	written := int64(0)
+	for rows.Next() {
+		var v *string
+		if err := rows.Scan(&v); err != nil {
+			return "", fmt.Errorf("%s %q: %w", action, c.topic, err)
+		}
+		if v != nil {
+			version = *v
+		}
+		written++
+	}
+	if err := rows.Err(); err != nil {
+		return "", fmt.Errorf("%s %q: %w", action, c.topic, err)
+	}
+	if written == 0 {
+		// A statement of another adapter that returns no rows.
+		written = rows.CommandTag().RowsAffected()
+	}
+	if written == 0 {
+		return "", ownershipLost(action, c)
+	}
+	return version, nil
 }
 
 // release writes the claim's acknowledged position and frees the row in one

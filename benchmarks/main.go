@@ -108,6 +108,13 @@ type config struct {
 	retentionTTL        time.Duration
 	retentionPublishers int
 	retentionMaxLag     int
+
+	// The held-horizon workload (horizon.go).
+	horizonFor     time.Duration
+	horizonWindow  time.Duration
+	horizonRate    int
+	horizonMembers int
+	horizonHold    bool
 }
 
 // defaultGroupWindow is ten heartbeats at the default SessionTTL: every
@@ -154,6 +161,11 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.retentionTTL, "retention", 5*time.Second, "the retention of the retention workload's topic")
 	fs.IntVar(&c.retentionPublishers, "retention-publishers", 4, "publishing goroutines of the retention workload (batches of -batch)")
 	fs.IntVar(&c.retentionMaxLag, "retention-max-lag", 50_000, "the retention workload's publishers pause while more messages than this are unacked, so that the drain keeps up; 0: never")
+	fs.DurationVar(&c.horizonFor, "horizon-for", 10*time.Minute, "how long the held-horizon workload consumes with the transaction open")
+	fs.DurationVar(&c.horizonWindow, "horizon-window", time.Minute, "the held-horizon workload's throughput windows: its first and its last")
+	fs.IntVar(&c.horizonRate, "horizon-rate", 1000, "messages per second the held-horizon workload publishes, over all its topics")
+	fs.IntVar(&c.horizonMembers, "horizon-members", 4, "Subscribers of the consumer group of the held-horizon workload")
+	fs.BoolVar(&c.horizonHold, "horizon-hold", true, "hold the transaction in the held-horizon workload; false runs the same load without it, as a control")
 	manyTopics := intList(defaultManyTopics)
 	fs.Var(&manyTopics, "many-topics", "comma-separated topic counts of the many-topics workloads (one Subscriber, one process each)")
 	if err := fs.Parse(args); err != nil {
@@ -180,6 +192,8 @@ func parseFlags(args []string) (config, error) {
 			"group-settle":    func() { c.groupSettle = 2 * time.Second },
 			"many-topics":     func() { manyTopics = intList{1_000, 10_000} },
 			"retention-for":   func() { c.retentionFor = 20 * time.Second },
+			"horizon-for":     func() { c.horizonFor = time.Minute },
+			"horizon-window":  func() { c.horizonWindow = 15 * time.Second },
 		}
 		for name, apply := range quick {
 			if !set[name] {
@@ -225,6 +239,9 @@ func parseFlags(args []string) (config, error) {
 		return c, errors.New("-many-topics must list at least one count, each at least 1")
 	}
 	if err := checkRetentionFlags(c); err != nil {
+		return c, err
+	}
+	if err := checkHorizonFlags(c); err != nil {
 		return c, err
 	}
 	return c, nil
@@ -466,7 +483,11 @@ func runOne(ctx context.Context, e *env, w workload, b backend, round int) (map[
 	// Start each run with no dirty buffers left over from the previous one.
 	_, _ = e.admin.Exec(ctx, "CHECKPOINT")
 
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	timeout := w.timeout
+	if timeout == 0 {
+		timeout = defaultRunTimeout
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
 	var before statSnapshot

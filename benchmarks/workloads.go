@@ -90,7 +90,12 @@ type workload struct {
 	// limits of the server, limits.go); its metrics are not in the table
 	// of pglease and watermill-sql.
 	alone backend
+	// timeout bounds one run of the workload; 0: defaultRunTimeout.
+	timeout time.Duration
 }
+
+// defaultRunTimeout bounds one run of a workload that sets no timeout.
+const defaultRunTimeout = 10 * time.Minute
 
 func (w workload) describe(vals map[string]float64) string {
 	var parts []string
@@ -210,7 +215,7 @@ func workloads(cfg config) []workload {
 	// the transactional handler (txhandler.go): the pglease-only ones
 	// before the idle workloads, the idle group after them.
 	idle := ws[len(ws)-1]
-	ws = append(ws[:len(ws)-1], limitsWorkload(cfg), balanceWorkload(), partitionsWorkload(), txHandlerWorkload(cfg), retentionWorkload(cfg))
+	ws = append(ws[:len(ws)-1], limitsWorkload(cfg), balanceWorkload(), partitionsWorkload(), txHandlerWorkload(cfg), retentionWorkload(cfg), horizonWorkload(cfg))
 	for _, n := range cfg.manyTopics {
 		ws = append(ws, manyTopicsWorkload(n))
 	}
