@@ -529,7 +529,7 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src querier, a DefaultSchemaA
 	}
 	for i, g := range groups {
 		source := wmPosition{g.TransactionID, g.Offset}
-		pos, warning, err := importPosition(ctx, src, s, runs, run, mapped[i], source)
+		pos, before, warning, err := importPosition(ctx, src, s, runs, run, mapped[i], source)
 		if err != nil {
 			return fmt.Errorf("position of group %q: %w", g.ConsumerGroup, err)
 		}
@@ -555,8 +555,11 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src querier, a DefaultSchemaA
 			ig.Action, ig.Position = ImportGroupKept, row.Position
 			out.Groups = append(out.Groups, ig)
 			continue
-		case row.Position == pos:
-			ig.Action, ig.Position = ImportGroupUnchanged, pos
+		case row.Position == pos || before:
+			// A group before every copied message stays where the import
+			// put it: moved to this run's start, it would skip what was
+			// published to pglease between the runs.
+			ig.Action, ig.Position = ImportGroupUnchanged, row.Position
 		default:
 			moved, err := importMoveOffset(ctx, tx, a, g.ConsumerGroup, s.topic, row.Position, pos)
 			if err != nil {
@@ -581,8 +584,10 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src querier, a DefaultSchemaA
 // source in watermill-sql: after the last message copied at or before
 // source, before the first copied after it. runs are every run of the
 // topic, this one (cur) included when it recorded anything; inCur is the
-// offset mapped while copying, for a source position within cur.
-func importPosition(ctx context.Context, src querier, s wmSource, runs []importRun, cur importRun, inCur int64, source wmPosition) (Position, string, error) {
+// offset mapped while copying, for a source position within cur. before
+// reports that source lies before every copied message (or nothing was
+// ever copied).
+func importPosition(ctx context.Context, src querier, s wmSource, runs []importRun, cur importRun, inCur int64, source wmPosition) (pos Position, before bool, warning string, err error) {
 	var copied []importRun
 	for _, r := range runs {
 		if !r.empty() {
@@ -592,40 +597,40 @@ func importPosition(ctx context.Context, src querier, s wmSource, runs []importR
 	if len(copied) == 0 {
 		// Nothing was ever copied: the group has acknowledged everything;
 		// it starts where this run would have put messages.
-		return Position{TransactionID: cur.TransactionID, Offset: cur.FirstOffset - 1}, "", nil
+		return Position{TransactionID: cur.TransactionID, Offset: cur.FirstOffset - 1}, true, "", nil
 	}
 	first, last := copied[0], copied[len(copied)-1]
 	if source.compare(first.From) <= 0 {
 		pos := Position{TransactionID: first.TransactionID, Offset: first.FirstOffset - 1}
 		if source.compare(first.From) < 0 {
-			return pos, fmt.Sprintf("acknowledged %s in watermill-sql, before the first message the import copied (after %s): it starts at that message",
+			return pos, true, fmt.Sprintf("acknowledged %s in watermill-sql, before the first message the import copied (after %s): it starts at that message",
 				source, first.From), nil
 		}
-		return pos, "", nil
+		return pos, true, "", nil
 	}
 	if source.compare(last.To) >= 0 {
-		return Position{TransactionID: last.TransactionID, Offset: last.LastOffset}, "", nil
+		return Position{TransactionID: last.TransactionID, Offset: last.LastOffset}, false, "", nil
 	}
 	for _, r := range copied {
 		if source.compare(r.From) <= 0 || source.compare(r.To) > 0 {
 			continue
 		}
 		if r.Run == cur.Run {
-			return Position{TransactionID: r.TransactionID, Offset: inCur}, "", nil
+			return Position{TransactionID: r.TransactionID, Offset: inCur}, false, "", nil
 		}
 		n, err := wmCountBetween(ctx, src, s.messagesTable, s.kind, r.From, source)
 		if err != nil {
-			return Position{}, "", err
+			return Position{}, false, "", err
 		}
-		return Position{TransactionID: r.TransactionID, Offset: r.FirstOffset - 1 + n}, "", nil
+		return Position{TransactionID: r.TransactionID, Offset: r.FirstOffset - 1 + n}, false, "", nil
 	}
 	// Between two runs (a run that copied nothing moved no range): after
 	// the last run before source.
-	pos := Position{TransactionID: first.TransactionID, Offset: first.FirstOffset - 1}
+	pos = Position{TransactionID: first.TransactionID, Offset: first.FirstOffset - 1}
 	for _, r := range copied {
 		if r.To.compare(source) <= 0 {
 			pos = Position{TransactionID: r.TransactionID, Offset: r.LastOffset}
 		}
 	}
-	return pos, "", nil
+	return pos, false, "", nil
 }
