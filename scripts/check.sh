@@ -62,8 +62,9 @@ fi
 echo "ok"
 
 # The benchmarks are a module of their own (they depend on watermill-sql,
-# which the library must not): vet them and run their unit tests, which need
-# no database.
+# which the library must not): vet them and run their tests. Their unit
+# tests need no database; importtest (pglease.ImportWatermillSQL against the
+# real watermill-sql v4) uses PGLEASE_TEST_DSN and fails without it.
 if [[ -d benchmarks ]]; then
 	step "benchmarks: go vet, go test"
 	(cd benchmarks && go vet ./... && go test -count=1 ./...)

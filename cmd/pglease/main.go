@@ -8,6 +8,7 @@
 //	pglease reset-offsets   move a consumer group's positions on a topic
 //	pglease migrate         create or upgrade the tables (as their owner)
 //	pglease grant           let an application role run pglease (as the owner)
+//	pglease import          take over watermill-sql's pending messages and groups
 //
 // It connects to --dsn, else to $DATABASE_URL, and works on the pglease
 // tables of --schema (default: the search_path). Every command takes --json.

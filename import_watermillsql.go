@@ -1,0 +1,636 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrNotWatermillSQLSchema is wrapped by the errors of [ImportWatermillSQL]
+// for a source table that is not watermill-sql's default PostgreSQL schema
+// (v3 or v4): a missing table, a missing or unknown column, a column of
+// another type. The error names the table and the column.
+var ErrNotWatermillSQLSchema = errors.New("pglease: not watermill-sql's default PostgreSQL schema")
+
+// importBatch is how many messages the import reads and writes per
+// statement.
+const importBatch = 5000
+
+// ImportConfig configures [ImportWatermillSQL].
+type ImportConfig struct {
+	// Topics are the watermill-sql topics to import (tables
+	// "watermill_<topic>" and "watermill_offsets_<topic>" in the source's
+	// search_path). Either Topics or All.
+	Topics []string
+	// All imports every watermill-sql topic of the source's search_path.
+	All bool
+	// SchemaAdapter names the pglease tables. Default DefaultSchemaAdapter{}.
+	// The import's own tables ([ImportRunsTable], [ImportGroupsTable])
+	// are created in its Schema.
+	SchemaAdapter DefaultSchemaAdapter
+	// DryRun runs the import and rolls it back: the report says what a
+	// real run would have done, and nothing changes.
+	DryRun bool
+}
+
+// ImportReport is what [ImportWatermillSQL] did, per topic.
+type ImportReport struct {
+	DryRun bool            `json:"dry_run"`
+	Topics []ImportedTopic `json:"topics"`
+}
+
+// ImportedTopic is the import of one topic.
+type ImportedTopic struct {
+	Topic       string `json:"topic"`
+	SourceTable string `json:"source_table"`
+	// SourceKind is the schema found: "transaction_id" (v3 and v4,
+	// ordered by transaction id and offset), "offset" (earlier v3,
+	// ordered by offset) or "queue" (v4's delayed pub/sub and queue
+	// schema: no consumer groups, an acked column).
+	SourceKind string `json:"source_kind"`
+	// Run counts the runs that imported the topic, this one included.
+	Run int `json:"run"`
+	// Messages were copied into the messages table, Delayed into the
+	// delayed messages table (queue tables only).
+	Messages int64 `json:"messages"`
+	Delayed  int64 `json:"delayed"`
+	// TransactionID is the pglease transaction id the messages of this run
+	// were stored with (their offsets count up from 1 per topic).
+	TransactionID uint64          `json:"transaction_id"`
+	Groups        []ImportedGroup `json:"groups"`
+	// Warnings say what could not be carried exactly.
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// Group actions of an [ImportedGroup].
+const (
+	ImportGroupCreated   = "created"   // the offset row was created
+	ImportGroupMoved     = "moved"     // a row the import created earlier, never consumed from, follows the source
+	ImportGroupUnchanged = "unchanged" // as the import left it before
+	ImportGroupKept      = "kept"      // the group consumes in pglease already: left alone
+)
+
+// ImportedGroup is one consumer group of an imported topic.
+type ImportedGroup struct {
+	ConsumerGroup string `json:"consumer_group"`
+	// SourceTransactionID and SourceOffset are the group's acknowledged
+	// position in watermill-sql.
+	SourceTransactionID uint64 `json:"source_transaction_id"`
+	SourceOffset        int64  `json:"source_offset"`
+	// Position is the group's pglease position after the import.
+	Position Position `json:"position"`
+	Action   string   `json:"action"`
+}
+
+// wmKind is the shape of a watermill-sql messages table.
+type wmKind int
+
+const (
+	wmKindXID    wmKind = iota // transaction_id xid8, ordered by (transaction_id, offset)
+	wmKindOffset               // no transaction_id: ordered by offset
+	wmKindQueue                // v4's queue schema (delayed pub/sub): acked column, no groups
+)
+
+func (k wmKind) String() string {
+	switch k {
+	case wmKindXID:
+		return "transaction_id"
+	case wmKindOffset:
+		return "offset"
+	default:
+		return "queue"
+	}
+}
+
+// wmPosition is a position in a watermill-sql topic: (transaction id,
+// offset), the transaction id 0 for tables ordered by offset alone.
+type wmPosition struct {
+	TransactionID uint64
+	Offset        int64
+}
+
+func (p wmPosition) compare(o wmPosition) int {
+	switch {
+	case p.TransactionID < o.TransactionID:
+		return -1
+	case p.TransactionID > o.TransactionID:
+		return 1
+	case p.Offset < o.Offset:
+		return -1
+	case p.Offset > o.Offset:
+		return 1
+	}
+	return 0
+}
+
+func (p wmPosition) String() string { return fmt.Sprintf("%d:%d", p.TransactionID, p.Offset) }
+
+// wmSource is one watermill-sql topic as found in the source.
+type wmSource struct {
+	topic         string
+	messagesTable string
+	offsetsTable  string // "" when there is none (queue schema, or no subscriber ever ran)
+	kind          wmKind
+	payloadType   string // json, jsonb, text or bytea
+}
+
+// ImportWatermillSQL copies, for each watermill-sql topic, the messages
+// that at least one consumer group has not acknowledged into pglease's
+// topic of the same name (partition 0), in watermill-sql's order, and
+// creates each group's pglease offset row so that it receives exactly the
+// messages it had not acknowledged. Messages of v4's delayed pub/sub
+// (queue tables) that are not acknowledged are carried too: those still
+// delayed become pglease delayed messages. src is the database of
+// watermill-sql, dst that of pglease (it may be the same database, but
+// not the same *pgx.Conn: pass a pool or two connections); the pglease
+// tables must exist ([Migrate]).
+//
+// Each topic is imported in one transaction of dst (the source is read in
+// one REPEATABLE READ transaction), which records what it copied in the
+// import's own tables ([ImportRunsTable], [ImportGroupsTable], created on
+// first use). A later run copies only the messages published to
+// watermill-sql since, and moves the offset row of a group only while no
+// pglease Subscriber ever claimed it (and it is where the import left it);
+// groups already consuming in pglease are left alone.
+//
+// Imported messages are stored with one transaction id per run and
+// offsets counting up from 1 per topic. On a topic that no group consumes
+// in pglease yet, the first run stores them before the topic's first
+// pglease message (so that publishers may move to pglease before the
+// import); otherwise with the import's own transaction id, after every
+// message committed before it. Either way they lie before anything
+// published to the topic later, and every position lies below the
+// database's transaction counter.
+//
+// A source table that is not watermill-sql's default PostgreSQL schema
+// is refused with an error wrapping [ErrNotWatermillSQLSchema] that names
+// the table and column; topics imported before that error stay imported.
+// It is safe to run again and concurrently (runs of one topic take turns).
+func ImportWatermillSQL(ctx context.Context, dst, src DB, config ImportConfig) (ImportReport, error) {
+	report := ImportReport{DryRun: config.DryRun, Topics: []ImportedTopic{}}
+	if isNilDB(dst) || isNilDB(src) {
+		return report, fmt.Errorf("%w: ImportWatermillSQL needs a destination and a source (*pgxpool.Pool, *pgx.Conn)", ErrInvalidConfig)
+	}
+	if dst == src {
+		if _, ok := dst.(*pgx.Conn); ok {
+			return report, fmt.Errorf("%w: ImportWatermillSQL reads and writes at once: pass a pool, or two connections, not one *pgx.Conn twice", ErrInvalidConfig)
+		}
+	}
+	if config.All == (len(config.Topics) > 0) {
+		return report, fmt.Errorf("%w: ImportConfig needs either Topics or All", ErrInvalidConfig)
+	}
+	if err := config.SchemaAdapter.validate(); err != nil {
+		return report, fmt.Errorf("%w: ImportConfig.SchemaAdapter: %w", ErrInvalidConfig, err)
+	}
+	for _, t := range config.Topics {
+		if err := validateTopic(t); err != nil {
+			return report, err
+		}
+	}
+
+	srcTx, err := src.Begin(ctx)
+	if err != nil {
+		return report, fmt.Errorf("import watermill-sql: begin on the source: %w", err)
+	}
+	defer func() { _ = srcTx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := srcTx.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY`); err != nil {
+		return report, fmt.Errorf("import watermill-sql: source transaction: %w", err)
+	}
+
+	topics := config.Topics
+	if config.All {
+		tables, err := wmTopicTables(ctx, srcTx)
+		if err != nil {
+			return report, fmt.Errorf("import watermill-sql: list the source's tables: %w", err)
+		}
+		for _, t := range tables {
+			topics = append(topics, strings.TrimPrefix(t, "watermill_"))
+		}
+	}
+	sources := make([]wmSource, 0, len(topics))
+	for _, topic := range topics {
+		s, err := describeSource(ctx, srcTx, topic)
+		if err != nil {
+			return report, err
+		}
+		sources = append(sources, s)
+	}
+	if len(sources) == 0 {
+		return report, nil
+	}
+	for _, s := range sources {
+		t, err := importTopic(ctx, dst, srcTx, config, s)
+		if err != nil {
+			return report, fmt.Errorf("import watermill-sql topic %q: %w", s.topic, wrapMissingSchema(err))
+		}
+		report.Topics = append(report.Topics, t)
+	}
+	return report, nil
+}
+
+// Columns of watermill-sql's default PostgreSQL tables, with the types
+// accepted for each.
+var (
+	wmMessageColumns = map[string][]string{
+		"offset":         {"bigint", "integer"},
+		"uuid":           {"character varying", "text", "uuid"},
+		"created_at":     {"timestamp without time zone", "timestamp with time zone"},
+		"payload":        {"json", "jsonb", "bytea", "text"},
+		"metadata":       {"json", "jsonb"},
+		"transaction_id": {"xid8"},
+		"acked":          {"boolean"},
+	}
+	wmOffsetColumns = map[string][]string{
+		"consumer_group":                {"character varying", "text"},
+		"offset_acked":                  {"bigint", "integer"},
+		"last_processed_transaction_id": {"xid8"},
+		"offset_consumed":               {"bigint", "integer"}, // earlier v3
+	}
+)
+
+// checkColumns refuses a table whose columns are not among known, or
+// lack one of required.
+func checkColumns(table string, cols []wmColumn, known map[string][]string, required ...string) (map[string]string, error) {
+	types := make(map[string]string, len(cols))
+	for _, c := range cols {
+		accepted, ok := known[c.Name]
+		if !ok {
+			return nil, fmt.Errorf("%w: table %q has column %q, which watermill-sql's default PostgreSQL schema does not have",
+				ErrNotWatermillSQLSchema, table, c.Name)
+		}
+		base := c.Type
+		if i := strings.IndexByte(base, '('); i >= 0 {
+			base = base[:i]
+		}
+		found := false
+		for _, t := range accepted {
+			found = found || t == base
+		}
+		if !found {
+			return nil, fmt.Errorf("%w: column %q of table %q is %s, expected %s",
+				ErrNotWatermillSQLSchema, c.Name, table, c.Type, strings.Join(accepted, " or "))
+		}
+		types[c.Name] = base
+	}
+	for _, r := range required {
+		if _, ok := types[r]; !ok {
+			return nil, fmt.Errorf("%w: table %q has no column %q", ErrNotWatermillSQLSchema, table, r)
+		}
+	}
+	return types, nil
+}
+
+// describeSource finds the tables of topic in the source and which of
+// watermill-sql's schemas they have.
+func describeSource(ctx context.Context, q querier, topic string) (wmSource, error) {
+	s := wmSource{topic: topic, messagesTable: "watermill_" + topic}
+	cols, err := wmTableColumns(ctx, q, s.messagesTable)
+	if err != nil {
+		return s, fmt.Errorf("import watermill-sql topic %q: %w", topic, err)
+	}
+	if len(cols) == 0 {
+		return s, fmt.Errorf("import watermill-sql topic %q: %w: no table %q in the source's search_path",
+			topic, ErrNotWatermillSQLSchema, s.messagesTable)
+	}
+	types, err := checkColumns(s.messagesTable, cols, wmMessageColumns, "offset", "uuid", "created_at", "payload", "metadata")
+	if err != nil {
+		return s, fmt.Errorf("import watermill-sql topic %q: %w", topic, err)
+	}
+	s.payloadType = types["payload"]
+	_, hasXID := types["transaction_id"]
+	_, hasAcked := types["acked"]
+	switch {
+	case hasXID && hasAcked:
+		return s, fmt.Errorf("import watermill-sql topic %q: %w: table %q has both column \"transaction_id\" and column \"acked\"",
+			topic, ErrNotWatermillSQLSchema, s.messagesTable)
+	case hasAcked:
+		s.kind = wmKindQueue
+		return s, nil
+	case hasXID:
+		s.kind = wmKindXID
+	default:
+		s.kind = wmKindOffset
+	}
+	offsets := "watermill_offsets_" + topic
+	cols, err = wmTableColumns(ctx, q, offsets)
+	if err != nil {
+		return s, fmt.Errorf("import watermill-sql topic %q: %w", topic, err)
+	}
+	if len(cols) == 0 {
+		return s, nil // no subscriber ever ran: no groups
+	}
+	required := []string{"consumer_group", "offset_acked"}
+	if s.kind == wmKindXID {
+		required = append(required, "last_processed_transaction_id")
+	}
+	if _, err := checkColumns(offsets, cols, wmOffsetColumns, required...); err != nil {
+		return s, fmt.Errorf("import watermill-sql topic %q: %w", topic, err)
+	}
+	s.offsetsTable = offsets
+	return s, nil
+}
+
+// importTopic imports one topic in one transaction of dst.
+func importTopic(ctx context.Context, dst DB, src querier, config ImportConfig, s wmSource) (ImportedTopic, error) {
+	out := ImportedTopic{Topic: s.topic, SourceTable: s.messagesTable, SourceKind: s.kind.String(), Groups: []ImportedGroup{}}
+	a := config.SchemaAdapter
+	var groups []wmGroup
+	if s.offsetsTable != "" {
+		var err error
+		if groups, err = wmGroups(ctx, src, s.offsetsTable, s.kind == wmKindXID); err != nil {
+			return out, fmt.Errorf("read %q: %w", s.offsetsTable, err)
+		}
+	}
+	err := pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
+		if err := importCreateTables(ctx, tx, a); err != nil {
+			return fmt.Errorf("create the import's tables: %w", err)
+		}
+		if err := importLockTopic(ctx, tx, a, s.topic); err != nil {
+			return err
+		}
+		if err := importTopicTx(ctx, tx, src, a, s, groups, &out); err != nil {
+			return err
+		}
+		if config.DryRun {
+			return errDryRun
+		}
+		return nil
+	})
+	if errors.Is(err, errDryRun) {
+		err = nil
+	}
+	return out, err
+}
+
+// errDryRun rolls back the transaction of a dry run.
+var errDryRun = errors.New("dry run")
+
+func importTopicTx(ctx context.Context, tx pgx.Tx, src querier, a DefaultSchemaAdapter, s wmSource, groups []wmGroup, out *ImportedTopic) error {
+	state, err := importReadTopic(ctx, tx, a, s.topic)
+	if err != nil {
+		return err
+	}
+	if state.Partitions != 1 {
+		return fmt.Errorf("%w: the pglease topic has %d partitions; watermill-sql's order can only be kept in a topic of one",
+			ErrInvalidConfig, state.Partitions)
+	}
+	runs, err := importRuns(ctx, tx, a, s.topic)
+	if err != nil {
+		return err
+	}
+	current, err := parseXID8(state.CurrentTx)
+	if err != nil {
+		return err
+	}
+	// Where this run's messages go: before the topic's first pglease
+	// message while no group reads the topic in pglease, else after
+	// everything committed before this transaction.
+	run := importRun{Run: len(runs) + 1, TransactionID: current, FirstOffset: 1}
+	if len(runs) == 0 && !state.HasOffsets && state.FirstTx != nil {
+		first, err := parseXID8(*state.FirstTx)
+		if err != nil {
+			return err
+		}
+		if first > 4 {
+			run.TransactionID = first - 1
+		}
+	}
+	for _, r := range runs {
+		run.FirstOffset = max(run.FirstOffset, r.LastOffset+1)
+	}
+	// What to copy: after the last run, or, on the first, after the
+	// position every group has acknowledged.
+	if len(runs) > 0 {
+		run.From = runs[len(runs)-1].To
+	} else if len(groups) > 0 {
+		run.From = wmPosition{TransactionID: groups[0].TransactionID, Offset: groups[0].Offset}
+		for _, g := range groups[1:] {
+			if p := (wmPosition{g.TransactionID, g.Offset}); p.compare(run.From) < 0 {
+				run.From = p
+			}
+		}
+	}
+	run.To = run.From
+	run.LastOffset = run.FirstOffset - 1
+
+	// The groups whose acknowledged position lies in this run's range get
+	// the offset of the last message copied at or before it.
+	byPos := make([]int, len(groups))
+	for i := range byPos {
+		byPos[i] = i
+	}
+	sort.Slice(byPos, func(i, j int) bool {
+		return wmPosition{groups[byPos[i]].TransactionID, groups[byPos[i]].Offset}.compare(
+			wmPosition{groups[byPos[j]].TransactionID, groups[byPos[j]].Offset}) < 0
+	})
+	mapped := make([]int64, len(groups))
+	next := 0 // in byPos
+	var now time.Time
+	if s.kind == wmKindQueue {
+		if now, err = importNow(ctx, tx); err != nil {
+			return err
+		}
+	}
+	after := run.From
+	for {
+		msgs, err := wmMessagesAfter(ctx, src, s.messagesTable, s.kind, s.payloadType, after, importBatch)
+		if err != nil {
+			return fmt.Errorf("read %q: %w", s.messagesTable, err)
+		}
+		if len(msgs) == 0 {
+			break
+		}
+		var (
+			offsets  []int64
+			uuids    []string
+			payloads [][]byte
+			metadata []string
+			created  []time.Time
+			delayed  InsertMessagesParams
+		)
+		for _, m := range msgs {
+			pos := wmPosition{m.TransactionID, m.Offset}
+			for next < len(byPos) {
+				g := groups[byPos[next]]
+				if (wmPosition{g.TransactionID, g.Offset}).compare(pos) >= 0 {
+					break
+				}
+				mapped[byPos[next]] = run.LastOffset
+				next++
+			}
+			if m.DelayedUntil != nil && m.DelayedUntil.After(now) {
+				delayed.Topics = append(delayed.Topics, s.topic)
+				delayed.UUIDs = append(delayed.UUIDs, m.UUID)
+				delayed.Payloads = append(delayed.Payloads, m.Payload)
+				delayed.Metadata = append(delayed.Metadata, m.Metadata)
+				delayed.DueAt = append(delayed.DueAt, *m.DelayedUntil)
+			} else {
+				run.LastOffset++
+				offsets = append(offsets, run.LastOffset)
+				uuids = append(uuids, m.UUID)
+				payloads = append(payloads, m.Payload)
+				metadata = append(metadata, m.Metadata)
+				created = append(created, m.CreatedAt)
+			}
+			after, run.To = pos, pos
+		}
+		if len(offsets) > 0 {
+			if err := importInsertMessages(ctx, tx, a, s.topic, run.TransactionID, offsets, uuids, payloads, metadata, created); err != nil {
+				return fmt.Errorf("store messages: %w", err)
+			}
+			out.Messages += int64(len(offsets))
+		}
+		if len(delayed.UUIDs) > 0 {
+			delayed.NotifyChannel = a.NotifyChannel()
+			q := a.InsertDelayed(delayed)
+			if _, err := tx.Exec(ctx, q.SQL, q.Args...); err != nil {
+				return fmt.Errorf("store delayed messages: %w", err)
+			}
+			out.Delayed += int64(len(delayed.UUIDs))
+		}
+		if len(msgs) < importBatch {
+			break
+		}
+	}
+	for ; next < len(byPos); next++ {
+		mapped[byPos[next]] = run.LastOffset
+	}
+	out.Run = run.Run
+	out.TransactionID = run.TransactionID
+	if len(runs) == 0 || out.Messages > 0 || out.Delayed > 0 {
+		if err := importInsertRun(ctx, tx, a, s.topic, s.messagesTable, s.kind, run, out.Delayed); err != nil {
+			return fmt.Errorf("record the run: %w", err)
+		}
+		runs = append(runs, run)
+	} else {
+		out.Run = len(runs)
+	}
+	if out.Messages > 0 {
+		if err := importNotify(ctx, tx, a, s.topic); err != nil {
+			return err
+		}
+	}
+	if len(groups) == 0 {
+		return nil
+	}
+
+	rows, err := importOffsetRows(ctx, tx, a, s.topic)
+	if err != nil {
+		return err
+	}
+	existing := make(map[string]importOffsetRow, len(rows))
+	for _, r := range rows {
+		existing[r.ConsumerGroup] = r
+	}
+	for i, g := range groups {
+		source := wmPosition{g.TransactionID, g.Offset}
+		pos, before, warning, err := importPosition(ctx, src, s, runs, run, mapped[i], source)
+		if err != nil {
+			return fmt.Errorf("position of group %q: %w", g.ConsumerGroup, err)
+		}
+		if warning != "" {
+			out.Warnings = append(out.Warnings, fmt.Sprintf("group %q: %s", g.ConsumerGroup, warning))
+		}
+		ig := ImportedGroup{ConsumerGroup: g.ConsumerGroup, SourceTransactionID: g.TransactionID, SourceOffset: g.Offset}
+		row, ok := existing[g.ConsumerGroup]
+		switch {
+		case !ok:
+			created, err := importCreateOffset(ctx, tx, a, g.ConsumerGroup, s.topic, pos)
+			if err != nil {
+				return fmt.Errorf("create the offset row of group %q: %w", g.ConsumerGroup, err)
+			}
+			if !created { // created by a Subscriber meanwhile
+				ig.Action, ig.Position = ImportGroupKept, Position{}
+				out.Warnings = append(out.Warnings, fmt.Sprintf("group %q: its offset row was created by a Subscriber during the import and was left alone", g.ConsumerGroup))
+				out.Groups = append(out.Groups, ig)
+				continue
+			}
+			ig.Action, ig.Position = ImportGroupCreated, pos
+		case row.Recorded == nil || *row.Recorded != row.Position || row.Epoch != 0:
+			ig.Action, ig.Position = ImportGroupKept, row.Position
+			out.Groups = append(out.Groups, ig)
+			continue
+		case row.Position == pos || before:
+			// A group before every copied message stays where the import
+			// put it: moved to this run's start, it would skip what was
+			// published to pglease between the runs.
+			ig.Action, ig.Position = ImportGroupUnchanged, row.Position
+		default:
+			moved, err := importMoveOffset(ctx, tx, a, g.ConsumerGroup, s.topic, row.Position, pos)
+			if err != nil {
+				return fmt.Errorf("move the offset row of group %q: %w", g.ConsumerGroup, err)
+			}
+			if !moved { // claimed meanwhile
+				ig.Action, ig.Position = ImportGroupKept, row.Position
+				out.Groups = append(out.Groups, ig)
+				continue
+			}
+			ig.Action, ig.Position = ImportGroupMoved, pos
+		}
+		if err := importRecordGroup(ctx, tx, a, s.topic, g.ConsumerGroup, ig.Position, source); err != nil {
+			return fmt.Errorf("record group %q: %w", g.ConsumerGroup, err)
+		}
+		out.Groups = append(out.Groups, ig)
+	}
+	return nil
+}
+
+// importPosition is the pglease position of a group that acknowledged
+// source in watermill-sql: after the last message copied at or before
+// source, before the first copied after it. runs are every run of the
+// topic, this one (cur) included when it recorded anything; inCur is the
+// offset mapped while copying, for a source position within cur. before
+// reports that source lies before every copied message (or nothing was
+// ever copied).
+func importPosition(ctx context.Context, src querier, s wmSource, runs []importRun, cur importRun, inCur int64, source wmPosition) (pos Position, before bool, warning string, err error) {
+	var copied []importRun
+	for _, r := range runs {
+		if !r.empty() {
+			copied = append(copied, r)
+		}
+	}
+	if len(copied) == 0 {
+		// Nothing was ever copied: the group has acknowledged everything;
+		// it starts where this run would have put messages.
+		return Position{TransactionID: cur.TransactionID, Offset: cur.FirstOffset - 1}, true, "", nil
+	}
+	first, last := copied[0], copied[len(copied)-1]
+	if source.compare(first.From) <= 0 {
+		pos := Position{TransactionID: first.TransactionID, Offset: first.FirstOffset - 1}
+		if source.compare(first.From) < 0 {
+			return pos, true, fmt.Sprintf("acknowledged %s in watermill-sql, before the first message the import copied (after %s): it starts at that message",
+				source, first.From), nil
+		}
+		return pos, true, "", nil
+	}
+	if source.compare(last.To) >= 0 {
+		return Position{TransactionID: last.TransactionID, Offset: last.LastOffset}, false, "", nil
+	}
+	for _, r := range copied {
+		if source.compare(r.From) <= 0 || source.compare(r.To) > 0 {
+			continue
+		}
+		if r.Run == cur.Run {
+			return Position{TransactionID: r.TransactionID, Offset: inCur}, false, "", nil
+		}
+		n, err := wmCountBetween(ctx, src, s.messagesTable, s.kind, r.From, source)
+		if err != nil {
+			return Position{}, false, "", err
+		}
+		return Position{TransactionID: r.TransactionID, Offset: r.FirstOffset - 1 + n}, false, "", nil
+	}
+	// Between two runs (a run that copied nothing moved no range): after
+	// the last run before source.
+	pos = Position{TransactionID: first.TransactionID, Offset: first.FirstOffset - 1}
+	for _, r := range copied {
+		if r.To.compare(source) <= 0 {
+			pos = Position{TransactionID: r.TransactionID, Offset: r.LastOffset}
+		}
+	}
+	return pos, false, "", nil
+}
