@@ -38,11 +38,11 @@ func TestSchemaSQLIsUnchanged(t *testing.T) {
 		file string
 		got  string
 	}{
-		{"schema_default.sql", pglease.SchemaSQL(nil)},
+		{"schema_default.sql", pglease.SchemaSQL(pglease.DefaultSchemaAdapter{})},
 		{"schema_custom.sql", pglease.SchemaSQL(goldenAdapter())},
-		{"grant_default.sql", pglease.GrantSQL(nil, "app")},
+		{"grant_default.sql", pglease.GrantSQL(pglease.DefaultSchemaAdapter{}, "app")},
 		{"grant_custom.sql", pglease.GrantSQL(goldenAdapter(), `App "Role"`)},
-		{"grant_refused.sql", pglease.GrantSQL(nil, "") + pglease.GrantSQL(nil, "public")},
+		{"grant_refused.sql", pglease.GrantSQL(pglease.DefaultSchemaAdapter{}, "") + pglease.GrantSQL(pglease.DefaultSchemaAdapter{}, "public")},
 	} {
 		path := filepath.Join("testdata", c.file)
 		if *updateGolden {
