@@ -122,7 +122,7 @@ func AckInTx(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 	if err != nil {
 		return err
 	}
-	return check(tx.QueryRow(ctx, q.SQL, q.Args...))
+	return check(q.QueryRow(ctx, tx))
 }
 
 // ackQuery returns the statement of AckInTx for msg and the function that

@@ -21,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Querier runs statements: *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn and
@@ -39,6 +40,18 @@ type Stmt struct {
 
 // Queue adds the statement to b.
 func (s Stmt) Queue(b *pgx.Batch) *pgx.QueuedQuery { return b.Queue(s.SQL, s.Args...) }
+
+// QueryRow runs the statement on q, for a row scanned later (see [ScanAck]).
+func (s Stmt) QueryRow(ctx context.Context, q Querier) pgx.Row {
+	return q.QueryRow(ctx, s.SQL, s.Args...)
+}
+
+var (
+	_ Querier = (*pgxpool.Pool)(nil)
+	_ Querier = (*pgxpool.Conn)(nil)
+	_ Querier = (*pgx.Conn)(nil)
+	_ Querier = pgx.Tx(nil)
+)
 
 // Default table names.
 const (
