@@ -205,6 +205,9 @@ func (t *Tables) placeholders() map[string]string {
 		expiresAtIdx = append(pgx.Identifier{t.Schema}, expiresAtIdx...)
 	}
 	return map[string]string{
+		"schema":         pgx.Identifier{t.Schema}.Sanitize(),
+		"schema_literal": quoteLiteral(t.Schema),
+
 		"messages":    t.Messages,
 		"sessions":    t.Sessions,
 		"offsets":     t.Offsets,

@@ -3,15 +3,14 @@ package pgsql
 import (
 	"fmt"
 	"strings"
-
-	"github.com/jackc/pgx/v5"
 )
 
-// Prepare returns the statements run before the version table is read:
-// the schema, when it is set, and the version table. The schema is created only when
-// pg_namespace does not have it: CREATE SCHEMA IF NOT EXISTS checks the
-// CREATE privilege on the database even when the schema exists, which an
-// owner role given its own schema usually lacks.
+// Prepare returns the idempotent statements run before the version table
+// is read: the schema, when it is set (migrations/0000_schema.plpgsql),
+// and the version table (migrations/0000_version_table.sql). The schema is
+// created only when pg_namespace does not have it: CREATE SCHEMA IF NOT
+// EXISTS checks the CREATE privilege on the database even when the schema
+// exists, which an owner role given its own schema usually lacks.
 func (t *Tables) Prepare() []string {
 	var stmts []string
 	if t.Schema != "" {
@@ -22,18 +21,9 @@ func (t *Tables) Prepare() []string {
 		// read made before the set-up lock was granted (the lock does
 		// not refresh it): it then fails on the schema another set-up
 		// just created. A query reads the catalog as of now.
-		stmts = append(stmts, doBlock(`BEGIN
-	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = `+quoteLiteral(t.Schema)+`) THEN
-		CREATE SCHEMA `+pgx.Identifier{t.Schema}.Sanitize()+`;
-	END IF;
-END`))
+		stmts = append(stmts, doBlock(t.render("0000_schema.plpgsql")))
 	}
-	stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+t.Version+` (
-	version     integer PRIMARY KEY,
-	description text NOT NULL,
-	applied_at  timestamptz NOT NULL DEFAULT now()
-)`)
-	return stmts
+	return append(stmts, t.render("0000_version_table.sql"))
 }
 
 // Script is the whole DDL of the latest schema version as one script
