@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // poolConnectTimeout is the ConnectTimeout pgxpool gives a connection whose
@@ -156,32 +158,13 @@ func (c *sessionConn) release(timeout time.Duration) {
 	}
 }
 
-// exec runs q, after the statements of other Subscribers before it, and
-// dials the connection first if needed; waiting and dialling count
-// against ctx. An error that may have left the connection unusable (any
-// but an error the server returned for the statement, with the connection
-// open and out of any transaction) closes it: the next statement dials
-// again.
-func (c *sessionConn) exec(ctx context.Context, q Query) (pgconn.CommandTag, error) {
-	select {
-	case c.turn <- struct{}{}:
-	case <-ctx.Done():
-		return pgconn.CommandTag{}, fmt.Errorf("wait for the session connection: %w", ctx.Err())
-	}
-	defer func() { <-c.turn }()
-	if c.released {
-		return pgconn.CommandTag{}, errSessionConnReleased
-	}
-	if err := c.dialIfNeeded(ctx); err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	tag, err := c.conn.Exec(ctx, q.SQL, q.Args...)
-	c.afterError(err)
-	return tag, err
-}
-
-// queryRow runs q like exec and scans its one row into dest.
-func (c *sessionConn) queryRow(ctx context.Context, q Query, dest ...any) error {
+// run runs stmt, one statement on the connection, after the statements
+// of other Subscribers before it, and dials the connection first if
+// needed; waiting and dialling count against ctx. An error that may have
+// left the connection unusable (any but an error the server returned for
+// the statement, with the connection open and out of any transaction)
+// closes it: the next statement dials again.
+func (c *sessionConn) run(ctx context.Context, stmt func(q pgsql.Querier) error) error {
 	select {
 	case c.turn <- struct{}{}:
 	case <-ctx.Done():
@@ -194,7 +177,7 @@ func (c *sessionConn) queryRow(ctx context.Context, q Query, dest ...any) error 
 	if err := c.dialIfNeeded(ctx); err != nil {
 		return err
 	}
-	err := c.conn.QueryRow(ctx, q.SQL, q.Args...).Scan(dest...)
+	err := stmt(c.conn)
 	c.afterError(err)
 	return err
 }

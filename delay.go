@@ -7,6 +7,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // MaxDelay bounds how far ahead a message may be delayed (Watermill's
@@ -56,12 +58,12 @@ func messageDue(msgMeta map[string]string, now time.Time) (time.Time, bool, erro
 // splitDelayed splits params into the messages stored now and those
 // delayed (params.DueAt set for them); either may be empty. Order is kept
 // within each part.
-func splitDelayed(params InsertMessagesParams) (now, later InsertMessagesParams) {
+func splitDelayed(params pgsql.InsertMessagesParams) (now, later pgsql.InsertMessagesParams) {
 	if params.DueAt == nil {
-		return params, InsertMessagesParams{}
+		return params, pgsql.InsertMessagesParams{}
 	}
-	now = InsertMessagesParams{NotifyChannel: params.NotifyChannel}
-	later = InsertMessagesParams{NotifyChannel: params.NotifyChannel}
+	now = pgsql.InsertMessagesParams{NotifyChannel: params.NotifyChannel}
+	later = pgsql.InsertMessagesParams{NotifyChannel: params.NotifyChannel}
 	keyed := params.PartitionHashes != nil
 	for i := range params.UUIDs {
 		part := &now
@@ -80,46 +82,39 @@ func splitDelayed(params InsertMessagesParams) (now, later InsertMessagesParams)
 	return now, later
 }
 
-// insertQueries returns the statements that store params: the messages
-// due now in the messages table, the delayed ones in the delayed table.
-func insertQueries(adapter SchemaAdapter, params InsertMessagesParams) ([]Query, error) {
+// insertStatements returns the statements that store params, to be
+// queued in a batch: the messages due now in the messages table, the
+// delayed ones in the delayed table.
+func insertStatements(t *pgsql.Tables, params pgsql.InsertMessagesParams) []pgsql.Stmt {
 	now, later := splitDelayed(params)
-	var qs []Query
+	var qs []pgsql.Stmt
 	if len(now.UUIDs) > 0 {
-		qs = append(qs, adapter.InsertMessages(now))
+		qs = append(qs, t.InsertMessages(now))
 	}
 	if len(later.UUIDs) > 0 {
-		m, ok := adapter.(MaintenanceAdapter)
-		if !ok {
-			return nil, fmt.Errorf("%w: delayed messages need a schema adapter that implements pglease.MaintenanceAdapter, %T does not",
-				ErrInvalidConfig, adapter)
-		}
-		qs = append(qs, m.InsertDelayed(later))
+		qs = append(qs, t.InsertDelayed(later))
 	}
-	return qs, nil
+	return qs
 }
 
 // execDelayed stores params, some of them delayed: with one statement, or
 // with two in one transaction (a savepoint on a pgx.Tx), so that the call
 // stores all of its messages or none.
-func execDelayed(ctx context.Context, db DB, adapter SchemaAdapter, params InsertMessagesParams) error {
-	qs, err := insertQueries(adapter, params)
-	if err != nil {
-		return err
-	}
-	if len(qs) == 1 {
-		if _, err := db.Exec(ctx, qs[0].SQL, qs[0].Args...); err != nil {
-			return wrapMissingSchema(err)
-		}
-		return nil
-	}
-	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		for _, q := range qs {
-			if _, err := tx.Exec(ctx, q.SQL, q.Args...); err != nil {
+func execDelayed(ctx context.Context, db DB, t *pgsql.Tables, params pgsql.InsertMessagesParams) error {
+	now, later := splitDelayed(params)
+	var err error
+	switch {
+	case len(later.UUIDs) == 0:
+		err = pgsql.InsertMessages(ctx, db, t, now)
+	case len(now.UUIDs) == 0:
+		err = pgsql.InsertDelayed(ctx, db, t, later)
+	default:
+		err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			if err := pgsql.InsertMessages(ctx, tx, t, now); err != nil {
 				return err
 			}
-		}
-		return nil
-	})
+			return pgsql.InsertDelayed(ctx, tx, t, later)
+		})
+	}
 	return wrapMissingSchema(err)
 }

@@ -8,6 +8,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // DeliveryAttemptMetadata is the metadata key that a [Subscriber] sets on
@@ -41,7 +43,7 @@ type delivery struct {
 	sessionID uuid.UUID
 	epoch     int64
 	g         *sessionGen
-	adapter   SchemaAdapter
+	tables    *pgsql.Tables
 }
 
 // deliveryCtx is a delivered message's context: the subscription's, plus
@@ -120,18 +122,18 @@ func AckInTx(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 	if err != nil {
 		return err
 	}
-	return check(tx.QueryRow(ctx, q.SQL, q.Args...))
+	return check(q.QueryRow(ctx, tx))
 }
 
 // ackQuery returns the statement of AckInTx for msg and the function that
 // reads its outcome.
-func ackQuery(msg *message.Message) (Query, func(pgx.Row) error, error) {
+func ackQuery(msg *message.Message) (pgsql.Stmt, func(pgx.Row) error, error) {
 	if msg == nil {
-		return Query{}, nil, fmt.Errorf("%w: AckInTx of a nil message", ErrInvalidMessage)
+		return pgsql.Stmt{}, nil, fmt.Errorf("%w: AckInTx of a nil message", ErrInvalidMessage)
 	}
 	d, ok := deliveryOf(msg)
 	if !ok {
-		return Query{}, nil, fmt.Errorf("%w: message %s was not delivered by a pglease Subscriber "+
+		return pgsql.Stmt{}, nil, fmt.Errorf("%w: message %s was not delivered by a pglease Subscriber "+
 			"(AckInTx reads its origin from the message's context)", ErrInvalidMessage, msg.UUID)
 	}
 	what := func() string {
@@ -139,34 +141,23 @@ func ackQuery(msg *message.Message) (Query, func(pgx.Row) error, error) {
 			msg.UUID, d.topic, d.partition, d.group)
 	}
 	if d.g.isLost() {
-		return Query{}, nil, fmt.Errorf("%s: the delivering session was lost: %w", what(), ErrOwnershipLost)
+		return pgsql.Stmt{}, nil, fmt.Errorf("%s: the delivering session was lost: %w", what(), ErrOwnershipLost)
 	}
-	q := d.adapter.AckOffset(OffsetParams{ConsumerGroup: d.group, Topic: d.topic, Partition: d.partition,
-		SessionID: d.sessionID, Epoch: d.epoch, Position: d.pos})
+	q := d.tables.AckOffset(pgsql.OffsetParams{ConsumerGroup: d.group, Topic: d.topic, Partition: d.partition,
+		SessionID: d.sessionID, Epoch: d.epoch, Position: pgsql.Position(d.pos)})
 	check := func(row pgx.Row) error {
-		var (
-			session  *uuid.UUID
-			epoch    int64
-			txText   string
-			offset   int64
-			advanced bool
-		)
-		err := row.Scan(&session, &epoch, &txText, &offset, &advanced)
+		r, err := pgsql.ScanAck(row)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			return fmt.Errorf("%s: the offset row is gone: %w", what(), ErrOwnershipLost)
 		case err != nil:
 			return fmt.Errorf("%s: %w", what(), wrapMissingSchema(err))
-		case advanced:
+		case r.Advanced:
 			return nil
-		case session == nil || *session != d.sessionID || epoch != d.epoch:
-			return fmt.Errorf("%s (epoch %d, now %d): %w", what(), d.epoch, epoch, ErrOwnershipLost)
+		case r.SessionID == nil || *r.SessionID != d.sessionID || r.Epoch != d.epoch:
+			return fmt.Errorf("%s (epoch %d, now %d): %w", what(), d.epoch, r.Epoch, ErrOwnershipLost)
 		}
-		txID, err := parseXID8(txText)
-		if err != nil {
-			return fmt.Errorf("%s: %w", what(), err)
-		}
-		if acked := (Position{TransactionID: txID, Offset: offset}); !positionLess(acked, d.pos) {
+		if acked := Position(r.Acked); !positionLess(acked, d.pos) {
 			return fmt.Errorf("%s: %w", what(), ErrAlreadyAcknowledged)
 		}
 		return fmt.Errorf("%s: the offset row was not moved: %w", what(), ErrOwnershipLost)
@@ -223,10 +214,7 @@ type TxBeginner interface {
 // is rolled back and acked: what f wrote this time is undone. The message's
 // context bounds the transaction.
 func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.NoPublishHandlerFunc {
-	adapter := config.Publisher.SchemaAdapter
-	if adapter == nil {
-		adapter = DefaultSchemaAdapter{}
-	}
+	tables := config.Publisher.SchemaAdapter.tables()
 	return func(msg *message.Message) error {
 		ctx := msg.Context()
 		tx, err := db.BeginTx(ctx, config.TxOptions)
@@ -246,7 +234,7 @@ func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.N
 			return err
 		}
 		batch := &pgx.Batch{}
-		var inserts []Query
+		var inserts []pgsql.Stmt
 		if len(out) > 0 {
 			if config.PublishTopic == "" {
 				return fmt.Errorf("%w: the handler of message %s returned %d messages, but TxHandlerConfig.PublishTopic is empty",
@@ -256,16 +244,13 @@ func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.N
 			if err != nil {
 				return err
 			}
-			params.NotifyChannel = adapter.NotifyChannel()
-			inserts, err = insertQueries(adapter, params)
-			if err != nil {
-				return err
-			}
+			params.NotifyChannel = tables.NotifyChannel
+			inserts = insertStatements(tables, params)
 			for _, q := range inserts {
-				batch.Queue(q.SQL, q.Args...)
+				q.Queue(batch)
 			}
 		}
-		batch.Queue(ack.SQL, ack.Args...)
+		ack.Queue(batch)
 		results := tx.SendBatch(ctx, batch)
 		for range inserts {
 			if _, err := results.Exec(); err != nil {

@@ -16,6 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // The tests of this file force, one by one, the interleavings and failures
@@ -41,7 +43,7 @@ func dedicatedConn(t *testing.T, pool *pgxpool.Pool) *pgxpool.Conn {
 	return conn
 }
 
-func execQuery(t *testing.T, conn *pgxpool.Conn, q pglease.Query) int64 {
+func execQuery(t *testing.T, conn *pgxpool.Conn, q pgsql.Stmt) int64 {
 	t.Helper()
 	tag, err := conn.Exec(context.Background(), q.SQL, q.Args...)
 	require.NoError(t, err, q.SQL)
@@ -57,8 +59,8 @@ type claimOutcome struct {
 }
 
 // claimQuery is the claim statement for one topic.
-func claimQuery(adapter pglease.DefaultSchemaAdapter, group, topic string, session uuid.UUID) pglease.Query {
-	return adapter.ClaimOffsets(pglease.OffsetsParams{ConsumerGroup: group, Topics: []string{topic}, SessionID: session, Limit: 1})
+func claimQuery(adapter pglease.DefaultSchemaAdapter, group, topic string, session uuid.UUID) pgsql.Stmt {
+	return tablesOf(adapter).ClaimOffsets(pgsql.OffsetsParams{ConsumerGroup: group, Topics: []string{topic}, SessionID: session, Limit: 1})
 }
 
 // scanClaim reads the rows of a one-topic claim statement.
@@ -94,7 +96,7 @@ func runClaim(ctx context.Context, conn *pgxpool.Conn, adapter pglease.DefaultSc
 // ensureRow creates the offset row of (group, topic).
 func ensureRow(t *testing.T, conn *pgxpool.Conn, adapter pglease.DefaultSchemaAdapter, group, topic string) {
 	t.Helper()
-	execQuery(t, conn, adapter.EnsureOffsets(pglease.OffsetsParams{ConsumerGroup: group, Topics: []string{topic}}))
+	execQuery(t, conn, tablesOf(adapter).EnsureOffsets(pgsql.OffsetsParams{ConsumerGroup: group, Topics: []string{topic}}))
 }
 
 // waitBlockedOnLock waits until the backend pid waits for a lock, or fails
@@ -134,7 +136,7 @@ func TestClaimCannotTakeARowFromASessionItCannotSee(t *testing.T) {
 	const group, topic = "g", "t"
 	early, late := uuid.New(), uuid.New()
 	setup := dedicatedConn(t, pool)
-	execQuery(t, setup, adapter.CreateSession(pglease.SessionParams{SessionID: early, ConsumerGroup: group, Owner: "early", TTL: time.Hour}))
+	execQuery(t, setup, tablesOf(adapter).CreateSession(pgsql.SessionParams{SessionID: early, ConsumerGroup: group, Owner: "early", TTL: time.Hour}))
 	ensureRow(t, setup, adapter, group, topic)
 
 	// The late session is created and claims the free row in one open
@@ -143,7 +145,7 @@ func TestClaimCannotTakeARowFromASessionItCannotSee(t *testing.T) {
 	tx, err := lateConn.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	q := adapter.CreateSession(pglease.SessionParams{SessionID: late, ConsumerGroup: group, Owner: "late", TTL: time.Hour})
+	q := tablesOf(adapter).CreateSession(pgsql.SessionParams{SessionID: late, ConsumerGroup: group, Owner: "late", TTL: time.Hour})
 	_, err = tx.Exec(ctx, q.SQL, q.Args...)
 	require.NoError(t, err)
 	q = claimQuery(adapter, group, topic, late)
@@ -189,8 +191,8 @@ func TestLateHeartbeatAndClaimAtExpirySerialize(t *testing.T) {
 	const ttl = 2 * time.Second
 	owner, claimer := uuid.New(), uuid.New()
 	setup := dedicatedConn(t, pool)
-	execQuery(t, setup, adapter.CreateSession(pglease.SessionParams{SessionID: owner, ConsumerGroup: group, Owner: "owner", TTL: ttl}))
-	execQuery(t, setup, adapter.CreateSession(pglease.SessionParams{SessionID: claimer, ConsumerGroup: group, Owner: "claimer", TTL: time.Hour}))
+	execQuery(t, setup, tablesOf(adapter).CreateSession(pgsql.SessionParams{SessionID: owner, ConsumerGroup: group, Owner: "owner", TTL: ttl}))
+	execQuery(t, setup, tablesOf(adapter).CreateSession(pgsql.SessionParams{SessionID: claimer, ConsumerGroup: group, Owner: "claimer", TTL: time.Hour}))
 	ensureRow(t, setup, adapter, group, topic)
 	o, err := runClaim(ctx, setup, adapter, group, topic, owner)
 	require.NoError(t, err)
@@ -213,7 +215,7 @@ func TestLateHeartbeatAndClaimAtExpirySerialize(t *testing.T) {
 	)
 	go func() {
 		defer close(hbDone)
-		q := adapter.HeartbeatSession(pglease.SessionParams{SessionID: owner, TTL: ttl})
+		q := tablesOf(adapter).HeartbeatSession(pgsql.SessionParams{SessionID: owner, TTL: ttl})
 		tag, err := hbConn.Exec(ctx, q.SQL, q.Args...)
 		hbRows, hbErr = tag.RowsAffected(), err
 	}()
@@ -275,7 +277,7 @@ func TestClaimTakesRowsOfExpiredAndGoneSessions(t *testing.T) {
 	sessions := table(adapter, pglease.DefaultConsumerSessionsTable)
 	me, live, expired, gone := uuid.New(), uuid.New(), uuid.New(), uuid.New()
 	for _, s := range []uuid.UUID{me, live, expired, gone} {
-		execQuery(t, conn, adapter.CreateSession(pglease.SessionParams{SessionID: s, ConsumerGroup: group, Owner: s.String(), TTL: time.Hour}))
+		execQuery(t, conn, tablesOf(adapter).CreateSession(pgsql.SessionParams{SessionID: s, ConsumerGroup: group, Owner: s.String(), TTL: time.Hour}))
 	}
 	for _, owner := range []uuid.UUID{live, expired, gone} {
 		topic := owner.String()
@@ -573,7 +575,7 @@ func TestTakeoverIsLoggedWithTheOldSession(t *testing.T) {
 	ctx := context.Background()
 	conn := dedicatedConn(t, pool)
 	crashed := uuid.New()
-	execQuery(t, conn, adapter.CreateSession(pglease.SessionParams{SessionID: crashed, ConsumerGroup: "g", Owner: "crashed-host/42", TTL: time.Hour}))
+	execQuery(t, conn, tablesOf(adapter).CreateSession(pgsql.SessionParams{SessionID: crashed, ConsumerGroup: "g", Owner: "crashed-host/42", TTL: time.Hour}))
 	ensureRow(t, conn, adapter, "g", "t")
 	_, err := runClaim(ctx, conn, adapter, "g", "t", crashed)
 	require.NoError(t, err)

@@ -54,7 +54,7 @@ func SetAfterMembersReadHook(s *Subscriber, hook func(members int)) {
 // PartitionName is the bare name of a partition (or of one of the
 // maintainer's functions) of a's messages table (tests only).
 func PartitionName(a DefaultSchemaAdapter, suffix string) string {
-	return a.partitionName(suffix)
+	return a.tables().PartitionName(suffix)
 }
 
 // SetPartitionRefresh sets how often Subscribers read their topics'

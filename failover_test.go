@@ -42,7 +42,7 @@ func startCluster(t *testing.T, opts pgrepl.Options) *pgrepl.Cluster {
 // newFailoverSubscriber returns a Subscriber on pool (a pool of the
 // cluster's MultiHostDSN, whose LISTEN connection follows the primary too),
 // closed at the end of the test.
-func newFailoverSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.SchemaAdapter, cfg pglease.SubscriberConfig) *pglease.Subscriber {
+func newFailoverSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, cfg pglease.SubscriberConfig) *pglease.Subscriber {
 	t.Helper()
 	cfg.SchemaAdapter = adapter
 	cfg.InitializeSchema = true

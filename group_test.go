@@ -733,14 +733,14 @@ WHERE o.consumer_group = $1 AND s.expires_at > now() AND s.id <> $2`, group, dea
 		require.NoError(t, pool.QueryRow(ctx, `WITH u AS (
 	UPDATE `+sessions+` SET expires_at = now() + interval '1 second' WHERE id = $1 RETURNING expires_at
 )
-SELECT u.expires_at FROM u, pg_notify($2, 'g' || $3::text)`, dead, adapter.NotifyChannel(), group).Scan(&freed))
+SELECT u.expires_at FROM u, pg_notify($2, 'g' || $3::text)`, dead, tablesOf(adapter).NotifyChannel, group).Scan(&freed))
 		_, err = lock.Exec(ctx, `SELECT 1 FROM `+sessions+` WHERE id = $1 FOR UPDATE`, dead)
 		require.NoError(t, err)
 	} else {
 		_, err = lock.Exec(ctx, `SELECT 1 FROM `+offsets+` WHERE consumer_group = $1 AND topic = $2 FOR UPDATE`, group, topics[0])
 		require.NoError(t, err)
 		require.NoError(t, pool.QueryRow(ctx, `WITH d AS (DELETE FROM `+sessions+` WHERE id = $1)
-SELECT now() FROM pg_notify($2, 'g' || $3::text)`, dead, adapter.NotifyChannel(), group).Scan(&freed))
+SELECT now() FROM pg_notify($2, 'g' || $3::text)`, dead, tablesOf(adapter).NotifyChannel, group).Scan(&freed))
 	}
 	waitFor(t, 3*ttl, fmt.Sprintf("the claims of the %d members below their cap to wait for the lock", below), func() bool {
 		var n int

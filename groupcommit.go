@@ -5,6 +5,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // Limits of one group-committed statement.
@@ -20,13 +22,13 @@ const (
 // connections, run side by side.
 type groupCommitter struct {
 	pool    *pgxpool.Pool
-	adapter SchemaAdapter
-	batcher batcher[InsertMessagesParams]
+	tables  *pgsql.Tables
+	batcher batcher[pgsql.InsertMessagesParams]
 }
 
-func newGroupCommitter(pool *pgxpool.Pool, adapter SchemaAdapter, logger watermill.LoggerAdapter) *groupCommitter {
-	g := &groupCommitter{pool: pool, adapter: adapter}
-	g.batcher = batcher[InsertMessagesParams]{
+func newGroupCommitter(pool *pgxpool.Pool, tables *pgsql.Tables, logger watermill.LoggerAdapter) *groupCommitter {
+	g := &groupCommitter{pool: pool, tables: tables}
+	g.batcher = batcher[pgsql.InsertMessagesParams]{
 		workers:  max(1, min(groupMaxWorkers, int(pool.Config().MaxConns)/2)),
 		maxCount: groupMaxMessages,
 		maxBytes: groupMaxBytes,
@@ -40,7 +42,7 @@ func newGroupCommitter(pool *pgxpool.Pool, adapter SchemaAdapter, logger watermi
 
 // publish writes params, alone or with other calls, and returns once they
 // are committed or failed.
-func (g *groupCommitter) publish(ctx context.Context, params InsertMessagesParams) error {
+func (g *groupCommitter) publish(ctx context.Context, params pgsql.InsertMessagesParams) error {
 	bytes := 0
 	for _, p := range params.Payloads {
 		bytes += len(p)
@@ -52,14 +54,14 @@ func (g *groupCommitter) publish(ctx context.Context, params InsertMessagesParam
 // Publish call returned.
 func (g *groupCommitter) wait() { g.batcher.wait() }
 
-func (g *groupCommitter) insert(ctx context.Context, params InsertMessagesParams) error {
-	return execInsert(ctx, g.pool, g.adapter, params)
+func (g *groupCommitter) insert(ctx context.Context, params pgsql.InsertMessagesParams) error {
+	return execInsert(ctx, g.pool, g.tables, params)
 }
 
 // insertMany writes the calls with one statement: all of them are stored,
 // or none.
-func (g *groupCommitter) insertMany(ctx context.Context, calls []InsertMessagesParams) ([]error, error) {
-	combined := InsertMessagesParams{NotifyChannel: calls[0].NotifyChannel}
+func (g *groupCommitter) insertMany(ctx context.Context, calls []pgsql.InsertMessagesParams) ([]error, error) {
+	combined := pgsql.InsertMessagesParams{NotifyChannel: calls[0].NotifyChannel}
 	keyed := false
 	for _, p := range calls {
 		keyed = keyed || p.PartitionHashes != nil
@@ -79,5 +81,5 @@ func (g *groupCommitter) insertMany(ctx context.Context, calls []InsertMessagesP
 			}
 		}
 	}
-	return nil, execInsert(ctx, g.pool, g.adapter, combined)
+	return nil, execInsert(ctx, g.pool, g.tables, combined)
 }

@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // tableCounters are what pg_stat_user_tables and pg_statio_user_tables
@@ -190,8 +192,8 @@ func TestCommitOffsetVersionHint(t *testing.T) {
 	require.NoError(t, err)
 
 	commit := func(epoch, offset int64, version string) (string, bool, error) {
-		q := adapter.CommitOffset(pglease.OffsetParams{ConsumerGroup: "g", Topic: "t", SessionID: me, Epoch: epoch,
-			Position: pglease.Position{TransactionID: 1, Offset: offset}, Version: version})
+		q := tablesOf(adapter).CommitOffset(pgsql.OffsetParams{ConsumerGroup: "g", Topic: "t", SessionID: me, Epoch: epoch,
+			Position: pgsql.Position{TransactionID: 1, Offset: offset}, Version: version})
 		rows, err := pool.Query(ctx, q.SQL, q.Args...)
 		if err != nil {
 			return "", false, err

@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // TestIdlePollProbesTheIndex: the idle poll of a Subscriber (VisibleTopics)
@@ -39,10 +41,10 @@ func TestIdlePollProbesTheIndex(t *testing.T) {
 		WHERE oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = $1::regclass)`, messages).Scan(&pages))
 
 	// Every idle topic at its end: nothing visible after the position.
-	p := pglease.VisibleTopicsParams{}
+	p := pgsql.VisibleTopicsParams{}
 	for i := range idle {
 		topic := fmt.Sprintf("idle-%03d", i)
-		var pos pglease.Position
+		var pos pgsql.Position
 		var tx string
 		require.NoError(t, pool.QueryRow(ctx, `SELECT transaction_id::text, "offset" FROM `+messages+`
 			WHERE topic = $1 ORDER BY transaction_id DESC, "offset" DESC LIMIT 1`, topic).Scan(&tx, &pos.Offset))
@@ -51,7 +53,7 @@ func TestIdlePollProbesTheIndex(t *testing.T) {
 		p.Topics = append(p.Topics, topic)
 		p.Positions = append(p.Positions, pos)
 	}
-	q := adapter.VisibleTopics(p)
+	q := tablesOf(adapter).VisibleTopics(p)
 	var plan []struct {
 		Plan struct {
 			SharedHit  int64 `json:"Shared Hit Blocks"`

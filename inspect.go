@@ -9,53 +9,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-)
 
-// InspectionAdapter builds the read and reset statements of [Inspector].
-// [DefaultSchemaAdapter] implements it.
-type InspectionAdapter interface {
-	// InspectSessions returns every session row: id uuid, consumer_group
-	// text, owner text, created_at timestamptz, expires_at timestamptz,
-	// now timestamptz, rows_held bigint.
-	InspectSessions() Query
-	// InspectLag returns one row per offsets row of the groups and topics
-	// (nil: all): consumer_group, topic, partition, session_id uuid,
-	// owner text (NULL unless the owner session is alive), epoch,
-	// acked_transaction_id (xid8 as text), acked_offset, lag bigint
-	// (visible messages after the position), lag_seconds float8 (age of
-	// the oldest of them, NULL without one), pending bool (committed
-	// messages wait behind the xmin horizon).
-	InspectLag(groups, topics []string) Query
-	// InspectHorizon returns one row: xmin (xid8 as text) and the oldest
-	// transaction holding it back, all NULL when none: pid int, gid text
-	// (a prepared transaction's), application_name, state, xact_start,
-	// query_start, age_seconds float8, query text, database text, user
-	// text.
-	InspectHorizon() Query
-	// InspectTopics returns one row per topic that has messages, settings
-	// or offsets: topic, partitions integer, groups bigint, newest_at
-	// timestamptz (NULL without messages).
-	InspectTopics() Query
-	// ResetOffsets sets the acknowledged positions of the rows of group's
-	// topic (EnsureOffsets creates missing ones first) and bumps each
-	// row's epoch, so that an owner's later commits are refused. A row
-	// whose owner session is alive keeps its owner (with force; without
-	// force it is left alone), others are freed. Whether the owner is
-	// alive is decided on a snapshot that sees every committed session,
-	// and a row is written only if its owner and epoch are still those
-	// of that snapshot when the statement holds its lock: a row changed
-	// in between (a concurrent claim or release) is left alone and
-	// reported with changed true; the caller then rolls the transaction
-	// back and runs the reset again, on a snapshot that sees the change.
-	// When it writes a row it notifies the group's Subscribers (the "o"
-	// payload of [SchemaAdapter.NotifyChannel]), for the owners to claim
-	// their rows again. to is "earliest", "latest" or "time" (then at is
-	// the time). Returns one row per partition:
-	// partition, old_session uuid, old_owner text (NULL unless alive),
-	// old_transaction_id text, old_offset, new_transaction_id text,
-	// new_offset, applied bool, changed bool.
-	ResetOffsets(group, topic, to string, at time.Time, force bool, notifyChannel string) Query
-}
+	"github.com/pglease/watermill-pglease/internal/pgsql"
+)
 
 // Inspector reads who owns what, how far behind each consumer group is and
 // what holds delivery back, for health checks, admin pages, the pglease
@@ -63,26 +19,21 @@ type InspectionAdapter interface {
 // [Inspector.ResetOffsets]. It is safe for concurrent use on a
 // *pgxpool.Pool; on a *pgx.Conn or a pgx.Tx, one call at a time.
 type Inspector struct {
-	db      DB
-	adapter SchemaAdapter
-	queries InspectionAdapter
+	db     DB
+	tables *pgsql.Tables
 }
 
-// NewInspector returns an Inspector of the tables of adapter (nil:
-// DefaultSchemaAdapter{}) on db, which may be a *pgxpool.Pool, a *pgx.Conn
-// or a pgx.Tx. The adapter must implement [InspectionAdapter].
-func NewInspector(db DB, adapter SchemaAdapter) (*Inspector, error) {
+// NewInspector returns an Inspector of the tables of adapter
+// (DefaultSchemaAdapter{}: the default names) on db, which may be a
+// *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+func NewInspector(db DB, adapter DefaultSchemaAdapter) (*Inspector, error) {
 	if isNilDB(db) {
 		return nil, fmt.Errorf("%w: NewInspector needs a *pgxpool.Pool, *pgx.Conn or pgx.Tx, got nil", ErrInvalidConfig)
 	}
-	if adapter == nil {
-		adapter = DefaultSchemaAdapter{}
+	if err := adapter.validate(); err != nil {
+		return nil, fmt.Errorf("%w: NewInspector: %w", ErrInvalidConfig, err)
 	}
-	q, ok := adapter.(InspectionAdapter)
-	if !ok {
-		return nil, fmt.Errorf("%w: the schema adapter %T does not implement pglease.InspectionAdapter", ErrInvalidConfig, adapter)
-	}
-	return &Inspector{db: db, adapter: adapter, queries: q}, nil
+	return &Inspector{db: db, tables: adapter.tables()}, nil
 }
 
 // noJIT begins a read-only transaction (a savepoint on a pgx.Tx) with JIT
@@ -124,25 +75,17 @@ type SessionInfo struct {
 
 // Sessions returns every consumer session, by group and age.
 func (i *Inspector) Sessions(ctx context.Context) ([]SessionInfo, error) {
-	q := i.queries.InspectSessions()
-	rows, err := i.db.Query(ctx, q.SQL, q.Args...)
+	rows, err := pgsql.InspectSessions(ctx, i.db, i.tables)
 	if err != nil {
 		return nil, fmt.Errorf("read sessions: %w", wrapMissingSchema(err))
 	}
-	defer rows.Close()
 	var out []SessionInfo
-	for rows.Next() {
-		var s SessionInfo
-		var now time.Time
-		if err := rows.Scan(&s.ID, &s.ConsumerGroup, &s.Owner, &s.CreatedAt, &s.ExpiresAt, &now, &s.RowsHeld, &s.Maintainer); err != nil {
-			return nil, fmt.Errorf("read sessions: %w", err)
-		}
-		s.Age, s.ExpiresIn = now.Sub(s.CreatedAt), s.ExpiresAt.Sub(now)
+	for _, r := range rows {
+		s := SessionInfo{ID: r.ID, ConsumerGroup: r.ConsumerGroup, Owner: r.Owner, CreatedAt: r.CreatedAt,
+			ExpiresAt: r.ExpiresAt, RowsHeld: r.RowsHeld, Maintainer: r.Maintainer}
+		s.Age, s.ExpiresIn = r.Now.Sub(s.CreatedAt), s.ExpiresAt.Sub(r.Now)
 		s.Alive = s.ExpiresIn > 0
 		out = append(out, s)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read sessions: %w", err)
 	}
 	return out, nil
 }
@@ -182,45 +125,28 @@ type LagFilter struct {
 // messages after each position, so its cost grows with the total lag. It
 // runs with JIT compilation off (see noJIT).
 func (i *Inspector) Lag(ctx context.Context, f LagFilter) ([]LagInfo, error) {
-	q := i.queries.InspectLag(f.ConsumerGroups, f.Topics)
 	tx, err := i.noJIT(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("read lag: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := tx.Query(ctx, q.SQL, q.Args...)
+	rows, err := pgsql.InspectLag(ctx, tx, i.tables, f.ConsumerGroups, f.Topics)
 	if err != nil {
 		return nil, fmt.Errorf("read lag: %w", wrapMissingSchema(err))
 	}
-	defer rows.Close()
 	var out []LagInfo
-	for rows.Next() {
-		var (
-			l       LagInfo
-			session *uuid.UUID
-			owner   *string
-			txText  string
-			lagSecs *float64
-		)
-		if err := rows.Scan(&l.ConsumerGroup, &l.Topic, &l.Partition, &session, &owner, &l.Epoch, &txText,
-			&l.Position.Offset, &l.Lag, &lagSecs, &l.Pending); err != nil {
-			return nil, fmt.Errorf("read lag: %w", err)
-		}
-		if owner != nil && session != nil {
-			l.OwnerSession, l.Owner = *session, *owner
-		} else if session != nil {
+	for _, r := range rows {
+		l := LagInfo{ConsumerGroup: r.ConsumerGroup, Topic: r.Topic, Partition: r.Partition, Epoch: r.Epoch,
+			Position: Position(r.Acked), Lag: r.Lag, Pending: r.Pending}
+		if r.LiveOwner != nil && r.SessionID != nil {
+			l.OwnerSession, l.Owner = *r.SessionID, *r.LiveOwner
+		} else if r.SessionID != nil {
 			l.OwnerExpired = true
 		}
-		if lagSecs != nil {
-			l.LagSeconds = max(*lagSecs, 0)
-		}
-		if l.Position.TransactionID, err = parseXID8(txText); err != nil {
-			return nil, fmt.Errorf("read lag: %w", err)
+		if r.LagSeconds != nil {
+			l.LagSeconds = max(*r.LagSeconds, 0)
 		}
 		out = append(out, l)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read lag: %w", err)
 	}
 	return out, nil
 }
@@ -265,37 +191,26 @@ type HorizonHolder struct {
 // superuser); without it the holder is still found, but its age, start
 // times and query are unknown (HorizonHolder.AgeKnown is false).
 func (i *Inspector) Horizon(ctx context.Context) (Horizon, error) {
-	q := i.queries.InspectHorizon()
-	var (
-		h                                  Horizon
-		xmin                               string
-		pid                                *int32
-		gid, app, state, query, dbName, us *string
-		xactStart, queryStart              *time.Time
-		age                                *float64
-	)
-	err := i.db.QueryRow(ctx, q.SQL, q.Args...).Scan(&xmin, &pid, &gid, &app, &state, &xactStart, &queryStart, &age,
-		&query, &dbName, &us)
+	var h Horizon
+	r, err := pgsql.InspectHorizon(ctx, i.db, i.tables)
 	if err != nil {
 		return h, fmt.Errorf("read the xmin horizon: %w", err)
 	}
-	if h.Xmin, err = parseXID8(xmin); err != nil {
-		return h, fmt.Errorf("read the xmin horizon: %w", err)
-	}
-	if pid == nil {
+	h.Xmin = r.Xmin
+	if r.PID == nil {
 		return h, nil
 	}
-	hh := &HorizonHolder{PID: int(*pid)}
-	hh.GID, hh.ApplicationName, hh.State, hh.Query = deref(gid), deref(app), deref(state), deref(query)
-	hh.Database, hh.User = deref(dbName), deref(us)
-	if xactStart != nil {
-		hh.XactStart = *xactStart
+	hh := &HorizonHolder{PID: int(*r.PID)}
+	hh.GID, hh.ApplicationName, hh.State, hh.Query = deref(r.GID), deref(r.AppName), deref(r.State), deref(r.Query)
+	hh.Database, hh.User = deref(r.DB), deref(r.User)
+	if r.XactStart != nil {
+		hh.XactStart = *r.XactStart
 	}
-	if queryStart != nil {
-		hh.QueryStart = *queryStart
+	if r.QueryStart != nil {
+		hh.QueryStart = *r.QueryStart
 	}
-	if age != nil {
-		hh.Age, hh.AgeKnown = time.Duration(*age*float64(time.Second)), true
+	if r.AgeSeconds != nil {
+		hh.Age, hh.AgeKnown = time.Duration(*r.AgeSeconds*float64(time.Second)), true
 	}
 	h.Holder = hh
 	return h, nil
@@ -324,31 +239,19 @@ type TopicInfo struct {
 // Topics returns every topic that has messages, settings or offset rows.
 // It runs with JIT compilation off (see noJIT).
 func (i *Inspector) Topics(ctx context.Context) ([]TopicInfo, error) {
-	q := i.queries.InspectTopics()
 	tx, err := i.noJIT(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("read topics: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := tx.Query(ctx, q.SQL, q.Args...)
+	rows, err := pgsql.InspectTopics(ctx, tx, i.tables)
 	if err != nil {
 		return nil, fmt.Errorf("read topics: %w", wrapMissingSchema(err))
 	}
-	defer rows.Close()
 	var out []TopicInfo
-	for rows.Next() {
-		var t TopicInfo
-		var n int32
-		var retentionUs int64
-		if err := rows.Scan(&t.Topic, &n, &t.Groups, &t.NewestAt, &retentionUs); err != nil {
-			return nil, fmt.Errorf("read topics: %w", err)
-		}
-		t.Partitions = int(n)
-		t.Retention = time.Duration(retentionUs) * time.Microsecond
-		out = append(out, t)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read topics: %w", err)
+	for _, r := range rows {
+		out = append(out, TopicInfo{Topic: r.Topic, Partitions: int(r.Partitions), Groups: r.Groups, NewestAt: r.NewestAt,
+			Retention: time.Duration(r.RetentionUs) * time.Microsecond})
 	}
 	return out, nil
 }
@@ -480,7 +383,7 @@ func (i *Inspector) resetOnce(ctx context.Context, p ResetOffsetsParams) (out, o
 		return nil, nil, false, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	counts, err := topicPartitions(ctx, tx, i.adapter, []string{p.Topic})
+	counts, err := topicPartitions(ctx, tx, i.tables, []string{p.Topic})
 	if err != nil {
 		return nil, nil, false, err
 	}
@@ -489,48 +392,26 @@ func (i *Inspector) resetOnce(ctx context.Context, p ResetOffsetsParams) (out, o
 		rowsToEnsure = append(rowsToEnsure, rowKey{topic: p.Topic, partition: int32(part)})
 	}
 	topics, partitions := splitRows(rowsToEnsure)
-	ensure := i.adapter.EnsureOffsets(OffsetsParams{ConsumerGroup: p.ConsumerGroup, Topics: topics, Partitions: partitions})
-	if _, err := tx.Exec(ctx, ensure.SQL, ensure.Args...); err != nil {
+	if _, err := pgsql.EnsureOffsets(ctx, tx, i.tables, pgsql.OffsetsParams{ConsumerGroup: p.ConsumerGroup,
+		Topics: topics, Partitions: partitions}); err != nil {
 		return nil, nil, false, wrapMissingSchema(err)
 	}
-	q := i.queries.ResetOffsets(p.ConsumerGroup, p.Topic, p.To.kind, p.To.at, p.Force, i.adapter.NotifyChannel())
-	rows, err := tx.Query(ctx, q.SQL, q.Args...)
+	rows, err := pgsql.ResetOffsets(ctx, tx, i.tables, pgsql.ResetParams{ConsumerGroup: p.ConsumerGroup, Topic: p.Topic,
+		To: p.To.kind, At: p.To.at, Force: p.Force, Notification: resetNotification(p.ConsumerGroup, p.Topic)})
 	if err != nil {
 		return nil, nil, false, wrapMissingSchema(err)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var (
-			r                  OffsetReset
-			session            *uuid.UUID
-			owner              *string
-			oldTx, newTx       string
-			applied, moved     bool
-			oldOffset, newOffs int64
-		)
-		if err := rows.Scan(&r.Partition, &session, &owner, &oldTx, &oldOffset, &newTx, &newOffs, &applied, &moved); err != nil {
-			return nil, nil, false, err
-		}
-		changed = changed || moved
-		if owner != nil && session != nil {
-			r.PreviousOwnerSession, r.PreviousOwner = *session, *owner
-			if !applied && !moved {
+	for _, row := range rows {
+		r := OffsetReset{Partition: row.Partition, From: Position(row.From), To: Position(row.To)}
+		changed = changed || row.Changed
+		if row.LiveOwner != nil && row.SessionID != nil {
+			r.PreviousOwnerSession, r.PreviousOwner = *row.SessionID, *row.LiveOwner
+			if !row.Applied && !row.Changed {
 				owned = append(owned, r)
 			}
 		}
-		if r.From.TransactionID, err = parseXID8(oldTx); err != nil {
-			return nil, nil, false, err
-		}
-		if r.To.TransactionID, err = parseXID8(newTx); err != nil {
-			return nil, nil, false, err
-		}
-		r.From.Offset, r.To.Offset = oldOffset, newOffs
 		out = append(out, r)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, false, err
-	}
-	rows.Close()
 	if changed || len(owned) > 0 {
 		return nil, owned, changed, nil
 	}

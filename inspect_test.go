@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // TestInspectorLagAfterKnownAcks: after a known number of acks, Lag reports
@@ -270,9 +272,9 @@ func TestResetOffsets(t *testing.T) {
 
 func TestInspectorBadInput(t *testing.T) {
 	pool := newPool(t, 2)
-	_, err := pglease.NewInspector(nil, nil)
+	_, err := pglease.NewInspector(nil, pglease.DefaultSchemaAdapter{})
 	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
-	insp, err := pglease.NewInspector(pool, nil)
+	insp, err := pglease.NewInspector(pool, pglease.DefaultSchemaAdapter{})
 	require.NoError(t, err)
 	_, err = insp.ResetOffsets(context.Background(), pglease.ResetOffsetsParams{Topic: "t"})
 	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
@@ -284,7 +286,7 @@ func TestInspectorBadInput(t *testing.T) {
 // last statement, as pg_stat_activity shows it, is the LISTEN.
 func waitListening(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) {
 	t.Helper()
-	listen := "LISTEN " + pgx.Identifier{adapter.NotifyChannel()}.Sanitize()
+	listen := "LISTEN " + pgx.Identifier{tablesOf(adapter).NotifyChannel}.Sanitize()
 	waitFor(t, 10*time.Second, "a connection to LISTEN", func() bool {
 		var n int
 		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE query = $1`, listen).Scan(&n)
@@ -386,7 +388,7 @@ func TestResetOffsetsCannotFreeARowClaimedWhileItWaits(t *testing.T) {
 			claimer := uuid.New()
 			setup := dedicatedConn(t, pool)
 			ensureRow(t, setup, adapter, group, topic)
-			createClaimer := adapter.CreateSession(pglease.SessionParams{SessionID: claimer, ConsumerGroup: group,
+			createClaimer := tablesOf(adapter).CreateSession(pgsql.SessionParams{SessionID: claimer, ConsumerGroup: group,
 				Owner: "claimer-host:42", TTL: time.Hour})
 			if !tc.sessionInClaimTx {
 				execQuery(t, setup, createClaimer)
@@ -540,7 +542,7 @@ func TestResetOffsetsNotifiesOnlyItsGroup(t *testing.T) {
 
 	// The notification of an older version's reset names no group: every
 	// group's Subscriber acts on it, as then.
-	_, err = pool.Exec(ctx, "SELECT pg_notify($1, $2)", adapter.NotifyChannel(), "xt")
+	_, err = pool.Exec(ctx, "SELECT pg_notify($1, $2)", tablesOf(adapter).NotifyChannel, "xt")
 	require.NoError(t, err)
 	waitFor(t, 10*time.Second, "group b's Subscriber to act on an unscoped reset notification", func() bool {
 		_, told := logs["b"].find(func(e logEntry) bool { return e.msg == resetLogMessage })

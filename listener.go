@@ -15,6 +15,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // wakeHub routes wake-ups to the consumers of one Subscriber: from
@@ -187,7 +189,7 @@ const partitionPollTicks = 30
 
 // partitionRefreshInterval is how often every Subscriber reads its topics'
 // partition counts again, notifications or not: a raise whose notification
-// was never sent (the topics table updated by hand, a custom adapter) or
+// was never sent (the topics table updated by hand) or
 // lost is picked up this long after it at most. A variable, so that tests
 // can shrink it.
 var partitionRefreshInterval = 5 * time.Minute
@@ -208,20 +210,20 @@ func (h *wakeHub) pollTick(tick int) {
 	}
 }
 
-func (h *wakeHub) idleSnapshot() ([]*consumer, VisibleTopicsParams) {
+func (h *wakeHub) idleSnapshot() ([]*consumer, pgsql.VisibleTopicsParams) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	cs := make([]*consumer, 0, len(h.idle))
-	p := VisibleTopicsParams{
+	p := pgsql.VisibleTopicsParams{
 		Topics:     make([]string, 0, len(h.idle)),
 		Partitions: make([]int32, 0, len(h.idle)),
-		Positions:  make([]Position, 0, len(h.idle)),
+		Positions:  make([]pgsql.Position, 0, len(h.idle)),
 	}
 	for c, pos := range h.idle {
 		cs = append(cs, c)
 		p.Topics = append(p.Topics, c.topic)
 		p.Partitions = append(p.Partitions, c.partition)
-		p.Positions = append(p.Positions, pos)
+		p.Positions = append(p.Positions, pgsql.Position(pos))
 	}
 	return cs, p
 }
@@ -554,28 +556,22 @@ func (s *Subscriber) pollIdle() {
 	}
 }
 
-func (s *Subscriber) pollIdleOnce(consumers []*consumer, params VisibleTopicsParams) error {
+func (s *Subscriber) pollIdleOnce(consumers []*consumer, params pgsql.VisibleTopicsParams) error {
 	ctx, cancel := context.WithTimeout(s.ctx, s.config.SessionTTL)
 	defer cancel()
-	q := s.config.SchemaAdapter.VisibleTopics(params)
 	conn, err := s.offsets.gate.acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer s.offsets.gate.release(conn)
-	rows, err := conn.Query(ctx, q.SQL, q.Args...)
+	visible, err := pgsql.VisibleTopics(ctx, conn, s.offsets.tables, params)
 	if err != nil {
 		return err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var n int64
-		if err := rows.Scan(&n); err != nil {
-			return err
-		}
+	for _, n := range visible {
 		if n >= 1 && int(n) <= len(consumers) {
 			consumers[n-1].poke()
 		}
 	}
-	return rows.Err()
+	return nil
 }

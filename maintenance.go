@@ -12,6 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // DefaultMaintenanceInterval is the default of MaintenanceConfig.Interval.
@@ -61,7 +63,7 @@ const (
 // the maintainer while it holds the maintainer's row.
 type maintainer struct {
 	s      *Subscriber
-	q      MaintenanceAdapter
+	t      *pgsql.Tables
 	cfg    MaintenanceConfig
 	logger watermill.LoggerAdapter
 
@@ -80,12 +82,11 @@ type maintainer struct {
 }
 
 func newMaintainer(s *Subscriber) *maintainer {
-	q, ok := s.config.SchemaAdapter.(MaintenanceAdapter)
-	if !ok || s.config.Maintenance.Disabled {
+	if s.config.Maintenance.Disabled {
 		return nil
 	}
 	return &maintainer{
-		s: s, q: q, cfg: s.config.Maintenance,
+		s: s, t: s.offsets.tables, cfg: s.config.Maintenance,
 		logger: s.logger,
 		elect:  make(chan struct{}, 1),
 		due:    make(chan struct{}, 1),
@@ -204,11 +205,8 @@ func (m *maintainer) run() {
 func (m *maintainer) decide(ctx context.Context) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.s.config.SessionTTL)
 	defer cancel()
-	var role, owner string
-	var owns bool
-	var missing []string
-	q := m.q.MaintainerAccess()
-	err := m.s.pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&role, &owner, &owns, &missing)
+	access, err := pgsql.MaintainerAccess(ctx, m.s.pool, m.t)
+	role, owner, owns, missing := access.Role, access.Owner, access.Owns, access.Missing
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == "42501":
@@ -244,18 +242,14 @@ func (m *maintainer) claim(ctx context.Context, g *sessionGen) (*int64, time.Dur
 	// (which costs the pool its connection).
 	ctx, cancel := context.WithTimeout(ctx, m.s.config.SessionTTL)
 	defer cancel()
-	var holder *[16]byte
-	var expiresIn *int64
-	q := m.q.MaintainerHolder()
-	err := m.s.pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&holder, &expiresIn)
-	if err == nil && (holder == nil || *holder == g.id || expiresIn == nil || *expiresIn <= 0) {
-		q = m.q.ClaimMaintainer(MaintainerParams{SessionID: g.id})
-		var epoch *int64
-		err = m.s.pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&epoch, &holder, &expiresIn)
-		if err == nil && epoch != nil {
-			return epoch, 0, nil
+	row, err := pgsql.MaintainerHolder(ctx, m.s.pool, m.t)
+	if err == nil && (row.Holder == nil || *row.Holder == g.id || row.ExpiresInMs == nil || *row.ExpiresInMs <= 0) {
+		row, err = pgsql.ClaimMaintainer(ctx, m.s.pool, m.t, pgsql.MaintainerParams{SessionID: g.id})
+		if err == nil && row.Epoch != nil {
+			return row.Epoch, 0, nil
 		}
 	}
+	expiresIn := row.ExpiresInMs
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, 0, fmt.Errorf("the maintainer's row is missing (schema version 6 creates it)")
@@ -387,8 +381,8 @@ func (m *maintainer) upkeep(ctx context.Context, done chan<- struct{}) {
 func (m *maintainer) release(g *sessionGen, epoch int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), m.s.config.CloseTimeout)
 	defer cancel()
-	q := m.q.ReleaseMaintainer(MaintainerParams{SessionID: g.id, Epoch: epoch, NotifyChannel: m.s.config.SchemaAdapter.NotifyChannel()})
-	if _, err := m.s.pool.Exec(ctx, q.SQL, q.Args...); err != nil {
+	p := pgsql.MaintainerParams{SessionID: g.id, Epoch: epoch, NotifyChannel: m.t.NotifyChannel}
+	if err := pgsql.ReleaseMaintainer(ctx, m.s.pool, m.t, p); err != nil {
 		m.logger.Info("Cannot release the maintainer's row; another Subscriber takes over when this session expires",
 			watermill.LogFields{"error": err.Error()})
 		return
@@ -401,10 +395,8 @@ func (m *maintainer) release(g *sessionGen, epoch int64) {
 func (m *maintainer) moveDue(ctx context.Context) (time.Duration, error) {
 	for {
 		sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
-		q := m.q.MoveDueMessages(MoveDueParams{Limit: moveDueLimit, NotifyChannel: m.s.config.SchemaAdapter.NotifyChannel()})
-		var moved int64
-		var nextMs *int64
-		err := m.s.pool.QueryRow(sctx, q.SQL, q.Args...).Scan(&moved, &nextMs)
+		moved, nextMs, err := pgsql.MoveDueMessages(sctx, m.s.pool, m.t,
+			pgsql.MoveDueParams{Limit: moveDueLimit, NotifyChannel: m.t.NotifyChannel})
 		cancel()
 		if err != nil {
 			return 0, fmt.Errorf("move due delayed messages: %w", wrapMissingSchema(err))
@@ -427,13 +419,12 @@ func (m *maintainer) moveDue(ctx context.Context) (time.Duration, error) {
 func (m *maintainer) housekeeping(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
 	defer cancel()
-	q := m.s.config.SchemaAdapter.DeleteExpiredSessions(SessionParams{TTL: m.s.config.SessionTTL})
-	tag, err := m.s.pool.Exec(sctx, q.SQL, q.Args...)
+	n, err := pgsql.DeleteExpiredSessions(sctx, m.s.pool, m.t, m.s.config.SessionTTL)
 	if err != nil {
 		if ctx.Err() == nil {
 			m.logger.Info("Cannot delete expired consumer sessions", watermill.LogFields{"error": err.Error()})
 		}
-	} else if n := tag.RowsAffected(); n > 0 {
+	} else if n > 0 {
 		m.s.stats.sessionsDeleted.Add(uint64(n))
 		m.logger.Debug("Deleted expired consumer sessions", watermill.LogFields{"count": n})
 	}
@@ -445,24 +436,16 @@ func (m *maintainer) housekeeping(ctx context.Context) {
 	if m.cfg.RemoveIdleGroupsAfter <= 0 {
 		return
 	}
-	q = m.q.DeleteIdleGroups(m.cfg.RemoveIdleGroupsAfter)
-	rows, err := m.s.pool.Query(sctx, q.SQL, q.Args...)
+	groups, err := pgsql.DeleteIdleGroups(sctx, m.s.pool, m.t, m.cfg.RemoveIdleGroupsAfter)
 	if err != nil {
-		m.logger.Info("Cannot remove idle consumer groups", watermill.LogFields{"error": err.Error()})
+		if ctx.Err() == nil {
+			m.logger.Info("Cannot remove idle consumer groups", watermill.LogFields{"error": err.Error()})
+		}
 		return
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var group string
-		var n int64
-		if err := rows.Scan(&group, &n); err != nil {
-			break
-		}
+	for _, g := range groups {
 		m.s.stats.groupsRemoved.Add(1)
 		m.logger.Info("Removed the offsets of an idle consumer group", watermill.LogFields{
-			"idle_group": group, "rows": n, "idle_for": m.cfg.RemoveIdleGroupsAfter.String()})
-	}
-	if err := rows.Err(); err != nil && ctx.Err() == nil {
-		m.logger.Info("Cannot remove idle consumer groups", watermill.LogFields{"error": err.Error()})
+			"idle_group": g.ConsumerGroup, "rows": g.Rows, "idle_for": m.cfg.RemoveIdleGroupsAfter.String()})
 	}
 }

@@ -397,7 +397,7 @@ CREATE TRIGGER count_mover AFTER DELETE ON `+delayedTable+` FOR EACH STATEMENT E
 	waitFor(t, 10*time.Second, "the maintainer to be elected", func() bool { return sub.Stats().Maintainer })
 	before := calls()
 	_, err = pool.Exec(ctx, `WITH ins AS (INSERT INTO `+delayedTable+` (due_at, topic, uuid) VALUES ('9999-12-31 23:59:59+00', 't', 'far') RETURNING 1)
-SELECT pg_notify($1, 'd' || (extract(epoch FROM timestamptz '9999-12-31 23:59:59+00') * 1000)::bigint) FROM ins`, adapter.NotifyChannel())
+SELECT pg_notify($1, 'd' || (extract(epoch FROM timestamptz '9999-12-31 23:59:59+00') * 1000)::bigint) FROM ins`, tablesOf(adapter).NotifyChannel)
 	require.NoError(t, err)
 	waitFor(t, 10*time.Second, "the maintainer to look at the delayed message", func() bool { return calls() > before })
 	seen := calls()

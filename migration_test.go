@@ -17,16 +17,6 @@ import (
 	pglease "github.com/pglease/watermill-pglease"
 )
 
-// version5Adapter is the default adapter stopped at schema version 5: the
-// schema a deployment has before upgrading to the partitioned messages table.
-type version5Adapter struct {
-	pglease.DefaultSchemaAdapter
-}
-
-func (a version5Adapter) Migrations() []pglease.Migration {
-	return a.DefaultSchemaAdapter.Migrations()[:5]
-}
-
 // Data set of TestMigrationToPartitionedMessagesKeepsEveryPosition.
 const (
 	migTxs         = 40     // transactions that commit in order
@@ -64,11 +54,12 @@ func TestMigrationToPartitionedMessagesKeepsEveryPosition(t *testing.T) {
 	versions := qualified(pglease.DefaultSchemaVersionTable)
 	topicsTable := qualified(pglease.DefaultTopicsTable)
 
-	// Schema version 5.
+	// Schema version 5: the schema a deployment has before upgrading to
+	// the partitioned messages table.
+	require.NoError(t, migrateTo(ctx, pool, adapter, 5))
 	old, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
-		SchemaAdapter:    version5Adapter{adapter},
-		InitializeSchema: true,
-		Maintenance:      pglease.MaintenanceConfig{Disabled: true},
+		SchemaAdapter: adapter,
+		Maintenance:   pglease.MaintenanceConfig{Disabled: true},
 	}, nil)
 	require.NoError(t, err)
 	require.NoError(t, old.SubscribeInitialize(migSmallTopic))
@@ -233,7 +224,7 @@ ORDER BY transaction_id, "offset"`, migSmallTopic, g1Small.tx, g1Small.off)
 	require.NoError(t, upgrader.SubscribeInitialize(migSmallTopic))
 	took := time.Since(migrationStart)
 	require.NoError(t, upgrader.Close())
-	latest := len(adapter.Migrations())
+	latest := len(tablesOf(adapter).Migrations())
 	t.Logf("migration from version 5 to %d on %d messages (%d MB with index) took %s", latest, beforePrint.count, tableBytes>>20, took.Round(time.Millisecond))
 
 	// The table is partitioned; its one partition is the old table, not

@@ -6,13 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"github.com/ThreeDotsLabs/watermill"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // Position is a place in the delivery order of a topic: messages are
@@ -24,15 +25,7 @@ type Position struct {
 	Offset        int64  `json:"offset"`
 }
 
-func formatXID8(x uint64) string { return strconv.FormatUint(x, 10) }
-
-func parseXID8(s string) (uint64, error) {
-	x, err := strconv.ParseUint(s, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("parse xid8 %q: %w", s, err)
-	}
-	return x, nil
-}
+func parseXID8(s string) (uint64, error) { return pgsql.ParseXID8(s) }
 
 // claim is the ownership of one (consumer group, topic, partition) row by
 // one session, valid while the session is and until a fenced statement
@@ -47,7 +40,7 @@ type claim struct {
 	// known to be written. Between the two are acks not committed yet.
 	acked     Position
 	committed Position
-	// version is where the last commit wrote the row (OffsetParams.Version).
+	// version is where the last commit wrote the row (pgsql.OffsetParams.Version).
 	version string
 }
 
@@ -56,14 +49,14 @@ func (c *claim) row() rowKey { return rowKey{topic: c.topic, partition: c.partit
 // dirty reports whether acknowledged positions wait to be committed.
 func (c *claim) dirty() bool { return c.acked != c.committed }
 
-func (c *claim) params(pos Position) OffsetParams {
-	return OffsetParams{
+func (c *claim) params(pos Position) pgsql.OffsetParams {
+	return pgsql.OffsetParams{
 		ConsumerGroup: c.group,
 		Topic:         c.topic,
 		Partition:     c.partition,
 		SessionID:     c.sessionID,
 		Epoch:         c.epoch,
-		Position:      pos,
+		Position:      pgsql.Position(pos),
 	}
 }
 
@@ -71,7 +64,7 @@ func (c *claim) params(pos Position) OffsetParams {
 // offsets table. It is safe for concurrent use.
 type offsetStore struct {
 	gate     *dataGate
-	adapter  SchemaAdapter
+	tables   *pgsql.Tables
 	releases *releaser
 	stats    *subscriberStats
 	// afterClaim, when set (tests only), runs after every claim statement
@@ -80,9 +73,9 @@ type offsetStore struct {
 	afterClaim func(topics []string) error
 }
 
-func newOffsetStore(pool *pgxpool.Pool, adapter SchemaAdapter, releaseTimeout time.Duration, stats *subscriberStats, logger watermill.LoggerAdapter) offsetStore {
+func newOffsetStore(pool *pgxpool.Pool, tables *pgsql.Tables, releaseTimeout time.Duration, stats *subscriberStats, logger watermill.LoggerAdapter) offsetStore {
 	gate := newDataGate(pool)
-	return offsetStore{gate: gate, adapter: adapter, releases: newReleaser(gate, releaseTimeout, logger), stats: stats}
+	return offsetStore{gate: gate, tables: tables, releases: newReleaser(gate, tables, releaseTimeout, logger), stats: stats}
 }
 
 // dataGate is where a Subscriber's consumers (claims, fetches, commits,
@@ -106,20 +99,21 @@ func (g *dataGate) release(conn *pgxpool.Conn) {
 	conn.Release()
 }
 
-// execFenced runs q, a statement fenced by c's session and epoch, on a
-// gated connection. It returns ErrOwnershipLost when q changed no row: the
-// claim was taken over. action names the statement in errors.
-func (g *dataGate) execFenced(ctx context.Context, q Query, c *claim, action string) error {
+// execFenced runs exec, a statement fenced by c's session and epoch that
+// returns the rows it changed, on a gated connection. It returns
+// ErrOwnershipLost when it changed no row: the claim was taken over.
+// action names the statement in errors.
+func (g *dataGate) execFenced(ctx context.Context, exec func(pgsql.Querier) (int64, error), c *claim, action string) error {
 	conn, err := g.acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("%s %q: %w", action, c.topic, err)
 	}
 	defer g.release(conn)
-	tag, err := conn.Exec(ctx, q.SQL, q.Args...)
+	n, err := exec(conn)
 	if err != nil {
 		return fmt.Errorf("%s %q: %w", action, c.topic, err)
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return ownershipLost(action, c)
 	}
 	return nil
@@ -156,33 +150,20 @@ func (s offsetStore) conn(wait context.Context, timeout time.Duration) (*pgxpool
 // See conn for wait and timeout.
 func (s offsetStore) ensureMany(wait context.Context, timeout time.Duration, group string, rows []rowKey, latest bool) ([]createdRow, error) {
 	topics, partitions := splitRows(rows)
-	q := s.adapter.EnsureOffsets(OffsetsParams{ConsumerGroup: group, Topics: topics, Partitions: partitions, Latest: latest})
 	conn, ctx, done, err := s.conn(wait, timeout)
 	if err != nil {
 		return nil, fmt.Errorf("create offset rows: %w", err)
 	}
 	defer done()
-	res, err := conn.Query(ctx, q.SQL, q.Args...)
+	res, err := pgsql.EnsureOffsets(ctx, conn, s.tables, pgsql.OffsetsParams{ConsumerGroup: group, Topics: topics,
+		Partitions: partitions, Latest: latest})
 	if err != nil {
 		return nil, fmt.Errorf("create offset rows: %w", wrapMissingSchema(err))
 	}
-	defer res.Close()
 	var created []createdRow
-	for res.Next() {
-		var (
-			r    createdRow
-			txID string
-		)
-		if err := res.Scan(&r.row.topic, &r.row.partition, &txID); err != nil {
-			return nil, fmt.Errorf("create offset rows: %w", err)
-		}
-		if r.start.TransactionID, err = parseXID8(txID); err != nil {
-			return nil, fmt.Errorf("create offset rows: %w", err)
-		}
-		created = append(created, r)
-	}
-	if err := res.Err(); err != nil {
-		return nil, fmt.Errorf("create offset rows: %w", wrapMissingSchema(err))
+	for _, r := range res {
+		created = append(created, createdRow{row: rowKey{topic: r.Topic, partition: r.Partition},
+			start: Position{TransactionID: r.AckedTransactionID}})
 	}
 	return created, nil
 }
@@ -202,7 +183,7 @@ func (s offsetStore) partitionCounts(wait context.Context, timeout time.Duration
 		return nil, fmt.Errorf("read partition counts: %w", err)
 	}
 	defer done()
-	return topicPartitions(ctx, conn, s.adapter, topics)
+	return topicPartitions(ctx, conn, s.tables, topics)
 }
 
 // rowKey names one (topic, partition) row of a consumer group: the unit of
@@ -239,10 +220,10 @@ func splitRows(rows []rowKey) ([]string, []int32) {
 type claimKind byte
 
 const (
-	claimTaken   claimKind = 'c' // claimed
-	claimMissing claimKind = 'm' // no offset row
-	claimFuture  claimKind = 'f' // position ahead of the transaction counter
-	claimLost    claimKind = 'l' // changed by another transaction meanwhile
+	claimTaken   claimKind = pgsql.ClaimTaken   // claimed
+	claimMissing claimKind = pgsql.ClaimMissing // no offset row
+	claimFuture  claimKind = pgsql.ClaimFuture  // position ahead of the transaction counter
+	claimLost    claimKind = pgsql.ClaimLost    // changed by another transaction meanwhile
 )
 
 // claimedRow is one row of a claim statement.
@@ -260,62 +241,32 @@ type claimedRow struct {
 }
 
 // claimMany claims for the session up to limit of the topics' rows of
-// group that are free (see [DefaultSchemaAdapter.ClaimOffsets]). An error
+// group that are free (see pgsql.ClaimOffsets). An error
 // that wraps errNotSent or a *pgconn.PgError means nothing was claimed;
 // after any other the statement may have committed.
 func (s offsetStore) claimMany(wait context.Context, timeout time.Duration, group string, rows []rowKey, sessionID uuid.UUID, limit int) ([]claimedRow, error) {
 	topics, partitions := splitRows(rows)
-	q := s.adapter.ClaimOffsets(OffsetsParams{ConsumerGroup: group, Topics: topics, Partitions: partitions,
-		SessionID: sessionID, Limit: limit})
 	conn, ctx, done, err := s.conn(wait, timeout)
 	if err != nil {
 		return nil, fmt.Errorf("claim topics: %w", err)
 	}
 	defer done()
-	res, err := conn.Query(ctx, q.SQL, q.Args...)
+	res, err := pgsql.ClaimOffsets(ctx, conn, s.tables, pgsql.OffsetsParams{ConsumerGroup: group, Topics: topics,
+		Partitions: partitions, SessionID: sessionID, Limit: limit})
 	if err != nil {
 		return nil, fmt.Errorf("claim topics: %w", wrapMissingSchema(err))
 	}
-	defer res.Close()
-	var out []claimedRow
-	for res.Next() {
-		var (
-			kind      string
-			r         claimedRow
-			epoch     *int64
-			txText    *string
-			offset    *int64
-			hasNext   *bool
-			previous  *uuid.UUID
-			prevOwner *string
-		)
-		if err := res.Scan(&kind, &r.row.topic, &r.row.partition, &epoch, &txText, &offset, &hasNext, &previous, &prevOwner); err != nil {
-			return nil, fmt.Errorf("claim topics: %w", err)
-		}
-		r.kind = claimKind(kind[0])
+	out := make([]claimedRow, 0, len(res))
+	for _, c := range res {
+		r := claimedRow{kind: claimKind(c.Kind), row: rowKey{topic: c.Topic, partition: c.Partition},
+			previous: c.Previous, previousOwner: c.PreviousOwner}
 		if r.kind == claimTaken {
-			if epoch == nil || txText == nil || offset == nil || hasNext == nil {
-				return nil, fmt.Errorf("claim %s: incomplete row", r.row)
-			}
-			txID, err := parseXID8(*txText)
-			if err != nil {
-				return nil, fmt.Errorf("claim %s: %w", r.row, err)
-			}
-			pos := Position{TransactionID: txID, Offset: *offset}
-			r.claim = &claim{group: group, topic: r.row.topic, partition: r.row.partition, sessionID: sessionID,
-				epoch: *epoch, acked: pos, committed: pos}
-			r.hasNext = *hasNext
-		}
-		if previous != nil {
-			r.previous = *previous
-		}
-		if prevOwner != nil {
-			r.previousOwner = *prevOwner
+			pos := Position(c.Acked)
+			r.claim = &claim{group: group, topic: c.Topic, partition: c.Partition, sessionID: sessionID,
+				epoch: c.Epoch, acked: pos, committed: pos}
+			r.hasNext = c.HasNext
 		}
 		out = append(out, r)
-	}
-	if err := res.Err(); err != nil {
-		return nil, fmt.Errorf("claim topics: %w", err)
 	}
 	if s.afterClaim != nil {
 		if err := s.afterClaim(topics); err != nil {
@@ -326,16 +277,15 @@ func (s offsetStore) claimMany(wait context.Context, timeout time.Duration, grou
 }
 
 // countHead counts a delivery of the message after c's committed position
-// (see SchemaAdapter.CountHeadDelivery) and returns the count.
+// (see pgsql.CountHeadDelivery) and returns the count.
 func (s offsetStore) countHead(ctx context.Context, c *claim) (int, error) {
-	q := s.adapter.CountHeadDelivery(c.params(c.committed))
 	conn, err := s.gate.acquire(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("count delivery of topic %q: %w", c.topic, err)
 	}
 	defer s.gate.release(conn)
-	var n int32
-	if err := conn.QueryRow(ctx, q.SQL, q.Args...).Scan(&n); err != nil {
+	n, err := pgsql.CountHeadDelivery(ctx, conn, s.tables, c.params(c.committed))
+	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return 0, ownershipLost("count delivery of topic", c)
 		}
@@ -352,7 +302,7 @@ func (s offsetStore) commit(ctx context.Context, c *claim) error {
 	pos := c.acked
 	p := c.params(pos)
 	p.Version = c.version
-	version, err := s.gate.commitFenced(ctx, s.adapter.CommitOffset(p), c)
+	version, err := s.gate.commitFenced(ctx, s.tables, p, c)
 	if err != nil {
 		if errors.Is(err, ErrOwnershipLost) {
 			s.stats.fenced.Add(1)
@@ -364,41 +314,21 @@ func (s offsetStore) commit(ctx context.Context, c *claim) error {
 	return nil
 }
 
-// commitFenced runs q, a CommitOffset statement, on a gated connection and
-// returns the version it wrote ("" when the statement returns none). It
-// returns ErrOwnershipLost when q changed no row.
-func (g *dataGate) commitFenced(ctx context.Context, q Query, c *claim) (string, error) {
+// commitFenced runs the CommitOffset statement of p on a gated connection
+// and returns the version it wrote. It returns ErrOwnershipLost when it
+// changed no row.
+func (g *dataGate) commitFenced(ctx context.Context, t *pgsql.Tables, p pgsql.OffsetParams, c *claim) (string, error) {
 	const action = "commit offset for topic"
 	conn, err := g.acquire(ctx)
 	if err != nil {
 		return "", fmt.Errorf("%s %q: %w", action, c.topic, err)
 	}
 	defer g.release(conn)
-	rows, err := conn.Query(ctx, q.SQL, q.Args...)
+	version, written, err := pgsql.CommitOffset(ctx, conn, t, p)
 	if err != nil {
 		return "", fmt.Errorf("%s %q: %w", action, c.topic, err)
 	}
-	defer rows.Close()
-	var version string
-	written := int64(0)
-	for rows.Next() {
-		var v *string
-		if err := rows.Scan(&v); err != nil {
-			return "", fmt.Errorf("%s %q: %w", action, c.topic, err)
-		}
-		if v != nil {
-			version = *v
-		}
-		written++
-	}
-	if err := rows.Err(); err != nil {
-		return "", fmt.Errorf("%s %q: %w", action, c.topic, err)
-	}
-	if written == 0 {
-		// A statement of another adapter that returns no rows.
-		written = rows.CommandTag().RowsAffected()
-	}
-	if written == 0 {
+	if !written {
 		return "", ownershipLost(action, c)
 	}
 	return version, nil
@@ -410,8 +340,8 @@ func (g *dataGate) commitFenced(ctx context.Context, q Query, c *claim) (string,
 // come together are batched (see releaser).
 func (s offsetStore) release(ctx context.Context, c *claim) error {
 	p := c.params(c.acked)
-	p.NotifyChannel = s.adapter.NotifyChannel()
-	if err := s.releases.release(ctx, c, s.adapter.ReleaseOffset(p)); err != nil {
+	p.NotifyChannel = s.tables.NotifyChannel
+	if err := s.releases.release(ctx, c, p); err != nil {
 		if errors.Is(err, ErrOwnershipLost) {
 			s.stats.fenced.Add(1)
 		}

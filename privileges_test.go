@@ -21,6 +21,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // newRole creates a login role with a random name, without any privilege
@@ -87,7 +89,7 @@ func TestSchemaSetUpWithoutCreateOnDatabase(t *testing.T) {
 	require.NoError(t, err, "SchemaSQL as the schema's owner")
 	require.NoError(t, pglease.Migrate(ctx, ownerPool, byInit), "Migrate as the schema's owner")
 	for _, a := range []pglease.DefaultSchemaAdapter{byScript, byInit} {
-		require.Equal(t, len(a.Migrations()), schemaVersion(t, pool, pgx.Identifier{a.Schema, pglease.DefaultSchemaVersionTable}.Sanitize()))
+		require.Equal(t, len(tablesOf(a).Migrations()), schemaVersion(t, pool, pgx.Identifier{a.Schema, pglease.DefaultSchemaVersionTable}.Sanitize()))
 	}
 }
 
@@ -134,7 +136,7 @@ func TestUpgradeFromVersion5KeepsAccess(t *testing.T) {
 
 	execAll(t, pool, "CREATE SCHEMA "+ident(adapter.Schema)+" AUTHORIZATION "+ident(owner))
 	ownerPool := poolAs(t, owner, 2)
-	require.NoError(t, pglease.Migrate(ctx, ownerPool, version5Adapter{adapter}))
+	require.NoError(t, migrateTo(ctx, ownerPool, adapter, 5))
 	execAll(t, ownerPool,
 		"GRANT USAGE ON SCHEMA "+ident(adapter.Schema)+" TO "+ident(app)+", "+ident(reader),
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "+ident(adapter.Schema)+" TO "+ident(app),
@@ -158,7 +160,7 @@ func TestUpgradeFromVersion5KeepsAccess(t *testing.T) {
 	execAll(t, appPool, "INSERT INTO "+messages+" (topic, uuid, payload) VALUES ('t', '"+before[0]+"', 'x')")
 
 	require.NoError(t, pglease.Migrate(ctx, ownerPool, adapter), "the upgrade, as the owner")
-	require.Equal(t, len(adapter.Migrations()), schemaVersion(t, pool, qualified(pglease.DefaultSchemaVersionTable)))
+	require.Equal(t, len(tablesOf(adapter).Migrations()), schemaVersion(t, pool, qualified(pglease.DefaultSchemaVersionTable)))
 	require.Equal(t, "p", relkind(t, pool, messages))
 
 	assert.Equal(t, aclBefore, aclOf(t, pool, messages), "the new parent has the old table's grants")
@@ -228,7 +230,7 @@ func TestUpgradeBySuperuserKeepsOwner(t *testing.T) {
 	owner := newRole(t, pool, "pglease_owner")
 	execAll(t, pool, "CREATE SCHEMA "+pgx.Identifier{adapter.Schema}.Sanitize()+" AUTHORIZATION "+pgx.Identifier{owner}.Sanitize())
 	ownerPool := poolAs(t, owner, 2)
-	require.NoError(t, pglease.Migrate(ctx, ownerPool, version5Adapter{adapter}))
+	require.NoError(t, migrateTo(ctx, ownerPool, adapter, 5))
 	require.NoError(t, pglease.Migrate(ctx, pool, adapter), "the upgrade, as a superuser")
 	var owners string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT string_agg(DISTINCT pg_get_userbyid(relowner), ', ') FROM pg_class
@@ -447,13 +449,13 @@ func TestMaintainerFunctionsActOnlyOnRetentionPartitions(t *testing.T) {
 		require.NoError(t, pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", qualified(name)).Scan(&ok))
 		return ok
 	}
-	call := func(q pglease.Query) (bool, error) {
+	call := func(q pgsql.Stmt) (bool, error) {
 		var done bool
 		err := appPool.QueryRow(ctx, q.SQL, q.Args...).Scan(&done)
 		return done, err
 	}
-	slot := func(class int, start int64, seconds int64) pglease.RetentionPartition {
-		return pglease.RetentionPartition{Class: class, Start: time.Unix(start, 0), End: time.Unix(start+seconds, 0)}
+	slot := func(class int, start int64, seconds int64) pgsql.RetentionPartition {
+		return pgsql.RetentionPartition{Class: class, Start: time.Unix(start, 0), End: time.Unix(start+seconds, 0)}
 	}
 
 	for _, fn := range []string{"add_retention_partition(integer, bigint, bigint)", "expire_retention_partition(integer, bigint)",
@@ -474,17 +476,17 @@ func TestMaintainerFunctionsActOnlyOnRetentionPartitions(t *testing.T) {
 	const start = int64(1_700_000_000)
 	p := slot(3, start, 1)
 	require.Greater(t, len(adapter.MessagesTable)+len("_r3_1700000000"), 63, "the name is shortened, with a hash")
-	done, err := call(adapter.CallAddRetentionPartition(p))
+	done, err := call(tablesOf(adapter).CallAddRetentionPartition(p))
 	require.NoError(t, err)
 	assert.True(t, done)
 	assert.True(t, exists(partition(3, start)), "partition %s", partition(3, start))
-	done, err = call(adapter.CallAddRetentionPartition(p))
+	done, err = call(tablesOf(adapter).CallAddRetentionPartition(p))
 	require.NoError(t, err)
 	assert.False(t, done, "added once")
 
-	for _, bad := range []pglease.RetentionPartition{slot(0, start, 1), slot(-1, start, 1), slot(40_000, start, 1),
+	for _, bad := range []pgsql.RetentionPartition{slot(0, start, 1), slot(-1, start, 1), slot(40_000, start, 1),
 		slot(3, -5, 1), slot(3, start+10, 0), slot(3, start+10, -1)} {
-		_, err := call(adapter.CallAddRetentionPartition(bad))
+		_, err := call(tablesOf(adapter).CallAddRetentionPartition(bad))
 		var pgErr *pgconn.PgError
 		require.ErrorAs(t, err, &pgErr, "class %d from %d to %d", bad.Class, bad.Start.Unix(), bad.End.Unix())
 		assert.Equal(t, "22023", pgErr.Code, err.Error())
@@ -497,11 +499,11 @@ func TestMaintainerFunctionsActOnlyOnRetentionPartitions(t *testing.T) {
 		"CREATE TABLE "+qualified(decoy)+" (id integer)",
 		"CREATE TABLE "+qualified("other")+" (LIKE "+messages+") PARTITION BY RANGE (retention_class, expires_at)",
 		"CREATE TABLE "+qualified(foreign)+" PARTITION OF "+qualified("other")+" FOR VALUES FROM (3, MINVALUE) TO (3, MAXVALUE)")
-	for _, d := range []pglease.RetentionPartition{slot(3, start+100, 1), slot(3, start+200, 1)} {
-		done, err := call(adapter.CallExpireRetentionPartition(d))
+	for _, d := range []pgsql.RetentionPartition{slot(3, start+100, 1), slot(3, start+200, 1)} {
+		done, err := call(tablesOf(adapter).CallExpireRetentionPartition(d))
 		require.NoError(t, err)
 		assert.False(t, done, "expire leaves alone what is no partition of the messages table")
-		_, err = call(adapter.CallDropDetachedPartition(d))
+		_, err = call(tablesOf(adapter).CallDropDetachedPartition(d))
 		var pgErr *pgconn.PgError
 		require.ErrorAs(t, err, &pgErr)
 		assert.Equal(t, "42809", pgErr.Code, err.Error())
@@ -510,7 +512,7 @@ func TestMaintainerFunctionsActOnlyOnRetentionPartitions(t *testing.T) {
 
 	// A partition detached without its drop is found, and dropped.
 	execAll(t, pool, "ALTER TABLE "+messages+" DETACH PARTITION "+qualified(partition(3, start)))
-	detached := adapter.DetachedRetentionPartitions()
+	detached := tablesOf(adapter).DetachedRetentionPartitions()
 	rows, err := appPool.Query(ctx, detached.SQL, detached.Args...)
 	require.NoError(t, err)
 	found, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (string, error) {
@@ -521,16 +523,16 @@ func TestMaintainerFunctionsActOnlyOnRetentionPartitions(t *testing.T) {
 	})
 	require.NoError(t, err)
 	assert.Equal(t, []string{fmt.Sprintf("r3_%d", start)}, found, "the detached partition, not the decoys")
-	done, err = call(adapter.CallDropDetachedPartition(p))
+	done, err = call(tablesOf(adapter).CallDropDetachedPartition(p))
 	require.NoError(t, err)
 	assert.True(t, done)
 	assert.False(t, exists(partition(3, start)))
 
 	// Expires an attached one: detached and dropped in one call.
-	done, err = call(adapter.CallAddRetentionPartition(p))
+	done, err = call(tablesOf(adapter).CallAddRetentionPartition(p))
 	require.NoError(t, err)
 	require.True(t, done)
-	done, err = call(adapter.CallExpireRetentionPartition(p))
+	done, err = call(tablesOf(adapter).CallExpireRetentionPartition(p))
 	require.NoError(t, err)
 	assert.True(t, done)
 	assert.False(t, exists(partition(3, start)))
@@ -538,7 +540,7 @@ func TestMaintainerFunctionsActOnlyOnRetentionPartitions(t *testing.T) {
 	// While a transaction holds the messages table, the detach waits at
 	// most its lock_timeout, and a publisher that comes meanwhile waits
 	// behind it.
-	done, err = call(adapter.CallAddRetentionPartition(p))
+	done, err = call(tablesOf(adapter).CallAddRetentionPartition(p))
 	require.NoError(t, err)
 	require.True(t, done)
 	holder, err := pool.Begin(ctx)
@@ -552,7 +554,7 @@ func TestMaintainerFunctionsActOnlyOnRetentionPartitions(t *testing.T) {
 	expired := make(chan error, 1)
 	began := time.Now()
 	go func() {
-		_, err := call(adapter.CallExpireRetentionPartition(p))
+		_, err := call(tablesOf(adapter).CallExpireRetentionPartition(p))
 		expired <- err
 	}()
 	waitFor(t, 5*time.Second, "the detach to wait for its lock", func() bool {
@@ -623,7 +625,7 @@ func TestMeasureDetachUnderLoad(t *testing.T) {
 		slices.Sort(s)
 		return s[min(len(s)-1, int(float64(len(s))*p))]
 	}
-	measure := func(name string, expire func(p pglease.RetentionPartition) error, add func(p pglease.RetentionPartition) error) {
+	measure := func(name string, expire func(p pgsql.RetentionPartition) error, add func(p pgsql.RetentionPartition) error) {
 		var mu sync.Mutex
 		var latencies []time.Duration
 		stop := make(chan struct{})
@@ -653,7 +655,7 @@ func TestMeasureDetachUnderLoad(t *testing.T) {
 		began := time.Now()
 		for i := range rounds {
 			start := time.Now().Add(-time.Hour).Unix() + int64(i)*10
-			p := pglease.RetentionPartition{Class: 2, Start: time.Unix(start, 0), End: time.Unix(start+1, 0)}
+			p := pgsql.RetentionPartition{Class: 2, Start: time.Unix(start, 0), End: time.Unix(start+1, 0)}
 			require.NoError(t, add(p))
 			execAll(t, pool, fmt.Sprintf(`INSERT INTO %s (topic, uuid, payload, retention_class, expires_at)
 SELECT 'expiring', gen_random_uuid()::text, 'x', 2, to_timestamp(%d) FROM generate_series(1, 1000)`, messages, start))
@@ -674,7 +676,7 @@ SELECT 'expiring', gen_random_uuid()::text, 'x', 2, to_timestamp(%d) FROM genera
 		assert.Less(t, percentile(latencies, 1), 2*time.Second)
 	}
 
-	call := func(q pglease.Query) error {
+	call := func(q pgsql.Stmt) error {
 		var done bool
 		if err := appPool.QueryRow(ctx, q.SQL, q.Args...).Scan(&done); err != nil {
 			return err
@@ -684,15 +686,15 @@ SELECT 'expiring', gen_random_uuid()::text, 'x', 2, to_timestamp(%d) FROM genera
 		}
 		return nil
 	}
-	measure("owner's DDL (DETACH CONCURRENTLY)", func(p pglease.RetentionPartition) error {
-		if _, err := ownerPool.Exec(ctx, adapter.DetachRetentionPartition(p, false)); err != nil {
+	measure("owner's DDL (DETACH CONCURRENTLY)", func(p pgsql.RetentionPartition) error {
+		if _, err := ownerPool.Exec(ctx, tablesOf(adapter).DetachRetentionPartition(p, false)); err != nil {
 			return err
 		}
-		_, err := ownerPool.Exec(ctx, adapter.DropRetentionPartition(p))
+		_, err := ownerPool.Exec(ctx, tablesOf(adapter).DropRetentionPartition(p))
 		return err
-	}, func(p pglease.RetentionPartition) error {
+	}, func(p pgsql.RetentionPartition) error {
 		return pgx.BeginFunc(ctx, ownerPool, func(tx pgx.Tx) error {
-			for _, stmt := range adapter.CreateRetentionPartition(p) {
+			for _, stmt := range tablesOf(adapter).CreateRetentionPartition(p) {
 				if _, err := tx.Exec(ctx, stmt); err != nil {
 					return err
 				}
@@ -700,32 +702,29 @@ SELECT 'expiring', gen_random_uuid()::text, 'x', 2, to_timestamp(%d) FROM genera
 			return nil
 		})
 	})
-	measure("owner's function (DETACH in a transaction)", func(p pglease.RetentionPartition) error {
-		return call(adapter.CallExpireRetentionPartition(p))
-	}, func(p pglease.RetentionPartition) error {
-		return call(adapter.CallAddRetentionPartition(p))
+	measure("owner's function (DETACH in a transaction)", func(p pgsql.RetentionPartition) error {
+		return call(tablesOf(adapter).CallExpireRetentionPartition(p))
+	}, func(p pgsql.RetentionPartition) error {
+		return call(tablesOf(adapter).CallAddRetentionPartition(p))
 	})
 }
-
-// notDefault is a schema adapter that does not embed DefaultSchemaAdapter.
-type notDefault struct{ pglease.SchemaAdapter }
 
 // TestGrantSQL checks the statements without a database, and that the
 // scripts for what it refuses fail when run.
 func TestGrantSQL(t *testing.T) {
-	sql := pglease.GrantSQL(nil, `app"; DROP TABLE x; --`)
+	sql := pglease.GrantSQL(pglease.DefaultSchemaAdapter{}, `app"; DROP TABLE x; --`)
 	assert.Contains(t, sql, `TO "app""; DROP TABLE x; --";`, "the role is quoted")
-	assert.Contains(t, sql, `ON TABLE "pglease_messages" TO`, "nil is the default adapter")
+	assert.Contains(t, sql, `ON TABLE "pglease_messages" TO`, "the zero value is the default names")
 	assert.NotContains(t, sql, "ON SCHEMA", "no schema without Schema")
-	withSchema := pglease.GrantSQL(version5Adapter{pglease.DefaultSchemaAdapter{Schema: "My Schema", MessagesTable: "msgs"}}, "app")
+	withSchema := pglease.GrantSQL(pglease.DefaultSchemaAdapter{Schema: "My Schema", MessagesTable: "msgs"}, "app")
 	assert.Contains(t, withSchema, `GRANT USAGE ON SCHEMA "My Schema" TO "app";`)
 	assert.Contains(t, withSchema, `GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "My Schema"."msgs_forever" TO "app";`)
 	assert.Contains(t, withSchema, `GRANT EXECUTE ON FUNCTION "My Schema"."msgs_expire_retention_partition"(integer, bigint) TO "app";`)
 	assert.Contains(t, withSchema, `GRANT SELECT ON TABLE "My Schema"."pglease_schema_version" TO "app";`)
 
 	pool := newPool(t, 2)
-	for _, refused := range []string{pglease.GrantSQL(nil, ""), pglease.GrantSQL(nil, "public"),
-		pglease.GrantSQL(notDefault{pglease.DefaultSchemaAdapter{}}, "app")} {
+	for _, refused := range []string{pglease.GrantSQL(pglease.DefaultSchemaAdapter{}, ""),
+		pglease.GrantSQL(pglease.DefaultSchemaAdapter{}, "public")} {
 		assert.NotContains(t, refused, "GRANT")
 		_, err := pool.Exec(context.Background(), refused)
 		require.Error(t, err, refused)

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // DB is what a [Publisher] writes with. *pgxpool.Pool, *pgx.Conn and pgx.Tx
@@ -33,8 +35,9 @@ type PublisherConfig struct {
 	// off when the DDL of [SchemaSQL] is applied by a migration tool.
 	AutoInitializeSchema bool
 
-	// SchemaAdapter builds every SQL statement. Default DefaultSchemaAdapter{}.
-	SchemaAdapter SchemaAdapter
+	// SchemaAdapter names the tables. Default DefaultSchemaAdapter{}: the
+	// default names in the connection's search_path.
+	SchemaAdapter DefaultSchemaAdapter
 
 	// PartitionKey returns the partition key of a message published to a
 	// topic with partitions (see [CreateTopic]): messages with the same
@@ -47,15 +50,11 @@ type PublisherConfig struct {
 	PartitionKey func(topic string, msg *message.Message) (string, error)
 }
 
-func (c *PublisherConfig) setDefaults() {
-	if c.SchemaAdapter == nil {
-		c.SchemaAdapter = DefaultSchemaAdapter{}
-	}
-}
+func (c *PublisherConfig) setDefaults() {}
 
 func (c PublisherConfig) validate() error {
-	if a, ok := c.SchemaAdapter.(DefaultSchemaAdapter); ok {
-		if err := a.validate(); err != nil {
+	{
+		if err := c.SchemaAdapter.validate(); err != nil {
 			return fmt.Errorf("PublisherConfig.SchemaAdapter: %w", err)
 		}
 	}
@@ -74,8 +73,8 @@ type Publisher struct {
 	db     DB
 	config PublisherConfig
 	logger watermill.LoggerAdapter
-	// notifyChannel is the adapter's NotifyChannel, asked once.
-	notifyChannel string
+	// tables are the quoted names of config.SchemaAdapter.
+	tables *pgsql.Tables
 	// serial is held around every statement when db is not a pool.
 	serial *sync.Mutex
 	// group batches concurrent Publish calls when db is a pool.
@@ -107,9 +106,9 @@ func NewPublisher(db DB, config PublisherConfig, logger watermill.LoggerAdapter)
 		logger = watermill.NopLogger{}
 	}
 	p := &Publisher{db: db, config: config, logger: logger, closeDone: make(chan struct{}),
-		notifyChannel: config.SchemaAdapter.NotifyChannel()}
+		tables: config.SchemaAdapter.tables()}
 	if pool, ok := db.(*pgxpool.Pool); ok {
-		p.group = newGroupCommitter(pool, config.SchemaAdapter, logger)
+		p.group = newGroupCommitter(pool, p.tables, logger)
 	} else {
 		p.serial = &sync.Mutex{}
 	}
@@ -152,14 +151,14 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err := p.initializeSchema(ctx); err != nil {
 		return err
 	}
-	params.NotifyChannel = p.notifyChannel
+	params.NotifyChannel = p.tables.NotifyChannel
 	switch {
 	case params.DueAt != nil:
-		err = execDelayed(ctx, p.db, p.config.SchemaAdapter, params)
+		err = execDelayed(ctx, p.db, p.tables, params)
 	case p.group != nil:
 		err = p.group.publish(ctx, params)
 	default:
-		err = execInsert(ctx, p.db, p.config.SchemaAdapter, params)
+		err = execInsert(ctx, p.db, p.tables, params)
 	}
 	if err != nil {
 		return fmt.Errorf("publish %d messages to topic %q: %w", len(msgs), topic, err)
@@ -168,9 +167,8 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 
-func execInsert(ctx context.Context, db DB, adapter SchemaAdapter, params InsertMessagesParams) error {
-	q := adapter.InsertMessages(params)
-	if _, err := db.Exec(ctx, q.SQL, q.Args...); err != nil {
+func execInsert(ctx context.Context, db DB, t *pgsql.Tables, params pgsql.InsertMessagesParams) error {
+	if err := pgsql.InsertMessages(ctx, db, t, params); err != nil {
 		return wrapMissingSchema(err)
 	}
 	return nil
@@ -206,7 +204,7 @@ func (p *Publisher) initializeSchema(ctx context.Context) error {
 	if p.schemaReady {
 		return nil
 	}
-	if err := initializeSchema(ctx, p.db, p.config.SchemaAdapter); err != nil {
+	if err := initializeSchema(ctx, p.db, p.tables); err != nil {
 		return err
 	}
 	p.schemaReady = true
@@ -215,11 +213,11 @@ func (p *Publisher) initializeSchema(ctx context.Context) error {
 
 // buildInsertParams validates topic and msgs and returns the parameters that
 // write them, placed by keyFunc (see PublisherConfig.PartitionKey).
-func buildInsertParams(topic string, msgs []*message.Message, keyFunc func(string, *message.Message) (string, error)) (InsertMessagesParams, error) {
+func buildInsertParams(topic string, msgs []*message.Message, keyFunc func(string, *message.Message) (string, error)) (pgsql.InsertMessagesParams, error) {
 	if err := validateTopic(topic); err != nil {
-		return InsertMessagesParams{}, err
+		return pgsql.InsertMessagesParams{}, err
 	}
-	params := InsertMessagesParams{
+	params := pgsql.InsertMessagesParams{
 		Topics:   make([]string, len(msgs)),
 		UUIDs:    make([]string, len(msgs)),
 		Payloads: make([][]byte, len(msgs)),

@@ -17,7 +17,7 @@ import (
 	pglease "github.com/pglease/watermill-pglease"
 )
 
-func newPublisher(t *testing.T, db pglease.DB, adapter pglease.SchemaAdapter) *pglease.Publisher {
+func newPublisher(t *testing.T, db pglease.DB, adapter pglease.DefaultSchemaAdapter) *pglease.Publisher {
 	t.Helper()
 	pub, err := pglease.NewPublisher(db, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, testLogger())
 	require.NoError(t, err)
@@ -25,7 +25,7 @@ func newPublisher(t *testing.T, db pglease.DB, adapter pglease.SchemaAdapter) *p
 	return pub
 }
 
-func newTestSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.SchemaAdapter, cfg pglease.SubscriberConfig) *pglease.Subscriber {
+func newTestSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, cfg pglease.SubscriberConfig) *pglease.Subscriber {
 	t.Helper()
 	cfg.SchemaAdapter = adapter
 	cfg.InitializeSchema = true

@@ -7,15 +7,17 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // releaseBatchMax bounds the releases sent in one pipelined batch.
 const releaseBatchMax = 1000
 
-// release is one claim's release statement.
+// release is one claim's release: the parameters of its statement.
 type release struct {
-	claim *claim
-	query Query
+	claim  *claim
+	params pgsql.OffsetParams
 }
 
 // releaser writes the releases of a Subscriber's consumers. Releases that
@@ -23,7 +25,8 @@ type release struct {
 // as one pipelined batch (see batcher): one round trip and one transaction
 // per releaseBatchMax releases, instead of one each.
 type releaser struct {
-	gate *dataGate
+	gate   *dataGate
+	tables *pgsql.Tables
 	// timeout bounds each statement (or batch) once it is sent; the wait
 	// in the queue before it is bounded by the caller's context only, so
 	// that Close of 100,000 subscriptions does not time out the releases
@@ -32,8 +35,8 @@ type releaser struct {
 	batcher batcher[release]
 }
 
-func newReleaser(gate *dataGate, timeout time.Duration, logger watermill.LoggerAdapter) *releaser {
-	r := &releaser{gate: gate, timeout: timeout}
+func newReleaser(gate *dataGate, tables *pgsql.Tables, timeout time.Duration, logger watermill.LoggerAdapter) *releaser {
+	r := &releaser{gate: gate, tables: tables, timeout: timeout}
 	r.batcher = batcher[release]{
 		workers:  1,
 		maxCount: releaseBatchMax,
@@ -45,10 +48,10 @@ func newReleaser(gate *dataGate, timeout time.Duration, logger watermill.LoggerA
 	return r
 }
 
-// release runs q, the release statement of c: ErrOwnershipLost when the
-// claim was already taken over.
-func (r *releaser) release(ctx context.Context, c *claim, q Query) error {
-	return r.batcher.do(ctx, release{claim: c, query: q}, 1, 0)
+// release runs the release statement of c with p: ErrOwnershipLost when
+// the claim was already taken over.
+func (r *releaser) release(ctx context.Context, c *claim, p pgsql.OffsetParams) error {
+	return r.batcher.do(ctx, release{claim: c, params: p}, 1, 0)
 }
 
 // wait returns once no worker runs.
@@ -57,7 +60,9 @@ func (r *releaser) wait() { r.batcher.wait() }
 func (r *releaser) releaseOne(ctx context.Context, rel release) error {
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	return r.gate.execFenced(ctx, rel.query, rel.claim, "release topic")
+	return r.gate.execFenced(ctx, func(q pgsql.Querier) (int64, error) {
+		return pgsql.ReleaseOffset(ctx, q, r.tables, rel.params)
+	}, rel.claim, "release topic")
 }
 
 // releaseMany sends the releases as one batch, which is one implicit
@@ -79,7 +84,7 @@ func (r *releaser) releaseMany(ctx context.Context, rels []release) ([]error, er
 	defer r.gate.release(conn)
 	batch := &pgx.Batch{}
 	for _, i := range order {
-		batch.Queue(rels[i].query.SQL, rels[i].query.Args...)
+		r.tables.ReleaseOffset(rels[i].params).Queue(batch)
 	}
 	results := conn.SendBatch(ctx, batch)
 	errs := make([]error, len(rels))

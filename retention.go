@@ -9,7 +9,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // MinRetention and MaxRetention bound [TopicConfig.Retention] (0 keeps a
@@ -71,27 +72,17 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 	defer cancel()
 	var lanes []retentionLane
 	var now time.Time
-	q := m.q.RetentionLanes()
-	rows, err := m.s.pool.Query(sctx, q.SQL, q.Args...)
+	laneRows, err := pgsql.RetentionLanes(sctx, m.s.pool, m.t)
 	if err != nil {
 		return 0, fmt.Errorf("read retention classes: %w", wrapMissingSchema(err))
 	}
-	for rows.Next() {
-		var l retentionLane
-		var class int16
-		var longestUs *int64
-		if err := rows.Scan(&class, &l.covered, &longestUs, &now); err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("read retention classes: %w", err)
+	for _, r := range laneRows {
+		l := retentionLane{class: int(r.Class), covered: r.CoveredUntil}
+		if r.LongestUs != nil {
+			l.longest = time.Duration(*r.LongestUs) * time.Microsecond
 		}
-		l.class = int(class)
-		if longestUs != nil {
-			l.longest = time.Duration(*longestUs) * time.Microsecond
-		}
+		now = r.Now
 		lanes = append(lanes, l)
-	}
-	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("read retention classes: %w", err)
 	}
 	retained := false
 	for _, l := range lanes {
@@ -103,29 +94,16 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 	}
 
 	type part struct {
-		RetentionPartition
+		pgsql.RetentionPartition
 		pending bool
 	}
 	var parts []part
-	q = m.q.RetentionPartitions()
-	rows, err = m.s.pool.Query(sctx, q.SQL, q.Args...)
+	partRows, err := pgsql.RetentionPartitions(sctx, m.s.pool, m.t)
 	if err != nil {
 		return 0, fmt.Errorf("read retention partitions: %w", err)
 	}
-	for rows.Next() {
-		var class int32
-		var start int64
-		var pending bool
-		if err := rows.Scan(&class, &start, &pending); err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("read retention partitions: %w", err)
-		}
-		st := time.Unix(start, 0)
-		parts = append(parts, part{RetentionPartition{Class: int(class), Start: st,
-			End: st.Add(retentionSlot(int(class)))}, pending})
-	}
-	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("read retention partitions: %w", err)
+	for _, r := range partRows {
+		parts = append(parts, part{slotPartition(r), r.DetachPending})
 	}
 
 	var next time.Duration
@@ -160,7 +138,7 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 		}
 		until := now.Add(l.longest + retentionLookahead*slot)
 		for n := 0; start.Before(until) && n < maxPartitionsRound; n++ {
-			p := RetentionPartition{Class: l.class, Start: start, End: start.Add(slot)}
+			p := pgsql.RetentionPartition{Class: l.class, Start: start, End: start.Add(slot)}
 			if !have[slotKey{p.Class, p.Start.Unix()}] {
 				if err := m.createPartition(ctx, p); err != nil {
 					errs = append(errs, err)
@@ -202,23 +180,15 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 
 // createPartition adds p, by the owner's DDL or, for a role that does not
 // own the tables, through the owner's function.
-func (m *maintainer) createPartition(ctx context.Context, p RetentionPartition) error {
+func (m *maintainer) createPartition(ctx context.Context, p pgsql.RetentionPartition) error {
 	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
 	defer cancel()
 	created := true
 	var err error
 	if m.delegated {
-		q := m.q.CallAddRetentionPartition(p)
-		err = m.s.pool.QueryRow(sctx, q.SQL, q.Args...).Scan(&created)
+		created, err = pgsql.CallAddRetentionPartition(sctx, m.s.pool, m.t, p)
 	} else {
-		err = pgx.BeginFunc(sctx, m.s.pool, func(tx pgx.Tx) error {
-			for _, stmt := range m.q.CreateRetentionPartition(p) {
-				if _, err := tx.Exec(sctx, stmt); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
+		err = pgsql.CreateRetentionPartition(sctx, m.s.pool, m.t, p)
 	}
 	if err != nil {
 		return fmt.Errorf("add the retention partition of class %d from %s: %w", p.Class, p.Start.UTC().Format(time.RFC3339), err)
@@ -238,7 +208,7 @@ func (m *maintainer) createPartition(ctx context.Context, p RetentionPartition) 
 // does not own the tables, through the owner's function, which detaches
 // in its transaction (waiting at most its lock_timeout for the messages
 // table, during which publishers and readers queue behind it).
-func (m *maintainer) expirePartition(ctx context.Context, p RetentionPartition, pending bool) error {
+func (m *maintainer) expirePartition(ctx context.Context, p pgsql.RetentionPartition, pending bool) error {
 	fields := watermill.LogFields{"class": p.Class, "from": p.Start, "to": p.End}
 	if !pending {
 		// Counting is for the log: when it fails or takes longer than its
@@ -251,9 +221,8 @@ func (m *maintainer) expirePartition(ctx context.Context, p RetentionPartition, 
 	if m.delegated {
 		sctx, cancel := context.WithTimeout(ctx, retentionStepTime)
 		defer cancel()
-		q := m.q.CallExpireRetentionPartition(p)
-		var dropped bool
-		if err := m.s.pool.QueryRow(sctx, q.SQL, q.Args...).Scan(&dropped); err != nil {
+		dropped, err := pgsql.CallExpireRetentionPartition(sctx, m.s.pool, m.t, p)
+		if err != nil {
 			return fmt.Errorf("detach and drop an expired retention partition: %w", err)
 		}
 		if !dropped {
@@ -263,13 +232,13 @@ func (m *maintainer) expirePartition(ctx context.Context, p RetentionPartition, 
 		// Each step has its own bound. A DETACH ... CONCURRENTLY cut off
 		// by it is left pending, and the next round finishes it first.
 		dctx, cancel := context.WithTimeout(ctx, retentionStepTime)
-		_, err := m.s.pool.Exec(dctx, m.q.DetachRetentionPartition(p, pending))
+		err := pgsql.DetachRetentionPartition(dctx, m.s.pool, m.t, p, pending)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("detach an expired retention partition (pending before: %t): %w", pending, err)
 		}
 		dctx, cancel = context.WithTimeout(ctx, retentionStepTime)
-		_, err = m.s.pool.Exec(dctx, m.q.DropRetentionPartition(p))
+		err = pgsql.DropRetentionPartition(dctx, m.s.pool, m.t, p)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("drop an expired retention partition (detached: dropped by a later round): %w", err)
@@ -283,16 +252,15 @@ func (m *maintainer) expirePartition(ctx context.Context, p RetentionPartition, 
 // countSkipped counts, per consumer group, the messages of p the group had
 // not acknowledged, and reports them (they are skipped), within
 // retentionStepTime.
-func (m *maintainer) countSkipped(ctx context.Context, p RetentionPartition) error {
+func (m *maintainer) countSkipped(ctx context.Context, p pgsql.RetentionPartition) error {
 	sctx, cancel := context.WithTimeout(ctx, retentionStepTime)
 	defer cancel()
-	q := m.q.UnacknowledgedInPartition(p)
-	rows, err := m.s.pool.Query(sctx, q.SQL, q.Args...)
+	rows, err := pgsql.UnacknowledgedInPartition(sctx, m.s.pool, m.t, p)
 	if err != nil {
-		return err
+		return fmt.Errorf("read skipped messages: %w", err)
 	}
-	_, err = m.reportSkipped(rows, "its retention partition expired")
-	return err
+	m.reportSkipped(rows, "its retention partition expired")
+	return nil
 }
 
 // dropDetached drops the retention partitions that were detached but not
@@ -302,34 +270,20 @@ func (m *maintainer) countSkipped(ctx context.Context, p RetentionPartition) err
 func (m *maintainer) dropDetached(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
 	defer cancel()
-	q := m.q.DetachedRetentionPartitions()
-	rows, err := m.s.pool.Query(sctx, q.SQL, q.Args...)
+	rows, err := pgsql.DetachedRetentionPartitions(sctx, m.s.pool, m.t)
 	if err != nil {
 		if ctx.Err() == nil {
 			m.logger.Error("Cannot look for detached retention partitions", err, nil)
 		}
 		return
 	}
-	parts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RetentionPartition, error) {
-		var class int32
-		var start int64
-		err := row.Scan(&class, &start)
-		st := time.Unix(start, 0)
-		return RetentionPartition{Class: int(class), Start: st, End: st.Add(retentionSlot(int(class)))}, err
-	})
-	if err != nil {
-		if ctx.Err() == nil {
-			m.logger.Error("Cannot look for detached retention partitions", err, nil)
-		}
-		return
-	}
-	for _, p := range parts {
+	for _, r := range rows {
+		p := slotPartition(r)
 		dropped := true
 		if m.delegated {
-			q := m.q.CallDropDetachedPartition(p)
-			err = m.s.pool.QueryRow(sctx, q.SQL, q.Args...).Scan(&dropped)
+			dropped, err = pgsql.CallDropDetachedPartition(sctx, m.s.pool, m.t, p)
 		} else {
-			_, err = m.s.pool.Exec(sctx, m.q.DropRetentionPartition(p))
+			err = pgsql.DropRetentionPartition(sctx, m.s.pool, m.t, p)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -346,50 +300,41 @@ func (m *maintainer) dropDetached(ctx context.Context) {
 	}
 }
 
-// skippedRow is a count of messages a consumer group skips on one (topic,
-// partition); group is NULL on a statement's row of totals.
-type skippedRow struct {
-	group, topic *string
-	partition    *int32
-	n            int64
+// slotPartition is the retention partition of a row that names its class
+// and start.
+func slotPartition(r pgsql.PartitionRow) pgsql.RetentionPartition {
+	st := time.Unix(r.Start, 0)
+	return pgsql.RetentionPartition{Class: int(r.Class), Start: st, End: st.Add(retentionSlot(int(r.Class)))}
 }
 
-// reportSkipped reads rows of (consumer_group, topic, partition, messages),
-// reports those with a group (reportSkippedRows) and returns the messages
-// of the row without one (a statement's total; 0 when there is none).
-func (m *maintainer) reportSkipped(rows pgx.Rows, why string) (int64, error) {
-	defer rows.Close()
+// reportSkipped reports the rows with a group (reportSkippedRows) and
+// returns the messages of the row without one (a statement's total; 0
+// when there is none).
+func (m *maintainer) reportSkipped(rows []pgsql.SkippedRow, why string) int64 {
 	var total int64
-	var skipped []skippedRow
-	for rows.Next() {
-		var r skippedRow
-		if err := rows.Scan(&r.group, &r.topic, &r.partition, &r.n); err != nil {
-			return 0, fmt.Errorf("read skipped messages: %w", err)
-		}
-		if r.group == nil {
-			total = r.n
+	var skipped []pgsql.SkippedRow
+	for _, r := range rows {
+		if r.ConsumerGroup == nil {
+			total = r.Messages
 		} else {
 			skipped = append(skipped, r)
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("read skipped messages: %w", err)
-	}
 	m.reportSkippedRows(skipped, why)
-	return total, nil
+	return total
 }
 
 // reportSkippedRows logs and counts messages that consumer groups skip
 // because retention removed them before they were acknowledged.
-func (m *maintainer) reportSkippedRows(skipped []skippedRow, why string) {
+func (m *maintainer) reportSkippedRows(skipped []pgsql.SkippedRow, why string) {
 	var more int64
 	for i, r := range skipped {
-		m.s.stats.retentionSkipped.Add(uint64(r.n))
+		m.s.stats.retentionSkipped.Add(uint64(r.Messages))
 		if i < maxSkipLogs {
 			m.logger.Error("Consumer group skips messages removed by retention", ErrSkippedByRetention, watermill.LogFields{
-				"skipping_group": *r.group, "topic": *r.topic, "partition": *r.partition, "messages": r.n, "reason": why})
+				"skipping_group": *r.ConsumerGroup, "topic": *r.Topic, "partition": *r.Partition, "messages": r.Messages, "reason": why})
 		} else {
-			more += r.n
+			more += r.Messages
 		}
 	}
 	if more > 0 {
@@ -405,17 +350,12 @@ func (m *maintainer) reportSkippedRows(skipped []skippedRow, why string) {
 func (m *maintainer) deleteExpiredKept(ctx context.Context) error {
 	for range keptDeleteRounds {
 		sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
-		q := m.q.DeleteExpiredKept(keptDeleteLimit)
-		rows, err := m.s.pool.Query(sctx, q.SQL, q.Args...)
-		if err != nil {
-			cancel()
-			return fmt.Errorf("delete expired messages kept forever: %w", err)
-		}
-		deleted, err := m.reportSkipped(rows, "deleted past its retention")
+		rows, err := pgsql.DeleteExpiredKept(sctx, m.s.pool, m.t, keptDeleteLimit)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("delete expired messages kept forever: %w", err)
 		}
+		deleted := m.reportSkipped(rows, "deleted past its retention")
 		m.s.stats.rowsDeleted.Add(uint64(deleted))
 		if deleted < keptDeleteLimit {
 			return nil

@@ -44,7 +44,7 @@ func TestSchemaSetUpIsConcurrencySafe(t *testing.T) {
 	var versions int
 	require.NoError(t, pool.QueryRow(context.Background(),
 		"SELECT count(*) FROM "+pgx.Identifier{adapter.Schema, pglease.DefaultSchemaVersionTable}.Sanitize()).Scan(&versions))
-	assert.Equal(t, len(adapter.Migrations()), versions, "each migration is recorded once")
+	assert.Equal(t, len(tablesOf(adapter).Migrations()), versions, "each migration is recorded once")
 }
 
 // TestSchemaSetUpWaitsForTheLockOnlyWhenBehind holds the schema lock from
@@ -63,7 +63,7 @@ func TestSchemaSetUpWaitsForTheLockOnlyWhenBehind(t *testing.T) {
 	holder, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = holder.Rollback(ctx) }()
-	_, err = holder.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, adapter.SchemaLockKey())
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, tablesOf(adapter).LockKey)
 	require.NoError(t, err)
 
 	current, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -71,7 +71,7 @@ func TestSchemaSetUpWaitsForTheLockOnlyWhenBehind(t *testing.T) {
 	cancel()
 
 	versions := pgx.Identifier{adapter.Schema, pglease.DefaultSchemaVersionTable}.Sanitize()
-	migrations := adapter.Migrations()
+	migrations := tablesOf(adapter).Migrations()
 	last := migrations[len(migrations)-1].Version
 	_, err = pool.Exec(ctx, `DELETE FROM `+versions+` WHERE version = $1`, last)
 	require.NoError(t, err)
@@ -180,8 +180,8 @@ func TestMigrate(t *testing.T) {
 		require.NoError(t, pglease.Migrate(ctx, pool, adapter))
 		var n, latest int
 		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*), max(version) FROM "+versions).Scan(&n, &latest))
-		assert.Equal(t, len(adapter.Migrations()), n, "each version recorded once")
-		assert.Equal(t, adapter.Migrations()[len(adapter.Migrations())-1].Version, latest)
+		assert.Equal(t, len(tablesOf(adapter).Migrations()), n, "each version recorded once")
+		assert.Equal(t, tablesOf(adapter).Migrations()[len(tablesOf(adapter).Migrations())-1].Version, latest)
 	}
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{SchemaAdapter: adapter}))
 	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)

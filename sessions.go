@@ -16,6 +16,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // sessionGen is one consumer-session row as this process knows it. A
@@ -75,7 +77,7 @@ func (g *sessionGen) isLost() bool {
 // start. Its methods are safe for concurrent use.
 type sessionKeeper struct {
 	pool     *pgxpool.Pool
-	adapter  SchemaAdapter
+	tables   *pgsql.Tables
 	logger   watermill.LoggerAdapter
 	group    string
 	owner    string
@@ -111,12 +113,12 @@ type sessionKeeper struct {
 	mark clusterMark
 }
 
-func newSessionKeeper(pool *pgxpool.Pool, adapter SchemaAdapter, group string, ttl time.Duration, stats *subscriberStats, logger watermill.LoggerAdapter) *sessionKeeper {
+func newSessionKeeper(pool *pgxpool.Pool, tables *pgsql.Tables, group string, ttl time.Duration, stats *subscriberStats, logger watermill.LoggerAdapter) *sessionKeeper {
 	host, _ := os.Hostname()
 	return &sessionKeeper{
 		pool:     pool,
 		stats:    stats,
-		adapter:  adapter,
+		tables:   tables,
 		logger:   logger,
 		group:    group,
 		owner:    fmt.Sprintf("%s/%d", host, os.Getpid()),
@@ -182,15 +184,15 @@ func (k *sessionKeeper) createLocked(ctx context.Context, timeout time.Duration)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	sent := time.Now()
-	q := k.adapter.CreateSession(SessionParams{
-		NotifyChannel:     k.adapter.NotifyChannel(),
+	p := pgsql.SessionParams{
+		NotifyChannel:     k.tables.NotifyChannel,
 		SessionID:         g.id,
 		ReplacesSessionID: k.prevID,
 		ConsumerGroup:     k.group,
 		Owner:             k.owner,
 		TTL:               k.ttl,
-	})
-	if _, err := k.conn.exec(ctx, q); err != nil {
+	}
+	if err := k.conn.run(ctx, func(q pgsql.Querier) error { return pgsql.CreateSession(ctx, q, k.tables, p) }); err != nil {
 		return fmt.Errorf("create consumer session: %w", wrapMissingSchema(err))
 	}
 	// Where the database is when the session starts: the first heartbeat
@@ -361,17 +363,20 @@ func (k *sessionKeeper) heartbeat(g *sessionGen) (bool, error) {
 // it updated and where the database is. For uuid.Nil it updates nothing
 // and only reads the mark.
 func (k *sessionKeeper) beat(ctx context.Context, id uuid.UUID) (int64, clusterMark, error) {
-	q := k.adapter.HeartbeatSession(SessionParams{SessionID: id, TTL: k.ttl})
 	var (
-		updated   int64
-		xmax, lsn string
-		mark      clusterMark
+		row  pgsql.HeartbeatRow
+		mark clusterMark
 	)
-	if err := k.conn.queryRow(ctx, q, &updated, &xmax, &lsn, &mark.timeline); err != nil {
+	err := k.conn.run(ctx, func(q pgsql.Querier) (err error) {
+		row, err = pgsql.HeartbeatSession(ctx, q, k.tables, pgsql.SessionParams{SessionID: id, TTL: k.ttl})
+		return err
+	})
+	if err != nil {
 		return 0, mark, err
 	}
+	updated, xmax, lsn := row.Updated, row.Xmax, row.LSN
+	mark.timeline = row.Timeline
 	mark.systemID = k.conn.serverID()
-	var err error
 	if mark.xmax, err = parseXID8(xmax); err != nil {
 		return 0, mark, err
 	}
@@ -450,13 +455,12 @@ func (k *sessionKeeper) backInTime(g *sessionGen, mark clusterMark) bool {
 func (k *sessionKeeper) deleteExpired() {
 	ctx, cancel := context.WithTimeout(context.Background(), k.stmtTimeout())
 	defer cancel()
-	q := k.adapter.DeleteExpiredSessions(SessionParams{TTL: k.ttl})
-	tag, err := k.pool.Exec(ctx, q.SQL, q.Args...)
+	n, err := pgsql.DeleteExpiredSessions(ctx, k.pool, k.tables, k.ttl)
 	if err != nil {
 		k.logger.Info("Cannot delete expired consumer sessions", watermill.LogFields{"error": err.Error()})
 		return
 	}
-	if n := tag.RowsAffected(); n > 0 {
+	if n > 0 {
 		k.logger.Debug("Deleted expired consumer sessions", watermill.LogFields{"count": n})
 	}
 }
@@ -494,8 +498,8 @@ func (k *sessionKeeper) close(timeout time.Duration) error {
 
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	q := k.adapter.DeleteSession(SessionParams{SessionID: id, NotifyChannel: k.adapter.NotifyChannel()})
-	if _, err := conn.exec(ctx, q); err != nil {
+	p := pgsql.SessionParams{SessionID: id, NotifyChannel: k.tables.NotifyChannel}
+	if err := conn.run(ctx, func(q pgsql.Querier) error { return pgsql.DeleteSession(ctx, q, k.tables, p) }); err != nil {
 		return fmt.Errorf("delete consumer session %s: %w", id, err)
 	}
 	k.logger.Debug("Consumer session deleted", watermill.LogFields{"session_id": id.String()})
@@ -508,49 +512,30 @@ func (k *sessionKeeper) close(timeout time.Duration) error {
 func (k *sessionKeeper) setSubscriptions(g *sessionGen, set rowSet) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), k.stmtTimeout())
 	defer cancel()
-	q := k.adapter.SetSubscriptions(SessionParams{SessionID: g.id, NotifyChannel: k.adapter.NotifyChannel(),
-		SubscriptionHash: int64(set.hash), SubscriptionSize: set.size})
-	rows, err := k.pool.Query(ctx, q.SQL, q.Args...)
+	ok, err := pgsql.SetSubscriptions(ctx, k.pool, k.tables, pgsql.SessionParams{SessionID: g.id,
+		NotifyChannel: k.tables.NotifyChannel, SubscriptionHash: int64(set.hash), SubscriptionSize: set.size})
 	if err != nil {
 		return false, fmt.Errorf("record the topics of consumer session %s: %w", g.id, err)
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return false, fmt.Errorf("record the topics of consumer session %s: %w", g.id, err)
-	}
-	return rows.CommandTag().RowsAffected() > 0, nil
+	return ok, nil
 }
 
 // groupMembers reads the live sessions of the keeper's group.
 func (k *sessionKeeper) groupMembers() ([]member, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), k.stmtTimeout())
 	defer cancel()
-	q := k.adapter.GroupMembers(GroupParams{ConsumerGroup: k.group})
-	rows, err := k.pool.Query(ctx, q.SQL, q.Args...)
+	rows, err := pgsql.GroupMembers(ctx, k.pool, k.tables, k.group)
 	if err != nil {
 		return nil, fmt.Errorf("read the members of consumer group %q: %w", k.group, err)
 	}
-	defer rows.Close()
 	// Expiries count from when the answer came, not from when the query
 	// was sent (it may have waited for a pool connection): a member wakes
 	// after another's expiry on the server, never before.
 	read := time.Now()
 	var members []member
-	for rows.Next() {
-		var (
-			m      member
-			leftMs int64
-			hash   int64
-		)
-		if err := rows.Scan(&m.id, &m.createdAt, &leftMs, &hash, &m.size); err != nil {
-			return nil, fmt.Errorf("read the members of consumer group %q: %w", k.group, err)
-		}
-		m.set = uint64(hash)
-		m.expiresAt = read.Add(time.Duration(leftMs) * time.Millisecond)
-		members = append(members, m)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read the members of consumer group %q: %w", k.group, err)
+	for _, r := range rows {
+		members = append(members, member{id: r.ID, createdAt: r.CreatedAt, set: uint64(r.SubscriptionHash),
+			size: r.SubscriptionSize, expiresAt: read.Add(time.Duration(r.ExpiresInMs) * time.Millisecond)})
 	}
 	return members, nil
 }

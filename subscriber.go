@@ -14,6 +14,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // Defaults of [SubscriberConfig].
@@ -155,8 +157,9 @@ type SubscriberConfig struct {
 	// [SchemaSQL] is applied by a migration tool.
 	InitializeSchema bool
 
-	// SchemaAdapter builds every SQL statement. Default DefaultSchemaAdapter{}.
-	SchemaAdapter SchemaAdapter
+	// SchemaAdapter names the tables. Default DefaultSchemaAdapter{}: the
+	// default names in the connection's search_path.
+	SchemaAdapter DefaultSchemaAdapter
 
 	// Maintenance configures the maintenance this Subscriber runs if it is
 	// elected the maintainer: delayed messages, retention, expired
@@ -188,9 +191,6 @@ func (c *SubscriberConfig) setDefaults() {
 	}
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = DefaultCloseTimeout
-	}
-	if c.SchemaAdapter == nil {
-		c.SchemaAdapter = DefaultSchemaAdapter{}
 	}
 	if c.Maintenance.Interval == 0 {
 		c.Maintenance.Interval = DefaultMaintenanceInterval
@@ -240,10 +240,8 @@ func (c SubscriberConfig) validate() error {
 	if c.ListenConnConfig != nil && !parsedConnConfig(c.ListenConnConfig) {
 		return fmt.Errorf("SubscriberConfig.ListenConnConfig must be created by pgx.ParseConfig")
 	}
-	if a, ok := c.SchemaAdapter.(DefaultSchemaAdapter); ok {
-		if err := a.validate(); err != nil {
-			return fmt.Errorf("SubscriberConfig.SchemaAdapter: %w", err)
-		}
+	if err := c.SchemaAdapter.validate(); err != nil {
+		return fmt.Errorf("SubscriberConfig.SchemaAdapter: %w", err)
 	}
 	return nil
 }
@@ -335,12 +333,13 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 	logger = logger.With(watermill.LogFields{"consumer_group": config.ConsumerGroup})
 	ctx, cancel := context.WithCancel(context.Background())
 	stats := newSubscriberStats()
+	tables := config.SchemaAdapter.tables()
 	s := &Subscriber{
 		pool:      pool,
 		config:    config,
 		logger:    logger,
-		offsets:   newOffsetStore(pool, config.SchemaAdapter, config.CloseTimeout, stats, logger),
-		session:   newSessionKeeper(pool, config.SchemaAdapter, config.ConsumerGroup, config.SessionTTL, stats, logger),
+		offsets:   newOffsetStore(pool, tables, config.CloseTimeout, stats, logger),
+		session:   newSessionKeeper(pool, tables, config.ConsumerGroup, config.SessionTTL, stats, logger),
 		stats:     stats,
 		budget:    newByteBudget(config.MaxBufferedBytes),
 		closeDone: make(chan struct{}),
@@ -421,7 +420,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if !s.started {
 		s.started = true
 		if !s.config.PollOnly {
-			s.listener = acquireListener(s.pool, s.config.SchemaAdapter.NotifyChannel(), s.config.ListenConnConfig,
+			s.listener = acquireListener(s.pool, s.offsets.tables.NotifyChannel, s.config.ListenConnConfig,
 				s.hub, s.logger, s.config.CloseTimeout)
 		}
 		s.background.Add(2)
@@ -633,10 +632,7 @@ func (s *Subscriber) reportStall() {
 		s.stallChecking = false
 		s.stallMu.Unlock()
 	}()
-	insp, err := NewInspector(s.pool, s.config.SchemaAdapter)
-	if err != nil {
-		return // a custom adapter without the inspection statements
-	}
+	insp := &Inspector{db: s.pool, tables: s.offsets.tables}
 	ctx, cancel := context.WithTimeout(s.ctx, s.config.SessionTTL)
 	defer cancel()
 	h, err := insp.Horizon(ctx)
@@ -695,7 +691,7 @@ func (s *Subscriber) initializeSchema(ctx context.Context) error {
 	if s.schemaReady {
 		return nil
 	}
-	if err := initializeSchema(ctx, s.pool, s.config.SchemaAdapter); err != nil {
+	if err := initializeSchema(ctx, s.pool, s.offsets.tables); err != nil {
 		return err
 	}
 	s.schemaReady = true
@@ -1180,13 +1176,6 @@ func (c *consumer) dropBuffered() {
 // read runs one SelectMessages for limit messages after after, each
 // returned whole only if its size is at most wholeUpTo.
 func (c *consumer) read(after Position, limit int, wholeUpTo int64) (rows []storedMessage, pending bool, err error) {
-	q := c.s.config.SchemaAdapter.SelectMessages(SelectMessagesParams{
-		Topic:           c.topic,
-		Partition:       c.partition,
-		After:           after,
-		Limit:           limit,
-		MaxMessageBytes: wholeUpTo,
-	})
 	conn, err := c.s.offsets.gate.acquire(c.ctx)
 	if err != nil {
 		return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, err)
@@ -1194,52 +1183,27 @@ func (c *consumer) read(after Position, limit int, wholeUpTo int64) (rows []stor
 	defer c.s.offsets.gate.release(conn)
 	ctx, cancel := context.WithTimeout(c.ctx, c.s.config.SessionTTL)
 	defer cancel()
-	res, err := conn.Query(ctx, q.SQL, q.Args...)
+	res, err := pgsql.SelectMessages(ctx, conn, c.s.offsets.tables, pgsql.SelectMessagesParams{
+		Topic:           c.topic,
+		Partition:       c.partition,
+		After:           pgsql.Position(after),
+		Limit:           limit,
+		MaxMessageBytes: wholeUpTo,
+	})
 	if err != nil {
 		return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, wrapMissingSchema(err))
 	}
-	defer res.Close()
-	rows = make([]storedMessage, 0, limit)
-	for res.Next() {
-		var (
-			offset   *int64
-			txText   *string
-			uuid     *string
-			payload  []byte
-			metadata *string
-			more     bool
-			future   bool
-			size     *int64
-		)
-		if err := res.Scan(&offset, &txText, &uuid, &payload, &metadata, &more, &future, &size); err != nil {
-			return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, err)
-		}
-		if future {
-			return nil, false, fmt.Errorf("read messages of topic %q: a stored message was written by a transaction "+
-				"this database has not reached yet, so it would be delivered after messages published later or "+
-				"never: %w", c.topic, ErrFuturePosition)
-		}
-		if more {
-			pending = true
-			continue
-		}
-		if offset == nil || txText == nil || uuid == nil || size == nil {
-			return nil, false, fmt.Errorf("read messages of topic %q: incomplete row", c.topic)
-		}
-		m := storedMessage{uuid: *uuid, payload: payload, size: *size, whole: *size <= wholeUpTo}
-		m.pos.Offset = *offset
-		if m.pos.TransactionID, err = parseXID8(*txText); err != nil {
-			return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, err)
-		}
-		if metadata != nil {
-			m.metadata = *metadata
-		}
-		rows = append(rows, m)
+	if res.Future {
+		return nil, false, fmt.Errorf("read messages of topic %q: a stored message was written by a transaction "+
+			"this database has not reached yet, so it would be delivered after messages published later or "+
+			"never: %w", c.topic, ErrFuturePosition)
 	}
-	if err := res.Err(); err != nil {
-		return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, err)
+	rows = make([]storedMessage, len(res.Messages))
+	for i, m := range res.Messages {
+		rows[i] = storedMessage{uuid: m.UUID, payload: m.Payload, metadata: m.Metadata, size: m.Size,
+			whole: m.Size <= wholeUpTo, pos: Position(m.Position)}
 	}
-	return rows, pending, nil
+	return rows, res.Pending, nil
 }
 
 // flushC is the flush timer's channel while acknowledged positions wait to
@@ -1281,7 +1245,7 @@ func (c *consumer) deliver(g *sessionGen, cl *claim, m storedMessage, attempt in
 		msg.Metadata.Set(DeliveryAttemptMetadata, strconv.Itoa(attempt))
 		mctx, mcancel := context.WithCancel(&deliveryCtx{Context: c.ctx, d: delivery{
 			topic: c.topic, partition: c.partition, pos: m.pos, group: cl.group,
-			sessionID: cl.sessionID, epoch: cl.epoch, g: g, adapter: c.s.config.SchemaAdapter}})
+			sessionID: cl.sessionID, epoch: cl.epoch, g: g, tables: c.s.offsets.tables}})
 		msg.SetContext(mctx)
 		res, nacked := c.handOut(g, cl, m, msg)
 		mcancel()

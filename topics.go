@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // MaxPartitions is the largest partition count a topic may have. Each
@@ -46,7 +48,7 @@ type TopicConfig struct {
 	Retention time.Duration
 
 	// SchemaAdapter names the tables. Default DefaultSchemaAdapter{}.
-	SchemaAdapter SchemaAdapter
+	SchemaAdapter DefaultSchemaAdapter
 	// InitializeSchema creates or migrates the tables first.
 	InitializeSchema bool
 }
@@ -84,35 +86,29 @@ func CreateTopic(ctx context.Context, db DB, topic string, config TopicConfig) e
 		return fmt.Errorf("%w: create topic %q: TopicConfig.Retention must be 0 (forever) or between %s and %s, got %s",
 			ErrInvalidConfig, topic, MinRetention, MaxRetention, config.Retention)
 	}
-	adapter := config.SchemaAdapter
-	if adapter == nil {
-		adapter = DefaultSchemaAdapter{}
+	if err := config.SchemaAdapter.validate(); err != nil {
+		return fmt.Errorf("%w: TopicConfig.SchemaAdapter: %w", ErrInvalidConfig, err)
 	}
-	if a, ok := adapter.(DefaultSchemaAdapter); ok {
-		if err := a.validate(); err != nil {
-			return fmt.Errorf("%w: TopicConfig.SchemaAdapter: %w", ErrInvalidConfig, err)
-		}
-	}
+	tables := config.SchemaAdapter.tables()
 	if config.InitializeSchema {
-		if err := initializeSchema(ctx, db, adapter); err != nil {
+		if err := initializeSchema(ctx, db, tables); err != nil {
 			return err
 		}
 	}
-	q := adapter.UpsertTopic(TopicParams{Topic: topic, Partitions: config.Partitions,
+	res, err := pgsql.UpsertTopic(ctx, db, tables, pgsql.TopicParams{Topic: topic, Partitions: config.Partitions,
 		Retention: config.Retention, RetentionClass: retentionClass(config.Retention),
-		NotifyChannel: adapter.NotifyChannel()})
-	var oldN, newN *int32
-	var notified int64
-	if err := db.QueryRow(ctx, q.SQL, q.Args...).Scan(&oldN, &newN, &notified); err != nil {
+		NotifyChannel: tables.NotifyChannel})
+	if err != nil {
 		return fmt.Errorf("create topic %q: %w", topic, wrapMissingSchema(err))
 	}
+	oldN, newN := res.OldPartitions, res.NewPartitions
 	if newN != nil {
 		return nil // created, or its partition count raised
 	}
 	current := oldN
 	if current == nil {
 		// Created by a concurrent call after this statement's snapshot.
-		rows, err := topicPartitions(ctx, db, adapter, []string{topic})
+		rows, err := topicPartitions(ctx, db, tables, []string{topic})
 		if err != nil {
 			return fmt.Errorf("create topic %q: %w", topic, err)
 		}
@@ -127,24 +123,10 @@ func CreateTopic(ctx context.Context, db DB, topic string, config TopicConfig) e
 }
 
 // topicPartitions reads the partition counts of topics.
-func topicPartitions(ctx context.Context, db DB, adapter SchemaAdapter, topics []string) (map[string]int, error) {
-	q := adapter.TopicPartitions(TopicsParams{Topics: topics})
-	rows, err := db.Query(ctx, q.SQL, q.Args...)
+func topicPartitions(ctx context.Context, db pgsql.Querier, t *pgsql.Tables, topics []string) (map[string]int, error) {
+	out, err := pgsql.TopicPartitions(ctx, db, t, topics)
 	if err != nil {
 		return nil, fmt.Errorf("read partition counts: %w", wrapMissingSchema(err))
-	}
-	defer rows.Close()
-	out := make(map[string]int, len(topics))
-	for rows.Next() {
-		var t string
-		var n int32
-		if err := rows.Scan(&t, &n); err != nil {
-			return nil, fmt.Errorf("read partition counts: %w", err)
-		}
-		out[t] = int(n)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read partition counts: %w", err)
 	}
 	return out, nil
 }

@@ -14,6 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // storedPartitions returns the partition of every stored message of topic,
@@ -183,10 +185,10 @@ func TestInsertStatementWithManyTopics(t *testing.T) {
 	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
-	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{adapter.NotifyChannel()}.Sanitize())
+	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{tablesOf(adapter).NotifyChannel}.Sanitize())
 	require.NoError(t, err)
 
-	p := pglease.InsertMessagesParams{NotifyChannel: adapter.NotifyChannel()}
+	p := pgsql.InsertMessagesParams{NotifyChannel: tablesOf(adapter).NotifyChannel}
 	want := map[string]int{}
 	for i := range 12 {
 		topic := []string{"eight", "plain"}[i%2]
@@ -205,7 +207,7 @@ func TestInsertStatementWithManyTopics(t *testing.T) {
 			want[id] = 0
 		}
 	}
-	q := adapter.InsertMessages(p)
+	q := tablesOf(adapter).InsertMessages(p)
 	_, err = pool.Exec(ctx, q.SQL, q.Args...)
 	require.NoError(t, err)
 	got := storedPartitions(t, pool, adapter, "eight")

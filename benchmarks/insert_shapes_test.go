@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	pglease "github.com/pglease/watermill-pglease"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // BenchmarkInsertShapes measures what one statement writing 100 messages
@@ -25,7 +27,7 @@ import (
 //	make bench-insert
 //
 // Shapes:
-//   - pglease: DefaultSchemaAdapter.InsertMessages, the statement the
+//   - pglease: pgsql Tables.InsertMessages, the statement the
 //     Publisher runs (unnest of arrays, notification in the same statement);
 //   - watermill-sql: DefaultPostgreSQLSchema.InsertQuery (a multi-row
 //     VALUES) into its own table;
@@ -83,10 +85,12 @@ func BenchmarkInsertShapes(b *testing.B) {
 		}
 		return adapter
 	}
-	pgleaseInsert := func(adapter pglease.DefaultSchemaAdapter) pglease.Query {
-		return adapter.InsertMessages(pglease.InsertMessagesParams{
+	// pglease's statement, as its Publisher builds it (internal/pgsql).
+	pgleaseInsert := func(adapter pglease.DefaultSchemaAdapter) pgsql.Stmt {
+		t := pgsql.NewTables(pgsql.Names(adapter))
+		return t.InsertMessages(pgsql.InsertMessagesParams{
 			Topics: []string{topic}, UUIDs: uuids, Payloads: payloads, Metadata: metadata,
-			NotifyChannel: adapter.NotifyChannel(),
+			NotifyChannel: t.NotifyChannel,
 		})
 	}
 	// loop runs write b.N times (after a warm-up of 200) and reports

@@ -79,7 +79,7 @@
 //
 // # Usage
 //
-//	insp, err := pglease.NewInspector(pool, nil)
+//	insp, err := pglease.NewInspector(pool, pglease.DefaultSchemaAdapter{})
 //	if err != nil {
 //		return err
 //	}

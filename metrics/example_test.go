@@ -33,7 +33,7 @@ func Example() {
 	}
 	defer subscriber.Close()
 
-	insp, err := pglease.NewInspector(pool, nil)
+	insp, err := pglease.NewInspector(pool, pglease.DefaultSchemaAdapter{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -77,7 +77,7 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-func newPublisher(t *testing.T, pool *pgxpool.Pool, adapter pglease.SchemaAdapter) *pglease.Publisher {
+func newPublisher(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) *pglease.Publisher {
 	t.Helper()
 	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, nil)
 	require.NoError(t, err)
@@ -94,7 +94,7 @@ func publishN(t *testing.T, pub *pglease.Publisher, topic string, n int) {
 
 // newSubscriber returns a Subscriber of group that commits every Ack at
 // once, closed at the end of the test.
-func newSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.SchemaAdapter, group string) *pglease.Subscriber {
+func newSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, group string) *pglease.Subscriber {
 	t.Helper()
 	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
 		ConsumerGroup:    group,
@@ -110,7 +110,7 @@ func newSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.SchemaAdapt
 	return sub
 }
 
-func newInspector(t *testing.T, pool *pgxpool.Pool, adapter pglease.SchemaAdapter) *pglease.Inspector {
+func newInspector(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) *pglease.Inspector {
 	t.Helper()
 	insp, err := pglease.NewInspector(pool, adapter)
 	require.NoError(t, err)
@@ -574,7 +574,7 @@ func TestRegistryLint(t *testing.T) {
 func TestConfigErrors(t *testing.T) {
 	_, err := NewCollector(nil, CollectorConfig{})
 	assert.ErrorIs(t, err, pglease.ErrInvalidConfig)
-	insp, err := pglease.NewInspector(newPool(t), nil)
+	insp, err := pglease.NewInspector(newPool(t), pglease.DefaultSchemaAdapter{})
 	require.NoError(t, err)
 	_, err = NewCollector(insp, CollectorConfig{ScrapeTimeout: -time.Second})
 	assert.ErrorIs(t, err, pglease.ErrInvalidConfig)

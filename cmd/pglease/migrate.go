@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	pglease "github.com/pglease/watermill-pglease"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // undefinedFunction is PostgreSQL's error code for a missing function.
@@ -52,11 +54,12 @@ func (c *migrateCmd) run(ctx context.Context, e *cmdEnv) error {
 	if err != nil {
 		return err
 	}
-	migrations := e.adapter.Migrations()
+	tables := tablesOf(e.adapter)
+	migrations := tables.Migrations()
 	latest := migrations[len(migrations)-1].Version
 	out := migrateOutput{FromVersion: from, ToVersion: from, LatestVersion: latest, DryRun: c.dryRun, Migrations: []migrationInfo{}}
 	if c.dryRun {
-		var pending []pglease.Migration
+		var pending []pgsql.Migration
 		for _, m := range migrations {
 			if m.Version > from {
 				pending = append(pending, m)
@@ -65,7 +68,7 @@ func (c *migrateCmd) run(ctx context.Context, e *cmdEnv) error {
 			}
 		}
 		if len(pending) > 0 {
-			out.SQL = migrationScript(e.adapter, pending)
+			out.SQL = migrationScript(tables, pending)
 		}
 	} else {
 		if err := pglease.Migrate(ctx, e.conn, e.adapter); err != nil {
@@ -102,8 +105,7 @@ func (c *migrateCmd) run(ctx context.Context, e *cmdEnv) error {
 // schemaVersion reads the highest version recorded: 0 when the version
 // table does not exist yet.
 func schemaVersion(ctx context.Context, conn *pgx.Conn, adapter pglease.DefaultSchemaAdapter) (int, error) {
-	var v int
-	err := conn.QueryRow(ctx, "SELECT COALESCE(max(version), 0) FROM "+adapter.VersionTable()).Scan(&v)
+	v, err := pgsql.SchemaVersion(ctx, conn, tablesOf(adapter))
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == undefinedTable {
 		return 0, nil
@@ -117,11 +119,11 @@ func schemaVersion(ctx context.Context, conn *pgx.Conn, adapter pglease.DefaultS
 // migrationScript is what pglease.Migrate runs for pending, as a script:
 // the lock, the adapter's set-up statements, each migration and the
 // record of its version, in one transaction.
-func migrationScript(adapter pglease.DefaultSchemaAdapter, pending []pglease.Migration) string {
+func migrationScript(tables *pgsql.Tables, pending []pgsql.Migration) string {
 	var b strings.Builder
 	b.WriteString("BEGIN;\n")
-	fmt.Fprintf(&b, "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0));\n", quoteLiteral(adapter.SchemaLockKey()))
-	for _, s := range adapter.Prepare() {
+	fmt.Fprintf(&b, "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0));\n", quoteLiteral(tables.LockKey))
+	for _, s := range tables.Prepare() {
 		b.WriteString(s + ";\n")
 	}
 	for _, m := range pending {
@@ -130,7 +132,7 @@ func migrationScript(adapter pglease.DefaultSchemaAdapter, pending []pglease.Mig
 			sql += ";"
 		}
 		fmt.Fprintf(&b, "\n-- version %d: %s\n%s\n", m.Version, m.Description, sql)
-		fmt.Fprintf(&b, "INSERT INTO %s (version, description) VALUES (%d, %s);\n", adapter.VersionTable(), m.Version, quoteLiteral(m.Description))
+		fmt.Fprintf(&b, "INSERT INTO %s (version, description) VALUES (%d, %s);\n", tables.Version, m.Version, quoteLiteral(m.Description))
 	}
 	b.WriteString("COMMIT;\n")
 	return b.String()
@@ -192,4 +194,10 @@ func schemaName(a pglease.DefaultSchemaAdapter) string {
 		return "the search_path"
 	}
 	return "schema " + pgx.Identifier{a.Schema}.Sanitize()
+}
+
+// tablesOf returns the quoted names and the statements of adapter's
+// tables.
+func tablesOf(adapter pglease.DefaultSchemaAdapter) *pgsql.Tables {
+	return pgsql.NewTables(pgsql.Names(adapter))
 }

@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // emptySchema creates a schema without the pglease tables, dropped at the
@@ -35,18 +37,13 @@ func emptySchema(t *testing.T, pool *pgxpool.Pool) string {
 	return schema
 }
 
-// firstFive is the schema of a release whose latest version was 5.
-type firstFive struct{ pglease.DefaultSchemaAdapter }
-
-func (a firstFive) Migrations() []pglease.Migration { return a.DefaultSchemaAdapter.Migrations()[:5] }
-
 func TestMigrateCommand(t *testing.T) {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, testDSN)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	env := map[string]string{"DATABASE_URL": testDSN}
-	latest := len(pglease.DefaultSchemaAdapter{}.Migrations())
+	latest := len(tablesOf(pglease.DefaultSchemaAdapter{}).Migrations())
 	version := func(schema string) int {
 		var v int
 		require.NoError(t, pool.QueryRow(ctx, "SELECT COALESCE(max(version), 0) FROM "+
@@ -115,7 +112,9 @@ func TestMigrateCommand(t *testing.T) {
 
 	// From an older release's schema: only what it lacks.
 	old := emptySchema(t, pool)
-	require.NoError(t, pglease.Migrate(ctx, pool, firstFive{pglease.DefaultSchemaAdapter{Schema: old}}))
+	// The schema of a release whose latest version was 5.
+	oldTables := tablesOf(pglease.DefaultSchemaAdapter{Schema: old})
+	require.NoError(t, pgsql.Migrate(ctx, pool, oldTables, oldTables.Migrations()[:5]))
 	_, out = migrate(old, "--dry-run")
 	assert.Equal(t, 5, out.FromVersion)
 	assert.Equal(t, all[5:], versions(out))

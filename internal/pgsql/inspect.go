@@ -1,34 +1,32 @@
-package pglease
+package pgsql
 
 import "time"
 
-var _ InspectionAdapter = DefaultSchemaAdapter{}
-
-// InspectSessions implements [InspectionAdapter].
-func (a DefaultSchemaAdapter) InspectSessions() Query {
-	return Query{SQL: `SELECT s.id, s.consumer_group, s.owner, s.created_at, s.expires_at, now(), COALESCE(h.n, 0),
-	EXISTS (SELECT 1 FROM ` + a.maintenance() + ` mt WHERE mt.session_id = s.id)
-FROM ` + a.sessions() + ` s
-LEFT JOIN (SELECT session_id, count(*) AS n FROM ` + a.offsets() + `
+// InspectSessions is the statement of [InspectSessions].
+func (t *Tables) InspectSessions() Stmt {
+	return Stmt{SQL: `SELECT s.id, s.consumer_group, s.owner, s.created_at, s.expires_at, now(), COALESCE(h.n, 0),
+	EXISTS (SELECT 1 FROM ` + t.Maintenance + ` mt WHERE mt.session_id = s.id)
+FROM ` + t.Sessions + ` s
+LEFT JOIN (SELECT session_id, count(*) AS n FROM ` + t.Offsets + `
 	WHERE session_id IS NOT NULL GROUP BY session_id) h ON h.session_id = s.id
 ORDER BY s.consumer_group, s.created_at, s.id`}
 }
 
-// InspectLag implements [InspectionAdapter]. Per row: one pass over the
+// InspectLag is the statement of [InspectLag]. Per row: one pass over the
 // index range after the position (the count, and the oldest storage time
 // among those messages), and one index probe for a pending message.
-func (a DefaultSchemaAdapter) InspectLag(groups, topics []string) Query {
-	return Query{
+func (t *Tables) InspectLag(groups, topics []string) Stmt {
+	return Stmt{
 		SQL: `SELECT o.consumer_group, o.topic, o.partition, o.session_id,
 	CASE WHEN s.expires_at > now() THEN s.owner END, o.epoch, o.acked_transaction_id::text, o.acked_offset,
 	l.lag, extract(epoch FROM now() - l.oldest)::float8,
-	EXISTS (SELECT 1 FROM ` + a.messages() + ` m
+	EXISTS (SELECT 1 FROM ` + t.Messages + ` m
 		WHERE m.topic = o.topic AND m.partition = o.partition AND m.transaction_id >= x.xmin)
-FROM ` + a.offsets() + ` o
+FROM ` + t.Offsets + ` o
 CROSS JOIN (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin) x
-LEFT JOIN ` + a.sessions() + ` s ON s.id = o.session_id
+LEFT JOIN ` + t.Sessions + ` s ON s.id = o.session_id
 CROSS JOIN LATERAL (
-	SELECT count(*) AS lag, min(m.created_at) AS oldest FROM ` + a.messages() + ` m
+	SELECT count(*) AS lag, min(m.created_at) AS oldest FROM ` + t.Messages + ` m
 	WHERE m.topic = o.topic AND m.partition = o.partition
 		AND (m.transaction_id, m."offset") > (o.acked_transaction_id, o.acked_offset)
 		AND m.transaction_id < x.xmin
@@ -39,10 +37,10 @@ ORDER BY o.consumer_group, o.topic, o.partition`,
 	}
 }
 
-// InspectHorizon implements [InspectionAdapter]: the oldest transaction
+// InspectHorizon is the statement of [InspectHorizon]: the oldest transaction
 // with a transaction id, among backends and prepared transactions.
-func (a DefaultSchemaAdapter) InspectHorizon() Query {
-	return Query{SQL: `SELECT pg_snapshot_xmin(pg_current_snapshot())::text, h.pid, h.gid, h.application_name, h.state,
+func (t *Tables) InspectHorizon() Stmt {
+	return Stmt{SQL: `SELECT pg_snapshot_xmin(pg_current_snapshot())::text, h.pid, h.gid, h.application_name, h.state,
 	h.xact_start, h.query_start, extract(epoch FROM now() - h.xact_start)::float8, h.query, h.datname, h.usename
 FROM (SELECT 1) one
 LEFT JOIN LATERAL (
@@ -60,33 +58,33 @@ LEFT JOIN LATERAL (
 ) h ON true`}
 }
 
-// InspectTopics implements [InspectionAdapter]. The topics with messages
+// InspectTopics is the statement of [InspectTopics]. The topics with messages
 // are found by skipping through the primary key, one probe per topic.
-func (a DefaultSchemaAdapter) InspectTopics() Query {
-	return Query{SQL: `WITH RECURSIVE mt AS (
-	(SELECT topic FROM ` + a.messages() + ` ORDER BY topic LIMIT 1)
+func (t *Tables) InspectTopics() Stmt {
+	return Stmt{SQL: `WITH RECURSIVE mt AS (
+	(SELECT topic FROM ` + t.Messages + ` ORDER BY topic LIMIT 1)
 	UNION ALL
-	SELECT (SELECT m.topic FROM ` + a.messages() + ` m WHERE m.topic > mt.topic ORDER BY m.topic LIMIT 1)
+	SELECT (SELECT m.topic FROM ` + t.Messages + ` m WHERE m.topic > mt.topic ORDER BY m.topic LIMIT 1)
 	FROM mt WHERE mt.topic IS NOT NULL
 ), names AS (
 	SELECT topic FROM mt WHERE topic IS NOT NULL
-	UNION SELECT topic FROM ` + a.topics() + `
-	UNION SELECT topic COLLATE "C" FROM ` + a.offsets() + `
+	UNION SELECT topic FROM ` + t.Topics + `
+	UNION SELECT topic COLLATE "C" FROM ` + t.Offsets + `
 ), groups AS (
-	SELECT topic COLLATE "C" AS topic, count(DISTINCT consumer_group) AS n FROM ` + a.offsets() + ` GROUP BY topic
+	SELECT topic COLLATE "C" AS topic, count(DISTINCT consumer_group) AS n FROM ` + t.Offsets + ` GROUP BY topic
 )
 SELECT n.topic, COALESCE(t.partitions, 1), COALESCE(g.n, 0),
 	(SELECT max(l.created_at) FROM generate_series(0, COALESCE(t.partitions, 1) - 1) AS p(partition),
-		LATERAL (SELECT m.created_at FROM ` + a.messages() + ` m WHERE m.topic = n.topic AND m.partition = p.partition
+		LATERAL (SELECT m.created_at FROM ` + t.Messages + ` m WHERE m.topic = n.topic AND m.partition = p.partition
 			ORDER BY m.transaction_id DESC, m."offset" DESC LIMIT 1) l),
 	COALESCE(floor(extract(epoch FROM t.retention) * 1000000)::bigint, 0)
 FROM names n
-LEFT JOIN ` + a.topics() + ` t ON t.topic = n.topic
+LEFT JOIN ` + t.Topics + ` t ON t.topic = n.topic
 LEFT JOIN groups g ON g.topic = n.topic
 ORDER BY n.topic`}
 }
 
-// ResetOffsets implements [InspectionAdapter]. "latest" is the position
+// ResetOffsets is the statement of [ResetOffsets]. "latest" is the position
 // (xmin, 0), just below the xmin horizon: every message of a transaction
 // older than the oldest running one is skipped, the messages of running
 // transactions are not (their offsets are at least 1).
@@ -102,16 +100,16 @@ ORDER BY n.topic`}
 // one SELECT ... FOR UPDATE re-checks only the locked row when it waited:
 // the joined session comes out null-extended, and a row that a live
 // session had just claimed looked free.)
-func (a DefaultSchemaAdapter) ResetOffsets(group, topic, to string, at time.Time, force bool, notifyChannel string) Query {
-	return Query{
+func (t *Tables) ResetOffsets(group, topic, to string, at time.Time, force bool, notifyChannel, notification string) Stmt {
+	return Stmt{
 		SQL: `WITH snap AS (
 	SELECT o.partition, o.session_id, o.epoch, CASE WHEN s.expires_at > now() THEN s.owner END AS live_owner
-	FROM ` + a.offsets() + ` o
-	LEFT JOIN ` + a.sessions() + ` s ON s.id = o.session_id
+	FROM ` + t.Offsets + ` o
+	LEFT JOIN ` + t.Sessions + ` s ON s.id = o.session_id
 	WHERE o.consumer_group = $1 AND o.topic = $2
 ), cur AS (
 	SELECT o.partition, o.session_id, o.epoch, o.acked_transaction_id, o.acked_offset
-	FROM ` + a.offsets() + ` o
+	FROM ` + t.Offsets + ` o
 	WHERE o.consumer_group = $1 AND o.topic = $2
 	ORDER BY o.partition
 	FOR UPDATE
@@ -126,7 +124,7 @@ func (a DefaultSchemaAdapter) ResetOffsets(group, topic, to string, at time.Time
 		SELECT c.tx, c.off FROM (
 			SELECT 1 AS choice, f.tx, f.off FROM (
 				SELECT m.transaction_id AS tx, m."offset" - 1 AS off
-				FROM ` + a.messages() + ` m
+				FROM ` + t.Messages + ` m
 				WHERE $3 = 'time' AND m.topic = $2 AND m.partition = cur.partition
 					AND m.created_at >= $4 AND m.transaction_id < x.xmin
 				ORDER BY m.transaction_id, m."offset"
@@ -141,7 +139,7 @@ func (a DefaultSchemaAdapter) ResetOffsets(group, topic, to string, at time.Time
 		LIMIT 1
 	) t
 ), updated AS (
-	UPDATE ` + a.offsets() + ` o
+	UPDATE ` + t.Offsets + ` o
 	SET acked_transaction_id = target.tx, acked_offset = target.off, epoch = o.epoch + 1, updated_at = now(),
 		head_deliveries = 0,
 		session_id = CASE WHEN target.live_owner IS NULL THEN NULL ELSE o.session_id END
@@ -159,6 +157,6 @@ SELECT target.partition, target.session_id, CASE WHEN NOT target.changed THEN ta
 	EXISTS (SELECT 1 FROM updated u WHERE u.partition = target.partition), target.changed
 FROM target, (SELECT count(*) FROM notified) n
 ORDER BY target.partition`,
-		Args: []any{group, topic, to, at, force, notifyChannel, resetNotification(group, topic)},
+		Args: []any{group, topic, to, at, force, notifyChannel, notification},
 	}
 }

@@ -1,0 +1,153 @@
+package pgsql
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+var updateGolden = flag.Bool("update-golden", false, "rewrite the golden files of testdata/ with the current output")
+
+// TestStatementsAreUnchanged builds every statement, with its arguments,
+// for the default names and for names that need quoting and shortening,
+// and compares them with testdata/statements_*.txt, written by the release
+// before the statements moved here (main 8ae95f9, from the methods of
+// pglease.DefaultSchemaAdapter). It needs no database.
+func TestStatementsAreUnchanged(t *testing.T) {
+	for name, n := range map[string]Names{
+		"default": {},
+		"custom": {
+			Schema:                `My "App"`,
+			MessagesTable:         "messages_with_a_rather_long_name_that_needs_shortening_xyz",
+			ConsumerSessionsTable: "Sessions",
+			ConsumerOffsetsTable:  "offsets's",
+			SchemaVersionTable:    "version",
+			TopicsTable:           "topics",
+			DelayedTable:          "delayed",
+			MaintenanceTable:      "maint",
+			RetentionTable:        "retention",
+		},
+	} {
+		got := dumpStatements(NewTables(n))
+		path := filepath.Join("testdata", "statements_"+name+".txt")
+		if *updateGolden {
+			if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		want, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != string(want) {
+			_ = os.WriteFile(path+".got", []byte(got), 0o644)
+			t.Errorf("%s: the statements differ from the golden file; diff %s.got with it", name, path)
+		}
+	}
+}
+
+func dumpStatements(a *Tables) string {
+	var b strings.Builder
+	q := func(name string, q Stmt) {
+		fmt.Fprintf(&b, "== %s\n%s\n-- args: %v\n\n", name, q.SQL, q.Args)
+	}
+	s := func(name string, sql string) {
+		fmt.Fprintf(&b, "== %s\n%s\n\n", name, sql)
+	}
+	id := uuid.MustParse("11111111-2222-3333-4444-555555555555")
+	id2 := uuid.MustParse("66666666-2222-3333-4444-555555555555")
+	at := time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC)
+	s("NotifyChannel", a.NotifyChannel)
+	s("SchemaLockKey", a.LockKey)
+	s("VersionTable", a.Version)
+	one := InsertMessagesParams{Topics: []string{"t", "t"}, UUIDs: []string{"u1", "u2"}, Payloads: [][]byte{[]byte("a"), nil},
+		Metadata: []string{`{"a":"b"}`, ""}}
+	q("InsertMessages one", a.InsertMessages(one))
+	one.NotifyChannel = "ch"
+	q("InsertMessages one notify", a.InsertMessages(one))
+	one.PartitionHashes = []uint32{1, 4294967295}
+	q("InsertMessages one notify hashes", a.InsertMessages(one))
+	many := InsertMessagesParams{Topics: []string{"t", "u"}, UUIDs: []string{"u1", "u2"}, Payloads: [][]byte{[]byte("a"), nil},
+		Metadata: []string{`{"a":"b"}`, ""}}
+	q("InsertMessages many", a.InsertMessages(many))
+	many.NotifyChannel = "ch"
+	many.PartitionHashes = []uint32{7}
+	q("InsertMessages many notify hashes", a.InsertMessages(many))
+	q("UpsertTopic", a.UpsertTopic(TopicParams{Topic: "t", Partitions: 3, Retention: time.Hour, RetentionClass: 5, NotifyChannel: "ch"}))
+	q("TopicPartitions", a.TopicPartitions(TopicsParams{Topics: []string{"a", "b"}}))
+	q("SelectMessages", a.SelectMessages(SelectMessagesParams{Topic: "t", Partition: 2, After: Position{TransactionID: 18446744073709551615, Offset: 9}, Limit: 100}))
+	q("SelectMessages max", a.SelectMessages(SelectMessagesParams{Topic: "t", After: Position{TransactionID: 5, Offset: 9}, Limit: 100, MaxMessageBytes: 1000}))
+	q("VisibleTopics", a.VisibleTopics(VisibleTopicsParams{Topics: []string{"a", "b"}, Positions: []Position{{1, 2}, {3, 4}}}))
+	q("VisibleTopics partitions", a.VisibleTopics(VisibleTopicsParams{Topics: []string{"a", "b"}, Partitions: []int32{1, 2}, Positions: []Position{{1, 2}, {3, 4}}}))
+	sp := SessionParams{SessionID: id, NotifyChannel: "ch", SubscriptionHash: -5, SubscriptionSize: 3, ReplacesSessionID: id2,
+		ConsumerGroup: "g", Owner: "host/1", TTL: 10 * time.Second}
+	q("CreateSession", a.CreateSession(sp))
+	q("HeartbeatSession", a.HeartbeatSession(sp))
+	q("DeleteSession", a.DeleteSession(sp))
+	q("DeleteExpiredSessions", a.DeleteExpiredSessions(sp))
+	q("SetSubscriptions", a.SetSubscriptions(sp))
+	q("GroupMembers", a.GroupMembers(GroupParams{ConsumerGroup: "g"}))
+	op := OffsetsParams{ConsumerGroup: "g", Topics: []string{"a", "b"}, SessionID: id, Limit: 10, Latest: true}
+	q("EnsureOffsets", a.EnsureOffsets(op))
+	q("ClaimOffsets", a.ClaimOffsets(op))
+	op.Partitions = []int32{0, 3}
+	q("ClaimOffsets partitions", a.ClaimOffsets(op))
+	p := OffsetParams{ConsumerGroup: "g", Topic: "t", Partition: 1, SessionID: id, Epoch: 7, Position: Position{11, 12}, Version: "(0,1)"}
+	q("CommitOffset", a.CommitOffset(p))
+	q("ReleaseOffset", a.ReleaseOffset(p))
+	q("CountHeadDelivery", a.CountHeadDelivery(p))
+	q("AckOffset", a.AckOffset(p))
+	p.NotifyChannel = "ch"
+	q("ReleaseOffset notify", a.ReleaseOffset(p))
+	mp := MaintainerParams{SessionID: id, Epoch: 3, NotifyChannel: "ch"}
+	q("ClaimMaintainer", a.ClaimMaintainer(mp))
+	q("MaintainerHolder", a.MaintainerHolder())
+	q("ReleaseMaintainer", a.ReleaseMaintainer(mp))
+	d := InsertMessagesParams{Topics: []string{"t", "u"}, UUIDs: []string{"u1", "u2"}, Payloads: [][]byte{[]byte("a"), nil},
+		Metadata: []string{`{"a":"b"}`, ""}, NotifyChannel: "ch", DueAt: []time.Time{at, at.Add(time.Second)}}
+	q("InsertDelayed", a.InsertDelayed(d))
+	d.PartitionHashes = []uint32{1, 2}
+	q("InsertDelayed hashes", a.InsertDelayed(d))
+	q("MoveDueMessages", a.MoveDueMessages(MoveDueParams{Limit: 100, NotifyChannel: "ch"}))
+	q("DeleteIdleGroups", a.DeleteIdleGroups(time.Hour))
+	q("RetentionLanes", a.RetentionLanes())
+	q("RetentionPartitions", a.RetentionPartitions())
+	q("DetachedRetentionPartitions", a.DetachedRetentionPartitions())
+	rp := RetentionPartition{Class: 4, Start: time.Unix(1700000000, 0), End: time.Unix(1700000016, 0)}
+	for i, st := range a.CreateRetentionPartition(rp) {
+		s(fmt.Sprintf("CreateRetentionPartition %d", i), st)
+	}
+	q("UnacknowledgedInPartition", a.UnacknowledgedInPartition(rp))
+	q("MaintainerAccess", a.MaintainerAccess())
+	q("CallAddRetentionPartition", a.CallAddRetentionPartition(rp))
+	q("CallExpireRetentionPartition", a.CallExpireRetentionPartition(rp))
+	q("CallDropDetachedPartition", a.CallDropDetachedPartition(rp))
+	s("DetachRetentionPartition", a.DetachRetentionPartition(rp, false))
+	s("DetachRetentionPartition finalize", a.DetachRetentionPartition(rp, true))
+	s("DropRetentionPartition", a.DropRetentionPartition(rp))
+	q("DeleteExpiredKept", a.DeleteExpiredKept(500))
+	q("InspectSessions", a.InspectSessions())
+	q("InspectLag", a.InspectLag([]string{"g"}, []string{"t"}))
+	q("InspectLag all", a.InspectLag(nil, nil))
+	q("InspectHorizon", a.InspectHorizon())
+	q("InspectTopics", a.InspectTopics())
+	for _, to := range []string{"earliest", "latest", "time"} {
+		// "o1:gt" is the reset notification of group "g" on topic "t".
+		q("ResetOffsets "+to, a.ResetOffsets("g", "t", to, at, false, "ch", "o1:gt"))
+		q("ResetOffsets force "+to, a.ResetOffsets("g", "t", to, at, true, "ch", "o1:gt"))
+	}
+	for _, m := range a.Migrations() {
+		s(fmt.Sprintf("Migration %d %s", m.Version, m.Description), m.SQL)
+	}
+	for i, st := range a.Prepare() {
+		s(fmt.Sprintf("Prepare %d", i), st)
+	}
+	return b.String()
+}

@@ -1,0 +1,246 @@
+package pgsql
+
+import (
+	"crypto/sha256"
+	"embed"
+	"encoding/hex"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The migrations are the files of migrations/, text with placeholders
+// that [Tables.render] fills in:
+//
+//   - {{messages}}, {{sessions}}, ...: a table's quoted, schema-qualified
+//     name (see [Tables.placeholders] for the list); {{..._literal}}: that
+//     name as an SQL string constant;
+//   - {{include FILE}}: FILE, rendered;
+//   - {{do FILE}}: FILE, rendered, as an anonymous code block (DO), in a
+//     dollar quote whose tag the names do not contain;
+//   - {{dollar FILE}}: FILE, rendered, dollar-quoted the same way;
+//   - {{execute FILE}}: the statements of FILE (separated by ";" at the end
+//     of a line), rendered, each as a PL/pgSQL EXECUTE of a string constant
+//     (a PERFORM stays as it is).
+//
+// Names are substituted once, never scanned again, so a configured name
+// may hold anything. One trailing newline of each file is dropped.
+//
+//go:embed migrations/*.sql migrations/*.plpgsql
+var migrationFiles embed.FS
+
+// Notes on the versions whose files are not self-explanatory.
+//
+// Version 6 (0006_maintenance.sql):
+// it turns the messages table into a table partitioned by
+// (retention_class, expires_at) without copying a row: the existing table,
+// with its rows, index and positions, becomes the partition of the
+// messages kept forever (class 0); the maintainer adds a partition per
+// time slot of each retention class in use and drops it, whole, once every
+// message in it has expired. Offsets continue from the old table's
+// sequence. The conversion is skipped when the table is partitioned
+// already, so that the script of SchemaSQL can run twice.
+//
+// The new parent keeps what the roles of the deployment had on the old
+// table (see keepAccess), so that an upgrade does not lock out roles that
+// own nothing. The tables of this version are created first, so that the
+// conversion can give them the old table's grants.
+//
+// 0006_keep_access.plpgsql is the PL/pgSQL, run right after the conversion of
+// migration 6, that gives the new parent table (new_table) what roles had
+// on the old messages table (old_table, now the partition of messages kept
+// forever, which keeps all of it too): its owner (when the migration runs
+// as another role, a superuser for example; the tables of storage get
+// that owner too), every table and column
+// privilege of every grantee, PUBLIC included, with its grant option, its
+// row-level security flags and policies, and its membership of
+// publications. The tables this version adds for message storage
+// (storage: delayed messages, retention, the maintainer's row) get the old
+// table's SELECT, INSERT, UPDATE and DELETE grants: a role that could
+// publish and consume before can still do so, delayed messages and the
+// maintainer's work included.
+//
+// A publication that lists the old table with a row filter or a column
+// list but does not publish through the partition root cannot list the
+// parent with them (PostgreSQL refuses): the parent is then not added, and
+// a WARNING says so (the partition kept forever stays published as it
+// was; retention partitions are not published).
+//
+// Version 7 (0007_functions.sql):
+// it creates the functions through which a maintainer whose role
+// does not own the tables adds, expires and drops retention partitions.
+// They are SECURITY DEFINER functions of the messages table's owner (set so
+// even when a superuser runs the migration), with a pinned search_path and
+// every name schema-qualified inside: the schema is the messages table's,
+// read when the migration runs (with Schema empty, the search_path
+// decides where the tables are). EXECUTE is revoked from PUBLIC and granted
+// to every role that may INSERT into the messages table, so that an
+// upgrade needs no new grant for the roles that run pglease.
+//
+// Each function takes a retention class and the slot's start (and end) in
+// Unix seconds, builds the partition's name itself, as partitionName does,
+// and acts only on tables of that name in the messages table's schema that
+// are retention partitions of the messages table (attached, or, for
+// drop_detached_partition, detached and shaped like one): no argument
+// names a table.
+//
+// The lock_timeout of expire_retention_partition (500ms) bounds how long
+// it waits for its lock on the messages table: a plain DETACH PARTITION
+// takes an ACCESS EXCLUSIVE lock, and while it waits for transactions that
+// use the table, publishers and readers queue behind it. See "Least
+// privilege" in docs/architecture.md for what it costs them.
+//
+// Version 8 (0008_hot_tables.sql):
+// it makes the hot tables cheap to update while the vacuum horizon
+// is held: the sessions table loses its index on expires_at, the one
+// column a heartbeat writes that was indexed (so no heartbeat was HOT);
+// the statements that used it stay cheap without it (see
+// DeleteExpiredSessions), and both tables get the fillfactor (10). ALTER TABLE
+// SET keeps owner and grants, takes a lock that blocks neither reads nor
+// writes, and affects only pages written from now on: existing rows move
+// to such pages as they are updated, and VACUUM FULL rewrites a table at
+// once (see docs/operations.md). The DROP comes last, so that its lock is
+// held the shortest; its lock timeout is put back after it.
+//
+// The fillfactor (10) is the fillfactor of the sessions and offsets tables from
+// schema version 8 on. While a transaction holds the vacuum horizon (a
+// pg_dump, a long report), every heartbeat and offset commit leaves a
+// version of its row that nothing can remove; an update is HOT (no index
+// entry) only while the row's page has room for the new version. Rows are
+// inserted, and moved by updates that do not fit, into pages filled up to
+// the fillfactor, so 10 leaves nine tenths of each page to the versions of
+// its six or seven rows. Measured (docs/architecture.md, "Hot tables under
+// a held vacuum horizon"), one connection committing 100 rows in turn:
+// 91 % of the commits were HOT with 10, 77 % with 25, 57 % with 50 and
+// none with 100. A commit that is not HOT checks the primary key's
+// uniqueness against every index entry of its row (one per such commit),
+// so the share that is not HOT counts twice: more such commits, each
+// checking more entries.
+//
+// Its lock_timeout (2s) bounds how long migration 8 waits for its lock on the
+// sessions table. DROP INDEX takes an ACCESS EXCLUSIVE lock, which waits
+// for every transaction that read the table, a pg_dump's included, and
+// heartbeats queue behind it meanwhile: the migration gives up instead,
+// and is retried by the next set-up.
+
+// migrations are the versions of the schema, oldest first: a version's
+// file, and its description as recorded in the version table.
+var migrations = []struct {
+	file        string
+	description string
+}{
+	{"0001_messages_sessions_offsets.sql", "messages, consumer sessions and consumer offsets"},
+	// Version 1 claimed a row when COALESCE(lease_expires_at, owner
+	// session's expiry) had passed, but nothing ever set the column. From
+	// version 2 on, a row's claim lives exactly as long as its owner's
+	// session. The column stays, always NULL, so that Subscribers of
+	// version 1 keep working during a rolling upgrade; a later migration
+	// drops it.
+	{"0002_lease_expires_at_unused.sql", "consumer_offsets.lease_expires_at is no longer used"},
+	{"0003_group_subscriptions.sql", "consumer groups: the rows each session subscribes to"},
+	// A topic without a row has one partition. The count only grows.
+	{"0004_topics.sql", "topic settings: partition count"},
+	{"0005_head_deliveries.sql", "delivery attempts: claims that handed out the message after the position"},
+	{"0006_maintenance.sql", "maintenance: retention partitions, delayed messages, the maintainer's election"},
+	{"0007_functions.sql", "least privilege: the maintainer's partition DDL through the owner's SECURITY DEFINER functions"},
+	{"0008_hot_tables.sql", "hot tables: heartbeats and offset commits as HOT updates (fillfactor, no index on sessions.expires_at)"},
+}
+
+// Migrations returns every schema version, oldest first, for these tables.
+func (t *Tables) Migrations() []Migration {
+	out := make([]Migration, len(migrations))
+	for i, m := range migrations {
+		out[i] = Migration{Version: i + 1, Description: m.description, SQL: t.render(m.file)}
+	}
+	return out
+}
+
+var placeholder = regexp.MustCompile(`\{\{([a-z_]+)(?: ([0-9a-z_]+\.[a-z]+))?\}\}`)
+
+// render returns the file of migrations/ with its placeholders filled in.
+func (t *Tables) render(file string) string {
+	b, err := migrationFiles.ReadFile("migrations/" + file)
+	if err != nil {
+		panic(fmt.Sprintf("pgsql: migration file %s: %v", file, err)) // embedded: a build error
+	}
+	values := t.placeholders()
+	return placeholder.ReplaceAllStringFunc(strings.TrimSuffix(string(b), "\n"), func(m string) string {
+		p := placeholder.FindStringSubmatch(m)
+		switch key, arg := p[1], p[2]; {
+		case arg == "":
+			v, ok := values[key]
+			if !ok {
+				panic(fmt.Sprintf("pgsql: migration file %s: unknown placeholder %s", file, m))
+			}
+			return v
+		case key == "include":
+			return t.render(arg)
+		case key == "do":
+			return doBlock(t.render(arg))
+		case key == "dollar":
+			return dollarQuote(t.render(arg))
+		case key == "execute":
+			return doStatements(t.render(arg))
+		default:
+			panic(fmt.Sprintf("pgsql: migration file %s: unknown directive %s", file, m))
+		}
+	})
+}
+
+// placeholders are the names the migration files use.
+func (t *Tables) placeholders() map[string]string {
+	msgs := t.MessagesTable
+	if msgs == "" {
+		msgs = DefaultMessagesTable
+	}
+	retention := t.RetentionTable
+	if retention == "" {
+		retention = DefaultRetentionTable
+	}
+	sum := sha256.Sum256([]byte(msgs))
+	expiresAtIdx := pgx.Identifier{t.indexBareName(t.ConsumerSessionsTable, DefaultConsumerSessionsTable, "expires_at_idx")}
+	if t.Schema != "" {
+		expiresAtIdx = append(pgx.Identifier{t.Schema}, expiresAtIdx...)
+	}
+	return map[string]string{
+		"schema":         pgx.Identifier{t.Schema}.Sanitize(),
+		"schema_literal": quoteLiteral(t.Schema),
+
+		"messages":    t.Messages,
+		"sessions":    t.Sessions,
+		"offsets":     t.Offsets,
+		"topics":      t.Topics,
+		"delayed":     t.Delayed,
+		"maintenance": t.Maintenance,
+		"retention":   t.Retention,
+		"version":     t.Version,
+		// The partition of messages kept forever: qualified, and its
+		// name alone (what the messages table is renamed to).
+		"forever":      t.partition("forever"),
+		"forever_name": pgx.Identifier{t.partitionName("forever")}.Sanitize(),
+
+		"messages_literal":    quoteLiteral(t.Messages),
+		"forever_literal":     quoteLiteral(t.partition("forever")),
+		"delayed_literal":     quoteLiteral(t.Delayed),
+		"retention_literal":   quoteLiteral(t.Retention),
+		"maintenance_literal": quoteLiteral(t.Maintenance),
+
+		"sessions_expires_at_idx":           t.indexName(t.ConsumerSessionsTable, DefaultConsumerSessionsTable, "expires_at_idx"),
+		"sessions_expires_at_idx_qualified": expiresAtIdx.Sanitize(),
+		"sessions_group_idx":                t.indexName(t.ConsumerSessionsTable, DefaultConsumerSessionsTable, "group_idx"),
+		"topics_retention_idx":              t.indexName(t.TopicsTable, DefaultTopicsTable, "retention_idx"),
+		"delayed_due_idx":                   t.indexName(t.DelayedTable, DefaultDelayedTable, "due_idx"),
+
+		// Migration 7: the bare names the owner's functions build
+		// partition names from, as PartitionName does, and the
+		// functions' own names.
+		"messages_name_literal":  quoteLiteral(msgs),
+		"retention_name_literal": quoteLiteral(retention),
+		"messages_hash_literal":  quoteLiteral(hex.EncodeToString(sum[:4])),
+		"fn_add_literal":         quoteLiteral(t.partitionName(fnAddPartition)),
+		"fn_expire_literal":      quoteLiteral(t.partitionName(fnExpirePartition)),
+		"fn_drop_literal":        quoteLiteral(t.partitionName(fnDropDetached)),
+	}
+}

@@ -1,0 +1,166 @@
+package pgsql
+
+import (
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Migration is one step of the versioned schema. Versions start at 1 and
+// grow by one; a step runs once, in a transaction, under an advisory lock.
+type Migration struct {
+	Version     int
+	Description string
+	SQL         string
+}
+
+// InsertMessagesParams are the messages of one or more Publish calls,
+// written by one statement. The slices have one element per message, in
+// publish order.
+type InsertMessagesParams struct {
+	Topics   []string
+	UUIDs    []string
+	Payloads [][]byte
+	Metadata []string // JSON objects; "" stores NULL (no metadata)
+	// PartitionHashes are the hashes of the messages' partition keys
+	// (see pglease.PartitionOf): a message goes to partition hash mod the
+	// topic's partition count, read from the topics table by the
+	// statement itself. Nil (no message has a key) spreads the messages
+	// over the partitions by a hash of their UUID computed by the server.
+	PartitionHashes []uint32
+	// NotifyChannel, when not empty, is the channel notified once per
+	// distinct topic when the statement's transaction commits.
+	NotifyChannel string
+	// DueAt, when not nil, holds one time per message: the message is
+	// delayed until then (Watermill's delay metadata). Only
+	// [InsertDelayed] uses it.
+	DueAt []time.Time
+}
+
+// SelectMessagesParams select the next messages of a topic after a position.
+type SelectMessagesParams struct {
+	Topic     string
+	Partition int32
+	After     Position
+	Limit     int
+	// MaxMessageBytes, when positive, is the size of the largest message
+	// returned whole: a larger one is returned without its payload and
+	// metadata (see [SelectMessages]).
+	MaxMessageBytes int64
+}
+
+// VisibleTopicsParams list (topic, partition) rows with a position each;
+// the query returns the (1-based) index of every row that has a message
+// visible to all readers after its position.
+type VisibleTopicsParams struct {
+	Topics     []string
+	Partitions []int32 // nil: partition 0 of each topic
+	Positions  []Position
+}
+
+// TopicParams are the settings of one topic.
+type TopicParams struct {
+	Topic      string
+	Partitions int
+	// Retention is how long the topic's messages are kept (0: forever),
+	// and RetentionClass its class (see migrations/0006_maintenance.sql,
+	// version 6), 0 for no retention.
+	Retention      time.Duration
+	RetentionClass int
+	// NotifyChannel, when not empty, is notified with "p" + topic when the
+	// statement creates the topic or raises its partition count.
+	NotifyChannel string
+}
+
+// TopicsParams name topics whose settings are read together.
+type TopicsParams struct {
+	Topics []string
+}
+
+// SessionParams identify a consumer session.
+type SessionParams struct {
+	SessionID uuid.UUID
+	// NotifyChannel, when not empty, is notified with "g" + consumer group
+	// when a session starts or ends or changes its subscriptions, to wake
+	// the other members of the group.
+	NotifyChannel string
+	// SubscriptionHash and SubscriptionSize describe the rows the session
+	// subscribes to (see [GroupMembers]).
+	SubscriptionHash int64
+	SubscriptionSize int
+	// ReplacesSessionID, when not uuid.Nil, is an older session of the same
+	// Subscriber that is deleted in the same statement that creates SessionID.
+	ReplacesSessionID uuid.UUID
+	ConsumerGroup     string
+	Owner             string
+	TTL               time.Duration
+}
+
+// GroupParams select the sessions of a consumer group.
+type GroupParams struct {
+	ConsumerGroup string
+}
+
+// OffsetsParams name many (topic, partition) rows of one consumer group for
+// statements that handle them together.
+type OffsetsParams struct {
+	ConsumerGroup string
+	Topics        []string
+	Partitions    []int32 // one per topic; nil: partition 0 of each topic
+	SessionID     uuid.UUID
+	// Limit bounds the rows a claim takes.
+	Limit int
+	// Latest makes EnsureOffsets create the rows of a topic the group has
+	// no row of at all at the end of the topic (every message visible now
+	// counts as acknowledged) instead of at the beginning. The rows of a
+	// topic the group already has a row of (partitions added after it
+	// started on the topic, a row deleted by hand) start at the beginning
+	// all the same: their messages were published after the group started.
+	Latest bool
+}
+
+// OffsetParams identify one (consumer group, topic, partition) row and, for
+// fenced statements, the session and epoch that must still own it.
+type OffsetParams struct {
+	ConsumerGroup string
+	Topic         string
+	Partition     int32
+	SessionID     uuid.UUID
+	Epoch         int64
+	// Position is the acknowledged position written by commit and release.
+	Position Position
+	// Version, when not empty, is where CommitOffset last wrote the row:
+	// the tuple id (ctid, as text) of the version it returned. The commit
+	// tries that version first, which costs one block read however many
+	// older versions a held vacuum horizon keeps, and looks the row up by
+	// its key only when that version is no longer the row's latest. It is
+	// a hint: the statement's conditions decide as without it.
+	Version string
+	// NotifyChannel, when not empty, is notified with "r" + topic when a
+	// release frees the row, to wake waiting Subscribers.
+	NotifyChannel string
+}
+
+// MaintainerParams identify the session that claims or holds the
+// maintainer's row.
+type MaintainerParams struct {
+	SessionID uuid.UUID
+	Epoch     int64
+	// NotifyChannel, when not empty, is notified with "e" when a release
+	// frees the row, to wake the other candidates.
+	NotifyChannel string
+}
+
+// MoveDueParams bound one run of [MoveDueMessages].
+type MoveDueParams struct {
+	Limit         int
+	NotifyChannel string
+}
+
+// RetentionPartition names one partition of a retention class: it holds
+// the messages of the class that expire in [Start, Start + slot).
+type RetentionPartition struct {
+	Class int
+	Start time.Time
+	End   time.Time
+}

@@ -1,0 +1,239 @@
+// Package pgsql holds every SQL statement pglease runs, with the columns
+// each returns and how they are scanned: one function per statement takes
+// a [Querier] and the [Tables] it runs on, and returns typed rows. The
+// statements are built by methods of [Tables] (the SQL text and its
+// arguments, as a [Stmt]), which the functions run; a caller that must
+// queue a statement in a [pgx.Batch] uses the [Stmt] and the scan function
+// of its rows. The schema's migrations are the .sql files of migrations/,
+// embedded.
+//
+// Nothing here is API: the package is internal, so that a statement can
+// change without a change of pglease's exported API.
+package pgsql
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Querier runs statements: *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn and
+// pgx.Tx satisfy it.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Stmt is one SQL statement and its arguments.
+type Stmt struct {
+	SQL  string
+	Args []any
+}
+
+// Queue adds the statement to b.
+func (s Stmt) Queue(b *pgx.Batch) *pgx.QueuedQuery { return b.Queue(s.SQL, s.Args...) }
+
+// QueryRow runs the statement on q, for a row scanned later (see [ScanAck]).
+func (s Stmt) QueryRow(ctx context.Context, q Querier) pgx.Row {
+	return q.QueryRow(ctx, s.SQL, s.Args...)
+}
+
+var (
+	_ Querier = (*pgxpool.Pool)(nil)
+	_ Querier = (*pgxpool.Conn)(nil)
+	_ Querier = (*pgx.Conn)(nil)
+	_ Querier = pgx.Tx(nil)
+)
+
+// Default table names.
+const (
+	DefaultMessagesTable         = "pglease_messages"
+	DefaultConsumerSessionsTable = "pglease_consumer_sessions"
+	DefaultConsumerOffsetsTable  = "pglease_consumer_offsets"
+	DefaultSchemaVersionTable    = "pglease_schema_version"
+	DefaultTopicsTable           = "pglease_topics"
+	DefaultDelayedTable          = "pglease_delayed"
+	DefaultMaintenanceTable      = "pglease_maintenance"
+	DefaultRetentionTable        = "pglease_retention"
+)
+
+// Names are the configured names, as users give them (unquoted; empty
+// means the default name, or for Schema the connection's search_path).
+type Names struct {
+	Schema                string
+	MessagesTable         string
+	ConsumerSessionsTable string
+	ConsumerOffsetsTable  string
+	SchemaVersionTable    string
+	TopicsTable           string
+	DelayedTable          string
+	MaintenanceTable      string
+	RetentionTable        string
+}
+
+// Tables are the quoted, schema-qualified names of one set of tables, and
+// what derives from them. Build them with [NewTables]; they are read-only
+// after that and safe for concurrent use.
+type Tables struct {
+	Names
+
+	Messages    string
+	Sessions    string
+	Offsets     string
+	Version     string
+	Topics      string
+	Delayed     string
+	Maintenance string
+	Retention   string
+
+	// NotifyChannel is the LISTEN/NOTIFY channel of this messages table,
+	// derived from its quoted name, so that each set of tables has its
+	// own channel, and short enough for any table name. Payloads are
+	// "m" + topic (new messages in partition 0), "n" + partition + ":" +
+	// topic (new messages in another partition), "r" + topic (released),
+	// "g" + consumer group (members changed), "p" + topic (partition
+	// count raised), "o" + the consumer group's length in bytes (decimal)
+	// + ":" + consumer group + topic (the group's offsets reset), "t" +
+	// topic (retention changed), "d" + Unix milliseconds (delayed
+	// messages stored, the earliest due then) and "e" (the maintainer's
+	// row released). "x" + topic, the reset notification of earlier
+	// versions, names no group.
+	NotifyChannel string
+	// LockKey is the key of the transaction-level advisory lock taken
+	// while migrations run, so that concurrent set-ups serialize.
+	LockKey string
+}
+
+// NewTables quotes the names of n.
+func NewTables(n Names) *Tables {
+	t := &Tables{Names: n}
+	t.Messages = t.ident(n.MessagesTable, DefaultMessagesTable)
+	t.Sessions = t.ident(n.ConsumerSessionsTable, DefaultConsumerSessionsTable)
+	t.Offsets = t.ident(n.ConsumerOffsetsTable, DefaultConsumerOffsetsTable)
+	t.Version = t.ident(n.SchemaVersionTable, DefaultSchemaVersionTable)
+	t.Topics = t.ident(n.TopicsTable, DefaultTopicsTable)
+	t.Delayed = t.ident(n.DelayedTable, DefaultDelayedTable)
+	t.Maintenance = t.ident(n.MaintenanceTable, DefaultMaintenanceTable)
+	t.Retention = t.ident(n.RetentionTable, DefaultRetentionTable)
+	sum := sha256.Sum256([]byte(t.Messages))
+	t.NotifyChannel = "pglease_" + hex.EncodeToString(sum[:8])
+	t.LockKey = "pglease schema " + t.Messages
+	return t
+}
+
+func (t *Tables) ident(name, def string) string {
+	if name == "" {
+		name = def
+	}
+	if t.Schema == "" {
+		return pgx.Identifier{name}.Sanitize()
+	}
+	return pgx.Identifier{t.Schema, name}.Sanitize()
+}
+
+// PartitionName returns the bare (unquoted, unqualified) name of a
+// partition of the messages table (or of one of the maintainer's
+// functions): its name, "_" and suffix, with the table's name shortened
+// and a hash of it added when that would exceed PostgreSQL's 63 bytes.
+func (t *Tables) PartitionName(suffix string) string {
+	base := t.MessagesTable
+	if base == "" {
+		base = DefaultMessagesTable
+	}
+	name := base + "_" + suffix
+	if len(name) <= 63 {
+		return name
+	}
+	sum := sha256.Sum256([]byte(base))
+	return base[:63-len(suffix)-10] + "_" + hex.EncodeToString(sum[:4]) + "_" + suffix
+}
+
+func (t *Tables) partitionName(suffix string) string { return t.PartitionName(suffix) }
+
+// partition returns the quoted, schema-qualified name of a partition.
+func (t *Tables) partition(suffix string) string {
+	if t.Schema == "" {
+		return pgx.Identifier{t.partitionName(suffix)}.Sanitize()
+	}
+	return pgx.Identifier{t.Schema, t.partitionName(suffix)}.Sanitize()
+}
+
+// indexName builds a quoted index name from a table name; indexes live in
+// the table's schema, so the name is not schema-qualified.
+func (t *Tables) indexName(table, def, suffix string) string {
+	return pgx.Identifier{t.indexBareName(table, def, suffix)}.Sanitize()
+}
+
+// indexBareName is indexName unquoted.
+func (t *Tables) indexBareName(table, def, suffix string) string {
+	if table == "" {
+		table = def
+	}
+	name := table + "_" + suffix
+	if len(name) > 63 { // PostgreSQL truncates identifiers at 63 bytes
+		name = name[:63]
+	}
+	return name
+}
+
+// doBlock is an anonymous code block (DO) running the PL/pgSQL block body.
+func doBlock(body string) string {
+	return "DO " + dollarQuote(body)
+}
+
+// dollarQuote quotes s as a dollar-quoted string constant, with a tag that
+// s does not contain (names from the configuration may contain anything).
+func dollarQuote(s string) string {
+	tag := "$pglease$"
+	for i := 1; strings.Contains(s, tag); i++ {
+		tag = fmt.Sprintf("$pglease%d$", i)
+	}
+	return tag + "\n" + s + "\n" + tag
+}
+
+// doStatements turns a script into PL/pgSQL statements run with EXECUTE
+// (a PERFORM line stays as it is).
+func doStatements(script string) string {
+	var b strings.Builder
+	for _, stmt := range strings.Split(script, ";\n") {
+		stmt = strings.TrimSuffix(strings.TrimSpace(stmt), ";")
+		if stmt == "" {
+			continue
+		}
+		if strings.HasPrefix(stmt, "PERFORM ") {
+			b.WriteString("\t\t" + stmt + ";\n")
+			continue
+		}
+		b.WriteString("\t\tEXECUTE " + quoteLiteral(stmt) + ";\n")
+	}
+	return b.String()
+}
+
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// Position is a message's position: (transaction_id, offset).
+type Position struct {
+	TransactionID uint64
+	Offset        int64
+}
+
+func formatXID8(x uint64) string { return strconv.FormatUint(x, 10) }
+
+// ParseXID8 parses an xid8 read as text.
+func ParseXID8(s string) (uint64, error) {
+	x, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("parse xid8 %q: %w", s, err)
+	}
+	return x, nil
+}

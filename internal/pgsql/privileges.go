@@ -1,0 +1,87 @@
+package pgsql
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Suffixes of the names of the maintainer's functions (schema version 7),
+// after the messages table's name, as partitions are named.
+const (
+	fnAddPartition    = "add_retention_partition"
+	fnExpirePartition = "expire_retention_partition"
+	fnDropDetached    = "drop_detached_partition"
+)
+
+// function returns the quoted name of one of the maintainer's functions,
+// schema-qualified when Schema is set (else it lives, like the tables, in
+// the schema the search_path gives).
+func (t *Tables) function(suffix string) string {
+	if t.Schema == "" {
+		return pgx.Identifier{t.partitionName(suffix)}.Sanitize()
+	}
+	return pgx.Identifier{t.Schema, t.partitionName(suffix)}.Sanitize()
+}
+
+// maintainerFunctions returns the maintainer's functions with their
+// argument types, as GRANT and to_regprocedure take them.
+func (t *Tables) maintainerFunctions() []string {
+	return []string{
+		t.function(fnAddPartition) + "(integer, bigint, bigint)",
+		t.function(fnExpirePartition) + "(integer, bigint)",
+		t.function(fnDropDetached) + "(integer, bigint)",
+	}
+}
+
+// runtimeGrant is one line of GrantSQL: privileges on one object.
+type runtimeGrant struct {
+	kind  string   // "schema", "table" or "function"
+	name  string   // as GRANT takes it: quoted, qualified, a function with its argument types
+	privs []string // in GRANT's order
+}
+
+// runtimeGrants lists what a role needs to run pglease, maintainer
+// included: what GrantSQL grants and what a maintainer that does not own
+// the tables checks for. The partition of messages kept forever is listed
+// because the maintainer deletes from it directly (DeleteExpiredKept);
+// every other statement reads and writes the messages table through its
+// parent. Identity columns need no privilege on their sequences.
+func (t *Tables) runtimeGrants() []runtimeGrant {
+	dml := []string{"SELECT", "INSERT", "UPDATE", "DELETE"}
+	var grants []runtimeGrant
+	if t.Schema != "" {
+		grants = append(grants, runtimeGrant{"schema", pgx.Identifier{t.Schema}.Sanitize(), []string{"USAGE"}})
+	}
+	for _, table := range []string{t.Messages, t.partition("forever"), t.Sessions, t.Offsets, t.Topics,
+		t.Delayed, t.Maintenance, t.Retention} {
+		grants = append(grants, runtimeGrant{"table", table, dml})
+	}
+	grants = append(grants, runtimeGrant{"table", t.Version, []string{"SELECT"}})
+	for _, fn := range t.maintainerFunctions() {
+		grants = append(grants, runtimeGrant{"function", fn, []string{"EXECUTE"}})
+	}
+	return grants
+}
+
+// GrantScript is the script of pglease.GrantSQL for role (see there).
+func (t *Tables) GrantScript(role string) string {
+	refuse := func(msg string) string {
+		return "-- pglease.GrantSQL: " + msg + "\n" + doBlock("BEGIN\n\tRAISE EXCEPTION "+quoteLiteral("pglease.GrantSQL: "+msg)+";\nEND") + ";\n"
+	}
+	switch {
+	case role == "":
+		return refuse("the role name is empty")
+	case role == "public":
+		return refuse(`role "public" would be every role: name an application role`)
+	}
+	to := pgx.Identifier{role}.Sanitize()
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- What role %s needs to run pglease (pglease.GrantSQL); run as the owner of the tables.\nBEGIN;\n", to)
+	for _, gr := range t.runtimeGrants() {
+		fmt.Fprintf(&b, "GRANT %s ON %s %s TO %s;\n", strings.Join(gr.privs, ", "), strings.ToUpper(gr.kind), gr.name, to)
+	}
+	b.WriteString("COMMIT;\n")
+	return b.String()
+}

@@ -1,0 +1,399 @@
+package pgsql
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// The functions of this file run one statement each and return its rows,
+// typed. Errors are the driver's, unwrapped: callers add what they were
+// doing.
+
+// collect runs s on q and scans every row with scan.
+func collect[T any](ctx context.Context, q Querier, s Stmt, scan func(row pgx.CollectableRow) (T, error)) ([]T, error) {
+	rows, err := q.Query(ctx, s.SQL, s.Args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, scan)
+}
+
+// exec runs s on q and returns the rows it affected.
+func exec(ctx context.Context, q Querier, s Stmt) (int64, error) {
+	tag, err := q.Exec(ctx, s.SQL, s.Args...)
+	return tag.RowsAffected(), err
+}
+
+// --- topics and messages
+
+// InsertMessages inserts messages in one statement, in order, and notifies
+// p.NotifyChannel once for each distinct (topic, partition). A message of a
+// topic with a retention goes to the partition of its retention class that
+// covers its expiry, or, when none does yet, to the partition of messages
+// kept forever.
+func InsertMessages(ctx context.Context, q Querier, t *Tables, p InsertMessagesParams) error {
+	_, err := exec(ctx, q, t.InsertMessages(p))
+	return err
+}
+
+// InsertDelayed stores messages with their p.DueAt times, to be moved into
+// the messages table when due, and notifies "d" + the earliest due time in
+// Unix milliseconds.
+func InsertDelayed(ctx context.Context, q Querier, t *Tables, p InsertMessagesParams) error {
+	_, err := exec(ctx, q, t.InsertDelayed(p))
+	return err
+}
+
+// UpsertTopicResult is the row of [UpsertTopic].
+type UpsertTopicResult struct {
+	// OldPartitions is the count before (nil when the statement's
+	// snapshot had no row), NewPartitions the count written (nil when
+	// nothing was written).
+	OldPartitions, NewPartitions *int32
+	Notified                     int64
+}
+
+// UpsertTopic creates the topic's settings row, or raises its partition
+// count to p.Partitions (never lowering it: then nothing is written) and
+// sets its retention, and notifies.
+func UpsertTopic(ctx context.Context, q Querier, t *Tables, p TopicParams) (UpsertTopicResult, error) {
+	s := t.UpsertTopic(p)
+	var r UpsertTopicResult
+	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&r.OldPartitions, &r.NewPartitions, &r.Notified)
+	return r, err
+}
+
+// TopicPartitions returns the partition count of each topic (1 for a topic
+// with no settings row).
+func TopicPartitions(ctx context.Context, q Querier, t *Tables, topics []string) (map[string]int, error) {
+	s := t.TopicPartitions(TopicsParams{Topics: topics})
+	rows, err := q.Query(ctx, s.SQL, s.Args...)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]int, len(topics))
+	var topic string
+	var n int32
+	_, err = pgx.ForEachRow(rows, []any{&topic, &n}, func() error {
+		out[topic] = int(n)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// MessageRow is one message of [SelectMessages]. Payload is nil when the
+// message was larger than the bound asked for (Size says how large).
+type MessageRow struct {
+	Position Position
+	UUID     string
+	Payload  []byte
+	Metadata string // "" for none
+	Size     int64
+}
+
+// SelectResult is what [SelectMessages] read.
+type SelectResult struct {
+	Messages []MessageRow
+	// Pending reports committed messages after the position that are not
+	// visible to every transaction yet (an older transaction still runs).
+	Pending bool
+	// Future reports a stored message whose transaction id lies ahead of
+	// the database's transaction counter (rows copied from another
+	// cluster); Messages and Pending are then not set.
+	Future bool
+}
+
+// SelectMessages returns at most p.Limit messages after p.After that every
+// transaction can see, in delivery order. A message's size is the length
+// of its payload plus the stored size of its metadata; with
+// p.MaxMessageBytes, a larger message comes without its payload.
+func SelectMessages(ctx context.Context, q Querier, t *Tables, p SelectMessagesParams) (SelectResult, error) {
+	s := t.SelectMessages(p)
+	res, err := q.Query(ctx, s.SQL, s.Args...)
+	if err != nil {
+		return SelectResult{}, err
+	}
+	defer res.Close()
+	out := SelectResult{Messages: make([]MessageRow, 0, p.Limit)}
+	for res.Next() {
+		var (
+			offset   *int64
+			txText   *string
+			uuid     *string
+			payload  []byte
+			metadata *string
+			more     bool
+			future   bool
+			size     *int64
+		)
+		if err := res.Scan(&offset, &txText, &uuid, &payload, &metadata, &more, &future, &size); err != nil {
+			return SelectResult{}, err
+		}
+		if future {
+			return SelectResult{Future: true}, nil
+		}
+		if more {
+			out.Pending = true
+			continue
+		}
+		if offset == nil || txText == nil || uuid == nil || size == nil {
+			return SelectResult{}, fmt.Errorf("incomplete row")
+		}
+		m := MessageRow{UUID: *uuid, Payload: payload, Size: *size}
+		m.Position.Offset = *offset
+		if m.Position.TransactionID, err = ParseXID8(*txText); err != nil {
+			return SelectResult{}, err
+		}
+		if metadata != nil {
+			m.Metadata = *metadata
+		}
+		out.Messages = append(out.Messages, m)
+	}
+	if err := res.Err(); err != nil {
+		return SelectResult{}, err
+	}
+	return out, nil
+}
+
+// VisibleTopics returns the (1-based) index of each row of p that has a
+// visible message after its position.
+func VisibleTopics(ctx context.Context, q Querier, t *Tables, p VisibleTopicsParams) ([]int64, error) {
+	return collect(ctx, q, t.VisibleTopics(p), pgx.RowTo[int64])
+}
+
+// --- sessions
+
+// CreateSession inserts a session row expiring at now() + TTL (and deletes
+// p.ReplacesSessionID), and notifies the group.
+func CreateSession(ctx context.Context, q Querier, t *Tables, p SessionParams) error {
+	_, err := exec(ctx, q, t.CreateSession(p))
+	return err
+}
+
+// HeartbeatRow is the row of [HeartbeatSession]: the rows updated (0: the
+// session is lost), and where the database is: its transaction counter
+// (xid8 as text), WAL position in bytes (numeric as text) and timeline (8
+// hex digits).
+type HeartbeatRow struct {
+	Updated  int64
+	Xmax     string
+	LSN      string
+	Timeline string
+}
+
+// HeartbeatSession moves the session's expiry to now() + TTL only if it has
+// not expired yet, and reads where the database is (for uuid.Nil it
+// updates nothing and only reads that).
+func HeartbeatSession(ctx context.Context, q Querier, t *Tables, p SessionParams) (HeartbeatRow, error) {
+	s := t.HeartbeatSession(p)
+	var r HeartbeatRow
+	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&r.Updated, &r.Xmax, &r.LSN, &r.Timeline)
+	return r, err
+}
+
+// DeleteSession deletes the session row and notifies its group.
+func DeleteSession(ctx context.Context, q Querier, t *Tables, p SessionParams) error {
+	_, err := exec(ctx, q, t.DeleteSession(p))
+	return err
+}
+
+// DeleteExpiredSessions deletes the sessions expired for longer than ttl
+// and returns how many.
+func DeleteExpiredSessions(ctx context.Context, q Querier, t *Tables, ttl time.Duration) (int64, error) {
+	return exec(ctx, q, t.DeleteExpiredSessions(SessionParams{TTL: ttl}))
+}
+
+// SetSubscriptions records, in the session row, the hash and number of the
+// rows the session subscribes to, and notifies the group. It reports false
+// when the session row is gone.
+func SetSubscriptions(ctx context.Context, q Querier, t *Tables, p SessionParams) (bool, error) {
+	s := t.SetSubscriptions(p)
+	rows, err := q.Query(ctx, s.SQL, s.Args...)
+	if err != nil {
+		return false, err
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return false, err
+	}
+	return rows.CommandTag().RowsAffected() > 0, nil
+}
+
+// MemberRow is one live session of a group ([GroupMembers]).
+type MemberRow struct {
+	ID               uuid.UUID
+	CreatedAt        time.Time
+	ExpiresInMs      int64 // by the server's clock
+	SubscriptionHash int64
+	SubscriptionSize int
+}
+
+// GroupMembers returns the live sessions of a consumer group.
+func GroupMembers(ctx context.Context, q Querier, t *Tables, group string) ([]MemberRow, error) {
+	return collect(ctx, q, t.GroupMembers(GroupParams{ConsumerGroup: group}), pgx.RowToStructByPos[MemberRow])
+}
+
+// --- offsets
+
+// EnsuredRow is an offset row [EnsureOffsets] created, and the transaction
+// id of the position it starts at (0: the beginning of the partition).
+type EnsuredRow struct {
+	Topic              string
+	Partition          int32
+	AckedTransactionID uint64
+}
+
+// EnsureOffsets creates the missing offset rows of p's (topic, partition)
+// rows at the beginning of each, or, with p.Latest and for a topic the
+// group has no row of yet, just below the xmin horizon.
+func EnsureOffsets(ctx context.Context, q Querier, t *Tables, p OffsetsParams) ([]EnsuredRow, error) {
+	return collect(ctx, q, t.EnsureOffsets(p), func(row pgx.CollectableRow) (EnsuredRow, error) {
+		var r EnsuredRow
+		var txID string
+		if err := row.Scan(&r.Topic, &r.Partition, &txID); err != nil {
+			return r, err
+		}
+		var err error
+		r.AckedTransactionID, err = ParseXID8(txID)
+		return r, err
+	})
+}
+
+// Kinds of the rows of [ClaimOffsets].
+const (
+	ClaimTaken   = 'c' // claimed
+	ClaimMissing = 'm' // no offset row
+	ClaimFuture  = 'f' // position ahead of the transaction counter: not claimed
+	ClaimLost    = 'l' // free in the snapshot, changed by another transaction before the claim
+)
+
+// ClaimRow is one row of [ClaimOffsets]. The fields after Partition are
+// set for ClaimTaken only.
+type ClaimRow struct {
+	Kind      byte
+	Topic     string
+	Partition int32
+	Epoch     int64
+	Acked     Position
+	// HasNext reports a message after the position.
+	HasNext bool
+	// Previous is the session the row was taken from (uuid.Nil when it
+	// was free or already the claimer's); PreviousOwner its owner, empty
+	// when that session's row was gone.
+	Previous      uuid.UUID
+	PreviousOwner string
+}
+
+// ClaimOffsets claims, for p.SessionID, up to p.Limit of p's (topic,
+// partition) rows that are free, bumping their epochs (see the statement,
+// [Tables.ClaimOffsets]).
+func ClaimOffsets(ctx context.Context, q Querier, t *Tables, p OffsetsParams) ([]ClaimRow, error) {
+	return collect(ctx, q, t.ClaimOffsets(p), scanClaim)
+}
+
+func scanClaim(row pgx.CollectableRow) (ClaimRow, error) {
+	var (
+		r         ClaimRow
+		kind      string
+		epoch     *int64
+		txText    *string
+		offset    *int64
+		hasNext   *bool
+		previous  *uuid.UUID
+		prevOwner *string
+	)
+	if err := row.Scan(&kind, &r.Topic, &r.Partition, &epoch, &txText, &offset, &hasNext, &previous, &prevOwner); err != nil {
+		return r, err
+	}
+	r.Kind = kind[0]
+	if r.Kind == ClaimTaken {
+		if epoch == nil || txText == nil || offset == nil || hasNext == nil {
+			return r, fmt.Errorf("claim topic %q partition %d: incomplete row", r.Topic, r.Partition)
+		}
+		txID, err := ParseXID8(*txText)
+		if err != nil {
+			return r, fmt.Errorf("claim topic %q partition %d: %w", r.Topic, r.Partition, err)
+		}
+		r.Epoch, r.Acked, r.HasNext = *epoch, Position{TransactionID: txID, Offset: *offset}, *hasNext
+	}
+	if previous != nil {
+		r.Previous = *previous
+	}
+	if prevOwner != nil {
+		r.PreviousOwner = *prevOwner
+	}
+	return r, nil
+}
+
+// CountHeadDelivery adds one to the row's head_deliveries, fenced by
+// session and epoch and only while its acknowledged position is still
+// p.Position, and returns the new count; pgx.ErrNoRows: ownership lost.
+func CountHeadDelivery(ctx context.Context, q Querier, t *Tables, p OffsetParams) (int32, error) {
+	s := t.CountHeadDelivery(p)
+	var n int32
+	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&n)
+	return n, err
+}
+
+// CommitOffset moves the acknowledged position forward, fenced by session
+// and epoch, starting from the row version p.Version when it is set. It
+// returns the version written (the tuple id, for the next commit) and
+// whether a row was written (false: ownership lost).
+func CommitOffset(ctx context.Context, q Querier, t *Tables, p OffsetParams) (version string, written bool, err error) {
+	versions, err := collect(ctx, q, t.CommitOffset(p), pgx.RowTo[*string])
+	if err != nil {
+		return "", false, err
+	}
+	for _, v := range versions {
+		if v != nil {
+			version = *v
+		}
+	}
+	return version, len(versions) > 0, nil
+}
+
+// ReleaseOffset writes the acknowledged position (never moving it back)
+// and frees the claim in one statement, fenced by session and epoch, and
+// returns the rows released (0: ownership lost). In a batch, queue
+// [Tables.ReleaseOffset] and read its command tag.
+func ReleaseOffset(ctx context.Context, q Querier, t *Tables, p OffsetParams) (int64, error) {
+	return exec(ctx, q, t.ReleaseOffset(p))
+}
+
+// AckRow is the row of [AckOffset]: the row as it was before, and whether
+// the statement moved its position.
+type AckRow struct {
+	SessionID *uuid.UUID
+	Epoch     int64
+	Acked     Position
+	Advanced  bool
+}
+
+// AckOffset is what AckInTx runs in the caller's transaction: it locks the
+// row and moves its acknowledged position to p.Position if the row is
+// still p.SessionID's at p.Epoch and the position lies ahead.
+// pgx.ErrNoRows: the row does not exist. In a batch, queue
+// [Tables.AckOffset] and scan its row with [ScanAck].
+func AckOffset(ctx context.Context, q Querier, t *Tables, p OffsetParams) (AckRow, error) {
+	s := t.AckOffset(p)
+	return ScanAck(q.QueryRow(ctx, s.SQL, s.Args...))
+}
+
+// ScanAck scans the row of [AckOffset].
+func ScanAck(row pgx.Row) (AckRow, error) {
+	var r AckRow
+	var txText string
+	if err := row.Scan(&r.SessionID, &r.Epoch, &txText, &r.Acked.Offset, &r.Advanced); err != nil {
+		return r, err
+	}
+	var err error
+	r.Acked.TransactionID, err = ParseXID8(txText)
+	return r, err
+}

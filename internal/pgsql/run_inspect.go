@@ -1,0 +1,154 @@
+package pgsql
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// SessionRow is one consumer session of [InspectSessions].
+type SessionRow struct {
+	ID            uuid.UUID
+	ConsumerGroup string
+	Owner         string
+	CreatedAt     time.Time
+	ExpiresAt     time.Time
+	Now           time.Time
+	RowsHeld      int64
+	Maintainer    bool
+}
+
+// InspectSessions returns every consumer session, by group and age.
+func InspectSessions(ctx context.Context, q Querier, t *Tables) ([]SessionRow, error) {
+	return collect(ctx, q, t.InspectSessions(), pgx.RowToStructByPos[SessionRow])
+}
+
+// LagRow is one offset row of [InspectLag].
+type LagRow struct {
+	ConsumerGroup string
+	Topic         string
+	Partition     int32
+	SessionID     *uuid.UUID
+	LiveOwner     *string // nil: no owner, or its session expired
+	Epoch         int64
+	Acked         Position
+	Lag           int64
+	LagSeconds    *float64
+	Pending       bool
+}
+
+// InspectLag returns the owner, position and lag of every offset row of
+// the groups and topics (nil: all).
+func InspectLag(ctx context.Context, q Querier, t *Tables, groups, topics []string) ([]LagRow, error) {
+	return collect(ctx, q, t.InspectLag(groups, topics), func(row pgx.CollectableRow) (LagRow, error) {
+		var l LagRow
+		var txText string
+		if err := row.Scan(&l.ConsumerGroup, &l.Topic, &l.Partition, &l.SessionID, &l.LiveOwner, &l.Epoch, &txText,
+			&l.Acked.Offset, &l.Lag, &l.LagSeconds, &l.Pending); err != nil {
+			return l, err
+		}
+		var err error
+		l.Acked.TransactionID, err = ParseXID8(txText)
+		return l, err
+	})
+}
+
+// HorizonRow is the row of [InspectHorizon]: the xmin horizon and the
+// oldest transaction with a transaction id (PID nil: none).
+type HorizonRow struct {
+	Xmin                                 uint64
+	PID                                  *int32
+	GID, AppName, State, Query, DB, User *string
+	XactStart, QueryStart                *time.Time
+	AgeSeconds                           *float64
+}
+
+// InspectHorizon reads the xmin horizon and the transaction holding it
+// back.
+func InspectHorizon(ctx context.Context, q Querier, t *Tables) (HorizonRow, error) {
+	s := t.InspectHorizon()
+	var h HorizonRow
+	var xmin string
+	if err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&xmin, &h.PID, &h.GID, &h.AppName, &h.State, &h.XactStart,
+		&h.QueryStart, &h.AgeSeconds, &h.Query, &h.DB, &h.User); err != nil {
+		return h, err
+	}
+	var err error
+	h.Xmin, err = ParseXID8(xmin)
+	return h, err
+}
+
+// TopicRow is one topic of [InspectTopics].
+type TopicRow struct {
+	Topic       string
+	Partitions  int32
+	Groups      int64
+	NewestAt    *time.Time
+	RetentionUs int64
+}
+
+// InspectTopics returns every topic that has messages, settings or offset
+// rows.
+func InspectTopics(ctx context.Context, q Querier, t *Tables) ([]TopicRow, error) {
+	return collect(ctx, q, t.InspectTopics(), pgx.RowToStructByPos[TopicRow])
+}
+
+// ResetParams are the arguments of [ResetOffsets].
+type ResetParams struct {
+	ConsumerGroup string
+	Topic         string
+	To            string // "earliest", "latest" or "time"
+	At            time.Time
+	Force         bool
+	// Notification is the payload that tells the group's Subscribers of
+	// the reset.
+	Notification string
+}
+
+// ResetRow is one offset row of [ResetOffsets].
+type ResetRow struct {
+	Partition int32
+	SessionID *uuid.UUID
+	LiveOwner *string
+	From, To  Position
+	Applied   bool
+	// Changed reports a row whose owner or epoch changed between the
+	// statement's snapshot and its lock: nothing was written.
+	Changed bool
+}
+
+// ResetOffsets sets the acknowledged positions of the rows of the group's
+// topic (run EnsureOffsets first, in the same transaction, to create
+// missing ones) and bumps each
+// row's epoch, so that an owner's later commits are refused. A row
+// whose owner session is alive keeps its owner (with force; without
+// force it is left alone), others are freed. Whether the owner is
+// alive is decided on a snapshot that sees every committed session,
+// and a row is written only if its owner and epoch are still those
+// of that snapshot when the statement holds its lock: a row changed
+// in between (a concurrent claim or release) is left alone and
+// reported with changed true; the caller then rolls the transaction
+// back and runs the reset again, on a snapshot that sees the change.
+// When it writes a row it notifies the group's Subscribers (the "o"
+// payload of [Tables.NotifyChannel], p.Notification), for the owners to
+// claim their rows again. p.To is "earliest", "latest" or "time" (then
+// p.At is the time).
+func ResetOffsets(ctx context.Context, q Querier, t *Tables, p ResetParams) ([]ResetRow, error) {
+	s := t.ResetOffsets(p.ConsumerGroup, p.Topic, p.To, p.At, p.Force, t.NotifyChannel, p.Notification)
+	return collect(ctx, q, s, func(row pgx.CollectableRow) (ResetRow, error) {
+		var r ResetRow
+		var oldTx, newTx string
+		if err := row.Scan(&r.Partition, &r.SessionID, &r.LiveOwner, &oldTx, &r.From.Offset, &newTx, &r.To.Offset,
+			&r.Applied, &r.Changed); err != nil {
+			return r, err
+		}
+		var err error
+		if r.From.TransactionID, err = ParseXID8(oldTx); err != nil {
+			return r, err
+		}
+		r.To.TransactionID, err = ParseXID8(newTx)
+		return r, err
+	})
+}

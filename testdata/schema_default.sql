@@ -1,0 +1,411 @@
+BEGIN;
+CREATE TABLE IF NOT EXISTS "pglease_schema_version" (
+	version     integer PRIMARY KEY,
+	description text NOT NULL,
+	applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- version 1: messages, consumer sessions and consumer offsets
+CREATE TABLE IF NOT EXISTS "pglease_messages" (
+	"offset"       bigint GENERATED ALWAYS AS IDENTITY,
+	topic          text COLLATE "C" NOT NULL,
+	partition      integer NOT NULL DEFAULT 0,
+	transaction_id xid8 NOT NULL DEFAULT pg_current_xact_id(),
+	uuid           text NOT NULL,
+	payload        bytea,
+	metadata       jsonb,
+	created_at     timestamptz NOT NULL DEFAULT now(),
+	-- The read path's index is the primary key: one index per row written.
+	-- Topics compare bytewise ("C"), whatever the database's collation.
+	PRIMARY KEY (topic, partition, transaction_id, "offset")
+);
+
+CREATE TABLE IF NOT EXISTS "pglease_consumer_sessions" (
+	id             uuid PRIMARY KEY,
+	consumer_group text NOT NULL,
+	owner          text NOT NULL,
+	created_at     timestamptz NOT NULL DEFAULT now(),
+	expires_at     timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS "pglease_consumer_sessions_expires_at_idx"
+	ON "pglease_consumer_sessions" (expires_at);
+
+CREATE TABLE IF NOT EXISTS "pglease_consumer_offsets" (
+	consumer_group       text NOT NULL,
+	topic                text NOT NULL,
+	partition            integer NOT NULL DEFAULT 0,
+	acked_transaction_id xid8 NOT NULL DEFAULT '0',
+	acked_offset         bigint NOT NULL DEFAULT 0,
+	session_id           uuid,
+	lease_expires_at     timestamptz,
+	epoch                bigint NOT NULL DEFAULT 0,
+	updated_at           timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (consumer_group, topic, partition)
+);
+INSERT INTO "pglease_schema_version" (version, description) VALUES (1, 'messages, consumer sessions and consumer offsets') ON CONFLICT (version) DO NOTHING;
+
+-- version 2: consumer_offsets.lease_expires_at is no longer used
+COMMENT ON COLUMN "pglease_consumer_offsets".lease_expires_at IS
+	'Unused since pglease schema version 2 (always NULL); kept for Subscribers of version 1 during a rolling upgrade.';
+INSERT INTO "pglease_schema_version" (version, description) VALUES (2, 'consumer_offsets.lease_expires_at is no longer used') ON CONFLICT (version) DO NOTHING;
+
+-- version 3: consumer groups: the rows each session subscribes to
+ALTER TABLE "pglease_consumer_sessions"
+	ADD COLUMN IF NOT EXISTS subscription_hash bigint NOT NULL DEFAULT 0,
+	ADD COLUMN IF NOT EXISTS subscription_size integer NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS "pglease_consumer_sessions_group_idx"
+	ON "pglease_consumer_sessions" (consumer_group);
+INSERT INTO "pglease_schema_version" (version, description) VALUES (3, 'consumer groups: the rows each session subscribes to') ON CONFLICT (version) DO NOTHING;
+
+-- version 4: topic settings: partition count
+CREATE TABLE IF NOT EXISTS "pglease_topics" (
+	topic      text COLLATE "C" PRIMARY KEY,
+	partitions integer NOT NULL DEFAULT 1 CHECK (partitions >= 1),
+	created_at timestamptz NOT NULL DEFAULT now(),
+	updated_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO "pglease_schema_version" (version, description) VALUES (4, 'topic settings: partition count') ON CONFLICT (version) DO NOTHING;
+
+-- version 5: delivery attempts: claims that handed out the message after the position
+ALTER TABLE "pglease_consumer_offsets"
+	ADD COLUMN IF NOT EXISTS head_deliveries integer NOT NULL DEFAULT 0;
+INSERT INTO "pglease_schema_version" (version, description) VALUES (5, 'delivery attempts: claims that handed out the message after the position') ON CONFLICT (version) DO NOTHING;
+
+-- version 6: maintenance: retention partitions, delayed messages, the maintainer's election
+ALTER TABLE "pglease_topics"
+	ADD COLUMN IF NOT EXISTS retention interval NOT NULL DEFAULT '0',
+	ADD COLUMN IF NOT EXISTS retention_class smallint NOT NULL DEFAULT 0,
+	-- The classes the topic's messages may be stored under: 0, and those
+	-- from classes_from to classes_to (every class it ever had lies
+	-- there; 0 and 0 when it never had a retention). Readers read only
+	-- those partitions.
+	ADD COLUMN IF NOT EXISTS classes_from smallint NOT NULL DEFAULT 0,
+	ADD COLUMN IF NOT EXISTS classes_to smallint NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS "pglease_topics_retention_idx"
+	ON "pglease_topics" (retention_class) WHERE retention_class > 0;
+
+-- One row per retention class in use: the partitions of the class cover
+-- expiry times up to covered_until, contiguously from the present on.
+CREATE TABLE IF NOT EXISTS "pglease_retention" (
+	retention_class smallint PRIMARY KEY,
+	covered_until   timestamptz NOT NULL DEFAULT '-infinity',
+	updated_at      timestamptz NOT NULL DEFAULT now()
+);
+
+-- Messages published with a delay wait here until due_at.
+CREATE TABLE IF NOT EXISTS "pglease_delayed" (
+	id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	due_at         timestamptz NOT NULL,
+	topic          text COLLATE "C" NOT NULL,
+	partition_hash integer,
+	uuid           text NOT NULL,
+	payload        bytea,
+	metadata       jsonb,
+	created_at     timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS "pglease_delayed_due_idx"
+	ON "pglease_delayed" (due_at, id);
+
+-- The maintainer: the row is owned through a consumer session, like an
+-- offset row.
+CREATE TABLE IF NOT EXISTS "pglease_maintenance" (
+	name       text PRIMARY KEY,
+	session_id uuid,
+	epoch      bigint NOT NULL DEFAULT 0,
+	updated_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO "pglease_maintenance" (name) VALUES ('maintainer') ON CONFLICT (name) DO NOTHING;
+
+DO $pglease$
+DECLARE
+	old_table regclass;
+	new_table regclass;
+	storage regclass[];
+	r record;
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = to_regclass('"pglease_messages"')) THEN
+		EXECUTE 'ALTER TABLE "pglease_messages" RENAME TO "pglease_messages_forever"';
+		EXECUTE 'ALTER TABLE "pglease_messages_forever"
+	ADD COLUMN retention_class smallint NOT NULL DEFAULT 0,
+	ADD COLUMN expires_at timestamptz NOT NULL DEFAULT ''infinity''';
+		EXECUTE 'CREATE TABLE "pglease_messages" (
+	"offset"        bigint GENERATED ALWAYS AS IDENTITY,
+	topic           text COLLATE "C" NOT NULL,
+	partition       integer NOT NULL DEFAULT 0,
+	transaction_id  xid8 NOT NULL DEFAULT pg_current_xact_id(),
+	uuid            text NOT NULL,
+	payload         bytea,
+	metadata        jsonb,
+	created_at      timestamptz NOT NULL DEFAULT now(),
+	retention_class smallint NOT NULL DEFAULT 0,
+	expires_at      timestamptz NOT NULL DEFAULT ''infinity''
+) PARTITION BY RANGE (retention_class, expires_at)';
+		PERFORM setval(pg_get_serial_sequence('"pglease_messages"', 'offset'),
+	COALESCE(pg_sequence_last_value(pg_get_serial_sequence('"pglease_messages_forever"', 'offset')::regclass), 0) + 1,
+	false);
+		EXECUTE 'ALTER TABLE "pglease_messages_forever" ALTER COLUMN "offset" DROP IDENTITY';
+		EXECUTE 'ALTER TABLE "pglease_messages" ATTACH PARTITION "pglease_messages_forever"
+	FOR VALUES FROM (0, MINVALUE) TO (1, MINVALUE)';
+
+		old_table := to_regclass('"pglease_messages_forever"');
+		new_table := to_regclass('"pglease_messages"');
+		storage := ARRAY[to_regclass('"pglease_delayed"'), to_regclass('"pglease_retention"'),
+			to_regclass('"pglease_maintenance"')];
+		FOR r IN SELECT c.oid::regclass AS tbl, pg_get_userbyid(o.relowner) AS owner
+			FROM pg_class o, pg_class c
+			WHERE o.oid = old_table AND c.oid = ANY (new_table || storage) AND c.relowner <> o.relowner
+		LOOP
+			EXECUTE format('ALTER TABLE %s OWNER TO %I', r.tbl, r.owner);
+		END LOOP;
+		FOR r IN SELECT a.grantee, a.privilege_type, a.is_grantable
+			FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+			WHERE c.oid = old_table AND a.grantee <> c.relowner
+		LOOP
+			EXECUTE format('GRANT %s ON TABLE %s TO %s%s', r.privilege_type, new_table,
+				CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(r.grantee)) END,
+				CASE WHEN r.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+			IF r.privilege_type IN ('SELECT', 'INSERT', 'UPDATE', 'DELETE') THEN
+				EXECUTE format('GRANT %s ON TABLE %s TO %s%s', r.privilege_type, array_to_string(storage, ', '),
+					CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(r.grantee)) END,
+					CASE WHEN r.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+			END IF;
+		END LOOP;
+		FOR r IN SELECT att.attname, a.grantee, a.privilege_type, a.is_grantable
+			FROM pg_attribute att CROSS JOIN LATERAL aclexplode(att.attacl) a
+			WHERE att.attrelid = old_table AND att.attnum > 0 AND NOT att.attisdropped
+				AND a.grantee <> (SELECT relowner FROM pg_class WHERE oid = old_table)
+		LOOP
+			EXECUTE format('GRANT %s (%I) ON TABLE %s TO %s%s', r.privilege_type, r.attname, new_table,
+				CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(r.grantee)) END,
+				CASE WHEN r.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+		END LOOP;
+		IF (SELECT relrowsecurity FROM pg_class WHERE oid = old_table) THEN
+			EXECUTE format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', new_table);
+		END IF;
+		IF (SELECT relforcerowsecurity FROM pg_class WHERE oid = old_table) THEN
+			EXECUTE format('ALTER TABLE %s FORCE ROW LEVEL SECURITY', new_table);
+		END IF;
+		FOR r IN SELECT p.polname, p.polpermissive, p.polcmd, p.polroles,
+				pg_get_expr(p.polqual, p.polrelid) AS qual, pg_get_expr(p.polwithcheck, p.polrelid) AS with_check
+			FROM pg_policy p WHERE p.polrelid = old_table
+		LOOP
+			EXECUTE format('CREATE POLICY %I ON %s AS %s FOR %s TO %s%s%s', r.polname, new_table,
+				CASE WHEN r.polpermissive THEN 'PERMISSIVE' ELSE 'RESTRICTIVE' END,
+				CASE r.polcmd WHEN 'r' THEN 'SELECT' WHEN 'a' THEN 'INSERT' WHEN 'w' THEN 'UPDATE' WHEN 'd' THEN 'DELETE' ELSE 'ALL' END,
+				(SELECT string_agg(CASE WHEN g = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g)) END, ', ') FROM unnest(r.polroles) g),
+				CASE WHEN r.qual IS NULL THEN '' ELSE ' USING (' || r.qual || ')' END,
+				CASE WHEN r.with_check IS NULL THEN '' ELSE ' WITH CHECK (' || r.with_check || ')' END);
+		END LOOP;
+		-- Row filters and column lists of publications exist from PostgreSQL 15 on.
+		FOR r IN EXECUTE CASE WHEN current_setting('server_version_num')::integer >= 150000 THEN
+				'SELECT p.pubname, p.pubviaroot, pg_get_expr(pr.prqual, pr.prrelid) AS qual,
+					(SELECT string_agg(quote_ident(att.attname), '', '' ORDER BY att.attnum) FROM pg_attribute att
+						WHERE att.attrelid = pr.prrelid AND att.attnum = ANY (pr.prattrs)) AS cols
+				FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid WHERE pr.prrelid = $1'
+			ELSE
+				'SELECT p.pubname, p.pubviaroot, NULL::text AS qual, NULL::text AS cols
+				FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid WHERE pr.prrelid = $1'
+			END USING old_table
+		LOOP
+			IF NOT r.pubviaroot AND (r.qual IS NOT NULL OR r.cols IS NOT NULL) THEN
+				RAISE WARNING 'pglease: publication % lists % with a row filter or a column list, which PostgreSQL does not allow for the partitioned table % unless the publication has publish_via_partition_root: add it yourself', r.pubname, old_table, new_table;
+			ELSE
+				BEGIN
+					EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s%s%s', r.pubname, new_table,
+						CASE WHEN r.cols IS NULL THEN '' ELSE ' (' || r.cols || ')' END,
+						CASE WHEN r.qual IS NULL THEN '' ELSE ' WHERE (' || r.qual || ')' END);
+				EXCEPTION WHEN insufficient_privilege THEN
+					RAISE EXCEPTION 'pglease: the upgrade must add % to publication %, which role % may not alter', new_table, r.pubname, current_user
+						USING HINT = 'Run the migration as the owner of the publication or as a superuser.';
+				END;
+			END IF;
+		END LOOP;
+	END IF;
+END
+$pglease$;
+INSERT INTO "pglease_schema_version" (version, description) VALUES (6, 'maintenance: retention partitions, delayed messages, the maintainer''s election') ON CONFLICT (version) DO NOTHING;
+
+-- version 7: least privilege: the maintainer's partition DDL through the owner's SECURITY DEFINER functions
+DO $pglease1$
+DECLARE
+	msgs regclass := to_regclass('"pglease_messages"');
+	nsp name;
+	owner name;
+	fn text;
+	fns text[] := '{}';
+	r record;
+BEGIN
+	SELECT n.nspname, pg_get_userbyid(c.relowner) INTO nsp, owner
+	FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = msgs;
+	IF nsp IS NULL THEN
+		RAISE EXCEPTION 'pglease: the messages table % is missing', '"pglease_messages"';
+	END IF;
+	fn := quote_ident(nsp) || '.' || quote_ident('pglease_messages_add_retention_partition');
+	EXECUTE 'CREATE OR REPLACE FUNCTION ' || fn || '(p_class integer, p_start bigint, p_end bigint) RETURNS boolean
+		LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+		SET search_path = pg_catalog, pg_temp
+		SET lock_timeout = ''5s''
+		AS ' || quote_literal('DECLARE
+	nsp constant text := ' || quote_literal(nsp) || ';
+' || $pglease$
+	msgs constant text := 'pglease_messages';
+	retention constant text := 'pglease_retention';
+	hash constant text := '512c92c5';
+	suffix text;
+	part text;
+BEGIN
+	IF p_class IS NULL OR p_class < 1 OR p_class > 32767 THEN
+		RAISE EXCEPTION 'pglease: retention class % is not between 1 and 32767', p_class USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF p_start IS NULL OR p_start < 0 OR p_start > 253402300799 THEN
+		RAISE EXCEPTION 'pglease: partition start % is not a Unix time in seconds', p_start USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	suffix := 'r' || p_class || '_' || p_start;
+	part := msgs || '_' || suffix;
+	IF octet_length(part) > 63 THEN
+		part := convert_from(substring(convert_to(msgs, 'UTF8') FROM 1 FOR 53 - octet_length(suffix)), 'UTF8') || '_' || hash || '_' || suffix;
+	END IF;
+	IF p_end IS NULL OR p_end <= p_start OR p_end > 253402300799 THEN
+		RAISE EXCEPTION 'pglease: partition end % does not follow its start %', p_end, p_start USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = nsp AND c.relname = part) THEN
+		RETURN false;
+	END IF;
+	EXECUTE format('CREATE TABLE %I.%I (LIKE %I.%I INCLUDING DEFAULTS)', nsp, part, nsp, msgs);
+	EXECUTE format('ALTER TABLE %I.%I ADD PRIMARY KEY (topic, partition, transaction_id, "offset")', nsp, part);
+	EXECUTE format('ALTER TABLE %I.%I ATTACH PARTITION %I.%I FOR VALUES FROM (%s, to_timestamp(%s)) TO (%s, to_timestamp(%s))',
+		nsp, msgs, nsp, part, p_class, p_start, p_class, p_end);
+	EXECUTE format('UPDATE %I.%I SET covered_until = $1, updated_at = now() WHERE retention_class = $2 AND covered_until < $1', nsp, retention)
+		USING to_timestamp(p_end), p_class::smallint;
+	RETURN true;
+END
+$pglease$);
+	fns := fns || (fn || '(integer, bigint, bigint)');
+	fn := quote_ident(nsp) || '.' || quote_ident('pglease_messages_expire_retention_partition');
+	EXECUTE 'CREATE OR REPLACE FUNCTION ' || fn || '(p_class integer, p_start bigint) RETURNS boolean
+		LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+		SET search_path = pg_catalog, pg_temp
+		SET lock_timeout = ''500ms''
+		AS ' || quote_literal('DECLARE
+	nsp constant text := ' || quote_literal(nsp) || ';
+' || $pglease$
+	msgs constant text := 'pglease_messages';
+	retention constant text := 'pglease_retention';
+	hash constant text := '512c92c5';
+	suffix text;
+	part text;
+	rel oid;
+	pending boolean;
+BEGIN
+	IF p_class IS NULL OR p_class < 1 OR p_class > 32767 THEN
+		RAISE EXCEPTION 'pglease: retention class % is not between 1 and 32767', p_class USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF p_start IS NULL OR p_start < 0 OR p_start > 253402300799 THEN
+		RAISE EXCEPTION 'pglease: partition start % is not a Unix time in seconds', p_start USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	suffix := 'r' || p_class || '_' || p_start;
+	part := msgs || '_' || suffix;
+	IF octet_length(part) > 63 THEN
+		part := convert_from(substring(convert_to(msgs, 'UTF8') FROM 1 FOR 53 - octet_length(suffix)), 'UTF8') || '_' || hash || '_' || suffix;
+	END IF;
+	SELECT c.oid, i.inhdetachpending INTO rel, pending
+	FROM pg_class p
+	JOIN pg_namespace pn ON pn.oid = p.relnamespace
+	JOIN pg_inherits i ON i.inhparent = p.oid
+	JOIN pg_class c ON c.oid = i.inhrelid
+	WHERE pn.nspname = nsp AND p.relname = msgs AND c.relnamespace = p.relnamespace AND c.relname = part;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	IF pending THEN
+		EXECUTE format('ALTER TABLE %I.%I DETACH PARTITION %I.%I FINALIZE', nsp, msgs, nsp, part);
+	ELSE
+		EXECUTE format('ALTER TABLE %I.%I DETACH PARTITION %I.%I', nsp, msgs, nsp, part);
+	END IF;
+	EXECUTE format('DROP TABLE %I.%I', nsp, part);
+	RETURN true;
+END
+$pglease$);
+	fns := fns || (fn || '(integer, bigint)');
+	fn := quote_ident(nsp) || '.' || quote_ident('pglease_messages_drop_detached_partition');
+	EXECUTE 'CREATE OR REPLACE FUNCTION ' || fn || '(p_class integer, p_start bigint) RETURNS boolean
+		LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+		SET search_path = pg_catalog, pg_temp
+		SET lock_timeout = ''5s''
+		AS ' || quote_literal('DECLARE
+	nsp constant text := ' || quote_literal(nsp) || ';
+' || $pglease$
+	msgs constant text := 'pglease_messages';
+	retention constant text := 'pglease_retention';
+	hash constant text := '512c92c5';
+	suffix text;
+	part text;
+	rel oid;
+	parent oid;
+BEGIN
+	IF p_class IS NULL OR p_class < 1 OR p_class > 32767 THEN
+		RAISE EXCEPTION 'pglease: retention class % is not between 1 and 32767', p_class USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF p_start IS NULL OR p_start < 0 OR p_start > 253402300799 THEN
+		RAISE EXCEPTION 'pglease: partition start % is not a Unix time in seconds', p_start USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	suffix := 'r' || p_class || '_' || p_start;
+	part := msgs || '_' || suffix;
+	IF octet_length(part) > 63 THEN
+		part := convert_from(substring(convert_to(msgs, 'UTF8') FROM 1 FOR 53 - octet_length(suffix)), 'UTF8') || '_' || hash || '_' || suffix;
+	END IF;
+	SELECT p.oid INTO parent FROM pg_class p JOIN pg_namespace pn ON pn.oid = p.relnamespace
+	WHERE pn.nspname = nsp AND p.relname = msgs;
+	SELECT c.oid INTO rel FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+	WHERE n.nspname = nsp AND c.relname = part;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	IF parent IS NULL
+		OR (SELECT c.relkind <> 'r' OR c.relispartition FROM pg_class c WHERE c.oid = rel)
+		OR EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = rel OR inhparent = rel)
+		OR (SELECT c.relowner FROM pg_class c WHERE c.oid = rel) NOT IN
+			((SELECT p.relowner FROM pg_class p WHERE p.oid = parent), current_user::regrole::oid)
+		OR NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = rel AND attname = 'expires_at' AND NOT attisdropped)
+		OR EXISTS (SELECT 1 FROM pg_attribute x WHERE x.attrelid = rel AND x.attnum > 0 AND NOT x.attisdropped
+			AND NOT EXISTS (SELECT 1 FROM pg_attribute y WHERE y.attrelid = parent AND y.attname = x.attname
+				AND y.atttypid = x.atttypid AND NOT y.attisdropped))
+	THEN
+		RAISE EXCEPTION 'pglease: %.% is not a detached retention partition of %.%', nsp, part, nsp, msgs
+			USING ERRCODE = 'wrong_object_type';
+	END IF;
+	EXECUTE format('DROP TABLE %I.%I', nsp, part);
+	RETURN true;
+END
+$pglease$);
+	fns := fns || (fn || '(integer, bigint)');
+	FOREACH fn IN ARRAY fns LOOP
+		EXECUTE 'REVOKE ALL ON FUNCTION ' || fn || ' FROM PUBLIC';
+		IF owner <> current_user THEN
+			EXECUTE 'ALTER FUNCTION ' || fn || ' OWNER TO ' || quote_ident(owner);
+		END IF;
+		-- The roles that run pglease today keep every part of it.
+		FOR r IN SELECT DISTINCT a.grantee FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+			WHERE c.oid = msgs AND a.privilege_type = 'INSERT' AND a.grantee NOT IN (0, c.relowner)
+		LOOP
+			EXECUTE 'GRANT EXECUTE ON FUNCTION ' || fn || ' TO ' || quote_ident(pg_get_userbyid(r.grantee));
+		END LOOP;
+	END LOOP;
+END
+$pglease1$;
+INSERT INTO "pglease_schema_version" (version, description) VALUES (7, 'least privilege: the maintainer''s partition DDL through the owner''s SECURITY DEFINER functions') ON CONFLICT (version) DO NOTHING;
+
+-- version 8: hot tables: heartbeats and offset commits as HOT updates (fillfactor, no index on sessions.expires_at)
+ALTER TABLE "pglease_consumer_offsets" SET (fillfactor = 10);
+ALTER TABLE "pglease_consumer_sessions" SET (fillfactor = 10);
+DO $pglease$
+DECLARE
+	prev text := current_setting('lock_timeout');
+BEGIN
+	PERFORM set_config('lock_timeout', '2s', true);
+	DROP INDEX IF EXISTS "pglease_consumer_sessions_expires_at_idx";
+	PERFORM set_config('lock_timeout', prev, true);
+END
+$pglease$;
+INSERT INTO "pglease_schema_version" (version, description) VALUES (8, 'hot tables: heartbeats and offset commits as HOT updates (fillfactor, no index on sessions.expires_at)') ON CONFLICT (version) DO NOTHING;
+COMMIT;
