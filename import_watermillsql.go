@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // ErrNotWatermillSQLSchema is wrapped by the errors of [ImportWatermillSQL]
@@ -338,7 +340,7 @@ func describeSource(ctx context.Context, q querier, topic string) (wmSource, err
 // importTopic imports one topic in one transaction of dst.
 func importTopic(ctx context.Context, dst DB, src querier, config ImportConfig, s wmSource) (ImportedTopic, error) {
 	out := ImportedTopic{Topic: s.topic, SourceTable: s.messagesTable, SourceKind: s.kind.String(), Groups: []ImportedGroup{}}
-	a := config.SchemaAdapter
+	a := config.SchemaAdapter.tables()
 	var groups []wmGroup
 	if s.offsetsTable != "" {
 		var err error
@@ -370,7 +372,7 @@ func importTopic(ctx context.Context, dst DB, src querier, config ImportConfig, 
 // errDryRun rolls back the transaction of a dry run.
 var errDryRun = errors.New("dry run")
 
-func importTopicTx(ctx context.Context, tx pgx.Tx, src querier, a DefaultSchemaAdapter, s wmSource, groups []wmGroup, out *ImportedTopic) error {
+func importTopicTx(ctx context.Context, tx pgx.Tx, src querier, a *pgsql.Tables, s wmSource, groups []wmGroup, out *ImportedTopic) error {
 	state, err := importReadTopic(ctx, tx, a, s.topic)
 	if err != nil {
 		return err
@@ -451,7 +453,7 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src querier, a DefaultSchemaA
 			payloads [][]byte
 			metadata []string
 			created  []time.Time
-			delayed  InsertMessagesParams
+			delayed  pgsql.InsertMessagesParams
 		)
 		for _, m := range msgs {
 			pos := wmPosition{m.TransactionID, m.Offset}
@@ -486,9 +488,8 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src querier, a DefaultSchemaA
 			out.Messages += int64(len(offsets))
 		}
 		if len(delayed.UUIDs) > 0 {
-			delayed.NotifyChannel = a.NotifyChannel()
-			q := a.InsertDelayed(delayed)
-			if _, err := tx.Exec(ctx, q.SQL, q.Args...); err != nil {
+			delayed.NotifyChannel = a.NotifyChannel
+			if err := pgsql.InsertDelayed(ctx, tx, a, delayed); err != nil {
 				return fmt.Errorf("store delayed messages: %w", err)
 			}
 			out.Delayed += int64(len(delayed.UUIDs))

@@ -10,10 +10,13 @@ package pglease
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // Names of the import's own tables, in the schema of the pglease tables
@@ -28,6 +31,15 @@ const (
 	// run can tell whether the group has consumed in pglease since.
 	ImportGroupsTable = "pglease_import_watermill_sql_groups"
 )
+
+// importTable is the quoted name of one of the import's own tables, in
+// the schema of t.
+func importTable(t *pgsql.Tables, name string) string {
+	if t.Schema == "" {
+		return pgx.Identifier{name}.Sanitize()
+	}
+	return pgx.Identifier{t.Schema, name}.Sanitize()
+}
 
 // querier runs statements: pgx.Tx, *pgx.Conn and *pgxpool.Pool.
 type querier interface {
@@ -170,8 +182,8 @@ func wmCountBetween(ctx context.Context, q querier, table string, kind wmKind, f
 }
 
 // importCreateTables creates the import's own tables.
-func importCreateTables(ctx context.Context, q querier, a DefaultSchemaAdapter) error {
-	_, err := q.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+a.ident(ImportRunsTable, ImportRunsTable)+` (
+func importCreateTables(ctx context.Context, q querier, t *pgsql.Tables) error {
+	_, err := q.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+importTable(t, ImportRunsTable)+` (
 	topic               text COLLATE "C" NOT NULL,
 	run                 integer NOT NULL,
 	source_table        text NOT NULL,
@@ -191,7 +203,7 @@ func importCreateTables(ctx context.Context, q querier, a DefaultSchemaAdapter) 
 	imported_at         timestamptz NOT NULL DEFAULT now(),
 	PRIMARY KEY (topic, run)
 );
-CREATE TABLE IF NOT EXISTS `+a.ident(ImportGroupsTable, ImportGroupsTable)+` (
+CREATE TABLE IF NOT EXISTS `+importTable(t, ImportGroupsTable)+` (
 	topic                text COLLATE "C" NOT NULL,
 	consumer_group       text NOT NULL,
 	-- What the import wrote into the group's offset row.
@@ -208,9 +220,9 @@ CREATE TABLE IF NOT EXISTS `+a.ident(ImportGroupsTable, ImportGroupsTable)+` (
 
 // importLockTopic serializes imports of one topic into one set of pglease
 // tables, until the transaction ends.
-func importLockTopic(ctx context.Context, q querier, a DefaultSchemaAdapter, topic string) error {
+func importLockTopic(ctx context.Context, q querier, t *pgsql.Tables, topic string) error {
 	_, err := q.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`,
-		"pglease import watermill-sql "+a.messages()+" "+topic)
+		"pglease import watermill-sql "+t.Messages+" "+topic)
 	return err
 }
 
@@ -227,10 +239,10 @@ type importRun struct {
 func (r importRun) empty() bool { return r.FirstOffset > r.LastOffset }
 
 // importRuns returns the recorded runs of topic, oldest first.
-func importRuns(ctx context.Context, q querier, a DefaultSchemaAdapter, topic string) ([]importRun, error) {
+func importRuns(ctx context.Context, q querier, t *pgsql.Tables, topic string) ([]importRun, error) {
 	rows, err := q.Query(ctx, `SELECT run, transaction_id::text, first_offset, last_offset,
 	from_transaction_id::text, from_offset, to_transaction_id::text, to_offset
-FROM `+a.ident(ImportRunsTable, ImportRunsTable)+` WHERE topic = $1 ORDER BY run`, topic)
+FROM `+importTable(t, ImportRunsTable)+` WHERE topic = $1 ORDER BY run`, topic)
 	if err != nil {
 		return nil, err
 	}
@@ -253,12 +265,12 @@ FROM `+a.ident(ImportRunsTable, ImportRunsTable)+` WHERE topic = $1 ORDER BY run
 }
 
 // importInsertRun records a run.
-func importInsertRun(ctx context.Context, q querier, a DefaultSchemaAdapter, topic, sourceTable string, kind wmKind, r importRun, delayed int64) error {
-	_, err := q.Exec(ctx, `INSERT INTO `+a.ident(ImportRunsTable, ImportRunsTable)+` (topic, run, source_table, source_kind,
+func importInsertRun(ctx context.Context, q querier, t *pgsql.Tables, topic, sourceTable string, kind wmKind, r importRun, delayed int64) error {
+	_, err := q.Exec(ctx, `INSERT INTO `+importTable(t, ImportRunsTable)+` (topic, run, source_table, source_kind,
 	transaction_id, first_offset, last_offset, from_transaction_id, from_offset, to_transaction_id, to_offset, delayed)
 VALUES ($1, $2, $3, $4, $5::text::xid8, $6, $7, $8::text::xid8, $9, $10::text::xid8, $11, $12)`,
-		topic, r.Run, sourceTable, kind.String(), formatXID8(r.TransactionID), r.FirstOffset, r.LastOffset,
-		formatXID8(r.From.TransactionID), r.From.Offset, formatXID8(r.To.TransactionID), r.To.Offset, delayed)
+		topic, r.Run, sourceTable, kind.String(), strconv.FormatUint(r.TransactionID, 10), r.FirstOffset, r.LastOffset,
+		strconv.FormatUint(r.From.TransactionID, 10), r.From.Offset, strconv.FormatUint(r.To.TransactionID, 10), r.To.Offset, delayed)
 	return err
 }
 
@@ -272,11 +284,11 @@ type importTopicState struct {
 	CurrentTx  string
 }
 
-func importReadTopic(ctx context.Context, q querier, a DefaultSchemaAdapter, topic string) (importTopicState, error) {
+func importReadTopic(ctx context.Context, q querier, t *pgsql.Tables, topic string) (importTopicState, error) {
 	rows, err := q.Query(ctx, `SELECT
-	COALESCE((SELECT partitions FROM `+a.topics()+` WHERE topic = $1), 1),
-	(SELECT min(m.transaction_id)::text FROM `+a.messages()+` m WHERE m.topic = $1 AND m.partition = 0),
-	EXISTS (SELECT 1 FROM `+a.offsets()+` o WHERE o.topic = $1),
+	COALESCE((SELECT partitions FROM `+t.Topics+` WHERE topic = $1), 1),
+	(SELECT min(m.transaction_id)::text FROM `+t.Messages+` m WHERE m.topic = $1 AND m.partition = 0),
+	EXISTS (SELECT 1 FROM `+t.Offsets+` o WHERE o.topic = $1),
 	pg_current_xact_id()::text`, topic)
 	if err != nil {
 		return importTopicState{}, err
@@ -293,11 +305,11 @@ type importOffsetRow struct {
 	Recorded      *Position
 }
 
-func importOffsetRows(ctx context.Context, q querier, a DefaultSchemaAdapter, topic string) ([]importOffsetRow, error) {
+func importOffsetRows(ctx context.Context, q querier, t *pgsql.Tables, topic string) ([]importOffsetRow, error) {
 	rows, err := q.Query(ctx, `SELECT o.consumer_group, o.acked_transaction_id::text, o.acked_offset, o.epoch,
 	g.acked_transaction_id::text, g.acked_offset
-FROM `+a.offsets()+` o
-LEFT JOIN `+a.ident(ImportGroupsTable, ImportGroupsTable)+` g ON g.topic = o.topic AND g.consumer_group = o.consumer_group
+FROM `+t.Offsets+` o
+LEFT JOIN `+importTable(t, ImportGroupsTable)+` g ON g.topic = o.topic AND g.consumer_group = o.consumer_group
 WHERE o.topic = $1 AND o.partition = 0`, topic)
 	if err != nil {
 		return nil, err
@@ -329,54 +341,54 @@ WHERE o.topic = $1 AND o.partition = 0`, topic)
 
 // importInsertMessages stores messages in partition 0 of topic at the
 // positions (tx, offsets[i]), created at createdAt[i].
-func importInsertMessages(ctx context.Context, q querier, a DefaultSchemaAdapter, topic string, tx uint64,
+func importInsertMessages(ctx context.Context, q querier, t *pgsql.Tables, topic string, tx uint64,
 	offsets []int64, uuids []string, payloads [][]byte, metadata []string, createdAt []time.Time) error {
-	_, err := q.Exec(ctx, `INSERT INTO `+a.messages()+` (topic, partition, transaction_id, "offset", uuid, payload, metadata, created_at)
+	_, err := q.Exec(ctx, `INSERT INTO `+t.Messages+` (topic, partition, transaction_id, "offset", uuid, payload, metadata, created_at)
 OVERRIDING SYSTEM VALUE
 SELECT $1, 0, $2::text::xid8, m.off, m.uuid, m.payload, NULLIF(m.metadata, '')::jsonb, m.created_at
 FROM unnest($3::bigint[], $4::text[], $5::bytea[], $6::text[], $7::timestamptz[]) AS m(off, uuid, payload, metadata, created_at)`,
-		topic, formatXID8(tx), offsets, uuids, payloads, metadata, createdAt)
+		topic, strconv.FormatUint(tx, 10), offsets, uuids, payloads, metadata, createdAt)
 	return err
 }
 
 // importNotify wakes the Subscribers of partition 0 of topic, when the
 // transaction commits.
-func importNotify(ctx context.Context, q querier, a DefaultSchemaAdapter, topic string) error {
-	_, err := q.Exec(ctx, `SELECT pg_notify($1, 'm' || $2)`, a.NotifyChannel(), topic)
+func importNotify(ctx context.Context, q querier, t *pgsql.Tables, topic string) error {
+	_, err := q.Exec(ctx, `SELECT pg_notify($1, 'm' || $2)`, t.NotifyChannel, topic)
 	return err
 }
 
 // importCreateOffset creates a group's offset row of partition 0 of topic
 // at pos. It reports false when the row exists already.
-func importCreateOffset(ctx context.Context, q querier, a DefaultSchemaAdapter, group, topic string, pos Position) (bool, error) {
-	tag, err := q.Exec(ctx, `INSERT INTO `+a.offsets()+` (consumer_group, topic, partition, acked_transaction_id, acked_offset)
+func importCreateOffset(ctx context.Context, q querier, t *pgsql.Tables, group, topic string, pos Position) (bool, error) {
+	tag, err := q.Exec(ctx, `INSERT INTO `+t.Offsets+` (consumer_group, topic, partition, acked_transaction_id, acked_offset)
 VALUES ($1, $2, 0, $3::text::xid8, $4)
-ON CONFLICT DO NOTHING`, group, topic, formatXID8(pos.TransactionID), pos.Offset)
+ON CONFLICT DO NOTHING`, group, topic, strconv.FormatUint(pos.TransactionID, 10), pos.Offset)
 	return tag.RowsAffected() == 1, err
 }
 
 // importMoveOffset moves a group's offset row from old to pos, only while
 // it was never claimed (epoch 0) and is still at old. It reports whether
 // it moved it.
-func importMoveOffset(ctx context.Context, q querier, a DefaultSchemaAdapter, group, topic string, old, pos Position) (bool, error) {
-	tag, err := q.Exec(ctx, `UPDATE `+a.offsets()+`
+func importMoveOffset(ctx context.Context, q querier, t *pgsql.Tables, group, topic string, old, pos Position) (bool, error) {
+	tag, err := q.Exec(ctx, `UPDATE `+t.Offsets+`
 SET acked_transaction_id = $5::text::xid8, acked_offset = $6, updated_at = now()
 WHERE consumer_group = $1 AND topic = $2 AND partition = 0 AND epoch = 0 AND session_id IS NULL
 	AND acked_transaction_id = $3::text::xid8 AND acked_offset = $4`,
-		group, topic, formatXID8(old.TransactionID), old.Offset, formatXID8(pos.TransactionID), pos.Offset)
+		group, topic, strconv.FormatUint(old.TransactionID, 10), old.Offset, strconv.FormatUint(pos.TransactionID, 10), pos.Offset)
 	return tag.RowsAffected() == 1, err
 }
 
 // importRecordGroup records the position the import gave a group, and the
 // watermill-sql position it came from.
-func importRecordGroup(ctx context.Context, q querier, a DefaultSchemaAdapter, topic, group string, pos Position, source wmPosition) error {
-	_, err := q.Exec(ctx, `INSERT INTO `+a.ident(ImportGroupsTable, ImportGroupsTable)+` AS g
+func importRecordGroup(ctx context.Context, q querier, t *pgsql.Tables, topic, group string, pos Position, source wmPosition) error {
+	_, err := q.Exec(ctx, `INSERT INTO `+importTable(t, ImportGroupsTable)+` AS g
 	(topic, consumer_group, acked_transaction_id, acked_offset, source_transaction_id, source_offset)
 VALUES ($1, $2, $3::text::xid8, $4, $5::text::xid8, $6)
 ON CONFLICT (topic, consumer_group) DO UPDATE SET acked_transaction_id = EXCLUDED.acked_transaction_id,
 	acked_offset = EXCLUDED.acked_offset, source_transaction_id = EXCLUDED.source_transaction_id,
 	source_offset = EXCLUDED.source_offset, imported_at = now()`,
-		topic, group, formatXID8(pos.TransactionID), pos.Offset, formatXID8(source.TransactionID), source.Offset)
+		topic, group, strconv.FormatUint(pos.TransactionID, 10), pos.Offset, strconv.FormatUint(source.TransactionID, 10), source.Offset)
 	return err
 }
 
