@@ -129,7 +129,7 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 }
 
 // ownGoroutine matches stack frames of goroutines that pglease starts.
-var ownGoroutine = regexp.MustCompile(`watermill-pglease\.\(\*(consumer|subscription|groupMember|sessionKeeper|maintainer|Subscriber|Publisher|batcher\[\.\.\.\]|wakeHub|sharedListener)\)`)
+var ownGoroutine = regexp.MustCompile(`watermill-pglease\.\(\*(consumer|subscription|groupMember|sessionKeeper|maintainer|Subscriber|Publisher|batcher\[\.\.\.\]|wakeHub|sharedListener)\)|watermill-pglease/internal/svc\.`)
 
 // assertNoLeakedGoroutines waits until no goroutine of the library is left.
 func assertNoLeakedGoroutines(t testing.TB) {
