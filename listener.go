@@ -402,15 +402,16 @@ func (l *sharedListener) listenOnce(lctx context.Context, connected func()) erro
 	ctx, cancel := context.WithCancel(lctx)
 	defer cancel()
 	probeErr := make(chan error, 1)
-	probing := make(chan struct{})
-	go func() {
-		defer close(probing)
+	var prober svc.Service
+	prober.Start(ctx, func(ctx context.Context) {
 		if err := l.probe(ctx); err != nil {
 			probeErr <- err
 			cancel()
 		}
-	}()
-	defer func() { <-probing }()
+	})
+	// Stopped (cancelled, then waited for) whatever ended the wait: a
+	// connection that failed must not wait for the probe's next round.
+	defer prober.Stop()
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {

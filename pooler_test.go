@@ -292,3 +292,53 @@ func TestListenerProbeFindsAConnectionThatStoppedReceiving(t *testing.T) {
 	require.NoError(t, sub.Close())
 	assertNoLeakedGoroutines(t)
 }
+
+// TestListenerReconnectsAtOnceWhenItsConnectionDies: when the server ends
+// the LISTEN connection, the listener dials again after its short backoff,
+// not after its next wake-up probe fails (here never: the probe waits an
+// hour), and notifications reach the Subscriber again.
+func TestListenerReconnectsAtOnceWhenItsConnectionDies(t *testing.T) {
+	// Restored after the Subscriber closed (cleanups run last first).
+	t.Cleanup(pglease.SetListenerProbe(time.Hour, time.Hour))
+	app := "pglease_listen_" + randomHex(6)
+	direct := directConnConfig(t)
+	direct.RuntimeParams["application_name"] = app
+
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
+		ConsumerGroup: "g", SchemaAdapter: adapter, InitializeSchema: true,
+		ListenConnConfig: direct, PollInterval: time.Hour,
+	}, testLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	msgs, err := sub.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	waitFor(t, 30*time.Second, "the listener", func() bool { return pglease.Listening(sub) })
+
+	ctx := context.Background()
+	backend := func() (pid int32) {
+		err := pool.QueryRow(ctx, "SELECT coalesce(max(pid), 0) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&pid)
+		require.NoError(t, err)
+		return pid
+	}
+	first := backend()
+	require.NotZero(t, first, "the listener's backend")
+	var ended bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_terminate_backend($1)", first).Scan(&ended))
+	require.True(t, ended)
+
+	var second int32
+	waitFor(t, 10*time.Second, "the listener to connect again", func() bool {
+		second = backend()
+		return second != 0 && second != first && pglease.Listening(sub)
+	})
+	// The first message after the reconnect, after the consumer idled on
+	// it: only a notification wakes it (PollInterval is an hour).
+	ids := publishN(t, pub, "t", 1)
+	got := receive(t, msgs, 1, 10*time.Second)
+	require.Equal(t, ids[0], got[0].UUID)
+	require.NoError(t, sub.Close())
+	assertNoLeakedGoroutines(t)
+}
