@@ -1,10 +1,6 @@
 package pglease_test
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"fmt"
 	"os"
 	"regexp"
 	"runtime"
@@ -35,48 +31,32 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(runHelperProcess())
 	}
-	dsn, err := pgtest.DSN()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "pglease tests:", err)
-		os.Exit(1)
-	}
-	testDSN = dsn
-	poolDSN = dsn
-	if d := os.Getenv("PGLEASE_TEST_POOL_DSN"); d != "" {
-		poolDSN = d
-	}
-	code := m.Run()
-	pgtest.Terminate()
-	os.Exit(code)
+	os.Exit(pgtest.Main(m, "pglease", func(dsn string) {
+		testDSN = dsn
+		poolDSN = dsn
+		if d := os.Getenv("PGLEASE_TEST_POOL_DSN"); d != "" {
+			poolDSN = d
+		}
+	}))
 }
 
-// newPool returns a pool on the test database, closed at the end of the test.
+// newPool returns a pool on the test database, closed at the end of the
+// test; under -short it skips the test.
 func newPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(poolDSN)
-	require.NoError(t, err)
-	cfg.MaxConns = maxConns
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
+	return pgtest.NewPool(t, poolDSN, maxConns)
 }
 
 // newPoolOn returns a pool on dsn, closed at the end of the test.
 func newPoolOn(t testing.TB, dsn string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(dsn)
-	require.NoError(t, err)
-	cfg.MaxConns = maxConns
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
+	return pgtest.NewPool(t, dsn, maxConns)
 }
 
 // directConnConfig is the test database's DSN, direct, for ListenConnConfig.
 func directConnConfig(t testing.TB) *pgx.ConnConfig {
 	t.Helper()
+	pgtest.SkipShort(t)
 	cfg, err := pgx.ParseConfig(testDSN)
 	require.NoError(t, err)
 	return cfg
@@ -87,26 +67,10 @@ func directConnConfig(t testing.TB) *pgx.ConnConfig {
 // initialization.
 func newSchema(t testing.TB, pool *pgxpool.Pool) pglease.DefaultSchemaAdapter {
 	t.Helper()
-	name := "pglease_test_" + randomHex(6)
-	t.Cleanup(func() {
-		if os.Getenv("PGLEASE_TEST_KEEP_SCHEMA") != "" {
-			t.Logf("kept schema %s", name)
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE")
-	})
-	return pglease.DefaultSchemaAdapter{Schema: name}
+	return pglease.DefaultSchemaAdapter{Schema: pgtest.NewSchema(t, pool, "pglease_test_")}
 }
 
-func randomHex(n int) string {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(b)
-}
+func randomHex(n int) string { return pgtest.RandomHex(n) }
 
 // testLogger logs to the test's output when PGLEASE_TEST_LOG is set.
 func testLogger() watermill.LoggerAdapter {
@@ -119,13 +83,7 @@ func testLogger() watermill.LoggerAdapter {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	pgtest.WaitFor(t, timeout, what, cond)
 }
 
 // ownGoroutine matches stack frames of goroutines that pglease starts.

@@ -28,6 +28,7 @@ import (
 // (scripts/localpg.sh starts one), with pgx's query mode mode.
 func bouncerDSN(t testing.TB, mode string) string {
 	t.Helper()
+	pgtest.SkipShort(t)
 	dsn, err := pgtest.PgBouncerDSN()
 	require.NoError(t, err)
 	sep := "?"
@@ -146,6 +147,7 @@ func TestBehindPgBouncerTheSubscriberSaysWhatToSet(t *testing.T) {
 // TestCheckDirect: a connection to the server itself passes the check, one
 // through PgBouncer (in any query mode) does not.
 func TestCheckDirect(t *testing.T) {
+	pgtest.SkipShort(t)
 	ctx := context.Background()
 	check := func(dsn string) error {
 		conn, err := pgx.Connect(ctx, dsn)
@@ -165,6 +167,7 @@ func TestCheckDirect(t *testing.T) {
 // one), and still messages are delivered and a topic is handed over when
 // its owner closes, by polling.
 func TestPollOnly(t *testing.T) {
+	pgtest.SkipShort(t)
 	const app = "pglease-test-poll-only"
 	cfg, err := pgxpool.ParseConfig(testDSN)
 	require.NoError(t, err)
