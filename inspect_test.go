@@ -269,6 +269,7 @@ func TestResetOffsets(t *testing.T) {
 }
 
 func TestInspectorBadInput(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 2)
 	_, err := pglease.NewInspector(nil, nil)
 	require.ErrorIs(t, err, pglease.ErrInvalidConfig)

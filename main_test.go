@@ -72,6 +72,21 @@ func newSchema(t testing.TB, pool *pgxpool.Pool) pglease.DefaultSchemaAdapter {
 
 func randomHex(n int) string { return pgtest.RandomHex(n) }
 
+// parallel marks a test that may run beside the other parallel ones,
+// after every sequential test has finished (go test's rule). Only a test
+// that works in a schema of its own qualifies, and that sets no test hook
+// or package variable (SetListenerProbe, SetAfterClaimHook, ...) and no
+// environment variable, restarts or terminates nothing it does not own,
+// holds no transaction open while it waits (an open transaction holds the
+// xmin horizon of the whole cluster back, and with it every other test's
+// deliveries), asserts no latency and no cluster-wide count (the horizon,
+// pg_stat_activity, pg_stat_statements), and does not check for leaked
+// goroutines (assertNoLeakedGoroutines sees every running test's).
+func parallel(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+}
+
 // testLogger logs to the test's output when PGLEASE_TEST_LOG is set.
 func testLogger() watermill.LoggerAdapter {
 	if os.Getenv("PGLEASE_TEST_LOG") != "" {

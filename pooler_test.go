@@ -147,6 +147,7 @@ func TestBehindPgBouncerTheSubscriberSaysWhatToSet(t *testing.T) {
 // TestCheckDirect: a connection to the server itself passes the check, one
 // through PgBouncer (in any query mode) does not.
 func TestCheckDirect(t *testing.T) {
+	parallel(t)
 	pgtest.SkipShort(t)
 	ctx := context.Background()
 	check := func(dsn string) error {
@@ -229,6 +230,7 @@ WHERE application_name = $1 AND query ILIKE 'LISTEN%'`, app).Scan(&listens))
 // TestPollOnlyConfig: PollOnly and ListenConnConfig exclude each other, and
 // a ListenConnConfig that pgx would refuse is refused up front.
 func TestPollOnlyConfig(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 2)
 	_, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{PollOnly: true, ListenConnConfig: directConnConfig(t)}, nil)
 	require.ErrorIs(t, err, pglease.ErrInvalidConfig)

@@ -713,6 +713,7 @@ type notDefault struct{ pglease.SchemaAdapter }
 // TestGrantSQL checks the statements without a database, and that the
 // scripts for what it refuses fail when run.
 func TestGrantSQL(t *testing.T) {
+	parallel(t)
 	sql := pglease.GrantSQL(nil, `app"; DROP TABLE x; --`)
 	assert.Contains(t, sql, `TO "app""; DROP TABLE x; --";`, "the role is quoted")
 	assert.Contains(t, sql, `ON TABLE "pglease_messages" TO`, "nil is the default adapter")
