@@ -121,6 +121,7 @@ func TestMaxBufferedBytes(t *testing.T) {
 // TestMaxBufferedBytesValidation: a negative budget is refused, naming the
 // field.
 func TestMaxBufferedBytesValidation(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 1)
 	_, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{MaxBufferedBytes: -1}, nil)
 	require.ErrorIs(t, err, pglease.ErrInvalidConfig)

@@ -149,6 +149,7 @@ func TestAckInTxCommitsWithTheTransaction(t *testing.T) {
 }
 
 func TestAckInTxBadInput(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	pool := newPool(t, 4)
 	tx, err := pool.Begin(ctx)

@@ -8,11 +8,14 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pglease/watermill-pglease/internal/pgtest"
 )
 
 // TestExamplesRun runs each program of _examples against the test database:
 // each checks its own outcome and exits non-zero when it is wrong.
 func TestExamplesRun(t *testing.T) {
+	pgtest.SkipShort(t)
 	for _, dir := range []string{"./_examples/basic", "./_examples/exactlyonce", "./_examples/requeue"} {
 		t.Run(dir, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

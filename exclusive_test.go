@@ -268,6 +268,7 @@ func TestLateHeartbeatAndClaimAtExpirySerialize(t *testing.T) {
 // claim reports), from a session whose row is gone, and from a free row;
 // a live owner keeps its row.
 func TestClaimTakesRowsOfExpiredAndGoneSessions(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 4)
 	adapter := newSchema(t, pool)
 	createTables(t, pool, adapter)
@@ -423,6 +424,7 @@ func TestClaimWithLostReplyIsSettled(t *testing.T) {
 // obvious manual reset) starts the group again from the beginning of the
 // topic instead of failing every claim.
 func TestDeletedOffsetRowIsRecreated(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
@@ -504,6 +506,7 @@ func (l *capturingLogger) find(match func(logEntry) bool) (logEntry, bool) {
 // that names the problem, instead of skipping new messages silently; after
 // the documented repair, delivery goes on.
 func TestPositionsFromAnotherClusterAreRefused(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
@@ -569,6 +572,7 @@ WHERE transaction_id >= pg_snapshot_xmax(pg_current_snapshot())`)
 // TestTakeoverIsLoggedWithTheOldSession: taking a topic over from an
 // expired session is logged at Info, naming that session and its owner.
 func TestTakeoverIsLoggedWithTheOldSession(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	createTables(t, pool, adapter)

@@ -24,11 +24,13 @@ import (
 
 	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/internal/pgrepl"
+	"github.com/pglease/watermill-pglease/internal/pgtest"
 )
 
 // startCluster starts a primary and a standby for the test, closed at its
 // end.
 func startCluster(t *testing.T, opts pgrepl.Options) *pgrepl.Cluster {
+	pgtest.SkipShort(t) // runs PostgreSQL's programs
 	t.Helper()
 	opts.Logf = t.Logf
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

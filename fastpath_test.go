@@ -23,6 +23,7 @@ import (
 // one message: only the call holding it fails, every other call's messages
 // are stored.
 func TestGroupCommitErrorsReachTheRightCallers(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 8)
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
@@ -178,6 +179,7 @@ func TestGroupCommitAddsWorkersOnlyForOverflow(t *testing.T) {
 // owner works, and ending the subscription writes the last acked position
 // in the release.
 func TestCoalescedCommitsAreFlushedOnRelease(t *testing.T) {
+	parallel(t)
 	for _, end := range []string{"cancel", "close"} {
 		t.Run(end, func(t *testing.T) {
 			pool := newPool(t, 10)
@@ -222,6 +224,7 @@ func TestCoalescedCommitsAreFlushedOnRelease(t *testing.T) {
 // TestNotificationWakesSubscriber sets a PollInterval of a minute: a
 // published message still arrives at once, woken by LISTEN/NOTIFY.
 func TestNotificationWakesSubscriber(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
@@ -241,6 +244,7 @@ func TestNotificationWakesSubscriber(t *testing.T) {
 // TestMissedNotificationIsCaughtByPoll inserts a message with plain SQL,
 // which sends no notification: the idle poll finds it.
 func TestMissedNotificationIsCaughtByPoll(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{PollInterval: 200 * time.Millisecond})

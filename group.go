@@ -1,6 +1,7 @@
 package pglease
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -10,6 +11,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pglease/watermill-pglease/internal/svc"
 )
 
 // claimBatchMax bounds the rows one claim statement takes, and the topics
@@ -93,6 +96,8 @@ type groupMember struct {
 	afterRead func(members int)
 
 	kick chan struct{}
+
+	loop svc.Service // run, started by the first Subscribe
 }
 
 func newGroupMember(s *Subscriber) *groupMember {
@@ -284,8 +289,9 @@ func (m *groupMember) disown(c *consumer) {
 }
 
 // run is the member's loop; it ends when the Subscriber closes.
-func (m *groupMember) run() {
-	defer m.s.background.Done()
+// run is the member's loop (m.loop), until ctx, which ends with the
+// Subscriber's, ends.
+func (m *groupMember) run(ctx context.Context) {
 	retry := newBackoff(m.s.config.PollInterval/20, maxRetryBackoff)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -294,7 +300,7 @@ func (m *groupMember) run() {
 		select {
 		case <-m.kick:
 		case <-timer.C:
-		case <-m.s.ctx.Done():
+		case <-ctx.Done():
 			return
 		}
 		g, ready := m.s.session.current()
@@ -302,7 +308,7 @@ func (m *groupMember) run() {
 			select {
 			case <-ready:
 				m.wake()
-			case <-m.s.ctx.Done():
+			case <-ctx.Done():
 				return
 			}
 			continue
@@ -310,7 +316,7 @@ func (m *groupMember) run() {
 		next, err := m.step(g)
 		timer.Stop()
 		if err != nil {
-			if m.s.ctx.Err() != nil {
+			if ctx.Err() != nil {
 				return
 			}
 			if !errors.Is(err, errSessionGone) {

@@ -21,6 +21,7 @@ import (
 // table has. (Written as EXISTS, it was planned as a hash semi-join over a
 // sequential scan of the table.)
 func TestIdlePollProbesTheIndex(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	pool := newPool(t, 4)
 	adapter := newSchema(t, pool)

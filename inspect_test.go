@@ -271,6 +271,7 @@ func TestResetOffsets(t *testing.T) {
 }
 
 func TestInspectorBadInput(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 2)
 	_, err := pglease.NewInspector(nil, pglease.DefaultSchemaAdapter{})
 	require.ErrorIs(t, err, pglease.ErrInvalidConfig)

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/watermill-pglease/internal/pgsql"
+	"github.com/pglease/watermill-pglease/internal/svc"
 )
 
 // wakeHub routes wake-ups to the consumers of one Subscriber: from
@@ -292,9 +293,7 @@ type sharedListener struct {
 	probeToken string        // the probe awaited, "" if none
 	probeBack  chan struct{} // closed when it arrives
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
+	loop svc.Service // run: the connection, until the last hub is released
 }
 
 // acquireListener registers hub with the listener of (pool, channel,
@@ -305,7 +304,6 @@ func acquireListener(pool *pgxpool.Pool, channel string, direct *pgx.ConnConfig,
 	defer listenersMu.Unlock()
 	l := listeners[key]
 	if l == nil {
-		ctx, cancel := context.WithCancel(context.Background())
 		dialer := newPoolDialer(pool)
 		dialer.conn = direct
 		l = &sharedListener{
@@ -314,12 +312,9 @@ func acquireListener(pool *pgxpool.Pool, channel string, direct *pgx.ConnConfig,
 			logger:       logger.With(watermill.LogFields{"channel": channel}),
 			closeTimeout: closeTimeout,
 			hubs:         map[*wakeHub]struct{}{},
-			ctx:          ctx,
-			cancel:       cancel,
-			done:         make(chan struct{}),
 		}
 		listeners[key] = l
-		go l.run()
+		l.loop.Start(context.Background(), l.run)
 	}
 	l.mu.Lock()
 	l.hubs[hub] = struct{}{}
@@ -337,11 +332,10 @@ func (l *sharedListener) release(hub *wakeHub) {
 	l.mu.Unlock()
 	if last {
 		delete(listeners, l.key)
-		l.cancel()
 	}
 	listenersMu.Unlock()
 	if last {
-		<-l.done
+		l.loop.Stop()
 	}
 }
 
@@ -363,12 +357,11 @@ func (l *sharedListener) Listening() bool {
 // consumer, since notifications may have been missed meanwhile; while it is
 // disconnected, the Subscribers poll. A connection that goes through a
 // pooler ends the attempts: the Subscribers poll for as long as they run.
-func (l *sharedListener) run() {
-	defer close(l.done)
+func (l *sharedListener) run(ctx context.Context) {
 	retry := newBackoff(100*time.Millisecond, maxRetryBackoff)
 	for {
-		err := l.listenOnce(retry.reset)
-		if l.ctx.Err() != nil {
+		err := l.listenOnce(ctx, retry.reset)
+		if ctx.Err() != nil {
 			return
 		}
 		if errors.Is(err, errPooledConnection) {
@@ -379,26 +372,26 @@ func (l *sharedListener) run() {
 			l.logger.Error("Not listening for notifications: "+setting+
 				", or set SubscriberConfig.PollOnly to poll without this message. Messages, hand-overs and group changes are found by polling every PollInterval meanwhile",
 				err, nil)
-			<-l.ctx.Done()
+			<-ctx.Done()
 			return
 		}
 		l.logger.Error("Notification listener disconnected, reconnecting (the Subscribers poll every PollInterval meanwhile)", err, nil)
-		if !sleep(retry.delay(), l.ctx.Done(), nil) {
+		if !sleep(retry.delay(), ctx.Done(), nil) {
 			return
 		}
 	}
 }
 
-func (l *sharedListener) listenOnce(connected func()) error {
-	conn, err := l.dialer.dial(l.ctx)
+func (l *sharedListener) listenOnce(lctx context.Context, connected func()) error {
+	conn, err := l.dialer.dial(lctx)
 	if err != nil {
 		return err
 	}
 	defer l.dialer.close(conn, l.closeTimeout)
-	if err := checkDirect(l.ctx, conn); err != nil {
+	if err := checkDirect(lctx, conn); err != nil {
 		return err
 	}
-	if _, err := conn.Exec(l.ctx, "LISTEN "+pgx.Identifier{l.key.channel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(lctx, "LISTEN "+pgx.Identifier{l.key.channel}.Sanitize()); err != nil {
 		return err
 	}
 	connected()
@@ -407,18 +400,19 @@ func (l *sharedListener) listenOnce(connected func()) error {
 	l.each((*wakeHub).wakeAll)
 	l.logger.Debug("Listening for notifications", nil)
 
-	ctx, cancel := context.WithCancel(l.ctx)
+	ctx, cancel := context.WithCancel(lctx)
 	defer cancel()
 	probeErr := make(chan error, 1)
-	probing := make(chan struct{})
-	go func() {
-		defer close(probing)
+	var prober svc.Service
+	prober.Start(ctx, func(ctx context.Context) {
 		if err := l.probe(ctx); err != nil {
 			probeErr <- err
 			cancel()
 		}
-	}()
-	defer func() { <-probing }()
+	})
+	// Stopped (cancelled, then waited for) whatever ended the wait: a
+	// connection that failed must not wait for the probe's next round.
+	defer prober.Stop()
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
@@ -531,11 +525,10 @@ func checkDirect(ctx context.Context, conn *pgx.Conn) error {
 // Whether they arrive or not, the partition counts of all topics are read
 // again every partitionRefreshInterval (at the first round after it): a
 // raise that was never notified is picked up all the same.
-func (s *Subscriber) pollIdle() {
-	defer s.background.Done()
+func (s *Subscriber) pollIdle(ctx context.Context) {
 	deaf := 0
 	refreshed := time.Now()
-	for sleep(s.config.PollInterval, s.ctx.Done(), nil) {
+	for sleep(s.config.PollInterval, ctx.Done(), nil) {
 		if s.listener.Listening() {
 			deaf = 0
 		} else {
@@ -550,7 +543,7 @@ func (s *Subscriber) pollIdle() {
 		if len(consumers) == 0 {
 			continue
 		}
-		if err := s.pollIdleOnce(consumers, params); err != nil && s.ctx.Err() == nil {
+		if err := s.pollIdleOnce(consumers, params); err != nil && ctx.Err() == nil {
 			s.logger.Error("Cannot poll idle topics, retrying", err, nil)
 		}
 	}

@@ -1,10 +1,6 @@
 package pglease_test
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"fmt"
 	"os"
 	"regexp"
 	"runtime"
@@ -35,48 +31,32 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(runHelperProcess())
 	}
-	dsn, err := pgtest.DSN()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "pglease tests:", err)
-		os.Exit(1)
-	}
-	testDSN = dsn
-	poolDSN = dsn
-	if d := os.Getenv("PGLEASE_TEST_POOL_DSN"); d != "" {
-		poolDSN = d
-	}
-	code := m.Run()
-	pgtest.Terminate()
-	os.Exit(code)
+	os.Exit(pgtest.Main(m, "pglease", func(dsn string) {
+		testDSN = dsn
+		poolDSN = dsn
+		if d := os.Getenv("PGLEASE_TEST_POOL_DSN"); d != "" {
+			poolDSN = d
+		}
+	}))
 }
 
-// newPool returns a pool on the test database, closed at the end of the test.
+// newPool returns a pool on the test database, closed at the end of the
+// test; under -short it skips the test.
 func newPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(poolDSN)
-	require.NoError(t, err)
-	cfg.MaxConns = maxConns
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
+	return pgtest.NewPool(t, poolDSN, maxConns)
 }
 
 // newPoolOn returns a pool on dsn, closed at the end of the test.
 func newPoolOn(t testing.TB, dsn string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(dsn)
-	require.NoError(t, err)
-	cfg.MaxConns = maxConns
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
+	return pgtest.NewPool(t, dsn, maxConns)
 }
 
 // directConnConfig is the test database's DSN, direct, for ListenConnConfig.
 func directConnConfig(t testing.TB) *pgx.ConnConfig {
 	t.Helper()
+	pgtest.SkipShort(t)
 	cfg, err := pgx.ParseConfig(testDSN)
 	require.NoError(t, err)
 	return cfg
@@ -87,25 +67,24 @@ func directConnConfig(t testing.TB) *pgx.ConnConfig {
 // initialization.
 func newSchema(t testing.TB, pool *pgxpool.Pool) pglease.DefaultSchemaAdapter {
 	t.Helper()
-	name := "pglease_test_" + randomHex(6)
-	t.Cleanup(func() {
-		if os.Getenv("PGLEASE_TEST_KEEP_SCHEMA") != "" {
-			t.Logf("kept schema %s", name)
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE")
-	})
-	return pglease.DefaultSchemaAdapter{Schema: name}
+	return pglease.DefaultSchemaAdapter{Schema: pgtest.NewSchema(t, pool, "pglease_test_")}
 }
 
-func randomHex(n int) string {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(b)
+func randomHex(n int) string { return pgtest.RandomHex(n) }
+
+// parallel marks a test that may run beside the other parallel ones,
+// after every sequential test has finished (go test's rule). Only a test
+// that works in a schema of its own qualifies, and that sets no test hook
+// or package variable (SetListenerProbe, SetAfterClaimHook, ...) and no
+// environment variable, restarts or terminates nothing it does not own,
+// holds no transaction open while it waits (an open transaction holds the
+// xmin horizon of the whole cluster back, and with it every other test's
+// deliveries), asserts no latency and no cluster-wide count (the horizon,
+// pg_stat_activity, pg_stat_statements), and does not check for leaked
+// goroutines (assertNoLeakedGoroutines sees every running test's).
+func parallel(t *testing.T) {
+	t.Helper()
+	t.Parallel()
 }
 
 // testLogger logs to the test's output when PGLEASE_TEST_LOG is set.
@@ -119,17 +98,11 @@ func testLogger() watermill.LoggerAdapter {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	pgtest.WaitFor(t, timeout, what, cond)
 }
 
 // ownGoroutine matches stack frames of goroutines that pglease starts.
-var ownGoroutine = regexp.MustCompile(`watermill-pglease\.\(\*(consumer|subscription|groupMember|sessionKeeper|maintainer|Subscriber|Publisher|batcher\[\.\.\.\]|wakeHub|sharedListener)\)`)
+var ownGoroutine = regexp.MustCompile(`watermill-pglease\.\(\*(consumer|subscription|groupMember|sessionKeeper|maintainer|Subscriber|Publisher|batcher\[\.\.\.\]|wakeHub|sharedListener)\)|watermill-pglease/internal/svc\.`)
 
 // assertNoLeakedGoroutines waits until no goroutine of the library is left.
 func assertNoLeakedGoroutines(t testing.TB) {

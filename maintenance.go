@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglease/watermill-pglease/internal/pgsql"
+	"github.com/pglease/watermill-pglease/internal/svc"
 )
 
 // DefaultMaintenanceInterval is the default of MaintenanceConfig.Interval.
@@ -79,6 +80,8 @@ type maintainer struct {
 	// not own the tables: partition DDL then goes through the owner's
 	// functions (see decide).
 	delegated bool
+
+	loop svc.Service // run, started by the first Subscribe
 }
 
 func newMaintainer(s *Subscriber) *maintainer {
@@ -141,9 +144,9 @@ func (m *maintainer) wakeAll() {
 	kick(m.topics)
 }
 
-func (m *maintainer) run() {
-	defer m.s.background.Done()
-	ctx := m.s.ctx
+// run is the maintainer's loop (m.loop), until ctx, which ends with the
+// Subscriber's, ends.
+func (m *maintainer) run(ctx context.Context) {
 	retry := newBackoff(100*time.Millisecond, 5*time.Second)
 	decided := false
 	for ctx.Err() == nil {
@@ -277,12 +280,10 @@ func (m *maintainer) lead(ctx context.Context, g *sessionGen, epoch int64) {
 	// Retention and housekeeping run on a goroutine of their own: a
 	// detach that waits for an old transaction must not hold back
 	// delayed messages.
-	uctx, stop := context.WithCancel(ctx)
-	upkeepDone := make(chan struct{})
-	go m.upkeep(uctx, upkeepDone)
+	var upkeep svc.Service
+	upkeep.Start(ctx, m.upkeep)
 	defer func() {
-		stop()
-		<-upkeepDone
+		upkeep.Stop()
 		m.active.Store(false) // before the row is another's
 		if ctx.Err() != nil && !g.isLost() {
 			m.release(g, epoch)
@@ -326,8 +327,7 @@ func (m *maintainer) lead(ctx context.Context, g *sessionGen, epoch int64) {
 
 // upkeep runs the retention rounds, when they are due or a retention
 // changed, and the housekeeping every Interval, until ctx ends.
-func (m *maintainer) upkeep(ctx context.Context, done chan<- struct{}) {
-	defer close(done)
+func (m *maintainer) upkeep(ctx context.Context) {
 	interval := m.cfg.Interval
 	retT := time.NewTimer(0)
 	// Housekeeping waits an Interval after the election: where

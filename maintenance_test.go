@@ -111,6 +111,7 @@ func TestDelayedMessageCommitsWithTheTransaction(t *testing.T) {
 // the second keeps every message, and the group that had not consumed the
 // expired messages is told it skips them.
 func TestRetentionEmptiesTopic(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
@@ -202,6 +203,7 @@ func TestMaintainerIsOneSubscriber(t *testing.T) {
 // were kept forever a retention: the expired ones are deleted row by row,
 // and the group that had not consumed them is told it skips them.
 func TestRetentionSetLaterDeletesKeptMessages(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
@@ -238,6 +240,7 @@ func TestRetentionSetLaterDeletesKeptMessages(t *testing.T) {
 // TestIdleGroupsAreRemoved removes the offsets of a group with no session
 // and no write for longer than RemoveIdleGroupsAfter, and keeps the others.
 func TestIdleGroupsAreRemoved(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
@@ -273,6 +276,7 @@ func TestIdleGroupsAreRemoved(t *testing.T) {
 }
 
 func TestMaintenanceBadInput(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	pool := newPool(t, 4)
 	adapter := newSchema(t, pool)
@@ -360,6 +364,7 @@ func TestInterruptedDetachIsFinished(t *testing.T) {
 // run its statement in a loop: it waits, at most an hour at a time. (The
 // wait in milliseconds overflowed: 9,991 transactions per second.)
 func TestFarFutureDelay(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
@@ -410,6 +415,7 @@ SELECT pg_notify($1, 'd' || (extract(epoch FROM timestamptz '9999-12-31 23:59:59
 // detach by hand) is dropped by the next retention round, not only at the
 // next housekeeping (Interval) or election.
 func TestPartitionDetachedByHandIsDropped(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)

@@ -28,6 +28,7 @@ import (
 // (scripts/localpg.sh starts one), with pgx's query mode mode.
 func bouncerDSN(t testing.TB, mode string) string {
 	t.Helper()
+	pgtest.SkipShort(t)
 	dsn, err := pgtest.PgBouncerDSN()
 	require.NoError(t, err)
 	sep := "?"
@@ -146,6 +147,8 @@ func TestBehindPgBouncerTheSubscriberSaysWhatToSet(t *testing.T) {
 // TestCheckDirect: a connection to the server itself passes the check, one
 // through PgBouncer (in any query mode) does not.
 func TestCheckDirect(t *testing.T) {
+	parallel(t)
+	pgtest.SkipShort(t)
 	ctx := context.Background()
 	check := func(dsn string) error {
 		conn, err := pgx.Connect(ctx, dsn)
@@ -165,6 +168,7 @@ func TestCheckDirect(t *testing.T) {
 // one), and still messages are delivered and a topic is handed over when
 // its owner closes, by polling.
 func TestPollOnly(t *testing.T) {
+	pgtest.SkipShort(t)
 	const app = "pglease-test-poll-only"
 	cfg, err := pgxpool.ParseConfig(testDSN)
 	require.NoError(t, err)
@@ -226,6 +230,7 @@ WHERE application_name = $1 AND query ILIKE 'LISTEN%'`, app).Scan(&listens))
 // TestPollOnlyConfig: PollOnly and ListenConnConfig exclude each other, and
 // a ListenConnConfig that pgx would refuse is refused up front.
 func TestPollOnlyConfig(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 2)
 	_, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{PollOnly: true, ListenConnConfig: directConnConfig(t)}, nil)
 	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
@@ -289,6 +294,56 @@ func TestListenerProbeFindsAConnectionThatStoppedReceiving(t *testing.T) {
 	ids = publishN(t, pub, "t", 1)
 	got = receive(t, msgs, 1, 10*time.Second)
 	require.Equal(t, ids[0], got[0].UUID, "delivered on its notification after the reconnect")
+	require.NoError(t, sub.Close())
+	assertNoLeakedGoroutines(t)
+}
+
+// TestListenerReconnectsAtOnceWhenItsConnectionDies: when the server ends
+// the LISTEN connection, the listener dials again after its short backoff,
+// not after its next wake-up probe fails (here never: the probe waits an
+// hour), and notifications reach the Subscriber again.
+func TestListenerReconnectsAtOnceWhenItsConnectionDies(t *testing.T) {
+	// Restored after the Subscriber closed (cleanups run last first).
+	t.Cleanup(pglease.SetListenerProbe(time.Hour, time.Hour))
+	app := "pglease_listen_" + randomHex(6)
+	direct := directConnConfig(t)
+	direct.RuntimeParams["application_name"] = app
+
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
+		ConsumerGroup: "g", SchemaAdapter: adapter, InitializeSchema: true,
+		ListenConnConfig: direct, PollInterval: time.Hour,
+	}, testLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	msgs, err := sub.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	waitFor(t, 30*time.Second, "the listener", func() bool { return pglease.Listening(sub) })
+
+	ctx := context.Background()
+	backend := func() (pid int32) {
+		err := pool.QueryRow(ctx, "SELECT coalesce(max(pid), 0) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&pid)
+		require.NoError(t, err)
+		return pid
+	}
+	first := backend()
+	require.NotZero(t, first, "the listener's backend")
+	var ended bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_terminate_backend($1)", first).Scan(&ended))
+	require.True(t, ended)
+
+	var second int32
+	waitFor(t, 10*time.Second, "the listener to connect again", func() bool {
+		second = backend()
+		return second != 0 && second != first && pglease.Listening(sub)
+	})
+	// The first message after the reconnect, after the consumer idled on
+	// it: only a notification wakes it (PollInterval is an hour).
+	ids := publishN(t, pub, "t", 1)
+	got := receive(t, msgs, 1, 10*time.Second)
+	require.Equal(t, ids[0], got[0].UUID)
 	require.NoError(t, sub.Close())
 	assertNoLeakedGoroutines(t)
 }

@@ -712,6 +712,7 @@ SELECT 'expiring', gen_random_uuid()::text, 'x', 2, to_timestamp(%d) FROM genera
 // TestGrantSQL checks the statements without a database, and that the
 // scripts for what it refuses fail when run.
 func TestGrantSQL(t *testing.T) {
+	parallel(t)
 	sql := pglease.GrantSQL(pglease.DefaultSchemaAdapter{}, `app"; DROP TABLE x; --`)
 	assert.Contains(t, sql, `TO "app""; DROP TABLE x; --";`, "the role is quoted")
 	assert.Contains(t, sql, `ON TABLE "pglease_messages" TO`, "the zero value is the default names")

@@ -83,6 +83,7 @@ func countRows(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAd
 }
 
 func TestPublishRejectsBadInput(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 5)
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
@@ -132,6 +133,7 @@ func TestPublishRejectsBadInput(t *testing.T) {
 }
 
 func TestPublishKeepsMessagesExactlyAndInOrder(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 5)
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)

@@ -19,6 +19,7 @@ import (
 // TestSchemaSetUpIsConcurrencySafe starts 64 Publishers at once on a schema
 // that does not exist yet; each publishes the first message of a new topic.
 func TestSchemaSetUpIsConcurrencySafe(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 70)
 	adapter := newSchema(t, pool)
 	const n = 64
@@ -102,6 +103,7 @@ func TestSchemaSetUpWaitsForTheLockOnlyWhenBehind(t *testing.T) {
 // TestSchemaSQLForMigrationTools applies the exported DDL by hand, with names
 // that need quoting, then runs the Pub/Sub with schema set-up off.
 func TestSchemaSQLForMigrationTools(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 5)
 	base := newSchema(t, pool)
 	adapter := pglease.DefaultSchemaAdapter{
@@ -142,6 +144,7 @@ func TestSchemaSQLForMigrationTools(t *testing.T) {
 // TestMissingSchemaIsAClearError checks the error when the tables are
 // missing and set-up is off.
 func TestMissingSchemaIsAClearError(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 5)
 	adapter := newSchema(t, pool)
 	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
@@ -170,6 +173,7 @@ func TestMissingSchemaIsAClearError(t *testing.T) {
 // once, a second run changes nothing, and then the Pub/Sub runs with
 // schema set-up off.
 func TestMigrate(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	pool := newPool(t, 5)
 	adapter := newSchema(t, pool)

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/internal/pgtest"
 )
 
 // TestHeartbeatsSurviveASaturatedPool gives three Subscribers (three
@@ -389,6 +390,7 @@ func TestSessionConnectionIsRedialled(t *testing.T) {
 // is app, so that tests can find its connections in pg_stat_activity.
 func newNamedPool(t *testing.T, app string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
+	pgtest.SkipShort(t)
 	cfg, err := pgxpool.ParseConfig(testDSN)
 	require.NoError(t, err)
 	cfg.MaxConns = maxConns

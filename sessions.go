@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/watermill-pglease/internal/pgsql"
+	"github.com/pglease/watermill-pglease/internal/svc"
 )
 
 // sessionGen is one consumer-session row as this process knows it. A
@@ -98,8 +99,7 @@ type sessionKeeper struct {
 	started bool
 	stopped bool
 
-	stop chan struct{}
-	done chan struct{}
+	loop svc.Service // the heartbeat loop (run)
 
 	// cleanup makes the keeper delete expired sessions of others now and
 	// then (when no maintainer does).
@@ -126,8 +126,6 @@ func newSessionKeeper(pool *pgxpool.Pool, tables *pgsql.Tables, group string, tt
 		interval: ttl / 3,
 		trust:    ttl - ttl/10,
 		ready:    make(chan struct{}),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
 	}
 }
 
@@ -156,7 +154,8 @@ func (k *sessionKeeper) start(ctx context.Context) error {
 		k.logger.Error("Cannot open the consumer session yet, retrying in the background", err, nil)
 	}
 	k.started = true
-	go k.run()
+	// Not the caller's context: the loop lives until close.
+	k.loop.Start(context.Background(), k.run)
 	return nil
 }
 
@@ -260,8 +259,9 @@ func (k *sessionKeeper) loseLocked(g *sessionGen) bool {
 	return marked
 }
 
-func (k *sessionKeeper) run() {
-	defer close(k.done)
+// run is the heartbeat loop, until ctx ends. A statement under way when
+// it ends is not cut short: it has its own timeout.
+func (k *sessionKeeper) run(ctx context.Context) {
 	retry := newBackoff(50*time.Millisecond, k.interval)
 	// Expired sessions of others are deleted every cleanupEvery successful
 	// heartbeats, from a random phase so that Subscribers spread it out.
@@ -272,7 +272,7 @@ func (k *sessionKeeper) run() {
 		wait = 0 // the first session is not open yet
 	}
 	for {
-		if !sleep(wait, k.stop, nil) {
+		if !sleep(wait, ctx.Done(), nil) {
 			return
 		}
 		k.mu.Lock()
@@ -485,8 +485,7 @@ func (k *sessionKeeper) close(timeout time.Duration) error {
 	if !started {
 		return nil
 	}
-	close(k.stop)
-	<-k.done
+	k.loop.Stop()
 
 	k.mu.Lock()
 	g := k.cur

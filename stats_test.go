@@ -15,6 +15,7 @@ import (
 // deliveries, acks and nacks, heartbeats, a lost session (its row deleted
 // by hand), a takeover of the rows the lost session held, and releases.
 func TestSubscriberStats(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
@@ -63,6 +64,7 @@ func TestSubscriberStats(t *testing.T) {
 // topic holds and gets what is published afterwards; a group whose row
 // exists is not moved by it.
 func TestStartFromLatest(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
@@ -101,6 +103,7 @@ func TestStartFromLatest(t *testing.T) {
 // next attempt number; a Subscriber that takes the topic over after a claim
 // that did not commit past the message counts that claim too.
 func TestDeliveryAttemptMetadata(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)

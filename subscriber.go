@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/watermill-pglease/internal/pgsql"
+	"github.com/pglease/watermill-pglease/internal/svc"
 )
 
 // Defaults of [SubscriberConfig].
@@ -276,15 +277,15 @@ type Subscriber struct {
 	member   *groupMember
 	maint    *maintainer // nil when maintenance is disabled
 
-	mu         sync.Mutex
-	closed     bool
-	started    bool // listener and idle poller running
-	slots      map[rowKey]*topicSlot
-	ctx        context.Context // cancelled by Close
-	cancel     context.CancelFunc
-	consumers  sync.WaitGroup
-	background sync.WaitGroup // idle poller, group member
-	closeDone  chan struct{}  // closed when the first Close returns
+	mu        sync.Mutex
+	closed    bool
+	started   bool // listener and idle poller running
+	slots     map[rowKey]*topicSlot
+	ctx       context.Context // cancelled by Close
+	cancel    context.CancelFunc
+	consumers sync.WaitGroup
+	poller    svc.Service   // pollIdle, started with the listener
+	closeDone chan struct{} // closed when the first Close returns
 	// giveUp is closed CloseTimeout after Close began: subscriptions stop
 	// retrying releases that fail, and Close reports them.
 	giveUp    chan struct{}
@@ -423,12 +424,11 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			s.listener = acquireListener(s.pool, s.offsets.tables.NotifyChannel, s.config.ListenConnConfig,
 				s.hub, s.logger, s.config.CloseTimeout)
 		}
-		s.background.Add(2)
-		go s.pollIdle()
-		go s.member.run()
+		// Their contexts end with s.ctx, when Close begins.
+		s.poller.Start(s.ctx, s.pollIdle)
+		s.member.loop.Start(s.ctx, s.member.run)
 		if s.maint != nil {
-			s.background.Add(1)
-			go s.maint.run()
+			s.maint.loop.Start(s.ctx, s.maint.run)
 		}
 	}
 	// Under s.mu: a Close that follows finds the subscription registered
@@ -585,14 +585,13 @@ func (s *Subscriber) Close() error {
 		close(s.giveUp)
 		s.releaseCancel()
 	}
-	s.background.Wait()
-	s.offsets.releases.wait()
-	if s.listener != nil {
-		s.listener.release(s.hub)
+	for _, stop := range s.closeSteps() {
+		stop()
 	}
 	s.mu.Lock()
 	errs := s.closeErrs
 	s.mu.Unlock()
+	// Last: the session row, which the releases above were fenced by.
 	if err := s.session.close(s.config.CloseTimeout); err != nil {
 		errs = append(errs, err)
 	}
@@ -602,6 +601,27 @@ func (s *Subscriber) Close() error {
 	}
 	s.logger.Info("Subscriber closed", nil)
 	return nil
+}
+
+// closeSteps are what Close stops, in this order, once the consumers have
+// ended (their releases written or given up) and before it deletes the
+// session: the loops that start consumers, claim and elect (their contexts
+// ended with s.ctx when Close began; here Close waits for them), the
+// releases still being written, and this Subscriber's share of the LISTEN
+// connection. Each step may run before its service was started.
+func (s *Subscriber) closeSteps() []func() {
+	steps := []func(){
+		s.poller.Stop,
+		s.member.loop.Stop,
+	}
+	if s.maint != nil {
+		steps = append(steps, s.maint.loop.Stop)
+	}
+	steps = append(steps, s.offsets.releases.wait)
+	if s.listener != nil {
+		steps = append(steps, func() { s.listener.release(s.hub) })
+	}
+	return steps
 }
 
 // maxCloseErrors bounds the errors that Close reports one by one.

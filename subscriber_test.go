@@ -56,6 +56,7 @@ func readOffset(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaA
 }
 
 func TestSubscriberConfigErrorsNameTheField(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 2)
 	cases := map[string]pglease.SubscriberConfig{
 		"SubscriberConfig.SessionTTL":      {SessionTTL: 500 * time.Millisecond},
@@ -109,6 +110,7 @@ func TestSubscriberLifecycle(t *testing.T) {
 }
 
 func TestOneAtATimeAndNackRedelivers(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
@@ -144,6 +146,7 @@ func TestOneAtATimeAndNackRedelivers(t *testing.T) {
 // context while another Subscriber of the group waits: the waiting one
 // continues after the last acked message, long before the session TTL.
 func TestCancelledSubscriptionHandsOverAtOnce(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
@@ -187,6 +190,7 @@ func TestCancelledSubscriptionHandsOverAtOnce(t *testing.T) {
 // back: it notices on the next heartbeat, opens a new session, claims its
 // topic again and delivers everything.
 func TestLostSessionIsReplaced(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
@@ -220,6 +224,7 @@ func TestLostSessionIsReplaced(t *testing.T) {
 // test forces the take-over while the owner's session lives, so it commits
 // every Ack (CommitBatch 1) to check the fence before each delivery.
 func TestFencedCommitStopsDelivery(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
@@ -257,6 +262,7 @@ func TestFencedCommitStopsDelivery(t *testing.T) {
 }
 
 func TestExpiredSessionsAreCleanedUp(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{SessionTTL: time.Second,
@@ -280,9 +286,20 @@ func TestExpiredSessionsAreCleanedUp(t *testing.T) {
 // they are delivered in numeric (transaction_id, offset) order, not in the
 // order of their text.
 func TestDeliveryOrderIsNumeric(t *testing.T) {
+	parallel(t)
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	require.NoError(t, newPublisher(t, pool, adapter).Publish("setup", message.NewMessage(watermill.NewUUID(), nil)))
+	// The positions below must lie behind the server's transaction counter
+	// (a position ahead of it is refused): a fresh cluster starts below 1000.
+	for i := 0; ; i++ {
+		var xid int64
+		require.NoError(t, pool.QueryRow(context.Background(), "SELECT pg_current_xact_id()::text::bigint").Scan(&xid))
+		if xid > 1000 {
+			break
+		}
+		require.Less(t, i, 2000, "the transaction counter does not move")
+	}
 	// Inserted in this order, so offsets grow along it; the transaction ids
 	// say the delivery order is 9, 10, 100, 100 (by offset), 1000.
 	rows := []struct {

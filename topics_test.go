@@ -38,6 +38,7 @@ func storedPartitions(t *testing.T, db pglease.DB, adapter pglease.DefaultSchema
 }
 
 func TestCreateTopicSettings(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	pool := newPool(t, 4)
 	adapter := newSchema(t, pool)
@@ -73,6 +74,7 @@ func TestCreateTopicSettings(t *testing.T) {
 }
 
 func TestPublishPlacesMessagesByKey(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	pool := newPool(t, 4)
 	adapter := newSchema(t, pool)
@@ -119,6 +121,7 @@ func TestPublishPlacesMessagesByKey(t *testing.T) {
 }
 
 func TestPublishDefaultPartitionKey(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	pool := newPool(t, 4)
 	adapter := newSchema(t, pool)
@@ -177,6 +180,7 @@ func TestPublishDefaultPartitionKey(t *testing.T) {
 // for calls to several topics places each message by its own topic's
 // partition count, and notifies each (topic, partition) once.
 func TestInsertStatementWithManyTopics(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	pool := newPool(t, 4)
 	adapter := newSchema(t, pool)

@@ -2,8 +2,6 @@ package metrics
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -23,58 +21,33 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/internal/pgtest"
 )
-
-// envDSN names the variable that holds the test database's URL, as in the
-// core module (internal/pgtest).
-const envDSN = "PGLEASE_TEST_DSN"
 
 // testDSN is the database every test uses; each test works in a schema of
 // its own.
 var testDSN string
 
+// TestMain finds the database as the core module's tests do
+// (internal/pgtest: PGLEASE_TEST_DSN, else a container when a Docker
+// engine answers, else the tests fail saying to run `make test`); under
+// -short the tests that need it skip.
 func TestMain(m *testing.M) {
-	testDSN = os.Getenv(envDSN)
-	if testDSN == "" {
-		fmt.Fprintf(os.Stderr, "metrics tests: no PostgreSQL: %s is not set. Run `make test` in the repository root, "+
-			"which starts a throwaway local PostgreSQL, or set %s "+
-			"(e.g. postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable).\n", envDSN, envDSN)
-		os.Exit(1)
-	}
-	os.Exit(m.Run())
+	os.Exit(pgtest.Main(m, "metrics", func(dsn string) { testDSN = dsn }))
 }
 
-// newPool returns a pool on the test database, closed at the end of the test.
+// newPool returns a pool on the test database, closed at the end of the
+// test; under -short it skips the test.
 func newPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), testDSN)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
+	return pgtest.NewPool(t, testDSN, 0)
 }
 
 // newSchema returns an adapter on a fresh PostgreSQL schema, dropped at
 // the end of the test. Schema initialization creates it.
 func newSchema(t *testing.T, pool *pgxpool.Pool) pglease.DefaultSchemaAdapter {
 	t.Helper()
-	name := "pglease_metrics_test_" + randomHex(6)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE")
-		if err != nil {
-			t.Errorf("drop schema %s: %v", name, err)
-		}
-	})
-	return pglease.DefaultSchemaAdapter{Schema: name}
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(b)
+	return pglease.DefaultSchemaAdapter{Schema: pgtest.NewSchema(t, pool, "pglease_metrics_test_")}
 }
 
 func newPublisher(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) *pglease.Publisher {
@@ -132,13 +105,7 @@ func receiveOne(t *testing.T, msgs <-chan *message.Message) *message.Message {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	pgtest.WaitFor(t, timeout, what, cond)
 }
 
 // only is a collector of the metrics of c with the descriptor d, for
@@ -307,7 +274,7 @@ func TestCollectorHorizonAgeHiddenFromTheRole(t *testing.T) {
 	publishN(t, newPublisher(t, pool, adapter), "t", 1) // creates the tables
 
 	// A scraping role that owns nothing and lacks pg_read_all_stats.
-	role := "pglease_metrics_scraper_" + randomHex(4)
+	role := "pglease_metrics_scraper_" + pgtest.RandomHex(4)
 	quoted := pgx.Identifier{role}.Sanitize()
 	_, err := pool.Exec(ctx, "CREATE ROLE "+quoted+" LOGIN")
 	require.NoError(t, err)
@@ -386,7 +353,7 @@ func TestCollectorHorizonAgeHiddenFromTheRole(t *testing.T) {
 // never fails the registry's scrape.
 func TestCollectorScrapeFailure(t *testing.T) {
 	pool := newPool(t)
-	missing := pglease.DefaultSchemaAdapter{Schema: "pglease_metrics_test_missing_" + randomHex(6)}
+	missing := pglease.DefaultSchemaAdapter{Schema: "pglease_metrics_test_missing_" + pgtest.RandomHex(6)}
 	c, err := NewCollector(newInspector(t, pool, missing), CollectorConfig{})
 	require.NoError(t, err)
 	assert.Equal(t, 0.0, testutil.ToFloat64(only{c, c.up}))

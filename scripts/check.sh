@@ -70,6 +70,14 @@ if [[ -d benchmarks ]]; then
 	(cd benchmarks && go vet ./... && go test -count=1 ./...)
 fi
 
+# The tests' container start-up (when no PGLEASE_TEST_DSN is set and a
+# Docker engine answers) is a module of its own, so that the library does
+# not require testcontainers-go: vet it.
+if [[ -d internal/pgtest/container ]]; then
+	step "internal/pgtest/container: go vet"
+	(cd internal/pgtest/container && go vet ./...)
+fi
+
 # The Prometheus exporter is a module of its own too (the library must not
 # depend on the Prometheus client); its tests use PGLEASE_TEST_DSN.
 if [[ -d metrics ]]; then

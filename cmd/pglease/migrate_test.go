@@ -17,6 +17,7 @@ import (
 	pglease "github.com/pglease/watermill-pglease"
 
 	"github.com/pglease/watermill-pglease/internal/pgsql"
+	"github.com/pglease/watermill-pglease/internal/pgtest"
 )
 
 // emptySchema creates a schema without the pglease tables, dropped at the
@@ -39,9 +40,7 @@ func emptySchema(t *testing.T, pool *pgxpool.Pool) string {
 
 func TestMigrateCommand(t *testing.T) {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testDSN)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := pgtest.NewPool(t, testDSN, 0)
 	env := map[string]string{"DATABASE_URL": testDSN}
 	latest := len(tablesOf(pglease.DefaultSchemaAdapter{}).Migrations())
 	version := func(schema string) int {
@@ -86,7 +85,7 @@ func TestMigrateCommand(t *testing.T) {
 	assert.False(t, created, "a dry run creates nothing")
 	byScript := emptySchema(t, pool)
 	script := runCLI(t, env, "migrate", "--schema", byScript, "--dry-run")
-	_, err = pool.Exec(ctx, script.stdout)
+	_, err := pool.Exec(ctx, script.stdout)
 	require.NoError(t, err, "the printed script")
 	assert.Equal(t, latest, version(byScript))
 	_, out := migrate(byScript)

@@ -11,11 +11,13 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglease/watermill-pglease/internal/pgrepl"
+	"github.com/pglease/watermill-pglease/internal/pgtest"
 )
 
 // start starts a cluster and closes it at the end of the test.
 func start(t *testing.T, opts pgrepl.Options) *pgrepl.Cluster {
 	t.Helper()
+	pgtest.SkipShort(t) // runs PostgreSQL's programs
 	opts.Logf = t.Logf
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -50,6 +50,7 @@ func TestPgBouncerDSNFromEnv(t *testing.T) {
 // TestPgBouncerAlive checks the PgBouncer that `make test` starts: it
 // answers, and pools in transaction mode.
 func TestPgBouncerAlive(t *testing.T) {
+	pgtest.SkipShort(t)
 	dsn, err := pgtest.PgBouncerDSN()
 	if err != nil {
 		t.Fatal(err)

@@ -9,10 +9,18 @@
 //  1. The environment variable PGLEASE_TEST_DSN, when it is not empty.
 //     `make test` (scripts/localpg.sh) sets it to a throwaway local server,
 //     together with PGLEASE_TEST_RESTART_CMD.
-//  2. A Docker engine, when one answers: a single postgres:15-alpine container
-//     is started through testcontainers-go and shared by the whole test
-//     process.
-//  3. Otherwise [DSN] returns an error that says how to provide a database.
+//  2. A Docker engine, when one answers (DOCKER_HOST, else
+//     /var/run/docker.sock, answers GET /_ping): a single postgres:15-alpine
+//     container is started and shared by the whole test process. The
+//     start-up runs in a program of its own, `go run .` in
+//     internal/pgtest/container, a nested module, so that this module does
+//     not require testcontainers-go and the Docker client.
+//  3. Otherwise [DSN] returns an error that says how to provide a database
+//     and why Docker could not be used.
+//
+// Under `go test -short` no database is looked for: [Main] runs the tests
+// without one and [SkipShort] skips those that need one, saying to run
+// `make test`.
 //
 // Tests that run pglease behind a transaction pooler call [PgBouncerDSN]
 // for the URL of the same database through PgBouncer in transaction mode,
@@ -25,20 +33,22 @@
 package pgtest
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/url"
 	"os"
-	"strconv"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/moby/moby/api/types/container"
-	"github.com/moby/moby/api/types/network"
-	"github.com/testcontainers/testcontainers-go"
-	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 )
 
 // EnvDSN names the environment variable that holds the URL of the database
@@ -51,19 +61,22 @@ const EnvDSN = "PGLEASE_TEST_DSN"
 const EnvRestartCmd = "PGLEASE_TEST_RESTART_CMD"
 
 // Image is the container image started when no [EnvDSN] is given and a
-// Docker engine answers.
+// Docker engine answers (see internal/pgtest/container).
 const Image = "postgres:15-alpine"
 
 const (
 	dockerCheckTimeout = 5 * time.Second
-	containerTimeout   = 5 * time.Minute
-	terminateTimeout   = time.Minute
+	// containerTimeout bounds the container program: building it the
+	// first time, pulling the image, starting the server.
+	containerTimeout = 10 * time.Minute
+	terminateTimeout = time.Minute
 )
 
 var (
 	mu          sync.Mutex
 	once        sync.Once
-	ctr         *tcpostgres.PostgresContainer
+	ctr         *exec.Cmd      // the container program, while it runs
+	ctrStdin    io.WriteCloser // closing it makes the program remove the container
 	ctrID       string
 	ctrDSN      string
 	ctrErr      error
@@ -112,12 +125,12 @@ func RestartCommand() []string {
 }
 
 // Terminate stops and removes the container started by [DSN], if any. Call
-// it at the end of TestMain, after m.Run. It is a no-op when no container was
-// started, and safe to call more than once.
+// it at the end of TestMain, after m.Run ([Main] does). It is a no-op when
+// no container was started, and safe to call more than once.
 func Terminate() {
 	mu.Lock()
-	c := ctr
-	ctr = nil
+	c, stdin := ctr, ctrStdin
+	ctr, ctrStdin = nil, nil
 	if c != nil {
 		ctrFinished = true
 	}
@@ -125,10 +138,18 @@ func Terminate() {
 	if c == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), terminateTimeout)
-	defer cancel()
-	if err := c.Terminate(ctx); err != nil {
-		fmt.Fprintf(os.Stderr, "pgtest: terminating the PostgreSQL container: %v\n", err)
+	_ = stdin.Close() // the program removes the container and exits
+	done := make(chan error, 1)
+	go func() { done <- c.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: terminating the PostgreSQL container: %v\n", err)
+		}
+	case <-time.After(terminateTimeout):
+		_ = c.Process.Kill()
+		fmt.Fprintf(os.Stderr, "pgtest: the container program did not exit within %v; killed it (container %s may be left)\n",
+			terminateTimeout, ctrID)
 	}
 }
 
@@ -142,102 +163,128 @@ func noDatabaseError(reason error) error {
 }
 
 func startContainer() {
-	dsn, id, c, err := runContainer()
+	err := dockerAvailable(os.Getenv("DOCKER_HOST"), dockerCheckTimeout)
+	if err != nil {
+		mu.Lock()
+		ctrErr = noDatabaseError(err)
+		mu.Unlock()
+		return
+	}
+	cmd, stdin, r, err := runContainer()
 	mu.Lock()
 	defer mu.Unlock()
-	ctrDSN, ctrID, ctr, ctrErr = dsn, id, c, err
+	if err != nil {
+		ctrErr = err
+		return
+	}
+	ctr, ctrStdin, ctrDSN, ctrID = cmd, stdin, r.DSN, r.ID
 }
 
-func runContainer() (dsn, id string, c *tcpostgres.PostgresContainer, err error) {
-	if err := dockerAvailable(dockerCheckTimeout); err != nil {
-		return "", "", nil, noDatabaseError(err)
-	}
-
-	port, err := freePort()
-	if err != nil {
-		return "", "", nil, fmt.Errorf("pgtest: picking a host port for the PostgreSQL container: %w", err)
-	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), containerTimeout)
-	defer cancel()
-
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("pgtest: starting the PostgreSQL container panicked: %v", r)
-		}
-		if err != nil && c != nil {
-			tctx, tcancel := context.WithTimeout(context.Background(), terminateTimeout)
-			defer tcancel()
-			_ = c.Terminate(tctx)
-			c = nil
-		}
-	}()
-
-	// A fixed host port, so that `docker restart` keeps the address.
-	pgPort := network.MustParsePort("5432/tcp")
-	c, err = tcpostgres.Run(ctx, Image,
-		tcpostgres.BasicWaitStrategies(),
-		testcontainers.WithCmdArgs(
-			"-c", "max_connections=400",
-			"-c", "synchronous_commit=off",
-			"-c", "full_page_writes=off",
-			"-c", "shared_preload_libraries=pg_stat_statements",
-		),
-		testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
-			hc.PortBindings = network.PortMap{
-				pgPort: {{HostPort: strconv.Itoa(port)}},
-			}
-			// Docker's default of 64 MiB for /dev/shm is tight for
-			// PostgreSQL's dynamic shared memory.
-			hc.ShmSize = 256 << 20
-		}),
-	)
-	if err != nil {
-		return "", "", c, fmt.Errorf("pgtest: starting the PostgreSQL container (%s): %w", Image, err)
-	}
-	dsn, err = c.ConnectionString(ctx, "sslmode=disable")
-	if err != nil {
-		return "", "", c, fmt.Errorf("pgtest: PostgreSQL container address: %w", err)
-	}
-	return dsn, c.GetContainerID(), c, nil
+// containerReply is the line the container program writes.
+type containerReply struct {
+	DSN   string `json:"dsn"`
+	ID    string `json:"id"`
+	Error string `json:"error"`
 }
 
-// dockerAvailable reports, within timeout, whether a Docker engine answers.
-// It never panics and never blocks longer than about timeout.
-func dockerAvailable(timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
+// containerDir is the directory of the container program, beside this file.
+func containerDir() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("pgtest: cannot find the directory of the container program")
+	}
+	return filepath.Join(filepath.Dir(file), "container"), nil
+}
 
-	result := make(chan error, 1)
+// runContainer runs the container program and reads its reply. On success
+// the program keeps running until its stdin is closed.
+func runContainer() (*exec.Cmd, io.WriteCloser, containerReply, error) {
+	var r containerReply
+	dir, err := containerDir()
+	if err != nil {
+		return nil, nil, r, err
+	}
+	cmd := exec.Command("go", "run", ".")
+	cmd.Dir = dir
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, nil, r, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, r, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, r, fmt.Errorf("pgtest: starting the container program (go run . in %s): %w", dir, err)
+	}
+	line := make(chan string, 1)
 	go func() {
-		defer func() {
-			if r := recover(); r != nil {
-				result <- fmt.Errorf("docker check panicked: %v", r)
-			}
-		}()
-		provider, err := testcontainers.NewDockerProvider()
-		if err != nil {
-			result <- err
-			return
+		sc := bufio.NewScanner(stdout)
+		if sc.Scan() {
+			line <- sc.Text()
+		} else {
+			line <- ""
 		}
-		// Health closes the provider.
-		result <- provider.Health(ctx)
+		_, _ = io.Copy(io.Discard, stdout)
 	}()
-
+	fail := func(err error) (*exec.Cmd, io.WriteCloser, containerReply, error) {
+		_ = stdin.Close()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, nil, r, err
+	}
 	select {
-	case err := <-result:
-		return err
-	case <-time.After(timeout + time.Second):
-		return fmt.Errorf("no answer from the Docker engine within %v", timeout)
+	case l := <-line:
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			return fail(fmt.Errorf("pgtest: the container program (in %s) said %q: %v", dir, l, err))
+		}
+		if r.Error != "" || r.DSN == "" {
+			return fail(fmt.Errorf("pgtest: %s", r.Error))
+		}
+		return cmd, stdin, r, nil
+	case <-time.After(containerTimeout):
+		return fail(fmt.Errorf("pgtest: the container program (in %s) did not start PostgreSQL within %v", dir, containerTimeout))
 	}
 }
 
-// freePort returns a TCP port that nothing listens on right now.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", ":0")
-	if err != nil {
-		return 0, err
+// dockerAvailable reports, within timeout, whether a Docker engine answers
+// GET /_ping at host (DOCKER_HOST's syntax: unix:///path or tcp://host:port;
+// empty means unix:///var/run/docker.sock).
+func dockerAvailable(host string, timeout time.Duration) error {
+	if host == "" {
+		host = "unix:///var/run/docker.sock"
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	u, err := url.Parse(host)
+	if err != nil {
+		return fmt.Errorf("DOCKER_HOST %q: %w", host, err)
+	}
+	var network, addr string
+	switch u.Scheme {
+	case "unix":
+		network, addr = "unix", u.Path
+	case "tcp", "http":
+		network, addr = "tcp", u.Host
+	default:
+		return fmt.Errorf("DOCKER_HOST %q: only unix:// and tcp:// are checked", host)
+	}
+	client := &http.Client{
+		Timeout: timeout,
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, network, addr)
+			},
+		},
+	}
+	defer client.CloseIdleConnections()
+	resp, err := client.Get("http://docker/_ping")
+	if err != nil {
+		return fmt.Errorf("no Docker engine at %s: %w", host, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("the Docker engine at %s answered /_ping with %s", host, resp.Status)
+	}
+	return nil
 }

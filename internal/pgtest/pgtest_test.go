@@ -28,6 +28,7 @@ func TestRestartCommandFromEnv(t *testing.T) {
 }
 
 func TestConnectAndRestart(t *testing.T) {
+	pgtest.SkipShort(t)
 	dsn, err := pgtest.DSN()
 	if err != nil {
 		t.Fatal(err)

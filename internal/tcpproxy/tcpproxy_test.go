@@ -186,6 +186,7 @@ func TestProxy(t *testing.T) {
 // connection's query runs into its deadline, and a new connection through
 // the proxy works.
 func TestPostgres(t *testing.T) {
+	pgtest.SkipShort(t)
 	dsn, err := pgtest.DSN()
 	if err != nil {
 		t.Fatal(err)
