@@ -1,0 +1,720 @@
+package pglease
+
+// The consumer: the delivery state machine of one (topic, partition) of a
+// subscription (claim, fetch, hand out, commit, release), moved out of
+// subscriber.go, which keeps the Subscriber, its configuration, Subscribe
+// and Close.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
+)
+
+// storedMessage is one row read from the messages table.
+type storedMessage struct {
+	pos      Position
+	uuid     string
+	payload  []byte
+	metadata string
+	// size is what the message counts against MaxBufferedBytes, as
+	// SelectMessages computes it; whole is false when the read left its
+	// payload and metadata out (larger than it asked for).
+	size  int64
+	whole bool
+}
+
+// toMessage builds a new Watermill message each time, so that an Ack of a
+// nacked delivery can never affect the next one.
+func (m storedMessage) toMessage() (*message.Message, error) {
+	msg := message.NewMessage(m.uuid, m.payload)
+	if m.metadata != "" {
+		if err := json.Unmarshal([]byte(m.metadata), &msg.Metadata); err != nil {
+			return nil, fmt.Errorf("decode metadata of message %s: %w", m.uuid, err)
+		}
+	}
+	return msg, nil
+}
+
+// consumer is one partition of a subscription: it registers its (topic,
+// partition) row with the group member, waits for the member to grant it,
+// delivers it while it owns it, and gives it back when the member asks,
+// until the subscription ends.
+type consumer struct {
+	s         *Subscriber
+	sub       *subscription
+	topic     string
+	partition int32
+	slot      *topicSlot
+	ctx       context.Context // the subscription's
+	out       chan *message.Message
+	logger    watermill.LoggerAdapter
+
+	// wake is poked (never blocking) by notifications and the idle poller.
+	wake chan struct{}
+	// grant receives the claims of the topic from the group member; it
+	// holds at most one, as the member grants only to waiting consumers.
+	grant chan grant
+	// yield is closed when the member asks for the topic back; set from
+	// each grant, used by this consumer's goroutine only.
+	yield chan struct{}
+	// owning tells the wake hub which notifications concern this consumer;
+	// idle that it waits for news with nothing in flight.
+	owning atomic.Bool
+	idle   atomic.Bool
+	// flushTimer fires CommitInterval after the first uncommitted Ack; it
+	// is made on the first Ack (an idle topic has none).
+	flushTimer *time.Timer
+	flushArmed bool
+	unflushed  int
+	// lease is what the consumer holds of the Subscriber's byte budget:
+	// the messages of its batch not handed out yet. unsent is the size of
+	// the message being delivered until it is first handed out.
+	lease  budgetLease
+	unsent int64
+}
+
+func (c *consumer) row() rowKey { return rowKey{topic: c.topic, partition: c.partition} }
+
+func (c *consumer) poke() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+type outcome int
+
+const (
+	acked   outcome = iota
+	stopped         // the subscription ended: release the claim
+	lost            // ownership lost: wait for a new grant
+	yielded         // the member asked for the topic: release it, wait
+)
+
+func (c *consumer) run() {
+	defer c.s.consumers.Done()
+	defer c.s.releaseSlot(c.row(), c.slot)
+	defer c.s.hub.remove(c)
+	defer c.resetFlush()
+
+	select {
+	case c.slot.token <- struct{}{}:
+	case <-c.ctx.Done():
+		c.sub.consumerDone()
+		return
+	}
+	// The slot is held until nothing of this subscription may own the row
+	// any more: no other subscription of this Subscriber claims it meanwhile.
+	defer func() { <-c.slot.token }()
+	left := c.consume()
+	c.sub.cancel() // a consumer ends only with its subscription
+	c.finish(&left)
+}
+
+// leftover is a claim that a subscription may still hold when it stops
+// owning the topic: released by releaseLeftover.
+type leftover struct {
+	g  *sessionGen
+	cl *claim
+}
+
+// consume registers the topic with the group member, waits for it to
+// grant the topic, delivers it while it owns it, and gives it back when
+// the member asks for it, until the subscription ends. It returns what
+// the subscription may still hold. Every way of ending ownership goes
+// through releaseLeftover, but for a lost one (nothing to release).
+func (c *consumer) consume() leftover {
+	m := c.s.member
+	m.register(c)
+	for {
+		var gr grant
+		select {
+		case gr = <-c.grant:
+		case <-c.ctx.Done():
+			if gr, ok := m.unregister(c); ok {
+				return leftover{g: gr.g, cl: gr.cl}
+			}
+			return leftover{}
+		}
+		c.yield = gr.yield
+		c.owning.Store(true)
+		out := c.own(gr.g, gr.cl, gr.hasNext)
+		c.owning.Store(false)
+		c.idle.Store(false)
+		c.resetFlush()
+		switch out {
+		case stopped:
+			m.unregister(c)
+			return leftover{g: gr.g, cl: gr.cl}
+		case yielded:
+			left := leftover{g: gr.g, cl: gr.cl}
+			c.releaseRetrying(&left, c.releaseLeftover(&left))
+			c.logger.Debug("Topic given up to another member of the group", nil)
+		}
+		m.disown(c)
+	}
+}
+
+// standbyMargin is added to another member's expiry before this member
+// looks at the group again, so that it lands after the expiry on the
+// server.
+const standbyMargin = 20 * time.Millisecond
+
+// finish ends the consumer: it releases what it may still hold, lets the
+// subscription close its channel, and, if the release could not be
+// written, tries again with backoff while the session lives. A live session never keeps a
+// topic that no subscription consumes: it holds the row only until the
+// release goes through, the session is lost (its rows are free with it), or
+// Close gives up after CloseTimeout (then Close deletes the session row).
+func (c *consumer) finish(left *leftover) {
+	err := c.releaseLeftover(left)
+	c.sub.consumerDone()
+	c.releaseRetrying(left, err)
+}
+
+// releaseRetrying retries a failed release (err, from releaseLeftover) with
+// backoff until it goes through, the session is lost or Close gives up.
+func (c *consumer) releaseRetrying(left *leftover, err error) {
+	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
+	for err != nil {
+		if !sleep(retry.delay(), c.s.giveUp, left.g.lost) {
+			if c.s.isGivingUp() {
+				c.s.closeError(err)
+			}
+			return
+		}
+		err = c.releaseLeftover(left)
+	}
+}
+
+// releaseLeftover makes one attempt at releasing what left holds; nil means
+// nothing is left to do.
+func (c *consumer) releaseLeftover(left *leftover) error {
+	if left.cl == nil {
+		return nil
+	}
+	cl := left.cl
+	err := c.s.offsets.release(c.s.releaseCtx, cl)
+	switch {
+	case err == nil:
+		c.logger.Debug("Topic released", watermill.LogFields{"epoch": cl.epoch,
+			"acked_transaction_id": cl.acked.TransactionID, "acked_offset": cl.acked.Offset})
+		return nil
+	case errors.Is(err, ErrOwnershipLost):
+		c.logger.Info("Topic was already taken over before release (fenced)", watermill.LogFields{
+			"epoch": cl.epoch, "session_id": cl.sessionID.String()})
+		return nil
+	default:
+		c.logger.Error("Cannot release the topic, retrying while the session lives", err, nil)
+		return err
+	}
+}
+
+// waitWake waits for d (forever when d is 0), a wake-up, the end of the
+// subscription, the loss of the session (when lost is not nil) or the
+// member's request for the topic. It reports whether it returned because
+// of the timer or a wake-up.
+func (c *consumer) waitWake(d time.Duration, lost <-chan struct{}) bool {
+	var timeout <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case <-timeout:
+		return true
+	case <-c.wake:
+		return true
+	case <-c.ctx.Done():
+		return false
+	case <-lost:
+		return false
+	case <-c.yield:
+		return false
+	}
+}
+
+// own delivers the claimed topic's messages until the subscription ends
+// (stopped), ownership is lost (lost) or the member asks for the topic
+// (yielded, only between messages: a message handed out is first acked or
+// nacked). Without hasNext it waits for news before its first read.
+func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
+	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
+	// pendingWait re-polls while committed messages are not visible yet:
+	// every few milliseconds at first (such rows usually wait behind a
+	// transaction that ends a moment later), then backing off to
+	// PollInterval once that has lasted longer than pendingFastFor.
+	pendingWait := newBackoff(2*time.Millisecond, pendingFastCap)
+	var pendingSince time.Time
+	head := true // no message of this claim delivered yet
+	// Messages of a batch not handed out when ownership ends are dropped:
+	// their bytes go back to the budget.
+	defer c.dropBuffered()
+	for first := true; ; first = false {
+		if c.ctx.Err() != nil {
+			return stopped
+		}
+		if g.isLost() {
+			c.logger.Info("Session lost, topic delivery stopped", watermill.LogFields{
+				"epoch": cl.epoch, "session_id": cl.sessionID.String()})
+			return lost
+		}
+		if c.yielding() {
+			return c.interrupted()
+		}
+		if first && !hasNext {
+			if !c.waitIdle(g, cl) {
+				return c.interrupted()
+			}
+			continue
+		}
+		batch, pending, ok, err := c.fetch(g, cl)
+		if !ok {
+			return c.interrupted()
+		}
+		if err != nil {
+			if c.ctx.Err() != nil {
+				return stopped
+			}
+			c.logger.Error("Cannot read messages, retrying", err, nil)
+			if !sleep(retry.delay(), c.ctx.Done(), g.lost) && c.ctx.Err() != nil {
+				return stopped
+			}
+			continue
+		}
+		retry.reset()
+		if len(batch) == 0 {
+			if res := c.flush(g, cl); res != acked {
+				return res
+			}
+			if pending {
+				// Committed rows wait behind an older running transaction:
+				// look again soon, backing off while it runs.
+				if pendingSince.IsZero() {
+					pendingSince = time.Now()
+				} else if time.Since(pendingSince) > pendingFastFor {
+					if pendingWait.max < c.s.config.PollInterval {
+						c.s.reportStall()
+					}
+					pendingWait.max = max(pendingFastCap, c.s.config.PollInterval)
+				}
+				if !c.waitWake(pendingWait.delay(), g.lost) {
+					return c.interrupted()
+				}
+				continue
+			}
+			pendingSince = time.Time{}
+			pendingWait = newBackoff(2*time.Millisecond, pendingFastCap)
+			if !c.waitIdle(g, cl) {
+				return c.interrupted()
+			}
+			continue
+		}
+		for _, m := range batch {
+			if c.yielding() {
+				return c.interrupted()
+			}
+			attempt := 1
+			if head {
+				// The first message after the claim's position: count
+				// this claim's delivery of it in the row, across owners.
+				n, res := c.countHead(g, cl)
+				if res != acked {
+					return res
+				}
+				attempt, head = n, false
+			}
+			c.unsent = m.size
+			if res := c.deliver(g, cl, m, attempt); res != acked {
+				return res
+			}
+			cl.acked = m.pos
+			c.unflushed++
+			if c.unflushed >= c.s.config.CommitBatch {
+				if res := c.flush(g, cl); res != acked {
+					return res
+				}
+			} else if !c.flushArmed {
+				c.flushArmed = true
+				if c.flushTimer == nil {
+					c.flushTimer = time.NewTimer(c.s.config.CommitInterval)
+				} else {
+					c.flushTimer.Reset(c.s.config.CommitInterval)
+				}
+			}
+		}
+	}
+}
+
+// While committed rows are not visible yet, they are re-polled with a
+// backoff capped at pendingFastCap for pendingFastFor, then at PollInterval.
+const (
+	pendingFastCap = 20 * time.Millisecond
+	pendingFastFor = time.Second
+)
+
+// waitIdle waits for news of the topic after cl's position, with no timer
+// of its own: a notification or the idle poller (one statement per
+// Subscriber for all its idle topics) wakes it. It reports false when the
+// subscription ended, the session was lost or the member asked for the
+// topic.
+func (c *consumer) waitIdle(g *sessionGen, cl *claim) bool {
+	c.s.hub.setIdle(c, cl.acked)
+	c.idle.Store(true)
+	ok := c.waitWake(0, g.lost)
+	c.idle.Store(false)
+	c.s.hub.clearIdle(c)
+	return ok
+}
+
+// yielding reports whether the member asked for the topic back.
+func (c *consumer) yielding() bool {
+	select {
+	case <-c.yield:
+		return true
+	default:
+		return false
+	}
+}
+
+// interrupted tells why a wait ended early.
+func (c *consumer) interrupted() outcome {
+	switch {
+	case c.ctx.Err() != nil:
+		return stopped
+	case c.yielding():
+		return yielded
+	default:
+		return lost
+	}
+}
+
+// fetch reads the next messages after cl's position within the byte
+// budget (MaxBufferedBytes). It reserves up to an eighth of the budget,
+// waiting while nothing is free (after committing what is due), and reads
+// BatchSize messages, each sent with its payload only if it is at most a
+// BatchSize-th of the reservation, so that the payloads sent never exceed
+// the reservation whatever the sizes (the metadata of the others is sent). The batch is the longest prefix of whole
+// messages that fits the reservation. When the first message was not
+// sent whole, the sizes read tell how many messages fit, and a second read
+// gets exactly those, after reserving the first one's size when it alone
+// is larger than the reservation (byteBudget.reserveExact). What the batch
+// uses stays in c.lease until its messages are handed out; the rest is
+// given back. ok is false when the subscription ended, the session was
+// lost or the member asked for the row while it waited.
+func (c *consumer) fetch(g *sessionGen, cl *claim) (batch []storedMessage, pending, ok bool, err error) {
+	b := c.s.budget
+	stop := budgetStop{c.ctx.Done(), g.lost, c.yield}
+	c.dropBuffered()
+	if !b.tryReserve(&c.lease, b.reserveWant()) {
+		// Nothing free: commit what is due before waiting.
+		if c.flush(g, cl) != acked {
+			return nil, false, false, nil
+		}
+		if !b.reserve(&c.lease, b.reserveWant(), stop) {
+			return nil, false, false, nil
+		}
+	}
+	limit := c.s.config.BatchSize
+	wholeUpTo := max(c.lease.n/int64(limit), 1)
+	for {
+		var rows []storedMessage
+		rows, pending, err = c.read(cl.acked, limit, wholeUpTo)
+		if err != nil {
+			c.dropBuffered()
+			return nil, false, true, err
+		}
+		batch, fit := cutBatch(rows, c.lease.n)
+		clear(rows[len(batch):]) // the payloads and metadata left out
+		if len(batch) > 0 || len(rows) == 0 {
+			var used int64
+			for _, m := range batch {
+				used += m.size
+			}
+			b.giveBack(&c.lease, c.lease.n-used)
+			return batch, pending, true, nil
+		}
+		if fit == 0 {
+			// The first message alone is larger than the reservation.
+			c.dropBuffered()
+			if !b.reserveExact(&c.lease, rows[0].size, stop) {
+				return nil, false, false, nil
+			}
+			fit = 1
+		}
+		// The next read returns the same first messages (the partition is
+		// this consumer's, and rows committed meanwhile come after them).
+		limit, wholeUpTo = fit, c.lease.n
+	}
+}
+
+// cutBatch returns the longest prefix of rows that are whole and whose
+// sizes add up to at most budget, and how many of rows, whole or not, fit
+// in budget.
+func cutBatch(rows []storedMessage, budget int64) (batch []storedMessage, fit int) {
+	var sum int64
+	whole := true
+	for _, m := range rows {
+		sum += m.size
+		if sum > budget {
+			break
+		}
+		whole = whole && m.whole
+		if whole {
+			batch = rows[:fit+1]
+		}
+		fit++
+	}
+	return batch, fit
+}
+
+// dropBuffered gives back to the budget what the consumer still holds of
+// it: a batch not handed out, or a reservation.
+func (c *consumer) dropBuffered() {
+	c.s.budget.giveBack(&c.lease, c.lease.n)
+	c.unsent = 0
+}
+
+// read runs one SelectMessages for limit messages after after, each
+// returned whole only if its size is at most wholeUpTo.
+func (c *consumer) read(after Position, limit int, wholeUpTo int64) (rows []storedMessage, pending bool, err error) {
+	conn, err := c.s.offsets.gate.acquire(c.ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, err)
+	}
+	defer c.s.offsets.gate.release(conn)
+	ctx, cancel := context.WithTimeout(c.ctx, c.s.config.SessionTTL)
+	defer cancel()
+	res, err := pgsql.SelectMessages(ctx, conn, c.s.offsets.tables, pgsql.SelectMessagesParams{
+		Topic:           c.topic,
+		Partition:       c.partition,
+		After:           pgsql.Position(after),
+		Limit:           limit,
+		MaxMessageBytes: wholeUpTo,
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, wrapMissingSchema(err))
+	}
+	if res.Future {
+		return nil, false, fmt.Errorf("read messages of topic %q: a stored message was written by a transaction "+
+			"this database has not reached yet, so it would be delivered after messages published later or "+
+			"never: %w", c.topic, ErrFuturePosition)
+	}
+	rows = make([]storedMessage, len(res.Messages))
+	for i, m := range res.Messages {
+		rows[i] = storedMessage{uuid: m.UUID, payload: m.Payload, metadata: m.Metadata, size: m.Size,
+			whole: m.Size <= wholeUpTo, pos: Position(m.Position)}
+	}
+	return rows, res.Pending, nil
+}
+
+// flushC is the flush timer's channel while acknowledged positions wait to
+// be committed, nil otherwise.
+func (c *consumer) flushC() <-chan time.Time {
+	if c.flushArmed {
+		return c.flushTimer.C
+	}
+	return nil
+}
+
+func (c *consumer) resetFlush() {
+	if c.flushTimer != nil {
+		c.flushTimer.Stop()
+	}
+	c.flushArmed = false
+	c.unflushed = 0
+}
+
+// deliver hands m out until it is acked. Each delivery is a fresh message
+// whose context ends after its Ack or Nack. Nothing is handed out once the
+// session generation is lost or its trust window has passed. While it
+// waits, acknowledged positions due for commit are flushed.
+func (c *consumer) deliver(g *sessionGen, cl *claim, m storedMessage, attempt int) outcome {
+	for ; ; attempt++ {
+		if g.isLost() {
+			return lost
+		}
+		msg, err := m.toMessage()
+		if err != nil {
+			// A row this package did not write; delivering it without its
+			// metadata would hide the problem, skipping it would lose it.
+			c.logger.Error("Cannot decode message, retrying", err, nil)
+			if !sleep(maxRetryBackoff, c.ctx.Done(), g.lost) {
+				return c.interrupted()
+			}
+			continue
+		}
+		msg.Metadata.Set(DeliveryAttemptMetadata, strconv.Itoa(attempt))
+		mctx, mcancel := context.WithCancel(&deliveryCtx{Context: c.ctx, d: delivery{
+			topic: c.topic, partition: c.partition, pos: m.pos, group: cl.group,
+			sessionID: cl.sessionID, epoch: cl.epoch, g: g, tables: c.s.offsets.tables}})
+		msg.SetContext(mctx)
+		res, nacked := c.handOut(g, cl, m, msg)
+		mcancel()
+		if !nacked {
+			return res
+		}
+		if !c.waitFlushing(g, cl, c.s.config.NackResendDelay) {
+			return c.interrupted()
+		}
+	}
+}
+
+// countHead counts one more delivery of the message after cl's position
+// in the offsets row, and returns the count: how many claims have handed
+// that message out without its position being committed. It retries while
+// the database cannot be reached.
+func (c *consumer) countHead(g *sessionGen, cl *claim) (int, outcome) {
+	var n int
+	res := c.fencedWrite(g, cl, "Cannot count the delivery, retrying", func(ctx context.Context) (err error) {
+		n, err = c.s.offsets.countHead(ctx, cl)
+		return err
+	})
+	return n, res
+}
+
+// fencedWrite runs write, a statement fenced by cl's session and epoch,
+// retrying with backoff while the database cannot be reached (logging
+// retryMsg). It reports acked when it went through, lost when the row was
+// taken over, and stopped or why a wait was interrupted otherwise. The end
+// of the subscription cuts a write off.
+func (c *consumer) fencedWrite(g *sessionGen, cl *claim, retryMsg string, write func(context.Context) error) outcome {
+	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
+	for {
+		// A generation found lost (expired, self-fenced, or dropped
+		// because the database went back in time) writes nothing more:
+		// its acknowledged positions may name transaction ids the
+		// database hands out again.
+		if g.isLost() {
+			return lost
+		}
+		ctx, cancel := context.WithTimeout(c.ctx, c.s.config.SessionTTL)
+		err := write(ctx)
+		cancel()
+		if err == nil {
+			return acked
+		}
+		if errors.Is(err, ErrOwnershipLost) {
+			c.logger.Info("Topic was taken over by another session (fenced), delivery stopped",
+				watermill.LogFields{"epoch": cl.epoch, "session_id": cl.sessionID.String(), "error": err.Error()})
+			return lost
+		}
+		if c.ctx.Err() != nil {
+			return stopped
+		}
+		c.logger.Error(retryMsg, err, nil)
+		if !sleep(retry.delay(), c.ctx.Done(), g.lost) {
+			return c.interrupted()
+		}
+	}
+}
+
+// handOut sends msg and waits for its Ack or Nack.
+func (c *consumer) handOut(g *sessionGen, cl *claim, m storedMessage, msg *message.Message) (res outcome, nacked bool) {
+	for sent := false; !sent; {
+		select {
+		case c.out <- msg:
+			sent = true
+		case <-c.ctx.Done():
+			return stopped, false
+		case <-g.lost:
+			return lost, false
+		case <-c.yield:
+			return yielded, false
+		case <-c.flushC():
+			if res := c.flush(g, cl); res != acked {
+				return res, false
+			}
+		}
+	}
+	c.s.stats.delivered.Add(1)
+	if c.unsent > 0 {
+		// Handed out: the handler holds it now.
+		c.s.budget.giveBack(&c.lease, c.unsent)
+		c.unsent = 0
+	}
+	for {
+		select {
+		case <-msg.Acked():
+			c.s.stats.acked.Add(1)
+			return acked, false
+		case <-msg.Nacked():
+			c.s.stats.nacked.Add(1)
+			return acked, true
+		case <-c.ctx.Done():
+			if isAcked(msg) {
+				return acked, false
+			}
+			return stopped, false
+		case <-g.lost:
+			return lost, false
+		case <-c.flushC():
+			if res := c.flush(g, cl); res != acked {
+				if res == stopped && isAcked(msg) {
+					// Acked just before the subscription ended: its
+					// position goes into the release.
+					return acked, false
+				}
+				return res, false
+			}
+		}
+	}
+}
+
+// waitFlushing sleeps d, flushing due commits meanwhile. It reports false
+// when the subscription ended or the session was lost.
+func (c *consumer) waitFlushing(g *sessionGen, cl *claim, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			return true
+		case <-c.ctx.Done():
+			return false
+		case <-g.lost:
+			return false
+		case <-c.yield:
+			return false // the nacked message goes to the next owner
+		case <-c.flushC():
+			if c.flush(g, cl) != acked {
+				return false
+			}
+		}
+	}
+}
+
+func isAcked(msg *message.Message) bool {
+	select {
+	case <-msg.Acked():
+		return true
+	default:
+		return false
+	}
+}
+
+// flush commits the acknowledged position, fenced by session and epoch,
+// retrying while the database cannot be reached. Nothing to commit is a
+// no-op.
+func (c *consumer) flush(g *sessionGen, cl *claim) outcome {
+	c.resetFlush()
+	if !cl.dirty() {
+		return acked
+	}
+	// The end of the subscription may cut a commit off (stopped): the
+	// release that follows writes the same position, fenced the same way.
+	return c.fencedWrite(g, cl, "Cannot commit offset, retrying", func(ctx context.Context) error {
+		return c.s.offsets.commit(ctx, cl)
+	})
+}
