@@ -8,6 +8,8 @@
 //	pglease reset-offsets   move a consumer group's positions on a topic
 //	pglease migrate         create or upgrade the tables (as their owner)
 //	pglease grant           let an application role run pglease (as the owner)
+//	pglease messages        browse a topic's stored messages (messages.go)
+//	pglease replay          move poisoned messages back to their topic (replay.go)
 //
 // It connects to --dsn, else to $DATABASE_URL, and works on the pglease
 // tables of --schema (default: the search_path). Every command takes --json.
