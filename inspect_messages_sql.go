@@ -144,7 +144,7 @@ func deleteMessagesForReplay(ctx context.Context, q querier, a DefaultSchemaAdap
 	toOriginal bool, limit int) ([]messageRow, error) {
 	rows, err := q.Query(ctx, `WITH sel AS (
 	SELECT m.tableoid, m.ctid FROM `+a.messages()+` m
-	WHERE m.topic = $1 AND `+a.classesOf("$1")+` AND m.metadata @> $2::text::jsonb
+	WHERE m.topic = $1 AND `+a.classesOf("$1")+` AND COALESCE(m.metadata, '{}') @> $2::text::jsonb
 		AND (NOT $3 OR COALESCE(m.metadata->>`+quoteLiteral(poisonedTopicKey)+`, '') <> '')
 	ORDER BY m.transaction_id, m."offset"
 	LIMIT $4

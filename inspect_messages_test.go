@@ -153,7 +153,7 @@ func TestReplayToOriginalOnce(t *testing.T) {
 	pub := newPublisher(t, pool, adapter)
 	poison(t, pub, "orders", "p1", "p2")
 	poison(t, pub, "payments", "p3")
-	msg := message.NewMessage("no-origin", nil)
+	msg := message.NewMessage("no-origin", nil) // no metadata at all
 	require.NoError(t, pub.Publish("poison", msg))
 	insp, err := pglease.NewInspector(pool, adapter)
 	require.NoError(t, err)
@@ -211,6 +211,7 @@ func TestReplayFilterAndTo(t *testing.T) {
 	other := message.NewMessage("b1", nil)
 	other.Metadata.Set("tenant", "globex")
 	require.NoError(t, pub.Publish("poison", other))
+	require.NoError(t, pub.Publish("poison", message.NewMessage("no-metadata", nil)))
 	insp, err := pglease.NewInspector(pool, adapter)
 	require.NoError(t, err)
 
@@ -223,9 +224,14 @@ func TestReplayFilterAndTo(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, done, 1)
 	assert.Equal(t, "b1", done[0].UUID)
+	done, err = insp.Replay(ctx, pglease.ReplayParams{From: "poison", To: "retry"})
+	require.NoError(t, err)
+	require.Len(t, done, 2, "without a filter: every message, metadata or not")
+	assert.Equal(t, "a3", done[0].UUID)
+	assert.Equal(t, "no-metadata", done[1].UUID)
 	page, err := insp.Messages(ctx, pglease.MessagesParams{Topic: "retry"})
 	require.NoError(t, err)
-	assert.Len(t, page.Messages, 3)
+	assert.Len(t, page.Messages, 5)
 
 	for _, p := range []pglease.ReplayParams{
 		{From: "poison"},
