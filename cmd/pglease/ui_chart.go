@@ -26,22 +26,35 @@ type lagSampler struct {
 
 	mu     sync.Mutex
 	groups map[string][]lagSample
+	// The latest sample's rows folded per group (members not counted),
+	// when it was read and how long the read took.
+	latest   []groupSummary
+	latestAt time.Time
+	took     time.Duration
 }
 
 func newLagSampler(insp *pglease.Inspector, keep int) *lagSampler {
 	return &lagSampler{insp: insp, keep: keep, groups: map[string][]lagSample{}}
 }
 
-// run samples until ctx ends: at once, then every interval.
+// samplerDutyFactor bounds the database time the sampler takes: after a
+// read that took d it waits at least samplerDutyFactor * d, so a lag read
+// of many rows never takes more than a fifth of one connection's time.
+const samplerDutyFactor = 5
+
+// run samples until ctx ends: at once, then every interval (longer when
+// a read is slow, see samplerDutyFactor).
 func (l *lagSampler) run(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
 	for {
-		sctx, cancel := context.WithTimeout(ctx, max(every, 5*time.Second))
+		start := time.Now()
+		sctx, cancel := context.WithTimeout(ctx, max(every, time.Minute))
 		_ = l.sample(sctx)
 		cancel()
+		wait := max(every, samplerDutyFactor*time.Since(start))
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
 		case <-t.C:
 		}
@@ -50,11 +63,13 @@ func (l *lagSampler) run(ctx context.Context, every time.Duration) {
 
 // sample reads the lag of every group once and records its totals.
 func (l *lagSampler) sample(ctx context.Context) error {
+	start := time.Now()
 	lag, err := l.insp.Lag(ctx, pglease.LagFilter{})
 	if err != nil {
 		return err
 	}
 	now := time.Now()
+	summary := summarize(lag, nil)
 	totals := map[string]lagSample{}
 	for _, r := range lag {
 		s := totals[r.ConsumerGroup]
@@ -65,6 +80,7 @@ func (l *lagSampler) sample(ctx context.Context) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.latest, l.latestAt, l.took = summary, now, now.Sub(start)
 	for g := range l.groups {
 		if _, ok := totals[g]; !ok {
 			delete(l.groups, g)
@@ -78,6 +94,14 @@ func (l *lagSampler) sample(ctx context.Context) error {
 		l.groups[g] = series
 	}
 	return nil
+}
+
+// summary returns the latest sample's groups (nil before the first),
+// when it was read and how long the read took.
+func (l *lagSampler) summary() ([]groupSummary, time.Time, time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]groupSummary(nil), l.latest...), l.latestAt, l.took
 }
 
 // series returns a copy of a group's samples, oldest first.

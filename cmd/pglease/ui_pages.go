@@ -46,7 +46,11 @@ type groupSummary struct {
 }
 
 type overviewBody struct {
-	Groups     []groupSummary
+	Groups []groupSummary
+	// SampledAt is when the groups' lag was read by the sampler (zero:
+	// read for this page); SampleTook how long that read took.
+	SampledAt  time.Time
+	SampleTook time.Duration
 	Sessions   []pglease.SessionInfo
 	More       int // sessions not listed
 	Live       int
@@ -55,7 +59,17 @@ type overviewBody struct {
 
 // summarize folds the lag rows and sessions into one line per group.
 func summarize(lag []pglease.LagInfo, sessions []pglease.SessionInfo) []groupSummary {
+	return withMembers(nil, lag, sessions)
+}
+
+// withMembers adds to groups (folded before, without members) the lag
+// rows and the live sessions, one line per group, sorted by name.
+func withMembers(groups []groupSummary, lag []pglease.LagInfo, sessions []pglease.SessionInfo) []groupSummary {
 	byName := map[string]*groupSummary{}
+	for i := range groups {
+		g := groups[i]
+		byName[g.Name] = &g
+	}
 	get := func(n string) *groupSummary {
 		g := byName[n]
 		if g == nil {
@@ -75,7 +89,7 @@ func summarize(lag []pglease.LagInfo, sessions []pglease.SessionInfo) []groupSum
 		}
 	}
 	for _, s := range sessions {
-		if s.Alive && !strings.HasPrefix(s.ConsumerGroup, "\x00") {
+		if s.Alive {
 			get(s.ConsumerGroup).Members++
 		}
 	}
@@ -87,17 +101,27 @@ func summarize(lag []pglease.LagInfo, sessions []pglease.SessionInfo) []groupSum
 	return out
 }
 
+// overview shows every group's lag as the sampler last read it (the
+// read of every row's lag is the expensive one: it runs once per
+// interval, however many pages are open), or reads it when no sample
+// was taken yet; the sessions and the horizon are read for each page.
 func (s *uiServer) overview(ctx context.Context, r *http.Request, d *pageData) (string, error) {
 	d.Title, d.Nav = "Overview", "overview"
-	lag, err := s.insp.Lag(ctx, pglease.LagFilter{})
-	if err != nil {
-		return "", err
-	}
 	sessions, err := s.insp.Sessions(ctx)
 	if err != nil {
 		return "", err
 	}
-	b := overviewBody{Groups: summarize(lag, sessions)}
+	var b overviewBody
+	groups, at, took := s.sampler.summary()
+	if at.IsZero() {
+		lag, err := s.insp.Lag(ctx, pglease.LagFilter{})
+		if err != nil {
+			return "", err
+		}
+		b.Groups = summarize(lag, sessions)
+	} else {
+		b.Groups, b.SampledAt, b.SampleTook = withMembers(groups, nil, sessions), at, took
+	}
 	for i, ss := range sessions {
 		if ss.Alive {
 			b.Live++
