@@ -420,12 +420,12 @@ func (s *uiServer) write(f writeFunc) http.HandlerFunc {
 		case !s.allowWrites:
 			err = forbidden("writes are off: this console was started without --allow-writes")
 		case !sameOrigin(r):
-			err = forbidden("refused: the request does not come from a page of this console (Origin %q, Referer %q)",
+			err = forbidden("the request does not come from a page of this console (Origin %q, Referer %q)",
 				r.Header.Get("Origin"), r.Header.Get("Referer"))
 		case r.URL.Path != "/signin" && !s.signedIn(r):
-			err = forbidden("refused: sign in with the write token first")
+			err = forbidden("sign in with the write token first")
 		case r.URL.Path != "/signin" && subtle.ConstantTimeCompare([]byte(r.PostForm.Get("csrf")), []byte(s.csrf)) != 1:
-			err = forbidden("refused: the form's anti-forgery field is missing or wrong; reload the page")
+			err = forbidden("the form's anti-forgery field is missing or wrong; reload the page")
 		}
 		if err != nil {
 			s.logWrite(r, d, r.URL.Path, "refused: "+err.Error())
@@ -482,7 +482,7 @@ func (s *uiServer) signin(ctx context.Context, w http.ResponseWriter, r *http.Re
 	if subtle.ConstantTimeCompare([]byte(r.PostForm.Get("token")), []byte(s.token)) != 1 {
 		d.Operator = name
 		s.logWrite(r, d, "sign-in", "refused: wrong token")
-		return forbidden("refused: that is not the write token")
+		return forbidden("that is not the write token")
 	}
 	if name == "" {
 		return badRequest("say who you are: the name is logged with every write")

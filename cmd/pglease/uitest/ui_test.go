@@ -374,6 +374,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.NoError(t, tx.Rollback(ctx))
 
 	logged := log.String()
+	t.Logf("the log of writes:\n%s", logged)
 	assert.Contains(t, logged, `reset-offsets group="billing" topic="orders" to=earliest force=true by "alice"`)
 	assert.Contains(t, logged, `replay from="shipments.poison" to="" to_original=true filter="" limit=100 by "alice"`)
 	assert.Contains(t, logged, `by "(not signed in)"`)
