@@ -29,9 +29,18 @@ transactions still behind the xmin horizon are shown too.
 
 --uuid shows the messages with that UUID whole (of --topic; the UUID is not
 indexed, so the topic's messages are read). --json prints the page (payloads
-in base64) with "next", the position of the next page.`,
+in base64) with "next", the position of the next page, and "topic": its
+partitions, retention, stored and delayed messages.`,
 		new: func() subcommand { return &messagesCmd{} },
 	})
+}
+
+// messagesOutput is the JSON of pglease messages: the topic's settings,
+// stored and delayed messages (what the console's topic page shows), and
+// the page.
+type messagesOutput struct {
+	Topic pglease.TopicDetail `json:"topic"`
+	pglease.MessagePage
 }
 
 type messagesCmd struct {
@@ -116,7 +125,11 @@ func (c *messagesCmd) run(ctx context.Context, e *cmdEnv) error {
 		return err
 	}
 	if e.json {
-		return writeJSON(e.stdout, page)
+		detail, err := e.insp.TopicDetail(ctx, c.topic.value)
+		if err != nil {
+			return err
+		}
+		return writeJSON(e.stdout, messagesOutput{Topic: detail, MessagePage: page})
 	}
 	if len(page.Messages) == 0 {
 		fmt.Fprintf(e.stdout, "No messages on topic %s here.\n", displayName(c.topic.value))

@@ -25,8 +25,10 @@ func TestMessagesPages(t *testing.T) {
 	}
 	require.NoError(t, f.pub.Publish("t", message.NewMessage("bin", []byte{0, 1, 0xfe})))
 
-	var page pglease.MessagePage
+	var page messagesOutput
 	require.NoError(t, json.Unmarshal([]byte(f.ok("messages", "--topic", "t", "--limit", "2", "--json")), &page))
+	assert.Equal(t, int64(4), page.Topic.Messages)
+	assert.Equal(t, 1, page.Topic.Partitions)
 	require.Len(t, page.Messages, 2)
 	assert.Equal(t, "bin", page.Messages[0].UUID)
 	assert.Equal(t, "m2", page.Messages[1].UUID)
