@@ -199,7 +199,7 @@ func (i *Inspector) TopicDetail(ctx context.Context, topic string) (TopicDetail,
 	}
 	d.Partitions, d.Retention = int(row.Partitions), time.Duration(row.RetentionUs)*time.Microsecond
 	d.Delayed, d.NextDueAt = row.Delayed, row.NextDueAt
-	counts, err := countTopicMessages(ctx, i.db, a, topic, DefaultExactCountUpTo)
+	counts, err := countTopicMessages(ctx, i.db, a, []string{topic}, DefaultExactCountUpTo)
 	if err != nil {
 		return d, fmt.Errorf("count the messages of topic %q: %w", topic, err)
 	}
@@ -223,21 +223,34 @@ type TopicMessageCount struct {
 	Estimated bool `json:"estimated"`
 }
 
-// TopicMessages returns the stored messages of every topic that has some:
-// counted exactly up to exactUpTo per topic (0: DefaultExactCountUpTo),
-// reading at most that many index entries of each, and above it the
-// planner's estimate from the table's statistics (at least exactUpTo). It
-// is cheap enough for every scrape of a metrics collector: a poison topic
-// of a few messages is counted exactly, a topic of millions costs a plan.
-func (i *Inspector) TopicMessages(ctx context.Context, exactUpTo int64) ([]TopicMessageCount, error) {
+// TopicMessagesParams select the topics of [Inspector.TopicMessages].
+type TopicMessagesParams struct {
+	// Topics are the topics to count (each is returned, 0 included);
+	// nil: every topic that has messages (found by skipping through the
+	// primary key, one probe per topic).
+	Topics []string
+	// ExactUpTo is the count up to which a topic is counted exactly.
+	// Default DefaultExactCountUpTo.
+	ExactUpTo int64
+}
+
+// TopicMessages returns the stored messages of topics: counted exactly up
+// to ExactUpTo per topic, reading at most that many index entries of
+// each, and above it the planner's estimate from the table's statistics
+// (at least ExactUpTo). A poison topic of a few messages is counted
+// exactly; a topic of millions costs a plan. On every topic of a large
+// database it costs a probe and a short count per topic (0.86 s on
+// 100,000 topics, BenchmarkTopicMessages): name the topics to watch to
+// read only those.
+func (i *Inspector) TopicMessages(ctx context.Context, p TopicMessagesParams) ([]TopicMessageCount, error) {
 	a, err := i.tables()
 	if err != nil {
 		return nil, err
 	}
-	if exactUpTo <= 0 {
-		exactUpTo = DefaultExactCountUpTo
+	if p.ExactUpTo <= 0 {
+		p.ExactUpTo = DefaultExactCountUpTo
 	}
-	rows, err := countTopicMessages(ctx, i.db, a, "", exactUpTo)
+	rows, err := countTopicMessages(ctx, i.db, a, p.Topics, p.ExactUpTo)
 	if err != nil {
 		return nil, fmt.Errorf("count the messages of the topics: %w", wrapMissingSchema(err))
 	}

@@ -191,25 +191,27 @@ type topicCountRow struct {
 	Capped   bool
 }
 
-// countTopicMessages counts the stored messages of topic (every topic
-// that has some when topic is ""), reading at most capPerTopic+1 index
-// entries per topic (an index-only scan of the primary key; the topics
-// are found by skipping from one to the next).
-func countTopicMessages(ctx context.Context, q querier, a DefaultSchemaAdapter, topic string, capPerTopic int64) ([]topicCountRow, error) {
+// countTopicMessages counts the stored messages of topics (nil: every
+// topic that has some), reading at most capPerTopic+1 index entries per
+// topic (an index-only scan of the primary key; every topic's name is
+// found by skipping from one to the next).
+func countTopicMessages(ctx context.Context, q querier, a DefaultSchemaAdapter, topics []string, capPerTopic int64) ([]topicCountRow, error) {
 	names := `WITH RECURSIVE mt AS (
 	(SELECT topic FROM ` + a.messages() + ` ORDER BY topic LIMIT 1)
 	UNION ALL
 	SELECT (SELECT m.topic FROM ` + a.messages() + ` m WHERE m.topic > mt.topic ORDER BY m.topic LIMIT 1)
 	FROM mt WHERE mt.topic IS NOT NULL
 )`
-	if topic != "" {
-		names = `WITH mt AS (SELECT $2::text COLLATE "C" AS topic)`
+	args := []any{capPerTopic}
+	if topics != nil {
+		names = `WITH mt AS (SELECT DISTINCT t COLLATE "C" AS topic FROM unnest($2::text[]) t)`
+		args = append(args, topics)
 	}
 	rows, err := q.Query(ctx, names+`
 SELECT mt.topic, least(c.n, $1), c.n > $1
 FROM mt, LATERAL (SELECT count(*) AS n FROM (SELECT 1 FROM `+a.messages()+` m WHERE m.topic = mt.topic LIMIT $1 + 1) x) c
-WHERE mt.topic IS NOT NULL AND $2::text IS NOT NULL
-ORDER BY mt.topic`, capPerTopic, topic)
+WHERE mt.topic IS NOT NULL
+ORDER BY mt.topic`, args...)
 	if err != nil {
 		return nil, err
 	}

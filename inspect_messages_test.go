@@ -105,12 +105,15 @@ func TestInspectorMessagesPagesNewestFirst(t *testing.T) {
 	assert.Equal(t, int64(n), detail.Messages)
 	assert.False(t, detail.MessagesEstimated)
 
-	counts, err := insp.TopicMessages(ctx, 10)
+	counts, err := insp.TopicMessages(ctx, pglease.TopicMessagesParams{ExactUpTo: 10})
 	require.NoError(t, err)
 	assert.Equal(t, []pglease.TopicMessageCount{
 		{Topic: "orders", Messages: 25, Estimated: true}, // over the exact bound: at least the bound
 		{Topic: "other", Messages: 3},
 	}, clampEstimates(counts, 25))
+	counts, err = insp.TopicMessages(ctx, pglease.TopicMessagesParams{Topics: []string{"other", "never"}})
+	require.NoError(t, err)
+	assert.Equal(t, []pglease.TopicMessageCount{{Topic: "never"}, {Topic: "other", Messages: 3}}, counts)
 
 	_, err = insp.Messages(ctx, pglease.MessagesParams{Topic: "orders", Limit: pglease.MaxMessagesLimit + 1})
 	assert.ErrorIs(t, err, pglease.ErrInvalidConfig)

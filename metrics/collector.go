@@ -26,9 +26,10 @@ type CollectorConfig struct {
 	// [pglease.Inspector.Lag], so the database reads only their rows.
 	ConsumerGroups []string
 	// Topics selects the topics whose lag and topic metrics are exported;
-	// nil: every topic. Passed to [pglease.Inspector.Lag]; the topic
-	// metrics are filtered after [pglease.Inspector.Topics], which reads
-	// every topic.
+	// nil: every topic. Passed to [pglease.Inspector.Lag] and
+	// [pglease.Inspector.TopicMessages] (which then count only these);
+	// the other topic metrics are filtered after
+	// [pglease.Inspector.Topics], which reads every topic.
 	Topics []string
 	// ScrapeTimeout bounds the queries of one scrape. Default:
 	// [DefaultScrapeTimeout]. Keep it below Prometheus's scrape_timeout.
@@ -219,7 +220,7 @@ func (c *Collector) scrape(ctx context.Context) snapshot {
 	} else if s.topics == nil {
 		s.topics = []pglease.TopicInfo{}
 	}
-	if s.counts, err = c.insp.TopicMessages(ctx, 0); err != nil {
+	if s.counts, err = c.insp.TopicMessages(ctx, pglease.TopicMessagesParams{Topics: c.config.Topics}); err != nil {
 		fail("topic messages", err)
 		s.counts = nil
 	} else if s.counts == nil {
