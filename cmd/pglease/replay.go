@@ -112,7 +112,7 @@ func (c *replayCmd) run(ctx context.Context, e *cmdEnv) error {
 		fmt.Fprintf(e.stdout, "No messages to replay on topic %s.\n", displayName(c.from.value))
 		return nil
 	}
-	fmt.Fprintf(e.stdout, "%s %d messages from topic %s:\n", verb, len(done), displayName(c.from.value))
+	fmt.Fprintf(e.stdout, "%s %s from topic %s:\n", verb, count(len(done), "message"), displayName(c.from.value))
 	tw := newTable(e.stdout)
 	fmt.Fprintln(tw, "UUID\tPOSITION\tSTORED\tTO\tREASON")
 	for _, m := range done {

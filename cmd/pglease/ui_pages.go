@@ -381,8 +381,8 @@ func (s *uiServer) reset(ctx context.Context, w http.ResponseWriter, r *http.Req
 		return nil
 	}
 	if confirm {
-		s.logWrite(r, d, action, fmt.Sprintf("applied to %d partitions", len(resets)))
-		redirect(w, r, "/group", url.Values{"name": {group}}, fmt.Sprintf("Reset %s on %s to %s: %d partitions.", displayName(group), displayName(topic), target, len(resets)))
+		s.logWrite(r, d, action, "applied to "+count(len(resets), "partition"))
+		redirect(w, r, "/group", url.Values{"name": {group}}, fmt.Sprintf("Reset %s on %s to %s: %s.", displayName(group), displayName(topic), target, count(len(resets), "partition")))
 		return nil
 	}
 	s.logWrite(r, d, action, "previewed (dry run)")
@@ -475,11 +475,11 @@ func (s *uiServer) replay(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return nil
 	}
 	if !p.DryRun {
-		s.logWrite(r, d, action, fmt.Sprintf("replayed %d messages", len(done)))
-		redirect(w, r, "/topic", q, fmt.Sprintf("Replayed %d messages from %s.", len(done), displayName(from)))
+		s.logWrite(r, d, action, "replayed "+count(len(done), "message"))
+		redirect(w, r, "/topic", q, fmt.Sprintf("Replayed %s from %s.", count(len(done), "message"), displayName(from)))
 		return nil
 	}
-	s.logWrite(r, d, action, fmt.Sprintf("previewed (dry run): %d messages", len(done)))
+	s.logWrite(r, d, action, "previewed (dry run): "+count(len(done), "message"))
 	b.Replay = &replayPreview{To: p.To, ToOriginal: p.ToOriginal, Filter: f.Get("filter"), Limit: p.Limit, Messages: done}
 	s.render(w, http.StatusOK, "topic.html", d)
 	return nil
@@ -507,11 +507,11 @@ func (s *uiServer) deleteGroup(ctx context.Context, w http.ResponseWriter, r *ht
 		return err
 	}
 	if confirm {
-		s.logWrite(r, d, action, fmt.Sprintf("deleted %d rows", n))
+		s.logWrite(r, d, action, "deleted "+count(int(n), "row"))
 		redirect(w, r, "/", nil, fmt.Sprintf("Deleted the %d offsets rows of group %s.", n, displayName(group)))
 		return nil
 	}
-	s.logWrite(r, d, action, fmt.Sprintf("previewed (dry run): %d rows", n))
+	s.logWrite(r, d, action, "previewed (dry run): "+count(int(n), "row"))
 	b, err := s.groupData(ctx, group)
 	if err != nil {
 		return err
@@ -520,4 +520,12 @@ func (s *uiServer) deleteGroup(ctx context.Context, w http.ResponseWriter, r *ht
 	d.Title, d.Nav, d.Body = "Group "+displayName(group), "overview", b
 	s.render(w, http.StatusOK, "group.html", d)
 	return nil
+}
+
+// count says "1 message", "2 messages".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
 }

@@ -171,7 +171,7 @@ func TestUIWritesNeedTokenOriginAndCSRF(t *testing.T) {
 	assert.Empty(t, f.lag("--group", "billing"))
 
 	assert.Contains(t, log.String(), `reset-offsets group="billing" topic="orders" to=earliest force=false by "alice"`)
-	assert.Contains(t, log.String(), `applied to 1 partitions`)
+	assert.Contains(t, log.String(), `applied to 1 partition`)
 	assert.Contains(t, log.String(), `by "(not signed in)"`)
 	assert.Contains(t, log.String(), `delete-group-offsets group="billing" by "alice"`)
 }

@@ -347,7 +347,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	assert.Contains(t, text("#replay-preview"), "order-poisoned-7")
 	assert.Contains(t, text("#replay-preview"), "shipments")
 	run(chromedp.Click(chromedp.CSS("#replay-confirm")), chromedp.WaitVisible(chromedp.CSS("#notice")))
-	assert.Contains(t, text("#notice"), "Replayed 1 messages")
+	assert.Contains(t, text("#notice"), "Replayed 1 message from shipments.poison.")
 	got := receive(t, shipments)
 	assert.Equal(t, "order-poisoned-7", got.UUID)
 	assert.Equal(t, "amount is not a number", got.Metadata.Get(middleware.ReasonForPoisonedKey))
