@@ -6,7 +6,7 @@
 LOCALPG := scripts/localpg.sh run --
 
 .DEFAULT_GOAL := test
-.PHONY: test demo stress bench bench-insert fmt pg
+.PHONY: test demo stress bench bench-insert fmt pg screenshots
 
 ## test: gofmt check, go vet, build of _examples, go test -race ./...
 test:
@@ -28,6 +28,11 @@ bench:
 ## bench-insert: what one statement of 100 messages costs the server, per storage shape
 bench-insert:
 	$(LOCALPG) sh -c 'cd benchmarks && go test -run "^$$" -bench InsertShapes -benchtime 2000x -count 5 .'
+
+## screenshots: the browser test of pglease ui, writing the README's screenshots to docs/img
+screenshots:
+	scripts/install-chromium.sh >/dev/null
+	$(LOCALPG) sh -c 'cd cmd/pglease/uitest && PGLEASE_UI_SCREENSHOTS="$$PWD/../../../docs/img" go test -count=1 -run TestConsoleInABrowser ./...'
 
 ## fmt: gofmt -w every Go file of the project
 fmt:

@@ -26,9 +26,10 @@ type CollectorConfig struct {
 	// [pglease.Inspector.Lag], so the database reads only their rows.
 	ConsumerGroups []string
 	// Topics selects the topics whose lag and topic metrics are exported;
-	// nil: every topic. Passed to [pglease.Inspector.Lag]; the topic
-	// metrics are filtered after [pglease.Inspector.Topics], which reads
-	// every topic.
+	// nil: every topic. Passed to [pglease.Inspector.Lag] and
+	// [pglease.Inspector.TopicMessages] (which then count only these);
+	// the other topic metrics are filtered after
+	// [pglease.Inspector.Topics], which reads every topic.
 	Topics []string
 	// ScrapeTimeout bounds the queries of one scrape. Default:
 	// [DefaultScrapeTimeout]. Keep it below Prometheus's scrape_timeout.
@@ -72,12 +73,17 @@ type Collector struct {
 	topics map[string]bool // nil: every topic
 	logger watermill.LoggerAdapter
 	mu     sync.Mutex // one scrape at a time
+	// counted are the topics pglease_topic_messages was exported for:
+	// they keep being exported, 0 once their messages are gone (a
+	// drained poison topic reads 0, not absent). Guarded by mu.
+	counted map[string]bool
 
 	up, scrapeDuration                         *prometheus.Desc
 	lag, lagSeconds, pending                   *prometheus.Desc
 	members, ownedRows                         *prometheus.Desc
 	horizonAge, horizonAgeKnown                *prometheus.Desc
 	topicPartitions, topicNewestMessageSeconds *prometheus.Desc
+	topicMessages                              *prometheus.Desc
 }
 
 // NewCollector returns a Collector of insp's tables. Register it with
@@ -133,6 +139,10 @@ func NewCollector(insp *pglease.Inspector, config CollectorConfig) (*Collector, 
 		topicNewestMessageSeconds: desc("pglease_topic_newest_message_timestamp_seconds",
 			"When the newest message of the topic was stored, in seconds since the Unix epoch (absent for a topic without messages).",
 			"topic"),
+		topicMessages: desc("pglease_topic_messages",
+			"Stored messages of the topic (delivered or not, until retention removes them; 0 for a topic emptied since an earlier scrape): exact up to "+
+				strconv.Itoa(pglease.DefaultExactCountUpTo)+", above that the planner's estimate from the table's statistics. Alert on a poison topic's depth with it.",
+			"topic"),
 	}, nil
 }
 
@@ -150,7 +160,7 @@ func set(names []string) map[string]bool {
 // Describe implements [prometheus.Collector].
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.up, c.scrapeDuration, c.lag, c.lagSeconds, c.pending,
-		c.members, c.ownedRows, c.horizonAge, c.horizonAgeKnown, c.topicPartitions, c.topicNewestMessageSeconds} {
+		c.members, c.ownedRows, c.horizonAge, c.horizonAgeKnown, c.topicPartitions, c.topicNewestMessageSeconds, c.topicMessages} {
 		ch <- d
 	}
 }
@@ -175,6 +185,7 @@ type snapshot struct {
 	lag      []pglease.LagInfo
 	horizon  *pglease.Horizon
 	topics   []pglease.TopicInfo
+	counts   []pglease.TopicMessageCount
 	failed   bool
 }
 
@@ -208,6 +219,12 @@ func (c *Collector) scrape(ctx context.Context) snapshot {
 		s.topics = nil
 	} else if s.topics == nil {
 		s.topics = []pglease.TopicInfo{}
+	}
+	if s.counts, err = c.insp.TopicMessages(ctx, pglease.TopicMessagesParams{Topics: c.config.Topics}); err != nil {
+		fail("topic messages", err)
+		s.counts = nil
+	} else if s.counts == nil {
+		s.counts = []pglease.TopicMessageCount{}
 	}
 	return s
 }
@@ -271,6 +288,31 @@ func (c *Collector) emit(s snapshot, ch chan<- prometheus.Metric) {
 		gauge(c.topicPartitions, float64(t.Partitions), t.Topic)
 		if t.NewestAt != nil {
 			gauge(c.topicNewestMessageSeconds, float64(t.NewestAt.UnixNano())/1e9, t.Topic)
+		}
+	}
+
+	// Every topic known to Topics, or counted by an earlier scrape, gets
+	// a count, 0 included; TopicMessages lists only topics with messages.
+	if s.counts != nil {
+		counts := map[string]int64{}
+		for topic := range c.counted {
+			counts[topic] = 0
+		}
+		for _, t := range s.topics {
+			counts[t.Topic] = 0
+		}
+		for _, n := range s.counts {
+			counts[n.Topic] = n.Messages
+		}
+		if c.counted == nil {
+			c.counted = map[string]bool{}
+		}
+		for topic, n := range counts {
+			if c.topics != nil && !c.topics[topic] {
+				continue
+			}
+			c.counted[topic] = true
+			gauge(c.topicMessages, float64(n), topic)
 		}
 	}
 }

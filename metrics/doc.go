@@ -25,6 +25,7 @@
 //	pglease_xmin_horizon_age_known                                      0: one runs, but this role may not see its age
 //	pglease_topic_partitions{topic}
 //	pglease_topic_newest_message_timestamp_seconds{topic}
+//	pglease_topic_messages{topic}                                       stored messages: exact up to 10,000, then the planner's estimate
 //	pglease_up                                                          1: every query of the scrape succeeded
 //	pglease_scrape_duration_seconds
 //
@@ -37,6 +38,17 @@
 //	pglease_subscriber_messages_nacked_total (counters),
 //	pglease_subscriber_owned_rows, pglease_subscriber_buffered_bytes (gauges),
 //	pglease_subscriber_heartbeat_duration_seconds (histogram, buckets [pglease.HeartbeatBuckets]).
+//
+// pglease_topic_messages is the depth of a poison topic to alert on, e.g.
+// pglease_topic_messages{topic="orders.poison"} > 0. It counts each
+// topic's messages through the primary key, reading at most 10,001
+// entries per topic ([pglease.Inspector.TopicMessages]); a topic that
+// holds more reads as the planner's estimate from the table's
+// statistics (at least 10,000). A topic emptied since an earlier scrape
+// reads 0 rather than disappearing. With CollectorConfig.Topics only
+// those topics are counted (0.25 ms for one); without, every topic's is
+// (0.73 to 0.86 s a scrape on 100,000 topics, BenchmarkTopicMessages on a
+// shared 2-core machine): name the topics you alert on.
 //
 // # The horizon's age and the scraping role
 //

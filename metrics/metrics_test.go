@@ -236,6 +236,40 @@ pglease_topic_partitions{topic="a"} 1
 		"pglease_topic_partitions"))
 }
 
+// TestCollectorTopicMessages: pglease_topic_messages counts the stored
+// messages of each topic, so a poison topic's depth can be alerted on; a
+// replay drains it to 0 (still exported by a collector that saw it); the
+// topic filter applies.
+func TestCollectorTopicMessages(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	publishN(t, pub, "orders", 5)
+	publishN(t, pub, "orders.poison", 2)
+	insp := newInspector(t, pool, adapter)
+	c, err := NewCollector(insp, CollectorConfig{})
+	require.NoError(t, err)
+	const head = `
+# HELP pglease_topic_messages Stored messages of the topic (delivered or not, until retention removes them; 0 for a topic emptied since an earlier scrape): exact up to 10000, above that the planner's estimate from the table's statistics. Alert on a poison topic's depth with it.
+# TYPE pglease_topic_messages gauge
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(head+`pglease_topic_messages{topic="orders"} 5
+pglease_topic_messages{topic="orders.poison"} 2
+`), "pglease_topic_messages"))
+
+	done, err := insp.Replay(ctx, pglease.ReplayParams{From: "orders.poison", To: "orders"})
+	require.NoError(t, err)
+	require.Len(t, done, 2)
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(head+`pglease_topic_messages{topic="orders"} 7
+pglease_topic_messages{topic="orders.poison"} 0
+`), "pglease_topic_messages"))
+
+	filtered, err := NewCollector(insp, CollectorConfig{Topics: []string{"orders"}})
+	require.NoError(t, err)
+	assert.Equal(t, 1, testutil.CollectAndCount(filtered, "pglease_topic_messages"))
+}
+
 // TestCollectorHorizonAge: a writing transaction held open on another
 // connection makes pglease_xmin_horizon_age_seconds positive; once it
 // ends, the metric is 0 again.

@@ -85,6 +85,16 @@ if [[ -d metrics ]]; then
 	(cd metrics && go vet ./... && go test -race -count=1 -timeout 10m ./...)
 fi
 
+# The console of `pglease ui` in a real browser: Debian's chromium,
+# headless, driven by chromedp from a module of its own (the library must
+# not depend on chromedp). install-chromium.sh installs the browser when
+# it is missing; the test builds and starts the real pglease command.
+if [[ -d cmd/pglease/uitest ]]; then
+	step "cmd/pglease/uitest: go vet, go test (pglease ui in headless chromium)"
+	scripts/install-chromium.sh >/dev/null
+	(cd cmd/pglease/uitest && go vet ./... && go test -count=1 -timeout 10m ./...)
+fi
+
 step "go test -race ./..."
 if [[ -z "${PGLEASE_TEST_DSN:-}" ]]; then
 	echo "note: PGLEASE_TEST_DSN is not set; run this through 'make test' (scripts/localpg.sh run)" >&2

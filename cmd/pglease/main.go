@@ -9,6 +9,9 @@
 //	pglease migrate         create or upgrade the tables (as their owner)
 //	pglease grant           let an application role run pglease (as the owner)
 //	pglease import          take over watermill-sql's pending messages and groups
+//	pglease messages        browse a topic's stored messages (messages.go)
+//	pglease replay          move poisoned messages back to their topic (replay.go)
+//	pglease ui              the console in a browser (ui.go)
 //
 // It connects to --dsn, else to $DATABASE_URL, and works on the pglease
 // tables of --schema (default: the search_path). Every command takes --json.
@@ -277,7 +280,19 @@ type cmdEnv struct {
 	insp    *pglease.Inspector
 	json    bool
 	stdout  io.Writer
+
+	// For long-running commands (pglease ui): where to log, the
+	// environment, the connection string, and --timeout (which bounds
+	// each of their requests, not the command).
+	stderr  io.Writer
+	getenv  func(string) string
+	dsn     string
+	timeout time.Duration
 }
+
+// longRunning is a subcommand that runs until interrupted (pglease ui):
+// --timeout does not bound it as a whole.
+type longRunning interface{ longRunning() }
 
 // usageError is bad input on the command line: reported with the
 // command's usage and exit status 2.
@@ -364,12 +379,12 @@ func (s *commandSpec) execute(ctx context.Context, args []string, getenv func(st
 		return exitUsage
 	}
 
-	if common.timeout > 0 {
+	if _, long := cmd.(longRunning); common.timeout > 0 && !long {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, common.timeout)
 		defer cancel()
 	}
-	err = s.connectAndRun(ctx, cmd, dsn, common, stdout)
+	err = s.connectAndRun(ctx, cmd, dsn, common, stdout, stderr, getenv)
 	if err == nil {
 		return exitOK
 	}
@@ -394,7 +409,8 @@ func (s *commandSpec) execute(ctx context.Context, args []string, getenv func(st
 	return exitError
 }
 
-func (s *commandSpec) connectAndRun(ctx context.Context, cmd subcommand, dsn string, common *commonFlags, stdout io.Writer) error {
+func (s *commandSpec) connectAndRun(ctx context.Context, cmd subcommand, dsn string, common *commonFlags, stdout, stderr io.Writer,
+	getenv func(string) string) error {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return fmt.Errorf("parse the connection string: %w", err)
@@ -420,7 +436,8 @@ func (s *commandSpec) connectAndRun(ctx context.Context, cmd subcommand, dsn str
 	if err != nil {
 		return err
 	}
-	return cmd.run(ctx, &cmdEnv{conn: conn, adapter: adapter, insp: insp, json: common.json, stdout: stdout})
+	return cmd.run(ctx, &cmdEnv{conn: conn, adapter: adapter, insp: insp, json: common.json, stdout: stdout,
+		stderr: stderr, getenv: getenv, dsn: dsn, timeout: common.timeout})
 }
 
 // stringList is a repeatable flag. values stays nil until the flag is

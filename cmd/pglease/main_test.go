@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 // fixture is a fresh schema with the pglease tables, a pool and a
 // publisher on it.
 type fixture struct {
-	t       *testing.T
+	t       testing.TB
 	pool    *pgxpool.Pool
 	schema  string
 	adapter pglease.DefaultSchemaAdapter
@@ -43,7 +43,7 @@ type fixture struct {
 
 // newFixture creates a schema with a random name, dropped at the end of
 // the test, and the pglease tables in it.
-func newFixture(t *testing.T) *fixture {
+func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	ctx := context.Background()
 	pool := pgtest.NewPool(t, testDSN, 0)
@@ -74,7 +74,7 @@ func (r result) String() string {
 
 // runCLI runs the command line args in process, with DATABASE_URL from
 // env (nil: none set).
-func runCLI(t *testing.T, env map[string]string, args ...string) result {
+func runCLI(t testing.TB, env map[string]string, args ...string) result {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

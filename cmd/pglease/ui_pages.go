@@ -1,0 +1,531 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+var uiFuncs = template.FuncMap{
+	"name":     displayName,
+	"pos":      formatPosition,
+	"time":     formatTime,
+	"dur":      formatDuration,
+	"expires":  formatExpiresIn,
+	"orDash":   orDash,
+	"lagSecs":  formatLagSeconds,
+	"preview":  func(m pglease.StoredMessage) string { return abbreviate(payloadPreview(m), 120) },
+	"metadata": func(md map[string]string) string { return abbreviate(formatMetadata(md), 120) },
+	"keys":     sortedKeys,
+	"q":        url.QueryEscape,
+	"short":    func(id uuid.UUID) string { return id.String()[:8] },
+	"secs":     func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
+}
+
+// groupSummary is one consumer group on the overview.
+type groupSummary struct {
+	Name          string
+	Members       int
+	Rows          int
+	Owned         int
+	Lag           int64
+	MaxLagSeconds float64
+	Pending       bool
+}
+
+type overviewBody struct {
+	Groups []groupSummary
+	// SampledAt is when the groups' lag was read by the sampler (zero:
+	// read for this page); SampleTook how long that read took.
+	SampledAt  time.Time
+	SampleTook time.Duration
+	Sessions   []pglease.SessionInfo
+	More       int // sessions not listed
+	Live       int
+	Maintainer *pglease.SessionInfo
+}
+
+// summarize folds the lag rows and sessions into one line per group.
+func summarize(lag []pglease.LagInfo, sessions []pglease.SessionInfo) []groupSummary {
+	return withMembers(nil, lag, sessions)
+}
+
+// withMembers adds to groups (folded before, without members) the lag
+// rows and the live sessions, one line per group, sorted by name.
+func withMembers(groups []groupSummary, lag []pglease.LagInfo, sessions []pglease.SessionInfo) []groupSummary {
+	byName := map[string]*groupSummary{}
+	for i := range groups {
+		g := groups[i]
+		byName[g.Name] = &g
+	}
+	get := func(n string) *groupSummary {
+		g := byName[n]
+		if g == nil {
+			g = &groupSummary{Name: n}
+			byName[n] = g
+		}
+		return g
+	}
+	for _, l := range lag {
+		g := get(l.ConsumerGroup)
+		g.Rows++
+		g.Lag += l.Lag
+		g.MaxLagSeconds = max(g.MaxLagSeconds, l.LagSeconds)
+		g.Pending = g.Pending || l.Pending
+		if l.Owner != "" {
+			g.Owned++
+		}
+	}
+	for _, s := range sessions {
+		if s.Alive {
+			get(s.ConsumerGroup).Members++
+		}
+	}
+	out := make([]groupSummary, 0, len(byName))
+	for _, g := range byName {
+		out = append(out, *g)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// overview shows every group's lag as the sampler last read it (the
+// read of every row's lag is the expensive one: it runs once per
+// interval, however many pages are open), or reads it when no sample
+// was taken yet; the sessions and the horizon are read for each page.
+func (s *uiServer) overview(ctx context.Context, r *http.Request, d *pageData) (string, error) {
+	d.Title, d.Nav = "Overview", "overview"
+	sessions, err := s.insp.Sessions(ctx)
+	if err != nil {
+		return "", err
+	}
+	var b overviewBody
+	groups, at, took := s.sampler.summary()
+	if at.IsZero() {
+		lag, err := s.insp.Lag(ctx, pglease.LagFilter{})
+		if err != nil {
+			return "", err
+		}
+		b.Groups = summarize(lag, sessions)
+	} else {
+		b.Groups, b.SampledAt, b.SampleTook = withMembers(groups, nil, sessions), at, took
+	}
+	for i, ss := range sessions {
+		if ss.Alive {
+			b.Live++
+		}
+		if ss.Maintainer {
+			b.Maintainer = &sessions[i]
+		}
+	}
+	b.Sessions = sessions
+	if len(sessions) > maxOverviewSessions {
+		b.Sessions, b.More = sessions[:maxOverviewSessions], len(sessions)-maxOverviewSessions
+	}
+	d.Body = b
+	return "overview.html", nil
+}
+
+type groupBody struct {
+	Summary groupSummary
+	Rows    []pglease.LagInfo
+	More    int
+	Topics  []string
+	Chart   template.HTML
+	Members []pglease.SessionInfo
+	// The reset preview, when one was asked for.
+	Preview *resetPreview
+	// DeletePreview counts the rows a deletion would remove.
+	DeletePreview *int64
+}
+
+type resetPreview struct {
+	Topic, To, Time string
+	Force           bool
+	Partitions      []pglease.OffsetReset
+}
+
+func (s *uiServer) groupData(ctx context.Context, group string) (*groupBody, error) {
+	lag, err := s.insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{group}})
+	if err != nil {
+		return nil, err
+	}
+	sessions, err := s.insp.Sessions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b := &groupBody{}
+	var mine []pglease.SessionInfo
+	for _, ss := range sessions {
+		if ss.ConsumerGroup == group {
+			mine = append(mine, ss)
+		}
+	}
+	sums := summarize(lag, mine)
+	if len(sums) == 0 {
+		return nil, &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no consumer group %q: it has no offsets rows and no sessions", group)}
+	}
+	b.Summary, b.Members = sums[0], mine
+	seen := map[string]bool{}
+	for _, l := range lag {
+		if !seen[l.Topic] {
+			seen[l.Topic] = true
+			b.Topics = append(b.Topics, l.Topic)
+		}
+	}
+	b.Rows = lag
+	if len(lag) > maxGroupRows {
+		b.Rows, b.More = lag[:maxGroupRows], len(lag)-maxGroupRows
+	}
+	b.Chart = lagChart(s.sampler.series(group))
+	return b, nil
+}
+
+func (s *uiServer) group(ctx context.Context, r *http.Request, d *pageData) (string, error) {
+	name := r.URL.Query().Get("name")
+	d.Title, d.Nav = "Group "+displayName(name), "overview"
+	b, err := s.groupData(ctx, name)
+	if err != nil {
+		return "", err
+	}
+	d.Body = b
+	return "group.html", nil
+}
+
+type topicsBody struct {
+	Topics []pglease.TopicInfo
+}
+
+func (s *uiServer) topics(ctx context.Context, r *http.Request, d *pageData) (string, error) {
+	d.Title, d.Nav = "Topics", "topics"
+	ts, err := s.insp.Topics(ctx)
+	if err != nil {
+		return "", err
+	}
+	d.Body = topicsBody{Topics: ts}
+	return "topics.html", nil
+}
+
+type topicBody struct {
+	Detail     pglease.TopicDetail
+	Partition  string // "" for all
+	Partitions []int
+	Page       pglease.MessagePage
+	UUID       string
+	Found      []pglease.StoredMessage
+	From       string
+	Poisoned   int // messages of the page naming an original topic
+	Replay     *replayPreview
+}
+
+type replayPreview struct {
+	To         string
+	ToOriginal bool
+	Filter     string
+	Limit      int
+	Messages   []pglease.ReplayedMessage
+}
+
+func (s *uiServer) topicData(ctx context.Context, q url.Values) (*topicBody, error) {
+	name := q.Get("name")
+	detail, err := s.insp.TopicDetail(ctx, name)
+	if err != nil {
+		if errors.Is(err, pglease.ErrInvalidTopic) {
+			return nil, badRequest("%v", err)
+		}
+		return nil, err
+	}
+	b := &topicBody{Detail: detail, Partition: q.Get("partition"), UUID: strings.TrimSpace(q.Get("uuid")), From: q.Get("from")}
+	for p := range detail.Partitions {
+		b.Partitions = append(b.Partitions, p)
+	}
+	p := pglease.MessagesParams{Topic: name, Limit: 50, PreviewBytes: 120}
+	if b.Partition != "" {
+		n, err := strconv.ParseInt(b.Partition, 10, 32)
+		if err != nil || n < 0 {
+			return nil, badRequest("partition %q is not a partition number", b.Partition)
+		}
+		part := int32(n)
+		p.Partition = &part
+	}
+	if b.From != "" {
+		pos, err := parsePosition(b.From)
+		if err != nil {
+			return nil, badRequest("%v", err)
+		}
+		p.From = &pos
+	}
+	if b.Page, err = s.insp.Messages(ctx, p); err != nil {
+		return nil, err
+	}
+	for _, m := range b.Page.Messages {
+		if m.Metadata[pglease.PoisonedTopicKey] != "" {
+			b.Poisoned++
+		}
+	}
+	if b.UUID != "" {
+		if b.Found, err = s.insp.MessagesByUUID(ctx, name, b.UUID); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+func (s *uiServer) topic(ctx context.Context, r *http.Request, d *pageData) (string, error) {
+	q := r.URL.Query()
+	d.Title, d.Nav = "Topic "+displayName(q.Get("name")), "topics"
+	b, err := s.topicData(ctx, q)
+	if err != nil {
+		return "", err
+	}
+	d.Body = b
+	return "topic.html", nil
+}
+
+type messageBody struct {
+	Message pglease.StoredMessage
+	Text    string
+	IsText  bool
+	Hex     string
+	View    string
+}
+
+func (s *uiServer) message(ctx context.Context, r *http.Request, d *pageData) (string, error) {
+	q := r.URL.Query()
+	topic, id := q.Get("topic"), q.Get("uuid")
+	d.Title, d.Nav = "Message "+id, "topics"
+	found, err := s.insp.MessagesByUUID(ctx, topic, id)
+	if err != nil {
+		return "", err
+	}
+	if len(found) == 0 {
+		return "", &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no message %q on topic %q", id, topic)}
+	}
+	m := found[len(found)-1]
+	if pos := q.Get("position"); pos != "" {
+		for _, f := range found {
+			if formatPosition(f.Position) == pos {
+				m = f
+			}
+		}
+	}
+	b := messageBody{Message: m, View: q.Get("view"), Hex: hex.Dump(m.Payload)}
+	b.Text, b.IsText = payloadText(m.Payload)
+	if !b.IsText {
+		b.View = "hex"
+	}
+	d.Body = b
+	return "message.html", nil
+}
+
+// reset previews (dry run) or, confirmed, applies a reset of a group's
+// offsets on a topic.
+func (s *uiServer) reset(ctx context.Context, w http.ResponseWriter, r *http.Request, d *pageData) error {
+	f := r.PostForm
+	group, topic, to := f.Get("group"), f.Get("topic"), f.Get("to")
+	force, confirm := f.Get("force") == "on", f.Get("confirm") == "yes"
+	var target pglease.ResetTo
+	switch to {
+	case "earliest":
+		target = pglease.ResetToEarliest
+	case "latest":
+		target = pglease.ResetToLatest
+	case "time":
+		t, err := time.Parse(time.RFC3339, strings.TrimSpace(f.Get("time")))
+		if err != nil {
+			return badRequest("the time %q is not RFC 3339, such as 2026-11-23T08:00:00Z", f.Get("time"))
+		}
+		target = pglease.ResetToTime(t)
+	default:
+		return badRequest("say where to reset to: earliest, latest or time")
+	}
+	action := fmt.Sprintf("reset-offsets group=%q topic=%q to=%s force=%t", group, topic, target, force)
+	p := pglease.ResetOffsetsParams{ConsumerGroup: group, Topic: topic, To: target, Force: force}
+	var (
+		resets []pglease.OffsetReset
+		err    error
+	)
+	if confirm {
+		resets, err = s.insp.ResetOffsets(ctx, p)
+	} else {
+		resets, err = s.dryRunReset(ctx, p)
+	}
+	b, gerr := s.groupData(ctx, group)
+	if gerr != nil {
+		return gerr
+	}
+	d.Title, d.Nav, d.Body = "Group "+displayName(group), "overview", b
+	if err != nil {
+		s.logWrite(r, d, action, "failed: "+err.Error())
+		if errors.Is(err, pglease.ErrOwnedByLiveSession) {
+			err = &httpError{status: http.StatusConflict, msg: err.Error() + ". Nothing was changed. Tick \"force\" to fence the owners."}
+		}
+		var he *httpError
+		if !errors.As(err, &he) {
+			err = badRequest("%v", err)
+		}
+		d.Error = err.Error()
+		s.render(w, he2status(err), "group.html", d)
+		return nil
+	}
+	if confirm {
+		s.logWrite(r, d, action, "applied to "+count(len(resets), "partition"))
+		redirect(w, r, "/group", url.Values{"name": {group}}, fmt.Sprintf("Reset %s on %s to %s: %s.", displayName(group), displayName(topic), target, count(len(resets), "partition")))
+		return nil
+	}
+	s.logWrite(r, d, action, "previewed (dry run)")
+	b.Preview = &resetPreview{Topic: topic, To: to, Time: f.Get("time"), Force: force, Partitions: resets}
+	s.render(w, http.StatusOK, "group.html", d)
+	return nil
+}
+
+func he2status(err error) int {
+	var he *httpError
+	if errors.As(err, &he) {
+		return he.status
+	}
+	return http.StatusInternalServerError
+}
+
+// dryRunReset runs the reset in a transaction that is rolled back.
+func (s *uiServer) dryRunReset(ctx context.Context, p pglease.ResetOffsetsParams) ([]pglease.OffsetReset, error) {
+	return withRollback(ctx, s, func(insp *pglease.Inspector) ([]pglease.OffsetReset, error) {
+		return insp.ResetOffsets(ctx, p)
+	})
+}
+
+// withRollback runs f on an Inspector of a transaction that is rolled
+// back: what f writes is never committed.
+func withRollback[T any](ctx context.Context, s *uiServer, f func(*pglease.Inspector) (T, error)) (T, error) {
+	var zero T
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return zero, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	insp, err := pglease.NewInspector(tx, s.adapter)
+	if err != nil {
+		return zero, err
+	}
+	return f(insp)
+}
+
+// parseFilter parses "k=v, k2=v2" (commas or new lines between pairs).
+func parseFilter(s string) (map[string]string, error) {
+	var out map[string]string
+	for _, part := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == '\n' }) {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(part, "=")
+		if !ok || strings.TrimSpace(k) == "" {
+			return nil, fmt.Errorf("%q is not KEY=VALUE", part)
+		}
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[strings.TrimSpace(k)] = strings.TrimSpace(v)
+	}
+	return out, nil
+}
+
+// replay previews (dry run) or, confirmed, replays messages of a topic.
+func (s *uiServer) replay(ctx context.Context, w http.ResponseWriter, r *http.Request, d *pageData) error {
+	f := r.PostForm
+	from := f.Get("from")
+	p := pglease.ReplayParams{From: from, ToOriginal: f.Get("where") == "original", DryRun: f.Get("confirm") != "yes"}
+	if !p.ToOriginal {
+		p.To = strings.TrimSpace(f.Get("to"))
+	}
+	filter, err := parseFilter(f.Get("filter"))
+	if err != nil {
+		return badRequest("filter: %v", err)
+	}
+	p.Metadata = filter
+	if l := strings.TrimSpace(f.Get("limit")); l != "" {
+		if p.Limit, err = strconv.Atoi(l); err != nil || p.Limit < 1 {
+			return badRequest("limit %q is not a positive number", l)
+		}
+	}
+	action := fmt.Sprintf("replay from=%q to=%q to_original=%t filter=%q limit=%d", from, p.To, p.ToOriginal, f.Get("filter"), p.Limit)
+	done, rerr := s.insp.Replay(ctx, p)
+	q := url.Values{"name": {from}}
+	b, err := s.topicData(ctx, q)
+	if err != nil {
+		return err
+	}
+	d.Title, d.Nav, d.Body = "Topic "+displayName(from), "topics", b
+	if rerr != nil {
+		s.logWrite(r, d, action, "failed: "+rerr.Error())
+		d.Error = rerr.Error()
+		s.render(w, http.StatusBadRequest, "topic.html", d)
+		return nil
+	}
+	if !p.DryRun {
+		s.logWrite(r, d, action, "replayed "+count(len(done), "message"))
+		redirect(w, r, "/topic", q, fmt.Sprintf("Replayed %s from %s.", count(len(done), "message"), displayName(from)))
+		return nil
+	}
+	s.logWrite(r, d, action, "previewed (dry run): "+count(len(done), "message"))
+	b.Replay = &replayPreview{To: p.To, ToOriginal: p.ToOriginal, Filter: f.Get("filter"), Limit: p.Limit, Messages: done}
+	s.render(w, http.StatusOK, "topic.html", d)
+	return nil
+}
+
+// deleteGroup previews or, confirmed, deletes an idle group's offsets.
+func (s *uiServer) deleteGroup(ctx context.Context, w http.ResponseWriter, r *http.Request, d *pageData) error {
+	group := r.PostForm.Get("group")
+	confirm := r.PostForm.Get("confirm") == "yes"
+	action := fmt.Sprintf("delete-group-offsets group=%q", group)
+	var (
+		n   int64
+		err error
+	)
+	if confirm {
+		n, err = s.insp.DeleteGroupOffsets(ctx, group)
+	} else {
+		n, err = withRollback(ctx, s, func(insp *pglease.Inspector) (int64, error) { return insp.DeleteGroupOffsets(ctx, group) })
+	}
+	if err != nil {
+		s.logWrite(r, d, action, "failed: "+err.Error())
+		if errors.Is(err, pglease.ErrOwnedByLiveSession) {
+			return &httpError{status: http.StatusConflict, msg: err.Error()}
+		}
+		return err
+	}
+	if confirm {
+		s.logWrite(r, d, action, "deleted "+count(int(n), "row"))
+		redirect(w, r, "/", nil, fmt.Sprintf("Deleted the %d offsets rows of group %s.", n, displayName(group)))
+		return nil
+	}
+	s.logWrite(r, d, action, "previewed (dry run): "+count(int(n), "row"))
+	b, err := s.groupData(ctx, group)
+	if err != nil {
+		return err
+	}
+	b.DeletePreview = &n
+	d.Title, d.Nav, d.Body = "Group "+displayName(group), "overview", b
+	s.render(w, http.StatusOK, "group.html", d)
+	return nil
+}
+
+// count says "1 message", "2 messages".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
+}

@@ -1,0 +1,177 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+const testToken = "0123456789abcdef-test-token"
+
+// newUITest serves the console of the fixture's schema in process.
+func newUITest(t *testing.T, f *fixture, allowWrites bool) (*httptest.Server, *uiServer, *bytes.Buffer) {
+	t.Helper()
+	insp, err := pglease.NewInspector(f.pool, f.adapter)
+	require.NoError(t, err)
+	var log bytes.Buffer
+	cfg := uiConfig{insp: insp, pool: f.pool, adapter: f.adapter, allowWrites: allowWrites, warnAfter: defaultWarnAfter, log: &log}
+	if allowWrites {
+		cfg.token = testToken
+	}
+	srv, err := newUIServer(cfg)
+	require.NoError(t, err)
+	ts := httptest.NewServer(srv)
+	t.Cleanup(ts.Close)
+	return ts, srv, &log
+}
+
+// browser is an HTTP client with cookies that sends the Origin of the
+// console, as a browser does on a form post.
+type browser struct {
+	t      *testing.T
+	base   string
+	client *http.Client
+	origin string
+}
+
+func newBrowser(t *testing.T, base string) *browser {
+	jar, err := cookiejar.New(nil)
+	require.NoError(t, err)
+	return &browser{t: t, base: base, client: &http.Client{Jar: jar}, origin: base}
+}
+
+func (b *browser) get(path string) (int, string) {
+	b.t.Helper()
+	resp, err := b.client.Get(b.base + path)
+	require.NoError(b.t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(b.t, err)
+	return resp.StatusCode, string(body)
+}
+
+func (b *browser) post(path string, form url.Values) (int, string) {
+	b.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, b.base+path, strings.NewReader(form.Encode()))
+	require.NoError(b.t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if b.origin != "" {
+		req.Header.Set("Origin", b.origin)
+	}
+	resp, err := b.client.Do(req)
+	require.NoError(b.t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(b.t, err)
+	return resp.StatusCode, string(body)
+}
+
+// TestUIPagesRender: the overview shows a group with its lag, the group's
+// page its partitions and owner, the topic page its messages, the message
+// page its payload and metadata; a read-only console refuses writes.
+func TestUIPagesRender(t *testing.T) {
+	f := newFixture(t)
+	f.publish("orders", 3)
+	msg := message.NewMessage("poisoned-1", []byte("<script>alert(1)</script>"))
+	msg.Metadata.Set(middleware.PoisonedTopicKey, "orders")
+	require.NoError(t, f.pub.Publish("poison", msg))
+	_, msgs := f.subscribe("billing", "orders")
+	receive(t, msgs) // not acked: lag 3
+	ts, srv, _ := newUITest(t, f, false)
+	require.NoError(t, srv.sampler.sample(context.Background()))
+	b := newBrowser(t, ts.URL)
+
+	code, body := b.get("/")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, `href="/group?name=billing"`)
+	assert.Regexp(t, `class="n lag">3<`, body)
+	code, body = b.get("/group?name=billing")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, `<td class="n">0</td>`) // partition 0
+	assert.Contains(t, body, "<polyline")
+	assert.NotContains(t, body, "reset-form", "no actions without writes")
+	code, body = b.get("/topic?name=poison")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, "poisoned-1")
+	assert.Contains(t, body, "&lt;script&gt;", "payloads are escaped")
+	code, body = b.get("/message?topic=poison&uuid=poisoned-1")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, "topic_poisoned")
+	code, _ = b.get("/group?name=nope")
+	assert.Equal(t, http.StatusNotFound, code)
+
+	code, body = b.post("/actions/replay", url.Values{"from": {"poison"}, "where": {"original"}, "confirm": {"yes"}})
+	assert.Equal(t, http.StatusForbidden, code)
+	assert.Contains(t, body, "without --allow-writes")
+}
+
+// TestUIWritesNeedTokenOriginAndCSRF: with writes on, a write is refused
+// without the token, from another origin, and without the form's
+// anti-forgery field; signed in, a reset is previewed, changes nothing,
+// and is applied when confirmed; each write is logged with who asked.
+func TestUIWritesNeedTokenOriginAndCSRF(t *testing.T) {
+	f := newFixture(t)
+	f.publish("orders", 3)
+	sub, msgs := f.subscribe("billing", "orders")
+	receive(t, msgs).Ack()
+	waitFor(t, 10*time.Second, "the ack", func() bool { return f.lag("--group", "billing")[0].Lag == 2 })
+	require.NoError(t, sub.Close())
+	ts, srv, log := newUITest(t, f, true)
+	b := newBrowser(t, ts.URL)
+	reset := url.Values{"group": {"billing"}, "topic": {"orders"}, "to": {"earliest"}}
+
+	code, body := b.post("/actions/reset", reset)
+	assert.Equal(t, http.StatusForbidden, code)
+	assert.Contains(t, body, "sign in")
+	code, _ = b.post("/signin", url.Values{"name": {"alice"}, "token": {"wrong-token-wrong-token"}})
+	assert.Equal(t, http.StatusForbidden, code)
+
+	b.origin = "http://evil.example"
+	code, _ = b.post("/signin", url.Values{"name": {"alice"}, "token": {testToken}})
+	assert.Equal(t, http.StatusForbidden, code, "cross-origin sign-in")
+	b.origin = ts.URL
+	code, body = b.post("/signin", url.Values{"name": {"alice"}, "token": {testToken}})
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, "Signed in as alice")
+
+	code, _ = b.post("/actions/reset", reset)
+	assert.Equal(t, http.StatusForbidden, code, "no anti-forgery field")
+	reset.Set("csrf", srv.csrf)
+	b.origin = "http://evil.example"
+	code, _ = b.post("/actions/reset", reset)
+	assert.Equal(t, http.StatusForbidden, code, "cross-origin")
+	b.origin = ts.URL
+
+	code, body = b.post("/actions/reset", reset)
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, "reset-confirm")
+	assert.Equal(t, int64(2), f.lag("--group", "billing")[0].Lag, "a preview changes nothing")
+	reset.Set("confirm", "yes")
+	code, body = b.post("/actions/reset", reset)
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, "Reset billing on orders")
+	assert.Equal(t, int64(3), f.lag("--group", "billing")[0].Lag)
+
+	code, body = b.post("/actions/delete-group", url.Values{"group": {"billing"}, "csrf": {srv.csrf}, "confirm": {"yes"}})
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Empty(t, f.lag("--group", "billing"))
+
+	assert.Contains(t, log.String(), `reset-offsets group="billing" topic="orders" to=earliest force=false by "alice"`)
+	assert.Contains(t, log.String(), `applied to 1 partition`)
+	assert.Contains(t, log.String(), `by "(not signed in)"`)
+	assert.Contains(t, log.String(), `delete-group-offsets group="billing" by "alice"`)
+}

@@ -1,0 +1,336 @@
+package pglease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// TestPoisonedTopicKeyIsWatermills: replay reads the key that Watermill's
+// PoisonQueue writes.
+func TestPoisonedTopicKeyIsWatermills(t *testing.T) {
+	assert.Equal(t, middleware.PoisonedTopicKey, pglease.PoisonedTopicKey)
+}
+
+// TestInspectorMessagesPagesNewestFirst: pages of a partitioned topic come
+// newest first by position, across partitions or of one, without gaps or
+// repeats, and a page's Next starts the next one; payloads are cut at
+// PreviewBytes; a UUID is found whole.
+func TestInspectorMessagesPagesNewestFirst(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 5)
+	adapter := newSchema(t, pool)
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "orders", pglease.TopicConfig{Partitions: 3, SchemaAdapter: adapter,
+		InitializeSchema: true}))
+	pub := newPublisher(t, pool, adapter)
+	const n = 25
+	for i := range n {
+		msg := message.NewMessage(fmt.Sprintf("m%02d", i), []byte(fmt.Sprintf("payload number %02d", i)))
+		msg.Metadata.Set(pglease.PartitionKeyMetadata, fmt.Sprintf("k%d", i))
+		msg.Metadata.Set("i", fmt.Sprint(i))
+		require.NoError(t, pub.Publish("orders", msg)) // one transaction each: positions in publish order
+	}
+	publishN(t, pub, "other", 3)
+	insp, err := pglease.NewInspector(pool, adapter)
+	require.NoError(t, err)
+
+	var seen []string
+	var from *pglease.Position
+	for pages := 0; ; pages++ {
+		require.Less(t, pages, 10, "too many pages")
+		page, err := insp.Messages(ctx, pglease.MessagesParams{Topic: "orders", From: from, Limit: 7, PreviewBytes: 7})
+		require.NoError(t, err)
+		for _, m := range page.Messages {
+			seen = append(seen, m.UUID)
+			assert.Equal(t, "orders", m.Topic)
+			assert.Equal(t, []byte("payload"), m.Payload)
+			assert.True(t, m.PayloadTruncated)
+			assert.Equal(t, len("payload number 00"), m.PayloadSize)
+			assert.Equal(t, m.UUID[1:], fmt.Sprintf("%02s", m.Metadata["i"]))
+			assert.Equal(t, int32(pglease.PartitionOf("k"+m.Metadata["i"], 3)), m.Partition)
+		}
+		if page.Next == nil {
+			assert.Len(t, page.Messages, n%7)
+			break
+		}
+		assert.Len(t, page.Messages, 7)
+		from = page.Next
+	}
+	require.Len(t, seen, n)
+	for i, id := range seen {
+		assert.Equal(t, fmt.Sprintf("m%02d", n-1-i), id, "newest first")
+	}
+
+	// One partition: only its messages, newest first.
+	p := int32(pglease.PartitionOf("k3", 3))
+	page, err := insp.Messages(ctx, pglease.MessagesParams{Topic: "orders", Partition: &p, Limit: pglease.MaxMessagesLimit})
+	require.NoError(t, err)
+	require.NotEmpty(t, page.Messages)
+	assert.Nil(t, page.Next)
+	for k, m := range page.Messages {
+		assert.Equal(t, p, m.Partition)
+		assert.False(t, m.PayloadTruncated)
+		if k > 0 {
+			prev := page.Messages[k-1].Position
+			assert.True(t, prev.TransactionID > m.Position.TransactionID ||
+				(prev.TransactionID == m.Position.TransactionID && prev.Offset > m.Position.Offset))
+		}
+	}
+
+	found, err := insp.MessagesByUUID(ctx, "orders", "m03")
+	require.NoError(t, err)
+	require.Len(t, found, 1)
+	assert.Equal(t, "payload number 03", string(found[0].Payload))
+	assert.Equal(t, "3", found[0].Metadata["i"])
+	found, err = insp.MessagesByUUID(ctx, "", "m03")
+	require.NoError(t, err)
+	assert.Len(t, found, 1)
+	found, err = insp.MessagesByUUID(ctx, "other", "m03")
+	require.NoError(t, err)
+	assert.Empty(t, found)
+
+	detail, err := insp.TopicDetail(ctx, "orders")
+	require.NoError(t, err)
+	assert.Equal(t, 3, detail.Partitions)
+	assert.Equal(t, int64(n), detail.Messages)
+	assert.False(t, detail.MessagesEstimated)
+
+	counts, err := insp.TopicMessages(ctx, pglease.TopicMessagesParams{ExactUpTo: 10})
+	require.NoError(t, err)
+	assert.Equal(t, []pglease.TopicMessageCount{
+		{Topic: "orders", Messages: 25, Estimated: true}, // over the exact bound: at least the bound
+		{Topic: "other", Messages: 3},
+	}, clampEstimates(counts, 25))
+	counts, err = insp.TopicMessages(ctx, pglease.TopicMessagesParams{Topics: []string{"other", "never"}})
+	require.NoError(t, err)
+	assert.Equal(t, []pglease.TopicMessageCount{{Topic: "never"}, {Topic: "other", Messages: 3}}, counts)
+
+	_, err = insp.Messages(ctx, pglease.MessagesParams{Topic: "orders", Limit: pglease.MaxMessagesLimit + 1})
+	assert.ErrorIs(t, err, pglease.ErrInvalidConfig)
+	_, err = insp.Messages(ctx, pglease.MessagesParams{})
+	assert.ErrorIs(t, err, pglease.ErrInvalidTopic)
+}
+
+// clampEstimates replaces an estimated count (the planner's, which depends
+// on statistics) by want when it is at least the exact bound.
+func clampEstimates(counts []pglease.TopicMessageCount, want int64) []pglease.TopicMessageCount {
+	for i := range counts {
+		if counts[i].Estimated && counts[i].Messages >= 10 {
+			counts[i].Messages = want
+		}
+	}
+	return counts
+}
+
+// poison publishes messages to the poison topic as Watermill's PoisonQueue
+// does: with the original topic in their metadata.
+func poison(t *testing.T, pub *pglease.Publisher, original string, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		msg := message.NewMessage(id, []byte("body of "+id))
+		msg.Metadata.Set(middleware.PoisonedTopicKey, original)
+		msg.Metadata.Set(middleware.ReasonForPoisonedKey, "handler failed")
+		msg.Metadata.Set("tenant", "acme")
+		require.NoError(t, pub.Publish("poison", msg))
+	}
+}
+
+// TestReplayToOriginalOnce: a replay moves the poisoned messages to the
+// topic each names, in order, with their metadata, and a Subscriber of
+// that topic receives them; run again it moves nothing; a dry run changes
+// nothing.
+func TestReplayToOriginalOnce(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 5)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	poison(t, pub, "orders", "p1", "p2")
+	poison(t, pub, "payments", "p3")
+	msg := message.NewMessage("no-origin", nil) // no metadata at all
+	require.NoError(t, pub.Publish("poison", msg))
+	insp, err := pglease.NewInspector(pool, adapter)
+	require.NoError(t, err)
+
+	dry, err := insp.Replay(ctx, pglease.ReplayParams{From: "poison", ToOriginal: true, DryRun: true})
+	require.NoError(t, err)
+	require.Len(t, dry, 3)
+	page, err := insp.Messages(ctx, pglease.MessagesParams{Topic: "poison"})
+	require.NoError(t, err)
+	assert.Len(t, page.Messages, 4, "a dry run changes nothing")
+
+	done, err := insp.Replay(ctx, pglease.ReplayParams{From: "poison", ToOriginal: true})
+	require.NoError(t, err)
+	var got []string
+	for _, r := range done {
+		got = append(got, r.UUID+"->"+r.To)
+	}
+	assert.Equal(t, []string{"p1->orders", "p2->orders", "p3->payments"}, got)
+	again, err := insp.Replay(ctx, pglease.ReplayParams{From: "poison", ToOriginal: true})
+	require.NoError(t, err)
+	assert.Empty(t, again, "a second replay moves nothing")
+
+	page, err = insp.Messages(ctx, pglease.MessagesParams{Topic: "poison"})
+	require.NoError(t, err)
+	require.Len(t, page.Messages, 1, "the message without an original topic stays")
+	assert.Equal(t, "no-origin", page.Messages[0].UUID)
+
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter}, testLogger())
+	require.NoError(t, err)
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, "orders")
+	require.NoError(t, err)
+	for _, want := range []string{"p1", "p2"} {
+		m := receiveOne(t, msgs)
+		assert.Equal(t, want, m.UUID)
+		assert.Equal(t, "body of "+want, string(m.Payload))
+		assert.Equal(t, "orders", m.Metadata.Get(middleware.PoisonedTopicKey))
+		assert.Equal(t, "acme", m.Metadata.Get("tenant"))
+		m.Ack()
+	}
+	page, err = insp.Messages(ctx, pglease.MessagesParams{Topic: "orders"})
+	require.NoError(t, err)
+	assert.Len(t, page.Messages, 2, "published once")
+}
+
+// TestReplayFilterAndTo: --to sends every selected message to one topic;
+// the metadata filter and the limit select them; bad parameters are
+// refused.
+func TestReplayFilterAndTo(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 5)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	poison(t, pub, "orders", "a1", "a2", "a3")
+	other := message.NewMessage("b1", nil)
+	other.Metadata.Set("tenant", "globex")
+	require.NoError(t, pub.Publish("poison", other))
+	require.NoError(t, pub.Publish("poison", message.NewMessage("no-metadata", nil)))
+	insp, err := pglease.NewInspector(pool, adapter)
+	require.NoError(t, err)
+
+	done, err := insp.Replay(ctx, pglease.ReplayParams{From: "poison", To: "retry", Metadata: map[string]string{"tenant": "acme"}, Limit: 2})
+	require.NoError(t, err)
+	require.Len(t, done, 2)
+	assert.Equal(t, "a1", done[0].UUID)
+	assert.Equal(t, "a2", done[1].UUID)
+	done, err = insp.Replay(ctx, pglease.ReplayParams{From: "poison", To: "retry", Metadata: map[string]string{"tenant": "globex"}})
+	require.NoError(t, err)
+	require.Len(t, done, 1)
+	assert.Equal(t, "b1", done[0].UUID)
+	done, err = insp.Replay(ctx, pglease.ReplayParams{From: "poison", To: "retry"})
+	require.NoError(t, err)
+	require.Len(t, done, 2, "without a filter: every message, metadata or not")
+	assert.Equal(t, "a3", done[0].UUID)
+	assert.Equal(t, "no-metadata", done[1].UUID)
+	page, err := insp.Messages(ctx, pglease.MessagesParams{Topic: "retry"})
+	require.NoError(t, err)
+	assert.Len(t, page.Messages, 5)
+
+	for _, p := range []pglease.ReplayParams{
+		{From: "poison"},
+		{From: "poison", To: "x", ToOriginal: true},
+		{From: "poison", To: "poison"},
+		{From: "poison", To: "x", Limit: -1},
+	} {
+		_, err := insp.Replay(ctx, p)
+		assert.ErrorIs(t, err, pglease.ErrInvalidConfig, "%+v", p)
+	}
+}
+
+// TestReplayConcurrentTakesEachMessageOnce: two replays that run at the
+// same moment (the second starts while the first holds its row locks)
+// publish each message once between them.
+func TestReplayConcurrentTakesEachMessageOnce(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 5)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	poison(t, pub, "orders", "c1", "c2", "c3")
+
+	// The first replay runs in a transaction left open, holding the
+	// locks of the rows it deleted.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	first, err := pglease.NewInspector(tx, adapter)
+	require.NoError(t, err)
+	done1, err := first.Replay(ctx, pglease.ReplayParams{From: "poison", ToOriginal: true})
+	require.NoError(t, err)
+	require.Len(t, done1, 3)
+
+	second, err := pglease.NewInspector(pool, adapter)
+	require.NoError(t, err)
+	var (
+		wg    sync.WaitGroup
+		done2 []pglease.ReplayedMessage
+		err2  error
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		done2, err2 = second.Replay(ctx, pglease.ReplayParams{From: "poison", ToOriginal: true})
+	}()
+	// Wait until the second one waits on the first one's locks.
+	waitFor(t, 10*time.Second, "the second replay to wait for a lock", func() bool {
+		var waiting int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&waiting))
+		return waiting > 0
+	})
+	require.NoError(t, tx.Commit(ctx))
+	wg.Wait()
+	require.NoError(t, err2)
+	assert.Empty(t, done2)
+	page, err := second.Messages(ctx, pglease.MessagesParams{Topic: "orders"})
+	require.NoError(t, err)
+	assert.Len(t, page.Messages, 3)
+}
+
+// TestDeleteGroupOffsets: refused while a live Subscriber owns a row of
+// the group; once it is closed, the group's rows are deleted and other
+// groups keep theirs.
+func TestDeleteGroupOffsets(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 5)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	publishN(t, pub, "t", 1)
+	insp, err := pglease.NewInspector(pool, adapter)
+	require.NoError(t, err)
+	subscribe := func(group string) *pglease.Subscriber {
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter}, testLogger())
+		require.NoError(t, err)
+		msgs, err := sub.Subscribe(ctx, "t")
+		require.NoError(t, err)
+		receiveOne(t, msgs).Ack()
+		return sub
+	}
+	subA := subscribe("a")
+	subB := subscribe("b")
+	defer subB.Close()
+
+	_, err = insp.DeleteGroupOffsets(ctx, "a")
+	var inUse *pglease.GroupInUseError
+	require.True(t, errors.As(err, &inUse), "%v", err)
+	assert.ErrorIs(t, err, pglease.ErrOwnedByLiveSession)
+	assert.Len(t, inUse.Owned, 1)
+
+	require.NoError(t, subA.Close())
+	n, err := insp.DeleteGroupOffsets(ctx, "a")
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n)
+	lag, err := insp.Lag(ctx, pglease.LagFilter{})
+	require.NoError(t, err)
+	require.Len(t, lag, 1)
+	assert.Equal(t, "b", lag[0].ConsumerGroup)
+}
