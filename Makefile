@@ -6,11 +6,15 @@
 LOCALPG := scripts/localpg.sh run --
 
 .DEFAULT_GOAL := test
-.PHONY: test demo stress bench bench-insert fmt pg screenshots
+.PHONY: test lint demo stress bench bench-insert fmt pg screenshots
 
 ## test: gofmt check, go vet, build of _examples, go test -race ./...
 test:
 	$(LOCALPG) scripts/check.sh
+
+## lint: golangci-lint over every module (pinned in scripts/lint.sh, installed on first use)
+lint:
+	scripts/lint.sh
 
 ## demo: run the basic example
 demo:

@@ -173,7 +173,7 @@ func BenchmarkSubscriber(b *testing.B) {
 	const conns = 20
 	pool := newPool(b, conns)
 	adapter := newSchema(b, pool)
-	tests.BenchSubscriber(b, func(n int) (message.Publisher, message.Subscriber) {
+	tests.BenchSubscriber(b, func(_ int) (message.Publisher, message.Subscriber) {
 		pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, nil)
 		require.NoError(b, err)
 		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true}, nil)

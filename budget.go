@@ -40,8 +40,8 @@ type budgetLease struct {
 	big bool // the grant beyond the budget
 }
 
-func newByteBudget(max int64) *byteBudget {
-	return &byteBudget{max: max, changed: make(chan struct{})}
+func newByteBudget(limit int64) *byteBudget {
+	return &byteBudget{max: limit, changed: make(chan struct{})}
 }
 
 // reserveWant is the most one read reserves: an eighth of the budget (at

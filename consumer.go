@@ -621,7 +621,7 @@ func (c *consumer) fencedWrite(g *sessionGen, cl *claim, retryMsg string, write 
 }
 
 // handOut sends msg and waits for its Ack or Nack.
-func (c *consumer) handOut(g *sessionGen, cl *claim, m storedMessage, msg *message.Message) (res outcome, nacked bool) {
+func (c *consumer) handOut(g *sessionGen, cl *claim, _ storedMessage, msg *message.Message) (res outcome, nacked bool) {
 	for sent := false; !sent; {
 		select {
 		case c.out <- msg:

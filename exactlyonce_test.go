@@ -154,7 +154,7 @@ func TestAckInTxBadInput(t *testing.T) {
 	pool := newPool(t, 4)
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	defer tx.Rollback(ctx)
+	defer func() { _ = tx.Rollback(ctx) }()
 	err = pglease.AckInTx(ctx, tx, message.NewMessage("made-here", nil))
 	require.ErrorIs(t, err, pglease.ErrInvalidMessage)
 	require.ErrorContains(t, err, "not delivered by a pglease Subscriber")
@@ -468,7 +468,7 @@ func TestAckInTxWaitsForAConcurrentClaim(t *testing.T) {
 
 			claimer, err := pool.Begin(ctx)
 			require.NoError(t, err)
-			defer claimer.Rollback(ctx)
+			defer func() { _ = claimer.Rollback(ctx) }()
 			_, err = claimer.Exec(ctx, `UPDATE `+table(adapter, pglease.DefaultConsumerOffsetsTable)+
 				` SET session_id = gen_random_uuid(), epoch = epoch + 1 WHERE topic = 't'`)
 			require.NoError(t, err)
@@ -479,7 +479,7 @@ func TestAckInTxWaitsForAConcurrentClaim(t *testing.T) {
 			pid := conn.Conn().PgConn().PID()
 			tx, err := conn.Begin(ctx)
 			require.NoError(t, err)
-			defer tx.Rollback(ctx)
+			defer func() { _ = tx.Rollback(ctx) }()
 			done := make(chan error, 1)
 			go func() { done <- pglease.AckInTx(ctx, tx, msg) }()
 			doneSignal := make(chan struct{})

@@ -145,7 +145,7 @@ func TestInspectorHorizonNamesTheBlockingTransaction(t *testing.T) {
 	require.NoError(t, blocker.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
 	tx, err := blocker.Begin(ctx)
 	require.NoError(t, err)
-	defer tx.Rollback(ctx)
+	defer func() { _ = tx.Rollback(ctx) }()
 	_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()") // takes a transaction id: a writer
 	require.NoError(t, err)
 

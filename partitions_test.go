@@ -285,7 +285,7 @@ func TestPartitionedTopicAcrossProcesses(t *testing.T) {
 	p4.waitLine(t, "ready", time.Minute)
 	joined := time.Now()
 	publish(perKey, perKey+perKey/2)
-	four = append(survivors, p4)
+	four = append(append([]*helperProc(nil), survivors...), p4)
 	rejoin := waitSplit(t, s, streams, four, partitions/4, 0, joined, time.Minute)
 	t.Logf("join: 2 partitions each %s after the new process was ready", rejoin.Round(time.Millisecond))
 	waitProcessed(t, s.pool, s.adapter, []string{"hot"}, time.Minute)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -238,12 +237,6 @@ func TestPollOnlyConfig(t *testing.T) {
 	_, err = pglease.NewSubscriber(pool, pglease.SubscriberConfig{ListenConnConfig: &pgx.ConnConfig{}}, nil)
 	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
 	require.ErrorContains(t, err, "pgx.ParseConfig")
-}
-
-// latencies returns the p50 and p99 of ds.
-func latencies(ds []time.Duration) (p50, p99 time.Duration) {
-	slices.Sort(ds)
-	return ds[len(ds)/2], ds[len(ds)*99/100]
 }
 
 // TestListenerProbeFindsAConnectionThatStoppedReceiving: the LISTEN

@@ -12,14 +12,14 @@ type backoff struct {
 	next     time.Duration
 }
 
-func newBackoff(min, max time.Duration) *backoff {
-	if min <= 0 {
-		min = time.Millisecond
+func newBackoff(lo, hi time.Duration) *backoff {
+	if lo <= 0 {
+		lo = time.Millisecond
 	}
-	if max < min {
-		max = min
+	if hi < lo {
+		hi = lo
 	}
-	return &backoff{min: min, max: max, next: min}
+	return &backoff{min: lo, max: hi, next: lo}
 }
 
 // delay returns the next wait, a random duration in [d/2, d] where d doubles

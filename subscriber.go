@@ -623,13 +623,13 @@ func (s *Subscriber) closeSteps() []func() {
 // maxCloseErrors bounds the errors that Close reports one by one.
 const maxCloseErrors = 10
 
-// summarize returns at most max of errs, the last one saying how many more
+// summarize returns at most n of errs, the last one saying how many more
 // there were.
-func summarize(errs []error, max int) []error {
-	if len(errs) <= max {
+func summarize(errs []error, n int) []error {
+	if len(errs) <= n {
 		return errs
 	}
-	return append(errs[:max-1:max-1], fmt.Errorf("and %d more errors", len(errs)-max+1))
+	return append(errs[:n-1:n-1], fmt.Errorf("and %d more errors", len(errs)-n+1))
 }
 
 // reportStall logs, once per stall (per xmin horizon), that committed

@@ -50,7 +50,7 @@ type pgleaseBackend struct{}
 func (pgleaseBackend) name() string  { return "pglease" }
 func (pgleaseBackend) short() string { return "pgl" }
 
-func (pgleaseBackend) open(ctx context.Context, e *env, ns string) (handle, error) {
+func (pgleaseBackend) open(_ context.Context, e *env, ns string) (handle, error) {
 	pool, err := e.pgleasePool(e.cfg.conns)
 	if err != nil {
 		return nil, err
@@ -140,7 +140,7 @@ func offsetsTable(ns string) string {
 	return pgx.Identifier{ns, pglease.DefaultConsumerOffsetsTable}.Sanitize()
 }
 
-func (h *pgleaseHandle) initTopic(ctx context.Context, topic string) error {
+func (h *pgleaseHandle) initTopic(_ context.Context, topic string) error {
 	return subscribeInitialize(h.newSubscriber, topic)
 }
 
@@ -238,7 +238,7 @@ func newWatermillSQLSubscriber(pool *pgxpool.Pool, initializeSchema bool, logger
 	}, logger)
 }
 
-func (h *watermillSQLHandle) initTopic(ctx context.Context, topic string) error {
+func (h *watermillSQLHandle) initTopic(_ context.Context, topic string) error {
 	return subscribeInitialize(h.newSubscriber, topic)
 }
 

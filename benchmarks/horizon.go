@@ -337,7 +337,7 @@ func runHeldHorizon(ctx context.Context, e *env, h *pgleaseHandle) (map[string]f
 	if err != nil {
 		return nil, err
 	}
-	defer held.end()
+	defer func() { _ = held.end() }()
 	offsets0, sessions0, err := readTables(ctx, e, h.ns)
 	if err != nil {
 		return nil, err

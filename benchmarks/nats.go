@@ -52,7 +52,7 @@ func (b natsBackend) short() string {
 
 // open starts a server of its own for the run; ns is not used (the server
 // holds nothing else).
-func (b natsBackend) open(ctx context.Context, e *env, ns string) (handle, error) {
+func (b natsBackend) open(_ context.Context, e *env, _ string) (handle, error) {
 	dir, err := os.MkdirTemp("", "pglease-bench-nats-")
 	if err != nil {
 		return nil, fmt.Errorf("NATS store directory: %w", err)
@@ -142,7 +142,7 @@ func (h *natsHandle) member() (message.Subscriber, func() error, error) {
 
 // initTopic creates topic's stream (file storage, the defaults of
 // watermill-nats's provisioning).
-func (h *natsHandle) initTopic(ctx context.Context, topic string) error {
+func (h *natsHandle) initTopic(_ context.Context, topic string) error {
 	sub, err := h.newSubscriber()
 	if err != nil {
 		return err
@@ -152,7 +152,7 @@ func (h *natsHandle) initTopic(ctx context.Context, topic string) error {
 }
 
 // close shuts the server down and removes its store.
-func (h *natsHandle) close(ctx context.Context) error {
+func (h *natsHandle) close(_ context.Context) error {
 	h.srv.Shutdown()
 	h.srv.WaitForShutdown()
 	if err := os.RemoveAll(h.dir); err != nil {

@@ -26,7 +26,7 @@ type pgleasePgBouncerBackend struct{}
 func (pgleasePgBouncerBackend) name() string  { return pgbouncerName }
 func (pgleasePgBouncerBackend) short() string { return "pgb" }
 
-func (pgleasePgBouncerBackend) open(ctx context.Context, e *env, ns string) (handle, error) {
+func (pgleasePgBouncerBackend) open(_ context.Context, e *env, ns string) (handle, error) {
 	pooled := new(atomic.Int64)
 	newPool := func(conns int) (*pgxpool.Pool, error) { return e.pgbouncerPool(conns, pooled) }
 	pool, err := newPool(e.cfg.conns)

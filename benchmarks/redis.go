@@ -117,13 +117,13 @@ func (redisBackend) short() string { return "redis" }
 
 // open starts a server of its own for the run; ns is not used (the server
 // holds nothing else).
-func (redisBackend) open(ctx context.Context, e *env, ns string) (handle, error) {
+func (redisBackend) open(ctx context.Context, e *env, _ string) (handle, error) {
 	if e.redisServer == "" {
 		return nil, errors.New("no redis-server program")
 	}
 	dir, err := os.MkdirTemp("", "pglease-bench-redis-")
 	if err != nil {
-		return nil, fmt.Errorf("Redis directory: %w", err)
+		return nil, fmt.Errorf("create the Redis directory: %w", err)
 	}
 	srv, err := startRedis(ctx, e.redisServer, dir)
 	if err != nil {
@@ -190,12 +190,12 @@ func startRedisOn(ctx context.Context, program, dir string, port int) (*redisSer
 		case <-srv.exited:
 			return nil, fmt.Errorf("redis-server exited at start: %s", strings.TrimSpace(log.String()))
 		case <-ctx.Done():
-			srv.stop()
+			_ = srv.stop()
 			return nil, ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			srv.stop()
+			_ = srv.stop()
 			return nil, fmt.Errorf("redis-server on %s did not answer PING within %s: %v", srv.addr, redisReadyTimeout, err)
 		}
 	}
@@ -264,10 +264,10 @@ func (h *redisHandle) member() (message.Subscriber, func() error, error) {
 
 // initTopic does nothing: XADD creates a stream, and Subscribe creates the
 // consumer group (and the stream, if need be).
-func (h *redisHandle) initTopic(ctx context.Context, topic string) error { return nil }
+func (h *redisHandle) initTopic(_ context.Context, _ string) error { return nil }
 
 // close stops the server and removes its files.
-func (h *redisHandle) close(ctx context.Context) error {
+func (h *redisHandle) close(_ context.Context) error {
 	err := h.srv.stop()
 	if rerr := os.RemoveAll(h.dir); rerr != nil {
 		err = errors.Join(err, fmt.Errorf("remove %s: %w", filepath.Base(h.dir), rerr))

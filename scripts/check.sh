@@ -27,6 +27,10 @@ step "go vet ./..."
 go vet ./...
 echo "ok"
 
+step "golangci-lint (scripts/lint.sh; .golangci.yml)"
+"$ROOT/scripts/lint.sh"
+echo "ok"
+
 # The go tool skips directories starting with '_' in ./... and in
 # ./_examples/..., so the examples are listed by hand: each directory with Go
 # files, or each nested module (a go.mod of its own) built as a whole.

@@ -157,7 +157,7 @@ func (c *uiCmd) run(ctx context.Context, e *cmdEnv) error {
 		shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		err = hs.Shutdown(shutCtx)
 		cancel()
-		<-errc
+		<-errc //nolint:errcheck // http.ErrServerClosed, after Shutdown
 	}
 	wg.Wait()
 	if errors.Is(err, http.ErrServerClosed) {
@@ -355,7 +355,7 @@ func (s *uiServer) render(w http.ResponseWriter, status int, name string, d *pag
 	_, _ = io.WriteString(w, buf.String())
 }
 
-func (s *uiServer) fail(w http.ResponseWriter, r *http.Request, d *pageData, err error) {
+func (s *uiServer) fail(w http.ResponseWriter, _ *http.Request, d *pageData, err error) {
 	status := http.StatusInternalServerError
 	var he *httpError
 	if errors.As(err, &he) {
@@ -469,7 +469,7 @@ func redirect(w http.ResponseWriter, r *http.Request, path string, q url.Values,
 	http.Redirect(w, r, target, http.StatusSeeOther)
 }
 
-func (s *uiServer) signinForm(ctx context.Context, r *http.Request, d *pageData) (string, error) {
+func (s *uiServer) signinForm(_ context.Context, _ *http.Request, d *pageData) (string, error) {
 	d.Title, d.Nav = "Sign in", "signin"
 	if !s.allowWrites {
 		return "", forbidden("writes are off: this console was started without --allow-writes, so there is nothing to sign in to")
@@ -477,7 +477,7 @@ func (s *uiServer) signinForm(ctx context.Context, r *http.Request, d *pageData)
 	return "signin.html", nil
 }
 
-func (s *uiServer) signin(ctx context.Context, w http.ResponseWriter, r *http.Request, d *pageData) error {
+func (s *uiServer) signin(_ context.Context, w http.ResponseWriter, r *http.Request, d *pageData) error {
 	name := strings.TrimSpace(r.PostForm.Get("name"))
 	if subtle.ConstantTimeCompare([]byte(r.PostForm.Get("token")), []byte(s.token)) != 1 {
 		d.Operator = name
@@ -498,7 +498,7 @@ func (s *uiServer) signin(ctx context.Context, w http.ResponseWriter, r *http.Re
 	return nil
 }
 
-func (s *uiServer) signout(ctx context.Context, w http.ResponseWriter, r *http.Request, d *pageData) error {
+func (s *uiServer) signout(_ context.Context, w http.ResponseWriter, r *http.Request, d *pageData) error {
 	for _, n := range []string{tokenCookie, nameCookie} {
 		http.SetCookie(w, &http.Cookie{Name: n, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
 	}

@@ -87,7 +87,8 @@ func (l *lagSampler) sample(ctx context.Context) error {
 		}
 	}
 	for g, s := range totals {
-		series := append(l.groups[g], s)
+		series := l.groups[g]
+		series = append(series, s)
 		if len(series) > l.keep {
 			series = series[len(series)-l.keep:]
 		}

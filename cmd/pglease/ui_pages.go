@@ -105,7 +105,7 @@ func withMembers(groups []groupSummary, lag []pglease.LagInfo, sessions []pgleas
 // read of every row's lag is the expensive one: it runs once per
 // interval, however many pages are open), or reads it when no sample
 // was taken yet; the sessions and the horizon are read for each page.
-func (s *uiServer) overview(ctx context.Context, r *http.Request, d *pageData) (string, error) {
+func (s *uiServer) overview(ctx context.Context, _ *http.Request, d *pageData) (string, error) {
 	d.Title, d.Nav = "Overview", "overview"
 	sessions, err := s.insp.Sessions(ctx)
 	if err != nil {
@@ -208,7 +208,7 @@ type topicsBody struct {
 	Topics []pglease.TopicInfo
 }
 
-func (s *uiServer) topics(ctx context.Context, r *http.Request, d *pageData) (string, error) {
+func (s *uiServer) topics(ctx context.Context, _ *http.Request, d *pageData) (string, error) {
 	d.Title, d.Nav = "Topics", "topics"
 	ts, err := s.insp.Topics(ctx)
 	if err != nil {

@@ -70,10 +70,10 @@ func (t *Tables) GrantScript(role string) string {
 	refuse := func(msg string) string {
 		return "-- pglease.GrantSQL: " + msg + "\n" + doBlock("BEGIN\n\tRAISE EXCEPTION "+quoteLiteral("pglease.GrantSQL: "+msg)+";\nEND") + ";\n"
 	}
-	switch {
-	case role == "":
+	switch role {
+	case "":
 		return refuse("the role name is empty")
-	case role == "public":
+	case "public":
 		return refuse(`role "public" would be every role: name an application role`)
 	}
 	to := pgx.Identifier{role}.Sanitize()

@@ -62,8 +62,9 @@ func main() {
 	case <-sig:
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), terminateTimeout)
-	defer cancel()
-	if err := c.Terminate(ctx); err != nil {
+	err := c.Terminate(ctx)
+	cancel()
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "pgtest container: terminating the PostgreSQL container: %v\n", err)
 		os.Exit(1)
 	}
