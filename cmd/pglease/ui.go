@@ -132,7 +132,7 @@ func (c *uiCmd) run(ctx context.Context, e *cmdEnv) error {
 	}
 	srv, err := newUIServer(uiConfig{
 		insp: insp, pool: pool, adapter: e.adapter, token: token, allowWrites: c.allowWrites, warnAfter: c.warnAfter,
-		timeout: e.timeout, log: e.stderr,
+		timeout: e.timeout, log: e.stderr, loopbackOnly: isLoopbackListen(c.listen),
 	})
 	if err != nil {
 		return err
@@ -212,6 +212,11 @@ type uiConfig struct {
 	warnAfter   time.Duration
 	timeout     time.Duration // per request; 0: none
 	log         io.Writer     // the log of writes
+	// loopbackOnly refuses requests whose Host is not a loopback address
+	// or localhost: set when the console listens on one, so that a web
+	// page whose name an attacker points at 127.0.0.1 (DNS rebinding)
+	// cannot read the console through the operator's browser.
+	loopbackOnly bool
 }
 
 // uiServer is the console's HTTP handler.
@@ -258,6 +263,12 @@ func newUIServer(cfg uiConfig) (*uiServer, error) {
 }
 
 func (s *uiServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.loopbackOnly && !isLoopbackHost(r.Host) {
+		// Misdirected Request: not a name of this server.
+		http.Error(w, fmt.Sprintf("pglease ui listens on a loopback address and answers only to localhost, 127.0.0.1 or [::1], not to %q", r.Host),
+			http.StatusMisdirectedRequest)
+		return
+	}
 	h := w.Header()
 	h.Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'")
 	h.Set("X-Frame-Options", "DENY")
@@ -505,4 +516,29 @@ func (s *uiServer) signout(_ context.Context, w http.ResponseWriter, r *http.Req
 	s.logWrite(r, d, "sign-out", "ok")
 	redirect(w, r, "/", nil, "Signed out.")
 	return nil
+}
+
+// isLoopbackListen reports whether addr (host:port) is on a loopback
+// address or localhost.
+func isLoopbackListen(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	return err == nil && isLoopbackName(host)
+}
+
+// isLoopbackHost reports whether a request's Host (with or without a
+// port) names a loopback address or localhost.
+func isLoopbackHost(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport // no port
+	}
+	return isLoopbackName(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"))
+}
+
+func isLoopbackName(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -28,7 +29,8 @@ func newUITest(t *testing.T, f *fixture, allowWrites bool) (*httptest.Server, *u
 	insp, err := pglease.NewInspector(f.pool, f.adapter)
 	require.NoError(t, err)
 	var log bytes.Buffer
-	cfg := uiConfig{insp: insp, pool: f.pool, adapter: f.adapter, allowWrites: allowWrites, warnAfter: defaultWarnAfter, log: &log}
+	cfg := uiConfig{insp: insp, pool: f.pool, adapter: f.adapter, allowWrites: allowWrites, warnAfter: defaultWarnAfter, log: &log,
+		loopbackOnly: true}
 	if allowWrites {
 		cfg.token = testToken
 	}
@@ -174,4 +176,40 @@ func TestUIWritesNeedTokenOriginAndCSRF(t *testing.T) {
 	assert.Contains(t, log.String(), `applied to 1 partition`)
 	assert.Contains(t, log.String(), `by "(not signed in)"`)
 	assert.Contains(t, log.String(), `delete-group-offsets group="billing" by "alice"`)
+}
+
+// TestUIAnswersOnlyToLoopbackNames: a console on a loopback address
+// refuses a request whose Host is another name, which is what a page of
+// another site sends after pointing its name at 127.0.0.1 (DNS rebinding):
+// it must not be able to read messages through the operator's browser.
+func TestUIAnswersOnlyToLoopbackNames(t *testing.T) {
+	f := newFixture(t)
+	ts, _, _ := newUITest(t, f, false)
+	get := func(host string) (int, string) {
+		req, err := http.NewRequest(http.MethodGet, ts.URL+"/topics", nil)
+		require.NoError(t, err)
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(body)
+	}
+	_, port, err := net.SplitHostPort(strings.TrimPrefix(ts.URL, "http://"))
+	require.NoError(t, err)
+	for _, host := range []string{"attacker.example:" + port, "attacker.example", "10.0.0.1:" + port} {
+		code, body := get(host)
+		assert.Equal(t, http.StatusMisdirectedRequest, code, host)
+		assert.Contains(t, body, "answers only to localhost", host)
+	}
+	for _, host := range []string{"127.0.0.1:" + port, "localhost:" + port, "LOCALHOST", "[::1]:" + port} {
+		code, body := get(host)
+		assert.Equal(t, http.StatusOK, code, "%s: %s", host, body)
+	}
+	assert.True(t, isLoopbackListen("127.0.0.1:8080"))
+	assert.True(t, isLoopbackListen("localhost:0"))
+	assert.True(t, isLoopbackListen("[::1]:8080"))
+	assert.False(t, isLoopbackListen("0.0.0.0:8080"))
+	assert.False(t, isLoopbackListen(":8080"))
 }
