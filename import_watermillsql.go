@@ -19,6 +19,19 @@ import (
 // another type. The error names the table and the column.
 var ErrNotWatermillSQLSchema = errors.New("pglease: not watermill-sql's default PostgreSQL schema")
 
+// Names of the import's own tables, in the schema of the pglease tables
+// ([DefaultSchemaAdapter.Schema]). The import creates them
+// (CREATE TABLE IF NOT EXISTS); they are not part of the migrations.
+const (
+	// ImportRunsTable records, per topic, each run of the import: which
+	// watermill-sql positions it copied and where they are in pglease.
+	ImportRunsTable = "pglease_import_watermill_sql"
+	// ImportGroupsTable records, per (topic, consumer group), the
+	// position the import gave the group's offset row, so that a later
+	// run can tell whether the group has consumed in pglease since.
+	ImportGroupsTable = "pglease_import_watermill_sql_groups"
+)
+
 // importBatch is how many messages the import reads and writes per
 // statement.
 const importBatch = 5000
@@ -89,26 +102,6 @@ type ImportedGroup struct {
 	Action   string   `json:"action"`
 }
 
-// wmKind is the shape of a watermill-sql messages table.
-type wmKind int
-
-const (
-	wmKindXID    wmKind = iota // transaction_id xid8, ordered by (transaction_id, offset)
-	wmKindOffset               // no transaction_id: ordered by offset
-	wmKindQueue                // v4's queue schema (delayed pub/sub): acked column, no groups
-)
-
-func (k wmKind) String() string {
-	switch k {
-	case wmKindXID:
-		return "transaction_id"
-	case wmKindOffset:
-		return "offset"
-	default:
-		return "queue"
-	}
-}
-
 // wmPosition is a position in a watermill-sql topic: (transaction id,
 // offset), the transaction id 0 for tables ordered by offset alone.
 type wmPosition struct {
@@ -132,12 +125,30 @@ func (p wmPosition) compare(o wmPosition) int {
 
 func (p wmPosition) String() string { return fmt.Sprintf("%d:%d", p.TransactionID, p.Offset) }
 
+// importRun is one run of the import of a topic, as recorded
+// ([pgsql.ImportRun]) with watermill-sql's positions as wmPosition.
+type importRun struct {
+	Run           int
+	TransactionID uint64
+	FirstOffset   int64
+	LastOffset    int64
+	From          wmPosition // copied after
+	To            wmPosition // and up to
+}
+
+func (r importRun) empty() bool { return r.FirstOffset > r.LastOffset }
+
+func (r importRun) row() pgsql.ImportRun {
+	return pgsql.ImportRun{Run: r.Run, TransactionID: r.TransactionID, FirstOffset: r.FirstOffset, LastOffset: r.LastOffset,
+		From: pgsql.Position(r.From), To: pgsql.Position(r.To)}
+}
+
 // wmSource is one watermill-sql topic as found in the source.
 type wmSource struct {
 	topic         string
 	messagesTable string
 	offsetsTable  string // "" when there is none (queue schema, or no subscriber ever ran)
-	kind          wmKind
+	kind          pgsql.WMKind
 	payloadType   string // json, jsonb, text or bytea
 }
 
@@ -206,7 +217,7 @@ func ImportWatermillSQL(ctx context.Context, dst, src DB, config ImportConfig) (
 
 	topics := config.Topics
 	if config.All {
-		tables, err := wmTopicTables(ctx, srcTx)
+		tables, err := pgsql.WMTopicTables(ctx, srcTx)
 		if err != nil {
 			return report, fmt.Errorf("import watermill-sql: list the source's tables: %w", err)
 		}
@@ -257,7 +268,7 @@ var (
 
 // checkColumns refuses a table whose columns are not among known, or
 // lack one of required.
-func checkColumns(table string, cols []wmColumn, known map[string][]string, required ...string) (map[string]string, error) {
+func checkColumns(table string, cols []pgsql.WMColumn, known map[string][]string, required ...string) (map[string]string, error) {
 	types := make(map[string]string, len(cols))
 	for _, c := range cols {
 		accepted, ok := known[c.Name]
@@ -289,9 +300,9 @@ func checkColumns(table string, cols []wmColumn, known map[string][]string, requ
 
 // describeSource finds the tables of topic in the source and which of
 // watermill-sql's schemas they have.
-func describeSource(ctx context.Context, q querier, topic string) (wmSource, error) {
+func describeSource(ctx context.Context, q pgsql.Querier, topic string) (wmSource, error) {
 	s := wmSource{topic: topic, messagesTable: "watermill_" + topic}
-	cols, err := wmTableColumns(ctx, q, s.messagesTable)
+	cols, err := pgsql.WMTableColumns(ctx, q, s.messagesTable)
 	if err != nil {
 		return s, fmt.Errorf("import watermill-sql topic %q: %w", topic, err)
 	}
@@ -311,15 +322,15 @@ func describeSource(ctx context.Context, q querier, topic string) (wmSource, err
 		return s, fmt.Errorf("import watermill-sql topic %q: %w: table %q has both column \"transaction_id\" and column \"acked\"",
 			topic, ErrNotWatermillSQLSchema, s.messagesTable)
 	case hasAcked:
-		s.kind = wmKindQueue
+		s.kind = pgsql.WMKindQueue
 		return s, nil
 	case hasXID:
-		s.kind = wmKindXID
+		s.kind = pgsql.WMKindXID
 	default:
-		s.kind = wmKindOffset
+		s.kind = pgsql.WMKindOffset
 	}
 	offsets := "watermill_offsets_" + topic
-	cols, err = wmTableColumns(ctx, q, offsets)
+	cols, err = pgsql.WMTableColumns(ctx, q, offsets)
 	if err != nil {
 		return s, fmt.Errorf("import watermill-sql topic %q: %w", topic, err)
 	}
@@ -327,7 +338,7 @@ func describeSource(ctx context.Context, q querier, topic string) (wmSource, err
 		return s, nil // no subscriber ever ran: no groups
 	}
 	required := []string{"consumer_group", "offset_acked"}
-	if s.kind == wmKindXID {
+	if s.kind == pgsql.WMKindXID {
 		required = append(required, "last_processed_transaction_id")
 	}
 	if _, err := checkColumns(offsets, cols, wmOffsetColumns, required...); err != nil {
@@ -338,21 +349,21 @@ func describeSource(ctx context.Context, q querier, topic string) (wmSource, err
 }
 
 // importTopic imports one topic in one transaction of dst.
-func importTopic(ctx context.Context, dst DB, src querier, config ImportConfig, s wmSource) (ImportedTopic, error) {
+func importTopic(ctx context.Context, dst DB, src pgsql.Querier, config ImportConfig, s wmSource) (ImportedTopic, error) {
 	out := ImportedTopic{Topic: s.topic, SourceTable: s.messagesTable, SourceKind: s.kind.String(), Groups: []ImportedGroup{}}
 	a := config.SchemaAdapter.tables()
-	var groups []wmGroup
+	var groups []pgsql.WMGroup
 	if s.offsetsTable != "" {
 		var err error
-		if groups, err = wmGroups(ctx, src, s.offsetsTable, s.kind == wmKindXID); err != nil {
+		if groups, err = pgsql.WMGroups(ctx, src, s.offsetsTable, s.kind == pgsql.WMKindXID); err != nil {
 			return out, fmt.Errorf("read %q: %w", s.offsetsTable, err)
 		}
 	}
 	err := pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
-		if err := importCreateTables(ctx, tx, a); err != nil {
+		if err := pgsql.ImportCreateTables(ctx, tx, a); err != nil {
 			return fmt.Errorf("create the import's tables: %w", err)
 		}
-		if err := importLockTopic(ctx, tx, a, s.topic); err != nil {
+		if err := pgsql.ImportLockTopic(ctx, tx, a, s.topic); err != nil {
 			return err
 		}
 		if err := importTopicTx(ctx, tx, src, a, s, groups, &out); err != nil {
@@ -372,8 +383,8 @@ func importTopic(ctx context.Context, dst DB, src querier, config ImportConfig, 
 // errDryRun rolls back the transaction of a dry run.
 var errDryRun = errors.New("dry run")
 
-func importTopicTx(ctx context.Context, tx pgx.Tx, src querier, a *pgsql.Tables, s wmSource, groups []wmGroup, out *ImportedTopic) error {
-	state, err := importReadTopic(ctx, tx, a, s.topic)
+func importTopicTx(ctx context.Context, tx pgx.Tx, src pgsql.Querier, a *pgsql.Tables, s wmSource, groups []pgsql.WMGroup, out *ImportedTopic) error {
+	state, err := pgsql.ImportReadTopic(ctx, tx, a, s.topic)
 	if err != nil {
 		return err
 	}
@@ -381,24 +392,22 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src querier, a *pgsql.Tables,
 		return fmt.Errorf("%w: the pglease topic has %d partitions; watermill-sql's order can only be kept in a topic of one",
 			ErrInvalidConfig, state.Partitions)
 	}
-	runs, err := importRuns(ctx, tx, a, s.topic)
+	rows, err := pgsql.ImportRuns(ctx, tx, a, s.topic)
 	if err != nil {
 		return err
 	}
-	current, err := parseXID8(state.CurrentTx)
-	if err != nil {
-		return err
+	runs := make([]importRun, 0, len(rows))
+	for _, r := range rows {
+		runs = append(runs, importRun{Run: r.Run, TransactionID: r.TransactionID, FirstOffset: r.FirstOffset,
+			LastOffset: r.LastOffset, From: wmPosition(r.From), To: wmPosition(r.To)})
 	}
+	current := state.CurrentTx
 	// Where this run's messages go: before the topic's first pglease
 	// message while no group reads the topic in pglease, else after
 	// everything committed before this transaction.
 	run := importRun{Run: len(runs) + 1, TransactionID: current, FirstOffset: 1}
 	if len(runs) == 0 && !state.HasOffsets && state.FirstTx != nil {
-		first, err := parseXID8(*state.FirstTx)
-		if err != nil {
-			return err
-		}
-		if first > 4 {
+		if first := *state.FirstTx; first > 4 {
 			run.TransactionID = first - 1
 		}
 	}
@@ -433,14 +442,15 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src querier, a *pgsql.Tables,
 	mapped := make([]int64, len(groups))
 	next := 0 // in byPos
 	var now time.Time
-	if s.kind == wmKindQueue {
-		if now, err = importNow(ctx, tx); err != nil {
+	if s.kind == pgsql.WMKindQueue {
+		if now, err = pgsql.ImportNow(ctx, tx); err != nil {
 			return err
 		}
 	}
 	after := run.From
 	for {
-		msgs, err := wmMessagesAfter(ctx, src, s.messagesTable, s.kind, s.payloadType, after, importBatch)
+		msgs, err := pgsql.WMMessagesAfter(ctx, src, pgsql.WMMessagesParams{Table: s.messagesTable, Kind: s.kind,
+			PayloadType: s.payloadType, After: pgsql.Position(after), Limit: importBatch})
 		if err != nil {
 			return fmt.Errorf("read %q: %w", s.messagesTable, err)
 		}
@@ -448,12 +458,8 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src querier, a *pgsql.Tables,
 			break
 		}
 		var (
-			offsets  []int64
-			uuids    []string
-			payloads [][]byte
-			metadata []string
-			created  []time.Time
-			delayed  pgsql.InsertMessagesParams
+			stored  = pgsql.ImportMessagesParams{Topic: s.topic, TransactionID: run.TransactionID}
+			delayed pgsql.InsertMessagesParams
 		)
 		for _, m := range msgs {
 			pos := wmPosition{m.TransactionID, m.Offset}
@@ -473,19 +479,19 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src querier, a *pgsql.Tables,
 				delayed.DueAt = append(delayed.DueAt, *m.DelayedUntil)
 			} else {
 				run.LastOffset++
-				offsets = append(offsets, run.LastOffset)
-				uuids = append(uuids, m.UUID)
-				payloads = append(payloads, m.Payload)
-				metadata = append(metadata, m.Metadata)
-				created = append(created, m.CreatedAt)
+				stored.Offsets = append(stored.Offsets, run.LastOffset)
+				stored.UUIDs = append(stored.UUIDs, m.UUID)
+				stored.Payloads = append(stored.Payloads, m.Payload)
+				stored.Metadata = append(stored.Metadata, m.Metadata)
+				stored.CreatedAt = append(stored.CreatedAt, m.CreatedAt)
 			}
 			after, run.To = pos, pos
 		}
-		if len(offsets) > 0 {
-			if err := importInsertMessages(ctx, tx, a, s.topic, run.TransactionID, offsets, uuids, payloads, metadata, created); err != nil {
+		if len(stored.Offsets) > 0 {
+			if err := pgsql.ImportInsertMessages(ctx, tx, a, stored); err != nil {
 				return fmt.Errorf("store messages: %w", err)
 			}
-			out.Messages += int64(len(offsets))
+			out.Messages += int64(len(stored.Offsets))
 		}
 		if len(delayed.UUIDs) > 0 {
 			delayed.NotifyChannel = a.NotifyChannel
@@ -504,7 +510,8 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src querier, a *pgsql.Tables,
 	out.Run = run.Run
 	out.TransactionID = run.TransactionID
 	if len(runs) == 0 || out.Messages > 0 || out.Delayed > 0 {
-		if err := importInsertRun(ctx, tx, a, s.topic, s.messagesTable, s.kind, run, out.Delayed); err != nil {
+		if err := pgsql.ImportInsertRun(ctx, tx, a, pgsql.ImportRunParams{Topic: s.topic, SourceTable: s.messagesTable, Kind: s.kind,
+			Run: run.row(), Delayed: out.Delayed}); err != nil {
 			return fmt.Errorf("record the run: %w", err)
 		}
 		runs = append(runs, run)
@@ -512,7 +519,7 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src querier, a *pgsql.Tables,
 		out.Run = len(runs)
 	}
 	if out.Messages > 0 {
-		if err := importNotify(ctx, tx, a, s.topic); err != nil {
+		if err := pgsql.ImportNotify(ctx, tx, a, s.topic); err != nil {
 			return err
 		}
 	}
@@ -520,12 +527,12 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src querier, a *pgsql.Tables,
 		return nil
 	}
 
-	rows, err := importOffsetRows(ctx, tx, a, s.topic)
+	offsetRows, err := pgsql.ImportOffsetRows(ctx, tx, a, s.topic)
 	if err != nil {
 		return err
 	}
-	existing := make(map[string]importOffsetRow, len(rows))
-	for _, r := range rows {
+	existing := make(map[string]pgsql.ImportOffsetRow, len(offsetRows))
+	for _, r := range offsetRows {
 		existing[r.ConsumerGroup] = r
 	}
 	for i, g := range groups {
@@ -541,7 +548,7 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src querier, a *pgsql.Tables,
 		row, ok := existing[g.ConsumerGroup]
 		switch {
 		case !ok:
-			created, err := importCreateOffset(ctx, tx, a, g.ConsumerGroup, s.topic, pos)
+			created, err := pgsql.ImportCreateOffset(ctx, tx, a, g.ConsumerGroup, s.topic, pgsql.Position(pos))
 			if err != nil {
 				return fmt.Errorf("create the offset row of group %q: %w", g.ConsumerGroup, err)
 			}
@@ -553,27 +560,27 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src querier, a *pgsql.Tables,
 			}
 			ig.Action, ig.Position = ImportGroupCreated, pos
 		case row.Recorded == nil || *row.Recorded != row.Position || row.Epoch != 0:
-			ig.Action, ig.Position = ImportGroupKept, row.Position
+			ig.Action, ig.Position = ImportGroupKept, Position(row.Position)
 			out.Groups = append(out.Groups, ig)
 			continue
-		case row.Position == pos || before:
+		case Position(row.Position) == pos || before:
 			// A group before every copied message stays where the import
 			// put it: moved to this run's start, it would skip what was
 			// published to pglease between the runs.
-			ig.Action, ig.Position = ImportGroupUnchanged, row.Position
+			ig.Action, ig.Position = ImportGroupUnchanged, Position(row.Position)
 		default:
-			moved, err := importMoveOffset(ctx, tx, a, g.ConsumerGroup, s.topic, row.Position, pos)
+			moved, err := pgsql.ImportMoveOffset(ctx, tx, a, g.ConsumerGroup, s.topic, row.Position, pgsql.Position(pos))
 			if err != nil {
 				return fmt.Errorf("move the offset row of group %q: %w", g.ConsumerGroup, err)
 			}
 			if !moved { // claimed meanwhile
-				ig.Action, ig.Position = ImportGroupKept, row.Position
+				ig.Action, ig.Position = ImportGroupKept, Position(row.Position)
 				out.Groups = append(out.Groups, ig)
 				continue
 			}
 			ig.Action, ig.Position = ImportGroupMoved, pos
 		}
-		if err := importRecordGroup(ctx, tx, a, s.topic, g.ConsumerGroup, ig.Position, source); err != nil {
+		if err := pgsql.ImportRecordGroup(ctx, tx, a, s.topic, g.ConsumerGroup, pgsql.Position(ig.Position), pgsql.Position(source)); err != nil {
 			return fmt.Errorf("record group %q: %w", g.ConsumerGroup, err)
 		}
 		out.Groups = append(out.Groups, ig)
@@ -588,7 +595,7 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src querier, a *pgsql.Tables,
 // offset mapped while copying, for a source position within cur. before
 // reports that source lies before every copied message (or nothing was
 // ever copied).
-func importPosition(ctx context.Context, src querier, s wmSource, runs []importRun, cur importRun, inCur int64, source wmPosition) (pos Position, before bool, warning string, err error) {
+func importPosition(ctx context.Context, src pgsql.Querier, s wmSource, runs []importRun, cur importRun, inCur int64, source wmPosition) (pos Position, before bool, warning string, err error) {
 	var copied []importRun
 	for _, r := range runs {
 		if !r.empty() {
@@ -619,7 +626,7 @@ func importPosition(ctx context.Context, src querier, s wmSource, runs []importR
 		if r.Run == cur.Run {
 			return Position{TransactionID: r.TransactionID, Offset: inCur}, false, "", nil
 		}
-		n, err := wmCountBetween(ctx, src, s.messagesTable, s.kind, r.From, source)
+		n, err := pgsql.WMCountBetween(ctx, src, s.messagesTable, s.kind, pgsql.Position(r.From), pgsql.Position(source))
 		if err != nil {
 			return Position{}, false, "", err
 		}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
+	"math"
 	"strings"
 	"time"
 
@@ -18,9 +18,6 @@ import (
 // message was consumed from; [Inspector.Replay] with ToOriginal sends a
 // message back there.
 const PoisonedTopicKey = "topic_poisoned"
-
-// poisonedTopicKey is PoisonedTopicKey in the SQL of replay.
-const poisonedTopicKey = PoisonedTopicKey
 
 // Defaults and bounds of the message browser and replay.
 const (
@@ -55,6 +52,26 @@ type StoredMessage struct {
 	CreatedAt        time.Time         `json:"created_at"`
 	// ExpiresAt is when retention removes it (nil: kept forever).
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+}
+
+// toStoredMessage converts a row of topic; the payload may have been cut at
+// the statement's preview bytes.
+func toStoredMessage(topic string, r pgsql.BrowseRow) (StoredMessage, error) {
+	m := StoredMessage{
+		Topic: topic, Partition: r.Partition, Position: Position(r.Position),
+		UUID: r.UUID, Payload: r.Payload, PayloadSize: int(r.PayloadSize), CreatedAt: r.CreatedAt,
+		Metadata: map[string]string{},
+	}
+	m.PayloadTruncated = len(m.Payload) < m.PayloadSize
+	if r.ExpiresAt != nil && r.ExpiresAt.Year() < 9999 {
+		m.ExpiresAt = r.ExpiresAt
+	}
+	if len(r.Metadata) > 0 {
+		if err := json.Unmarshal(r.Metadata, &m.Metadata); err != nil {
+			return StoredMessage{}, err
+		}
+	}
+	return m, nil
 }
 
 // MessagesParams select the messages of [Inspector.Messages].
@@ -111,17 +128,18 @@ func (i *Inspector) Messages(ctx context.Context, p MessagesParams) (MessagePage
 		}
 		partition = *p.Partition
 	}
-	tx, off := maxXID8, int64(1<<63-1)
+	at := pgsql.Position{TransactionID: math.MaxUint64, Offset: math.MaxInt64} // after every message
 	if p.From != nil {
-		tx, off = strconv.FormatUint(p.From.TransactionID, 10), p.From.Offset
+		at = pgsql.Position(*p.From)
 	}
-	rows, err := selectMessagesNewestFirst(ctx, i.db, a, p.Topic, partition, tx, off, p.Limit+1, p.PreviewBytes)
+	rows, err := pgsql.MessagesNewestFirst(ctx, i.db, a, pgsql.BrowseParams{Topic: p.Topic, Partition: partition, At: at,
+		Limit: p.Limit + 1, Preview: p.PreviewBytes})
 	if err != nil {
 		return page, fmt.Errorf("read the messages of topic %q: %w", p.Topic, wrapMissingSchema(err))
 	}
 	page.Messages = make([]StoredMessage, 0, len(rows))
 	for n, r := range rows {
-		m, err := r.storedMessage(p.Topic)
+		m, err := toStoredMessage(p.Topic, r)
 		if err != nil {
 			return page, fmt.Errorf("read the messages of topic %q: %w", p.Topic, err)
 		}
@@ -139,13 +157,13 @@ func (i *Inspector) Messages(ctx context.Context, p MessagesParams) (MessagePage
 // messages table: the UUID is not indexed).
 func (i *Inspector) MessagesByUUID(ctx context.Context, topic, id string) ([]StoredMessage, error) {
 	a := i.tables
-	rows, topics, err := selectMessagesByUUID(ctx, i.db, a, topic, id, -1)
+	rows, err := pgsql.MessagesByUUID(ctx, i.db, a, topic, id, -1)
 	if err != nil {
 		return nil, fmt.Errorf("look up message %q: %w", id, wrapMissingSchema(err))
 	}
 	out := make([]StoredMessage, 0, len(rows))
-	for n, r := range rows {
-		m, err := r.storedMessage(topics[n])
+	for _, r := range rows {
+		m, err := toStoredMessage(r.Topic, r)
 		if err != nil {
 			return nil, fmt.Errorf("look up message %q: %w", id, err)
 		}
@@ -177,13 +195,13 @@ func (i *Inspector) TopicDetail(ctx context.Context, topic string) (TopicDetail,
 		return d, err
 	}
 	a := i.tables
-	row, err := selectTopicDetail(ctx, i.db, a, topic)
+	row, err := pgsql.TopicDetail(ctx, i.db, a, topic)
 	if err != nil {
 		return d, fmt.Errorf("read topic %q: %w", topic, wrapMissingSchema(err))
 	}
 	d.Partitions, d.Retention = int(row.Partitions), time.Duration(row.RetentionUs)*time.Microsecond
 	d.Delayed, d.NextDueAt = row.Delayed, row.NextDueAt
-	counts, err := countTopicMessages(ctx, i.db, a, []string{topic}, DefaultExactCountUpTo)
+	counts, err := pgsql.CountTopicMessages(ctx, i.db, a, []string{topic}, DefaultExactCountUpTo)
 	if err != nil {
 		return d, fmt.Errorf("count the messages of topic %q: %w", topic, err)
 	}
@@ -231,7 +249,7 @@ func (i *Inspector) TopicMessages(ctx context.Context, p TopicMessagesParams) ([
 	if p.ExactUpTo <= 0 {
 		p.ExactUpTo = DefaultExactCountUpTo
 	}
-	rows, err := countTopicMessages(ctx, i.db, a, p.Topics, p.ExactUpTo)
+	rows, err := pgsql.CountTopicMessages(ctx, i.db, a, p.Topics, p.ExactUpTo)
 	if err != nil {
 		return nil, fmt.Errorf("count the messages of the topics: %w", wrapMissingSchema(err))
 	}
@@ -249,7 +267,7 @@ func (i *Inspector) TopicMessages(ctx context.Context, p TopicMessagesParams) ([
 }
 
 func (i *Inspector) estimate(ctx context.Context, a *pgsql.Tables, topic string, atLeast int64) (int64, error) {
-	n, err := estimateTopicMessages(ctx, i.db, a, topic)
+	n, err := pgsql.EstimateTopicMessages(ctx, i.db, a, topic)
 	if err != nil {
 		return 0, fmt.Errorf("estimate the messages of topic %q: %w", topic, err)
 	}
@@ -319,13 +337,14 @@ func (i *Inspector) Replay(ctx context.Context, p ReplayParams) ([]ReplayedMessa
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := deleteMessagesForReplay(ctx, tx, a, p.From, filter, p.ToOriginal, p.Limit)
+	rows, err := pgsql.DeleteMessagesForReplay(ctx, tx, a, pgsql.ReplayParams{Topic: p.From, Filter: filter,
+		ToOriginal: p.ToOriginal, OriginalTopicKey: PoisonedTopicKey, Limit: p.Limit})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, wrapMissingSchema(err))
 	}
 	out := make([]ReplayedMessage, 0, len(rows))
 	for _, r := range rows {
-		m, err := r.storedMessage(p.From)
+		m, err := toStoredMessage(p.From, r)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", what, err)
 		}
@@ -406,10 +425,10 @@ func (i *Inspector) DeleteGroupOffsets(ctx context.Context, group string) (int64
 		return 0, fmt.Errorf("%s: %w", what, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := lockGroupOffsets(ctx, tx, a, group); err != nil {
+	if _, err := pgsql.LockGroupOffsets(ctx, tx, a, group); err != nil {
 		return 0, fmt.Errorf("%s: %w", what, wrapMissingSchema(err))
 	}
-	owned, err := selectGroupLiveOwners(ctx, tx, a, group)
+	owned, err := pgsql.GroupLiveOwners(ctx, tx, a, group)
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", what, err)
 	}
@@ -420,7 +439,7 @@ func (i *Inspector) DeleteGroupOffsets(ctx context.Context, group string) (int64
 		}
 		return 0, e
 	}
-	n, err := deleteGroupOffsets(ctx, tx, a, group)
+	n, err := pgsql.DeleteGroupOffsets(ctx, tx, a, group)
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", what, err)
 	}

@@ -1,0 +1,282 @@
+package pgsql
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The statements of the message browser, replay and the console's writes
+// (pglease's Inspector: Messages, MessagesByUUID, TopicDetail,
+// TopicMessages, Replay, DeleteGroupOffsets). Each is built by an
+// unexported method of Tables and run by the function of the same name.
+
+// BrowseRow is one stored message as the browser's statements return it.
+type BrowseRow struct {
+	// Topic is set by [MessagesByUUID] only (the others read one topic).
+	Topic       string
+	Partition   int32
+	Position    Position
+	UUID        string
+	Payload     []byte // cut at the statement's preview bytes
+	PayloadSize int64  // before the cut
+	Metadata    []byte // JSON, nil for NULL
+	CreatedAt   time.Time
+	ExpiresAt   *time.Time // nil: kept until acknowledged
+}
+
+// browseColumns are the columns of BrowseRow, of the messages table m;
+// the payload is cut at preview bytes (an SQL expression; negative: not
+// cut).
+func browseColumns(preview string) string {
+	return `m.partition, m.transaction_id::text, m."offset", m.uuid,
+	CASE WHEN ` + preview + ` < 0 THEN m.payload ELSE substring(m.payload FROM 1 FOR ` + preview + `) END,
+	COALESCE(octet_length(m.payload), 0)::bigint, m.metadata, m.created_at,
+	CASE WHEN m.expires_at = 'infinity' THEN NULL ELSE m.expires_at END`
+}
+
+// scanBrowse scans the columns of browseColumns, then extra.
+func scanBrowse(row pgx.CollectableRow, extra ...any) (BrowseRow, error) {
+	var r BrowseRow
+	var tx string
+	dest := append([]any{&r.Partition, &tx, &r.Position.Offset, &r.UUID, &r.Payload, &r.PayloadSize, &r.Metadata,
+		&r.CreatedAt, &r.ExpiresAt}, extra...)
+	if err := row.Scan(dest...); err != nil {
+		return r, err
+	}
+	var err error
+	r.Position.TransactionID, err = ParseXID8(tx)
+	return r, err
+}
+
+func scanBrowseRow(row pgx.CollectableRow) (BrowseRow, error) { return scanBrowse(row) }
+
+// BrowseParams are the arguments of [MessagesNewestFirst].
+type BrowseParams struct {
+	Topic     string
+	Partition int32    // -1: every partition
+	At        Position // the newest position returned
+	Limit     int
+	Preview   int // payload bytes returned; negative: all
+}
+
+func (t *Tables) messagesNewestFirst(p BrowseParams) Stmt {
+	return Stmt{SQL: `SELECT l.* FROM generate_series(0,
+		GREATEST(COALESCE((SELECT t.partitions FROM ` + t.Topics + ` t WHERE t.topic = $1), 1),
+			$2::integer + 1) - 1) AS p(partition),
+	LATERAL (
+		SELECT ` + browseColumns("$6::integer") + `
+		FROM ` + t.Messages + ` m
+		WHERE m.topic = $1 AND m.partition = p.partition AND ` + t.classesOf("$1") + `
+			AND (m.transaction_id, m."offset") <= ($3::text::xid8, $4::bigint)
+		ORDER BY m.transaction_id DESC, m."offset" DESC
+		LIMIT $5
+	) l
+WHERE $2 < 0 OR p.partition = $2
+ORDER BY l.transaction_id::xid8 DESC, l."offset" DESC
+LIMIT $5`, Args: []any{p.Topic, p.Partition, formatXID8(p.At.TransactionID), p.At.Offset, p.Limit, p.Preview}}
+}
+
+// MessagesNewestFirst returns up to p.Limit messages of p.Topic (of one
+// partition, or of all with partition -1) at or before p.At, newest
+// first. Per partition it reads the primary key backwards from the
+// position; the partitions are merged by position.
+func MessagesNewestFirst(ctx context.Context, q Querier, t *Tables, p BrowseParams) ([]BrowseRow, error) {
+	return collect(ctx, q, t.messagesNewestFirst(p), scanBrowseRow)
+}
+
+func (t *Tables) messagesByUUID(topic, id string, preview int) Stmt {
+	return Stmt{SQL: `SELECT ` + browseColumns("$3::integer") + `, m.topic
+FROM ` + t.Messages + ` m
+WHERE m.uuid = $2 AND ($1 = '' OR m.topic = $1)
+ORDER BY m.transaction_id, m."offset"`, Args: []any{topic, id, preview}}
+}
+
+// MessagesByUUID returns the messages with the UUID id, of topic (all
+// topics when topic is empty: a scan of the whole table), oldest first,
+// with their topics.
+func MessagesByUUID(ctx context.Context, q Querier, t *Tables, topic, id string, preview int) ([]BrowseRow, error) {
+	return collect(ctx, q, t.messagesByUUID(topic, id, preview), func(row pgx.CollectableRow) (BrowseRow, error) {
+		var topic string
+		r, err := scanBrowse(row, &topic)
+		r.Topic = topic
+		return r, err
+	})
+}
+
+// ReplayParams are the arguments of [DeleteMessagesForReplay].
+type ReplayParams struct {
+	Topic string
+	// Filter is a JSON object the messages' metadata must contain ("{}"
+	// for all).
+	Filter []byte
+	// ToOriginal takes only the messages whose metadata names their
+	// original topic under OriginalTopicKey.
+	ToOriginal bool
+	// OriginalTopicKey is Watermill's PoisonedTopicKey: a constant, built
+	// into the statement's text (never a value from users).
+	OriginalTopicKey string
+	Limit            int
+}
+
+func (t *Tables) deleteMessagesForReplay(p ReplayParams) Stmt {
+	return Stmt{SQL: `WITH sel AS (
+	SELECT m.tableoid, m.ctid FROM ` + t.Messages + ` m
+	WHERE m.topic = $1 AND ` + t.classesOf("$1") + ` AND COALESCE(m.metadata, '{}') @> $2::text::jsonb
+		AND (NOT $3 OR COALESCE(m.metadata->>` + quoteLiteral(p.OriginalTopicKey) + `, '') <> '')
+	ORDER BY m.transaction_id, m."offset"
+	LIMIT $4
+	FOR UPDATE
+), del AS (
+	DELETE FROM ` + t.Messages + ` m USING sel
+	WHERE m.tableoid = sel.tableoid AND m.ctid = sel.ctid
+	RETURNING m.*
+)
+SELECT ` + browseColumns("-1") + ` FROM del m
+ORDER BY m.transaction_id, m."offset"`, Args: []any{p.Topic, string(p.Filter), p.ToOriginal, p.Limit}}
+}
+
+// DeleteMessagesForReplay deletes up to p.Limit messages of p.Topic whose
+// metadata contains p.Filter, oldest first, and returns them, whole. The
+// rows are locked first, so a replay running at the same time waits and
+// then finds them gone: each message is taken by one replay.
+func DeleteMessagesForReplay(ctx context.Context, q Querier, t *Tables, p ReplayParams) ([]BrowseRow, error) {
+	return collect(ctx, q, t.deleteMessagesForReplay(p), scanBrowseRow)
+}
+
+// TopicDetailRow is the row of [TopicDetail].
+type TopicDetailRow struct {
+	Partitions  int32
+	RetentionUs int64
+	Delayed     int64
+	NextDueAt   *time.Time
+}
+
+func (t *Tables) topicDetail(topic string) Stmt {
+	return Stmt{SQL: `SELECT COALESCE(t.partitions, 1),
+	COALESCE(floor(extract(epoch FROM t.retention) * 1000000)::bigint, 0),
+	(SELECT count(*) FROM ` + t.Delayed + ` d WHERE d.topic = $1),
+	(SELECT min(d.due_at) FROM ` + t.Delayed + ` d WHERE d.topic = $1)
+FROM (SELECT 1) one LEFT JOIN ` + t.Topics + ` t ON t.topic = $1`, Args: []any{topic}}
+}
+
+// TopicDetail reads a topic's settings and its delayed messages (a scan
+// of the delayed table, which holds only messages not yet due).
+func TopicDetail(ctx context.Context, q Querier, t *Tables, topic string) (TopicDetailRow, error) {
+	s := t.topicDetail(topic)
+	rows, err := q.Query(ctx, s.SQL, s.Args...)
+	if err != nil {
+		return TopicDetailRow{}, err
+	}
+	return pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[TopicDetailRow])
+}
+
+// TopicCountRow is one topic of [CountTopicMessages]: its stored
+// messages, counted up to a cap.
+type TopicCountRow struct {
+	Topic    string
+	Messages int64
+	Capped   bool // more than the cap: Messages is the cap
+}
+
+func (t *Tables) countTopicMessages(topics []string, capPerTopic int64) Stmt {
+	names := `WITH RECURSIVE mt AS (
+	(SELECT topic FROM ` + t.Messages + ` ORDER BY topic LIMIT 1)
+	UNION ALL
+	SELECT (SELECT m.topic FROM ` + t.Messages + ` m WHERE m.topic > mt.topic ORDER BY m.topic LIMIT 1)
+	FROM mt WHERE mt.topic IS NOT NULL
+)`
+	args := []any{capPerTopic}
+	if topics != nil {
+		names = `WITH mt AS (SELECT DISTINCT t COLLATE "C" AS topic FROM unnest($2::text[]) t)`
+		args = append(args, topics)
+	}
+	return Stmt{SQL: names + `
+SELECT mt.topic, least(c.n, $1), c.n > $1
+FROM mt, LATERAL (SELECT count(*) AS n FROM (SELECT 1 FROM ` + t.Messages + ` m WHERE m.topic = mt.topic LIMIT $1 + 1) x) c
+WHERE mt.topic IS NOT NULL
+ORDER BY mt.topic`, Args: args}
+}
+
+// CountTopicMessages counts the stored messages of topics (nil: every
+// topic that has some), reading at most capPerTopic+1 index entries per
+// topic (an index-only scan of the primary key; every topic's name is
+// found by skipping from one to the next).
+func CountTopicMessages(ctx context.Context, q Querier, t *Tables, topics []string, capPerTopic int64) ([]TopicCountRow, error) {
+	return collect(ctx, q, t.countTopicMessages(topics, capPerTopic), pgx.RowToStructByPos[TopicCountRow])
+}
+
+func (t *Tables) estimateTopicMessages(topic string) Stmt {
+	return Stmt{SQL: `EXPLAIN (FORMAT JSON) SELECT 1 FROM ` + t.Messages + ` m WHERE m.topic = $1::text`, Args: []any{topic}}
+}
+
+// EstimateTopicMessages returns the planner's estimate of the rows of
+// topic, from the table's statistics; it plans a query and runs nothing.
+func EstimateTopicMessages(ctx context.Context, q Querier, t *Tables, topic string) (int64, error) {
+	s := t.estimateTopicMessages(topic)
+	rows, err := q.Query(ctx, s.SQL, s.Args...)
+	if err != nil {
+		return 0, err
+	}
+	plan, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[[]byte])
+	if err != nil {
+		return 0, err
+	}
+	var parsed []struct {
+		Plan struct {
+			Rows json.Number `json:"Plan Rows"`
+		} `json:"Plan"`
+	}
+	if err := json.Unmarshal(plan, &parsed); err != nil || len(parsed) == 0 {
+		return 0, err
+	}
+	f, err := strconv.ParseFloat(parsed[0].Plan.Rows.String(), 64)
+	return int64(f), err
+}
+
+// GroupOffsetRow is one offsets row of a consumer group, with its owner
+// if alive.
+type GroupOffsetRow struct {
+	Topic     string
+	Partition int32
+	LiveOwner *string
+}
+
+func (t *Tables) lockGroupOffsets(group string) Stmt {
+	return Stmt{SQL: `SELECT o.topic, o.partition, NULL::text FROM ` + t.Offsets + ` o
+WHERE o.consumer_group = $1 ORDER BY o.topic, o.partition FOR UPDATE`, Args: []any{group}}
+}
+
+// LockGroupOffsets locks every offsets row of group and waits for
+// concurrent claims and commits to end (LiveOwner is nil: see
+// [GroupLiveOwners]).
+func LockGroupOffsets(ctx context.Context, q Querier, t *Tables, group string) ([]GroupOffsetRow, error) {
+	return collect(ctx, q, t.lockGroupOffsets(group), pgx.RowToStructByPos[GroupOffsetRow])
+}
+
+func (t *Tables) groupLiveOwners(group string) Stmt {
+	return Stmt{SQL: `SELECT o.topic, o.partition, s.owner FROM ` + t.Offsets + ` o
+JOIN ` + t.Sessions + ` s ON s.id = o.session_id AND s.expires_at > now()
+WHERE o.consumer_group = $1 ORDER BY o.topic, o.partition`, Args: []any{group}}
+}
+
+// GroupLiveOwners returns the rows of group owned by a live session. Run
+// it after [LockGroupOffsets], in a statement of its own (a fresh
+// snapshot, which sees every claim that committed before the lock was
+// taken).
+func GroupLiveOwners(ctx context.Context, q Querier, t *Tables, group string) ([]GroupOffsetRow, error) {
+	return collect(ctx, q, t.groupLiveOwners(group), pgx.RowToStructByPos[GroupOffsetRow])
+}
+
+func (t *Tables) deleteGroupOffsets(group string) Stmt {
+	return Stmt{SQL: `DELETE FROM ` + t.Offsets + ` WHERE consumer_group = $1`, Args: []any{group}}
+}
+
+// DeleteGroupOffsets deletes the offsets rows of group and returns how
+// many it deleted.
+func DeleteGroupOffsets(ctx context.Context, q Querier, t *Tables, group string) (int64, error) {
+	return exec(ctx, q, t.deleteGroupOffsets(group))
+}
