@@ -348,7 +348,12 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		partitionRefresh: partitionRefreshInterval,
 	}
 	s.releaseCtx, s.releaseCancel = context.WithCancel(context.Background())
-	s.member = newGroupMember(s)
+	s.member = newGroupMember(memberDeps{
+		group: config.ConsumerGroup, pollInterval: config.PollInterval, startFrom: config.StartFrom,
+		logger: logger, stats: stats, session: s.session,
+		store: pgGroupStore{offsets: &s.offsets, session: s.session, group: config.ConsumerGroup,
+			timeout: config.SessionTTL, releaseCtx: s.releaseCtx},
+	})
 	s.maint = newMaintainer(s)
 	s.hub = newWakeHub(s.member, s.maint, config.ConsumerGroup)
 	s.session.onNewSession = func() {
