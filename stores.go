@@ -5,6 +5,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // This file holds the production stores of the group member and the
@@ -48,4 +51,42 @@ func (p pgGroupStore) setSubscriptions(g *sessionGen, set rowSet) (bool, error) 
 
 func (p pgGroupStore) groupMembers() ([]member, error) {
 	return p.session.groupMembers()
+}
+
+// pgMaintainerStore is the maintainerStore of a Subscriber: the
+// statements on its pool.
+type pgMaintainerStore struct {
+	pool *pgxpool.Pool
+	t    *pgsql.Tables
+}
+
+var _ maintainerStore = pgMaintainerStore{}
+
+func (p pgMaintainerStore) access(ctx context.Context) (pgsql.AccessRow, error) {
+	return pgsql.MaintainerAccess(ctx, p.pool, p.t)
+}
+
+func (p pgMaintainerStore) holder(ctx context.Context) (pgsql.HolderRow, error) {
+	return pgsql.MaintainerHolder(ctx, p.pool, p.t)
+}
+
+func (p pgMaintainerStore) claim(ctx context.Context, session uuid.UUID) (pgsql.HolderRow, error) {
+	return pgsql.ClaimMaintainer(ctx, p.pool, p.t, pgsql.MaintainerParams{SessionID: session})
+}
+
+func (p pgMaintainerStore) release(ctx context.Context, session uuid.UUID, epoch int64) error {
+	return pgsql.ReleaseMaintainer(ctx, p.pool, p.t,
+		pgsql.MaintainerParams{SessionID: session, Epoch: epoch, NotifyChannel: p.t.NotifyChannel})
+}
+
+func (p pgMaintainerStore) moveDue(ctx context.Context, limit int) (int64, *int64, error) {
+	return pgsql.MoveDueMessages(ctx, p.pool, p.t, pgsql.MoveDueParams{Limit: limit, NotifyChannel: p.t.NotifyChannel})
+}
+
+func (p pgMaintainerStore) deleteExpiredSessions(ctx context.Context, ttl time.Duration) (int64, error) {
+	return pgsql.DeleteExpiredSessions(ctx, p.pool, p.t, ttl)
+}
+
+func (p pgMaintainerStore) deleteIdleGroups(ctx context.Context, idleFor time.Duration) ([]pgsql.IdleGroupRow, error) {
+	return pgsql.DeleteIdleGroups(ctx, p.pool, p.t, idleFor)
 }

@@ -354,7 +354,11 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		store: pgGroupStore{offsets: &s.offsets, session: s.session, group: config.ConsumerGroup,
 			timeout: config.SessionTTL, releaseCtx: s.releaseCtx},
 	})
-	s.maint = newMaintainer(s)
+	s.maint = newMaintainer(maintainerDeps{
+		cfg: config.Maintenance, sessionTTL: config.SessionTTL, closeTimeout: config.CloseTimeout,
+		logger: logger, stats: stats, session: s.session,
+		store: pgMaintainerStore{pool: pool, t: tables}, pool: pool, t: tables,
+	})
 	s.hub = newWakeHub(s.member, s.maint, config.ConsumerGroup)
 	s.session.onNewSession = func() {
 		s.member.wake()
