@@ -10,7 +10,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglease/watermill-pglease/internal/svc"
 )
@@ -57,8 +56,7 @@ type held struct {
 // member's session that it read, or, while it holds less than its share,
 // every PollInterval. Its methods are safe for concurrent use.
 type groupMember struct {
-	s      *Subscriber
-	logger watermill.LoggerAdapter
+	memberDeps
 
 	mu      sync.Mutex
 	waiting map[rowKey]*consumer // subscribed, not owned
@@ -81,8 +79,8 @@ type groupMember struct {
 	// subs are the Subscriber's subscriptions by topic; unresolved those
 	// whose topic's partition count is to be read, with the mark's number
 	// (a mark made while a read runs is not cleared by that read).
-	subs       map[string][]*subscription
-	unresolved map[*subscription]uint64
+	subs       map[string][]memberSub
+	unresolved map[memberSub]uint64
 	marks      uint64
 	stale      bool // the members must be read again
 	// published is the set last written to the session row, under pubGen.
@@ -100,18 +98,81 @@ type groupMember struct {
 	loop svc.Service // run, started by the first Subscribe
 }
 
-func newGroupMember(s *Subscriber) *groupMember {
+// memberDeps is what a groupMember needs from its Subscriber, given
+// explicitly so that the member runs against a fake store in tests.
+type memberDeps struct {
+	group        string
+	pollInterval time.Duration
+	startFrom    StartFrom
+	logger       watermill.LoggerAdapter
+	stats        *subscriberStats
+	// store runs the member's statements; session tells the generation
+	// to claim under.
+	store   groupStore
+	session sessionSource
+	// now is the clock of the member's timers (time.Now but in tests).
+	now func() time.Time
+}
+
+// groupStore runs the statements of a group member (pgGroupStore in
+// production). ctx bounds the wait for a connection; each statement has
+// a timeout of its own. Not for implementing outside this package.
+type groupStore interface {
+	// partitionCounts reads the partition counts of topics (1 for a topic
+	// never created).
+	partitionCounts(ctx context.Context, topics []string) (map[string]int, error)
+	// ensureOffsets creates the missing offset rows of rows (see
+	// offsetStore.ensureMany) and returns those it created.
+	ensureOffsets(ctx context.Context, rows []rowKey, latest bool) ([]createdRow, error)
+	// claimOffsets claims up to limit of the free rows of rows for the
+	// session. An error wrapping errNotSent or a *pgconn.PgError means
+	// nothing was claimed; after any other the statement may have
+	// committed.
+	claimOffsets(ctx context.Context, rows []rowKey, session uuid.UUID, limit int) ([]claimedRow, error)
+	// releaseOffset frees a claim nobody waits for any more.
+	releaseOffset(c *claim) error
+	// setSubscriptions records set in g's session row; false: the row is
+	// gone.
+	setSubscriptions(g *sessionGen, set rowSet) (bool, error)
+	// groupMembers reads the live members of the group.
+	groupMembers() ([]member, error)
+}
+
+// sessionSource gives the session generation in use (sessionKeeper).
+type sessionSource interface {
+	// current returns the trusted generation, or nil and a channel
+	// closed when there is one.
+	current() (*sessionGen, <-chan struct{})
+}
+
+// memberSub is what a group member asks of a subscription
+// (*subscription): its topic, consumers up to n partitions (returning
+// the first partition started), how many partitions it consumes, and to
+// end.
+type memberSub interface {
+	subTopic() string
+	grow(n int) (from int)
+	partitionCount() int
+	stop()
+}
+
+func (sub *subscription) subTopic() string { return sub.topic }
+func (sub *subscription) stop()            { sub.cancel() }
+
+func newGroupMember(deps memberDeps) *groupMember {
+	if deps.now == nil {
+		deps.now = time.Now
+	}
 	return &groupMember{
-		s:          s,
-		logger:     s.logger,
+		memberDeps: deps,
 		waiting:    map[rowKey]*consumer{},
 		owning:     map[rowKey]*held{},
 		unensured:  map[rowKey]struct{}{},
 		recreate:   map[rowKey]struct{}{},
 		unsettled:  map[rowKey]struct{}{},
 		future:     map[rowKey]futureHold{},
-		subs:       map[string][]*subscription{},
-		unresolved: map[*subscription]uint64{},
+		subs:       map[string][]memberSub{},
+		unresolved: map[memberSub]uint64{},
 		stale:      true,
 		kick:       make(chan struct{}, 1),
 	}
@@ -159,9 +220,10 @@ func (m *groupMember) released(topic string) {
 
 // addSubscription registers sub; the loop reads its topic's partition
 // count and starts a consumer per partition (subscription.grow).
-func (m *groupMember) addSubscription(sub *subscription) {
+func (m *groupMember) addSubscription(sub memberSub) {
 	m.mu.Lock()
-	m.subs[sub.topic] = append(m.subs[sub.topic], sub)
+	topic := sub.subTopic()
+	m.subs[topic] = append(m.subs[topic], sub)
 	m.marks++
 	m.unresolved[sub] = m.marks
 	m.mu.Unlock()
@@ -169,13 +231,14 @@ func (m *groupMember) addSubscription(sub *subscription) {
 }
 
 // removeSubscription forgets sub, whose context ended.
-func (m *groupMember) removeSubscription(sub *subscription) {
+func (m *groupMember) removeSubscription(sub memberSub) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if subs := slices.DeleteFunc(m.subs[sub.topic], func(x *subscription) bool { return x == sub }); len(subs) > 0 {
-		m.subs[sub.topic] = subs
+	topic := sub.subTopic()
+	if subs := slices.DeleteFunc(m.subs[topic], func(x memberSub) bool { return x == sub }); len(subs) > 0 {
+		m.subs[topic] = subs
 	} else {
-		delete(m.subs, sub.topic)
+		delete(m.subs, topic)
 	}
 	delete(m.unresolved, sub)
 }
@@ -186,7 +249,7 @@ func (m *groupMember) cancelAll() {
 	defer m.mu.Unlock()
 	for _, subs := range m.subs {
 		for _, sub := range subs {
-			sub.cancel()
+			sub.stop()
 		}
 	}
 }
@@ -288,11 +351,11 @@ func (m *groupMember) disown(c *consumer) {
 	m.wake()
 }
 
-// run is the member's loop; it ends when the Subscriber closes.
 // run is the member's loop (m.loop), until ctx, which ends with the
-// Subscriber's, ends.
+// Subscriber's, ends. ctx also bounds the waits of its statements for a
+// connection.
 func (m *groupMember) run(ctx context.Context) {
-	retry := newBackoff(m.s.config.PollInterval/20, maxRetryBackoff)
+	retry := newBackoff(m.pollInterval/20, maxRetryBackoff)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
@@ -303,7 +366,7 @@ func (m *groupMember) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-		g, ready := m.s.session.current()
+		g, ready := m.session.current()
 		if g == nil {
 			select {
 			case <-ready:
@@ -313,7 +376,7 @@ func (m *groupMember) run(ctx context.Context) {
 			}
 			continue
 		}
-		next, err := m.step(g)
+		next, err := m.step(ctx, g)
 		timer.Stop()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -336,11 +399,11 @@ func (m *groupMember) run(ctx context.Context) {
 // offset rows, publishes its topics, reads the group if needed, gives up
 // surplus topics and claims up to its share. It returns when it wants to
 // run again (0: only when woken).
-func (m *groupMember) step(g *sessionGen) (time.Duration, error) {
-	if err := m.resolve(); err != nil {
+func (m *groupMember) step(ctx context.Context, g *sessionGen) (time.Duration, error) {
+	if err := m.resolve(ctx); err != nil {
 		return 0, err
 	}
-	if err := m.ensure(); err != nil {
+	if err := m.ensure(ctx); err != nil {
 		return 0, err
 	}
 	if err := m.publish(g); err != nil {
@@ -354,7 +417,7 @@ func (m *groupMember) step(g *sessionGen) (time.Duration, error) {
 	settle := len(m.unsettled) > 0
 	m.mu.Unlock()
 	if owned < share || settle {
-		full, err := m.claim(g, max(share-owned, 0))
+		full, err := m.claim(ctx, g, max(share-owned, 0))
 		if err != nil {
 			return 0, err
 		}
@@ -370,13 +433,13 @@ func (m *groupMember) step(g *sessionGen) (time.Duration, error) {
 // start a consumer per partition. The offset rows of the new partitions
 // are created by the ensure that follows, all partitions of a topic in one
 // statement (see EnsureOffsets), before their consumers register.
-func (m *groupMember) resolve() error {
+func (m *groupMember) resolve(ctx context.Context) error {
 	m.mu.Lock()
-	marks := make(map[*subscription]uint64, len(m.unresolved))
-	byTopic := map[string][]*subscription{}
+	marks := make(map[memberSub]uint64, len(m.unresolved))
+	byTopic := map[string][]memberSub{}
 	for sub, mark := range m.unresolved {
 		marks[sub] = mark
-		byTopic[sub.topic] = append(byTopic[sub.topic], sub)
+		byTopic[sub.subTopic()] = append(byTopic[sub.subTopic()], sub)
 	}
 	m.mu.Unlock()
 	if len(byTopic) == 0 {
@@ -388,7 +451,7 @@ func (m *groupMember) resolve() error {
 	}
 	slices.Sort(topics)
 	return inChunks(topics, func(batch []string) error {
-		counts, err := m.s.offsets.partitionCounts(m.s.ctx, m.s.config.SessionTTL, batch)
+		counts, err := m.store.partitionCounts(ctx, batch)
 		if err != nil {
 			return err
 		}
@@ -406,8 +469,8 @@ func (m *groupMember) resolve() error {
 				n := max(counts[t], 1)
 				from := sub.grow(n)
 				m.mu.Lock()
-				for p := from; p < n; p++ {
-					m.unensured[rowKey{topic: t, partition: int32(p)}] = struct{}{}
+				for _, r := range partitionRows(t, from, n) {
+					m.unensured[r] = struct{}{}
 				}
 				m.mu.Unlock()
 			}
@@ -419,7 +482,7 @@ func (m *groupMember) resolve() error {
 // ensure creates the offset rows of newly subscribed rows, in batches that
 // keep the rows of a topic together, and logs where the rows start when a
 // reader of StartFrom could not tell.
-func (m *groupMember) ensure() error {
+func (m *groupMember) ensure(ctx context.Context) error {
 	m.mu.Lock()
 	rows := make([]rowKey, 0, len(m.unensured))
 	for r := range m.unensured {
@@ -427,9 +490,9 @@ func (m *groupMember) ensure() error {
 	}
 	m.mu.Unlock()
 	slices.SortFunc(rows, compareRows)
-	latest := m.s.config.StartFrom == StartFromLatest
+	latest := m.startFrom == StartFromLatest
 	return inTopicChunks(rows, func(batch []rowKey) error {
-		created, err := m.s.offsets.ensureMany(m.s.ctx, m.s.config.SessionTTL, m.s.config.ConsumerGroup, batch, latest)
+		created, err := m.store.ensureOffsets(ctx, batch, latest)
 		if err != nil {
 			return err
 		}
@@ -553,7 +616,7 @@ func (m *groupMember) publish(g *sessionGen) error {
 	if !due {
 		return nil
 	}
-	ok, err := m.s.session.setSubscriptions(g, set)
+	ok, err := m.store.setSubscriptions(g, set)
 	if err != nil {
 		return err
 	}
@@ -570,18 +633,13 @@ func (m *groupMember) publish(g *sessionGen) error {
 // one of them may have expired.
 func (m *groupMember) readMembers(g *sessionGen) error {
 	m.mu.Lock()
-	due := m.stale || m.me.id != g.id
-	if !due {
-		if next, ok := nextExpiry(m.members, g.id, time.Time{}); ok && !time.Now().Before(next) {
-			due = true
-		}
-	}
+	due := readDue(m.stale, m.me.id, m.members, g.id, m.now())
 	m.stale = false
 	m.mu.Unlock()
 	if !due {
 		return nil
 	}
-	members, err := m.s.session.groupMembers()
+	members, err := m.store.groupMembers()
 	if err != nil {
 		m.membersChanged()
 		return err
@@ -605,9 +663,8 @@ func (m *groupMember) readMembers(g *sessionGen) error {
 func (m *groupMember) yieldSurplus(g *sessionGen) (share, owned int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	share = shareOf(m.members, m.me)
-	var mine []*held
-	for _, h := range m.owning {
+	var mine []heldRow
+	for key, h := range m.owning {
 		if h.g != g {
 			continue // under a lost generation: it is dropping the topic
 		}
@@ -616,30 +673,18 @@ func (m *groupMember) yieldSurplus(g *sessionGen) (share, owned int) {
 			continue // already asked
 		default:
 		}
-		mine = append(mine, h)
+		mine = append(mine, heldRow{row: key, idle: h.c.idle.Load(), since: h.since})
 	}
-	owned = len(mine)
-	if owned <= share {
-		return share, owned
+	p := planShare(m.members, m.me, mine)
+	if len(p.yield) == 0 {
+		return p.share, p.owned
 	}
-	// Idle topics first (their release is immediate), then the ones held
-	// the shortest time.
-	slices.SortFunc(mine, func(a, b *held) int {
-		ai, bi := a.c.idle.Load(), b.c.idle.Load()
-		if ai != bi {
-			if ai {
-				return -1
-			}
-			return 1
-		}
-		return b.since.Compare(a.since)
-	})
-	for _, h := range mine[:owned-share] {
-		close(h.yield)
+	for _, r := range p.yield {
+		close(m.owning[r].yield)
 	}
 	m.logger.Info("Rebalancing: giving up topics above this member's share", watermill.LogFields{
-		"share": share, "held": owned, "giving_up": owned - share})
-	return share, share
+		"share": p.share, "held": len(mine), "giving_up": len(p.yield)})
+	return p.share, p.owned
 }
 
 // claim takes up to want free topics that this member waits for, in
@@ -648,7 +693,7 @@ func (m *groupMember) yieldSurplus(g *sessionGen) (share, owned int) {
 // unseen, whatever the share: what is claimed of them is granted or
 // released. It reports whether the last statement took all it was
 // allowed (more may be free).
-func (m *groupMember) claim(g *sessionGen, want int) (bool, error) {
+func (m *groupMember) claim(ctx context.Context, g *sessionGen, want int) (bool, error) {
 	m.mu.Lock()
 	unsettled := make([]rowKey, 0, len(m.unsettled))
 	for r := range m.unsettled {
@@ -657,7 +702,7 @@ func (m *groupMember) claim(g *sessionGen, want int) (bool, error) {
 	m.mu.Unlock()
 	slices.SortFunc(unsettled, compareRows)
 	err := inChunks(unsettled, func(batch []rowKey) error {
-		if _, _, err := m.claimRows(g, batch, len(batch)); err != nil {
+		if _, _, err := m.claimRows(ctx, g, batch, len(batch)); err != nil {
 			return err
 		}
 		m.mu.Lock()
@@ -673,25 +718,17 @@ func (m *groupMember) claim(g *sessionGen, want int) (bool, error) {
 	if want == 0 {
 		return false, nil
 	}
-	now := time.Now()
+	now := m.now()
 	m.mu.Lock()
-	rows := make([]rowKey, 0, len(m.waiting))
-	for r := range m.waiting {
-		if h, ok := m.future[r]; ok && now.Before(h.until) {
-			continue
-		}
-		rows = append(rows, r)
-	}
+	rows := claimable(m.waiting, m.future, now)
 	m.mu.Unlock()
-	// In row order (the order in which the statement locks rows), a chunk
-	// of claimBatchMax rows per statement: a statement over every row a
-	// member waits for would look at all of them each time.
-	slices.SortFunc(rows, compareRows)
+	// A chunk of claimBatchMax rows per statement: a statement over every
+	// row a member waits for would look at all of them each time.
 	for len(rows) > 0 && want > 0 {
 		chunk := rows[:min(len(rows), claimBatchMax)]
 		rows = rows[len(chunk):]
 		limit := min(want, claimBatchMax)
-		n, raced, err := m.claimRows(g, chunk, limit)
+		n, raced, err := m.claimRows(ctx, g, chunk, limit)
 		if err != nil {
 			return false, err
 		}
@@ -710,12 +747,10 @@ func (m *groupMember) claim(g *sessionGen, want int) (bool, error) {
 // what it says of each. It returns how many rows the statement claimed or
 // found missing or refused, and whether it lost rows to another
 // transaction.
-func (m *groupMember) claimRows(g *sessionGen, rows []rowKey, limit int) (n int, raced bool, err error) {
-	results, err := m.s.offsets.claimMany(m.s.ctx, m.s.config.SessionTTL,
-		m.s.config.ConsumerGroup, rows, g.id, limit)
+func (m *groupMember) claimRows(ctx context.Context, g *sessionGen, rows []rowKey, limit int) (n int, raced bool, err error) {
+	results, err := m.store.claimOffsets(ctx, rows, g.id, limit)
 	if err != nil {
-		var pgErr *pgconn.PgError
-		if !errors.Is(err, errNotSent) && !errors.As(err, &pgErr) {
+		if claimOutcomeUnknown(err) {
 			// The statement may have committed without its reply.
 			m.mu.Lock()
 			for _, r := range rows {
@@ -742,13 +777,10 @@ func (m *groupMember) claimRows(g *sessionGen, rows []rowKey, limit int) (n int,
 			m.logger.Error("Refusing to claim the topic: its acknowledged position lies ahead of the database's "+
 				"transaction counter, so new messages would be skipped; see \"Positions from another cluster\" in "+
 				"docs/guarantees.md for the repair", fmt.Errorf("claim %s of consumer group %q: %w",
-				r.row, m.s.config.ConsumerGroup, ErrFuturePosition),
+				r.row, m.group, ErrFuturePosition),
 				watermill.LogFields{"topic": r.row.topic, "partition": r.row.partition})
 			m.mu.Lock()
-			h := m.future[r.row]
-			h.wait = min(max(2*h.wait, time.Second), time.Minute)
-			h.until = time.Now().Add(h.wait)
-			m.future[r.row] = h
+			m.future[r.row] = m.future[r.row].next(m.now())
 			m.mu.Unlock()
 		case claimTaken:
 			m.mu.Lock()
@@ -770,7 +802,7 @@ func (m *groupMember) recreateRows(missing []rowKey) {
 		return
 	}
 	m.mu.Lock()
-	var subs []*subscription
+	var subs []memberSub
 	topics := map[string]bool{}
 	for _, r := range missing {
 		m.unensured[r] = struct{}{}
@@ -785,7 +817,7 @@ func (m *groupMember) recreateRows(missing []rowKey) {
 	// sub.mu, then s.mu, and Subscribe holds s.mu to take m.mu.
 	partitions := make(map[string]int, len(subs))
 	for _, sub := range subs {
-		partitions[sub.topic] = max(partitions[sub.topic], sub.partitionCount())
+		partitions[sub.subTopic()] = max(partitions[sub.subTopic()], sub.partitionCount())
 	}
 	m.mu.Lock()
 	for topic, n := range partitions {
@@ -799,22 +831,15 @@ func (m *groupMember) recreateRows(missing []rowKey) {
 	m.wake()
 }
 
-// futureHold is how long a topic refused with ErrFuturePosition is left
-// alone.
-type futureHold struct {
-	until time.Time
-	wait  time.Duration
-}
-
 // handOver gives a claim to the subscription of its topic, or releases it
 // when nobody of this Subscriber waits for the topic any more.
 func (m *groupMember) handOver(g *sessionGen, r claimedRow) {
 	fields := watermill.LogFields{"topic": r.row.topic, "partition": r.row.partition,
 		"session_id": g.id.String(), "epoch": r.claim.epoch,
 		"acked_transaction_id": r.claim.acked.TransactionID, "acked_offset": r.claim.acked.Offset}
-	m.s.stats.claims.Add(1)
+	m.stats.claims.Add(1)
 	if r.previous != uuid.Nil {
-		m.s.stats.takeovers.Add(1)
+		m.stats.takeovers.Add(1)
 		fields["previous_session_id"] = r.previous.String()
 		fields["previous_owner"] = r.previousOwner
 		m.logger.Info("Topic taken over from an expired session", fields)
@@ -826,14 +851,14 @@ func (m *groupMember) handOver(g *sessionGen, r claimedRow) {
 	if c != nil {
 		delete(m.waiting, r.row)
 		yield := make(chan struct{})
-		m.owning[r.row] = &held{c: c, g: g, yield: yield, since: time.Now()}
+		m.owning[r.row] = &held{c: c, g: g, yield: yield, since: m.now()}
 		c.grant <- grant{g: g, cl: r.claim, yield: yield, hasNext: r.hasNext}
 	}
 	m.mu.Unlock()
 	if c != nil {
 		return
 	}
-	if err := m.s.offsets.release(m.s.releaseCtx, r.claim); err != nil && !errors.Is(err, ErrOwnershipLost) {
+	if err := m.store.releaseOffset(r.claim); err != nil && !errors.Is(err, ErrOwnershipLost) {
 		m.logger.Error("Cannot release a topic claimed for a subscription that ended; it is free once the session ends",
 			err, watermill.LogFields{"topic": r.row.topic, "partition": r.row.partition})
 	}
@@ -846,22 +871,11 @@ func (m *groupMember) handOver(g *sessionGen, r claimedRow) {
 func (m *groupMember) nextWake(g *sessionGen) time.Duration {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if len(m.waiting) == 0 {
-		return 0
-	}
-	var wait time.Duration
-	if next, ok := nextExpiry(m.members, g.id, time.Time{}); ok {
-		// An expiry already past (the read was slow) is read again soon.
-		wait = max(time.Until(next), 0) + standbyMargin
-	}
 	owned := 0
 	for _, h := range m.owning {
 		if h.g == g {
 			owned++
 		}
 	}
-	if owned < shareOf(m.members, m.me) && (wait == 0 || m.s.config.PollInterval < wait) {
-		wait = m.s.config.PollInterval
-	}
-	return wait
+	return standbyWait(len(m.waiting) > 0, m.members, m.me, g.id, owned, m.pollInterval, m.now())
 }

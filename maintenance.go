@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 	"github.com/pglease/watermill-pglease/internal/svc"
@@ -63,10 +65,7 @@ const (
 // maintainer runs for a Subscriber: a candidate while its session lives,
 // the maintainer while it holds the maintainer's row.
 type maintainer struct {
-	s      *Subscriber
-	t      *pgsql.Tables
-	cfg    MaintenanceConfig
-	logger watermill.LoggerAdapter
+	maintainerDeps
 
 	elect  chan struct{} // the row was released, or a new session opened
 	due    chan struct{} // delayed messages were stored
@@ -84,17 +83,68 @@ type maintainer struct {
 	loop svc.Service // run, started by the first Subscribe
 }
 
-func newMaintainer(s *Subscriber) *maintainer {
-	if s.config.Maintenance.Disabled {
+// maintainerDeps is what a maintainer needs from its Subscriber, given
+// explicitly so that the election runs against a fake store in tests.
+type maintainerDeps struct {
+	cfg          MaintenanceConfig
+	sessionTTL   time.Duration
+	closeTimeout time.Duration
+	logger       watermill.LoggerAdapter
+	stats        *subscriberStats
+	// store runs the election's and the housekeeping's statements;
+	// session tells the generation to stand under.
+	store   maintainerStore
+	session sessionSource
+	// pool and t are where the retention rounds (retention.go) run their
+	// statements and DDL.
+	pool *pgxpool.Pool
+	t    *pgsql.Tables
+	// spread returns a random duration in [0, n], to spread the
+	// candidates' claims (rand.N but in tests).
+	spread func(n time.Duration) time.Duration
+	// runUpkeep runs retention and housekeeping during a term
+	// (maintainer.upkeep but in tests).
+	runUpkeep func(ctx context.Context)
+}
+
+// maintainerStore runs the statements of the election, of delayed
+// messages and of housekeeping (pgMaintainerStore in production). Not for
+// implementing outside this package.
+type maintainerStore interface {
+	// access tells how the role can do the maintainer's work;
+	// pgx.ErrNoRows: the messages table is missing.
+	access(ctx context.Context) (pgsql.AccessRow, error)
+	// holder reads who holds the maintainer's row, and claim takes it for
+	// session if it is free (Epoch set when taken); pgx.ErrNoRows: the
+	// row is missing.
+	holder(ctx context.Context) (pgsql.HolderRow, error)
+	claim(ctx context.Context, session uuid.UUID) (pgsql.HolderRow, error)
+	// release frees the row if session holds it at epoch.
+	release(ctx context.Context, session uuid.UUID, epoch int64) error
+	// moveDue moves up to limit due delayed messages and says when the
+	// next is due (nil: none waits).
+	moveDue(ctx context.Context, limit int) (moved int64, nextMs *int64, err error)
+	deleteExpiredSessions(ctx context.Context, ttl time.Duration) (int64, error)
+	deleteIdleGroups(ctx context.Context, idleFor time.Duration) ([]pgsql.IdleGroupRow, error)
+}
+
+func newMaintainer(deps maintainerDeps) *maintainer {
+	if deps.cfg.Disabled {
 		return nil
 	}
-	return &maintainer{
-		s: s, t: s.offsets.tables, cfg: s.config.Maintenance,
-		logger: s.logger,
-		elect:  make(chan struct{}, 1),
-		due:    make(chan struct{}, 1),
-		topics: make(chan struct{}, 1),
+	if deps.spread == nil {
+		deps.spread = func(n time.Duration) time.Duration { return rand.N(n + 1) }
 	}
+	m := &maintainer{
+		maintainerDeps: deps,
+		elect:          make(chan struct{}, 1),
+		due:            make(chan struct{}, 1),
+		topics:         make(chan struct{}, 1),
+	}
+	if m.runUpkeep == nil {
+		m.runUpkeep = m.upkeep
+	}
+	return m
 }
 
 func kick(c chan struct{}) {
@@ -150,7 +200,7 @@ func (m *maintainer) run(ctx context.Context) {
 	retry := newBackoff(100*time.Millisecond, 5*time.Second)
 	decided := false
 	for ctx.Err() == nil {
-		g, ready := m.s.session.current()
+		g, ready := m.session.current()
 		if g == nil {
 			select {
 			case <-ready:
@@ -206,23 +256,19 @@ func (m *maintainer) run(ctx context.Context) {
 // level, and does not stand: the Subscribers whose role can are elected.
 // An error is a failure to find out, to be retried.
 func (m *maintainer) decide(ctx context.Context) (bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, m.s.config.SessionTTL)
+	ctx, cancel := context.WithTimeout(ctx, m.sessionTTL)
 	defer cancel()
-	access, err := pgsql.MaintainerAccess(ctx, m.s.pool, m.t)
-	role, owner, owns, missing := access.Role, access.Owner, access.Owns, access.Missing
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "42501":
-		// Typically no USAGE on the schema, which naming a table in it needs.
-		missing = []string{pgErr.Message}
-	case errors.Is(err, pgx.ErrNoRows):
-		return false, fmt.Errorf("the messages table is missing (run pglease.Migrate)")
-	case err != nil:
-		return false, wrapMissingSchema(err)
-	case owns:
+	access, err := m.store.access(ctx)
+	c, err := candidacyOf(access, err)
+	if err != nil {
+		return false, err
+	}
+	role, owner, missing := access.Role, access.Owner, c.missing
+	switch c.kind {
+	case standAsOwner:
 		m.logger.Debug("Candidate for maintainer: the role has the owner's privileges", watermill.LogFields{"role": role})
 		return true, nil
-	case len(missing) == 0:
+	case standDelegated:
 		m.delegated = true
 		m.logger.Debug("Candidate for maintainer: partition DDL through the owner's functions",
 			watermill.LogFields{"role": role, "owner": owner})
@@ -243,16 +289,15 @@ func (m *maintainer) decide(ctx context.Context) (bool, error) {
 func (m *maintainer) claim(ctx context.Context, g *sessionGen) (*int64, time.Duration, error) {
 	// Not liveness: a claim that waits is better than one cancelled
 	// (which costs the pool its connection).
-	ctx, cancel := context.WithTimeout(ctx, m.s.config.SessionTTL)
+	ctx, cancel := context.WithTimeout(ctx, m.sessionTTL)
 	defer cancel()
-	row, err := pgsql.MaintainerHolder(ctx, m.s.pool, m.t)
-	if err == nil && (row.Holder == nil || *row.Holder == g.id || row.ExpiresInMs == nil || *row.ExpiresInMs <= 0) {
-		row, err = pgsql.ClaimMaintainer(ctx, m.s.pool, m.t, pgsql.MaintainerParams{SessionID: g.id})
+	row, err := m.store.holder(ctx)
+	if err == nil && looksFree(row, g.id) {
+		row, err = m.store.claim(ctx, g.id)
 		if err == nil && row.Epoch != nil {
 			return row.Epoch, 0, nil
 		}
 	}
-	expiresIn := row.ExpiresInMs
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, 0, fmt.Errorf("the maintainer's row is missing (schema version 6 creates it)")
@@ -262,18 +307,13 @@ func (m *maintainer) claim(ctx context.Context, g *sessionGen) (*int64, time.Dur
 	// Every candidate learns the same expiry: spread their claims over a
 	// tenth of the TTL, so that they do not all queue on the expired
 	// session row's lock at once.
-	spread := rand.N(m.s.config.SessionTTL/10 + 1)
-	wait := 100*time.Millisecond + spread
-	if expiresIn != nil {
-		wait = max(wait, time.Duration(*expiresIn)*time.Millisecond+20*time.Millisecond+spread)
-	}
-	return nil, wait, nil
+	return nil, candidateWait(row.ExpiresInMs, m.spread(m.sessionTTL/10)), nil
 }
 
 // lead runs the maintenance while g lives and ctx has not ended, then
 // releases the row if the Subscriber is closing.
 func (m *maintainer) lead(ctx context.Context, g *sessionGen, epoch int64) {
-	m.s.stats.maintainerTerms.Add(1)
+	m.stats.maintainerTerms.Add(1)
 	m.active.Store(true)
 	m.logger.Info("Elected the maintainer", watermill.LogFields{"session_id": g.id.String(), "epoch": epoch})
 
@@ -281,11 +321,11 @@ func (m *maintainer) lead(ctx context.Context, g *sessionGen, epoch int64) {
 	// detach that waits for an old transaction must not hold back
 	// delayed messages.
 	var upkeep svc.Service
-	upkeep.Start(ctx, m.upkeep)
+	upkeep.Start(ctx, m.runUpkeep)
 	defer func() {
 		upkeep.Stop()
 		m.active.Store(false) // before the row is another's
-		if ctx.Err() != nil && !g.isLost() {
+		if releaseAtTermEnd(ctx.Err() != nil, g.isLost()) {
 			m.release(g, epoch)
 		}
 	}()
@@ -379,10 +419,9 @@ func (m *maintainer) upkeep(ctx context.Context) {
 }
 
 func (m *maintainer) release(g *sessionGen, epoch int64) {
-	ctx, cancel := context.WithTimeout(context.Background(), m.s.config.CloseTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), m.closeTimeout)
 	defer cancel()
-	p := pgsql.MaintainerParams{SessionID: g.id, Epoch: epoch, NotifyChannel: m.t.NotifyChannel}
-	if err := pgsql.ReleaseMaintainer(ctx, m.s.pool, m.t, p); err != nil {
+	if err := m.store.release(ctx, g.id, epoch); err != nil {
 		m.logger.Info("Cannot release the maintainer's row; another Subscriber takes over when this session expires",
 			watermill.LogFields{"error": err.Error()})
 		return
@@ -395,13 +434,12 @@ func (m *maintainer) release(g *sessionGen, epoch int64) {
 func (m *maintainer) moveDue(ctx context.Context) (time.Duration, error) {
 	for {
 		sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
-		moved, nextMs, err := pgsql.MoveDueMessages(sctx, m.s.pool, m.t,
-			pgsql.MoveDueParams{Limit: moveDueLimit, NotifyChannel: m.t.NotifyChannel})
+		moved, nextMs, err := m.store.moveDue(sctx, moveDueLimit)
 		cancel()
 		if err != nil {
 			return 0, fmt.Errorf("move due delayed messages: %w", wrapMissingSchema(err))
 		}
-		m.s.stats.delayedMoved.Add(uint64(moved))
+		m.stats.delayedMoved.Add(uint64(moved))
 		if moved > 0 {
 			m.logger.Trace("Moved due delayed messages", watermill.LogFields{"count": moved})
 		}
@@ -419,13 +457,13 @@ func (m *maintainer) moveDue(ctx context.Context) (time.Duration, error) {
 func (m *maintainer) housekeeping(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
 	defer cancel()
-	n, err := pgsql.DeleteExpiredSessions(sctx, m.s.pool, m.t, m.s.config.SessionTTL)
+	n, err := m.store.deleteExpiredSessions(sctx, m.sessionTTL)
 	if err != nil {
 		if ctx.Err() == nil {
 			m.logger.Info("Cannot delete expired consumer sessions", watermill.LogFields{"error": err.Error()})
 		}
 	} else if n > 0 {
-		m.s.stats.sessionsDeleted.Add(uint64(n))
+		m.stats.sessionsDeleted.Add(uint64(n))
 		m.logger.Debug("Deleted expired consumer sessions", watermill.LogFields{"count": n})
 	}
 	if m.retained.Load() { // a topic had a retention at the last retention round
@@ -436,7 +474,7 @@ func (m *maintainer) housekeeping(ctx context.Context) {
 	if m.cfg.RemoveIdleGroupsAfter <= 0 {
 		return
 	}
-	groups, err := pgsql.DeleteIdleGroups(sctx, m.s.pool, m.t, m.cfg.RemoveIdleGroupsAfter)
+	groups, err := m.store.deleteIdleGroups(sctx, m.cfg.RemoveIdleGroupsAfter)
 	if err != nil {
 		if ctx.Err() == nil {
 			m.logger.Info("Cannot remove idle consumer groups", watermill.LogFields{"error": err.Error()})
@@ -444,7 +482,7 @@ func (m *maintainer) housekeeping(ctx context.Context) {
 		return
 	}
 	for _, g := range groups {
-		m.s.stats.groupsRemoved.Add(1)
+		m.stats.groupsRemoved.Add(1)
 		m.logger.Info("Removed the offsets of an idle consumer group", watermill.LogFields{
 			"idle_group": g.ConsumerGroup, "rows": g.Rows, "idle_for": m.cfg.RemoveIdleGroupsAfter.String()})
 	}

@@ -72,7 +72,7 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 	defer cancel()
 	var lanes []retentionLane
 	var now time.Time
-	laneRows, err := pgsql.RetentionLanes(sctx, m.s.pool, m.t)
+	laneRows, err := pgsql.RetentionLanes(sctx, m.pool, m.t)
 	if err != nil {
 		return 0, fmt.Errorf("read retention classes: %w", wrapMissingSchema(err))
 	}
@@ -98,7 +98,7 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 		pending bool
 	}
 	var parts []part
-	partRows, err := pgsql.RetentionPartitions(sctx, m.s.pool, m.t)
+	partRows, err := pgsql.RetentionPartitions(sctx, m.pool, m.t)
 	if err != nil {
 		return 0, fmt.Errorf("read retention partitions: %w", err)
 	}
@@ -186,9 +186,9 @@ func (m *maintainer) createPartition(ctx context.Context, p pgsql.RetentionParti
 	created := true
 	var err error
 	if m.delegated {
-		created, err = pgsql.CallAddRetentionPartition(sctx, m.s.pool, m.t, p)
+		created, err = pgsql.CallAddRetentionPartition(sctx, m.pool, m.t, p)
 	} else {
-		err = pgsql.CreateRetentionPartition(sctx, m.s.pool, m.t, p)
+		err = pgsql.CreateRetentionPartition(sctx, m.pool, m.t, p)
 	}
 	if err != nil {
 		return fmt.Errorf("add the retention partition of class %d from %s: %w", p.Class, p.Start.UTC().Format(time.RFC3339), err)
@@ -196,7 +196,7 @@ func (m *maintainer) createPartition(ctx context.Context, p pgsql.RetentionParti
 	if !created {
 		return nil // another maintainer did
 	}
-	m.s.stats.partitionsCreated.Add(1)
+	m.stats.partitionsCreated.Add(1)
 	m.logger.Trace("Added a retention partition", watermill.LogFields{"class": p.Class, "from": p.Start, "to": p.End})
 	return nil
 }
@@ -221,7 +221,7 @@ func (m *maintainer) expirePartition(ctx context.Context, p pgsql.RetentionParti
 	if m.delegated {
 		sctx, cancel := context.WithTimeout(ctx, retentionStepTime)
 		defer cancel()
-		dropped, err := pgsql.CallExpireRetentionPartition(sctx, m.s.pool, m.t, p)
+		dropped, err := pgsql.CallExpireRetentionPartition(sctx, m.pool, m.t, p)
 		if err != nil {
 			return fmt.Errorf("detach and drop an expired retention partition: %w", err)
 		}
@@ -232,19 +232,19 @@ func (m *maintainer) expirePartition(ctx context.Context, p pgsql.RetentionParti
 		// Each step has its own bound. A DETACH ... CONCURRENTLY cut off
 		// by it is left pending, and the next round finishes it first.
 		dctx, cancel := context.WithTimeout(ctx, retentionStepTime)
-		err := pgsql.DetachRetentionPartition(dctx, m.s.pool, m.t, p, pending)
+		err := pgsql.DetachRetentionPartition(dctx, m.pool, m.t, p, pending)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("detach an expired retention partition (pending before: %t): %w", pending, err)
 		}
 		dctx, cancel = context.WithTimeout(ctx, retentionStepTime)
-		err = pgsql.DropRetentionPartition(dctx, m.s.pool, m.t, p)
+		err = pgsql.DropRetentionPartition(dctx, m.pool, m.t, p)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("drop an expired retention partition (detached: dropped by a later round): %w", err)
 		}
 	}
-	m.s.stats.partitionsDropped.Add(1)
+	m.stats.partitionsDropped.Add(1)
 	m.logger.Debug("Dropped an expired retention partition", fields)
 	return nil
 }
@@ -255,7 +255,7 @@ func (m *maintainer) expirePartition(ctx context.Context, p pgsql.RetentionParti
 func (m *maintainer) countSkipped(ctx context.Context, p pgsql.RetentionPartition) error {
 	sctx, cancel := context.WithTimeout(ctx, retentionStepTime)
 	defer cancel()
-	rows, err := pgsql.UnacknowledgedInPartition(sctx, m.s.pool, m.t, p)
+	rows, err := pgsql.UnacknowledgedInPartition(sctx, m.pool, m.t, p)
 	if err != nil {
 		return fmt.Errorf("read skipped messages: %w", err)
 	}
@@ -270,7 +270,7 @@ func (m *maintainer) countSkipped(ctx context.Context, p pgsql.RetentionPartitio
 func (m *maintainer) dropDetached(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
 	defer cancel()
-	rows, err := pgsql.DetachedRetentionPartitions(sctx, m.s.pool, m.t)
+	rows, err := pgsql.DetachedRetentionPartitions(sctx, m.pool, m.t)
 	if err != nil {
 		if ctx.Err() == nil {
 			m.logger.Error("Cannot look for detached retention partitions", err, nil)
@@ -281,9 +281,9 @@ func (m *maintainer) dropDetached(ctx context.Context) {
 		p := slotPartition(r)
 		dropped := true
 		if m.delegated {
-			dropped, err = pgsql.CallDropDetachedPartition(sctx, m.s.pool, m.t, p)
+			dropped, err = pgsql.CallDropDetachedPartition(sctx, m.pool, m.t, p)
 		} else {
-			err = pgsql.DropRetentionPartition(sctx, m.s.pool, m.t, p)
+			err = pgsql.DropRetentionPartition(sctx, m.pool, m.t, p)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -294,7 +294,7 @@ func (m *maintainer) dropDetached(ctx context.Context) {
 			continue
 		}
 		if dropped {
-			m.s.stats.partitionsDropped.Add(1)
+			m.stats.partitionsDropped.Add(1)
 			m.logger.Info("Dropped a retention partition left detached", watermill.LogFields{"class": p.Class, "from": p.Start})
 		}
 	}
@@ -329,7 +329,7 @@ func (m *maintainer) reportSkipped(rows []pgsql.SkippedRow, why string) int64 {
 func (m *maintainer) reportSkippedRows(skipped []pgsql.SkippedRow, why string) {
 	var more int64
 	for i, r := range skipped {
-		m.s.stats.retentionSkipped.Add(uint64(r.Messages))
+		m.stats.retentionSkipped.Add(uint64(r.Messages))
 		if i < maxSkipLogs {
 			m.logger.Error("Consumer group skips messages removed by retention", ErrSkippedByRetention, watermill.LogFields{
 				"skipping_group": *r.ConsumerGroup, "topic": *r.Topic, "partition": *r.Partition, "messages": r.Messages, "reason": why})
@@ -350,13 +350,13 @@ func (m *maintainer) reportSkippedRows(skipped []pgsql.SkippedRow, why string) {
 func (m *maintainer) deleteExpiredKept(ctx context.Context) error {
 	for range keptDeleteRounds {
 		sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
-		rows, err := pgsql.DeleteExpiredKept(sctx, m.s.pool, m.t, keptDeleteLimit)
+		rows, err := pgsql.DeleteExpiredKept(sctx, m.pool, m.t, keptDeleteLimit)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("delete expired messages kept forever: %w", err)
 		}
 		deleted := m.reportSkipped(rows, "deleted past its retention")
-		m.s.stats.rowsDeleted.Add(uint64(deleted))
+		m.stats.rowsDeleted.Add(uint64(deleted))
 		if deleted < keptDeleteLimit {
 			return nil
 		}

@@ -348,8 +348,17 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		partitionRefresh: partitionRefreshInterval,
 	}
 	s.releaseCtx, s.releaseCancel = context.WithCancel(context.Background())
-	s.member = newGroupMember(s)
-	s.maint = newMaintainer(s)
+	s.member = newGroupMember(memberDeps{
+		group: config.ConsumerGroup, pollInterval: config.PollInterval, startFrom: config.StartFrom,
+		logger: logger, stats: stats, session: s.session,
+		store: pgGroupStore{offsets: &s.offsets, session: s.session, group: config.ConsumerGroup,
+			timeout: config.SessionTTL, releaseCtx: s.releaseCtx},
+	})
+	s.maint = newMaintainer(maintainerDeps{
+		cfg: config.Maintenance, sessionTTL: config.SessionTTL, closeTimeout: config.CloseTimeout,
+		logger: logger, stats: stats, session: s.session,
+		store: pgMaintainerStore{pool: pool, t: tables}, pool: pool, t: tables,
+	})
 	s.hub = newWakeHub(s.member, s.maint, config.ConsumerGroup)
 	s.session.onNewSession = func() {
 		s.member.wake()

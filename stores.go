@@ -1,0 +1,92 @@
+package pglease
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
+)
+
+// This file holds the production stores of the group member and the
+// maintainer: thin types that run their statements (internal/pgsql)
+// through the Subscriber's offset store, session keeper and pool. The
+// decisions stay with the member and the maintainer, which tests run
+// against fakes.
+
+// pgGroupStore is the groupStore of a Subscriber.
+type pgGroupStore struct {
+	offsets *offsetStore
+	session *sessionKeeper
+	group   string
+	// timeout bounds each statement once it has a connection
+	// (SessionTTL); releaseCtx bounds a release's wait for its turn.
+	timeout    time.Duration
+	releaseCtx context.Context
+}
+
+var _ groupStore = pgGroupStore{}
+
+func (p pgGroupStore) partitionCounts(ctx context.Context, topics []string) (map[string]int, error) {
+	return p.offsets.partitionCounts(ctx, p.timeout, topics)
+}
+
+func (p pgGroupStore) ensureOffsets(ctx context.Context, rows []rowKey, latest bool) ([]createdRow, error) {
+	return p.offsets.ensureMany(ctx, p.timeout, p.group, rows, latest)
+}
+
+func (p pgGroupStore) claimOffsets(ctx context.Context, rows []rowKey, session uuid.UUID, limit int) ([]claimedRow, error) {
+	return p.offsets.claimMany(ctx, p.timeout, p.group, rows, session, limit)
+}
+
+func (p pgGroupStore) releaseOffset(c *claim) error {
+	return p.offsets.release(p.releaseCtx, c)
+}
+
+func (p pgGroupStore) setSubscriptions(g *sessionGen, set rowSet) (bool, error) {
+	return p.session.setSubscriptions(g, set)
+}
+
+func (p pgGroupStore) groupMembers() ([]member, error) {
+	return p.session.groupMembers()
+}
+
+// pgMaintainerStore is the maintainerStore of a Subscriber: the
+// statements on its pool.
+type pgMaintainerStore struct {
+	pool *pgxpool.Pool
+	t    *pgsql.Tables
+}
+
+var _ maintainerStore = pgMaintainerStore{}
+
+func (p pgMaintainerStore) access(ctx context.Context) (pgsql.AccessRow, error) {
+	return pgsql.MaintainerAccess(ctx, p.pool, p.t)
+}
+
+func (p pgMaintainerStore) holder(ctx context.Context) (pgsql.HolderRow, error) {
+	return pgsql.MaintainerHolder(ctx, p.pool, p.t)
+}
+
+func (p pgMaintainerStore) claim(ctx context.Context, session uuid.UUID) (pgsql.HolderRow, error) {
+	return pgsql.ClaimMaintainer(ctx, p.pool, p.t, pgsql.MaintainerParams{SessionID: session})
+}
+
+func (p pgMaintainerStore) release(ctx context.Context, session uuid.UUID, epoch int64) error {
+	return pgsql.ReleaseMaintainer(ctx, p.pool, p.t,
+		pgsql.MaintainerParams{SessionID: session, Epoch: epoch, NotifyChannel: p.t.NotifyChannel})
+}
+
+func (p pgMaintainerStore) moveDue(ctx context.Context, limit int) (int64, *int64, error) {
+	return pgsql.MoveDueMessages(ctx, p.pool, p.t, pgsql.MoveDueParams{Limit: limit, NotifyChannel: p.t.NotifyChannel})
+}
+
+func (p pgMaintainerStore) deleteExpiredSessions(ctx context.Context, ttl time.Duration) (int64, error) {
+	return pgsql.DeleteExpiredSessions(ctx, p.pool, p.t, ttl)
+}
+
+func (p pgMaintainerStore) deleteIdleGroups(ctx context.Context, idleFor time.Duration) ([]pgsql.IdleGroupRow, error) {
+	return pgsql.DeleteIdleGroups(ctx, p.pool, p.t, idleFor)
+}
