@@ -81,6 +81,9 @@ type consumer struct {
 	// the message being delivered until it is first handed out.
 	lease  budgetLease
 	unsent int64
+	// next is the batch after the one being handed out, read meanwhile
+	// (prefetch); nil when none is being read.
+	next *prefetch
 }
 
 func (c *consumer) row() rowKey { return rowKey{topic: c.topic, partition: c.partition} }
@@ -261,6 +264,7 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 	// Messages of a batch not handed out when ownership ends are dropped:
 	// their bytes go back to the budget.
 	defer c.dropBuffered()
+	defer c.dropPrefetch()
 	for first := true; ; first = false {
 		if c.ctx.Err() != nil {
 			return stopped
@@ -279,7 +283,10 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 			}
 			continue
 		}
-		batch, pending, ok, err := c.fetch(g, cl)
+		batch, pending, ok, err := c.takePrefetch(cl)
+		if !ok {
+			batch, pending, ok, err = c.fetch(g, cl)
+		}
 		if !ok {
 			return c.interrupted()
 		}
@@ -294,6 +301,11 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 			continue
 		}
 		retry.reset()
+		if len(batch) == c.s.config.BatchSize {
+			// A full batch: more are likely to follow. Read them while
+			// this one is handed out.
+			c.startPrefetch(batch[len(batch)-1].pos)
+		}
 		if len(batch) == 0 {
 			if res := c.flush(g, cl); res != acked {
 				return res
@@ -486,15 +498,119 @@ func (c *consumer) dropBuffered() {
 	c.unsent = 0
 }
 
+// prefetchMinConns is the smallest pool that prefetches: a prefetch holds
+// a second connection of the Subscriber's pool beside the consumer's
+// commits, and smaller pools keep theirs for heartbeats and claims.
+const prefetchMinConns = 4
+
+// prefetch is the read of the batch after the one being handed out. Its
+// goroutine sets batch and pending and closes done; lease is the byte
+// budget it reserved, the consumer's once done is closed.
+type prefetch struct {
+	after   Position
+	lease   budgetLease
+	cancel  context.CancelFunc
+	done    chan struct{}
+	batch   []storedMessage
+	pending bool
+	ok      bool // the read succeeded
+}
+
+// startPrefetch reads the batch after after, the last message of the
+// current batch, in a goroutine of its own, if the byte budget has room
+// for it now (it never waits for the budget) and the pool is large enough.
+// Only a non-empty batch of whole messages that fit the reservation is
+// kept; anything else (an error, no message, a first message larger than
+// the reservation) is left to fetch, which reads again.
+func (c *consumer) startPrefetch(after Position) {
+	if c.next != nil || c.s.offsets.gate.pool.Config().MaxConns < prefetchMinConns {
+		return
+	}
+	b := c.s.budget
+	p := &prefetch{after: after, done: make(chan struct{})}
+	if !b.tryReserve(&p.lease, b.reserveWant()) {
+		return
+	}
+	limit := c.s.config.BatchSize
+	wholeUpTo := max(p.lease.n/int64(limit), 1)
+	reserved := p.lease.n
+	var ctx context.Context
+	ctx, p.cancel = context.WithCancel(c.ctx)
+	c.next = p
+	c.s.consumers.Add(1)
+	go func() {
+		defer c.s.consumers.Done()
+		defer close(p.done)
+		rows, pending, err := c.readCtx(ctx, after, limit, wholeUpTo)
+		if err != nil {
+			return
+		}
+		batch, _ := cutBatch(rows, reserved)
+		if len(batch) == 0 {
+			// Nothing after the batch (fetch reads again, right before
+			// the consumer waits for news), or a first message that does
+			// not fit the reservation (fetch reads it).
+			return
+		}
+		clear(rows[len(batch):])
+		p.batch, p.pending, p.ok = batch, pending, true
+	}()
+}
+
+// takePrefetch waits for the prefetched batch and returns it, with its
+// bytes now in c.lease, if it was read after cl's position; ok is false
+// when there is none to use (fetch then reads).
+func (c *consumer) takePrefetch(cl *claim) (batch []storedMessage, pending, ok bool, err error) {
+	p := c.next
+	if p == nil {
+		return nil, false, false, nil
+	}
+	<-p.done
+	if !p.ok || p.after != cl.acked {
+		c.dropPrefetch()
+		return nil, false, false, nil
+	}
+	c.next = nil
+	p.cancel()
+	c.dropBuffered()
+	c.lease = p.lease
+	var used int64
+	for _, m := range p.batch {
+		used += m.size
+	}
+	c.s.budget.giveBack(&c.lease, c.lease.n-used)
+	return p.batch, p.pending, true, nil
+}
+
+// dropPrefetch cancels a prefetch, waits for its goroutine and gives its
+// bytes back to the budget.
+func (c *consumer) dropPrefetch() {
+	p := c.next
+	if p == nil {
+		return
+	}
+	c.next = nil
+	p.cancel()
+	<-p.done
+	c.s.budget.giveBack(&p.lease, p.lease.n)
+}
+
 // read runs one SelectMessages for limit messages after after, each
 // returned whole only if its size is at most wholeUpTo.
 func (c *consumer) read(after Position, limit int, wholeUpTo int64) (rows []storedMessage, pending bool, err error) {
-	conn, err := c.s.offsets.gate.acquire(c.ctx)
+	return c.readCtx(c.ctx, after, limit, wholeUpTo)
+}
+
+// readCtx is read on ctx, which ends with the subscription or earlier.
+// It touches nothing of c that changes, so a prefetch runs it beside the
+// consumer's goroutine.
+func (c *consumer) readCtx(ctx context.Context, after Position, limit int, wholeUpTo int64) (rows []storedMessage, pending bool, err error) {
+	conn, err := c.s.offsets.gate.acquire(ctx)
 	if err != nil {
 		return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, err)
 	}
 	defer c.s.offsets.gate.release(conn)
-	ctx, cancel := context.WithTimeout(c.ctx, c.s.config.SessionTTL)
+	ctx, cancel := context.WithTimeout(ctx, c.s.config.SessionTTL)
 	defer cancel()
 	res, err := pgsql.SelectMessages(ctx, conn, c.s.offsets.tables, pgsql.SelectMessagesParams{
 		Topic:           c.topic,

@@ -16,6 +16,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -234,6 +235,23 @@ func ParseXID8(s string) (uint64, error) {
 	x, err := strconv.ParseUint(s, 10, 64)
 	if err != nil {
 		return 0, fmt.Errorf("parse xid8 %q: %w", s, err)
+	}
+	return x, nil
+}
+
+// parseXID8Bytes is [ParseXID8] of a column's raw text, without making a
+// string of it.
+func parseXID8Bytes(b []byte) (uint64, error) {
+	if len(b) == 0 || len(b) > 20 {
+		return 0, fmt.Errorf("parse xid8 %q: not a transaction id", b)
+	}
+	var x uint64
+	for _, c := range b {
+		d := uint64(c) - '0'
+		if d > 9 || x > (math.MaxUint64-d)/10 {
+			return 0, fmt.Errorf("parse xid8 %q: not a transaction id", b)
+		}
+		x = x*10 + d
 	}
 	return x, nil
 }

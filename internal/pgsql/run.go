@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // The functions of this file run one statement each and return its rows,
@@ -122,18 +123,20 @@ func SelectMessages(ctx context.Context, q Querier, t *Tables, p SelectMessagesP
 	}
 	defer res.Close()
 	out := SelectResult{Messages: make([]MessageRow, 0, p.Limit)}
+	// The scan targets are values declared once, and the transaction id is
+	// parsed from the row's raw bytes: per message, only the UUID, the
+	// payload and the metadata are allocated (measured: 7.4 allocations per
+	// message with pointer targets declared in the loop, issue 23).
+	var (
+		offset, size      pgtype.Int8
+		msgUUID, metadata pgtype.Text
+		payload           []byte
+		more, future      bool
+		dest              = []any{&offset, nil, &msgUUID, &payload, &metadata, &more, &future, &size}
+	)
 	for res.Next() {
-		var (
-			offset   *int64
-			txText   *string
-			uuid     *string
-			payload  []byte
-			metadata *string
-			more     bool
-			future   bool
-			size     *int64
-		)
-		if err := res.Scan(&offset, &txText, &uuid, &payload, &metadata, &more, &future, &size); err != nil {
+		payload = nil
+		if err := res.Scan(dest...); err != nil {
 			return SelectResult{}, err
 		}
 		if future {
@@ -143,16 +146,17 @@ func SelectMessages(ctx context.Context, q Querier, t *Tables, p SelectMessagesP
 			out.Pending = true
 			continue
 		}
-		if offset == nil || txText == nil || uuid == nil || size == nil {
+		txText := res.RawValues()[1]
+		if !offset.Valid || txText == nil || !msgUUID.Valid || !size.Valid {
 			return SelectResult{}, fmt.Errorf("incomplete row")
 		}
-		m := MessageRow{UUID: *uuid, Payload: payload, Size: *size}
-		m.Position.Offset = *offset
-		if m.Position.TransactionID, err = ParseXID8(*txText); err != nil {
+		m := MessageRow{UUID: msgUUID.String, Payload: payload, Size: size.Int64}
+		m.Position.Offset = offset.Int64
+		if m.Position.TransactionID, err = parseXID8Bytes(txText); err != nil {
 			return SelectResult{}, err
 		}
-		if metadata != nil {
-			m.Metadata = *metadata
+		if metadata.Valid {
+			m.Metadata = metadata.String
 		}
 		out.Messages = append(out.Messages, m)
 	}

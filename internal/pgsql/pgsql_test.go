@@ -1,0 +1,21 @@
+package pgsql
+
+import (
+	"strconv"
+	"testing"
+)
+
+func TestParseXID8Bytes(t *testing.T) {
+	for _, s := range []string{"0", "1", "744", "4294967296", "18446744073709551615"} {
+		want, _ := strconv.ParseUint(s, 10, 64)
+		got, err := parseXID8Bytes([]byte(s))
+		if err != nil || got != want {
+			t.Errorf("parseXID8Bytes(%q) = %d, %v; want %d", s, got, err, want)
+		}
+	}
+	for _, s := range []string{"", "-1", "1a", " 1", "18446744073709551616", "99999999999999999999", "123456789012345678901"} {
+		if got, err := parseXID8Bytes([]byte(s)); err == nil {
+			t.Errorf("parseXID8Bytes(%q) = %d, want an error", s, got)
+		}
+	}
+}
