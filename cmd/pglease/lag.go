@@ -10,11 +10,13 @@ import (
 
 type lagCmd struct {
 	groups, topics stringList
+	byGroup        bool
 }
 
 func (c *lagCmd) flags(fs *flag.FlagSet) {
 	fs.Var(&c.groups, "group", "show only this consumer `GROUP`; repeat for several (default: all)")
 	fs.Var(&c.topics, "topic", "show only this `TOPIC`; repeat for several (default: all)")
+	fs.BoolVar(&c.byGroup, "by-group", false, "one line per consumer group, as the console's overview: live members, rows, owned rows, total lag, oldest lag, pending")
 }
 
 func (c *lagCmd) check(*flag.FlagSet) error { return nil }
@@ -23,6 +25,9 @@ func (c *lagCmd) run(ctx context.Context, e *cmdEnv) error {
 	rows, err := e.insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: c.groups.values, Topics: c.topics.values})
 	if err != nil {
 		return err
+	}
+	if c.byGroup {
+		return c.printGroups(ctx, e, rows)
 	}
 	if e.json {
 		return writeJSON(e.stdout, nonNil(rows))
@@ -63,4 +68,38 @@ func yesNo(b bool) string {
 		return "yes"
 	}
 	return "no"
+}
+
+// printGroups prints the lag rows folded per consumer group, with the
+// group's live members: what the console's overview shows.
+func (c *lagCmd) printGroups(ctx context.Context, e *cmdEnv, rows []pglease.LagInfo) error {
+	sessions, err := e.insp.Sessions(ctx)
+	if err != nil {
+		return err
+	}
+	groups := summarize(rows, sessions)
+	if len(c.groups.values) > 0 || len(c.topics.values) > 0 {
+		// Only the groups with rows of the filter, not every live member's.
+		withRows := groups[:0]
+		for _, g := range groups {
+			if g.Rows > 0 {
+				withRows = append(withRows, g)
+			}
+		}
+		groups = withRows
+	}
+	if e.json {
+		return writeJSON(e.stdout, nonNil(groups))
+	}
+	if len(groups) == 0 {
+		fmt.Fprintln(e.stdout, "No consumer groups.")
+		return nil
+	}
+	tw := newTable(e.stdout)
+	fmt.Fprintln(tw, "GROUP\tMEMBERS\tROWS\tOWNED\tLAG\tMAX-LAG-SECONDS\tPENDING")
+	for _, g := range groups {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.1f\t%s\n", displayName(g.Name), g.Members, g.Rows, g.Owned, g.Lag,
+			g.MaxLagSeconds, yesNo(g.Pending))
+	}
+	return tw.Flush()
 }

@@ -235,6 +235,17 @@ func TestLag(t *testing.T) {
 
 	assert.Equal(t, "[]\n", f.ok("lag", "--json", "--topic", "nothing"))
 	assert.Contains(t, f.ok("lag", "--group", "nobody"), "No offsets rows")
+
+	// --by-group: the console overview's line per group.
+	var groups []groupSummary
+	require.NoError(t, json.Unmarshal([]byte(f.ok("lag", "--by-group", "--json")), &groups))
+	require.Len(t, groups, 2, "billing and the group named \"\"")
+	assert.Equal(t, groupSummary{Name: "", Members: 0, Rows: 1, Owned: 0, Lag: 10, MaxLagSeconds: groups[0].MaxLagSeconds}, groups[0])
+	assert.Equal(t, groupSummary{Name: "billing", Members: 1, Rows: 1, Owned: 1, Lag: 6, MaxLagSeconds: groups[1].MaxLagSeconds}, groups[1])
+	assert.Positive(t, groups[1].MaxLagSeconds)
+	row = tableRow(t, f.ok("lag", "--by-group", "--group", "billing"), "billing")
+	assert.Equal(t, []string{"billing", "1", "1", "1", "6"}, row[:5])
+	assert.Equal(t, "[]\n", f.ok("lag", "--by-group", "--json", "--group", "nobody"), "a filter leaves out groups without its rows")
 }
 
 // TestStatus: the session of a live Subscriber, and a writing transaction

@@ -36,13 +36,13 @@ var uiFuncs = template.FuncMap{
 
 // groupSummary is one consumer group on the overview.
 type groupSummary struct {
-	Name          string
-	Members       int
-	Rows          int
-	Owned         int
-	Lag           int64
-	MaxLagSeconds float64
-	Pending       bool
+	Name          string  `json:"consumer_group"`
+	Members       int     `json:"members"`
+	Rows          int     `json:"rows"`
+	Owned         int     `json:"owned"`
+	Lag           int64   `json:"lag"`
+	MaxLagSeconds float64 `json:"max_lag_seconds"`
+	Pending       bool    `json:"pending"`
 }
 
 type overviewBody struct {
