@@ -36,7 +36,7 @@ var uiFuncs = template.FuncMap{
 
 // groupSummary is one consumer group on the overview.
 type groupSummary struct {
-	Name          string  `json:"consumer_group"`
+	Name          string  `json:"group"`
 	Members       int     `json:"members"`
 	Rows          int     `json:"rows"`
 	Owned         int     `json:"owned"`
