@@ -84,10 +84,13 @@ func newOffsetStore(pool *pgxpool.Pool, tables *pgsql.Tables, releaseTimeout tim
 // own (sessionConn), so the gate only hands out pooled connections.
 type dataGate struct {
 	pool *pgxpool.Pool
+	// maxConns is the pool's MaxConns, read once: pool.Config() copies
+	// the whole configuration on every call.
+	maxConns int32
 }
 
 func newDataGate(pool *pgxpool.Pool) *dataGate {
-	return &dataGate{pool: pool}
+	return &dataGate{pool: pool, maxConns: pool.Config().MaxConns}
 }
 
 // acquire waits for a connection; give it back with release.
@@ -302,7 +305,15 @@ func (s offsetStore) commit(ctx context.Context, c *claim) error {
 	pos := c.acked
 	p := c.params(pos)
 	p.Version = c.version
-	version, err := s.gate.commitFenced(ctx, s.tables, p, c)
+	var version string
+	err := s.gate.execFenced(ctx, func(q pgsql.Querier) (int64, error) {
+		v, written, err := pgsql.CommitOffset(ctx, q, s.tables, p)
+		if !written {
+			return 0, err
+		}
+		version = v
+		return 1, err
+	}, c, "commit offset for topic")
 	if err != nil {
 		if errors.Is(err, ErrOwnershipLost) {
 			s.stats.fenced.Add(1)
@@ -312,26 +323,6 @@ func (s offsetStore) commit(ctx context.Context, c *claim) error {
 	c.committed = pos
 	c.version = version
 	return nil
-}
-
-// commitFenced runs the CommitOffset statement of p on a gated connection
-// and returns the version it wrote. It returns ErrOwnershipLost when it
-// changed no row.
-func (g *dataGate) commitFenced(ctx context.Context, t *pgsql.Tables, p pgsql.OffsetParams, c *claim) (string, error) {
-	const action = "commit offset for topic"
-	conn, err := g.acquire(ctx)
-	if err != nil {
-		return "", fmt.Errorf("%s %q: %w", action, c.topic, err)
-	}
-	defer g.release(conn)
-	version, written, err := pgsql.CommitOffset(ctx, conn, t, p)
-	if err != nil {
-		return "", fmt.Errorf("%s %q: %w", action, c.topic, err)
-	}
-	if !written {
-		return "", ownershipLost(action, c)
-	}
-	return version, nil
 }
 
 // release writes the claim's acknowledged position and frees the row in one
