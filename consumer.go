@@ -523,7 +523,7 @@ type prefetch struct {
 // kept; anything else (an error, no message, a first message larger than
 // the reservation) is left to fetch, which reads again.
 func (c *consumer) startPrefetch(after Position) {
-	if c.next != nil || c.s.offsets.gate.pool.Config().MaxConns < prefetchMinConns {
+	if c.next != nil || c.s.offsets.gate.maxConns < prefetchMinConns {
 		return
 	}
 	b := c.s.budget
