@@ -16,7 +16,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 
@@ -239,19 +238,12 @@ func ParseXID8(s string) (uint64, error) {
 	return x, nil
 }
 
-// parseXID8Bytes is [ParseXID8] of a column's raw text, without making a
-// string of it.
+// parseXID8Bytes is [ParseXID8] of a column's raw text. The conversion to
+// a string does not escape, so it is not allocated.
 func parseXID8Bytes(b []byte) (uint64, error) {
-	if len(b) == 0 || len(b) > 20 {
-		return 0, fmt.Errorf("parse xid8 %q: not a transaction id", b)
-	}
-	var x uint64
-	for _, c := range b {
-		d := uint64(c) - '0'
-		if d > 9 || x > (math.MaxUint64-d)/10 {
-			return 0, fmt.Errorf("parse xid8 %q: not a transaction id", b)
-		}
-		x = x*10 + d
+	x, err := strconv.ParseUint(string(b), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("parse xid8 %q: %w", b, err)
 	}
 	return x, nil
 }
