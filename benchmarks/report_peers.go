@@ -27,6 +27,8 @@ var limitCounterparts = []struct{ limit, pglease string }{
 	{limitInsertSelect, "publish-batch"},
 	{limitCopy100, "publish-batch"},
 	{limitCommits, "publish-concurrent"},
+	{limitLatencyP50, "latency-p50"},
+	{limitLatencyP99, "latency-p99"},
 }
 
 // goal is one goal of issue 23: a bound on the ratio of pglease's median
@@ -433,7 +435,7 @@ func (pr *peerReport) chartRows(m metric) []row {
 		if !ok {
 			continue
 		}
-		add(limitsName, l.limit, "PostgreSQL "+lm.short, lm.unit, higherIsBetter)
+		add(limitsName, l.limit, "PostgreSQL "+lm.short, lm.unit, lm.better)
 	}
 	return out
 }
