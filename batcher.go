@@ -3,6 +3,7 @@ package pglease
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"time"
 
@@ -22,7 +23,9 @@ import (
 // one combined write can take everything queued; a further one starts only
 // for what it cannot take, up to workers, because writes side by side into
 // the same rows and pages cost the server more than one larger write.
-// Workers end as soon as nothing waits, so an idle batcher runs no
+// After a combined write the worker lets the goroutines it released run
+// first (gather), so that callers writing in a loop join the next combined
+// write. Workers end as soon as nothing waits, so an idle batcher runs no
 // goroutine.
 //
 // If many fails with a *pgconn.PgError, the server rejected the combined
@@ -111,6 +114,34 @@ func (b *batcher[T]) work() {
 			return
 		}
 		b.write(batch)
+		if len(batch) > 1 {
+			b.gather()
+		}
+	}
+}
+
+// gatherYields bounds how often a worker yields after a combined write.
+const gatherYields = 5
+
+// gather lets the callers that the last combined write released run before
+// the worker takes the next write. Callers that publish in a loop write
+// again at once; without this, the first one back would find the queue
+// empty and the worker gone and write alone, and the others would queue
+// behind it, so that the combined writes alternate between a few items and
+// the rest, each paying a round trip and a commit. It yields the processor
+// while the queue grows, at most gatherYields times. No timer: a yield
+// returns at once when no other goroutine is ready to run.
+func (b *batcher[T]) gather() {
+	n := -1
+	for range gatherYields {
+		runtime.Gosched()
+		b.mu.Lock()
+		m := len(b.pending)
+		b.mu.Unlock()
+		if m == n {
+			return
+		}
+		n = m
 	}
 }
 

@@ -261,6 +261,12 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 	pendingWait := newBackoff(2*time.Millisecond, pendingFastCap)
 	var pendingSince time.Time
 	head := true // no message of this claim delivered yet
+	// drained: the last read returned every message visible after the
+	// position, none held back (pending), and they have all been handed
+	// out: a message committed since comes with a notification (or the
+	// idle poller's wake-up), so the consumer commits and waits for news
+	// instead of reading again.
+	drained := false
 	// Messages of a batch not handed out when ownership ends are dropped:
 	// their bytes go back to the budget.
 	defer c.dropBuffered()
@@ -277,15 +283,19 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 		if c.yielding() {
 			return c.interrupted()
 		}
-		if first && !hasNext {
+		if (first && !hasNext) || drained {
+			drained = false
+			if res := c.flush(g, cl); res != acked {
+				return res
+			}
 			if !c.waitIdle(g, cl) {
 				return c.interrupted()
 			}
 			continue
 		}
-		batch, pending, ok, err := c.takePrefetch(cl)
+		batch, pending, all, ok, err := c.takePrefetch(cl)
 		if !ok {
-			batch, pending, ok, err = c.fetch(g, cl)
+			batch, pending, all, ok, err = c.fetch(g, cl)
 		}
 		if !ok {
 			return c.interrupted()
@@ -301,6 +311,7 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 			continue
 		}
 		retry.reset()
+		drained = all && !pending && len(batch) > 0
 		if len(batch) == c.s.config.BatchSize {
 			// A full batch: more are likely to follow. Read them while
 			// this one is handed out.
@@ -423,19 +434,21 @@ func (c *consumer) interrupted() outcome {
 // gets exactly those, after reserving the first one's size when it alone
 // is larger than the reservation (byteBudget.reserveExact). What the batch
 // uses stays in c.lease until its messages are handed out; the rest is
-// given back. ok is false when the subscription ended, the session was
-// lost or the member asked for the row while it waited.
-func (c *consumer) fetch(g *sessionGen, cl *claim) (batch []storedMessage, pending, ok bool, err error) {
+// given back. all tells that the batch holds every message the read saw
+// after the position (fewer than it asked for). ok is false when the
+// subscription ended, the session was lost or the member asked for the row
+// while it waited.
+func (c *consumer) fetch(g *sessionGen, cl *claim) (batch []storedMessage, pending, all, ok bool, err error) {
 	b := c.s.budget
 	stop := budgetStop{c.ctx.Done(), g.lost, c.yield}
 	c.dropBuffered()
 	if !b.tryReserve(&c.lease, b.reserveWant()) {
 		// Nothing free: commit what is due before waiting.
 		if c.flush(g, cl) != acked {
-			return nil, false, false, nil
+			return nil, false, false, false, nil
 		}
 		if !b.reserve(&c.lease, b.reserveWant(), stop) {
-			return nil, false, false, nil
+			return nil, false, false, false, nil
 		}
 	}
 	limit := c.s.config.BatchSize
@@ -445,7 +458,7 @@ func (c *consumer) fetch(g *sessionGen, cl *claim) (batch []storedMessage, pendi
 		rows, pending, err = c.read(cl.acked, limit, wholeUpTo)
 		if err != nil {
 			c.dropBuffered()
-			return nil, false, true, err
+			return nil, false, false, true, err
 		}
 		batch, fit := cutBatch(rows, c.lease.n)
 		clear(rows[len(batch):]) // the payloads and metadata left out
@@ -455,13 +468,13 @@ func (c *consumer) fetch(g *sessionGen, cl *claim) (batch []storedMessage, pendi
 				used += m.size
 			}
 			b.giveBack(&c.lease, c.lease.n-used)
-			return batch, pending, true, nil
+			return batch, pending, len(rows) < limit && len(batch) == len(rows), true, nil
 		}
 		if fit == 0 {
 			// The first message alone is larger than the reservation.
 			c.dropBuffered()
 			if !b.reserveExact(&c.lease, rows[0].size, stop) {
-				return nil, false, false, nil
+				return nil, false, false, false, nil
 			}
 			fit = 1
 		}
@@ -513,6 +526,7 @@ type prefetch struct {
 	done    chan struct{}
 	batch   []storedMessage
 	pending bool
+	all     bool // the batch is every message the read saw (see fetch)
 	ok      bool // the read succeeded
 }
 
@@ -554,21 +568,22 @@ func (c *consumer) startPrefetch(after Position) {
 		}
 		clear(rows[len(batch):])
 		p.batch, p.pending, p.ok = batch, pending, true
+		p.all = len(rows) < limit && len(batch) == len(rows)
 	}()
 }
 
 // takePrefetch waits for the prefetched batch and returns it, with its
 // bytes now in c.lease, if it was read after cl's position; ok is false
 // when there is none to use (fetch then reads).
-func (c *consumer) takePrefetch(cl *claim) (batch []storedMessage, pending, ok bool, err error) {
+func (c *consumer) takePrefetch(cl *claim) (batch []storedMessage, pending, all, ok bool, err error) {
 	p := c.next
 	if p == nil {
-		return nil, false, false, nil
+		return nil, false, false, false, nil
 	}
 	<-p.done
 	if !p.ok || p.after != cl.acked {
 		c.dropPrefetch()
-		return nil, false, false, nil
+		return nil, false, false, false, nil
 	}
 	c.next = nil
 	p.cancel()
@@ -579,7 +594,7 @@ func (c *consumer) takePrefetch(cl *claim) (batch []storedMessage, pending, ok b
 		used += m.size
 	}
 	c.s.budget.giveBack(&c.lease, c.lease.n-used)
-	return p.batch, p.pending, true, nil
+	return p.batch, p.pending, p.all, true, nil
 }
 
 // dropPrefetch cancels a prefetch, waits for its goroutine and gives its
@@ -612,6 +627,7 @@ func (c *consumer) readCtx(ctx context.Context, after Position, limit int, whole
 	defer c.s.offsets.gate.release(conn)
 	ctx, cancel := context.WithTimeout(ctx, c.s.config.SessionTTL)
 	defer cancel()
+	c.s.stats.reads.Add(1)
 	res, err := pgsql.SelectMessages(ctx, conn, c.s.offsets.tables, pgsql.SelectMessagesParams{
 		Topic:           c.topic,
 		Partition:       c.partition,

@@ -65,3 +65,6 @@ func SetPartitionRefresh(interval time.Duration) (restore func()) {
 	partitionRefreshInterval = interval
 	return func() { partitionRefreshInterval = old }
 }
+
+// Reads is how many reads of messages s's consumers have run (tests only).
+func Reads(s *Subscriber) uint64 { return s.stats.reads.Load() }

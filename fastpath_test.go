@@ -177,9 +177,11 @@ func TestGroupCommitAddsWorkersOnlyForOverflow(t *testing.T) {
 // TestCoalescedCommitsAreFlushedOnRelease acks messages with commits
 // coalesced (a long CommitInterval): the offset row does not move while the
 // owner works, and ending the subscription writes the last acked position
-// in the release.
+// in the release. Not parallel: a transaction of another test running
+// meanwhile can hold the messages back (not below the snapshot's xmin), and
+// an owner that finds nothing more to read commits what it acked before it
+// waits, which would move the row early.
 func TestCoalescedCommitsAreFlushedOnRelease(t *testing.T) {
-	parallel(t)
 	for _, end := range []string{"cancel", "close"} {
 		t.Run(end, func(t *testing.T) {
 			pool := newPool(t, 10)
@@ -238,6 +240,69 @@ func TestNotificationWakesSubscriber(t *testing.T) {
 		got := receive(t, msgs, 1, 10*time.Second)
 		assert.Equal(t, id[0], got[0].UUID)
 		t.Logf("publish to delivery: %s", time.Since(start))
+	}
+}
+
+// TestDrainedConsumerWaitsWithoutReadingAgain publishes one message at a
+// time: the consumer's read returns it alone, and once it is acked the
+// consumer commits and waits for the next notification instead of reading
+// again to find nothing. Not parallel: another test's transaction could
+// hold a message back and cost re-reads.
+func TestDrainedConsumerWaitsWithoutReadingAgain(t *testing.T) {
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g", PollInterval: time.Minute})
+	msgs, err := sub.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	assertNothingWithin(t, msgs, 300*time.Millisecond) // idle now
+	const n = 20
+	before := pglease.Reads(sub)
+	prev := readOffset(t, pool, adapter, "g", "t").offset
+	for range n {
+		id := publishN(t, pub, "t", 1)
+		got := receive(t, msgs, 1, 10*time.Second)
+		require.Equal(t, id[0], got[0].UUID)
+		// The commit before the wait: the row moves past the message.
+		waitFor(t, 10*time.Second, "the ack committed", func() bool {
+			o := readOffset(t, pool, adapter, "g", "t").offset
+			if o != prev {
+				prev = o
+				return true
+			}
+			return false
+		})
+	}
+	reads := pglease.Reads(sub) - before
+	assert.LessOrEqual(t, reads, uint64(n+2), "reads for %d messages published one at a time", n)
+}
+
+// TestMessageCommittedWhileOneIsHandedOutArrives: a message published while
+// the consumer hands out the one its read returned, alone, comes with a
+// notification that the consumer must not lose: once the first is acked
+// it is delivered without waiting for the poll (a minute here).
+func TestMessageCommittedWhileOneIsHandedOutArrives(t *testing.T) {
+	parallel(t)
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{PollInterval: time.Minute})
+	msgs, err := sub.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	assertNothingWithin(t, msgs, 300*time.Millisecond) // idle now
+	for range 3 {
+		first := publishN(t, pub, "t", 1)
+		var held *message.Message
+		select {
+		case held = <-msgs:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the first message did not arrive")
+		}
+		require.Equal(t, first[0], held.UUID)
+		second := publishN(t, pub, "t", 1) // committed, notified: the consumer is handing out
+		held.Ack()
+		got := receive(t, msgs, 1, 10*time.Second)
+		require.Equal(t, second[0], got[0].UUID)
 	}
 }
 

@@ -94,8 +94,10 @@ type subscriberStats struct {
 	partitionsCreated, partitionsDropped, rowsDeleted atomic.Uint64
 	sessionsDeleted, groupsRemoved                    atomic.Uint64
 	hbCount, hbSumNanos                               atomic.Uint64
-	hbBounds                                          []time.Duration
-	hbBuckets                                         []atomic.Uint64
+	// reads counts the consumers' reads of messages (tests only).
+	reads     atomic.Uint64
+	hbBounds  []time.Duration
+	hbBuckets []atomic.Uint64
 }
 
 func newSubscriberStats() *subscriberStats {

@@ -45,13 +45,32 @@ type handle interface {
 
 // ---------------------------------------------------------------- pglease
 
-type pgleaseBackend struct{}
+// pgleaseBackend is pglease with default configurations; asyncCommit sets
+// synchronous_commit=off on its pool's connections (the pglease-async
+// peer): commits return before their WAL is flushed, which the WAL writer
+// does within 3 × wal_writer_delay, the durability class of Redis's AOF
+// everysec.
+type pgleaseBackend struct{ asyncCommit bool }
 
-func (pgleaseBackend) name() string  { return "pglease" }
-func (pgleaseBackend) short() string { return "pgl" }
+func (b pgleaseBackend) name() string {
+	if b.asyncCommit {
+		return pgleaseAsyncName
+	}
+	return "pglease"
+}
 
-func (pgleaseBackend) open(_ context.Context, e *env, ns string) (handle, error) {
-	pool, err := e.pgleasePool(e.cfg.conns)
+func (b pgleaseBackend) short() string {
+	if b.asyncCommit {
+		return "pgl-async"
+	}
+	return "pgl"
+}
+
+// pgleaseAsyncName is the pglease-async peer's name in the report.
+const pgleaseAsyncName = "pglease, synchronous_commit=off"
+
+func (b pgleaseBackend) open(_ context.Context, e *env, ns string) (handle, error) {
+	pool, err := e.pgleasePoolWith(e.cfg.conns, b.asyncCommit)
 	if err != nil {
 		return nil, err
 	}
@@ -62,11 +81,20 @@ func (pgleaseBackend) open(_ context.Context, e *env, ns string) (handle, error)
 // pgleasePool opens a pool of at most conns connections (it connects on
 // first use).
 func (e *env) pgleasePool(conns int) (*pgxpool.Pool, error) {
+	return e.pgleasePoolWith(conns, false)
+}
+
+// pgleasePoolWith is pgleasePool, with synchronous_commit=off on every
+// connection when asyncCommit is set.
+func (e *env) pgleasePoolWith(conns int, asyncCommit bool) (*pgxpool.Pool, error) {
 	pc, err := e.poolConfig()
 	if err != nil {
 		return nil, err
 	}
 	pc.MaxConns = int32(conns)
+	if asyncCommit {
+		pc.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {
 		return nil, fmt.Errorf("pglease pool: %w", err)

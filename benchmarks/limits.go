@@ -17,7 +17,13 @@ package main
 //   - commits: cfg.publishers clients, each on a connection of its own,
 //     inserting one row per transaction for cfg.publishFor, as pgbench
 //     would with a one-INSERT script: what publishing one message per call
-//     from that many goroutines could at best do with one commit per call.
+//     from that many goroutines could at best do with one commit per call;
+//   - notify latency: cfg.latencyRate single-row INSERTs per second for
+//     cfg.latencyFor, each notifying in its transaction; a LISTEN
+//     connection hears each, and the newest row of the topic is then read
+//     on a pooled connection: from just before the INSERT to the read's
+//     result. What a design of LISTEN/NOTIFY and a read on this server
+//     could at best deliver at that rate.
 
 import (
 	"context"
@@ -42,6 +48,8 @@ const (
 	limitInsertSelect = "limit-insert-select"
 	limitCopy100      = "limit-copy-100"
 	limitCommits      = "limit-commits"
+	limitLatencyP50   = "limit-latency-p50"
+	limitLatencyP99   = "limit-latency-p99"
 )
 
 // limitsBackend is the server alone: a pglease schema, written to without
@@ -89,6 +97,20 @@ func limitsWorkload(cfg config) workload {
 				unit:   "commits/s",
 				better: higherIsBetter,
 			},
+			{
+				key:    limitLatencyP50,
+				label:  fmt.Sprintf("INSERT + NOTIFY → LISTEN → read the row, p50 at %d msg/s", cfg.latencyRate),
+				short:  "INSERT+NOTIFY→read p50",
+				unit:   "ms",
+				better: lowerIsBetter,
+			},
+			{
+				key:    limitLatencyP99,
+				label:  fmt.Sprintf("INSERT + NOTIFY → LISTEN → read the row, p99 at %d msg/s", cfg.latencyRate),
+				short:  "INSERT+NOTIFY→read p99",
+				unit:   "ms",
+				better: lowerIsBetter,
+			},
 		},
 	}
 }
@@ -124,6 +146,11 @@ func runLimits(ctx context.Context, e *env, h handle) (map[string]float64, error
 			return limitCopyBatches(ctx, ph.pool, table, e.cfg.batchSize, e.cfg.publishFor)
 		}},
 		{limitCommits, func() (float64, error) { return limitSingleRowCommits(ctx, e, table) }},
+		{limitLatencyP50, func() (float64, error) {
+			p50, p99, err := limitNotifyLatency(ctx, e, ph.pool, table)
+			vals[limitLatencyP99] = p99
+			return p50, err
+		}},
 	}
 	for _, s := range steps {
 		// Each starts with no dirty buffers left over from the one before.
@@ -256,4 +283,96 @@ func limitSingleRowCommits(ctx context.Context, e *env, table pgx.Identifier) (f
 		return 0, err
 	}
 	return float64(count.Load()) / elapsed.Seconds(), nil
+}
+
+// limitNotifyLatency: e.cfg.latencyRate single-row INSERTs per second for
+// e.cfg.latencyFor, each with a pg_notify in its statement (so in its
+// transaction); a connection of its own LISTENs, and each notification is
+// followed by a read of the topic's newest row on pool, as a Subscriber
+// reads after a wake-up. Latency runs from just before the INSERT to the
+// read's result; p50 and p99 in milliseconds.
+func limitNotifyLatency(ctx context.Context, e *env, pool *pgxpool.Pool, table pgx.Identifier) (p50, p99 float64, err error) {
+	const topic, channel = "bench_limits_latency", "bench_limits_latency"
+	cc, err := e.connConfig()
+	if err != nil {
+		return 0, 0, err
+	}
+	listen, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() { _ = listen.Close(context.Background()) }()
+	if _, err := listen.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		return 0, 0, err
+	}
+	insert := `WITH i AS (INSERT INTO ` + table.Sanitize() + ` (topic, uuid, payload) VALUES ($1, $2, $3))
+SELECT pg_notify($4, $2)`
+	read := `SELECT uuid, payload FROM ` + table.Sanitize() + ` WHERE topic = $1 AND partition = 0
+ORDER BY transaction_id DESC, "offset" DESC LIMIT 1`
+
+	total := int(float64(e.cfg.latencyRate) * e.cfg.latencyFor.Seconds())
+	warm := 10
+	var (
+		mu     sync.Mutex
+		sentAt = map[string]time.Time{}
+		lat    = make([]time.Duration, 0, total)
+		allIn  = make(chan struct{})
+	)
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	readErr := make(chan error, 1)
+	go func() {
+		for {
+			n, err := listen.WaitForNotification(lctx)
+			if err != nil {
+				return
+			}
+			var uuid string
+			var body []byte
+			if err := pool.QueryRow(lctx, read, topic).Scan(&uuid, &body); err != nil {
+				readErr <- err
+				return
+			}
+			now := time.Now()
+			mu.Lock()
+			if t, ok := sentAt[n.Payload]; ok && uuid == n.Payload {
+				delete(sentAt, n.Payload)
+				lat = append(lat, now.Sub(t))
+				if len(lat) == total {
+					close(allIn)
+				}
+			}
+			mu.Unlock()
+		}
+	}()
+	interval := time.Second / time.Duration(e.cfg.latencyRate)
+	t0 := time.Now()
+	for i := range warm + total {
+		if !sleepCtx(ctx, time.Until(t0.Add(time.Duration(i)*interval))) {
+			return 0, 0, ctx.Err()
+		}
+		id := watermill.NewUUID()
+		if i >= warm {
+			mu.Lock()
+			sentAt[id] = time.Now()
+			mu.Unlock()
+		}
+		if _, err := pool.Exec(ctx, insert, topic, id, payload, channel); err != nil {
+			return 0, 0, err
+		}
+	}
+	select {
+	case <-allIn:
+	case err := <-readErr:
+		return 0, 0, err
+	case <-time.After(30 * time.Second):
+		mu.Lock()
+		defer mu.Unlock()
+		return 0, 0, fmt.Errorf("heard and read %d of %d rows within 30s of the last INSERT", len(lat), total)
+	case <-ctx.Done():
+		return 0, 0, ctx.Err()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return ms(percentile(lat, 0.50)), ms(percentile(lat, 0.99)), nil
 }

@@ -44,6 +44,14 @@ var peers = []peer{
 		durability: "fsync once per second (AOF, `appendfsync everysec`): up to about a second of acknowledged writes lost if the machine fails; RDB snapshots off",
 		short:      "fsync once per second",
 	},
+	{
+		id:      "pglease-async",
+		backend: pgleaseBackend{asyncCommit: true},
+		durability: "WAL flushed within 0.6 s, in the background (synchronous_commit=off on the pool's connections, fsync=on): " +
+			"an acknowledged Publish may be lost for up to 3 × wal_writer_delay (600 ms by default) if the server fails, " +
+			"the durability class of Redis's AOF everysec",
+		short: "WAL flushed within 0.6 s",
+	},
 }
 
 // peerIDs are the ids -peers knows, in order.

@@ -116,9 +116,10 @@ func TestPostgresDurability(t *testing.T) {
 
 func TestPeerDurabilityLabels(t *testing.T) {
 	want := map[string]string{
-		natsName:     "fsync every 2 min",
-		natsSyncName: "fsync per write",
-		redisName:    "fsync once per second",
+		natsName:         "fsync every 2 min",
+		natsSyncName:     "fsync per write",
+		redisName:        "fsync once per second",
+		pgleaseAsyncName: "WAL flushed within 0.6 s",
 	}
 	for _, p := range peers {
 		if p.short != want[p.backend.name()] {
@@ -175,7 +176,8 @@ func samplePeerResults(t *testing.T, fsync string) (config, *results, machineInf
 		natsName:         {"publish-concurrent": 20000, "publish-batch": 28000, "drain": 200000, "latency-p50": 0.4, "latency-p99": 0.9, "router": 90000},
 		natsSyncName:     {"publish-concurrent": 5000, "publish-batch": 4300, "drain": 240000, "latency-p50": 0.7, "latency-p99": 1.8},
 		redisName:        {"publish-concurrent": 70000, "publish-batch": 16000, "drain": 15000, "latency-p50": 0.2, "latency-p99": 0.45, "router": 14000},
-		limitsName:       {limitCopy: 400000, limitInsertSelect: 300000, limitCopy100: 120000, limitCommits: 19300},
+		pgleaseAsyncName: {"publish-concurrent": 90000, "publish-batch": 200000, "drain": 140000, "latency-p50": 0.9, "latency-p99": 2.0, "router": 100000},
+		limitsName:       {limitCopy: 400000, limitInsertSelect: 300000, limitCopy100: 120000, limitCommits: 19300, limitLatencyP50: 0.9, limitLatencyP99: 1.6},
 	}
 	res := newResults()
 	for _, w := range selectedWorkloads(cfg) {
@@ -220,14 +222,14 @@ func TestPeerTable(t *testing.T) {
 		"NATS JetStream (watermill-nats v2.1.3, nats-server v2.15.2 embedded, file store)":              "fsync every 2 min | 20,000 | 28,000 | 200,000 | 0.40 / 0.90 | 90,000",
 		"NATS JetStream, sync always (watermill-nats v2.1.3, nats-server v2.15.2 embedded, file store)": "fsync per write | 5,000 | 4,300 | 240,000 | 0.70 / 1.80 | failed",
 		"Redis Streams (watermill-redisstream v1.4.5, redis-server 7.0.15, AOF)":                        "fsync once per second | 70,000 | 16,000 | 15,000 | 0.20 / 0.45 | 14,000",
-		"PostgreSQL alone (limits: no Watermill, no Pub/Sub)":                                           "fsync per commit | 64 clients × 1 row per commit: 19,300 commits/s | COPY, one statement: 400,000 rows/s; INSERT … SELECT: 300,000 rows/s; COPY by 100: 120,000 rows/s | — | — | —",
+		"PostgreSQL alone (limits: no Watermill, no Pub/Sub)":                                           "fsync per commit | 64 clients × 1 row per commit: 19,300 commits/s | COPY, one statement: 400,000 rows/s; INSERT … SELECT: 300,000 rows/s; COPY by 100: 120,000 rows/s | — | INSERT+NOTIFY→read p50: 0.90 ms; INSERT+NOTIFY→read p99: 1.60 ms | —",
 	} {
 		if lines[backend] != want {
 			t.Errorf("%s:\n got %s\nwant %s", backend, lines[backend], want)
 		}
 	}
-	if len(tab) != 1+6 {
-		t.Errorf("%d lines, want a header and 6 backends (no PgBouncer row: it did not run)", len(tab))
+	if len(tab) != 1+7 {
+		t.Errorf("%d lines, want a header and 7 backends (no PgBouncer row: it did not run)", len(tab))
 	}
 	// The Markdown version gives the durability in full.
 	if long := pr.table(true); !strings.HasPrefix(long[3][1], "fsync every 2 min (JetStream's default sync_interval)") {
@@ -242,12 +244,13 @@ func TestPeerGoals(t *testing.T) {
 		got[l[0]] = l[1:]
 	}
 	for text, want := range map[string]string{
-		"consume ≥ 1.2× NATS JetStream (default settings)":                "140,000 | 200,000 (NATS JetStream) msg/s | 0.7× (1/1.43) | no",
-		"latency p99 ≤ 1.5 ms at 100 msg/s":                               "3.00 |  | 3.00 | no",
-		"latency p50 ≤ 0.6 ms at 100 msg/s":                               "1.10 |  | 1.10 | no",
-		"publish from 64 goroutines ≥ 1.2× Redis Streams (AOF everysec)":  "60,000 | 70,000 (Redis Streams) msg/s | 0.857× (1/1.17) | no",
-		"publish in batches of 100 ≥ 1.5× watermill-sql v4":               "150,000 | 145,000 (watermill-sql) msg/s | 1.03× | no",
-		"publish in batches of 100 ≥ 70 % of COPY rows/s (one statement)": "150,000 | 400,000 (PostgreSQL) rows/s | 0.375× (1/2.67) | no",
+		"consume ≥ 1.2× NATS JetStream (default settings)":               "140,000 | 200,000 (NATS JetStream) msg/s | 0.7× (1/1.43) | no",
+		"latency p99 ≤ 1.5 ms at 100 msg/s":                              "3.00 |  | 3.00 | no",
+		"latency p50 ≤ 0.6 ms at 100 msg/s":                              "1.10 |  | 1.10 | no",
+		"publish from 64 goroutines ≥ 1.2× Redis Streams (AOF everysec)": "60,000 | 70,000 (Redis Streams) msg/s | 0.857× (1/1.17) | no",
+		"same durability as Redis: pglease with synchronous_commit=off, publish from 64 goroutines ≥ 1.2× Redis Streams (AOF everysec)": "90,000 | 70,000 (Redis Streams) msg/s | 1.29× | yes",
+		"publish in batches of 100 ≥ 1.5× watermill-sql v4":                                                                             "150,000 | 145,000 (watermill-sql) msg/s | 1.03× | no",
+		"publish in batches of 100 ≥ 70 % of COPY rows/s (one statement)":                                                               "150,000 | 400,000 (PostgreSQL) rows/s | 0.375× (1/2.67) | no",
 	} {
 		if g := strings.Join(got[text], " | "); g != want {
 			t.Errorf("%s:\n got %s\nwant %s", text, g, want)
@@ -277,8 +280,8 @@ func TestPeerGoals(t *testing.T) {
 func TestLimitsTable(t *testing.T) {
 	cfg, res, info := samplePeerResults(t, "on")
 	tab := newPeerReport(cfg, res, info).limitsTable()
-	if len(tab) != 1+4 {
-		t.Fatalf("%d lines, want a header and 4 limits", len(tab))
+	if len(tab) != 1+6 {
+		t.Fatalf("%d lines, want a header and 6 limits", len(tab))
 	}
 	want := "COPY of 100,000 rows into the messages table, one statement | rows/s | 400,000 | publish: batches of 100 per call, 1 goroutine: 150,000 msg/s | 0.375× (1/2.67)"
 	if got := strings.Join(tab[1], " | "); got != want {
@@ -286,6 +289,10 @@ func TestLimitsTable(t *testing.T) {
 	}
 	if got := tab[4][4]; got != "3.11×" {
 		t.Errorf("pglease ÷ single-row commits = %s", got)
+	}
+	// The latency floor: pglease's p50 (1.10 ms) against the server's 0.90.
+	if got := tab[5][4]; got != "1.22×" {
+		t.Errorf("pglease ÷ notify latency p50 = %s", got)
 	}
 }
 
