@@ -327,6 +327,8 @@ ORDER BY transaction_id DESC, "offset" DESC LIMIT 1`
 			if err != nil {
 				return
 			}
+			// The row notified is committed, so the read sees it, or a
+			// newer one when the next INSERT committed meanwhile.
 			var uuid string
 			var body []byte
 			if err := pool.QueryRow(lctx, read, topic).Scan(&uuid, &body); err != nil {
@@ -335,7 +337,7 @@ ORDER BY transaction_id DESC, "offset" DESC LIMIT 1`
 			}
 			now := time.Now()
 			mu.Lock()
-			if t, ok := sentAt[n.Payload]; ok && uuid == n.Payload {
+			if t, ok := sentAt[n.Payload]; ok {
 				delete(sentAt, n.Payload)
 				lat = append(lat, now.Sub(t))
 				if len(lat) == total {
