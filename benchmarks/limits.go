@@ -311,13 +311,8 @@ SELECT pg_notify($4, $2)`
 ORDER BY transaction_id DESC, "offset" DESC LIMIT 1`
 
 	total := int(float64(e.cfg.latencyRate) * e.cfg.latencyFor.Seconds())
-	warm := 10
-	var (
-		mu     sync.Mutex
-		sentAt = map[string]time.Time{}
-		lat    = make([]time.Duration, 0, total)
-		allIn  = make(chan struct{})
-	)
+	const warm = 10
+	lat := newLatencyLog(total)
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	readErr := make(chan error, 1)
@@ -335,46 +330,28 @@ ORDER BY transaction_id DESC, "offset" DESC LIMIT 1`
 				readErr <- err
 				return
 			}
-			now := time.Now()
-			mu.Lock()
-			if t, ok := sentAt[n.Payload]; ok {
-				delete(sentAt, n.Payload)
-				lat = append(lat, now.Sub(t))
-				if len(lat) == total {
-					close(allIn)
-				}
-			}
-			mu.Unlock()
+			lat.arrived(n.Payload)
 		}
 	}()
-	interval := time.Second / time.Duration(e.cfg.latencyRate)
-	t0 := time.Now()
-	for i := range warm + total {
-		if !sleepCtx(ctx, time.Until(t0.Add(time.Duration(i)*interval))) {
-			return 0, 0, ctx.Err()
-		}
+	err = paced(ctx, e.cfg.latencyRate, warm+total, func(i int) error {
 		id := watermill.NewUUID()
 		if i >= warm {
-			mu.Lock()
-			sentAt[id] = time.Now()
-			mu.Unlock()
+			lat.sent(id)
 		}
-		if _, err := pool.Exec(ctx, insert, topic, id, payload, channel); err != nil {
-			return 0, 0, err
-		}
+		_, err := pool.Exec(ctx, insert, topic, id, payload, channel)
+		return err
+	})
+	if err != nil {
+		return 0, 0, err
 	}
 	select {
-	case <-allIn:
+	case <-lat.allIn:
 	case err := <-readErr:
 		return 0, 0, err
 	case <-time.After(30 * time.Second):
-		mu.Lock()
-		defer mu.Unlock()
-		return 0, 0, fmt.Errorf("heard and read %d of %d rows within 30s of the last INSERT", len(lat), total)
+		return 0, 0, fmt.Errorf("heard and read %d of %d rows within 30s of the last INSERT", lat.arrivals(), total)
 	case <-ctx.Done():
 		return 0, 0, ctx.Err()
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	return ms(percentile(lat, 0.50)), ms(percentile(lat, 0.99)), nil
+	return ms(lat.percentile(0.50)), ms(lat.percentile(0.99)), nil
 }

@@ -446,25 +446,11 @@ func runLatency(ctx context.Context, e *env, h handle) (map[string]float64, erro
 	}
 
 	total := int(float64(e.cfg.latencyRate) * e.cfg.latencyFor.Seconds())
-	var (
-		mu        sync.Mutex
-		sentAt    = map[string]time.Time{}
-		latencies = make([]time.Duration, 0, total)
-		allIn     = make(chan struct{})
-		anyIn     = make(chan struct{}, 1)
-	)
+	lat := newLatencyLog(total)
+	anyIn := make(chan struct{}, 1)
 	go func() {
 		for msg := range ch {
-			now := time.Now()
-			mu.Lock()
-			if t, ok := sentAt[msg.UUID]; ok {
-				delete(sentAt, msg.UUID)
-				latencies = append(latencies, now.Sub(t))
-				if len(latencies) == total {
-					close(allIn)
-				}
-			}
-			mu.Unlock()
+			lat.arrived(msg.UUID)
 			msg.Ack()
 			select {
 			case anyIn <- struct{}{}:
@@ -496,41 +482,32 @@ warmUp:
 		return nil, ctx.Err()
 	}
 
-	interval := time.Second / time.Duration(e.cfg.latencyRate)
 	t0 := time.Now()
-	for i := range total {
-		if !sleepCtx(ctx, time.Until(t0.Add(time.Duration(i)*interval))) {
-			return nil, ctx.Err()
-		}
+	err = paced(ctx, e.cfg.latencyRate, total, func(int) error {
 		msg := message.NewMessage(watermill.NewUUID(), payload)
-		mu.Lock()
-		sentAt[msg.UUID] = time.Now()
-		mu.Unlock()
-		if err := pub.Publish(topic, msg); err != nil {
-			return nil, err
-		}
+		lat.sent(msg.UUID)
+		return pub.Publish(topic, msg)
+	})
+	if err != nil {
+		return nil, err
 	}
 	sent := time.Since(t0)
 	if slip := sent - e.cfg.latencyFor; slip > e.cfg.latencyFor/10 {
 		e.log("latency: publishing %d messages took %s instead of %s (Publish was slower than the rate)", total, sent.Round(time.Millisecond), e.cfg.latencyFor)
 	}
 	select {
-	case <-allIn:
+	case <-lat.allIn:
 	case <-time.After(30 * time.Second):
-		mu.Lock()
-		defer mu.Unlock()
-		return nil, fmt.Errorf("received %d of %d messages within 30s of the last Publish", len(latencies), total)
+		return nil, fmt.Errorf("received %d of %d messages within 30s of the last Publish", lat.arrivals(), total)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	e.log("latency: %d messages: p50 %s, p90 %s, p99 %s, p99.9 %s, max %s", len(latencies),
-		fmtDur(percentile(latencies, 0.50)), fmtDur(percentile(latencies, 0.90)), fmtDur(percentile(latencies, 0.99)),
-		fmtDur(percentile(latencies, 0.999)), fmtDur(percentile(latencies, 1)))
+	e.log("latency: %d messages: p50 %s, p90 %s, p99 %s, p99.9 %s, max %s", total,
+		fmtDur(lat.percentile(0.50)), fmtDur(lat.percentile(0.90)), fmtDur(lat.percentile(0.99)),
+		fmtDur(lat.percentile(0.999)), fmtDur(lat.percentile(1)))
 	return map[string]float64{
-		"latency-p50": ms(percentile(latencies, 0.50)),
-		"latency-p99": ms(percentile(latencies, 0.99)),
+		"latency-p50": ms(lat.percentile(0.50)),
+		"latency-p99": ms(lat.percentile(0.99)),
 	}, nil
 }
 
