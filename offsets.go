@@ -25,8 +25,6 @@ type Position struct {
 	Offset        int64  `json:"offset"`
 }
 
-func parseXID8(s string) (uint64, error) { return pgsql.ParseXID8(s) }
-
 // claim is the ownership of one (consumer group, topic, partition) row by
 // one session, valid while the session is and until a fenced statement
 // finds the row taken.

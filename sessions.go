@@ -374,12 +374,10 @@ func (k *sessionKeeper) beat(ctx context.Context, id uuid.UUID) (int64, clusterM
 	if err != nil {
 		return 0, mark, err
 	}
-	updated, xmax, lsn := row.Updated, row.Xmax, row.LSN
+	updated, lsn := row.Updated, row.LSN
 	mark.timeline = row.Timeline
 	mark.systemID = k.conn.serverID()
-	if mark.xmax, err = parseXID8(xmax); err != nil {
-		return 0, mark, err
-	}
+	mark.xmax = row.Xmax
 	if mark.lsn, err = strconv.ParseUint(lsn, 10, 64); err != nil {
 		return 0, mark, fmt.Errorf("WAL position %q: %w", lsn, err)
 	}

@@ -41,14 +41,9 @@ func browseColumns(preview string) string {
 // scanBrowse scans the columns of browseColumns, then extra.
 func scanBrowse(row pgx.CollectableRow, extra ...any) (BrowseRow, error) {
 	var r BrowseRow
-	var tx string
-	dest := append([]any{&r.Partition, &tx, &r.Position.Offset, &r.UUID, &r.Payload, &r.PayloadSize, &r.Metadata,
+	dest := append([]any{&r.Partition, (*xid8)(&r.Position.TransactionID), &r.Position.Offset, &r.UUID, &r.Payload, &r.PayloadSize, &r.Metadata,
 		&r.CreatedAt, &r.ExpiresAt}, extra...)
-	if err := row.Scan(dest...); err != nil {
-		return r, err
-	}
-	var err error
-	r.Position.TransactionID, err = ParseXID8(tx)
+	err := row.Scan(dest...)
 	return r, err
 }
 

@@ -286,18 +286,8 @@ FROM ` + t.importRunsTable() + ` WHERE topic = $1 ORDER BY run`, Args: []any{top
 func ImportRuns(ctx context.Context, q Querier, t *Tables, topic string) ([]ImportRun, error) {
 	return collect(ctx, q, t.importRuns(topic), func(row pgx.CollectableRow) (ImportRun, error) {
 		var r ImportRun
-		var tx, fromTx, toTx string
-		if err := row.Scan(&r.Run, &tx, &r.FirstOffset, &r.LastOffset, &fromTx, &r.From.Offset, &toTx, &r.To.Offset); err != nil {
-			return r, err
-		}
-		var err error
-		if r.TransactionID, err = ParseXID8(tx); err != nil {
-			return r, err
-		}
-		if r.From.TransactionID, err = ParseXID8(fromTx); err != nil {
-			return r, err
-		}
-		r.To.TransactionID, err = ParseXID8(toTx)
+		err := row.Scan(&r.Run, (*xid8)(&r.TransactionID), &r.FirstOffset, &r.LastOffset,
+			(*xid8)(&r.From.TransactionID), &r.From.Offset, (*xid8)(&r.To.TransactionID), &r.To.Offset)
 		return r, err
 	})
 }
@@ -353,20 +343,12 @@ func ImportReadTopic(ctx context.Context, q Querier, t *Tables, topic string) (I
 	}
 	return pgx.CollectExactlyOneRow(rows, func(row pgx.CollectableRow) (ImportTopicState, error) {
 		var st ImportTopicState
-		var first *string
-		var current string
-		if err := row.Scan(&st.Partitions, &first, &st.HasOffsets, &current); err != nil {
-			return st, err
-		}
-		var err error
-		if st.CurrentTx, err = ParseXID8(current); err != nil {
+		var first *xid8
+		if err := row.Scan(&st.Partitions, &first, &st.HasOffsets, (*xid8)(&st.CurrentTx)); err != nil {
 			return st, err
 		}
 		if first != nil {
-			tx, err := ParseXID8(*first)
-			if err != nil {
-				return st, err
-			}
+			tx := uint64(*first)
 			st.FirstTx = &tx
 		}
 		return st, nil
@@ -394,24 +376,16 @@ WHERE o.topic = $1 AND o.partition = 0`, Args: []any{topic}}
 func ImportOffsetRows(ctx context.Context, q Querier, t *Tables, topic string) ([]ImportOffsetRow, error) {
 	return collect(ctx, q, t.importOffsetRows(topic), func(row pgx.CollectableRow) (ImportOffsetRow, error) {
 		var (
-			r          ImportOffsetRow
-			tx         string
-			recTx      *string
-			recOffset  *int64
-			err        error
-			recordedTx uint64
+			r         ImportOffsetRow
+			recTx     *xid8
+			recOffset *int64
 		)
-		if err := row.Scan(&r.ConsumerGroup, &tx, &r.Position.Offset, &r.Epoch, &recTx, &recOffset); err != nil {
-			return r, err
-		}
-		if r.Position.TransactionID, err = ParseXID8(tx); err != nil {
+		if err := row.Scan(&r.ConsumerGroup, (*xid8)(&r.Position.TransactionID), &r.Position.Offset, &r.Epoch,
+			&recTx, &recOffset); err != nil {
 			return r, err
 		}
 		if recTx != nil && recOffset != nil {
-			if recordedTx, err = ParseXID8(*recTx); err != nil {
-				return r, err
-			}
-			r.Recorded = &Position{TransactionID: recordedTx, Offset: *recOffset}
+			r.Recorded = &Position{TransactionID: uint64(*recTx), Offset: *recOffset}
 		}
 		return r, nil
 	})

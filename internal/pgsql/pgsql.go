@@ -15,12 +15,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -229,8 +231,8 @@ type Position struct {
 
 func formatXID8(x uint64) string { return strconv.FormatUint(x, 10) }
 
-// ParseXID8 parses an xid8 read as text.
-func ParseXID8(s string) (uint64, error) {
+// parseXID8 parses an xid8 read as text.
+func parseXID8(s string) (uint64, error) {
 	x, err := strconv.ParseUint(s, 10, 64)
 	if err != nil {
 		return 0, fmt.Errorf("parse xid8 %q: %w", s, err)
@@ -238,7 +240,26 @@ func ParseXID8(s string) (uint64, error) {
 	return x, nil
 }
 
-// parseXID8Bytes is [ParseXID8] of a column's raw text. The conversion to
+// xid8 is a scan target for an xid8 column read as text (`::text`: pgx has
+// no codec for the type), written as a conversion of the uint64 it fills:
+// row.Scan((*xid8)(&pos.TransactionID)). A NULL is an error; a nullable
+// column scans into a **xid8.
+type xid8 uint64
+
+// ScanText implements pgtype.TextScanner.
+func (x *xid8) ScanText(v pgtype.Text) error {
+	if !v.Valid {
+		return errors.New("parse xid8: NULL")
+	}
+	n, err := parseXID8(v.String)
+	if err != nil {
+		return err
+	}
+	*x = xid8(n)
+	return nil
+}
+
+// parseXID8Bytes is [parseXID8] of a column's raw text. The conversion to
 // a string does not escape, so it is not allocated.
 func parseXID8Bytes(b []byte) (uint64, error) {
 	x, err := strconv.ParseUint(string(b), 10, 64)

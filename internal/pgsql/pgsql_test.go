@@ -3,6 +3,8 @@ package pgsql
 import (
 	"strconv"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 func TestParseXID8Bytes(t *testing.T) {
@@ -26,5 +28,21 @@ func TestParseXID8BytesDoesNotAllocate(t *testing.T) {
 	b := []byte("18446744073709551615")
 	if n := testing.AllocsPerRun(100, func() { _, _ = parseXID8Bytes(b) }); n != 0 {
 		t.Errorf("parseXID8Bytes allocates %v times per call", n)
+	}
+}
+
+func TestXID8ScansTextIntoTheUint64(t *testing.T) {
+	var pos Position
+	if err := (*xid8)(&pos.TransactionID).ScanText(pgtype.Text{String: "18446744073709551615", Valid: true}); err != nil {
+		t.Fatal(err)
+	}
+	if pos.TransactionID != 1<<64-1 {
+		t.Errorf("TransactionID = %d", pos.TransactionID)
+	}
+	for _, v := range []pgtype.Text{{}, {String: "-1", Valid: true}, {String: "", Valid: true}, {String: "1x", Valid: true}} {
+		var x xid8
+		if err := x.ScanText(v); err == nil {
+			t.Errorf("ScanText(%+v) = %d, want an error", v, x)
+		}
 	}
 }

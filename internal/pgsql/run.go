@@ -187,7 +187,7 @@ func CreateSession(ctx context.Context, q Querier, t *Tables, p SessionParams) e
 // hex digits).
 type HeartbeatRow struct {
 	Updated  int64
-	Xmax     string
+	Xmax     uint64
 	LSN      string
 	Timeline string
 }
@@ -198,7 +198,7 @@ type HeartbeatRow struct {
 func HeartbeatSession(ctx context.Context, q Querier, t *Tables, p SessionParams) (HeartbeatRow, error) {
 	s := t.HeartbeatSession(p)
 	var r HeartbeatRow
-	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&r.Updated, &r.Xmax, &r.LSN, &r.Timeline)
+	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&r.Updated, (*xid8)(&r.Xmax), &r.LSN, &r.Timeline)
 	return r, err
 }
 
@@ -260,12 +260,7 @@ type EnsuredRow struct {
 func EnsureOffsets(ctx context.Context, q Querier, t *Tables, p OffsetsParams) ([]EnsuredRow, error) {
 	return collect(ctx, q, t.EnsureOffsets(p), func(row pgx.CollectableRow) (EnsuredRow, error) {
 		var r EnsuredRow
-		var txID string
-		if err := row.Scan(&r.Topic, &r.Partition, &txID); err != nil {
-			return r, err
-		}
-		var err error
-		r.AckedTransactionID, err = ParseXID8(txID)
+		err := row.Scan(&r.Topic, &r.Partition, (*xid8)(&r.AckedTransactionID))
 		return r, err
 	})
 }
@@ -307,25 +302,21 @@ func scanClaim(row pgx.CollectableRow) (ClaimRow, error) {
 		r         ClaimRow
 		kind      string
 		epoch     *int64
-		txText    *string
+		txID      *xid8
 		offset    *int64
 		hasNext   *bool
 		previous  *uuid.UUID
 		prevOwner *string
 	)
-	if err := row.Scan(&kind, &r.Topic, &r.Partition, &epoch, &txText, &offset, &hasNext, &previous, &prevOwner); err != nil {
+	if err := row.Scan(&kind, &r.Topic, &r.Partition, &epoch, &txID, &offset, &hasNext, &previous, &prevOwner); err != nil {
 		return r, err
 	}
 	r.Kind = kind[0]
 	if r.Kind == ClaimTaken {
-		if epoch == nil || txText == nil || offset == nil || hasNext == nil {
+		if epoch == nil || txID == nil || offset == nil || hasNext == nil {
 			return r, fmt.Errorf("claim topic %q partition %d: incomplete row", r.Topic, r.Partition)
 		}
-		txID, err := ParseXID8(*txText)
-		if err != nil {
-			return r, fmt.Errorf("claim topic %q partition %d: %w", r.Topic, r.Partition, err)
-		}
-		r.Epoch, r.Acked, r.HasNext = *epoch, Position{TransactionID: txID, Offset: *offset}, *hasNext
+		r.Epoch, r.Acked, r.HasNext = *epoch, Position{TransactionID: uint64(*txID), Offset: *offset}, *hasNext
 	}
 	if previous != nil {
 		r.Previous = *previous
@@ -393,11 +384,6 @@ func AckOffset(ctx context.Context, q Querier, t *Tables, p OffsetParams) (AckRo
 // ScanAck scans the row of [AckOffset].
 func ScanAck(row pgx.Row) (AckRow, error) {
 	var r AckRow
-	var txText string
-	if err := row.Scan(&r.SessionID, &r.Epoch, &txText, &r.Acked.Offset, &r.Advanced); err != nil {
-		return r, err
-	}
-	var err error
-	r.Acked.TransactionID, err = ParseXID8(txText)
+	err := row.Scan(&r.SessionID, &r.Epoch, (*xid8)(&r.Acked.TransactionID), &r.Acked.Offset, &r.Advanced)
 	return r, err
 }

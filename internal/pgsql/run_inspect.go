@@ -44,13 +44,8 @@ type LagRow struct {
 func InspectLag(ctx context.Context, q Querier, t *Tables, groups, topics []string) ([]LagRow, error) {
 	return collect(ctx, q, t.InspectLag(groups, topics), func(row pgx.CollectableRow) (LagRow, error) {
 		var l LagRow
-		var txText string
-		if err := row.Scan(&l.ConsumerGroup, &l.Topic, &l.Partition, &l.SessionID, &l.LiveOwner, &l.Epoch, &txText,
-			&l.Acked.Offset, &l.Lag, &l.LagSeconds, &l.Pending); err != nil {
-			return l, err
-		}
-		var err error
-		l.Acked.TransactionID, err = ParseXID8(txText)
+		err := row.Scan(&l.ConsumerGroup, &l.Topic, &l.Partition, &l.SessionID, &l.LiveOwner, &l.Epoch,
+			(*xid8)(&l.Acked.TransactionID), &l.Acked.Offset, &l.Lag, &l.LagSeconds, &l.Pending)
 		return l, err
 	})
 }
@@ -70,13 +65,8 @@ type HorizonRow struct {
 func InspectHorizon(ctx context.Context, q Querier, t *Tables) (HorizonRow, error) {
 	s := t.InspectHorizon()
 	var h HorizonRow
-	var xmin string
-	if err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&xmin, &h.PID, &h.GID, &h.AppName, &h.State, &h.XactStart,
-		&h.QueryStart, &h.AgeSeconds, &h.Query, &h.DB, &h.User); err != nil {
-		return h, err
-	}
-	var err error
-	h.Xmin, err = ParseXID8(xmin)
+	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan((*xid8)(&h.Xmin), &h.PID, &h.GID, &h.AppName, &h.State,
+		&h.XactStart, &h.QueryStart, &h.AgeSeconds, &h.Query, &h.DB, &h.User)
 	return h, err
 }
 
@@ -139,16 +129,8 @@ func ResetOffsets(ctx context.Context, q Querier, t *Tables, p ResetParams) ([]R
 	s := t.ResetOffsets(p.ConsumerGroup, p.Topic, p.To, p.At, p.Force, t.NotifyChannel, p.Notification)
 	return collect(ctx, q, s, func(row pgx.CollectableRow) (ResetRow, error) {
 		var r ResetRow
-		var oldTx, newTx string
-		if err := row.Scan(&r.Partition, &r.SessionID, &r.LiveOwner, &oldTx, &r.From.Offset, &newTx, &r.To.Offset,
-			&r.Applied, &r.Changed); err != nil {
-			return r, err
-		}
-		var err error
-		if r.From.TransactionID, err = ParseXID8(oldTx); err != nil {
-			return r, err
-		}
-		r.To.TransactionID, err = ParseXID8(newTx)
+		err := row.Scan(&r.Partition, &r.SessionID, &r.LiveOwner, (*xid8)(&r.From.TransactionID), &r.From.Offset,
+			(*xid8)(&r.To.TransactionID), &r.To.Offset, &r.Applied, &r.Changed)
 		return r, err
 	})
 }
