@@ -189,3 +189,43 @@ func waitUntil(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestNewReadBatch: the batch is the longest prefix of whole messages
+// within the budget, the rows left out lose their payloads, and all holds
+// only when the read returned fewer rows than asked and every one of them
+// is in the batch.
+func TestNewReadBatch(t *testing.T) {
+	t.Parallel()
+	row := func(size int64, whole bool) storedMessage {
+		return storedMessage{uuid: "m", payload: []byte("x"), size: size, whole: whole}
+	}
+	for _, tc := range []struct {
+		name     string
+		rows     []storedMessage
+		limit    int
+		budget   int64
+		n, fit   int
+		all      bool
+		leftOver bool // a row left out whose payload must be cleared
+	}{
+		{name: "fewer than asked, all fit", rows: []storedMessage{row(10, true), row(10, true)}, limit: 3, budget: 100, n: 2, fit: 2, all: true},
+		{name: "as many as asked", rows: []storedMessage{row(10, true), row(10, true)}, limit: 2, budget: 100, n: 2, fit: 2},
+		{name: "over the budget", rows: []storedMessage{row(10, true), row(10, true)}, limit: 3, budget: 15, n: 1, fit: 1, leftOver: true},
+		{name: "one not whole", rows: []storedMessage{row(10, true), row(10, false)}, limit: 3, budget: 100, n: 1, fit: 2, leftOver: true},
+		{name: "nothing", limit: 3, budget: 100, all: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rb, fit := newReadBatch(tc.rows, true, tc.limit, tc.budget)
+			if len(rb.msgs) != tc.n || fit != tc.fit || rb.all != tc.all || !rb.pending {
+				t.Fatalf("%d messages, fit %d, all %v, pending %v; want %d, %d, %v, true",
+					len(rb.msgs), fit, rb.all, rb.pending, tc.n, tc.fit, tc.all)
+			}
+			if got := rb.bytes(); got != int64(10*tc.n) {
+				t.Errorf("bytes = %d, want %d", got, 10*tc.n)
+			}
+			if tc.leftOver && tc.rows[tc.n].payload != nil {
+				t.Errorf("the row left out kept its payload")
+			}
+		})
+	}
+}

@@ -293,9 +293,10 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 			}
 			continue
 		}
-		batch, pending, all, ok, err := c.takePrefetch(cl)
+		rb, ok := c.takePrefetch(cl)
+		var err error
 		if !ok {
-			batch, pending, all, ok, err = c.fetch(g, cl)
+			rb, ok, err = c.fetch(g, cl)
 		}
 		if !ok {
 			return c.interrupted()
@@ -311,7 +312,8 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 			continue
 		}
 		retry.reset()
-		drained = all && !pending && len(batch) > 0
+		batch := rb.msgs
+		drained = rb.all && !rb.pending && len(batch) > 0
 		if len(batch) == c.s.config.BatchSize {
 			// A full batch: more are likely to follow. Read them while
 			// this one is handed out.
@@ -321,7 +323,7 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 			if res := c.flush(g, cl); res != acked {
 				return res
 			}
-			if pending {
+			if rb.pending {
 				// Committed rows wait behind an older running transaction:
 				// look again soon, backing off while it runs.
 				if pendingSince.IsZero() {
@@ -434,47 +436,39 @@ func (c *consumer) interrupted() outcome {
 // gets exactly those, after reserving the first one's size when it alone
 // is larger than the reservation (byteBudget.reserveExact). What the batch
 // uses stays in c.lease until its messages are handed out; the rest is
-// given back. all tells that the batch holds every message the read saw
-// after the position (fewer than it asked for). ok is false when the
-// subscription ended, the session was lost or the member asked for the row
-// while it waited.
-func (c *consumer) fetch(g *sessionGen, cl *claim) (batch []storedMessage, pending, all, ok bool, err error) {
+// given back. ok is false when the subscription ended, the session was
+// lost or the member asked for the row while it waited.
+func (c *consumer) fetch(g *sessionGen, cl *claim) (rb readBatch, ok bool, err error) {
 	b := c.s.budget
 	stop := budgetStop{c.ctx.Done(), g.lost, c.yield}
 	c.dropBuffered()
 	if !b.tryReserve(&c.lease, b.reserveWant()) {
 		// Nothing free: commit what is due before waiting.
 		if c.flush(g, cl) != acked {
-			return nil, false, false, false, nil
+			return readBatch{}, false, nil
 		}
 		if !b.reserve(&c.lease, b.reserveWant(), stop) {
-			return nil, false, false, false, nil
+			return readBatch{}, false, nil
 		}
 	}
 	limit := c.s.config.BatchSize
 	wholeUpTo := max(c.lease.n/int64(limit), 1)
 	for {
-		var rows []storedMessage
-		rows, pending, err = c.read(cl.acked, limit, wholeUpTo)
+		rows, pending, err := c.read(cl.acked, limit, wholeUpTo)
 		if err != nil {
 			c.dropBuffered()
-			return nil, false, false, true, err
+			return readBatch{}, true, err
 		}
-		batch, fit := cutBatch(rows, c.lease.n)
-		clear(rows[len(batch):]) // the payloads and metadata left out
-		if len(batch) > 0 || len(rows) == 0 {
-			var used int64
-			for _, m := range batch {
-				used += m.size
-			}
-			b.giveBack(&c.lease, c.lease.n-used)
-			return batch, pending, len(rows) < limit && len(batch) == len(rows), true, nil
+		rb, fit := newReadBatch(rows, pending, limit, c.lease.n)
+		if len(rb.msgs) > 0 || len(rows) == 0 {
+			b.giveBack(&c.lease, c.lease.n-rb.bytes())
+			return rb, true, nil
 		}
 		if fit == 0 {
 			// The first message alone is larger than the reservation.
 			c.dropBuffered()
 			if !b.reserveExact(&c.lease, rows[0].size, stop) {
-				return nil, false, false, false, nil
+				return readBatch{}, false, nil
 			}
 			fit = 1
 		}
@@ -482,6 +476,35 @@ func (c *consumer) fetch(g *sessionGen, cl *claim) (batch []storedMessage, pendi
 		// this consumer's, and rows committed meanwhile come after them).
 		limit, wholeUpTo = fit, c.lease.n
 	}
+}
+
+// readBatch is what one read gives the consumer to hand out.
+type readBatch struct {
+	msgs []storedMessage
+	// pending: committed messages after the position wait behind an
+	// older running transaction.
+	pending bool
+	// all: msgs is every message the read saw after the position (fewer
+	// than it asked for, all whole and within the budget).
+	all bool
+}
+
+// newReadBatch cuts the rows of a read of limit messages to the batch
+// budget holds (cutBatch, whose fit it returns) and clears the payloads
+// and metadata of the rows left out.
+func newReadBatch(rows []storedMessage, pending bool, limit int, budget int64) (readBatch, int) {
+	batch, fit := cutBatch(rows, budget)
+	clear(rows[len(batch):])
+	return readBatch{msgs: batch, pending: pending, all: len(rows) < limit && len(batch) == len(rows)}, fit
+}
+
+// bytes is what the batch counts against MaxBufferedBytes.
+func (rb readBatch) bytes() int64 {
+	var n int64
+	for _, m := range rb.msgs {
+		n += m.size
+	}
+	return n
 }
 
 // cutBatch returns the longest prefix of rows that are whole and whose
@@ -517,17 +540,15 @@ func (c *consumer) dropBuffered() {
 const prefetchMinConns = 4
 
 // prefetch is the read of the batch after the one being handed out. Its
-// goroutine sets batch and pending and closes done; lease is the byte
-// budget it reserved, the consumer's once done is closed.
+// goroutine sets batch and ok and closes done; lease is the byte budget
+// it reserved, the consumer's once done is closed.
 type prefetch struct {
-	after   Position
-	lease   budgetLease
-	cancel  context.CancelFunc
-	done    chan struct{}
-	batch   []storedMessage
-	pending bool
-	all     bool // the batch is every message the read saw (see fetch)
-	ok      bool // the read succeeded
+	after  Position
+	lease  budgetLease
+	cancel context.CancelFunc
+	done   chan struct{}
+	batch  readBatch
+	ok     bool // the read succeeded with a batch to hand out
 }
 
 // startPrefetch reads the batch after after, the last message of the
@@ -559,42 +580,36 @@ func (c *consumer) startPrefetch(after Position) {
 		if err != nil {
 			return
 		}
-		batch, _ := cutBatch(rows, reserved)
-		if len(batch) == 0 {
+		rb, _ := newReadBatch(rows, pending, limit, reserved)
+		if len(rb.msgs) == 0 {
 			// Nothing after the batch (fetch reads again, right before
 			// the consumer waits for news), or a first message that does
 			// not fit the reservation (fetch reads it).
 			return
 		}
-		clear(rows[len(batch):])
-		p.batch, p.pending, p.ok = batch, pending, true
-		p.all = len(rows) < limit && len(batch) == len(rows)
+		p.batch, p.ok = rb, true
 	}()
 }
 
 // takePrefetch waits for the prefetched batch and returns it, with its
 // bytes now in c.lease, if it was read after cl's position; ok is false
 // when there is none to use (fetch then reads).
-func (c *consumer) takePrefetch(cl *claim) (batch []storedMessage, pending, all, ok bool, err error) {
+func (c *consumer) takePrefetch(cl *claim) (rb readBatch, ok bool) {
 	p := c.next
 	if p == nil {
-		return nil, false, false, false, nil
+		return readBatch{}, false
 	}
 	<-p.done
 	if !p.ok || p.after != cl.acked {
 		c.dropPrefetch()
-		return nil, false, false, false, nil
+		return readBatch{}, false
 	}
 	c.next = nil
 	p.cancel()
 	c.dropBuffered()
 	c.lease = p.lease
-	var used int64
-	for _, m := range p.batch {
-		used += m.size
-	}
-	c.s.budget.giveBack(&c.lease, c.lease.n-used)
-	return p.batch, p.pending, p.all, true, nil
+	c.s.budget.giveBack(&c.lease, c.lease.n-p.batch.bytes())
+	return p.batch, true
 }
 
 // dropPrefetch cancels a prefetch, waits for its goroutine and gives its

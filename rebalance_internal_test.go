@@ -124,17 +124,20 @@ func TestPlanShareEveryRowOwnedOnce(t *testing.T) {
 			// Member 0 held everything before the others joined.
 			owner := map[rowKey]int{}
 			var free []rowKey
-			for i := range tc.rows {
-				owner[rowKey{topic: fmt.Sprintf("t%03d", i)}] = 0
-			}
-			for i, m := range ms {
+			heldBy := func(i int) []heldRow {
 				var hs []heldRow
 				for r, o := range owner {
 					if o == i {
 						hs = append(hs, heldRow{row: r, since: t0})
 					}
 				}
-				p := planShare(ms, m, hs)
+				return hs
+			}
+			for i := range tc.rows {
+				owner[rowKey{topic: fmt.Sprintf("t%03d", i)}] = 0
+			}
+			for i, m := range ms {
+				p := planShare(ms, m, heldBy(i))
 				for _, r := range p.yield {
 					delete(owner, r)
 					free = append(free, r)
@@ -142,13 +145,7 @@ func TestPlanShareEveryRowOwnedOnce(t *testing.T) {
 			}
 			slices.SortFunc(free, compareRows)
 			for i, m := range ms {
-				var hs []heldRow
-				for r, o := range owner {
-					if o == i {
-						hs = append(hs, heldRow{row: r, since: t0})
-					}
-				}
-				p := planShare(ms, m, hs)
+				p := planShare(ms, m, heldBy(i))
 				if len(p.yield) > 0 {
 					t.Fatalf("member %d yields again: %v", i, p.yield)
 				}

@@ -314,9 +314,16 @@ ORDER BY transaction_id DESC, "offset" DESC LIMIT 1`
 	const warm = 10
 	lat := newLatencyLog(total)
 	lctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	readErr := make(chan error, 1)
+	listened := make(chan struct{})
+	// Runs before the connection's Close (deferred earlier): a pgx.Conn
+	// is not to be used by two goroutines at once.
+	defer func() {
+		cancel()
+		<-listened
+	}()
 	go func() {
+		defer close(listened)
 		for {
 			n, err := listen.WaitForNotification(lctx)
 			if err != nil {

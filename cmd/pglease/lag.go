@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"slices"
 
 	pglease "github.com/pglease/watermill-pglease"
 )
@@ -80,13 +81,7 @@ func (c *lagCmd) printGroups(ctx context.Context, e *cmdEnv, rows []pglease.LagI
 	groups := summarize(rows, sessions)
 	if len(c.groups.values) > 0 || len(c.topics.values) > 0 {
 		// Only the groups with rows of the filter, not every live member's.
-		withRows := groups[:0]
-		for _, g := range groups {
-			if g.Rows > 0 {
-				withRows = append(withRows, g)
-			}
-		}
-		groups = withRows
+		groups = slices.DeleteFunc(groups, func(g groupSummary) bool { return g.Rows == 0 })
 	}
 	if e.json {
 		return writeJSON(e.stdout, nonNil(groups))
