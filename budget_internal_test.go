@@ -191,7 +191,8 @@ func waitUntil(t *testing.T, cond func() bool) {
 }
 
 // TestNewReadBatch: the batch is the longest prefix of whole messages
-// within the budget, the rows left out lose their payloads, and all holds
+// within the budget, the rows left out lose their payloads but keep their
+// sizes, and all holds
 // only when the read returned fewer rows than asked and every one of them
 // is in the batch.
 func TestNewReadBatch(t *testing.T) {
@@ -213,6 +214,7 @@ func TestNewReadBatch(t *testing.T) {
 		{name: "over the budget", rows: []storedMessage{row(10, true), row(10, true)}, limit: 3, budget: 15, n: 1, fit: 1, leftOver: true},
 		{name: "one not whole", rows: []storedMessage{row(10, true), row(10, false)}, limit: 3, budget: 100, n: 1, fit: 2, leftOver: true},
 		{name: "nothing", limit: 3, budget: 100, all: true},
+		{name: "first larger than the budget", rows: []storedMessage{row(10, false), row(10, true)}, limit: 3, budget: 5, leftOver: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rb, fit := newReadBatch(tc.rows, true, tc.limit, tc.budget)
@@ -223,8 +225,12 @@ func TestNewReadBatch(t *testing.T) {
 			if got := rb.bytes(); got != int64(10*tc.n) {
 				t.Errorf("bytes = %d, want %d", got, 10*tc.n)
 			}
-			if tc.leftOver && tc.rows[tc.n].payload != nil {
-				t.Errorf("the row left out kept its payload")
+			if tc.leftOver {
+				// fetch reserves the size of a first message that does
+				// not fit: it must survive the cut.
+				if left := tc.rows[tc.n]; left.payload != nil || left.whole || left.size != 10 || left.uuid != "m" {
+					t.Errorf("the row left out: %+v, want its payload gone and its size and identity kept", left)
+				}
 			}
 		})
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // TestMaxBufferedBytes: 64 partitions with a backlog of 1 MB messages and a
@@ -140,4 +141,90 @@ func peakRSS() string {
 		}
 	}
 	return "peak RSS unknown"
+}
+
+// TestMessagesLargerThanAReadAreDelivered: a message larger than what one
+// read reserves (an eighth of the budget: 8 MiB by default), or than the
+// whole budget, is delivered, in order, and its partition goes on after
+// it: the consumer learns its size from a first read and reserves exactly
+// that much for a second one.
+func TestMessagesLargerThanAReadAreDelivered(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		budget int64 // 0: DefaultMaxBufferedBytes
+		sizes  []int
+	}{
+		{name: "default budget", sizes: []int{9 << 20, 100, 20 << 20, 100}},
+		{name: "larger than the budget", budget: 1 << 20, sizes: []int{3 << 20, 100, 2 << 20}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			pool := newPool(t, 10)
+			adapter := newSchema(t, pool)
+			// The Publisher on a pool of its own: pgx keeps buffers as
+			// large as the messages it sent.
+			pubPool := newPool(t, 2)
+			pub := newPublisher(t, pubPool, adapter)
+			var ids []string
+			for _, size := range tc.sizes {
+				// Compressible: the server stores a few KB, the
+				// Subscriber receives size bytes.
+				msg := message.NewMessage(watermill.NewUUID(), bytes.Repeat([]byte("p"), size))
+				require.NoError(t, pub.Publish("big", msg))
+				ids = append(ids, msg.UUID)
+			}
+			sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g",
+				MaxBufferedBytes: tc.budget})
+			msgs, err := sub.Subscribe(ctx, "big")
+			require.NoError(t, err)
+			for i, size := range tc.sizes {
+				msg := receiveWithin(t, msgs, 10*time.Second, "message %d of %d bytes", i, size)
+				require.Equal(t, ids[i], msg.UUID, "message %d", i)
+				require.Len(t, msg.Payload, size, "message %d", i)
+				msg.Ack()
+			}
+			// The partition goes on after them.
+			after := publishN(t, pub, "big", 1)
+			msg := receiveWithin(t, msgs, 10*time.Second, "a message published after the large ones")
+			require.Equal(t, after[0], msg.UUID)
+			msg.Ack()
+			require.NoError(t, sub.Close())
+			assert.Zero(t, sub.Stats().BufferedBytes, "bytes held after Close")
+		})
+	}
+	assertNoLeakedGoroutines(t)
+}
+
+// receiveWithin returns the next message, or fails the test, naming what it
+// waited for, when none arrives within timeout.
+func receiveWithin(t *testing.T, msgs <-chan *message.Message, timeout time.Duration, what string, args ...any) *message.Message {
+	t.Helper()
+	select {
+	case msg, ok := <-msgs:
+		require.True(t, ok, "channel closed")
+		return msg
+	case <-time.After(timeout):
+		t.Fatalf("no message within %s: %s", timeout, fmt.Sprintf(what, args...))
+		return nil
+	}
+}
+
+// TestSelectMessagesTakesAnyBound: the read's bound on the size of a
+// message sent whole is a bigint: no bound (math.MaxInt64) and a bound past
+// 2 GiB are accepted, and a message within the bound comes whole.
+func TestSelectMessagesTakesAnyBound(t *testing.T) {
+	parallel(t)
+	ctx := context.Background()
+	pool := newPool(t, 2)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	require.NoError(t, pub.Publish("t", message.NewMessage(watermill.NewUUID(), make([]byte, 100))))
+	for _, bound := range []int64{0, 3 << 30, 50} {
+		res, err := pgsql.SelectMessages(ctx, pool, tablesOf(adapter), pgsql.SelectMessagesParams{
+			Topic: "t", Limit: 10, MaxMessageBytes: bound})
+		require.NoError(t, err, "bound %d", bound)
+		require.Len(t, res.Messages, 1, "bound %d", bound)
+		whole := bound != 50
+		assert.Equal(t, whole, res.Messages[0].Payload != nil, "bound %d: payload sent", bound)
+	}
 }

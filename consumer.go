@@ -491,10 +491,14 @@ type readBatch struct {
 
 // newReadBatch cuts the rows of a read of limit messages to the batch
 // budget holds (cutBatch, whose fit it returns) and clears the payloads
-// and metadata of the rows left out.
+// and metadata of the rows left out; their positions and sizes stay (the
+// size of the first one is what fetch reserves when it alone does not
+// fit).
 func newReadBatch(rows []storedMessage, pending bool, limit int, budget int64) (readBatch, int) {
 	batch, fit := cutBatch(rows, budget)
-	clear(rows[len(batch):])
+	for i := len(batch); i < len(rows); i++ {
+		rows[i].payload, rows[i].metadata, rows[i].whole = nil, "", false
+	}
 	return readBatch{msgs: batch, pending: pending, all: len(rows) < limit && len(batch) == len(rows)}, fit
 }
 

@@ -44,8 +44,8 @@ type SelectMessagesParams struct {
 	After     Position
 	Limit     int
 	// MaxMessageBytes, when positive, is the size of the largest message
-	// returned whole: a larger one is returned without its payload and
-	// metadata (see [SelectMessages]).
+	// returned whole: a larger one is returned without its payload (see
+	// [SelectMessages]); 0 means no bound.
 	MaxMessageBytes int64
 }
 

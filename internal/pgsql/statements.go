@@ -194,13 +194,15 @@ func (t *Tables) SelectMessages(p SelectMessagesParams) Stmt {
 	}
 	// Neither octet_length of a payload nor pg_column_size of metadata
 	// reads a TOASTed value, only its header: a message left out costs
-	// its index entry and heap tuple, not its bytes.
+	// its index entry and heap tuple, not its bytes. $6 is cast to bigint:
+	// left to the server, it would take the type of size, integer, which
+	// cannot hold math.MaxInt64 (no bound) nor any bound past 2 GiB.
 	const size = `(COALESCE(octet_length(m.payload), 0) + COALESCE(pg_column_size(m.metadata), 0))`
 	return Stmt{
 		// The ORDER BY names the table's columns, qualified: a bare
 		// transaction_id would sort by the text output column.
 		SQL: `(SELECT m."offset", m.transaction_id::text AS transaction_id_text, m.uuid,
-	CASE WHEN ` + size + ` <= $6 THEN m.payload END, m.metadata::text AS metadata_text,
+	CASE WHEN ` + size + ` <= $6::bigint THEN m.payload END, m.metadata::text AS metadata_text,
 	false AS pending, false AS future, ` + size + ` AS size
 FROM ` + t.Messages + ` m
 WHERE m.topic = $1 AND m.partition = $2 AND ` + t.classesOf("$1") + `
