@@ -33,8 +33,9 @@ type byteBudget struct {
 	waiters int
 }
 
-// budgetLease is what one consumer holds of the budget. Only that
-// consumer's goroutine uses it.
+// budgetLease is what one consumer, or one of its prefetches, holds of the
+// budget. One goroutine at a time uses it: a prefetch's lease is its
+// goroutine's until the read is done, then the consumer's.
 type budgetLease struct {
 	n   int64
 	big bool // the grant beyond the budget

@@ -544,8 +544,9 @@ func (c *consumer) dropBuffered() {
 const prefetchMinConns = 4
 
 // prefetch is the read of the batch after the one being handed out. Its
-// goroutine sets batch and ok and closes done; lease is the byte budget
-// it reserved, the consumer's once done is closed.
+// goroutine sets batch and ok, gives back what the batch does not use of
+// the reservation in lease, and closes done; lease is the goroutine's
+// until then, the consumer's after.
 type prefetch struct {
 	after  Position
 	lease  budgetLease
@@ -560,7 +561,10 @@ type prefetch struct {
 // for it now (it never waits for the budget) and the pool is large enough.
 // Only a non-empty batch of whole messages that fit the reservation is
 // kept; anything else (an error, no message, a first message larger than
-// the reservation) is left to fetch, which reads again.
+// the reservation) is left to fetch, which reads again. Right after the
+// read, the prefetch holds only its batch's bytes: the batch may wait long
+// to be taken (the consumer keeps on a message its handler nacks), and
+// the rest of the reservation is the other consumers' meanwhile.
 func (c *consumer) startPrefetch(after Position) {
 	if c.next != nil || c.s.offsets.gate.maxConns < prefetchMinConns {
 		return
@@ -572,7 +576,6 @@ func (c *consumer) startPrefetch(after Position) {
 	}
 	limit := c.s.config.BatchSize
 	wholeUpTo := max(p.lease.n/int64(limit), 1)
-	reserved := p.lease.n
 	var ctx context.Context
 	ctx, p.cancel = context.WithCancel(c.ctx)
 	c.next = p
@@ -580,24 +583,21 @@ func (c *consumer) startPrefetch(after Position) {
 	go func() {
 		defer c.s.consumers.Done()
 		defer close(p.done)
-		rows, pending, err := c.readCtx(ctx, after, limit, wholeUpTo)
-		if err != nil {
-			return
+		// Nothing is kept after an error, an empty read (fetch reads
+		// again, right before the consumer waits for news) or a first
+		// message that does not fit the reservation (fetch reads it).
+		if rows, pending, err := c.readCtx(ctx, after, limit, wholeUpTo); err == nil {
+			if rb, _ := newReadBatch(rows, pending, limit, p.lease.n); len(rb.msgs) > 0 {
+				p.batch, p.ok = rb, true
+			}
 		}
-		rb, _ := newReadBatch(rows, pending, limit, reserved)
-		if len(rb.msgs) == 0 {
-			// Nothing after the batch (fetch reads again, right before
-			// the consumer waits for news), or a first message that does
-			// not fit the reservation (fetch reads it).
-			return
-		}
-		p.batch, p.ok = rb, true
+		b.giveBack(&p.lease, p.lease.n-p.batch.bytes())
 	}()
 }
 
 // takePrefetch waits for the prefetched batch and returns it, with its
-// bytes now in c.lease, if it was read after cl's position; ok is false
-// when there is none to use (fetch then reads).
+// bytes (all the prefetch holds) now in c.lease, if it was read after cl's
+// position; ok is false when there is none to use (fetch then reads).
 func (c *consumer) takePrefetch(cl *claim) (rb readBatch, ok bool) {
 	p := c.next
 	if p == nil {
@@ -612,7 +612,6 @@ func (c *consumer) takePrefetch(cl *claim) (rb readBatch, ok bool) {
 	p.cancel()
 	c.dropBuffered()
 	c.lease = p.lease
-	c.s.budget.giveBack(&c.lease, c.lease.n-p.batch.bytes())
 	return p.batch, true
 }
 
