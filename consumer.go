@@ -254,12 +254,9 @@ func (c *consumer) waitWake(d time.Duration, lost <-chan struct{}) bool {
 // nacked). Without hasNext it waits for news before its first read.
 func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
-	// pendingWait re-polls while committed messages are not visible yet:
-	// every few milliseconds at first (such rows usually wait behind a
-	// transaction that ends a moment later), then backing off to
-	// PollInterval once that has lasted longer than pendingFastFor.
-	pendingWait := newBackoff(2*time.Millisecond, pendingFastCap)
-	var pendingSince time.Time
+	// pending paces the re-polls while committed messages are not visible
+	// yet.
+	pending := newPendingPoll(c.s.config.PollInterval)
 	head := true // no message of this claim delivered yet
 	// drained: the last read returned every message visible after the
 	// position, none held back (pending), and they have all been handed
@@ -313,6 +310,12 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 		}
 		retry.reset()
 		batch := rb.msgs
+		if len(batch) > 0 || !rb.pending {
+			// Messages to deliver, or none held back: the hold, if any,
+			// is over, and a later one starts afresh. (A drained batch
+			// is followed by a wait for news, not by an empty read.)
+			pending.reset()
+		}
 		drained = rb.all && !rb.pending && len(batch) > 0
 		if len(batch) == c.s.config.BatchSize {
 			// A full batch: more are likely to follow. Read them while
@@ -326,21 +329,16 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 			if rb.pending {
 				// Committed rows wait behind an older running transaction:
 				// look again soon, backing off while it runs.
-				if pendingSince.IsZero() {
-					pendingSince = time.Now()
-				} else if time.Since(pendingSince) > pendingFastFor {
-					if pendingWait.max < c.s.config.PollInterval {
-						c.s.reportStall()
-					}
-					pendingWait.max = max(pendingFastCap, c.s.config.PollInterval)
+				wait, stalled := pending.held(time.Now())
+				if stalled {
+					c.s.stats.stalls.Add(1)
+					c.s.reportStall()
 				}
-				if !c.waitWake(pendingWait.delay(), g.lost) {
+				if !c.waitWake(wait, g.lost) {
 					return c.interrupted()
 				}
 				continue
 			}
-			pendingSince = time.Time{}
-			pendingWait = newBackoff(2*time.Millisecond, pendingFastCap)
 			if !c.waitIdle(g, cl) {
 				return c.interrupted()
 			}
@@ -383,11 +381,55 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 }
 
 // While committed rows are not visible yet, they are re-polled with a
-// backoff capped at pendingFastCap for pendingFastFor, then at PollInterval.
+// backoff from pendingFastMin capped at pendingFastCap for pendingFastFor,
+// then at PollInterval.
 const (
+	pendingFastMin = 2 * time.Millisecond
 	pendingFastCap = 20 * time.Millisecond
 	pendingFastFor = time.Second
 )
+
+// pendingPoll paces a consumer's re-reads while committed messages after
+// its position wait behind an older running transaction (a hold): every
+// few milliseconds at first, as such a transaction usually ends a moment
+// later, then, once the hold has lasted longer than pendingFastFor,
+// backing off up to slow (PollInterval). A hold lasts from the first read
+// that finds rows held back and nothing to deliver until reset, which the
+// consumer calls on any read that returns messages or finds nothing held
+// back, so that short holds each start afresh however long the claim
+// lasts. Not safe for concurrent use.
+type pendingPoll struct {
+	slow  time.Duration
+	since time.Time // when the hold began; zero between holds
+	wait  backoff
+}
+
+func newPendingPoll(slow time.Duration) *pendingPoll {
+	p := &pendingPoll{slow: slow}
+	p.reset()
+	return p
+}
+
+// reset ends the hold under way, if any.
+func (p *pendingPoll) reset() {
+	p.since = time.Time{}
+	p.wait = *newBackoff(pendingFastMin, pendingFastCap)
+}
+
+// held returns how long to wait before reading again after a read at now
+// found rows held back and nothing to deliver, and whether this read made
+// the hold a stall: it has lasted longer than pendingFastFor, and the
+// waits now back off up to slow. That is reported once per hold, and never
+// when slow is no longer than pendingFastCap.
+func (p *pendingPoll) held(now time.Time) (wait time.Duration, stalled bool) {
+	if p.since.IsZero() {
+		p.since = now
+	} else if now.Sub(p.since) > pendingFastFor && p.wait.max < p.slow {
+		p.wait.max = p.slow
+		stalled = true
+	}
+	return p.wait.delay(), stalled
+}
 
 // waitIdle waits for news of the topic after cl's position, with no timer
 // of its own: a notification or the idle poller (one statement per

@@ -68,3 +68,8 @@ func SetPartitionRefresh(interval time.Duration) (restore func()) {
 
 // Reads is how many reads of messages s's consumers have run (tests only).
 func Reads(s *Subscriber) uint64 { return s.stats.reads.Load() }
+
+// Stalls is how many times s's consumers found committed messages held back
+// behind an older transaction for longer than pendingFastFor and slowed
+// their re-polls to PollInterval (tests only).
+func Stalls(s *Subscriber) uint64 { return s.stats.stalls.Load() }

@@ -2,7 +2,9 @@ package pglease_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -351,6 +353,58 @@ func TestRowsBehindAnOlderTransactionArriveSoon(t *testing.T) {
 	got := receive(t, msgs, 1, 10*time.Second)
 	assert.Equal(t, id[0], got[0].UUID)
 	t.Logf("delivered %s after the older transaction ended (PollInterval is a minute)", time.Since(start))
+}
+
+// TestShortHoldsAreNotAStall: twenty messages, one at a time, each
+// committed behind an older transaction that ends 80 ms later. Each hold is
+// a new one: the consumer re-polls every few milliseconds for each and
+// never counts one as a stall (rows held back for over pendingFastFor,
+// re-polled every PollInterval, logged at Error), however long the claim
+// has lasted. Each message arrives well before PollInterval.
+func TestShortHoldsAreNotAStall(t *testing.T) {
+	const (
+		n            = 20
+		hold         = 80 * time.Millisecond
+		pollInterval = 5 * time.Second
+	)
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	logs := newCapturingLogger()
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true,
+		ConsumerGroup: "g", PollInterval: pollInterval}, logs)
+	require.NoError(t, err)
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	publishN(t, pub, "t", 1)
+	receive(t, msgs, 1, 10*time.Second)
+
+	older, err := pgx.Connect(ctx, testDSN)
+	require.NoError(t, err)
+	defer older.Close(ctx)
+	latencies := make([]time.Duration, 0, n)
+	for i := range n {
+		tx, err := older.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()") // an xid below the message's
+		require.NoError(t, err)
+		start := time.Now()
+		id := publishN(t, pub, "t", 1)
+		time.Sleep(hold) // the hold itself, not a wait for an outcome
+		require.NoError(t, tx.Commit(ctx))
+		got := receiveWithin(t, msgs, pollInterval*2/5, "message %d, held %s, within well under PollInterval", i, hold)
+		latencies = append(latencies, time.Since(start))
+		require.Equal(t, id[0], got.UUID)
+		got.Ack()
+	}
+	slices.Sort(latencies)
+	t.Logf("publish to delivery, each held %s: p50 %s, max %s (PollInterval %s)", hold,
+		latencies[n/2].Round(time.Millisecond), latencies[n-1].Round(time.Millisecond), pollInterval)
+	assert.Zero(t, pglease.Stalls(sub), "holds counted as a stall")
+	_, logged := logs.find(func(e logEntry) bool { return errors.Is(e.err, pglease.ErrDeliveryHeldBack) })
+	assert.False(t, logged, "a short hold logged as a stall")
 }
 
 // TestCloseReleasesTopicsInBatches: Close of a Subscriber that holds many

@@ -94,8 +94,11 @@ type subscriberStats struct {
 	partitionsCreated, partitionsDropped, rowsDeleted atomic.Uint64
 	sessionsDeleted, groupsRemoved                    atomic.Uint64
 	hbCount, hbSumNanos                               atomic.Uint64
-	// reads counts the consumers' reads of messages (tests only).
+	// reads counts the consumers' reads of messages; stalls the times a
+	// consumer found rows held back for longer than pendingFastFor and
+	// slowed its re-polls to PollInterval (tests only).
 	reads     atomic.Uint64
+	stalls    atomic.Uint64
 	hbBounds  []time.Duration
 	hbBuckets []atomic.Uint64
 }
