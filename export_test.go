@@ -68,3 +68,9 @@ func SetPartitionRefresh(interval time.Duration) (restore func()) {
 
 // Reads is how many reads of messages s's consumers have run (tests only).
 func Reads(s *Subscriber) uint64 { return s.stats.reads.Load() }
+
+// SetBeforeDeleteGroupHook makes insp.DeleteGroupOffsets call hook after it
+// checked the group's owners and before it deletes (tests only).
+func SetBeforeDeleteGroupHook(insp *Inspector, hook func()) {
+	insp.beforeDeleteGroup = hook
+}
