@@ -74,3 +74,11 @@ func Reads(s *Subscriber) uint64 { return s.stats.reads.Load() }
 func SetBeforeDeleteGroupHook(insp *Inspector, hook func()) {
 	insp.beforeDeleteGroup = hook
 }
+
+// SetImportBeforeLockHook makes ImportWatermillSQL call hook before it
+// takes a topic's lock, until the returned function removes it (tests
+// only; not while an import runs).
+func SetImportBeforeLockHook(hook func(topic string)) (restore func()) {
+	importBeforeLock = hook
+	return func() { importBeforeLock = nil }
+}
