@@ -85,7 +85,7 @@ type ImportedTopic struct {
 // Group actions of an [ImportedGroup].
 const (
 	ImportGroupCreated   = "created"   // the offset row was created
-	ImportGroupMoved     = "moved"     // a row the import created earlier, never consumed from, follows the source
+	ImportGroupMoved     = "moved"     // a row the import created earlier, never consumed from, follows the source forward
 	ImportGroupUnchanged = "unchanged" // as the import left it before
 	ImportGroupKept      = "kept"      // the group consumes in pglease already: left alone
 )
@@ -168,9 +168,9 @@ type wmSource struct {
 // lock is held), which records what it copied in the
 // import's own tables ([ImportRunsTable], [ImportGroupsTable], created on
 // first use). A later run copies only the messages published to
-// watermill-sql since, and moves the offset row of a group only while no
-// pglease Subscriber ever claimed it (and it is where the import left it);
-// groups already consuming in pglease are left alone.
+// watermill-sql since, and moves the offset row of a group only forward,
+// and only while no pglease Subscriber ever claimed it (and it is where
+// the import left it); groups already consuming in pglease are left alone.
 //
 // Imported messages are stored with one transaction id per run and
 // offsets counting up from 1 per topic. On a topic that no group consumes
@@ -595,12 +595,21 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src pgsql.Querier, a *pgsql.T
 			// put it: moved to this run's start, it would skip what was
 			// published to pglease between the runs.
 			ig.Action, ig.Position = ImportGroupUnchanged, Position(row.Position)
+		case positionLess(pos, Position(row.Position)):
+			// The source is behind what an earlier run read (its offsets
+			// were moved back, or it was restored): moved back, the group
+			// would receive again what it acknowledged.
+			ig.Action, ig.Position = ImportGroupUnchanged, Position(row.Position)
+			out.Warnings = append(out.Warnings, fmt.Sprintf("group %q: acknowledged %s in watermill-sql, behind the position an earlier run gave it: left there",
+				g.ConsumerGroup, source))
+			out.Groups = append(out.Groups, ig)
+			continue
 		default:
 			moved, err := pgsql.ImportMoveOffset(ctx, tx, a, g.ConsumerGroup, s.topic, row.Position, pgsql.Position(pos))
 			if err != nil {
 				return fmt.Errorf("move the offset row of group %q: %w", g.ConsumerGroup, err)
 			}
-			if !moved { // claimed meanwhile
+			if !moved { // claimed or moved meanwhile
 				ig.Action, ig.Position = ImportGroupKept, Position(row.Position)
 				out.Groups = append(out.Groups, ig)
 				continue

@@ -136,3 +136,47 @@ func TestImportRunThatWaitedDoesNotMoveGroupBack(t *testing.T) {
 	}
 	assert.Equal(t, want, uuids(receive(t, msgs, len(want), 30*time.Second)))
 }
+
+// TestImportNeverMovesGroupBack: a group that has not started in pglease
+// follows its watermill-sql position forward only. Moved back by hand in
+// watermill-sql after a run moved it, it stays where that run put it (the
+// report says so), and a pglease Subscriber of the group receives only
+// what it had not acknowledged.
+func TestImportNeverMovesGroupBack(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	require.NoError(t, pglease.Migrate(ctx, pool, adapter))
+	const topic = "orders"
+	src := newWMSource(t, pool, topic)
+	for n := 0; n < 400; n += 100 {
+		src.publish(t, n, n+100)
+	}
+	config := pglease.ImportConfig{Topics: []string{topic}, SchemaAdapter: adapter}
+	run := func() pglease.ImportedTopic {
+		t.Helper()
+		report, err := pglease.ImportWatermillSQL(ctx, pool, src.pool, config)
+		require.NoError(t, err)
+		require.Len(t, report.Topics, 1)
+		require.Len(t, report.Topics[0].Groups, 1)
+		return report.Topics[0]
+	}
+	src.ack(t, "A", 100)
+	require.Equal(t, pglease.ImportGroupCreated, run().Groups[0].Action)
+	src.ack(t, "A", 300)
+	moved := run().Groups[0]
+	require.Equal(t, pglease.ImportGroupMoved, moved.Action)
+
+	src.ack(t, "A", 200)
+	back := run()
+	assert.Equal(t, pglease.ImportGroupUnchanged, back.Groups[0].Action)
+	assert.Equal(t, moved.Position, back.Groups[0].Position)
+	if assert.Len(t, back.Warnings, 1) {
+		assert.Contains(t, back.Warnings[0], `group "A": acknowledged`)
+	}
+
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "A"})
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	assert.Equal(t, "m300", receiveOne(t, msgs).UUID)
+}
