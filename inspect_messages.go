@@ -432,9 +432,12 @@ const deleteGroupAttempts = 3
 // the lock (a claim that committed meanwhile is seen) and deletes exactly
 // the rows it locked, which nobody can claim until it commits. A row
 // created after the lock (a Subscriber of the group subscribing to
-// another topic) is never deleted: when the delete finds one, it deletes
-// nothing and starts again, locking that row too; after a few attempts
-// that each found new rows it fails with a *GroupInUseError.
+// another topic) is not deleted unlocked: when the delete finds one, it
+// deletes nothing and starts again, locking that row too (and refusing if
+// a live session owns it); after a few attempts that each found new rows
+// it fails with a *GroupInUseError. A row committed after the delete
+// statement began is left alone: it belongs to the group that starts
+// again.
 func (i *Inspector) DeleteGroupOffsets(ctx context.Context, group string) (int64, error) {
 	var created []pgsql.GroupOffsetRow
 	for range deleteGroupAttempts {
