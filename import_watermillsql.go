@@ -85,7 +85,7 @@ type ImportedTopic struct {
 // Group actions of an [ImportedGroup].
 const (
 	ImportGroupCreated   = "created"   // the offset row was created
-	ImportGroupMoved     = "moved"     // a row the import created earlier, never consumed from, follows the source
+	ImportGroupMoved     = "moved"     // a row the import created earlier, never consumed from, follows the source forward
 	ImportGroupUnchanged = "unchanged" // as the import left it before
 	ImportGroupKept      = "kept"      // the group consumes in pglease already: left alone
 )
@@ -163,13 +163,14 @@ type wmSource struct {
 // not the same *pgx.Conn: pass a pool or two connections); the pglease
 // tables must exist ([Migrate]).
 //
-// Each topic is imported in one transaction of dst (the source is read in
-// one REPEATABLE READ transaction), which records what it copied in the
+// Each topic is imported in one transaction of dst (its source tables
+// read in one REPEATABLE READ transaction of src, begun once the topic's
+// lock is held), which records what it copied in the
 // import's own tables ([ImportRunsTable], [ImportGroupsTable], created on
 // first use). A later run copies only the messages published to
-// watermill-sql since, and moves the offset row of a group only while no
-// pglease Subscriber ever claimed it (and it is where the import left it);
-// groups already consuming in pglease are left alone.
+// watermill-sql since, and moves the offset row of a group only forward,
+// and only while no pglease Subscriber ever claimed it (and it is where
+// the import left it); groups already consuming in pglease are left alone.
 //
 // Imported messages are stored with one transaction id per run and
 // offsets counting up from 1 per topic. On a topic that no group consumes
@@ -183,7 +184,8 @@ type wmSource struct {
 // A source table that is not watermill-sql's default PostgreSQL schema
 // is refused with an error wrapping [ErrNotWatermillSQLSchema] that names
 // the table and column; topics imported before that error stay imported.
-// It is safe to run again and concurrently (runs of one topic take turns).
+// It is safe to run again and concurrently: runs of one topic take turns,
+// each reading the source only once its turn has come.
 func ImportWatermillSQL(ctx context.Context, dst, src DB, config ImportConfig) (ImportReport, error) {
 	report := ImportReport{DryRun: config.DryRun, Topics: []ImportedTopic{}}
 	if isNilDB(dst) || isNilDB(src) {
@@ -206,20 +208,37 @@ func ImportWatermillSQL(ctx context.Context, dst, src DB, config ImportConfig) (
 		}
 	}
 
+	sources, err := describeSources(ctx, src, config)
+	if err != nil {
+		return report, err
+	}
+	for _, s := range sources {
+		t, err := importTopic(ctx, dst, src, config, s)
+		if err != nil {
+			return report, fmt.Errorf("import watermill-sql topic %q: %w", s.topic, wrapMissingSchema(err))
+		}
+		report.Topics = append(report.Topics, t)
+	}
+	return report, nil
+}
+
+// describeSources finds the topics of config in the source (every
+// watermill-sql topic of its search_path with config.All) and checks
+// their tables, before anything is imported.
+func describeSources(ctx context.Context, src DB, config ImportConfig) ([]wmSource, error) {
 	srcTx, err := src.Begin(ctx)
 	if err != nil {
-		return report, fmt.Errorf("import watermill-sql: begin on the source: %w", err)
+		return nil, fmt.Errorf("import watermill-sql: begin on the source: %w", err)
 	}
 	defer func() { _ = srcTx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := srcTx.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY`); err != nil {
-		return report, fmt.Errorf("import watermill-sql: source transaction: %w", err)
+	if _, err := srcTx.Exec(ctx, `SET TRANSACTION READ ONLY`); err != nil {
+		return nil, fmt.Errorf("import watermill-sql: source transaction: %w", err)
 	}
-
 	topics := config.Topics
 	if config.All {
 		tables, err := pgsql.WMTopicTables(ctx, srcTx)
 		if err != nil {
-			return report, fmt.Errorf("import watermill-sql: list the source's tables: %w", err)
+			return nil, fmt.Errorf("import watermill-sql: list the source's tables: %w", err)
 		}
 		for _, t := range tables {
 			topics = append(topics, strings.TrimPrefix(t, "watermill_"))
@@ -229,21 +248,11 @@ func ImportWatermillSQL(ctx context.Context, dst, src DB, config ImportConfig) (
 	for _, topic := range topics {
 		s, err := describeSource(ctx, srcTx, topic)
 		if err != nil {
-			return report, err
+			return nil, err
 		}
 		sources = append(sources, s)
 	}
-	if len(sources) == 0 {
-		return report, nil
-	}
-	for _, s := range sources {
-		t, err := importTopic(ctx, dst, srcTx, config, s)
-		if err != nil {
-			return report, fmt.Errorf("import watermill-sql topic %q: %w", s.topic, wrapMissingSchema(err))
-		}
-		report.Topics = append(report.Topics, t)
-	}
-	return report, nil
+	return sources, nil
 }
 
 // Columns of watermill-sql's default PostgreSQL tables, with the types
@@ -348,25 +357,39 @@ func describeSource(ctx context.Context, q pgsql.Querier, topic string) (wmSourc
 	return s, nil
 }
 
-// importTopic imports one topic in one transaction of dst.
-func importTopic(ctx context.Context, dst DB, src pgsql.Querier, config ImportConfig, s wmSource) (ImportedTopic, error) {
+// importTopic imports one topic in one transaction of dst. The source is
+// read after the topic's lock is taken, in a REPEATABLE READ transaction
+// of its own: so runs of one topic read it in the order in which they
+// write, and a run that waited for another one sees at least what that
+// one saw.
+func importTopic(ctx context.Context, dst, src DB, config ImportConfig, s wmSource) (ImportedTopic, error) {
 	out := ImportedTopic{Topic: s.topic, SourceTable: s.messagesTable, SourceKind: s.kind.String(), Groups: []ImportedGroup{}}
 	a := config.SchemaAdapter.tables()
-	var groups []pgsql.WMGroup
-	if s.offsetsTable != "" {
-		var err error
-		if groups, err = pgsql.WMGroups(ctx, src, s.offsetsTable, s.kind == pgsql.WMKindXID); err != nil {
-			return out, fmt.Errorf("read %q: %w", s.offsetsTable, err)
-		}
-	}
 	err := pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
 		if err := pgsql.ImportCreateTables(ctx, tx, a); err != nil {
 			return fmt.Errorf("create the import's tables: %w", err)
 		}
+		if importBeforeLock != nil {
+			importBeforeLock(s.topic)
+		}
 		if err := pgsql.ImportLockTopic(ctx, tx, a, s.topic); err != nil {
 			return err
 		}
-		if err := importTopicTx(ctx, tx, src, a, s, groups, &out); err != nil {
+		srcTx, err := src.Begin(ctx)
+		if err != nil {
+			return fmt.Errorf("begin on the source: %w", err)
+		}
+		defer func() { _ = srcTx.Rollback(context.WithoutCancel(ctx)) }()
+		if _, err := srcTx.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY`); err != nil {
+			return fmt.Errorf("source transaction: %w", err)
+		}
+		var groups []pgsql.WMGroup
+		if s.offsetsTable != "" {
+			if groups, err = pgsql.WMGroups(ctx, srcTx, s.offsetsTable, s.kind == pgsql.WMKindXID); err != nil {
+				return fmt.Errorf("read %q: %w", s.offsetsTable, err)
+			}
+		}
+		if err := importTopicTx(ctx, tx, srcTx, a, s, groups, &out); err != nil {
 			return err
 		}
 		if config.DryRun {
@@ -379,6 +402,10 @@ func importTopic(ctx context.Context, dst DB, src pgsql.Querier, config ImportCo
 	}
 	return out, err
 }
+
+// importBeforeLock, when set, runs before an import takes a topic's lock
+// (tests only).
+var importBeforeLock func(topic string)
 
 // errDryRun rolls back the transaction of a dry run.
 var errDryRun = errors.New("dry run")
@@ -568,12 +595,21 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src pgsql.Querier, a *pgsql.T
 			// put it: moved to this run's start, it would skip what was
 			// published to pglease between the runs.
 			ig.Action, ig.Position = ImportGroupUnchanged, Position(row.Position)
+		case positionLess(pos, Position(row.Position)):
+			// The source is behind what an earlier run read (its offsets
+			// were moved back, or it was restored): moved back, the group
+			// would receive again what it acknowledged.
+			ig.Action, ig.Position = ImportGroupUnchanged, Position(row.Position)
+			out.Warnings = append(out.Warnings, fmt.Sprintf("group %q: acknowledged %s in watermill-sql, behind the position an earlier run gave it: left there",
+				g.ConsumerGroup, source))
+			out.Groups = append(out.Groups, ig)
+			continue
 		default:
 			moved, err := pgsql.ImportMoveOffset(ctx, tx, a, g.ConsumerGroup, s.topic, row.Position, pgsql.Position(pos))
 			if err != nil {
 				return fmt.Errorf("move the offset row of group %q: %w", g.ConsumerGroup, err)
 			}
-			if !moved { // claimed meanwhile
+			if !moved { // claimed or moved meanwhile
 				ig.Action, ig.Position = ImportGroupKept, Position(row.Position)
 				out.Groups = append(out.Groups, ig)
 				continue

@@ -21,6 +21,10 @@ import (
 type Inspector struct {
 	db     DB
 	tables *pgsql.Tables
+
+	// beforeDeleteGroup, when set, runs in DeleteGroupOffsets after the
+	// owners were checked and before the rows are deleted (tests only).
+	beforeDeleteGroup func()
 }
 
 // NewInspector returns an Inspector of the tables of adapter

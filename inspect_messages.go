@@ -393,16 +393,24 @@ func (i *Inspector) Replay(ctx context.Context, p ReplayParams) ([]ReplayedMessa
 }
 
 // GroupInUseError is the error of [Inspector.DeleteGroupOffsets] refused
-// because live sessions own rows of the group; it wraps
-// [ErrOwnedByLiveSession].
+// because the group is in use: live sessions own rows of it, or rows of
+// it were created each time it was about to delete (a Subscriber of the
+// group starting). It wraps [ErrOwnedByLiveSession].
 type GroupInUseError struct {
 	ConsumerGroup string
 	// Owned are the rows owned by a live session: "topic/partition by
 	// owner".
 	Owned []string
+	// Created are the rows created while the last attempt deleted:
+	// "topic/partition" (set when Owned is empty).
+	Created []string
 }
 
 func (e *GroupInUseError) Error() string {
+	if len(e.Owned) == 0 {
+		return fmt.Sprintf("delete the offsets of consumer group %q: rows of it were created while deleting, %d times: %s (stop its Subscribers first)",
+			e.ConsumerGroup, deleteGroupAttempts, strings.Join(e.Created, ", "))
+	}
 	return fmt.Sprintf("delete the offsets of consumer group %q: %v: %s (stop its Subscribers first)",
 		e.ConsumerGroup, ErrOwnedByLiveSession, strings.Join(e.Owned, ", "))
 }
@@ -410,41 +418,80 @@ func (e *GroupInUseError) Error() string {
 // Unwrap returns ErrOwnedByLiveSession.
 func (e *GroupInUseError) Unwrap() error { return ErrOwnedByLiveSession }
 
+// deleteGroupAttempts is how many times DeleteGroupOffsets locks a
+// group's rows when rows of it are created while it deletes.
+const deleteGroupAttempts = 3
+
 // DeleteGroupOffsets deletes every offsets row of an idle consumer group
 // (one whose rows no live session owns) and returns how many it deleted;
 // a group that subscribes again later starts as a new one (see
 // SubscriberConfig.StartFrom). While a live session owns a row it fails
-// with a *GroupInUseError and deletes nothing. The rows are locked before
-// their owners are read, on a snapshot taken after the lock: a claim that
-// commits meanwhile is seen.
+// with a *GroupInUseError and deletes nothing.
+//
+// It locks the group's rows, reads their owners on a snapshot taken after
+// the lock (a claim that committed meanwhile is seen) and deletes exactly
+// the rows it locked, which nobody can claim until it commits. A row
+// created after the lock (a Subscriber of the group subscribing to
+// another topic) is not deleted unlocked: when the delete finds one, it
+// deletes nothing and starts again, locking that row too (and refusing if
+// a live session owns it); after a few attempts that each found new rows
+// it fails with a *GroupInUseError. A row committed after the delete
+// statement began is left alone: it belongs to the group that starts
+// again.
 func (i *Inspector) DeleteGroupOffsets(ctx context.Context, group string) (int64, error) {
+	var created []pgsql.GroupOffsetRow
+	for range deleteGroupAttempts {
+		n, others, err := i.deleteGroupOffsets(ctx, group)
+		if err != nil || len(others) == 0 {
+			return n, err
+		}
+		created = others
+	}
+	e := &GroupInUseError{ConsumerGroup: group}
+	for _, o := range created {
+		e.Created = append(e.Created, fmt.Sprintf("%s/%d", o.Topic, o.Partition))
+	}
+	return 0, e
+}
+
+// deleteGroupOffsets is one attempt of DeleteGroupOffsets, in a
+// transaction of its own. When the group has rows that it did not lock,
+// it deletes nothing and returns them.
+func (i *Inspector) deleteGroupOffsets(ctx context.Context, group string) (int64, []pgsql.GroupOffsetRow, error) {
 	a := i.tables
 	what := fmt.Sprintf("delete the offsets of consumer group %q", group)
 	tx, err := i.db.Begin(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", what, err)
+		return 0, nil, fmt.Errorf("%s: %w", what, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := pgsql.LockGroupOffsets(ctx, tx, a, group); err != nil {
-		return 0, fmt.Errorf("%s: %w", what, wrapMissingSchema(err))
+	locked, err := pgsql.LockGroupOffsets(ctx, tx, a, group)
+	if err != nil {
+		return 0, nil, fmt.Errorf("%s: %w", what, wrapMissingSchema(err))
 	}
 	owned, err := pgsql.GroupLiveOwners(ctx, tx, a, group)
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", what, err)
+		return 0, nil, fmt.Errorf("%s: %w", what, err)
 	}
 	if len(owned) > 0 {
 		e := &GroupInUseError{ConsumerGroup: group}
 		for _, o := range owned {
 			e.Owned = append(e.Owned, fmt.Sprintf("%s/%d by %s", o.Topic, o.Partition, deref(o.LiveOwner)))
 		}
-		return 0, e
+		return 0, nil, e
 	}
-	n, err := pgsql.DeleteGroupOffsets(ctx, tx, a, group)
+	if i.beforeDeleteGroup != nil {
+		i.beforeDeleteGroup()
+	}
+	res, err := pgsql.DeleteGroupOffsets(ctx, tx, a, group, locked)
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", what, err)
+		return 0, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if len(res.Others) > 0 {
+		return 0, res.Others, nil
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("%s: commit: %w", what, err)
+		return 0, nil, fmt.Errorf("%s: commit: %w", what, err)
 	}
-	return n, nil
+	return res.Deleted, nil, nil
 }

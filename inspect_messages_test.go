@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -333,4 +334,154 @@ func TestDeleteGroupOffsets(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, lag, 1)
 	assert.Equal(t, "b", lag[0].ConsumerGroup)
+}
+
+// TestDeleteGroupOffsetsRowsCreatedMeanwhile: a row of the group created
+// (free) after DeleteGroupOffsets locked the group's rows is not deleted
+// by that attempt; the next attempt locks and deletes it with the others.
+// When every attempt finds a new row, the delete is refused as the group
+// is in use, naming the last one, and deletes nothing.
+func TestDeleteGroupOffsetsRowsCreatedMeanwhile(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 5)
+	adapter := newSchema(t, pool)
+	require.NoError(t, pglease.Migrate(ctx, pool, adapter))
+	insp, err := pglease.NewInspector(pool, adapter)
+	require.NoError(t, err)
+	offsets := tablesOf(adapter).Offsets
+	create := func(t *testing.T, topic string) {
+		t.Helper()
+		_, err := pool.Exec(ctx, `INSERT INTO `+offsets+` (consumer_group, topic, partition, acked_transaction_id, acked_offset)
+VALUES ('g', $1, 0, '0', 0)`, topic)
+		require.NoError(t, err)
+	}
+	rowsOfG := func(t *testing.T) int {
+		t.Helper()
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+offsets+` WHERE consumer_group = 'g'`).Scan(&n))
+		return n
+	}
+
+	for _, tc := range []struct {
+		name    string
+		creates int // by the first attempts, one row each
+	}{
+		{"once", 1},
+		{"every attempt", 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			create(t, "before")
+			calls := 0
+			pglease.SetBeforeDeleteGroupHook(insp, func() {
+				if calls++; calls <= tc.creates {
+					create(t, fmt.Sprintf("meanwhile%d", calls))
+				}
+			})
+			n, err := insp.DeleteGroupOffsets(ctx, "g")
+			if tc.creates < 3 {
+				require.NoError(t, err)
+				assert.Equal(t, int64(1+tc.creates), n)
+				assert.Equal(t, 0, rowsOfG(t))
+				return
+			}
+			var inUse *pglease.GroupInUseError
+			require.True(t, errors.As(err, &inUse), "deleted %d rows, error %v", n, err)
+			assert.ErrorIs(t, err, pglease.ErrOwnedByLiveSession)
+			assert.Empty(t, inUse.Owned)
+			assert.Equal(t, []string{"meanwhile3/0"}, inUse.Created)
+			assert.Equal(t, 4, rowsOfG(t))
+			_, err = pool.Exec(ctx, `DELETE FROM `+offsets+` WHERE consumer_group = 'g'`)
+			require.NoError(t, err)
+		})
+	}
+}
+
+// TestDeleteGroupOffsetsKeepsRowClaimedMeanwhile: after DeleteGroupOffsets
+// has checked the owners of group g (one idle row) and before it deletes,
+// a Subscriber of g creates and claims the row of another topic and
+// acknowledges five messages there. The delete is refused as the group is
+// in use, and deletes nothing: the claimed row keeps its owner, epoch and
+// position, and the Subscriber goes on from there: a sixth message is the
+// next delivered, its acknowledgement is committed under the same claim,
+// and none of the five is delivered again.
+func TestDeleteGroupOffsetsKeepsRowClaimedMeanwhile(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	publishN(t, pub, "idle", 1)
+	ids := publishN(t, pub, "new", 5)
+	insp, err := pglease.NewInspector(pool, adapter)
+	require.NoError(t, err)
+	lagOf := func(topic string) []pglease.LagInfo {
+		t.Helper()
+		rows, err := insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{"g"}, Topics: []string{topic}})
+		require.NoError(t, err)
+		return rows
+	}
+
+	idle := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g"})
+	msgs, err := idle.Subscribe(ctx, "idle")
+	require.NoError(t, err)
+	receive(t, msgs, 1, 30*time.Second)
+	require.NoError(t, idle.Close())
+	require.Len(t, lagOf("idle"), 1)
+
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g"})
+	var (
+		newMsgs <-chan *message.Message
+		claimed pglease.LagInfo
+		hooked  bool
+	)
+	pglease.SetBeforeDeleteGroupHook(insp, func() {
+		if hooked {
+			return
+		}
+		hooked = true
+		var err error
+		newMsgs, err = sub.Subscribe(ctx, "new")
+		require.NoError(t, err)
+		assert.Equal(t, ids, uuids(receive(t, newMsgs, len(ids), 30*time.Second)))
+		waitFor(t, 10*time.Second, "the acknowledgements to be committed", func() bool {
+			rows := lagOf("new")
+			if len(rows) != 1 || rows[0].Lag != 0 || rows[0].OwnerSession == uuid.Nil {
+				return false
+			}
+			claimed = rows[0]
+			return true
+		})
+	})
+
+	n, err := insp.DeleteGroupOffsets(ctx, "g")
+	require.True(t, hooked)
+	var inUse *pglease.GroupInUseError
+	if assert.True(t, errors.As(err, &inUse), "deleted %d rows, error %v", n, err) {
+		assert.Equal(t, []string{"new/0 by " + claimed.Owner}, inUse.Owned)
+	}
+	assert.Len(t, lagOf("idle"), 1, "the idle row is deleted though the delete was refused")
+	if rows := lagOf("new"); assert.Len(t, rows, 1, "the claimed row is deleted") {
+		assert.Equal(t, claimed.OwnerSession, rows[0].OwnerSession)
+		assert.Equal(t, claimed.Epoch, rows[0].Epoch)
+		assert.Equal(t, claimed.Position, rows[0].Position)
+	}
+
+	sixth := publishN(t, pub, "new", 1)[0]
+	next := receiveOne(t, newMsgs)
+	require.Equal(t, sixth, next.UUID, "delivered again")
+	next.Ack()
+	deadline := time.After(10 * time.Second)
+	for {
+		if rows := lagOf("new"); len(rows) == 1 && rows[0].Position != claimed.Position {
+			assert.Equal(t, int64(0), rows[0].Lag)
+			assert.Equal(t, claimed.Epoch, rows[0].Epoch, "claimed again")
+			break
+		}
+		select {
+		case m := <-newMsgs:
+			t.Fatalf("message %s delivered again", m.UUID)
+		case <-deadline:
+			t.Fatal("the sixth message's acknowledgement is not committed after 10s")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }

@@ -258,20 +258,69 @@ JOIN ` + t.Sessions + ` s ON s.id = o.session_id AND s.expires_at > now()
 WHERE o.consumer_group = $1 ORDER BY o.topic, o.partition`, Args: []any{group}}
 }
 
-// GroupLiveOwners returns the rows of group owned by a live session. Run
-// it after [LockGroupOffsets], in a statement of its own (a fresh
-// snapshot, which sees every claim that committed before the lock was
-// taken).
+// GroupLiveOwners returns the rows of group owned by a live session, the
+// rows [LockGroupOffsets] locked and any created since. Run it after
+// [LockGroupOffsets], in a statement of its own (a fresh snapshot, which
+// sees every claim that committed before the lock was taken).
 func GroupLiveOwners(ctx context.Context, q Querier, t *Tables, group string) ([]GroupOffsetRow, error) {
 	return collect(ctx, q, t.groupLiveOwners(group), pgx.RowToStructByPos[GroupOffsetRow])
 }
 
-func (t *Tables) deleteGroupOffsets(group string) Stmt {
-	return Stmt{SQL: `DELETE FROM ` + t.Offsets + ` WHERE consumer_group = $1`, Args: []any{group}}
+func (t *Tables) deleteGroupOffsets(group string, locked []GroupOffsetRow) Stmt {
+	topics, partitions := make([]string, len(locked)), make([]int32, len(locked))
+	for i, r := range locked {
+		topics[i], partitions[i] = r.Topic, r.Partition
+	}
+	return Stmt{SQL: `WITH locked AS (
+	SELECT k.topic, k.partition FROM unnest($2::text[], $3::integer[]) AS k(topic, partition)
+),
+others AS (
+	SELECT o.topic, o.partition FROM ` + t.Offsets + ` o
+	WHERE o.consumer_group = $1
+		AND NOT EXISTS (SELECT 1 FROM locked k WHERE k.topic = o.topic AND k.partition = o.partition)
+),
+deleted AS (
+	DELETE FROM ` + t.Offsets + ` o USING locked k
+	WHERE o.consumer_group = $1 AND o.topic = k.topic AND o.partition = k.partition
+		AND NOT EXISTS (SELECT 1 FROM others)
+	RETURNING 1
+)
+SELECT (SELECT count(*) FROM deleted),
+	ARRAY(SELECT o.topic FROM others o ORDER BY o.topic, o.partition),
+	ARRAY(SELECT o.partition FROM others o ORDER BY o.topic, o.partition)`, Args: []any{group, topics, partitions}}
 }
 
-// DeleteGroupOffsets deletes the offsets rows of group and returns how
-// many it deleted.
-func DeleteGroupOffsets(ctx context.Context, q Querier, t *Tables, group string) (int64, error) {
-	return exec(ctx, q, t.deleteGroupOffsets(group))
+// DeleteGroupOffsetsResult is the outcome of [DeleteGroupOffsets].
+type DeleteGroupOffsetsResult struct {
+	Deleted int64
+	// Others are the rows of the group that were not locked (LiveOwner
+	// nil): when there are any, nothing was deleted.
+	Others []GroupOffsetRow
+}
+
+// DeleteGroupOffsets deletes the rows of group that [LockGroupOffsets]
+// locked (locked, by key), unless the group has other rows, created
+// since the lock was taken, on the statement's snapshot: then it deletes
+// nothing and returns them. Rows that commit after that snapshot are
+// left alone.
+func DeleteGroupOffsets(ctx context.Context, q Querier, t *Tables, group string, locked []GroupOffsetRow) (DeleteGroupOffsetsResult, error) {
+	s := t.deleteGroupOffsets(group, locked)
+	rows, err := q.Query(ctx, s.SQL, s.Args...)
+	if err != nil {
+		return DeleteGroupOffsetsResult{}, err
+	}
+	return pgx.CollectExactlyOneRow(rows, func(row pgx.CollectableRow) (DeleteGroupOffsetsResult, error) {
+		var (
+			r          DeleteGroupOffsetsResult
+			topics     []string
+			partitions []int32
+		)
+		if err := row.Scan(&r.Deleted, &topics, &partitions); err != nil {
+			return r, err
+		}
+		for i := range topics {
+			r.Others = append(r.Others, GroupOffsetRow{Topic: topics[i], Partition: partitions[i]})
+		}
+		return r, nil
+	})
 }

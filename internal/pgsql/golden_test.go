@@ -174,7 +174,7 @@ func dumpMovedStatements(a *Tables, q func(string, Stmt)) {
 	q("EstimateTopicMessages", a.estimateTopicMessages("t"))
 	q("LockGroupOffsets", a.lockGroupOffsets("g"))
 	q("GroupLiveOwners", a.groupLiveOwners("g"))
-	q("DeleteGroupOffsets", a.deleteGroupOffsets("g"))
+	q("DeleteGroupOffsets", a.deleteGroupOffsets("g", []GroupOffsetRow{{Topic: "t", Partition: 0}, {Topic: "u", Partition: 1}}))
 
 	q("WMTableColumns", wmTableColumns("watermill_t"))
 	q("WMTopicTables", wmTopicTables())

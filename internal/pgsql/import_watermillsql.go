@@ -446,13 +446,14 @@ func (t *Tables) importMoveOffset(group, topic string, old, pos Position) Stmt {
 	return Stmt{SQL: `UPDATE ` + t.Offsets + `
 SET acked_transaction_id = $5::text::xid8, acked_offset = $6, updated_at = now()
 WHERE consumer_group = $1 AND topic = $2 AND partition = 0 AND epoch = 0 AND session_id IS NULL
-	AND acked_transaction_id = $3::text::xid8 AND acked_offset = $4`,
+	AND acked_transaction_id = $3::text::xid8 AND acked_offset = $4
+	AND (acked_transaction_id, acked_offset) < ($5::text::xid8, $6::bigint)`,
 		Args: []any{group, topic, formatXID8(old.TransactionID), old.Offset, formatXID8(pos.TransactionID), pos.Offset}}
 }
 
-// ImportMoveOffset moves a group's offset row from old to pos, only while
-// it was never claimed (epoch 0) and is still at old. It reports whether
-// it moved it.
+// ImportMoveOffset moves a group's offset row from old forward to pos,
+// only while it was never claimed (epoch 0) and is still at old. It
+// reports whether it moved it: never when pos is not ahead of old.
 func ImportMoveOffset(ctx context.Context, q Querier, t *Tables, group, topic string, old, pos Position) (bool, error) {
 	n, err := exec(ctx, q, t.importMoveOffset(group, topic, old, pos))
 	return n == 1, err
