@@ -84,6 +84,10 @@ type consumer struct {
 	// next is the batch after the one being handed out, read meanwhile
 	// (prefetch); nil when none is being read.
 	next *prefetch
+	// here is the identity of the server the current grant's session
+	// was made on (sessionGen.here), which every read carries. Set
+	// before own, which waits for its prefetches before it returns.
+	here string
 }
 
 func (c *consumer) row() rowKey { return rowKey{topic: c.topic, partition: c.partition} }
@@ -150,6 +154,7 @@ func (c *consumer) consume() leftover {
 			return leftover{}
 		}
 		c.yield = gr.yield
+		c.here = gr.g.here
 		c.owning.Store(true)
 		out := c.own(gr.g, gr.cl, gr.hasNext)
 		c.owning.Store(false)
@@ -301,6 +306,9 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 		if err != nil {
 			if c.ctx.Err() != nil {
 				return stopped
+			}
+			if errors.Is(cl.wentBack(err, "read messages of topic"), ErrDatabaseWentBack) {
+				return lost // the session keeper logs it
 			}
 			c.logger.Error("Cannot read messages, retrying", err, nil)
 			if !sleep(retry.delay(), c.ctx.Done(), g.lost) && c.ctx.Err() != nil {
@@ -694,9 +702,14 @@ func (c *consumer) readCtx(ctx context.Context, after Position, limit int, whole
 		After:           pgsql.Position(after),
 		Limit:           limit,
 		MaxMessageBytes: wholeUpTo,
+		Here:            c.here,
 	})
 	if err != nil {
 		return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, wrapMissingSchema(err))
+	}
+	if res.WentBack {
+		return nil, false, fmt.Errorf("read messages of topic %q after %d:%d: %w", c.topic,
+			after.TransactionID, after.Offset, pgsql.ErrWentBack)
 	}
 	if res.Future {
 		return nil, false, fmt.Errorf("read messages of topic %q: a stored message was written by a transaction "+
@@ -796,6 +809,9 @@ func (c *consumer) fencedWrite(g *sessionGen, cl *claim, retryMsg string, write 
 		cancel()
 		if err == nil {
 			return acked
+		}
+		if errors.Is(err, ErrDatabaseWentBack) {
+			return lost // the session keeper logs it
 		}
 		if errors.Is(err, ErrOwnershipLost) {
 			c.logger.Info("Topic was taken over by another session (fenced), delivery stopped",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
@@ -144,7 +145,7 @@ func ackQuery(msg *message.Message) (pgsql.Stmt, func(pgx.Row) error, error) {
 		return pgsql.Stmt{}, nil, fmt.Errorf("%s: the delivering session was lost: %w", what(), ErrOwnershipLost)
 	}
 	q := d.tables.AckOffset(pgsql.OffsetParams{ConsumerGroup: d.group, Topic: d.topic, Partition: d.partition,
-		SessionID: d.sessionID, Epoch: d.epoch, Position: pgsql.Position(d.pos)})
+		SessionID: d.sessionID, Epoch: d.epoch, Position: pgsql.Position(d.pos), Here: d.g.here})
 	check := func(row pgx.Row) error {
 		r, err := pgsql.ScanAck(row)
 		switch {
@@ -152,6 +153,10 @@ func ackQuery(msg *message.Message) (pgsql.Stmt, func(pgx.Row) error, error) {
 			return fmt.Errorf("%s: the offset row is gone: %w", what(), ErrOwnershipLost)
 		case err != nil:
 			return fmt.Errorf("%s: %w", what(), wrapMissingSchema(err))
+		case !r.OnHistory:
+			d.g.elsewhere("an AckInTx of topic " + strconv.Quote(d.topic))
+			return fmt.Errorf("%s: the database is not where the message was read: %w: %w", what(),
+				ErrOwnershipLost, ErrDatabaseWentBack)
 		case r.Advanced:
 			return nil
 		case r.SessionID == nil || *r.SessionID != d.sessionID || r.Epoch != d.epoch:

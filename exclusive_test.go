@@ -58,9 +58,11 @@ type claimOutcome struct {
 	future   bool
 }
 
-// claimQuery is the claim statement for one topic.
-func claimQuery(adapter pglease.DefaultSchemaAdapter, group, topic string, session uuid.UUID) pgsql.Stmt {
-	return tablesOf(adapter).ClaimOffsets(pgsql.OffsetsParams{ConsumerGroup: group, Topics: []string{topic}, SessionID: session, Limit: 1})
+// claimQuery is the claim statement for one topic, by a session made on
+// the server whose identity is here (serverHere).
+func claimQuery(adapter pglease.DefaultSchemaAdapter, group, topic string, session uuid.UUID, here string) pgsql.Stmt {
+	return tablesOf(adapter).ClaimOffsets(pgsql.OffsetsParams{ConsumerGroup: group, Topics: []string{topic}, SessionID: session,
+		Here: here, Limit: 1})
 }
 
 // scanClaim reads the rows of a one-topic claim statement.
@@ -85,7 +87,11 @@ func scanClaim(rows pgx.Rows) (claimOutcome, error) {
 }
 
 func runClaim(ctx context.Context, conn *pgxpool.Conn, adapter pglease.DefaultSchemaAdapter, group, topic string, session uuid.UUID) (claimOutcome, error) {
-	q := claimQuery(adapter, group, topic, session)
+	here, err := pgsql.Here(ctx, conn)
+	if err != nil {
+		return claimOutcome{}, err
+	}
+	q := claimQuery(adapter, group, topic, session, here)
 	rows, err := conn.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return claimOutcome{}, err
@@ -148,7 +154,7 @@ func TestClaimCannotTakeARowFromASessionItCannotSee(t *testing.T) {
 	q := tablesOf(adapter).CreateSession(pgsql.SessionParams{SessionID: late, ConsumerGroup: group, Owner: "late", TTL: time.Hour})
 	_, err = tx.Exec(ctx, q.SQL, q.Args...)
 	require.NoError(t, err)
-	q = claimQuery(adapter, group, topic, late)
+	q = claimQuery(adapter, group, topic, late, serverHere(t, pool))
 	rows, err := tx.Query(ctx, q.SQL, q.Args...)
 	require.NoError(t, err)
 	lateClaim, err := scanClaim(rows)

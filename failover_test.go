@@ -1,8 +1,8 @@
-// The failover tests of issue 21, on real streaming replication
-// (internal/pgrepl): a primary and a standby of their own, started by each
-// test, next to the shared test database of PGLEASE_TEST_DSN (which they
-// do not use). `make test` runs them once; `make stress` repeats them
-// (TestStressFailover).
+// The failover and restore tests, on real streaming replication and real
+// copies (internal/pgrepl): a primary and a standby of their own, started
+// by each test, next to the shared test database of PGLEASE_TEST_DSN
+// (which they do not use). `make test` runs them once; `make stress`
+// repeats them (TestStressFailover).
 package pglease_test
 
 import (
@@ -143,6 +143,58 @@ func (d *deliveries) redelivered(uuids []string) int {
 	return n
 }
 
+// firstOrder returns uuids in the order of their first deliveries (those
+// delivered at all).
+func (d *deliveries) firstOrder(uuids []string) []string {
+	want := make(map[string]bool, len(uuids))
+	for _, u := range uuids {
+		want[u] = true
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []string
+	for _, e := range d.log {
+		if want[e.uuid] {
+			out = append(out, e.uuid)
+			delete(want, e.uuid)
+		}
+	}
+	return out
+}
+
+// requireDeliveredInOrder fails the test unless every one of uuids
+// (published in that order by one publisher) was delivered within timeout
+// and their first deliveries came in that order.
+func (d *deliveries) requireDeliveredInOrder(t *testing.T, uuids []string, timeout time.Duration) {
+	t.Helper()
+	missing := d.waitDelivered(uuids, timeout)
+	require.Empty(t, missing, "%d of the %d messages published after the switch were not delivered within %s",
+		len(missing), len(uuids), timeout)
+	require.Equal(t, uuids, d.firstOrder(uuids), "the messages published after the switch were delivered out of order")
+}
+
+// waitCommitted waits until the default group's acknowledged position of
+// topic is at its last stored message.
+func waitCommitted(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, topic string) {
+	t.Helper()
+	waitFor(t, 30*time.Second, "the acknowledged position of "+topic+" to be committed", func() bool {
+		var behind int
+		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table(adapter, pglease.DefaultMessagesTable)+` m
+			JOIN `+table(adapter, pglease.DefaultConsumerOffsetsTable)+` o ON o.consumer_group = '' AND o.topic = m.topic
+				AND o.partition = m.partition
+			WHERE m.topic = $1 AND (m.transaction_id, m."offset") > (o.acked_transaction_id, o.acked_offset)`, topic).Scan(&behind)
+		return err == nil && behind == 0
+	})
+}
+
+// waitHeartbeat waits until sub's session has had one more successful
+// heartbeat.
+func waitHeartbeat(t *testing.T, sub *pglease.Subscriber) {
+	t.Helper()
+	before := sub.Stats().Heartbeats.Count
+	waitFor(t, 30*time.Second, "a heartbeat", func() bool { return sub.Stats().Heartbeats.Count > before })
+}
+
 // waitDelivered waits until every one of uuids was delivered, and returns
 // those that were not by the deadline.
 func (d *deliveries) waitDelivered(uuids []string, timeout time.Duration) []string {
@@ -157,15 +209,17 @@ func (d *deliveries) waitDelivered(uuids []string, timeout time.Duration) []stri
 }
 
 // TestFailoverToALaggingStandbyDeliversWhatIsPublishedAfter: an
-// asynchronous standby stops receiving WAL while the primary runs 2,000
-// transactions and a Subscriber handles 50 messages; the primary
-// crashes and the standby, which never saw any of that, is promoted. The
-// Subscriber (whose session, 30 s, outlives the failover) must deliver the
-// 100 messages published on the new primary. Some of the 50 may come again.
+// asynchronous standby stops receiving WAL while a Subscriber (default
+// SessionTTL) handles 50 messages on the primary; the primary crashes and
+// the standby, which never saw them, is promoted. The Subscriber's
+// in-memory position lies above the promoted standby's transaction
+// counter, which hands those transaction ids out again to the 100
+// messages published after the failover. Every one of them must be
+// delivered, in order; some of the 50 may come again.
 //
-// Fails today: the Subscriber keeps its in-memory position from the old
-// primary's timeline, whose transaction ids the new primary hands out
-// again, and skips everything published after the failover.
+// The first statements after the promotion run before the Subscriber's
+// next heartbeat: each read, claim and commit carries the identity of the
+// server the session was made on and finds itself on a new timeline.
 func TestFailoverToALaggingStandbyDeliversWhatIsPublishedAfter(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -175,7 +229,7 @@ func TestFailoverToALaggingStandbyDeliversWhatIsPublishedAfter(t *testing.T) {
 	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, testLogger())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
-	sub := newFailoverSubscriber(t, pool, adapter, pglease.SubscriberConfig{SessionTTL: 30 * time.Second})
+	sub := newFailoverSubscriber(t, pool, adapter, pglease.SubscriberConfig{})
 	subCtx, stopSub := context.WithCancel(ctx)
 	defer stopSub()
 	msgs, err := sub.Subscribe(subCtx, "t")
@@ -187,79 +241,148 @@ func TestFailoverToALaggingStandbyDeliversWhatIsPublishedAfter(t *testing.T) {
 	// The session, the claim and a first position reach the standby.
 	warmup := publishN(t, pub, "t", 10)
 	require.Empty(t, got.waitDelivered(warmup, 30*time.Second), "warm-up messages not delivered")
-	waitFor(t, 10*time.Second, "the warm-up acks to be committed", func() bool {
-		return sub.Stats().Acked >= uint64(len(warmup))
-	})
-	time.Sleep(300 * time.Millisecond) // CommitInterval is 100ms
+	waitCommitted(t, pool, adapter, "t")
 	require.NoError(t, c.WaitCaughtUp(ctx))
 
 	// The standby lags from here on. (Pausing its replay alone would not
 	// do: a promotion replays all the WAL the standby received.)
 	require.NoError(t, c.Standby.PauseStreaming(ctx))
-
-	// The primary's transaction counter moves far ahead of the standby's,
-	// then the Subscriber handles 50 messages: their positions lie above
-	// every transaction id the promoted standby will hand out for a while.
-	// (With the 50 messages first, the messages published after the
-	// failover with ids above theirs are delivered: 45 of 100 when tried.)
-	primary, err := pgx.Connect(ctx, c.Primary.DSN())
-	require.NoError(t, err)
-	var xidBefore, xidAfter uint64
-	require.NoError(t, primary.QueryRow(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&xidBefore))
-	for range 2000 {
-		_, err := primary.Exec(ctx, "SELECT pg_current_xact_id()")
-		require.NoError(t, err)
-	}
-	require.NoError(t, primary.QueryRow(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&xidAfter))
-	require.NoError(t, primary.Close(ctx))
 	handled := publishN(t, pub, "t", 50)
 	require.Empty(t, got.waitDelivered(handled, 30*time.Second), "the 50 messages before the failover not delivered")
-	waitFor(t, 10*time.Second, "the 50 acks", func() bool {
-		return sub.Stats().Acked >= uint64(len(warmup)+len(handled))
-	})
-	time.Sleep(300 * time.Millisecond) // their commit, lost with the primary
+	waitCommitted(t, pool, adapter, "t") // a commit lost with the primary
 
 	require.NoError(t, c.Primary.Kill())
 	require.NoError(t, c.Standby.Promote(ctx))
 	promoted, err := pgx.Connect(ctx, c.Standby.DSN())
 	require.NoError(t, err)
-	var xidPromoted uint64
-	require.NoError(t, promoted.QueryRow(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&xidPromoted))
 	var lost int
 	require.NoError(t, promoted.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE uuid = ANY($1)",
 		table(adapter, pglease.DefaultMessagesTable)), handled).Scan(&lost))
 	require.NoError(t, promoted.Close(ctx))
-	t.Logf("transaction counter: %d before the 2,000 transactions, %d after (then the 50 messages), %d on the promoted standby; "+
-		"%d of the 50 messages are on the promoted standby", xidBefore, xidAfter, xidPromoted, lost)
 	require.Zero(t, lost, "the standby was to lag: it has messages published after PauseStreaming")
-	require.LessOrEqual(t, xidPromoted, xidBefore, "the promoted standby's counter is behind the old primary's")
 
-	// Published on the new primary, through the same pool.
-	var after []string
-	var failedCalls int
-	deadline := time.Now().Add(time.Minute)
-	for i := range 100 {
-		msg := message.NewMessage(watermill.NewUUID(), []byte(strconv.Itoa(i)))
-		failedCalls += publishUntilStored(t, pub, "t", msg, deadline)
-		after = append(after, msg.UUID)
-	}
+	after, failedCalls := publishAfterSwitch(t, pub, "t", 100)
 	t.Logf("100 messages published on the promoted standby (%d calls failed and were retried)", failedCalls)
-
-	missing := got.waitDelivered(after, time.Minute)
+	got.requireDeliveredInOrder(t, after, time.Minute)
 	stats := sub.Stats()
-	t.Logf("delivered %d of the 100 messages published after the failover; %d of the 50 before it came again; "+
-		"Subscriber: %d delivered, %d acked, %d claims, %d sessions lost, %d fenced writes",
-		len(after)-len(missing), got.redelivered(handled), stats.Delivered, stats.Acked, stats.Claims,
-		stats.SessionsLost, stats.FencedWrites)
-	if len(missing) > 0 {
-		t.Errorf("%d of the 100 messages published after the failover were not delivered within a minute", len(missing))
-	}
+	t.Logf("%d of the 50 before the failover came again; Subscriber: %d delivered, %d acked, %d claims, "+
+		"%d sessions lost, %d resyncs, %d fenced writes", got.redelivered(handled), stats.Delivered, stats.Acked,
+		stats.Claims, stats.SessionsLost, stats.Resyncs, stats.FencedWrites)
+	require.Positive(t, stats.Resyncs, "the Subscriber did not notice the failover")
 
 	stopSub()
 	require.NoError(t, sub.Close())
 	consumers.Wait()
 	require.NoError(t, pub.Close())
 	assertNoLeakedGoroutines(t)
+}
+
+// publishAfterSwitch publishes n messages to topic one after the other,
+// each until a call returns nil, and returns their UUIDs in publish order
+// and how many calls failed (while the new server was not reachable yet).
+func publishAfterSwitch(t *testing.T, pub *pglease.Publisher, topic string, n int) ([]string, int) {
+	t.Helper()
+	var (
+		after  []string
+		failed int
+	)
+	deadline := time.Now().Add(time.Minute)
+	for i := range n {
+		msg := message.NewMessage(watermill.NewUUID(), []byte(strconv.Itoa(i)))
+		failed += publishUntilStored(t, pub, topic, msg, deadline)
+		after = append(after, msg.UUID)
+	}
+	return after, failed
+}
+
+// TestCopyStartedAsItIsDeliversWhatIsPublishedAfter: a copy of the primary
+// (a base backup without recovery settings: what a disk or VM snapshot
+// restored in place looks like) is started on the primary's address after
+// the primary dies. It is on the same timeline, with the same system
+// identifier; the Subscriber handled messages on the primary after the
+// copy was taken, so it holds positions above the copy's transaction
+// counter. Every message published on the copy must be delivered, in
+// order.
+//
+// Taken after the last heartbeat, the copy's WAL and counter are ahead of
+// what that heartbeat read: only the identity of the server (a postmaster
+// started since) tells. Taken before it, the next heartbeat would tell,
+// but the messages published on the copy in the meantime pass the
+// Subscriber's position and are committed over those below it. A long
+// SessionTTL (a heartbeat every 10 s) keeps both windows open for the
+// whole switch.
+func TestCopyStartedAsItIsDeliversWhatIsPublishedAfter(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// copyAfterHeartbeat: the copy is taken right after a heartbeat,
+		// then handledAfter messages are handled; otherwise the messages
+		// are handled after the copy, then a heartbeat passes.
+		copyAfterHeartbeat bool
+		handledAfter       int
+	}{
+		{name: "taken within one heartbeat of the last ack", copyAfterHeartbeat: true, handledAfter: 150},
+		{name: "taken before the last heartbeat", copyAfterHeartbeat: false, handledAfter: 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			c := startCluster(t, pgrepl.Options{})
+			require.NoError(t, c.Standby.Stop()) // not used
+			pool := newPoolOn(t, c.Primary.DSN(), 8)
+			adapter := newSchema(t, pool)
+			pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, testLogger())
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = pub.Close() })
+			sub := newFailoverSubscriber(t, pool, adapter, pglease.SubscriberConfig{SessionTTL: 30 * time.Second})
+			subCtx, stopSub := context.WithCancel(ctx)
+			defer stopSub()
+			msgs, err := sub.Subscribe(subCtx, "t")
+			require.NoError(t, err)
+			got := newDeliveries()
+			var consumers sync.WaitGroup
+			got.consume(0, msgs, &consumers)
+
+			warmup := publishN(t, pub, "t", 10)
+			require.Empty(t, got.waitDelivered(warmup, 30*time.Second), "warm-up messages not delivered")
+			waitCommitted(t, pool, adapter, "t")
+
+			handle := func() []string {
+				handled := publishN(t, pub, "t", tc.handledAfter)
+				require.Empty(t, got.waitDelivered(handled, 30*time.Second), "the messages before the switch not delivered")
+				waitCommitted(t, pool, adapter, "t")
+				return handled
+			}
+			var handled []string
+			if tc.copyAfterHeartbeat {
+				waitHeartbeat(t, sub)
+			}
+			began := time.Now()
+			cp, err := c.Primary.Copy(ctx, "copy")
+			require.NoError(t, err)
+			handled = handle()
+			if !tc.copyAfterHeartbeat {
+				waitHeartbeat(t, sub)
+			}
+			require.NoError(t, c.Primary.Kill())
+			require.NoError(t, cp.StartOn(ctx, c.Primary.Port()))
+			t.Logf("copy taken, %d messages handled, copy started on the primary's port: %s after the copy began",
+				len(handled), time.Since(began).Round(time.Millisecond))
+
+			after, failedCalls := publishAfterSwitch(t, pub, "t", 100)
+			t.Logf("100 messages published on the copy (%d calls failed and were retried)", failedCalls)
+			got.requireDeliveredInOrder(t, after, time.Minute)
+			stats := sub.Stats()
+			t.Logf("%d of the %d handled after the copy came again; Subscriber: %d delivered, %d claims, %d sessions lost, "+
+				"%d resyncs", got.redelivered(handled), len(handled), stats.Delivered, stats.Claims, stats.SessionsLost, stats.Resyncs)
+			require.Positive(t, stats.Resyncs, "the Subscriber did not notice the copy")
+
+			stopSub()
+			require.NoError(t, sub.Close())
+			consumers.Wait()
+			require.NoError(t, pub.Close())
+			assertNoLeakedGoroutines(t)
+		})
+	}
 }
 
 // TestSynchronousFailoverLosesNoPublishedMessage: publishers publish keyed

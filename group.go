@@ -124,11 +124,11 @@ type groupStore interface {
 	// ensureOffsets creates the missing offset rows of rows (see
 	// offsetStore.ensureMany) and returns those it created.
 	ensureOffsets(ctx context.Context, rows []rowKey, latest bool) ([]createdRow, error)
-	// claimOffsets claims up to limit of the free rows of rows for the
-	// session. An error wrapping errNotSent or a *pgconn.PgError means
-	// nothing was claimed; after any other the statement may have
-	// committed.
-	claimOffsets(ctx context.Context, rows []rowKey, session uuid.UUID, limit int) ([]claimedRow, error)
+	// claimOffsets claims up to limit of the free rows of rows for
+	// session g. An error wrapping errNotSent, ErrDatabaseWentBack (g was
+	// dropped) or a *pgconn.PgError means nothing was claimed; after any
+	// other the statement may have committed.
+	claimOffsets(ctx context.Context, rows []rowKey, g *sessionGen, limit int) ([]claimedRow, error)
 	// releaseOffset frees a claim nobody waits for any more.
 	releaseOffset(c *claim) error
 	// setSubscriptions records set in g's session row; false: the row is
@@ -382,7 +382,8 @@ func (m *groupMember) run(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			if !errors.Is(err, errSessionGone) {
+			if !errors.Is(err, errSessionGone) && !errors.Is(err, ErrDatabaseWentBack) {
+				// (The session keeper logs a database that went back.)
 				m.logger.Error("Cannot split the consumer group's topics, retrying", err, nil)
 			}
 			timer.Reset(retry.delay())
@@ -748,7 +749,7 @@ func (m *groupMember) claim(ctx context.Context, g *sessionGen, want int) (bool,
 // found missing or refused, and whether it lost rows to another
 // transaction.
 func (m *groupMember) claimRows(ctx context.Context, g *sessionGen, rows []rowKey, limit int) (n int, raced bool, err error) {
-	results, err := m.store.claimOffsets(ctx, rows, g.id, limit)
+	results, err := m.store.claimOffsets(ctx, rows, g, limit)
 	if err != nil {
 		if claimOutcomeUnknown(err) {
 			// The statement may have committed without its reply.

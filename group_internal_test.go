@@ -100,7 +100,8 @@ func (f *fakeGroupStore) ensureOffsets(_ context.Context, rows []rowKey, _ bool)
 	return out, nil
 }
 
-func (f *fakeGroupStore) claimOffsets(_ context.Context, rows []rowKey, session uuid.UUID, limit int) ([]claimedRow, error) {
+func (f *fakeGroupStore) claimOffsets(_ context.Context, rows []rowKey, g *sessionGen, limit int) ([]claimedRow, error) {
+	session := g.id
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.call("claimOffsets"); err != nil {
@@ -123,7 +124,7 @@ func (f *fakeGroupStore) claimOffsets(_ context.Context, rows []rowKey, session 
 			f.owner[r] = session
 			f.epoch[r]++
 			f.claimed[session] = append(f.claimed[session], r)
-			cr := claimedRow{kind: claimTaken, row: r, claim: &claim{topic: r.topic, partition: r.partition, sessionID: session, epoch: f.epoch[r]}}
+			cr := claimedRow{kind: claimTaken, row: r, claim: &claim{topic: r.topic, partition: r.partition, sessionID: session, g: g, epoch: f.epoch[r]}}
 			if o != uuid.Nil && o != session {
 				cr.previous = o
 			}

@@ -193,14 +193,25 @@ func TestCommitOffsetVersionHint(t *testing.T) {
 
 	commit := func(epoch, offset int64, version string) (string, bool, error) {
 		q := tablesOf(adapter).CommitOffset(pgsql.OffsetParams{ConsumerGroup: "g", Topic: "t", SessionID: me, Epoch: epoch,
-			Position: pgsql.Position{TransactionID: 1, Offset: offset}, Version: version})
+			Position: pgsql.Position{TransactionID: 1, Offset: offset}, Version: version, Here: serverHere(t, pool)})
 		rows, err := pool.Query(ctx, q.SQL, q.Args...)
 		if err != nil {
 			return "", false, err
 		}
-		written, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil || len(written) == 0 {
+		type commitRow struct {
+			Version  *string
+			WentBack bool
+		}
+		out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[commitRow])
+		if err != nil || len(out) == 0 {
 			return "", false, err
+		}
+		var written []string
+		for _, r := range out {
+			if r.WentBack || r.Version == nil {
+				return "", false, fmt.Errorf("commit refused: the server is not where the session was made")
+			}
+			written = append(written, *r.Version)
 		}
 		if len(written) > 1 {
 			return "", false, fmt.Errorf("%d rows written", len(written))

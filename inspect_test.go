@@ -407,7 +407,7 @@ func TestResetOffsetsCannotFreeARowClaimedWhileItWaits(t *testing.T) {
 			}
 			var claim claimOutcome
 			runClaimInTx := func() {
-				q := claimQuery(adapter, group, topic, claimer)
+				q := claimQuery(adapter, group, topic, claimer, serverHere(t, pool))
 				rows, err := claimTx.Query(ctx, q.SQL, q.Args...)
 				require.NoError(t, err)
 				claim, err = scanClaim(rows)

@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/ThreeDotsLabs/watermill"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -34,6 +36,9 @@ type claim struct {
 	partition int32
 	sessionID uuid.UUID
 	epoch     int64
+	// g is the session generation the claim was made under: its
+	// identity fences every statement of the claim (sessionGen.here).
+	g *sessionGen
 	// acked is the last acknowledged position; committed is the last one
 	// known to be written. Between the two are acks not committed yet.
 	acked     Position
@@ -55,7 +60,20 @@ func (c *claim) params(pos Position) pgsql.OffsetParams {
 		SessionID:     c.sessionID,
 		Epoch:         c.epoch,
 		Position:      pgsql.Position(pos),
+		Here:          c.g.here,
 	}
+}
+
+// wentBack turns pgsql.ErrWentBack, the answer of a statement of c run
+// elsewhere than where c's session was made, into ErrDatabaseWentBack,
+// and drops the session (sessionGen.elsewhere): every position held in
+// memory goes with it. Other errors are returned as they are.
+func (c *claim) wentBack(err error, what string) error {
+	if !errors.Is(err, pgsql.ErrWentBack) {
+		return err
+	}
+	c.g.elsewhere(fmt.Sprintf("%s %q partition %d", what, c.topic, c.partition))
+	return fmt.Errorf("%s %q (epoch %d): %w", what, c.topic, c.epoch, ErrDatabaseWentBack)
 }
 
 // offsetStore runs the claim, commit and release statements of the
@@ -245,7 +263,7 @@ type claimedRow struct {
 // group that are free (see pgsql.ClaimOffsets). An error
 // that wraps errNotSent or a *pgconn.PgError means nothing was claimed;
 // after any other the statement may have committed.
-func (s offsetStore) claimMany(wait context.Context, timeout time.Duration, group string, rows []rowKey, sessionID uuid.UUID, limit int) ([]claimedRow, error) {
+func (s offsetStore) claimMany(wait context.Context, timeout time.Duration, group string, rows []rowKey, g *sessionGen, limit int) ([]claimedRow, error) {
 	topics, partitions := splitRows(rows)
 	conn, ctx, done, err := s.conn(wait, timeout)
 	if err != nil {
@@ -253,17 +271,21 @@ func (s offsetStore) claimMany(wait context.Context, timeout time.Duration, grou
 	}
 	defer done()
 	res, err := pgsql.ClaimOffsets(ctx, conn, s.tables, pgsql.OffsetsParams{ConsumerGroup: group, Topics: topics,
-		Partitions: partitions, SessionID: sessionID, Limit: limit})
+		Partitions: partitions, SessionID: g.id, Here: g.here, Limit: limit})
 	if err != nil {
 		return nil, fmt.Errorf("claim topics: %w", wrapMissingSchema(err))
 	}
 	out := make([]claimedRow, 0, len(res))
 	for _, c := range res {
+		if c.Kind == pgsql.ClaimWentBack {
+			g.elsewhere("a claim of consumer group " + strconv.Quote(group))
+			return nil, fmt.Errorf("claim topics: %w", ErrDatabaseWentBack)
+		}
 		r := claimedRow{kind: claimKind(c.Kind), row: rowKey{topic: c.Topic, partition: c.Partition},
 			previous: c.Previous, previousOwner: c.PreviousOwner}
 		if r.kind == claimTaken {
 			pos := Position(c.Acked)
-			r.claim = &claim{group: group, topic: c.Topic, partition: c.Partition, sessionID: sessionID,
+			r.claim = &claim{group: group, topic: c.Topic, partition: c.Partition, sessionID: g.id, g: g,
 				epoch: c.Epoch, acked: pos, committed: pos}
 			r.hasNext = c.HasNext
 		}
@@ -290,7 +312,8 @@ func (s offsetStore) countHead(ctx context.Context, c *claim) (int, error) {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return 0, ownershipLost("count delivery of topic", c)
 		}
-		return 0, fmt.Errorf("count delivery of topic %q: %w", c.topic, wrapMissingSchema(err))
+		return 0, c.wentBack(fmt.Errorf("count delivery of topic %q: %w", c.topic, wrapMissingSchema(err)),
+			"count delivery of topic")
 	}
 	return int(n), nil
 }
@@ -313,6 +336,7 @@ func (s offsetStore) commit(ctx context.Context, c *claim) error {
 		return 1, err
 	}, c, "commit offset for topic")
 	if err != nil {
+		err = c.wentBack(err, "commit offset for topic")
 		if errors.Is(err, ErrOwnershipLost) {
 			s.stats.fenced.Add(1)
 		}

@@ -89,7 +89,7 @@ func claimable[C any](waiting map[rowKey]C, future map[rowKey]futureHold, now ti
 // Its rows are then claimed again first ("unsettled").
 func claimOutcomeUnknown(err error) bool {
 	var pgErr *pgconn.PgError
-	return !errors.Is(err, errNotSent) && !errors.As(err, &pgErr)
+	return !errors.Is(err, errNotSent) && !errors.Is(err, ErrDatabaseWentBack) && !errors.As(err, &pgErr)
 }
 
 // futureHold is how long a row refused with ErrFuturePosition is left

@@ -35,6 +35,25 @@ type sessionGen struct {
 	// a VM freeze) cannot hand out a message before the fencing timer's
 	// goroutine had a chance to run.
 	trustUntil atomic.Int64
+	// here is the identity of the server the row was made on
+	// (pgsql.ClusterMark.Here): every statement decided under the
+	// generation carries it, and one run elsewhere writes nothing and
+	// reports it (elsewhere).
+	here string
+	// keeper is the keeper that made the generation (nil in tests of
+	// the decisions).
+	keeper *sessionKeeper
+}
+
+// elsewhere drops g after a statement decided under it found the database
+// elsewhere than where g was made, or a position held in memory ahead of
+// its transaction counter (pgsql.ErrWentBack); what names the statement.
+func (g *sessionGen) elsewhere(what string) {
+	if g.keeper != nil {
+		g.keeper.elsewhere(g, what)
+	} else {
+		g.markLost()
+	}
 }
 
 // monoBase anchors monoNow; time.Since uses the monotonic clock.
@@ -111,6 +130,11 @@ type sessionKeeper struct {
 
 	// mark is where the database was at the last heartbeat (under mu).
 	mark clusterMark
+	// detectedBy names the statement that found the current generation's
+	// database elsewhere (see elsewhere), until the next session is
+	// made; kick wakes the heartbeat loop to make it at once.
+	detectedBy string
+	kick       chan struct{}
 }
 
 func newSessionKeeper(pool *pgxpool.Pool, tables *pgsql.Tables, group string, ttl time.Duration, stats *subscriberStats, logger watermill.LoggerAdapter) *sessionKeeper {
@@ -126,6 +150,7 @@ func newSessionKeeper(pool *pgxpool.Pool, tables *pgsql.Tables, group string, tt
 		interval: ttl / 3,
 		trust:    ttl - ttl/10,
 		ready:    make(chan struct{}),
+		kick:     make(chan struct{}, 1),
 	}
 }
 
@@ -180,6 +205,7 @@ func (k *sessionKeeper) current() (*sessionGen, <-chan struct{}) {
 // generation.
 func (k *sessionKeeper) createLocked(ctx context.Context, timeout time.Duration) error {
 	g := newSessionGen()
+	g.keeper = k
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	sent := time.Now()
@@ -191,22 +217,25 @@ func (k *sessionKeeper) createLocked(ctx context.Context, timeout time.Duration)
 		Owner:             k.owner,
 		TTL:               k.ttl,
 	}
-	if err := k.conn.run(ctx, func(q pgsql.Querier) error { return pgsql.CreateSession(ctx, q, k.tables, p) }); err != nil {
+	var row pgsql.ClusterMark
+	err := k.conn.run(ctx, func(q pgsql.Querier) (err error) {
+		row, err = pgsql.CreateSession(ctx, q, k.tables, p)
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("create consumer session: %w", wrapMissingSchema(err))
 	}
-	// Where the database is when the session starts: the first heartbeat
-	// may already run after a failover, and must have something to
-	// compare with. A mark that cannot be read now is read at the next
-	// heartbeat.
-	if _, mark, err := k.beat(ctx, uuid.Nil); err == nil {
-		if why := wentBack(k.mark, mark); why != "" {
-			k.logger.Info("The database went back in time while no session was open; the new session claims from the positions the database has",
-				watermill.LogFields{"why": why})
-		}
-		k.mark = mark
+	k.prevID = g.id // deleted by the next insert, whatever happens now
+	// Where the database is when the session starts, read by the
+	// statement that made it: every statement of its claims is fenced by
+	// its identity, and the first heartbeat compares with it.
+	mark, err := k.markOf(row)
+	if err != nil {
+		return fmt.Errorf("create consumer session: %w", err)
 	}
+	k.resynced(mark)
+	g.here = mark.here
 	k.cur = g
-	k.prevID = g.id
 	close(k.ready)
 	k.armFenceLocked(g, sent)
 	k.logger.Debug("Consumer session created", watermill.LogFields{"session_id": g.id.String()})
@@ -272,7 +301,7 @@ func (k *sessionKeeper) run(ctx context.Context) {
 		wait = 0 // the first session is not open yet
 	}
 	for {
-		if !sleep(wait, ctx.Done(), nil) {
+		if !sleep(wait, ctx.Done(), k.kick) && ctx.Err() != nil {
 			return
 		}
 		k.mu.Lock()
@@ -374,21 +403,27 @@ func (k *sessionKeeper) beat(ctx context.Context, id uuid.UUID) (int64, clusterM
 	if err != nil {
 		return 0, mark, err
 	}
-	updated, lsn := row.Updated, row.LSN
-	mark.timeline = row.Timeline
-	mark.systemID = k.conn.serverID()
-	mark.xmax = row.Xmax
-	if mark.lsn, err = strconv.ParseUint(lsn, 10, 64); err != nil {
-		return 0, mark, fmt.Errorf("WAL position %q: %w", lsn, err)
+	mark, err = k.markOf(row.ClusterMark)
+	return row.Updated, mark, err
+}
+
+// markOf is the mark of a row read on the session connection.
+func (k *sessionKeeper) markOf(row pgsql.ClusterMark) (clusterMark, error) {
+	mark := clusterMark{systemID: k.conn.serverID(), timeline: row.Timeline, here: row.Here, xmax: row.Xmax}
+	var err error
+	if mark.lsn, err = strconv.ParseUint(row.LSN, 10, 64); err != nil {
+		return mark, fmt.Errorf("WAL position %q: %w", row.LSN, err)
 	}
-	return updated, mark, nil
+	return mark, nil
 }
 
 // clusterMark is where the database was at a heartbeat: which cluster, on
-// which timeline, how far its WAL and its transaction counter were.
+// which timeline, which run of its server, how far its WAL and its
+// transaction counter were.
 type clusterMark struct {
 	systemID string // "" when unknown
 	timeline string
+	here     string // timeline and postmaster start (see pgsql.Here)
 	lsn      uint64
 	xmax     uint64
 }
@@ -397,22 +432,28 @@ type clusterMark struct {
 // later in the same history: "" when it can (or prev is the zero mark, no
 // earlier reading). A promoted standby starts a new timeline; a copy
 // started as it is (a restore, a standby started without promotion) has
-// its WAL position or transaction counter behind what was read before;
-// another cluster has another system identifier.
-func wentBack(prev, cur clusterMark) string {
+// its WAL position or transaction counter behind what was read before, or
+// a postmaster started since; another cluster has another system
+// identifier. restarted is true when the only sign is a postmaster
+// started since: a restart of the same server, or a copy of it started
+// as it is that has already gone past what was read before. The two
+// cannot be told apart; both are handled as the database going back.
+func wentBack(prev, cur clusterMark) (why string, restarted bool) {
 	switch {
 	case prev.timeline == "":
-		return ""
+		return "", false
 	case prev.systemID != "" && cur.systemID != "" && prev.systemID != cur.systemID:
-		return fmt.Sprintf("another cluster (system identifier %s, was %s)", cur.systemID, prev.systemID)
+		return fmt.Sprintf("another cluster (system identifier %s, was %s)", cur.systemID, prev.systemID), false
 	case cur.timeline != prev.timeline:
-		return fmt.Sprintf("a new timeline (%s, was %s)", strings.TrimLeft(cur.timeline, "0"), strings.TrimLeft(prev.timeline, "0"))
+		return fmt.Sprintf("a new timeline (%s, was %s)", strings.TrimLeft(cur.timeline, "0"), strings.TrimLeft(prev.timeline, "0")), false
 	case cur.lsn < prev.lsn:
-		return fmt.Sprintf("its WAL went back %d bytes", prev.lsn-cur.lsn)
+		return fmt.Sprintf("its WAL went back %d bytes", prev.lsn-cur.lsn), false
 	case cur.xmax < prev.xmax:
-		return fmt.Sprintf("its transaction counter went back %d", prev.xmax-cur.xmax)
+		return fmt.Sprintf("its transaction counter went back %d", prev.xmax-cur.xmax), false
+	case cur.here != prev.here:
+		return "its server was restarted, or a copy of it started", true
 	}
-	return ""
+	return "", false
 }
 
 // backInTime records mark and, when the database went back in time since
@@ -425,25 +466,77 @@ func (k *sessionKeeper) backInTime(g *sessionGen, mark clusterMark) bool {
 	defer k.mu.Unlock()
 	prev := k.mark
 	k.mark = mark
-	why := wentBack(prev, mark)
+	why, restarted := wentBack(prev, mark)
 	if why == "" {
 		return false
 	}
 	k.stats.resyncs.Add(1)
-	k.logger.Error("The database went back in time (a failover to a standby that lagged, or a restore): "+
-		"dropping the positions held in memory and claiming every topic again from the position the database has; "+
-		"messages acknowledged since that position are delivered again", ErrDatabaseWentBack, watermill.LogFields{
-		"why":             why,
-		"session_id":      g.id.String(),
-		"counter_before":  prev.xmax,
-		"counter_now":     mark.xmax,
-		"wal_before":      prev.lsn,
-		"wal_now":         mark.lsn,
-		"timeline_before": strings.TrimLeft(prev.timeline, "0"),
-		"timeline_now":    strings.TrimLeft(mark.timeline, "0"),
-	})
+	k.logResync(prev, mark, why, restarted, "the heartbeat", g.id)
 	k.loseLocked(g)
 	return true
+}
+
+// elsewhere drops g (see sessionGen.elsewhere) and has the heartbeat loop
+// make a new session at once, which logs the resynchronisation with what
+// the database then is.
+func (k *sessionKeeper) elsewhere(g *sessionGen, what string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.loseLocked(g) {
+		return // already dropped: by another statement, or the heartbeat
+	}
+	k.stats.resyncs.Add(1)
+	k.detectedBy = what
+	select {
+	case k.kick <- struct{}{}:
+	default:
+	}
+}
+
+// resynced records mark, read by the statement that made a new session,
+// and logs the resynchronisation when a statement found the last
+// generation's database elsewhere (elsewhere), or when the database went
+// back while no session was open. k.mu must be held.
+func (k *sessionKeeper) resynced(mark clusterMark) {
+	prev, by := k.mark, k.detectedBy
+	k.mark, k.detectedBy = mark, ""
+	why, restarted := wentBack(prev, mark)
+	switch {
+	case by != "":
+		if why == "" {
+			why = "a position held in memory lies ahead of the database's transaction counter"
+		}
+		k.logResync(prev, mark, why, restarted, by, k.prevID)
+	case why != "":
+		k.stats.resyncs.Add(1)
+		k.logResync(prev, mark, why, restarted, "a new session", k.prevID)
+	}
+}
+
+// logResync logs that the database went back (or restarted): the
+// positions held in memory are dropped and every row claimed again from
+// the positions committed in the database. A restart alone is logged at
+// Info (routine, and nothing is lost either way); the rest at Error.
+func (k *sessionKeeper) logResync(prev, cur clusterMark, why string, restarted bool, by string, session uuid.UUID) {
+	fields := watermill.LogFields{
+		"why":             why,
+		"detected_by":     by,
+		"session_id":      session.String(),
+		"counter_before":  prev.xmax,
+		"counter_now":     cur.xmax,
+		"wal_before":      prev.lsn,
+		"wal_now":         cur.lsn,
+		"timeline_before": strings.TrimLeft(prev.timeline, "0"),
+		"timeline_now":    strings.TrimLeft(cur.timeline, "0"),
+	}
+	if restarted {
+		k.logger.Info("The database server restarted (or a copy of it was started): claiming every topic again "+
+			"from the positions committed in the database; messages acknowledged since are delivered again", fields)
+		return
+	}
+	k.logger.Error("The database went back in time (a failover to a standby that lagged, or a restore): "+
+		"dropping the positions held in memory and claiming every topic again from the positions committed in the "+
+		"database; messages acknowledged since are delivered again", ErrDatabaseWentBack, fields)
 }
 
 // deleteExpired removes session rows of others that expired more than a

@@ -9,7 +9,7 @@ import (
 // TestWentBack: which changes between two heartbeats mean that the
 // database is not the one read before, later in the same history.
 func TestWentBack(t *testing.T) {
-	base := clusterMark{systemID: "7712", timeline: "00000001", lsn: 5000, xmax: 900}
+	base := clusterMark{systemID: "7712", timeline: "00000001", here: "00000001:100", lsn: 5000, xmax: 900}
 	with := func(f func(*clusterMark)) clusterMark {
 		m := base
 		f(&m)
@@ -19,21 +19,33 @@ func TestWentBack(t *testing.T) {
 		name      string
 		prev, cur clusterMark
 		want      string // "" or a part of the reason
+		restarted bool
 	}{
-		{"first reading", clusterMark{}, base, ""},
-		{"same", base, base, ""},
-		{"moved on", base, with(func(m *clusterMark) { m.lsn, m.xmax = 9000, 1000 }), ""},
-		{"system identifier unknown now", base, with(func(m *clusterMark) { m.systemID = "" }), ""},
-		{"system identifier unknown before", with(func(m *clusterMark) { m.systemID = "" }), with(func(m *clusterMark) { m.systemID = "42" }), ""},
-		{"another cluster", base, with(func(m *clusterMark) { m.systemID = "42"; m.lsn = 9000 }), "another cluster"},
-		{"promoted standby", base, with(func(m *clusterMark) { m.timeline = "00000002"; m.lsn, m.xmax = 9000, 1000 }), "a new timeline (2, was 1)"},
-		{"WAL went back", base, with(func(m *clusterMark) { m.lsn = 4000; m.xmax = 950 }), "WAL went back 1000 bytes"},
-		{"counter went back", base, with(func(m *clusterMark) { m.xmax = 800 }), "transaction counter went back 100"},
+		{"first reading", clusterMark{}, base, "", false},
+		{"same", base, base, "", false},
+		{"moved on", base, with(func(m *clusterMark) { m.lsn, m.xmax = 9000, 1000 }), "", false},
+		{"system identifier unknown now", base, with(func(m *clusterMark) { m.systemID = "" }), "", false},
+		{"system identifier unknown before", with(func(m *clusterMark) { m.systemID = "" }), with(func(m *clusterMark) { m.systemID = "42" }), "", false},
+		{"another cluster", base, with(func(m *clusterMark) { m.systemID = "42"; m.lsn = 9000 }), "another cluster", false},
+		{"promoted standby", base, with(func(m *clusterMark) {
+			m.timeline, m.here = "00000002", "00000002:100"
+			m.lsn, m.xmax = 9000, 1000
+		}), "a new timeline (2, was 1)", false},
+		{"WAL went back", base, with(func(m *clusterMark) { m.lsn = 4000; m.xmax = 950 }), "WAL went back 1000 bytes", false},
+		{"counter went back", base, with(func(m *clusterMark) { m.xmax = 800 }), "transaction counter went back 100", false},
+		{"copy started behind", base, with(func(m *clusterMark) { m.here = "00000001:200"; m.lsn = 4000 }), "WAL went back", false},
+		{"restarted, or a copy that went past", base, with(func(m *clusterMark) {
+			m.here = "00000001:200"
+			m.lsn, m.xmax = 9000, 1000
+		}), "restarted, or a copy of it started", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := wentBack(tc.prev, tc.cur)
+			got, restarted := wentBack(tc.prev, tc.cur)
 			if tc.want == "" && got != "" || tc.want != "" && !strings.Contains(got, tc.want) {
 				t.Fatalf("wentBack = %q, want %q", got, tc.want)
+			}
+			if restarted != tc.restarted {
+				t.Fatalf("wentBack says restarted = %t, want %t", restarted, tc.restarted)
 			}
 		})
 	}

@@ -37,8 +37,8 @@ func (p pgGroupStore) ensureOffsets(ctx context.Context, rows []rowKey, latest b
 	return p.offsets.ensureMany(ctx, p.timeout, p.group, rows, latest)
 }
 
-func (p pgGroupStore) claimOffsets(ctx context.Context, rows []rowKey, session uuid.UUID, limit int) ([]claimedRow, error) {
-	return p.offsets.claimMany(ctx, p.timeout, p.group, rows, session, limit)
+func (p pgGroupStore) claimOffsets(ctx context.Context, rows []rowKey, g *sessionGen, limit int) ([]claimedRow, error) {
+	return p.offsets.claimMany(ctx, p.timeout, p.group, rows, g, limit)
 }
 
 func (p pgGroupStore) releaseOffset(c *claim) error {

@@ -44,6 +44,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -140,6 +141,10 @@ type Cluster struct {
 	gid    int
 	env    []string
 	id     string // in every process title of the cluster's servers
+
+	// copies are the nodes made by [Node.Copy], stopped by Close.
+	copiesMu sync.Mutex
+	copies   []*Node
 
 	closeOnce sync.Once
 	closeErr  error
@@ -350,8 +355,13 @@ func (c *Cluster) Close() error {
 	c.closeOnce.Do(func() {
 		var errs []error
 		// The standby first: the primary's fast shutdown would wait for
-		// its walsender to send the last WAL to it.
-		for _, n := range []*Node{c.Standby, c.Primary} {
+		// its walsender to send the last WAL to it. Copies before both: a
+		// copy may listen on the port of a node killed before it, which
+		// Stop waits to see closed.
+		c.copiesMu.Lock()
+		nodes := append(slices.Clone(c.copies), c.Standby, c.Primary)
+		c.copiesMu.Unlock()
+		for _, n := range nodes {
 			if n != nil {
 				if err := n.Stop(); err != nil {
 					errs = append(errs, err)
@@ -751,6 +761,42 @@ func (c *Cluster) initPrimary(ctx context.Context) error {
 		return fmt.Errorf("pgrepl: primary: %w", err)
 	}
 	return c.chown(filepath.Join(p.dataDir, "pg_hba.conf"))
+}
+
+// Copy takes a base backup of the node (pg_basebackup -X stream, without
+// -R: no standby.signal, no primary_conninfo, no replication slot) into a
+// new node of the cluster named name, and returns it, not started.
+// Started ([Node.StartOn]), the copy runs as a primary on the node's
+// timeline, with what the node had committed when the backup ended: what
+// a disk or VM snapshot restored in place, or a base backup started as it
+// is, looks like. [Cluster.Close] stops it and removes its files.
+func (n *Node) Copy(ctx context.Context, name string) (*Node, error) {
+	c := n.c
+	if strings.ContainsAny(name, "/ ") || name == "" || name == c.Primary.name || name == c.Standby.name {
+		return nil, fmt.Errorf("pgrepl: Copy: invalid name %q", name)
+	}
+	cp := c.newNode(name)
+	c.copiesMu.Lock()
+	c.copies = append(c.copies, cp)
+	c.copiesMu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+	defer cancel()
+	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=%s application_name=pgrepl_copy", n.Port(), superuser)
+	if err := c.run(ctx, "pg_basebackup", "-d", conninfo, "-D", cp.dataDir, "-X", "stream",
+		"--checkpoint=fast", "--no-sync"); err != nil {
+		return nil, fmt.Errorf("pgrepl: copy %s of %s: %w%s", name, n.name, err, n.logTail())
+	}
+	return cp, nil
+}
+
+// StartOn starts a node that does not run on port, e.g. the port of a node
+// stopped or killed before, so that clients that reconnect to that
+// address reach this one; it returns once the server accepts
+// connections.
+func (n *Node) StartOn(ctx context.Context, port int) error {
+	ctx, cancel := context.WithTimeout(ctx, n.c.opts.Timeout)
+	defer cancel()
+	return n.startOn(ctx, port)
 }
 
 // baseBackup copies the primary into the standby's data directory, with

@@ -47,6 +47,10 @@ type SelectMessagesParams struct {
 	// returned whole: a larger one is returned without its payload (see
 	// [SelectMessages]); 0 means no bound.
 	MaxMessageBytes int64
+	// Here is the identity of the server the position was read on
+	// ([ClusterMark.Here]): the statement reports
+	// [SelectResult.WentBack] when it runs elsewhere.
+	Here string
 }
 
 // VisibleTopicsParams list (topic, partition) rows with a position each;
@@ -108,6 +112,9 @@ type OffsetsParams struct {
 	Topics        []string
 	Partitions    []int32 // one per topic; nil: partition 0 of each topic
 	SessionID     uuid.UUID
+	// Here is the identity of the server the session was made on
+	// ([ClusterMark.Here]): a claim run elsewhere claims nothing.
+	Here string
 	// Limit bounds the rows a claim takes.
 	Limit int
 	// Latest makes EnsureOffsets create the rows of a topic the group has
@@ -129,6 +136,10 @@ type OffsetParams struct {
 	Epoch         int64
 	// Position is the acknowledged position written by commit and release.
 	Position Position
+	// Here is the identity of the server the session was made on
+	// ([ClusterMark.Here]): a fenced statement run elsewhere writes
+	// nothing.
+	Here string
 	// Version, when not empty, is where CommitOffset last wrote the row:
 	// the tuple id (ctid, as text) of the version it returned. The commit
 	// tries that version first, which costs one block read however many

@@ -2,6 +2,7 @@ package pgsql
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -109,6 +110,11 @@ type SelectResult struct {
 	// the database's transaction counter (rows copied from another
 	// cluster); Messages and Pending are then not set.
 	Future bool
+	// WentBack reports that the statement ran elsewhere than p.Here, or
+	// that p.After lies ahead of the transaction counter: the database
+	// is not on the history the position was read on. Nothing else is
+	// set.
+	WentBack bool
 }
 
 // SelectMessages returns at most p.Limit messages after p.After that every
@@ -132,12 +138,16 @@ func SelectMessages(ctx context.Context, q Querier, t *Tables, p SelectMessagesP
 		msgUUID, metadata pgtype.Text
 		payload           []byte
 		more, future      bool
-		dest              = []any{&offset, nil, &msgUUID, &payload, &metadata, &more, &future, &size}
+		wentBack          bool
+		dest              = []any{&offset, nil, &msgUUID, &payload, &metadata, &more, &future, &size, &wentBack}
 	)
 	for res.Next() {
 		payload = nil
 		if err := res.Scan(dest...); err != nil {
 			return SelectResult{}, err
+		}
+		if wentBack {
+			return SelectResult{WentBack: true}, nil
 		}
 		if future {
 			return SelectResult{Future: true}, nil
@@ -174,22 +184,34 @@ func VisibleTopics(ctx context.Context, q Querier, t *Tables, p VisibleTopicsPar
 
 // --- sessions
 
-// CreateSession inserts a session row expiring at now() + TTL (and deletes
-// p.ReplacesSessionID), and notifies the group.
-func CreateSession(ctx context.Context, q Querier, t *Tables, p SessionParams) error {
-	_, err := exec(ctx, q, t.CreateSession(p))
-	return err
-}
-
-// HeartbeatRow is the row of [HeartbeatSession]: the rows updated (0: the
-// session is lost), and where the database is: its transaction counter
-// (xid8 as text), WAL position in bytes (numeric as text) and timeline (8
-// hex digits).
-type HeartbeatRow struct {
-	Updated  int64
+// ClusterMark is where the database was when a statement ran: its
+// transaction counter (xid8 as text), WAL position in bytes (numeric as
+// text), timeline (8 hex digits) and identity (see [Here]).
+type ClusterMark struct {
 	Xmax     uint64
 	LSN      string
 	Timeline string
+	Here     string
+}
+
+// CreateSession inserts a session row expiring at now() + TTL (and deletes
+// p.ReplacesSessionID), notifies the group, and returns where the
+// database is.
+func CreateSession(ctx context.Context, q Querier, t *Tables, p SessionParams) (ClusterMark, error) {
+	s := t.CreateSession(p)
+	var (
+		notified int64
+		m        ClusterMark
+	)
+	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&notified, (*xid8)(&m.Xmax), &m.LSN, &m.Timeline, &m.Here)
+	return m, err
+}
+
+// HeartbeatRow is the row of [HeartbeatSession]: the rows updated (0: the
+// session is lost), and where the database is.
+type HeartbeatRow struct {
+	Updated int64
+	ClusterMark
 }
 
 // HeartbeatSession moves the session's expiry to now() + TTL only if it has
@@ -198,7 +220,7 @@ type HeartbeatRow struct {
 func HeartbeatSession(ctx context.Context, q Querier, t *Tables, p SessionParams) (HeartbeatRow, error) {
 	s := t.HeartbeatSession(p)
 	var r HeartbeatRow
-	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&r.Updated, (*xid8)(&r.Xmax), &r.LSN, &r.Timeline)
+	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&r.Updated, (*xid8)(&r.Xmax), &r.LSN, &r.Timeline, &r.Here)
 	return r, err
 }
 
@@ -271,6 +293,9 @@ const (
 	ClaimMissing = 'm' // no offset row
 	ClaimFuture  = 'f' // position ahead of the transaction counter: not claimed
 	ClaimLost    = 'l' // free in the snapshot, changed by another transaction before the claim
+	// ClaimWentBack is the only row of a claim run elsewhere than
+	// p.Here: nothing was claimed.
+	ClaimWentBack = 'w'
 )
 
 // ClaimRow is one row of [ClaimOffsets]. The fields after Partition are
@@ -329,29 +354,62 @@ func scanClaim(row pgx.CollectableRow) (ClaimRow, error) {
 
 // CountHeadDelivery adds one to the row's head_deliveries, fenced by
 // session and epoch and only while its acknowledged position is still
-// p.Position, and returns the new count; pgx.ErrNoRows: ownership lost.
+// p.Position, and returns the new count; pgx.ErrNoRows: ownership lost;
+// [ErrWentBack]: run elsewhere than p.Here, or p.Position lies ahead of
+// the transaction counter.
 func CountHeadDelivery(ctx context.Context, q Querier, t *Tables, p OffsetParams) (int32, error) {
 	s := t.CountHeadDelivery(p)
-	var n int32
-	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&n)
-	return n, err
+	var (
+		ok bool
+		n  *int32
+	)
+	if err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&ok, &n); err != nil {
+		return 0, err
+	}
+	switch {
+	case !ok:
+		return 0, ErrWentBack
+	case n == nil:
+		return 0, pgx.ErrNoRows
+	}
+	return *n, nil
 }
+
+// ErrWentBack is returned by the statements that find they run elsewhere
+// than the identity they were given, or with a position ahead of the
+// transaction counter (see [Here]).
+var ErrWentBack = errors.New("the database is not on the history the session was made on")
 
 // CommitOffset moves the acknowledged position forward, fenced by session
 // and epoch, starting from the row version p.Version when it is set. It
 // returns the version written (the tuple id, for the next commit) and
-// whether a row was written (false: ownership lost).
+// whether a row was written (false: ownership lost); [ErrWentBack] when
+// it ran elsewhere than p.Here or p.Position lies ahead of the
+// transaction counter.
 func CommitOffset(ctx context.Context, q Querier, t *Tables, p OffsetParams) (version string, written bool, err error) {
-	versions, err := collect(ctx, q, t.CommitOffset(p), pgx.RowTo[*string])
+	s := t.CommitOffset(p)
+	rows, err := q.Query(ctx, s.SQL, s.Args...)
 	if err != nil {
 		return "", false, err
 	}
-	for _, v := range versions {
+	var (
+		v        *string
+		wentBack bool
+	)
+	_, err = pgx.ForEachRow(rows, []any{&v, &wentBack}, func() error {
+		if wentBack {
+			return ErrWentBack
+		}
+		written = true
 		if v != nil {
 			version = *v
 		}
+		return nil
+	})
+	if err != nil {
+		return "", false, err
 	}
-	return version, len(versions) > 0, nil
+	return version, written, nil
 }
 
 // ReleaseOffset writes the acknowledged position (never moving it back)
@@ -362,13 +420,15 @@ func ReleaseOffset(ctx context.Context, q Querier, t *Tables, p OffsetParams) (i
 	return exec(ctx, q, t.ReleaseOffset(p))
 }
 
-// AckRow is the row of [AckOffset]: the row as it was before, and whether
-// the statement moved its position.
+// AckRow is the row of [AckOffset]: the row as it was before, whether
+// the statement moved its position, and whether it ran where p.Here says
+// with a position below the transaction counter (false: nothing written).
 type AckRow struct {
 	SessionID *uuid.UUID
 	Epoch     int64
 	Acked     Position
 	Advanced  bool
+	OnHistory bool
 }
 
 // AckOffset is what AckInTx runs in the caller's transaction: it locks the
@@ -384,6 +444,6 @@ func AckOffset(ctx context.Context, q Querier, t *Tables, p OffsetParams) (AckRo
 // ScanAck scans the row of [AckOffset].
 func ScanAck(row pgx.Row) (AckRow, error) {
 	var r AckRow
-	err := row.Scan(&r.SessionID, &r.Epoch, (*xid8)(&r.Acked.TransactionID), &r.Acked.Offset, &r.Advanced)
+	err := row.Scan(&r.SessionID, &r.Epoch, (*xid8)(&r.Acked.TransactionID), &r.Acked.Offset, &r.Advanced, &r.OnHistory)
 	return r, err
 }

@@ -187,6 +187,10 @@ func oneTopic(topics []string) bool {
 // The pending row reads the highest transaction id at or above xmin (one
 // step of a backward index scan): at or above the snapshot's xmax, no
 // transaction of this cluster can have written it.
+//
+// A last row reports that the statement ran elsewhere than p.Here, or
+// that p.After lies at or above the transaction counter: the position was
+// read on a history this database is not on (see [Here]).
 func (t *Tables) SelectMessages(p SelectMessagesParams) Stmt {
 	maxBytes := p.MaxMessageBytes
 	if maxBytes <= 0 {
@@ -203,7 +207,7 @@ func (t *Tables) SelectMessages(p SelectMessagesParams) Stmt {
 		// transaction_id would sort by the text output column.
 		SQL: `(SELECT m."offset", m.transaction_id::text AS transaction_id_text, m.uuid,
 	CASE WHEN ` + size + ` <= $6::bigint THEN m.payload END, m.metadata::text AS metadata_text,
-	false AS pending, false AS future, ` + size + ` AS size
+	false AS pending, false AS future, ` + size + ` AS size, false AS went_back
 FROM ` + t.Messages + ` m
 WHERE m.topic = $1 AND m.partition = $2 AND ` + t.classesOf("$1") + `
 	AND (m.transaction_id, m."offset") > ($3::text::xid8, $4::bigint)
@@ -211,13 +215,16 @@ WHERE m.topic = $1 AND m.partition = $2 AND ` + t.classesOf("$1") + `
 ORDER BY m.transaction_id, m."offset"
 LIMIT $5)
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, true, t.transaction_id >= pg_snapshot_xmax(pg_current_snapshot()), NULL
+SELECT NULL, NULL, NULL, NULL, NULL, true, t.transaction_id >= pg_snapshot_xmax(pg_current_snapshot()), NULL, false
 FROM (SELECT m.transaction_id FROM ` + t.Messages + ` m
 	WHERE m.topic = $1 AND m.partition = $2 AND ` + t.classesOf("$1") + `
 		AND m.transaction_id >= pg_snapshot_xmin(pg_current_snapshot())
 	ORDER BY m.transaction_id DESC
-	LIMIT 1) t`,
-		Args: []any{p.Topic, p.Partition, formatXID8(p.After.TransactionID), p.After.Offset, p.Limit, maxBytes},
+	LIMIT 1) t
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, false, false, NULL, true
+WHERE NOT (` + hereIs(7) + ` AND $3::text::xid8 < pg_snapshot_xmax(pg_current_snapshot()))`,
+		Args: []any{p.Topic, p.Partition, formatXID8(p.After.TransactionID), p.After.Offset, p.Limit, maxBytes, p.Here},
 	}
 }
 
@@ -258,7 +265,10 @@ func partitionsOf(topics []string, partitions []int32) []int32 {
 	return make([]int32, len(topics))
 }
 
-// CreateSession is the statement of [CreateSession].
+// CreateSession is the statement of [CreateSession]. Its row is the
+// notifications sent (0 or 1) and where the database is (markColumns),
+// read by the statement that made the session: the identity that every
+// statement on the session's claims is fenced by.
 func (t *Tables) CreateSession(p SessionParams) Stmt {
 	return Stmt{
 		SQL: `WITH replaced AS (
@@ -267,8 +277,10 @@ func (t *Tables) CreateSession(p SessionParams) Stmt {
 	INSERT INTO ` + t.Sessions + ` (id, consumer_group, owner, expires_at)
 	VALUES ($1, $2, $3, now() + $4::bigint * interval '1 microsecond')
 	RETURNING consumer_group
+), notified AS (
+	SELECT pg_notify($6, 'g' || consumer_group) FROM inserted WHERE $6 <> ''
 )
-SELECT pg_notify($6, 'g' || consumer_group) FROM inserted WHERE $6 <> ''`,
+SELECT (SELECT count(*) FROM notified), ` + markColumns,
 		Args: []any{p.SessionID, p.ConsumerGroup, p.Owner, p.TTL.Microseconds(), p.ReplacesSessionID, p.NotifyChannel},
 	}
 }
@@ -282,11 +294,15 @@ func (t *Tables) HeartbeatSession(p SessionParams) Stmt {
 	WHERE id = $1 AND expires_at > now()
 	RETURNING 1
 )
-SELECT (SELECT count(*) FROM beat), pg_snapshot_xmax(pg_current_snapshot())::text,
-	pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::text, substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)`,
+SELECT (SELECT count(*) FROM beat), ` + markColumns,
 		Args: []any{p.SessionID, p.TTL.Microseconds()},
 	}
 }
+
+// markColumns are where the database is: the columns of [ClusterMark].
+const markColumns = `pg_snapshot_xmax(pg_current_snapshot())::text,
+	pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::text, substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8),
+	` + here
 
 // DeleteSession is the statement of [DeleteSession].
 func (t *Tables) DeleteSession(p SessionParams) Stmt {
@@ -390,21 +406,28 @@ RETURNING o.topic, o.partition, o.acked_transaction_id::text`,
 // transaction counter (positions copied from another cluster) is not
 // claimed and reported as 'f'.
 //
+// Run elsewhere than p.Here (the session was made on another server or
+// timeline: see [Here]), the statement claims nothing and returns one
+// row, of kind 'w'.
+//
 // The statement looks at the rows in (topic, partition) order and stops
 // after p.Limit rows that it can claim (or that are missing or ahead of the
 // counter), so that the rows it locks are bounded and two claimers lock
 // common rows in the same order.
 func (t *Tables) ClaimOffsets(p OffsetsParams) Stmt {
 	return Stmt{
-		SQL: `WITH cur AS (
+		SQL: `WITH here AS (
+	SELECT ` + hereIs(6) + ` AS ok
+), cur AS (
 	SELECT t.topic, t.partition, o.consumer_group IS NULL AS missing, o.session_id, o.epoch,
 		s.id IS NOT NULL AS owner_exists, s.owner,
 		COALESCE(o.acked_transaction_id >= pg_snapshot_xmax(pg_current_snapshot()), false) AS future
 	FROM unnest($2::text[], $5::integer[]) AS t(topic, partition)
 	LEFT JOIN ` + t.Offsets + ` o ON o.consumer_group = $1 AND o.topic = t.topic AND o.partition = t.partition
 	LEFT JOIN ` + t.Sessions + ` s ON s.id = o.session_id
-	WHERE o.consumer_group IS NULL OR o.session_id IS NULL OR o.session_id = $3 OR s.id IS NULL
-		OR s.expires_at < now()
+	WHERE (o.consumer_group IS NULL OR o.session_id IS NULL OR o.session_id = $3 OR s.id IS NULL
+		OR s.expires_at < now())
+		AND (SELECT ok FROM here)
 	ORDER BY t.topic, t.partition
 	LIMIT $4
 ),
@@ -434,8 +457,10 @@ FROM claimed c JOIN cur ON cur.topic = c.topic AND cur.partition = c.partition
 UNION ALL
 SELECT CASE WHEN cur.missing THEN 'm' WHEN cur.future THEN 'f' ELSE 'l' END, cur.topic, cur.partition,
 	NULL, NULL, NULL, NULL, NULL, NULL
-FROM cur WHERE NOT EXISTS (SELECT 1 FROM claimed c WHERE c.topic = cur.topic AND c.partition = cur.partition)`,
-		Args: []any{p.ConsumerGroup, p.Topics, p.SessionID, p.Limit, partitionsOf(p.Topics, p.Partitions)},
+FROM cur WHERE NOT EXISTS (SELECT 1 FROM claimed c WHERE c.topic = cur.topic AND c.partition = cur.partition)
+UNION ALL
+SELECT 'w', '', 0, NULL, NULL, NULL, NULL, NULL, NULL FROM here WHERE NOT ok`,
+		Args: []any{p.ConsumerGroup, p.Topics, p.SessionID, p.Limit, partitionsOf(p.Topics, p.Partitions), p.Here},
 	}
 }
 
@@ -452,12 +477,17 @@ const forwardSet = `acked_transaction_id = CASE WHEN (acked_transaction_id, acke
 // notFuture refuses to write a position ($6) that is not below the
 // database's transaction counter. Every position a Subscriber reads lies
 // below the xmin horizon of the moment it was read, and the counter only
-// grows, so such a position was read from another timeline: the database
+// grows, so such a position was read on another history: the database
 // failed over to a standby that lagged, or was restored. Written, it would
-// skip what the database hands those transaction ids out to now. Refused,
-// the write reports ownership lost and the row is claimed again from the
-// position the database has.
+// skip what the database hands those transaction ids out to now.
 const notFuture = `$6::text::xid8 < pg_snapshot_xmax(pg_current_snapshot())`
+
+// onHistory is the condition of a fenced statement on position $6 and
+// the session's identity $here: the statement runs where the session was
+// made, and the position is not ahead of the counter (notFuture). When it
+// does not hold, the statement writes nothing and says so: the database
+// went back (see [Here]).
+func onHistory(here int) string { return `(` + hereIs(here) + ` AND ` + notFuture + `)` }
 
 // CommitOffset is the statement of [CommitOffset].
 //
@@ -477,37 +507,46 @@ const notFuture = `$6::text::xid8 < pg_snapshot_xmax(pg_current_snapshot())`
 // re-checks the conditions on its latest version (and a hint whose
 // version another transaction replaced before this statement's snapshot
 // finds nothing visible, and the key lookup decides).
+//
+// Its rows are the version written (none: ownership lost), or one row with
+// a NULL version and true when onHistory refused the statement.
 func (t *Tables) CommitOffset(p OffsetParams) Stmt {
 	update := `UPDATE ` + t.Offsets + `
 	SET ` + forwardSet + `, updated_at = now()
 	WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5
-		AND ` + notFuture
+		AND (SELECT ok FROM here)`
 	return Stmt{
-		SQL: `WITH hinted AS (
+		SQL: `WITH here AS (
+	SELECT ` + onHistory(9) + ` AS ok
+), hinted AS (
 	` + update + ` AND ctid = NULLIF($8, '')::tid
 	RETURNING ctid
 ), keyed AS (
 	` + update + ` AND NOT EXISTS (SELECT 1 FROM hinted)
 	RETURNING ctid
 )
-SELECT ctid::text FROM hinted
+SELECT ctid::text, false FROM hinted
 UNION ALL
-SELECT ctid::text FROM keyed`,
+SELECT ctid::text, false FROM keyed
+UNION ALL
+SELECT NULL, true FROM here WHERE NOT ok`,
 		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
-			formatXID8(p.Position.TransactionID), p.Position.Offset, p.Version},
+			formatXID8(p.Position.TransactionID), p.Position.Offset, p.Version, p.Here},
 	}
 }
 
 // ReleaseOffset is the statement of [ReleaseOffset]. The command tag counts the
-// rows released (zero when ownership was lost).
+// rows released: zero when ownership was lost, or when onHistory refused
+// the statement (the rows are then free with the session, which its
+// Subscriber drops).
 func (t *Tables) ReleaseOffset(p OffsetParams) Stmt {
 	update := `UPDATE ` + t.Offsets + `
 SET ` + forwardSet + `,
 	session_id = NULL, updated_at = now()
 WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5
-	AND ` + notFuture
+	AND ` + onHistory(8)
 	args := []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
-		formatXID8(p.Position.TransactionID), p.Position.Offset}
+		formatXID8(p.Position.TransactionID), p.Position.Offset, p.Here}
 	if p.NotifyChannel == "" {
 		return Stmt{SQL: update, Args: args}
 	}
@@ -516,20 +555,28 @@ WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 
 ` + update + `
 RETURNING topic
 )
-SELECT pg_notify($8, 'r' || topic) FROM released`,
+SELECT pg_notify($9, 'r' || topic) FROM released`,
 		Args: append(args, p.NotifyChannel),
 	}
 }
 
 // CountHeadDelivery is the statement of [CountHeadDelivery].
+//
+// Its row is whether onHistory held, and the new count (NULL: ownership
+// lost).
 func (t *Tables) CountHeadDelivery(p OffsetParams) Stmt {
 	return Stmt{
-		SQL: `UPDATE ` + t.Offsets + ` SET head_deliveries = head_deliveries + 1
-WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5
-	AND acked_transaction_id = $6::text::xid8 AND acked_offset = $7
-RETURNING head_deliveries`,
+		SQL: `WITH here AS (
+	SELECT ` + onHistory(8) + ` AS ok
+), counted AS (
+	UPDATE ` + t.Offsets + ` SET head_deliveries = head_deliveries + 1
+	WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5
+		AND acked_transaction_id = $6::text::xid8 AND acked_offset = $7 AND (SELECT ok FROM here)
+	RETURNING head_deliveries
+)
+SELECT (SELECT ok FROM here), (SELECT head_deliveries FROM counted)`,
 		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
-			formatXID8(p.Position.TransactionID), p.Position.Offset},
+			formatXID8(p.Position.TransactionID), p.Position.Offset, p.Here},
 	}
 }
 
@@ -539,7 +586,9 @@ RETURNING head_deliveries`,
 // read, so the decision and the write are made on the same version.
 func (t *Tables) AckOffset(p OffsetParams) Stmt {
 	return Stmt{
-		SQL: `WITH cur AS (
+		SQL: `WITH here AS (
+	SELECT ` + onHistory(8) + ` AS ok
+), cur AS (
 	SELECT session_id, epoch, acked_transaction_id, acked_offset FROM ` + t.Offsets + `
 	WHERE consumer_group = $1 AND topic = $2 AND partition = $3
 	FOR UPDATE
@@ -550,12 +599,13 @@ func (t *Tables) AckOffset(p OffsetParams) Stmt {
 	WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
 		AND cur.session_id = $4 AND cur.epoch = $5
 		AND (cur.acked_transaction_id, cur.acked_offset) < ($6::text::xid8, $7::bigint)
-		AND ` + notFuture + `
+		AND (SELECT ok FROM here)
 	RETURNING 1
 )
-SELECT cur.session_id, cur.epoch, cur.acked_transaction_id::text, cur.acked_offset, EXISTS (SELECT 1 FROM advanced)
+SELECT cur.session_id, cur.epoch, cur.acked_transaction_id::text, cur.acked_offset, EXISTS (SELECT 1 FROM advanced),
+	(SELECT ok FROM here)
 FROM cur`,
 		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
-			formatXID8(p.Position.TransactionID), p.Position.Offset},
+			formatXID8(p.Position.TransactionID), p.Position.Offset, p.Here},
 	}
 }
