@@ -389,12 +389,12 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 }
 
 // While committed rows are not visible yet, they are re-polled with a
-// backoff from pendingFastMin capped at pendingFastCap for pendingFastFor,
+// backoff from pendingFastFirst capped at pendingFastCap for pendingFastFor,
 // then at PollInterval.
 const (
-	pendingFastMin = 2 * time.Millisecond
-	pendingFastCap = 20 * time.Millisecond
-	pendingFastFor = time.Second
+	pendingFastFirst = 2 * time.Millisecond
+	pendingFastCap   = 20 * time.Millisecond
+	pendingFastFor   = time.Second
 )
 
 // pendingPoll paces a consumer's re-reads while committed messages after
@@ -421,7 +421,7 @@ func newPendingPoll(slow time.Duration) *pendingPoll {
 // reset ends the hold under way, if any.
 func (p *pendingPoll) reset() {
 	p.since = time.Time{}
-	p.wait = *newBackoff(pendingFastMin, pendingFastCap)
+	p.wait = *newBackoff(pendingFastFirst, pendingFastCap)
 }
 
 // held returns how long to wait before reading again after a read at now

@@ -25,21 +25,21 @@ func TestPendingPoll(t *testing.T) {
 		steps []step
 	}{
 		{name: "a long hold stalls once and backs off", slow: 5 * time.Second, steps: []step{
-			{at: 0, maxWait: pendingFastMin},
+			{at: 0, maxWait: pendingFastFirst},
 			{at: 500 * time.Millisecond, maxWait: pendingFastCap},
 			{at: 1001 * time.Millisecond, stalled: true, maxWait: 5 * time.Second},
 			{at: 1100 * time.Millisecond, maxWait: 5 * time.Second},
 		}},
 		{name: "short holds each start afresh", slow: 5 * time.Second, steps: []step{
-			{at: 0, maxWait: pendingFastMin},
+			{at: 0, maxWait: pendingFastFirst},
 			{at: 80 * time.Millisecond, maxWait: pendingFastCap},
-			{at: 900 * time.Millisecond, reset: true, maxWait: pendingFastMin},
+			{at: 900 * time.Millisecond, reset: true, maxWait: pendingFastFirst},
 			{at: 980 * time.Millisecond, maxWait: pendingFastCap},
-			{at: 1800 * time.Millisecond, reset: true, maxWait: pendingFastMin},
+			{at: 1800 * time.Millisecond, reset: true, maxWait: pendingFastFirst},
 			{at: 2700 * time.Millisecond, maxWait: pendingFastCap},
 		}},
 		{name: "a slow interval no longer than the fast cap never stalls", slow: 10 * time.Millisecond, steps: []step{
-			{at: 0, maxWait: pendingFastMin},
+			{at: 0, maxWait: pendingFastFirst},
 			{at: 2 * time.Second, maxWait: pendingFastCap},
 			{at: 3 * time.Second, maxWait: pendingFastCap},
 		}},
