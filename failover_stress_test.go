@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// TestStressFailover repeats the failover tests on fresh clusters,
+// TestStressFailover repeats the failover and restore tests on fresh clusters,
 // PGLEASE_STRESS_FAILOVERS times (default 5). Run it with `make stress`.
 func TestStressFailover(t *testing.T) {
 	n := 5
@@ -19,5 +19,6 @@ func TestStressFailover(t *testing.T) {
 	for i := range n {
 		t.Run(fmt.Sprintf("lagging/%d", i), TestFailoverToALaggingStandbyDeliversWhatIsPublishedAfter)
 		t.Run(fmt.Sprintf("synchronous/%d", i), TestSynchronousFailoverLosesNoPublishedMessage)
+		t.Run(fmt.Sprintf("copy/%d", i), TestCopyStartedAsItIsDeliversWhatIsPublishedAfter)
 	}
 }
