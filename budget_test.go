@@ -221,8 +221,9 @@ func TestSelectMessagesTakesAnyBound(t *testing.T) {
 	require.NoError(t, pub.Publish("t", message.NewMessage(watermill.NewUUID(), make([]byte, 100))))
 	for _, bound := range []int64{0, 3 << 30, 50} {
 		res, err := pgsql.SelectMessages(ctx, pool, tablesOf(adapter), pgsql.SelectMessagesParams{
-			Topic: "t", Limit: 10, MaxMessageBytes: bound})
+			Topic: "t", Limit: 10, MaxMessageBytes: bound, Here: serverHere(t, pool)})
 		require.NoError(t, err, "bound %d", bound)
+		require.False(t, res.WentBack, "bound %d", bound)
 		require.Len(t, res.Messages, 1, "bound %d", bound)
 		whole := bound != 50
 		assert.Equal(t, whole, res.Messages[0].Payload != nil, "bound %d: payload sent", bound)
