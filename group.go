@@ -95,6 +95,8 @@ type groupMember struct {
 	afterRead func(members int)
 
 	kick chan struct{}
+	// outage logs the failures of the steps.
+	outage *outageLog
 
 	loop svc.Service // run, started by the first Subscribe
 }
@@ -176,6 +178,7 @@ func newGroupMember(deps memberDeps) *groupMember {
 		unresolved: map[memberSub]uint64{},
 		stale:      true,
 		kick:       make(chan struct{}, 1),
+		outage:     newOutageLog(deps.logger, componentGroup),
 	}
 }
 
@@ -380,6 +383,7 @@ func (m *groupMember) run(ctx context.Context) {
 			}
 			continue
 		}
+		sent := time.Now()
 		next, err := m.step(ctx, g)
 		timer.Stop()
 		if err != nil {
@@ -388,11 +392,12 @@ func (m *groupMember) run(ctx context.Context) {
 			}
 			if !errors.Is(err, errSessionGone) && !errors.Is(err, ErrDatabaseWentBack) {
 				// (The session keeper logs a database that went back.)
-				m.logger.Error("Cannot split the consumer group's topics, retrying", err, nil)
+				m.outage.failed(sent, "Cannot split the consumer group's topics, retrying", err, nil)
 			}
 			timer.Reset(retry.delay())
 			continue
 		}
+		m.outage.ok()
 		retry.reset()
 		if next > 0 {
 			timer.Reset(next)
