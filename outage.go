@@ -26,10 +26,10 @@ const (
 type outageEvent int
 
 const (
-	outageQuiet    outageEvent = iota // nothing to say above Debug
-	outageBegan                       // the first failure: Error
-	outageGoesOn                      // still failing, outageRepeat since the last line: Info
-	outageRecovered                   // the first success after failures: Info, with how long
+	outageQuiet     outageEvent = iota // nothing to say above Debug
+	outageBegan                        // the first failure: Error
+	outageGoesOn                       // still failing, outageRepeat since the last line: Info
+	outageRecovered                    // the first success after failures: Info, with how long
 )
 
 // outageState is the pure part of outageLog: when the current outage
