@@ -212,7 +212,11 @@ func (c *consumer) releaseLeftover(left *leftover) error {
 		return nil
 	}
 	cl := left.cl
+	sent := time.Now()
 	err := c.s.offsets.release(c.s.releaseCtx, cl)
+	if err == nil || errors.Is(err, ErrOwnershipLost) {
+		c.s.consumerOutage.ok()
+	}
 	switch {
 	case err == nil:
 		c.logger.Debug("Topic released", watermill.LogFields{"epoch": cl.epoch,
@@ -223,7 +227,8 @@ func (c *consumer) releaseLeftover(left *leftover) error {
 			"epoch": cl.epoch, "session_id": cl.sessionID.String()})
 		return nil
 	default:
-		c.logger.Error("Cannot release the topic, retrying while the session lives", err, nil)
+		c.s.consumerOutage.failed(sent, "Cannot release the topic, retrying while the session lives", err,
+			watermill.LogFields{"topic": c.topic, "partition": c.partition})
 		return err
 	}
 }
@@ -295,6 +300,7 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 			}
 			continue
 		}
+		sent := time.Now()
 		rb, ok := c.takePrefetch(cl)
 		var err error
 		if !ok {
@@ -310,12 +316,14 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 			if errors.Is(cl.wentBack(err, "read messages of topic"), ErrDatabaseWentBack) {
 				return lost // the session keeper logs it
 			}
-			c.logger.Error("Cannot read messages, retrying", err, nil)
+			c.s.consumerOutage.failed(sent, "Cannot read messages, retrying", err,
+				watermill.LogFields{"topic": c.topic, "partition": c.partition})
 			if !sleep(retry.delay(), c.ctx.Done(), g.lost) && c.ctx.Err() != nil {
 				return stopped
 			}
 			continue
 		}
+		c.s.consumerOutage.ok()
 		retry.reset()
 		batch := rb.msgs
 		if len(batch) > 0 || !rb.pending {
@@ -805,9 +813,11 @@ func (c *consumer) fencedWrite(g *sessionGen, cl *claim, retryMsg string, write 
 			return lost
 		}
 		ctx, cancel := context.WithTimeout(c.ctx, c.s.config.SessionTTL)
+		sent := time.Now()
 		err := write(ctx)
 		cancel()
 		if err == nil {
+			c.s.consumerOutage.ok()
 			return acked
 		}
 		if errors.Is(err, ErrDatabaseWentBack) {
@@ -821,7 +831,7 @@ func (c *consumer) fencedWrite(g *sessionGen, cl *claim, retryMsg string, write 
 		if c.ctx.Err() != nil {
 			return stopped
 		}
-		c.logger.Error(retryMsg, err, nil)
+		c.s.consumerOutage.failed(sent, retryMsg, err, watermill.LogFields{"topic": c.topic, "partition": c.partition})
 		if !sleep(retry.delay(), c.ctx.Done(), g.lost) {
 			return c.interrupted()
 		}

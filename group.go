@@ -62,6 +62,7 @@ type groupMember struct {
 	waiting map[rowKey]*consumer // subscribed, not owned
 	owning  map[rowKey]*held     // granted
 	set     rowSet               // the rows of waiting and owning
+	shape   setShape             // how set falls into topics
 	// unensured are subscribed rows whose offset row may not exist: the
 	// partitions of a topic whose count was read (resolve), and every
 	// subscribed partition of a topic a claim found a row of missing.
@@ -94,6 +95,8 @@ type groupMember struct {
 	afterRead func(members int)
 
 	kick chan struct{}
+	// outage logs the failures of the steps.
+	outage *outageLog
 
 	loop svc.Service // run, started by the first Subscribe
 }
@@ -175,6 +178,7 @@ func newGroupMember(deps memberDeps) *groupMember {
 		unresolved: map[memberSub]uint64{},
 		stale:      true,
 		kick:       make(chan struct{}, 1),
+		outage:     newOutageLog(deps.logger, componentGroup),
 	}
 }
 
@@ -313,6 +317,7 @@ func (m *groupMember) register(c *consumer) {
 	m.mu.Lock()
 	m.waiting[key] = c
 	m.set.add(key.topic, key.partition)
+	m.shape.add(key.topic)
 	m.mu.Unlock()
 	m.wake()
 }
@@ -325,9 +330,11 @@ func (m *groupMember) unregister(c *consumer) (grant, bool) {
 	if m.waiting[key] == c {
 		delete(m.waiting, key)
 		m.set.remove(key.topic, key.partition)
+		m.shape.remove(key.topic)
 	} else if h := m.owning[key]; h != nil && h.c == c {
 		delete(m.owning, key)
 		m.set.remove(key.topic, key.partition)
+		m.shape.remove(key.topic)
 	}
 	m.mu.Unlock()
 	m.wake()
@@ -376,6 +383,7 @@ func (m *groupMember) run(ctx context.Context) {
 			}
 			continue
 		}
+		sent := time.Now()
 		next, err := m.step(ctx, g)
 		timer.Stop()
 		if err != nil {
@@ -384,11 +392,12 @@ func (m *groupMember) run(ctx context.Context) {
 			}
 			if !errors.Is(err, errSessionGone) && !errors.Is(err, ErrDatabaseWentBack) {
 				// (The session keeper logs a database that went back.)
-				m.logger.Error("Cannot split the consumer group's topics, retrying", err, nil)
+				m.outage.failed(sent, "Cannot split the consumer group's topics, retrying", err, nil)
 			}
 			timer.Reset(retry.delay())
 			continue
 		}
+		m.outage.ok()
 		retry.reset()
 		if next > 0 {
 			timer.Reset(next)
@@ -413,12 +422,12 @@ func (m *groupMember) step(ctx context.Context, g *sessionGen) (time.Duration, e
 	if err := m.readMembers(g); err != nil {
 		return 0, err
 	}
-	share, owned := m.yieldSurplus(g)
+	plan := m.yieldSurplus(g)
 	m.mu.Lock()
 	settle := len(m.unsettled) > 0
 	m.mu.Unlock()
-	if owned < share || settle {
-		full, err := m.claim(ctx, g, max(share-owned, 0))
+	if plan.want > 0 || settle {
+		full, err := m.claim(ctx, g, plan)
 		if err != nil {
 			return 0, err
 		}
@@ -658,10 +667,11 @@ func (m *groupMember) readMembers(g *sessionGen) error {
 	return nil
 }
 
-// yieldSurplus asks subscriptions to give up the topics this member holds
-// above its share, the idle ones first, and returns the share and how many
-// topics it holds under g (not counting those asked to go).
-func (m *groupMember) yieldSurplus(g *sessionGen) (share, owned int) {
+// yieldSurplus asks subscriptions to give up the rows this member holds
+// above its share or above a topic's cap, the idle ones first, and returns
+// the plan (planShare): the share, how many rows it holds under g (not
+// counting those asked to go), and what it may claim.
+func (m *groupMember) yieldSurplus(g *sessionGen) sharePlan {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var mine []heldRow
@@ -676,25 +686,25 @@ func (m *groupMember) yieldSurplus(g *sessionGen) (share, owned int) {
 		}
 		mine = append(mine, heldRow{row: key, idle: h.c.idle.Load(), since: h.since})
 	}
-	p := planShare(m.members, m.me, mine)
+	p := planShare(m.members, m.me, m.shape, mine)
 	if len(p.yield) == 0 {
-		return p.share, p.owned
+		return p
 	}
 	for _, r := range p.yield {
 		close(m.owning[r].yield)
 	}
 	m.logger.Info("Rebalancing: giving up topics above this member's share", watermill.LogFields{
 		"share": p.share, "held": len(mine), "giving_up": len(p.yield)})
-	return p.share, p.owned
+	return p
 }
 
-// claim takes up to want free topics that this member waits for, in
-// statements of at most claimBatchMax rows, and hands each claim to its
-// subscription. It first settles topics whose claim may have committed
-// unseen, whatever the share: what is claimed of them is granted or
-// released. It reports whether the last statement took all it was
-// allowed (more may be free).
-func (m *groupMember) claim(ctx context.Context, g *sessionGen, want int) (bool, error) {
+// claim takes up to plan.want free rows that this member waits for, no
+// more of a topic than its cap allows (claimBuckets), in statements of at
+// most claimBatchMax rows, and hands each claim to its subscription. It
+// first settles rows whose claim may have committed unseen, whatever the
+// share: what is claimed of them is granted or released. It reports
+// whether a statement took all it was allowed (more may be free).
+func (m *groupMember) claim(ctx context.Context, g *sessionGen, plan sharePlan) (bool, error) {
 	m.mu.Lock()
 	unsettled := make([]rowKey, 0, len(m.unsettled))
 	for r := range m.unsettled {
@@ -716,6 +726,7 @@ func (m *groupMember) claim(ctx context.Context, g *sessionGen, want int) (bool,
 	if err != nil {
 		return false, err
 	}
+	want := plan.want
 	if want == 0 {
 		return false, nil
 	}
@@ -723,23 +734,29 @@ func (m *groupMember) claim(ctx context.Context, g *sessionGen, want int) (bool,
 	m.mu.Lock()
 	rows := claimable(m.waiting, m.future, now)
 	m.mu.Unlock()
-	// A chunk of claimBatchMax rows per statement: a statement over every
-	// row a member waits for would look at all of them each time.
-	for len(rows) > 0 && want > 0 {
-		chunk := rows[:min(len(rows), claimBatchMax)]
-		rows = rows[len(chunk):]
-		limit := min(want, claimBatchMax)
-		n, raced, err := m.claimRows(ctx, g, chunk, limit)
-		if err != nil {
-			return false, err
+	for _, b := range claimBuckets(rows, plan) {
+		bwant := b.want
+		// A chunk of claimBatchMax rows per statement: a statement over
+		// every row a member waits for would look at all of them each
+		// time.
+		for rows := b.rows; len(rows) > 0 && bwant > 0 && want > 0; {
+			chunk := rows[:min(len(rows), claimBatchMax)]
+			rows = rows[len(chunk):]
+			limit := min(bwant, want, claimBatchMax)
+			n, raced, err := m.claimRows(ctx, g, chunk, limit)
+			if err != nil {
+				return false, err
+			}
+			if n >= limit || raced {
+				// The share may allow more (or rows found missing are to be
+				// created and claimed), or another member took rows this
+				// statement had chosen while others of the chunk may still
+				// be free: the next step goes on at once.
+				return true, nil
+			}
+			want -= n
+			bwant -= n
 		}
-		if n >= limit || raced {
-			// The share may allow more, or another member took rows this
-			// statement had chosen while others of the chunk may still be
-			// free: the next step goes on at once.
-			return true, nil
-		}
-		want -= n
 	}
 	return false, nil
 }

@@ -654,3 +654,65 @@ func TestMemberGroupsWithDifferentSets(t *testing.T) {
 		t.Errorf("b granted %v, want z/0", got)
 	}
 }
+
+// TestMembersSpreadAPartitionedTopic: two members of a group that
+// subscribes to a topic of 4 partitions and two plain topics own 2
+// partitions and 1 plain topic each, whoever held what before, and a
+// third member that joins gets its part of the partitioned topic too.
+func TestMembersSpreadAPartitionedTopic(t *testing.T) {
+	t.Parallel()
+	store := newFakeGroupStore()
+	store.counts["orders"] = 4
+	split := func(ms ...*testMember) [][2]int {
+		var out [][2]int
+		for _, m := range ms {
+			var orders, plain int
+			for _, r := range store.ownedBy(m.g.id) {
+				if r.topic == "orders" {
+					orders++
+				} else {
+					plain++
+				}
+			}
+			out = append(out, [2]int{orders, plain})
+		}
+		return out
+	}
+	a := newTestMember(store, 1)
+	a.subscribe("orders", "x", "y")
+	a.mustStep(t)
+	a.take()
+	b := newTestMember(store, 2)
+	b.subscribe("orders", "x", "y")
+	b.mustStep(t)
+	a.membersChanged()
+	a.mustStep(t)
+	a.giveUp(t)
+	b.mustStep(t)
+	b.take()
+	if got := split(a, b); !slices.Equal(got, [][2]int{{2, 1}, {2, 1}}) {
+		t.Fatalf("(orders, plain) owned %v, want 2 and 1 each", got)
+	}
+
+	c := newTestMember(store, 3)
+	c.subscribe("orders", "x", "y")
+	for range 3 {
+		for _, m := range []*testMember{c, a, b} {
+			m.membersChanged()
+			m.mustStep(t)
+			m.giveUp(t)
+			m.take()
+		}
+	}
+	got := split(a, b, c)
+	total := 0
+	for i, s := range got {
+		if s[0] < 1 || s[0] > 2 || s[0]+s[1] != 2 {
+			t.Errorf("member %d owns %d of orders and %d plain, want 1 or 2 of orders and 2 rows in all", i, s[0], s[1])
+		}
+		total += s[0]
+	}
+	if total != 4 {
+		t.Errorf("%d partitions of orders owned, want 4: %v", total, got)
+	}
+}

@@ -278,6 +278,7 @@ type sharedListener struct {
 	key          listenerKey
 	dialer       poolDialer
 	logger       watermill.LoggerAdapter
+	outage       *outageLog // reconnections: logged once per outage
 	closeTimeout time.Duration
 
 	mu   sync.Mutex
@@ -310,6 +311,7 @@ func acquireListener(pool *pgxpool.Pool, channel string, direct *pgx.ConnConfig,
 			key:          key,
 			dialer:       dialer,
 			logger:       logger.With(watermill.LogFields{"channel": channel}),
+			outage:       newOutageLog(logger.With(watermill.LogFields{"channel": channel}), componentListener),
 			closeTimeout: closeTimeout,
 			hubs:         map[*wakeHub]struct{}{},
 		}
@@ -360,7 +362,11 @@ func (l *sharedListener) Listening() bool {
 func (l *sharedListener) run(ctx context.Context) {
 	retry := newBackoff(100*time.Millisecond, maxRetryBackoff)
 	for {
-		err := l.listenOnce(ctx, retry.reset)
+		sent := time.Now()
+		err := l.listenOnce(ctx, func() {
+			retry.reset()
+			l.outage.ok()
+		})
 		if ctx.Err() != nil {
 			return
 		}
@@ -375,7 +381,7 @@ func (l *sharedListener) run(ctx context.Context) {
 			<-ctx.Done()
 			return
 		}
-		l.logger.Error("Notification listener disconnected, reconnecting (the Subscribers poll every PollInterval meanwhile)", err, nil)
+		l.outage.failed(sent, "Notification listener disconnected, reconnecting (the Subscribers poll every PollInterval meanwhile)", err, nil)
 		if !sleep(retry.delay(), ctx.Done(), nil) {
 			return
 		}
@@ -543,8 +549,13 @@ func (s *Subscriber) pollIdle(ctx context.Context) {
 		if len(consumers) == 0 {
 			continue
 		}
-		if err := s.pollIdleOnce(consumers, params); err != nil && ctx.Err() == nil {
-			s.logger.Error("Cannot poll idle topics, retrying", err, nil)
+		sent := time.Now()
+		if err := s.pollIdleOnce(consumers, params); err != nil {
+			if ctx.Err() == nil {
+				s.pollOutage.failed(sent, "Cannot poll idle topics, retrying", err, nil)
+			}
+		} else {
+			s.pollOutage.ok()
 		}
 	}
 }

@@ -79,6 +79,8 @@ type maintainer struct {
 	// not own the tables: partition DDL then goes through the owner's
 	// functions (see decide).
 	delegated bool
+	// outage logs the failures of the maintenance's statements.
+	outage *outageLog
 
 	loop svc.Service // run, started by the first Subscribe
 }
@@ -137,6 +139,7 @@ func newMaintainer(deps maintainerDeps) *maintainer {
 	}
 	m := &maintainer{
 		maintainerDeps: deps,
+		outage:         newOutageLog(deps.logger, componentMaintain),
 		elect:          make(chan struct{}, 1),
 		due:            make(chan struct{}, 1),
 		topics:         make(chan struct{}, 1),
@@ -348,12 +351,16 @@ func (m *maintainer) lead(ctx context.Context, g *sessionGen, epoch int64) {
 		case <-m.due:
 		case <-dueT.C:
 		}
+		sent := time.Now()
 		next, err := m.moveDue(ctx)
 		dueT.Stop()
+		if err == nil {
+			m.outage.ok()
+		}
 		switch {
 		case err != nil:
 			if ctx.Err() == nil {
-				m.logger.Error("Moving due delayed messages failed, retrying", err, nil)
+				m.outage.failed(sent, "Moving due delayed messages failed, retrying", err, nil)
 			}
 			dueT.Reset(retry.delay())
 		case next >= 0:
@@ -388,10 +395,12 @@ func (m *maintainer) upkeep(ctx context.Context) {
 		case <-m.topics:
 			retT.Reset(0)
 		case <-retT.C:
+			sent := time.Now()
 			next, err := m.retentionRound(ctx)
 			var pgErr *pgconn.PgError
 			switch {
 			case err == nil:
+				m.outage.ok()
 				retry.reset()
 				locked.reset()
 			case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available
@@ -402,7 +411,7 @@ func (m *maintainer) upkeep(ctx context.Context) {
 				}
 			default:
 				if ctx.Err() == nil {
-					m.logger.Error("Retention maintenance failed, retrying", err, nil)
+					m.outage.failed(sent, "Retention maintenance failed, retrying", err, nil)
 				}
 				next = retry.delay()
 			}
@@ -467,8 +476,9 @@ func (m *maintainer) housekeeping(ctx context.Context) {
 		m.logger.Debug("Deleted expired consumer sessions", watermill.LogFields{"count": n})
 	}
 	if m.retained.Load() { // a topic had a retention at the last retention round
+		sent := time.Now()
 		if err := m.deleteExpiredKept(ctx); err != nil && ctx.Err() == nil {
-			m.logger.Error("Cannot delete expired messages kept forever", err, nil)
+			m.outage.failed(sent, "Cannot delete expired messages kept forever, retrying at the next housekeeping", err, nil)
 		}
 	}
 	if m.cfg.RemoveIdleGroupsAfter <= 0 {

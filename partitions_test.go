@@ -317,3 +317,66 @@ func TestPartitionedTopicAcrossProcesses(t *testing.T) {
 	t.Logf("partitioned topic: %d messages (%d processed, %d more than once), %d claims; invariants: %s; run %s",
 		sum.messages, sum.records, sum.duplicates, sum.claims, counts, time.Since(began).Round(time.Millisecond))
 }
+
+// TestPartitionedTopicSpreadWithOtherTopics: two processes of a group
+// that subscribes to a topic of 4 partitions and two plain topics each
+// own 2 partitions of the partitioned topic and one plain topic, after
+// the second joins the first (which held everything).
+func TestPartitionedTopicSpreadWithOtherTopics(t *testing.T) {
+	const ttl = 2 * time.Second
+	s := newFailureSetup(t, ttl, "orders", "plain1", "plain2")
+	require.NoError(t, pglease.CreateTopic(context.Background(), s.pool, "orders",
+		pglease.TopicConfig{Partitions: 4, SchemaAdapter: s.adapter}))
+	streams := []string{"plain1", "plain2"}
+	for p := range 4 {
+		streams = append(streams, streamName("orders", int32(p)))
+	}
+	cfg := s.cfg
+	cfg.NoKeepalive = true
+
+	p0 := startHelper(t, cfg.named("p0"))
+	waitSplit(t, s, streams, []*helperProc{p0}, len(streams), 0, time.Now(), time.Minute)
+	p1 := startHelper(t, cfg.named("p1"))
+	joined := time.Now()
+	procs := []*helperProc{p0, p1}
+	even := func(owners map[string]int) bool {
+		if len(owners) != len(streams) {
+			return false
+		}
+		for _, p := range procs {
+			orders, plain := 0, 0
+			for stream, pid := range owners {
+				if pid != p.pid() {
+					continue
+				}
+				if strings.HasPrefix(stream, "orders") {
+					orders++
+				} else {
+					plain++
+				}
+			}
+			if orders != 2 || plain != 1 {
+				return false
+			}
+		}
+		return true
+	}
+	var last map[string]int
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		owners, err := topicOwners(s, streams)
+		if err == nil && even(owners) {
+			break
+		}
+		last = owners
+		if time.Now().After(deadline) {
+			t.Fatalf("no even split 30s after the second process started; owners by pid: %v", last)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("2 partitions of orders and 1 plain topic each %s after the second process started",
+		time.Since(joined).Round(time.Millisecond))
+	for _, p := range procs {
+		p.close(t)
+	}
+}

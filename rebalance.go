@@ -12,7 +12,8 @@ import (
 // This file holds the decisions of a group member's step that need no
 // database, as plain functions of what the member last read and what it
 // holds: how many rows it keeps and which it gives up (planShare), which
-// rows a claim may take (claimable), what a failed claim means
+// rows a claim may take (claimable) and in which statements
+// (claimBuckets), what a failed claim means
 // (claimOutcomeUnknown), how long a refused row is left alone
 // (futureHold.next), when to read the group again (readDue) and when to
 // look again unwoken (standbyWait). groupMember applies them; they are
@@ -33,19 +34,23 @@ type sharePlan struct {
 	owned int      // how many it keeps
 	yield []rowKey // the rows to give up, above its share
 	want  int      // how many more it may claim
+	// topics is how many more rows it may claim of each topic of more
+	// than one row (every such topic of its set, 0 at its cap); singles
+	// how many more topics of one row.
+	topics  map[string]int
+	singles int
 }
 
 // planShare decides, from the members of the last read (me among them or
-// not) and the rows held, the member's share, and which rows above it
-// to give up: idle ones first (their release is immediate), then those
-// held the shortest time (ties in row order). Below its share, want is
-// what it may claim.
-func planShare(members []member, me member, held []heldRow) sharePlan {
-	p := sharePlan{share: shareOf(members, me), owned: len(held)}
-	if p.owned <= p.share {
-		p.want = p.share - p.owned
-		return p
-	}
+// not), the shape of the member's set and the rows held, the member's
+// share and its caps by topic (capsOf), and which rows above them to give
+// up: of each topic, the rows above its cap, then any above the share;
+// idle ones first (their release is immediate), then those held the
+// shortest time (ties in row order). Below its caps, want, topics and
+// singles say what it may claim.
+func planShare(members []member, me member, shape setShape, held []heldRow) sharePlan {
+	caps := capsOf(members, me, shape)
+	p := sharePlan{share: caps.total, topics: map[string]int{}}
 	order := slices.Clone(held)
 	slices.SortFunc(order, func(a, b heldRow) int {
 		if a.idle != b.idle {
@@ -59,11 +64,107 @@ func planShare(members []member, me member, held []heldRow) sharePlan {
 		}
 		return compareRows(a.row, b.row)
 	})
-	for _, h := range order[:p.owned-p.share] {
-		p.yield = append(p.yield, h.row)
+	// The rows held of each topic of more than one row, and of the
+	// others together (the key "" : a topic name is never empty).
+	bucket := func(r rowKey) string {
+		if _, ok := caps.topics[r.topic]; ok {
+			return r.topic
+		}
+		return ""
 	}
-	p.owned = p.share
+	capOf := func(b string) int {
+		if b == "" {
+			return caps.singles
+		}
+		return caps.topics[b]
+	}
+	kept := map[string]int{}
+	for _, h := range order {
+		kept[bucket(h.row)]++
+	}
+	yielded := make([]bool, len(order))
+	for i, h := range order {
+		if b := bucket(h.row); kept[b] > capOf(b) {
+			yielded[i] = true
+			kept[b]--
+			p.yield = append(p.yield, h.row)
+		}
+	}
+	p.owned = len(order) - len(p.yield)
+	for i, h := range order {
+		if p.owned <= p.share {
+			break
+		}
+		if !yielded[i] {
+			kept[bucket(h.row)]--
+			p.yield = append(p.yield, h.row)
+			p.owned--
+		}
+	}
+	for t, c := range caps.topics {
+		w := max(c-kept[t], 0)
+		p.topics[t] = w
+		p.want += w
+	}
+	p.singles = max(caps.singles-kept[""], 0)
+	p.want = max(min(p.want+p.singles, p.share-p.owned), 0)
 	return p
+}
+
+// claimBucket is rows that one claim may take up to want of.
+type claimBucket struct {
+	rows []rowKey
+	want int
+}
+
+// claimBuckets groups rows, the claimable rows in row order, for claims
+// that respect p's caps by topic: the rows of every topic (and of the
+// topics of one row, together) that the member may claim all of go in one
+// bucket, with a want of their number; each topic it may claim only some
+// of the rows of gets a bucket of its own with its want, and so do the
+// topics of one row when it may claim only some of them. Rows of topics
+// at their cap are left out. The buckets keep row order.
+func claimBuckets(rows []rowKey, p sharePlan) []claimBucket {
+	count := map[string]int{}
+	singles := 0
+	for _, r := range rows {
+		if _, ok := p.topics[r.topic]; ok {
+			count[r.topic]++
+		} else {
+			singles++
+		}
+	}
+	var whole claimBucket
+	some := map[string]*claimBucket{}
+	var somes []string
+	for _, r := range rows {
+		key, want, n := "", p.singles, singles
+		if w, ok := p.topics[r.topic]; ok {
+			key, want, n = r.topic, w, count[r.topic]
+		}
+		switch {
+		case want <= 0:
+		case want >= n:
+			whole.rows = append(whole.rows, r)
+			whole.want++
+		default:
+			b := some[key]
+			if b == nil {
+				b = &claimBucket{want: want}
+				some[key] = b
+				somes = append(somes, key)
+			}
+			b.rows = append(b.rows, r)
+		}
+	}
+	var out []claimBucket
+	if len(whole.rows) > 0 {
+		out = append(out, whole)
+	}
+	for _, k := range somes {
+		out = append(out, *some[k])
+	}
+	return out
 }
 
 // claimable returns the rows of waiting that a claim may try now, in row

@@ -98,7 +98,8 @@ func TestPlanShare(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			p := planShare(tc.members, tc.me, tc.held)
+			// Topics of one row each.
+			p := planShare(tc.members, tc.me, setShape{singles: tc.me.size}, tc.held)
 			if p.share != tc.share || p.owned != tc.owned || p.want != tc.want {
 				t.Errorf("share %d, owned %d, want %d; expected %d, %d, %d", p.share, p.owned, p.want, tc.share, tc.owned, tc.want)
 			}
@@ -137,7 +138,7 @@ func TestPlanShareEveryRowOwnedOnce(t *testing.T) {
 				owner[rowKey{topic: fmt.Sprintf("t%03d", i)}] = 0
 			}
 			for i, m := range ms {
-				p := planShare(ms, m, heldBy(i))
+				p := planShare(ms, m, setShape{singles: tc.rows}, heldBy(i))
 				for _, r := range p.yield {
 					delete(owner, r)
 					free = append(free, r)
@@ -145,7 +146,7 @@ func TestPlanShareEveryRowOwnedOnce(t *testing.T) {
 			}
 			slices.SortFunc(free, compareRows)
 			for i, m := range ms {
-				p := planShare(ms, m, heldBy(i))
+				p := planShare(ms, m, setShape{singles: tc.rows}, heldBy(i))
 				if len(p.yield) > 0 {
 					t.Fatalf("member %d yields again: %v", i, p.yield)
 				}
@@ -309,5 +310,86 @@ func TestPartitionRows(t *testing.T) {
 		if got := partitionRows("t", tc.from, tc.n); !slices.Equal(got, tc.want) {
 			t.Errorf("partitionRows(%d, %d) = %v, want %v", tc.from, tc.n, got, tc.want)
 		}
+	}
+}
+
+// TestPlanShareSpreadsEachTopic: a member that holds a partitioned topic
+// and other topics gives up the partitions above its cap of the topic,
+// not merely rows above its share, and claims what its caps allow.
+func TestPlanShareSpreadsEachTopic(t *testing.T) {
+	t.Parallel()
+	shape := shapeOf(map[string]int{"orders": 4, "x": 1, "y": 1})
+	two := ranked(2, 6)
+	heldOf := func(rs ...rowKey) []heldRow {
+		var hs []heldRow
+		for _, r := range rs {
+			hs = append(hs, heldRow{row: r, since: t0})
+		}
+		return hs
+	}
+	all := append(append(rows("orders", 0, 1, 2, 3), rows("x", 0)...), rows("y", 0)...)
+
+	// The older member held everything: it gives up two partitions of
+	// orders and one topic of one row (ties in row order).
+	p := planShare(two, two[0], shape, heldOf(all...))
+	if want := append(rows("orders", 0, 1), rows("x", 0)...); !slices.Equal(p.yield, want) {
+		t.Errorf("yield %v, want %v", p.yield, want)
+	}
+	if p.share != 3 || p.owned != 3 || p.want != 0 {
+		t.Errorf("share %d, owned %d, want %d; expected 3, 3, 0", p.share, p.owned, p.want)
+	}
+	// At its share but with three partitions of orders: it gives one up
+	// and may claim a topic of one row instead.
+	p = planShare(two, two[1], shape, heldOf(rows("orders", 0, 1, 2)...))
+	if !slices.Equal(p.yield, rows("orders", 0)) || p.owned != 2 || p.want != 1 || p.singles != 1 || p.topics["orders"] != 0 {
+		t.Errorf("yield %v, owned %d, want %d (orders %d, singles %d); expected [orders/0], 2, 1 (0, 1)",
+			p.yield, p.owned, p.want, p.topics["orders"], p.singles)
+	}
+	// Holding nothing: two of orders and one other topic.
+	p = planShare(two, two[1], shape, nil)
+	if p.want != 3 || p.topics["orders"] != 2 || p.singles != 1 {
+		t.Errorf("want %d (orders %d, singles %d), expected 3 (2, 1)", p.want, p.topics["orders"], p.singles)
+	}
+	// Stickiness: at its caps it keeps what it holds, whichever rows.
+	p = planShare(two, two[0], shape, heldOf(append(rows("orders", 1, 3), rows("y", 0)...)...))
+	if len(p.yield) != 0 || p.want != 0 {
+		t.Errorf("at its caps: yield %v, want %d", p.yield, p.want)
+	}
+}
+
+func TestClaimBuckets(t *testing.T) {
+	t.Parallel()
+	waiting := append(append(append(rows("a", 0), rows("orders", 0, 1, 2, 3)...), rows("p", 0, 1)...), rows("z", 0)...)
+	for _, tc := range []struct {
+		name string
+		plan sharePlan
+		want []claimBucket
+	}{
+		{name: "alone: everything in one bucket",
+			plan: sharePlan{want: 8, topics: map[string]int{"orders": 4, "p": 2}, singles: 2},
+			want: []claimBucket{{rows: waiting, want: 8}}},
+		{name: "two of orders: a bucket of its own",
+			plan: sharePlan{want: 5, topics: map[string]int{"orders": 2, "p": 2}, singles: 2},
+			want: []claimBucket{
+				{rows: append(append(rows("a", 0), rows("p", 0, 1)...), rows("z", 0)...), want: 4},
+				{rows: rows("orders", 0, 1, 2, 3), want: 2},
+			}},
+		{name: "one topic of one row, none of p",
+			plan: sharePlan{want: 3, topics: map[string]int{"orders": 2, "p": 0}, singles: 1},
+			want: []claimBucket{
+				{rows: append(rows("a", 0), rows("z", 0)...), want: 1},
+				{rows: rows("orders", 0, 1, 2, 3), want: 2},
+			}},
+		{name: "nothing", plan: sharePlan{topics: map[string]int{"orders": 0, "p": 0}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got := claimBuckets(waiting, tc.plan)
+			if !slices.EqualFunc(got, tc.want, func(a, b claimBucket) bool {
+				return a.want == b.want && slices.Equal(a.rows, b.rows)
+			}) {
+				t.Errorf("buckets %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

@@ -128,6 +128,14 @@ type sessionKeeper struct {
 	// each time a session generation becomes current.
 	onNewSession func()
 
+	// setUp, when set, runs before the first session is made, until it
+	// succeeds once (setUpDone, under mu): the schema's initialization
+	// (SubscriberConfig.InitializeSchema).
+	setUp     func(ctx context.Context) error
+	setUpDone bool
+	// outage logs the failures of the keeper's statements.
+	outage *outageLog
+
 	// mark is where the database was at the last heartbeat (under mu).
 	mark clusterMark
 	// detectedBy names the statement that found the current generation's
@@ -151,14 +159,17 @@ func newSessionKeeper(pool *pgxpool.Pool, tables *pgsql.Tables, group string, tt
 		trust:    ttl - ttl/10,
 		ready:    make(chan struct{}),
 		kick:     make(chan struct{}, 1),
+		outage:   newOutageLog(logger, componentSession),
 	}
 }
 
-// start creates the first session row and starts the heartbeat loop. An
-// error the server returns (missing tables, permissions) is returned; if the
-// database cannot be reached or answers too slowly, the loop keeps trying
-// in the background and start succeeds. Calls after the first successful
-// one do nothing.
+// start sets up (setUp) and creates the first session row, and starts the
+// heartbeat loop. An error that retrying cannot fix (setUpFailure: missing
+// tables or database, permissions, authentication) is returned, as is
+// ctx's; on any other (the database cannot be reached, is starting, or
+// answers too slowly) the loop keeps trying in the background, with the
+// backoff of later outages, and start succeeds. Calls after the first
+// successful one do nothing.
 func (k *sessionKeeper) start(ctx context.Context) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -171,12 +182,13 @@ func (k *sessionKeeper) start(ctx context.Context) error {
 	if k.conn == nil {
 		k.conn = acquireSessionConn(k.pool)
 	}
-	if err := k.createLocked(ctx, k.ttl); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) || ctx.Err() != nil {
+	sent := time.Now()
+	if err := k.openLocked(ctx, k.ttl); err != nil {
+		if setUpFailure(err) || ctx.Err() != nil {
 			return err
 		}
-		k.logger.Error("Cannot open the consumer session yet, retrying in the background", err, nil)
+		k.outage.failed(sent, "Cannot open the consumer session yet (is the database up?), retrying in the background; "+
+			"Subscribe returned its channel, delivery starts once the session is open", err, nil)
 	}
 	k.started = true
 	// Not the caller's context: the loop lives until close.
@@ -197,6 +209,39 @@ func (k *sessionKeeper) current() (*sessionGen, <-chan struct{}) {
 		return k.cur, nil
 	}
 	return nil, k.ready
+}
+
+// openLocked runs setUp until it succeeded once, then createLocked. k.mu
+// must be held.
+func (k *sessionKeeper) openLocked(ctx context.Context, timeout time.Duration) error {
+	if k.setUp != nil && !k.setUpDone {
+		sctx, cancel := context.WithTimeout(ctx, timeout)
+		err := k.setUp(sctx)
+		cancel()
+		if err != nil {
+			return err
+		}
+		k.setUpDone = true
+	}
+	return k.createLocked(ctx, timeout)
+}
+
+// setUpFailure reports whether err, from setting up or opening a session,
+// is one that retrying cannot fix: the server said that the tables, the
+// schema or the database are missing, that the role may not use them
+// (syntax error or access rule violation), or that it may not log in.
+// The rest (connections refused or cut, a server starting up or shutting
+// down, timeouts, conflicts) is retried.
+func setUpFailure(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) < 2 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "42", "28", "3D", "3F":
+		return true
+	}
+	return false
 }
 
 // createLocked inserts a new session row (deleting the previous one of this
@@ -266,10 +311,17 @@ func (k *sessionKeeper) selfFence(g *sessionGen) {
 }
 
 func (k *sessionKeeper) fenceLocked(g *sessionGen) {
-	if k.loseLocked(g) {
-		k.logger.Error("Consumer session self-fenced: no heartbeat succeeded in time, delivery stopped until a new session is open",
-			ErrOwnershipLost, watermill.LogFields{"session_id": g.id.String(), "trust_window": k.trust.String()})
+	if !k.loseLocked(g) {
+		return
 	}
+	const msg = "Consumer session self-fenced: no heartbeat succeeded in time, delivery stopped until a new session is open"
+	fields := watermill.LogFields{"session_id": g.id.String(), "trust_window": k.trust.String()}
+	if k.outage.ongoing() {
+		// What follows from an outage already logged at Error.
+		k.logger.Info(msg, fields.Add(watermill.LogFields{"component": componentSession}))
+		return
+	}
+	k.logger.Error(msg, ErrOwnershipLost, fields)
 }
 
 // loseLocked marks g lost and, if it is current, clears it.
@@ -309,14 +361,16 @@ func (k *sessionKeeper) run(ctx context.Context) {
 		k.mu.Unlock()
 
 		if g == nil {
+			sent := time.Now()
 			k.mu.Lock()
-			err := k.createLocked(context.Background(), k.stmtTimeout())
+			err := k.openLocked(context.Background(), k.stmtTimeout())
 			k.mu.Unlock()
 			if err != nil {
-				k.logger.Error("Cannot open a new consumer session, retrying", err, nil)
+				k.outage.failed(sent, "Cannot open a new consumer session, retrying", err, nil)
 				wait = retry.delay()
 				continue
 			}
+			k.outage.ok()
 			retry.reset()
 			wait = k.interval
 			continue
@@ -324,9 +378,12 @@ func (k *sessionKeeper) run(ctx context.Context) {
 
 		sent := time.Now()
 		ok, err := k.heartbeat(g)
+		if err == nil {
+			k.outage.ok()
+		}
 		switch {
 		case err != nil:
-			k.logger.Error("Consumer session heartbeat failed, retrying", err,
+			k.outage.failed(sent, "Consumer session heartbeat failed, retrying", err,
 				watermill.LogFields{"session_id": g.id.String()})
 			wait = retry.delay()
 		case !ok:

@@ -48,6 +48,17 @@ func shareOf(members []member, me member) int {
 	if me.size == 0 {
 		return 0
 	}
+	rank, n := rankOf(members, me)
+	share := me.size / n
+	if rank < me.size%n {
+		share++
+	}
+	return share
+}
+
+// rankOf returns me's rank among the members that share its set of rows
+// (me counted when missing), and how many they are.
+func rankOf(members []member, me member) (rank, n int) {
 	peers := []member{me}
 	for _, m := range members {
 		if m.id != me.id && m.set == me.set && m.size == me.size {
@@ -55,13 +66,103 @@ func shareOf(members []member, me member) int {
 		}
 	}
 	slices.SortFunc(peers, memberBefore)
-	rank := slices.IndexFunc(peers, func(m member) bool { return m.id == me.id })
-	n := len(peers)
-	share := me.size / n
-	if rank < me.size%n {
-		share++
+	return slices.IndexFunc(peers, func(m member) bool { return m.id == me.id }), len(peers)
+}
+
+// setShape is how a member's set of rows falls into topics: the number of
+// rows of each topic it subscribes to more than one partition of, and the
+// number of topics it subscribes to one row of. Members of one set have
+// the same shape. Not safe for concurrent use.
+type setShape struct {
+	topics  map[string]int // every topic's rows
+	multi   map[string]int // topics of more than one row
+	singles int            // topics of one row
+}
+
+func (s *setShape) add(topic string) {
+	if s.topics == nil {
+		s.topics, s.multi = map[string]int{}, map[string]int{}
 	}
-	return share
+	n := s.topics[topic] + 1
+	s.topics[topic] = n
+	switch n {
+	case 1:
+		s.singles++
+	case 2:
+		s.singles--
+		s.multi[topic] = n
+	default:
+		s.multi[topic] = n
+	}
+}
+
+func (s *setShape) remove(topic string) {
+	n := s.topics[topic] - 1
+	switch {
+	case n < 0:
+		return
+	case n == 0:
+		delete(s.topics, topic)
+		s.singles--
+	case n == 1:
+		s.topics[topic] = n
+		delete(s.multi, topic)
+		s.singles++
+	default:
+		s.topics[topic] = n
+		s.multi[topic] = n
+	}
+}
+
+// shareCaps is a member's share split by topic.
+type shareCaps struct {
+	total   int            // the share (shareOf)
+	topics  map[string]int // the cap of each topic of more than one row
+	singles int            // the cap of the topics of one row, together
+}
+
+// capsOf splits me's share by topic, so that the members of a set spread
+// each topic's partitions evenly as well as the rows: each of the n
+// members may own floor(P/n) or floor(P/n)+1 of the P rows of a topic.
+// The extra rows (P mod n of each topic, in topic order, then the topics
+// of one row, which are spread as one pool) go to the members in rank
+// order, round-robin, each topic starting at the rank after the last
+// extra row of the one before: rank r gets floor(T/n)+1 extra-inclusive
+// rows exactly when r < T mod n, so the caps of a member add up to its
+// share and the caps of a topic to its rows. Where shape does not add
+// up to me.size (the set changed since it was published), the caps
+// follow shape and the total stays shareOf.
+func capsOf(members []member, me member, shape setShape) shareCaps {
+	c := shareCaps{total: shareOf(members, me), topics: make(map[string]int, len(shape.multi))}
+	if me.size == 0 {
+		for t := range shape.multi {
+			c.topics[t] = 0
+		}
+		return c
+	}
+	rank, n := rankOf(members, me)
+	topics := make([]string, 0, len(shape.multi))
+	for t := range shape.multi {
+		topics = append(topics, t)
+	}
+	slices.Sort(topics)
+	// extra reports whether rank gets one of the extra rows numbered
+	// from..from+k-1 round-robin.
+	extra := func(from, k int) bool { return (rank-from%n+n)%n < k }
+	next := 0 // the rank the next extra row goes to
+	for _, t := range topics {
+		p := shape.multi[t]
+		c.topics[t] = p / n
+		if extra(next, p%n) {
+			c.topics[t]++
+		}
+		next = (next + p%n) % n
+	}
+	c.singles = shape.singles / n
+	if extra(next, shape.singles%n) {
+		c.singles++
+	}
+	return c
 }
 
 // rowHash hashes one (topic, partition) row for setHash: FNV-1a over the

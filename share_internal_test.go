@@ -132,3 +132,98 @@ func TestNextExpiry(t *testing.T) {
 		t.Error("only my own session: no expiry to wait for")
 	}
 }
+
+// shapeOf returns the shape of a set of topics of partitions[topic] rows.
+func shapeOf(partitions map[string]int) setShape {
+	var s setShape
+	for t, n := range partitions {
+		for range n {
+			s.add(t)
+		}
+	}
+	return s
+}
+
+// TestCapsSpreadEachTopic: the caps of a member add up to its share, the
+// caps of a topic over the members to its partitions, and each member may
+// own floor or ceil of a topic's partitions over the members: a
+// partitioned topic is split evenly whatever other topics the set holds.
+func TestCapsSpreadEachTopic(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		partitions map[string]int
+		members    int
+		// want, when set, is each rank's cap of "orders".
+		want []int
+	}{
+		{name: "orders of 4 and two topics, 2 members", partitions: map[string]int{"orders": 4, "a": 1, "b": 1},
+			members: 2, want: []int{2, 2}},
+		{name: "8 partitions and three topics, 4 members", partitions: map[string]int{"orders": 8, "a": 1, "b": 1, "c": 1},
+			members: 4, want: []int{2, 2, 2, 2}},
+		{name: "odd partitions", partitions: map[string]int{"orders": 5, "x": 3, "a": 1},
+			members: 2, want: []int{3, 2}},
+		{name: "two topics of 3, 2 members: one extra each", partitions: map[string]int{"orders": 3, "p": 3},
+			members: 2, want: []int{2, 1}},
+		{name: "more members than partitions", partitions: map[string]int{"orders": 2, "p": 3, "a": 1, "b": 1},
+			members: 5, want: []int{1, 1, 0, 0, 0}},
+		{name: "topics of one row only", partitions: map[string]int{"a": 1, "b": 1, "c": 1}, members: 2},
+		{name: "many", partitions: map[string]int{"orders": 16, "p": 7, "q": 9, "r": 2, "a": 1, "b": 1, "c": 1, "d": 1},
+			members: 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			size := 0
+			for _, n := range tc.partitions {
+				size += n
+			}
+			shape := shapeOf(tc.partitions)
+			ms := members(tc.members, 1, size)
+			byTopic := map[string]int{}
+			singles := 0
+			for i, m := range ms {
+				c := capsOf(ms, m, shape)
+				sum := c.singles
+				for topic, n := range c.topics {
+					sum += n
+					byTopic[topic] += n
+					p := tc.partitions[topic]
+					if n < p/tc.members || n > (p+tc.members-1)/tc.members {
+						t.Errorf("member %d: cap %d of %s's %d partitions, want floor or ceil of %d/%d",
+							i, n, topic, p, p, tc.members)
+					}
+				}
+				singles += c.singles
+				if sum != c.total || c.total != shareOf(ms, m) {
+					t.Errorf("member %d: caps add up to %d, share %d (shareOf %d)", i, sum, c.total, shareOf(ms, m))
+				}
+				if tc.want != nil && c.topics["orders"] != tc.want[i] {
+					t.Errorf("member %d: cap of orders %d, want %d", i, c.topics["orders"], tc.want[i])
+				}
+			}
+			for topic, p := range tc.partitions {
+				if p > 1 && byTopic[topic] != p {
+					t.Errorf("caps of %s add up to %d, want %d", topic, byTopic[topic], p)
+				}
+			}
+			if singles != shape.singles {
+				t.Errorf("caps of the topics of one row add up to %d, want %d", singles, shape.singles)
+			}
+		})
+	}
+}
+
+func TestSetShapeAddRemove(t *testing.T) {
+	var s setShape
+	for _, topic := range []string{"a", "b", "b", "c", "c", "c"} {
+		s.add(topic)
+	}
+	if s.singles != 1 || s.multi["b"] != 2 || s.multi["c"] != 3 || len(s.multi) != 2 {
+		t.Fatalf("after adds: singles %d, multi %v", s.singles, s.multi)
+	}
+	s.remove("b")
+	s.remove("c")
+	s.remove("a")
+	s.remove("a") // not there: nothing
+	if s.singles != 1 || s.multi["c"] != 2 || len(s.multi) != 1 {
+		t.Fatalf("after removes: singles %d, multi %v", s.singles, s.multi)
+	}
+}

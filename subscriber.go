@@ -298,6 +298,10 @@ type Subscriber struct {
 	// partitionRefresh is partitionRefreshInterval when the Subscriber was
 	// made.
 	partitionRefresh time.Duration
+	// consumerOutage logs the failures of the consumers' statements, and
+	// pollOutage those of the idle poll: once per outage (outageLog).
+	consumerOutage *outageLog
+	pollOutage     *outageLog
 }
 
 // topicSlot lets one consumer of this Subscriber at a time work on a
@@ -346,6 +350,8 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		cancel:    cancel,
 
 		partitionRefresh: partitionRefreshInterval,
+		consumerOutage:   newOutageLog(logger, componentConsumers),
+		pollOutage:       newOutageLog(logger, componentIdlePoll),
 	}
 	s.releaseCtx, s.releaseCancel = context.WithCancel(context.Background())
 	s.member = newGroupMember(memberDeps{
@@ -366,11 +372,15 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 	}
 	// The maintainer deletes expired sessions; without one, each Subscriber does.
 	s.session.cleanup = s.maint == nil
+	if config.InitializeSchema {
+		s.session.setUp = s.initializeSchema
+	}
 	return s, nil
 }
 
 // SubscribeInitialize validates topic and, with InitializeSchema, creates
-// the tables. It implements [message.SubscribeInitializer].
+// the tables. It implements [message.SubscribeInitializer]. Unlike
+// Subscribe, it needs the database: it returns the error of the set-up.
 func (s *Subscriber) SubscribeInitialize(topic string) error {
 	if err := validateTopic(topic); err != nil {
 		return err
@@ -390,6 +400,16 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 // after an Ack, a Nack delivers the same message again after
 // NackResendDelay. A message's context is cancelled after its Ack or Nack,
 // when ctx ends and on Close.
+//
+// The first Subscribe initializes the schema (with InitializeSchema) and
+// opens the session. When the database cannot be reached (refused, cut,
+// starting up, too slow), Subscribe returns the channel all the same: the
+// set-up is retried in the background with the backoff of later outages,
+// logged once at Error and then at Info at most every 15 seconds, and
+// delivery starts once it succeeds; a service may start before its
+// database. An error that retrying cannot fix (the tables, schema or
+// database missing, the role lacking grants or failing to log in) is
+// returned, as is ctx's error when it ends first.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if err := validateTopic(topic); err != nil {
 		return nil, err
@@ -397,9 +417,8 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if s.isClosed() {
 		return nil, ErrSubscriberClosed
 	}
-	if err := s.initializeSchema(ctx); err != nil {
-		return nil, err
-	}
+	// The schema (InitializeSchema) and the first session: set up now,
+	// or in the background while the database cannot be reached.
 	if err := s.session.start(ctx); err != nil {
 		if errors.Is(err, ErrSubscriberClosed) {
 			return nil, err
