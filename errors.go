@@ -45,8 +45,9 @@ var (
 	// ErrInvalidTopic is wrapped by the errors for topic names that are
 	// empty, longer than [MaxTopicLength], not UTF-8 or hold a NUL byte.
 	ErrInvalidTopic = errors.New("pglease: invalid topic")
-	// ErrInvalidMessage is wrapped by the errors for nil messages and for
-	// messages whose UUID or metadata PostgreSQL cannot store.
+	// ErrInvalidMessage is wrapped by the errors for nil messages, for
+	// messages with an empty UUID and for messages whose UUID or metadata
+	// PostgreSQL cannot store.
 	ErrInvalidMessage = errors.New("pglease: invalid message")
 	// ErrInvalidConfig is wrapped by the errors of the constructors
 	// (NewPublisher, NewSubscriber, NewInspector, ...), CreateTopic,

@@ -260,7 +260,7 @@ func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.N
 		for range inserts {
 			if _, err := results.Exec(); err != nil {
 				_ = results.Close()
-				return fmt.Errorf("publish %d messages to topic %q: %w", len(out), config.PublishTopic, wrapMissingSchema(err))
+				return fmt.Errorf("publish %s to topic %q: %w", countMessages(len(out)), config.PublishTopic, wrapMissingSchema(err))
 			}
 		}
 		err = check(results.QueryRow())

@@ -111,11 +111,13 @@ func ExampleNewSubscriber() {
 	if err != nil {
 		panic(err)
 	}
+	// Close deletes the session row at once. The Router closes its
+	// Subscribers only sometimes: not when Run ends because ctx did.
+	defer subscriber.Close()
 	router, err := message.NewRouter(message.RouterConfig{}, logger)
 	if err != nil {
 		panic(err)
 	}
-	// The Router closes the Subscriber when it stops.
 	router.AddConsumerHandler("charge", "orders.placed", subscriber, func(msg *message.Message) error {
 		fmt.Printf("order %s: %s\n", msg.UUID, msg.Payload)
 		return nil // an error Nacks: the message comes again after NackResendDelay

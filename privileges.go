@@ -22,6 +22,13 @@ package pglease
 // them to every role that may INSERT into the messages table), so GrantSQL
 // is run again after an upgrade only when a release says so.
 //
+// Who runs it: the owner of the tables (the role that ran [Migrate]), a
+// member of that role, or a superuser. Run by any other role, even one
+// that holds these privileges itself, PostgreSQL grants nothing and only
+// warns ("no privileges were granted"): the script succeeds and role
+// then gets "permission denied". `pglease grant` checks the owner first
+// and fails on those warnings.
+//
 // role is quoted (used exactly as given). For the empty role name or
 // "public" (which GRANT would take for every role), the script raises an
 // error instead of granting anything. See also `pglease grant --role`.

@@ -732,3 +732,39 @@ func TestGrantSQL(t *testing.T) {
 		assert.Contains(t, err.Error(), "pglease.GrantSQL: ")
 	}
 }
+
+// TestSetUpByAnApplicationRoleSaysWhatToDo: an application role that
+// initializes or migrates the schema where it may not create tables (the
+// search_path's schema, as public is on PostgreSQL 15 and later for every
+// role but its owner) gets PostgreSQL's "permission denied for schema"
+// with what to do: migrate as the owner, or name the schema the tables
+// are in.
+func TestSetUpByAnApplicationRoleSaysWhatToDo(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 4)
+	schema := newSchema(t, pool).Schema
+	app := newRole(t, pool, "pglease_app")
+	ident := func(name string) string { return pgx.Identifier{name}.Sanitize() }
+	// Like public: the role may use the schema, not create in it, and it
+	// is the first schema of its search_path.
+	execAll(t, pool, "CREATE SCHEMA "+ident(schema), "GRANT USAGE ON SCHEMA "+ident(schema)+" TO "+ident(app),
+		"ALTER ROLE "+ident(app)+" SET search_path = "+ident(schema))
+	appPool := poolAs(t, app, 2)
+
+	const todo = "run pglease.Migrate or `pglease migrate` as the role that is to own them"
+	err := pglease.Migrate(ctx, appPool, pglease.DefaultSchemaAdapter{})
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "permission denied for schema "+schema)
+	assert.ErrorContains(t, err, "in the schema of the search_path (DefaultSchemaAdapter.Schema is empty)")
+	assert.ErrorContains(t, err, todo)
+	assert.ErrorContains(t, err, "if the tables are in another schema, set DefaultSchemaAdapter.Schema to it")
+
+	sub, err := pglease.NewSubscriber(appPool, pglease.SubscriberConfig{InitializeSchema: true}, nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, sub.Close()) }()
+	assert.ErrorContains(t, sub.SubscribeInitialize("t"), todo, "schema initialization by a Subscriber")
+
+	err = pglease.Migrate(ctx, appPool, pglease.DefaultSchemaAdapter{Schema: schema})
+	assert.ErrorContains(t, err, "in schema "+ident(schema)+":")
+	assert.ErrorContains(t, err, todo)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -161,10 +162,18 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		err = execInsert(ctx, p.db, p.tables, params)
 	}
 	if err != nil {
-		return fmt.Errorf("publish %d messages to topic %q: %w", len(msgs), topic, err)
+		return fmt.Errorf("publish %s to topic %q: %w", countMessages(len(msgs)), topic, err)
 	}
 	p.logger.Trace("Messages published", watermill.LogFields{"topic": topic, "count": len(msgs)})
 	return nil
+}
+
+// countMessages says "1 message" or "n messages".
+func countMessages(n int) string {
+	if n == 1 {
+		return "1 message"
+	}
+	return strconv.Itoa(n) + " messages"
 }
 
 func execInsert(ctx context.Context, db DB, t *pgsql.Tables, params pgsql.InsertMessagesParams) error {
@@ -227,6 +236,9 @@ func buildInsertParams(topic string, msgs []*message.Message, keyFunc func(strin
 	for i, msg := range msgs {
 		if msg == nil {
 			return params, fmt.Errorf("%w: message %d of %d is nil", ErrInvalidMessage, i, len(msgs))
+		}
+		if msg.UUID == "" {
+			return params, fmt.Errorf("%w: UUID of message %d is empty", ErrInvalidMessage, i)
 		}
 		if !validText(msg.UUID) {
 			return params, fmt.Errorf("%w: UUID of message %d must be UTF-8 without NUL bytes", ErrInvalidMessage, i)

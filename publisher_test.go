@@ -102,6 +102,7 @@ func TestPublishRejectsBadInput(t *testing.T) {
 		{"topic not UTF-8", "a\xffb", []*message.Message{ok}, pglease.ErrInvalidTopic},
 		{"nil message", "t", []*message.Message{ok, nil}, pglease.ErrInvalidMessage},
 		{"NUL in UUID", "t", []*message.Message{message.NewMessage("a\x00", nil)}, pglease.ErrInvalidMessage},
+		{"empty UUID", "t", []*message.Message{ok, message.NewMessage("", nil)}, pglease.ErrInvalidMessage},
 		{"NUL in metadata", "t", []*message.Message{func() *message.Message {
 			m := message.NewMessage(watermill.NewUUID(), nil)
 			m.Metadata.Set("k", "v\x00")
@@ -219,4 +220,19 @@ func TestPublishInCallersTransaction(t *testing.T) {
 	}
 	wg.Wait()
 	assert.Equal(t, 8, countRows(t, pool, adapter, "topic = 'conn'"))
+}
+
+// TestPublishErrorCountsMessages: the error of a Publish that the
+// database refuses says how many messages it was, in good English.
+func TestPublishErrorCountsMessages(t *testing.T) {
+	parallel(t)
+	pool := newPool(t, 2)
+	// No tables: the insert fails.
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: newSchema(t, pool)}, nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, pub.Close()) }()
+	err = pub.Publish("t", message.NewMessage(watermill.NewUUID(), nil))
+	require.ErrorContains(t, err, `publish 1 message to topic "t": `)
+	err = pub.Publish("t", message.NewMessage(watermill.NewUUID(), nil), message.NewMessage(watermill.NewUUID(), nil))
+	require.ErrorContains(t, err, `publish 2 messages to topic "t": `)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglease/watermill-pglease/internal/pgsql"
@@ -126,7 +127,27 @@ func Migrate(ctx context.Context, db DB, adapter DefaultSchemaAdapter) error {
 // pgsql.Migrate). db is a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx (then in
 // a savepoint).
 func initializeSchema(ctx context.Context, db pgsql.Beginner, t *pgsql.Tables) error {
-	return pgsql.Migrate(ctx, db, t, t.Migrations())
+	return wrapSetUpDenied(pgsql.Migrate(ctx, db, t, t.Migrations()), t.Schema)
+}
+
+// wrapSetUpDenied adds what to do to a permission error of the schema
+// set-up: typically an application role, which owns nothing, that
+// initializes the schema, or migrates, with DefaultSchemaAdapter.Schema
+// empty, and gets "permission denied for schema public" (PostgreSQL 15 and
+// later let only public's owner create in it).
+func wrapSetUpDenied(err error, schema string) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" { // insufficient_privilege
+		return err
+	}
+	where := "the schema of the search_path (DefaultSchemaAdapter.Schema is empty)"
+	if schema != "" {
+		where = "schema " + pgx.Identifier{schema}.Sanitize()
+	}
+	return fmt.Errorf("%w (this role may not create or upgrade the pglease tables in %s: run pglease.Migrate or "+
+		"`pglease migrate` as the role that is to own them, and run the application without schema initialization, "+
+		"with the grants of pglease.GrantSQL; if the tables are in another schema, set DefaultSchemaAdapter.Schema to it)",
+		err, where)
 }
 
 // wrapMissingSchema adds what to do to the errors that say that the

@@ -51,7 +51,14 @@ type SubscriberConfig struct {
 	// ConsumerGroup names the group whose Subscribers share topics: each
 	// (ConsumerGroup, topic, partition) is delivered by one Subscriber at a
 	// time, from the group's own offset. A new group starts where StartFrom
-	// says. The empty string is a group like any other.
+	// says. Every group receives every message of a topic; the
+	// Subscribers of one group share them. The empty string is a group
+	// like any other: unlike an empty consumer group in watermill-kafka or
+	// an empty queue group in watermill-nats, which mean that every
+	// Subscriber receives every message, Subscribers that all leave
+	// ConsumerGroup empty share the messages. Handlers that must each
+	// receive every message (CQRS event handlers) need a group each, their
+	// handler's name for example.
 	ConsumerGroup string
 
 	// SessionTTL is how long the Subscriber's session lives without a
@@ -302,6 +309,10 @@ type Subscriber struct {
 	// pollOutage those of the idle poll: once per outage (outageLog).
 	consumerOutage *outageLog
 	pollOutage     *outageLog
+	// connString is the pool's connection string: with the tables, the
+	// group and the topic, what the subscriptions of the process that
+	// share a topic's messages have in common (logIfShared).
+	connString string
 }
 
 // topicSlot lets one consumer of this Subscriber at a time work on a
@@ -352,6 +363,7 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		partitionRefresh: partitionRefreshInterval,
 		consumerOutage:   newOutageLog(logger, componentConsumers),
 		pollOutage:       newOutageLog(logger, componentIdlePoll),
+		connString:       pool.Config().ConnString(),
 	}
 	s.releaseCtx, s.releaseCancel = context.WithCancel(context.Background())
 	s.member = newGroupMember(memberDeps{
@@ -410,6 +422,12 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 // database. An error that retrying cannot fix (the tables, schema or
 // database missing, the role lacking grants or failing to log in) is
 // returned, as is ctx's error when it ends first.
+//
+// Subscriptions of one consumer group to one topic share its messages,
+// whether made on one Subscriber or on several: each message goes to one
+// of them. When a second one starts in this process (same database,
+// tables, group and topic), it is logged at Info, saying to give each
+// handler its own ConsumerGroup if each must receive every message.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if err := validateTopic(topic); err != nil {
 		return nil, err
@@ -434,6 +452,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		cancel: cancel,
 		out:    make(chan *message.Message),
 		logger: s.logger.With(watermill.LogFields{"topic": topic}),
+		key:    subscriptionKey{db: s.connString, messages: s.offsets.tables.Messages, group: s.config.ConsumerGroup, topic: topic},
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -472,6 +491,7 @@ type subscription struct {
 	cancel context.CancelFunc
 	out    chan *message.Message
 	logger watermill.LoggerAdapter
+	key    subscriptionKey // counted from start to end (logIfShared)
 
 	mu         sync.Mutex
 	partitions int  // consumers started: partitions 0 to partitions-1
@@ -480,11 +500,13 @@ type subscription struct {
 	running int
 }
 
-// start registers the subscription with the group member and arranges
-// for its end. It runs no goroutine of its own: a Subscriber of 100,000
+// start counts the subscription among those of the process
+// (logIfShared), registers it with the group member and arranges for its
+// end. It runs no goroutine of its own: a Subscriber of 100,000
 // topics runs one goroutine per topic, its consumer's. Close ends it
 // through the member (cancelAll).
 func (sub *subscription) start() {
+	sub.logIfShared()
 	sub.s.member.addSubscription(sub)
 	context.AfterFunc(sub.ctx, sub.end)
 }
@@ -492,6 +514,7 @@ func (sub *subscription) start() {
 // end runs when the subscription's context ends: no consumer starts any
 // more, and the channel is closed once no consumer sends on it.
 func (sub *subscription) end() {
+	untrackSubscription(sub.key)
 	sub.s.member.removeSubscription(sub)
 	sub.mu.Lock()
 	sub.ending = true

@@ -58,6 +58,9 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	// On every return, also an early one: Close deletes the session row at
+	// once instead of leaving it to expire. Closing twice is harmless.
+	defer subscriber.Close()
 
 	router, err := message.NewRouter(message.RouterConfig{}, logger)
 	if err != nil {

@@ -93,8 +93,8 @@ func (c *lagCmd) printGroups(ctx context.Context, e *cmdEnv, rows []pglease.LagI
 	tw := newTable(e.stdout)
 	fmt.Fprintln(tw, "GROUP\tMEMBERS\tROWS\tOWNED\tLAG\tMAX-LAG-SECONDS\tPENDING")
 	for _, g := range groups {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.1f\t%s\n", displayName(g.Name), g.Members, g.Rows, g.Owned, g.Lag,
-			g.MaxLagSeconds, yesNo(g.Pending))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\n", displayName(g.Name), g.Members, g.Rows, g.Owned, g.Lag,
+			formatLagSeconds(pglease.LagInfo{Lag: g.Lag, LagSeconds: g.MaxLagSeconds}), yesNo(g.Pending))
 	}
 	return tw.Flush()
 }

@@ -34,6 +34,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -170,8 +171,10 @@ DELETE on the pglease tables, SELECT on the schema version table, EXECUTE on
 the owner's functions that the maintainer adds and drops retention partitions
 with. That is everything the role needs to publish, subscribe, create topics,
 delay messages, reset offsets and be the maintainer, and nothing more: it
-cannot drop, alter or truncate the tables. Run it as the tables' owner, after
-pglease migrate. Upgrades keep these grants.
+cannot drop, alter or truncate the tables. Run it as the tables' owner (or a
+member of that role, or a superuser), after pglease migrate: as another role
+it fails, naming the owner, since PostgreSQL would grant nothing. Upgrades
+keep these grants.
 
 --dry-run prints the statements and grants nothing.`,
 		new: func() subcommand { return &grantCmd{} },
@@ -288,6 +291,31 @@ type cmdEnv struct {
 	getenv  func(string) string
 	dsn     string
 	timeout time.Duration
+
+	// notices are the notices and warnings the server sent on conn.
+	notices *noticeLog
+}
+
+// noticeLog collects the notices of a connection (pgconn calls add from
+// the goroutine that reads the connection; take reads them later).
+type noticeLog struct {
+	mu   sync.Mutex
+	list []*pgconn.Notice
+}
+
+func (l *noticeLog) add(_ *pgconn.PgConn, n *pgconn.Notice) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.list = append(l.list, n)
+}
+
+// take returns the notices collected since the last take.
+func (l *noticeLog) take() []*pgconn.Notice {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	list := l.list
+	l.list = nil
+	return list
 }
 
 // longRunning is a subcommand that runs until interrupted (pglease ui):
@@ -422,6 +450,8 @@ func (s *commandSpec) connectAndRun(ctx context.Context, cmd subcommand, dsn str
 	// (PgBouncer) refuses those it does not know ("unsupported startup
 	// parameter: jit"). The Inspector turns JIT off per transaction for
 	// the statements that need it.
+	notices := &noticeLog{}
+	cfg.OnNotice = notices.add
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
@@ -437,7 +467,7 @@ func (s *commandSpec) connectAndRun(ctx context.Context, cmd subcommand, dsn str
 		return err
 	}
 	return cmd.run(ctx, &cmdEnv{conn: conn, adapter: adapter, insp: insp, json: common.json, stdout: stdout,
-		stderr: stderr, getenv: getenv, dsn: dsn, timeout: common.timeout})
+		stderr: stderr, getenv: getenv, dsn: dsn, timeout: common.timeout, notices: notices})
 }
 
 // stringList is a repeatable flag. values stays nil until the flag is

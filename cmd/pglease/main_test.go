@@ -246,6 +246,14 @@ func TestLag(t *testing.T) {
 	row = tableRow(t, f.ok("lag", "--by-group", "--group", "billing"), "billing")
 	assert.Equal(t, []string{"billing", "1", "1", "1", "6"}, row[:5])
 	assert.Equal(t, "[]\n", f.ok("lag", "--by-group", "--json", "--group", "nobody"), "a filter leaves out groups without its rows")
+
+	// Without lag, both print "-" for its age, as the console does.
+	f.ok("reset-offsets", "--group", "caught-up", "--topic", "orders", "--to-latest")
+	row = tableRow(t, f.ok("lag", "--group", "caught-up"), "caught-up")
+	assert.Equal(t, []string{"caught-up", "orders", "0", "-"}, row[:4])
+	assert.Equal(t, []string{"0", "-"}, row[5:7])
+	row = tableRow(t, f.ok("lag", "--by-group", "--group", "caught-up"), "caught-up")
+	assert.Equal(t, []string{"caught-up", "0", "1", "0", "0", "-", "no"}, row)
 }
 
 // TestStatus: the session of a live Subscriber, and a writing transaction

@@ -166,15 +166,35 @@ func (c *grantCmd) check(*flag.FlagSet) error {
 	return nil
 }
 
+// privilegeNotGranted is the SQLSTATE of PostgreSQL's warnings "no
+// privileges were granted" and "not all privileges were granted": GRANT
+// by a role that holds the privileges but may not grant them (it does
+// not own the object) succeeds and grants nothing.
+const privilegeNotGranted = "01007"
+
 func (c *grantCmd) run(ctx context.Context, e *cmdEnv) error {
 	out := grantOutput{Role: c.role.value, DryRun: c.dryRun, SQL: pglease.GrantSQL(e.adapter, c.role.value)}
 	if !c.dryRun {
+		if err := checkOwner(ctx, e); err != nil {
+			return err
+		}
+		e.notices.take()
 		if _, err := e.conn.Exec(ctx, out.SQL); err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == undefinedFunction {
 				return fmt.Errorf("%w (the schema predates the maintainer's functions: run pglease migrate first)", err)
 			}
 			return err
+		}
+		var refused []string
+		for _, n := range e.notices.take() {
+			if n.Code == privilegeNotGranted {
+				refused = append(refused, n.Message)
+			}
+		}
+		if len(refused) > 0 {
+			return fmt.Errorf("PostgreSQL did not grant everything (%s): run pglease grant again as the owner of the tables, "+
+				"a member of that role, or a superuser", strings.Join(refused, "; "))
 		}
 	}
 	if e.json {
@@ -186,6 +206,32 @@ func (c *grantCmd) run(ctx context.Context, e *cmdEnv) error {
 	}
 	fmt.Fprintf(e.stdout, "Granted role %s what pglease needs at run time, maintainer included, on the tables of %s.\n",
 		pgx.Identifier{c.role.value}.Sanitize(), schemaName(e.adapter))
+	return nil
+}
+
+// checkOwner refuses to grant when the connection's role may not grant
+// privileges on the messages table (it is not its owner, a member of the
+// owner's role or a superuser): PostgreSQL would only warn and grant
+// nothing. Without the table, it leaves the GRANT to fail saying so.
+func checkOwner(ctx context.Context, e *cmdEnv) error {
+	var (
+		user, owner string
+		may         bool
+	)
+	err := e.conn.QueryRow(ctx, `SELECT current_user::text, pg_get_userbyid(c.relowner)::text,
+	pg_has_role(current_user, c.relowner, 'USAGE')
+FROM pg_class c WHERE c.oid = to_regclass($1)`, tablesOf(e.adapter).Messages).Scan(&user, &owner, &may)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("read the owner of the tables: %w", err)
+	case !may:
+		return fmt.Errorf("role %s does not own the pglease tables of %s (their owner is %s): PostgreSQL would grant nothing; "+
+			"run pglease grant as %s, a member of that role, or a superuser",
+			pgx.Identifier{user}.Sanitize(), schemaName(e.adapter), pgx.Identifier{owner}.Sanitize(),
+			pgx.Identifier{owner}.Sanitize())
+	}
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -179,4 +180,67 @@ func TestGrantCommand(t *testing.T) {
 	r := runCLI(t, map[string]string{"DATABASE_URL": testDSN}, "grant", "--role", role, "--schema", emptySchema(t, f.pool))
 	assert.Equal(t, 1, r.code, "%s", r)
 	assert.Contains(t, r.stderr, "No pglease tables in schema")
+}
+
+// TestGrantAsNotTheOwner: pglease grant run by a role that does not own
+// the tables (PostgreSQL then warns "no privileges were granted" and
+// grants nothing) fails, names the owner and says what to do. When the
+// role owns the messages table but not every object, the warnings
+// PostgreSQL sends make it fail too.
+func TestGrantAsNotTheOwner(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	newRole := func(login bool) string {
+		b := make([]byte, 4)
+		_, err := rand.Read(b)
+		require.NoError(t, err)
+		role := "pglease_cmd_role_" + hex.EncodeToString(b)
+		create := "CREATE ROLE " + pgx.Identifier{role}.Sanitize()
+		if login {
+			create += " LOGIN"
+		}
+		_, err = f.pool.Exec(ctx, create)
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			_, _ = f.pool.Exec(context.Background(), "DROP OWNED BY "+pgx.Identifier{role}.Sanitize())
+			_, _ = f.pool.Exec(context.Background(), "DROP ROLE "+pgx.Identifier{role}.Sanitize())
+		})
+		return role
+	}
+	app, other := newRole(true), newRole(false)
+	f.ok("grant", "--role", app) // by the owner: app may use the tables, not grant them
+	cfg, err := pgx.ParseConfig(testDSN)
+	require.NoError(t, err)
+	var owner string
+	require.NoError(t, f.pool.QueryRow(ctx, "SELECT current_user").Scan(&owner))
+	appDSN := strings.Replace(testDSN, "://"+cfg.User+"@", "://"+app+"@", 1)
+	require.NotEqual(t, testDSN, appDSN, "the test DSN names its user as user@host")
+	if conn, err := pgx.Connect(ctx, appDSN); err != nil {
+		t.Skipf("role %s cannot log in to the test server (a password, or a pooler's user list): %v", app, err)
+	} else {
+		_ = conn.Close(ctx)
+	}
+	messages := pgx.Identifier{f.schema, pglease.DefaultMessagesTable}.Sanitize()
+	granted := func() bool {
+		var ok bool
+		require.NoError(t, f.pool.QueryRow(ctx, `SELECT has_table_privilege($1, $2, 'INSERT')`, other, messages).Scan(&ok))
+		return ok
+	}
+
+	r := runCLI(t, map[string]string{"DATABASE_URL": appDSN}, "grant", "--schema", f.schema, "--role", other)
+	assert.Equal(t, 1, r.code, "%s", r)
+	assert.Contains(t, r.stderr, fmt.Sprintf("role %s does not own the pglease tables of schema %s (their owner is %s)",
+		pgx.Identifier{app}.Sanitize(), pgx.Identifier{f.schema}.Sanitize(), pgx.Identifier{owner}.Sanitize()))
+	assert.Contains(t, r.stderr, "run pglease grant as")
+	assert.Empty(t, r.stdout)
+	assert.False(t, granted())
+
+	// app owns the messages table now, not the other tables.
+	_, err = f.pool.Exec(ctx, "ALTER TABLE "+messages+" OWNER TO "+pgx.Identifier{app}.Sanitize())
+	require.NoError(t, err)
+	r = runCLI(t, map[string]string{"DATABASE_URL": appDSN}, "grant", "--schema", f.schema, "--role", other)
+	assert.Equal(t, 1, r.code, "%s", r)
+	assert.Contains(t, r.stderr, "PostgreSQL did not grant everything (no privileges were granted for")
+	assert.Contains(t, r.stderr, "run pglease grant again as the owner of the tables")
+	assert.Empty(t, r.stdout)
 }

@@ -2,10 +2,13 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
 )
@@ -65,3 +68,34 @@ func TestPrintHorizon(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestREADMEStatusSample: the README's sample of pglease status has the
+// sections that status prints, in its order.
+func TestREADMEStatusSample(t *testing.T) {
+	f := newFixture(t)
+	f.publish("t", 1)
+	f.subscribe("g", "t")
+	var out string
+	waitFor(t, 10*time.Second, "a maintainer to be elected", func() bool {
+		out = f.ok("status")
+		return strings.Contains(out, "Maintainer: session")
+	})
+	sections := func(text string) []string {
+		var found []string
+		for _, line := range strings.Split(text, "\n") {
+			line = strings.TrimSpace(line)
+			for _, s := range []string{"Sessions:", "GROUP ", "Maintainer:", "Xmin horizon:"} {
+				if strings.HasPrefix(line, s) {
+					found = append(found, s)
+				}
+			}
+		}
+		return found
+	}
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	_, sample, ok := strings.Cut(string(readme), "$ pglease status\n")
+	require.True(t, ok, "the README has a sample of pglease status")
+	sample, _, _ = strings.Cut(sample, "$ pglease ")
+	assert.Equal(t, sections(out), sections(sample), "status printed:\n%s", out)
+}

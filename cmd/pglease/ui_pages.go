@@ -51,10 +51,21 @@ type overviewBody struct {
 	// read for this page); SampleTook how long that read took.
 	SampledAt  time.Time
 	SampleTook time.Duration
+	SampleAge  time.Duration // how long before the page the sample was read
 	Sessions   []pglease.SessionInfo
 	More       int // sessions not listed
 	Live       int
 	Maintainer *pglease.SessionInfo
+}
+
+// startedSince reports whether a live session is younger than age.
+func startedSince(sessions []pglease.SessionInfo, age time.Duration) bool {
+	for _, s := range sessions {
+		if s.Alive && s.Age < age {
+			return true
+		}
+	}
+	return false
 }
 
 // summarize folds the lag rows and sessions into one line per group.
@@ -104,7 +115,9 @@ func withMembers(groups []groupSummary, lag []pglease.LagInfo, sessions []pgleas
 // overview shows every group's lag as the sampler last read it (the
 // read of every row's lag is the expensive one: it runs once per
 // interval, however many pages are open), or reads it when no sample
-// was taken yet; the sessions and the horizon are read for each page.
+// was taken yet or a live session started after the sample (its claims,
+// and its group, are not in it); the sessions and the horizon are read
+// for each page.
 func (s *uiServer) overview(ctx context.Context, _ *http.Request, d *pageData) (string, error) {
 	d.Title, d.Nav = "Overview", "overview"
 	sessions, err := s.insp.Sessions(ctx)
@@ -113,7 +126,7 @@ func (s *uiServer) overview(ctx context.Context, _ *http.Request, d *pageData) (
 	}
 	var b overviewBody
 	groups, at, took := s.sampler.summary()
-	if at.IsZero() {
+	if at.IsZero() || startedSince(sessions, time.Since(at)) {
 		lag, err := s.insp.Lag(ctx, pglease.LagFilter{})
 		if err != nil {
 			return "", err
@@ -121,6 +134,7 @@ func (s *uiServer) overview(ctx context.Context, _ *http.Request, d *pageData) (
 		b.Groups = summarize(lag, sessions)
 	} else {
 		b.Groups, b.SampledAt, b.SampleTook = withMembers(groups, nil, sessions), at, took
+		b.SampleAge = time.Since(at)
 	}
 	for i, ss := range sessions {
 		if ss.Alive {

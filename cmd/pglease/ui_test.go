@@ -213,3 +213,32 @@ func TestUIAnswersOnlyToLoopbackNames(t *testing.T) {
 	assert.False(t, isLoopbackListen("0.0.0.0:8080"))
 	assert.False(t, isLoopbackListen(":8080"))
 }
+
+// TestUIOverviewSampleOlderThanASession: a lag sample taken before a
+// Subscriber started does not show its group with nothing owned: the
+// overview reads the lag for the page instead. A sample newer than every
+// session is shown with its age.
+func TestUIOverviewSampleOlderThanASession(t *testing.T) {
+	f := newFixture(t)
+	f.publish("orders", 1)
+	ts, srv, _ := newUITest(t, f, false)
+	require.NoError(t, srv.sampler.sample(context.Background()), "before any Subscriber")
+	f.subscribe("billing", "orders")
+	waitFor(t, 10*time.Second, "the Subscriber to own the row", func() bool {
+		rows := f.lag("--group", "billing")
+		return len(rows) == 1 && rows[0].Owner != ""
+	})
+	b := newBrowser(t, ts.URL)
+	// Members, rows, owned.
+	const counts = `<td class="n">1</td><td class="n">1</td><td class="n">1</td>`
+	code, body := b.get("/")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, counts)
+	assert.Contains(t, body, "Lag read just now.")
+
+	require.NoError(t, srv.sampler.sample(context.Background()), "after the claim")
+	code, body = b.get("/")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, counts)
+	assert.Regexp(t, `Lag as sampled [0-9.]+m?s ago, at `, body)
+}
