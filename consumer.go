@@ -772,7 +772,7 @@ func (c *consumer) deliver(g *sessionGen, cl *claim, m storedMessage, attempt in
 			// stays in the table, where the Inspector shows it raw).
 			c.logger.Error("Cannot decode message, skipped", err, watermill.LogFields{"partition": c.partition,
 				"position": strconv.FormatUint(m.pos.TransactionID, 10) + ":" + strconv.FormatInt(m.pos.Offset, 10),
-				"uuid": m.uuid, "metadata": abbreviateRaw(m.metadata, 200)})
+				"uuid":     m.uuid, "metadata": abbreviateRaw(m.metadata, 200)})
 			c.s.budget.giveBack(&c.lease, c.unsent)
 			c.unsent = 0
 			return acked
