@@ -7,12 +7,12 @@ package pglease
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -36,13 +36,28 @@ type storedMessage struct {
 // toMessage builds a new Watermill message each time, so that an Ack of a
 // nacked delivery can never affect the next one.
 func (m storedMessage) toMessage() (*message.Message, error) {
+	md, err := decodeMetadata([]byte(m.metadata))
+	if err != nil {
+		return nil, fmt.Errorf("decode the metadata of message %s: %w", m.uuid, err)
+	}
 	msg := message.NewMessage(m.uuid, m.payload)
-	if m.metadata != "" {
-		if err := json.Unmarshal([]byte(m.metadata), &msg.Metadata); err != nil {
-			return nil, fmt.Errorf("decode metadata of message %s: %w", m.uuid, err)
-		}
+	for k, v := range md {
+		msg.Metadata.Set(k, v)
 	}
 	return msg, nil
+}
+
+// abbreviateRaw cuts s to at most n bytes, on a character boundary, for
+// a log line.
+func abbreviateRaw(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
 }
 
 // consumer is one partition of a subscription: it registers its (topic,
@@ -760,13 +775,15 @@ func (c *consumer) deliver(g *sessionGen, cl *claim, m storedMessage, attempt in
 		}
 		msg, err := m.toMessage()
 		if err != nil {
-			// A row this package did not write; delivering it without its
-			// metadata would hide the problem, skipping it would lose it.
-			c.logger.Error("Cannot decode message, retrying", err, nil)
-			if !sleep(maxRetryBackoff, c.ctx.Done(), g.lost) {
-				return c.interrupted()
-			}
-			continue
+			// A row this package did not write. Decoding it again gives
+			// the same error: it is skipped as if acknowledged (the row
+			// stays in the table, where the Inspector shows it raw).
+			c.logger.Error("Cannot decode message, skipped", err, watermill.LogFields{"partition": c.partition,
+				"position": strconv.FormatUint(m.pos.TransactionID, 10) + ":" + strconv.FormatInt(m.pos.Offset, 10),
+				"uuid":     m.uuid, "metadata": abbreviateRaw(m.metadata, 200)})
+			c.s.budget.giveBack(&c.lease, c.unsent)
+			c.unsent = 0
+			return acked
 		}
 		msg.Metadata.Set(DeliveryAttemptMetadata, strconv.Itoa(attempt))
 		mctx, mcancel := context.WithCancel(&deliveryCtx{Context: c.ctx, d: delivery{

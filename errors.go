@@ -86,3 +86,13 @@ var ErrSkippedByRetention = errors.New("pglease: messages removed by retention b
 // functions (it lacks the grants of [GrantSQL]): it does not stand for
 // maintainer.
 var ErrMaintenanceNotPermitted = errors.New("pglease: the role may not do the maintainer's work")
+
+// ErrUndecodableMetadata is the error logged, once per message, by a
+// Subscriber that skips a stored message whose metadata is not a JSON
+// object of strings (a row pglease did not write: inserted by hand or by
+// another program), and wrapped by [Inspector.Replay] for such a row. The
+// message cannot become a Watermill message: the Subscriber moves past it
+// as if it were acknowledged, and the row stays in the messages table
+// (until its topic's retention removes it), where [Inspector.Messages]
+// and pglease messages show it with its metadata raw.
+var ErrUndecodableMetadata = errors.New("pglease: message metadata is not a JSON object of strings")

@@ -42,8 +42,16 @@ type ImportConfig struct {
 	// "watermill_<topic>" and "watermill_offsets_<topic>" in the source's
 	// search_path). Either Topics or All.
 	Topics []string
-	// All imports every watermill-sql topic of the source's search_path.
+	// All imports every watermill-sql topic of the source's search_path
+	// whose messages and offsets tables are owned by SourceOwner; the
+	// others are skipped and listed in ImportReport.Skipped (another role
+	// of the database may create tables named watermill_* in a schema of
+	// the search_path).
 	All bool
+	// SourceOwner is the role whose tables All imports. Default: the role
+	// the source connection runs as (watermill-sql creates its tables as
+	// the application's role).
+	SourceOwner string
 	// SchemaAdapter names the pglease tables. Default DefaultSchemaAdapter{}.
 	// The import's own tables ([ImportRunsTable], [ImportGroupsTable])
 	// are created in its Schema.
@@ -57,6 +65,17 @@ type ImportConfig struct {
 type ImportReport struct {
 	DryRun bool            `json:"dry_run"`
 	Topics []ImportedTopic `json:"topics"`
+	// Skipped are the tables ImportConfig.All found but did not import:
+	// owned by another role than ImportConfig.SourceOwner.
+	Skipped []SkippedTable `json:"skipped,omitempty"`
+}
+
+// SkippedTable is a watermill-sql table that [ImportWatermillSQL] with
+// ImportConfig.All did not import, and why.
+type SkippedTable struct {
+	Table  string `json:"table"`
+	Owner  string `json:"owner"`
+	Reason string `json:"reason"`
 }
 
 // ImportedTopic is the import of one topic.
@@ -208,10 +227,11 @@ func ImportWatermillSQL(ctx context.Context, dst, src DB, config ImportConfig) (
 		}
 	}
 
-	sources, err := describeSources(ctx, src, config)
+	sources, skipped, err := describeSources(ctx, src, config)
 	if err != nil {
 		return report, err
 	}
+	report.Skipped = skipped
 	for _, s := range sources {
 		t, err := importTopic(ctx, dst, src, config, s)
 		if err != nil {
@@ -223,36 +243,51 @@ func ImportWatermillSQL(ctx context.Context, dst, src DB, config ImportConfig) (
 }
 
 // describeSources finds the topics of config in the source (every
-// watermill-sql topic of its search_path with config.All) and checks
-// their tables, before anything is imported.
-func describeSources(ctx context.Context, src DB, config ImportConfig) ([]wmSource, error) {
+// watermill-sql topic of its search_path owned by config.SourceOwner with
+// config.All, the others skipped) and checks their tables, before
+// anything is imported.
+func describeSources(ctx context.Context, src DB, config ImportConfig) ([]wmSource, []SkippedTable, error) {
 	srcTx, err := src.Begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("import watermill-sql: begin on the source: %w", err)
+		return nil, nil, fmt.Errorf("import watermill-sql: begin on the source: %w", err)
 	}
 	defer func() { _ = srcTx.Rollback(context.WithoutCancel(ctx)) }()
 	if _, err := srcTx.Exec(ctx, `SET TRANSACTION READ ONLY`); err != nil {
-		return nil, fmt.Errorf("import watermill-sql: source transaction: %w", err)
+		return nil, nil, fmt.Errorf("import watermill-sql: source transaction: %w", err)
 	}
 	topics := config.Topics
+	var skipped []SkippedTable
 	if config.All {
 		tables, err := pgsql.WMTopicTables(ctx, srcTx)
 		if err != nil {
-			return nil, fmt.Errorf("import watermill-sql: list the source's tables: %w", err)
+			return nil, nil, fmt.Errorf("import watermill-sql: list the source's tables: %w", err)
 		}
 		for _, t := range tables {
-			topics = append(topics, strings.TrimPrefix(t, "watermill_"))
+			owner := config.SourceOwner
+			if owner == "" {
+				owner = t.CurrentUser
+			}
+			switch {
+			case t.Owner != owner:
+				skipped = append(skipped, SkippedTable{Table: t.Name, Owner: t.Owner,
+					Reason: fmt.Sprintf("owned by %q, not by %q", t.Owner, owner)})
+			case t.OffsetsOwner != nil && *t.OffsetsOwner != owner:
+				skipped = append(skipped, SkippedTable{Table: t.Name, Owner: t.Owner,
+					Reason: fmt.Sprintf("its offsets table is owned by %q, not by %q", *t.OffsetsOwner, owner)})
+			default:
+				topics = append(topics, strings.TrimPrefix(t.Name, "watermill_"))
+			}
 		}
 	}
 	sources := make([]wmSource, 0, len(topics))
 	for _, topic := range topics {
 		s, err := describeSource(ctx, srcTx, topic)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		sources = append(sources, s)
 	}
-	return sources, nil
+	return sources, skipped, nil
 }
 
 // Columns of watermill-sql's default PostgreSQL tables, with the types

@@ -3,6 +3,7 @@ package pglease_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -179,4 +180,59 @@ func TestImportNeverMovesGroupBack(t *testing.T) {
 	msgs, err := sub.Subscribe(ctx, topic)
 	require.NoError(t, err)
 	assert.Equal(t, "m300", receiveOne(t, msgs).UUID)
+}
+
+// TestImportAllSkipsTablesOfOtherRoles: with All, a watermill_* table of
+// the search_path that another role created (or whose offsets table
+// another role created) is not imported but reported as skipped; the
+// application's own tables are imported.
+func TestImportAllSkipsTablesOfOtherRoles(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	require.NoError(t, pglease.Migrate(ctx, pool, adapter))
+	src := newWMSource(t, pool, "orders")
+	src.publish(t, 0, 10)
+	src.ack(t, "A", 5)
+	schema := src.messages[:strings.Index(src.messages, ".")]
+	other := "pglease_import_other_" + pgtest.RandomHex(6)
+	_, err := pool.Exec(ctx, "CREATE ROLE "+other+" NOLOGIN")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+other)
+		_, _ = pool.Exec(context.Background(), "DROP ROLE "+other)
+	})
+	for _, table := range []string{"planted", "mixed"} {
+		_, err = pool.Exec(ctx, `CREATE TABLE `+schema+`.watermill_`+table+` (
+	"offset" BIGSERIAL, "uuid" VARCHAR(36) NOT NULL, "created_at" TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+	"payload" JSON DEFAULT NULL, "metadata" JSON DEFAULT NULL, "transaction_id" xid8 NOT NULL,
+	PRIMARY KEY ("transaction_id", "offset"));
+CREATE TABLE `+schema+`.watermill_offsets_`+table+` (consumer_group VARCHAR(255) NOT NULL, offset_acked BIGINT,
+	last_processed_transaction_id xid8 NOT NULL, PRIMARY KEY(consumer_group));
+INSERT INTO `+schema+`.watermill_`+table+` (uuid, transaction_id) VALUES ('x', pg_current_xact_id())`)
+		require.NoError(t, err)
+	}
+	_, err = pool.Exec(ctx, "ALTER TABLE "+schema+".watermill_planted OWNER TO "+other+
+		"; ALTER TABLE "+schema+".watermill_offsets_planted OWNER TO "+other+
+		"; ALTER TABLE "+schema+".watermill_offsets_mixed OWNER TO "+other)
+	require.NoError(t, err)
+
+	report, err := pglease.ImportWatermillSQL(ctx, pool, src.pool, pglease.ImportConfig{All: true, SchemaAdapter: adapter, DryRun: true})
+	require.NoError(t, err)
+	var imported []string
+	for _, t := range report.Topics {
+		imported = append(imported, t.Topic)
+	}
+	assert.Equal(t, []string{"orders"}, imported)
+	require.Len(t, report.Skipped, 2)
+	assert.Equal(t, "watermill_mixed", report.Skipped[0].Table)
+	assert.Contains(t, report.Skipped[0].Reason, "its offsets table is owned by \""+other+"\"")
+	assert.Equal(t, "watermill_planted", report.Skipped[1].Table)
+	assert.Equal(t, other, report.Skipped[1].Owner)
+
+	report, err = pglease.ImportWatermillSQL(ctx, pool, src.pool, pglease.ImportConfig{All: true, SourceOwner: other,
+		SchemaAdapter: adapter, DryRun: true})
+	require.NoError(t, err)
+	require.Len(t, report.Topics, 1)
+	assert.Equal(t, "planted", report.Topics[0].Topic)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -49,14 +50,20 @@ type StoredMessage struct {
 	PayloadSize      int               `json:"payload_size"`
 	PayloadTruncated bool              `json:"payload_truncated"`
 	Metadata         map[string]string `json:"metadata"`
-	CreatedAt        time.Time         `json:"created_at"`
+	// RawMetadata is the metadata as stored when it is not a JSON object
+	// of strings (Metadata is then empty): such a row cannot become a
+	// Watermill message, and Subscribers skip it (see
+	// ErrUndecodableMetadata). Empty otherwise.
+	RawMetadata string    `json:"raw_metadata,omitempty"`
+	CreatedAt   time.Time `json:"created_at"`
 	// ExpiresAt is when retention removes it (nil: kept forever).
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 }
 
 // toStoredMessage converts a row of topic; the payload may have been cut at
-// the statement's preview bytes.
-func toStoredMessage(topic string, r pgsql.BrowseRow) (StoredMessage, error) {
+// the statement's preview bytes. Metadata that is not a JSON object of
+// strings is kept as it is, in RawMetadata.
+func toStoredMessage(topic string, r pgsql.BrowseRow) StoredMessage {
 	m := StoredMessage{
 		Topic: topic, Partition: r.Partition, Position: Position(r.Position),
 		UUID: r.UUID, Payload: r.Payload, PayloadSize: int(r.PayloadSize), CreatedAt: r.CreatedAt,
@@ -66,12 +73,26 @@ func toStoredMessage(topic string, r pgsql.BrowseRow) (StoredMessage, error) {
 	if r.ExpiresAt != nil && r.ExpiresAt.Year() < 9999 {
 		m.ExpiresAt = r.ExpiresAt
 	}
-	if len(r.Metadata) > 0 {
-		if err := json.Unmarshal(r.Metadata, &m.Metadata); err != nil {
-			return StoredMessage{}, err
-		}
+	if md, err := decodeMetadata(r.Metadata); err != nil {
+		m.RawMetadata = string(r.Metadata)
+	} else if md != nil {
+		m.Metadata = md
 	}
-	return m, nil
+	return m
+}
+
+// decodeMetadata decodes a message's stored metadata (nil or JSON null:
+// none). It fails on anything but a JSON object of strings, which
+// pglease never writes (a row inserted by hand or by another program).
+func decodeMetadata(raw []byte) (map[string]string, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	var md map[string]string
+	if err := json.Unmarshal(raw, &md); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUndecodableMetadata, err)
+	}
+	return md, nil
 }
 
 // MessagesParams select the messages of [Inspector.Messages].
@@ -139,10 +160,7 @@ func (i *Inspector) Messages(ctx context.Context, p MessagesParams) (MessagePage
 	}
 	page.Messages = make([]StoredMessage, 0, len(rows))
 	for n, r := range rows {
-		m, err := toStoredMessage(p.Topic, r)
-		if err != nil {
-			return page, fmt.Errorf("read the messages of topic %q: %w", p.Topic, err)
-		}
+		m := toStoredMessage(p.Topic, r)
 		if n == p.Limit {
 			page.Next = &m.Position
 			break
@@ -154,20 +172,60 @@ func (i *Inspector) Messages(ctx context.Context, p MessagesParams) (MessagePage
 
 // MessagesByUUID returns the messages with the UUID, whole, oldest first:
 // of one topic, or of every topic when topic is "" (which reads the whole
-// messages table: the UUID is not indexed).
+// messages table: the UUID is not indexed). Every payload is read whole:
+// to look messages up with a bound on what is read, use
+// [Inspector.FindMessages].
 func (i *Inspector) MessagesByUUID(ctx context.Context, topic, id string) ([]StoredMessage, error) {
-	a := i.tables
-	rows, err := pgsql.MessagesByUUID(ctx, i.db, a, topic, id, -1)
+	out, err := i.findMessages(ctx, topic, id, -1, -1)
+	slices.Reverse(out)
+	return out, err
+}
+
+// FindMessagesParams select the messages of [Inspector.FindMessages].
+type FindMessagesParams struct {
+	// Topic is required.
+	Topic string
+	// UUID is the UUID to look for.
+	UUID string
+	// Limit is how many messages to return at most. Default
+	// DefaultMessagesLimit, at most MaxMessagesLimit.
+	Limit int
+	// PreviewBytes is how much of each payload to return. Default
+	// DefaultPreviewBytes; negative: all of it.
+	PreviewBytes int
+}
+
+// FindMessages returns the messages of a topic with a UUID, newest first,
+// at most Limit of them, each payload cut at PreviewBytes (by the
+// database: what is read is bounded by Limit × PreviewBytes, whatever the
+// payloads' sizes). The UUID is not indexed: it reads the topic's
+// messages.
+func (i *Inspector) FindMessages(ctx context.Context, p FindMessagesParams) ([]StoredMessage, error) {
+	if err := validateTopic(p.Topic); err != nil {
+		return nil, err
+	}
+	switch {
+	case p.Limit == 0:
+		p.Limit = DefaultMessagesLimit
+	case p.Limit < 0 || p.Limit > MaxMessagesLimit:
+		return nil, fmt.Errorf("%w: FindMessagesParams.Limit must be between 1 and %d, got %d", ErrInvalidConfig, MaxMessagesLimit, p.Limit)
+	}
+	if p.PreviewBytes == 0 {
+		p.PreviewBytes = DefaultPreviewBytes
+	}
+	return i.findMessages(ctx, p.Topic, p.UUID, p.PreviewBytes, p.Limit)
+}
+
+// findMessages reads the messages with the UUID, newest first, at most
+// limit of them (-1: all).
+func (i *Inspector) findMessages(ctx context.Context, topic, id string, preview, limit int) ([]StoredMessage, error) {
+	rows, err := pgsql.MessagesByUUID(ctx, i.db, i.tables, topic, id, preview, limit)
 	if err != nil {
 		return nil, fmt.Errorf("look up message %q: %w", id, wrapMissingSchema(err))
 	}
 	out := make([]StoredMessage, 0, len(rows))
 	for _, r := range rows {
-		m, err := toStoredMessage(r.Topic, r)
-		if err != nil {
-			return nil, fmt.Errorf("look up message %q: %w", id, err)
-		}
-		out = append(out, m)
+		out = append(out, toStoredMessage(r.Topic, r))
 	}
 	return out, nil
 }
@@ -344,9 +402,10 @@ func (i *Inspector) Replay(ctx context.Context, p ReplayParams) ([]ReplayedMessa
 	}
 	out := make([]ReplayedMessage, 0, len(rows))
 	for _, r := range rows {
-		m, err := toStoredMessage(p.From, r)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", what, err)
+		m := toStoredMessage(p.From, r)
+		if m.RawMetadata != "" {
+			return nil, fmt.Errorf("%s: message %s at %d:%d: %w, it cannot be published: %s", what, m.UUID,
+				m.Position.TransactionID, m.Position.Offset, ErrUndecodableMetadata, m.RawMetadata)
 		}
 		to := p.To
 		if p.ToOriginal {

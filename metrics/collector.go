@@ -6,8 +6,10 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/google/uuid"
@@ -78,7 +80,7 @@ type Collector struct {
 	// drained poison topic reads 0, not absent). Guarded by mu.
 	counted map[string]bool
 
-	up, scrapeDuration                         *prometheus.Desc
+	up, scrapeDuration, skippedSeries          *prometheus.Desc
 	lag, lagSeconds, pending                   *prometheus.Desc
 	members, ownedRows                         *prometheus.Desc
 	horizonAge, horizonAgeKnown                *prometheus.Desc
@@ -114,6 +116,8 @@ func NewCollector(insp *pglease.Inspector, config CollectorConfig) (*Collector, 
 			"1 if the last scrape read every pglease metric from the database, 0 if a query failed (its metrics are missing)."),
 		scrapeDuration: desc("pglease_scrape_duration_seconds",
 			"How long the last scrape of the pglease tables took."),
+		skippedSeries: desc("pglease_scrape_skipped_series",
+			"Series the last scrape left out because their labels could not be exported (logged); names that are not UTF-8 are exported with their other bytes escaped as \\xNN."),
 		lag: desc("pglease_consumergroup_lag",
 			"Messages after the consumer group's acknowledged position on the partition that every reader can see (not yet acked).",
 			partition...),
@@ -159,7 +163,7 @@ func set(names []string) map[string]bool {
 
 // Describe implements [prometheus.Collector].
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.up, c.scrapeDuration, c.lag, c.lagSeconds, c.pending,
+	for _, d := range []*prometheus.Desc{c.up, c.scrapeDuration, c.skippedSeries, c.lag, c.lagSeconds, c.pending,
 		c.members, c.ownedRows, c.horizonAge, c.horizonAgeKnown, c.topicPartitions, c.topicNewestMessageSeconds, c.topicMessages} {
 		ch <- d
 	}
@@ -229,11 +233,32 @@ func (c *Collector) scrape(ctx context.Context) snapshot {
 	return s
 }
 
-// emit turns a snapshot into metrics.
+// emit turns a snapshot into metrics. A label value that is not UTF-8
+// (a name stored in a SQL_ASCII database) is exported with its other
+// bytes escaped as \xNN; a series that still cannot be exported (two
+// names that escape alike) is left out, logged, and counted in
+// pglease_scrape_skipped_series, so that one name never fails the scrape.
 func (c *Collector) emit(s snapshot, ch chan<- prometheus.Metric) {
+	seen := map[string]bool{}
+	skipped := 0
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+		for i, l := range labels {
+			labels[i] = validLabel(l)
+		}
+		key := fmt.Sprintf("%p\xff%s", d, strings.Join(labels, "\xff"))
+		m, err := prometheus.NewConstMetric(d, prometheus.GaugeValue, v, labels...)
+		if err == nil && seen[key] {
+			err = fmt.Errorf("labels %q are those of another series once escaped", labels)
+		}
+		if err != nil {
+			skipped++
+			c.logger.Error("Series of the pglease metrics left out", err, watermill.LogFields{"metric": d.String()})
+			return
+		}
+		seen[key] = true
+		ch <- m
 	}
+	defer func() { gauge(c.skippedSeries, float64(skipped)) }()
 	gauge(c.up, boolValue(!s.failed))
 
 	for _, l := range s.lag {
@@ -315,6 +340,25 @@ func (c *Collector) emit(s snapshot, ch chan<- prometheus.Metric) {
 			gauge(c.topicMessages, float64(n), topic)
 		}
 	}
+}
+
+// validLabel returns s, with every byte that is not part of a UTF-8
+// character escaped as \xNN.
+func validLabel(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	for len(s) > 0 {
+		r, size := utf8.DecodeRuneInString(s)
+		if r == utf8.RuneError && size == 1 {
+			fmt.Fprintf(&b, `\x%02x`, s[0])
+		} else {
+			b.WriteString(s[:size])
+		}
+		s = s[size:]
+	}
+	return b.String()
 }
 
 // horizonAge is the age in seconds of the transaction that holds h back (0

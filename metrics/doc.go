@@ -28,6 +28,7 @@
 //	pglease_topic_messages{topic}                                       stored messages: exact up to 10,000, then the planner's estimate
 //	pglease_up                                                          1: every query of the scrape succeeded
 //	pglease_scrape_duration_seconds
+//	pglease_scrape_skipped_series                                       series left out: labels that could not be exported
 //
 // Of [SubscriberCollector], each with the label consumergroup:
 //
@@ -72,6 +73,12 @@
 // (promhttp answers 500), hiding the Subscribers' counters and the
 // process's own metrics exactly when the database is in trouble. Alert on
 // pglease_up == 0.
+//
+// Names are label values, and a label must be UTF-8: a consumer group or
+// topic of a SQL_ASCII database that is not is exported with its other
+// bytes escaped as \xNN. A series whose labels still cannot be exported
+// (two names that escape alike) is left out, logged and counted in
+// pglease_scrape_skipped_series: one name never fails the scrape.
 //
 // # Cost and cardinality
 //

@@ -383,7 +383,8 @@ func TestCollectorHorizonAgeHiddenFromTheRole(t *testing.T) {
 
 // TestCollectorScrapeFailure: a query that fails sets pglease_up to 0 and
 // leaves its metrics out, the others are still exported; a scrape that
-// runs out of time exports only pglease_up and the duration. Collecting
+// runs out of time exports only pglease_up, the skipped series and the
+// duration. Collecting
 // never fails the registry's scrape.
 func TestCollectorScrapeFailure(t *testing.T) {
 	pool := newPool(t)
@@ -400,7 +401,7 @@ func TestCollectorScrapeFailure(t *testing.T) {
 	c, err = NewCollector(newInspector(t, pool, adapter), CollectorConfig{ScrapeTimeout: time.Nanosecond})
 	require.NoError(t, err)
 	assert.Equal(t, 0.0, testutil.ToFloat64(only{c, c.up}))
-	assert.Equal(t, 2, testutil.CollectAndCount(c), "pglease_up and pglease_scrape_duration_seconds")
+	assert.Equal(t, 3, testutil.CollectAndCount(c), "pglease_up, pglease_scrape_skipped_series and pglease_scrape_duration_seconds")
 
 	reg := prometheus.NewPedanticRegistry()
 	require.NoError(t, reg.Register(c))
@@ -582,4 +583,59 @@ func TestConfigErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "CollectorConfig.ScrapeTimeout")
 	_, err = NewSubscriberCollector(nil, SubscriberCollectorConfig{})
 	assert.ErrorIs(t, err, pglease.ErrInvalidConfig)
+}
+
+// TestCollectorNamesNotUTF8: in a SQL_ASCII database, consumer groups and
+// topics may hold bytes that are not UTF-8, which a Prometheus label
+// cannot: the scrape does not fail (nor panic); such names are exported
+// with those bytes escaped, and a name that then equals another one's is
+// left out and counted.
+func TestCollectorNamesNotUTF8(t *testing.T) {
+	ctx := context.Background()
+	admin := newPool(t)
+	db := "pglease_metrics_ascii_" + strings.ReplaceAll(fmt.Sprint(time.Now().UnixNano()), "-", "")
+	_, err := admin.Exec(ctx, "CREATE DATABASE "+db+" ENCODING 'SQL_ASCII' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)") })
+	cfg, err := pgxpool.ParseConfig(testDSN)
+	require.NoError(t, err)
+	cfg.ConnConfig.Database = db
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	adapter := pglease.DefaultSchemaAdapter{}
+	require.NoError(t, pglease.Migrate(ctx, pool, adapter))
+	// 'caf\xe9' (Latin-1), and a topic spelled as the escaped form of
+	// 't\xff'.
+	_, err = pool.Exec(ctx, `INSERT INTO pglease_consumer_offsets (consumer_group, topic)
+		VALUES (convert_from('\x636166e9'::bytea, 'SQL_ASCII'), convert_from('\x74ff'::bytea, 'SQL_ASCII')),
+		       ('ok', 't\xff')`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO pglease_messages (topic, uuid) VALUES (convert_from('\x74ff'::bytea, 'SQL_ASCII'), 'u')`)
+	require.NoError(t, err)
+
+	c, err := NewCollector(newInspector(t, pool, adapter), CollectorConfig{})
+	require.NoError(t, err)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	families, err := reg.Gather()
+	require.NoError(t, err, "the scrape succeeds")
+	values := map[string][]string{}
+	gauges := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				values[f.GetName()+" "+l.GetName()] = append(values[f.GetName()+" "+l.GetName()], l.GetValue())
+			}
+			if len(m.GetLabel()) == 0 && m.GetGauge() != nil {
+				gauges[f.GetName()] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	assert.Equal(t, 1.0, gauges["pglease_up"])
+	assert.Contains(t, values["pglease_consumergroup_lag consumergroup"], `caf\xe9`)
+	assert.Contains(t, values["pglease_consumergroup_lag consumergroup"], `ok`)
+	assert.Contains(t, values["pglease_consumergroup_lag topic"], `t\xff`)
+	assert.Equal(t, []string{`t\xff`}, values["pglease_topic_messages topic"], "the two topics escape alike: one is left out")
+	assert.Equal(t, 2.0, gauges["pglease_scrape_skipped_series"])
 }

@@ -2,12 +2,15 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	pglease "github.com/pglease/watermill-pglease"
 )
@@ -109,4 +112,83 @@ func abbreviate(q string, n int) string {
 		return q
 	}
 	return string(r[:n-3]) + "..."
+}
+
+// terminalWriter passes what the command prints to a terminal, escaping
+// on the way every character a terminal would act on rather than show:
+// control characters but new line and tab (escape sequences that set the
+// window title, move the cursor, clear the screen or, on some terminals,
+// write files start with ESC or a C1 control) and the bidirectional
+// formatting characters (which show text in another order than it is).
+// Each becomes \uXXXX, which is also valid inside a JSON string, and a
+// byte that is not UTF-8 becomes \xXX. Everything pglease prints from the
+// database (names, metadata, payloads, query texts, owners, errors) goes
+// through it, whatever the command. Safe for concurrent use; Flush at the
+// end writes a character cut between two writes.
+type terminalWriter struct {
+	mu      sync.Mutex
+	w       io.Writer
+	pending []byte // the start of a character whose rest has not come yet
+	buf     []byte
+}
+
+func newTerminalWriter(w io.Writer) *terminalWriter { return &terminalWriter{w: w} }
+
+func (t *terminalWriter) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	in := append(t.pending, p...)
+	// Keep an incomplete last character for the next write.
+	cut := len(in)
+	for i := len(in) - 1; i >= 0 && i >= len(in)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(in[i]) {
+			if !utf8.FullRune(in[i:]) {
+				cut = i
+			}
+			break
+		}
+	}
+	t.buf = appendTerminalSafe(t.buf[:0], in[:cut])
+	t.pending = append([]byte(nil), in[cut:]...)
+	if _, err := t.w.Write(t.buf); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Flush writes what is left of an incomplete character, escaped.
+func (t *terminalWriter) Flush() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.pending) == 0 {
+		return nil
+	}
+	_, err := t.w.Write(appendTerminalSafe(nil, t.pending))
+	t.pending = nil
+	return err
+}
+
+// appendTerminalSafe appends b to dst with the characters a terminal
+// acts on escaped (see terminalWriter).
+func appendTerminalSafe(dst, b []byte) []byte {
+	for len(b) > 0 {
+		r, size := utf8.DecodeRune(b)
+		switch {
+		case r == utf8.RuneError && size == 1:
+			dst = fmt.Appendf(dst, `\x%02x`, b[0])
+		case r == '\n' || r == '\t':
+			dst = append(dst, b[0])
+		case unicode.Is(unicode.Cc, r) || isBidiControl(r):
+			dst = fmt.Appendf(dst, `\u%04x`, r)
+		default:
+			dst = append(dst, b[:size]...)
+		}
+		b = b[size:]
+	}
+	return dst
+}
+
+// isBidiControl reports whether r is a bidirectional formatting character.
+func isBidiControl(r rune) bool {
+	return r == '\u061c' || r == '\u200e' || r == '\u200f' || (r >= '\u202a' && r <= '\u202e') || (r >= '\u2066' && r <= '\u2069')
 }

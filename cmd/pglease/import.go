@@ -17,7 +17,7 @@ import (
 var importSpec = commandSpec{
 	name:     "import",
 	summary:  "take over watermill-sql's pending messages and consumer groups",
-	synopsis: "watermill-sql [--source-dsn DSN] (--topics a,b | --all) [--dry-run] [--json]",
+	synopsis: "watermill-sql [--source-dsn DSN] (--topics a,b | --all [--owner ROLE]) [--dry-run] [--json]",
 	help: `Runs pglease.ImportWatermillSQL: for each watermill-sql topic (tables
 watermill_<topic> and watermill_offsets_<topic> in the source's search_path),
 copies the messages that at least one consumer group has not acknowledged
@@ -36,6 +36,10 @@ groups that consume in pglease already are left alone (KEPT).
                     default one, e.g. ?search_path=app
   --topics a,b      these topics
   --all             every watermill_* table of the source's search_path
+                    that --owner owns (with its offsets table); the others
+                    are skipped and listed
+  --owner ROLE      with --all: the role whose tables are imported
+                    (default: the role of the source connection)
   --dry-run         run the import and roll it back: shows what it would do
 
 A table that is not watermill-sql's default PostgreSQL schema (v3 or v4) is
@@ -49,6 +53,7 @@ type importCmd struct {
 	sourceDSN string
 	topics    string
 	all       bool
+	owner     string
 	dryRun    bool
 }
 
@@ -56,6 +61,7 @@ func (c *importCmd) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.sourceDSN, "source-dsn", "", "watermill-sql's database `URL` (default: --dsn)")
 	fs.StringVar(&c.topics, "topics", "", "comma-separated `TOPICS` to import")
 	fs.BoolVar(&c.all, "all", false, "import every watermill-sql topic of the source's search_path")
+	fs.StringVar(&c.owner, "owner", "", "with --all, import the tables of this `ROLE` (default: the source connection's role)")
 	fs.BoolVar(&c.dryRun, "dry-run", false, "run the import and roll it back")
 }
 
@@ -73,6 +79,9 @@ func (c *importCmd) check(fs *flag.FlagSet) error {
 	}
 	if c.all == (c.topics != "") {
 		return usageErrorf("pass either --topics or --all")
+	}
+	if c.owner != "" && !c.all {
+		return usageErrorf("--owner goes with --all")
 	}
 	timeoutSet := false
 	fs.Visit(func(f *flag.Flag) { timeoutSet = timeoutSet || f.Name == "timeout" })
@@ -105,7 +114,7 @@ func (c *importCmd) run(ctx context.Context, e *cmdEnv) error {
 		defer cancel()
 		_ = src.Close(closeCtx)
 	}()
-	config := pglease.ImportConfig{All: c.all, SchemaAdapter: e.adapter, DryRun: c.dryRun}
+	config := pglease.ImportConfig{All: c.all, SourceOwner: c.owner, SchemaAdapter: e.adapter, DryRun: c.dryRun}
 	if c.topics != "" {
 		for _, t := range strings.Split(c.topics, ",") {
 			if t = strings.TrimSpace(t); t != "" {
@@ -125,6 +134,9 @@ func (c *importCmd) run(ctx context.Context, e *cmdEnv) error {
 }
 
 func printImport(w io.Writer, r pglease.ImportReport) {
+	for _, s := range r.Skipped {
+		fmt.Fprintf(w, "skipped: table %s: %s\n", displayName(s.Table), s.Reason)
+	}
 	if len(r.Topics) == 0 {
 		fmt.Fprintln(w, "No watermill-sql topics found.")
 		return

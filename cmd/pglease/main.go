@@ -191,8 +191,16 @@ func lookup(name string) *commandSpec {
 }
 
 // run runs the pglease command line args (without the program name), with
-// env for environment variables, and returns the exit status.
+// env for environment variables, and returns the exit status. What it
+// prints goes through a terminalWriter: nothing read from the database
+// reaches the terminal as a control sequence.
 func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
+	out, errOut := newTerminalWriter(stdout), newTerminalWriter(stderr)
+	defer func() { _, _ = out.Flush(), errOut.Flush() }()
+	return runSafe(ctx, args, env, out, errOut)
+}
+
+func runSafe(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		printUsage(stderr)
 		return exitUsage

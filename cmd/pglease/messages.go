@@ -139,7 +139,7 @@ func (c *messagesCmd) run(ctx context.Context, e *cmdEnv) error {
 	fmt.Fprintln(tw, "POSITION\tPARTITION\tUUID\tSTORED\tSIZE\tPAYLOAD\tMETADATA")
 	for _, m := range page.Messages {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%s\t%s\n", formatPosition(m.Position), m.Partition, displayName(m.UUID),
-			formatTime(m.CreatedAt), m.PayloadSize, orDash(abbreviate(payloadPreview(m), 60)), orDash(abbreviate(formatMetadata(m.Metadata), 80)))
+			formatTime(m.CreatedAt), m.PayloadSize, orDash(abbreviate(payloadPreview(m), 60)), orDash(abbreviate(formatStoredMetadata(m), 80)))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -160,6 +160,9 @@ func printMessage(w io.Writer, m pglease.StoredMessage) {
 	fmt.Fprintf(tw, "stored\t%s\n", formatTime(m.CreatedAt))
 	if m.ExpiresAt != nil {
 		fmt.Fprintf(tw, "expires\t%s\n", formatTime(*m.ExpiresAt))
+	}
+	if m.RawMetadata != "" {
+		fmt.Fprintf(tw, "metadata as stored\t%s (not a JSON object of strings: Subscribers skip this message)\n", m.RawMetadata)
 	}
 	keys := sortedKeys(m.Metadata)
 	for _, k := range keys {
@@ -208,6 +211,16 @@ func payloadPreview(m pglease.StoredMessage) string {
 		return s
 	}
 	return "hex:" + hex.EncodeToString(m.Payload)
+}
+
+// formatStoredMetadata is a message's metadata on one line: key=value
+// pairs, or "raw:" and the metadata as stored when it is not a JSON
+// object of strings.
+func formatStoredMetadata(m pglease.StoredMessage) string {
+	if m.RawMetadata != "" {
+		return "raw:" + m.RawMetadata
+	}
+	return formatMetadata(m.Metadata)
 }
 
 func formatMetadata(md map[string]string) string {

@@ -31,7 +31,7 @@ func init() {
 	commands = append(commands, commandSpec{
 		name:     "ui",
 		summary:  "the console in a browser: groups, lag, topics, messages, resets and replays",
-		synopsis: "[--listen 127.0.0.1:8080] [--allow-writes [--token-file FILE]] [--sample-every 5s] [--warn-after 5s]",
+		synopsis: "[--listen 127.0.0.1:8080] [--allow-host NAME]... [--token-file FILE] [--allow-writes] [--sample-every 5s] [--warn-after 5s]",
 		help: `Serves a web console on --listen (127.0.0.1:8080 by default: only this
 machine): the consumer groups with their members, rows and lag, the live
 sessions, the maintainer, and a red banner naming the transaction when the
@@ -41,16 +41,24 @@ server every --sample-every while it runs); the topics, with a message
 browser (newest first, paged, payload as text or hex, look-up by UUID).
 Every page is read through the Inspector; the browser sends no SQL.
 
+Every page needs the console's token: open the URL printed at start, which
+carries it (?token=...) once and leaves a cookie derived from it, or type
+the token on the page that asks for it. The token is read from
+--token-file or $PGLEASE_UI_TOKEN; without either, a random one is made
+and printed in that URL. The console answers only to requests whose Host is
+an IP address (only a loopback one when it listens on loopback), localhost,
+the --listen host or a name given with --allow-host: a web page cannot read
+it by pointing a name of its own at this address.
+
 It reads only, unless started with --allow-writes: then an operator who
-signs in with the write token may reset a group's offsets (a dry-run preview,
-then a confirmation; refused while a live Subscriber owns a row unless
-forced, as in pglease reset-offsets), replay messages (as pglease replay)
-and delete an idle group's offsets. The token is read from --token-file or
-$PGLEASE_UI_TOKEN; without either, a random one is made and printed on
-stderr. Writes are refused without the token, from another origin (the
-Origin or Referer header must be this server) and without the form's
-anti-forgery field; each is logged on stderr with the name the operator
-signed in with and their address.
+signs in with their name and the token may reset a group's offsets (a
+dry-run preview, then a confirmation; refused while a live Subscriber owns
+a row unless forced, as in pglease reset-offsets), replay messages (as
+pglease replay) and delete an idle group's offsets. Writes are refused
+without signing in, from another origin (the Origin or Referer header must
+be this console's address) and without the form's anti-forgery field;
+each is logged on stderr with the name the operator signed in with and
+their address.
 
 --timeout bounds each page's queries. The console runs until interrupted.`,
 		new: func() subcommand { return &uiCmd{} },
@@ -66,8 +74,24 @@ const (
 	maxGroupRows = 1000
 	// maxOverviewSessions is how many sessions the overview lists.
 	maxOverviewSessions = 200
-	tokenCookie         = "pglease_ui_token"
-	nameCookie          = "pglease_ui_name"
+	// accessCookie grants reads, writeCookie writes (once signed in);
+	// each holds a value derived from the token, never the token.
+	accessCookie = "pglease_ui_access"
+	writeCookie  = "pglease_ui_write"
+	nameCookie   = "pglease_ui_name"
+)
+
+// The HTTP server's limits: a client that is slow to send its request, or
+// to read the answer, or that keeps an idle connection, is disconnected.
+const (
+	uiReadHeaderTimeout = 5 * time.Second
+	uiReadTimeout       = 30 * time.Second // a form is at most 1 MiB
+	uiIdleTimeout       = 2 * time.Minute
+	// uiWriteTimeout is added to --timeout (which bounds a page's
+	// queries) for the time to send the page.
+	uiWriteTimeout    = 30 * time.Second
+	uiMaxHeaderBytes  = 64 << 10
+	uiMaxRequestBytes = 1 << 20
 )
 
 //go:embed ui_assets
@@ -75,6 +99,7 @@ var uiAssets embed.FS
 
 type uiCmd struct {
 	listen      string
+	allowHosts  stringList
 	allowWrites bool
 	tokenFile   string
 	sampleEvery time.Duration
@@ -85,8 +110,9 @@ func (c *uiCmd) longRunning() {}
 
 func (c *uiCmd) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.listen, "listen", defaultUIListen, "serve on this `ADDRESS` (host:port; port 0: any free port)")
-	fs.BoolVar(&c.allowWrites, "allow-writes", false, "offer resets, replays and deletions to operators with the write token")
-	fs.StringVar(&c.tokenFile, "token-file", "", "read the write token from this `FILE` (default: $PGLEASE_UI_TOKEN, else a random one)")
+	fs.Var(&c.allowHosts, "allow-host", "also answer to requests for this host `NAME` (repeatable; IP addresses and localhost always)")
+	fs.BoolVar(&c.allowWrites, "allow-writes", false, "offer resets, replays and deletions to operators who sign in with the token")
+	fs.StringVar(&c.tokenFile, "token-file", "", "read the console's token from this `FILE` (default: $PGLEASE_UI_TOKEN, else a random one)")
 	fs.DurationVar(&c.sampleEvery, "sample-every", defaultSampleEvery, "sample every group's lag for the charts this often (`DURATION`)")
 	fs.DurationVar(&c.warnAfter, "warn-after", defaultWarnAfter,
 		"show the red banner when the oldest writing transaction is older than this `DURATION`")
@@ -99,19 +125,21 @@ func (c *uiCmd) check(*flag.FlagSet) error {
 	if c.warnAfter < 0 {
 		return usageErrorf("--warn-after must not be negative, got %s", c.warnAfter)
 	}
-	if c.tokenFile != "" && !c.allowWrites {
-		return usageErrorf("--token-file needs --allow-writes")
+	if _, _, err := net.SplitHostPort(c.listen); err != nil {
+		return usageErrorf("--listen %q is not HOST:PORT: %v", c.listen, err)
+	}
+	for _, h := range c.allowHosts.values {
+		if h == "" || strings.ContainsAny(h, ":/[] ") {
+			return usageErrorf("--allow-host %q is not a host name (give the name without a port)", h)
+		}
 	}
 	return nil
 }
 
 func (c *uiCmd) run(ctx context.Context, e *cmdEnv) error {
-	token := ""
-	if c.allowWrites {
-		var err error
-		if token, err = c.writeToken(e); err != nil {
-			return err
-		}
+	token, generated, err := c.token(e)
+	if err != nil {
+		return err
 	}
 	cfg, err := pgxpool.ParseConfig(e.dsn)
 	if err != nil {
@@ -130,9 +158,11 @@ func (c *uiCmd) run(ctx context.Context, e *cmdEnv) error {
 	if err != nil {
 		return err
 	}
+	listenHost, _, _ := net.SplitHostPort(c.listen)
 	srv, err := newUIServer(uiConfig{
 		insp: insp, pool: pool, adapter: e.adapter, token: token, allowWrites: c.allowWrites, warnAfter: c.warnAfter,
 		timeout: e.timeout, log: e.stderr, loopbackOnly: isLoopbackListen(c.listen),
+		hosts: append([]string{listenHost}, c.allowHosts.values...),
 	})
 	if err != nil {
 		return err
@@ -141,14 +171,20 @@ func (c *uiCmd) run(ctx context.Context, e *cmdEnv) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", c.listen, err)
 	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	hs := newHTTPServer(srv, defaultUILimits(e.timeout))
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		srv.sampler.run(ctx, c.sampleEvery)
 	}()
-	fmt.Fprintf(e.stdout, "pglease ui: serving on http://%s/ (writes %s); interrupt to stop\n", ln.Addr(), onOff(c.allowWrites))
+	base := "http://" + ln.Addr().String() + "/"
+	if generated {
+		fmt.Fprintf(e.stdout, "pglease ui: serving on %s?token=%s (writes %s); interrupt to stop\n", base, token, onOff(c.allowWrites))
+	} else {
+		fmt.Fprintf(e.stdout, "pglease ui: serving on %s (writes %s): open %s?token=TOKEN with the token of %s; interrupt to stop\n",
+			base, onOff(c.allowWrites), base, c.tokenSource())
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
@@ -166,34 +202,67 @@ func (c *uiCmd) run(ctx context.Context, e *cmdEnv) error {
 	return err
 }
 
-// writeToken returns the token from --token-file or $PGLEASE_UI_TOKEN, or
-// makes one and prints it.
-func (c *uiCmd) writeToken(e *cmdEnv) (string, error) {
+// uiLimits are the timeouts and sizes of the console's HTTP server.
+type uiLimits struct {
+	readHeader, read, write, idle time.Duration
+	maxHeaderBytes                int
+}
+
+// defaultUILimits are the limits of a console whose pages' queries are
+// bounded by timeout (0: not bounded).
+func defaultUILimits(timeout time.Duration) uiLimits {
+	write := uiWriteTimeout + timeout
+	if timeout <= 0 {
+		write = 10 * uiWriteTimeout
+	}
+	return uiLimits{readHeader: uiReadHeaderTimeout, read: uiReadTimeout, write: write, idle: uiIdleTimeout,
+		maxHeaderBytes: uiMaxHeaderBytes}
+}
+
+// newHTTPServer is the console's HTTP server: a client slow to send its
+// request or read the answer, or idle, is disconnected.
+func newHTTPServer(h http.Handler, l uiLimits) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: l.readHeader, ReadTimeout: l.read, WriteTimeout: l.write,
+		IdleTimeout: l.idle, MaxHeaderBytes: l.maxHeaderBytes}
+}
+
+// tokenSource says where the token was read from.
+func (c *uiCmd) tokenSource() string {
+	if c.tokenFile != "" {
+		return "--token-file " + c.tokenFile
+	}
+	return "$PGLEASE_UI_TOKEN"
+}
+
+// token returns the token from --token-file or $PGLEASE_UI_TOKEN, or
+// makes one (generated is then true).
+func (c *uiCmd) token(e *cmdEnv) (token string, generated bool, err error) {
 	if c.tokenFile != "" {
 		b, err := os.ReadFile(c.tokenFile)
 		if err != nil {
-			return "", fmt.Errorf("read --token-file: %w", err)
+			return "", false, fmt.Errorf("read --token-file: %w", err)
 		}
 		t := strings.TrimSpace(string(b))
-		if len(t) < 16 {
-			return "", fmt.Errorf("the token in %s is shorter than 16 characters", c.tokenFile)
+		if len(t) < minTokenLength {
+			return "", false, fmt.Errorf("the token in %s is shorter than %d characters", c.tokenFile, minTokenLength)
 		}
-		return t, nil
+		return t, false, nil
 	}
 	if t := strings.TrimSpace(e.getenv("PGLEASE_UI_TOKEN")); t != "" {
-		if len(t) < 16 {
-			return "", errors.New("$PGLEASE_UI_TOKEN is shorter than 16 characters")
+		if len(t) < minTokenLength {
+			return "", false, fmt.Errorf("$PGLEASE_UI_TOKEN is shorter than %d characters", minTokenLength)
 		}
-		return t, nil
+		return t, false, nil
 	}
 	b := make([]byte, 16)
 	if _, err := rand.Read(b); err != nil {
-		return "", err
+		return "", false, err
 	}
-	t := hex.EncodeToString(b)
-	fmt.Fprintf(e.stderr, "pglease ui: write token (sign in with it to reset, replay or delete): %s\n", t)
-	return t, nil
+	return hex.EncodeToString(b), true, nil
 }
+
+// minTokenLength is the shortest token the console accepts.
+const minTokenLength = 16
 
 func onOff(b bool) string {
 	if b {
@@ -207,41 +276,47 @@ type uiConfig struct {
 	insp        *pglease.Inspector
 	pool        *pgxpool.Pool // for dry runs: a transaction rolled back
 	adapter     pglease.DefaultSchemaAdapter
-	token       string // the write token; "" when writes are off
+	token       string // the console's token: reads need it, writes too
 	allowWrites bool
 	warnAfter   time.Duration
 	timeout     time.Duration // per request; 0: none
 	log         io.Writer     // the log of writes
-	// loopbackOnly refuses requests whose Host is not a loopback address
-	// or localhost: set when the console listens on one, so that a web
-	// page whose name an attacker points at 127.0.0.1 (DNS rebinding)
-	// cannot read the console through the operator's browser.
+	// loopbackOnly refuses requests whose Host is an IP address other
+	// than a loopback one: set when the console listens on one.
 	loopbackOnly bool
+	// hosts are the names, besides IP addresses and localhost, that the
+	// console answers to (the --listen host, --allow-host). A request for
+	// any other name is refused, so that a web page whose name an
+	// attacker points at the console's address (DNS rebinding) cannot
+	// read it through the operator's browser.
+	hosts []string
 }
 
 // uiServer is the console's HTTP handler.
 type uiServer struct {
 	uiConfig
-	tmpl    *template.Template
-	mux     *http.ServeMux
-	csrf    string // the anti-forgery field of the forms
-	sampler *lagSampler
-	logMu   sync.Mutex
+	tmpl *template.Template
+	mux  *http.ServeMux
+	// access and writeKey are the values of the cookies that grant reads
+	// and writes; csrf is the anti-forgery field of the forms. Each is
+	// derived from the token (an HMAC), so that none reveals it.
+	access, writeKey, csrf string
+	sampler                *lagSampler
+	logMu                  sync.Mutex
 }
 
 func newUIServer(cfg uiConfig) (*uiServer, error) {
-	if cfg.allowWrites && len(cfg.token) < 16 {
-		return nil, errors.New("writes need a token of at least 16 characters")
+	if len(cfg.token) < minTokenLength {
+		return nil, fmt.Errorf("the console needs a token of at least %d characters", minTokenLength)
 	}
 	tmpl, err := template.New("").Funcs(uiFuncs).ParseFS(uiAssets, "ui_assets/*.html")
 	if err != nil {
 		return nil, err
 	}
 	s := &uiServer{uiConfig: cfg, tmpl: tmpl, mux: http.NewServeMux(), sampler: newLagSampler(cfg.insp, chartSamples)}
-	if cfg.allowWrites {
-		mac := hmac.New(sha256.New, []byte(cfg.token))
-		mac.Write([]byte("pglease ui forms"))
-		s.csrf = hex.EncodeToString(mac.Sum(nil))
+	s.access, s.writeKey, s.csrf = s.derive("pglease ui access"), s.derive("pglease ui writes"), s.derive("pglease ui forms")
+	for i, h := range s.hosts {
+		s.hosts[i] = strings.ToLower(strings.TrimSuffix(strings.TrimPrefix(h, "["), "]"))
 	}
 	static, err := fs.Sub(uiAssets, "ui_assets")
 	if err != nil {
@@ -254,6 +329,7 @@ func newUIServer(cfg uiConfig) (*uiServer, error) {
 	s.mux.HandleFunc("GET /topic", s.page(s.topic))
 	s.mux.HandleFunc("GET /message", s.page(s.message))
 	s.mux.HandleFunc("GET /signin", s.page(s.signinForm))
+	s.mux.HandleFunc("POST /open", s.open)
 	s.mux.HandleFunc("POST /signin", s.write(s.signin))
 	s.mux.HandleFunc("POST /signout", s.write(s.signout))
 	s.mux.HandleFunc("POST /actions/reset", s.write(s.reset))
@@ -262,11 +338,18 @@ func newUIServer(cfg uiConfig) (*uiServer, error) {
 	return s, nil
 }
 
+// derive returns the HMAC of purpose keyed with the token, in hex.
+func (s *uiServer) derive(purpose string) string {
+	mac := hmac.New(sha256.New, []byte(s.token))
+	mac.Write([]byte(purpose))
+	return hex.EncodeToString(mac.Sum(nil))
+}
+
 func (s *uiServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if s.loopbackOnly && !isLoopbackHost(r.Host) {
+	if !s.hostAllowed(r.Host) {
 		// Misdirected Request: not a name of this server.
-		http.Error(w, fmt.Sprintf("pglease ui listens on a loopback address and answers only to localhost, 127.0.0.1 or [::1], not to %q", r.Host),
-			http.StatusMisdirectedRequest)
+		http.Error(w, fmt.Sprintf("pglease ui answers only to IP addresses, localhost and the names of --listen and --allow-host, not to %q%s",
+			r.Host, s.loopbackNote()), http.StatusMisdirectedRequest)
 		return
 	}
 	h := w.Header()
@@ -274,7 +357,98 @@ func (s *uiServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "same-origin")
+	h.Set("Cache-Control", "no-store")
+	if t, ok := r.URL.Query()["token"]; ok && r.Method == http.MethodGet {
+		s.openWithToken(w, r, strings.Join(t, ""))
+		return
+	}
+	if !s.canRead(r) && !strings.HasPrefix(r.URL.Path, "/static/") && !(r.Method == http.MethodPost && r.URL.Path == "/open") {
+		s.render(w, http.StatusUnauthorized, "open.html", &pageData{Title: "Open the console"})
+		return
+	}
 	s.mux.ServeHTTP(w, r)
+}
+
+func (s *uiServer) loopbackNote() string {
+	if s.loopbackOnly {
+		return " (it listens on a loopback address: of IP addresses, only loopback ones)"
+	}
+	return ""
+}
+
+// canRead reports whether the request carries the access cookie.
+func (s *uiServer) canRead(r *http.Request) bool {
+	c, err := r.Cookie(accessCookie)
+	return err == nil && subtle.ConstantTimeCompare([]byte(c.Value), []byte(s.access)) == 1
+}
+
+// openWithToken serves a GET with ?token=: the right token leaves the
+// access cookie and sends the browser to the same page without the token
+// in its address.
+func (s *uiServer) openWithToken(w http.ResponseWriter, r *http.Request, token string) {
+	if subtle.ConstantTimeCompare([]byte(token), []byte(s.token)) != 1 {
+		s.render(w, http.StatusForbidden, "open.html", &pageData{Title: "Open the console", Error: "That is not the console's token."})
+		return
+	}
+	s.setCookie(w, accessCookie, s.access)
+	q := r.URL.Query()
+	q.Del("token")
+	target := r.URL.Path
+	if len(q) > 0 {
+		target += "?" + q.Encode()
+	}
+	http.Redirect(w, r, target, http.StatusSeeOther)
+}
+
+// open serves the form of the page that asks for the token.
+func (s *uiServer) open(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, uiMaxRequestBytes)
+	d := &pageData{Title: "Open the console"}
+	switch {
+	case r.ParseForm() != nil:
+		d.Error = "Cannot read the form."
+	case !s.sameOrigin(r):
+		d.Error = "The form does not come from a page of this console."
+	case subtle.ConstantTimeCompare([]byte(r.PostForm.Get("token")), []byte(s.token)) != 1:
+		d.Error = "That is not the console's token."
+	default:
+		s.setCookie(w, accessCookie, s.access)
+		redirect(w, r, "/", nil, "")
+		return
+	}
+	s.render(w, http.StatusForbidden, "open.html", d)
+}
+
+func (s *uiServer) setCookie(w http.ResponseWriter, name, value string) {
+	http.SetCookie(w, &http.Cookie{Name: name, Value: value, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+}
+
+// hostAllowed reports whether a request's Host (with or without a port)
+// is one the console answers to: an IP address (a loopback one when it
+// listens on loopback), localhost, or one of its names.
+func (s *uiServer) hostAllowed(hostport string) bool {
+	host := hostOf(hostport)
+	if ip := net.ParseIP(host); ip != nil {
+		return !s.loopbackOnly || ip.IsLoopback()
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	for _, h := range s.hosts {
+		if h != "" && strings.EqualFold(host, h) {
+			return true
+		}
+	}
+	return false
+}
+
+// hostOf returns the host of a host[:port], without brackets.
+func hostOf(hostport string) string {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport // no port
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
 }
 
 // pageData is what every page template gets.
@@ -283,12 +457,15 @@ type pageData struct {
 	Nav         string
 	Banner      *heldBanner
 	AllowWrites bool
-	SignedIn    bool
-	Operator    string
-	CSRF        string
-	Error       string
-	Notice      string
-	Body        any
+	// CanRead: the request carries the access cookie (the page that asks
+	// for the token has no navigation).
+	CanRead  bool
+	SignedIn bool
+	Operator string
+	CSRF     string
+	Error    string
+	Notice   string
+	Body     any
 }
 
 // heldBanner is the red banner: delivery held back by the xmin horizon.
@@ -325,7 +502,7 @@ func (s *uiServer) page(f pageFunc) http.HandlerFunc {
 }
 
 func (s *uiServer) newPageData(r *http.Request) *pageData {
-	d := &pageData{AllowWrites: s.allowWrites, Notice: r.URL.Query().Get("notice")}
+	d := &pageData{AllowWrites: s.allowWrites, Notice: r.URL.Query().Get("notice"), CanRead: true}
 	if s.allowWrites && s.signedIn(r) {
 		d.SignedIn, d.CSRF = true, s.csrf
 		if c, err := r.Cookie(nameCookie); err == nil {
@@ -392,15 +569,21 @@ func forbidden(format string, args ...any) error {
 	return &httpError{status: http.StatusForbidden, msg: fmt.Sprintf(format, args...)}
 }
 
-// signedIn reports whether the request carries the write token.
+// signedIn reports whether the request carries the cookie of an
+// operator signed in to write.
 func (s *uiServer) signedIn(r *http.Request) bool {
-	c, err := r.Cookie(tokenCookie)
-	return err == nil && s.token != "" && subtle.ConstantTimeCompare([]byte(c.Value), []byte(s.token)) == 1
+	c, err := r.Cookie(writeCookie)
+	return err == nil && s.allowWrites && subtle.ConstantTimeCompare([]byte(c.Value), []byte(s.writeKey)) == 1
 }
 
 // sameOrigin reports whether the request comes from a page of this
-// server: its Origin header, or without one its Referer, names this host.
-func sameOrigin(r *http.Request) bool {
+// console: its Origin header, or without one its Referer, is
+// http://HOST where HOST is the request's Host, itself a name the console
+// answers to (ServeHTTP refuses the others).
+func (s *uiServer) sameOrigin(r *http.Request) bool {
+	if !s.hostAllowed(r.Host) {
+		return false
+	}
 	want := "http://" + r.Host
 	if o := r.Header.Get("Origin"); o != "" {
 		return o == want
@@ -423,18 +606,18 @@ func (s *uiServer) write(f writeFunc) http.HandlerFunc {
 			defer cancel()
 		}
 		d := s.newPageData(r)
-		r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
+		r.Body = http.MaxBytesReader(w, r.Body, uiMaxRequestBytes)
 		err := r.ParseForm()
 		switch {
 		case err != nil:
 			err = badRequest("read the form: %v", err)
 		case !s.allowWrites:
 			err = forbidden("writes are off: this console was started without --allow-writes")
-		case !sameOrigin(r):
+		case !s.sameOrigin(r):
 			err = forbidden("the request does not come from a page of this console (Origin %q, Referer %q)",
 				r.Header.Get("Origin"), r.Header.Get("Referer"))
 		case r.URL.Path != "/signin" && !s.signedIn(r):
-			err = forbidden("sign in with the write token first")
+			err = forbidden("sign in to write first: your name and the console's token")
 		case r.URL.Path != "/signin" && subtle.ConstantTimeCompare([]byte(r.PostForm.Get("csrf")), []byte(s.csrf)) != 1:
 			err = forbidden("the form's anti-forgery field is missing or wrong; reload the page")
 		}
@@ -493,16 +676,13 @@ func (s *uiServer) signin(_ context.Context, w http.ResponseWriter, r *http.Requ
 	if subtle.ConstantTimeCompare([]byte(r.PostForm.Get("token")), []byte(s.token)) != 1 {
 		d.Operator = name
 		s.logWrite(r, d, "sign-in", "refused: wrong token")
-		return forbidden("that is not the write token")
+		return forbidden("that is not the console's token")
 	}
 	if name == "" {
 		return badRequest("say who you are: the name is logged with every write")
 	}
-	cookie := func(n, v string) {
-		http.SetCookie(w, &http.Cookie{Name: n, Value: v, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
-	}
-	cookie(tokenCookie, s.token)
-	cookie(nameCookie, url.QueryEscape(name))
+	s.setCookie(w, writeCookie, s.writeKey)
+	s.setCookie(w, nameCookie, url.QueryEscape(name))
 	d.Operator = name
 	s.logWrite(r, d, "sign-in", "ok")
 	redirect(w, r, "/", nil, "Signed in as "+name+": writes are on.")
@@ -510,7 +690,7 @@ func (s *uiServer) signin(_ context.Context, w http.ResponseWriter, r *http.Requ
 }
 
 func (s *uiServer) signout(_ context.Context, w http.ResponseWriter, r *http.Request, d *pageData) error {
-	for _, n := range []string{tokenCookie, nameCookie} {
+	for _, n := range []string{writeCookie, nameCookie} {
 		http.SetCookie(w, &http.Cookie{Name: n, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
 	}
 	s.logWrite(r, d, "sign-out", "ok")
@@ -523,16 +703,6 @@ func (s *uiServer) signout(_ context.Context, w http.ResponseWriter, r *http.Req
 func isLoopbackListen(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
 	return err == nil && isLoopbackName(host)
-}
-
-// isLoopbackHost reports whether a request's Host (with or without a
-// port) names a loopback address or localhost.
-func isLoopbackHost(hostport string) bool {
-	host, _, err := net.SplitHostPort(hostport)
-	if err != nil {
-		host = hostport // no port
-	}
-	return isLoopbackName(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"))
 }
 
 func isLoopbackName(host string) bool {

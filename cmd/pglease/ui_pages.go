@@ -27,7 +27,7 @@ var uiFuncs = template.FuncMap{
 	"orDash":   orDash,
 	"lagSecs":  formatLagSeconds,
 	"preview":  func(m pglease.StoredMessage) string { return abbreviate(payloadPreview(m), 120) },
-	"metadata": func(md map[string]string) string { return abbreviate(formatMetadata(md), 120) },
+	"metadata": func(m pglease.StoredMessage) string { return abbreviate(formatStoredMetadata(m), 120) },
 	"keys":     sortedKeys,
 	"q":        url.QueryEscape,
 	"short":    func(id uuid.UUID) string { return id.String()[:8] },
@@ -290,7 +290,7 @@ func (s *uiServer) topicData(ctx context.Context, q url.Values) (*topicBody, err
 		}
 	}
 	if b.UUID != "" {
-		if b.Found, err = s.insp.MessagesByUUID(ctx, name, b.UUID); err != nil {
+		if b.Found, err = s.insp.FindMessages(ctx, pglease.FindMessagesParams{Topic: name, UUID: b.UUID, Limit: maxFound, PreviewBytes: 1}); err != nil {
 			return nil, err
 		}
 	}
@@ -308,40 +308,86 @@ func (s *uiServer) topic(ctx context.Context, r *http.Request, d *pageData) (str
 	return "topic.html", nil
 }
 
+// The message page reads at most maxShownPayload bytes of a payload (the
+// database cuts it), and shows at most maxHexPayload of them in hex; a
+// look-up by UUID lists at most maxFound messages.
+const (
+	maxShownPayload = 1 << 20
+	maxHexPayload   = 256 << 10
+	maxFound        = 100
+)
+
 type messageBody struct {
 	Message pglease.StoredMessage
-	Text    string
-	IsText  bool
-	Hex     string
-	View    string
+	// Text is the payload as text, Hex its hex dump: only the one of View.
+	Text   string
+	IsText bool
+	Hex    string
+	View   string
+	// Shown is how many bytes of the payload are shown.
+	Shown int
 }
 
+// message shows one message of a topic: the one at ?position=, or the
+// newest with ?uuid=. It reads at most maxShownPayload bytes of its
+// payload, and renders only the view asked for.
 func (s *uiServer) message(ctx context.Context, r *http.Request, d *pageData) (string, error) {
 	q := r.URL.Query()
 	topic, id := q.Get("topic"), q.Get("uuid")
 	d.Title, d.Nav = "Message "+id, "topics"
-	found, err := s.insp.MessagesByUUID(ctx, topic, id)
-	if err != nil {
-		return "", err
+	if topic == "" {
+		return "", badRequest("say which topic: ?topic=")
 	}
-	if len(found) == 0 {
-		return "", &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no message %q on topic %q", id, topic)}
-	}
-	m := found[len(found)-1]
-	if pos := q.Get("position"); pos != "" {
-		for _, f := range found {
-			if formatPosition(f.Position) == pos {
-				m = f
-			}
+	var pos pglease.Position
+	if p := q.Get("position"); p != "" {
+		var err error
+		if pos, err = parsePosition(p); err != nil {
+			return "", badRequest("%v", err)
 		}
+	} else {
+		found, err := s.insp.FindMessages(ctx, pglease.FindMessagesParams{Topic: topic, UUID: id, Limit: 1, PreviewBytes: 1})
+		if err != nil {
+			return "", lookupError(err)
+		}
+		if len(found) == 0 {
+			return "", &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no message %q on topic %q", id, topic)}
+		}
+		pos = found[0].Position
 	}
-	b := messageBody{Message: m, View: q.Get("view"), Hex: hex.Dump(m.Payload)}
-	b.Text, b.IsText = payloadText(m.Payload)
+	page, err := s.insp.Messages(ctx, pglease.MessagesParams{Topic: topic, From: &pos, Limit: 1, PreviewBytes: maxShownPayload})
+	if err != nil {
+		return "", lookupError(err)
+	}
+	if len(page.Messages) == 0 || page.Messages[0].Position != pos || (id != "" && page.Messages[0].UUID != id) {
+		return "", &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no message %q at %s on topic %q", id, formatPosition(pos), topic)}
+	}
+	m := page.Messages[0]
+	b := messageBody{Message: m, View: q.Get("view"), Shown: len(m.Payload)}
+	if b.View != "hex" {
+		b.Text, b.IsText = payloadText(m.Payload)
+	} else {
+		_, b.IsText = payloadText(m.Payload)
+	}
 	if !b.IsText {
 		b.View = "hex"
 	}
+	if b.View == "hex" {
+		shown := m.Payload
+		if len(shown) > maxHexPayload {
+			shown = shown[:maxHexPayload]
+		}
+		b.Hex, b.Shown = hex.Dump(shown), len(shown)
+	}
 	d.Body = b
 	return "message.html", nil
+}
+
+// lookupError makes a bad topic a bad request.
+func lookupError(err error) error {
+	if errors.Is(err, pglease.ErrInvalidTopic) {
+		return badRequest("%v", err)
+	}
+	return err
 }
 
 // reset previews (dry run) or, confirmed, applies a reset of a group's

@@ -30,10 +30,7 @@ func newUITest(t *testing.T, f *fixture, allowWrites bool) (*httptest.Server, *u
 	require.NoError(t, err)
 	var log bytes.Buffer
 	cfg := uiConfig{insp: insp, pool: f.pool, adapter: f.adapter, allowWrites: allowWrites, warnAfter: defaultWarnAfter, log: &log,
-		loopbackOnly: true}
-	if allowWrites {
-		cfg.token = testToken
-	}
+		loopbackOnly: true, token: testToken}
 	srv, err := newUIServer(cfg)
 	require.NoError(t, err)
 	ts := httptest.NewServer(srv)
@@ -50,7 +47,16 @@ type browser struct {
 	origin string
 }
 
+// newBrowser returns a browser that opened the console with the URL and
+// its token, as an operator does.
 func newBrowser(t *testing.T, base string) *browser {
+	b := newBrowserWithoutToken(t, base)
+	code, body := b.get("/?token=" + testToken)
+	require.Equal(t, http.StatusOK, code, body)
+	return b
+}
+
+func newBrowserWithoutToken(t *testing.T, base string) *browser {
 	jar, err := cookiejar.New(nil)
 	require.NoError(t, err)
 	return &browser{t: t, base: base, client: &http.Client{Jar: jar}, origin: base}
@@ -184,11 +190,12 @@ func TestUIWritesNeedTokenOriginAndCSRF(t *testing.T) {
 // it must not be able to read messages through the operator's browser.
 func TestUIAnswersOnlyToLoopbackNames(t *testing.T) {
 	f := newFixture(t)
-	ts, _, _ := newUITest(t, f, false)
+	ts, srv, _ := newUITest(t, f, false)
 	get := func(host string) (int, string) {
 		req, err := http.NewRequest(http.MethodGet, ts.URL+"/topics", nil)
 		require.NoError(t, err)
 		req.Host = host
+		req.AddCookie(&http.Cookie{Name: accessCookie, Value: srv.access})
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
 		defer resp.Body.Close()
@@ -201,7 +208,7 @@ func TestUIAnswersOnlyToLoopbackNames(t *testing.T) {
 	for _, host := range []string{"attacker.example:" + port, "attacker.example", "10.0.0.1:" + port} {
 		code, body := get(host)
 		assert.Equal(t, http.StatusMisdirectedRequest, code, host)
-		assert.Contains(t, body, "answers only to localhost", host)
+		assert.Contains(t, body, "answers only to IP addresses, localhost", host)
 	}
 	for _, host := range []string{"127.0.0.1:" + port, "localhost:" + port, "LOCALHOST", "[::1]:" + port} {
 		code, body := get(host)

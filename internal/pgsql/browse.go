@@ -83,18 +83,19 @@ func MessagesNewestFirst(ctx context.Context, q Querier, t *Tables, p BrowsePara
 	return collect(ctx, q, t.messagesNewestFirst(p), scanBrowseRow)
 }
 
-func (t *Tables) messagesByUUID(topic, id string, preview int) Stmt {
+func (t *Tables) messagesByUUID(topic, id string, preview, limit int) Stmt {
 	return Stmt{SQL: `SELECT ` + browseColumns("$3::integer") + `, m.topic
 FROM ` + t.Messages + ` m
 WHERE m.uuid = $2 AND ($1 = '' OR m.topic = $1)
-ORDER BY m.transaction_id, m."offset"`, Args: []any{topic, id, preview}}
+ORDER BY m.transaction_id DESC, m."offset" DESC
+LIMIT NULLIF($4::bigint, -1)`, Args: []any{topic, id, preview, limit}}
 }
 
 // MessagesByUUID returns the messages with the UUID id, of topic (all
-// topics when topic is empty: a scan of the whole table), oldest first,
-// with their topics.
-func MessagesByUUID(ctx context.Context, q Querier, t *Tables, topic, id string, preview int) ([]BrowseRow, error) {
-	return collect(ctx, q, t.messagesByUUID(topic, id, preview), func(row pgx.CollectableRow) (BrowseRow, error) {
+// topics when topic is empty: a scan of the whole table), newest first,
+// with their topics: at most limit of them (-1: all).
+func MessagesByUUID(ctx context.Context, q Querier, t *Tables, topic, id string, preview, limit int) ([]BrowseRow, error) {
+	return collect(ctx, q, t.messagesByUUID(topic, id, preview, limit), func(row pgx.CollectableRow) (BrowseRow, error) {
 		var topic string
 		r, err := scanBrowse(row, &topic)
 		r.Topic = topic

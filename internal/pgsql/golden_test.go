@@ -162,8 +162,8 @@ func dumpMovedStatements(a *Tables, q func(string, Stmt)) {
 	last := Position{TransactionID: 18446744073709551615, Offset: 9223372036854775807}
 	q("MessagesNewestFirst", a.messagesNewestFirst(BrowseParams{Topic: "t", Partition: -1, At: last, Limit: 21, Preview: 4096}))
 	q("MessagesNewestFirst partition", a.messagesNewestFirst(BrowseParams{Topic: "t", Partition: 2, At: Position{11, 12}, Limit: 21, Preview: -1}))
-	q("MessagesByUUID", a.messagesByUUID("t", "u1", -1))
-	q("MessagesByUUID all topics", a.messagesByUUID("", "u1", -1))
+	q("MessagesByUUID", a.messagesByUUID("t", "u1", 1024, 20))
+	q("MessagesByUUID all topics", a.messagesByUUID("", "u1", -1, -1))
 	rp := ReplayParams{Topic: "t", Filter: []byte(`{"a":"b"}`), OriginalTopicKey: "topic_poisoned", Limit: 100}
 	q("DeleteMessagesForReplay", a.deleteMessagesForReplay(rp))
 	rp.ToOriginal = true

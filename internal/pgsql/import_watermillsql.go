@@ -80,7 +80,10 @@ func WMTableColumns(ctx context.Context, q Querier, table string) ([]WMColumn, e
 }
 
 func wmTopicTables() Stmt {
-	return Stmt{SQL: `SELECT c.relname::text
+	return Stmt{SQL: `SELECT c.relname::text, pg_catalog.pg_get_userbyid(c.relowner)::text,
+	(SELECT pg_catalog.pg_get_userbyid(o.relowner)::text FROM pg_catalog.pg_class o
+		WHERE o.oid = pg_catalog.to_regclass(pg_catalog.quote_ident('watermill_offsets_' || pg_catalog.substr(c.relname::text, 11)))),
+	current_user::text
 FROM pg_catalog.pg_class c
 WHERE c.relkind IN ('r', 'p') AND c.relname LIKE 'watermill\_%' AND pg_catalog.pg_table_is_visible(c.oid)
 	AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
@@ -88,11 +91,20 @@ WHERE c.relkind IN ('r', 'p') AND c.relname LIKE 'watermill\_%' AND pg_catalog.p
 ORDER BY c.relname`}
 }
 
-// WMTopicTables returns the names of the tables in the search_path that
-// look like watermill-sql messages tables: named "watermill_" and
-// something, without a consumer_group column (those are offsets tables).
-func WMTopicTables(ctx context.Context, q Querier) ([]string, error) {
-	return collect(ctx, q, wmTopicTables(), pgx.RowTo[string])
+// WMTopicTable is a table of the search_path that looks like a
+// watermill-sql messages table, with its owner, the owner of its offsets
+// table (nil: none) and the role that reads them.
+type WMTopicTable struct {
+	Name, Owner  string
+	OffsetsOwner *string
+	CurrentUser  string
+}
+
+// WMTopicTables returns the tables in the search_path that look like
+// watermill-sql messages tables: named "watermill_" and something,
+// without a consumer_group column (those are offsets tables).
+func WMTopicTables(ctx context.Context, q Querier) ([]WMTopicTable, error) {
+	return collect(ctx, q, wmTopicTables(), pgx.RowToStructByPos[WMTopicTable])
 }
 
 // WMGroup is one consumer group's row of a watermill offsets table.

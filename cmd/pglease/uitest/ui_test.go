@@ -205,8 +205,9 @@ func postWithoutToken(t *testing.T, ctx context.Context) (status float64, body s
 
 // TestConsoleInABrowser: an operator opens the overview and sees a group
 // with lag, opens it and sees its partitions and owners and the lag
-// chart, browses a topic and opens a message; without the token a write
-// is refused; signed in, resets the group (preview, then confirm) and
+// chart, browses a topic and opens a message (without the token, the
+// console asks for it and shows nothing); without signing in a write is
+// refused; signed in, resets the group (preview, then confirm) and
 // replays a poisoned message, which a running Subscriber of its original
 // topic receives; a held xmin horizon shows the red banner.
 func TestConsoleInABrowser(t *testing.T) {
@@ -263,6 +264,15 @@ func TestConsoleInABrowser(t *testing.T) {
 		return n
 	}
 
+	// Without the token the console asks for it; the address printed at
+	// start, with the token, opens it.
+	run(chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.CSS("#open-form")))
+	assert.NotContains(t, text("main"), "billing")
+	run(chromedp.Navigate(base+"/?token="+token), chromedp.WaitVisible(chromedp.CSS("#groups")))
+	location, err := chromedp.Run(bctx, chromedp.Location())
+	require.NoError(t, err)
+	assert.Equal(t, base+"/", location, "the token leaves the address bar")
+
 	// The overview: the group and its lag.
 	run(chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.CSS("#groups")))
 	groups := text("#groups")
@@ -293,7 +303,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	// Without the token a write is refused.
 	status, body := postWithoutToken(t, bctx)
 	assert.Equal(t, 403.0, status)
-	assert.Contains(t, body, "sign in with the write token")
+	assert.Contains(t, body, "sign in to write first")
 
 	// The topic and its message browser; a message.
 	run(chromedp.Navigate(base+"/topics"), chromedp.WaitVisible(chromedp.CSS("#topics")),
