@@ -194,7 +194,8 @@ func TestImportAllSkipsTablesOfOtherRoles(t *testing.T) {
 	src := newWMSource(t, pool, "orders")
 	src.publish(t, 0, 10)
 	src.ack(t, "A", 5)
-	schema := src.messages[:strings.Index(src.messages, ".")]
+	schema, _, ok := strings.Cut(src.messages, ".")
+	require.True(t, ok, "the source table %q is schema-qualified", src.messages)
 	other := "pglease_import_other_" + pgtest.RandomHex(6)
 	_, err := pool.Exec(ctx, "CREATE ROLE "+other+" NOLOGIN")
 	require.NoError(t, err)

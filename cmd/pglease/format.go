@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -137,7 +138,7 @@ func newTerminalWriter(w io.Writer) *terminalWriter { return &terminalWriter{w: 
 func (t *terminalWriter) Write(p []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	in := append(t.pending, p...)
+	in := slices.Concat(t.pending, p) // pending is replaced below
 	// Keep an incomplete last character for the next write.
 	cut := len(in)
 	for i := len(in) - 1; i >= 0 && i >= len(in)-utf8.UTFMax; i-- {

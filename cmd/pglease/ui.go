@@ -362,7 +362,8 @@ func (s *uiServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.openWithToken(w, r, strings.Join(t, ""))
 		return
 	}
-	if !s.canRead(r) && !strings.HasPrefix(r.URL.Path, "/static/") && !(r.Method == http.MethodPost && r.URL.Path == "/open") {
+	opening := r.Method == http.MethodPost && r.URL.Path == "/open"
+	if !s.canRead(r) && !strings.HasPrefix(r.URL.Path, "/static/") && !opening {
 		s.render(w, http.StatusUnauthorized, "open.html", &pageData{Title: "Open the console"})
 		return
 	}
