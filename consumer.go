@@ -393,7 +393,7 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 			if res := c.deliver(g, cl, m, attempt); res != acked {
 				return res
 			}
-			cl.acked = m.pos
+			cl.acked, cl.headOut = m.pos, false
 			c.unflushed++
 			if c.unflushed >= c.s.config.CommitBatch {
 				if res := c.flush(g, cl); res != acked {
@@ -874,6 +874,7 @@ func (c *consumer) handOut(g *sessionGen, cl *claim, _ storedMessage, msg *messa
 		}
 	}
 	c.s.stats.delivered.Add(1)
+	cl.headOut = true // the message after cl.acked
 	if c.unsent > 0 {
 		// Handed out: the handler holds it now.
 		c.s.budget.giveBack(&c.lease, c.unsent)

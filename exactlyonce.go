@@ -19,9 +19,13 @@ import (
 // (the one after the group's committed position), the claims before that
 // handed it out without its position being committed: a message that
 // crashes every process that takes it keeps counting up, across
-// processes. A message after the first one of a claim that a crashed owner
-// had already handed out counts from 1 again unless the owner committed
-// each Ack (CommitBatch 1): positions are committed in batches.
+// processes. An owner records that it handed out the message after the
+// position it commits, and it commits at most CommitInterval after an
+// Ack: a message its handler held longer than that before the process
+// died counts that delivery. One it died on sooner, with Acks before it
+// not committed yet, counts from 1 again on the next owner (the first
+// message of that owner's claim is an earlier one); set CommitBatch to 1
+// where a poison rule must count such crashes too.
 const DeliveryAttemptMetadata = "_pglease_delivery_attempt"
 
 // ErrAlreadyAcknowledged is returned by [AckInTx] for a message whose

@@ -45,6 +45,11 @@ type claim struct {
 	committed Position
 	// version is where the last commit wrote the row (pgsql.OffsetParams.Version).
 	version string
+	// headOut: the message after acked is handed out (its handler holds
+	// it, or nacked it). A commit or release that moves the position
+	// records it (pgsql.OffsetParams.HeadOut), so that the claim that
+	// hands that message out next counts this delivery in its attempt.
+	headOut bool
 }
 
 func (c *claim) row() rowKey { return rowKey{topic: c.topic, partition: c.partition} }
@@ -61,6 +66,7 @@ func (c *claim) params(pos Position) pgsql.OffsetParams {
 		Epoch:         c.epoch,
 		Position:      pgsql.Position(pos),
 		Here:          c.g.here,
+		HeadOut:       c.headOut,
 	}
 }
 

@@ -142,3 +142,62 @@ func TestDeliveryAttemptMetadata(t *testing.T) {
 	require.Equal(t, "1", m.Metadata.Get(pglease.DeliveryAttemptMetadata))
 	m.Ack()
 }
+
+// TestDeliveryAttemptCountsAHeldMessageAcrossATakeover: a Subscriber acks
+// two messages and holds the third longer than CommitInterval (a handler
+// that hangs, then its process dies). The commit made meanwhile records
+// that the message after the committed position is handed out, so the
+// Subscriber that takes the topic over after the session is gone hands it
+// out as attempt 2, though it was not the first message of the dead
+// Subscriber's claim.
+func TestDeliveryAttemptCountsAHeldMessageAcrossATakeover(t *testing.T) {
+	parallel(t)
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	ids := publishN(t, pub, "t", 3)
+	newSub := func() *pglease.Subscriber {
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
+			InitializeSchema: true, CommitInterval: 20 * time.Millisecond}, testLogger())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = sub.Close() })
+		return sub
+	}
+	a := newSub()
+	msgs, err := a.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	for _, id := range ids[:2] {
+		m := receiveOne(t, msgs)
+		require.Equal(t, id, m.UUID)
+		m.Ack()
+	}
+	held := receiveOne(t, msgs)
+	require.Equal(t, ids[2], held.UUID)
+	require.Equal(t, "1", held.Metadata.Get(pglease.DeliveryAttemptMetadata))
+
+	// The acks before the held message are committed while it is held.
+	var second pglease.Position
+	require.NoError(t, pool.QueryRow(ctx, `SELECT transaction_id::text::bigint, "offset" FROM `+
+		table(adapter, pglease.DefaultMessagesTable)+` WHERE uuid = $1`, ids[1]).Scan(&second.TransactionID, &second.Offset))
+	var heads int
+	waitFor(t, 10*time.Second, "the acks before the held message to be committed", func() bool {
+		var pos pglease.Position
+		err := pool.QueryRow(ctx, `SELECT acked_transaction_id::text::bigint, acked_offset, head_deliveries FROM `+
+			table(adapter, pglease.DefaultConsumerOffsetsTable)+` WHERE consumer_group = 'g' AND topic = 't'`).
+			Scan(&pos.TransactionID, &pos.Offset, &heads)
+		return err == nil && pos == second
+	})
+	t.Logf("committed at the second message with head_deliveries %d while the third is held", heads)
+
+	// The holder dies: its session row is gone, as after its expiry.
+	_, err = pool.Exec(ctx, `DELETE FROM `+table(adapter, pglease.DefaultConsumerSessionsTable)+` WHERE consumer_group = 'g'`)
+	require.NoError(t, err)
+	b := newSub()
+	msgs, err = b.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	m := receiveOne(t, msgs)
+	require.Equal(t, ids[2], m.UUID)
+	require.Equal(t, "2", m.Metadata.Get(pglease.DeliveryAttemptMetadata), "the second claim to hand it out")
+	m.Ack()
+}

@@ -136,6 +136,12 @@ type OffsetParams struct {
 	Epoch         int64
 	// Position is the acknowledged position written by commit and release.
 	Position Position
+	// HeadOut, for commit and release, says that the claim has handed out
+	// the message after Position (its handler holds it, or nacked it):
+	// when the statement moves the position, the row's head_deliveries
+	// becomes 1 instead of 0, so that the next claim to hand that message
+	// out counts this one (see [CountHeadDelivery]).
+	HeadOut bool
 	// Here is the identity of the server the session was made on
 	// ([ClusterMark.Here]): a fenced statement run elsewhere writes
 	// nothing.

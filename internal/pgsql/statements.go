@@ -3,6 +3,7 @@ package pgsql
 import (
 	"fmt"
 	"math"
+	"strconv"
 )
 
 // InsertMessages is the statement of [InsertMessages].
@@ -465,14 +466,18 @@ SELECT 'w', '', 0, NULL, NULL, NULL, NULL, NULL, NULL FROM here WHERE NOT ok`,
 }
 
 // forwardSet is the SET list that moves the acknowledged position to
-// ($6, $7) only if that lies ahead: both columns are computed from the old
-// row, so they move together or not at all.
-const forwardSet = `acked_transaction_id = CASE WHEN (acked_transaction_id, acked_offset) < ($6::text::xid8, $7::bigint)
-		THEN $6::text::xid8 ELSE acked_transaction_id END,
-	acked_offset = CASE WHEN (acked_transaction_id, acked_offset) < ($6::text::xid8, $7::bigint)
-		THEN $7::bigint ELSE acked_offset END,
-	head_deliveries = CASE WHEN (acked_transaction_id, acked_offset) < ($6::text::xid8, $7::bigint)
-		THEN 0 ELSE head_deliveries END`
+// ($6, $7) only if that lies ahead: the columns are computed from the old
+// row, so they move together or not at all. Moved, head_deliveries counts
+// the claims that handed out the message after the new position: 1 when
+// the boolean parameter $headOut says this claim has (see
+// [OffsetParams.HeadOut]), else 0.
+func forwardSet(headOut int) string {
+	ahead := `(acked_transaction_id, acked_offset) < ($6::text::xid8, $7::bigint)`
+	return `acked_transaction_id = CASE WHEN ` + ahead + ` THEN $6::text::xid8 ELSE acked_transaction_id END,
+	acked_offset = CASE WHEN ` + ahead + ` THEN $7::bigint ELSE acked_offset END,
+	head_deliveries = CASE WHEN ` + ahead + ` THEN CASE WHEN $` + strconv.Itoa(headOut) + `::boolean THEN 1 ELSE 0 END
+		ELSE head_deliveries END`
+}
 
 // notFuture refuses to write a position ($6) that is not below the
 // database's transaction counter. Every position a Subscriber reads lies
@@ -512,7 +517,7 @@ func onHistory(here int) string { return `(` + hereIs(here) + ` AND ` + notFutur
 // a NULL version and true when onHistory refused the statement.
 func (t *Tables) CommitOffset(p OffsetParams) Stmt {
 	update := `UPDATE ` + t.Offsets + `
-	SET ` + forwardSet + `, updated_at = now()
+	SET ` + forwardSet(10) + `, updated_at = now()
 	WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5
 		AND (SELECT ok FROM here)`
 	return Stmt{
@@ -531,7 +536,7 @@ SELECT ctid::text, false FROM keyed
 UNION ALL
 SELECT NULL, true FROM here WHERE NOT ok`,
 		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
-			formatXID8(p.Position.TransactionID), p.Position.Offset, p.Version, p.Here},
+			formatXID8(p.Position.TransactionID), p.Position.Offset, p.Version, p.Here, p.HeadOut},
 	}
 }
 
@@ -541,12 +546,12 @@ SELECT NULL, true FROM here WHERE NOT ok`,
 // Subscriber drops).
 func (t *Tables) ReleaseOffset(p OffsetParams) Stmt {
 	update := `UPDATE ` + t.Offsets + `
-SET ` + forwardSet + `,
+SET ` + forwardSet(9) + `,
 	session_id = NULL, updated_at = now()
 WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5
 	AND ` + onHistory(8)
 	args := []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
-		formatXID8(p.Position.TransactionID), p.Position.Offset, p.Here}
+		formatXID8(p.Position.TransactionID), p.Position.Offset, p.Here, p.HeadOut}
 	if p.NotifyChannel == "" {
 		return Stmt{SQL: update, Args: args}
 	}
@@ -555,7 +560,7 @@ WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 
 ` + update + `
 RETURNING topic
 )
-SELECT pg_notify($9, 'r' || topic) FROM released`,
+SELECT pg_notify($10, 'r' || topic) FROM released`,
 		Args: append(args, p.NotifyChannel),
 	}
 }
