@@ -6,6 +6,63 @@ BEGIN
 	END IF;
 END
 $pglease$;
+DO $pglease$
+DECLARE
+	target name := 'My "App"';
+	nsp oid;
+	nsp_owner oid;
+	trusted oid[];
+	bad text;
+BEGIN
+	IF false THEN
+		target := pg_catalog.current_schema();
+		IF target IS NULL THEN
+			RAISE EXCEPTION 'pglease: no schema to create the tables in: the search_path (%) names no schema that exists', pg_catalog.current_setting('search_path')
+				USING ERRCODE = 'invalid_schema_name', HINT = 'Set DefaultSchemaAdapter.Schema, or the role''s search_path.';
+		END IF;
+	END IF;
+	-- From here on, every name this transaction runs resolves in
+	-- pg_catalog first; only the schema of the tables, when Schema is not
+	-- set, comes before it, so that unqualified names create and find the
+	-- tables there (its creators are checked below).
+	PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+	SELECT n.oid, n.nspowner INTO nsp, nsp_owner FROM pg_namespace n WHERE n.nspname = target;
+	IF nsp IS NULL THEN
+		RETURN; -- created by the set-up, by the migrating role
+	END IF;
+	-- The roles trusted with the schema: its owner, the migrating role and
+	-- the roles it is a member of (by pg_auth_members, which a superuser's
+	-- access to every role does not count as).
+	WITH RECURSIVE m(role) AS (
+		SELECT current_user::regrole::oid
+		UNION
+		SELECT a.roleid FROM pg_auth_members a JOIN m ON a.member = m.role
+	)
+	SELECT array_agg(role) || nsp_owner INTO trusted FROM m;
+	SELECT string_agg(CASE WHEN a.grantee = 0::oid THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END, ', '
+			ORDER BY a.grantee)
+		INTO bad
+	FROM pg_namespace n CROSS JOIN LATERAL aclexplode(n.nspacl) a
+	WHERE n.oid = nsp AND a.privilege_type = 'CREATE' AND NOT (a.grantee = ANY (trusted));
+	IF bad IS NOT NULL THEN
+		RAISE EXCEPTION 'pglease: roles other than the owner of schema % and the migrating role % may create objects in it: %', quote_ident(target), quote_ident(current_user::text), bad
+			USING ERRCODE = 'insufficient_privilege',
+				HINT = 'An object another role creates there could run with the privileges of the roles that use the tables. Revoke CREATE on the schema from those roles, or set DefaultSchemaAdapter.Schema to a schema of the owner''s own.';
+	END IF;
+	SELECT string_agg(format('%s (owned by %s)', c.oid::regclass, quote_ident(pg_get_userbyid(c.relowner))), ', ' ORDER BY c.relname)
+		INTO bad
+	FROM pg_class c
+	WHERE c.relnamespace = nsp AND c.relname = ANY (ARRAY['messages_with_a_rather_long_name_that_needs_shortening_xyz', 'Sessions', 'offsets''s', 'version', 'topics', 'delayed', 'maint', 'retention', 'messages_with_a_rather_long_name_that_needs_sh_05ba50ac_forever']::name[]) AND NOT (c.relowner = ANY (trusted));
+	IF bad IS NOT NULL THEN
+		RAISE EXCEPTION 'pglease: tables of pglease exist already, owned by a role other than the owner of schema % and the migrating role %: %', quote_ident(target), quote_ident(current_user::text), bad
+			USING ERRCODE = 'insufficient_privilege',
+				HINT = 'Run the migration as the role that owns them, or drop them if pglease did not create them.';
+	END IF;
+	IF false THEN
+		PERFORM set_config('search_path', quote_ident(target) || ', pg_catalog, pg_temp', true);
+	END IF;
+END
+$pglease$;
 CREATE TABLE IF NOT EXISTS "My ""App"""."version" (
 	version     integer PRIMARY KEY,
 	description text NOT NULL,

@@ -204,9 +204,25 @@ func (t *Tables) placeholders() map[string]string {
 	if t.Schema != "" {
 		expiresAtIdx = append(pgx.Identifier{t.Schema}, expiresAtIdx...)
 	}
+	var bare []string
+	for _, n := range []struct{ name, def string }{
+		{t.MessagesTable, DefaultMessagesTable}, {t.ConsumerSessionsTable, DefaultConsumerSessionsTable},
+		{t.ConsumerOffsetsTable, DefaultConsumerOffsetsTable}, {t.SchemaVersionTable, DefaultSchemaVersionTable},
+		{t.TopicsTable, DefaultTopicsTable}, {t.DelayedTable, DefaultDelayedTable},
+		{t.MaintenanceTable, DefaultMaintenanceTable}, {t.RetentionTable, DefaultRetentionTable},
+		{t.partitionName("forever"), ""},
+	} {
+		if n.name == "" {
+			n.name = n.def
+		}
+		bare = append(bare, quoteLiteral(n.name))
+	}
 	return map[string]string{
 		"schema":         pgx.Identifier{t.Schema}.Sanitize(),
 		"schema_literal": quoteLiteral(t.Schema),
+		"schema_unset":   fmt.Sprint(t.Schema == ""),
+		// The tables' names, unquoted, as SQL string constants.
+		"bare_names": strings.Join(bare, ", "),
 
 		"messages":    t.Messages,
 		"sessions":    t.Sessions,

@@ -1,0 +1,192 @@
+package pglease_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// poolAsOn is poolAs with the connections' search_path set to path.
+func poolAsOn(t *testing.T, role, path string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testDSN)
+	require.NoError(t, err)
+	cfg.ConnConfig.User = role
+	cfg.ConnConfig.Password = ""
+	cfg.ConnConfig.RuntimeParams["search_path"] = path
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, pool.Ping(context.Background()))
+	return pool
+}
+
+// plantTraps creates schema trap, which every role may use and create in
+// (as public is on PostgreSQL 14 and before), and in it, as role
+// attacker, functions and operators that shadow those of pg_catalog for
+// argument types that pg_catalog matches only through a cast: each
+// records the role it runs as in trap.ran (which every role may insert
+// into) and returns what pg_catalog's would. It returns a function that
+// reports the rows of trap.ran.
+func plantTraps(t *testing.T, pool *pgxpool.Pool, attacker string) (schema string, ran func() []string) {
+	t.Helper()
+	ctx := context.Background()
+	schema = "trap_" + randomHex(4)
+	trap := pgx.Identifier{schema}.Sanitize()
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+trap+" CASCADE") })
+	execAll(t, pool,
+		"CREATE SCHEMA "+trap,
+		"GRANT USAGE, CREATE ON SCHEMA "+trap+" TO PUBLIC",
+		"CREATE TABLE "+trap+".ran (fn text, role text)",
+		"GRANT INSERT, SELECT ON "+trap+".ran TO PUBLIC")
+	attackerPool := poolAs(t, attacker, 1)
+	fn := func(name, args, returns, body string) string {
+		return "CREATE FUNCTION " + trap + "." + name + "(" + args + ") RETURNS " + returns + " LANGUAGE plpgsql AS $f$BEGIN " +
+			"INSERT INTO " + trap + ".ran VALUES (" + quoteLit(name+"("+args+")") + ", current_user); RETURN " + body + "; END$f$"
+	}
+	execAll(t, attackerPool,
+		fn("quote_ident", "name", "text", "pg_catalog.quote_ident($1::text)"),
+		fn("regexp_match", "name, text", "text[]", "pg_catalog.regexp_match($1::text, $2)"),
+		fn("format", "text, regclass, name", "text", "pg_catalog.format($1, $2, $3)"),
+		fn("format", "text, regclass, text", "text", "pg_catalog.format($1, $2, $3)"),
+		fn("to_regclass", "name", "regclass", "pg_catalog.to_regclass($1::text)"),
+		fn("pg_get_userbyid", "integer", "name", "pg_catalog.pg_get_userbyid($1::oid)"),
+		fn("convert_to", "text, text", "bytea", "pg_catalog.convert_to($1, $2::name)"),
+		fn("octet_length", "name", "integer", "pg_catalog.octet_length($1::text)"),
+		fn("pg_column_size", "jsonb", "integer", "pg_catalog.pg_column_size($1)"),
+		fn("hashtextextended", "text, integer", "bigint", "pg_catalog.hashtextextended($1, $2)"),
+		fn("mul", "bigint, interval", "interval", "$1::float8 * $2"),
+		"CREATE OPERATOR "+trap+".* (LEFTARG = bigint, RIGHTARG = interval, FUNCTION = "+trap+".mul)",
+	)
+	return schema, func() []string {
+		rows, err := pool.Query(ctx, "SELECT fn || ' as ' || role FROM "+trap+".ran ORDER BY 1")
+		require.NoError(t, err)
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return got
+	}
+}
+
+func quoteLit(s string) string { return "'" + s + "'" }
+
+// TestMigrateRunsNothingPlantedOnTheSearchPath migrates, as a superuser and
+// as an owner role, with a schema on the search_path where another role
+// planted functions that shadow pg_catalog's (quote_ident(name),
+// format(text, regclass, name), ...): none of them runs, the roles stay
+// as they were, and the tables are where the adapter says.
+func TestMigrateRunsNothingPlantedOnTheSearchPath(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 4)
+	attacker := newRole(t, pool, "pglease_attacker")
+	trap, ran := plantTraps(t, pool, attacker)
+
+	// A superuser migrating a fresh schema, the trap first on its path.
+	adapter := newSchema(t, pool)
+	su := poolAsOn(t, "postgres", pgx.Identifier{trap}.Sanitize()+", public", 2)
+	var user string
+	require.NoError(t, su.QueryRow(ctx, "SELECT current_user").Scan(&user))
+	if user != "postgres" {
+		t.Skip("needs the superuser postgres")
+	}
+	require.NoError(t, migrateTo(ctx, su, adapter, 5))
+	require.NoError(t, pglease.Migrate(ctx, su, adapter), "the upgrade from version 5")
+	assert.Empty(t, ran(), "planted functions ran during a migration")
+
+	// An owner role whose own schema, where the tables go with Schema
+	// empty, comes first on its path, the trap after it.
+	owner := newRole(t, pool, "pglease_owner")
+	own := newSchema(t, pool)
+	execAll(t, pool, "CREATE SCHEMA "+pgx.Identifier{own.Schema}.Sanitize()+" AUTHORIZATION "+pgx.Identifier{owner}.Sanitize())
+	ownerPool := poolAsOn(t, owner, pgx.Identifier{own.Schema}.Sanitize()+", "+pgx.Identifier{trap}.Sanitize(), 2)
+	require.NoError(t, pglease.Migrate(ctx, ownerPool, pglease.DefaultSchemaAdapter{}))
+	assert.Empty(t, ran(), "planted functions ran during a migration")
+	var where string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT relnamespace::regnamespace::text FROM pg_class WHERE oid = $1::regclass",
+		pgx.Identifier{own.Schema, pglease.DefaultMessagesTable}.Sanitize()).Scan(&where))
+	assert.Equal(t, own.Schema, where)
+
+	// Within a caller's transaction, the caller's search_path comes back.
+	tx, err := ownerPool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	require.NoError(t, pglease.Migrate(ctx, tx, pglease.DefaultSchemaAdapter{}))
+	var path string
+	require.NoError(t, tx.QueryRow(ctx, "SHOW search_path").Scan(&path))
+	assert.Equal(t, pgx.Identifier{own.Schema}.Sanitize()+", "+pgx.Identifier{trap}.Sanitize(), path)
+}
+
+// TestMigrateRefusesSchemasAndTablesOfOtherRoles: Migrate refuses a schema
+// in which a role other than its owner and the migrating role may create
+// objects, and tables of pglease's names that another role created
+// beforehand (one with a trigger, a version table that records every
+// version), naming the role and the tables; nothing of the other role's
+// runs.
+func TestMigrateRefusesSchemasAndTablesOfOtherRoles(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 4)
+	owner, attacker := newRole(t, pool, "pglease_owner"), newRole(t, pool, "pglease_attacker")
+	adapter := newSchema(t, pool)
+	schema := pgx.Identifier{adapter.Schema}.Sanitize()
+	qualified := func(name string) string { return pgx.Identifier{adapter.Schema, name}.Sanitize() }
+	execAll(t, pool,
+		"CREATE SCHEMA "+schema+" AUTHORIZATION "+pgx.Identifier{owner}.Sanitize(),
+		"GRANT USAGE, CREATE ON SCHEMA "+schema+" TO "+pgx.Identifier{attacker}.Sanitize())
+	attackerPool := poolAs(t, attacker, 1)
+	execAll(t, attackerPool,
+		"CREATE TABLE "+qualified("fired")+" (role text)",
+		"GRANT INSERT ON "+qualified("fired")+" TO PUBLIC",
+		"CREATE TABLE "+qualified(pglease.DefaultMaintenanceTable)+" (name text PRIMARY KEY, session_id uuid, epoch bigint NOT NULL DEFAULT 0, updated_at timestamptz NOT NULL DEFAULT now())",
+		"CREATE FUNCTION "+qualified("fire")+"() RETURNS trigger LANGUAGE plpgsql AS $f$BEGIN INSERT INTO "+qualified("fired")+" VALUES (current_user); RETURN NEW; END$f$",
+		"CREATE TRIGGER fire BEFORE INSERT ON "+qualified(pglease.DefaultMaintenanceTable)+" FOR EACH ROW EXECUTE FUNCTION "+qualified("fire")+"()",
+		"CREATE TABLE "+qualified(pglease.DefaultSchemaVersionTable)+" (version integer PRIMARY KEY, description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+		"INSERT INTO "+qualified(pglease.DefaultSchemaVersionTable)+" (version, description) SELECT v, 'planted' FROM generate_series(1, 100) v",
+		"GRANT SELECT ON "+qualified(pglease.DefaultSchemaVersionTable)+" TO PUBLIC",
+	)
+	fired := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+qualified("fired")).Scan(&n))
+		return n
+	}
+
+	ownerPool := poolAs(t, owner, 2)
+	for _, db := range []*pgxpool.Pool{ownerPool, pool} { // the owner, and a superuser
+		err := pglease.Migrate(ctx, db, adapter)
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(err, &pgErr), "%v", err)
+		assert.Equal(t, "42501", pgErr.Code)
+		assert.Contains(t, pgErr.Message, "may create objects in it: "+attacker)
+	}
+	assert.Zero(t, fired())
+
+	// Without CREATE any more, the tables it left are refused.
+	execAll(t, pool, "REVOKE CREATE ON SCHEMA "+schema+" FROM "+pgx.Identifier{attacker}.Sanitize())
+	for _, db := range []*pgxpool.Pool{ownerPool, pool} {
+		err := pglease.Migrate(ctx, db, adapter)
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(err, &pgErr), "%v", err)
+		assert.Equal(t, "42501", pgErr.Code)
+		assert.Contains(t, pgErr.Message, adapter.Schema+"."+pglease.DefaultMaintenanceTable+" (owned by "+attacker+")")
+		assert.Contains(t, pgErr.Message, adapter.Schema+"."+pglease.DefaultSchemaVersionTable+" (owned by "+attacker+")")
+	}
+	assert.Zero(t, fired())
+
+	// A version table of another role's that records every version is not
+	// taken for a current schema.
+	execAll(t, pool, "DROP TABLE "+qualified(pglease.DefaultMaintenanceTable))
+	err := pglease.Migrate(ctx, ownerPool, adapter)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), adapter.Schema+"."+pglease.DefaultSchemaVersionTable+" (owned by "+attacker+")")
+
+	// Once it is gone, the migration runs.
+	execAll(t, pool, "DROP TABLE "+qualified(pglease.DefaultSchemaVersionTable))
+	require.NoError(t, pglease.Migrate(ctx, ownerPool, adapter))
+}
