@@ -3,7 +3,11 @@ package pglease_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -12,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // poolAsOn is poolAs with the connections' search_path set to path.
@@ -189,4 +194,51 @@ func TestMigrateRefusesSchemasAndTablesOfOtherRoles(t *testing.T) {
 	// Once it is gone, the migration runs.
 	execAll(t, pool, "DROP TABLE "+qualified(pglease.DefaultSchemaVersionTable))
 	require.NoError(t, pglease.Migrate(ctx, ownerPool, adapter))
+}
+
+// TestMultiByteTableNames migrates tables whose names are long and made
+// of multi-byte characters, so that the names derived from them (index
+// names, retention partitions, the maintainer's functions) are cut: at a
+// character boundary, the same in Go and in SQL, so that the owner's
+// functions and the maintainer's statements agree on every name.
+func TestMultiByteTableNames(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 4)
+	adapter := newSchema(t, pool)
+	adapter.MessagesTable = "m" + strings.Repeat("é", 30)         // 61 bytes: cut at 30 would split a character
+	adapter.ConsumerSessionsTable = "s" + strings.Repeat("ü", 28) // its index names are cut at 63 bytes
+	require.True(t, utf8.ValidString(adapter.MessagesTable))
+	require.NoError(t, pglease.Migrate(ctx, pool, adapter))
+	app := newRole(t, pool, "pglease_app")
+	execAll(t, pool, pglease.GrantSQL(adapter, app))
+	appPool := poolAs(t, app, 2)
+	qualified := func(name string) string { return pgx.Identifier{adapter.Schema, name}.Sanitize() }
+
+	const start = int64(1_700_000_000)
+	p := pgsql.RetentionPartition{Class: 3, Start: time.Unix(start, 0), End: time.Unix(start+1, 0)}
+	add := tablesOf(adapter).CallAddRetentionPartition(p)
+	var done bool
+	require.NoError(t, appPool.QueryRow(ctx, add.SQL, add.Args...).Scan(&done))
+	require.True(t, done)
+	name := pglease.PartitionName(adapter, fmt.Sprintf("r3_%d", start))
+	require.True(t, utf8.ValidString(name), "%q", name)
+	var found bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", qualified(name)).Scan(&found))
+	assert.True(t, found, "the function named the partition %q, as Go does", name)
+
+	execAll(t, pool, "ALTER TABLE "+qualified(adapter.MessagesTable)+" DETACH PARTITION "+qualified(name))
+	detached := tablesOf(adapter).DetachedRetentionPartitions()
+	rows, err := appPool.Query(ctx, detached.SQL, detached.Args...)
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (string, error) {
+		var class int32
+		var start int64
+		err := row.Scan(&class, &start)
+		return fmt.Sprintf("r%d_%d", class, start), err
+	})
+	require.NoError(t, err)
+	assert.Equal(t, []string{fmt.Sprintf("r3_%d", start)}, got)
+	drop := tablesOf(adapter).CallDropDetachedPartition(p)
+	require.NoError(t, appPool.QueryRow(ctx, drop.SQL, drop.Args...).Scan(&done))
+	assert.True(t, done)
 }

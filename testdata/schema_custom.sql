@@ -317,6 +317,7 @@ BEGIN
 	hash constant text := '05ba50ac';
 	suffix text;
 	part text;
+	k integer;
 BEGIN
 	IF p_class IS NULL OR p_class < 1 OR p_class > 32767 THEN
 		RAISE EXCEPTION 'pglease: retention class % is not between 1 and 32767', p_class USING ERRCODE = 'invalid_parameter_value';
@@ -327,7 +328,12 @@ BEGIN
 	suffix := 'r' || p_class || '_' || p_start;
 	part := msgs || '_' || suffix;
 	IF octet_length(part) > 63 THEN
-		part := convert_from(substring(convert_to(msgs, 'UTF8') FROM 1 FOR 53 - octet_length(suffix)), 'UTF8') || '_' || hash || '_' || suffix;
+		-- Cut at a character boundary, as PartitionName does.
+		k := char_length(msgs);
+		WHILE octet_length(convert_to(left(msgs, k), 'UTF8')) > 53 - octet_length(suffix) LOOP
+			k := k - 1;
+		END LOOP;
+		part := left(msgs, k) || '_' || hash || '_' || suffix;
 	END IF;
 	IF p_end IS NULL OR p_end <= p_start OR p_end > 253402300799 THEN
 		RAISE EXCEPTION 'pglease: partition end % does not follow its start %', p_end, p_start USING ERRCODE = 'invalid_parameter_value';
@@ -358,6 +364,7 @@ $pglease$);
 	hash constant text := '05ba50ac';
 	suffix text;
 	part text;
+	k integer;
 	rel oid;
 	pending boolean;
 BEGIN
@@ -370,7 +377,12 @@ BEGIN
 	suffix := 'r' || p_class || '_' || p_start;
 	part := msgs || '_' || suffix;
 	IF octet_length(part) > 63 THEN
-		part := convert_from(substring(convert_to(msgs, 'UTF8') FROM 1 FOR 53 - octet_length(suffix)), 'UTF8') || '_' || hash || '_' || suffix;
+		-- Cut at a character boundary, as PartitionName does.
+		k := char_length(msgs);
+		WHILE octet_length(convert_to(left(msgs, k), 'UTF8')) > 53 - octet_length(suffix) LOOP
+			k := k - 1;
+		END LOOP;
+		part := left(msgs, k) || '_' || hash || '_' || suffix;
 	END IF;
 	SELECT c.oid, i.inhdetachpending INTO rel, pending
 	FROM pg_class p
@@ -404,6 +416,7 @@ $pglease$);
 	hash constant text := '05ba50ac';
 	suffix text;
 	part text;
+	k integer;
 	rel oid;
 	parent oid;
 BEGIN
@@ -416,7 +429,12 @@ BEGIN
 	suffix := 'r' || p_class || '_' || p_start;
 	part := msgs || '_' || suffix;
 	IF octet_length(part) > 63 THEN
-		part := convert_from(substring(convert_to(msgs, 'UTF8') FROM 1 FOR 53 - octet_length(suffix)), 'UTF8') || '_' || hash || '_' || suffix;
+		-- Cut at a character boundary, as PartitionName does.
+		k := char_length(msgs);
+		WHILE octet_length(convert_to(left(msgs, k), 'UTF8')) > 53 - octet_length(suffix) LOOP
+			k := k - 1;
+		END LOOP;
+		part := left(msgs, k) || '_' || hash || '_' || suffix;
 	END IF;
 	SELECT p.oid INTO parent FROM pg_class p JOIN pg_namespace pn ON pn.oid = p.relnamespace
 	WHERE pn.nspname = nsp AND p.relname = msgs;

@@ -189,28 +189,33 @@ func timestampLiteral(t time.Time) string {
 
 // DetachedRetentionPartitions is the statement of [DetachedRetentionPartitions]: the tables
 // of the messages table's schema whose name is the one partitionName
-// gives a class and a start (computed by the statement as it computes it),
-// that are no partition and that have the messages table's expires_at.
+// gives a class and a start (computed by the statement as it computes it:
+// the shortened names' prefixes, by the suffix's length, are $3), that are
+// no partition and that have the messages table's expires_at.
 func (t *Tables) DetachedRetentionPartitions() Stmt {
 	base := t.MessagesTable
 	if base == "" {
 		base = DefaultMessagesTable
 	}
 	sum := sha256.Sum256([]byte(base))
+	// Suffixes are "r" + class + "_" + start: 4 to 19 bytes.
+	prefixes := make([]string, 24)
+	for i := range prefixes {
+		prefixes[i] = cutName(base, 63-(i+1)-10) + "_" + hex.EncodeToString(sum[:4]) + "_"
+	}
 	return Stmt{
 		SQL: `SELECT r.m[1]::integer, r.m[2]::bigint
-FROM pg_class p
-JOIN pg_class c ON c.relnamespace = p.relnamespace AND c.relkind = 'r' AND NOT c.relispartition
-CROSS JOIN LATERAL (SELECT regexp_match(c.relname, '_r([0-9]{1,5})_([0-9]{1,12})$') AS m) r
-CROSS JOIN LATERAL (SELECT 'r' || r.m[1]::integer || '_' || r.m[2]::bigint AS suffix) s
-WHERE p.oid = to_regclass($1) AND r.m IS NOT NULL
-	AND c.relname = CASE WHEN octet_length($2::text || '_' || s.suffix) <= 63 THEN $2::text || '_' || s.suffix
-		ELSE convert_from(substring(convert_to($2::text, 'UTF8') FROM 1 FOR 53 - octet_length(s.suffix)), 'UTF8')
-			|| '_' || $3::text || '_' || s.suffix END
-	AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = c.oid)
-	AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'expires_at' AND NOT a.attisdropped)
+FROM pg_catalog.pg_class p
+JOIN pg_catalog.pg_class c ON c.relnamespace = p.relnamespace AND c.relkind = 'r' AND NOT c.relispartition
+CROSS JOIN LATERAL (SELECT pg_catalog.regexp_match(c.relname::text, '_r([0-9]{1,5})_([0-9]{1,12})$'::text) AS m) r
+CROSS JOIN LATERAL (SELECT 'r'::text || (r.m[1]::integer)::text || '_'::text || (r.m[2]::bigint)::text AS suffix) s
+WHERE p.oid = pg_catalog.to_regclass($1::text) AND r.m IS NOT NULL
+	AND c.relname::text = CASE WHEN pg_catalog.octet_length($2::text || '_'::text || s.suffix) <= 63 THEN $2::text || '_'::text || s.suffix
+		ELSE ($3::text[])[pg_catalog.octet_length(s.suffix)] || s.suffix END
+	AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid)
+	AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'expires_at'::name AND NOT a.attisdropped)
 ORDER BY 1, 2`,
-		Args: []any{t.Messages, base, hex.EncodeToString(sum[:4])},
+		Args: []any{t.Messages, base, prefixes},
 	}
 }
 
