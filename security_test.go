@@ -242,3 +242,88 @@ func TestMultiByteTableNames(t *testing.T) {
 	require.NoError(t, appPool.QueryRow(ctx, drop.SQL, drop.Args...).Scan(&done))
 	assert.True(t, done)
 }
+
+// TestMaintainerFunctionsOnlyForConsumersAndOnlyPassedSlots upgrades a
+// schema whose version 7 granted the maintainer's functions to every role
+// that could INSERT into the messages table: from version 9 on, a role
+// that may only publish cannot execute them (it could drop a partition
+// whose window had not passed, or add one covering every time), a role
+// that may delete messages still can; and the functions accept only one
+// aligned slot of the class, and expire only a partition of a slot that
+// has passed and covers nothing more.
+func TestMaintainerFunctionsOnlyForConsumersAndOnlyPassedSlots(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 4)
+	adapter := newSchema(t, pool)
+	qualified := func(name string) string { return pgx.Identifier{adapter.Schema, name}.Sanitize() }
+	messages := qualified(pglease.DefaultMessagesTable)
+	publisher, app := newRole(t, pool, "pglease_publisher"), newRole(t, pool, "pglease_app")
+	require.NoError(t, migrateTo(ctx, pool, adapter, 6))
+	execAll(t, pool,
+		"GRANT USAGE ON SCHEMA "+pgx.Identifier{adapter.Schema}.Sanitize()+" TO "+publisher+", "+app,
+		"GRANT INSERT ON "+messages+" TO "+publisher,
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON "+messages+" TO "+app)
+	require.NoError(t, migrateTo(ctx, pool, adapter, 8))
+	// What version 7 of earlier releases granted every role that could
+	// INSERT into the messages table.
+	for _, fn := range []string{"add_retention_partition(integer, bigint, bigint)", "expire_retention_partition(integer, bigint)",
+		"drop_detached_partition(integer, bigint)"} {
+		i := strings.IndexByte(fn, '(')
+		execAll(t, pool, "GRANT EXECUTE ON FUNCTION "+qualified(pglease.PartitionName(adapter, fn[:i]))+fn[i:]+" TO "+publisher)
+	}
+	call := func(db *pgxpool.Pool, s pgsql.Stmt) (bool, error) {
+		var done bool
+		err := db.QueryRow(ctx, s.SQL, s.Args...).Scan(&done)
+		return done, err
+	}
+	codeOf := func(err error) string {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			return pgErr.Code
+		}
+		return fmt.Sprint(err)
+	}
+	pubPool, appPool := poolAs(t, publisher, 1), poolAs(t, app, 1)
+	tables := tablesOf(adapter)
+	now := time.Now().Unix()
+	// Class 5: 4 s slots. One from now, whose slot has not passed.
+	live := pgsql.RetentionPartition{Class: 5, Start: time.Unix(now/4*4+8, 0), End: time.Unix(now/4*4+12, 0)}
+	done, err := call(pubPool, tables.CallAddRetentionPartition(live))
+	require.NoError(t, err, "version 8: the publisher may add")
+	require.True(t, done)
+
+	require.NoError(t, pglease.Migrate(ctx, pool, adapter))
+	_, err = call(pubPool, tables.CallExpireRetentionPartition(live))
+	assert.Equal(t, "42501", codeOf(err), "a role that may only publish may not expire")
+	_, err = call(pubPool, tables.CallAddRetentionPartition(live))
+	assert.Equal(t, "42501", codeOf(err), "nor add")
+
+	// A consumer may call them, with arguments of one slot of the class.
+	everything := pgsql.RetentionPartition{Class: 5, Start: time.Unix(0, 0), End: time.Unix(253402300799, 0)}
+	unaligned := pgsql.RetentionPartition{Class: 5, Start: time.Unix(now/4*4+1, 0), End: time.Unix(now/4*4+5, 0)}
+	for _, bad := range []pgsql.RetentionPartition{everything, unaligned} {
+		_, err = call(appPool, tables.CallAddRetentionPartition(bad))
+		assert.Equal(t, "22023", codeOf(err), "add from %d to %d", bad.Start.Unix(), bad.End.Unix())
+	}
+	_, err = call(appPool, tables.CallExpireRetentionPartition(live))
+	assert.Equal(t, "55000", codeOf(err), "its slot has not passed")
+	var exists bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL",
+		qualified(pglease.PartitionName(adapter, fmt.Sprintf("r5_%d", live.Start.Unix())))).Scan(&exists))
+	assert.True(t, exists, "the live partition is still there")
+
+	// A partition with a passed slot's name that covers more is left to
+	// the owner; the partition of a passed slot is expired.
+	wide := pgsql.RetentionPartition{Class: 5, Start: time.Unix(1_600_000_000, 0), End: time.Unix(1_600_000_004, 0)}
+	execAll(t, pool, "CREATE TABLE "+qualified(pglease.PartitionName(adapter, "r5_1600000000"))+" PARTITION OF "+messages+
+		" FOR VALUES FROM (5, '2020-09-13 12:26:40+00') TO (5, '2020-09-13 12:30:00+00')")
+	_, err = call(appPool, tables.CallExpireRetentionPartition(wide))
+	assert.Equal(t, "55000", codeOf(err), "a partition wider than its slot")
+	execAll(t, pool, "DROP TABLE "+qualified(pglease.PartitionName(adapter, "r5_1600000000")))
+	done, err = call(appPool, tables.CallAddRetentionPartition(wide))
+	require.NoError(t, err)
+	require.True(t, done)
+	done, err = call(appPool, tables.CallExpireRetentionPartition(wide))
+	require.NoError(t, err)
+	assert.True(t, done, "a passed slot is expired")
+}
