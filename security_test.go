@@ -9,6 +9,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -69,11 +71,23 @@ func plantTraps(t *testing.T, pool *pgxpool.Pool, attacker string) (schema strin
 		fn("octet_length", "name", "integer", "pg_catalog.octet_length($1::text)"),
 		fn("pg_column_size", "jsonb", "integer", "pg_catalog.pg_column_size($1)"),
 		fn("hashtextextended", "text, integer", "bigint", "pg_catalog.hashtextextended($1, $2)"),
+		fn("unnest", "text[]", "SETOF text", "QUERY SELECT pg_catalog.unnest($1)"),
+		fn("now", "", "timestamptz", "pg_catalog.now()"),
 		fn("mul", "bigint, interval", "interval", "$1::float8 * $2"),
+		fn("nmul", "numeric, integer", "numeric", "$1 * $2::numeric"),
+		fn("cat", "text, integer", "text", "pg_catalog.textcat($1, $2::text)"),
+		fn("catb", "text, bigint", "text", "pg_catalog.textcat($1, $2::text)"),
+		fn("mod", "bigint, integer", "bigint", "$1 % $2::bigint"),
+		fn("oideq", "oid, regclass", "boolean", "$1 = $2::oid"),
+		"CREATE OPERATOR "+trap+".% (LEFTARG = bigint, RIGHTARG = integer, FUNCTION = "+trap+".mod)",
+		"CREATE OPERATOR "+trap+".= (LEFTARG = oid, RIGHTARG = regclass, FUNCTION = "+trap+".oideq)",
 		"CREATE OPERATOR "+trap+".* (LEFTARG = bigint, RIGHTARG = interval, FUNCTION = "+trap+".mul)",
+		"CREATE OPERATOR "+trap+".* (LEFTARG = numeric, RIGHTARG = integer, FUNCTION = "+trap+".nmul)",
+		"CREATE OPERATOR "+trap+".|| (LEFTARG = text, RIGHTARG = integer, FUNCTION = "+trap+".cat)",
+		"CREATE OPERATOR "+trap+".|| (LEFTARG = text, RIGHTARG = bigint, FUNCTION = "+trap+".catb)",
 	)
 	return schema, func() []string {
-		rows, err := pool.Query(ctx, "SELECT fn || ' as ' || role FROM "+trap+".ran ORDER BY 1")
+		rows, err := pool.Query(ctx, "SELECT DISTINCT fn || ' as ' || role FROM "+trap+".ran ORDER BY 1")
 		require.NoError(t, err)
 		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		require.NoError(t, err)
@@ -326,4 +340,60 @@ func TestMaintainerFunctionsOnlyForConsumersAndOnlyPassedSlots(t *testing.T) {
 	done, err = call(appPool, tables.CallExpireRetentionPartition(wide))
 	require.NoError(t, err)
 	assert.True(t, done, "a passed slot is expired")
+}
+
+// TestRuntimeRunsNothingPlantedOnTheSearchPath runs pglease as an
+// application role whose search_path names a schema where another role
+// planted functions and operators that shadow pg_catalog's for argument
+// types pg_catalog matches only through a cast or a polymorphic type
+// (regexp_match(name, text), unnest(text[]), text || integer, bigint *
+// interval, ...): publishing, delayed messages, subscribing, the
+// maintainer with retention partitions and the Inspector call none of
+// them.
+func TestRuntimeRunsNothingPlantedOnTheSearchPath(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 4)
+	adapter := newSchema(t, pool)
+	require.NoError(t, pglease.Migrate(ctx, pool, adapter))
+	attacker, app := newRole(t, pool, "pglease_attacker"), newRole(t, pool, "pglease_app")
+	execAll(t, pool, pglease.GrantSQL(adapter, app))
+	trap, ran := plantTraps(t, pool, attacker)
+	appPool := poolAsOn(t, app, pgx.Identifier{trap}.Sanitize()+", public", 8)
+
+	require.NoError(t, pglease.CreateTopic(ctx, appPool, "kept", pglease.TopicConfig{SchemaAdapter: adapter, Partitions: 3}))
+	require.NoError(t, pglease.CreateTopic(ctx, appPool, "short", pglease.TopicConfig{SchemaAdapter: adapter, Retention: 5 * time.Second}))
+	pub, err := pglease.NewPublisher(appPool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	sub := newTestSubscriber(t, appPool, adapter, pglease.SubscriberConfig{
+		ConsumerGroup: "g",
+		Maintenance:   pglease.MaintenanceConfig{Interval: 50 * time.Millisecond},
+	})
+	var kept <-chan *message.Message
+	for _, topic := range []string{"kept", "short"} {
+		msgs, err := sub.Subscribe(ctx, topic)
+		require.NoError(t, err)
+		publishN(t, pub, topic, 5)
+		receive(t, msgs, 5, 10*time.Second)
+		if topic == "kept" {
+			kept = msgs
+		}
+	}
+	waitFor(t, 10*time.Second, "retention partitions", func() bool { return sub.Stats().RetentionPartitionsCreated > 0 })
+	delayed := message.NewMessage(watermill.NewUUID(), nil)
+	delayed.Metadata.Set("_watermill_delayed_until", time.Now().Add(100*time.Millisecond).UTC().Format(time.RFC3339Nano))
+	require.NoError(t, pub.Publish("kept", delayed))
+	assert.Equal(t, delayed.UUID, receive(t, kept, 1, 10*time.Second)[0].UUID)
+
+	in, err := pglease.NewInspector(appPool, adapter)
+	require.NoError(t, err)
+	_, err = in.Lag(ctx, pglease.LagFilter{})
+	require.NoError(t, err)
+	_, err = in.Sessions(ctx)
+	require.NoError(t, err)
+	_, err = in.Topics(ctx)
+	require.NoError(t, err)
+	_, err = in.Horizon(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, ran(), "planted functions or operators ran as the application role")
 }
