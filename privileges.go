@@ -18,9 +18,10 @@ package pglease
 // in one transaction and may be run again.
 //
 // An upgrade keeps these grants (the migrations carry the grants of the
-// tables they replace, and the one that adds functions grants EXECUTE on
-// them to every role that may INSERT into the messages table), so GrantSQL
-// is run again after an upgrade only when a release says so.
+// tables they replace, and those that create the maintainer's functions
+// grant EXECUTE on them to every role that may DELETE from the messages
+// table, and to no other), so GrantSQL is run again after an upgrade only
+// when a release says so.
 //
 // Who runs it: the owner of the tables (the role that ran [Migrate]), a
 // member of that role, or a superuser. Run by any other role, even one

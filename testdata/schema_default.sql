@@ -1,4 +1,61 @@
 BEGIN;
+DO $pglease$
+DECLARE
+	target name := '';
+	nsp oid;
+	nsp_owner oid;
+	trusted oid[];
+	bad text;
+BEGIN
+	IF true THEN
+		target := pg_catalog.current_schema();
+		IF target IS NULL THEN
+			RAISE EXCEPTION 'pglease: no schema to create the tables in: the search_path (%) names no schema that exists', pg_catalog.current_setting('search_path')
+				USING ERRCODE = 'invalid_schema_name', HINT = 'Set DefaultSchemaAdapter.Schema, or the role''s search_path.';
+		END IF;
+	END IF;
+	-- From here on, every name this transaction runs resolves in
+	-- pg_catalog first; only the schema of the tables, when Schema is not
+	-- set, comes before it, so that unqualified names create and find the
+	-- tables there (its creators are checked below).
+	PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+	SELECT n.oid, n.nspowner INTO nsp, nsp_owner FROM pg_namespace n WHERE n.nspname = target;
+	IF nsp IS NULL THEN
+		RETURN; -- created by the set-up, by the migrating role
+	END IF;
+	-- The roles trusted with the schema: its owner, the migrating role and
+	-- the roles it is a member of (by pg_auth_members, which a superuser's
+	-- access to every role does not count as).
+	WITH RECURSIVE m(role) AS (
+		SELECT current_user::regrole::oid
+		UNION
+		SELECT a.roleid FROM pg_auth_members a JOIN m ON a.member = m.role
+	)
+	SELECT array_agg(role) || nsp_owner INTO trusted FROM m;
+	SELECT string_agg(CASE WHEN a.grantee = 0::oid THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END, ', '
+			ORDER BY a.grantee)
+		INTO bad
+	FROM pg_namespace n CROSS JOIN LATERAL aclexplode(n.nspacl) a
+	WHERE n.oid = nsp AND a.privilege_type = 'CREATE' AND NOT (a.grantee = ANY (trusted));
+	IF bad IS NOT NULL THEN
+		RAISE EXCEPTION 'pglease: roles other than the owner of schema % and the migrating role % may create objects in it: %', quote_ident(target), quote_ident(current_user::text), bad
+			USING ERRCODE = 'insufficient_privilege',
+				HINT = 'An object another role creates there could run with the privileges of the roles that use the tables. Revoke CREATE on the schema from those roles, or set DefaultSchemaAdapter.Schema to a schema of the owner''s own.';
+	END IF;
+	SELECT string_agg(format('%s (owned by %s)', c.oid::regclass, quote_ident(pg_get_userbyid(c.relowner))), ', ' ORDER BY c.relname)
+		INTO bad
+	FROM pg_class c
+	WHERE c.relnamespace = nsp AND c.relname = ANY (ARRAY['pglease_messages', 'pglease_consumer_sessions', 'pglease_consumer_offsets', 'pglease_schema_version', 'pglease_topics', 'pglease_delayed', 'pglease_maintenance', 'pglease_retention', 'pglease_messages_forever']::name[]) AND NOT (c.relowner = ANY (trusted));
+	IF bad IS NOT NULL THEN
+		RAISE EXCEPTION 'pglease: tables of pglease exist already, owned by a role other than the owner of schema % and the migrating role %: %', quote_ident(target), quote_ident(current_user::text), bad
+			USING ERRCODE = 'insufficient_privilege',
+				HINT = 'Run the migration as the role that owns them, or drop them if pglease did not create them.';
+	END IF;
+	IF true THEN
+		PERFORM set_config('search_path', quote_ident(target) || ', pg_catalog, pg_temp', true);
+	END IF;
+END
+$pglease$;
 CREATE TABLE IF NOT EXISTS "pglease_schema_version" (
 	version     integer PRIMARY KEY,
 	description text NOT NULL,
@@ -253,20 +310,32 @@ BEGIN
 	hash constant text := '512c92c5';
 	suffix text;
 	part text;
+	k integer;
+	width bigint;
 BEGIN
-	IF p_class IS NULL OR p_class < 1 OR p_class > 32767 THEN
-		RAISE EXCEPTION 'pglease: retention class % is not between 1 and 32767', p_class USING ERRCODE = 'invalid_parameter_value';
+	IF p_class IS NULL OR p_class < 1 OR p_class > 62 THEN
+		RAISE EXCEPTION 'pglease: retention class % is not between 1 and 62', p_class USING ERRCODE = 'invalid_parameter_value';
 	END IF;
-	IF p_start IS NULL OR p_start < 0 OR p_start > 253402300799 THEN
-		RAISE EXCEPTION 'pglease: partition start % is not a Unix time in seconds', p_start USING ERRCODE = 'invalid_parameter_value';
+	-- The width of the class's time slots, as retentionSlot computes it;
+	-- a partition covers one slot, from a multiple of the width on.
+	width := 1::bigint << greatest(0, p_class - 3);
+	IF p_start IS NULL OR p_start < 0 OR p_start > 253402300799 - width OR p_start % width <> 0 THEN
+		RAISE EXCEPTION 'pglease: partition start % is not a Unix time in seconds at the start of a slot of class % (% s wide)', p_start, p_class, width
+			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
 	suffix := 'r' || p_class || '_' || p_start;
 	part := msgs || '_' || suffix;
 	IF octet_length(part) > 63 THEN
-		part := convert_from(substring(convert_to(msgs, 'UTF8') FROM 1 FOR 53 - octet_length(suffix)), 'UTF8') || '_' || hash || '_' || suffix;
+		-- Cut at a character boundary, as PartitionName does.
+		k := char_length(msgs);
+		WHILE octet_length(convert_to(left(msgs, k), 'UTF8')) > 53 - octet_length(suffix) LOOP
+			k := k - 1;
+		END LOOP;
+		part := left(msgs, k) || '_' || hash || '_' || suffix;
 	END IF;
-	IF p_end IS NULL OR p_end <= p_start OR p_end > 253402300799 THEN
-		RAISE EXCEPTION 'pglease: partition end % does not follow its start %', p_end, p_start USING ERRCODE = 'invalid_parameter_value';
+	IF p_end IS DISTINCT FROM p_start + width THEN
+		RAISE EXCEPTION 'pglease: partition end % is not the end of the slot of class % from %', p_end, p_class, p_start
+			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
 	IF EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = nsp AND c.relname = part) THEN
 		RETURN false;
@@ -286,6 +355,8 @@ $pglease$);
 		LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 		SET search_path = pg_catalog, pg_temp
 		SET lock_timeout = ''500ms''
+		SET TimeZone = ''UTC''
+		SET DateStyle = ''ISO''
 		AS ' || quote_literal('DECLARE
 	nsp constant text := ' || quote_literal(nsp) || ';
 ' || $pglease$
@@ -294,21 +365,37 @@ $pglease$);
 	hash constant text := '512c92c5';
 	suffix text;
 	part text;
+	k integer;
+	width bigint;
 	rel oid;
 	pending boolean;
+	bound text;
 BEGIN
-	IF p_class IS NULL OR p_class < 1 OR p_class > 32767 THEN
-		RAISE EXCEPTION 'pglease: retention class % is not between 1 and 32767', p_class USING ERRCODE = 'invalid_parameter_value';
+	IF p_class IS NULL OR p_class < 1 OR p_class > 62 THEN
+		RAISE EXCEPTION 'pglease: retention class % is not between 1 and 62', p_class USING ERRCODE = 'invalid_parameter_value';
 	END IF;
-	IF p_start IS NULL OR p_start < 0 OR p_start > 253402300799 THEN
-		RAISE EXCEPTION 'pglease: partition start % is not a Unix time in seconds', p_start USING ERRCODE = 'invalid_parameter_value';
+	-- The width of the class's time slots, as retentionSlot computes it;
+	-- a partition covers one slot, from a multiple of the width on.
+	width := 1::bigint << greatest(0, p_class - 3);
+	IF p_start IS NULL OR p_start < 0 OR p_start > 253402300799 - width OR p_start % width <> 0 THEN
+		RAISE EXCEPTION 'pglease: partition start % is not a Unix time in seconds at the start of a slot of class % (% s wide)', p_start, p_class, width
+			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
 	suffix := 'r' || p_class || '_' || p_start;
 	part := msgs || '_' || suffix;
 	IF octet_length(part) > 63 THEN
-		part := convert_from(substring(convert_to(msgs, 'UTF8') FROM 1 FOR 53 - octet_length(suffix)), 'UTF8') || '_' || hash || '_' || suffix;
+		-- Cut at a character boundary, as PartitionName does.
+		k := char_length(msgs);
+		WHILE octet_length(convert_to(left(msgs, k), 'UTF8')) > 53 - octet_length(suffix) LOOP
+			k := k - 1;
+		END LOOP;
+		part := left(msgs, k) || '_' || hash || '_' || suffix;
 	END IF;
-	SELECT c.oid, i.inhdetachpending INTO rel, pending
+	IF to_timestamp(p_start + width) > now() THEN
+		RAISE EXCEPTION 'pglease: the slot of class % from % has not passed yet', p_class, to_timestamp(p_start)
+			USING ERRCODE = 'object_not_in_prerequisite_state';
+	END IF;
+	SELECT c.oid, i.inhdetachpending, pg_get_expr(c.relpartbound, c.oid) INTO rel, pending, bound
 	FROM pg_class p
 	JOIN pg_namespace pn ON pn.oid = p.relnamespace
 	JOIN pg_inherits i ON i.inhparent = p.oid
@@ -316,6 +403,13 @@ BEGIN
 	WHERE pn.nspname = nsp AND p.relname = msgs AND c.relnamespace = p.relnamespace AND c.relname = part;
 	IF NOT FOUND THEN
 		RETURN false;
+	END IF;
+	-- Only the partition of that slot: one that covers more (made by hand,
+	-- or by a role that could call an earlier version of the function
+	-- that added any range) holds messages whose slot has not passed.
+	IF bound IS DISTINCT FROM format('FOR VALUES FROM (%L, %L) TO (%L, %L)', p_class, to_timestamp(p_start), p_class, to_timestamp(p_start + width)) THEN
+		RAISE EXCEPTION 'pglease: %.% covers %, not the slot of class % from %: it is left to the owner', nsp, part, bound, p_class, to_timestamp(p_start)
+			USING ERRCODE = 'object_not_in_prerequisite_state';
 	END IF;
 	IF pending THEN
 		EXECUTE format('ALTER TABLE %I.%I DETACH PARTITION %I.%I FINALIZE', nsp, msgs, nsp, part);
@@ -340,19 +434,30 @@ $pglease$);
 	hash constant text := '512c92c5';
 	suffix text;
 	part text;
+	k integer;
+	width bigint;
 	rel oid;
 	parent oid;
 BEGIN
-	IF p_class IS NULL OR p_class < 1 OR p_class > 32767 THEN
-		RAISE EXCEPTION 'pglease: retention class % is not between 1 and 32767', p_class USING ERRCODE = 'invalid_parameter_value';
+	IF p_class IS NULL OR p_class < 1 OR p_class > 62 THEN
+		RAISE EXCEPTION 'pglease: retention class % is not between 1 and 62', p_class USING ERRCODE = 'invalid_parameter_value';
 	END IF;
-	IF p_start IS NULL OR p_start < 0 OR p_start > 253402300799 THEN
-		RAISE EXCEPTION 'pglease: partition start % is not a Unix time in seconds', p_start USING ERRCODE = 'invalid_parameter_value';
+	-- The width of the class's time slots, as retentionSlot computes it;
+	-- a partition covers one slot, from a multiple of the width on.
+	width := 1::bigint << greatest(0, p_class - 3);
+	IF p_start IS NULL OR p_start < 0 OR p_start > 253402300799 - width OR p_start % width <> 0 THEN
+		RAISE EXCEPTION 'pglease: partition start % is not a Unix time in seconds at the start of a slot of class % (% s wide)', p_start, p_class, width
+			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
 	suffix := 'r' || p_class || '_' || p_start;
 	part := msgs || '_' || suffix;
 	IF octet_length(part) > 63 THEN
-		part := convert_from(substring(convert_to(msgs, 'UTF8') FROM 1 FOR 53 - octet_length(suffix)), 'UTF8') || '_' || hash || '_' || suffix;
+		-- Cut at a character boundary, as PartitionName does.
+		k := char_length(msgs);
+		WHILE octet_length(convert_to(left(msgs, k), 'UTF8')) > 53 - octet_length(suffix) LOOP
+			k := k - 1;
+		END LOOP;
+		part := left(msgs, k) || '_' || hash || '_' || suffix;
 	END IF;
 	SELECT p.oid INTO parent FROM pg_class p JOIN pg_namespace pn ON pn.oid = p.relnamespace
 	WHERE pn.nspname = nsp AND p.relname = msgs;
@@ -384,9 +489,17 @@ $pglease$);
 		IF owner <> current_user THEN
 			EXECUTE 'ALTER FUNCTION ' || fn || ' OWNER TO ' || quote_ident(owner);
 		END IF;
-		-- The roles that run pglease today keep every part of it.
+		-- The roles that consume today (and may be elected maintainer)
+		-- keep every part of pglease; a role that may only publish gets
+		-- nothing, and loses what an earlier version granted it.
+		FOR r IN SELECT DISTINCT a.grantee FROM pg_proc p CROSS JOIN LATERAL aclexplode(p.proacl) a
+			WHERE p.oid = fn::regprocedure AND a.grantee <> p.proowner
+				AND (a.grantee = 0 OR NOT has_table_privilege(a.grantee, msgs, 'DELETE'))
+		LOOP
+			EXECUTE 'REVOKE EXECUTE ON FUNCTION ' || fn || ' FROM ' || CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(r.grantee)) END;
+		END LOOP;
 		FOR r IN SELECT DISTINCT a.grantee FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
-			WHERE c.oid = msgs AND a.privilege_type = 'INSERT' AND a.grantee NOT IN (0, c.relowner)
+			WHERE c.oid = msgs AND a.privilege_type = 'DELETE' AND a.grantee NOT IN (0, c.relowner)
 		LOOP
 			EXECUTE 'GRANT EXECUTE ON FUNCTION ' || fn || ' TO ' || quote_ident(pg_get_userbyid(r.grantee));
 		END LOOP;
@@ -408,4 +521,230 @@ BEGIN
 END
 $pglease$;
 INSERT INTO "pglease_schema_version" (version, description) VALUES (8, 'hot tables: heartbeats and offset commits as HOT updates (fillfactor, no index on sessions.expires_at)') ON CONFLICT (version) DO NOTHING;
+
+-- version 9: least privilege: the maintainer's functions accept only whole slots of a class, expire only passed ones, and are executable only by roles that may delete messages
+DO $pglease1$
+DECLARE
+	msgs regclass := to_regclass('"pglease_messages"');
+	nsp name;
+	owner name;
+	fn text;
+	fns text[] := '{}';
+	r record;
+BEGIN
+	SELECT n.nspname, pg_get_userbyid(c.relowner) INTO nsp, owner
+	FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = msgs;
+	IF nsp IS NULL THEN
+		RAISE EXCEPTION 'pglease: the messages table % is missing', '"pglease_messages"';
+	END IF;
+	fn := quote_ident(nsp) || '.' || quote_ident('pglease_messages_add_retention_partition');
+	EXECUTE 'CREATE OR REPLACE FUNCTION ' || fn || '(p_class integer, p_start bigint, p_end bigint) RETURNS boolean
+		LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+		SET search_path = pg_catalog, pg_temp
+		SET lock_timeout = ''5s''
+		AS ' || quote_literal('DECLARE
+	nsp constant text := ' || quote_literal(nsp) || ';
+' || $pglease$
+	msgs constant text := 'pglease_messages';
+	retention constant text := 'pglease_retention';
+	hash constant text := '512c92c5';
+	suffix text;
+	part text;
+	k integer;
+	width bigint;
+BEGIN
+	IF p_class IS NULL OR p_class < 1 OR p_class > 62 THEN
+		RAISE EXCEPTION 'pglease: retention class % is not between 1 and 62', p_class USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	-- The width of the class's time slots, as retentionSlot computes it;
+	-- a partition covers one slot, from a multiple of the width on.
+	width := 1::bigint << greatest(0, p_class - 3);
+	IF p_start IS NULL OR p_start < 0 OR p_start > 253402300799 - width OR p_start % width <> 0 THEN
+		RAISE EXCEPTION 'pglease: partition start % is not a Unix time in seconds at the start of a slot of class % (% s wide)', p_start, p_class, width
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	suffix := 'r' || p_class || '_' || p_start;
+	part := msgs || '_' || suffix;
+	IF octet_length(part) > 63 THEN
+		-- Cut at a character boundary, as PartitionName does.
+		k := char_length(msgs);
+		WHILE octet_length(convert_to(left(msgs, k), 'UTF8')) > 53 - octet_length(suffix) LOOP
+			k := k - 1;
+		END LOOP;
+		part := left(msgs, k) || '_' || hash || '_' || suffix;
+	END IF;
+	IF p_end IS DISTINCT FROM p_start + width THEN
+		RAISE EXCEPTION 'pglease: partition end % is not the end of the slot of class % from %', p_end, p_class, p_start
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = nsp AND c.relname = part) THEN
+		RETURN false;
+	END IF;
+	EXECUTE format('CREATE TABLE %I.%I (LIKE %I.%I INCLUDING DEFAULTS)', nsp, part, nsp, msgs);
+	EXECUTE format('ALTER TABLE %I.%I ADD PRIMARY KEY (topic, partition, transaction_id, "offset")', nsp, part);
+	EXECUTE format('ALTER TABLE %I.%I ATTACH PARTITION %I.%I FOR VALUES FROM (%s, to_timestamp(%s)) TO (%s, to_timestamp(%s))',
+		nsp, msgs, nsp, part, p_class, p_start, p_class, p_end);
+	EXECUTE format('UPDATE %I.%I SET covered_until = $1, updated_at = now() WHERE retention_class = $2 AND covered_until < $1', nsp, retention)
+		USING to_timestamp(p_end), p_class::smallint;
+	RETURN true;
+END
+$pglease$);
+	fns := fns || (fn || '(integer, bigint, bigint)');
+	fn := quote_ident(nsp) || '.' || quote_ident('pglease_messages_expire_retention_partition');
+	EXECUTE 'CREATE OR REPLACE FUNCTION ' || fn || '(p_class integer, p_start bigint) RETURNS boolean
+		LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+		SET search_path = pg_catalog, pg_temp
+		SET lock_timeout = ''500ms''
+		SET TimeZone = ''UTC''
+		SET DateStyle = ''ISO''
+		AS ' || quote_literal('DECLARE
+	nsp constant text := ' || quote_literal(nsp) || ';
+' || $pglease$
+	msgs constant text := 'pglease_messages';
+	retention constant text := 'pglease_retention';
+	hash constant text := '512c92c5';
+	suffix text;
+	part text;
+	k integer;
+	width bigint;
+	rel oid;
+	pending boolean;
+	bound text;
+BEGIN
+	IF p_class IS NULL OR p_class < 1 OR p_class > 62 THEN
+		RAISE EXCEPTION 'pglease: retention class % is not between 1 and 62', p_class USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	-- The width of the class's time slots, as retentionSlot computes it;
+	-- a partition covers one slot, from a multiple of the width on.
+	width := 1::bigint << greatest(0, p_class - 3);
+	IF p_start IS NULL OR p_start < 0 OR p_start > 253402300799 - width OR p_start % width <> 0 THEN
+		RAISE EXCEPTION 'pglease: partition start % is not a Unix time in seconds at the start of a slot of class % (% s wide)', p_start, p_class, width
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	suffix := 'r' || p_class || '_' || p_start;
+	part := msgs || '_' || suffix;
+	IF octet_length(part) > 63 THEN
+		-- Cut at a character boundary, as PartitionName does.
+		k := char_length(msgs);
+		WHILE octet_length(convert_to(left(msgs, k), 'UTF8')) > 53 - octet_length(suffix) LOOP
+			k := k - 1;
+		END LOOP;
+		part := left(msgs, k) || '_' || hash || '_' || suffix;
+	END IF;
+	IF to_timestamp(p_start + width) > now() THEN
+		RAISE EXCEPTION 'pglease: the slot of class % from % has not passed yet', p_class, to_timestamp(p_start)
+			USING ERRCODE = 'object_not_in_prerequisite_state';
+	END IF;
+	SELECT c.oid, i.inhdetachpending, pg_get_expr(c.relpartbound, c.oid) INTO rel, pending, bound
+	FROM pg_class p
+	JOIN pg_namespace pn ON pn.oid = p.relnamespace
+	JOIN pg_inherits i ON i.inhparent = p.oid
+	JOIN pg_class c ON c.oid = i.inhrelid
+	WHERE pn.nspname = nsp AND p.relname = msgs AND c.relnamespace = p.relnamespace AND c.relname = part;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	-- Only the partition of that slot: one that covers more (made by hand,
+	-- or by a role that could call an earlier version of the function
+	-- that added any range) holds messages whose slot has not passed.
+	IF bound IS DISTINCT FROM format('FOR VALUES FROM (%L, %L) TO (%L, %L)', p_class, to_timestamp(p_start), p_class, to_timestamp(p_start + width)) THEN
+		RAISE EXCEPTION 'pglease: %.% covers %, not the slot of class % from %: it is left to the owner', nsp, part, bound, p_class, to_timestamp(p_start)
+			USING ERRCODE = 'object_not_in_prerequisite_state';
+	END IF;
+	IF pending THEN
+		EXECUTE format('ALTER TABLE %I.%I DETACH PARTITION %I.%I FINALIZE', nsp, msgs, nsp, part);
+	ELSE
+		EXECUTE format('ALTER TABLE %I.%I DETACH PARTITION %I.%I', nsp, msgs, nsp, part);
+	END IF;
+	EXECUTE format('DROP TABLE %I.%I', nsp, part);
+	RETURN true;
+END
+$pglease$);
+	fns := fns || (fn || '(integer, bigint)');
+	fn := quote_ident(nsp) || '.' || quote_ident('pglease_messages_drop_detached_partition');
+	EXECUTE 'CREATE OR REPLACE FUNCTION ' || fn || '(p_class integer, p_start bigint) RETURNS boolean
+		LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+		SET search_path = pg_catalog, pg_temp
+		SET lock_timeout = ''5s''
+		AS ' || quote_literal('DECLARE
+	nsp constant text := ' || quote_literal(nsp) || ';
+' || $pglease$
+	msgs constant text := 'pglease_messages';
+	retention constant text := 'pglease_retention';
+	hash constant text := '512c92c5';
+	suffix text;
+	part text;
+	k integer;
+	width bigint;
+	rel oid;
+	parent oid;
+BEGIN
+	IF p_class IS NULL OR p_class < 1 OR p_class > 62 THEN
+		RAISE EXCEPTION 'pglease: retention class % is not between 1 and 62', p_class USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	-- The width of the class's time slots, as retentionSlot computes it;
+	-- a partition covers one slot, from a multiple of the width on.
+	width := 1::bigint << greatest(0, p_class - 3);
+	IF p_start IS NULL OR p_start < 0 OR p_start > 253402300799 - width OR p_start % width <> 0 THEN
+		RAISE EXCEPTION 'pglease: partition start % is not a Unix time in seconds at the start of a slot of class % (% s wide)', p_start, p_class, width
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	suffix := 'r' || p_class || '_' || p_start;
+	part := msgs || '_' || suffix;
+	IF octet_length(part) > 63 THEN
+		-- Cut at a character boundary, as PartitionName does.
+		k := char_length(msgs);
+		WHILE octet_length(convert_to(left(msgs, k), 'UTF8')) > 53 - octet_length(suffix) LOOP
+			k := k - 1;
+		END LOOP;
+		part := left(msgs, k) || '_' || hash || '_' || suffix;
+	END IF;
+	SELECT p.oid INTO parent FROM pg_class p JOIN pg_namespace pn ON pn.oid = p.relnamespace
+	WHERE pn.nspname = nsp AND p.relname = msgs;
+	SELECT c.oid INTO rel FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+	WHERE n.nspname = nsp AND c.relname = part;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	IF parent IS NULL
+		OR (SELECT c.relkind <> 'r' OR c.relispartition FROM pg_class c WHERE c.oid = rel)
+		OR EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = rel OR inhparent = rel)
+		OR (SELECT c.relowner FROM pg_class c WHERE c.oid = rel) NOT IN
+			((SELECT p.relowner FROM pg_class p WHERE p.oid = parent), current_user::regrole::oid)
+		OR NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = rel AND attname = 'expires_at' AND NOT attisdropped)
+		OR EXISTS (SELECT 1 FROM pg_attribute x WHERE x.attrelid = rel AND x.attnum > 0 AND NOT x.attisdropped
+			AND NOT EXISTS (SELECT 1 FROM pg_attribute y WHERE y.attrelid = parent AND y.attname = x.attname
+				AND y.atttypid = x.atttypid AND NOT y.attisdropped))
+	THEN
+		RAISE EXCEPTION 'pglease: %.% is not a detached retention partition of %.%', nsp, part, nsp, msgs
+			USING ERRCODE = 'wrong_object_type';
+	END IF;
+	EXECUTE format('DROP TABLE %I.%I', nsp, part);
+	RETURN true;
+END
+$pglease$);
+	fns := fns || (fn || '(integer, bigint)');
+	FOREACH fn IN ARRAY fns LOOP
+		EXECUTE 'REVOKE ALL ON FUNCTION ' || fn || ' FROM PUBLIC';
+		IF owner <> current_user THEN
+			EXECUTE 'ALTER FUNCTION ' || fn || ' OWNER TO ' || quote_ident(owner);
+		END IF;
+		-- The roles that consume today (and may be elected maintainer)
+		-- keep every part of pglease; a role that may only publish gets
+		-- nothing, and loses what an earlier version granted it.
+		FOR r IN SELECT DISTINCT a.grantee FROM pg_proc p CROSS JOIN LATERAL aclexplode(p.proacl) a
+			WHERE p.oid = fn::regprocedure AND a.grantee <> p.proowner
+				AND (a.grantee = 0 OR NOT has_table_privilege(a.grantee, msgs, 'DELETE'))
+		LOOP
+			EXECUTE 'REVOKE EXECUTE ON FUNCTION ' || fn || ' FROM ' || CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(r.grantee)) END;
+		END LOOP;
+		FOR r IN SELECT DISTINCT a.grantee FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+			WHERE c.oid = msgs AND a.privilege_type = 'DELETE' AND a.grantee NOT IN (0, c.relowner)
+		LOOP
+			EXECUTE 'GRANT EXECUTE ON FUNCTION ' || fn || ' TO ' || quote_ident(pg_get_userbyid(r.grantee));
+		END LOOP;
+	END LOOP;
+END
+$pglease1$;
+INSERT INTO "pglease_schema_version" (version, description) VALUES (9, 'least privilege: the maintainer''s functions accept only whole slots of a class, expire only passed ones, and are executable only by roles that may delete messages') ON CONFLICT (version) DO NOTHING;
 COMMIT;

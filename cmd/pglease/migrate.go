@@ -122,7 +122,7 @@ func schemaVersion(ctx context.Context, conn *pgx.Conn, adapter pglease.DefaultS
 func migrationScript(tables *pgsql.Tables, pending []pgsql.Migration) string {
 	var b strings.Builder
 	b.WriteString("BEGIN;\n")
-	fmt.Fprintf(&b, "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0));\n", quoteLiteral(tables.LockKey))
+	fmt.Fprintf(&b, "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(%s::text, 0::bigint));\n", quoteLiteral(tables.LockKey))
 	for _, s := range tables.Prepare() {
 		b.WriteString(s + ";\n")
 	}

@@ -76,7 +76,7 @@ func TestMigrateCommand(t *testing.T) {
 	r := runCLI(t, env, "migrate", "--schema", schema, "--dry-run")
 	require.Equal(t, 0, r.code, "%s", r)
 	assert.Contains(t, r.stdout, "The schema is at version 0; pglease migrate would apply")
-	assert.Contains(t, r.stdout, "BEGIN;\nSELECT pg_advisory_xact_lock(")
+	assert.Contains(t, r.stdout, "BEGIN;\nSELECT pg_catalog.pg_advisory_xact_lock(")
 	for _, v := range all {
 		assert.Contains(t, r.stdout, fmt.Sprintf("\n-- version %d: ", v))
 	}

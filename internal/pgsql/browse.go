@@ -34,7 +34,7 @@ type BrowseRow struct {
 func browseColumns(preview string) string {
 	return `m.partition, m.transaction_id::text, m."offset", m.uuid,
 	CASE WHEN ` + preview + ` < 0 THEN m.payload ELSE substring(m.payload FROM 1 FOR ` + preview + `) END,
-	COALESCE(octet_length(m.payload), 0)::bigint, m.metadata, m.created_at,
+	COALESCE(pg_catalog.octet_length(m.payload), 0)::bigint, m.metadata, m.created_at,
 	CASE WHEN m.expires_at = 'infinity' THEN NULL ELSE m.expires_at END`
 }
 
@@ -59,7 +59,7 @@ type BrowseParams struct {
 }
 
 func (t *Tables) messagesNewestFirst(p BrowseParams) Stmt {
-	return Stmt{SQL: `SELECT l.* FROM generate_series(0,
+	return Stmt{SQL: `SELECT l.* FROM pg_catalog.generate_series(0,
 		GREATEST(COALESCE((SELECT t.partitions FROM ` + t.Topics + ` t WHERE t.topic = $1), 1),
 			$2::integer + 1) - 1) AS p(partition),
 	LATERAL (
@@ -153,9 +153,9 @@ type TopicDetailRow struct {
 
 func (t *Tables) topicDetail(topic string) Stmt {
 	return Stmt{SQL: `SELECT COALESCE(t.partitions, 1),
-	COALESCE(floor(extract(epoch FROM t.retention) * 1000000)::bigint, 0),
-	(SELECT count(*) FROM ` + t.Delayed + ` d WHERE d.topic = $1),
-	(SELECT min(d.due_at) FROM ` + t.Delayed + ` d WHERE d.topic = $1)
+	COALESCE(pg_catalog.floor(extract(epoch FROM t.retention) * 1000000::numeric)::bigint, 0),
+	(SELECT pg_catalog.count(*) FROM ` + t.Delayed + ` d WHERE d.topic = $1),
+	(SELECT pg_catalog.min(d.due_at) FROM ` + t.Delayed + ` d WHERE d.topic = $1)
 FROM (SELECT 1) one LEFT JOIN ` + t.Topics + ` t ON t.topic = $1`, Args: []any{topic}}
 }
 
@@ -187,12 +187,12 @@ func (t *Tables) countTopicMessages(topics []string, capPerTopic int64) Stmt {
 )`
 	args := []any{capPerTopic}
 	if topics != nil {
-		names = `WITH mt AS (SELECT DISTINCT t COLLATE "C" AS topic FROM unnest($2::text[]) t)`
+		names = `WITH mt AS (SELECT DISTINCT t COLLATE "C" AS topic FROM pg_catalog.unnest($2::text[]) t)`
 		args = append(args, topics)
 	}
 	return Stmt{SQL: names + `
 SELECT mt.topic, least(c.n, $1), c.n > $1
-FROM mt, LATERAL (SELECT count(*) AS n FROM (SELECT 1 FROM ` + t.Messages + ` m WHERE m.topic = mt.topic LIMIT $1 + 1) x) c
+FROM mt, LATERAL (SELECT pg_catalog.count(*) AS n FROM (SELECT 1 FROM ` + t.Messages + ` m WHERE m.topic = mt.topic LIMIT $1 + 1) x) c
 WHERE mt.topic IS NOT NULL
 ORDER BY mt.topic`, Args: args}
 }
@@ -255,7 +255,7 @@ func LockGroupOffsets(ctx context.Context, q Querier, t *Tables, group string) (
 
 func (t *Tables) groupLiveOwners(group string) Stmt {
 	return Stmt{SQL: `SELECT o.topic, o.partition, s.owner FROM ` + t.Offsets + ` o
-JOIN ` + t.Sessions + ` s ON s.id = o.session_id AND s.expires_at > now()
+JOIN ` + t.Sessions + ` s ON s.id = o.session_id AND s.expires_at > pg_catalog.now()
 WHERE o.consumer_group = $1 ORDER BY o.topic, o.partition`, Args: []any{group}}
 }
 
@@ -286,7 +286,7 @@ deleted AS (
 		AND NOT EXISTS (SELECT 1 FROM others)
 	RETURNING 1
 )
-SELECT (SELECT count(*) FROM deleted),
+SELECT (SELECT pg_catalog.count(*) FROM deleted),
 	ARRAY(SELECT o.topic FROM others o ORDER BY o.topic, o.partition),
 	ARRAY(SELECT o.partition FROM others o ORDER BY o.topic, o.partition)`, Args: []any{group, topics, partitions}}
 }

@@ -35,7 +35,7 @@ import (
 // identifier would need a read of the control file from disk: the
 // Subscriber compares it once per connection of its session keeper.)
 const here = `(pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8) || ':' ||
-	(EXTRACT(epoch FROM pg_catalog.pg_postmaster_start_time()) * 1000000)::bigint)`
+	((EXTRACT(epoch FROM pg_catalog.pg_postmaster_start_time()) * 1000000::numeric)::bigint)::text)`
 
 // hereIs is the condition that the statement runs where the text
 // parameter $n says (see here).

@@ -66,9 +66,9 @@ type WMColumn struct {
 }
 
 func wmTableColumns(table string) Stmt {
-	return Stmt{SQL: `SELECT a.attname::text, format_type(a.atttypid, a.atttypmod)
+	return Stmt{SQL: `SELECT a.attname::text, pg_catalog.format_type(a.atttypid, a.atttypmod)
 FROM pg_catalog.pg_attribute a
-WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+WHERE a.attrelid = pg_catalog.to_regclass($1)::oid AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum`, Args: []any{pgx.Identifier{table}.Sanitize()}}
 }
 
@@ -167,7 +167,7 @@ type WMMessage struct {
 func wmMessagesAfter(p WMMessagesParams) Stmt {
 	payload := `payload`
 	if p.PayloadType != "bytea" {
-		payload = `convert_to(payload::text, 'UTF8')`
+		payload = `pg_catalog.convert_to(payload::text, 'UTF8')`
 	}
 	// $1 is the transaction id of after, used only by the tables ordered
 	// by it.
@@ -208,7 +208,7 @@ func wmCountBetween(table string, kind WMKind, from, to Position) Stmt {
 	if kind == WMKindXID {
 		where = `(transaction_id, "offset") > ($1::text::xid8, $2) AND (transaction_id, "offset") <= ($3::text::xid8, $4)`
 	}
-	return Stmt{SQL: `SELECT count(*) FROM ` + pgx.Identifier{table}.Sanitize() + ` WHERE ` + where,
+	return Stmt{SQL: `SELECT pg_catalog.count(*) FROM ` + pgx.Identifier{table}.Sanitize() + ` WHERE ` + where,
 		Args: []any{fmt.Sprint(from.TransactionID), from.Offset, fmt.Sprint(to.TransactionID), to.Offset}}
 }
 
@@ -243,7 +243,7 @@ func (t *Tables) importCreateTables() Stmt {
 	to_transaction_id   xid8 NOT NULL,
 	to_offset           bigint NOT NULL,
 	delayed             bigint NOT NULL DEFAULT 0,
-	imported_at         timestamptz NOT NULL DEFAULT now(),
+	imported_at         timestamptz NOT NULL DEFAULT pg_catalog.now(),
 	PRIMARY KEY (topic, run)
 );
 CREATE TABLE IF NOT EXISTS ` + t.importGroupsTable() + ` (
@@ -255,7 +255,7 @@ CREATE TABLE IF NOT EXISTS ` + t.importGroupsTable() + ` (
 	-- The group's watermill-sql position it came from.
 	source_transaction_id xid8 NOT NULL,
 	source_offset        bigint NOT NULL,
-	imported_at          timestamptz NOT NULL DEFAULT now(),
+	imported_at          timestamptz NOT NULL DEFAULT pg_catalog.now(),
 	PRIMARY KEY (topic, consumer_group)
 )`}
 }
@@ -267,7 +267,7 @@ func ImportCreateTables(ctx context.Context, q Querier, t *Tables) error {
 }
 
 func (t *Tables) importLockTopic(topic string) Stmt {
-	return Stmt{SQL: `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`,
+	return Stmt{SQL: `SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended($1, 0))`,
 		Args: []any{"pglease import watermill-sql " + t.Messages + " " + topic}}
 }
 
@@ -341,9 +341,9 @@ type ImportTopicState struct {
 func (t *Tables) importReadTopic(topic string) Stmt {
 	return Stmt{SQL: `SELECT
 	COALESCE((SELECT partitions FROM ` + t.Topics + ` WHERE topic = $1), 1),
-	(SELECT min(m.transaction_id)::text FROM ` + t.Messages + ` m WHERE m.topic = $1 AND m.partition = 0),
+	(SELECT pg_catalog.min(m.transaction_id)::text FROM ` + t.Messages + ` m WHERE m.topic = $1 AND m.partition = 0),
 	EXISTS (SELECT 1 FROM ` + t.Offsets + ` o WHERE o.topic = $1),
-	pg_current_xact_id()::text`, Args: []any{topic}}
+	pg_catalog.pg_current_xact_id()::text`, Args: []any{topic}}
 }
 
 // ImportReadTopic reads the [ImportTopicState] of topic.
@@ -431,7 +431,7 @@ func ImportInsertMessages(ctx context.Context, q Querier, t *Tables, p ImportMes
 }
 
 func (t *Tables) importNotify(topic string) Stmt {
-	return Stmt{SQL: `SELECT pg_notify($1, 'm' || $2)`, Args: []any{t.NotifyChannel, topic}}
+	return Stmt{SQL: `SELECT pg_catalog.pg_notify($1, 'm' || $2)`, Args: []any{t.NotifyChannel, topic}}
 }
 
 // ImportNotify wakes the Subscribers of partition 0 of topic, when the
@@ -456,7 +456,7 @@ func ImportCreateOffset(ctx context.Context, q Querier, t *Tables, group, topic 
 
 func (t *Tables) importMoveOffset(group, topic string, old, pos Position) Stmt {
 	return Stmt{SQL: `UPDATE ` + t.Offsets + `
-SET acked_transaction_id = $5::text::xid8, acked_offset = $6, updated_at = now()
+SET acked_transaction_id = $5::text::xid8, acked_offset = $6, updated_at = pg_catalog.now()
 WHERE consumer_group = $1 AND topic = $2 AND partition = 0 AND epoch = 0 AND session_id IS NULL
 	AND acked_transaction_id = $3::text::xid8 AND acked_offset = $4
 	AND (acked_transaction_id, acked_offset) < ($5::text::xid8, $6::bigint)`,
@@ -477,7 +477,7 @@ func (t *Tables) importRecordGroup(topic, group string, pos, source Position) St
 VALUES ($1, $2, $3::text::xid8, $4, $5::text::xid8, $6)
 ON CONFLICT (topic, consumer_group) DO UPDATE SET acked_transaction_id = EXCLUDED.acked_transaction_id,
 	acked_offset = EXCLUDED.acked_offset, source_transaction_id = EXCLUDED.source_transaction_id,
-	source_offset = EXCLUDED.source_offset, imported_at = now()`,
+	source_offset = EXCLUDED.source_offset, imported_at = pg_catalog.now()`,
 		Args: []any{topic, group, formatXID8(pos.TransactionID), pos.Offset, formatXID8(source.TransactionID), source.Offset}}
 }
 
@@ -488,7 +488,7 @@ func ImportRecordGroup(ctx context.Context, q Querier, t *Tables, topic, group s
 	return err
 }
 
-func importNow() Stmt { return Stmt{SQL: `SELECT now()`} }
+func importNow() Stmt { return Stmt{SQL: `SELECT pg_catalog.now()`} }
 
 // ImportNow is the destination's clock.
 func ImportNow(ctx context.Context, q Querier) (time.Time, error) {

@@ -4,10 +4,10 @@ import "time"
 
 // InspectSessions is the statement of [InspectSessions].
 func (t *Tables) InspectSessions() Stmt {
-	return Stmt{SQL: `SELECT s.id, s.consumer_group, s.owner, s.created_at, s.expires_at, now(), COALESCE(h.n, 0),
+	return Stmt{SQL: `SELECT s.id, s.consumer_group, s.owner, s.created_at, s.expires_at, pg_catalog.now(), COALESCE(h.n, 0),
 	EXISTS (SELECT 1 FROM ` + t.Maintenance + ` mt WHERE mt.session_id = s.id)
 FROM ` + t.Sessions + ` s
-LEFT JOIN (SELECT session_id, count(*) AS n FROM ` + t.Offsets + `
+LEFT JOIN (SELECT session_id, pg_catalog.count(*) AS n FROM ` + t.Offsets + `
 	WHERE session_id IS NOT NULL GROUP BY session_id) h ON h.session_id = s.id
 ORDER BY s.consumer_group, s.created_at, s.id`}
 }
@@ -18,15 +18,15 @@ ORDER BY s.consumer_group, s.created_at, s.id`}
 func (t *Tables) InspectLag(groups, topics []string) Stmt {
 	return Stmt{
 		SQL: `SELECT o.consumer_group, o.topic, o.partition, o.session_id,
-	CASE WHEN s.expires_at > now() THEN s.owner END, o.epoch, o.acked_transaction_id::text, o.acked_offset,
-	l.lag, extract(epoch FROM now() - l.oldest)::float8,
+	CASE WHEN s.expires_at > pg_catalog.now() THEN s.owner END, o.epoch, o.acked_transaction_id::text, o.acked_offset,
+	l.lag, extract(epoch FROM pg_catalog.now() - l.oldest)::float8,
 	EXISTS (SELECT 1 FROM ` + t.Messages + ` m
 		WHERE m.topic = o.topic AND m.partition = o.partition AND m.transaction_id >= x.xmin)
 FROM ` + t.Offsets + ` o
-CROSS JOIN (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin) x
+CROSS JOIN (SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()) AS xmin) x
 LEFT JOIN ` + t.Sessions + ` s ON s.id = o.session_id
 CROSS JOIN LATERAL (
-	SELECT count(*) AS lag, min(m.created_at) AS oldest FROM ` + t.Messages + ` m
+	SELECT pg_catalog.count(*) AS lag, pg_catalog.min(m.created_at) AS oldest FROM ` + t.Messages + ` m
 	WHERE m.topic = o.topic AND m.partition = o.partition
 		AND (m.transaction_id, m."offset") > (o.acked_transaction_id, o.acked_offset)
 		AND m.transaction_id < x.xmin
@@ -40,20 +40,20 @@ ORDER BY o.consumer_group, o.topic, o.partition`,
 // InspectHorizon is the statement of [InspectHorizon]: the oldest transaction
 // with a transaction id, among backends and prepared transactions.
 func (t *Tables) InspectHorizon() Stmt {
-	return Stmt{SQL: `SELECT pg_snapshot_xmin(pg_current_snapshot())::text, h.pid, h.gid, h.application_name, h.state,
-	h.xact_start, h.query_start, extract(epoch FROM now() - h.xact_start)::float8, h.query, h.datname, h.usename
+	return Stmt{SQL: `SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text, h.pid, h.gid, h.application_name, h.state,
+	h.xact_start, h.query_start, extract(epoch FROM pg_catalog.now() - h.xact_start)::float8, h.query, h.datname, h.usename
 FROM (SELECT 1) one
 LEFT JOIN LATERAL (
 	SELECT * FROM (
 		SELECT b.pid, NULL::text AS gid, b.application_name, b.state, b.xact_start, b.query_start,
-			left(b.query, 1000) AS query, b.backend_xid AS xid, b.datname::text, b.usename::text
+			pg_catalog.left(b.query, 1000) AS query, b.backend_xid AS xid, b.datname::text, b.usename::text
 		FROM pg_stat_activity b
-		WHERE b.backend_xid IS NOT NULL AND b.pid <> pg_backend_pid()
+		WHERE b.backend_xid IS NOT NULL AND b.pid <> pg_catalog.pg_backend_pid()
 		UNION ALL
 		SELECT 0, p.gid, NULL, 'prepared', p.prepared, NULL, NULL, p.transaction, p.database::text, p.owner::text
 		FROM pg_prepared_xacts p
 	) c
-	ORDER BY age(c.xid) DESC
+	ORDER BY pg_catalog.age(c.xid) DESC
 	LIMIT 1
 ) h ON true`}
 }
@@ -71,13 +71,13 @@ func (t *Tables) InspectTopics() Stmt {
 	UNION SELECT topic FROM ` + t.Topics + `
 	UNION SELECT topic COLLATE "C" FROM ` + t.Offsets + `
 ), groups AS (
-	SELECT topic COLLATE "C" AS topic, count(DISTINCT consumer_group) AS n FROM ` + t.Offsets + ` GROUP BY topic
+	SELECT topic COLLATE "C" AS topic, pg_catalog.count(DISTINCT consumer_group) AS n FROM ` + t.Offsets + ` GROUP BY topic
 )
 SELECT n.topic, COALESCE(t.partitions, 1), COALESCE(g.n, 0),
-	(SELECT max(l.created_at) FROM generate_series(0, COALESCE(t.partitions, 1) - 1) AS p(partition),
+	(SELECT pg_catalog.max(l.created_at) FROM pg_catalog.generate_series(0, COALESCE(t.partitions, 1) - 1) AS p(partition),
 		LATERAL (SELECT m.created_at FROM ` + t.Messages + ` m WHERE m.topic = n.topic AND m.partition = p.partition
 			ORDER BY m.transaction_id DESC, m."offset" DESC LIMIT 1) l),
-	COALESCE(floor(extract(epoch FROM t.retention) * 1000000)::bigint, 0)
+	COALESCE(pg_catalog.floor(extract(epoch FROM t.retention) * 1000000::numeric)::bigint, 0)
 FROM names n
 LEFT JOIN ` + t.Topics + ` t ON t.topic = n.topic
 LEFT JOIN groups g ON g.topic = n.topic
@@ -103,7 +103,7 @@ ORDER BY n.topic`}
 func (t *Tables) ResetOffsets(group, topic, to string, at time.Time, force bool, notifyChannel, notification string) Stmt {
 	return Stmt{
 		SQL: `WITH snap AS (
-	SELECT o.partition, o.session_id, o.epoch, CASE WHEN s.expires_at > now() THEN s.owner END AS live_owner
+	SELECT o.partition, o.session_id, o.epoch, CASE WHEN s.expires_at > pg_catalog.now() THEN s.owner END AS live_owner
 	FROM ` + t.Offsets + ` o
 	LEFT JOIN ` + t.Sessions + ` s ON s.id = o.session_id
 	WHERE o.consumer_group = $1 AND o.topic = $2
@@ -114,7 +114,7 @@ func (t *Tables) ResetOffsets(group, topic, to string, at time.Time, force bool,
 	ORDER BY o.partition
 	FOR UPDATE
 ), x AS (
-	SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin
+	SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()) AS xmin
 ), target AS (
 	SELECT cur.partition, cur.session_id, cur.acked_transaction_id, cur.acked_offset,
 		snap.session_id AS snap_session_id, snap.epoch AS snap_epoch,
@@ -140,7 +140,7 @@ func (t *Tables) ResetOffsets(group, topic, to string, at time.Time, force bool,
 	) t
 ), updated AS (
 	UPDATE ` + t.Offsets + ` o
-	SET acked_transaction_id = target.tx, acked_offset = target.off, epoch = o.epoch + 1, updated_at = now(),
+	SET acked_transaction_id = target.tx, acked_offset = target.off, epoch = o.epoch + 1, updated_at = pg_catalog.now(),
 		head_deliveries = 0,
 		session_id = CASE WHEN target.live_owner IS NULL THEN NULL ELSE o.session_id END
 	FROM target
@@ -150,12 +150,12 @@ func (t *Tables) ResetOffsets(group, topic, to string, at time.Time, force bool,
 		AND ($5 OR target.live_owner IS NULL)
 	RETURNING o.partition
 ), notified AS (
-	SELECT pg_notify($6, $7) FROM (SELECT 1 FROM updated LIMIT 1) u WHERE $6 <> ''
+	SELECT pg_catalog.pg_notify($6, $7) FROM (SELECT 1 FROM updated LIMIT 1) u WHERE $6 <> ''
 )
 SELECT target.partition, target.session_id, CASE WHEN NOT target.changed THEN target.live_owner END,
 	target.acked_transaction_id::text, target.acked_offset, target.tx::text, target.off,
 	EXISTS (SELECT 1 FROM updated u WHERE u.partition = target.partition), target.changed
-FROM target, (SELECT count(*) FROM notified) n
+FROM target, (SELECT pg_catalog.count(*) FROM notified) n
 ORDER BY target.partition`,
 		Args: []any{group, topic, to, at, force, notifyChannel, notification},
 	}

@@ -24,12 +24,12 @@ func (t *Tables) ClaimMaintainer(p MaintainerParams) Stmt {
 ),
 expired AS (
 	DELETE FROM ` + t.Sessions + ` s
-	WHERE s.id = (SELECT session_id FROM cur) AND s.id <> $2 AND s.expires_at < now()
+	WHERE s.id = (SELECT session_id FROM cur) AND s.id <> $2 AND s.expires_at < pg_catalog.now()
 	RETURNING s.id
 ),
 claimed AS (
 	UPDATE ` + t.Maintenance + ` m
-	SET session_id = $2, epoch = m.epoch + 1, updated_at = now()
+	SET session_id = $2, epoch = m.epoch + 1, updated_at = pg_catalog.now()
 	FROM cur
 	WHERE m.name = $1 AND m.session_id IS NOT DISTINCT FROM cur.session_id AND m.epoch = cur.epoch
 		AND (cur.session_id IS NULL OR cur.session_id = $2 OR NOT cur.owner_exists
@@ -37,7 +37,7 @@ claimed AS (
 	RETURNING m.epoch
 )
 SELECT (SELECT epoch FROM claimed), cur.session_id,
-	ceil(extract(epoch FROM cur.expires_at - now()) * 1000)::bigint
+	pg_catalog.ceil(extract(epoch FROM cur.expires_at - pg_catalog.now()) * 1000::numeric)::bigint
 FROM cur`,
 		Args: []any{maintainerRow, p.SessionID},
 	}
@@ -48,7 +48,7 @@ FROM cur`,
 // the name as a parameter PostgreSQL planned it anew on most calls.
 func (t *Tables) MaintainerHolder() Stmt {
 	return Stmt{
-		SQL: `SELECT m.session_id, ceil(extract(epoch FROM s.expires_at - now()) * 1000)::bigint
+		SQL: `SELECT m.session_id, pg_catalog.ceil(extract(epoch FROM s.expires_at - pg_catalog.now()) * 1000::numeric)::bigint
 FROM ` + t.Maintenance + ` m
 LEFT JOIN ` + t.Sessions + ` s ON s.id = m.session_id
 WHERE m.name = ` + quoteLiteral(maintainerRow),
@@ -59,11 +59,11 @@ WHERE m.name = ` + quoteLiteral(maintainerRow),
 func (t *Tables) ReleaseMaintainer(p MaintainerParams) Stmt {
 	return Stmt{
 		SQL: `WITH released AS (
-	UPDATE ` + t.Maintenance + ` SET session_id = NULL, updated_at = now()
+	UPDATE ` + t.Maintenance + ` SET session_id = NULL, updated_at = pg_catalog.now()
 	WHERE name = $1 AND session_id = $2 AND epoch = $3
 	RETURNING 1
 )
-SELECT pg_notify($4, 'e') FROM released WHERE $4 <> ''`,
+SELECT pg_catalog.pg_notify($4, 'e') FROM released WHERE $4 <> ''`,
 		Args: []any{maintainerRow, p.SessionID, p.Epoch, p.NotifyChannel},
 	}
 }
@@ -88,8 +88,8 @@ func (t *Tables) InsertDelayed(p InsertMessagesParams) Stmt {
 	ORDER BY m.n
 	RETURNING due_at
 )
-SELECT pg_notify($7, 'd' || floor(extract(epoch FROM x.due) * 1000)::bigint)
-FROM (SELECT min(due_at) AS due FROM ins) x
+SELECT pg_catalog.pg_notify($7, 'd' || (pg_catalog.floor(extract(epoch FROM x.due) * 1000::numeric)::bigint)::text)
+FROM (SELECT pg_catalog.min(due_at) AS due FROM ins) x
 WHERE $7 <> '' AND x.due IS NOT NULL`,
 		Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, hashes, p.DueAt, p.NotifyChannel},
 	}
@@ -105,12 +105,12 @@ func (t *Tables) MoveDueMessages(p MoveDueParams) Stmt {
 	return Stmt{
 		SQL: `WITH due AS (
 	DELETE FROM ` + t.Delayed + ` d
-	WHERE d.id IN (SELECT x.id FROM ` + t.Delayed + ` x WHERE x.due_at <= now()
+	WHERE d.id IN (SELECT x.id FROM ` + t.Delayed + ` x WHERE x.due_at <= pg_catalog.now()
 		ORDER BY x.due_at, x.id LIMIT $1 FOR UPDATE SKIP LOCKED)
 	RETURNING d.id, d.due_at, d.topic, d.partition_hash, d.uuid, d.payload, d.metadata
 ), placed AS (
 	SELECT d.id, d.due_at, d.topic, d.uuid, d.payload, d.metadata,
-		((COALESCE(d.partition_hash, hashtext(d.uuid))::bigint & 4294967295) % COALESCE(tp.partitions, 1))::integer AS partition,
+		((COALESCE(d.partition_hash, pg_catalog.hashtext(d.uuid))::bigint & 4294967295) % (COALESCE(tp.partitions, 1))::bigint)::integer AS partition,
 		` + t.placement("tp", "r") + `
 	FROM due d
 	LEFT JOIN ` + t.Topics + ` tp ON tp.topic = d.topic
@@ -120,12 +120,12 @@ func (t *Tables) MoveDueMessages(p MoveDueParams) Stmt {
 	SELECT topic, partition, uuid, payload, metadata, rc, exp FROM placed ORDER BY due_at, id
 	RETURNING topic, partition
 ), notified AS (
-	SELECT pg_notify($2, CASE WHEN t.partition = 0 THEN 'm' || t.topic ELSE 'n' || t.partition || ':' || t.topic END)
+	SELECT pg_catalog.pg_notify($2, CASE WHEN t.partition = 0 THEN 'm' || t.topic ELSE 'n' || t.partition::text || ':' || t.topic END)
 	FROM (SELECT DISTINCT topic, partition FROM ins) t
 	WHERE $2 <> ''
 )
-SELECT (SELECT count(*) FROM ins) + 0 * (SELECT count(*) FROM notified),
-	(SELECT ceil(extract(epoch FROM x.due_at - now()) * 1000)::bigint FROM ` + t.Delayed + ` x
+SELECT (SELECT pg_catalog.count(*) FROM ins) + 0 * (SELECT pg_catalog.count(*) FROM notified),
+	(SELECT pg_catalog.ceil(extract(epoch FROM x.due_at - pg_catalog.now()) * 1000::numeric)::bigint FROM ` + t.Delayed + ` x
 		WHERE NOT (x.id = ANY (ARRAY(SELECT id FROM due)))
 		ORDER BY x.due_at, x.id LIMIT 1)`,
 		Args: []any{p.Limit, p.NotifyChannel},
@@ -140,16 +140,16 @@ func (t *Tables) DeleteIdleGroups(idleFor time.Duration) Stmt {
 		SQL: `WITH idle AS (
 	SELECT o.consumer_group FROM ` + t.Offsets + ` o
 	GROUP BY o.consumer_group
-	HAVING max(o.updated_at) < now() - $1::bigint * interval '1 microsecond'
+	HAVING pg_catalog.max(o.updated_at) < pg_catalog.now() - $1::bigint::float8 * interval '1 microsecond'
 		AND NOT EXISTS (SELECT 1 FROM ` + t.Sessions + ` s
-			WHERE s.consumer_group = o.consumer_group AND s.expires_at > now())
+			WHERE s.consumer_group = o.consumer_group AND s.expires_at > pg_catalog.now())
 ), gone AS (
 	DELETE FROM ` + t.Offsets + ` o USING idle
 	WHERE o.consumer_group = idle.consumer_group
-		AND o.updated_at < now() - $1::bigint * interval '1 microsecond'
+		AND o.updated_at < pg_catalog.now() - $1::bigint::float8 * interval '1 microsecond'
 	RETURNING o.consumer_group
 )
-SELECT consumer_group, count(*) FROM gone GROUP BY consumer_group ORDER BY consumer_group`,
+SELECT consumer_group, pg_catalog.count(*) FROM gone GROUP BY consumer_group ORDER BY consumer_group`,
 		Args: []any{idleFor.Microseconds()},
 	}
 }
@@ -157,8 +157,8 @@ SELECT consumer_group, count(*) FROM gone GROUP BY consumer_group ORDER BY consu
 // RetentionLanes is the statement of [RetentionLanes].
 func (t *Tables) RetentionLanes() Stmt {
 	return Stmt{SQL: `SELECT l.retention_class, GREATEST(l.covered_until, '1970-01-01 00:00:00+00'),
-	(SELECT ceil(extract(epoch FROM max(t.retention)) * 1000000)::bigint FROM ` + t.Topics + ` t
-		WHERE t.retention_class = l.retention_class), now()
+	(SELECT pg_catalog.ceil(extract(epoch FROM pg_catalog.max(t.retention)) * 1000000::numeric)::bigint FROM ` + t.Topics + ` t
+		WHERE t.retention_class = l.retention_class), pg_catalog.now()
 FROM ` + t.Retention + ` l
 ORDER BY l.retention_class`}
 }
@@ -170,8 +170,8 @@ func (t *Tables) RetentionPartitions() Stmt {
 		SQL: `SELECT r.m[1]::integer, r.m[2]::bigint, i.inhdetachpending
 FROM pg_inherits i
 JOIN pg_class c ON c.oid = i.inhrelid
-CROSS JOIN LATERAL (SELECT regexp_match(c.relname, '_r([0-9]+)_([0-9]+)$') AS m) r
-WHERE i.inhparent = to_regclass($1) AND r.m IS NOT NULL
+CROSS JOIN LATERAL (SELECT pg_catalog.regexp_match(c.relname, '_r([0-9]+)_([0-9]+)$') AS m) r
+WHERE i.inhparent = pg_catalog.to_regclass($1)::oid AND r.m IS NOT NULL
 ORDER BY 1, 2`,
 		Args: []any{t.Messages},
 	}
@@ -189,28 +189,33 @@ func timestampLiteral(t time.Time) string {
 
 // DetachedRetentionPartitions is the statement of [DetachedRetentionPartitions]: the tables
 // of the messages table's schema whose name is the one partitionName
-// gives a class and a start (computed by the statement as it computes it),
-// that are no partition and that have the messages table's expires_at.
+// gives a class and a start (computed by the statement as it computes it:
+// the shortened names' prefixes, by the suffix's length, are $3), that are
+// no partition and that have the messages table's expires_at.
 func (t *Tables) DetachedRetentionPartitions() Stmt {
 	base := t.MessagesTable
 	if base == "" {
 		base = DefaultMessagesTable
 	}
 	sum := sha256.Sum256([]byte(base))
+	// Suffixes are "r" + class + "_" + start: 4 to 19 bytes.
+	prefixes := make([]string, 24)
+	for i := range prefixes {
+		prefixes[i] = cutName(base, 63-(i+1)-10) + "_" + hex.EncodeToString(sum[:4]) + "_"
+	}
 	return Stmt{
 		SQL: `SELECT r.m[1]::integer, r.m[2]::bigint
-FROM pg_class p
-JOIN pg_class c ON c.relnamespace = p.relnamespace AND c.relkind = 'r' AND NOT c.relispartition
-CROSS JOIN LATERAL (SELECT regexp_match(c.relname, '_r([0-9]{1,5})_([0-9]{1,12})$') AS m) r
-CROSS JOIN LATERAL (SELECT 'r' || r.m[1]::integer || '_' || r.m[2]::bigint AS suffix) s
-WHERE p.oid = to_regclass($1) AND r.m IS NOT NULL
-	AND c.relname = CASE WHEN octet_length($2::text || '_' || s.suffix) <= 63 THEN $2::text || '_' || s.suffix
-		ELSE convert_from(substring(convert_to($2::text, 'UTF8') FROM 1 FOR 53 - octet_length(s.suffix)), 'UTF8')
-			|| '_' || $3::text || '_' || s.suffix END
-	AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = c.oid)
-	AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'expires_at' AND NOT a.attisdropped)
+FROM pg_catalog.pg_class p
+JOIN pg_catalog.pg_class c ON c.relnamespace = p.relnamespace AND c.relkind = 'r' AND NOT c.relispartition
+CROSS JOIN LATERAL (SELECT pg_catalog.regexp_match(c.relname::text, '_r([0-9]{1,5})_([0-9]{1,12})$'::text) AS m) r
+CROSS JOIN LATERAL (SELECT 'r'::text || (r.m[1]::integer)::text || '_'::text || (r.m[2]::bigint)::text AS suffix) s
+WHERE p.oid = pg_catalog.to_regclass($1::text)::oid AND r.m IS NOT NULL
+	AND c.relname::text = CASE WHEN pg_catalog.octet_length($2::text || '_'::text || s.suffix) <= 63 THEN $2::text || '_'::text || s.suffix
+		ELSE ($3::text[])[pg_catalog.octet_length(s.suffix)] || s.suffix END
+	AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid)
+	AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'expires_at'::name AND NOT a.attisdropped)
 ORDER BY 1, 2`,
-		Args: []any{t.Messages, base, hex.EncodeToString(sum[:4])},
+		Args: []any{t.Messages, base, prefixes},
 	}
 }
 
@@ -227,16 +232,16 @@ func (t *Tables) CreateRetentionPartition(p RetentionPartition) []string {
 		`CREATE TABLE ` + part + ` (LIKE ` + t.Messages + ` INCLUDING DEFAULTS)`,
 		`ALTER TABLE ` + part + ` ADD PRIMARY KEY (topic, partition, transaction_id, "offset")`,
 		doBlock(`DECLARE
-	owner name := (SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = to_regclass(` + quoteLiteral(t.Messages) + `));
+	owner name := (SELECT pg_catalog.pg_get_userbyid(relowner) FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass(` + quoteLiteral(t.Messages) + `)::oid);
 BEGIN
 	IF owner <> current_user THEN
-		EXECUTE format('ALTER TABLE %s OWNER TO %I', ` + quoteLiteral(part) + `, owner);
+		EXECUTE pg_catalog.format('ALTER TABLE %s OWNER TO %I', ` + quoteLiteral(part) + `, owner);
 	END IF;
 END`),
 		`ALTER TABLE ` + t.Messages + ` ATTACH PARTITION ` + part + `
 	FOR VALUES FROM (` + fmt.Sprint(p.Class) + `, ` + timestampLiteral(p.Start) + `) TO (` +
 			fmt.Sprint(p.Class) + `, ` + timestampLiteral(p.End) + `)`,
-		`UPDATE ` + t.Retention + ` SET covered_until = ` + timestampLiteral(p.End) + `, updated_at = now()
+		`UPDATE ` + t.Retention + ` SET covered_until = ` + timestampLiteral(p.End) + `, updated_at = pg_catalog.now()
 WHERE retention_class = ` + fmt.Sprint(p.Class) + ` AND covered_until < ` + timestampLiteral(p.End),
 	}
 }
@@ -246,7 +251,7 @@ WHERE retention_class = ` + fmt.Sprint(p.Class) + ` AND covered_until < ` + time
 // plans the statement, or, on a generic plan, when it starts it).
 func (t *Tables) UnacknowledgedInPartition(p RetentionPartition) Stmt {
 	return Stmt{
-		SQL: `SELECT o.consumer_group, o.topic, o.partition, count(*)
+		SQL: `SELECT o.consumer_group, o.topic, o.partition, pg_catalog.count(*)
 FROM ` + t.Messages + ` m
 JOIN ` + t.Offsets + ` o ON o.topic = m.topic AND o.partition = m.partition
 WHERE m.retention_class = $1::smallint AND m.expires_at >= $2::timestamptz AND m.expires_at < $3::timestamptz
@@ -272,21 +277,21 @@ func (t *Tables) MaintainerAccess() Stmt {
 		}
 	}
 	return Stmt{
-		SQL: `SELECT current_user::text, pg_get_userbyid(c.relowner)::text, pg_has_role(current_user, c.relowner, 'USAGE'),
+		SQL: `SELECT current_user::text, pg_catalog.pg_get_userbyid(c.relowner)::text, pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE'),
 	ARRAY(SELECT CASE WHEN g.exists THEN g.priv || ' on ' || g.kind || ' ' || g.shown
 			ELSE g.kind || ' ' || g.shown || ' (missing: run pglease.Migrate)' END
 		FROM (SELECT x.n, x.kind, x.shown, x.priv, CASE x.kind
-				WHEN 'schema' THEN (SELECT has_schema_privilege(ns.oid, x.priv) FROM pg_namespace ns WHERE ns.nspname = x.name)
-				WHEN 'table' THEN has_table_privilege(to_regclass(x.name), x.priv)
-				ELSE has_function_privilege(to_regprocedure(x.name), x.priv) END AS ok,
+				WHEN 'schema' THEN (SELECT pg_catalog.has_schema_privilege(ns.oid, x.priv) FROM pg_namespace ns WHERE ns.nspname = x.name)
+				WHEN 'table' THEN pg_catalog.has_table_privilege(pg_catalog.to_regclass(x.name), x.priv)
+				ELSE pg_catalog.has_function_privilege(pg_catalog.to_regprocedure(x.name), x.priv) END AS ok,
 			CASE x.kind
 				WHEN 'schema' THEN EXISTS (SELECT 1 FROM pg_namespace ns WHERE ns.nspname = x.name)
-				WHEN 'table' THEN to_regclass(x.name) IS NOT NULL
-				ELSE to_regprocedure(x.name) IS NOT NULL END AS exists
+				WHEN 'table' THEN pg_catalog.to_regclass(x.name) IS NOT NULL
+				ELSE pg_catalog.to_regprocedure(x.name) IS NOT NULL END AS exists
 			FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS x(kind, name, shown, priv, n)) g
 		WHERE g.ok IS NOT TRUE
 		ORDER BY g.n)
-FROM pg_class c WHERE c.oid = to_regclass($5)`,
+FROM pg_class c WHERE c.oid = pg_catalog.to_regclass($5)::oid`,
 		Args: []any{kinds, names, shown, privs, t.Messages},
 	}
 }
@@ -341,7 +346,7 @@ func (t *Tables) DeleteExpiredKept(limit int) Stmt {
 		SELECT x.ctid AS row_id FROM ` + t.Topics + ` t
 		CROSS JOIN LATERAL (
 			SELECT m.ctid FROM ` + forever + ` m
-			WHERE m.topic = t.topic AND m.created_at < now() - t.retention
+			WHERE m.topic = t.topic AND m.created_at < pg_catalog.now() - t.retention
 			ORDER BY m.topic, m.partition, m.transaction_id, m."offset"
 			LIMIT $1
 		) x
@@ -351,9 +356,9 @@ func (t *Tables) DeleteExpiredKept(limit int) Stmt {
 	WHERE f.ctid = d.row_id
 	RETURNING f.topic, f.partition, f.transaction_id, f."offset"
 )
-SELECT NULL::text, NULL::text, NULL::integer, count(*) FROM gone
+SELECT NULL::text, NULL::text, NULL::integer, pg_catalog.count(*) FROM gone
 UNION ALL
-(SELECT o.consumer_group, g.topic, g.partition, count(*)
+(SELECT o.consumer_group, g.topic, g.partition, pg_catalog.count(*)
 FROM gone g
 JOIN ` + t.Offsets + ` o ON o.topic = g.topic AND o.partition = g.partition
 WHERE (g.transaction_id, g."offset") > (o.acked_transaction_id, o.acked_offset)

@@ -75,16 +75,25 @@ var migrationFiles embed.FS
 // even when a superuser runs the migration), with a pinned search_path and
 // every name schema-qualified inside: the schema is the messages table's,
 // read when the migration runs (with Schema empty, the search_path
-// decides where the tables are). EXECUTE is revoked from PUBLIC and granted
-// to every role that may INSERT into the messages table, so that an
-// upgrade needs no new grant for the roles that run pglease.
+// decides where the tables are). EXECUTE is revoked from PUBLIC and from
+// every role that may not DELETE from the messages table, and granted to
+// every role that may, so that an upgrade needs no new grant for the
+// roles that consume, and a role that may only publish gets nothing.
 //
 // Each function takes a retention class and the slot's start (and end) in
 // Unix seconds, builds the partition's name itself, as partitionName does,
 // and acts only on tables of that name in the messages table's schema that
 // are retention partitions of the messages table (attached, or, for
 // drop_detached_partition, detached and shaped like one): no argument
-// names a table.
+// names a table. The arguments must be one slot of the class (its width
+// as retentionSlot computes it, from a multiple of the width);
+// expire_retention_partition acts only on a slot that has passed (by the
+// database's clock), on a partition whose bounds are exactly that slot's.
+//
+// Version 9 (0009_functions.sql) runs the script of version 7 again: the
+// functions of version 7 of earlier releases accepted any range, expired
+// any partition, and were granted to every role that could INSERT into the
+// messages table, publishers included.
 //
 // The lock_timeout of expire_retention_partition (500ms) bounds how long
 // it waits for its lock on the messages table: a plain DETACH PARTITION
@@ -146,6 +155,7 @@ var migrations = []struct {
 	{"0006_maintenance.sql", "maintenance: retention partitions, delayed messages, the maintainer's election"},
 	{"0007_functions.sql", "least privilege: the maintainer's partition DDL through the owner's SECURITY DEFINER functions"},
 	{"0008_hot_tables.sql", "hot tables: heartbeats and offset commits as HOT updates (fillfactor, no index on sessions.expires_at)"},
+	{"0009_functions.sql", "least privilege: the maintainer's functions accept only whole slots of a class, expire only passed ones, and are executable only by roles that may delete messages"},
 }
 
 // Migrations returns every schema version, oldest first, for these tables.
@@ -204,9 +214,25 @@ func (t *Tables) placeholders() map[string]string {
 	if t.Schema != "" {
 		expiresAtIdx = append(pgx.Identifier{t.Schema}, expiresAtIdx...)
 	}
+	var bare []string
+	for _, n := range []struct{ name, def string }{
+		{t.MessagesTable, DefaultMessagesTable}, {t.ConsumerSessionsTable, DefaultConsumerSessionsTable},
+		{t.ConsumerOffsetsTable, DefaultConsumerOffsetsTable}, {t.SchemaVersionTable, DefaultSchemaVersionTable},
+		{t.TopicsTable, DefaultTopicsTable}, {t.DelayedTable, DefaultDelayedTable},
+		{t.MaintenanceTable, DefaultMaintenanceTable}, {t.RetentionTable, DefaultRetentionTable},
+		{t.partitionName("forever"), ""},
+	} {
+		if n.name == "" {
+			n.name = n.def
+		}
+		bare = append(bare, quoteLiteral(n.name))
+	}
 	return map[string]string{
 		"schema":         pgx.Identifier{t.Schema}.Sanitize(),
 		"schema_literal": quoteLiteral(t.Schema),
+		"schema_unset":   fmt.Sprint(t.Schema == ""),
+		// The tables' names, unquoted, as SQL string constants.
+		"bare_names": strings.Join(bare, ", "),
 
 		"messages":    t.Messages,
 		"sessions":    t.Sessions,

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -144,7 +145,8 @@ func (t *Tables) ident(name, def string) string {
 // PartitionName returns the bare (unquoted, unqualified) name of a
 // partition of the messages table (or of one of the maintainer's
 // functions): its name, "_" and suffix, with the table's name shortened
-// and a hash of it added when that would exceed PostgreSQL's 63 bytes.
+// (at a character boundary, see [cutName]) and a hash of it added when
+// that would exceed PostgreSQL's 63 bytes.
 func (t *Tables) PartitionName(suffix string) string {
 	base := t.MessagesTable
 	if base == "" {
@@ -155,7 +157,21 @@ func (t *Tables) PartitionName(suffix string) string {
 		return name
 	}
 	sum := sha256.Sum256([]byte(base))
-	return base[:63-len(suffix)-10] + "_" + hex.EncodeToString(sum[:4]) + "_" + suffix
+	return cutName(base, 63-len(suffix)-10) + "_" + hex.EncodeToString(sum[:4]) + "_" + suffix
+}
+
+// cutName returns the longest prefix of s of at most n bytes that does
+// not end inside a UTF-8 character (a name cut inside one is not valid
+// text, which PostgreSQL refuses): PostgreSQL's own truncation of long
+// identifiers cuts the same way.
+func cutName(s string, n int) string {
+	if n >= len(s) {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 func (t *Tables) partitionName(suffix string) string { return t.PartitionName(suffix) }
@@ -179,11 +195,9 @@ func (t *Tables) indexBareName(table, def, suffix string) string {
 	if table == "" {
 		table = def
 	}
-	name := table + "_" + suffix
-	if len(name) > 63 { // PostgreSQL truncates identifiers at 63 bytes
-		name = name[:63]
-	}
-	return name
+	// PostgreSQL truncates identifiers to 63 bytes, at a character
+	// boundary.
+	return cutName(table+"_"+suffix, 63)
 }
 
 // doBlock is an anonymous code block (DO) running the PL/pgSQL block body.

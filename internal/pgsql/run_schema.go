@@ -29,7 +29,13 @@ func Migrate(ctx context.Context, db Beginner, t *Tables, migrations []Migration
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, t.LockKey); err != nil {
+	// The guard among Prepare's statements sets the transaction's
+	// search_path; a caller's transaction (db a pgx.Tx) gets its own back.
+	var searchPath string
+	if err := tx.QueryRow(ctx, `SELECT pg_catalog.current_setting('search_path')`).Scan(&searchPath); err != nil {
+		return fmt.Errorf("initialize schema: read search_path: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended($1::text, 0::bigint))`, t.LockKey); err != nil {
 		return fmt.Errorf("initialize schema: lock: %w", err)
 	}
 	for _, s := range t.Prepare() {
@@ -53,6 +59,9 @@ func Migrate(ctx context.Context, db Beginner, t *Tables, migrations []Migration
 			return fmt.Errorf("initialize schema: record version %d: %w", m.Version, err)
 		}
 	}
+	if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('search_path', $1::text, true)`, searchPath); err != nil {
+		return fmt.Errorf("initialize schema: restore search_path: %w", err)
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("initialize schema: commit: %w", err)
 	}
@@ -68,15 +77,19 @@ func SchemaVersion(ctx context.Context, q Querier, t *Tables) (int, error) {
 }
 
 // schemaIsCurrent tells whether the version table records latest: false
-// too when it cannot be read (then the locked path creates it or reports
-// why not). It reads in a transaction of its own, a savepoint on a pgx.Tx,
-// which a missing table aborts.
+// too when it cannot be read or the guard refuses the schema (then the
+// locked path creates it or reports why not). It reads in a transaction
+// of its own, a savepoint on a pgx.Tx, which a missing table aborts and
+// which is rolled back, the guard's search_path with it.
 func schemaIsCurrent(ctx context.Context, db Beginner, t *Tables, latest int) bool {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return false
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, t.Guard()); err != nil {
+		return false
+	}
 	current, err := SchemaVersion(ctx, tx, t)
 	return err == nil && current >= latest
 }

@@ -7,7 +7,8 @@ import (
 
 // Prepare returns the idempotent statements run before the version table
 // is read: the schema, when it is set (migrations/0000_schema.plpgsql),
-// and the version table (migrations/0000_version_table.sql). The schema is
+// the guard (see [Tables.Guard]) and the version table
+// (migrations/0000_version_table.sql). The schema is
 // created only when pg_namespace does not have it: CREATE SCHEMA IF NOT
 // EXISTS checks the CREATE privilege on the database even when the schema
 // exists, which an owner role given its own schema usually lacks.
@@ -23,7 +24,7 @@ func (t *Tables) Prepare() []string {
 		// just created. A query reads the catalog as of now.
 		stmts = append(stmts, doBlock(t.render("0000_schema.plpgsql")))
 	}
-	return append(stmts, t.render("0000_version_table.sql"))
+	return append(stmts, t.Guard(), t.render("0000_version_table.sql"))
 }
 
 // Script is the whole DDL of the latest schema version as one script
@@ -47,4 +48,20 @@ func (t *Tables) Script() string {
 	}
 	b.WriteString("COMMIT;\n")
 	return b.String()
+}
+
+// Guard is the statement (migrations/0000_guard.plpgsql) that makes the
+// rest of its transaction safe from the objects other roles may create:
+// it sets the transaction's search_path to pg_catalog, pg_temp (with
+// Schema empty: the schema the search_path gave, then pg_catalog,
+// pg_temp), so that no function, operator or type another role planted
+// in a schema of the caller's search_path is called; and it refuses, with
+// an error naming them, a schema of the tables in which roles other than
+// its owner, the migrating role and the roles that role is a member of
+// may CREATE, and tables of pglease's names that exist already, owned by
+// another role. Such a role could have planted a trigger, a rule or a
+// policy that the migration would run with the migrating role's
+// privileges, or rows (a version table that records every version).
+func (t *Tables) Guard() string {
+	return doBlock(t.render("0000_guard.plpgsql"))
 }

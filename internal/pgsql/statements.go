@@ -25,7 +25,7 @@ func (t *Tables) InsertMessages(p InsertMessagesParams) Stmt {
 			}
 		}
 	}
-	const partitionOf = `((COALESCE(m.hash, hashtext(m.uuid))::bigint & 4294967295) %% %s)::integer`
+	const partitionOf = `((COALESCE(m.hash, pg_catalog.hashtext(m.uuid))::bigint & 4294967295) %% (%s)::bigint)::integer`
 	if oneTopic(p.Topics) {
 		insert := `INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at)
 SELECT $1::text, CASE WHEN p.n = 1 THEN 0 ELSE ` + fmt.Sprintf(partitionOf, "p.n") + ` END,
@@ -46,9 +46,9 @@ ORDER BY m.n`
 			SQL: `WITH ` + count + `, inserted AS (
 ` + insert + `
 )
-SELECT pg_notify($6, 'm' || $1::text) FROM p WHERE p.n = 1
+SELECT pg_catalog.pg_notify($6, 'm' || $1::text) FROM p WHERE p.n = 1
 UNION ALL
-SELECT pg_notify($6, CASE WHEN t.partition = 0 THEN 'm' || $1::text ELSE 'n' || t.partition || ':' || $1::text END)
+SELECT pg_catalog.pg_notify($6, CASE WHEN t.partition = 0 THEN 'm' || $1::text ELSE 'n' || t.partition::text || ':' || $1::text END)
 FROM (SELECT DISTINCT ` + fmt.Sprintf(partitionOf, "(SELECT n FROM p)") + ` AS partition
 	FROM unnest($2::text[], $5::int4[]) AS m(uuid, hash)
 	WHERE (SELECT n FROM p) > 1) t`,
@@ -70,7 +70,7 @@ ORDER BY m.n`
 		SQL: `WITH inserted AS (
 ` + insert + `
 )
-SELECT pg_notify($6, CASE WHEN t.partition = 0 THEN 'm' || t.topic ELSE 'n' || t.partition || ':' || t.topic END)
+SELECT pg_catalog.pg_notify($6, CASE WHEN t.partition = 0 THEN 'm' || t.topic ELSE 'n' || t.partition::text || ':' || t.topic END)
 FROM (SELECT DISTINCT m.topic, ` + fmt.Sprintf(partitionOf, partitions) + ` AS partition
 	FROM unnest($1::text[], $2::text[], $5::int4[]) AS m(topic, uuid, hash)) t`,
 		Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, hashes, p.NotifyChannel},
@@ -108,7 +108,7 @@ func (t *Tables) placementCheck(tp string) string {
 		THEN k.ck + ` + tp + `.retention < (SELECT l.covered_until FROM ` + t.Retention + ` l
 			WHERE l.retention_class = ` + tp + `.retention_class)
 		ELSE false END AS ok, k.ck
-	FROM (SELECT clock_timestamp() AS ck) k`
+	FROM (SELECT pg_catalog.clock_timestamp() AS ck) k`
 }
 
 // placement is the retention_class and expires_at values of a message,
@@ -128,14 +128,14 @@ func (t *Tables) UpsertTopic(p TopicParams) Stmt {
 	SELECT partitions, retention FROM ` + t.Topics + ` WHERE topic = $1
 ), up AS (
 	INSERT INTO ` + t.Topics + ` AS t (topic, partitions, retention, retention_class, classes_from, classes_to)
-	VALUES ($1, $2, $4::bigint * interval '1 microsecond', $5::smallint, $5::smallint, $5::smallint)
+	VALUES ($1, $2, $4::bigint::float8 * interval '1 microsecond', $5::smallint, $5::smallint, $5::smallint)
 	ON CONFLICT (topic) DO UPDATE SET partitions = EXCLUDED.partitions, retention = EXCLUDED.retention,
 		retention_class = EXCLUDED.retention_class,
 		classes_from = CASE WHEN EXCLUDED.retention_class = 0 THEN t.classes_from
 			WHEN t.classes_from = 0 THEN EXCLUDED.retention_class
 			ELSE LEAST(t.classes_from, EXCLUDED.retention_class) END,
 		classes_to = GREATEST(t.classes_to, EXCLUDED.retention_class),
-		updated_at = now()
+		updated_at = pg_catalog.now()
 		WHERE t.partitions <= EXCLUDED.partitions
 			AND (t.partitions < EXCLUDED.partitions OR t.retention <> EXCLUDED.retention)
 	RETURNING partitions, retention
@@ -143,13 +143,13 @@ func (t *Tables) UpsertTopic(p TopicParams) Stmt {
 	INSERT INTO ` + t.Retention + ` (retention_class) SELECT $5::smallint WHERE $5::smallint > 0
 	ON CONFLICT (retention_class) DO NOTHING
 ), notified AS (
-	SELECT pg_notify($3, 'p' || $1) FROM up
+	SELECT pg_catalog.pg_notify($3, 'p' || $1) FROM up
 	WHERE $3 <> '' AND up.partitions > COALESCE((SELECT partitions FROM old), 0)
 	UNION ALL
-	SELECT pg_notify($3, 't' || $1) FROM up
+	SELECT pg_catalog.pg_notify($3, 't' || $1) FROM up
 	WHERE $3 <> '' AND up.retention IS DISTINCT FROM COALESCE((SELECT retention FROM old), '0')
 )
-SELECT (SELECT partitions FROM old), (SELECT partitions FROM up), (SELECT count(*) FROM notified)`,
+SELECT (SELECT partitions FROM old), (SELECT partitions FROM up), (SELECT pg_catalog.count(*) FROM notified)`,
 		Args: []any{p.Topic, p.Partitions, p.NotifyChannel, p.Retention.Microseconds(), int16(p.RetentionClass)},
 	}
 }
@@ -158,7 +158,7 @@ SELECT (SELECT partitions FROM old), (SELECT partitions FROM up), (SELECT count(
 func (t *Tables) TopicPartitions(p TopicsParams) Stmt {
 	return Stmt{
 		SQL: `SELECT t.topic, COALESCE(tp.partitions, 1)
-FROM unnest($1::text[]) AS t(topic)
+FROM pg_catalog.unnest($1::text[]) AS t(topic)
 LEFT JOIN ` + t.Topics + ` tp ON tp.topic = t.topic`,
 		Args: []any{p.Topics},
 	}
@@ -202,7 +202,7 @@ func (t *Tables) SelectMessages(p SelectMessagesParams) Stmt {
 	// its index entry and heap tuple, not its bytes. $6 is cast to bigint:
 	// left to the server, it would take the type of size, integer, which
 	// cannot hold math.MaxInt64 (no bound) nor any bound past 2 GiB.
-	const size = `(COALESCE(octet_length(m.payload), 0) + COALESCE(pg_column_size(m.metadata), 0))`
+	const size = `(COALESCE(pg_catalog.octet_length(m.payload), 0) + COALESCE(pg_catalog.pg_column_size(m.metadata), 0))`
 	return Stmt{
 		// The ORDER BY names the table's columns, qualified: a bare
 		// transaction_id would sort by the text output column.
@@ -212,19 +212,19 @@ func (t *Tables) SelectMessages(p SelectMessagesParams) Stmt {
 FROM ` + t.Messages + ` m
 WHERE m.topic = $1 AND m.partition = $2 AND ` + t.classesOf("$1") + `
 	AND (m.transaction_id, m."offset") > ($3::text::xid8, $4::bigint)
-	AND m.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+	AND m.transaction_id < pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())
 ORDER BY m.transaction_id, m."offset"
 LIMIT $5)
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, true, t.transaction_id >= pg_snapshot_xmax(pg_current_snapshot()), NULL, false
+SELECT NULL, NULL, NULL, NULL, NULL, true, t.transaction_id >= pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()), NULL, false
 FROM (SELECT m.transaction_id FROM ` + t.Messages + ` m
 	WHERE m.topic = $1 AND m.partition = $2 AND ` + t.classesOf("$1") + `
-		AND m.transaction_id >= pg_snapshot_xmin(pg_current_snapshot())
+		AND m.transaction_id >= pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())
 	ORDER BY m.transaction_id DESC
 	LIMIT 1) t
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, false, false, NULL, true
-WHERE NOT (` + hereIs(7) + ` AND $3::text::xid8 < pg_snapshot_xmax(pg_current_snapshot()))`,
+WHERE NOT (` + hereIs(7) + ` AND $3::text::xid8 < pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()))`,
 		Args: []any{p.Topic, p.Partition, formatXID8(p.After.TransactionID), p.After.Offset, p.Limit, maxBytes, p.Here},
 	}
 }
@@ -250,7 +250,7 @@ FROM unnest($1::text[], $4::integer[], $2::text[], $3::bigint[]) WITH ORDINALITY
 CROSS JOIN LATERAL (SELECT 1 FROM ` + t.Messages + ` m
 	WHERE m.topic = t.topic AND m.partition = t.partition AND ` + t.classesOf("t.topic") + `
 		AND (m.transaction_id, m."offset") > (t.tx::xid8, t.off)
-		AND m.transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+		AND m.transaction_id < pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())
 	ORDER BY m.transaction_id, m."offset"
 	LIMIT 1) visible`,
 		Args: []any{p.Topics, txIDs, offsets, partitionsOf(p.Topics, p.Partitions)},
@@ -276,12 +276,12 @@ func (t *Tables) CreateSession(p SessionParams) Stmt {
 	DELETE FROM ` + t.Sessions + ` WHERE id = $5
 ), inserted AS (
 	INSERT INTO ` + t.Sessions + ` (id, consumer_group, owner, expires_at)
-	VALUES ($1, $2, $3, now() + $4::bigint * interval '1 microsecond')
+	VALUES ($1, $2, $3, pg_catalog.now() + $4::bigint::float8 * interval '1 microsecond')
 	RETURNING consumer_group
 ), notified AS (
-	SELECT pg_notify($6, 'g' || consumer_group) FROM inserted WHERE $6 <> ''
+	SELECT pg_catalog.pg_notify($6, 'g' || consumer_group) FROM inserted WHERE $6 <> ''
 )
-SELECT (SELECT count(*) FROM notified), ` + markColumns,
+SELECT (SELECT pg_catalog.count(*) FROM notified), ` + markColumns,
 		Args: []any{p.SessionID, p.ConsumerGroup, p.Owner, p.TTL.Microseconds(), p.ReplacesSessionID, p.NotifyChannel},
 	}
 }
@@ -291,18 +291,18 @@ func (t *Tables) HeartbeatSession(p SessionParams) Stmt {
 	return Stmt{
 		SQL: `WITH beat AS (
 	UPDATE ` + t.Sessions + `
-	SET expires_at = now() + $2::bigint * interval '1 microsecond'
-	WHERE id = $1 AND expires_at > now()
+	SET expires_at = pg_catalog.now() + $2::bigint::float8 * interval '1 microsecond'
+	WHERE id = $1 AND expires_at > pg_catalog.now()
 	RETURNING 1
 )
-SELECT (SELECT count(*) FROM beat), ` + markColumns,
+SELECT (SELECT pg_catalog.count(*) FROM beat), ` + markColumns,
 		Args: []any{p.SessionID, p.TTL.Microseconds()},
 	}
 }
 
 // markColumns are where the database is: the columns of [ClusterMark].
-const markColumns = `pg_snapshot_xmax(pg_current_snapshot())::text,
-	pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::text, substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8),
+const markColumns = `pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text,
+	pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), '0/0')::text, pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8),
 	` + here
 
 // DeleteSession is the statement of [DeleteSession].
@@ -311,7 +311,7 @@ func (t *Tables) DeleteSession(p SessionParams) Stmt {
 		SQL: `WITH deleted AS (
 	DELETE FROM ` + t.Sessions + ` WHERE id = $1 RETURNING consumer_group
 )
-SELECT pg_notify($2, 'g' || consumer_group) FROM deleted WHERE $2 <> ''`,
+SELECT pg_catalog.pg_notify($2, 'g' || consumer_group) FROM deleted WHERE $2 <> ''`,
 		Args: []any{p.SessionID, p.NotifyChannel},
 	}
 }
@@ -324,7 +324,7 @@ func (t *Tables) SetSubscriptions(p SessionParams) Stmt {
 	WHERE id = $1
 	RETURNING consumer_group
 )
-SELECT pg_notify($4, 'g' || consumer_group) FROM updated WHERE $4 <> ''`,
+SELECT pg_catalog.pg_notify($4, 'g' || consumer_group) FROM updated WHERE $4 <> ''`,
 		Args: []any{p.SessionID, p.SubscriptionHash, p.SubscriptionSize, p.NotifyChannel},
 	}
 }
@@ -332,10 +332,10 @@ SELECT pg_notify($4, 'g' || consumer_group) FROM updated WHERE $4 <> ''`,
 // GroupMembers is the statement of [GroupMembers].
 func (t *Tables) GroupMembers(p GroupParams) Stmt {
 	return Stmt{
-		SQL: `SELECT id, created_at, ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint,
+		SQL: `SELECT id, created_at, pg_catalog.ceil(extract(epoch FROM expires_at - pg_catalog.now()) * 1000::numeric)::bigint,
 	subscription_hash, subscription_size
 FROM ` + t.Sessions + `
-WHERE consumer_group = $1 AND expires_at > now()`,
+WHERE consumer_group = $1 AND expires_at > pg_catalog.now()`,
 		Args: []any{p.ConsumerGroup},
 	}
 }
@@ -353,7 +353,7 @@ WHERE consumer_group = $1 AND expires_at > now()`,
 // (GroupMembers, the removal of idle groups).
 func (t *Tables) DeleteExpiredSessions(p SessionParams) Stmt {
 	return Stmt{
-		SQL:  `DELETE FROM ` + t.Sessions + ` WHERE expires_at < now() - $1::bigint * interval '1 microsecond'`,
+		SQL:  `DELETE FROM ` + t.Sessions + ` WHERE expires_at < pg_catalog.now() - $1::bigint::float8 * interval '1 microsecond'`,
 		Args: []any{p.TTL.Microseconds()},
 	}
 }
@@ -370,7 +370,7 @@ func (t *Tables) EnsureOffsets(p OffsetsParams) Stmt {
 		SQL: `INSERT INTO ` + t.Offsets + ` AS o (consumer_group, topic, partition, acked_transaction_id, acked_offset)
 SELECT $1, t.topic, t.partition,
 	CASE WHEN $4 AND NOT EXISTS (SELECT 1 FROM ` + t.Offsets + ` g WHERE g.consumer_group = $1 AND g.topic = t.topic)
-		THEN pg_snapshot_xmin(pg_current_snapshot()) ELSE '0'::xid8 END,
+		THEN pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()) ELSE '0'::xid8 END,
 	0
 FROM unnest($2::text[], $3::integer[]) AS t(topic, partition)
 ORDER BY t.topic, t.partition
@@ -422,12 +422,12 @@ func (t *Tables) ClaimOffsets(p OffsetsParams) Stmt {
 ), cur AS (
 	SELECT t.topic, t.partition, o.consumer_group IS NULL AS missing, o.session_id, o.epoch,
 		s.id IS NOT NULL AS owner_exists, s.owner,
-		COALESCE(o.acked_transaction_id >= pg_snapshot_xmax(pg_current_snapshot()), false) AS future
+		COALESCE(o.acked_transaction_id >= pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()), false) AS future
 	FROM unnest($2::text[], $5::integer[]) AS t(topic, partition)
 	LEFT JOIN ` + t.Offsets + ` o ON o.consumer_group = $1 AND o.topic = t.topic AND o.partition = t.partition
 	LEFT JOIN ` + t.Sessions + ` s ON s.id = o.session_id
 	WHERE (o.consumer_group IS NULL OR o.session_id IS NULL OR o.session_id = $3 OR s.id IS NULL
-		OR s.expires_at < now())
+		OR s.expires_at < pg_catalog.now())
 		AND (SELECT ok FROM here)
 	ORDER BY t.topic, t.partition
 	LIMIT $4
@@ -435,12 +435,12 @@ func (t *Tables) ClaimOffsets(p OffsetsParams) Stmt {
 expired AS (
 	DELETE FROM ` + t.Sessions + ` s
 	WHERE s.id IN (SELECT cur.session_id FROM cur WHERE NOT cur.future AND cur.session_id <> $3)
-		AND s.expires_at < now()
+		AND s.expires_at < pg_catalog.now()
 	RETURNING s.id
 ),
 claimed AS (
 	UPDATE ` + t.Offsets + ` o
-	SET session_id = $3, epoch = o.epoch + 1, updated_at = now()
+	SET session_id = $3, epoch = o.epoch + 1, updated_at = pg_catalog.now()
 	FROM cur
 	WHERE o.consumer_group = $1 AND o.topic = cur.topic AND o.partition = cur.partition
 		AND NOT cur.missing AND NOT cur.future
@@ -485,7 +485,7 @@ func forwardSet(headOut int) string {
 // grows, so such a position was read on another history: the database
 // failed over to a standby that lagged, or was restored. Written, it would
 // skip what the database hands those transaction ids out to now.
-const notFuture = `$6::text::xid8 < pg_snapshot_xmax(pg_current_snapshot())`
+const notFuture = `$6::text::xid8 < pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())`
 
 // onHistory is the condition of a fenced statement on position $6 and
 // the session's identity $here: the statement runs where the session was
@@ -517,7 +517,7 @@ func onHistory(here int) string { return `(` + hereIs(here) + ` AND ` + notFutur
 // a NULL version and true when onHistory refused the statement.
 func (t *Tables) CommitOffset(p OffsetParams) Stmt {
 	update := `UPDATE ` + t.Offsets + `
-	SET ` + forwardSet(10) + `, updated_at = now()
+	SET ` + forwardSet(10) + `, updated_at = pg_catalog.now()
 	WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5
 		AND (SELECT ok FROM here)`
 	return Stmt{
@@ -547,7 +547,7 @@ SELECT NULL, true FROM here WHERE NOT ok`,
 func (t *Tables) ReleaseOffset(p OffsetParams) Stmt {
 	update := `UPDATE ` + t.Offsets + `
 SET ` + forwardSet(9) + `,
-	session_id = NULL, updated_at = now()
+	session_id = NULL, updated_at = pg_catalog.now()
 WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5
 	AND ` + onHistory(8)
 	args := []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
@@ -560,7 +560,7 @@ WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 
 ` + update + `
 RETURNING topic
 )
-SELECT pg_notify($10, 'r' || topic) FROM released`,
+SELECT pg_catalog.pg_notify($10, 'r' || topic) FROM released`,
 		Args: append(args, p.NotifyChannel),
 	}
 }
@@ -599,7 +599,7 @@ func (t *Tables) AckOffset(p OffsetParams) Stmt {
 	FOR UPDATE
 ), advanced AS (
 	UPDATE ` + t.Offsets + ` o
-	SET acked_transaction_id = $6::text::xid8, acked_offset = $7, head_deliveries = 0, updated_at = now()
+	SET acked_transaction_id = $6::text::xid8, acked_offset = $7, head_deliveries = 0, updated_at = pg_catalog.now()
 	FROM cur
 	WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
 		AND cur.session_id = $4 AND cur.epoch = $5

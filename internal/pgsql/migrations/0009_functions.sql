@@ -1,0 +1,1 @@
+{{do 0007_functions.plpgsql}};
