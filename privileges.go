@@ -36,3 +36,26 @@ package pglease
 func GrantSQL(adapter DefaultSchemaAdapter, role string) string {
 	return adapter.tables().GrantScript(role)
 }
+
+// GrantPublisherSQL returns the statements that give role what it needs to
+// publish, and nothing more, on the tables of adapter: for a service that
+// only publishes (a web front end, the producer side of an outbox). Run
+// it as for [GrantSQL], whose grants include these.
+//
+// It grants USAGE on the schema (when Schema is set); INSERT on the
+// messages table and on the delayed table, with SELECT of the delayed
+// table's due_at column (the insert returns the due times it wrote);
+// SELECT on the topics and retention tables (a message's partition and
+// retention are read from them) and on the schema version table. role
+// cannot read messages, consume, move or delete any consumer group's
+// offsets, touch sessions, create topics ([CreateTopic] needs GrantSQL's
+// grants) or call the maintainer's functions. A Publisher of such a role
+// works with AutoInitializeSchema unset, or set once the owner has
+// migrated (it then only reads the schema version).
+//
+// role is quoted (used exactly as given). For the empty role name or
+// "public", the script raises an error instead of granting anything. See
+// also `pglease grant --role NAME --publisher`.
+func GrantPublisherSQL(adapter DefaultSchemaAdapter, role string) string {
+	return adapter.tables().GrantPublisherScript(role)
+}

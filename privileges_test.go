@@ -768,3 +768,70 @@ func TestSetUpByAnApplicationRoleSaysWhatToDo(t *testing.T) {
 	assert.ErrorContains(t, err, "in schema "+ident(schema)+":")
 	assert.ErrorContains(t, err, todo)
 }
+
+// TestPublisherOnlyRole: a role with GrantPublisherSQL's grants publishes
+// to a plain topic, a partitioned one with keys, one with a retention and
+// a delayed message, all delivered to a consumer of GrantSQL's role; it
+// cannot read messages, subscribe, move or delete any group's offsets,
+// touch sessions, create topics or call the maintainer's functions.
+func TestPublisherOnlyRole(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 4)
+	adapter, ownerPool := ownedSchema(t, pool)
+	publisher := newRole(t, pool, "pglease_publisher")
+	consumer := newRole(t, pool, "pglease_app")
+	grants := pglease.GrantPublisherSQL(adapter, publisher)
+	for _, never := range []string{"UPDATE", "DELETE", "EXECUTE", "TRUNCATE", "ALL"} {
+		assert.NotContains(t, grants, never)
+	}
+	execAll(t, ownerPool, grants, pglease.GrantSQL(adapter, consumer))
+	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "keyed", pglease.TopicConfig{Partitions: 3, SchemaAdapter: adapter}))
+	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "kept", pglease.TopicConfig{Retention: time.Hour, SchemaAdapter: adapter}))
+
+	pubPool := poolAs(t, publisher, 4)
+	pub, err := pglease.NewPublisher(pubPool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true,
+		PartitionKey: func(_ string, msg *message.Message) (string, error) { return msg.UUID, nil }}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	want := map[string][]string{}
+	for _, topic := range []string{"plain", "keyed", "kept"} {
+		want[topic] = publishN(t, pub, topic, 3)
+	}
+	delayed := message.NewMessage(watermill.NewUUID(), []byte("later"))
+	delay.Message(delayed, delay.For(100*time.Millisecond))
+	require.NoError(t, pub.Publish("plain", delayed))
+	want["plain"] = append(want["plain"], delayed.UUID)
+
+	qualified := func(name string) string { return pgx.Identifier{adapter.Schema, name}.Sanitize() }
+	for _, stmt := range []string{
+		"SELECT * FROM " + qualified(pglease.DefaultMessagesTable),
+		"UPDATE " + qualified(pglease.DefaultConsumerOffsetsTable) + " SET acked_offset = 0",
+		"DELETE FROM " + qualified(pglease.DefaultConsumerOffsetsTable),
+		"DELETE FROM " + qualified(pglease.DefaultConsumerSessionsTable),
+		"INSERT INTO " + qualified(pglease.DefaultTopicsTable) + " (topic, partitions) VALUES ('x', 2)",
+	} {
+		_, err := pubPool.Exec(ctx, stmt)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, stmt)
+		assert.Equal(t, "42501", pgErr.Code, "%s: %v", stmt, err)
+	}
+	var mayExecute bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT bool_or(has_function_privilege($1, p.oid, 'EXECUTE'))
+		FROM pg_proc p WHERE p.pronamespace = $2::regnamespace`, publisher, adapter.Schema).Scan(&mayExecute))
+	assert.False(t, mayExecute, "no function of the schema")
+	pubSub, err := pglease.NewSubscriber(pubPool, pglease.SubscriberConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, err)
+	_, err = pubSub.Subscribe(ctx, "plain")
+	require.Error(t, err, "the publisher's role cannot consume")
+	require.NoError(t, pubSub.Close())
+
+	sub, err := pglease.NewSubscriber(poolAs(t, consumer, 10), pglease.SubscriberConfig{SchemaAdapter: adapter,
+		PollInterval: 20 * time.Millisecond}, nil)
+	require.NoError(t, err)
+	defer sub.Close()
+	for topic, ids := range want {
+		msgs, err := sub.Subscribe(ctx, topic)
+		require.NoError(t, err)
+		assert.ElementsMatch(t, ids, uuids(receive(t, msgs, len(ids), 15*time.Second)), topic)
+	}
+}

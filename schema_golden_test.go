@@ -43,6 +43,7 @@ func TestSchemaSQLIsUnchanged(t *testing.T) {
 		{"grant_default.sql", pglease.GrantSQL(pglease.DefaultSchemaAdapter{}, "app")},
 		{"grant_custom.sql", pglease.GrantSQL(goldenAdapter(), `App "Role"`)},
 		{"grant_refused.sql", pglease.GrantSQL(pglease.DefaultSchemaAdapter{}, "") + pglease.GrantSQL(pglease.DefaultSchemaAdapter{}, "public")},
+		{"grant_publisher_custom.sql", pglease.GrantPublisherSQL(goldenAdapter(), `App "Role"`)},
 	} {
 		path := filepath.Join("testdata", c.file)
 		if *updateGolden {

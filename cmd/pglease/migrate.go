@@ -139,20 +139,23 @@ func migrationScript(tables *pgsql.Tables, pending []pgsql.Migration) string {
 }
 
 type grantCmd struct {
-	role   onceString
-	dryRun bool
+	role      onceString
+	publisher bool
+	dryRun    bool
 }
 
 // grantOutput is the JSON of pglease grant.
 type grantOutput struct {
-	Role   string `json:"role"`
-	DryRun bool   `json:"dry_run"`
+	Role      string `json:"role"`
+	Publisher bool   `json:"publisher"`
+	DryRun    bool   `json:"dry_run"`
 	// SQL is what was run (with dry_run: what would be).
 	SQL string `json:"sql"`
 }
 
 func (c *grantCmd) flags(fs *flag.FlagSet) {
 	fs.Var(&c.role, "role", "the application `ROLE` to grant (required; used exactly as given)")
+	fs.BoolVar(&c.publisher, "publisher", false, "grant only what publishing needs (pglease.GrantPublisherSQL)")
 	fs.BoolVar(&c.dryRun, "dry-run", false, "print the statements, and grant nothing")
 }
 
@@ -173,7 +176,12 @@ func (c *grantCmd) check(*flag.FlagSet) error {
 const privilegeNotGranted = "01007"
 
 func (c *grantCmd) run(ctx context.Context, e *cmdEnv) error {
-	out := grantOutput{Role: c.role.value, DryRun: c.dryRun, SQL: pglease.GrantSQL(e.adapter, c.role.value)}
+	out := grantOutput{Role: c.role.value, Publisher: c.publisher, DryRun: c.dryRun}
+	if c.publisher {
+		out.SQL = pglease.GrantPublisherSQL(e.adapter, c.role.value)
+	} else {
+		out.SQL = pglease.GrantSQL(e.adapter, c.role.value)
+	}
 	if !c.dryRun {
 		if err := checkOwner(ctx, e); err != nil {
 			return err
@@ -204,8 +212,12 @@ func (c *grantCmd) run(ctx context.Context, e *cmdEnv) error {
 		fmt.Fprint(e.stdout, out.SQL)
 		return nil
 	}
-	fmt.Fprintf(e.stdout, "Granted role %s what pglease needs at run time, maintainer included, on the tables of %s.\n",
-		pgx.Identifier{c.role.value}.Sanitize(), schemaName(e.adapter))
+	what := "what pglease needs at run time, maintainer included"
+	if c.publisher {
+		what = "what publishing needs, and nothing of consumers"
+	}
+	fmt.Fprintf(e.stdout, "Granted role %s %s, on the tables of %s.\n",
+		pgx.Identifier{c.role.value}.Sanitize(), what, schemaName(e.adapter))
 	return nil
 }
 

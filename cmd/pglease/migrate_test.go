@@ -151,6 +151,14 @@ func TestGrantCommand(t *testing.T) {
 	assert.Equal(t, pglease.GrantSQL(f.adapter, role), out)
 	table, function := granted()
 	assert.False(t, table || function, "a dry run grants nothing")
+	assert.Equal(t, pglease.GrantPublisherSQL(f.adapter, role), f.ok("grant", "--role", role, "--publisher", "--dry-run"))
+
+	out = f.ok("grant", "--role", role, "--publisher")
+	assert.Equal(t, fmt.Sprintf("Granted role %s what publishing needs, and nothing of consumers, on the tables of schema %s.\n",
+		pgx.Identifier{role}.Sanitize(), pgx.Identifier{f.schema}.Sanitize()), out)
+	table, function = granted()
+	assert.True(t, table, "INSERT on the messages table")
+	assert.False(t, function, "no function for a publisher")
 
 	out = f.ok("grant", "--role", role)
 	assert.Equal(t, fmt.Sprintf("Granted role %s what pglease needs at run time, maintainer included, on the tables of schema %s.\n",

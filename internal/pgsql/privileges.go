@@ -40,6 +40,8 @@ type runtimeGrant struct {
 	kind  string   // "schema", "table" or "function"
 	name  string   // as GRANT takes it: quoted, qualified, a function with its argument types
 	privs []string // in GRANT's order
+	// cols, when set, makes privs column privileges on these columns.
+	cols []string
 }
 
 // runtimeGrants lists what a role needs to run pglease, maintainer
@@ -52,23 +54,58 @@ func (t *Tables) runtimeGrants() []runtimeGrant {
 	dml := []string{"SELECT", "INSERT", "UPDATE", "DELETE"}
 	var grants []runtimeGrant
 	if t.Schema != "" {
-		grants = append(grants, runtimeGrant{"schema", pgx.Identifier{t.Schema}.Sanitize(), []string{"USAGE"}})
+		grants = append(grants, runtimeGrant{kind: "schema", name: pgx.Identifier{t.Schema}.Sanitize(), privs: []string{"USAGE"}})
 	}
 	for _, table := range []string{t.Messages, t.partition("forever"), t.Sessions, t.Offsets, t.Topics,
 		t.Delayed, t.Maintenance, t.Retention} {
-		grants = append(grants, runtimeGrant{"table", table, dml})
+		grants = append(grants, runtimeGrant{kind: "table", name: table, privs: dml})
 	}
-	grants = append(grants, runtimeGrant{"table", t.Version, []string{"SELECT"}})
+	grants = append(grants, runtimeGrant{kind: "table", name: t.Version, privs: []string{"SELECT"}})
 	for _, fn := range t.maintainerFunctions() {
-		grants = append(grants, runtimeGrant{"function", fn, []string{"EXECUTE"}})
+		grants = append(grants, runtimeGrant{kind: "function", name: fn, privs: []string{"EXECUTE"}})
 	}
 	return grants
 }
 
+// publisherGrants lists what a role needs to publish and nothing more:
+// the insert of messages reads the topic's settings (partitions,
+// retention class) and the retention table (which partition covers the
+// expiry); a delayed message is inserted into the delayed table, whose
+// statement returns the due times it wrote; AutoInitializeSchema reads
+// the schema version. Nothing on the sessions, offsets or maintenance
+// tables, no SELECT on messages, no functions.
+func (t *Tables) publisherGrants() []runtimeGrant {
+	var grants []runtimeGrant
+	if t.Schema != "" {
+		grants = append(grants, runtimeGrant{kind: "schema", name: pgx.Identifier{t.Schema}.Sanitize(), privs: []string{"USAGE"}})
+	}
+	return append(grants,
+		runtimeGrant{kind: "table", name: t.Messages, privs: []string{"INSERT"}},
+		runtimeGrant{kind: "table", name: t.Delayed, privs: []string{"INSERT"}},
+		runtimeGrant{kind: "table", name: t.Delayed, privs: []string{"SELECT"}, cols: []string{"due_at"}},
+		runtimeGrant{kind: "table", name: t.Topics, privs: []string{"SELECT"}},
+		runtimeGrant{kind: "table", name: t.Retention, privs: []string{"SELECT"}},
+		runtimeGrant{kind: "table", name: t.Version, privs: []string{"SELECT"}},
+	)
+}
+
 // GrantScript is the script of pglease.GrantSQL for role (see there).
 func (t *Tables) GrantScript(role string) string {
+	return grantScript("pglease.GrantSQL", "to run pglease", role, t.runtimeGrants())
+}
+
+// GrantPublisherScript is the script of pglease.GrantPublisherSQL for role
+// (see there).
+func (t *Tables) GrantPublisherScript(role string) string {
+	return grantScript("pglease.GrantPublisherSQL", "to publish with pglease", role, t.publisherGrants())
+}
+
+// grantScript grants grants to role in one transaction, or, for the empty
+// role and "public", raises an error instead; what names the function in
+// both.
+func grantScript(what, purpose, role string, grants []runtimeGrant) string {
 	refuse := func(msg string) string {
-		return "-- pglease.GrantSQL: " + msg + "\n" + doBlock("BEGIN\n\tRAISE EXCEPTION "+quoteLiteral("pglease.GrantSQL: "+msg)+";\nEND") + ";\n"
+		return "-- " + what + ": " + msg + "\n" + doBlock("BEGIN\n\tRAISE EXCEPTION "+quoteLiteral(what+": "+msg)+";\nEND") + ";\n"
 	}
 	switch role {
 	case "":
@@ -78,9 +115,17 @@ func (t *Tables) GrantScript(role string) string {
 	}
 	to := pgx.Identifier{role}.Sanitize()
 	var b strings.Builder
-	fmt.Fprintf(&b, "-- What role %s needs to run pglease (pglease.GrantSQL); run as the owner of the tables.\nBEGIN;\n", to)
-	for _, gr := range t.runtimeGrants() {
-		fmt.Fprintf(&b, "GRANT %s ON %s %s TO %s;\n", strings.Join(gr.privs, ", "), strings.ToUpper(gr.kind), gr.name, to)
+	fmt.Fprintf(&b, "-- What role %s needs %s (%s); run as the owner of the tables.\nBEGIN;\n", to, purpose, what)
+	for _, gr := range grants {
+		privs := strings.Join(gr.privs, ", ")
+		if gr.cols != nil {
+			cols := make([]string, len(gr.cols))
+			for i, c := range gr.cols {
+				cols[i] = pgx.Identifier{c}.Sanitize()
+			}
+			privs += " (" + strings.Join(cols, ", ") + ")"
+		}
+		fmt.Fprintf(&b, "GRANT %s ON %s %s TO %s;\n", privs, strings.ToUpper(gr.kind), gr.name, to)
 	}
 	b.WriteString("COMMIT;\n")
 	return b.String()
