@@ -38,6 +38,7 @@ type grant struct {
 type held struct {
 	c     *consumer
 	g     *sessionGen
+	epoch int64 // of the claim
 	yield chan struct{}
 	since time.Time
 }
@@ -87,6 +88,11 @@ type groupMember struct {
 	// published is the set last written to the session row, under pubGen.
 	published rowSet
 	pubGen    *sessionGen
+	// resets are the topics a notification said the group's offsets were
+	// reset on, to be checked (checkResets); resetChecked is when the
+	// last check ran.
+	resets       map[string]struct{}
+	resetChecked time.Time
 	// me and members are the last read of the group.
 	me      member
 	members []member
@@ -139,6 +145,15 @@ type groupStore interface {
 	setSubscriptions(g *sessionGen, set rowSet) (bool, error)
 	// groupMembers reads the live members of the group.
 	groupMembers() ([]member, error)
+	// offsetOwners reads who owns the group's rows of topics, and under
+	// which epoch.
+	offsetOwners(ctx context.Context, topics []string) (map[rowKey]rowOwner, error)
+}
+
+// rowOwner is the owner of an offset row (uuid.Nil: none) and its epoch.
+type rowOwner struct {
+	session uuid.UUID
+	epoch   int64
 }
 
 // sessionSource gives the session generation in use (sessionKeeper).
@@ -176,6 +191,7 @@ func newGroupMember(deps memberDeps) *groupMember {
 		future:     map[rowKey]futureHold{},
 		subs:       map[string][]memberSub{},
 		unresolved: map[memberSub]uint64{},
+		resets:     map[string]struct{}{},
 		stale:      true,
 		kick:       make(chan struct{}, 1),
 		outage:     newOutageLog(deps.logger, componentGroup),
@@ -265,32 +281,92 @@ func (m *groupMember) ownedRows() int {
 	return len(m.owning)
 }
 
-// offsetsReset makes the subscriptions that own rows of topic give them up
-// and wait for a new grant: an operator reset the group's offsets
-// (Inspector.ResetOffsets) and bumped the rows' epochs. The release is
-// refused (the epoch moved), and the member claims the rows again, from
-// the new positions (a row whose owner was alive is still this session's).
+// resetCheckInterval is how long the member waits at least between two
+// reads of the offset rows that notifications of a reset asked for
+// (checkResets): a flood of such notifications, which any role of the
+// database can send, costs at most one read per interval.
+const resetCheckInterval = 100 * time.Millisecond
+
+// offsetsReset asks the loop to check the rows of topic that this member
+// owns: an operator may have reset the group's offsets
+// (Inspector.ResetOffsets), which bumps the rows' epochs. The
+// notification is only a hint: the loop reads the rows (checkResets) and
+// gives up those whose owner or epoch changed; their subscriptions claim
+// them again, from the new positions.
 func (m *groupMember) offsetsReset(topic string) {
 	m.mu.Lock()
-	var partitions []int32
+	owns := false
+	for key := range m.owning {
+		if key.topic == topic {
+			owns = true
+			break
+		}
+	}
+	_, pending := m.resets[topic]
+	if owns {
+		m.resets[topic] = struct{}{}
+	}
+	m.mu.Unlock()
+	if owns && !pending {
+		m.wake()
+	}
+}
+
+// checkResets reads the rows of the topics offsetsReset was told of, at
+// most once per resetCheckInterval, and makes the subscriptions whose row
+// another session or epoch owns now give it up (a commit would be refused
+// anyway). It returns when to run again for notifications still to check
+// (0: none).
+func (m *groupMember) checkResets(ctx context.Context) (time.Duration, error) {
+	m.mu.Lock()
+	if len(m.resets) == 0 {
+		m.mu.Unlock()
+		return 0, nil
+	}
+	if wait := resetCheckInterval - m.now().Sub(m.resetChecked); wait > 0 {
+		m.mu.Unlock()
+		return wait, nil
+	}
+	topics := make([]string, 0, len(m.resets))
+	for t := range m.resets {
+		topics = append(topics, t)
+	}
+	clear(m.resets)
+	m.resetChecked = m.now()
+	m.mu.Unlock()
+	slices.Sort(topics)
+	owners, err := m.store.offsetOwners(ctx, topics)
+	if err != nil {
+		m.mu.Lock()
+		for _, t := range topics {
+			m.resets[t] = struct{}{}
+		}
+		m.mu.Unlock()
+		return 0, err
+	}
+	byTopic := map[string][]int32{}
+	m.mu.Lock()
 	for key, h := range m.owning {
-		if key.topic != topic {
+		if !slices.Contains(topics, key.topic) {
 			continue
 		}
-		partitions = append(partitions, key.partition)
+		if o, ok := owners[key]; ok && o.session == h.g.id && o.epoch == h.epoch {
+			continue // still this claim's
+		}
 		select {
 		case <-h.yield:
 		default:
 			close(h.yield)
+			byTopic[key.topic] = append(byTopic[key.topic], key.partition)
 		}
 	}
 	m.mu.Unlock()
-	if len(partitions) > 0 {
+	for topic, partitions := range byTopic {
 		slices.Sort(partitions)
 		m.logger.Info("Offsets of the topic were reset: giving its partitions up after the messages in flight, to claim them again from the new positions",
 			watermill.LogFields{"topic": topic, "partitions": partitions})
 	}
-	m.wake()
+	return 0, nil
 }
 
 // topicChanged makes the loop read the partition count of topic again
@@ -410,6 +486,10 @@ func (m *groupMember) run(ctx context.Context) {
 // surplus topics and claims up to its share. It returns when it wants to
 // run again (0: only when woken).
 func (m *groupMember) step(ctx context.Context, g *sessionGen) (time.Duration, error) {
+	resetWait, err := m.checkResets(ctx)
+	if err != nil {
+		return 0, err
+	}
 	if err := m.resolve(ctx); err != nil {
 		return 0, err
 	}
@@ -435,7 +515,11 @@ func (m *groupMember) step(ctx context.Context, g *sessionGen) (time.Duration, e
 			return time.Millisecond, nil // there may be more to claim
 		}
 	}
-	return m.nextWake(g), nil
+	next := m.nextWake(g)
+	if resetWait > 0 && (next == 0 || resetWait < next) {
+		next = resetWait
+	}
+	return next, nil
 }
 
 // resolve reads the partition counts of the topics of new subscriptions (and
@@ -869,7 +953,7 @@ func (m *groupMember) handOver(g *sessionGen, r claimedRow) {
 	if c != nil {
 		delete(m.waiting, r.row)
 		yield := make(chan struct{})
-		m.owning[r.row] = &held{c: c, g: g, yield: yield, since: m.now()}
+		m.owning[r.row] = &held{c: c, g: g, epoch: r.claim.epoch, yield: yield, since: m.now()}
 		c.grant <- grant{g: g, cl: r.claim, yield: yield, hasNext: r.hasNext}
 	}
 	m.mu.Unlock()

@@ -167,6 +167,21 @@ func (f *fakeGroupStore) setSubscriptions(g *sessionGen, set rowSet) (bool, erro
 	return true, nil
 }
 
+func (f *fakeGroupStore) offsetOwners(_ context.Context, topics []string) (map[rowKey]rowOwner, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.call("offsetOwners"); err != nil {
+		return nil, err
+	}
+	out := map[rowKey]rowOwner{}
+	for r, o := range f.owner {
+		if slices.Contains(topics, r.topic) {
+			out[r] = rowOwner{session: o, epoch: f.epoch[r]}
+		}
+	}
+	return out, nil
+}
+
 func (f *fakeGroupStore) groupMembers() ([]member, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

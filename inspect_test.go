@@ -541,11 +541,31 @@ func TestResetOffsetsNotifiesOnlyItsGroup(t *testing.T) {
 	assert.Equal(t, *beforeB.session, *afterB.session, "group b keeps its row")
 	assert.Equal(t, beforeB.epoch, afterB.epoch, "group b's row keeps its epoch")
 
-	// The notification of an older version's reset names no group: every
-	// group's Subscriber acts on it, as then.
+	// A notification is a hint: an unscoped reset notification (what an
+	// older version sends, and what any role may forge) makes b read its
+	// row, which is still its claim's, and keep it.
 	_, err = pool.Exec(ctx, "SELECT pg_notify($1, $2)", tablesOf(adapter).NotifyChannel, "xt")
 	require.NoError(t, err)
-	waitFor(t, 10*time.Second, "group b's Subscriber to act on an unscoped reset notification", func() bool {
+	next = publishN(t, pub, "t", 1)
+	msg = receiveOne(t, msgs["b"])
+	require.Equal(t, next[0], msg.UUID)
+	pos, _ = pglease.MessagePositionFromCtx(msg.Context())
+	msg.Ack()
+	waitFor(t, 10*time.Second, "group b's ack to be committed", func() bool {
+		return ackedOffset(t, pool, adapter, "b", "t") == pos
+	})
+	_, told = logs["b"].find(func(e logEntry) bool { return e.msg == resetLogMessage })
+	assert.False(t, told, "group b's Subscriber gave its row up for a notification alone")
+	assert.Equal(t, beforeB.epoch, readOffset(t, pool, adapter, "b", "t").epoch, "group b's row keeps its epoch")
+
+	// An older version's reset bumps the epoch and notifies without a
+	// group: b reads its row, finds the epoch moved and gives the row up.
+	_, err = pool.Exec(ctx, `UPDATE `+table(adapter, pglease.DefaultConsumerOffsetsTable)+
+		` SET epoch = epoch + 1 WHERE consumer_group = 'b' AND topic = 't'`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "SELECT pg_notify($1, $2)", tablesOf(adapter).NotifyChannel, "xt")
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, "group b's Subscriber to act on an unscoped reset that moved its epoch", func() bool {
 		_, told := logs["b"].find(func(e logEntry) bool { return e.msg == resetLogMessage })
 		return told
 	})

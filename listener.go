@@ -111,17 +111,17 @@ func parseResetNotification(s string) (group, topic string, ok bool) {
 // the group started, ended or changed its topics) the group member, "p" +
 // topic (partition count raised) the member, to start consumers for the new
 // partitions, "o" + a group and a topic (resetNotification: the group's
-// offsets reset by an operator) the member of that group, to give its rows
-// of the topic up and claim them again; "e" (the maintainer's row was
-// released), "d" + due time (delayed messages stored) and "t" + topic (a
-// retention changed) the maintainer. "x" + topic, the reset notification of
-// earlier versions (an older pglease command or Inspector during a rolling
-// upgrade), names no group: every member gives its rows of the topic up
-// and claims them again, as it did then, which costs a redelivery of the
-// messages in flight and nothing else. A reset notified while the listener
-// reconnects, or that an older Subscriber does not understand, is caught
-// at the owner's next commit instead, which the reset's epoch bump
-// refuses.
+// offsets reset by an operator) the member of that group, to read its rows
+// of the topic and give up those whose owner or epoch moved; "e" (the
+// maintainer's row was released), "d" + due time (delayed messages stored)
+// and "t" + topic (a retention changed) the maintainer. "x" + topic, the
+// reset notification of earlier versions (an older pglease command or
+// Inspector during a rolling upgrade), names no group: every member reads
+// its rows of the topic. Any role of the database may notify on the
+// channel, so every notification is a hint to look, never an order (see
+// docs/security.md). A reset notified while the listener reconnects, or
+// that an older Subscriber does not understand, is caught at the owner's
+// next commit instead, which the reset's epoch bump refuses.
 func (h *wakeHub) notify(payload string) {
 	if payload == "" {
 		return

@@ -211,6 +211,29 @@ func (s offsetStore) partitionCounts(wait context.Context, timeout time.Duration
 	return topicPartitions(ctx, conn, s.tables, topics)
 }
 
+// owners reads who owns group's offset rows of topics, and under which
+// epoch. See conn for wait and timeout.
+func (s offsetStore) owners(wait context.Context, timeout time.Duration, group string, topics []string) (map[rowKey]rowOwner, error) {
+	conn, ctx, done, err := s.conn(wait, timeout)
+	if err != nil {
+		return nil, fmt.Errorf("read the owners of offset rows: %w", err)
+	}
+	defer done()
+	rows, err := pgsql.OffsetOwners(ctx, conn, s.tables, group, topics)
+	if err != nil {
+		return nil, fmt.Errorf("read the owners of offset rows: %w", wrapMissingSchema(err))
+	}
+	out := make(map[rowKey]rowOwner, len(rows))
+	for _, r := range rows {
+		o := rowOwner{epoch: r.Epoch}
+		if r.SessionID != nil {
+			o.session = *r.SessionID
+		}
+		out[rowKey{r.Topic, r.Partition}] = o
+	}
+	return out, nil
+}
+
 // rowKey names one (topic, partition) row of a consumer group: the unit of
 // ownership.
 type rowKey struct {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -396,4 +397,78 @@ func TestRuntimeRunsNothingPlantedOnTheSearchPath(t *testing.T) {
 	_, err = in.Horizon(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, ran(), "planted functions or operators ran as the application role")
+}
+
+// TestForgedNotificationsAreHints: a role granted nothing on pglease's
+// tables may still NOTIFY on their channel. While it sends every kind of
+// notification (resets of the group, scoped and unscoped, releases,
+// membership changes, new messages, partition changes) every 2 ms, a
+// Subscriber drains 2,000 messages without giving its row up once: a
+// notification only makes it look, and a reset is acted on only when the
+// row's owner or epoch moved. The drain is timed beside one without the
+// flood (logged, not asserted: speed lives in benchmarks).
+func TestForgedNotificationsAreHints(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	const n = 2000
+	for range n / 100 {
+		publishN(t, pub, "t", 100)
+	}
+	channel := tablesOf(adapter).NotifyChannel
+
+	drain := func(group string) (time.Duration, pglease.SubscriberStats) {
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter,
+			PollInterval: time.Minute}, nil)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, sub.Close()) }()
+		subCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		began := time.Now()
+		msgs, err := sub.Subscribe(subCtx, "t")
+		require.NoError(t, err)
+		for i := range n {
+			select {
+			case m := <-msgs:
+				time.Sleep(500 * time.Microsecond) // a handler's work: the drain lasts a second or so
+				m.Ack()
+			case <-time.After(30 * time.Second):
+				t.Fatalf("group %s: %d of %d messages in 30 s", group, i, n)
+			}
+		}
+		return time.Since(began), sub.Stats()
+	}
+	quiet, _ := drain("quiet")
+
+	intruder := poolAs(t, newRole(t, pool, "pglease_intruder"), 2)
+	payloads := []string{"xt", "o5:floodt", "rt", "gflood", "mt", "pt", "n1:t"}
+	floodCtx, stopFlood := context.WithCancel(ctx)
+	var sent atomic.Int64
+	flooded := make(chan struct{})
+	go func() {
+		defer close(flooded)
+		tick := time.NewTicker(2 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-floodCtx.Done():
+				return
+			case <-tick.C:
+			}
+			if _, err := intruder.Exec(floodCtx, "SELECT pg_notify($1, $2)", channel, payloads[i%len(payloads)]); err == nil {
+				sent.Add(1)
+			}
+		}
+	}()
+	waitFor(t, 10*time.Second, "the flood to be under way", func() bool { return sent.Load() > 50 })
+	took, st := drain("flood")
+	stopFlood()
+	<-flooded
+	t.Logf("2,000 messages: %s without notifications, %s under %d forged ones (%.1fx); %d claims, %d releases",
+		quiet.Round(time.Millisecond), took.Round(time.Millisecond), sent.Load(), float64(took)/float64(quiet), st.Claims, st.Releases)
+	require.Positive(t, sent.Load(), "the role granted nothing could notify")
+	assert.Equal(t, uint64(1), st.Claims, "the row was claimed once and never given up")
+	assert.Zero(t, st.Releases, "no row given up during the drain")
+	assertNoLeakedGoroutines(t)
 }

@@ -53,6 +53,10 @@ func (p pgGroupStore) groupMembers() ([]member, error) {
 	return p.session.groupMembers()
 }
 
+func (p pgGroupStore) offsetOwners(ctx context.Context, topics []string) (map[rowKey]rowOwner, error) {
+	return p.offsets.owners(ctx, p.timeout, p.group, topics)
+}
+
 // pgMaintainerStore is the maintainerStore of a Subscriber: the
 // statements on its pool.
 type pgMaintainerStore struct {

@@ -94,6 +94,7 @@ func dumpStatements(a *Tables) string {
 	q("DeleteExpiredSessions", a.DeleteExpiredSessions(sp))
 	q("SetSubscriptions", a.SetSubscriptions(sp))
 	q("GroupMembers", a.GroupMembers(GroupParams{ConsumerGroup: "g"}))
+	q("OffsetOwners", a.OffsetOwners(OffsetsParams{ConsumerGroup: "g", Topics: []string{"a", "b"}}))
 	op := OffsetsParams{ConsumerGroup: "g", Topics: []string{"a", "b"}, SessionID: id, Limit: 10, Latest: true}
 	q("EnsureOffsets", a.EnsureOffsets(op))
 	q("ClaimOffsets", a.ClaimOffsets(op))

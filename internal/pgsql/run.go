@@ -268,6 +268,20 @@ func GroupMembers(ctx context.Context, q Querier, t *Tables, group string) ([]Me
 
 // --- offsets
 
+// OwnerRow is a row of [OffsetOwners]: who owns an offset row (nil:
+// nobody), under which epoch.
+type OwnerRow struct {
+	Topic     string
+	Partition int32
+	SessionID *uuid.UUID
+	Epoch     int64
+}
+
+// OffsetOwners reads the owner and epoch of group's offset rows of topics.
+func OffsetOwners(ctx context.Context, q Querier, t *Tables, group string, topics []string) ([]OwnerRow, error) {
+	return collect(ctx, q, t.OffsetOwners(OffsetsParams{ConsumerGroup: group, Topics: topics}), pgx.RowToStructByPos[OwnerRow])
+}
+
 // EnsuredRow is an offset row [EnsureOffsets] created, and the transaction
 // id of the position it starts at (0: the beginning of the partition).
 type EnsuredRow struct {

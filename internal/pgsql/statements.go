@@ -340,6 +340,17 @@ WHERE consumer_group = $1 AND expires_at > pg_catalog.now()`,
 	}
 }
 
+// OffsetOwners is the statement of [OffsetOwners]: the group's rows of
+// the topics $2, found by the primary key's prefix.
+func (t *Tables) OffsetOwners(p OffsetsParams) Stmt {
+	return Stmt{
+		SQL: `SELECT o.topic, o.partition, o.session_id, o.epoch
+FROM ` + t.Offsets + ` o
+WHERE o.consumer_group = $1 AND o.topic = ANY ($2::text[])`,
+		Args: []any{p.ConsumerGroup, p.Topics},
+	}
+}
+
 // DeleteExpiredSessions is the statement of [DeleteExpiredSessions].
 //
 // Since schema version 8 no index covers expires_at (an index on it made
