@@ -28,6 +28,8 @@ mapfile -t modules < <(cd -- "$ROOT" && find . -name go.mod -not -path './.git/*
 status=0
 for m in "${modules[@]}"; do
 	echo "golangci-lint run $m/..."
-	(cd -- "$ROOT/$m" && "$BIN/golangci-lint" run -c "$ROOT/.golangci.yml" ./...) || status=1
+	# --allow-parallel-runners: checkouts of one machine (git worktrees) may
+	# lint at the same time; each waits for the others instead of failing.
+	(cd -- "$ROOT/$m" && "$BIN/golangci-lint" run --allow-parallel-runners -c "$ROOT/.golangci.yml" ./...) || status=1
 done
 exit "$status"
