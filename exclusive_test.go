@@ -606,6 +606,53 @@ func TestTakeoverIsLoggedWithTheOldSession(t *testing.T) {
 	})
 }
 
+// TestTakeoverOfAGoneSessionIsLoggedWithItsOwner: when another claim
+// already deleted an expired session's row (it took another of the
+// session's rows), the takeover is logged with the owner the member saw
+// while the session was alive.
+func TestTakeoverOfAGoneSessionIsLoggedWithItsOwner(t *testing.T) {
+	parallel(t)
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	createTables(t, pool, adapter)
+	ctx := context.Background()
+	conn := dedicatedConn(t, pool)
+	crashed := uuid.New()
+	execQuery(t, conn, tablesOf(adapter).CreateSession(pgsql.SessionParams{SessionID: crashed, ConsumerGroup: "g", Owner: "crashed-host/42", TTL: time.Hour}))
+	ensureRow(t, conn, adapter, "g", "t")
+	_, err := runClaim(ctx, conn, adapter, "g", "t", crashed)
+	require.NoError(t, err)
+
+	logger := newCapturingLogger()
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter}, logger)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, sub.Close()) }()
+	sawCrashed := make(chan struct{})
+	var once sync.Once
+	pglease.SetAfterMembersReadHook(sub, func(members int) {
+		if members == 2 {
+			once.Do(func() { close(sawCrashed) })
+		}
+	})
+	_, err = sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	select {
+	case <-sawCrashed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Subscriber never read the group with the crashed session in it")
+	}
+	// The crashed session's row is gone, as when another survivor's claim
+	// deleted it; the Subscriber is told the group changed.
+	_, err = conn.Exec(ctx, `DELETE FROM `+table(adapter, pglease.DefaultConsumerSessionsTable)+` WHERE id = $1`, crashed)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "SELECT pg_notify($1, 'gg')", tablesOf(adapter).NotifyChannel)
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, "the takeover to be logged", func() bool {
+		e, ok := logger.find(func(e logEntry) bool { return strings.Contains(e.msg, "taken over") })
+		return ok && e.fields["previous_session_id"] == crashed.String() && e.fields["previous_owner"] == "crashed-host/42"
+	})
+}
+
 // TestCloseReportsReleasesItCouldNotWrite: Close returns an error naming
 // the topic whose release it could not write within CloseTimeout, and
 // still stops every goroutine.

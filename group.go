@@ -93,9 +93,12 @@ type groupMember struct {
 	// last check ran.
 	resets       map[string]struct{}
 	resetChecked time.Time
-	// me and members are the last read of the group.
+	// me and members are the last read of the group; owners the owner
+	// of every session seen in the reads since it was last cleared
+	// (rememberOwners).
 	me      member
 	members []member
+	owners  map[uuid.UUID]string
 	// afterRead, when set, runs after each read of the group with the
 	// number of members read (tests only).
 	afterRead func(members int)
@@ -744,11 +747,28 @@ func (m *groupMember) readMembers(g *sessionGen) error {
 	}
 	m.mu.Lock()
 	m.me, m.members = members[i], members
+	m.rememberOwners(members)
 	m.mu.Unlock()
 	if m.afterRead != nil {
 		m.afterRead(len(members))
 	}
 	return nil
+}
+
+// maxRememberedOwners bounds the owners a member remembers: past it, it
+// keeps those of the last read only.
+const maxRememberedOwners = 1000
+
+// rememberOwners records the owners of members, for the logs of takeovers
+// of sessions that expired and whose row another claim already deleted;
+// m.mu must be held.
+func (m *groupMember) rememberOwners(members []member) {
+	if m.owners == nil || len(m.owners)+len(members) > maxRememberedOwners {
+		m.owners = make(map[uuid.UUID]string, len(members))
+	}
+	for _, x := range members {
+		m.owners[x.id] = x.owner
+	}
 }
 
 // yieldSurplus asks subscriptions to give up the rows this member holds
@@ -943,7 +963,15 @@ func (m *groupMember) handOver(g *sessionGen, r claimedRow) {
 	if r.previous != uuid.Nil {
 		m.stats.takeovers.Add(1)
 		fields["previous_session_id"] = r.previous.String()
-		fields["previous_owner"] = r.previousOwner
+		owner := r.previousOwner
+		if owner == "" {
+			// The session row was gone: an earlier claim of another of
+			// its rows deleted it. The member saw it alive.
+			m.mu.Lock()
+			owner = m.owners[r.previous]
+			m.mu.Unlock()
+		}
+		fields["previous_owner"] = owner
 		m.logger.Info("Topic taken over from an expired session", fields)
 	} else {
 		m.logger.Debug("Topic claimed", fields)

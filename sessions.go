@@ -682,7 +682,7 @@ func (k *sessionKeeper) groupMembers() ([]member, error) {
 	var members []member
 	for _, r := range rows {
 		members = append(members, member{id: r.ID, createdAt: r.CreatedAt, set: uint64(r.SubscriptionHash),
-			size: r.SubscriptionSize, expiresAt: read.Add(time.Duration(r.ExpiresInMs) * time.Millisecond)})
+			size: r.SubscriptionSize, expiresAt: read.Add(time.Duration(r.ExpiresInMs) * time.Millisecond), owner: r.Owner})
 	}
 	return members, nil
 }

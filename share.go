@@ -26,6 +26,8 @@ type member struct {
 	// counts them.
 	set  uint64
 	size int
+	// owner is the session's owner (host/pid), for the logs.
+	owner string
 }
 
 // memberBefore orders members by age, then id: a member that joins ranks

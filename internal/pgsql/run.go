@@ -259,6 +259,7 @@ type MemberRow struct {
 	ExpiresInMs      int64 // by the server's clock
 	SubscriptionHash int64
 	SubscriptionSize int
+	Owner            string // host/pid, for humans
 }
 
 // GroupMembers returns the live sessions of a consumer group.

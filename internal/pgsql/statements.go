@@ -333,7 +333,7 @@ SELECT pg_catalog.pg_notify($4, 'g' || consumer_group) FROM updated WHERE $4 <> 
 func (t *Tables) GroupMembers(p GroupParams) Stmt {
 	return Stmt{
 		SQL: `SELECT id, created_at, pg_catalog.ceil(extract(epoch FROM expires_at - pg_catalog.now()) * 1000::numeric)::bigint,
-	subscription_hash, subscription_size
+	subscription_hash, subscription_size, owner
 FROM ` + t.Sessions + `
 WHERE consumer_group = $1 AND expires_at > pg_catalog.now()`,
 		Args: []any{p.ConsumerGroup},
