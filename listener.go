@@ -561,13 +561,13 @@ func (s *Subscriber) pollIdle(ctx context.Context) {
 }
 
 func (s *Subscriber) pollIdleOnce(consumers []*consumer, params pgsql.VisibleTopicsParams) error {
-	ctx, cancel := context.WithTimeout(s.ctx, s.config.SessionTTL)
+	ctx, cancel := context.WithTimeout(s.ctx, s.stmtTimeout)
 	defer cancel()
-	conn, err := s.offsets.gate.acquire(ctx)
+	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
-	defer s.offsets.gate.release(conn)
+	defer conn.Release()
 	visible, err := pgsql.VisibleTopics(ctx, conn, s.offsets.tables, params)
 	if err != nil {
 		return err
