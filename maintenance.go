@@ -159,18 +159,18 @@ func kick(c chan struct{}) {
 	}
 }
 
-// notified handles the maintainer's notifications (nil-safe): "e" the row
-// was released, "d" delayed messages stored, "t" a retention changed.
+// notified handles the maintainer's notifications (nil-safe): the row
+// was released, delayed messages stored, a retention changed.
 func (m *maintainer) notified(kind byte) {
 	if m == nil {
 		return
 	}
 	switch kind {
-	case 'e':
+	case pgsql.NotifyMaintainer:
 		kick(m.elect)
-	case 'd':
+	case pgsql.NotifyDelayed:
 		kick(m.due)
-	case 't':
+	case pgsql.NotifyRetention:
 		kick(m.topics)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 	"github.com/pglease/watermill-pglease/internal/svc"
 )
 
@@ -407,7 +408,7 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 	}
 	s.session.onNewSession = func() {
 		s.member.wake()
-		s.maint.notified('e')
+		s.maint.notified(pgsql.NotifyMaintainer)
 	}
 	// The maintainer deletes expired sessions; without one, each Subscriber does.
 	s.session.cleanup = s.maint == nil
