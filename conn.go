@@ -192,8 +192,8 @@ func (c *sessionConn) dialIfNeeded(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("connect for session statements: %w", err)
 	}
-	var id string
-	if err := conn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&id); err != nil {
+	id, err := pgsql.SystemIdentifier(ctx, conn)
+	if err != nil {
 		if !usableAfter(conn, err) {
 			c.dialer.close(conn, 0)
 			return fmt.Errorf("connect for session statements: %w", err)

@@ -1,15 +1,17 @@
 package pglease
 
 // The consumer: the delivery state machine of one (topic, partition) of a
-// subscription (claim, fetch, hand out, commit, release), moved out of
-// subscriber.go, which keeps the Subscriber, its configuration, Subscribe
-// and Close.
+// subscription (claim, fetch, hand out, commit, release). It reaches its
+// Subscriber only through consumerDeps, so that its decisions (attempt
+// numbering, yielding, fencing, the byte budget, prefetch) are tested
+// against a fake store without a database.
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -65,7 +67,7 @@ func abbreviateRaw(s string, n int) string {
 // delivers it while it owns it, and gives it back when the member asks,
 // until the subscription ends.
 type consumer struct {
-	s         *Subscriber
+	*consumerDeps
 	sub       *subscription
 	topic     string
 	partition int32
@@ -105,6 +107,118 @@ type consumer struct {
 	here string
 }
 
+// consumerDeps is what the consumers of a Subscriber need from it, built
+// once by NewSubscriber and shared by all of them (a Subscriber may run
+// 100,000), given explicitly so that a consumer runs against a fake store
+// in tests.
+type consumerDeps struct {
+	settings consumerSettings
+	budget   *byteBudget // MaxBufferedBytes
+	store    consumerStore
+	member   consumerMember
+	hub      consumerHub
+	host     consumerHost
+	stats    *subscriberStats
+	// outage logs the failures of the consumers' statements, once per
+	// outage.
+	outage *outageLog
+	// tables are what a delivered message's AckInTx writes to.
+	tables *pgsql.Tables
+	// goroutines counts the consumers' goroutines and their prefetches,
+	// for Close to wait for.
+	goroutines *sync.WaitGroup
+	// giveUp is closed when Close stops waiting for releases that fail.
+	giveUp <-chan struct{}
+	// prefetch tells whether the pool is large enough to read the next
+	// batch while one is handed out (prefetchMinConns).
+	prefetch bool
+}
+
+// consumerSettings are the SubscriberConfig fields a consumer goes by.
+type consumerSettings struct {
+	batchSize       int
+	commitBatch     int
+	commitInterval  time.Duration
+	nackResendDelay time.Duration
+	// retryFirst is the first wait before retrying a statement that
+	// failed (PollInterval/20), doubling up to maxRetryBackoff; slowPoll
+	// the slowest re-read while committed messages are held back
+	// (PollInterval).
+	retryFirst time.Duration
+	slowPoll   time.Duration
+}
+
+func newConsumerSettings(cfg SubscriberConfig) consumerSettings {
+	return consumerSettings{
+		batchSize:       cfg.BatchSize,
+		commitBatch:     cfg.CommitBatch,
+		commitInterval:  cfg.CommitInterval,
+		nackResendDelay: cfg.NackResendDelay,
+		retryFirst:      cfg.PollInterval / 20,
+		slowPoll:        cfg.PollInterval,
+	}
+}
+
+// consumerStore runs the statements of a consumer (pgConsumerStore in
+// production). Each statement has a timeout of its own; ctx ends it
+// earlier. Not for implementing outside this package.
+type consumerStore interface {
+	// read reads up to p.limit messages of p.row after p.after (see
+	// pgsql.SelectMessages); pending reports committed messages after
+	// them held back by an older running transaction. An error wrapping
+	// pgsql.ErrWentBack means the database is no longer where p.here
+	// says.
+	read(ctx context.Context, p readParams) (rows []storedMessage, pending bool, err error)
+	// countHead counts a delivery of the message after cl's committed
+	// position and returns the count (offsetStore.countHead).
+	countHead(ctx context.Context, cl *claim) (int, error)
+	// commit writes cl's acknowledged position, fenced
+	// (offsetStore.commit).
+	commit(ctx context.Context, cl *claim) error
+	// release writes cl's acknowledged position and frees the row,
+	// fenced (offsetStore.release); its wait for its turn ends when Close
+	// gives up.
+	release(cl *claim) error
+}
+
+// readParams are the parameters of consumerStore.read: each message is
+// returned whole (with its payload and metadata) only if its size is at
+// most wholeUpTo; here is the identity of the server the claim's session
+// was made on.
+type readParams struct {
+	row       rowKey
+	after     Position
+	limit     int
+	wholeUpTo int64
+	here      string
+}
+
+// consumerMember is what a consumer asks of the group member
+// (*groupMember): to be granted its row, to stop waiting for it, and to
+// forget that it owns it.
+type consumerMember interface {
+	register(c *consumer)
+	unregister(c *consumer) (grant, bool)
+	disown(c *consumer)
+}
+
+// consumerHub is what a consumer tells the wake hub (*wakeHub): that it
+// waits for news after a position, that it no longer does, that it ended.
+type consumerHub interface {
+	setIdle(c *consumer, after Position)
+	clearIdle(c *consumer)
+	remove(c *consumer)
+}
+
+// consumerHost is the rest of the Subscriber a consumer deals with
+// (*Subscriber): its slot of the row, the errors Close returns, and the
+// report of a delivery stall.
+type consumerHost interface {
+	releaseSlot(key rowKey, slot *topicSlot)
+	closeError(err error)
+	reportStall()
+}
+
 func (c *consumer) row() rowKey { return rowKey{topic: c.topic, partition: c.partition} }
 
 func (c *consumer) poke() {
@@ -117,16 +231,16 @@ func (c *consumer) poke() {
 type outcome int
 
 const (
-	acked   outcome = iota
-	stopped         // the subscription ended: release the claim
-	lost            // ownership lost: wait for a new grant
-	yielded         // the member asked for the topic: release it, wait
+	proceed outcome = iota // the step went through: deliver on
+	stopped                // the subscription ended: release the claim
+	lost                   // ownership lost: wait for a new grant
+	yielded                // the member asked for the topic: release it, wait
 )
 
 func (c *consumer) run() {
-	defer c.s.consumers.Done()
-	defer c.s.releaseSlot(c.row(), c.slot)
-	defer c.s.hub.remove(c)
+	defer c.goroutines.Done()
+	defer c.host.releaseSlot(c.row(), c.slot)
+	defer c.hub.remove(c)
 	defer c.resetFlush()
 
 	select {
@@ -156,7 +270,7 @@ type leftover struct {
 // the subscription may still hold. Every way of ending ownership goes
 // through releaseLeftover, but for a lost one (nothing to release).
 func (c *consumer) consume() leftover {
-	m := c.s.member
+	m := c.member
 	m.register(c)
 	for {
 		var gr grant
@@ -208,15 +322,25 @@ func (c *consumer) finish(left *leftover) {
 // releaseRetrying retries a failed release (err, from releaseLeftover) with
 // backoff until it goes through, the session is lost or Close gives up.
 func (c *consumer) releaseRetrying(left *leftover, err error) {
-	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
+	retry := newBackoff(c.settings.retryFirst, maxRetryBackoff)
 	for err != nil {
-		if !sleep(retry.delay(), c.s.giveUp, left.g.lost) {
-			if c.s.isGivingUp() {
-				c.s.closeError(err)
+		if !sleep(retry.delay(), c.giveUp, left.g.lost) {
+			if c.givingUp() {
+				c.host.closeError(err)
 			}
 			return
 		}
 		err = c.releaseLeftover(left)
+	}
+}
+
+// givingUp reports whether Close stopped waiting for releases.
+func (c *consumer) givingUp() bool {
+	select {
+	case <-c.giveUp:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -228,9 +352,9 @@ func (c *consumer) releaseLeftover(left *leftover) error {
 	}
 	cl := left.cl
 	sent := time.Now()
-	err := c.s.offsets.release(c.s.releaseCtx, cl)
+	err := c.store.release(cl)
 	if err == nil || errors.Is(err, ErrOwnershipLost) {
-		c.s.consumerOutage.ok()
+		c.outage.ok()
 	}
 	switch {
 	case err == nil:
@@ -242,7 +366,7 @@ func (c *consumer) releaseLeftover(left *leftover) error {
 			"epoch": cl.epoch, "session_id": cl.sessionID.String()})
 		return nil
 	default:
-		c.s.consumerOutage.failed(sent, "Cannot release the topic, retrying while the session lives", err,
+		c.outage.failed(sent, "Cannot release the topic, retrying while the session lives", err,
 			watermill.LogFields{"topic": c.topic, "partition": c.partition})
 		return err
 	}
@@ -278,10 +402,10 @@ func (c *consumer) waitWake(d time.Duration, lost <-chan struct{}) bool {
 // (yielded, only between messages: a message handed out is first acked or
 // nacked). Without hasNext it waits for news before its first read.
 func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
-	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
+	retry := newBackoff(c.settings.retryFirst, maxRetryBackoff)
 	// pending paces the re-polls while committed messages are not visible
 	// yet.
-	pending := newPendingPoll(c.s.config.PollInterval)
+	pending := newPendingPoll(c.settings.slowPoll)
 	head := true // no message of this claim delivered yet
 	// drained: the last read returned every message visible after the
 	// position, none held back (pending), and they have all been handed
@@ -307,7 +431,7 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 		}
 		if (first && !hasNext) || drained {
 			drained = false
-			if res := c.flush(g, cl); res != acked {
+			if res := c.flush(g, cl); res != proceed {
 				return res
 			}
 			if !c.waitIdle(g, cl) {
@@ -331,14 +455,14 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 			if errors.Is(cl.wentBack(err, "read messages of topic"), ErrDatabaseWentBack) {
 				return lost // the session keeper logs it
 			}
-			c.s.consumerOutage.failed(sent, "Cannot read messages, retrying", err,
+			c.outage.failed(sent, "Cannot read messages, retrying", err,
 				watermill.LogFields{"topic": c.topic, "partition": c.partition})
 			if !sleep(retry.delay(), c.ctx.Done(), g.lost) && c.ctx.Err() != nil {
 				return stopped
 			}
 			continue
 		}
-		c.s.consumerOutage.ok()
+		c.outage.ok()
 		retry.reset()
 		batch := rb.msgs
 		if len(batch) > 0 || !rb.pending {
@@ -348,13 +472,13 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 			pending.reset()
 		}
 		drained = rb.all && !rb.pending && len(batch) > 0
-		if len(batch) == c.s.config.BatchSize {
+		if len(batch) == c.settings.batchSize {
 			// A full batch: more are likely to follow. Read them while
 			// this one is handed out.
 			c.startPrefetch(batch[len(batch)-1].pos)
 		}
 		if len(batch) == 0 {
-			if res := c.flush(g, cl); res != acked {
+			if res := c.flush(g, cl); res != proceed {
 				return res
 			}
 			if rb.pending {
@@ -362,8 +486,8 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 				// look again soon, backing off while it runs.
 				wait, stalled := pending.held(time.Now())
 				if stalled {
-					c.s.stats.stalls.Add(1)
-					c.s.reportStall()
+					c.stats.stalls.Add(1)
+					c.host.reportStall()
 				}
 				if !c.waitWake(wait, g.lost) {
 					return c.interrupted()
@@ -384,27 +508,27 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 				// The first message after the claim's position: count
 				// this claim's delivery of it in the row, across owners.
 				n, res := c.countHead(g, cl)
-				if res != acked {
+				if res != proceed {
 					return res
 				}
 				attempt, head = n, false
 			}
 			c.unsent = m.size
-			if res := c.deliver(g, cl, m, attempt); res != acked {
+			if res := c.deliver(g, cl, m, attempt); res != proceed {
 				return res
 			}
 			cl.acked, cl.headOut = m.pos, false
 			c.unflushed++
-			if c.unflushed >= c.s.config.CommitBatch {
-				if res := c.flush(g, cl); res != acked {
+			if c.unflushed >= c.settings.commitBatch {
+				if res := c.flush(g, cl); res != proceed {
 					return res
 				}
 			} else if !c.flushArmed {
 				c.flushArmed = true
 				if c.flushTimer == nil {
-					c.flushTimer = time.NewTimer(c.s.config.CommitInterval)
+					c.flushTimer = time.NewTimer(c.settings.commitInterval)
 				} else {
-					c.flushTimer.Reset(c.s.config.CommitInterval)
+					c.flushTimer.Reset(c.settings.commitInterval)
 				}
 			}
 		}
@@ -468,11 +592,11 @@ func (p *pendingPoll) held(now time.Time) (wait time.Duration, stalled bool) {
 // subscription ended, the session was lost or the member asked for the
 // topic.
 func (c *consumer) waitIdle(g *sessionGen, cl *claim) bool {
-	c.s.hub.setIdle(c, cl.acked)
+	c.hub.setIdle(c, cl.acked)
 	c.idle.Store(true)
 	ok := c.waitWake(0, g.lost)
 	c.idle.Store(false)
-	c.s.hub.clearIdle(c)
+	c.hub.clearIdle(c)
 	return ok
 }
 
@@ -512,19 +636,19 @@ func (c *consumer) interrupted() outcome {
 // given back. ok is false when the subscription ended, the session was
 // lost or the member asked for the row while it waited.
 func (c *consumer) fetch(g *sessionGen, cl *claim) (rb readBatch, ok bool, err error) {
-	b := c.s.budget
+	b := c.budget
 	stop := budgetStop{c.ctx.Done(), g.lost, c.yield}
 	c.dropBuffered()
 	if !b.tryReserve(&c.lease, b.reserveWant()) {
 		// Nothing free: commit what is due before waiting.
-		if c.flush(g, cl) != acked {
+		if c.flush(g, cl) != proceed {
 			return readBatch{}, false, nil
 		}
 		if !b.reserve(&c.lease, b.reserveWant(), stop) {
 			return readBatch{}, false, nil
 		}
 	}
-	limit := c.s.config.BatchSize
+	limit := c.settings.batchSize
 	wholeUpTo := max(c.lease.n/int64(limit), 1)
 	for {
 		rows, pending, err := c.read(cl.acked, limit, wholeUpTo)
@@ -607,7 +731,7 @@ func cutBatch(rows []storedMessage, budget int64) (batch []storedMessage, fit in
 // dropBuffered gives back to the budget what the consumer still holds of
 // it: a batch not handed out, or a reservation.
 func (c *consumer) dropBuffered() {
-	c.s.budget.giveBack(&c.lease, c.lease.n)
+	c.budget.giveBack(&c.lease, c.lease.n)
 	c.unsent = 0
 }
 
@@ -639,22 +763,22 @@ type prefetch struct {
 // to be taken (the consumer keeps on a message its handler nacks), and
 // the rest of the reservation is the other consumers' meanwhile.
 func (c *consumer) startPrefetch(after Position) {
-	if c.next != nil || c.s.offsets.gate.maxConns < prefetchMinConns {
+	if c.next != nil || !c.prefetch {
 		return
 	}
-	b := c.s.budget
+	b := c.budget
 	p := &prefetch{after: after, done: make(chan struct{})}
 	if !b.tryReserve(&p.lease, b.reserveWant()) {
 		return
 	}
-	limit := c.s.config.BatchSize
+	limit := c.settings.batchSize
 	wholeUpTo := max(p.lease.n/int64(limit), 1)
 	var ctx context.Context
 	ctx, p.cancel = context.WithCancel(c.ctx)
 	c.next = p
-	c.s.consumers.Add(1)
+	c.goroutines.Add(1)
 	go func() {
-		defer c.s.consumers.Done()
+		defer c.goroutines.Done()
 		defer close(p.done)
 		// Nothing is kept after an error, an empty read (fetch reads
 		// again, right before the consumer waits for news) or a first
@@ -698,11 +822,11 @@ func (c *consumer) dropPrefetch() {
 	c.next = nil
 	p.cancel()
 	<-p.done
-	c.s.budget.giveBack(&p.lease, p.lease.n)
+	c.budget.giveBack(&p.lease, p.lease.n)
 }
 
-// read runs one SelectMessages for limit messages after after, each
-// returned whole only if its size is at most wholeUpTo.
+// read reads limit messages after after, each returned whole only if its
+// size is at most wholeUpTo.
 func (c *consumer) read(after Position, limit int, wholeUpTo int64) (rows []storedMessage, pending bool, err error) {
 	return c.readCtx(c.ctx, after, limit, wholeUpTo)
 }
@@ -711,40 +835,7 @@ func (c *consumer) read(after Position, limit int, wholeUpTo int64) (rows []stor
 // It touches nothing of c that changes, so a prefetch runs it beside the
 // consumer's goroutine.
 func (c *consumer) readCtx(ctx context.Context, after Position, limit int, wholeUpTo int64) (rows []storedMessage, pending bool, err error) {
-	conn, err := c.s.offsets.gate.acquire(ctx)
-	if err != nil {
-		return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, err)
-	}
-	defer c.s.offsets.gate.release(conn)
-	ctx, cancel := context.WithTimeout(ctx, c.s.config.SessionTTL)
-	defer cancel()
-	c.s.stats.reads.Add(1)
-	res, err := pgsql.SelectMessages(ctx, conn, c.s.offsets.tables, pgsql.SelectMessagesParams{
-		Topic:           c.topic,
-		Partition:       c.partition,
-		After:           pgsql.Position(after),
-		Limit:           limit,
-		MaxMessageBytes: wholeUpTo,
-		Here:            c.here,
-	})
-	if err != nil {
-		return nil, false, fmt.Errorf("read messages of topic %q: %w", c.topic, wrapMissingSchema(err))
-	}
-	if res.WentBack {
-		return nil, false, fmt.Errorf("read messages of topic %q after %d:%d: %w", c.topic,
-			after.TransactionID, after.Offset, pgsql.ErrWentBack)
-	}
-	if res.Future {
-		return nil, false, fmt.Errorf("read messages of topic %q: a stored message was written by a transaction "+
-			"this database has not reached yet, so it would be delivered after messages published later or "+
-			"never: %w", c.topic, ErrFuturePosition)
-	}
-	rows = make([]storedMessage, len(res.Messages))
-	for i, m := range res.Messages {
-		rows[i] = storedMessage{uuid: m.UUID, payload: m.Payload, metadata: m.Metadata, size: m.Size,
-			whole: m.Size <= wholeUpTo, pos: Position(m.Position)}
-	}
-	return rows, res.Pending, nil
+	return c.store.read(ctx, readParams{row: c.row(), after: after, limit: limit, wholeUpTo: wholeUpTo, here: c.here})
 }
 
 // flushC is the flush timer's channel while acknowledged positions wait to
@@ -781,21 +872,21 @@ func (c *consumer) deliver(g *sessionGen, cl *claim, m storedMessage, attempt in
 			c.logger.Error("Cannot decode message, skipped", err, watermill.LogFields{"partition": c.partition,
 				"position": strconv.FormatUint(m.pos.TransactionID, 10) + ":" + strconv.FormatInt(m.pos.Offset, 10),
 				"uuid":     m.uuid, "metadata": abbreviateRaw(m.metadata, 200)})
-			c.s.budget.giveBack(&c.lease, c.unsent)
+			c.budget.giveBack(&c.lease, c.unsent)
 			c.unsent = 0
-			return acked
+			return proceed
 		}
 		msg.Metadata.Set(DeliveryAttemptMetadata, strconv.Itoa(attempt))
 		mctx, mcancel := context.WithCancel(&deliveryCtx{Context: c.ctx, d: delivery{
 			topic: c.topic, partition: c.partition, pos: m.pos, group: cl.group,
-			sessionID: cl.sessionID, epoch: cl.epoch, g: g, tables: c.s.offsets.tables}})
+			sessionID: cl.sessionID, epoch: cl.epoch, g: g, tables: c.tables}})
 		msg.SetContext(mctx)
-		res, nacked := c.handOut(g, cl, m, msg)
+		res, nacked := c.handOut(g, cl, msg)
 		mcancel()
 		if !nacked {
 			return res
 		}
-		if !c.waitFlushing(g, cl, c.s.config.NackResendDelay) {
+		if !c.waitFlushing(g, cl, c.settings.nackResendDelay) {
 			return c.interrupted()
 		}
 	}
@@ -808,7 +899,7 @@ func (c *consumer) deliver(g *sessionGen, cl *claim, m storedMessage, attempt in
 func (c *consumer) countHead(g *sessionGen, cl *claim) (int, outcome) {
 	var n int
 	res := c.fencedWrite(g, cl, "Cannot count the delivery, retrying", func(ctx context.Context) (err error) {
-		n, err = c.s.offsets.countHead(ctx, cl)
+		n, err = c.store.countHead(ctx, cl)
 		return err
 	})
 	return n, res
@@ -816,11 +907,11 @@ func (c *consumer) countHead(g *sessionGen, cl *claim) (int, outcome) {
 
 // fencedWrite runs write, a statement fenced by cl's session and epoch,
 // retrying with backoff while the database cannot be reached (logging
-// retryMsg). It reports acked when it went through, lost when the row was
+// retryMsg). It reports proceed when it went through, lost when the row was
 // taken over, and stopped or why a wait was interrupted otherwise. The end
-// of the subscription cuts a write off.
+// of the subscription cuts a write off; the store bounds each attempt.
 func (c *consumer) fencedWrite(g *sessionGen, cl *claim, retryMsg string, write func(context.Context) error) outcome {
-	retry := newBackoff(c.s.config.PollInterval/20, maxRetryBackoff)
+	retry := newBackoff(c.settings.retryFirst, maxRetryBackoff)
 	for {
 		// A generation found lost (expired, self-fenced, or dropped
 		// because the database went back in time) writes nothing more:
@@ -829,13 +920,11 @@ func (c *consumer) fencedWrite(g *sessionGen, cl *claim, retryMsg string, write 
 		if g.isLost() {
 			return lost
 		}
-		ctx, cancel := context.WithTimeout(c.ctx, c.s.config.SessionTTL)
 		sent := time.Now()
-		err := write(ctx)
-		cancel()
+		err := write(c.ctx)
 		if err == nil {
-			c.s.consumerOutage.ok()
-			return acked
+			c.outage.ok()
+			return proceed
 		}
 		if errors.Is(err, ErrDatabaseWentBack) {
 			return lost // the session keeper logs it
@@ -848,7 +937,7 @@ func (c *consumer) fencedWrite(g *sessionGen, cl *claim, retryMsg string, write 
 		if c.ctx.Err() != nil {
 			return stopped
 		}
-		c.s.consumerOutage.failed(sent, retryMsg, err, watermill.LogFields{"topic": c.topic, "partition": c.partition})
+		c.outage.failed(sent, retryMsg, err, watermill.LogFields{"topic": c.topic, "partition": c.partition})
 		if !sleep(retry.delay(), c.ctx.Done(), g.lost) {
 			return c.interrupted()
 		}
@@ -856,7 +945,7 @@ func (c *consumer) fencedWrite(g *sessionGen, cl *claim, retryMsg string, write 
 }
 
 // handOut sends msg and waits for its Ack or Nack.
-func (c *consumer) handOut(g *sessionGen, cl *claim, _ storedMessage, msg *message.Message) (res outcome, nacked bool) {
+func (c *consumer) handOut(g *sessionGen, cl *claim, msg *message.Message) (res outcome, nacked bool) {
 	for sent := false; !sent; {
 		select {
 		case c.out <- msg:
@@ -868,39 +957,39 @@ func (c *consumer) handOut(g *sessionGen, cl *claim, _ storedMessage, msg *messa
 		case <-c.yield:
 			return yielded, false
 		case <-c.flushC():
-			if res := c.flush(g, cl); res != acked {
+			if res := c.flush(g, cl); res != proceed {
 				return res, false
 			}
 		}
 	}
-	c.s.stats.delivered.Add(1)
+	c.stats.delivered.Add(1)
 	cl.headOut = true // the message after cl.acked
 	if c.unsent > 0 {
 		// Handed out: the handler holds it now.
-		c.s.budget.giveBack(&c.lease, c.unsent)
+		c.budget.giveBack(&c.lease, c.unsent)
 		c.unsent = 0
 	}
 	for {
 		select {
 		case <-msg.Acked():
-			c.s.stats.acked.Add(1)
-			return acked, false
+			c.stats.acked.Add(1)
+			return proceed, false
 		case <-msg.Nacked():
-			c.s.stats.nacked.Add(1)
-			return acked, true
+			c.stats.nacked.Add(1)
+			return proceed, true
 		case <-c.ctx.Done():
 			if isAcked(msg) {
-				return acked, false
+				return proceed, false
 			}
 			return stopped, false
 		case <-g.lost:
 			return lost, false
 		case <-c.flushC():
-			if res := c.flush(g, cl); res != acked {
+			if res := c.flush(g, cl); res != proceed {
 				if res == stopped && isAcked(msg) {
 					// Acked just before the subscription ended: its
 					// position goes into the release.
-					return acked, false
+					return proceed, false
 				}
 				return res, false
 			}
@@ -924,7 +1013,7 @@ func (c *consumer) waitFlushing(g *sessionGen, cl *claim, d time.Duration) bool 
 		case <-c.yield:
 			return false // the nacked message goes to the next owner
 		case <-c.flushC():
-			if c.flush(g, cl) != acked {
+			if c.flush(g, cl) != proceed {
 				return false
 			}
 		}
@@ -946,11 +1035,11 @@ func isAcked(msg *message.Message) bool {
 func (c *consumer) flush(g *sessionGen, cl *claim) outcome {
 	c.resetFlush()
 	if !cl.dirty() {
-		return acked
+		return proceed
 	}
 	// The end of the subscription may cut a commit off (stopped): the
 	// release that follows writes the same position, fenced the same way.
 	return c.fencedWrite(g, cl, "Cannot commit offset, retrying", func(ctx context.Context) error {
-		return c.s.offsets.commit(ctx, cl)
+		return c.store.commit(ctx, cl)
 	})
 }

@@ -312,7 +312,7 @@ func (s *fakeSession) current() (*sessionGen, <-chan struct{}) {
 
 func newTestMaintainer(store *fakeMaintainerStore, session sessionSource) *maintainer {
 	return newMaintainer(maintainerDeps{
-		cfg: MaintenanceConfig{Interval: time.Hour}, sessionTTL: 2 * time.Second, closeTimeout: time.Second,
+		cfg: MaintenanceConfig{Interval: time.Hour}, sessionTTL: 2 * time.Second, stmtTimeout: 2 * time.Second, closeTimeout: time.Second,
 		logger: watermill.NopLogger{}, stats: newSubscriberStats(), session: session,
 		store:     fakeMaintainerStoreAPI{store},
 		spread:    func(time.Duration) time.Duration { return 0 },

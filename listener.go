@@ -68,24 +68,21 @@ func (h *wakeHub) clearIdle(c *consumer) {
 	delete(h.idle, c)
 }
 
-// resetKind starts the payload of the notification of a reset of one
-// consumer group's offsets on a topic (see resetNotification).
-const resetKind = 'o'
-
 // maxNotifyPayload is the longest payload pg_notify accepts, in bytes
 // (payloads must be shorter than 8000 bytes).
 const maxNotifyPayload = 7999
 
 // resetNotification returns the payload that tells the Subscribers of group
-// that an operator reset the group's offsets on topic: "o", the length of
-// group in bytes (decimal), ":", group, then topic. The length says where
-// the group ends, whatever bytes the group and the topic hold. A group too
-// long for a payload gets the unscoped "x" + topic of earlier versions,
-// which every group's Subscribers of the topic act on.
+// that an operator reset the group's offsets on topic
+// (pgsql.NotifyReset): the kind, the length of group in bytes (decimal),
+// ":", group, then topic. The length says where the group ends, whatever
+// bytes the group and the topic hold. A group too long for a payload gets
+// the unscoped pgsql.NotifyResetAny + topic of earlier versions, which
+// every group's Subscribers of the topic act on.
 func resetNotification(group, topic string) string {
-	p := string(resetKind) + strconv.Itoa(len(group)) + ":" + group + topic
+	p := string(rune(pgsql.NotifyReset)) + strconv.Itoa(len(group)) + ":" + group + topic
 	if len(p) > maxNotifyPayload {
-		return "x" + topic
+		return string(rune(pgsql.NotifyResetAny)) + topic
 	}
 	return p
 }
@@ -104,33 +101,31 @@ func parseResetNotification(s string) (group, topic string, ok bool) {
 	return rest[:size], rest[size:], true
 }
 
-// notify handles one notification payload: "m" + topic (new messages in
-// partition 0) and "n" + partition + ":" + topic (in another partition)
-// wake the consumer of that partition, "r" + topic (released)
-// the group member if it subscribes to the topic, "g" + group (a session of
-// the group started, ended or changed its topics) the group member, "p" +
-// topic (partition count raised) the member, to start consumers for the new
-// partitions, "o" + a group and a topic (resetNotification: the group's
-// offsets reset by an operator) the member of that group, to read its rows
-// of the topic and give up those whose owner or epoch moved; "e" (the
-// maintainer's row was released), "d" + due time (delayed messages stored)
-// and "t" + topic (a retention changed) the maintainer. "x" + topic, the
-// reset notification of earlier versions (an older pglease command or
-// Inspector during a rolling upgrade), names no group: every member reads
-// its rows of the topic. Any role of the database may notify on the
-// channel, so every notification is a hint to look, never an order (see
-// docs/security.md). A reset notified while the listener reconnects, or
-// that an older Subscriber does not understand, is caught at the owner's
-// next commit instead, which the reset's epoch bump refuses.
+// notify handles one notification payload (pgsql.NotifyMessages and the
+// other kinds): new messages wake the consumer of their partition; a
+// release wakes the group member if it subscribes to the topic; a change
+// of the group's sessions wakes the member; a raised partition count has
+// the member start consumers for the new partitions; a reset of the
+// group's offsets on a topic has the member of that group read its rows
+// of the topic and give up those whose owner or epoch moved; the
+// maintainer's row released, delayed messages stored and a retention
+// changed wake the maintainer. The reset notification of earlier versions
+// (an older pglease command or Inspector during a rolling upgrade) names
+// no group: every member reads its rows of the topic. Any role of the
+// database may notify on the channel, so every notification is a hint to
+// look, never an order (see docs/security.md). A reset notified while the
+// listener reconnects, or that an older Subscriber does not understand, is
+// caught at the owner's next commit instead, which the reset's epoch bump
+// refuses.
 func (h *wakeHub) notify(payload string) {
 	if payload == "" {
 		return
 	}
 	kind, name := payload[0], payload[1:]
 	switch kind {
-	case 'm', 'n':
+	case pgsql.NotifyMessages, pgsql.NotifyPartition:
 		var partition int32
-		if kind == 'n' {
+		if kind == pgsql.NotifyPartition {
 			p, topic, ok := strings.Cut(name, ":")
 			n, err := strconv.ParseInt(p, 10, 32)
 			if !ok || err != nil {
@@ -147,21 +142,21 @@ func (h *wakeHub) notify(payload string) {
 				c.poke()
 			}
 		}
-	case 'r':
+	case pgsql.NotifyReleased:
 		h.member.released(name)
-	case 'g':
+	case pgsql.NotifyGroup:
 		if name == h.group {
 			h.member.membersChanged()
 		}
-	case 'p':
+	case pgsql.NotifyPartitions:
 		h.member.topicChanged(&name)
-	case resetKind:
+	case pgsql.NotifyReset:
 		if group, topic, ok := parseResetNotification(name); ok && group == h.group {
 			h.member.offsetsReset(topic)
 		}
-	case 'x':
+	case pgsql.NotifyResetAny:
 		h.member.offsetsReset(name)
-	case 'e', 'd', 't':
+	case pgsql.NotifyMaintainer, pgsql.NotifyDelayed, pgsql.NotifyRetention:
 		h.maint.notified(kind)
 	}
 }
@@ -252,10 +247,6 @@ var (
 	listenerProbeInterval = 30 * time.Second
 	listenerProbeTimeout  = 10 * time.Second
 )
-
-// probeKind starts the payload of a listener's probe notification; wake
-// hubs never see it.
-const probeKind = 'k'
 
 // errPooledConnection is returned when the connection dialled for LISTEN
 // turns out to go through a connection pooler or proxy.
@@ -397,7 +388,7 @@ func (l *sharedListener) listenOnce(lctx context.Context, connected func()) erro
 	if err := checkDirect(lctx, conn); err != nil {
 		return err
 	}
-	if _, err := conn.Exec(lctx, "LISTEN "+pgx.Identifier{l.key.channel}.Sanitize()); err != nil {
+	if err := pgsql.Listen(lctx, conn, l.key.channel); err != nil {
 		return err
 	}
 	connected()
@@ -429,7 +420,7 @@ func (l *sharedListener) listenOnce(lctx context.Context, connected func()) erro
 				return err
 			}
 		}
-		if len(n.Payload) > 0 && n.Payload[0] == probeKind {
+		if len(n.Payload) > 0 && n.Payload[0] == pgsql.NotifyProbe { // wake hubs never see it
 			l.probeArrived(n.Payload[1:])
 			continue
 		}
@@ -450,7 +441,7 @@ func (l *sharedListener) probe(ctx context.Context) error {
 		l.probeMu.Unlock()
 		sctx, cancel := context.WithTimeout(ctx, listenerProbeTimeout)
 		sent := time.Now()
-		_, err := l.key.pool.Exec(sctx, "SELECT pg_notify($1, $2)", l.key.channel, string(probeKind)+token)
+		err := pgsql.Notify(sctx, l.key.pool, l.key.channel, string(rune(pgsql.NotifyProbe))+token)
 		if err == nil {
 			select {
 			case <-back:
@@ -494,25 +485,22 @@ func (l *sharedListener) probeArrived(token string) {
 // between two statements, or when a LISTEN is not seen by the next
 // statement (the statements ran on different server connections).
 func checkDirect(ctx context.Context, conn *pgx.Conn) error {
-	var pid int32
-	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+	pid, err := pgsql.BackendPID(ctx, conn)
+	if err != nil {
 		return fmt.Errorf("check the listener's connection: %w", err)
 	}
 	if announced := conn.PgConn().PID(); uint32(pid) != announced {
 		return fmt.Errorf("%w: its backend's process id is %d, the one announced at login %d", errPooledConnection, pid, announced)
 	}
-	probe := pgx.Identifier{"pglease_probe_" + strings.ReplaceAll(uuid.NewString(), "-", "")}.Sanitize()
-	if _, err := conn.Exec(ctx, "LISTEN "+probe); err != nil {
+	probe := "pglease_probe_" + strings.ReplaceAll(uuid.NewString(), "-", "")
+	if err := pgsql.Listen(ctx, conn, probe); err != nil {
 		return fmt.Errorf("check the listener's connection: %w", err)
 	}
-	var pid2 int32
-	var seen bool
-	err := conn.QueryRow(ctx, "SELECT pg_backend_pid(), $1 = ANY (ARRAY(SELECT pg_listening_channels()))",
-		strings.Trim(probe, `"`)).Scan(&pid2, &seen)
+	pid2, seen, err := pgsql.ListeningOn(ctx, conn, probe)
 	if err != nil {
 		return fmt.Errorf("check the listener's connection: %w", err)
 	}
-	if _, err := conn.Exec(ctx, "UNLISTEN "+probe); err != nil {
+	if err := pgsql.Unlisten(ctx, conn, probe); err != nil {
 		return fmt.Errorf("check the listener's connection: %w", err)
 	}
 	if pid2 != pid || !seen {
@@ -561,13 +549,13 @@ func (s *Subscriber) pollIdle(ctx context.Context) {
 }
 
 func (s *Subscriber) pollIdleOnce(consumers []*consumer, params pgsql.VisibleTopicsParams) error {
-	ctx, cancel := context.WithTimeout(s.ctx, s.config.SessionTTL)
+	ctx, cancel := context.WithTimeout(s.ctx, s.stmtTimeout)
 	defer cancel()
-	conn, err := s.offsets.gate.acquire(ctx)
+	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
-	defer s.offsets.gate.release(conn)
+	defer conn.Release()
 	visible, err := pgsql.VisibleTopics(ctx, conn, s.offsets.tables, params)
 	if err != nil {
 		return err

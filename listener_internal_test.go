@@ -3,6 +3,8 @@ package pglease
 import (
 	"strings"
 	"testing"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // These tests need no database.
@@ -23,8 +25,8 @@ func TestResetNotificationRoundTrip(t *testing.T) {
 		{strings.Repeat("g", maxNotifyPayload-len("o7999:t")), "t"},
 	} {
 		p := resetNotification(tc.group, tc.topic)
-		if p[0] != resetKind {
-			t.Fatalf("resetNotification(%q, %q) = %q: not of kind %q", tc.group, tc.topic, p, resetKind)
+		if p[0] != pgsql.NotifyReset {
+			t.Fatalf("resetNotification(%q, %q) = %q: not of kind %q", tc.group, tc.topic, p, pgsql.NotifyReset)
 		}
 		group, topic, ok := parseResetNotification(p[1:])
 		if !ok || group != tc.group || topic != tc.topic {

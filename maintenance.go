@@ -88,8 +88,10 @@ type maintainer struct {
 // maintainerDeps is what a maintainer needs from its Subscriber, given
 // explicitly so that the election runs against a fake store in tests.
 type maintainerDeps struct {
-	cfg          MaintenanceConfig
-	sessionTTL   time.Duration
+	cfg        MaintenanceConfig
+	sessionTTL time.Duration
+	// stmtTimeout bounds each statement of the election (statementTimeout).
+	stmtTimeout  time.Duration
 	closeTimeout time.Duration
 	logger       watermill.LoggerAdapter
 	stats        *subscriberStats
@@ -157,18 +159,18 @@ func kick(c chan struct{}) {
 	}
 }
 
-// notified handles the maintainer's notifications (nil-safe): "e" the row
-// was released, "d" delayed messages stored, "t" a retention changed.
+// notified handles the maintainer's notifications (nil-safe): the row
+// was released, delayed messages stored, a retention changed.
 func (m *maintainer) notified(kind byte) {
 	if m == nil {
 		return
 	}
 	switch kind {
-	case 'e':
+	case pgsql.NotifyMaintainer:
 		kick(m.elect)
-	case 'd':
+	case pgsql.NotifyDelayed:
 		kick(m.due)
-	case 't':
+	case pgsql.NotifyRetention:
 		kick(m.topics)
 	}
 }
@@ -259,7 +261,7 @@ func (m *maintainer) run(ctx context.Context) {
 // level, and does not stand: the Subscribers whose role can are elected.
 // An error is a failure to find out, to be retried.
 func (m *maintainer) decide(ctx context.Context) (bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, m.sessionTTL)
+	ctx, cancel := context.WithTimeout(ctx, m.stmtTimeout)
 	defer cancel()
 	access, err := m.store.access(ctx)
 	c, err := candidacyOf(access, err)
@@ -292,7 +294,7 @@ func (m *maintainer) decide(ctx context.Context) (bool, error) {
 func (m *maintainer) claim(ctx context.Context, g *sessionGen) (*int64, time.Duration, error) {
 	// Not liveness: a claim that waits is better than one cancelled
 	// (which costs the pool its connection).
-	ctx, cancel := context.WithTimeout(ctx, m.sessionTTL)
+	ctx, cancel := context.WithTimeout(ctx, m.stmtTimeout)
 	defer cancel()
 	row, err := m.store.holder(ctx)
 	if err == nil && looksFree(row, g.id) {

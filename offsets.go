@@ -82,10 +82,13 @@ func (c *claim) wentBack(err error, what string) error {
 	return fmt.Errorf("%s %q (epoch %d): %w", what, c.topic, c.epoch, ErrDatabaseWentBack)
 }
 
-// offsetStore runs the claim, commit and release statements of the
-// offsets table. It is safe for concurrent use.
+// offsetStore runs the statements of the offsets table (claims, commits,
+// releases) and the consumers' reads of messages, on pooled connections:
+// the session heartbeat has a connection of its own (sessionConn), so
+// the application's load on the pool cannot make it late. It is safe for
+// concurrent use.
 type offsetStore struct {
-	gate     *dataGate
+	pool     *pgxpool.Pool
 	tables   *pgsql.Tables
 	releases *releaser
 	stats    *subscriberStats
@@ -96,44 +99,19 @@ type offsetStore struct {
 }
 
 func newOffsetStore(pool *pgxpool.Pool, tables *pgsql.Tables, releaseTimeout time.Duration, stats *subscriberStats, logger watermill.LoggerAdapter) offsetStore {
-	gate := newDataGate(pool)
-	return offsetStore{gate: gate, tables: tables, releases: newReleaser(gate, tables, releaseTimeout, logger), stats: stats}
-}
-
-// dataGate is where a Subscriber's consumers (claims, fetches, commits,
-// releases, idle polls) take pool connections. It once held one connection
-// back for the session heartbeat; the heartbeat now has a connection of its
-// own (sessionConn), so the gate only hands out pooled connections.
-type dataGate struct {
-	pool *pgxpool.Pool
-	// maxConns is the pool's MaxConns, read once: pool.Config() copies
-	// the whole configuration on every call.
-	maxConns int32
-}
-
-func newDataGate(pool *pgxpool.Pool) *dataGate {
-	return &dataGate{pool: pool, maxConns: pool.Config().MaxConns}
-}
-
-// acquire waits for a connection; give it back with release.
-func (g *dataGate) acquire(ctx context.Context) (*pgxpool.Conn, error) {
-	return g.pool.Acquire(ctx)
-}
-
-func (g *dataGate) release(conn *pgxpool.Conn) {
-	conn.Release()
+	return offsetStore{pool: pool, tables: tables, releases: newReleaser(pool, tables, releaseTimeout, logger), stats: stats}
 }
 
 // execFenced runs exec, a statement fenced by c's session and epoch that
-// returns the rows it changed, on a gated connection. It returns
+// returns the rows it changed, on a connection of pool. It returns
 // ErrOwnershipLost when it changed no row: the claim was taken over.
 // action names the statement in errors.
-func (g *dataGate) execFenced(ctx context.Context, exec func(pgsql.Querier) (int64, error), c *claim, action string) error {
-	conn, err := g.acquire(ctx)
+func execFenced(ctx context.Context, pool *pgxpool.Pool, exec func(pgsql.Querier) (int64, error), c *claim, action string) error {
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("%s %q: %w", action, c.topic, err)
 	}
-	defer g.release(conn)
+	defer conn.Release()
 	n, err := exec(conn)
 	if err != nil {
 		return fmt.Errorf("%s %q: %w", action, c.topic, err)
@@ -159,12 +137,12 @@ var errNotSent = errors.New("statement not sent")
 // burst of thousands of subscriptions queues for the pool instead of timing
 // out and retrying. Give the connection back with done.
 func (s offsetStore) conn(wait context.Context, timeout time.Duration) (*pgxpool.Conn, context.Context, func(), error) {
-	conn, err := s.gate.acquire(wait)
+	conn, err := s.pool.Acquire(wait)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%w: %w", errNotSent, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	return conn, ctx, func() { cancel(); s.gate.release(conn) }, nil
+	return conn, ctx, func() { cancel(); conn.Release() }, nil
 }
 
 // ensureMany creates the missing offset rows of rows at the beginning of
@@ -328,14 +306,53 @@ func (s offsetStore) claimMany(wait context.Context, timeout time.Duration, grou
 	return out, nil
 }
 
+// read runs one SelectMessages (see consumerStore.read): it waits for a
+// connection while ctx lasts, then gives the statement timeout.
+func (s offsetStore) read(ctx context.Context, timeout time.Duration, p readParams) (rows []storedMessage, pending bool, err error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("read messages of topic %q: %w", p.row.topic, err)
+	}
+	defer conn.Release()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	s.stats.reads.Add(1)
+	res, err := pgsql.SelectMessages(ctx, conn, s.tables, pgsql.SelectMessagesParams{
+		Topic:           p.row.topic,
+		Partition:       p.row.partition,
+		After:           pgsql.Position(p.after),
+		Limit:           p.limit,
+		MaxMessageBytes: p.wholeUpTo,
+		Here:            p.here,
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("read messages of topic %q: %w", p.row.topic, wrapMissingSchema(err))
+	}
+	if res.WentBack {
+		return nil, false, fmt.Errorf("read messages of topic %q after %d:%d: %w", p.row.topic,
+			p.after.TransactionID, p.after.Offset, pgsql.ErrWentBack)
+	}
+	if res.Future {
+		return nil, false, fmt.Errorf("read messages of topic %q: a stored message was written by a transaction "+
+			"this database has not reached yet, so it would be delivered after messages published later or "+
+			"never: %w", p.row.topic, ErrFuturePosition)
+	}
+	rows = make([]storedMessage, len(res.Messages))
+	for i, m := range res.Messages {
+		rows[i] = storedMessage{uuid: m.UUID, payload: m.Payload, metadata: m.Metadata, size: m.Size,
+			whole: m.Size <= p.wholeUpTo, pos: Position(m.Position)}
+	}
+	return rows, res.Pending, nil
+}
+
 // countHead counts a delivery of the message after c's committed position
 // (see pgsql.CountHeadDelivery) and returns the count.
 func (s offsetStore) countHead(ctx context.Context, c *claim) (int, error) {
-	conn, err := s.gate.acquire(ctx)
+	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("count delivery of topic %q: %w", c.topic, err)
 	}
-	defer s.gate.release(conn)
+	defer conn.Release()
 	n, err := pgsql.CountHeadDelivery(ctx, conn, s.tables, c.params(c.committed))
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -356,7 +373,7 @@ func (s offsetStore) commit(ctx context.Context, c *claim) error {
 	p := c.params(pos)
 	p.Version = c.version
 	var version string
-	err := s.gate.execFenced(ctx, func(q pgsql.Querier) (int64, error) {
+	err := execFenced(ctx, s.pool, func(q pgsql.Querier) (int64, error) {
 		v, written, err := pgsql.CommitOffset(ctx, q, s.tables, p)
 		if !written {
 			return 0, err

@@ -51,13 +51,9 @@ type PublisherConfig struct {
 	PartitionKey func(topic string, msg *message.Message) (string, error)
 }
 
-func (c *PublisherConfig) setDefaults() {}
-
 func (c PublisherConfig) validate() error {
-	{
-		if err := c.SchemaAdapter.validate(); err != nil {
-			return fmt.Errorf("PublisherConfig.SchemaAdapter: %w", err)
-		}
+	if err := c.SchemaAdapter.validate(); err != nil {
+		return fmt.Errorf("PublisherConfig.SchemaAdapter: %w", err)
 	}
 	return nil
 }
@@ -99,7 +95,6 @@ func NewPublisher(db DB, config PublisherConfig, logger watermill.LoggerAdapter)
 	if isNilDB(db) {
 		return nil, fmt.Errorf("%w: NewPublisher needs a *pgxpool.Pool, *pgx.Conn or pgx.Tx, got nil", ErrInvalidConfig)
 	}
-	config.setDefaults()
 	if err := config.validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
@@ -25,7 +26,7 @@ type release struct {
 // as one pipelined batch (see batcher): one round trip and one transaction
 // per releaseBatchMax releases, instead of one each.
 type releaser struct {
-	gate   *dataGate
+	pool   *pgxpool.Pool
 	tables *pgsql.Tables
 	// timeout bounds each statement (or batch) once it is sent; the wait
 	// in the queue before it is bounded by the caller's context only, so
@@ -35,8 +36,8 @@ type releaser struct {
 	batcher batcher[release]
 }
 
-func newReleaser(gate *dataGate, tables *pgsql.Tables, timeout time.Duration, logger watermill.LoggerAdapter) *releaser {
-	r := &releaser{gate: gate, tables: tables, timeout: timeout}
+func newReleaser(pool *pgxpool.Pool, tables *pgsql.Tables, timeout time.Duration, logger watermill.LoggerAdapter) *releaser {
+	r := &releaser{pool: pool, tables: tables, timeout: timeout}
 	r.batcher = batcher[release]{
 		workers:  1,
 		maxCount: releaseBatchMax,
@@ -60,7 +61,7 @@ func (r *releaser) wait() { r.batcher.wait() }
 func (r *releaser) releaseOne(ctx context.Context, rel release) error {
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	return r.gate.execFenced(ctx, func(q pgsql.Querier) (int64, error) {
+	return execFenced(ctx, r.pool, func(q pgsql.Querier) (int64, error) {
 		return pgsql.ReleaseOffset(ctx, q, r.tables, rel.params)
 	}, rel.claim, "release topic")
 }
@@ -77,11 +78,11 @@ func (r *releaser) releaseMany(ctx context.Context, rels []release) ([]error, er
 
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	conn, err := r.gate.acquire(ctx)
+	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer r.gate.release(conn)
+	defer conn.Release()
 	batch := &pgx.Batch{}
 	for _, i := range order {
 		r.tables.ReleaseOffset(rels[i].params).Queue(batch)

@@ -87,14 +87,17 @@ func (g *sessionGen) isLost() bool {
 // sessionKeeper keeps one consumer-session row alive for a Subscriber: it
 // creates it, heartbeats it every interval with the server's clock,
 // self-fences on the monotonic clock when heartbeats fail, opens a new
-// session when the row was lost, and deletes the row on stop. Those
-// statements run on the session connection of the pool (sessionConn),
-// shared by the keepers of the process, never on a pooled connection, so
-// that the session's liveness does not depend on the application's load on
-// the pool; only the clean-up of expired sessions of others uses the pool.
+// session when the row was lost, and deletes the row on close. Those
+// statements (liveness) run on the session connection (sessionConn),
+// dialled outside the pool and shared by the keepers of the process that
+// use one pool, so that the application's load on the pool cannot make a
+// heartbeat late. The keeper's other statements are not liveness and run
+// on the pool: recording the Subscriber's topics in the row
+// (setSubscriptions), reading the group's members (groupMembers) and
+// deleting the expired sessions of others (deleteExpired).
 //
-// Start it once with start; stop is safe to call more than once and before
-// start. Its methods are safe for concurrent use.
+// Start it once with start; close is safe to call more than once and
+// before start. Its methods are safe for concurrent use.
 type sessionKeeper struct {
 	pool     *pgxpool.Pool
 	tables   *pgsql.Tables

@@ -10,11 +10,11 @@ import (
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
-// This file holds the production stores of the group member and the
-// maintainer: thin types that run their statements (internal/pgsql)
-// through the Subscriber's offset store, session keeper and pool. The
-// decisions stay with the member and the maintainer, which tests run
-// against fakes.
+// This file holds the production stores of the group member, the
+// consumers and the maintainer: thin types that run their statements
+// (internal/pgsql) through the Subscriber's offset store, session keeper
+// and pool. The decisions stay with the member, the consumers and the
+// maintainer, which tests run against fakes.
 
 // pgGroupStore is the groupStore of a Subscriber.
 type pgGroupStore struct {
@@ -22,7 +22,7 @@ type pgGroupStore struct {
 	session *sessionKeeper
 	group   string
 	// timeout bounds each statement once it has a connection
-	// (SessionTTL); releaseCtx bounds a release's wait for its turn.
+	// (statementTimeout); releaseCtx bounds a release's wait for its turn.
 	timeout    time.Duration
 	releaseCtx context.Context
 }
@@ -55,6 +55,38 @@ func (p pgGroupStore) groupMembers() ([]member, error) {
 
 func (p pgGroupStore) offsetOwners(ctx context.Context, topics []string) (map[rowKey]rowOwner, error) {
 	return p.offsets.owners(ctx, p.timeout, p.group, topics)
+}
+
+// pgConsumerStore is the consumerStore of a Subscriber.
+type pgConsumerStore struct {
+	offsets *offsetStore
+	// timeout bounds each statement (statementTimeout): a read's once it
+	// has a connection, a commit's with its wait for one. releaseCtx
+	// bounds a release's wait for its turn.
+	timeout    time.Duration
+	releaseCtx context.Context
+}
+
+var _ consumerStore = pgConsumerStore{}
+
+func (p pgConsumerStore) read(ctx context.Context, rp readParams) ([]storedMessage, bool, error) {
+	return p.offsets.read(ctx, p.timeout, rp)
+}
+
+func (p pgConsumerStore) countHead(ctx context.Context, c *claim) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	return p.offsets.countHead(ctx, c)
+}
+
+func (p pgConsumerStore) commit(ctx context.Context, c *claim) error {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	return p.offsets.commit(ctx, c)
+}
+
+func (p pgConsumerStore) release(c *claim) error {
+	return p.offsets.release(p.releaseCtx, c)
 }
 
 // pgMaintainerStore is the maintainerStore of a Subscriber: the

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglease/watermill-pglease/internal/pgsql"
 	"github.com/pglease/watermill-pglease/internal/svc"
 )
 
@@ -271,6 +272,11 @@ type Subscriber struct {
 	session *sessionKeeper
 	stats   *subscriberStats
 	budget  *byteBudget // MaxBufferedBytes
+	// stmtTimeout bounds each statement the Subscriber runs on the pool
+	// (statementTimeout).
+	stmtTimeout time.Duration
+	// consumers is what every consumer of the Subscriber is given.
+	consumerDeps *consumerDeps
 
 	schemaMu    sync.Mutex
 	schemaReady bool
@@ -305,15 +311,21 @@ type Subscriber struct {
 	// partitionRefresh is partitionRefreshInterval when the Subscriber was
 	// made.
 	partitionRefresh time.Duration
-	// consumerOutage logs the failures of the consumers' statements, and
-	// pollOutage those of the idle poll: once per outage (outageLog).
-	consumerOutage *outageLog
-	pollOutage     *outageLog
+	// pollOutage logs the failures of the idle poll: once per outage
+	// (outageLog).
+	pollOutage *outageLog
 	// connString is the pool's connection string: with the tables, the
 	// group and the topic, what the subscriptions of the process that
 	// share a topic's messages have in common (logIfShared).
 	connString string
 }
+
+// statementTimeout bounds each statement a Subscriber runs on the pool
+// (reads, commits, claims, idle polls, the maintainer's): SessionTTL. A
+// statement that has not answered by then has outlived the trust window
+// of the session it was sent under, whose consumers have stopped; one cut
+// off is retried.
+func statementTimeout(cfg SubscriberConfig) time.Duration { return cfg.SessionTTL }
 
 // topicSlot lets one consumer of this Subscriber at a time work on a
 // (topic, partition) row, so that two Subscribe calls for the same topic
@@ -347,21 +359,22 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 	stats := newSubscriberStats()
 	tables := config.SchemaAdapter.tables()
 	s := &Subscriber{
-		pool:      pool,
-		config:    config,
-		logger:    logger,
-		offsets:   newOffsetStore(pool, tables, config.CloseTimeout, stats, logger),
-		session:   newSessionKeeper(pool, tables, config.ConsumerGroup, config.SessionTTL, stats, logger),
-		stats:     stats,
-		budget:    newByteBudget(config.MaxBufferedBytes),
-		closeDone: make(chan struct{}),
-		giveUp:    make(chan struct{}),
-		slots:     map[rowKey]*topicSlot{},
-		ctx:       ctx,
-		cancel:    cancel,
+		pool:    pool,
+		config:  config,
+		logger:  logger,
+		offsets: newOffsetStore(pool, tables, config.CloseTimeout, stats, logger),
+		session: newSessionKeeper(pool, tables, config.ConsumerGroup, config.SessionTTL, stats, logger),
+		stats:   stats,
+		budget:  newByteBudget(config.MaxBufferedBytes),
+
+		stmtTimeout: statementTimeout(config),
+		closeDone:   make(chan struct{}),
+		giveUp:      make(chan struct{}),
+		slots:       map[rowKey]*topicSlot{},
+		ctx:         ctx,
+		cancel:      cancel,
 
 		partitionRefresh: partitionRefreshInterval,
-		consumerOutage:   newOutageLog(logger, componentConsumers),
 		pollOutage:       newOutageLog(logger, componentIdlePoll),
 		connString:       pool.Config().ConnString(),
 	}
@@ -370,17 +383,32 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		group: config.ConsumerGroup, pollInterval: config.PollInterval, startFrom: config.StartFrom,
 		logger: logger, stats: stats, session: s.session,
 		store: pgGroupStore{offsets: &s.offsets, session: s.session, group: config.ConsumerGroup,
-			timeout: config.SessionTTL, releaseCtx: s.releaseCtx},
+			timeout: s.stmtTimeout, releaseCtx: s.releaseCtx},
 	})
 	s.maint = newMaintainer(maintainerDeps{
-		cfg: config.Maintenance, sessionTTL: config.SessionTTL, closeTimeout: config.CloseTimeout,
+		cfg: config.Maintenance, sessionTTL: config.SessionTTL, stmtTimeout: s.stmtTimeout, closeTimeout: config.CloseTimeout,
 		logger: logger, stats: stats, session: s.session,
 		store: pgMaintainerStore{pool: pool, t: tables}, pool: pool, t: tables,
 	})
 	s.hub = newWakeHub(s.member, s.maint, config.ConsumerGroup)
+	s.consumerDeps = &consumerDeps{
+		settings: newConsumerSettings(config),
+		budget:   s.budget,
+		store: pgConsumerStore{offsets: &s.offsets, timeout: s.stmtTimeout,
+			releaseCtx: s.releaseCtx},
+		member:     s.member,
+		hub:        s.hub,
+		host:       s,
+		stats:      stats,
+		outage:     newOutageLog(logger, componentConsumers),
+		tables:     tables,
+		goroutines: &s.consumers,
+		giveUp:     s.giveUp,
+		prefetch:   pool.Config().MaxConns >= prefetchMinConns,
+	}
 	s.session.onNewSession = func() {
 		s.member.wake()
-		s.maint.notified('e')
+		s.maint.notified(pgsql.NotifyMaintainer)
 	}
 	// The maintainer deletes expired sessions; without one, each Subscriber does.
 	s.session.cleanup = s.maint == nil
@@ -577,16 +605,16 @@ func (sub *subscription) grow(n int) (from int) {
 			logger = logger.With(watermill.LogFields{"partition": p})
 		}
 		c := &consumer{
-			s:         s,
-			sub:       sub,
-			topic:     sub.topic,
-			partition: int32(p),
-			slot:      slot,
-			ctx:       sub.ctx,
-			out:       sub.out,
-			wake:      make(chan struct{}, 1),
-			grant:     make(chan grant, 1),
-			logger:    logger,
+			consumerDeps: s.consumerDeps,
+			sub:          sub,
+			topic:        sub.topic,
+			partition:    int32(p),
+			slot:         slot,
+			ctx:          sub.ctx,
+			out:          sub.out,
+			wake:         make(chan struct{}, 1),
+			grant:        make(chan grant, 1),
+			logger:       logger,
 		}
 		s.hub.add(c)
 		sub.running++
@@ -700,7 +728,7 @@ func (s *Subscriber) reportStall() {
 		s.stallMu.Unlock()
 	}()
 	insp := &Inspector{db: s.pool, tables: s.offsets.tables}
-	ctx, cancel := context.WithTimeout(s.ctx, s.config.SessionTTL)
+	ctx, cancel := context.WithTimeout(s.ctx, s.stmtTimeout)
 	defer cancel()
 	h, err := insp.Horizon(ctx)
 	if err != nil {
@@ -724,16 +752,6 @@ func (s *Subscriber) reportStall() {
 	s.logger.Error("Delivery is held back: committed messages wait for an older transaction to end "+
 		"(every topic of the cluster waits; end it, or bound such transactions with idle_in_transaction_session_timeout)",
 		ErrDeliveryHeldBack, fields)
-}
-
-// isGivingUp reports whether Close stopped waiting for releases.
-func (s *Subscriber) isGivingUp() bool {
-	select {
-	case <-s.giveUp:
-		return true
-	default:
-		return false
-	}
 }
 
 // closeError records an error for Close to return.

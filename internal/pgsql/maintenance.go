@@ -63,7 +63,7 @@ func (t *Tables) ReleaseMaintainer(p MaintainerParams) Stmt {
 	WHERE name = $1 AND session_id = $2 AND epoch = $3
 	RETURNING 1
 )
-SELECT pg_catalog.pg_notify($4, 'e') FROM released WHERE $4 <> ''`,
+SELECT pg_catalog.pg_notify($4, ` + kind(NotifyMaintainer) + `) FROM released WHERE $4 <> ''`,
 		Args: []any{maintainerRow, p.SessionID, p.Epoch, p.NotifyChannel},
 	}
 }
@@ -88,7 +88,7 @@ func (t *Tables) InsertDelayed(p InsertMessagesParams) Stmt {
 	ORDER BY m.n
 	RETURNING due_at
 )
-SELECT pg_catalog.pg_notify($7, 'd' || (pg_catalog.floor(extract(epoch FROM x.due) * 1000::numeric)::bigint)::text)
+SELECT pg_catalog.pg_notify($7, ` + kind(NotifyDelayed) + ` || (pg_catalog.floor(extract(epoch FROM x.due) * 1000::numeric)::bigint)::text)
 FROM (SELECT pg_catalog.min(due_at) AS due FROM ins) x
 WHERE $7 <> '' AND x.due IS NOT NULL`,
 		Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, hashes, p.DueAt, p.NotifyChannel},
@@ -120,7 +120,7 @@ func (t *Tables) MoveDueMessages(p MoveDueParams) Stmt {
 	SELECT topic, partition, uuid, payload, metadata, rc, exp FROM placed ORDER BY due_at, id
 	RETURNING topic, partition
 ), notified AS (
-	SELECT pg_catalog.pg_notify($2, CASE WHEN t.partition = 0 THEN 'm' || t.topic ELSE 'n' || t.partition::text || ':' || t.topic END)
+	SELECT pg_catalog.pg_notify($2, ` + messagesPayload("t.partition", "t.topic") + `)
 	FROM (SELECT DISTINCT topic, partition FROM ins) t
 	WHERE $2 <> ''
 )

@@ -99,16 +99,8 @@ type Tables struct {
 
 	// NotifyChannel is the LISTEN/NOTIFY channel of this messages table,
 	// derived from its quoted name, so that each set of tables has its
-	// own channel, and short enough for any table name. Payloads are
-	// "m" + topic (new messages in partition 0), "n" + partition + ":" +
-	// topic (new messages in another partition), "r" + topic (released),
-	// "g" + consumer group (members changed), "p" + topic (partition
-	// count raised), "o" + the consumer group's length in bytes (decimal)
-	// + ":" + consumer group + topic (the group's offsets reset), "t" +
-	// topic (retention changed), "d" + Unix milliseconds (delayed
-	// messages stored, the earliest due then) and "e" (the maintainer's
-	// row released). "x" + topic, the reset notification of earlier
-	// versions, names no group.
+	// own channel, and short enough for any table name. Each payload
+	// starts with its kind ([NotifyMessages] and the others).
 	NotifyChannel string
 	// LockKey is the key of the transaction-level advisory lock taken
 	// while migrations run, so that concurrent set-ups serialize.

@@ -46,9 +46,9 @@ ORDER BY m.n`
 			SQL: `WITH ` + count + `, inserted AS (
 ` + insert + `
 )
-SELECT pg_catalog.pg_notify($6, 'm' || $1::text) FROM p WHERE p.n = 1
+SELECT pg_catalog.pg_notify($6, ` + kind(NotifyMessages) + ` || $1::text) FROM p WHERE p.n = 1
 UNION ALL
-SELECT pg_catalog.pg_notify($6, CASE WHEN t.partition = 0 THEN 'm' || $1::text ELSE 'n' || t.partition::text || ':' || $1::text END)
+SELECT pg_catalog.pg_notify($6, ` + messagesPayload("t.partition", "$1::text") + `)
 FROM (SELECT DISTINCT ` + fmt.Sprintf(partitionOf, "(SELECT n FROM p)") + ` AS partition
 	FROM unnest($2::text[], $5::int4[]) AS m(uuid, hash)
 	WHERE (SELECT n FROM p) > 1) t`,
@@ -70,7 +70,7 @@ ORDER BY m.n`
 		SQL: `WITH inserted AS (
 ` + insert + `
 )
-SELECT pg_catalog.pg_notify($6, CASE WHEN t.partition = 0 THEN 'm' || t.topic ELSE 'n' || t.partition::text || ':' || t.topic END)
+SELECT pg_catalog.pg_notify($6, ` + messagesPayload("t.partition", "t.topic") + `)
 FROM (SELECT DISTINCT m.topic, ` + fmt.Sprintf(partitionOf, partitions) + ` AS partition
 	FROM unnest($1::text[], $2::text[], $5::int4[]) AS m(topic, uuid, hash)) t`,
 		Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, hashes, p.NotifyChannel},
@@ -143,10 +143,10 @@ func (t *Tables) UpsertTopic(p TopicParams) Stmt {
 	INSERT INTO ` + t.Retention + ` (retention_class) SELECT $5::smallint WHERE $5::smallint > 0
 	ON CONFLICT (retention_class) DO NOTHING
 ), notified AS (
-	SELECT pg_catalog.pg_notify($3, 'p' || $1) FROM up
+	SELECT pg_catalog.pg_notify($3, ` + kind(NotifyPartitions) + ` || $1) FROM up
 	WHERE $3 <> '' AND up.partitions > COALESCE((SELECT partitions FROM old), 0)
 	UNION ALL
-	SELECT pg_catalog.pg_notify($3, 't' || $1) FROM up
+	SELECT pg_catalog.pg_notify($3, ` + kind(NotifyRetention) + ` || $1) FROM up
 	WHERE $3 <> '' AND up.retention IS DISTINCT FROM COALESCE((SELECT retention FROM old), '0')
 )
 SELECT (SELECT partitions FROM old), (SELECT partitions FROM up), (SELECT pg_catalog.count(*) FROM notified)`,
@@ -279,7 +279,7 @@ func (t *Tables) CreateSession(p SessionParams) Stmt {
 	VALUES ($1, $2, $3, pg_catalog.now() + $4::bigint::float8 * interval '1 microsecond')
 	RETURNING consumer_group
 ), notified AS (
-	SELECT pg_catalog.pg_notify($6, 'g' || consumer_group) FROM inserted WHERE $6 <> ''
+	SELECT pg_catalog.pg_notify($6, ` + kind(NotifyGroup) + ` || consumer_group) FROM inserted WHERE $6 <> ''
 )
 SELECT (SELECT pg_catalog.count(*) FROM notified), ` + markColumns,
 		Args: []any{p.SessionID, p.ConsumerGroup, p.Owner, p.TTL.Microseconds(), p.ReplacesSessionID, p.NotifyChannel},
@@ -311,7 +311,7 @@ func (t *Tables) DeleteSession(p SessionParams) Stmt {
 		SQL: `WITH deleted AS (
 	DELETE FROM ` + t.Sessions + ` WHERE id = $1 RETURNING consumer_group
 )
-SELECT pg_catalog.pg_notify($2, 'g' || consumer_group) FROM deleted WHERE $2 <> ''`,
+SELECT pg_catalog.pg_notify($2, ` + kind(NotifyGroup) + ` || consumer_group) FROM deleted WHERE $2 <> ''`,
 		Args: []any{p.SessionID, p.NotifyChannel},
 	}
 }
@@ -324,7 +324,7 @@ func (t *Tables) SetSubscriptions(p SessionParams) Stmt {
 	WHERE id = $1
 	RETURNING consumer_group
 )
-SELECT pg_catalog.pg_notify($4, 'g' || consumer_group) FROM updated WHERE $4 <> ''`,
+SELECT pg_catalog.pg_notify($4, ` + kind(NotifyGroup) + ` || consumer_group) FROM updated WHERE $4 <> ''`,
 		Args: []any{p.SessionID, p.SubscriptionHash, p.SubscriptionSize, p.NotifyChannel},
 	}
 }
@@ -571,7 +571,7 @@ WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 
 ` + update + `
 RETURNING topic
 )
-SELECT pg_catalog.pg_notify($10, 'r' || topic) FROM released`,
+SELECT pg_catalog.pg_notify($10, ` + kind(NotifyReleased) + ` || topic) FROM released`,
 		Args: append(args, p.NotifyChannel),
 	}
 }
