@@ -1,14 +1,17 @@
 package pglease
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/pglease/watermill-pglease/internal/check"
 )
 
-// MaxTopicLength is the longest topic name accepted, in bytes.
-const MaxTopicLength = 255
+// MaxTopicLength is the longest topic name accepted, in bytes (255).
+const MaxTopicLength = check.MaxTopicLength
 
 var (
 	// ErrPublisherClosed is returned by [Publisher.Publish] after
@@ -56,15 +59,8 @@ var (
 )
 
 func validateTopic(topic string) error {
-	switch {
-	case topic == "":
-		return fmt.Errorf("%w: topic is empty", ErrInvalidTopic)
-	case len(topic) > MaxTopicLength:
-		return fmt.Errorf("%w: topic is %d bytes long, at most %d are allowed", ErrInvalidTopic, len(topic), MaxTopicLength)
-	case strings.IndexByte(topic, 0) >= 0:
-		return fmt.Errorf("%w: topic %q contains a NUL byte", ErrInvalidTopic, topic)
-	case !utf8.ValidString(topic):
-		return fmt.Errorf("%w: topic %q is not valid UTF-8", ErrInvalidTopic, topic)
+	if err := check.Topic(topic); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidTopic, err)
 	}
 	return nil
 }
@@ -96,3 +92,17 @@ var ErrMaintenanceNotPermitted = errors.New("pglease: the role may not do the ma
 // (until its topic's retention removes it), where [Inspector.Messages]
 // and pglease messages show it with its metadata raw.
 var ErrUndecodableMetadata = errors.New("pglease: message metadata is not a JSON object of strings")
+
+// decodeMetadata decodes a message's stored metadata (nil or JSON null:
+// none). It fails on anything but a JSON object of strings, which
+// pglease never writes (a row inserted by hand or by another program).
+func decodeMetadata(raw []byte) (map[string]string, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	var md map[string]string
+	if err := json.Unmarshal(raw, &md); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUndecodableMetadata, err)
+	}
+	return md, nil
+}

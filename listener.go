@@ -68,49 +68,13 @@ func (h *wakeHub) clearIdle(c *consumer) {
 	delete(h.idle, c)
 }
 
-// resetKind starts the payload of the notification of a reset of one
-// consumer group's offsets on a topic (see resetNotification).
-const resetKind = 'o'
-
-// maxNotifyPayload is the longest payload pg_notify accepts, in bytes
-// (payloads must be shorter than 8000 bytes).
-const maxNotifyPayload = 7999
-
-// resetNotification returns the payload that tells the Subscribers of group
-// that an operator reset the group's offsets on topic: "o", the length of
-// group in bytes (decimal), ":", group, then topic. The length says where
-// the group ends, whatever bytes the group and the topic hold. A group too
-// long for a payload gets the unscoped "x" + topic of earlier versions,
-// which every group's Subscribers of the topic act on.
-func resetNotification(group, topic string) string {
-	p := string(resetKind) + strconv.Itoa(len(group)) + ":" + group + topic
-	if len(p) > maxNotifyPayload {
-		return "x" + topic
-	}
-	return p
-}
-
-// parseResetNotification reads what follows the kind of a payload of
-// resetNotification.
-func parseResetNotification(s string) (group, topic string, ok bool) {
-	n, rest, found := strings.Cut(s, ":")
-	if !found || n == "" || len(n) > 4 || strings.TrimLeft(n, "0123456789") != "" {
-		return "", "", false
-	}
-	size, _ := strconv.Atoi(n) // at most 4 digits
-	if size > len(rest) {
-		return "", "", false
-	}
-	return rest[:size], rest[size:], true
-}
-
 // notify handles one notification payload: "m" + topic (new messages in
 // partition 0) and "n" + partition + ":" + topic (in another partition)
 // wake the consumer of that partition, "r" + topic (released)
 // the group member if it subscribes to the topic, "g" + group (a session of
 // the group started, ended or changed its topics) the group member, "p" +
 // topic (partition count raised) the member, to start consumers for the new
-// partitions, "o" + a group and a topic (resetNotification: the group's
+// partitions, "o" + a group and a topic (pgsql.ResetNotification: the group's
 // offsets reset by an operator) the member of that group, to give its rows
 // of the topic up and claim them again; "e" (the maintainer's row was
 // released), "d" + due time (delayed messages stored) and "t" + topic (a
@@ -155,8 +119,8 @@ func (h *wakeHub) notify(payload string) {
 		}
 	case 'p':
 		h.member.topicChanged(&name)
-	case resetKind:
-		if group, topic, ok := parseResetNotification(name); ok && group == h.group {
+	case pgsql.ResetKind:
+		if group, topic, ok := pgsql.ParseResetNotification(name); ok && group == h.group {
 			h.member.offsetsReset(topic)
 		}
 	case 'x':
