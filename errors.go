@@ -53,8 +53,9 @@ var (
 	// PostgreSQL cannot store.
 	ErrInvalidMessage = errors.New("pglease: invalid message")
 	// ErrInvalidConfig is wrapped by the errors of the constructors
-	// (NewPublisher, NewSubscriber, NewInspector, ...), CreateTopic,
-	// AckInTx and ResetOffsets for invalid arguments or configuration.
+	// (NewPublisher, NewSubscriber, and admin.NewInspector), CreateTopic,
+	// AckInTx, Migrate and the admin and import calls for invalid
+	// arguments or configuration.
 	ErrInvalidConfig = errors.New("pglease: invalid config")
 )
 
@@ -86,10 +87,10 @@ var ErrMaintenanceNotPermitted = errors.New("pglease: the role may not do the ma
 // ErrUndecodableMetadata is the error logged, once per message, by a
 // Subscriber that skips a stored message whose metadata is not a JSON
 // object of strings (a row pglease did not write: inserted by hand or by
-// another program), and wrapped by [Inspector.Replay] for such a row. The
-// message cannot become a Watermill message: the Subscriber moves past it
-// as if it were acknowledged, and the row stays in the messages table
-// (until its topic's retention removes it), where [Inspector.Messages]
+// another program), and wrapped by admin.Inspector.Replay for such a row.
+// The message cannot become a Watermill message: the Subscriber moves past
+// it as if it were acknowledged, and the row stays in the messages table
+// (until its topic's retention removes it), where admin.Inspector.Messages
 // and pglease messages show it with its metadata raw.
 var ErrUndecodableMetadata = errors.New("pglease: message metadata is not a JSON object of strings")
 

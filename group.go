@@ -267,7 +267,7 @@ func (m *groupMember) ownedRows() int {
 
 // offsetsReset makes the subscriptions that own rows of topic give them up
 // and wait for a new grant: an operator reset the group's offsets
-// (Inspector.ResetOffsets) and bumped the rows' epochs. The release is
+// (admin.Inspector.ResetOffsets) and bumped the rows' epochs. The release is
 // refused (the epoch moved), and the member claims the rows again, from
 // the new positions (a row whose owner was alive is still this session's).
 func (m *groupMember) offsetsReset(topic string) {

@@ -29,8 +29,8 @@ const (
 // sessions table, and one row per (consumer group, topic, partition) in the
 // offsets table, and the tables of topic settings, delayed messages,
 // retention and the maintainer. It is what SubscriberConfig,
-// PublisherConfig, TopicConfig, [NewInspector], [Migrate], [SchemaSQL] and
-// [GrantSQL] take.
+// PublisherConfig, TopicConfig, [Migrate], [SchemaSQL], [GrantSQL] and the
+// admin and import packages (admin.NewInspector, wmsqlimport.Config) take.
 //
 // The zero value uses the default table names in the connection's
 // search_path. Names are quoted, so they are used exactly as given.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -364,26 +363,6 @@ func table(adapter pglease.DefaultSchemaAdapter, name string) string {
 	return pgx.Identifier{adapter.Schema, name}.Sanitize()
 }
 
-var benchPayload = func() []byte {
-	head := `{"bench":"pglease","pad":"`
-	return []byte(head + strings.Repeat("x", 64-len(head)-2) + `"}`)
-}()
-
-func benchMessages(n int) []*message.Message {
-	msgs := make([]*message.Message, n)
-	for i := range msgs {
-		msgs[i] = message.NewMessage(watermill.NewUUID(), benchPayload)
-	}
-	return msgs
-}
-
-func benchPublisher(b *testing.B, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) *pglease.Publisher {
-	b.Helper()
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
-	require.NoError(b, err)
-	b.Cleanup(func() { _ = pub.Close() })
-	return pub
-}
 func parsePos(tx string, off int64) pglease.Position {
 	x, err := strconv.ParseUint(tx, 10, 64)
 	if err != nil {

@@ -139,7 +139,8 @@ type LagFilter struct {
 // Lag returns, for every (group, topic, partition) row that f selects, its
 // owner, position and lag. Counting the lag reads the index entries of the
 // messages after each position, so its cost grows with the total lag. It
-// runs with JIT compilation off (see noJIT).
+// runs in a transaction of its own (a savepoint on a pgx.Tx) with JIT
+// compilation off: compiling its per-row look-ups costs more than it saves.
 func (i *Inspector) Lag(ctx context.Context, f LagFilter) ([]LagInfo, error) {
 	tx, err := i.noJIT(ctx)
 	if err != nil {
@@ -253,7 +254,8 @@ type TopicInfo struct {
 }
 
 // Topics returns every topic that has messages, settings or offset rows.
-// It runs with JIT compilation off (see noJIT).
+// It runs in a transaction of its own (a savepoint on a pgx.Tx) with JIT
+// compilation off: compiling its per-row look-ups costs more than it saves.
 func (i *Inspector) Topics(ctx context.Context) ([]TopicInfo, error) {
 	tx, err := i.noJIT(ctx)
 	if err != nil {

@@ -61,7 +61,7 @@ func (c CollectorConfig) validate() error {
 	return nil
 }
 
-// Collector is a [prometheus.Collector] of what a [admin.Inspector]
+// Collector is a [prometheus.Collector] of what an [admin.Inspector]
 // reads: the lag of every consumer group on every partition, the live
 // members of each group, the xmin horizon and the topics. Every scrape
 // runs the queries of the Inspector (Sessions, Lag, Horizon, Topics) on

@@ -4,7 +4,7 @@
 //
 // Two collectors, each a [prometheus.Collector]:
 //
-//   - [Collector] reads a [admin.Inspector] on every scrape: what the
+//   - [Collector] reads an [admin.Inspector] on every scrape: what the
 //     database says about every consumer group, whichever process
 //     consumes. Register one per database, in one process (or a few);
 //     every instance that registers it runs the same queries.
