@@ -10,8 +10,8 @@ import (
 	"github.com/pglease/watermill-pglease/internal/check"
 )
 
-// MaxTopicLength is the longest topic name accepted, in bytes (255).
-const MaxTopicLength = check.MaxTopicLength
+// MaxTopicLength is the longest topic name accepted, in bytes.
+const MaxTopicLength = 255
 
 var (
 	// ErrPublisherClosed is returned by [Publisher.Publish] after
@@ -60,7 +60,7 @@ var (
 )
 
 func validateTopic(topic string) error {
-	if err := check.Topic(topic); err != nil {
+	if err := check.Topic(topic, MaxTopicLength); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidTopic, err)
 	}
 	return nil

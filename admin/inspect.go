@@ -46,7 +46,7 @@ func NewInspector(db pglease.DB, adapter pglease.DefaultSchemaAdapter) (*Inspect
 // validateTopic refuses the topic names that pglease refuses, with an
 // error wrapping [pglease.ErrInvalidTopic].
 func validateTopic(topic string) error {
-	if err := check.Topic(topic); err != nil {
+	if err := check.Topic(topic, pglease.MaxTopicLength); err != nil {
 		return fmt.Errorf("%w: %w", pglease.ErrInvalidTopic, err)
 	}
 	return nil

@@ -225,7 +225,7 @@ func Run(ctx context.Context, dst, src pglease.DB, config Config) (Report, error
 		return report, fmt.Errorf("%w: wmsqlimport.Config.SchemaAdapter: %w", pglease.ErrInvalidConfig, err)
 	}
 	for _, t := range config.Topics {
-		if err := check.Topic(t); err != nil {
+		if err := check.Topic(t, pglease.MaxTopicLength); err != nil {
 			return report, fmt.Errorf("%w: %w", pglease.ErrInvalidTopic, err)
 		}
 	}

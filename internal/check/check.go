@@ -19,18 +19,16 @@ import (
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
-// MaxTopicLength is the longest topic name accepted, in bytes.
-const MaxTopicLength = 255
-
 // Topic describes what is wrong with a topic name (empty, longer than
-// [MaxTopicLength], not UTF-8 or holding a NUL byte), nil when nothing
-// is; the caller wraps pglease.ErrInvalidTopic around it.
-func Topic(topic string) error {
+// maxLength bytes, not UTF-8 or holding a NUL byte), nil when nothing is;
+// the caller wraps pglease.ErrInvalidTopic around it and passes
+// pglease.MaxTopicLength.
+func Topic(topic string, maxLength int) error {
 	switch {
 	case topic == "":
 		return errors.New("topic is empty")
-	case len(topic) > MaxTopicLength:
-		return fmt.Errorf("topic is %d bytes long, at most %d are allowed", len(topic), MaxTopicLength)
+	case len(topic) > maxLength:
+		return fmt.Errorf("topic is %d bytes long, at most %d are allowed", len(topic), maxLength)
 	case strings.IndexByte(topic, 0) >= 0:
 		return fmt.Errorf("topic %q contains a NUL byte", topic)
 	case !utf8.ValidString(topic):
