@@ -103,9 +103,13 @@
 //
 // # Operating
 //
-// [Inspector] reads sessions, lag per (group, topic, partition), the xmin
-// horizon and topics, and resets offsets; the pglease command (cmd/pglease)
-// and the metrics module are built on it. [Subscriber.Stats] returns the
+// The Inspector of package [github.com/pglease/watermill-pglease/admin]
+// reads sessions, lag per (group, topic, partition), the xmin horizon,
+// topics and stored messages, and resets offsets; the pglease command
+// (cmd/pglease) and the metrics module are built on it. Package
+// [github.com/pglease/watermill-pglease/wmsqlimport] moves an application's
+// pending messages and group positions from watermill-sql. Both are
+// clients of the tables this package creates. [Subscriber.Stats] returns the
 // client-side counters. [SubscriberConfig.StartFrom] sets where a new group
 // starts; [DeliveryAttemptMetadata] numbers deliveries.
 //

@@ -1,10 +1,13 @@
 package pglease
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/pglease/watermill-pglease/internal/check"
 )
 
 // MaxTopicLength is the longest topic name accepted, in bytes.
@@ -50,21 +53,15 @@ var (
 	// PostgreSQL cannot store.
 	ErrInvalidMessage = errors.New("pglease: invalid message")
 	// ErrInvalidConfig is wrapped by the errors of the constructors
-	// (NewPublisher, NewSubscriber, NewInspector, ...), CreateTopic,
-	// AckInTx and ResetOffsets for invalid arguments or configuration.
+	// (NewPublisher, NewSubscriber, and admin.NewInspector), CreateTopic,
+	// AckInTx, Migrate and the admin and import calls for invalid
+	// arguments or configuration.
 	ErrInvalidConfig = errors.New("pglease: invalid config")
 )
 
 func validateTopic(topic string) error {
-	switch {
-	case topic == "":
-		return fmt.Errorf("%w: topic is empty", ErrInvalidTopic)
-	case len(topic) > MaxTopicLength:
-		return fmt.Errorf("%w: topic is %d bytes long, at most %d are allowed", ErrInvalidTopic, len(topic), MaxTopicLength)
-	case strings.IndexByte(topic, 0) >= 0:
-		return fmt.Errorf("%w: topic %q contains a NUL byte", ErrInvalidTopic, topic)
-	case !utf8.ValidString(topic):
-		return fmt.Errorf("%w: topic %q is not valid UTF-8", ErrInvalidTopic, topic)
+	if err := check.Topic(topic, MaxTopicLength); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidTopic, err)
 	}
 	return nil
 }
@@ -90,9 +87,23 @@ var ErrMaintenanceNotPermitted = errors.New("pglease: the role may not do the ma
 // ErrUndecodableMetadata is the error logged, once per message, by a
 // Subscriber that skips a stored message whose metadata is not a JSON
 // object of strings (a row pglease did not write: inserted by hand or by
-// another program), and wrapped by [Inspector.Replay] for such a row. The
-// message cannot become a Watermill message: the Subscriber moves past it
-// as if it were acknowledged, and the row stays in the messages table
-// (until its topic's retention removes it), where [Inspector.Messages]
+// another program), and wrapped by admin.Inspector.Replay for such a row.
+// The message cannot become a Watermill message: the Subscriber moves past
+// it as if it were acknowledged, and the row stays in the messages table
+// (until its topic's retention removes it), where admin.Inspector.Messages
 // and pglease messages show it with its metadata raw.
 var ErrUndecodableMetadata = errors.New("pglease: message metadata is not a JSON object of strings")
+
+// decodeMetadata decodes a message's stored metadata (nil or JSON null:
+// none). It fails on anything but a JSON object of strings, which
+// pglease never writes (a row inserted by hand or by another program).
+func decodeMetadata(raw []byte) (map[string]string, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	var md map[string]string
+	if err := json.Unmarshal(raw, &md); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUndecodableMetadata, err)
+	}
+	return md, nil
+}

@@ -73,17 +73,3 @@ func Reads(s *Subscriber) uint64 { return s.stats.reads.Load() }
 // behind an older transaction for longer than pendingFastFor and slowed
 // their re-polls to PollInterval (tests only).
 func Stalls(s *Subscriber) uint64 { return s.stats.stalls.Load() }
-
-// SetBeforeDeleteGroupHook makes insp.DeleteGroupOffsets call hook after it
-// checked the group's owners and before it deletes (tests only).
-func SetBeforeDeleteGroupHook(insp *Inspector, hook func()) {
-	insp.beforeDeleteGroup = hook
-}
-
-// SetImportBeforeLockHook makes ImportWatermillSQL call hook before it
-// takes a topic's lock, until the returned function removes it (tests
-// only; not while an import runs).
-func SetImportBeforeLockHook(hook func(topic string)) (restore func()) {
-	importBeforeLock = hook
-	return func() { importBeforeLock = nil }
-}

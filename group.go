@@ -292,7 +292,7 @@ const resetCheckInterval = 100 * time.Millisecond
 
 // offsetsReset asks the loop to check the rows of topic that this member
 // owns: an operator may have reset the group's offsets
-// (Inspector.ResetOffsets), which bumps the rows' epochs. The
+// (admin.Inspector.ResetOffsets), which bumps the rows' epochs. The
 // notification is only a hint: the loop reads the rows (checkResets) and
 // gives up those whose owner or epoch changed; their subscriptions claim
 // them again, from the new positions.

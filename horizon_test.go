@@ -2,6 +2,7 @@ package pglease_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
@@ -305,4 +307,61 @@ func TestCommitOffsetVersionHint(t *testing.T) {
 	require.Equal(t, int64(2), epoch)
 	v, ok = mustCommit(1, 7, v)
 	check(v, ok, false, 5)
+}
+
+// TestDeliveryStallIsLoggedOnce: committed messages held back by an open
+// writing transaction are logged once per stall, with the blocking pid;
+// they are delivered when it ends.
+func TestDeliveryStallIsLoggedOnce(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	logs := newCapturingLogger()
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true,
+		PollInterval: 50 * time.Millisecond}, logs)
+	require.NoError(t, err)
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	publishN(t, pub, "t", 1)
+	receiveOne(t, msgs).Ack()
+
+	blocker, err := pgx.Connect(ctx, testDSN)
+	require.NoError(t, err)
+	defer blocker.Close(ctx)
+	var pid int
+	require.NoError(t, blocker.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	tx, err := blocker.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()")
+	require.NoError(t, err)
+	held := publishN(t, pub, "t", 1)
+
+	stalls := func() []logEntry {
+		logs.mu.Lock()
+		defer logs.mu.Unlock()
+		var out []logEntry
+		for _, e := range *logs.entries {
+			if errors.Is(e.err, pglease.ErrDeliveryHeldBack) {
+				out = append(out, e)
+			}
+		}
+		return out
+	}
+	waitFor(t, 10*time.Second, "the stall to be logged", func() bool { return len(stalls()) > 0 })
+	e := stalls()[0]
+	assert.Equal(t, pid, e.fields["pid"])
+	// The consumer keeps polling every 50 ms while the stall lasts; a
+	// second message behind the same transaction must not log again.
+	held = append(held, publishN(t, pub, "t", 1)...)
+	time.Sleep(10 * 50 * time.Millisecond) // ten polls' worth of chances to log again
+	assert.Len(t, stalls(), 1, "logged once per stall")
+
+	require.NoError(t, tx.Rollback(ctx))
+	for _, id := range held {
+		m := receiveOne(t, msgs)
+		assert.Equal(t, id, m.UUID)
+		m.Ack()
+	}
 }

@@ -68,39 +68,6 @@ func (h *wakeHub) clearIdle(c *consumer) {
 	delete(h.idle, c)
 }
 
-// maxNotifyPayload is the longest payload pg_notify accepts, in bytes
-// (payloads must be shorter than 8000 bytes).
-const maxNotifyPayload = 7999
-
-// resetNotification returns the payload that tells the Subscribers of group
-// that an operator reset the group's offsets on topic
-// (pgsql.NotifyReset): the kind, the length of group in bytes (decimal),
-// ":", group, then topic. The length says where the group ends, whatever
-// bytes the group and the topic hold. A group too long for a payload gets
-// the unscoped pgsql.NotifyResetAny + topic of earlier versions, which
-// every group's Subscribers of the topic act on.
-func resetNotification(group, topic string) string {
-	p := string(rune(pgsql.NotifyReset)) + strconv.Itoa(len(group)) + ":" + group + topic
-	if len(p) > maxNotifyPayload {
-		return string(rune(pgsql.NotifyResetAny)) + topic
-	}
-	return p
-}
-
-// parseResetNotification reads what follows the kind of a payload of
-// resetNotification.
-func parseResetNotification(s string) (group, topic string, ok bool) {
-	n, rest, found := strings.Cut(s, ":")
-	if !found || n == "" || len(n) > 4 || strings.TrimLeft(n, "0123456789") != "" {
-		return "", "", false
-	}
-	size, _ := strconv.Atoi(n) // at most 4 digits
-	if size > len(rest) {
-		return "", "", false
-	}
-	return rest[:size], rest[size:], true
-}
-
 // notify handles one notification payload (pgsql.NotifyMessages and the
 // other kinds): new messages wake the consumer of their partition; a
 // release wakes the group member if it subscribes to the topic; a change
@@ -151,7 +118,7 @@ func (h *wakeHub) notify(payload string) {
 	case pgsql.NotifyPartitions:
 		h.member.topicChanged(&name)
 	case pgsql.NotifyReset:
-		if group, topic, ok := parseResetNotification(name); ok && group == h.group {
+		if group, topic, ok := pgsql.ParseResetNotification(name); ok && group == h.group {
 			h.member.offsetsReset(topic)
 		}
 	case pgsql.NotifyResetAny:

@@ -5,7 +5,7 @@ package pglease
 // (DefaultSchemaAdapter{}: the default names), for an application that runs as a role that
 // owns nothing: the owner of the tables runs them, once, after [Migrate].
 // With them, role publishes (delayed messages too), subscribes, creates
-// topics (CreateTopic), inspects and resets offsets (Inspector), and, when
+// topics (CreateTopic), inspects and resets offsets (admin.Inspector), and, when
 // elected, does the maintainer's work, retention partitions included,
 // through the owner's SECURITY DEFINER functions (schema version 7).
 //

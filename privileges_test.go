@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
@@ -325,9 +326,9 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	require.NoError(t, pub.Publish("keep", delayed))
 	assert.ElementsMatch(t, append(ids, delayed.UUID), uuids(receive(t, msgs, 6, 15*time.Second)))
 
-	insp, err := pglease.NewInspector(appPool, adapter)
+	insp, err := admin.NewInspector(appPool, adapter)
 	require.NoError(t, err)
-	resets, err := insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{ConsumerGroup: "other", Topic: "keep", To: pglease.ResetToLatest})
+	resets, err := insp.ResetOffsets(ctx, admin.ResetOffsetsParams{ConsumerGroup: "other", Topic: "keep", To: admin.ResetToLatest})
 	require.NoError(t, err)
 	assert.Len(t, resets, 2, "both partitions of the topic reset")
 

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglease/watermill-pglease/internal/check"
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
@@ -282,14 +283,4 @@ func buildInsertParams(topic string, msgs []*message.Message, keyFunc func(strin
 	return params, nil
 }
 
-func isNilDB(db DB) bool {
-	switch d := db.(type) {
-	case nil:
-		return true
-	case *pgxpool.Pool:
-		return d == nil
-	case *pgx.Conn:
-		return d == nil
-	}
-	return false
-}
+func isNilDB(db DB) bool { return check.NilDB(db) }

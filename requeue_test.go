@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 // TestRequeueRetriesWhenDue runs Watermill's retry-later flow on pglease.
@@ -120,12 +121,12 @@ func TestRequeueRetriesWhenDue(t *testing.T) {
 	// Nothing can come any more once no message waits in the delayed
 	// table and both groups have committed positions at the end of
 	// their topics.
-	inspector, err := pglease.NewInspector(pool, adapter)
+	inspector, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 	waitFor(t, 30*time.Second, "both groups to consume everything", func() bool {
 		var delayed int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+table(adapter, pglease.DefaultDelayedTable)).Scan(&delayed))
-		lags, err := inspector.Lag(ctx, pglease.LagFilter{})
+		lags, err := inspector.Lag(ctx, admin.LagFilter{})
 		require.NoError(t, err)
 		groups := map[string]bool{}
 		for _, l := range lags {

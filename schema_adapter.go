@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pglease/watermill-pglease/internal/check"
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
@@ -29,8 +29,8 @@ const (
 // sessions table, and one row per (consumer group, topic, partition) in the
 // offsets table, and the tables of topic settings, delayed messages,
 // retention and the maintainer. It is what SubscriberConfig,
-// PublisherConfig, TopicConfig, [NewInspector], [Migrate], [SchemaSQL] and
-// [GrantSQL] take.
+// PublisherConfig, TopicConfig, [Migrate], [SchemaSQL], [GrantSQL] and the
+// admin and import packages (admin.NewInspector, wmsqlimport.Config) take.
 //
 // The zero value uses the default table names in the connection's
 // search_path. Names are quoted, so they are used exactly as given.
@@ -68,27 +68,7 @@ func (a DefaultSchemaAdapter) tables() *pgsql.Tables {
 }
 
 // validate checks the configured names.
-func (a DefaultSchemaAdapter) validate() error {
-	for _, n := range []struct{ field, value string }{
-		{"Schema", a.Schema},
-		{"MessagesTable", a.MessagesTable},
-		{"ConsumerSessionsTable", a.ConsumerSessionsTable},
-		{"ConsumerOffsetsTable", a.ConsumerOffsetsTable},
-		{"SchemaVersionTable", a.SchemaVersionTable},
-		{"TopicsTable", a.TopicsTable},
-		{"DelayedTable", a.DelayedTable},
-		{"MaintenanceTable", a.MaintenanceTable},
-		{"RetentionTable", a.RetentionTable},
-	} {
-		if len(n.value) > 63 {
-			return fmt.Errorf("DefaultSchemaAdapter.%s must be at most 63 bytes, got %d", n.field, len(n.value))
-		}
-		if strings.ContainsRune(n.value, 0) {
-			return fmt.Errorf("DefaultSchemaAdapter.%s must not contain a NUL byte", n.field)
-		}
-	}
-	return nil
-}
+func (a DefaultSchemaAdapter) validate() error { return check.TableNames(pgsql.Names(a)) }
 
 // SchemaSQL returns the whole DDL of the adapter's current schema version as
 // one script, for users who run migrations with their own tool and leave
@@ -152,18 +132,4 @@ func wrapSetUpDenied(err error, schema string) error {
 
 // wrapMissingSchema adds what to do to the errors that say that the
 // tables are missing or that the role may not use them.
-func wrapMissingSchema(err error) error {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return err
-	}
-	switch pgErr.Code {
-	case "42P01": // undefined_table
-		return fmt.Errorf("%w (the pglease tables are missing: run pglease.Migrate or `pglease migrate` as the role that is to own them, "+
-			"or apply pglease.SchemaSQL with your migration tool)", err)
-	case "42501": // insufficient_privilege
-		return fmt.Errorf("%w (the role lacks pglease's grants: have the owner of the tables run pglease.GrantSQL "+
-			"or `pglease grant --role NAME`)", err)
-	}
-	return err
-}
+func wrapMissingSchema(err error) error { return check.MissingSchema(err) }

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
@@ -386,9 +387,9 @@ func TestRuntimeRunsNothingPlantedOnTheSearchPath(t *testing.T) {
 	require.NoError(t, pub.Publish("kept", delayed))
 	assert.Equal(t, delayed.UUID, receive(t, kept, 1, 10*time.Second)[0].UUID)
 
-	in, err := pglease.NewInspector(appPool, adapter)
+	in, err := admin.NewInspector(appPool, adapter)
 	require.NoError(t, err)
-	_, err = in.Lag(ctx, pglease.LagFilter{})
+	_, err = in.Lag(ctx, admin.LagFilter{})
 	require.NoError(t, err)
 	_, err = in.Sessions(ctx)
 	require.NoError(t, err)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 // TestSubscriberStats: the counters follow what the Subscriber did: claims,
@@ -85,10 +86,10 @@ func TestStartFromLatest(t *testing.T) {
 	late := newSub("late", pglease.StartFromLatest)
 	lateMsgs, err := late.Subscribe(ctx, "t")
 	require.NoError(t, err)
-	insp, err := pglease.NewInspector(pool, adapter)
+	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 	waitFor(t, 10*time.Second, "the late group's row", func() bool {
-		lag, err := insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{"late"}})
+		lag, err := insp.Lag(ctx, admin.LagFilter{ConsumerGroups: []string{"late"}})
 		require.NoError(t, err)
 		return len(lag) == 1 && lag[0].Lag == 0
 	})

@@ -80,7 +80,7 @@ type SubscriberConfig struct {
 	// (deleted by hand, or the group removed by
 	// Maintenance.RemoveIdleGroupsAfter) is logged at Info with where it
 	// starts. Once the rows exist StartFrom has no effect; reset positions
-	// with Inspector.ResetOffsets.
+	// with admin.Inspector.ResetOffsets.
 	StartFrom StartFrom
 
 	// PollInterval is the fallback for missed notifications. Subscribers
@@ -727,10 +727,9 @@ func (s *Subscriber) reportStall() {
 		s.stallChecking = false
 		s.stallMu.Unlock()
 	}()
-	insp := &Inspector{db: s.pool, tables: s.offsets.tables}
 	ctx, cancel := context.WithTimeout(s.ctx, s.stmtTimeout)
 	defer cancel()
-	h, err := insp.Horizon(ctx)
+	h, err := readHorizon(ctx, s.pool, s.offsets.tables)
 	if err != nil {
 		return
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 // TestUndecodableMetadataIsSkippedAndLoggedOnce: a row whose metadata is
@@ -34,9 +35,9 @@ func TestUndecodableMetadataIsSkippedAndLoggedOnce(t *testing.T) {
 		good = append(good, msg.UUID)
 		require.NoError(t, pub.Publish("t", msg))
 	}
-	insp, err := pglease.NewInspector(pool, adapter)
+	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
-	found, err := insp.FindMessages(ctx, pglease.FindMessagesParams{Topic: "t", UUID: "bad"})
+	found, err := insp.FindMessages(ctx, admin.FindMessagesParams{Topic: "t", UUID: "bad"})
 	require.NoError(t, err)
 	require.Len(t, found, 1)
 	bad := found[0]
@@ -52,7 +53,7 @@ func TestUndecodableMetadataIsSkippedAndLoggedOnce(t *testing.T) {
 	got := receive(t, msgs, 3, 10*time.Second)
 	assert.Equal(t, good, uuids(got))
 	waitFor(t, 10*time.Second, "the group's offset past every message", func() bool {
-		lag, err := insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{"g"}})
+		lag, err := insp.Lag(ctx, admin.LagFilter{ConsumerGroups: []string{"g"}})
 		return err == nil && len(lag) == 1 && lag[0].Lag == 0
 	})
 	require.NoError(t, sub.Close())
@@ -71,11 +72,11 @@ func TestUndecodableMetadataIsSkippedAndLoggedOnce(t *testing.T) {
 	assert.Equal(t, "t", skipped[0].fields["topic"])
 	assert.Equal(t, fmt.Sprintf("%d:%d", bad.Position.TransactionID, bad.Position.Offset), skipped[0].fields["position"])
 
-	page, err := insp.Messages(ctx, pglease.MessagesParams{Topic: "t"})
+	page, err := insp.Messages(ctx, admin.MessagesParams{Topic: "t"})
 	require.NoError(t, err, "one undecodable row does not fail the page")
 	require.Len(t, page.Messages, 4)
 	assert.Equal(t, "bad", page.Messages[3].UUID)
 	assert.Equal(t, bad.RawMetadata, page.Messages[3].RawMetadata)
-	_, err = insp.Replay(ctx, pglease.ReplayParams{From: "t", To: "elsewhere"})
+	_, err = insp.Replay(ctx, admin.ReplayParams{From: "t", To: "elsewhere"})
 	assert.ErrorIs(t, err, pglease.ErrUndecodableMetadata)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 // DefaultScrapeTimeout bounds the queries of one scrape of a [Collector].
@@ -25,13 +26,13 @@ const DefaultScrapeTimeout = 5 * time.Second
 type CollectorConfig struct {
 	// ConsumerGroups selects the consumer groups whose lag, members and
 	// owned rows are exported; nil: every group. They are passed to
-	// [pglease.Inspector.Lag], so the database reads only their rows.
+	// [admin.Inspector.Lag], so the database reads only their rows.
 	ConsumerGroups []string
 	// Topics selects the topics whose lag and topic metrics are exported;
-	// nil: every topic. Passed to [pglease.Inspector.Lag] and
-	// [pglease.Inspector.TopicMessages] (which then count only these);
+	// nil: every topic. Passed to [admin.Inspector.Lag] and
+	// [admin.Inspector.TopicMessages] (which then count only these);
 	// the other topic metrics are filtered after
-	// [pglease.Inspector.Topics], which reads every topic.
+	// [admin.Inspector.Topics], which reads every topic.
 	Topics []string
 	// ScrapeTimeout bounds the queries of one scrape. Default:
 	// [DefaultScrapeTimeout]. Keep it below Prometheus's scrape_timeout.
@@ -60,7 +61,7 @@ func (c CollectorConfig) validate() error {
 	return nil
 }
 
-// Collector is a [prometheus.Collector] of what a [pglease.Inspector]
+// Collector is a [prometheus.Collector] of what an [admin.Inspector]
 // reads: the lag of every consumer group on every partition, the live
 // members of each group, the xmin horizon and the topics. Every scrape
 // runs the queries of the Inspector (Sessions, Lag, Horizon, Topics) on
@@ -69,7 +70,7 @@ func (c CollectorConfig) validate() error {
 // does not fail, so the other collectors of the registry are still
 // exported. It is safe for concurrent use.
 type Collector struct {
-	insp   *pglease.Inspector
+	insp   *admin.Inspector
 	config CollectorConfig
 	groups map[string]bool // nil: every group
 	topics map[string]bool // nil: every topic
@@ -91,9 +92,9 @@ type Collector struct {
 // NewCollector returns a Collector of insp's tables. Register it with
 // [prometheus.Registry.Register]. The error wraps
 // [pglease.ErrInvalidConfig].
-func NewCollector(insp *pglease.Inspector, config CollectorConfig) (*Collector, error) {
+func NewCollector(insp *admin.Inspector, config CollectorConfig) (*Collector, error) {
 	if insp == nil {
-		return nil, fmt.Errorf("%w: NewCollector needs a *pglease.Inspector, got nil", pglease.ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: NewCollector needs a *admin.Inspector, got nil", pglease.ErrInvalidConfig)
 	}
 	config.setDefaults()
 	if err := config.validate(); err != nil {
@@ -145,7 +146,7 @@ func NewCollector(insp *pglease.Inspector, config CollectorConfig) (*Collector, 
 			"topic"),
 		topicMessages: desc("pglease_topic_messages",
 			"Stored messages of the topic (delivered or not, until retention removes them; 0 for a topic emptied since an earlier scrape): exact up to "+
-				strconv.Itoa(pglease.DefaultExactCountUpTo)+", above that the planner's estimate from the table's statistics. Alert on a poison topic's depth with it.",
+				strconv.Itoa(admin.DefaultExactCountUpTo)+", above that the planner's estimate from the table's statistics. Alert on a poison topic's depth with it.",
 			"topic"),
 	}, nil
 }
@@ -185,11 +186,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 // snapshot is what one scrape read; a nil slice or horizon: its query
 // failed.
 type snapshot struct {
-	sessions []pglease.SessionInfo
-	lag      []pglease.LagInfo
-	horizon  *pglease.Horizon
-	topics   []pglease.TopicInfo
-	counts   []pglease.TopicMessageCount
+	sessions []admin.SessionInfo
+	lag      []admin.LagInfo
+	horizon  *admin.Horizon
+	topics   []admin.TopicInfo
+	counts   []admin.TopicMessageCount
 	failed   bool
 }
 
@@ -204,14 +205,14 @@ func (c *Collector) scrape(ctx context.Context) snapshot {
 		fail("sessions", err)
 		s.sessions = nil
 	} else if s.sessions == nil {
-		s.sessions = []pglease.SessionInfo{}
+		s.sessions = []admin.SessionInfo{}
 	}
-	lf := pglease.LagFilter{ConsumerGroups: c.config.ConsumerGroups, Topics: c.config.Topics}
+	lf := admin.LagFilter{ConsumerGroups: c.config.ConsumerGroups, Topics: c.config.Topics}
 	if s.lag, err = c.insp.Lag(ctx, lf); err != nil {
 		fail("lag", err)
 		s.lag = nil
 	} else if s.lag == nil {
-		s.lag = []pglease.LagInfo{}
+		s.lag = []admin.LagInfo{}
 	}
 	if h, err := c.insp.Horizon(ctx); err != nil {
 		fail("horizon", err)
@@ -222,13 +223,13 @@ func (c *Collector) scrape(ctx context.Context) snapshot {
 		fail("topics", err)
 		s.topics = nil
 	} else if s.topics == nil {
-		s.topics = []pglease.TopicInfo{}
+		s.topics = []admin.TopicInfo{}
 	}
-	if s.counts, err = c.insp.TopicMessages(ctx, pglease.TopicMessagesParams{Topics: c.config.Topics}); err != nil {
+	if s.counts, err = c.insp.TopicMessages(ctx, admin.TopicMessagesParams{Topics: c.config.Topics}); err != nil {
 		fail("topic messages", err)
 		s.counts = nil
 	} else if s.counts == nil {
-		s.counts = []pglease.TopicMessageCount{}
+		s.counts = []admin.TopicMessageCount{}
 	}
 	return s
 }
@@ -366,7 +367,7 @@ func validLabel(s string) string {
 // may not see the holder's start, so that the age never reads as a
 // reassuring 0 (an alert on age > X does not fire on NaN; alert on the
 // known gauge too).
-func horizonAge(h pglease.Horizon) (float64, bool) {
+func horizonAge(h admin.Horizon) (float64, bool) {
 	switch {
 	case h.Holder == nil:
 		return 0, true

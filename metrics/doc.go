@@ -4,7 +4,7 @@
 //
 // Two collectors, each a [prometheus.Collector]:
 //
-//   - [Collector] reads a [pglease.Inspector] on every scrape: what the
+//   - [Collector] reads an [admin.Inspector] on every scrape: what the
 //     database says about every consumer group, whichever process
 //     consumes. Register one per database, in one process (or a few);
 //     every instance that registers it runs the same queries.
@@ -43,7 +43,7 @@
 // pglease_topic_messages is the depth of a poison topic to alert on, e.g.
 // pglease_topic_messages{topic="orders.poison"} > 0. It counts each
 // topic's messages through the primary key, reading at most 10,001
-// entries per topic ([pglease.Inspector.TopicMessages]); a topic that
+// entries per topic ([admin.Inspector.TopicMessages]); a topic that
 // holds more reads as the planner's estimate from the table's
 // statistics (at least 10,000). A topic emptied since an earlier scrape
 // reads 0 rather than disappearing. With CollectorConfig.Topics only
@@ -56,7 +56,7 @@
 // PostgreSQL shows another role's backends' transaction start only to
 // superusers and members of pg_read_all_stats. Without it the collector
 // still finds the transaction that holds the horizon back, but not how
-// long it has run ([pglease.HorizonHolder].AgeKnown is false): then
+// long it has run ([admin.HorizonHolder].AgeKnown is false): then
 // pglease_xmin_horizon_age_seconds is NaN (never 0, which would read as
 // "nothing holds delivery back") and pglease_xmin_horizon_age_known is 0.
 // A rule such as pglease_xmin_horizon_age_seconds > 300 does not fire on
@@ -98,7 +98,7 @@
 //
 // # Usage
 //
-//	insp, err := pglease.NewInspector(pool, pglease.DefaultSchemaAdapter{})
+//	insp, err := admin.NewInspector(pool, pglease.DefaultSchemaAdapter{})
 //	if err != nil {
 //		return err
 //	}

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 	"github.com/pglease/watermill-pglease/metrics"
 )
 
@@ -33,7 +34,7 @@ func Example() {
 	}
 	defer subscriber.Close()
 
-	insp, err := pglease.NewInspector(pool, pglease.DefaultSchemaAdapter{})
+	insp, err := admin.NewInspector(pool, pglease.DefaultSchemaAdapter{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 	"github.com/pglease/watermill-pglease/internal/pgtest"
 )
 
@@ -83,9 +84,9 @@ func newSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSche
 	return sub
 }
 
-func newInspector(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) *pglease.Inspector {
+func newInspector(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) *admin.Inspector {
 	t.Helper()
-	insp, err := pglease.NewInspector(pool, adapter)
+	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 	return insp
 }
@@ -152,7 +153,7 @@ func TestCollectorLagAndMembers(t *testing.T) {
 		require.True(t, msg.Ack())
 	}
 	waitFor(t, 10*time.Second, "the last ack to be committed", func() bool {
-		lag, err := insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{"billing"}})
+		lag, err := insp.Lag(ctx, admin.LagFilter{ConsumerGroups: []string{"billing"}})
 		require.NoError(t, err)
 		return len(lag) == 1 && lag[0].Position == last
 	})
@@ -203,8 +204,8 @@ func TestCollectorFilters(t *testing.T) {
 	insp := newInspector(t, pool, adapter)
 	// Offsets rows without Subscribers: a reset creates them.
 	for _, r := range []struct{ group, topic string }{{"g1", "a"}, {"g1", "b"}, {"g2", "a"}} {
-		_, err := insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{ConsumerGroup: r.group, Topic: r.topic,
-			To: pglease.ResetToEarliest})
+		_, err := insp.ResetOffsets(ctx, admin.ResetOffsetsParams{ConsumerGroup: r.group, Topic: r.topic,
+			To: admin.ResetToEarliest})
 		require.NoError(t, err)
 	}
 
@@ -258,7 +259,7 @@ func TestCollectorTopicMessages(t *testing.T) {
 pglease_topic_messages{topic="orders.poison"} 2
 `), "pglease_topic_messages"))
 
-	done, err := insp.Replay(ctx, pglease.ReplayParams{From: "orders.poison", To: "orders"})
+	done, err := insp.Replay(ctx, admin.ReplayParams{From: "orders.poison", To: "orders"})
 	require.NoError(t, err)
 	require.Len(t, done, 2)
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(head+`pglease_topic_messages{topic="orders"} 7
@@ -576,7 +577,7 @@ func TestRegistryLint(t *testing.T) {
 func TestConfigErrors(t *testing.T) {
 	_, err := NewCollector(nil, CollectorConfig{})
 	assert.ErrorIs(t, err, pglease.ErrInvalidConfig)
-	insp, err := pglease.NewInspector(newPool(t), pglease.DefaultSchemaAdapter{})
+	insp, err := admin.NewInspector(newPool(t), pglease.DefaultSchemaAdapter{})
 	require.NoError(t, err)
 	_, err = NewCollector(insp, CollectorConfig{ScrapeTimeout: -time.Second})
 	assert.ErrorIs(t, err, pglease.ErrInvalidConfig)

@@ -67,7 +67,7 @@ echo "ok"
 
 # The benchmarks are a module of their own (they depend on watermill-sql,
 # which the library must not): vet them and run their tests. Their unit
-# tests need no database; importtest (pglease.ImportWatermillSQL against the
+# tests need no database; importtest (wmsqlimport.Run against the
 # real watermill-sql v4) uses PGLEASE_TEST_DSN and fails without it.
 if [[ -d benchmarks ]]; then
 	step "benchmarks: go vet, go test"
@@ -123,7 +123,7 @@ if [[ -n "${PGLEASE_TEST_PGBOUNCER_DSN:-}" ]]; then
 	fi
 	step "go test -race, pools through PgBouncer (simple protocol)"
 	PGLEASE_TEST_POOL_DSN="$bouncer_simple" go test -race -count=1 -timeout 10m \
-		-run 'TestAckInTxCommitsWithTheTransaction|TestAckInTxBadInput|TestAckInTxIsFencedInTheDatabase|TestTxHandlerWithTheRouter|TestStaleOwnerAckInTxIsRefused|TestInspectorLagAfterKnownAcks|TestInspectorBadInput|TestCreateTopic|TestPublish|TestRequeue|TestDelayed|TestRetention|TestMaintainerIsOneSubscriber|TestPartitionedTopicOneSubscriber|TestNewSubscriberReceivesOldMessages|TestGroupSplitsTopicsEvenly' .
+		-run 'TestAckInTxCommitsWithTheTransaction|TestAckInTxBadInput|TestAckInTxIsFencedInTheDatabase|TestTxHandlerWithTheRouter|TestStaleOwnerAckInTxIsRefused|TestInspectorLagAfterKnownAcks|TestInspectorBadInput|TestCreateTopic|TestPublish|TestRequeue|TestDelayed|TestRetention|TestMaintainerIsOneSubscriber|TestPartitionedTopicOneSubscriber|TestNewSubscriberReceivesOldMessages|TestGroupSplitsTopicsEvenly' . ./admin
 	step "cmd/pglease: go test -race through PgBouncer (simple protocol)"
 	(cd cmd/pglease && PGLEASE_TEST_DSN="$bouncer_simple" go test -race -count=1 -timeout 10m .)
 else

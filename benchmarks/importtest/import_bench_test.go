@@ -10,9 +10,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/wmsqlimport"
 )
 
-// BenchmarkImport1M times pglease.ImportWatermillSQL of 1,000,000 pending
+// BenchmarkImport1M times wmsqlimport.Run of 1,000,000 pending
 // messages (PGLEASE_IMPORT_MESSAGES to change it) of one topic in
 // watermill-sql v4's default PostgreSQL schema, stored by SQL in 10
 // transactions, JSON payloads of about 60 bytes, one group that
@@ -65,7 +66,7 @@ FROM generate_series($1::int, $2::int) n`, from, min(from+chunk, total)-1)
 		})
 		b.StartTimer()
 		start := time.Now()
-		report, err := pglease.ImportWatermillSQL(ctx, e.pg, e.wm, pglease.ImportConfig{Topics: []string{"bulk"}, SchemaAdapter: adapter})
+		report, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: []string{"bulk"}, SchemaAdapter: adapter})
 		took += time.Since(start)
 		if err != nil {
 			b.Fatal(err)

@@ -1,4 +1,4 @@
-// Package importtest checks pglease.ImportWatermillSQL against the real
+// Package importtest checks wmsqlimport.Run against the real
 // watermill-sql v4 (its pgx adapter), which only the benchmarks module may
 // depend on. The tests need PostgreSQL: PGLEASE_TEST_DSN, as `make test`
 // (scripts/localpg.sh) provides it.
@@ -25,6 +25,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
+	"github.com/pglease/watermill-pglease/wmsqlimport"
 )
 
 // wmBatch is watermill-sql's batch size, and the acknowledged counts are
@@ -244,13 +246,13 @@ func (r *receiver) waitFor(t testing.TB, topic string, n int) []string {
 // counts it, is 0: nothing more is to come.
 func (e *env) lagZero(t testing.TB, group, topic string) {
 	t.Helper()
-	insp, err := pglease.NewInspector(e.pg, e.adapter)
+	insp, err := admin.NewInspector(e.pg, e.adapter)
 	if err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(time.Minute)
 	for {
-		rows, err := insp.Lag(context.Background(), pglease.LagFilter{ConsumerGroups: []string{group}, Topics: []string{topic}})
+		rows, err := insp.Lag(context.Background(), admin.LagFilter{ConsumerGroups: []string{group}, Topics: []string{topic}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -299,7 +301,7 @@ func TestImportWatermillSQL(t *testing.T) {
 		}
 	}
 
-	dry, err := pglease.ImportWatermillSQL(ctx, e.pg, e.wm, pglease.ImportConfig{All: true, SchemaAdapter: e.adapter, DryRun: true})
+	dry, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{All: true, SchemaAdapter: e.adapter, DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +313,7 @@ func TestImportWatermillSQL(t *testing.T) {
 		t.Fatalf("after the dry run %d messages are stored (%v), want 0", stored, err)
 	}
 
-	report, err := pglease.ImportWatermillSQL(ctx, e.pg, e.wm, pglease.ImportConfig{All: true, SchemaAdapter: e.adapter})
+	report, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{All: true, SchemaAdapter: e.adapter})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,19 +325,19 @@ func TestImportWatermillSQL(t *testing.T) {
 			t.Fatalf("topic %d: %+v", i, it)
 		}
 		for _, g := range it.Groups {
-			if g.Action != pglease.ImportGroupCreated {
+			if g.Action != wmsqlimport.GroupCreated {
 				t.Fatalf("topic %s group %s: %s, want created", it.Topic, g.ConsumerGroup, g.Action)
 			}
 		}
 	}
 
 	// Running again with nothing new copies nothing and leaves the groups.
-	again, err := pglease.ImportWatermillSQL(ctx, e.pg, e.wm, pglease.ImportConfig{Topics: topics, SchemaAdapter: e.adapter})
+	again, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: topics, SchemaAdapter: e.adapter})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, it := range again.Topics {
-		if it.Messages != 0 || it.Groups[0].Action != pglease.ImportGroupUnchanged {
+		if it.Messages != 0 || it.Groups[0].Action != wmsqlimport.GroupUnchanged {
 			t.Fatalf("second run without news: %+v", it)
 		}
 	}
@@ -359,7 +361,7 @@ func TestImportWatermillSQL(t *testing.T) {
 	for _, topic := range topics {
 		uuids[topic] = append(uuids[topic], e.publish(t, topic, published, published+more)...)
 	}
-	report, err = pglease.ImportWatermillSQL(ctx, e.pg, e.wm, pglease.ImportConfig{Topics: topics, SchemaAdapter: e.adapter})
+	report, err = wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: topics, SchemaAdapter: e.adapter})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -368,7 +370,7 @@ func TestImportWatermillSQL(t *testing.T) {
 			t.Fatalf("run 2: %+v", it)
 		}
 		for _, g := range it.Groups {
-			if g.Action != pglease.ImportGroupKept {
+			if g.Action != wmsqlimport.GroupKept {
 				t.Fatalf("run 2, topic %s group %s: %s, want kept", it.Topic, g.ConsumerGroup, g.Action)
 			}
 		}
@@ -408,16 +410,16 @@ func TestImportFollowsGroupsNotStartedInPglease(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if _, err := pglease.ImportWatermillSQL(ctx, e.pg, e.wm, pglease.ImportConfig{Topics: []string{topic}, SchemaAdapter: e.adapter}); err != nil {
+	if _, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: []string{topic}, SchemaAdapter: e.adapter}); err != nil {
 		t.Fatal(err)
 	}
 	e.consumeWM(t, topic, "A", 100) // A goes on in watermill-sql: 200 acknowledged now
 	uuids = append(uuids, e.publish(t, topic, 300, 320)...)
-	report, err := pglease.ImportWatermillSQL(ctx, e.pg, e.wm, pglease.ImportConfig{Topics: []string{topic}, SchemaAdapter: e.adapter})
+	report, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: []string{topic}, SchemaAdapter: e.adapter})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g := report.Topics[0].Groups[0]; g.Action != pglease.ImportGroupMoved || report.Topics[0].Messages != 20 {
+	if g := report.Topics[0].Groups[0]; g.Action != wmsqlimport.GroupMoved || report.Topics[0].Messages != 20 {
 		t.Fatalf("run 2: %+v", report.Topics[0])
 	}
 
@@ -467,7 +469,7 @@ func TestImportDelayedPubSub(t *testing.T) {
 	}
 	_ = pub.Close()
 
-	report, err := pglease.ImportWatermillSQL(ctx, e.pg, e.wm, pglease.ImportConfig{Topics: []string{topic}, SchemaAdapter: e.adapter})
+	report, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: []string{topic}, SchemaAdapter: e.adapter})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -496,12 +498,12 @@ func TestImportRefusesOtherSchemas(t *testing.T) {
 	payload json, metadata json, transaction_id xid8, tenant text)`); err != nil {
 		t.Fatal(err)
 	}
-	_, err := pglease.ImportWatermillSQL(ctx, e.pg, e.wm, pglease.ImportConfig{Topics: []string{"custom"}, SchemaAdapter: e.adapter})
-	if !errors.Is(err, pglease.ErrNotWatermillSQLSchema) || !strings.Contains(err.Error(), `"watermill_custom"`) || !strings.Contains(err.Error(), `"tenant"`) {
+	_, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: []string{"custom"}, SchemaAdapter: e.adapter})
+	if !errors.Is(err, wmsqlimport.ErrNotWatermillSQLSchema) || !strings.Contains(err.Error(), `"watermill_custom"`) || !strings.Contains(err.Error(), `"tenant"`) {
 		t.Fatalf("err = %v, want ErrNotWatermillSQLSchema naming watermill_custom and tenant", err)
 	}
-	_, err = pglease.ImportWatermillSQL(ctx, e.pg, e.wm, pglease.ImportConfig{Topics: []string{"missing"}, SchemaAdapter: e.adapter})
-	if !errors.Is(err, pglease.ErrNotWatermillSQLSchema) || !strings.Contains(err.Error(), `"watermill_missing"`) {
+	_, err = wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: []string{"missing"}, SchemaAdapter: e.adapter})
+	if !errors.Is(err, wmsqlimport.ErrNotWatermillSQLSchema) || !strings.Contains(err.Error(), `"watermill_missing"`) {
 		t.Fatalf("err = %v, want ErrNotWatermillSQLSchema naming watermill_missing", err)
 	}
 }

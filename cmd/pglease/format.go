@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 // newTable returns a tabwriter for aligned columns; Flush it.
@@ -97,7 +98,7 @@ func formatTime(t time.Time) string {
 
 // formatLagSeconds prints the age of the oldest message after a position,
 // "-" without one.
-func formatLagSeconds(l pglease.LagInfo) string {
+func formatLagSeconds(l admin.LagInfo) string {
 	if l.Lag == 0 {
 		return "-"
 	}

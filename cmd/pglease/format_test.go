@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 func TestDisplayName(t *testing.T) {
@@ -49,8 +50,8 @@ func TestFormatDuration(t *testing.T) {
 }
 
 func TestFormatLagSeconds(t *testing.T) {
-	assert.Equal(t, "-", formatLagSeconds(pglease.LagInfo{}))
-	assert.Equal(t, "3.1", formatLagSeconds(pglease.LagInfo{Lag: 2, LagSeconds: 3.14}))
+	assert.Equal(t, "-", formatLagSeconds(admin.LagInfo{}))
+	assert.Equal(t, "3.1", formatLagSeconds(admin.LagInfo{Lag: 2, LagSeconds: 3.14}))
 }
 
 func TestAbbreviate(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/wmsqlimport"
 )
 
 // importSpec is the command table's entry of pglease import.
@@ -18,7 +18,7 @@ var importSpec = commandSpec{
 	name:     "import",
 	summary:  "take over watermill-sql's pending messages and consumer groups",
 	synopsis: "watermill-sql [--source-dsn DSN] (--topics a,b | --all [--owner ROLE]) [--dry-run] [--json]",
-	help: `Runs pglease.ImportWatermillSQL: for each watermill-sql topic (tables
+	help: `Runs wmsqlimport.Run: for each watermill-sql topic (tables
 watermill_<topic> and watermill_offsets_<topic> in the source's search_path),
 copies the messages that at least one consumer group has not acknowledged
 into pglease's topic of the same name, in watermill-sql's order, and creates
@@ -114,7 +114,7 @@ func (c *importCmd) run(ctx context.Context, e *cmdEnv) error {
 		defer cancel()
 		_ = src.Close(closeCtx)
 	}()
-	config := pglease.ImportConfig{All: c.all, SourceOwner: c.owner, SchemaAdapter: e.adapter, DryRun: c.dryRun}
+	config := wmsqlimport.Config{All: c.all, SourceOwner: c.owner, SchemaAdapter: e.adapter, DryRun: c.dryRun}
 	if c.topics != "" {
 		for _, t := range strings.Split(c.topics, ",") {
 			if t = strings.TrimSpace(t); t != "" {
@@ -122,7 +122,7 @@ func (c *importCmd) run(ctx context.Context, e *cmdEnv) error {
 			}
 		}
 	}
-	report, err := pglease.ImportWatermillSQL(ctx, e.conn, src, config)
+	report, err := wmsqlimport.Run(ctx, e.conn, src, config)
 	if err != nil {
 		return err
 	}
@@ -133,7 +133,7 @@ func (c *importCmd) run(ctx context.Context, e *cmdEnv) error {
 	return nil
 }
 
-func printImport(w io.Writer, r pglease.ImportReport) {
+func printImport(w io.Writer, r wmsqlimport.Report) {
 	for _, s := range r.Skipped {
 		fmt.Fprintf(w, "skipped: table %s: %s\n", displayName(s.Table), s.Reason)
 	}

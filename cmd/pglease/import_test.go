@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/wmsqlimport"
 )
 
 // TestImportCommand imports a topic in watermill-sql v4's default
@@ -51,7 +51,7 @@ VALUES ($1, $2::json, '{"n": "x"}', pg_current_xact_id())`, fmt.Sprintf("m%d", n
 SELECT 'g', "offset", transaction_id FROM `+messages+` WHERE uuid = 'm3'`)
 	require.NoError(t, err)
 
-	var report pglease.ImportReport
+	var report wmsqlimport.Report
 	require.NoError(t, json.Unmarshal([]byte(f.ok("import", "watermill-sql", "--topics", topic, "--dry-run", "--json")), &report))
 	require.Len(t, report.Topics, 1)
 	assert.True(t, report.DryRun)
@@ -70,7 +70,7 @@ SELECT 'g', "offset", transaction_id FROM `+messages+` WHERE uuid = 'm3'`)
 	require.NoError(t, json.Unmarshal([]byte(f.ok("import", "watermill-sql", "--topics", topic, "--json")), &report))
 	assert.Equal(t, int64(2), report.Topics[0].Messages)
 	assert.Equal(t, 2, report.Topics[0].Run)
-	assert.Equal(t, pglease.ImportGroupUnchanged, report.Topics[0].Groups[0].Action)
+	assert.Equal(t, wmsqlimport.GroupUnchanged, report.Topics[0].Groups[0].Action)
 	assert.Equal(t, int64(8), f.lag("--topic", topic)[0].Lag)
 
 	_, sub := f.subscribe("g", topic)

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"slices"
 
-	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 type lagCmd struct {
@@ -23,7 +23,7 @@ func (c *lagCmd) flags(fs *flag.FlagSet) {
 func (c *lagCmd) check(*flag.FlagSet) error { return nil }
 
 func (c *lagCmd) run(ctx context.Context, e *cmdEnv) error {
-	rows, err := e.insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: c.groups.values, Topics: c.topics.values})
+	rows, err := e.insp.Lag(ctx, admin.LagFilter{ConsumerGroups: c.groups.values, Topics: c.topics.values})
 	if err != nil {
 		return err
 	}
@@ -73,7 +73,7 @@ func yesNo(b bool) string {
 
 // printGroups prints the lag rows folded per consumer group, with the
 // group's live members: what the console's overview shows.
-func (c *lagCmd) printGroups(ctx context.Context, e *cmdEnv, rows []pglease.LagInfo) error {
+func (c *lagCmd) printGroups(ctx context.Context, e *cmdEnv, rows []admin.LagInfo) error {
 	sessions, err := e.insp.Sessions(ctx)
 	if err != nil {
 		return err
@@ -94,7 +94,7 @@ func (c *lagCmd) printGroups(ctx context.Context, e *cmdEnv, rows []pglease.LagI
 	fmt.Fprintln(tw, "GROUP\tMEMBERS\tROWS\tOWNED\tLAG\tMAX-LAG-SECONDS\tPENDING")
 	for _, g := range groups {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\n", displayName(g.Name), g.Members, g.Rows, g.Owned, g.Lag,
-			formatLagSeconds(pglease.LagInfo{Lag: g.Lag, LagSeconds: g.MaxLagSeconds}), yesNo(g.Pending))
+			formatLagSeconds(admin.LagInfo{Lag: g.Lag, LagSeconds: g.MaxLagSeconds}), yesNo(g.Pending))
 	}
 	return tw.Flush()
 }

@@ -43,6 +43,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 // Exit statuses.
@@ -293,7 +294,7 @@ func isCommon(name string) bool {
 type cmdEnv struct {
 	conn    *pgx.Conn
 	adapter pglease.DefaultSchemaAdapter
-	insp    *pglease.Inspector
+	insp    *admin.Inspector
 	json    bool
 	stdout  io.Writer
 
@@ -475,7 +476,7 @@ func (s *commandSpec) connectAndRun(ctx context.Context, cmd subcommand, dsn str
 		_ = conn.Close(closeCtx)
 	}()
 	adapter := pglease.DefaultSchemaAdapter{Schema: common.schema}
-	insp, err := pglease.NewInspector(conn, adapter)
+	insp, err := admin.NewInspector(conn, adapter)
 	if err != nil {
 		return err
 	}

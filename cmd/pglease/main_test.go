@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 	"github.com/pglease/watermill-pglease/internal/pgtest"
 )
 
@@ -99,9 +100,9 @@ func (f *fixture) ok(command string, args ...string) string {
 }
 
 // lag returns the rows of `pglease lag --json args...`.
-func (f *fixture) lag(args ...string) []pglease.LagInfo {
+func (f *fixture) lag(args ...string) []admin.LagInfo {
 	f.t.Helper()
-	var rows []pglease.LagInfo
+	var rows []admin.LagInfo
 	require.NoError(f.t, json.Unmarshal([]byte(f.ok("lag", append([]string{"--json"}, args...)...)), &rows))
 	return rows
 }
@@ -197,7 +198,7 @@ func TestLag(t *testing.T) {
 		last, _ = pglease.MessagePositionFromCtx(msg.Context())
 		msg.Ack()
 	}
-	var rows []pglease.LagInfo
+	var rows []admin.LagInfo
 	waitFor(t, 10*time.Second, "the 4th ack to be committed", func() bool {
 		rows = f.lag("--group", "billing")
 		return len(rows) == 1 && rows[0].Position == last
@@ -339,7 +340,7 @@ func TestTopics(t *testing.T) {
 	f.subscribe("g", "two")
 	waitFor(t, 10*time.Second, "the offsets rows of two", func() bool { return len(f.lag("--topic", "two")) == 2 })
 
-	var topics []pglease.TopicInfo
+	var topics []admin.TopicInfo
 	require.NoError(t, json.Unmarshal([]byte(f.ok("topics", "--json")), &topics))
 	require.Len(t, topics, 2)
 	assert.Equal(t, "plain", topics[0].Topic)
@@ -368,7 +369,7 @@ func TestResetOffsets(t *testing.T) {
 	var boundary time.Time
 	require.NoError(t, f.pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&boundary))
 	f.publish("t", 3)
-	only := func() pglease.LagInfo {
+	only := func() admin.LagInfo {
 		t.Helper()
 		rows := f.lag("--group", "g", "--topic", "t")
 		require.Len(t, rows, 1)

@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 func init() {
@@ -39,8 +40,8 @@ partitions, retention, stored and delayed messages.`,
 // stored and delayed messages (what the console's topic page shows), and
 // the page.
 type messagesOutput struct {
-	Topic pglease.TopicDetail `json:"topic"`
-	pglease.MessagePage
+	Topic admin.TopicDetail `json:"topic"`
+	admin.MessagePage
 }
 
 type messagesCmd struct {
@@ -57,7 +58,7 @@ type messagesCmd struct {
 func (c *messagesCmd) flags(fs *flag.FlagSet) {
 	fs.Var(&c.topic, "topic", "the `TOPIC` (required)")
 	fs.IntVar(&c.partition, "partition", -1, "only this `PARTITION` (default: every partition)")
-	fs.IntVar(&c.limit, "limit", pglease.DefaultMessagesLimit, "show at most `N` messages")
+	fs.IntVar(&c.limit, "limit", admin.DefaultMessagesLimit, "show at most `N` messages")
 	fs.Var(&c.from, "from-position", "start at this `TX:OFFSET` (a page's next position) and go back")
 	fs.StringVar(&c.uuid, "uuid", "", "show the messages with this `UUID`, whole")
 	fs.IntVar(&c.previewBytes, "preview-bytes", 64, "show this many `BYTES` of each payload (-1: all of it)")
@@ -67,8 +68,8 @@ func (c *messagesCmd) check(*flag.FlagSet) error {
 	if !c.topic.set || c.topic.value == "" {
 		return usageErrorf("--topic is required")
 	}
-	if c.limit < 1 || c.limit > pglease.MaxMessagesLimit {
-		return usageErrorf("--limit must be between 1 and %d, got %d", pglease.MaxMessagesLimit, c.limit)
+	if c.limit < 1 || c.limit > admin.MaxMessagesLimit {
+		return usageErrorf("--limit must be between 1 and %d, got %d", admin.MaxMessagesLimit, c.limit)
 	}
 	if c.partition < -1 {
 		return usageErrorf("--partition must not be negative, got %d", c.partition)
@@ -115,7 +116,7 @@ func (c *messagesCmd) run(ctx context.Context, e *cmdEnv) error {
 		}
 		return nil
 	}
-	p := pglease.MessagesParams{Topic: c.topic.value, From: c.fromPos, Limit: c.limit, PreviewBytes: c.previewBytes}
+	p := admin.MessagesParams{Topic: c.topic.value, From: c.fromPos, Limit: c.limit, PreviewBytes: c.previewBytes}
 	if c.partition >= 0 {
 		part := int32(c.partition)
 		p.Partition = &part
@@ -151,7 +152,7 @@ func (c *messagesCmd) run(ctx context.Context, e *cmdEnv) error {
 }
 
 // printMessage prints one message whole.
-func printMessage(w io.Writer, m pglease.StoredMessage) {
+func printMessage(w io.Writer, m admin.StoredMessage) {
 	tw := newTable(w)
 	fmt.Fprintf(tw, "uuid\t%s\n", m.UUID)
 	fmt.Fprintf(tw, "topic\t%s\n", displayName(m.Topic))
@@ -206,7 +207,7 @@ func payloadText(b []byte) (string, bool) {
 
 // payloadPreview is a message's payload on one line: text, or "hex:"
 // and its hex digits.
-func payloadPreview(m pglease.StoredMessage) string {
+func payloadPreview(m admin.StoredMessage) string {
 	if s, ok := payloadText(m.Payload); ok {
 		return s
 	}
@@ -216,7 +217,7 @@ func payloadPreview(m pglease.StoredMessage) string {
 // formatStoredMetadata is a message's metadata on one line: key=value
 // pairs, or "raw:" and the metadata as stored when it is not a JSON
 // object of strings.
-func formatStoredMetadata(m pglease.StoredMessage) string {
+func formatStoredMetadata(m admin.StoredMessage) string {
 	if m.RawMetadata != "" {
 		return "raw:" + m.RawMetadata
 	}

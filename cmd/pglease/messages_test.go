@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 // TestMessagesPages: pglease messages pages a topic newest first, the
@@ -41,7 +41,7 @@ func TestMessagesPages(t *testing.T) {
 	assert.Contains(t, out, "k=2")
 	assert.Contains(t, out, "Older messages: --from-position "+from)
 
-	var older pglease.MessagePage
+	var older admin.MessagePage
 	require.NoError(t, json.Unmarshal([]byte(f.ok("messages", "--topic", "t", "--limit", "2", "--from-position", from, "--json")), &older))
 	require.Len(t, older.Messages, 2)
 	assert.Equal(t, "m1", older.Messages[0].UUID)
@@ -81,7 +81,7 @@ func TestReplayCommand(t *testing.T) {
 		return out
 	}
 	count := func(topic string) int {
-		var page pglease.MessagePage
+		var page admin.MessagePage
 		require.NoError(t, json.Unmarshal([]byte(f.ok("messages", "--topic", topic, "--json")), &page))
 		return len(page.Messages)
 	}

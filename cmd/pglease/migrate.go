@@ -68,7 +68,7 @@ func (c *migrateCmd) run(ctx context.Context, e *cmdEnv) error {
 			}
 		}
 		if len(pending) > 0 {
-			out.SQL = migrationScript(tables, pending)
+			out.SQL = tables.MigrationScript(pending)
 		}
 	} else {
 		if err := pglease.Migrate(ctx, e.conn, e.adapter); err != nil {
@@ -114,28 +114,6 @@ func schemaVersion(ctx context.Context, conn *pgx.Conn, adapter pglease.DefaultS
 		return 0, fmt.Errorf("read the schema version: %w", err)
 	}
 	return v, nil
-}
-
-// migrationScript is what pglease.Migrate runs for pending, as a script:
-// the lock, the adapter's set-up statements, each migration and the
-// record of its version, in one transaction.
-func migrationScript(tables *pgsql.Tables, pending []pgsql.Migration) string {
-	var b strings.Builder
-	b.WriteString("BEGIN;\n")
-	fmt.Fprintf(&b, "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(%s::text, 0::bigint));\n", quoteLiteral(tables.LockKey))
-	for _, s := range tables.Prepare() {
-		b.WriteString(s + ";\n")
-	}
-	for _, m := range pending {
-		sql := strings.TrimSpace(m.SQL)
-		if !strings.HasSuffix(sql, ";") {
-			sql += ";"
-		}
-		fmt.Fprintf(&b, "\n-- version %d: %s\n%s\n", m.Version, m.Description, sql)
-		fmt.Fprintf(&b, "INSERT INTO %s (version, description) VALUES (%d, %s);\n", tables.Version, m.Version, quoteLiteral(m.Description))
-	}
-	b.WriteString("COMMIT;\n")
-	return b.String()
 }
 
 type grantCmd struct {
@@ -226,23 +204,17 @@ func (c *grantCmd) run(ctx context.Context, e *cmdEnv) error {
 // owner's role or a superuser): PostgreSQL would only warn and grant
 // nothing. Without the table, it leaves the GRANT to fail saying so.
 func checkOwner(ctx context.Context, e *cmdEnv) error {
-	var (
-		user, owner string
-		may         bool
-	)
-	err := e.conn.QueryRow(ctx, `SELECT current_user::text, pg_get_userbyid(c.relowner)::text,
-	pg_has_role(current_user, c.relowner, 'USAGE')
-FROM pg_class c WHERE c.oid = to_regclass($1)`, tablesOf(e.adapter).Messages).Scan(&user, &owner, &may)
+	r, err := pgsql.TablesOwner(ctx, e.conn, tablesOf(e.adapter))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil
 	case err != nil:
 		return fmt.Errorf("read the owner of the tables: %w", err)
-	case !may:
+	case !r.MayGrant:
 		return fmt.Errorf("role %s does not own the pglease tables of %s (their owner is %s): PostgreSQL would grant nothing; "+
 			"run pglease grant as %s, a member of that role, or a superuser",
-			pgx.Identifier{user}.Sanitize(), schemaName(e.adapter), pgx.Identifier{owner}.Sanitize(),
-			pgx.Identifier{owner}.Sanitize())
+			pgx.Identifier{r.User}.Sanitize(), schemaName(e.adapter), pgx.Identifier{r.Owner}.Sanitize(),
+			pgx.Identifier{r.Owner}.Sanitize())
 	}
 	return nil
 }

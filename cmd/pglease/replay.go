@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 func init() {
@@ -19,13 +19,13 @@ func init() {
 middleware) and publishes them again, oldest first, in one transaction: each
 is deleted from --from and published, with its UUID, payload and metadata, to
 --to, or with --to-original to the topic that the PoisonQueue recorded in its
-metadata (` + pglease.PoisonedTopicKey + `; messages without it stay where they are).
+metadata (` + admin.PoisonedTopicKey + `; messages without it stay where they are).
 All or nothing. Run twice, it publishes each message once: the second run
 finds them gone. Consumer groups of --from skip the moved messages.
 
   --filter-metadata KEY=VALUE  only messages with this metadata; repeat to
                                require several
-  --limit N                    move at most N messages (default ` + strconv.Itoa(pglease.DefaultReplayLimit) + `)
+  --limit N                    move at most N messages (default ` + strconv.Itoa(admin.DefaultReplayLimit) + `)
   --dry-run                    show what would be moved, and move nothing`,
 		new: func() subcommand { return &replayCmd{} },
 	})
@@ -43,20 +43,20 @@ type replayCmd struct {
 
 // replayOutput is the JSON of pglease replay.
 type replayOutput struct {
-	From       string                    `json:"from"`
-	To         string                    `json:"to,omitempty"`
-	ToOriginal bool                      `json:"to_original"`
-	Filter     map[string]string         `json:"filter_metadata,omitempty"`
-	DryRun     bool                      `json:"dry_run"`
-	Messages   []pglease.ReplayedMessage `json:"messages"`
+	From       string                  `json:"from"`
+	To         string                  `json:"to,omitempty"`
+	ToOriginal bool                    `json:"to_original"`
+	Filter     map[string]string       `json:"filter_metadata,omitempty"`
+	DryRun     bool                    `json:"dry_run"`
+	Messages   []admin.ReplayedMessage `json:"messages"`
 }
 
 func (c *replayCmd) flags(fs *flag.FlagSet) {
 	fs.Var(&c.from, "from", "the `TOPIC` to take the messages from (required)")
 	fs.Var(&c.to, "to", "publish them to this `TOPIC`")
-	fs.BoolVar(&c.toOriginal, "to-original", false, "publish each to the topic its "+pglease.PoisonedTopicKey+" metadata names")
+	fs.BoolVar(&c.toOriginal, "to-original", false, "publish each to the topic its "+admin.PoisonedTopicKey+" metadata names")
 	fs.Var(&c.filters, "filter-metadata", "only messages with this `KEY=VALUE` metadata; repeat for several")
-	fs.IntVar(&c.limit, "limit", pglease.DefaultReplayLimit, "move at most `N` messages")
+	fs.IntVar(&c.limit, "limit", admin.DefaultReplayLimit, "move at most `N` messages")
 	fs.BoolVar(&c.dryRun, "dry-run", false, "show what would be moved, and move nothing")
 }
 
@@ -93,7 +93,7 @@ func (c *replayCmd) check(*flag.FlagSet) error {
 }
 
 func (c *replayCmd) run(ctx context.Context, e *cmdEnv) error {
-	done, err := e.insp.Replay(ctx, pglease.ReplayParams{
+	done, err := e.insp.Replay(ctx, admin.ReplayParams{
 		From: c.from.value, To: c.to.value, ToOriginal: c.toOriginal,
 		Metadata: c.metadata, Limit: c.limit, DryRun: c.dryRun,
 	})

@@ -12,7 +12,7 @@ import (
 
 	"github.com/google/uuid"
 
-	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 type resetCmd struct {
@@ -22,7 +22,7 @@ type resetCmd struct {
 	force, dryRun    bool
 
 	// Set by check.
-	to     pglease.ResetTo
+	to     admin.ResetTo
 	toName string     // earliest, latest or time
 	toTime *time.Time // with toName "time"
 }
@@ -37,7 +37,7 @@ type resetOutput struct {
 	DryRun bool       `json:"dry_run"`
 	// Partitions is what was done to each partition (with dry_run: what
 	// would have been done).
-	Partitions []pglease.OffsetReset `json:"partitions"`
+	Partitions []admin.OffsetReset `json:"partitions"`
 }
 
 // refusedError is a reset refused because a live session owns a row; hint
@@ -70,11 +70,11 @@ func (c *resetCmd) check(*flag.FlagSet) error {
 	var tos []string
 	if c.earliest {
 		tos = append(tos, "--to-earliest")
-		c.to, c.toName = pglease.ResetToEarliest, "earliest"
+		c.to, c.toName = admin.ResetToEarliest, "earliest"
 	}
 	if c.latest {
 		tos = append(tos, "--to-latest")
-		c.to, c.toName = pglease.ResetToLatest, "latest"
+		c.to, c.toName = admin.ResetToLatest, "latest"
 	}
 	if c.at.set {
 		tos = append(tos, "--to-time")
@@ -89,7 +89,7 @@ func (c *resetCmd) check(*flag.FlagSet) error {
 		if err != nil {
 			return usageErrorf("--to-time %q is not an RFC 3339 time such as 2026-11-23T08:00:00Z or 2026-11-23T09:00:00+01:00", c.at.value)
 		}
-		c.to, c.toName, c.toTime = pglease.ResetToTime(t), "time", &t
+		c.to, c.toName, c.toTime = admin.ResetToTime(t), "time", &t
 	}
 	return nil
 }
@@ -104,17 +104,17 @@ func (c *resetCmd) run(ctx context.Context, e *cmdEnv) error {
 			return fmt.Errorf("begin the dry run: %w", err)
 		}
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		if insp, err = pglease.NewInspector(tx, e.adapter); err != nil {
+		if insp, err = admin.NewInspector(tx, e.adapter); err != nil {
 			return err
 		}
 	}
-	resets, err := insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{
+	resets, err := insp.ResetOffsets(ctx, admin.ResetOffsetsParams{
 		ConsumerGroup: c.group.value,
 		Topic:         c.topic.value,
 		To:            c.to,
 		Force:         c.force,
 	})
-	if errors.Is(err, pglease.ErrOwnedByLiveSession) {
+	if errors.Is(err, admin.ErrOwnedByLiveSession) {
 		return &refusedError{err: err, hint: "Nothing was changed. With --force the reset is applied anyway: the owners are fenced,\n" +
 			"give their partitions up after the message in flight and claim them again from the new positions."}
 	}
@@ -130,7 +130,7 @@ func (c *resetCmd) run(ctx context.Context, e *cmdEnv) error {
 	return c.print(e.stdout, resets)
 }
 
-func (c *resetCmd) print(w io.Writer, resets []pglease.OffsetReset) error {
+func (c *resetCmd) print(w io.Writer, resets []admin.OffsetReset) error {
 	to := c.toName
 	if c.toTime != nil {
 		to = "the first message stored at or after " + c.toTime.Format(time.RFC3339Nano)

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 const (
@@ -26,8 +26,8 @@ type statusCmd struct {
 
 // statusOutput is the JSON of pglease status.
 type statusOutput struct {
-	Sessions []pglease.SessionInfo `json:"sessions"`
-	Horizon  pglease.Horizon       `json:"horizon"`
+	Sessions []admin.SessionInfo `json:"sessions"`
+	Horizon  admin.Horizon       `json:"horizon"`
 	// DeliveryHeldBack reports a horizon holder older than --warn-after;
 	// nil when the holder's age cannot be read (a role without
 	// pg_read_all_stats does not see when other roles' transactions
@@ -36,7 +36,7 @@ type statusOutput struct {
 }
 
 // newStatusOutput judges the horizon's holder against warnAfter.
-func newStatusOutput(sessions []pglease.SessionInfo, h pglease.Horizon, warnAfter time.Duration) statusOutput {
+func newStatusOutput(sessions []admin.SessionInfo, h admin.Horizon, warnAfter time.Duration) statusOutput {
 	out := statusOutput{Sessions: nonNil(sessions), Horizon: h}
 	held := false
 	switch {
@@ -54,7 +54,7 @@ func newStatusOutput(sessions []pglease.SessionInfo, h pglease.Horizon, warnAfte
 // pg_stat_activity hides it (and the state and query) of other roles'
 // backends from a role without pg_read_all_stats. A prepared
 // transaction's is always known.
-func holderAgeKnown(hh *pglease.HorizonHolder) bool {
+func holderAgeKnown(hh *admin.HorizonHolder) bool {
 	return hh.GID != "" || !hh.XactStart.IsZero()
 }
 
@@ -89,7 +89,7 @@ func (c *statusCmd) run(ctx context.Context, e *cmdEnv) error {
 	return nil
 }
 
-func printSessions(w io.Writer, sessions []pglease.SessionInfo) {
+func printSessions(w io.Writer, sessions []admin.SessionInfo) {
 	live := 0
 	for _, s := range sessions {
 		if s.Alive {
@@ -107,7 +107,7 @@ func printSessions(w io.Writer, sessions []pglease.SessionInfo) {
 	}
 	tw := newTable(w)
 	fmt.Fprintln(tw, "GROUP\tSESSION\tOWNER\tAGE\tEXPIRES-IN\tROWS")
-	var maintainer *pglease.SessionInfo
+	var maintainer *admin.SessionInfo
 	for i, s := range sessions {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", displayName(s.ConsumerGroup), s.ID, orDash(s.Owner),
 			formatDuration(s.Age), formatExpiresIn(s.ExpiresIn), s.RowsHeld)

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 // TestPrintHorizon: what status says about the horizon's holder, whether
@@ -18,13 +18,13 @@ import (
 // the role.
 func TestPrintHorizon(t *testing.T) {
 	start := time.Date(2026, 11, 23, 8, 0, 0, 0, time.UTC)
-	backend := func(age time.Duration) *pglease.HorizonHolder {
-		return &pglease.HorizonHolder{PID: 4242, ApplicationName: "report", State: "idle in transaction",
+	backend := func(age time.Duration) *admin.HorizonHolder {
+		return &admin.HorizonHolder{PID: 4242, ApplicationName: "report", State: "idle in transaction",
 			XactStart: start, QueryStart: start.Add(time.Second), Age: age, Query: "UPDATE  t\n SET x = 1"}
 	}
 	for _, tc := range []struct {
 		name   string
-		holder *pglease.HorizonHolder
+		holder *admin.HorizonHolder
 		held   *bool
 		want   []string
 	}{
@@ -40,19 +40,19 @@ func TestPrintHorizon(t *testing.T) {
 			"DELIVERY IS HELD BACK: pid 4242 has kept a writing transaction open for 1m30s.",
 			"SELECT pg_terminate_backend(4242).",
 		}},
-		{"prepared", &pglease.HorizonHolder{GID: "tx'1", State: "prepared", XactStart: start, Age: time.Minute}, ptr(true), []string{
+		{"prepared", &admin.HorizonHolder{GID: "tx'1", State: "prepared", XactStart: start, Age: time.Minute}, ptr(true), []string{
 			"held by  prepared transaction \"tx'1\"\n", "state    prepared\n",
 			"DELIVERY IS HELD BACK: prepared transaction \"tx'1\" has kept a writing transaction open for 1m0s.",
 			"COMMIT PREPARED or ROLLBACK PREPARED 'tx''1'.",
 		}},
-		{"hidden", &pglease.HorizonHolder{PID: 4242, ApplicationName: "psql", Query: "<insufficient privilege>"}, nil, []string{
+		{"hidden", &admin.HorizonHolder{PID: 4242, ApplicationName: "psql", Query: "<insufficient privilege>"}, nil, []string{
 			"state        -\n", "age          unknown: hidden from this role (grant it pg_read_all_stats)\n",
 			"query        <insufficient privilege>\n",
 			"Delivery may be held back: pid 4242 runs a writing transaction, for how long this role cannot see.",
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			out := newStatusOutput(nil, pglease.Horizon{Xmin: 812, Holder: tc.holder}, 5*time.Second)
+			out := newStatusOutput(nil, admin.Horizon{Xmin: 812, Holder: tc.holder}, 5*time.Second)
 			assert.Equal(t, tc.held, out.DeliveryHeldBack)
 			assert.NotNil(t, out.Sessions, "[] in JSON, not null")
 			var b bytes.Buffer

@@ -5,7 +5,7 @@ import (
 	"flag"
 	"fmt"
 
-	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 type topicsCmd struct{}
@@ -37,7 +37,7 @@ func (c *topicsCmd) run(ctx context.Context, e *cmdEnv) error {
 	return tw.Flush()
 }
 
-func newest(t pglease.TopicInfo) string {
+func newest(t admin.TopicInfo) string {
 	if t.NewestAt == nil {
 		return "-"
 	}

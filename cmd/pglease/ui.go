@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 func init() {
@@ -154,7 +155,7 @@ func (c *uiCmd) run(ctx context.Context, e *cmdEnv) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
-	insp, err := pglease.NewInspector(pool, e.adapter)
+	insp, err := admin.NewInspector(pool, e.adapter)
 	if err != nil {
 		return err
 	}
@@ -273,7 +274,7 @@ func onOff(b bool) string {
 
 // uiConfig is what a uiServer runs with.
 type uiConfig struct {
-	insp        *pglease.Inspector
+	insp        *admin.Inspector
 	pool        *pgxpool.Pool // for dry runs: a transaction rolled back
 	adapter     pglease.DefaultSchemaAdapter
 	token       string // the console's token: reads need it, writes too

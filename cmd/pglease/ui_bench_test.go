@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 // BenchmarkUIOverview times the console's overview on PGLEASE_BENCH_ROWS
@@ -50,7 +51,7 @@ FROM generate_series(1, %d) t`, table(pglease.DefaultConsumerOffsetsTable), rows
 		_, err := f.pool.Exec(b.Context(), q)
 		require.NoError(b, err)
 	}
-	insp, err := pglease.NewInspector(f.pool, f.adapter)
+	insp, err := admin.NewInspector(f.pool, f.adapter)
 	require.NoError(b, err)
 	srv, err := newUIServer(uiConfig{insp: insp, pool: f.pool, adapter: f.adapter, warnAfter: defaultWarnAfter, log: os.Stderr})
 	require.NoError(b, err)

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 // lagSample is a group's total lag at one moment.
@@ -21,7 +21,7 @@ type lagSample struct {
 // lagSampler reads every group's lag at an interval and keeps the last
 // samples of each, for the charts. It is safe for concurrent use.
 type lagSampler struct {
-	insp *pglease.Inspector
+	insp *admin.Inspector
 	keep int
 
 	mu     sync.Mutex
@@ -33,7 +33,7 @@ type lagSampler struct {
 	took     time.Duration
 }
 
-func newLagSampler(insp *pglease.Inspector, keep int) *lagSampler {
+func newLagSampler(insp *admin.Inspector, keep int) *lagSampler {
 	return &lagSampler{insp: insp, keep: keep, groups: map[string][]lagSample{}}
 }
 
@@ -64,7 +64,7 @@ func (l *lagSampler) run(ctx context.Context, every time.Duration) {
 // sample reads the lag of every group once and records its totals.
 func (l *lagSampler) sample(ctx context.Context) error {
 	start := time.Now()
-	lag, err := l.insp.Lag(ctx, pglease.LagFilter{})
+	lag, err := l.insp.Lag(ctx, admin.LagFilter{})
 	if err != nil {
 		return err
 	}

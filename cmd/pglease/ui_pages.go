@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 var uiFuncs = template.FuncMap{
@@ -26,8 +27,8 @@ var uiFuncs = template.FuncMap{
 	"expires":  formatExpiresIn,
 	"orDash":   orDash,
 	"lagSecs":  formatLagSeconds,
-	"preview":  func(m pglease.StoredMessage) string { return abbreviate(payloadPreview(m), 120) },
-	"metadata": func(m pglease.StoredMessage) string { return abbreviate(formatStoredMetadata(m), 120) },
+	"preview":  func(m admin.StoredMessage) string { return abbreviate(payloadPreview(m), 120) },
+	"metadata": func(m admin.StoredMessage) string { return abbreviate(formatStoredMetadata(m), 120) },
 	"keys":     sortedKeys,
 	"q":        url.QueryEscape,
 	"short":    func(id uuid.UUID) string { return id.String()[:8] },
@@ -52,14 +53,14 @@ type overviewBody struct {
 	SampledAt  time.Time
 	SampleTook time.Duration
 	SampleAge  time.Duration // how long before the page the sample was read
-	Sessions   []pglease.SessionInfo
+	Sessions   []admin.SessionInfo
 	More       int // sessions not listed
 	Live       int
-	Maintainer *pglease.SessionInfo
+	Maintainer *admin.SessionInfo
 }
 
 // startedSince reports whether a live session is younger than age.
-func startedSince(sessions []pglease.SessionInfo, age time.Duration) bool {
+func startedSince(sessions []admin.SessionInfo, age time.Duration) bool {
 	for _, s := range sessions {
 		if s.Alive && s.Age < age {
 			return true
@@ -69,13 +70,13 @@ func startedSince(sessions []pglease.SessionInfo, age time.Duration) bool {
 }
 
 // summarize folds the lag rows and sessions into one line per group.
-func summarize(lag []pglease.LagInfo, sessions []pglease.SessionInfo) []groupSummary {
+func summarize(lag []admin.LagInfo, sessions []admin.SessionInfo) []groupSummary {
 	return withMembers(nil, lag, sessions)
 }
 
 // withMembers adds to groups (folded before, without members) the lag
 // rows and the live sessions, one line per group, sorted by name.
-func withMembers(groups []groupSummary, lag []pglease.LagInfo, sessions []pglease.SessionInfo) []groupSummary {
+func withMembers(groups []groupSummary, lag []admin.LagInfo, sessions []admin.SessionInfo) []groupSummary {
 	byName := map[string]*groupSummary{}
 	for i := range groups {
 		g := groups[i]
@@ -127,7 +128,7 @@ func (s *uiServer) overview(ctx context.Context, _ *http.Request, d *pageData) (
 	var b overviewBody
 	groups, at, took := s.sampler.summary()
 	if at.IsZero() || startedSince(sessions, time.Since(at)) {
-		lag, err := s.insp.Lag(ctx, pglease.LagFilter{})
+		lag, err := s.insp.Lag(ctx, admin.LagFilter{})
 		if err != nil {
 			return "", err
 		}
@@ -154,11 +155,11 @@ func (s *uiServer) overview(ctx context.Context, _ *http.Request, d *pageData) (
 
 type groupBody struct {
 	Summary groupSummary
-	Rows    []pglease.LagInfo
+	Rows    []admin.LagInfo
 	More    int
 	Topics  []string
 	Chart   template.HTML
-	Members []pglease.SessionInfo
+	Members []admin.SessionInfo
 	// The reset preview, when one was asked for.
 	Preview *resetPreview
 	// DeletePreview counts the rows a deletion would remove.
@@ -168,11 +169,11 @@ type groupBody struct {
 type resetPreview struct {
 	Topic, To, Time string
 	Force           bool
-	Partitions      []pglease.OffsetReset
+	Partitions      []admin.OffsetReset
 }
 
 func (s *uiServer) groupData(ctx context.Context, group string) (*groupBody, error) {
-	lag, err := s.insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{group}})
+	lag, err := s.insp.Lag(ctx, admin.LagFilter{ConsumerGroups: []string{group}})
 	if err != nil {
 		return nil, err
 	}
@@ -181,7 +182,7 @@ func (s *uiServer) groupData(ctx context.Context, group string) (*groupBody, err
 		return nil, err
 	}
 	b := &groupBody{}
-	var mine []pglease.SessionInfo
+	var mine []admin.SessionInfo
 	for _, ss := range sessions {
 		if ss.ConsumerGroup == group {
 			mine = append(mine, ss)
@@ -219,7 +220,7 @@ func (s *uiServer) group(ctx context.Context, r *http.Request, d *pageData) (str
 }
 
 type topicsBody struct {
-	Topics []pglease.TopicInfo
+	Topics []admin.TopicInfo
 }
 
 func (s *uiServer) topics(ctx context.Context, _ *http.Request, d *pageData) (string, error) {
@@ -233,12 +234,12 @@ func (s *uiServer) topics(ctx context.Context, _ *http.Request, d *pageData) (st
 }
 
 type topicBody struct {
-	Detail     pglease.TopicDetail
+	Detail     admin.TopicDetail
 	Partition  string // "" for all
 	Partitions []int
-	Page       pglease.MessagePage
+	Page       admin.MessagePage
 	UUID       string
-	Found      []pglease.StoredMessage
+	Found      []admin.StoredMessage
 	From       string
 	Poisoned   int // messages of the page naming an original topic
 	Replay     *replayPreview
@@ -249,7 +250,7 @@ type replayPreview struct {
 	ToOriginal bool
 	Filter     string
 	Limit      int
-	Messages   []pglease.ReplayedMessage
+	Messages   []admin.ReplayedMessage
 }
 
 func (s *uiServer) topicData(ctx context.Context, q url.Values) (*topicBody, error) {
@@ -265,7 +266,7 @@ func (s *uiServer) topicData(ctx context.Context, q url.Values) (*topicBody, err
 	for p := range detail.Partitions {
 		b.Partitions = append(b.Partitions, p)
 	}
-	p := pglease.MessagesParams{Topic: name, Limit: 50, PreviewBytes: 120}
+	p := admin.MessagesParams{Topic: name, Limit: 50, PreviewBytes: 120}
 	if b.Partition != "" {
 		n, err := strconv.ParseInt(b.Partition, 10, 32)
 		if err != nil || n < 0 {
@@ -285,12 +286,12 @@ func (s *uiServer) topicData(ctx context.Context, q url.Values) (*topicBody, err
 		return nil, err
 	}
 	for _, m := range b.Page.Messages {
-		if m.Metadata[pglease.PoisonedTopicKey] != "" {
+		if m.Metadata[admin.PoisonedTopicKey] != "" {
 			b.Poisoned++
 		}
 	}
 	if b.UUID != "" {
-		if b.Found, err = s.insp.FindMessages(ctx, pglease.FindMessagesParams{Topic: name, UUID: b.UUID, Limit: maxFound, PreviewBytes: 1}); err != nil {
+		if b.Found, err = s.insp.FindMessages(ctx, admin.FindMessagesParams{Topic: name, UUID: b.UUID, Limit: maxFound, PreviewBytes: 1}); err != nil {
 			return nil, err
 		}
 	}
@@ -318,7 +319,7 @@ const (
 )
 
 type messageBody struct {
-	Message pglease.StoredMessage
+	Message admin.StoredMessage
 	// Text is the payload as text, Hex its hex dump: only the one of View.
 	Text   string
 	IsText bool
@@ -345,7 +346,7 @@ func (s *uiServer) message(ctx context.Context, r *http.Request, d *pageData) (s
 			return "", badRequest("%v", err)
 		}
 	} else {
-		found, err := s.insp.FindMessages(ctx, pglease.FindMessagesParams{Topic: topic, UUID: id, Limit: 1, PreviewBytes: 1})
+		found, err := s.insp.FindMessages(ctx, admin.FindMessagesParams{Topic: topic, UUID: id, Limit: 1, PreviewBytes: 1})
 		if err != nil {
 			return "", lookupError(err)
 		}
@@ -354,7 +355,7 @@ func (s *uiServer) message(ctx context.Context, r *http.Request, d *pageData) (s
 		}
 		pos = found[0].Position
 	}
-	page, err := s.insp.Messages(ctx, pglease.MessagesParams{Topic: topic, From: &pos, Limit: 1, PreviewBytes: maxShownPayload})
+	page, err := s.insp.Messages(ctx, admin.MessagesParams{Topic: topic, From: &pos, Limit: 1, PreviewBytes: maxShownPayload})
 	if err != nil {
 		return "", lookupError(err)
 	}
@@ -396,25 +397,25 @@ func (s *uiServer) reset(ctx context.Context, w http.ResponseWriter, r *http.Req
 	f := r.PostForm
 	group, topic, to := f.Get("group"), f.Get("topic"), f.Get("to")
 	force, confirm := f.Get("force") == "on", f.Get("confirm") == "yes"
-	var target pglease.ResetTo
+	var target admin.ResetTo
 	switch to {
 	case "earliest":
-		target = pglease.ResetToEarliest
+		target = admin.ResetToEarliest
 	case "latest":
-		target = pglease.ResetToLatest
+		target = admin.ResetToLatest
 	case "time":
 		t, err := time.Parse(time.RFC3339, strings.TrimSpace(f.Get("time")))
 		if err != nil {
 			return badRequest("the time %q is not RFC 3339, such as 2026-11-23T08:00:00Z", f.Get("time"))
 		}
-		target = pglease.ResetToTime(t)
+		target = admin.ResetToTime(t)
 	default:
 		return badRequest("say where to reset to: earliest, latest or time")
 	}
 	action := fmt.Sprintf("reset-offsets group=%q topic=%q to=%s force=%t", group, topic, target, force)
-	p := pglease.ResetOffsetsParams{ConsumerGroup: group, Topic: topic, To: target, Force: force}
+	p := admin.ResetOffsetsParams{ConsumerGroup: group, Topic: topic, To: target, Force: force}
 	var (
-		resets []pglease.OffsetReset
+		resets []admin.OffsetReset
 		err    error
 	)
 	if confirm {
@@ -429,7 +430,7 @@ func (s *uiServer) reset(ctx context.Context, w http.ResponseWriter, r *http.Req
 	d.Title, d.Nav, d.Body = "Group "+displayName(group), "overview", b
 	if err != nil {
 		s.logWrite(r, d, action, "failed: "+err.Error())
-		if errors.Is(err, pglease.ErrOwnedByLiveSession) {
+		if errors.Is(err, admin.ErrOwnedByLiveSession) {
 			err = &httpError{status: http.StatusConflict, msg: err.Error() + ". Nothing was changed. Tick \"force\" to fence the owners."}
 		}
 		var he *httpError
@@ -460,22 +461,22 @@ func he2status(err error) int {
 }
 
 // dryRunReset runs the reset in a transaction that is rolled back.
-func (s *uiServer) dryRunReset(ctx context.Context, p pglease.ResetOffsetsParams) ([]pglease.OffsetReset, error) {
-	return withRollback(ctx, s, func(insp *pglease.Inspector) ([]pglease.OffsetReset, error) {
+func (s *uiServer) dryRunReset(ctx context.Context, p admin.ResetOffsetsParams) ([]admin.OffsetReset, error) {
+	return withRollback(ctx, s, func(insp *admin.Inspector) ([]admin.OffsetReset, error) {
 		return insp.ResetOffsets(ctx, p)
 	})
 }
 
 // withRollback runs f on an Inspector of a transaction that is rolled
 // back: what f writes is never committed.
-func withRollback[T any](ctx context.Context, s *uiServer, f func(*pglease.Inspector) (T, error)) (T, error) {
+func withRollback[T any](ctx context.Context, s *uiServer, f func(*admin.Inspector) (T, error)) (T, error) {
 	var zero T
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return zero, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	insp, err := pglease.NewInspector(tx, s.adapter)
+	insp, err := admin.NewInspector(tx, s.adapter)
 	if err != nil {
 		return zero, err
 	}
@@ -506,7 +507,7 @@ func parseFilter(s string) (map[string]string, error) {
 func (s *uiServer) replay(ctx context.Context, w http.ResponseWriter, r *http.Request, d *pageData) error {
 	f := r.PostForm
 	from := f.Get("from")
-	p := pglease.ReplayParams{From: from, ToOriginal: f.Get("where") == "original", DryRun: f.Get("confirm") != "yes"}
+	p := admin.ReplayParams{From: from, ToOriginal: f.Get("where") == "original", DryRun: f.Get("confirm") != "yes"}
 	if !p.ToOriginal {
 		p.To = strings.TrimSpace(f.Get("to"))
 	}
@@ -557,11 +558,11 @@ func (s *uiServer) deleteGroup(ctx context.Context, w http.ResponseWriter, r *ht
 	if confirm {
 		n, err = s.insp.DeleteGroupOffsets(ctx, group)
 	} else {
-		n, err = withRollback(ctx, s, func(insp *pglease.Inspector) (int64, error) { return insp.DeleteGroupOffsets(ctx, group) })
+		n, err = withRollback(ctx, s, func(insp *admin.Inspector) (int64, error) { return insp.DeleteGroupOffsets(ctx, group) })
 	}
 	if err != nil {
 		s.logWrite(r, d, action, "failed: "+err.Error())
-		if errors.Is(err, pglease.ErrOwnedByLiveSession) {
+		if errors.Is(err, admin.ErrOwnedByLiveSession) {
 			return &httpError{status: http.StatusConflict, msg: err.Error()}
 		}
 		return err

@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 // TestUIReadsNeedTheToken: without the token every page asks for it and
@@ -80,7 +81,7 @@ func TestUIReadsNeedTheToken(t *testing.T) {
 // to, itself allowed.
 func TestUIHostAllowlistAndOrigin(t *testing.T) {
 	f := newFixture(t)
-	insp, err := pglease.NewInspector(f.pool, f.adapter)
+	insp, err := admin.NewInspector(f.pool, f.adapter)
 	require.NoError(t, err)
 	srv, err := newUIServer(uiConfig{insp: insp, pool: f.pool, adapter: f.adapter, allowWrites: true, warnAfter: defaultWarnAfter,
 		log: io.Discard, token: testToken, hosts: []string{"0.0.0.0", "Console.Example"}})

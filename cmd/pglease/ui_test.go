@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 const testToken = "0123456789abcdef-test-token"
@@ -26,7 +26,7 @@ const testToken = "0123456789abcdef-test-token"
 // newUITest serves the console of the fixture's schema in process.
 func newUITest(t *testing.T, f *fixture, allowWrites bool) (*httptest.Server, *uiServer, *bytes.Buffer) {
 	t.Helper()
-	insp, err := pglease.NewInspector(f.pool, f.adapter)
+	insp, err := admin.NewInspector(f.pool, f.adapter)
 	require.NoError(t, err)
 	var log bytes.Buffer
 	cfg := uiConfig{insp: insp, pool: f.pool, adapter: f.adapter, allowWrites: allowWrites, warnAfter: defaultWarnAfter, log: &log,

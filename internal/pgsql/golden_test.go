@@ -151,6 +151,7 @@ func dumpStatements(a *Tables) string {
 		s(fmt.Sprintf("Prepare %d", i), st)
 	}
 	dumpMovedStatements(a, q)
+	dumpAdminStatements(a, q, s)
 	return b.String()
 }
 
@@ -204,4 +205,16 @@ func dumpMovedStatements(a *Tables, q func(string, Stmt)) {
 	q("ImportMoveOffset", a.importMoveOffset("g", "t", Position{11, 12}, Position{13, 14}))
 	q("ImportRecordGroup", a.importRecordGroup("t", "g", Position{11, 12}, Position{13, 14}))
 	q("ImportNow", importNow())
+}
+
+// dumpAdminStatements adds the statements that the admin packages and the
+// pglease command ran themselves before they moved here: their golden
+// text is what those callers ran.
+func dumpAdminStatements(a *Tables, q func(string, Stmt), s func(string, string)) {
+	q("DisableJIT", jitOff())
+	q("WMReadOnly", wmReadOnly())
+	q("WMSnapshot", wmSnapshot())
+	q("TablesOwner", a.tablesOwner())
+	s("MigrationScript", a.MigrationScript([]Migration{{Version: 7, Description: "it's a test", SQL: "SELECT 1"},
+		{Version: 8, Description: "second", SQL: "SELECT 2;\n"}}))
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 const token = "uitest-write-token-0123456789"
@@ -336,13 +337,13 @@ func TestConsoleInABrowser(t *testing.T) {
 	run(chromedp.WaitVisible(chromedp.CSS("#reset-form")), chromedp.Click(chromedp.CSS("#reset-force")),
 		chromedp.Click(chromedp.CSS("#reset-preview-button")), chromedp.WaitVisible(chromedp.CSS("#reset-preview")))
 	assert.Contains(t, text("#reset-preview"), host, "the owner to be fenced")
-	insp, err := pglease.NewInspector(pool, adapter)
+	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
-	before, err := insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{"billing"}})
+	before, err := insp.Lag(ctx, admin.LagFilter{ConsumerGroups: []string{"billing"}})
 	require.NoError(t, err)
 	run(chromedp.Click(chromedp.CSS("#reset-confirm")), chromedp.WaitVisible(chromedp.CSS("#notice")))
 	assert.Contains(t, text("#notice"), "Reset billing on orders to earliest: 2 partitions.")
-	after, err := insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{"billing"}})
+	after, err := insp.Lag(ctx, admin.LagFilter{ConsumerGroups: []string{"billing"}})
 	require.NoError(t, err)
 	require.Len(t, after, 2)
 	for i := range after {

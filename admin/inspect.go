@@ -1,4 +1,4 @@
-package pglease
+package admin
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/internal/check"
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
@@ -19,7 +21,7 @@ import (
 // [Inspector.ResetOffsets]. It is safe for concurrent use on a
 // *pgxpool.Pool; on a *pgx.Conn or a pgx.Tx, one call at a time.
 type Inspector struct {
-	db     DB
+	db     pglease.DB
 	tables *pgsql.Tables
 
 	// beforeDeleteGroup, when set, runs in DeleteGroupOffsets after the
@@ -28,16 +30,26 @@ type Inspector struct {
 }
 
 // NewInspector returns an Inspector of the tables of adapter
-// (DefaultSchemaAdapter{}: the default names) on db, which may be a
-// *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
-func NewInspector(db DB, adapter DefaultSchemaAdapter) (*Inspector, error) {
-	if isNilDB(db) {
-		return nil, fmt.Errorf("%w: NewInspector needs a *pgxpool.Pool, *pgx.Conn or pgx.Tx, got nil", ErrInvalidConfig)
+// (pglease.DefaultSchemaAdapter{}: the default names) on db, which may be
+// a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx. Invalid arguments give an
+// error wrapping [pglease.ErrInvalidConfig].
+func NewInspector(db pglease.DB, adapter pglease.DefaultSchemaAdapter) (*Inspector, error) {
+	if check.NilDB(db) {
+		return nil, fmt.Errorf("%w: NewInspector needs a *pgxpool.Pool, *pgx.Conn or pgx.Tx, got nil", pglease.ErrInvalidConfig)
 	}
-	if err := adapter.validate(); err != nil {
-		return nil, fmt.Errorf("%w: NewInspector: %w", ErrInvalidConfig, err)
+	if err := check.TableNames(pgsql.Names(adapter)); err != nil {
+		return nil, fmt.Errorf("%w: NewInspector: %w", pglease.ErrInvalidConfig, err)
 	}
-	return &Inspector{db: db, tables: adapter.tables()}, nil
+	return &Inspector{db: db, tables: pgsql.NewTables(pgsql.Names(adapter))}, nil
+}
+
+// validateTopic refuses the topic names that pglease refuses, with an
+// error wrapping [pglease.ErrInvalidTopic].
+func validateTopic(topic string) error {
+	if err := check.Topic(topic, pglease.MaxTopicLength); err != nil {
+		return fmt.Errorf("%w: %w", pglease.ErrInvalidTopic, err)
+	}
+	return nil
 }
 
 // noJIT begins a read-only transaction (a savepoint on a pgx.Tx) with JIT
@@ -50,7 +62,7 @@ func (i *Inspector) noJIT(ctx context.Context) (pgx.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := tx.Exec(ctx, "SET LOCAL jit = off"); err != nil {
+	if err := pgsql.DisableJIT(ctx, tx); err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, err
 	}
@@ -73,7 +85,7 @@ type SessionInfo struct {
 	// RowsHeld counts the (group, topic, partition) rows it owns.
 	RowsHeld int64 `json:"rows_held"`
 	// Maintainer tells whether it holds the maintainer's row (see
-	// MaintenanceConfig).
+	// pglease.MaintenanceConfig).
 	Maintainer bool `json:"maintainer"`
 }
 
@@ -81,7 +93,7 @@ type SessionInfo struct {
 func (i *Inspector) Sessions(ctx context.Context) ([]SessionInfo, error) {
 	rows, err := pgsql.InspectSessions(ctx, i.db, i.tables)
 	if err != nil {
-		return nil, fmt.Errorf("read sessions: %w", wrapMissingSchema(err))
+		return nil, fmt.Errorf("read sessions: %w", check.MissingSchema(err))
 	}
 	var out []SessionInfo
 	for _, r := range rows {
@@ -106,9 +118,9 @@ type LagInfo struct {
 	// OwnerExpired reports a row still held by a session that expired or
 	// is gone (its process crashed or paused): the group takes it over
 	// soon. False for a free row.
-	OwnerExpired bool     `json:"owner_expired"`
-	Epoch        int64    `json:"epoch"`
-	Position     Position `json:"position"`
+	OwnerExpired bool             `json:"owner_expired"`
+	Epoch        int64            `json:"epoch"`
+	Position     pglease.Position `json:"position"`
 	// Lag counts the messages after the position that every reader can
 	// see; LagSeconds is the age of the oldest of them (0 without one).
 	Lag        int64   `json:"lag"`
@@ -127,7 +139,8 @@ type LagFilter struct {
 // Lag returns, for every (group, topic, partition) row that f selects, its
 // owner, position and lag. Counting the lag reads the index entries of the
 // messages after each position, so its cost grows with the total lag. It
-// runs with JIT compilation off (see noJIT).
+// runs in a transaction of its own (a savepoint on a pgx.Tx) with JIT
+// compilation off: compiling its per-row look-ups costs more than it saves.
 func (i *Inspector) Lag(ctx context.Context, f LagFilter) ([]LagInfo, error) {
 	tx, err := i.noJIT(ctx)
 	if err != nil {
@@ -136,12 +149,12 @@ func (i *Inspector) Lag(ctx context.Context, f LagFilter) ([]LagInfo, error) {
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	rows, err := pgsql.InspectLag(ctx, tx, i.tables, f.ConsumerGroups, f.Topics)
 	if err != nil {
-		return nil, fmt.Errorf("read lag: %w", wrapMissingSchema(err))
+		return nil, fmt.Errorf("read lag: %w", check.MissingSchema(err))
 	}
 	var out []LagInfo
 	for _, r := range rows {
 		l := LagInfo{ConsumerGroup: r.ConsumerGroup, Topic: r.Topic, Partition: r.Partition, Epoch: r.Epoch,
-			Position: Position(r.Acked), Lag: r.Lag, Pending: r.Pending}
+			Position: pglease.Position(r.Acked), Lag: r.Lag, Pending: r.Pending}
 		if r.LiveOwner != nil && r.SessionID != nil {
 			l.OwnerSession, l.Owner = *r.SessionID, *r.LiveOwner
 		} else if r.SessionID != nil {
@@ -241,7 +254,8 @@ type TopicInfo struct {
 }
 
 // Topics returns every topic that has messages, settings or offset rows.
-// It runs with JIT compilation off (see noJIT).
+// It runs in a transaction of its own (a savepoint on a pgx.Tx) with JIT
+// compilation off: compiling its per-row look-ups costs more than it saves.
 func (i *Inspector) Topics(ctx context.Context) ([]TopicInfo, error) {
 	tx, err := i.noJIT(ctx)
 	if err != nil {
@@ -250,7 +264,7 @@ func (i *Inspector) Topics(ctx context.Context) ([]TopicInfo, error) {
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	rows, err := pgsql.InspectTopics(ctx, tx, i.tables)
 	if err != nil {
-		return nil, fmt.Errorf("read topics: %w", wrapMissingSchema(err))
+		return nil, fmt.Errorf("read topics: %w", check.MissingSchema(err))
 	}
 	var out []TopicInfo
 	for _, r := range rows {
@@ -318,7 +332,7 @@ type ResetOffsetsParams struct {
 	To            ResetTo
 	// Force resets rows that a live session owns: the row's epoch is
 	// bumped, so the owner's later commits and releases are refused
-	// (ErrOwnershipLost); notified, the owner stops delivering the
+	// (pglease.ErrOwnershipLost); notified, the owner stops delivering the
 	// partition and claims it again, from the new position. A message it
 	// had handed out before may still be processed once.
 	Force bool
@@ -329,10 +343,10 @@ type OffsetReset struct {
 	Partition int32 `json:"partition"`
 	// PreviousOwner is the live session that owned the row (uuid.Nil:
 	// none), fenced by the reset.
-	PreviousOwnerSession uuid.UUID `json:"previous_owner_session"`
-	PreviousOwner        string    `json:"previous_owner"`
-	From                 Position  `json:"from"`
-	To                   Position  `json:"to"`
+	PreviousOwnerSession uuid.UUID        `json:"previous_owner_session"`
+	PreviousOwner        string           `json:"previous_owner"`
+	From                 pglease.Position `json:"from"`
+	To                   pglease.Position `json:"to"`
 }
 
 // resetAttempts bounds how many times [Inspector.ResetOffsets] runs the
@@ -358,7 +372,7 @@ func (i *Inspector) ResetOffsets(ctx context.Context, p ResetOffsetsParams) ([]O
 		return nil, err
 	}
 	if p.To.kind == "" {
-		return nil, fmt.Errorf("%w: ResetOffsetsParams.To is not set (ResetToEarliest, ResetToLatest or ResetToTime)", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: ResetOffsetsParams.To is not set (ResetToEarliest, ResetToLatest or ResetToTime)", pglease.ErrInvalidConfig)
 	}
 	what := fmt.Sprintf("reset offsets of consumer group %q on topic %q to %s", p.ConsumerGroup, p.Topic, p.To)
 	for range resetAttempts {
@@ -387,26 +401,28 @@ func (i *Inspector) resetOnce(ctx context.Context, p ResetOffsetsParams) (out, o
 		return nil, nil, false, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	counts, err := topicPartitions(ctx, tx, i.tables, []string{p.Topic})
+	counts, err := pgsql.TopicPartitions(ctx, tx, i.tables, []string{p.Topic})
 	if err != nil {
-		return nil, nil, false, err
+		return nil, nil, false, fmt.Errorf("read partition counts: %w", check.MissingSchema(err))
 	}
-	var rowsToEnsure []rowKey
+	var (
+		topics     []string
+		partitions []int32
+	)
 	for part := range max(counts[p.Topic], 1) {
-		rowsToEnsure = append(rowsToEnsure, rowKey{topic: p.Topic, partition: int32(part)})
+		topics, partitions = append(topics, p.Topic), append(partitions, int32(part))
 	}
-	topics, partitions := splitRows(rowsToEnsure)
 	if _, err := pgsql.EnsureOffsets(ctx, tx, i.tables, pgsql.OffsetsParams{ConsumerGroup: p.ConsumerGroup,
 		Topics: topics, Partitions: partitions}); err != nil {
-		return nil, nil, false, wrapMissingSchema(err)
+		return nil, nil, false, check.MissingSchema(err)
 	}
 	rows, err := pgsql.ResetOffsets(ctx, tx, i.tables, pgsql.ResetParams{ConsumerGroup: p.ConsumerGroup, Topic: p.Topic,
-		To: p.To.kind, At: p.To.at, Force: p.Force, Notification: resetNotification(p.ConsumerGroup, p.Topic)})
+		To: p.To.kind, At: p.To.at, Force: p.Force, Notification: pgsql.ResetNotification(p.ConsumerGroup, p.Topic)})
 	if err != nil {
-		return nil, nil, false, wrapMissingSchema(err)
+		return nil, nil, false, check.MissingSchema(err)
 	}
 	for _, row := range rows {
-		r := OffsetReset{Partition: row.Partition, From: Position(row.From), To: Position(row.To)}
+		r := OffsetReset{Partition: row.Partition, From: pglease.Position(row.From), To: pglease.Position(row.To)}
 		changed = changed || row.Changed
 		if row.LiveOwner != nil && row.SessionID != nil {
 			r.PreviousOwnerSession, r.PreviousOwner = *row.SessionID, *row.LiveOwner

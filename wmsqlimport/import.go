@@ -1,4 +1,4 @@
-package pglease
+package wmsqlimport
 
 import (
 	"context"
@@ -10,41 +10,43 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/internal/check"
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
-// ErrNotWatermillSQLSchema is wrapped by the errors of [ImportWatermillSQL]
+// ErrNotWatermillSQLSchema is wrapped by the errors of [Run]
 // for a source table that is not watermill-sql's default PostgreSQL schema
 // (v3 or v4): a missing table, a missing or unknown column, a column of
 // another type. The error names the table and the column.
 var ErrNotWatermillSQLSchema = errors.New("pglease: not watermill-sql's default PostgreSQL schema")
 
 // Names of the import's own tables, in the schema of the pglease tables
-// ([DefaultSchemaAdapter.Schema]). The import creates them
+// ([pglease.DefaultSchemaAdapter.Schema]). The import creates them
 // (CREATE TABLE IF NOT EXISTS); they are not part of the migrations.
 const (
-	// ImportRunsTable records, per topic, each run of the import: which
+	// RunsTable records, per topic, each run of the import: which
 	// watermill-sql positions it copied and where they are in pglease.
-	ImportRunsTable = "pglease_import_watermill_sql"
-	// ImportGroupsTable records, per (topic, consumer group), the
+	RunsTable = "pglease_import_watermill_sql"
+	// GroupsTable records, per (topic, consumer group), the
 	// position the import gave the group's offset row, so that a later
 	// run can tell whether the group has consumed in pglease since.
-	ImportGroupsTable = "pglease_import_watermill_sql_groups"
+	GroupsTable = "pglease_import_watermill_sql_groups"
 )
 
 // importBatch is how many messages the import reads and writes per
 // statement.
 const importBatch = 5000
 
-// ImportConfig configures [ImportWatermillSQL].
-type ImportConfig struct {
+// Config configures [Run].
+type Config struct {
 	// Topics are the watermill-sql topics to import (tables
 	// "watermill_<topic>" and "watermill_offsets_<topic>" in the source's
 	// search_path). Either Topics or All.
 	Topics []string
 	// All imports every watermill-sql topic of the source's search_path
 	// whose messages and offsets tables are owned by SourceOwner; the
-	// others are skipped and listed in ImportReport.Skipped (another role
+	// others are skipped and listed in Report.Skipped (another role
 	// of the database may create tables named watermill_* in a schema of
 	// the search_path).
 	All bool
@@ -52,34 +54,35 @@ type ImportConfig struct {
 	// the source connection runs as (watermill-sql creates its tables as
 	// the application's role).
 	SourceOwner string
-	// SchemaAdapter names the pglease tables. Default DefaultSchemaAdapter{}.
-	// The import's own tables ([ImportRunsTable], [ImportGroupsTable])
+	// SchemaAdapter names the pglease tables. Default
+	// pglease.DefaultSchemaAdapter{}.
+	// The import's own tables ([RunsTable], [GroupsTable])
 	// are created in its Schema.
-	SchemaAdapter DefaultSchemaAdapter
+	SchemaAdapter pglease.DefaultSchemaAdapter
 	// DryRun runs the import and rolls it back: the report says what a
 	// real run would have done, and nothing changes.
 	DryRun bool
 }
 
-// ImportReport is what [ImportWatermillSQL] did, per topic.
-type ImportReport struct {
-	DryRun bool            `json:"dry_run"`
-	Topics []ImportedTopic `json:"topics"`
-	// Skipped are the tables ImportConfig.All found but did not import:
-	// owned by another role than ImportConfig.SourceOwner.
+// Report is what [Run] did, per topic.
+type Report struct {
+	DryRun bool          `json:"dry_run"`
+	Topics []TopicReport `json:"topics"`
+	// Skipped are the tables Config.All found but did not import:
+	// owned by another role than Config.SourceOwner.
 	Skipped []SkippedTable `json:"skipped,omitempty"`
 }
 
-// SkippedTable is a watermill-sql table that [ImportWatermillSQL] with
-// ImportConfig.All did not import, and why.
+// SkippedTable is a watermill-sql table that [Run] with
+// Config.All did not import, and why.
 type SkippedTable struct {
 	Table  string `json:"table"`
 	Owner  string `json:"owner"`
 	Reason string `json:"reason"`
 }
 
-// ImportedTopic is the import of one topic.
-type ImportedTopic struct {
+// TopicReport is the import of one topic.
+type TopicReport struct {
 	Topic       string `json:"topic"`
 	SourceTable string `json:"source_table"`
 	// SourceKind is the schema found: "transaction_id" (v3 and v4,
@@ -95,30 +98,30 @@ type ImportedTopic struct {
 	Delayed  int64 `json:"delayed"`
 	// TransactionID is the pglease transaction id the messages of this run
 	// were stored with (their offsets count up from 1 per topic).
-	TransactionID uint64          `json:"transaction_id"`
-	Groups        []ImportedGroup `json:"groups"`
+	TransactionID uint64        `json:"transaction_id"`
+	Groups        []GroupReport `json:"groups"`
 	// Warnings say what could not be carried exactly.
 	Warnings []string `json:"warnings,omitempty"`
 }
 
-// Group actions of an [ImportedGroup].
+// Group actions of an [GroupReport].
 const (
-	ImportGroupCreated   = "created"   // the offset row was created
-	ImportGroupMoved     = "moved"     // a row the import created earlier, never consumed from, follows the source forward
-	ImportGroupUnchanged = "unchanged" // as the import left it before
-	ImportGroupKept      = "kept"      // the group consumes in pglease already: left alone
+	GroupCreated   = "created"   // the offset row was created
+	GroupMoved     = "moved"     // a row the import created earlier, never consumed from, follows the source forward
+	GroupUnchanged = "unchanged" // as the import left it before
+	GroupKept      = "kept"      // the group consumes in pglease already: left alone
 )
 
-// ImportedGroup is one consumer group of an imported topic.
-type ImportedGroup struct {
+// GroupReport is one consumer group of an imported topic.
+type GroupReport struct {
 	ConsumerGroup string `json:"consumer_group"`
 	// SourceTransactionID and SourceOffset are the group's acknowledged
 	// position in watermill-sql.
 	SourceTransactionID uint64 `json:"source_transaction_id"`
 	SourceOffset        int64  `json:"source_offset"`
 	// Position is the group's pglease position after the import.
-	Position Position `json:"position"`
-	Action   string   `json:"action"`
+	Position pglease.Position `json:"position"`
+	Action   string           `json:"action"`
 }
 
 // wmPosition is a position in a watermill-sql topic: (transaction id,
@@ -171,7 +174,7 @@ type wmSource struct {
 	payloadType   string // json, jsonb, text or bytea
 }
 
-// ImportWatermillSQL copies, for each watermill-sql topic, the messages
+// Run copies, for each watermill-sql topic, the messages
 // that at least one consumer group has not acknowledged into pglease's
 // topic of the same name (partition 0), in watermill-sql's order, and
 // creates each group's pglease offset row so that it receives exactly the
@@ -180,12 +183,12 @@ type wmSource struct {
 // delayed become pglease delayed messages. src is the database of
 // watermill-sql, dst that of pglease (it may be the same database, but
 // not the same *pgx.Conn: pass a pool or two connections); the pglease
-// tables must exist ([Migrate]).
+// tables must exist ([pglease.Migrate]).
 //
 // Each topic is imported in one transaction of dst (its source tables
 // read in one REPEATABLE READ transaction of src, begun once the topic's
 // lock is held), which records what it copied in the
-// import's own tables ([ImportRunsTable], [ImportGroupsTable], created on
+// import's own tables ([RunsTable], [GroupsTable], created on
 // first use). A later run copies only the messages published to
 // watermill-sql since, and moves the offset row of a group only forward,
 // and only while no pglease Subscriber ever claimed it (and it is where
@@ -205,25 +208,25 @@ type wmSource struct {
 // the table and column; topics imported before that error stay imported.
 // It is safe to run again and concurrently: runs of one topic take turns,
 // each reading the source only once its turn has come.
-func ImportWatermillSQL(ctx context.Context, dst, src DB, config ImportConfig) (ImportReport, error) {
-	report := ImportReport{DryRun: config.DryRun, Topics: []ImportedTopic{}}
-	if isNilDB(dst) || isNilDB(src) {
-		return report, fmt.Errorf("%w: ImportWatermillSQL needs a destination and a source (*pgxpool.Pool, *pgx.Conn)", ErrInvalidConfig)
+func Run(ctx context.Context, dst, src pglease.DB, config Config) (Report, error) {
+	report := Report{DryRun: config.DryRun, Topics: []TopicReport{}}
+	if check.NilDB(dst) || check.NilDB(src) {
+		return report, fmt.Errorf("%w: wmsqlimport.Run needs a destination and a source (*pgxpool.Pool, *pgx.Conn)", pglease.ErrInvalidConfig)
 	}
 	if dst == src {
 		if _, ok := dst.(*pgx.Conn); ok {
-			return report, fmt.Errorf("%w: ImportWatermillSQL reads and writes at once: pass a pool, or two connections, not one *pgx.Conn twice", ErrInvalidConfig)
+			return report, fmt.Errorf("%w: wmsqlimport.Run reads and writes at once: pass a pool, or two connections, not one *pgx.Conn twice", pglease.ErrInvalidConfig)
 		}
 	}
 	if config.All == (len(config.Topics) > 0) {
-		return report, fmt.Errorf("%w: ImportConfig needs either Topics or All", ErrInvalidConfig)
+		return report, fmt.Errorf("%w: wmsqlimport.Config needs either Topics or All", pglease.ErrInvalidConfig)
 	}
-	if err := config.SchemaAdapter.validate(); err != nil {
-		return report, fmt.Errorf("%w: ImportConfig.SchemaAdapter: %w", ErrInvalidConfig, err)
+	if err := check.TableNames(pgsql.Names(config.SchemaAdapter)); err != nil {
+		return report, fmt.Errorf("%w: wmsqlimport.Config.SchemaAdapter: %w", pglease.ErrInvalidConfig, err)
 	}
 	for _, t := range config.Topics {
-		if err := validateTopic(t); err != nil {
-			return report, err
+		if err := check.Topic(t, pglease.MaxTopicLength); err != nil {
+			return report, fmt.Errorf("%w: %w", pglease.ErrInvalidTopic, err)
 		}
 	}
 
@@ -235,7 +238,7 @@ func ImportWatermillSQL(ctx context.Context, dst, src DB, config ImportConfig) (
 	for _, s := range sources {
 		t, err := importTopic(ctx, dst, src, config, s)
 		if err != nil {
-			return report, fmt.Errorf("import watermill-sql topic %q: %w", s.topic, wrapMissingSchema(err))
+			return report, fmt.Errorf("import watermill-sql topic %q: %w", s.topic, check.MissingSchema(err))
 		}
 		report.Topics = append(report.Topics, t)
 	}
@@ -246,13 +249,13 @@ func ImportWatermillSQL(ctx context.Context, dst, src DB, config ImportConfig) (
 // watermill-sql topic of its search_path owned by config.SourceOwner with
 // config.All, the others skipped) and checks their tables, before
 // anything is imported.
-func describeSources(ctx context.Context, src DB, config ImportConfig) ([]wmSource, []SkippedTable, error) {
+func describeSources(ctx context.Context, src pglease.DB, config Config) ([]wmSource, []SkippedTable, error) {
 	srcTx, err := src.Begin(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("import watermill-sql: begin on the source: %w", err)
 	}
 	defer func() { _ = srcTx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := srcTx.Exec(ctx, `SET TRANSACTION READ ONLY`); err != nil {
+	if err := pgsql.WMReadOnly(ctx, srcTx); err != nil {
 		return nil, nil, fmt.Errorf("import watermill-sql: source transaction: %w", err)
 	}
 	topics := config.Topics
@@ -397,9 +400,9 @@ func describeSource(ctx context.Context, q pgsql.Querier, topic string) (wmSourc
 // of its own: so runs of one topic read it in the order in which they
 // write, and a run that waited for another one sees at least what that
 // one saw.
-func importTopic(ctx context.Context, dst, src DB, config ImportConfig, s wmSource) (ImportedTopic, error) {
-	out := ImportedTopic{Topic: s.topic, SourceTable: s.messagesTable, SourceKind: s.kind.String(), Groups: []ImportedGroup{}}
-	a := config.SchemaAdapter.tables()
+func importTopic(ctx context.Context, dst, src pglease.DB, config Config, s wmSource) (TopicReport, error) {
+	out := TopicReport{Topic: s.topic, SourceTable: s.messagesTable, SourceKind: s.kind.String(), Groups: []GroupReport{}}
+	a := pgsql.NewTables(pgsql.Names(config.SchemaAdapter))
 	err := pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
 		if err := pgsql.ImportCreateTables(ctx, tx, a); err != nil {
 			return fmt.Errorf("create the import's tables: %w", err)
@@ -415,7 +418,7 @@ func importTopic(ctx context.Context, dst, src DB, config ImportConfig, s wmSour
 			return fmt.Errorf("begin on the source: %w", err)
 		}
 		defer func() { _ = srcTx.Rollback(context.WithoutCancel(ctx)) }()
-		if _, err := srcTx.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY`); err != nil {
+		if err := pgsql.WMSnapshot(ctx, srcTx); err != nil {
 			return fmt.Errorf("source transaction: %w", err)
 		}
 		var groups []pgsql.WMGroup
@@ -445,14 +448,14 @@ var importBeforeLock func(topic string)
 // errDryRun rolls back the transaction of a dry run.
 var errDryRun = errors.New("dry run")
 
-func importTopicTx(ctx context.Context, tx pgx.Tx, src pgsql.Querier, a *pgsql.Tables, s wmSource, groups []pgsql.WMGroup, out *ImportedTopic) error {
+func importTopicTx(ctx context.Context, tx pgx.Tx, src pgsql.Querier, a *pgsql.Tables, s wmSource, groups []pgsql.WMGroup, out *TopicReport) error {
 	state, err := pgsql.ImportReadTopic(ctx, tx, a, s.topic)
 	if err != nil {
 		return err
 	}
 	if state.Partitions != 1 {
 		return fmt.Errorf("%w: the pglease topic has %d partitions; watermill-sql's order can only be kept in a topic of one",
-			ErrInvalidConfig, state.Partitions)
+			pglease.ErrInvalidConfig, state.Partitions)
 	}
 	rows, err := pgsql.ImportRuns(ctx, tx, a, s.topic)
 	if err != nil {
@@ -606,7 +609,7 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src pgsql.Querier, a *pgsql.T
 		if warning != "" {
 			out.Warnings = append(out.Warnings, fmt.Sprintf("group %q: %s", g.ConsumerGroup, warning))
 		}
-		ig := ImportedGroup{ConsumerGroup: g.ConsumerGroup, SourceTransactionID: g.TransactionID, SourceOffset: g.Offset}
+		ig := GroupReport{ConsumerGroup: g.ConsumerGroup, SourceTransactionID: g.TransactionID, SourceOffset: g.Offset}
 		row, ok := existing[g.ConsumerGroup]
 		switch {
 		case !ok:
@@ -615,26 +618,26 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src pgsql.Querier, a *pgsql.T
 				return fmt.Errorf("create the offset row of group %q: %w", g.ConsumerGroup, err)
 			}
 			if !created { // created by a Subscriber meanwhile
-				ig.Action, ig.Position = ImportGroupKept, Position{}
+				ig.Action, ig.Position = GroupKept, pglease.Position{}
 				out.Warnings = append(out.Warnings, fmt.Sprintf("group %q: its offset row was created by a Subscriber during the import and was left alone", g.ConsumerGroup))
 				out.Groups = append(out.Groups, ig)
 				continue
 			}
-			ig.Action, ig.Position = ImportGroupCreated, pos
+			ig.Action, ig.Position = GroupCreated, pos
 		case row.Recorded == nil || *row.Recorded != row.Position || row.Epoch != 0:
-			ig.Action, ig.Position = ImportGroupKept, Position(row.Position)
+			ig.Action, ig.Position = GroupKept, pglease.Position(row.Position)
 			out.Groups = append(out.Groups, ig)
 			continue
-		case Position(row.Position) == pos || before:
+		case pglease.Position(row.Position) == pos || before:
 			// A group before every copied message stays where the import
 			// put it: moved to this run's start, it would skip what was
 			// published to pglease between the runs.
-			ig.Action, ig.Position = ImportGroupUnchanged, Position(row.Position)
-		case positionLess(pos, Position(row.Position)):
+			ig.Action, ig.Position = GroupUnchanged, pglease.Position(row.Position)
+		case positionLess(pos, pglease.Position(row.Position)):
 			// The source is behind what an earlier run read (its offsets
 			// were moved back, or it was restored): moved back, the group
 			// would receive again what it acknowledged.
-			ig.Action, ig.Position = ImportGroupUnchanged, Position(row.Position)
+			ig.Action, ig.Position = GroupUnchanged, pglease.Position(row.Position)
 			out.Warnings = append(out.Warnings, fmt.Sprintf("group %q: acknowledged %s in watermill-sql, behind the position an earlier run gave it: left there",
 				g.ConsumerGroup, source))
 			out.Groups = append(out.Groups, ig)
@@ -645,11 +648,11 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src pgsql.Querier, a *pgsql.T
 				return fmt.Errorf("move the offset row of group %q: %w", g.ConsumerGroup, err)
 			}
 			if !moved { // claimed or moved meanwhile
-				ig.Action, ig.Position = ImportGroupKept, Position(row.Position)
+				ig.Action, ig.Position = GroupKept, pglease.Position(row.Position)
 				out.Groups = append(out.Groups, ig)
 				continue
 			}
-			ig.Action, ig.Position = ImportGroupMoved, pos
+			ig.Action, ig.Position = GroupMoved, pos
 		}
 		if err := pgsql.ImportRecordGroup(ctx, tx, a, s.topic, g.ConsumerGroup, pgsql.Position(ig.Position), pgsql.Position(source)); err != nil {
 			return fmt.Errorf("record group %q: %w", g.ConsumerGroup, err)
@@ -666,7 +669,7 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src pgsql.Querier, a *pgsql.T
 // offset mapped while copying, for a source position within cur. before
 // reports that source lies before every copied message (or nothing was
 // ever copied).
-func importPosition(ctx context.Context, src pgsql.Querier, s wmSource, runs []importRun, cur importRun, inCur int64, source wmPosition) (pos Position, before bool, warning string, err error) {
+func importPosition(ctx context.Context, src pgsql.Querier, s wmSource, runs []importRun, cur importRun, inCur int64, source wmPosition) (pos pglease.Position, before bool, warning string, err error) {
 	var copied []importRun
 	for _, r := range runs {
 		if !r.empty() {
@@ -676,11 +679,11 @@ func importPosition(ctx context.Context, src pgsql.Querier, s wmSource, runs []i
 	if len(copied) == 0 {
 		// Nothing was ever copied: the group has acknowledged everything;
 		// it starts where this run would have put messages.
-		return Position{TransactionID: cur.TransactionID, Offset: cur.FirstOffset - 1}, true, "", nil
+		return pglease.Position{TransactionID: cur.TransactionID, Offset: cur.FirstOffset - 1}, true, "", nil
 	}
 	first, last := copied[0], copied[len(copied)-1]
 	if source.compare(first.From) <= 0 {
-		pos := Position{TransactionID: first.TransactionID, Offset: first.FirstOffset - 1}
+		pos := pglease.Position{TransactionID: first.TransactionID, Offset: first.FirstOffset - 1}
 		if source.compare(first.From) < 0 {
 			return pos, true, fmt.Sprintf("acknowledged %s in watermill-sql, before the first message the import copied (after %s): it starts at that message",
 				source, first.From), nil
@@ -688,28 +691,36 @@ func importPosition(ctx context.Context, src pgsql.Querier, s wmSource, runs []i
 		return pos, true, "", nil
 	}
 	if source.compare(last.To) >= 0 {
-		return Position{TransactionID: last.TransactionID, Offset: last.LastOffset}, false, "", nil
+		return pglease.Position{TransactionID: last.TransactionID, Offset: last.LastOffset}, false, "", nil
 	}
 	for _, r := range copied {
 		if source.compare(r.From) <= 0 || source.compare(r.To) > 0 {
 			continue
 		}
 		if r.Run == cur.Run {
-			return Position{TransactionID: r.TransactionID, Offset: inCur}, false, "", nil
+			return pglease.Position{TransactionID: r.TransactionID, Offset: inCur}, false, "", nil
 		}
 		n, err := pgsql.WMCountBetween(ctx, src, s.messagesTable, s.kind, pgsql.Position(r.From), pgsql.Position(source))
 		if err != nil {
-			return Position{}, false, "", err
+			return pglease.Position{}, false, "", err
 		}
-		return Position{TransactionID: r.TransactionID, Offset: r.FirstOffset - 1 + n}, false, "", nil
+		return pglease.Position{TransactionID: r.TransactionID, Offset: r.FirstOffset - 1 + n}, false, "", nil
 	}
 	// Between two runs (a run that copied nothing moved no range): after
 	// the last run before source.
-	pos = Position{TransactionID: first.TransactionID, Offset: first.FirstOffset - 1}
+	pos = pglease.Position{TransactionID: first.TransactionID, Offset: first.FirstOffset - 1}
 	for _, r := range copied {
 		if r.To.compare(source) <= 0 {
-			pos = Position{TransactionID: r.TransactionID, Offset: r.LastOffset}
+			pos = pglease.Position{TransactionID: r.TransactionID, Offset: r.LastOffset}
 		}
 	}
 	return pos, false, "", nil
+}
+
+// positionLess reports whether a comes before b in the delivery order.
+func positionLess(a, b pglease.Position) bool {
+	if a.TransactionID != b.TransactionID {
+		return a.TransactionID < b.TransactionID
+	}
+	return a.Offset < b.Offset
 }

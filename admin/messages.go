@@ -1,4 +1,4 @@
-package pglease
+package admin
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/internal/check"
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
@@ -40,10 +42,10 @@ const (
 
 // StoredMessage is one message of the messages table.
 type StoredMessage struct {
-	Topic     string   `json:"topic"`
-	Partition int32    `json:"partition"`
-	Position  Position `json:"position"`
-	UUID      string   `json:"uuid"`
+	Topic     string           `json:"topic"`
+	Partition int32            `json:"partition"`
+	Position  pglease.Position `json:"position"`
+	UUID      string           `json:"uuid"`
 	// Payload is the payload, or its first bytes when PayloadTruncated
 	// (see MessagesParams.PreviewBytes); PayloadSize is its whole size.
 	Payload          []byte            `json:"payload"`
@@ -53,7 +55,7 @@ type StoredMessage struct {
 	// RawMetadata is the metadata as stored when it is not a JSON object
 	// of strings (Metadata is then empty): such a row cannot become a
 	// Watermill message, and Subscribers skip it (see
-	// ErrUndecodableMetadata). Empty otherwise.
+	// pglease.ErrUndecodableMetadata). Empty otherwise.
 	RawMetadata string    `json:"raw_metadata,omitempty"`
 	CreatedAt   time.Time `json:"created_at"`
 	// ExpiresAt is when retention removes it (nil: kept forever).
@@ -65,7 +67,7 @@ type StoredMessage struct {
 // strings is kept as it is, in RawMetadata.
 func toStoredMessage(topic string, r pgsql.BrowseRow) StoredMessage {
 	m := StoredMessage{
-		Topic: topic, Partition: r.Partition, Position: Position(r.Position),
+		Topic: topic, Partition: r.Partition, Position: pglease.Position(r.Position),
 		UUID: r.UUID, Payload: r.Payload, PayloadSize: int(r.PayloadSize), CreatedAt: r.CreatedAt,
 		Metadata: map[string]string{},
 	}
@@ -82,15 +84,16 @@ func toStoredMessage(topic string, r pgsql.BrowseRow) StoredMessage {
 }
 
 // decodeMetadata decodes a message's stored metadata (nil or JSON null:
-// none). It fails on anything but a JSON object of strings, which
-// pglease never writes (a row inserted by hand or by another program).
+// none) as Subscribers do. It fails on anything but a JSON object of
+// strings, which pglease never writes (a row inserted by hand or by
+// another program).
 func decodeMetadata(raw []byte) (map[string]string, error) {
 	if len(raw) == 0 {
 		return nil, nil
 	}
 	var md map[string]string
 	if err := json.Unmarshal(raw, &md); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrUndecodableMetadata, err)
+		return nil, fmt.Errorf("%w: %w", pglease.ErrUndecodableMetadata, err)
 	}
 	return md, nil
 }
@@ -105,7 +108,7 @@ type MessagesParams struct {
 	// From is the position of the newest message to return (it and older
 	// ones are returned); nil: the newest message. A page's Next is the
 	// From of the page after it.
-	From *Position
+	From *pglease.Position
 	// Limit is the page size. Default DefaultMessagesLimit, at most
 	// MaxMessagesLimit.
 	Limit int
@@ -118,7 +121,7 @@ type MessagesParams struct {
 type MessagePage struct {
 	Messages []StoredMessage `json:"messages"`
 	// Next is where the next (older) page starts; nil on the last page.
-	Next *Position `json:"next,omitempty"`
+	Next *pglease.Position `json:"next,omitempty"`
 }
 
 // Messages returns a page of the stored messages of a topic, newest first
@@ -137,7 +140,7 @@ func (i *Inspector) Messages(ctx context.Context, p MessagesParams) (MessagePage
 	case p.Limit == 0:
 		p.Limit = DefaultMessagesLimit
 	case p.Limit < 0 || p.Limit > MaxMessagesLimit:
-		return page, fmt.Errorf("%w: MessagesParams.Limit must be between 1 and %d, got %d", ErrInvalidConfig, MaxMessagesLimit, p.Limit)
+		return page, fmt.Errorf("%w: MessagesParams.Limit must be between 1 and %d, got %d", pglease.ErrInvalidConfig, MaxMessagesLimit, p.Limit)
 	}
 	if p.PreviewBytes == 0 {
 		p.PreviewBytes = DefaultPreviewBytes
@@ -145,7 +148,7 @@ func (i *Inspector) Messages(ctx context.Context, p MessagesParams) (MessagePage
 	partition := int32(-1)
 	if p.Partition != nil {
 		if *p.Partition < 0 {
-			return page, fmt.Errorf("%w: MessagesParams.Partition must not be negative, got %d", ErrInvalidConfig, *p.Partition)
+			return page, fmt.Errorf("%w: MessagesParams.Partition must not be negative, got %d", pglease.ErrInvalidConfig, *p.Partition)
 		}
 		partition = *p.Partition
 	}
@@ -156,7 +159,7 @@ func (i *Inspector) Messages(ctx context.Context, p MessagesParams) (MessagePage
 	rows, err := pgsql.MessagesNewestFirst(ctx, i.db, a, pgsql.BrowseParams{Topic: p.Topic, Partition: partition, At: at,
 		Limit: p.Limit + 1, Preview: p.PreviewBytes})
 	if err != nil {
-		return page, fmt.Errorf("read the messages of topic %q: %w", p.Topic, wrapMissingSchema(err))
+		return page, fmt.Errorf("read the messages of topic %q: %w", p.Topic, check.MissingSchema(err))
 	}
 	page.Messages = make([]StoredMessage, 0, len(rows))
 	for n, r := range rows {
@@ -208,7 +211,7 @@ func (i *Inspector) FindMessages(ctx context.Context, p FindMessagesParams) ([]S
 	case p.Limit == 0:
 		p.Limit = DefaultMessagesLimit
 	case p.Limit < 0 || p.Limit > MaxMessagesLimit:
-		return nil, fmt.Errorf("%w: FindMessagesParams.Limit must be between 1 and %d, got %d", ErrInvalidConfig, MaxMessagesLimit, p.Limit)
+		return nil, fmt.Errorf("%w: FindMessagesParams.Limit must be between 1 and %d, got %d", pglease.ErrInvalidConfig, MaxMessagesLimit, p.Limit)
 	}
 	if p.PreviewBytes == 0 {
 		p.PreviewBytes = DefaultPreviewBytes
@@ -221,7 +224,7 @@ func (i *Inspector) FindMessages(ctx context.Context, p FindMessagesParams) ([]S
 func (i *Inspector) findMessages(ctx context.Context, topic, id string, preview, limit int) ([]StoredMessage, error) {
 	rows, err := pgsql.MessagesByUUID(ctx, i.db, i.tables, topic, id, preview, limit)
 	if err != nil {
-		return nil, fmt.Errorf("look up message %q: %w", id, wrapMissingSchema(err))
+		return nil, fmt.Errorf("look up message %q: %w", id, check.MissingSchema(err))
 	}
 	out := make([]StoredMessage, 0, len(rows))
 	for _, r := range rows {
@@ -255,7 +258,7 @@ func (i *Inspector) TopicDetail(ctx context.Context, topic string) (TopicDetail,
 	a := i.tables
 	row, err := pgsql.TopicDetail(ctx, i.db, a, topic)
 	if err != nil {
-		return d, fmt.Errorf("read topic %q: %w", topic, wrapMissingSchema(err))
+		return d, fmt.Errorf("read topic %q: %w", topic, check.MissingSchema(err))
 	}
 	d.Partitions, d.Retention = int(row.Partitions), time.Duration(row.RetentionUs)*time.Microsecond
 	d.Delayed, d.NextDueAt = row.Delayed, row.NextDueAt
@@ -309,7 +312,7 @@ func (i *Inspector) TopicMessages(ctx context.Context, p TopicMessagesParams) ([
 	}
 	rows, err := pgsql.CountTopicMessages(ctx, i.db, a, p.Topics, p.ExactUpTo)
 	if err != nil {
-		return nil, fmt.Errorf("count the messages of the topics: %w", wrapMissingSchema(err))
+		return nil, fmt.Errorf("count the messages of the topics: %w", check.MissingSchema(err))
 	}
 	out := make([]TopicMessageCount, 0, len(rows))
 	for _, r := range rows {
@@ -361,7 +364,7 @@ type ReplayedMessage struct {
 
 // Replay moves messages from one topic (a poison topic) to another, in one
 // transaction: they are deleted from From and published (uuid, payload and
-// metadata as they were, in their order, through a [Publisher] on the
+// metadata as they were, in their order, through a [pglease.Publisher] on the
 // transaction, so that partition keys, delays and retention apply as to
 // any message) to their topic. All or nothing; a replay run twice moves
 // each message once, and two replays running at once each take different
@@ -374,13 +377,13 @@ func (i *Inspector) Replay(ctx context.Context, p ReplayParams) ([]ReplayedMessa
 	}
 	switch {
 	case p.ToOriginal && p.To != "":
-		return nil, fmt.Errorf("%w: ReplayParams: give To or ToOriginal, not both", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: ReplayParams: give To or ToOriginal, not both", pglease.ErrInvalidConfig)
 	case !p.ToOriginal && p.To == "":
-		return nil, fmt.Errorf("%w: ReplayParams: say where to: To or ToOriginal", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: ReplayParams: say where to: To or ToOriginal", pglease.ErrInvalidConfig)
 	case p.To == p.From:
-		return nil, fmt.Errorf("%w: ReplayParams.To is ReplayParams.From (%q)", ErrInvalidConfig, p.From)
+		return nil, fmt.Errorf("%w: ReplayParams.To is ReplayParams.From (%q)", pglease.ErrInvalidConfig, p.From)
 	case p.Limit < 0:
-		return nil, fmt.Errorf("%w: ReplayParams.Limit must not be negative, got %d", ErrInvalidConfig, p.Limit)
+		return nil, fmt.Errorf("%w: ReplayParams.Limit must not be negative, got %d", pglease.ErrInvalidConfig, p.Limit)
 	case p.Limit == 0:
 		p.Limit = DefaultReplayLimit
 	}
@@ -398,14 +401,14 @@ func (i *Inspector) Replay(ctx context.Context, p ReplayParams) ([]ReplayedMessa
 	rows, err := pgsql.DeleteMessagesForReplay(ctx, tx, a, pgsql.ReplayParams{Topic: p.From, Filter: filter,
 		ToOriginal: p.ToOriginal, OriginalTopicKey: PoisonedTopicKey, Limit: p.Limit})
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, wrapMissingSchema(err))
+		return nil, fmt.Errorf("%s: %w", what, check.MissingSchema(err))
 	}
 	out := make([]ReplayedMessage, 0, len(rows))
 	for _, r := range rows {
 		m := toStoredMessage(p.From, r)
 		if m.RawMetadata != "" {
 			return nil, fmt.Errorf("%s: message %s at %d:%d: %w, it cannot be published: %s", what, m.UUID,
-				m.Position.TransactionID, m.Position.Offset, ErrUndecodableMetadata, m.RawMetadata)
+				m.Position.TransactionID, m.Position.Offset, pglease.ErrUndecodableMetadata, m.RawMetadata)
 		}
 		to := p.To
 		if p.ToOriginal {
@@ -416,7 +419,7 @@ func (i *Inspector) Replay(ctx context.Context, p ReplayParams) ([]ReplayedMessa
 		}
 		out = append(out, ReplayedMessage{StoredMessage: m, To: to})
 	}
-	pub, err := NewPublisher(tx, PublisherConfig{SchemaAdapter: DefaultSchemaAdapter(a.Names)}, nil)
+	pub, err := pglease.NewPublisher(tx, pglease.PublisherConfig{SchemaAdapter: pglease.DefaultSchemaAdapter(a.Names)}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
@@ -484,7 +487,7 @@ const deleteGroupAttempts = 3
 // DeleteGroupOffsets deletes every offsets row of an idle consumer group
 // (one whose rows no live session owns) and returns how many it deleted;
 // a group that subscribes again later starts as a new one (see
-// SubscriberConfig.StartFrom). While a live session owns a row it fails
+// pglease.SubscriberConfig.StartFrom). While a live session owns a row it fails
 // with a *GroupInUseError and deletes nothing.
 //
 // It locks the group's rows, reads their owners on a snapshot taken after
@@ -526,7 +529,7 @@ func (i *Inspector) deleteGroupOffsets(ctx context.Context, group string) (int64
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	locked, err := pgsql.LockGroupOffsets(ctx, tx, a, group)
 	if err != nil {
-		return 0, nil, fmt.Errorf("%s: %w", what, wrapMissingSchema(err))
+		return 0, nil, fmt.Errorf("%s: %w", what, check.MissingSchema(err))
 	}
 	owned, err := pgsql.GroupLiveOwners(ctx, tx, a, group)
 	if err != nil {

@@ -1,10 +1,8 @@
-package pglease
+package pgsql
 
 import (
 	"strings"
 	"testing"
-
-	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
 // These tests need no database.
@@ -22,29 +20,29 @@ func TestResetNotificationRoundTrip(t *testing.T) {
 		{"x", "xorders"},
 		{"g", "0:"},
 		{"ünïcødé", "tö:pïc"},
-		{strings.Repeat("g", maxNotifyPayload-len("o7999:t")), "t"},
+		{strings.Repeat("g", MaxNotifyPayload-len("o7999:t")), "t"},
 	} {
-		p := resetNotification(tc.group, tc.topic)
-		if p[0] != pgsql.NotifyReset {
-			t.Fatalf("resetNotification(%q, %q) = %q: not of kind %q", tc.group, tc.topic, p, pgsql.NotifyReset)
+		p := ResetNotification(tc.group, tc.topic)
+		if p[0] != NotifyReset {
+			t.Fatalf("ResetNotification(%q, %q) = %q: not of kind %q", tc.group, tc.topic, p, NotifyReset)
 		}
-		group, topic, ok := parseResetNotification(p[1:])
+		group, topic, ok := ParseResetNotification(p[1:])
 		if !ok || group != tc.group || topic != tc.topic {
-			t.Errorf("parseResetNotification(%q) = %q, %q, %v; want %q, %q", p[1:], group, topic, ok, tc.group, tc.topic)
+			t.Errorf("ParseResetNotification(%q) = %q, %q, %v; want %q, %q", p[1:], group, topic, ok, tc.group, tc.topic)
 		}
 	}
-	long := strings.Repeat("g", maxNotifyPayload)
-	if p := resetNotification(long, "orders"); p != "xorders" {
+	long := strings.Repeat("g", MaxNotifyPayload)
+	if p := ResetNotification(long, "orders"); p != "xorders" {
 		t.Errorf("a group too long for a notification: got a payload of %d bytes starting %.10q, want %q", len(p), p, "xorders")
 	}
 }
 
 // TestParseResetNotificationRefusesMalformed: a payload that
-// resetNotification cannot have made names no group.
+// ResetNotification cannot have made names no group.
 func TestParseResetNotificationRefusesMalformed(t *testing.T) {
 	for _, s := range []string{"", ":", "orders", ":orders", "5:ab", "-1:ab", "+1:ab", "1 :ab", "99999:ab", "1a:b"} {
-		if group, topic, ok := parseResetNotification(s); ok {
-			t.Errorf("parseResetNotification(%q) = %q, %q, true; want false", s, group, topic)
+		if group, topic, ok := ParseResetNotification(s); ok {
+			t.Errorf("ParseResetNotification(%q) = %q, %q, true; want false", s, group, topic)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package pglease_test
+package admin_test
 
 import (
 	"context"
@@ -15,12 +15,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 // TestPoisonedTopicKeyIsWatermills: replay reads the key that Watermill's
 // PoisonQueue writes.
 func TestPoisonedTopicKeyIsWatermills(t *testing.T) {
-	assert.Equal(t, middleware.PoisonedTopicKey, pglease.PoisonedTopicKey)
+	assert.Equal(t, middleware.PoisonedTopicKey, admin.PoisonedTopicKey)
 }
 
 // TestInspectorMessagesPagesNewestFirst: pages of a partitioned topic come
@@ -42,14 +43,14 @@ func TestInspectorMessagesPagesNewestFirst(t *testing.T) {
 		require.NoError(t, pub.Publish("orders", msg)) // one transaction each: positions in publish order
 	}
 	publishN(t, pub, "other", 3)
-	insp, err := pglease.NewInspector(pool, adapter)
+	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 
 	var seen []string
 	var from *pglease.Position
 	for pages := 0; ; pages++ {
 		require.Less(t, pages, 10, "too many pages")
-		page, err := insp.Messages(ctx, pglease.MessagesParams{Topic: "orders", From: from, Limit: 7, PreviewBytes: 7})
+		page, err := insp.Messages(ctx, admin.MessagesParams{Topic: "orders", From: from, Limit: 7, PreviewBytes: 7})
 		require.NoError(t, err)
 		for _, m := range page.Messages {
 			seen = append(seen, m.UUID)
@@ -74,7 +75,7 @@ func TestInspectorMessagesPagesNewestFirst(t *testing.T) {
 
 	// One partition: only its messages, newest first.
 	p := int32(pglease.PartitionOf("k3", 3))
-	page, err := insp.Messages(ctx, pglease.MessagesParams{Topic: "orders", Partition: &p, Limit: pglease.MaxMessagesLimit})
+	page, err := insp.Messages(ctx, admin.MessagesParams{Topic: "orders", Partition: &p, Limit: admin.MaxMessagesLimit})
 	require.NoError(t, err)
 	require.NotEmpty(t, page.Messages)
 	assert.Nil(t, page.Next)
@@ -106,25 +107,25 @@ func TestInspectorMessagesPagesNewestFirst(t *testing.T) {
 	assert.Equal(t, int64(n), detail.Messages)
 	assert.False(t, detail.MessagesEstimated)
 
-	counts, err := insp.TopicMessages(ctx, pglease.TopicMessagesParams{ExactUpTo: 10})
+	counts, err := insp.TopicMessages(ctx, admin.TopicMessagesParams{ExactUpTo: 10})
 	require.NoError(t, err)
-	assert.Equal(t, []pglease.TopicMessageCount{
+	assert.Equal(t, []admin.TopicMessageCount{
 		{Topic: "orders", Messages: 25, Estimated: true}, // over the exact bound: at least the bound
 		{Topic: "other", Messages: 3},
 	}, clampEstimates(counts, 25))
-	counts, err = insp.TopicMessages(ctx, pglease.TopicMessagesParams{Topics: []string{"other", "never"}})
+	counts, err = insp.TopicMessages(ctx, admin.TopicMessagesParams{Topics: []string{"other", "never"}})
 	require.NoError(t, err)
-	assert.Equal(t, []pglease.TopicMessageCount{{Topic: "never"}, {Topic: "other", Messages: 3}}, counts)
+	assert.Equal(t, []admin.TopicMessageCount{{Topic: "never"}, {Topic: "other", Messages: 3}}, counts)
 
-	_, err = insp.Messages(ctx, pglease.MessagesParams{Topic: "orders", Limit: pglease.MaxMessagesLimit + 1})
+	_, err = insp.Messages(ctx, admin.MessagesParams{Topic: "orders", Limit: admin.MaxMessagesLimit + 1})
 	assert.ErrorIs(t, err, pglease.ErrInvalidConfig)
-	_, err = insp.Messages(ctx, pglease.MessagesParams{})
+	_, err = insp.Messages(ctx, admin.MessagesParams{})
 	assert.ErrorIs(t, err, pglease.ErrInvalidTopic)
 }
 
 // clampEstimates replaces an estimated count (the planner's, which depends
 // on statistics) by want when it is at least the exact bound.
-func clampEstimates(counts []pglease.TopicMessageCount, want int64) []pglease.TopicMessageCount {
+func clampEstimates(counts []admin.TopicMessageCount, want int64) []admin.TopicMessageCount {
 	for i := range counts {
 		if counts[i].Estimated && counts[i].Messages >= 10 {
 			counts[i].Messages = want
@@ -159,28 +160,28 @@ func TestReplayToOriginalOnce(t *testing.T) {
 	poison(t, pub, "payments", "p3")
 	msg := message.NewMessage("no-origin", nil) // no metadata at all
 	require.NoError(t, pub.Publish("poison", msg))
-	insp, err := pglease.NewInspector(pool, adapter)
+	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 
-	dry, err := insp.Replay(ctx, pglease.ReplayParams{From: "poison", ToOriginal: true, DryRun: true})
+	dry, err := insp.Replay(ctx, admin.ReplayParams{From: "poison", ToOriginal: true, DryRun: true})
 	require.NoError(t, err)
 	require.Len(t, dry, 3)
-	page, err := insp.Messages(ctx, pglease.MessagesParams{Topic: "poison"})
+	page, err := insp.Messages(ctx, admin.MessagesParams{Topic: "poison"})
 	require.NoError(t, err)
 	assert.Len(t, page.Messages, 4, "a dry run changes nothing")
 
-	done, err := insp.Replay(ctx, pglease.ReplayParams{From: "poison", ToOriginal: true})
+	done, err := insp.Replay(ctx, admin.ReplayParams{From: "poison", ToOriginal: true})
 	require.NoError(t, err)
 	var got []string
 	for _, r := range done {
 		got = append(got, r.UUID+"->"+r.To)
 	}
 	assert.Equal(t, []string{"p1->orders", "p2->orders", "p3->payments"}, got)
-	again, err := insp.Replay(ctx, pglease.ReplayParams{From: "poison", ToOriginal: true})
+	again, err := insp.Replay(ctx, admin.ReplayParams{From: "poison", ToOriginal: true})
 	require.NoError(t, err)
 	assert.Empty(t, again, "a second replay moves nothing")
 
-	page, err = insp.Messages(ctx, pglease.MessagesParams{Topic: "poison"})
+	page, err = insp.Messages(ctx, admin.MessagesParams{Topic: "poison"})
 	require.NoError(t, err)
 	require.Len(t, page.Messages, 1, "the message without an original topic stays")
 	assert.Equal(t, "no-origin", page.Messages[0].UUID)
@@ -198,7 +199,7 @@ func TestReplayToOriginalOnce(t *testing.T) {
 		assert.Equal(t, "acme", m.Metadata.Get("tenant"))
 		m.Ack()
 	}
-	page, err = insp.Messages(ctx, pglease.MessagesParams{Topic: "orders"})
+	page, err = insp.Messages(ctx, admin.MessagesParams{Topic: "orders"})
 	require.NoError(t, err)
 	assert.Len(t, page.Messages, 2, "published once")
 }
@@ -216,28 +217,28 @@ func TestReplayFilterAndTo(t *testing.T) {
 	other.Metadata.Set("tenant", "globex")
 	require.NoError(t, pub.Publish("poison", other))
 	require.NoError(t, pub.Publish("poison", message.NewMessage("no-metadata", nil)))
-	insp, err := pglease.NewInspector(pool, adapter)
+	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 
-	done, err := insp.Replay(ctx, pglease.ReplayParams{From: "poison", To: "retry", Metadata: map[string]string{"tenant": "acme"}, Limit: 2})
+	done, err := insp.Replay(ctx, admin.ReplayParams{From: "poison", To: "retry", Metadata: map[string]string{"tenant": "acme"}, Limit: 2})
 	require.NoError(t, err)
 	require.Len(t, done, 2)
 	assert.Equal(t, "a1", done[0].UUID)
 	assert.Equal(t, "a2", done[1].UUID)
-	done, err = insp.Replay(ctx, pglease.ReplayParams{From: "poison", To: "retry", Metadata: map[string]string{"tenant": "globex"}})
+	done, err = insp.Replay(ctx, admin.ReplayParams{From: "poison", To: "retry", Metadata: map[string]string{"tenant": "globex"}})
 	require.NoError(t, err)
 	require.Len(t, done, 1)
 	assert.Equal(t, "b1", done[0].UUID)
-	done, err = insp.Replay(ctx, pglease.ReplayParams{From: "poison", To: "retry"})
+	done, err = insp.Replay(ctx, admin.ReplayParams{From: "poison", To: "retry"})
 	require.NoError(t, err)
 	require.Len(t, done, 2, "without a filter: every message, metadata or not")
 	assert.Equal(t, "a3", done[0].UUID)
 	assert.Equal(t, "no-metadata", done[1].UUID)
-	page, err := insp.Messages(ctx, pglease.MessagesParams{Topic: "retry"})
+	page, err := insp.Messages(ctx, admin.MessagesParams{Topic: "retry"})
 	require.NoError(t, err)
 	assert.Len(t, page.Messages, 5)
 
-	for _, p := range []pglease.ReplayParams{
+	for _, p := range []admin.ReplayParams{
 		{From: "poison"},
 		{From: "poison", To: "x", ToOriginal: true},
 		{From: "poison", To: "poison"},
@@ -263,23 +264,23 @@ func TestReplayConcurrentTakesEachMessageOnce(t *testing.T) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	first, err := pglease.NewInspector(tx, adapter)
+	first, err := admin.NewInspector(tx, adapter)
 	require.NoError(t, err)
-	done1, err := first.Replay(ctx, pglease.ReplayParams{From: "poison", ToOriginal: true})
+	done1, err := first.Replay(ctx, admin.ReplayParams{From: "poison", ToOriginal: true})
 	require.NoError(t, err)
 	require.Len(t, done1, 3)
 
-	second, err := pglease.NewInspector(pool, adapter)
+	second, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 	var (
 		wg    sync.WaitGroup
-		done2 []pglease.ReplayedMessage
+		done2 []admin.ReplayedMessage
 		err2  error
 	)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		done2, err2 = second.Replay(ctx, pglease.ReplayParams{From: "poison", ToOriginal: true})
+		done2, err2 = second.Replay(ctx, admin.ReplayParams{From: "poison", ToOriginal: true})
 	}()
 	// Wait until the second one waits on the first one's locks.
 	waitFor(t, 10*time.Second, "the second replay to wait for a lock", func() bool {
@@ -292,7 +293,7 @@ func TestReplayConcurrentTakesEachMessageOnce(t *testing.T) {
 	wg.Wait()
 	require.NoError(t, err2)
 	assert.Empty(t, done2)
-	page, err := second.Messages(ctx, pglease.MessagesParams{Topic: "orders"})
+	page, err := second.Messages(ctx, admin.MessagesParams{Topic: "orders"})
 	require.NoError(t, err)
 	assert.Len(t, page.Messages, 3)
 }
@@ -306,7 +307,7 @@ func TestDeleteGroupOffsets(t *testing.T) {
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
 	publishN(t, pub, "t", 1)
-	insp, err := pglease.NewInspector(pool, adapter)
+	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 	subscribe := func(group string) *pglease.Subscriber {
 		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter}, testLogger())
@@ -321,16 +322,16 @@ func TestDeleteGroupOffsets(t *testing.T) {
 	defer subB.Close()
 
 	_, err = insp.DeleteGroupOffsets(ctx, "a")
-	var inUse *pglease.GroupInUseError
+	var inUse *admin.GroupInUseError
 	require.True(t, errors.As(err, &inUse), "%v", err)
-	assert.ErrorIs(t, err, pglease.ErrOwnedByLiveSession)
+	assert.ErrorIs(t, err, admin.ErrOwnedByLiveSession)
 	assert.Len(t, inUse.Owned, 1)
 
 	require.NoError(t, subA.Close())
 	n, err := insp.DeleteGroupOffsets(ctx, "a")
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), n)
-	lag, err := insp.Lag(ctx, pglease.LagFilter{})
+	lag, err := insp.Lag(ctx, admin.LagFilter{})
 	require.NoError(t, err)
 	require.Len(t, lag, 1)
 	assert.Equal(t, "b", lag[0].ConsumerGroup)
@@ -346,7 +347,7 @@ func TestDeleteGroupOffsetsRowsCreatedMeanwhile(t *testing.T) {
 	pool := newPool(t, 5)
 	adapter := newSchema(t, pool)
 	require.NoError(t, pglease.Migrate(ctx, pool, adapter))
-	insp, err := pglease.NewInspector(pool, adapter)
+	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 	offsets := tablesOf(adapter).Offsets
 	create := func(t *testing.T, topic string) {
@@ -372,7 +373,7 @@ VALUES ('g', $1, 0, '0', 0)`, topic)
 		t.Run(tc.name, func(t *testing.T) {
 			create(t, "before")
 			calls := 0
-			pglease.SetBeforeDeleteGroupHook(insp, func() {
+			admin.SetBeforeDeleteGroupHook(insp, func() {
 				if calls++; calls <= tc.creates {
 					create(t, fmt.Sprintf("meanwhile%d", calls))
 				}
@@ -384,9 +385,9 @@ VALUES ('g', $1, 0, '0', 0)`, topic)
 				assert.Equal(t, 0, rowsOfG(t))
 				return
 			}
-			var inUse *pglease.GroupInUseError
+			var inUse *admin.GroupInUseError
 			require.True(t, errors.As(err, &inUse), "deleted %d rows, error %v", n, err)
-			assert.ErrorIs(t, err, pglease.ErrOwnedByLiveSession)
+			assert.ErrorIs(t, err, admin.ErrOwnedByLiveSession)
 			assert.Empty(t, inUse.Owned)
 			assert.Equal(t, []string{"meanwhile3/0"}, inUse.Created)
 			assert.Equal(t, 4, rowsOfG(t))
@@ -411,11 +412,11 @@ func TestDeleteGroupOffsetsKeepsRowClaimedMeanwhile(t *testing.T) {
 	pub := newPublisher(t, pool, adapter)
 	publishN(t, pub, "idle", 1)
 	ids := publishN(t, pub, "new", 5)
-	insp, err := pglease.NewInspector(pool, adapter)
+	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
-	lagOf := func(topic string) []pglease.LagInfo {
+	lagOf := func(topic string) []admin.LagInfo {
 		t.Helper()
-		rows, err := insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{"g"}, Topics: []string{topic}})
+		rows, err := insp.Lag(ctx, admin.LagFilter{ConsumerGroups: []string{"g"}, Topics: []string{topic}})
 		require.NoError(t, err)
 		return rows
 	}
@@ -430,10 +431,10 @@ func TestDeleteGroupOffsetsKeepsRowClaimedMeanwhile(t *testing.T) {
 	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g"})
 	var (
 		newMsgs <-chan *message.Message
-		claimed pglease.LagInfo
+		claimed admin.LagInfo
 		hooked  bool
 	)
-	pglease.SetBeforeDeleteGroupHook(insp, func() {
+	admin.SetBeforeDeleteGroupHook(insp, func() {
 		if hooked {
 			return
 		}
@@ -454,7 +455,7 @@ func TestDeleteGroupOffsetsKeepsRowClaimedMeanwhile(t *testing.T) {
 
 	n, err := insp.DeleteGroupOffsets(ctx, "g")
 	require.True(t, hooked)
-	var inUse *pglease.GroupInUseError
+	var inUse *admin.GroupInUseError
 	if assert.True(t, errors.As(err, &inUse), "deleted %d rows, error %v", n, err) {
 		assert.Equal(t, []string{"new/0 by " + claimed.Owner}, inUse.Owned)
 	}

@@ -1,4 +1,4 @@
-package pglease_test
+package admin_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 // BenchmarkInspector times each read of the Inspector on a group of
@@ -49,12 +50,12 @@ FROM generate_series(1, %d) t`, offsets, topics),
 		_, err := pool.Exec(ctx, q)
 		require.NoError(b, err)
 	}
-	insp, err := pglease.NewInspector(pool, adapter)
+	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(b, err)
 
 	b.Run("Lag", func(b *testing.B) {
 		for range b.N {
-			lag, err := insp.Lag(ctx, pglease.LagFilter{})
+			lag, err := insp.Lag(ctx, admin.LagFilter{})
 			require.NoError(b, err)
 			require.Len(b, lag, topics)
 			require.Equal(b, int64(lagPerTopic), lag[0].Lag)

@@ -1,8 +1,7 @@
-package pglease_test
+package admin_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
@@ -41,7 +41,7 @@ func TestInspectorLagAfterKnownAcks(t *testing.T) {
 	require.Len(t, perPartition, 2)
 	publishN(t, pub, "plain", 5)
 
-	insp, err := pglease.NewInspector(pool, adapter)
+	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
 		CommitBatch: 1}, testLogger())
@@ -59,9 +59,9 @@ func TestInspectorLagAfterKnownAcks(t *testing.T) {
 		lastPos[p] = pos
 		msg.Ack()
 	}
-	var lag []pglease.LagInfo
+	var lag []admin.LagInfo
 	waitFor(t, 10*time.Second, "the acks to be committed", func() bool {
-		lag, err = insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{"g"}, Topics: []string{"two"}})
+		lag, err = insp.Lag(ctx, admin.LagFilter{ConsumerGroups: []string{"g"}, Topics: []string{"two"}})
 		require.NoError(t, err)
 		for _, l := range lag {
 			if l.Position != lastPos[l.Partition] {
@@ -89,7 +89,7 @@ func TestInspectorLagAfterKnownAcks(t *testing.T) {
 	_, err = pool.Exec(ctx, `INSERT INTO `+table(adapter, pglease.DefaultConsumerOffsetsTable)+
 		` (consumer_group, topic, partition, session_id, epoch) VALUES ('ghost', 'two', 0, gen_random_uuid(), 1)`)
 	require.NoError(t, err)
-	ghost, err := insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{"ghost"}})
+	ghost, err := insp.Lag(ctx, admin.LagFilter{ConsumerGroups: []string{"ghost"}})
 	require.NoError(t, err)
 	require.Len(t, ghost, 1)
 	assert.True(t, ghost[0].OwnerExpired)
@@ -107,7 +107,7 @@ func TestInspectorLagAfterKnownAcks(t *testing.T) {
 
 	topics, err := insp.Topics(ctx)
 	require.NoError(t, err)
-	byName := map[string]pglease.TopicInfo{}
+	byName := map[string]admin.TopicInfo{}
 	for _, tp := range topics {
 		byName[tp.Topic] = tp
 	}
@@ -130,9 +130,9 @@ func TestInspectorHorizonNamesTheBlockingTransaction(t *testing.T) {
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
 	publishN(t, pub, "t", 1)
-	insp, err := pglease.NewInspector(pool, adapter)
+	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
-	_, err = insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{ConsumerGroup: "g", Topic: "t", To: pglease.ResetToLatest})
+	_, err = insp.ResetOffsets(ctx, admin.ResetOffsetsParams{ConsumerGroup: "g", Topic: "t", To: admin.ResetToLatest})
 	require.NoError(t, err)
 
 	cfg, err := pgx.ParseConfig(testDSN)
@@ -159,7 +159,7 @@ func TestInspectorHorizonNamesTheBlockingTransaction(t *testing.T) {
 	assert.Positive(t, h.Holder.Age)
 	assert.Positive(t, h.Xmin)
 
-	lag, err := insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{"g"}})
+	lag, err := insp.Lag(ctx, admin.LagFilter{ConsumerGroups: []string{"g"}})
 	require.NoError(t, err)
 	require.Len(t, lag, 1)
 	assert.True(t, lag[0].Pending, "a committed message waits behind the open transaction")
@@ -171,7 +171,7 @@ func TestInspectorHorizonNamesTheBlockingTransaction(t *testing.T) {
 	if h.Holder != nil {
 		assert.NotEqual(t, pid, h.Holder.PID, "the transaction ended")
 	}
-	lag, err = insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{"g"}})
+	lag, err = insp.Lag(ctx, admin.LagFilter{ConsumerGroups: []string{"g"}})
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), lag[0].Lag)
 	assert.False(t, lag[0].Pending)
@@ -190,12 +190,12 @@ func TestResetOffsets(t *testing.T) {
 	var boundary time.Time
 	require.NoError(t, pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&boundary))
 	second := publishN(t, pub, "t", 3)
-	insp, err := pglease.NewInspector(pool, adapter)
+	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 
-	next := func(to pglease.ResetTo) string {
+	next := func(to admin.ResetTo) string {
 		t.Helper()
-		_, err := insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{ConsumerGroup: "g", Topic: "t", To: to})
+		_, err := insp.ResetOffsets(ctx, admin.ResetOffsetsParams{ConsumerGroup: "g", Topic: "t", To: to})
 		require.NoError(t, err)
 		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter}, testLogger())
 		require.NoError(t, err)
@@ -212,10 +212,10 @@ func TestResetOffsets(t *testing.T) {
 			return ""
 		}
 	}
-	assert.Equal(t, first[0], next(pglease.ResetToEarliest))
-	assert.Equal(t, second[0], next(pglease.ResetToTime(boundary)))
-	assert.Equal(t, "", next(pglease.ResetToLatest), "latest skips every visible message")
-	assert.Equal(t, first[0], next(pglease.ResetToEarliest))
+	assert.Equal(t, first[0], next(admin.ResetToEarliest))
+	assert.Equal(t, second[0], next(admin.ResetToTime(boundary)))
+	assert.Equal(t, "", next(admin.ResetToLatest), "latest skips every visible message")
+	assert.Equal(t, first[0], next(admin.ResetToEarliest))
 
 	// A live owner holds the third message, acked but not committed.
 	logs := newCapturingLogger()
@@ -237,13 +237,13 @@ func TestResetOffsets(t *testing.T) {
 	}
 	waitListening(t, pool, adapter) // else the reset is only noticed at the owner's next commit
 	before := readOffset(t, pool, adapter, "g", "t")
-	_, err = insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{ConsumerGroup: "g", Topic: "t", To: pglease.ResetToLatest})
-	require.ErrorIs(t, err, pglease.ErrOwnedByLiveSession)
+	_, err = insp.ResetOffsets(ctx, admin.ResetOffsetsParams{ConsumerGroup: "g", Topic: "t", To: admin.ResetToLatest})
+	require.ErrorIs(t, err, admin.ErrOwnedByLiveSession)
 	require.ErrorContains(t, err, "partition 0 by")
 	require.Equal(t, before, readOffset(t, pool, adapter, "g", "t"), "a refused reset changes nothing")
 
-	resets, err := insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{ConsumerGroup: "g", Topic: "t",
-		To: pglease.ResetToEarliest, Force: true})
+	resets, err := insp.ResetOffsets(ctx, admin.ResetOffsetsParams{ConsumerGroup: "g", Topic: "t",
+		To: admin.ResetToEarliest, Force: true})
 
 	require.NoError(t, err)
 	require.Len(t, resets, 1)
@@ -273,13 +273,13 @@ func TestResetOffsets(t *testing.T) {
 func TestInspectorBadInput(t *testing.T) {
 	parallel(t)
 	pool := newPool(t, 2)
-	_, err := pglease.NewInspector(nil, pglease.DefaultSchemaAdapter{})
+	_, err := admin.NewInspector(nil, pglease.DefaultSchemaAdapter{})
 	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
-	insp, err := pglease.NewInspector(pool, pglease.DefaultSchemaAdapter{})
+	insp, err := admin.NewInspector(pool, pglease.DefaultSchemaAdapter{})
 	require.NoError(t, err)
-	_, err = insp.ResetOffsets(context.Background(), pglease.ResetOffsetsParams{Topic: "t"})
+	_, err = insp.ResetOffsets(context.Background(), admin.ResetOffsetsParams{Topic: "t"})
 	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
-	_, err = insp.ResetOffsets(context.Background(), pglease.ResetOffsetsParams{To: pglease.ResetToLatest})
+	_, err = insp.ResetOffsets(context.Background(), admin.ResetOffsetsParams{To: admin.ResetToLatest})
 	require.ErrorIs(t, err, pglease.ErrInvalidTopic)
 }
 
@@ -293,63 +293,6 @@ func waitListening(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSche
 		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE query = $1`, listen).Scan(&n)
 		return n > 0
 	})
-}
-
-// TestDeliveryStallIsLoggedOnce: committed messages held back by an open
-// writing transaction are logged once per stall, with the blocking pid;
-// they are delivered when it ends.
-func TestDeliveryStallIsLoggedOnce(t *testing.T) {
-	ctx := context.Background()
-	pool := newPool(t, 10)
-	adapter := newSchema(t, pool)
-	pub := newPublisher(t, pool, adapter)
-	logs := newCapturingLogger()
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true,
-		PollInterval: 50 * time.Millisecond}, logs)
-	require.NoError(t, err)
-	defer sub.Close()
-	msgs, err := sub.Subscribe(ctx, "t")
-	require.NoError(t, err)
-	publishN(t, pub, "t", 1)
-	receiveOne(t, msgs).Ack()
-
-	blocker, err := pgx.Connect(ctx, testDSN)
-	require.NoError(t, err)
-	defer blocker.Close(ctx)
-	var pid int
-	require.NoError(t, blocker.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
-	tx, err := blocker.Begin(ctx)
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()")
-	require.NoError(t, err)
-	held := publishN(t, pub, "t", 1)
-
-	stalls := func() []logEntry {
-		logs.mu.Lock()
-		defer logs.mu.Unlock()
-		var out []logEntry
-		for _, e := range *logs.entries {
-			if errors.Is(e.err, pglease.ErrDeliveryHeldBack) {
-				out = append(out, e)
-			}
-		}
-		return out
-	}
-	waitFor(t, 10*time.Second, "the stall to be logged", func() bool { return len(stalls()) > 0 })
-	e := stalls()[0]
-	assert.Equal(t, pid, e.fields["pid"])
-	// The consumer keeps polling every 50 ms while the stall lasts; a
-	// second message behind the same transaction must not log again.
-	held = append(held, publishN(t, pub, "t", 1)...)
-	time.Sleep(10 * 50 * time.Millisecond) // ten polls' worth of chances to log again
-	assert.Len(t, stalls(), 1, "logged once per stall")
-
-	require.NoError(t, tx.Rollback(ctx))
-	for _, id := range held {
-		m := receiveOne(t, msgs)
-		assert.Equal(t, id, m.UUID)
-		m.Ack()
-	}
 }
 
 // TestResetOffsetsCannotFreeARowClaimedWhileItWaits: a reset that waits for
@@ -424,17 +367,17 @@ func TestResetOffsetsCannotFreeARowClaimedWhileItWaits(t *testing.T) {
 			}
 
 			resetConn := dedicatedConn(t, pool)
-			insp, err := pglease.NewInspector(resetConn.Conn(), adapter)
+			insp, err := admin.NewInspector(resetConn.Conn(), adapter)
 			require.NoError(t, err)
 			done := make(chan struct{})
 			var (
-				resets   []pglease.OffsetReset
+				resets   []admin.OffsetReset
 				resetErr error
 			)
 			go func() {
 				defer close(done)
-				resets, resetErr = insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{ConsumerGroup: group, Topic: topic,
-					To: pglease.ResetToLatest, Force: tc.force})
+				resets, resetErr = insp.ResetOffsets(ctx, admin.ResetOffsetsParams{ConsumerGroup: group, Topic: topic,
+					To: admin.ResetToLatest, Force: tc.force})
 			}()
 			require.True(t, waitBlockedOnLock(t, pool, resetConn.Conn().PgConn().PID(), done),
 				"the reset did not wait for the claim's row lock")
@@ -448,8 +391,8 @@ func TestResetOffsetsCannotFreeARowClaimedWhileItWaits(t *testing.T) {
 			require.NotNil(t, after.session, "the reset freed the row a live session had claimed")
 			assert.Equal(t, claimer, *after.session, "the claimer keeps the row")
 			if !tc.force {
-				require.ErrorIs(t, resetErr, pglease.ErrOwnedByLiveSession)
-				var refused *pglease.ResetRefusedError
+				require.ErrorIs(t, resetErr, admin.ErrOwnedByLiveSession)
+				var refused *admin.ResetRefusedError
 				require.ErrorAs(t, resetErr, &refused)
 				require.Len(t, refused.Owned, 1)
 				assert.Equal(t, claimer, refused.Owned[0].PreviousOwnerSession, "the refusal names the new owner")
@@ -481,7 +424,7 @@ func TestResetOffsetsNotifiesOnlyItsGroup(t *testing.T) {
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
 	first := publishN(t, pub, "t", 2)
-	insp, err := pglease.NewInspector(pool, adapter)
+	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 
 	logs := map[string]*capturingLogger{"a": newCapturingLogger(), "b": newCapturingLogger()}
@@ -511,8 +454,8 @@ func TestResetOffsetsNotifiesOnlyItsGroup(t *testing.T) {
 	require.NotNil(t, beforeA.session)
 	require.NotNil(t, beforeB.session)
 
-	_, err = insp.ResetOffsets(ctx, pglease.ResetOffsetsParams{ConsumerGroup: "a", Topic: "t",
-		To: pglease.ResetToEarliest, Force: true})
+	_, err = insp.ResetOffsets(ctx, admin.ResetOffsetsParams{ConsumerGroup: "a", Topic: "t",
+		To: admin.ResetToEarliest, Force: true})
 	require.NoError(t, err)
 
 	// a gives its row up and claims it again, from the beginning.

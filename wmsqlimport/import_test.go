@@ -1,4 +1,4 @@
-package pglease_test
+package wmsqlimport_test
 
 import (
 	"context"
@@ -13,7 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 	"github.com/pglease/watermill-pglease/internal/pgtest"
+	"github.com/pglease/watermill-pglease/wmsqlimport"
 )
 
 // wmSource is a topic in watermill-sql v4's default PostgreSQL schema,
@@ -26,15 +28,15 @@ type wmSource struct {
 	offsets  string
 }
 
-func newWMSource(t *testing.T, admin *pgxpool.Pool, topic string) *wmSource {
+func newWMSource(t *testing.T, pool *pgxpool.Pool, topic string) *wmSource {
 	t.Helper()
 	ctx := context.Background()
-	schema := pgtest.NewSchema(t, admin, "wm_test_")
+	schema := pgtest.NewSchema(t, pool, "wm_test_")
 	s := &wmSource{
 		messages: pgx.Identifier{schema, "watermill_" + topic}.Sanitize(),
 		offsets:  pgx.Identifier{schema, "watermill_offsets_" + topic}.Sanitize(),
 	}
-	_, err := admin.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{schema}.Sanitize()+`;
+	_, err := pool.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{schema}.Sanitize()+`;
 CREATE TABLE `+s.messages+` (
 	"offset" BIGSERIAL, "uuid" VARCHAR(36) NOT NULL, "created_at" TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
 	"payload" JSON DEFAULT NULL, "metadata" JSON DEFAULT NULL, "transaction_id" xid8 NOT NULL,
@@ -90,19 +92,19 @@ func TestImportRunThatWaitedDoesNotMoveGroupBack(t *testing.T) {
 	for n := 0; n < 400; n += 100 {
 		src.publish(t, n, n+100)
 	}
-	config := pglease.ImportConfig{Topics: []string{topic}, SchemaAdapter: adapter}
+	config := wmsqlimport.Config{Topics: []string{topic}, SchemaAdapter: adapter}
 	src.ack(t, "A", 100)
-	first, err := pglease.ImportWatermillSQL(ctx, pool, src.pool, config)
+	first, err := wmsqlimport.Run(ctx, pool, src.pool, config)
 	require.NoError(t, err)
 	require.Equal(t, int64(300), first.Topics[0].Messages)
-	require.Equal(t, pglease.ImportGroupCreated, first.Topics[0].Groups[0].Action)
+	require.Equal(t, wmsqlimport.GroupCreated, first.Topics[0].Groups[0].Action)
 	src.ack(t, "A", 200)
 
-	insp, err := pglease.NewInspector(pool, adapter)
+	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 	positionOfA := func() pglease.Position {
 		t.Helper()
-		rows, err := insp.Lag(ctx, pglease.LagFilter{ConsumerGroups: []string{"A"}, Topics: []string{topic}})
+		rows, err := insp.Lag(ctx, admin.LagFilter{ConsumerGroups: []string{"A"}, Topics: []string{topic}})
 		require.NoError(t, err)
 		require.Len(t, rows, 1)
 		return rows[0].Position
@@ -111,18 +113,18 @@ func TestImportRunThatWaitedDoesNotMoveGroupBack(t *testing.T) {
 		hooked bool
 		ahead  pglease.Position
 	)
-	defer pglease.SetImportBeforeLockHook(func(string) {
+	defer wmsqlimport.SetBeforeLockHook(func(string) {
 		if hooked {
 			return
 		}
 		hooked = true
 		src.ack(t, "A", 300)
-		other, err := pglease.ImportWatermillSQL(ctx, pool, src.pool, config)
+		other, err := wmsqlimport.Run(ctx, pool, src.pool, config)
 		require.NoError(t, err)
-		require.Equal(t, pglease.ImportGroupMoved, other.Topics[0].Groups[0].Action)
+		require.Equal(t, wmsqlimport.GroupMoved, other.Topics[0].Groups[0].Action)
 		ahead = positionOfA()
 	})()
-	waited, err := pglease.ImportWatermillSQL(ctx, pool, src.pool, config)
+	waited, err := wmsqlimport.Run(ctx, pool, src.pool, config)
 	require.NoError(t, err)
 	require.True(t, hooked)
 	assert.Equal(t, ahead, waited.Topics[0].Groups[0].Position, "%+v", waited.Topics[0])
@@ -153,24 +155,24 @@ func TestImportNeverMovesGroupBack(t *testing.T) {
 	for n := 0; n < 400; n += 100 {
 		src.publish(t, n, n+100)
 	}
-	config := pglease.ImportConfig{Topics: []string{topic}, SchemaAdapter: adapter}
-	run := func() pglease.ImportedTopic {
+	config := wmsqlimport.Config{Topics: []string{topic}, SchemaAdapter: adapter}
+	run := func() wmsqlimport.TopicReport {
 		t.Helper()
-		report, err := pglease.ImportWatermillSQL(ctx, pool, src.pool, config)
+		report, err := wmsqlimport.Run(ctx, pool, src.pool, config)
 		require.NoError(t, err)
 		require.Len(t, report.Topics, 1)
 		require.Len(t, report.Topics[0].Groups, 1)
 		return report.Topics[0]
 	}
 	src.ack(t, "A", 100)
-	require.Equal(t, pglease.ImportGroupCreated, run().Groups[0].Action)
+	require.Equal(t, wmsqlimport.GroupCreated, run().Groups[0].Action)
 	src.ack(t, "A", 300)
 	moved := run().Groups[0]
-	require.Equal(t, pglease.ImportGroupMoved, moved.Action)
+	require.Equal(t, wmsqlimport.GroupMoved, moved.Action)
 
 	src.ack(t, "A", 200)
 	back := run()
-	assert.Equal(t, pglease.ImportGroupUnchanged, back.Groups[0].Action)
+	assert.Equal(t, wmsqlimport.GroupUnchanged, back.Groups[0].Action)
 	assert.Equal(t, moved.Position, back.Groups[0].Position)
 	if assert.Len(t, back.Warnings, 1) {
 		assert.Contains(t, back.Warnings[0], `group "A": acknowledged`)
@@ -218,7 +220,7 @@ INSERT INTO `+schema+`.watermill_`+table+` (uuid, transaction_id) VALUES ('x', p
 		"; ALTER TABLE "+schema+".watermill_offsets_mixed OWNER TO "+other)
 	require.NoError(t, err)
 
-	report, err := pglease.ImportWatermillSQL(ctx, pool, src.pool, pglease.ImportConfig{All: true, SchemaAdapter: adapter, DryRun: true})
+	report, err := wmsqlimport.Run(ctx, pool, src.pool, wmsqlimport.Config{All: true, SchemaAdapter: adapter, DryRun: true})
 	require.NoError(t, err)
 	var imported []string
 	for _, t := range report.Topics {
@@ -231,7 +233,7 @@ INSERT INTO `+schema+`.watermill_`+table+` (uuid, transaction_id) VALUES ('x', p
 	assert.Equal(t, "watermill_planted", report.Skipped[1].Table)
 	assert.Equal(t, other, report.Skipped[1].Owner)
 
-	report, err = pglease.ImportWatermillSQL(ctx, pool, src.pool, pglease.ImportConfig{All: true, SourceOwner: other,
+	report, err = wmsqlimport.Run(ctx, pool, src.pool, wmsqlimport.Config{All: true, SourceOwner: other,
 		SchemaAdapter: adapter, DryRun: true})
 	require.NoError(t, err)
 	require.Len(t, report.Topics, 1)

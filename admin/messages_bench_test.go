@@ -1,4 +1,4 @@
-package pglease_test
+package admin_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 // BenchmarkTopicMessages times what the pglease_topic_messages gauge costs
@@ -41,42 +42,42 @@ SELECT 'big', 'big-' || k, '\x00'::bytea FROM generate_series(1, %d) k`, msgs, b
 		_, err := pool.Exec(ctx, q)
 		require.NoError(b, err)
 	}
-	insp, err := pglease.NewInspector(pool, adapter)
+	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(b, err)
 
 	b.Run("Gauge", func(b *testing.B) {
 		for range b.N {
-			counts, err := insp.TopicMessages(ctx, pglease.TopicMessagesParams{})
+			counts, err := insp.TopicMessages(ctx, admin.TopicMessagesParams{})
 			require.NoError(b, err)
 			require.Len(b, counts, topics+1)
 			require.True(b, counts[0].Estimated, "the big topic is estimated")
-			require.Greater(b, counts[0].Messages, int64(pglease.DefaultExactCountUpTo))
+			require.Greater(b, counts[0].Messages, int64(admin.DefaultExactCountUpTo))
 		}
 	})
 	b.Run("GaugeOneTopic", func(b *testing.B) {
 		for range b.N {
-			counts, err := insp.TopicMessages(ctx, pglease.TopicMessagesParams{Topics: []string{"topic-000042"}})
+			counts, err := insp.TopicMessages(ctx, admin.TopicMessagesParams{Topics: []string{"topic-000042"}})
 			require.NoError(b, err)
-			require.Equal(b, []pglease.TopicMessageCount{{Topic: "topic-000042", Messages: perTopic}}, counts)
+			require.Equal(b, []admin.TopicMessageCount{{Topic: "topic-000042", Messages: perTopic}}, counts)
 		}
 	})
-	page, err := insp.Messages(ctx, pglease.MessagesParams{Topic: "big", Limit: pglease.MaxMessagesLimit})
+	page, err := insp.Messages(ctx, admin.MessagesParams{Topic: "big", Limit: admin.MaxMessagesLimit})
 	require.NoError(b, err)
 	for range 20 {
-		page, err = insp.Messages(ctx, pglease.MessagesParams{Topic: "big", From: page.Next, Limit: pglease.MaxMessagesLimit})
+		page, err = insp.Messages(ctx, admin.MessagesParams{Topic: "big", From: page.Next, Limit: admin.MaxMessagesLimit})
 		require.NoError(b, err)
 	}
 	deep := page.Next
 	b.Run("PageNewest", func(b *testing.B) {
 		for range b.N {
-			p, err := insp.Messages(ctx, pglease.MessagesParams{Topic: "big", Limit: 50})
+			p, err := insp.Messages(ctx, admin.MessagesParams{Topic: "big", Limit: 50})
 			require.NoError(b, err)
 			require.Len(b, p.Messages, 50)
 		}
 	})
 	b.Run("PageDeep", func(b *testing.B) {
 		for range b.N {
-			p, err := insp.Messages(ctx, pglease.MessagesParams{Topic: "big", From: deep, Limit: 50})
+			p, err := insp.Messages(ctx, admin.MessagesParams{Topic: "big", From: deep, Limit: 50})
 			require.NoError(b, err)
 			require.Len(b, p.Messages, 50)
 		}
