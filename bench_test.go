@@ -38,7 +38,7 @@ func benchMessages(n int) []*message.Message {
 
 // benchSetup returns a pool and an adapter on a fresh schema whose tables
 // exist, so that no benchmark times DDL.
-func benchSetup(b *testing.B, topic string) (*pgxpool.Pool, pglease.DefaultSchemaAdapter) {
+func benchSetup(b *testing.B, topic string) (*pgxpool.Pool, pglease.Tables) {
 	b.Helper()
 	pool := newPool(b, benchPoolConns)
 	adapter := newSchema(b, pool)
@@ -49,7 +49,7 @@ func benchSetup(b *testing.B, topic string) (*pgxpool.Pool, pglease.DefaultSchem
 	return pool, adapter
 }
 
-func benchPublisher(b *testing.B, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) *pglease.Publisher {
+func benchPublisher(b *testing.B, pool *pgxpool.Pool, adapter pglease.Tables) *pglease.Publisher {
 	b.Helper()
 	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
 	require.NoError(b, err)

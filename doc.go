@@ -5,7 +5,7 @@
 //
 // # Tables
 //
-// [DefaultSchemaAdapter] uses these tables (names configurable, always
+// [Tables] uses these tables (names configurable, always
 // quoted): one messages table for all topics (partitioned by retention
 // class and expiry), one consumer_sessions row per live Subscriber, one
 // consumer_offsets row per (consumer group, topic, partition) holding the

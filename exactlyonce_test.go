@@ -26,7 +26,7 @@ import (
 // second row, not an error.
 const effectsTable = "test_effects"
 
-func createEffects(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) {
+func createEffects(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) {
 	t.Helper()
 	_, err := pool.Exec(context.Background(), `CREATE TABLE `+table(adapter, effectsTable)+` (
 	id   bigserial PRIMARY KEY,
@@ -37,13 +37,13 @@ func createEffects(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSche
 }
 
 func insertEffect(ctx context.Context, tx pgx.Tx, schema, uuid, proc string) error {
-	_, err := tx.Exec(ctx, `INSERT INTO `+table(pglease.DefaultSchemaAdapter{Schema: schema}, effectsTable)+
+	_, err := tx.Exec(ctx, `INSERT INTO `+table(pglease.Tables{Schema: schema}, effectsTable)+
 		` (uuid, proc) VALUES ($1, $2)`, uuid, proc)
 	return err
 }
 
 // effectsOf returns the processes that wrote an effect for each uuid.
-func effectsOf(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) map[string][]string {
+func effectsOf(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) map[string][]string {
 	t.Helper()
 	rows, err := pool.Query(context.Background(), `SELECT uuid, proc FROM `+table(adapter, effectsTable)+` ORDER BY id`)
 	require.NoError(t, err)
@@ -58,7 +58,7 @@ func effectsOf(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAd
 	return out
 }
 
-func ackedOffset(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, group, topic string) pglease.Position {
+func ackedOffset(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, group, topic string) pglease.Position {
 	t.Helper()
 	var tx string
 	var off int64
@@ -280,7 +280,7 @@ func (h *helperChild) runTx(term <-chan os.Signal) error {
 	if err != nil {
 		return err
 	}
-	adapter := pglease.DefaultSchemaAdapter{Schema: h.cfg.Schema}
+	adapter := pglease.Tables{Schema: h.cfg.Schema}
 	handle := func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
 		time.Sleep(h.cfg.Work)
 		if err := insertEffect(ctx, tx, h.cfg.Schema, msg.UUID, h.cfg.Name); err != nil {

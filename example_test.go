@@ -18,7 +18,7 @@ import (
 // "billing". SchemaSQL returns the whole script, for review or for a
 // migration tool of your own; pglease.Migrate runs it.
 func ExampleSchemaSQL() {
-	script := pglease.SchemaSQL(pglease.DefaultSchemaAdapter{Schema: "billing"})
+	script := pglease.SchemaSQL(pglease.Tables{Schema: "billing"})
 	for _, line := range strings.Split(script, "\n") {
 		if strings.HasPrefix(line, "CREATE TABLE IF NOT EXISTS") {
 			fmt.Println(strings.TrimSuffix(line, " ("))
@@ -38,7 +38,7 @@ func ExampleSchemaSQL() {
 // What the owner of the tables runs so that the application role "app",
 // which owns nothing, can publish, subscribe and be the maintainer.
 func ExampleGrantSQL() {
-	fmt.Print(pglease.GrantSQL(pglease.DefaultSchemaAdapter{Schema: "billing"}, "app"))
+	fmt.Print(pglease.GrantSQL(pglease.Tables{Schema: "billing"}, "app"))
 	// Output:
 	// -- What role "app" needs to run pglease (pglease.GrantSQL); run as the owner of the tables.
 	// BEGIN;

@@ -28,7 +28,7 @@ import (
 // that lock in pg_stat_activity: nothing depends on timing luck.
 
 // createTables creates the pglease tables in adapter's schema.
-func createTables(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) {
+func createTables(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) {
 	t.Helper()
 	_, err := pool.Exec(context.Background(), pglease.SchemaSQL(adapter))
 	require.NoError(t, err)
@@ -60,7 +60,7 @@ type claimOutcome struct {
 
 // claimQuery is the claim statement for one topic, by a session made on
 // the server whose identity is here (serverHere).
-func claimQuery(adapter pglease.DefaultSchemaAdapter, group, topic string, session uuid.UUID, here string) pgsql.Stmt {
+func claimQuery(adapter pglease.Tables, group, topic string, session uuid.UUID, here string) pgsql.Stmt {
 	return tablesOf(adapter).ClaimOffsets(pgsql.OffsetsParams{ConsumerGroup: group, Topics: []string{topic}, SessionID: session,
 		Here: here, Limit: 1})
 }
@@ -86,7 +86,7 @@ func scanClaim(rows pgx.Rows) (claimOutcome, error) {
 	return o, rows.Err()
 }
 
-func runClaim(ctx context.Context, conn *pgxpool.Conn, adapter pglease.DefaultSchemaAdapter, group, topic string, session uuid.UUID) (claimOutcome, error) {
+func runClaim(ctx context.Context, conn *pgxpool.Conn, adapter pglease.Tables, group, topic string, session uuid.UUID) (claimOutcome, error) {
 	here, err := pgsql.Here(ctx, conn)
 	if err != nil {
 		return claimOutcome{}, err
@@ -100,7 +100,7 @@ func runClaim(ctx context.Context, conn *pgxpool.Conn, adapter pglease.DefaultSc
 }
 
 // ensureRow creates the offset row of (group, topic).
-func ensureRow(t *testing.T, conn *pgxpool.Conn, adapter pglease.DefaultSchemaAdapter, group, topic string) {
+func ensureRow(t *testing.T, conn *pgxpool.Conn, adapter pglease.Tables, group, topic string) {
 	t.Helper()
 	execQuery(t, conn, tablesOf(adapter).EnsureOffsets(pgsql.OffsetsParams{ConsumerGroup: group, Topics: []string{topic}}))
 }
@@ -323,7 +323,7 @@ func TestClaimTakesRowsOfExpiredAndGoneSessions(t *testing.T) {
 
 // lockOffsetRow locks the offset row of (group, topic) from a connection of
 // its own until unlock is called (or the test ends).
-func lockOffsetRow(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, group, topic string) (unlock func()) {
+func lockOffsetRow(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, group, topic string) (unlock func()) {
 	t.Helper()
 	ctx := context.Background()
 	conn := dedicatedConn(t, pool)

@@ -53,7 +53,7 @@ func SetAfterMembersReadHook(s *Subscriber, hook func(members int)) {
 
 // PartitionName is the bare name of a partition (or of one of the
 // maintainer's functions) of a's messages table (tests only).
-func PartitionName(a DefaultSchemaAdapter, suffix string) string {
+func PartitionName(a Tables, suffix string) string {
 	return a.tables().PartitionName(suffix)
 }
 

@@ -44,7 +44,7 @@ func startCluster(t *testing.T, opts pgrepl.Options) *pgrepl.Cluster {
 // newFailoverSubscriber returns a Subscriber on pool (a pool of the
 // cluster's MultiHostDSN, whose LISTEN connection follows the primary too),
 // closed at the end of the test.
-func newFailoverSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, cfg pglease.SubscriberConfig) *pglease.Subscriber {
+func newFailoverSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, cfg pglease.SubscriberConfig) *pglease.Subscriber {
 	t.Helper()
 	cfg.SchemaAdapter = adapter
 	cfg.InitializeSchema = true
@@ -175,7 +175,7 @@ func (d *deliveries) requireDeliveredInOrder(t *testing.T, uuids []string, timeo
 
 // waitCommitted waits until the default group's acknowledged position of
 // topic is at its last stored message.
-func waitCommitted(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, topic string) {
+func waitCommitted(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, topic string) {
 	t.Helper()
 	waitFor(t, 30*time.Second, "the acknowledged position of "+topic+" to be committed", func() bool {
 		var behind int

@@ -29,7 +29,7 @@ const failureGroup = "g"
 // base configuration of the helper processes.
 type failureSetup struct {
 	pool    *pgxpool.Pool
-	adapter pglease.DefaultSchemaAdapter
+	adapter pglease.Tables
 	pub     *pglease.Publisher
 	cfg     helperConfig
 }

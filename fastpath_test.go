@@ -507,7 +507,7 @@ func countOffsetRows(t *testing.T, pool *pgxpool.Pool, offsets, where string) in
 // newCoalescingSubscriber returns a Subscriber of group "g" whose acks are
 // committed only when released (CommitInterval of an hour), closed at the
 // end of the test.
-func newCoalescingSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) *pglease.Subscriber {
+func newCoalescingSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) *pglease.Subscriber {
 	t.Helper()
 	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
 		ConsumerGroup:    "g",
@@ -525,7 +525,7 @@ func newCoalescingSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.D
 // lockMessagesTable holds a lock on the messages table that makes every
 // INSERT wait, until unlock is called (or the test ends). waiting counts the
 // INSERTs of the Publisher waiting for it.
-func lockMessagesTable(t *testing.T, adapter pglease.DefaultSchemaAdapter) (waiting func() int, unlock func()) {
+func lockMessagesTable(t *testing.T, adapter pglease.Tables) (waiting func() int, unlock func()) {
 	t.Helper()
 	ctx := context.Background()
 	other := newPool(t, 2)

@@ -43,7 +43,7 @@ var ownershipLostText = pglease.ErrOwnershipLost.Error()
 // instrument creates the pglease tables in adapter's schema and, beside
 // them, the table the helper processes record into and the trigger-filled
 // logs of the offsets and sessions tables.
-func instrument(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) {
+func instrument(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) {
 	t.Helper()
 	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true}, nil)
 	require.NoError(t, err)
@@ -127,7 +127,7 @@ END $$`,
 // session and epoch of the claim row at that moment, as the database sees
 // it.
 func recordSQL(schema string) string {
-	a := pglease.DefaultSchemaAdapter{Schema: schema}
+	a := pglease.Tables{Schema: schema}
 	return `INSERT INTO ` + table(a, processedTable) + `
 	(proc, sub, pid, topic, uuid, received_at, recorded_at, owner_session, owner_epoch)
 SELECT $1, $2, $3, $4, $5, $6, clock_timestamp(), o.session_id, o.epoch
@@ -233,7 +233,7 @@ func publishHeld(t *testing.T, pub *pglease.Publisher, topic, proc string) strin
 // waitProcessed waits until every message stored for topics has been
 // processed at least once. Query errors (during a restart) count as "not
 // yet".
-func waitProcessed(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, topics []string, timeout time.Duration) {
+func waitProcessed(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, topics []string, timeout time.Duration) {
 	t.Helper()
 	waitDrained(t, pool, adapter, topics, timeout, timeout)
 }
@@ -249,7 +249,7 @@ func waitProcessed(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSche
 // take a core from the consumers it waits for. Between two checks it
 // waits three times as long as the last one took (at least 5 ms): the
 // check costs at most a quarter of a core.
-func waitDrained(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, topics []string, stall, limit time.Duration) {
+func waitDrained(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, topics []string, stall, limit time.Duration) {
 	t.Helper()
 	began := time.Now()
 	progressed := began
@@ -281,7 +281,7 @@ func waitDrained(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchema
 
 // countUnprocessed returns how many messages stored on topics have not
 // been processed.
-func countUnprocessed(pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, topics []string) (int, error) {
+func countUnprocessed(pool *pgxpool.Pool, adapter pglease.Tables, topics []string) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var n int
@@ -292,7 +292,7 @@ WHERE m.topic = ANY($1) AND NOT EXISTS (SELECT 1 FROM `+table(adapter, processed
 }
 
 // countProcessed returns how many messages proc processed after since.
-func countProcessed(pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, proc string, since time.Time) (int, error) {
+func countProcessed(pool *pgxpool.Pool, adapter pglease.Tables, proc string, since time.Time) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var n int
@@ -302,7 +302,7 @@ func countProcessed(pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, pr
 }
 
 // waitProgress waits until proc processed at least n messages after since.
-func waitProgress(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, proc string, since time.Time, n int, timeout time.Duration) {
+func waitProgress(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, proc string, since time.Time, n int, timeout time.Duration) {
 	t.Helper()
 	waitFor(t, timeout, fmt.Sprintf("%s to process %d messages", proc, n), func() bool {
 		got, err := countProcessed(pool, adapter, proc, since)
@@ -312,7 +312,7 @@ func waitProgress(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchem
 
 // ownerPID returns the process id in the owner column of the session that
 // owns (group, topic), or 0 when the topic is free or has no row yet.
-func ownerPID(pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, group, topic string) int {
+func ownerPID(pool *pgxpool.Pool, adapter pglease.Tables, group, topic string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var owner string
@@ -337,7 +337,7 @@ func pidOfOwner(owner string) int {
 
 // sessionOpenedAfter reports whether a session of the process pid was
 // created after since.
-func sessionOpenedAfter(pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, pid int, since time.Time) bool {
+func sessionOpenedAfter(pool *pgxpool.Pool, adapter pglease.Tables, pid int, since time.Time) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var n int
@@ -443,7 +443,7 @@ func posLess(a, b pglease.Position) bool {
 
 // loadHistory reads the run back. The pool may have been through a
 // restart: it is reset first.
-func loadHistory(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, group string) *history {
+func loadHistory(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, group string) *history {
 	t.Helper()
 	pool.Reset()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

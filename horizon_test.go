@@ -33,7 +33,7 @@ func (c tableCounters) minus(o tableCounters) tableCounters {
 
 // readTableCounters reads the counters of a table of adapter's schema,
 // from a fresh statistics snapshot.
-func readTableCounters(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, name string) tableCounters {
+func readTableCounters(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, name string) tableCounters {
 	t.Helper()
 	var c tableCounters
 	require.NoError(t, pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {

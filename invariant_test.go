@@ -64,7 +64,7 @@ const (
 // adapter's schema. The pglease tables must exist already (see instrument);
 // the checker's triggers are independent of instrument's and may be
 // installed with or without them.
-func installInvariantChecker(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) {
+func installInvariantChecker(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) {
 	t.Helper()
 	tbl := func(name string) string { return table(adapter, name) }
 	offsets := tbl(pglease.DefaultConsumerOffsetsTable)
@@ -238,7 +238,7 @@ func (c invariantCounts) String() string {
 // session was then trusted by its owner past the moment another session
 // took the row: the conflict (b) looks for, caught here whichever of the
 // two committed first.
-func revivedInHindsightSQL(adapter pglease.DefaultSchemaAdapter) string {
+func revivedInHindsightSQL(adapter pglease.Tables) string {
 	return `SELECT o.id, o.at, o.topic, o.old_session, o.new_session, o.new_epoch, o.app,
 	h.id, h.at, h.old_expires_at, h.new_expires_at, h.app
 FROM ` + table(adapter, invOwnershipTable) + ` o
@@ -251,7 +251,7 @@ ORDER BY o.id, h.id`
 }
 
 // readInvariantCounts returns what the checker recorded so far.
-func readInvariantCounts(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) invariantCounts {
+func readInvariantCounts(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) invariantCounts {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -270,7 +270,7 @@ FROM `+table(adapter, invOwnershipTable)).Scan(&c.ownerChanges, &c.claims, &c.ta
 
 // logInvariantViolations logs every violation the checker recorded, with
 // the log of each victim session, at most limit of each kind.
-func logInvariantViolations(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, limit int) {
+func logInvariantViolations(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, limit int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -371,7 +371,7 @@ func TestInvariantCheckerCatchesViolations(t *testing.T) {
 
 	// setup returns a schema with the pglease tables and the checker, and
 	// an exec that fails the test on error.
-	setup := func(t *testing.T) (pglease.DefaultSchemaAdapter, func(q string, args ...any)) {
+	setup := func(t *testing.T) (pglease.Tables, func(q string, args ...any)) {
 		adapter := newSchema(t, pool)
 		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true}, nil)
 		require.NoError(t, err)
@@ -386,7 +386,7 @@ func TestInvariantCheckerCatchesViolations(t *testing.T) {
 	}
 	// Statements on the pglease tables, as plain SQL.
 	type tables struct{ sessions, offsets string }
-	names := func(a pglease.DefaultSchemaAdapter) tables {
+	names := func(a pglease.Tables) tables {
 		return tables{table(a, pglease.DefaultConsumerSessionsTable), table(a, pglease.DefaultConsumerOffsetsTable)}
 	}
 	// session creates a session row expiring after d (negative: expired).
@@ -410,7 +410,7 @@ VALUES ($1, 'g', 'test/0', clock_timestamp() + $2::bigint * interval '1 microsec
 	heartbeat := func(exec func(string, ...any), tb tables, s uuid.UUID) {
 		exec(`UPDATE `+tb.sessions+` SET expires_at = now() + interval '10 seconds' WHERE id = $1`, s)
 	}
-	check := func(t *testing.T, adapter pglease.DefaultSchemaAdapter, want invariantCounts) {
+	check := func(t *testing.T, adapter pglease.Tables, want invariantCounts) {
 		t.Helper()
 		got := readInvariantCounts(t, pool, adapter)
 		if !assert.Equal(t, want, got) {
@@ -533,7 +533,7 @@ WHERE o.topic = 'expired' AND o.session_id = (SELECT id FROM gone)`, expired, li
 // release) waits a random time up to maxDelay after its snapshot was taken,
 // before it reads any row. That widens the windows of the races the checker
 // looks for; a correct protocol does not depend on the server's speed.
-func installServerJitter(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, p float64, maxDelay time.Duration) {
+func installServerJitter(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, p float64, maxDelay time.Duration) {
 	t.Helper()
 	fn := table(adapter, "inv_jitter")
 	args := fmt.Sprintf("%g, %g", p, maxDelay.Seconds())

@@ -229,7 +229,7 @@ func (a *statementTotals) minus(b *statementTotals) statementTotals {
 		sessionRows: a.sessionRows - b.sessionRows, offsetRows: a.offsetRows - b.offsetRows}
 }
 
-func newStatements(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) *statements {
+func newStatements(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) *statements {
 	t.Helper()
 	if _, err := pool.Exec(context.Background(), "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
 		t.Logf("pg_stat_statements not available (%v): writes are measured from xmin only", err)

@@ -65,9 +65,9 @@ func directConnConfig(t testing.TB) *pgx.ConnConfig {
 // newSchema returns an adapter on a fresh PostgreSQL schema of its own,
 // dropped at the end of the test. The schema itself is created by schema
 // initialization.
-func newSchema(t testing.TB, pool *pgxpool.Pool) pglease.DefaultSchemaAdapter {
+func newSchema(t testing.TB, pool *pgxpool.Pool) pglease.Tables {
 	t.Helper()
-	return pglease.DefaultSchemaAdapter{Schema: pgtest.NewSchema(t, pool, "pglease_test_")}
+	return pglease.Tables{Schema: pgtest.NewSchema(t, pool, "pglease_test_")}
 }
 
 func randomHex(n int) string { return pgtest.RandomHex(n) }

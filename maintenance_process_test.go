@@ -148,7 +148,7 @@ func TestMaintainerElectionAcrossProcesses(t *testing.T) {
 type maintainerWatch struct {
 	t       *testing.T
 	pool    *pgxpool.Pool
-	adapter pglease.DefaultSchemaAdapter
+	adapter pglease.Tables
 	procs   []*watchedProc
 }
 
@@ -359,7 +359,7 @@ func (r maintainerRowState) String() string {
 	return s + fmt.Sprintf("owner %s, expires %s, live %v", r.owner, r.expires.Format(time.StampMicro), r.live)
 }
 
-func readMaintainerRow(t testing.TB, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) maintainerRowState {
+func readMaintainerRow(t testing.TB, pool *pgxpool.Pool, adapter pglease.Tables) maintainerRowState {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -20,7 +20,7 @@ import (
 // waitCovered waits until the maintainer has partitions ready for every
 // retention class in use well beyond retention from now: until then, new
 // messages of those topics would go to the partition kept forever.
-func waitCovered(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, retention time.Duration) {
+func waitCovered(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, retention time.Duration) {
 	t.Helper()
 	waitFor(t, 10*time.Second, "the retention partitions", func() bool {
 		var ready bool

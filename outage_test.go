@@ -176,7 +176,7 @@ func TestSubscribeBeforeTheDatabaseIsUp(t *testing.T) {
 func TestSubscribeWithoutTablesFails(t *testing.T) {
 	parallel(t)
 	pool := newPool(t, 4)
-	adapter := pglease.DefaultSchemaAdapter{Schema: pgtest.NewSchema(t, pool, "pglease_test_")}
+	adapter := pglease.Tables{Schema: pgtest.NewSchema(t, pool, "pglease_test_")}
 	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })

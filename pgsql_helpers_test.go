@@ -10,7 +10,7 @@ import (
 
 // tablesOf returns the statements pglease runs on a's tables, for tests
 // that run one themselves.
-func tablesOf(a pglease.DefaultSchemaAdapter) *pgsql.Tables {
+func tablesOf(a pglease.Tables) *pgsql.Tables {
 	return pgsql.NewTables(pgsql.Names(a))
 }
 
@@ -28,7 +28,7 @@ func serverHere(t testing.TB, q pgsql.Querier) string {
 
 // migrateTo applies a's migrations up to version only: the schema of an
 // older release.
-func migrateTo(ctx context.Context, db pgsql.Beginner, a pglease.DefaultSchemaAdapter, version int) error {
+func migrateTo(ctx context.Context, db pgsql.Beginner, a pglease.Tables, version int) error {
 	t := tablesOf(a)
 	return pgsql.Migrate(ctx, db, t, t.Migrations()[:version])
 }

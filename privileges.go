@@ -2,7 +2,7 @@ package pglease
 
 // GrantSQL returns the statements that give role everything pglease needs
 // at run time, and nothing more, on the tables of adapter
-// (DefaultSchemaAdapter{}: the default names), for an application that runs as a role that
+// (Tables{}: the default names), for an application that runs as a role that
 // owns nothing: the owner of the tables runs them, once, after [Migrate].
 // With them, role publishes (delayed messages too), subscribes, creates
 // topics (CreateTopic), inspects and resets offsets (admin.Inspector), and, when
@@ -33,7 +33,7 @@ package pglease
 // role is quoted (used exactly as given). For the empty role name or
 // "public" (which GRANT would take for every role), the script raises an
 // error instead of granting anything. See also `pglease grant --role`.
-func GrantSQL(adapter DefaultSchemaAdapter, role string) string {
+func GrantSQL(adapter Tables, role string) string {
 	return adapter.tables().GrantScript(role)
 }
 
@@ -56,6 +56,6 @@ func GrantSQL(adapter DefaultSchemaAdapter, role string) string {
 // role is quoted (used exactly as given). For the empty role name or
 // "public", the script raises an error instead of granting anything. See
 // also `pglease grant --role NAME --publisher`.
-func GrantPublisherSQL(adapter DefaultSchemaAdapter, role string) string {
+func GrantPublisherSQL(adapter Tables, role string) string {
 	return adapter.tables().GrantPublisherScript(role)
 }

@@ -77,7 +77,7 @@ func TestSchemaSetUpWithoutCreateOnDatabase(t *testing.T) {
 	pool := newPool(t, 4)
 	byScript, byInit := newSchema(t, pool), newSchema(t, pool)
 	owner := newRole(t, pool, "pglease_owner")
-	for _, a := range []pglease.DefaultSchemaAdapter{byScript, byInit} {
+	for _, a := range []pglease.Tables{byScript, byInit} {
 		_, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{a.Schema}.Sanitize()+" AUTHORIZATION "+pgx.Identifier{owner}.Sanitize())
 		require.NoError(t, err)
 	}
@@ -89,7 +89,7 @@ func TestSchemaSetUpWithoutCreateOnDatabase(t *testing.T) {
 	_, err := ownerPool.Exec(ctx, pglease.SchemaSQL(byScript))
 	require.NoError(t, err, "SchemaSQL as the schema's owner")
 	require.NoError(t, pglease.Migrate(ctx, ownerPool, byInit), "Migrate as the schema's owner")
-	for _, a := range []pglease.DefaultSchemaAdapter{byScript, byInit} {
+	for _, a := range []pglease.Tables{byScript, byInit} {
 		require.Equal(t, len(tablesOf(a).Migrations()), schemaVersion(t, pool, pgx.Identifier{a.Schema, pglease.DefaultSchemaVersionTable}.Sanitize()))
 	}
 }
@@ -247,7 +247,7 @@ WHERE relnamespace = $1::regnamespace AND relkind IN ('r', 'p')`, pgx.Identifier
 // ownedSchema returns an adapter on a fresh schema that belongs to a new
 // owner role, which has applied every migration, and a pool logged in as
 // that owner.
-func ownedSchema(t *testing.T, pool *pgxpool.Pool) (pglease.DefaultSchemaAdapter, *pgxpool.Pool) {
+func ownedSchema(t *testing.T, pool *pgxpool.Pool) (pglease.Tables, *pgxpool.Pool) {
 	t.Helper()
 	adapter := newSchema(t, pool)
 	owner := newRole(t, pool, "pglease_owner")
@@ -714,19 +714,19 @@ SELECT 'expiring', gen_random_uuid()::text, 'x', 2, to_timestamp(%d) FROM genera
 // scripts for what it refuses fail when run.
 func TestGrantSQL(t *testing.T) {
 	parallel(t)
-	sql := pglease.GrantSQL(pglease.DefaultSchemaAdapter{}, `app"; DROP TABLE x; --`)
+	sql := pglease.GrantSQL(pglease.Tables{}, `app"; DROP TABLE x; --`)
 	assert.Contains(t, sql, `TO "app""; DROP TABLE x; --";`, "the role is quoted")
 	assert.Contains(t, sql, `ON TABLE "pglease_messages" TO`, "the zero value is the default names")
 	assert.NotContains(t, sql, "ON SCHEMA", "no schema without Schema")
-	withSchema := pglease.GrantSQL(pglease.DefaultSchemaAdapter{Schema: "My Schema", MessagesTable: "msgs"}, "app")
+	withSchema := pglease.GrantSQL(pglease.Tables{Schema: "My Schema", MessagesTable: "msgs"}, "app")
 	assert.Contains(t, withSchema, `GRANT USAGE ON SCHEMA "My Schema" TO "app";`)
 	assert.Contains(t, withSchema, `GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "My Schema"."msgs_forever" TO "app";`)
 	assert.Contains(t, withSchema, `GRANT EXECUTE ON FUNCTION "My Schema"."msgs_expire_retention_partition"(integer, bigint) TO "app";`)
 	assert.Contains(t, withSchema, `GRANT SELECT ON TABLE "My Schema"."pglease_schema_version" TO "app";`)
 
 	pool := newPool(t, 2)
-	for _, refused := range []string{pglease.GrantSQL(pglease.DefaultSchemaAdapter{}, ""),
-		pglease.GrantSQL(pglease.DefaultSchemaAdapter{}, "public")} {
+	for _, refused := range []string{pglease.GrantSQL(pglease.Tables{}, ""),
+		pglease.GrantSQL(pglease.Tables{}, "public")} {
 		assert.NotContains(t, refused, "GRANT")
 		_, err := pool.Exec(context.Background(), refused)
 		require.Error(t, err, refused)
@@ -753,19 +753,19 @@ func TestSetUpByAnApplicationRoleSaysWhatToDo(t *testing.T) {
 	appPool := poolAs(t, app, 2)
 
 	const todo = "run pglease.Migrate or `pglease migrate` as the role that is to own them"
-	err := pglease.Migrate(ctx, appPool, pglease.DefaultSchemaAdapter{})
+	err := pglease.Migrate(ctx, appPool, pglease.Tables{})
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "permission denied for schema "+schema)
-	assert.ErrorContains(t, err, "in the schema of the search_path (DefaultSchemaAdapter.Schema is empty)")
+	assert.ErrorContains(t, err, "in the schema of the search_path (Tables.Schema is empty)")
 	assert.ErrorContains(t, err, todo)
-	assert.ErrorContains(t, err, "if the tables are in another schema, set DefaultSchemaAdapter.Schema to it")
+	assert.ErrorContains(t, err, "if the tables are in another schema, set Tables.Schema to it")
 
 	sub, err := pglease.NewSubscriber(appPool, pglease.SubscriberConfig{InitializeSchema: true}, nil)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, sub.Close()) }()
 	assert.ErrorContains(t, sub.SubscribeInitialize("t"), todo, "schema initialization by a Subscriber")
 
-	err = pglease.Migrate(ctx, appPool, pglease.DefaultSchemaAdapter{Schema: schema})
+	err = pglease.Migrate(ctx, appPool, pglease.Tables{Schema: schema})
 	assert.ErrorContains(t, err, "in schema "+ident(schema)+":")
 	assert.ErrorContains(t, err, todo)
 }

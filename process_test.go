@@ -240,7 +240,7 @@ func (h *helperChild) newSubscriber(i int) (*pglease.Subscriber, error) {
 		PollInterval:     h.cfg.PollInterval,
 		NackResendDelay:  10 * time.Millisecond,
 		InitializeSchema: true,
-		SchemaAdapter:    pglease.DefaultSchemaAdapter{Schema: h.cfg.Schema},
+		SchemaAdapter:    pglease.Tables{Schema: h.cfg.Schema},
 	}, h.logger.With(watermill.LogFields{"sub": i}))
 }
 

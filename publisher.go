@@ -37,9 +37,9 @@ type PublisherConfig struct {
 	// off when the DDL of [SchemaSQL] is applied by a migration tool.
 	AutoInitializeSchema bool
 
-	// SchemaAdapter names the tables. Default DefaultSchemaAdapter{}: the
+	// SchemaAdapter names the tables. Default Tables{}: the
 	// default names in the connection's search_path.
-	SchemaAdapter DefaultSchemaAdapter
+	SchemaAdapter Tables
 
 	// PartitionKey returns the partition key of a message published to a
 	// topic with partitions (see [CreateTopic]): messages with the same

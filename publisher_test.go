@@ -17,7 +17,7 @@ import (
 	pglease "github.com/pglease/watermill-pglease"
 )
 
-func newPublisher(t *testing.T, db pglease.DB, adapter pglease.DefaultSchemaAdapter) *pglease.Publisher {
+func newPublisher(t *testing.T, db pglease.DB, adapter pglease.Tables) *pglease.Publisher {
 	t.Helper()
 	pub, err := pglease.NewPublisher(db, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, testLogger())
 	require.NoError(t, err)
@@ -25,7 +25,7 @@ func newPublisher(t *testing.T, db pglease.DB, adapter pglease.DefaultSchemaAdap
 	return pub
 }
 
-func newTestSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, cfg pglease.SubscriberConfig) *pglease.Subscriber {
+func newTestSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, cfg pglease.SubscriberConfig) *pglease.Subscriber {
 	t.Helper()
 	cfg.SchemaAdapter = adapter
 	cfg.InitializeSchema = true
@@ -74,7 +74,7 @@ func assertNothingWithin(t *testing.T, msgs <-chan *message.Message, d time.Dura
 	}
 }
 
-func countRows(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, where string, args ...any) int {
+func countRows(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, where string, args ...any) int {
 	t.Helper()
 	var n int
 	q := "SELECT count(*) FROM " + pgx.Identifier{adapter.Schema, pglease.DefaultMessagesTable}.Sanitize() + " WHERE " + where
@@ -129,8 +129,8 @@ func TestPublishRejectsBadInput(t *testing.T) {
 	var nilPool *pgxpool.Pool
 	_, err = pglease.NewPublisher(nilPool, pglease.PublisherConfig{}, nil)
 	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
-	_, err = pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: pglease.DefaultSchemaAdapter{MessagesTable: strings.Repeat("m", 64)}}, nil)
-	require.ErrorContains(t, err, "DefaultSchemaAdapter.MessagesTable")
+	_, err = pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: pglease.Tables{MessagesTable: strings.Repeat("m", 64)}}, nil)
+	require.ErrorContains(t, err, "Tables.MessagesTable")
 }
 
 func TestPublishKeepsMessagesExactlyAndInOrder(t *testing.T) {

@@ -20,7 +20,7 @@ import (
 // suite shares: a pool and a schema.
 type conformance struct {
 	pool    *pgxpool.Pool
-	adapter pglease.DefaultSchemaAdapter
+	adapter pglease.Tables
 	logger  watermill.LoggerAdapter
 	// tweak, when set, changes each Subscriber's config.
 	tweak func(*pglease.SubscriberConfig)

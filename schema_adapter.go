@@ -12,7 +12,7 @@ import (
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
-// Default table names of [DefaultSchemaAdapter].
+// Default table names of [Tables].
 const (
 	DefaultMessagesTable         = pgsql.DefaultMessagesTable
 	DefaultConsumerSessionsTable = pgsql.DefaultConsumerSessionsTable
@@ -24,7 +24,7 @@ const (
 	DefaultRetentionTable        = pgsql.DefaultRetentionTable
 )
 
-// DefaultSchemaAdapter names pglease's tables and their schema: one
+// Tables names pglease's tables and their schema: one
 // messages table for all topics, one row per live Subscriber in the
 // sessions table, and one row per (consumer group, topic, partition) in the
 // offsets table, and the tables of topic settings, delayed messages,
@@ -34,12 +34,12 @@ const (
 //
 // The zero value uses the default table names in the connection's
 // search_path. Names are quoted, so they are used exactly as given.
-// A DefaultSchemaAdapter is safe for concurrent use.
+// A Tables is safe for concurrent use.
 //
 // It holds names only: the statements pglease runs on these tables are
-// not part of the API (they were methods of this type, behind the
-// SchemaAdapter interface, before this release).
-type DefaultSchemaAdapter struct {
+// not part of the API. The configuration fields that take it are named
+// SchemaAdapter, as they were when the type was DefaultSchemaAdapter.
+type Tables struct {
 	// Schema is the PostgreSQL schema of the tables. Empty means the
 	// connection's search_path (usually "public"). When set, it is created
 	// by schema initialization if missing.
@@ -62,23 +62,29 @@ type DefaultSchemaAdapter struct {
 	RetentionTable string
 }
 
+// DefaultSchemaAdapter is the former name of [Tables].
+//
+// Deprecated: use Tables. The alias will be removed in the next minor
+// release.
+type DefaultSchemaAdapter = Tables
+
 // tables returns the quoted names of a's tables.
-func (a DefaultSchemaAdapter) tables() *pgsql.Tables {
+func (a Tables) tables() *pgsql.Tables {
 	return pgsql.NewTables(pgsql.Names(a))
 }
 
 // validate checks the configured names.
-func (a DefaultSchemaAdapter) validate() error { return check.TableNames(pgsql.Names(a)) }
+func (a Tables) validate() error { return check.TableNames(pgsql.Names(a)) }
 
 // SchemaSQL returns the whole DDL of the adapter's current schema version as
 // one script, for users who run migrations with their own tool and leave
 // schema initialization off. The script is idempotent and records the
 // versions it creates, so automatic initialization run later is a no-op.
-func SchemaSQL(adapter DefaultSchemaAdapter) string {
+func SchemaSQL(adapter Tables) string {
 	return adapter.tables().Script()
 }
 
-// Migrate creates the tables of adapter (DefaultSchemaAdapter{}: the
+// Migrate creates the tables of adapter (Tables{}: the
 // default names), or
 // upgrades them to the latest schema version: the explicit schema step,
 // run as the role that is to own the tables (a deploy job, the command
@@ -93,7 +99,7 @@ func SchemaSQL(adapter DefaultSchemaAdapter) string {
 // alone without waiting for the lock. db may be a *pgxpool.Pool, a
 // *pgx.Conn or a pgx.Tx (then in a savepoint, and the lock is held until
 // the caller's transaction ends).
-func Migrate(ctx context.Context, db DB, adapter DefaultSchemaAdapter) error {
+func Migrate(ctx context.Context, db DB, adapter Tables) error {
 	if isNilDB(db) {
 		return fmt.Errorf("%w: Migrate needs a *pgxpool.Pool, *pgx.Conn or pgx.Tx, got nil", ErrInvalidConfig)
 	}
@@ -112,7 +118,7 @@ func initializeSchema(ctx context.Context, db pgsql.Beginner, t *pgsql.Tables) e
 
 // wrapSetUpDenied adds what to do to a permission error of the schema
 // set-up: typically an application role, which owns nothing, that
-// initializes the schema, or migrates, with DefaultSchemaAdapter.Schema
+// initializes the schema, or migrates, with Tables.Schema
 // empty, and gets "permission denied for schema public" (PostgreSQL 15 and
 // later let only public's owner create in it).
 func wrapSetUpDenied(err error, schema string) error {
@@ -120,13 +126,13 @@ func wrapSetUpDenied(err error, schema string) error {
 	if !errors.As(err, &pgErr) || pgErr.Code != "42501" { // insufficient_privilege
 		return err
 	}
-	where := "the schema of the search_path (DefaultSchemaAdapter.Schema is empty)"
+	where := "the schema of the search_path (Tables.Schema is empty)"
 	if schema != "" {
 		where = "schema " + pgx.Identifier{schema}.Sanitize()
 	}
 	return fmt.Errorf("%w (this role may not create or upgrade the pglease tables in %s: run pglease.Migrate or "+
 		"`pglease migrate` as the role that is to own them, and run the application without schema initialization, "+
-		"with the grants of pglease.GrantSQL; if the tables are in another schema, set DefaultSchemaAdapter.Schema to it)",
+		"with the grants of pglease.GrantSQL; if the tables are in another schema, set Tables.Schema to it)",
 		err, where)
 }
 

@@ -106,7 +106,7 @@ func TestSchemaSQLForMigrationTools(t *testing.T) {
 	parallel(t)
 	pool := newPool(t, 5)
 	base := newSchema(t, pool)
-	adapter := pglease.DefaultSchemaAdapter{
+	adapter := pglease.Tables{
 		Schema:                base.Schema,
 		MessagesTable:         `Messages "quoted"; DROP TABLE x`,
 		ConsumerSessionsTable: "sessions.with.dots",
@@ -178,7 +178,7 @@ func TestMigrate(t *testing.T) {
 	pool := newPool(t, 5)
 	adapter := newSchema(t, pool)
 	require.ErrorIs(t, pglease.Migrate(ctx, nil, adapter), pglease.ErrInvalidConfig)
-	require.ErrorIs(t, pglease.Migrate(ctx, pool, pglease.DefaultSchemaAdapter{Schema: strings.Repeat("s", 64)}), pglease.ErrInvalidConfig)
+	require.ErrorIs(t, pglease.Migrate(ctx, pool, pglease.Tables{Schema: strings.Repeat("s", 64)}), pglease.ErrInvalidConfig)
 	versions := pgx.Identifier{adapter.Schema, pglease.DefaultSchemaVersionTable}.Sanitize()
 	for range 2 {
 		require.NoError(t, pglease.Migrate(ctx, pool, adapter))
@@ -192,4 +192,15 @@ func TestMigrate(t *testing.T) {
 	require.NoError(t, err)
 	defer pub.Close()
 	require.NoError(t, pub.Publish("t", message.NewMessage(watermill.NewUUID(), nil)))
+}
+
+// TestDefaultSchemaAdapterStillCompiles: code written for the former name
+// of Tables builds and configures the same tables, for one release.
+func TestDefaultSchemaAdapterStillCompiles(t *testing.T) {
+	old := pglease.DefaultSchemaAdapter{Schema: "events"}
+	cfg := pglease.SubscriberConfig{SchemaAdapter: old}
+	now := cfg.SchemaAdapter
+	if now.Schema != "events" || pglease.SchemaSQL(old) != pglease.SchemaSQL(pglease.Tables{Schema: "events"}) {
+		t.Fatalf("the alias names other tables: %+v", now)
+	}
 }

@@ -14,8 +14,8 @@ var updateGolden = flag.Bool("update-golden", false, "rewrite the golden files o
 // goldenAdapter names every table, with a schema and names that need
 // quoting, and a messages table long enough that the names derived from it
 // (partitions, functions) are shortened and hashed.
-func goldenAdapter() pglease.DefaultSchemaAdapter {
-	return pglease.DefaultSchemaAdapter{
+func goldenAdapter() pglease.Tables {
+	return pglease.Tables{
 		Schema:                `My "App"`,
 		MessagesTable:         "messages_with_a_rather_long_name_that_needs_shortening_xyz",
 		ConsumerSessionsTable: "Sessions",
@@ -38,11 +38,11 @@ func TestSchemaSQLIsUnchanged(t *testing.T) {
 		file string
 		got  string
 	}{
-		{"schema_default.sql", pglease.SchemaSQL(pglease.DefaultSchemaAdapter{})},
+		{"schema_default.sql", pglease.SchemaSQL(pglease.Tables{})},
 		{"schema_custom.sql", pglease.SchemaSQL(goldenAdapter())},
-		{"grant_default.sql", pglease.GrantSQL(pglease.DefaultSchemaAdapter{}, "app")},
+		{"grant_default.sql", pglease.GrantSQL(pglease.Tables{}, "app")},
 		{"grant_custom.sql", pglease.GrantSQL(goldenAdapter(), `App "Role"`)},
-		{"grant_refused.sql", pglease.GrantSQL(pglease.DefaultSchemaAdapter{}, "") + pglease.GrantSQL(pglease.DefaultSchemaAdapter{}, "public")},
+		{"grant_refused.sql", pglease.GrantSQL(pglease.Tables{}, "") + pglease.GrantSQL(pglease.Tables{}, "public")},
 		{"grant_publisher_custom.sql", pglease.GrantPublisherSQL(goldenAdapter(), `App "Role"`)},
 	} {
 		path := filepath.Join("testdata", c.file)

@@ -128,7 +128,7 @@ func TestMigrateRunsNothingPlantedOnTheSearchPath(t *testing.T) {
 	own := newSchema(t, pool)
 	execAll(t, pool, "CREATE SCHEMA "+pgx.Identifier{own.Schema}.Sanitize()+" AUTHORIZATION "+pgx.Identifier{owner}.Sanitize())
 	ownerPool := poolAsOn(t, owner, pgx.Identifier{own.Schema}.Sanitize()+", "+pgx.Identifier{trap}.Sanitize(), 2)
-	require.NoError(t, pglease.Migrate(ctx, ownerPool, pglease.DefaultSchemaAdapter{}))
+	require.NoError(t, pglease.Migrate(ctx, ownerPool, pglease.Tables{}))
 	assert.Empty(t, ran(), "planted functions ran during a migration")
 	var where string
 	require.NoError(t, pool.QueryRow(ctx, "SELECT relnamespace::regnamespace::text FROM pg_class WHERE oid = $1::regclass",
@@ -139,7 +139,7 @@ func TestMigrateRunsNothingPlantedOnTheSearchPath(t *testing.T) {
 	tx, err := ownerPool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	require.NoError(t, pglease.Migrate(ctx, tx, pglease.DefaultSchemaAdapter{}))
+	require.NoError(t, pglease.Migrate(ctx, tx, pglease.Tables{}))
 	var path string
 	require.NoError(t, tx.QueryRow(ctx, "SHOW search_path").Scan(&path))
 	assert.Equal(t, pgx.Identifier{own.Schema}.Sanitize()+", "+pgx.Identifier{trap}.Sanitize(), path)

@@ -194,7 +194,7 @@ type hookCalls struct {
 // backends counts the server's connections named app: all of them, the
 // LISTEN ones, and the session connections (whose last statement is always
 // one of the session statements of the keeper: the pool runs none of them).
-func backends(t *testing.T, watcher *pgxpool.Pool, app string, adapter pglease.DefaultSchemaAdapter) (all, listen, session int) {
+func backends(t *testing.T, watcher *pgxpool.Pool, app string, adapter pglease.Tables) (all, listen, session int) {
 	t.Helper()
 	sessions := table(adapter, pglease.DefaultConsumerSessionsTable)
 	require.NoError(t, watcher.QueryRow(context.Background(), `SELECT count(*),
@@ -207,7 +207,7 @@ FROM pg_stat_activity WHERE application_name = $1`, app, sessions).Scan(&all, &l
 
 // ownBackends returns the pids of the LISTEN and session connections named
 // app.
-func ownBackends(t *testing.T, watcher *pgxpool.Pool, app string, adapter pglease.DefaultSchemaAdapter) []uint32 {
+func ownBackends(t *testing.T, watcher *pgxpool.Pool, app string, adapter pglease.Tables) []uint32 {
 	t.Helper()
 	sessions := table(adapter, pglease.DefaultConsumerSessionsTable)
 	rows, err := watcher.Query(context.Background(), `SELECT pid FROM pg_stat_activity

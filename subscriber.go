@@ -162,9 +162,9 @@ type SubscriberConfig struct {
 	// [SchemaSQL] is applied by a migration tool.
 	InitializeSchema bool
 
-	// SchemaAdapter names the tables. Default DefaultSchemaAdapter{}: the
+	// SchemaAdapter names the tables. Default Tables{}: the
 	// default names in the connection's search_path.
-	SchemaAdapter DefaultSchemaAdapter
+	SchemaAdapter Tables
 
 	// Maintenance configures the maintenance this Subscriber runs if it is
 	// elected the maintainer: delayed messages, retention, expired

@@ -36,7 +36,7 @@ func uuids(msgs []*message.Message) []string {
 	return ids
 }
 
-func table(adapter pglease.DefaultSchemaAdapter, name string) string {
+func table(adapter pglease.Tables, name string) string {
 	return pgx.Identifier{adapter.Schema, name}.Sanitize()
 }
 
@@ -46,7 +46,7 @@ type offsetRow struct {
 	offset  int64
 }
 
-func readOffset(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, group, topic string) offsetRow {
+func readOffset(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, group, topic string) offsetRow {
 	t.Helper()
 	var r offsetRow
 	require.NoError(t, pool.QueryRow(context.Background(),
@@ -64,7 +64,7 @@ func TestSubscriberConfigErrorsNameTheField(t *testing.T) {
 		"SubscriberConfig.NackResendDelay": {NackResendDelay: -time.Second},
 		"SubscriberConfig.BatchSize":       {BatchSize: -1},
 		"SubscriberConfig.ConsumerGroup":   {ConsumerGroup: "a\x00"},
-		"DefaultSchemaAdapter.Schema":      {SchemaAdapter: pglease.DefaultSchemaAdapter{Schema: string(make([]byte, 64))}},
+		"Tables.Schema":                    {SchemaAdapter: pglease.Tables{Schema: string(make([]byte, 64))}},
 	}
 	for field, cfg := range cases {
 		_, err := pglease.NewSubscriber(pool, cfg, nil)

@@ -47,8 +47,8 @@ type TopicConfig struct {
 	// retention) are deleted once they are older than the new retention.
 	Retention time.Duration
 
-	// SchemaAdapter names the tables. Default DefaultSchemaAdapter{}.
-	SchemaAdapter DefaultSchemaAdapter
+	// SchemaAdapter names the tables. Default Tables{}.
+	SchemaAdapter Tables
 	// InitializeSchema creates or migrates the tables first.
 	InitializeSchema bool
 }

@@ -20,7 +20,7 @@ import (
 
 // storedPartitions returns the partition of every stored message of topic,
 // by UUID.
-func storedPartitions(t *testing.T, db pglease.DB, adapter pglease.DefaultSchemaAdapter, topic string) map[string]int {
+func storedPartitions(t *testing.T, db pglease.DB, adapter pglease.Tables, topic string) map[string]int {
 	t.Helper()
 	rows, err := db.Query(context.Background(),
 		fmt.Sprintf(`SELECT uuid, partition FROM %q.%q WHERE topic = $1`, adapter.Schema, pglease.DefaultMessagesTable), topic)

@@ -7,11 +7,11 @@
 //
 // It is a client of the tables that package pglease creates, apart from
 // the Publisher and Subscriber a Watermill application constructs: it
-// takes the same [pglease.DefaultSchemaAdapter] and a [pglease.DB], and
+// takes the same [pglease.Tables] and a [pglease.DB], and
 // its errors wrap pglease's sentinels ([pglease.ErrInvalidConfig],
 // [pglease.ErrInvalidTopic], [pglease.ErrUndecodableMetadata]) or its own
 // ([ErrOwnedByLiveSession]).
 //
-//	insp, err := admin.NewInspector(pool, pglease.DefaultSchemaAdapter{})
+//	insp, err := admin.NewInspector(pool, pglease.Tables{})
 //	lag, err := insp.Lag(ctx, admin.LagFilter{ConsumerGroups: []string{"billing"}})
 package admin

@@ -59,9 +59,9 @@ func newPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 // newSchema returns an adapter on a fresh PostgreSQL schema of its own,
 // dropped at the end of the test. The schema itself is created by schema
 // initialization.
-func newSchema(t testing.TB, pool *pgxpool.Pool) pglease.DefaultSchemaAdapter {
+func newSchema(t testing.TB, pool *pgxpool.Pool) pglease.Tables {
 	t.Helper()
-	return pglease.DefaultSchemaAdapter{Schema: pgtest.NewSchema(t, pool, "pglease_test_")}
+	return pglease.Tables{Schema: pgtest.NewSchema(t, pool, "pglease_test_")}
 }
 
 // parallel marks a test that may run beside the other parallel ones (see
@@ -91,7 +91,7 @@ type offsetRow struct {
 	offset  int64
 }
 
-func readOffset(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, group, topic string) offsetRow {
+func readOffset(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, group, topic string) offsetRow {
 	t.Helper()
 	var r offsetRow
 	require.NoError(t, pool.QueryRow(context.Background(),
@@ -123,7 +123,7 @@ func receiveOne(t *testing.T, msgs <-chan *message.Message) *message.Message {
 	}
 }
 
-func newPublisher(t *testing.T, db pglease.DB, adapter pglease.DefaultSchemaAdapter) *pglease.Publisher {
+func newPublisher(t *testing.T, db pglease.DB, adapter pglease.Tables) *pglease.Publisher {
 	t.Helper()
 	pub, err := pglease.NewPublisher(db, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, testLogger())
 	require.NoError(t, err)
@@ -133,7 +133,7 @@ func newPublisher(t *testing.T, db pglease.DB, adapter pglease.DefaultSchemaAdap
 
 // tablesOf returns the statements pglease runs on a's tables, for tests
 // that run one themselves.
-func tablesOf(a pglease.DefaultSchemaAdapter) *pgsql.Tables {
+func tablesOf(a pglease.Tables) *pgsql.Tables {
 	return pgsql.NewTables(pgsql.Names(a))
 }
 
@@ -211,7 +211,7 @@ func dedicatedConn(t *testing.T, pool *pgxpool.Pool) *pgxpool.Conn {
 	return conn
 }
 
-func ackedOffset(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, group, topic string) pglease.Position {
+func ackedOffset(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, group, topic string) pglease.Position {
 	t.Helper()
 	var tx string
 	var off int64
@@ -282,13 +282,13 @@ func execQuery(t *testing.T, conn *pgxpool.Conn, q pgsql.Stmt) int64 {
 }
 
 // ensureRow creates the offset row of (group, topic).
-func ensureRow(t *testing.T, conn *pgxpool.Conn, adapter pglease.DefaultSchemaAdapter, group, topic string) {
+func ensureRow(t *testing.T, conn *pgxpool.Conn, adapter pglease.Tables, group, topic string) {
 	t.Helper()
 	execQuery(t, conn, tablesOf(adapter).EnsureOffsets(pgsql.OffsetsParams{ConsumerGroup: group, Topics: []string{topic}}))
 }
 
 // createTables creates the pglease tables in adapter's schema.
-func createTables(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) {
+func createTables(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) {
 	t.Helper()
 	_, err := pool.Exec(context.Background(), pglease.SchemaSQL(adapter))
 	require.NoError(t, err)
@@ -296,12 +296,12 @@ func createTables(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchem
 
 // claimQuery is the claim statement for one topic, by a session made on
 // the server whose identity is here (serverHere).
-func claimQuery(adapter pglease.DefaultSchemaAdapter, group, topic string, session uuid.UUID, here string) pgsql.Stmt {
+func claimQuery(adapter pglease.Tables, group, topic string, session uuid.UUID, here string) pgsql.Stmt {
 	return tablesOf(adapter).ClaimOffsets(pgsql.OffsetsParams{ConsumerGroup: group, Topics: []string{topic}, SessionID: session,
 		Here: here, Limit: 1})
 }
 
-func newTestSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, cfg pglease.SubscriberConfig) *pglease.Subscriber {
+func newTestSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, cfg pglease.SubscriberConfig) *pglease.Subscriber {
 	t.Helper()
 	cfg.SchemaAdapter = adapter
 	cfg.InitializeSchema = true
@@ -330,7 +330,7 @@ func uuids(msgs []*message.Message) []string {
 
 // benchSetup returns a pool and an adapter on a fresh schema whose tables
 // exist, so that no benchmark times DDL.
-func benchSetup(b *testing.B, topic string) (*pgxpool.Pool, pglease.DefaultSchemaAdapter) {
+func benchSetup(b *testing.B, topic string) (*pgxpool.Pool, pglease.Tables) {
 	b.Helper()
 	pool := newPool(b, benchPoolConns)
 	adapter := newSchema(b, pool)
@@ -359,7 +359,7 @@ func receive(t *testing.T, msgs <-chan *message.Message, n int, timeout time.Dur
 	return got
 }
 
-func table(adapter pglease.DefaultSchemaAdapter, name string) string {
+func table(adapter pglease.Tables, name string) string {
 	return pgx.Identifier{adapter.Schema, name}.Sanitize()
 }
 

@@ -30,10 +30,10 @@ type Inspector struct {
 }
 
 // NewInspector returns an Inspector of the tables of adapter
-// (pglease.DefaultSchemaAdapter{}: the default names) on db, which may be
+// (pglease.Tables{}: the default names) on db, which may be
 // a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx. Invalid arguments give an
 // error wrapping [pglease.ErrInvalidConfig].
-func NewInspector(db pglease.DB, adapter pglease.DefaultSchemaAdapter) (*Inspector, error) {
+func NewInspector(db pglease.DB, adapter pglease.Tables) (*Inspector, error) {
 	if check.NilDB(db) {
 		return nil, fmt.Errorf("%w: NewInspector needs a *pgxpool.Pool, *pgx.Conn or pgx.Tx, got nil", pglease.ErrInvalidConfig)
 	}

@@ -273,9 +273,9 @@ func TestResetOffsets(t *testing.T) {
 func TestInspectorBadInput(t *testing.T) {
 	parallel(t)
 	pool := newPool(t, 2)
-	_, err := admin.NewInspector(nil, pglease.DefaultSchemaAdapter{})
+	_, err := admin.NewInspector(nil, pglease.Tables{})
 	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
-	insp, err := admin.NewInspector(pool, pglease.DefaultSchemaAdapter{})
+	insp, err := admin.NewInspector(pool, pglease.Tables{})
 	require.NoError(t, err)
 	_, err = insp.ResetOffsets(context.Background(), admin.ResetOffsetsParams{Topic: "t"})
 	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
@@ -285,7 +285,7 @@ func TestInspectorBadInput(t *testing.T) {
 
 // waitListening waits until a connection LISTENs on adapter's channel: its
 // last statement, as pg_stat_activity shows it, is the LISTEN.
-func waitListening(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) {
+func waitListening(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) {
 	t.Helper()
 	listen := "LISTEN " + pgx.Identifier{tablesOf(adapter).NotifyChannel}.Sanitize()
 	waitFor(t, 10*time.Second, "a connection to LISTEN", func() bool {

@@ -75,7 +75,7 @@ func (b pgleaseBackend) open(_ context.Context, e *env, ns string) (handle, erro
 		return nil, err
 	}
 	// The schema itself is created by pglease's schema initialization.
-	return &pgleaseHandle{e: e, ns: ns, pool: pool, adapter: pglease.DefaultSchemaAdapter{Schema: ns}}, nil
+	return &pgleaseHandle{e: e, ns: ns, pool: pool, adapter: pglease.Tables{Schema: ns}}, nil
 }
 
 // pgleasePool opens a pool of at most conns connections (it connects on
@@ -106,7 +106,7 @@ type pgleaseHandle struct {
 	e       *env
 	ns      string
 	pool    *pgxpool.Pool
-	adapter pglease.DefaultSchemaAdapter
+	adapter pglease.Tables
 	// newPool opens the pool of a member; nil: e.pgleasePool.
 	newPool func(conns int) (*pgxpool.Pool, error)
 	// verify, when set, checks after a workload that it ran as intended.
@@ -134,7 +134,7 @@ func newPgleaseSubscriber(pool *pgxpool.Pool, ns string, initializeSchema bool, 
 	return pglease.NewSubscriber(pool, pglease.SubscriberConfig{
 		ConsumerGroup:    consumerGroup,
 		InitializeSchema: initializeSchema,
-		SchemaAdapter:    pglease.DefaultSchemaAdapter{Schema: ns},
+		SchemaAdapter:    pglease.Tables{Schema: ns},
 		ListenConnConfig: listen,
 	}, logger)
 }

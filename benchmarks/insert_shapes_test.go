@@ -78,15 +78,15 @@ func BenchmarkInsertShapes(b *testing.B) {
 		defer exec(b, "RESET search_path")
 		body(schema[1 : len(schema)-1])
 	}
-	pgleaseTable := func(b *testing.B, schema string) pglease.DefaultSchemaAdapter {
-		adapter := pglease.DefaultSchemaAdapter{Schema: schema}
+	pgleaseTable := func(b *testing.B, schema string) pglease.Tables {
+		adapter := pglease.Tables{Schema: schema}
 		if _, err := conn.PgConn().Exec(ctx, pglease.SchemaSQL(adapter)).ReadAll(); err != nil {
 			b.Fatal(err)
 		}
 		return adapter
 	}
 	// pglease's statement, as its Publisher builds it (internal/pgsql).
-	pgleaseInsert := func(adapter pglease.DefaultSchemaAdapter) pgsql.Stmt {
+	pgleaseInsert := func(adapter pglease.Tables) pgsql.Stmt {
 		t := pgsql.NewTables(pgsql.Names(adapter))
 		return t.InsertMessages(pgsql.InsertMessagesParams{
 			Topics: []string{topic}, UUIDs: uuids, Payloads: payloads, Metadata: metadata,

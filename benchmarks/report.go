@@ -347,7 +347,7 @@ func writeMarkdown(w io.Writer, cfg config, rows []row, pr *peerReport, res *res
 	}
 	for _, line := range []string{
 		database + " Every round runs each workload once on each backend, alternating which goes first; each run starts in a fresh, empty PostgreSQL schema after a `CHECKPOINT`, and the schema is dropped afterwards.",
-		"pglease: `NewPublisher`/`NewSubscriber` with default configurations, `DefaultSchemaAdapter{Schema: ...}`, consumer group `bench`.",
+		"pglease: `NewPublisher`/`NewSubscriber` with default configurations, `Tables{Schema: ...}`, consumer group `bench`.",
 		"watermill-sql v4: `DefaultPostgreSQLSchema` and `DefaultPostgreSQLOffsetsAdapter`, default configurations (1 s poll, batches of 100), consumer group `bench`, on a pgxpool through its pgx adapter (`BeginnerFromPgx`), with `search_path` set to the run's schema.",
 		"Both pools (pgxpool) open at most the same number of connections (`-conns`, default 64). Tables are created before the clock starts.",
 		"Payloads are 64 bytes of JSON (watermill-sql's default payload column is `json`).",

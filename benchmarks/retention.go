@@ -312,7 +312,7 @@ func retentionRun(ctx context.Context, e *env, h *pgleaseHandle, c retentionCase
 			e.log("retention: drop schema %s: %v", schema, err)
 		}
 	}()
-	adapter := pglease.DefaultSchemaAdapter{Schema: schema}
+	adapter := pglease.Tables{Schema: schema}
 	if err := pglease.CreateTopic(ctx, h.pool, retentionTopicName, pglease.TopicConfig{
 		Retention: c.retention, SchemaAdapter: adapter, InitializeSchema: true,
 	}); err != nil {

@@ -98,7 +98,7 @@
 //
 // # Usage
 //
-//	insp, err := admin.NewInspector(pool, pglease.DefaultSchemaAdapter{})
+//	insp, err := admin.NewInspector(pool, pglease.Tables{})
 //	if err != nil {
 //		return err
 //	}

@@ -34,7 +34,7 @@ func Example() {
 	}
 	defer subscriber.Close()
 
-	insp, err := admin.NewInspector(pool, pglease.DefaultSchemaAdapter{})
+	insp, err := admin.NewInspector(pool, pglease.Tables{})
 	if err != nil {
 		log.Fatal(err)
 	}

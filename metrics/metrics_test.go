@@ -46,12 +46,12 @@ func newPool(t *testing.T) *pgxpool.Pool {
 
 // newSchema returns an adapter on a fresh PostgreSQL schema, dropped at
 // the end of the test. Schema initialization creates it.
-func newSchema(t *testing.T, pool *pgxpool.Pool) pglease.DefaultSchemaAdapter {
+func newSchema(t *testing.T, pool *pgxpool.Pool) pglease.Tables {
 	t.Helper()
-	return pglease.DefaultSchemaAdapter{Schema: pgtest.NewSchema(t, pool, "pglease_metrics_test_")}
+	return pglease.Tables{Schema: pgtest.NewSchema(t, pool, "pglease_metrics_test_")}
 }
 
-func newPublisher(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) *pglease.Publisher {
+func newPublisher(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) *pglease.Publisher {
 	t.Helper()
 	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, nil)
 	require.NoError(t, err)
@@ -68,7 +68,7 @@ func publishN(t *testing.T, pub *pglease.Publisher, topic string, n int) {
 
 // newSubscriber returns a Subscriber of group that commits every Ack at
 // once, closed at the end of the test.
-func newSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, group string) *pglease.Subscriber {
+func newSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, group string) *pglease.Subscriber {
 	t.Helper()
 	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
 		ConsumerGroup:    group,
@@ -84,7 +84,7 @@ func newSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSche
 	return sub
 }
 
-func newInspector(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter) *admin.Inspector {
+func newInspector(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) *admin.Inspector {
 	t.Helper()
 	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
@@ -389,7 +389,7 @@ func TestCollectorHorizonAgeHiddenFromTheRole(t *testing.T) {
 // never fails the registry's scrape.
 func TestCollectorScrapeFailure(t *testing.T) {
 	pool := newPool(t)
-	missing := pglease.DefaultSchemaAdapter{Schema: "pglease_metrics_test_missing_" + pgtest.RandomHex(6)}
+	missing := pglease.Tables{Schema: "pglease_metrics_test_missing_" + pgtest.RandomHex(6)}
 	c, err := NewCollector(newInspector(t, pool, missing), CollectorConfig{})
 	require.NoError(t, err)
 	assert.Equal(t, 0.0, testutil.ToFloat64(only{c, c.up}))
@@ -577,7 +577,7 @@ func TestRegistryLint(t *testing.T) {
 func TestConfigErrors(t *testing.T) {
 	_, err := NewCollector(nil, CollectorConfig{})
 	assert.ErrorIs(t, err, pglease.ErrInvalidConfig)
-	insp, err := admin.NewInspector(newPool(t), pglease.DefaultSchemaAdapter{})
+	insp, err := admin.NewInspector(newPool(t), pglease.Tables{})
 	require.NoError(t, err)
 	_, err = NewCollector(insp, CollectorConfig{ScrapeTimeout: -time.Second})
 	assert.ErrorIs(t, err, pglease.ErrInvalidConfig)
@@ -604,7 +604,7 @@ func TestCollectorNamesNotUTF8(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	adapter := pglease.DefaultSchemaAdapter{}
+	adapter := pglease.Tables{}
 	require.NoError(t, pglease.Migrate(ctx, pool, adapter))
 	// 'caf\xe9' (Latin-1), and a topic spelled as the escaped form of
 	// 't\xff'.

@@ -49,9 +49,9 @@ func newPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 // newSchema returns an adapter on a fresh PostgreSQL schema of its own,
 // dropped at the end of the test. The schema itself is created by schema
 // initialization.
-func newSchema(t testing.TB, pool *pgxpool.Pool) pglease.DefaultSchemaAdapter {
+func newSchema(t testing.TB, pool *pgxpool.Pool) pglease.Tables {
 	t.Helper()
-	return pglease.DefaultSchemaAdapter{Schema: pgtest.NewSchema(t, pool, "pglease_test_")}
+	return pglease.Tables{Schema: pgtest.NewSchema(t, pool, "pglease_test_")}
 }
 
 // testLogger logs to the test's output when PGLEASE_TEST_LOG is set.
@@ -71,7 +71,7 @@ func directConnConfig(t testing.TB) *pgx.ConnConfig {
 	return cfg
 }
 
-func newTestSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, cfg pglease.SubscriberConfig) *pglease.Subscriber {
+func newTestSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, cfg pglease.SubscriberConfig) *pglease.Subscriber {
 	t.Helper()
 	cfg.SchemaAdapter = adapter
 	cfg.InitializeSchema = true

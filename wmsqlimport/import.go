@@ -22,7 +22,7 @@ import (
 var ErrNotWatermillSQLSchema = errors.New("pglease: not watermill-sql's default PostgreSQL schema")
 
 // Names of the import's own tables, in the schema of the pglease tables
-// ([pglease.DefaultSchemaAdapter.Schema]). The import creates them
+// ([pglease.Tables.Schema]). The import creates them
 // (CREATE TABLE IF NOT EXISTS); they are not part of the migrations.
 const (
 	// RunsTable records, per topic, each run of the import: which
@@ -55,10 +55,10 @@ type Config struct {
 	// the application's role).
 	SourceOwner string
 	// SchemaAdapter names the pglease tables. Default
-	// pglease.DefaultSchemaAdapter{}.
+	// pglease.Tables{}.
 	// The import's own tables ([RunsTable], [GroupsTable])
 	// are created in its Schema.
-	SchemaAdapter pglease.DefaultSchemaAdapter
+	SchemaAdapter pglease.Tables
 	// DryRun runs the import and rolls it back: the report says what a
 	// real run would have done, and nothing changes.
 	DryRun bool

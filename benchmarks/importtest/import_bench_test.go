@@ -57,7 +57,7 @@ FROM generate_series($1::int, $2::int) n`, from, min(from+chunk, total)-1)
 	var took time.Duration
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		adapter := pglease.DefaultSchemaAdapter{Schema: e.adapter.Schema + "_" + strconv.Itoa(i)}
+		adapter := pglease.Tables{Schema: e.adapter.Schema + "_" + strconv.Itoa(i)}
 		if err := pglease.Migrate(ctx, e.pg, adapter); err != nil {
 			b.Fatal(err)
 		}

@@ -39,7 +39,7 @@ type env struct {
 	admin   *pgxpool.Pool
 	wm      *pgxpool.Pool
 	pg      *pgxpool.Pool
-	adapter pglease.DefaultSchemaAdapter
+	adapter pglease.Tables
 }
 
 func dsn(t testing.TB) string {
@@ -86,7 +86,7 @@ func newEnv(t testing.TB) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(pg.Close)
-	e := &env{admin: admin, wm: wm, pg: pg, adapter: pglease.DefaultSchemaAdapter{Schema: pgSchema}}
+	e := &env{admin: admin, wm: wm, pg: pg, adapter: pglease.Tables{Schema: pgSchema}}
 	if err := pglease.Migrate(ctx, pg, e.adapter); err != nil {
 		t.Fatal(err)
 	}

@@ -293,7 +293,7 @@ func isCommon(name string) bool {
 // cmdEnv is what a subcommand runs with.
 type cmdEnv struct {
 	conn    *pgx.Conn
-	adapter pglease.DefaultSchemaAdapter
+	adapter pglease.Tables
 	insp    *admin.Inspector
 	json    bool
 	stdout  io.Writer
@@ -475,7 +475,7 @@ func (s *commandSpec) connectAndRun(ctx context.Context, cmd subcommand, dsn str
 		defer cancel()
 		_ = conn.Close(closeCtx)
 	}()
-	adapter := pglease.DefaultSchemaAdapter{Schema: common.schema}
+	adapter := pglease.Tables{Schema: common.schema}
 	insp, err := admin.NewInspector(conn, adapter)
 	if err != nil {
 		return err

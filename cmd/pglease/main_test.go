@@ -38,7 +38,7 @@ type fixture struct {
 	t       testing.TB
 	pool    *pgxpool.Pool
 	schema  string
-	adapter pglease.DefaultSchemaAdapter
+	adapter pglease.Tables
 	pub     *pglease.Publisher
 }
 
@@ -51,7 +51,7 @@ func newFixture(t testing.TB) *fixture {
 	schema := pgtest.NewSchema(t, pool, "pglease_cmd_test_")
 	_, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
 	require.NoError(t, err)
-	adapter := pglease.DefaultSchemaAdapter{Schema: schema}
+	adapter := pglease.Tables{Schema: schema}
 	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })

@@ -104,7 +104,7 @@ func (c *migrateCmd) run(ctx context.Context, e *cmdEnv) error {
 
 // schemaVersion reads the highest version recorded: 0 when the version
 // table does not exist yet.
-func schemaVersion(ctx context.Context, conn *pgx.Conn, adapter pglease.DefaultSchemaAdapter) (int, error) {
+func schemaVersion(ctx context.Context, conn *pgx.Conn, adapter pglease.Tables) (int, error) {
 	v, err := pgsql.SchemaVersion(ctx, conn, tablesOf(adapter))
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == undefinedTable {
@@ -219,7 +219,7 @@ func checkOwner(ctx context.Context, e *cmdEnv) error {
 	return nil
 }
 
-func schemaName(a pglease.DefaultSchemaAdapter) string {
+func schemaName(a pglease.Tables) string {
 	if a.Schema == "" {
 		return "the search_path"
 	}
@@ -228,6 +228,6 @@ func schemaName(a pglease.DefaultSchemaAdapter) string {
 
 // tablesOf returns the quoted names and the statements of adapter's
 // tables.
-func tablesOf(adapter pglease.DefaultSchemaAdapter) *pgsql.Tables {
+func tablesOf(adapter pglease.Tables) *pgsql.Tables {
 	return pgsql.NewTables(pgsql.Names(adapter))
 }

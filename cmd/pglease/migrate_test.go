@@ -43,7 +43,7 @@ func TestMigrateCommand(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.NewPool(t, testDSN, 0)
 	env := map[string]string{"DATABASE_URL": testDSN}
-	latest := len(tablesOf(pglease.DefaultSchemaAdapter{}).Migrations())
+	latest := len(tablesOf(pglease.Tables{}).Migrations())
 	version := func(schema string) int {
 		var v int
 		require.NoError(t, pool.QueryRow(ctx, "SELECT COALESCE(max(version), 0) FROM "+
@@ -113,7 +113,7 @@ func TestMigrateCommand(t *testing.T) {
 	// From an older release's schema: only what it lacks.
 	old := emptySchema(t, pool)
 	// The schema of a release whose latest version was 5.
-	oldTables := tablesOf(pglease.DefaultSchemaAdapter{Schema: old})
+	oldTables := tablesOf(pglease.Tables{Schema: old})
 	require.NoError(t, pgsql.Migrate(ctx, pool, oldTables, oldTables.Migrations()[:5]))
 	_, out = migrate(old, "--dry-run")
 	assert.Equal(t, 5, out.FromVersion)

@@ -276,7 +276,7 @@ func onOff(b bool) string {
 type uiConfig struct {
 	insp        *admin.Inspector
 	pool        *pgxpool.Pool // for dry runs: a transaction rolled back
-	adapter     pglease.DefaultSchemaAdapter
+	adapter     pglease.Tables
 	token       string // the console's token: reads need it, writes too
 	allowWrites bool
 	warnAfter   time.Duration

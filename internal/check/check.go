@@ -38,7 +38,7 @@ func Topic(topic string, maxLength int) error {
 }
 
 // TableNames describes what is wrong with the names of a
-// DefaultSchemaAdapter (a name longer than PostgreSQL's 63 bytes, or
+// Tables (a name longer than PostgreSQL's 63 bytes, or
 // holding a NUL byte), naming its field; nil when nothing is.
 func TableNames(n pgsql.Names) error {
 	for _, f := range []struct{ field, value string }{
@@ -53,10 +53,10 @@ func TableNames(n pgsql.Names) error {
 		{"RetentionTable", n.RetentionTable},
 	} {
 		if len(f.value) > 63 {
-			return fmt.Errorf("DefaultSchemaAdapter.%s must be at most 63 bytes, got %d", f.field, len(f.value))
+			return fmt.Errorf("pglease.Tables.%s must be at most 63 bytes, got %d", f.field, len(f.value))
 		}
 		if strings.ContainsRune(f.value, 0) {
-			return fmt.Errorf("DefaultSchemaAdapter.%s must not contain a NUL byte", f.field)
+			return fmt.Errorf("pglease.Tables.%s must not contain a NUL byte", f.field)
 		}
 	}
 	return nil

@@ -18,7 +18,7 @@ var updateGolden = flag.Bool("update-golden", false, "rewrite the golden files o
 // for the default names and for names that need quoting and shortening,
 // and compares them with testdata/statements_*.txt, written by the release
 // before the statements moved here (main 8ae95f9, from the methods of
-// pglease.DefaultSchemaAdapter). It needs no database.
+// pglease.Tables). It needs no database.
 func TestStatementsAreUnchanged(t *testing.T) {
 	for name, n := range map[string]Names{
 		"default": {},

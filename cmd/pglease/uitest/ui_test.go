@@ -141,7 +141,7 @@ func startUI(t *testing.T, bin, schema string) (string, *syncBuffer) {
 
 // newSchema creates a schema of its own with the pglease tables, dropped
 // at the end.
-func newSchema(t *testing.T, pool *pgxpool.Pool) pglease.DefaultSchemaAdapter {
+func newSchema(t *testing.T, pool *pgxpool.Pool) pglease.Tables {
 	t.Helper()
 	b := make([]byte, 6)
 	_, err := rand.Read(b)
@@ -152,12 +152,12 @@ func newSchema(t *testing.T, pool *pgxpool.Pool) pglease.DefaultSchemaAdapter {
 		defer cancel()
 		_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE")
 	})
-	adapter := pglease.DefaultSchemaAdapter{Schema: name}
+	adapter := pglease.Tables{Schema: name}
 	require.NoError(t, pglease.Migrate(context.Background(), pool, adapter))
 	return adapter
 }
 
-func subscribe(t *testing.T, pool *pgxpool.Pool, adapter pglease.DefaultSchemaAdapter, group, topic string) <-chan *message.Message {
+func subscribe(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, group, topic string) <-chan *message.Message {
 	t.Helper()
 	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter,
 		CommitBatch: 1, PollInterval: 50 * time.Millisecond}, nil)
