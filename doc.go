@@ -10,7 +10,7 @@
 // class and expiry), one consumer_sessions row per live Subscriber, one
 // consumer_offsets row per (consumer group, topic, partition) holding the
 // acknowledged position, the owner session and the epoch (its
-// lease_expires_at column is unused since schema version 2), the topics'
+// lease_expires_at column is unused and always NULL), the topics'
 // settings, delayed messages, the maintainer's row, the retention classes
 // and the schema version. [SchemaSQL] returns the DDL;
 // [Migrate] applies it (the owner's step, also `pglease migrate`), and

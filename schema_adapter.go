@@ -38,7 +38,8 @@ const (
 //
 // It holds names only: the statements pglease runs on these tables are
 // not part of the API. The configuration fields that take it are named
-// SchemaAdapter, as they were when the type was DefaultSchemaAdapter.
+// SchemaAdapter, so that configurations written for [DefaultSchemaAdapter]
+// keep compiling.
 type Tables struct {
 	// Schema is the PostgreSQL schema of the tables. Empty means the
 	// connection's search_path (usually "public"). When set, it is created

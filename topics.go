@@ -39,7 +39,8 @@ type TopicConfig struct {
 	// [MaintenanceConfig]) a partition at a time, so a message may live up
 	// to half its retention longer. A consumer group whose
 	// position falls behind retention skips the removed messages; the
-	// maintainer logs it at Warn level and counts it
+	// maintainer logs it at Error level (Watermill's logger has no Warn),
+	// wrapping [ErrSkippedByRetention], and counts it
 	// (SubscriberStats.RetentionSkipped). Setting the topic again with
 	// another Retention changes it for the messages published from then
 	// on; messages already stored keep the expiry they were given, except

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The workloads of issue 10 ("a consumer group scales out"): what an idle
+// The consumer-group workloads ("a consumer group scales out"): what an idle
 // group costs the server as it grows, how fast the group is split again
 // after a join and after a kill, and one Subscriber on very many topics.
 

@@ -17,7 +17,7 @@ import (
 	pglease "github.com/pglease/watermill-pglease"
 )
 
-// The held-horizon workload (issue 21, section 3): a read-only REPEATABLE
+// The held-horizon workload: a read-only REPEATABLE
 // READ transaction held open, what pg_dump or a long report does, does not
 // delay delivery, but it stops vacuum: every version of a row that a
 // heartbeat or an offset commit leaves behind stays until the transaction

@@ -1,6 +1,6 @@
 package main
 
-// The limits of the PostgreSQL server itself (issue 23), measured in the
+// The limits of the PostgreSQL server itself, measured in the
 // same run as the backends: how fast the server takes the benchmark's rows
 // without any Pub/Sub around them. Every limit writes 64-byte payloads
 // into pglease's messages table (created by pglease's schema

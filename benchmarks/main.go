@@ -1,7 +1,7 @@
 // Command benchmarks measures pglease side by side with the official
 // watermill-sql backend (v4 with its pgx adapter, PostgreSQL schema and
 // offsets adapters) on the same PostgreSQL server, and with the brokers a
-// team would weigh it against (the peers of issue 23: NATS JetStream and
+// team would weigh it against (the peers: NATS JetStream and
 // Redis Streams, peers.go), and reports medians and ratios from one run.
 //
 // Each workload runs for several rounds; in every round each backend runs
@@ -63,8 +63,8 @@ import (
 	pglease "github.com/pglease/watermill-pglease"
 )
 
-// config holds the knobs of one run. Their defaults are the workloads of
-// issue 5; -quick shrinks them.
+// config holds the knobs of one run. Their defaults are the workloads
+// the results are published for; -quick shrinks them.
 type config struct {
 	dsn        string
 	rounds     int
@@ -97,7 +97,7 @@ type config struct {
 	routerMessages int
 	txMessages     int
 
-	// The consumer-group workloads (issue 10).
+	// The consumer-group workloads (group.go).
 	groupWindow time.Duration
 	groupSettle time.Duration
 	memberConns int

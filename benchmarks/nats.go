@@ -1,6 +1,6 @@
 package main
 
-// NATS JetStream, a peer of issue 23: watermill-nats v2 (its primary
+// NATS JetStream, a peer: watermill-nats v2 (its primary
 // package, pkg/nats, with JetStream on) against a nats-server embedded in
 // this process, started for each run on 127.0.0.1 and a free port with its
 // store in a temporary directory, and shut down (directory removed) when

@@ -1,6 +1,6 @@
 package main
 
-// The peers of issue 23: what a team choosing a Watermill backend weighs
+// The peers: what a team choosing a Watermill backend weighs
 // pglease against. watermill-sql (backend.go) runs in every workload that
 // has a counterpart for it, as before; the brokers of -peers, NATS
 // JetStream (nats.go) and Redis Streams (redis.go), run in the workloads
@@ -154,7 +154,7 @@ func postgresDurability(fsync, synchronousCommit string) (long, short string) {
 }
 
 // durable reports whether a server with these settings fsyncs every
-// commit before it returns, as the goals of issue 23 assume.
+// commit before it returns, as the performance goals assume.
 func durable(fsync, synchronousCommit string) bool {
 	return fsync == "on" && synchronousCommit != "" && synchronousCommit != "off"
 }

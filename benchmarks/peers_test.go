@@ -260,19 +260,19 @@ func TestPeerGoals(t *testing.T) {
 	// A goal that holds, and none judged on a server without fsync.
 	res.values["drain"][pgleaseName] = []float64{300000}
 	pr := newPeerReport(cfg, res, info)
-	if _, _, _, met := pr.judgeGoal(issue23Goals[0]); met != "yes" {
+	if _, _, _, met := pr.judgeGoal(performanceGoals[0]); met != "yes" {
 		t.Errorf("consume at 1.5× NATS: met = %q", met)
 	}
 	info.fsync = "off"
 	pr = newPeerReport(cfg, res, info)
-	for _, g := range issue23Goals {
+	for _, g := range performanceGoals {
 		if _, _, _, met := pr.judgeGoal(g); !strings.HasPrefix(met, "not judged") {
 			t.Errorf("%s with fsync off: met = %q", g.text, met)
 		}
 	}
 	// Without the other side's value, a goal is not measured.
 	delete(res.values["publish-concurrent"], redisName)
-	if _, _, _, met := pr.judgeGoal(issue23Goals[3]); met != "not measured" {
+	if _, _, _, met := pr.judgeGoal(performanceGoals[3]); met != "not measured" {
 		t.Errorf("without Redis: met = %q", met)
 	}
 }
@@ -351,7 +351,7 @@ func TestPeerChartAndMarkdown(t *testing.T) {
 		"## Peers\n",
 		"| Redis Streams (watermill-redisstream v1.4.5, redis-server 7.0.15, AOF) | fsync once per second (AOF, `appendfsync everysec`)",
 		"### Limits of the server\n",
-		"### Goals of issue 23\n",
+		"### Goals\n",
 		"| consume ≥ 1.2× NATS JetStream (default settings) | 140,000 | 200,000 (NATS JetStream) msg/s | 0.7× (1/1.43) | no |\n",
 		"### Every round of the peers and limits\n",
 		"| consume: drain a 100,000-message backlog, 1 subscriber | NATS JetStream | 198,000, 200,000, 202,000 msg/s |\n",

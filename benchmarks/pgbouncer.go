@@ -1,6 +1,6 @@
 package main
 
-// pglease through PgBouncer (issue 20): with -pgbouncer, the publish and
+// pglease through PgBouncer: with -pgbouncer, the publish and
 // drain workloads run a third time in each round, on pglease with its pool
 // going through a PgBouncer in transaction mode, so that the table shows
 // what the pooler costs next to the direct rows.

@@ -1,6 +1,6 @@
 package main
 
-// Redis Streams, a peer of issue 23: watermill-redisstream against
+// Redis Streams, a peer: watermill-redisstream against
 // Debian's redis-server, which the benchmark starts for each run on
 // 127.0.0.1 and a free port with its files in a temporary directory, AOF
 // on with appendfsync everysec and RDB snapshots off, and stops (SIGTERM,

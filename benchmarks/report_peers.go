@@ -3,7 +3,7 @@ package main
 // The report of the peers (peers.go) and the limits of the server
 // (limits.go): one row per backend and one column per workload they share,
 // with each backend's durability; the limits with pglease's ratio to them;
-// the goals of issue 23 judged on this run's medians; and the bars of the
+// the performance goals judged on this run's medians; and the bars of the
 // chart that compare pglease with each peer.
 
 import (
@@ -31,7 +31,7 @@ var limitCounterparts = []struct{ limit, pglease string }{
 	{limitLatencyP99, "latency-p99"},
 }
 
-// goal is one goal of issue 23: a bound on the ratio of pglease's median
+// goal is one performance goal: a bound on the ratio of pglease's median
 // to another backend's (vs set), or on pglease's median itself.
 type goal struct {
 	text       string
@@ -43,17 +43,17 @@ type goal struct {
 	targetText string  // the target as the chart's tick names it
 }
 
-// issue23Goals are the goals of issue 23 ("ratios of medians, one `make
-// bench` run"), at fsync on.
-var issue23Goals = []goal{
-	{text: "consume ≥ 1.2× NATS JetStream (default settings)", key: "drain", vs: natsName, vsKey: "drain", atLeast: 1.2, targetText: "≥ 1.2× (issue 23)"},
+// performanceGoals are the project's performance goals against the peers
+// (ratios of medians of one `make bench` run), at fsync on.
+var performanceGoals = []goal{
+	{text: "consume ≥ 1.2× NATS JetStream (default settings)", key: "drain", vs: natsName, vsKey: "drain", atLeast: 1.2, targetText: "≥ 1.2× (goal)"},
 	{text: "latency p99 ≤ 1.5 ms at 100 msg/s", key: "latency-p99", atMost: 1.5},
 	{text: "latency p50 ≤ 0.6 ms at 100 msg/s", key: "latency-p50", atMost: 0.6},
-	{text: "publish from 64 goroutines ≥ 1.2× Redis Streams (AOF everysec)", key: "publish-concurrent", vs: redisName, vsKey: "publish-concurrent", atLeast: 1.2, targetText: "≥ 1.2× (issue 23)"},
+	{text: "publish from 64 goroutines ≥ 1.2× Redis Streams (AOF everysec)", key: "publish-concurrent", vs: redisName, vsKey: "publish-concurrent", atLeast: 1.2, targetText: "≥ 1.2× (goal)"},
 	{text: "same durability as Redis: pglease with synchronous_commit=off, publish from 64 goroutines ≥ 1.2× Redis Streams (AOF everysec)",
 		backend: pgleaseAsyncName, key: "publish-concurrent", vs: redisName, vsKey: "publish-concurrent", atLeast: 1.2},
 	{text: "publish in batches of 100 ≥ 1.5× watermill-sql v4", key: "publish-batch", vs: watermillSQLName, vsKey: "publish-batch", atLeast: 1.5},
-	{text: "publish in batches of 100 ≥ 70 % of COPY rows/s (one statement)", key: "publish-batch", vs: limitsName, vsKey: limitCopy, atLeast: 0.7, targetText: "≥ 0.7× (issue 23)"},
+	{text: "publish in batches of 100 ≥ 70 % of COPY rows/s (one statement)", key: "publish-batch", vs: limitsName, vsKey: limitCopy, atLeast: 0.7, targetText: "≥ 0.7× (goal)"},
 }
 
 // peerReport is what the report says about the peers and the limits.
@@ -372,10 +372,10 @@ func (pr *peerReport) judgeGoal(g goal) (pg, other, value, met string) {
 	return pg, other, value, "no"
 }
 
-// goalsTable: every goal of issue 23 with its inputs and verdict.
+// goalsTable: every performance goal with its inputs and verdict.
 func (pr *peerReport) goalsTable() [][]string {
-	out := [][]string{{"goal (issue 23)", "pglease", "other", "ratio or value", "met"}}
-	for _, g := range issue23Goals {
+	out := [][]string{{"goal", "pglease", "other", "ratio or value", "met"}}
+	for _, g := range performanceGoals {
 		pg, other, value, met := pr.judgeGoal(g)
 		if other != "" {
 			m, _ := pr.metric(g.vsKey)
@@ -390,7 +390,7 @@ func (pr *peerReport) goalsTable() [][]string {
 }
 
 // chartRows are the chart's bars for metric key: pglease against each
-// peer, and against the limits that bound the metric. A goal of issue 23
+// peer, and against the limits that bound the metric. A performance goal
 // on the pair sets the bar's target.
 func (pr *peerReport) chartRows(m metric) []row {
 	pg := pr.res.values[m.key][pgleaseName]
@@ -409,7 +409,7 @@ func (pr *peerReport) chartRows(m metric) []row {
 		x.m.short = "↳ vs " + label
 		x.pgMed, x.wsMed = median(pg), median(other)
 		x.ratio = x.pgMed / x.wsMed
-		for _, g := range issue23Goals {
+		for _, g := range performanceGoals {
 			if g.key == m.key && g.vs == vs && g.vsKey == vsKey && g.atLeast > 0 {
 				x.m.target = target{kind: ratioAtLeast, value: g.atLeast, text: g.targetText}
 				x.met = judge(x.m.target, x.pgMed, x.ratio)
@@ -519,7 +519,7 @@ func (pr *peerReport) markdown(w io.Writer) {
 		fmt.Fprintf(w, "Rows of 64-byte payloads written into pglease's messages table (same columns, primary key and partitioning as the Publisher writes to) without pglease, each limit in a topic of its own, after a `CHECKPOINT`.\n\n")
 		markdownRows(w, t)
 	}
-	fmt.Fprintf(w, "\n### Goals of issue 23\n\n")
+	fmt.Fprintf(w, "\n### Goals\n\n")
 	markdownRows(w, pr.goalsTable())
 }
 
@@ -546,7 +546,7 @@ func peerMethod(cfg config) []string {
 		"Redis Streams: watermill-redisstream with default configurations and consumer group `bench` (created at the start of the stream when the Subscriber subscribes; one XREADGROUP of one message and one XACK per message, as the library does), go-redis clients with their defaults, against Debian's redis-server as a process of its own with `appendonly yes`, `appendfsync everysec` and `save \"\"` (no RDB snapshots). `make bench` installs redis-server when it is missing (scripts/install-redis.sh); without it the peer is left out and the table says so.",
 		fmt.Sprintf("Limits (PostgreSQL alone, no Watermill): in each round, into a fresh pglease schema's messages table, each after a `CHECKPOINT`: a binary COPY of %s rows in one statement; INSERT … SELECT of the same rows, read back from the table, in one statement; COPY of %d rows per statement and transaction from one connection for %s; %d connections each inserting one row per transaction (autocommit, prepared) for %s, as pgbench would with a one-INSERT script. Rows: topic, a fresh UUID, the 64-byte payload, no metadata; the other columns take their defaults, as with the Publisher.", thousands(cfg.backlog), cfg.batchSize, cfg.publishFor, cfg.publishers, cfg.publishFor),
 		"Durability: pglease, watermill-sql and the limits are as durable as the PostgreSQL server's settings make every commit (see Machine); `make bench` starts its server with fsync, synchronous_commit and full_page_writes on (`LOCALPG_DURABLE=1` for scripts/localpg.sh), whereas the tests run theirs with all three off. Every store (PostgreSQL's data directory, the NATS store, Redis's AOF) is on the same disk of the same machine; no backend replicates.",
-		"Goals of issue 23: ratios of this run's medians; judged only when the server fsyncs every commit.",
+		"Goals: ratios of this run's medians; judged only when the server fsyncs every commit.",
 	}
 }
 

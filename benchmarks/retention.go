@@ -15,7 +15,7 @@ import (
 	pglease "github.com/pglease/watermill-pglease"
 )
 
-// The retention workload (issue: per-topic retention): publishing and
+// The retention workload (per-topic retention): publishing and
 // draining at full speed for minutes on a topic with a short retention
 // keeps the messages table's size on disk bounded, and costs neither
 // publish nor drain throughput more than 10 % next to the same run on a

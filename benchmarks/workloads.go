@@ -211,7 +211,7 @@ func workloads(cfg config) []workload {
 		},
 	}
 	// The limits of the server (limits.go), the consumer-group workloads
-	// of issue 10 (group.go), the partitioned group (partitions.go) and
+	// (group.go), the partitioned group (partitions.go) and
 	// the transactional handler (txhandler.go): the pglease-only ones
 	// before the idle workloads, the idle group after them.
 	idle := ws[len(ws)-1]
