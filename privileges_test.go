@@ -586,7 +586,7 @@ WHERE relation = $1::regclass AND mode = 'AccessExclusiveLock' AND NOT granted`,
 // they can and a Subscriber reads: each round adds a partition with 1,000
 // messages and expires it; the test logs how long each expiry took and
 // the publish latencies meanwhile. Skipped unless PGLEASE_MEASURE is set
-// (docs/architecture.md quotes its output).
+// (benchmarks/measurements.md quotes its output).
 func TestMeasureDetachUnderLoad(t *testing.T) {
 	if os.Getenv("PGLEASE_MEASURE") == "" {
 		t.Skip("a measurement: set PGLEASE_MEASURE=1 to run it")

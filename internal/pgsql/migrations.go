@@ -98,8 +98,9 @@ var migrationFiles embed.FS
 // The lock_timeout of expire_retention_partition (500ms) bounds how long
 // it waits for its lock on the messages table: a plain DETACH PARTITION
 // takes an ACCESS EXCLUSIVE lock, and while it waits for transactions that
-// use the table, publishers and readers queue behind it. See "Least
-// privilege" in docs/architecture.md for what it costs them.
+// use the table, publishers and readers queue behind it. See "Detach
+// through the owner's function" in benchmarks/measurements.md for what
+// it costs them.
 //
 // Version 8 (0008_hot_tables.sql):
 // it makes the hot tables cheap to update while the vacuum horizon
@@ -120,8 +121,8 @@ var migrationFiles embed.FS
 // entry) only while the row's page has room for the new version. Rows are
 // inserted, and moved by updates that do not fit, into pages filled up to
 // the fillfactor, so 10 leaves nine tenths of each page to the versions of
-// its six or seven rows. Measured (docs/architecture.md, "Hot tables under
-// a held vacuum horizon"), one connection committing 100 rows in turn:
+// its six or seven rows. Measured (benchmarks/measurements.md, "Hot tables
+// under a held vacuum horizon"), one connection committing 100 rows in turn:
 // 91 % of the commits were HOT with 10, 77 % with 25, 57 % with 50 and
 // none with 100. A commit that is not HOT checks the primary key's
 // uniqueness against every index entry of its row (one per such commit),
