@@ -4,5 +4,5 @@
 // command, start it against PostgreSQL (PGLEASE_TEST_DSN) and click
 // through the console as an operator would. scripts/install-chromium.sh
 // finds (or installs) the browser; set PGLEASE_UI_SCREENSHOTS to a
-// directory to write the screenshots of the README there.
+// directory to write the screenshots of docs/operations.md there.
 package uitest
