@@ -107,7 +107,14 @@ func TestCitusLateCommit(t *testing.T) {
 	if err := tx1.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// Until every transaction older than m1's ends on the worker (other
+	// tests, Citus's own), the messages stay pending: read until they
+	// are not.
 	res := read()
+	for deadline := time.Now().Add(30 * time.Second); res.Pending && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		res = read()
+	}
 	var got []string
 	for _, m := range res.Messages {
 		got = append(got, m.UUID)

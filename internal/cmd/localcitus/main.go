@@ -21,6 +21,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/pglease/watermill-pglease/internal/pgrepl"
 )
@@ -61,6 +62,8 @@ func run() int {
 		"PGLEASE_TEST_CITUS_WORKERS="+strings.Join(workers, " "),
 		"PGLEASE_TEST_CITUS=1")
 	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	// A command that ignores the interrupt is killed 10 s later.
+	cmd.WaitDelay = 10 * time.Second
 	if err := cmd.Run(); err != nil {
 		var exit *exec.ExitError
 		if errors.As(err, &exit) {
