@@ -140,3 +140,17 @@ func wrapSetUpDenied(err error, schema string) error {
 // wrapMissingSchema adds what to do to the errors that say that the
 // tables are missing or that the role may not use them.
 func wrapMissingSchema(err error) error { return check.MissingSchema(err) }
+
+// DistributeSQL returns the script that distributes the tables of adapter
+// over a Citus cluster: the messages and offsets tables distributed by
+// topic and co-located, the others reference tables, and a trigger that
+// takes each message's transaction id on the worker that stores it. The
+// tables' owner runs it on the coordinator after [Migrate] (`pglease
+// migrate --citus` runs both), before the applications start; it may be
+// run again. pglease reads whether the messages table is distributed when
+// it first uses it, and then runs the statements that Citus routes to a
+// topic's worker. See docs/scaling.md for what runs on Citus and what
+// does not yet.
+func DistributeSQL(adapter Tables) string {
+	return adapter.tables().DistributeScript()
+}

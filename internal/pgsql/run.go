@@ -38,6 +38,9 @@ func exec(ctx context.Context, q Querier, s Stmt) (int64, error) {
 // covers its expiry, or, when none does yet, to the partition of messages
 // kept forever.
 func InsertMessages(ctx context.Context, q Querier, t *Tables, p InsertMessagesParams) error {
+	if _, err := t.Citus(ctx, q); err != nil {
+		return err
+	}
 	_, err := exec(ctx, q, t.InsertMessages(p))
 	return err
 }
@@ -198,6 +201,11 @@ type ClusterMark struct {
 // p.ReplacesSessionID), notifies the group, and returns where the
 // database is.
 func CreateSession(ctx context.Context, q Querier, t *Tables, p SessionParams) (ClusterMark, error) {
+	if citus, err := t.Citus(ctx, q); err != nil {
+		return ClusterMark{}, err
+	} else if citus {
+		return ClusterMark{}, ErrCitusConsume
+	}
 	s := t.CreateSession(p)
 	var (
 		notified int64

@@ -123,7 +123,7 @@ func (t *Tables) placement(tp, r string) string {
 // "t" + topic, for the maintainer, and a retention class gets its row in
 // the retention table, so that the maintainer adds its partitions.
 func (t *Tables) UpsertTopic(p TopicParams) Stmt {
-	return Stmt{
+	return t.onCitus(Stmt{
 		SQL: `WITH old AS (
 	SELECT partitions, retention FROM ` + t.Topics + ` WHERE topic = $1
 ), up AS (
@@ -151,7 +151,7 @@ func (t *Tables) UpsertTopic(p TopicParams) Stmt {
 )
 SELECT (SELECT partitions FROM old), (SELECT partitions FROM up), (SELECT pg_catalog.count(*) FROM notified)`,
 		Args: []any{p.Topic, p.Partitions, p.NotifyChannel, p.Retention.Microseconds(), int16(p.RetentionClass)},
-	}
+	})
 }
 
 // TopicPartitions is the statement of [TopicPartitions].
@@ -203,6 +203,10 @@ func (t *Tables) SelectMessages(p SelectMessagesParams) Stmt {
 	// left to the server, it would take the type of size, integer, which
 	// cannot hold math.MaxInt64 (no bound) nor any bound past 2 GiB.
 	const size = `(COALESCE(pg_catalog.octet_length(m.payload), 0) + COALESCE(pg_catalog.pg_column_size(m.metadata), 0))`
+	onHere := hereIs(7)
+	if t.isCitus() {
+		onHere = citusHereIs(7)
+	}
 	return Stmt{
 		// The ORDER BY names the table's columns, qualified: a bare
 		// transaction_id would sort by the text output column.
@@ -224,7 +228,7 @@ FROM (SELECT m.transaction_id FROM ` + t.Messages + ` m
 	LIMIT 1) t
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, false, false, NULL, true
-WHERE NOT (` + hereIs(7) + ` AND $3::text::xid8 < pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()))`,
+WHERE NOT (` + onHere + ` AND $3::text::xid8 < pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()))`,
 		Args: []any{p.Topic, p.Partition, formatXID8(p.After.TransactionID), p.After.Offset, p.Limit, maxBytes, p.Here},
 	}
 }
@@ -271,7 +275,7 @@ func partitionsOf(topics []string, partitions []int32) []int32 {
 // read by the statement that made the session: the identity that every
 // statement on the session's claims is fenced by.
 func (t *Tables) CreateSession(p SessionParams) Stmt {
-	return Stmt{
+	return t.onCitus(Stmt{
 		SQL: `WITH replaced AS (
 	DELETE FROM ` + t.Sessions + ` WHERE id = $5
 ), inserted AS (
@@ -283,7 +287,7 @@ func (t *Tables) CreateSession(p SessionParams) Stmt {
 )
 SELECT (SELECT pg_catalog.count(*) FROM notified), ` + markColumns,
 		Args: []any{p.SessionID, p.ConsumerGroup, p.Owner, p.TTL.Microseconds(), p.ReplacesSessionID, p.NotifyChannel},
-	}
+	})
 }
 
 // HeartbeatSession is the statement of [HeartbeatSession].
@@ -307,18 +311,18 @@ const markColumns = `pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot(
 
 // DeleteSession is the statement of [DeleteSession].
 func (t *Tables) DeleteSession(p SessionParams) Stmt {
-	return Stmt{
+	return t.onCitus(Stmt{
 		SQL: `WITH deleted AS (
 	DELETE FROM ` + t.Sessions + ` WHERE id = $1 RETURNING consumer_group
 )
 SELECT pg_catalog.pg_notify($2, ` + kind(NotifyGroup) + ` || consumer_group) FROM deleted WHERE $2 <> ''`,
 		Args: []any{p.SessionID, p.NotifyChannel},
-	}
+	})
 }
 
 // SetSubscriptions is the statement of [SetSubscriptions].
 func (t *Tables) SetSubscriptions(p SessionParams) Stmt {
-	return Stmt{
+	return t.onCitus(Stmt{
 		SQL: `WITH updated AS (
 	UPDATE ` + t.Sessions + ` SET subscription_hash = $2, subscription_size = $3
 	WHERE id = $1
@@ -326,7 +330,7 @@ func (t *Tables) SetSubscriptions(p SessionParams) Stmt {
 )
 SELECT pg_catalog.pg_notify($4, ` + kind(NotifyGroup) + ` || consumer_group) FROM updated WHERE $4 <> ''`,
 		Args: []any{p.SessionID, p.SubscriptionHash, p.SubscriptionSize, p.NotifyChannel},
-	}
+	})
 }
 
 // GroupMembers is the statement of [GroupMembers].
@@ -566,14 +570,14 @@ WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 
 	if p.NotifyChannel == "" {
 		return Stmt{SQL: update, Args: args}
 	}
-	return Stmt{
+	return t.onCitus(Stmt{
 		SQL: `WITH released AS (
 ` + update + `
 RETURNING topic
 )
 SELECT pg_catalog.pg_notify($10, ` + kind(NotifyReleased) + ` || topic) FROM released`,
 		Args: append(args, p.NotifyChannel),
-	}
+	})
 }
 
 // CountHeadDelivery is the statement of [CountHeadDelivery].

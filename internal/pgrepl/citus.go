@@ -1,0 +1,240 @@
+package pgrepl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// ErrNoCitus is returned by [StartCitus] when the Citus extension is not
+// installed for the server programs found.
+var ErrNoCitus = errors.New("pgrepl: the Citus extension is not installed (no citus.so in the server's library directory): " +
+	"build and install it, as root, with ../shared/citus/install.sh next to the repository (its source is expected in " +
+	"../shared/citus/citus-13.2.2-src.tar.xz), or run the tests through `make test-citus`, which does")
+
+// DefaultCitusWorkers is the number of workers of [StartCitus] when
+// [CitusOptions.Workers] is 0.
+const DefaultCitusWorkers = 2
+
+// CitusOptions configures [StartCitus].
+type CitusOptions struct {
+	// Workers is the number of worker nodes. Default [DefaultCitusWorkers].
+	Workers int
+	// Timeout bounds each step, as [Options.Timeout]. Default
+	// [DefaultTimeout].
+	Timeout time.Duration
+	// Settings are more server settings for every node, as
+	// [Options.Settings].
+	Settings map[string]string
+	// Logf, when set, receives a line for each step (pass t.Logf).
+	Logf func(format string, args ...any)
+}
+
+// Citus is a Citus cluster started by [StartCitus]: a coordinator and its
+// workers, each a server of its own on 127.0.0.1, in one temporary
+// directory. Its methods are safe for concurrent use.
+type Citus struct {
+	// Coordinator is the node applications connect to: it holds the
+	// metadata, and plans and routes every statement on distributed
+	// tables.
+	Coordinator *Node
+	// Workers are the nodes that hold the shards, in the order they were
+	// added to the coordinator.
+	Workers []*Node
+
+	c *Cluster
+}
+
+// StartCitus starts a Citus cluster: initdb for a coordinator and
+// opts.Workers workers, each with shared_preload_libraries = 'citus' and
+// max_prepared_transactions (reference tables and multi-shard writes
+// commit in two phases), CREATE EXTENSION citus in the database postgres
+// of each, then citus_set_coordinator_host and citus_add_node of every
+// worker on the coordinator. The servers run as [Start]'s do (as the user
+// postgres when the test runs as root, killed with the test process). On
+// error everything it started is stopped and its files removed. Call
+// [Citus.Close] when done.
+func StartCitus(ctx context.Context, opts CitusOptions) (_ *Citus, err error) {
+	if opts.Workers == 0 {
+		opts.Workers = DefaultCitusWorkers
+	}
+	if opts.Workers < 0 {
+		return nil, fmt.Errorf("pgrepl: CitusOptions.Workers must not be negative, got %d", opts.Workers)
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.Timeout < 0 {
+		return nil, fmt.Errorf("pgrepl: CitusOptions.Timeout must not be negative, got %s", opts.Timeout)
+	}
+	bindir := findBindir()
+	if bindir == "" {
+		return nil, ErrNoServer
+	}
+	if !CitusInstalled() {
+		return nil, ErrNoCitus
+	}
+	settings := map[string]string{
+		"shared_preload_libraries":  "citus",
+		"max_prepared_transactions": "100",
+		"max_connections":           "200",
+		// The statements of one test transaction reach a worker over
+		// one connection, and a test leaves no prepared transaction
+		// behind for long.
+		"citus.max_cached_conns_per_worker": "4",
+		// The nodes talk in plain TCP on 127.0.0.1: no certificate
+		// to find (libpq would look in the HOME of the test process).
+		"citus.node_conninfo": "sslmode=disable",
+	}
+	for k, v := range opts.Settings {
+		settings[k] = v
+	}
+	c := &Cluster{opts: Options{Timeout: opts.Timeout, Settings: settings, Logf: opts.Logf},
+		bindir: bindir, uid: -1, gid: -1, id: "pgcitus-" + randomID()}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup(superuser)
+		if err != nil {
+			return nil, fmt.Errorf("pgrepl: the test runs as root and PostgreSQL refuses to: no system user %q to run it as "+
+				"(create one: useradd --system --user-group postgres): %w", superuser, err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		c.uid, c.gid = uid, gid
+		c.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}
+	}
+	// HOME is the cluster's directory: the connections between the
+	// nodes are made by libpq inside the servers, which reads files under
+	// $HOME/.postgresql (a root's HOME is not readable by postgres).
+	c.env = serverEnv()
+	parent := os.TempDir()
+	if c.cred != nil {
+		parent = "/tmp"
+	}
+	c.dir, err = os.MkdirTemp(parent, "pgcitus-")
+	if err != nil {
+		return nil, fmt.Errorf("pgrepl: temporary directory: %w", err)
+	}
+	x := &Citus{c: c}
+	defer func() {
+		if err != nil {
+			if cerr := x.Close(); cerr != nil {
+				err = fmt.Errorf("%w (and cleaning up: %v)", err, cerr)
+			}
+		}
+	}()
+	if err := os.Chmod(c.dir, 0o755); err != nil {
+		return nil, fmt.Errorf("pgrepl: %w", err)
+	}
+	if err := c.chown(c.dir); err != nil {
+		return nil, err
+	}
+	c.env = append(c.env, "HOME="+c.dir)
+
+	began := time.Now()
+	x.Coordinator = c.newNode("coordinator")
+	c.Primary = x.Coordinator
+	nodes := []*Node{x.Coordinator}
+	for i := range opts.Workers {
+		w := c.newNode("worker" + strconv.Itoa(i+1))
+		x.Workers = append(x.Workers, w)
+		nodes = append(nodes, w)
+	}
+	// Close stops the copies and the primary: the workers are listed as
+	// copies, so that they stop before the coordinator.
+	c.copiesMu.Lock()
+	c.copies = append(c.copies, x.Workers...)
+	c.copiesMu.Unlock()
+	for _, n := range nodes {
+		if err := c.initNode(ctx, n); err != nil {
+			return nil, err
+		}
+		if err := n.start(ctx); err != nil {
+			return nil, err
+		}
+		if err := n.exec(ctx, "CREATE EXTENSION IF NOT EXISTS citus"); err != nil {
+			return nil, fmt.Errorf("pgrepl: %s: CREATE EXTENSION citus: %w%s", n.name, err, n.logTail())
+		}
+	}
+	if err := x.Coordinator.exec(ctx, "SELECT pg_catalog.citus_set_coordinator_host('127.0.0.1', $1::int)", x.Coordinator.Port()); err != nil {
+		return nil, fmt.Errorf("pgrepl: coordinator: citus_set_coordinator_host: %w", err)
+	}
+	for _, w := range x.Workers {
+		if err := x.Coordinator.exec(ctx, "SELECT pg_catalog.citus_add_node('127.0.0.1', $1::int)", w.Port()); err != nil {
+			return nil, fmt.Errorf("pgrepl: coordinator: citus_add_node of %s: %w%s", w.name, err, x.Coordinator.logTail())
+		}
+	}
+	ports := make([]string, len(x.Workers))
+	for i, w := range x.Workers {
+		ports[i] = strconv.Itoa(w.Port())
+	}
+	c.logf("pgrepl: Citus coordinator on port %d, workers on %s, up in %s (%s)",
+		x.Coordinator.Port(), strings.Join(ports, ", "), since(began), c.dir)
+	return x, nil
+}
+
+// Dir returns the temporary directory of the cluster's files.
+func (x *Citus) Dir() string { return x.c.dir }
+
+// Close stops every node (workers first) and removes the temporary
+// directory. It may be called more than once.
+func (x *Citus) Close() error { return x.c.Close() }
+
+// CitusInstalled reports whether the Citus extension is installed for the
+// server programs [StartCitus] would use.
+func CitusInstalled() bool {
+	bindir := findBindir()
+	if bindir == "" {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(filepath.Dir(bindir), "lib", "citus.so"))
+	return err == nil
+}
+
+// initNode runs initdb for n and writes its settings, as initPrimary
+// does for a primary (without the replication settings).
+func (c *Cluster) initNode(ctx context.Context, n *Node) error {
+	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+	defer cancel()
+	if err := c.run(ctx, "initdb", "-D", n.dataDir, "--auth=trust", "-U", superuser,
+		"--encoding=UTF8", "--no-locale", "--no-sync"); err != nil {
+		return fmt.Errorf("pgrepl: %s: %w", n.name, err)
+	}
+	settings := map[string]string{
+		"listen_addresses":        "127.0.0.1",
+		"unix_socket_directories": "",
+		"shared_buffers":          "16MB",
+		"fsync":                   "off",
+		"jit":                     "off",
+		"logging_collector":       "off",
+		"log_line_prefix":         "%m [%p] %q%a ",
+	}
+	for k, v := range c.opts.Settings {
+		settings[k] = v
+	}
+	keys := make([]string, 0, len(settings))
+	for k := range settings {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var conf strings.Builder
+	conf.WriteString("\n# --- pgrepl (throwaway Citus test servers) ---\n")
+	for _, k := range keys {
+		fmt.Fprintf(&conf, "%s = %s\n", k, quote(settings[k]))
+	}
+	if err := appendFile(filepath.Join(n.dataDir, "postgresql.conf"), conf.String()); err != nil {
+		return fmt.Errorf("pgrepl: %s: %w", n.name, err)
+	}
+	hba := "# pgrepl: trust on 127.0.0.1 only, for the tests\nhost all all 127.0.0.1/32 trust\n"
+	if err := os.WriteFile(filepath.Join(n.dataDir, "pg_hba.conf"), []byte(hba), 0o600); err != nil {
+		return fmt.Errorf("pgrepl: %s: %w", n.name, err)
+	}
+	return c.chown(filepath.Join(n.dataDir, "pg_hba.conf"))
+}

@@ -1,0 +1,187 @@
+package pgsql
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Citus: the tables distributed over a Citus cluster (see DistributeScript).
+//
+// A statement on a distributed table is planned on the coordinator: the
+// coordinator evaluates the defaults and functions of a modification
+// itself, while a statement it routes to one shard whole (every
+// distributed table it reads filtered on the same topic) runs on that
+// shard's worker, functions included. Transaction ids and snapshots must
+// come from the topic's worker: a position is a worker's transaction id,
+// compared with that worker's snapshot. So, when the messages table is
+// distributed:
+//
+//   - a BEFORE INSERT trigger on the messages table sets transaction_id
+//     to pg_current_xact_id() on the worker (the column's default would be
+//     the coordinator's counter, a number the worker's snapshot says
+//     nothing about);
+//   - the statements that compare a position with a snapshot read one
+//     topic each, so that Citus routes them to its worker whole;
+//   - the identity check of a routed statement ([Here]) would read the
+//     worker's identity: the Citus statements check only that the
+//     position lies below that worker's transaction counter (see
+//     citusHereIs), and the session's identity is the coordinator's, read
+//     and compared by the session's statements, which run there.
+
+// citusState is what a [Tables] knows of Citus: whether its messages
+// table is distributed, read once from the database (see [Tables.Citus]).
+type citusState struct {
+	// known is set once distributed has been read.
+	known atomic.Bool
+	// distributed: the messages table is a distributed table.
+	distributed atomic.Bool
+}
+
+// Citus reports whether the messages table is distributed by Citus,
+// reading it from the catalog on the first call that finds the table
+// (later calls answer from memory: a table is distributed once, by
+// DistributeScript, before the applications that use it start). When the
+// extension is not installed, or the messages table is a plain table, the
+// statements are the single-node ones.
+func (t *Tables) Citus(ctx context.Context, q Querier) (bool, error) {
+	if t.citus.known.Load() {
+		return t.citus.distributed.Load(), nil
+	}
+	var found, distributed bool
+	err := q.QueryRow(ctx, `SELECT pg_catalog.to_regclass($1::text) IS NOT NULL,
+	pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL
+	AND EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')`, t.Messages).Scan(&found, &distributed)
+	if err != nil {
+		return false, err
+	}
+	if distributed {
+		err = q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
+	WHERE logicalrelid = pg_catalog.to_regclass($1::text))`, t.Messages).Scan(&distributed)
+		if err != nil {
+			return false, err
+		}
+	}
+	if found {
+		t.citus.distributed.Store(distributed)
+		t.citus.known.Store(true)
+	}
+	return distributed, nil
+}
+
+// isCitus reports what [Tables.Citus] last read (false before it read).
+func (t *Tables) isCitus() bool { return t.citus.distributed.Load() }
+
+// SetCitus sets what [Tables.Citus] answers, without reading the catalog:
+// for tests of the statements' text.
+func (t *Tables) SetCitus(distributed bool) {
+	t.citus.distributed.Store(distributed)
+	t.citus.known.Store(true)
+}
+
+// DistributeScript returns the script that distributes the tables over
+// a Citus cluster, run on the coordinator by the tables' owner after the
+// migrations: the messages and offsets tables distributed by topic and
+// co-located (a topic's messages and its groups' offsets on one worker),
+// the other tables reference tables (a copy on every node), and the
+// trigger that takes a message's transaction id on its worker. The
+// offsets' topic gets the messages' collation ("C"), which co-location
+// requires. Multi-shard DDL runs sequentially
+// (citus.multi_shard_modify_mode), so that the script runs in one
+// transaction. It may be run again: what is distributed already is left
+// alone. It raises an error when the citus extension is not installed.
+func (t *Tables) DistributeScript() string {
+	trigger := t.partitionName("transaction_id")
+	fn := t.partition("transaction_id")
+	lit := quoteLiteral
+	reference := ""
+	for _, tab := range []string{t.Sessions, t.Topics, t.Retention, t.Delayed, t.Maintenance, t.Version} {
+		reference += `
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = ` + lit(tab) + `::regclass) THEN
+		PERFORM pg_catalog.create_reference_table(` + lit(tab) + `);
+	END IF;`
+	}
+	return doBlock(`BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+		RAISE EXCEPTION 'pglease: the citus extension is not installed in this database: CREATE EXTENSION citus on the coordinator (and every worker) first';
+	END IF;
+	PERFORM pg_catalog.set_config('citus.multi_shard_modify_mode', 'sequential', true);
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = ` + lit(t.Offsets) + `::regclass) THEN
+		EXECUTE ` + lit(`ALTER TABLE `+t.Offsets+` ALTER COLUMN topic TYPE text COLLATE "C"`) + `;
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = ` + lit(t.Messages) + `::regclass) THEN
+		EXECUTE ` + lit(`CREATE OR REPLACE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog AS `+
+		dollarQuote(`BEGIN
+	NEW.transaction_id := pg_catalog.pg_current_xact_id();
+	RETURN NEW;
+END`)) + `;
+		EXECUTE ` + lit(`DROP TRIGGER IF EXISTS `+pgx.Identifier{trigger}.Sanitize()+` ON `+t.Messages) + `;
+		EXECUTE ` + lit(`CREATE TRIGGER `+pgx.Identifier{trigger}.Sanitize()+` BEFORE INSERT ON `+t.Messages+
+		` FOR EACH ROW EXECUTE FUNCTION `+fn+`()`) + `;
+	END IF;` + reference + `
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = ` + lit(t.Messages) + `::regclass) THEN
+		-- The trigger is what takes transaction ids on the workers.
+		PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+		PERFORM pg_catalog.create_distributed_table(` + lit(t.Messages) + `, 'topic');
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = ` + lit(t.Offsets) + `::regclass) THEN
+		PERFORM pg_catalog.create_distributed_table(` + lit(t.Offsets) + `, 'topic', colocate_with => ` + lit(t.Messages) + `);
+	END IF;
+END`)
+}
+
+// onCitus returns s as it runs where the messages table is distributed:
+// each call of pg_notify is cast to text (Citus keeps the result of a
+// common table expression as an intermediate result, which cannot hold
+// pg_notify's type, void). Elsewhere s is returned as it is.
+func (t *Tables) onCitus(s Stmt) Stmt {
+	if t.isCitus() {
+		s.SQL = notifyAsText(s.SQL)
+	}
+	return s
+}
+
+// notifyAsText appends ::text to every call of pg_catalog.pg_notify in
+// sql (the statements of this package: no parenthesis inside their string
+// constants).
+func notifyAsText(sql string) string {
+	const call = "pg_catalog.pg_notify("
+	var b strings.Builder
+	for {
+		i := strings.Index(sql, call)
+		if i < 0 {
+			b.WriteString(sql)
+			return b.String()
+		}
+		depth, j := 0, i+len(call)-1
+		for ; j < len(sql); j++ {
+			if sql[j] == '(' {
+				depth++
+			} else if sql[j] == ')' {
+				depth--
+				if depth == 0 {
+					break
+				}
+			}
+		}
+		b.WriteString(sql[:j+1])
+		b.WriteString("::text")
+		sql = sql[j+1:]
+	}
+}
+
+// citusHereIs is hereIs in a statement that Citus routes to a topic's
+// worker, where here would read the worker's identity, not the
+// coordinator's that the session holds: the parameter is only typed. What
+// such a statement still checks is that the position lies below the
+// worker's transaction counter.
+func citusHereIs(n int) string { return `($` + strconv.Itoa(n) + `::text IS NOT NULL)` }
+
+// ErrCitusConsume is returned by [CreateSession] where the messages table
+// is distributed by Citus: consuming there is not supported yet.
+var ErrCitusConsume = errors.New("pglease: consuming from tables distributed by Citus is not supported yet " +
+	"(publishing is; the claims of a consumer group are not written for Citus yet): see docs/scaling.md")

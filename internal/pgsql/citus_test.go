@@ -1,0 +1,141 @@
+package pgsql
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+func TestNotifyAsText(t *testing.T) {
+	for in, want := range map[string]string{
+		`SELECT 1`: `SELECT 1`,
+		`SELECT pg_catalog.pg_notify($1, 'g' || x) FROM d`:                                               `SELECT pg_catalog.pg_notify($1, 'g' || x)::text FROM d`,
+		`SELECT pg_catalog.pg_notify($2, (a || (b)::text)) UNION ALL SELECT pg_catalog.pg_notify($2, c)`: `SELECT pg_catalog.pg_notify($2, (a || (b)::text))::text UNION ALL SELECT pg_catalog.pg_notify($2, c)::text`,
+	} {
+		if got := notifyAsText(in); got != want {
+			t.Errorf("notifyAsText(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// citusTables returns a pool on the coordinator of the Citus cluster of
+// `make test-citus` and tables in a schema of the test's own, migrated and
+// distributed; without PGLEASE_TEST_CITUS the test is skipped.
+func citusTables(t *testing.T) (*pgxpool.Pool, *Tables) {
+	t.Helper()
+	if os.Getenv("PGLEASE_TEST_CITUS") == "" {
+		t.Skip("needs a Citus cluster: run `make test-citus`")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, os.Getenv("PGLEASE_TEST_DSN"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	schema := "pglease_citus_" + hex.EncodeToString(b)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
+	tables := NewTables(Names{Schema: schema})
+	if err := Migrate(ctx, pool, tables, tables.Migrations()); err != nil {
+		t.Fatal(err)
+	}
+	if citus, err := tables.Citus(ctx, pool); err != nil || citus {
+		t.Fatalf("Citus before the script = %v, %v; want false", citus, err)
+	}
+	for range 2 { // the script may run twice
+		if _, err := pool.Exec(ctx, tables.DistributeScript()); err != nil {
+			t.Fatalf("distribute: %v", err)
+		}
+	}
+	tables = NewTables(Names{Schema: schema})
+	if citus, err := tables.Citus(ctx, pool); err != nil || !citus {
+		t.Fatalf("Citus = %v, %v; want true", citus, err)
+	}
+	return pool, tables
+}
+
+// TestCitusLateCommit: a message whose transaction commits after a later
+// one's is not skipped. Its transaction id is taken on the worker (the
+// trigger of DistributeScript) and SelectMessages, routed to the worker
+// whole, compares it with the worker's snapshot: while m1's transaction
+// runs, m2 is pending; once it commits, both come, m1 first.
+func TestCitusLateCommit(t *testing.T) {
+	pool, tables := citusTables(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const topic = "late"
+	msg := func(uuid string) InsertMessagesParams {
+		return InsertMessagesParams{Topics: []string{topic}, UUIDs: []string{uuid}, Payloads: [][]byte{[]byte(uuid)},
+			Metadata: []string{""}, NotifyChannel: tables.NotifyChannel}
+	}
+	tx1, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx1.Rollback(context.WithoutCancel(ctx)) }()
+	if err := InsertMessages(ctx, tx1, tables, msg("m1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := InsertMessages(ctx, pool, tables, msg("m2")); err != nil {
+		t.Fatal(err)
+	}
+	read := func() SelectResult {
+		t.Helper()
+		res, err := SelectMessages(ctx, pool, tables, SelectMessagesParams{Topic: topic, Limit: 10, Here: "coordinator"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.WentBack || res.Future {
+			t.Fatalf("SelectMessages = %+v", res)
+		}
+		return res
+	}
+	if res := read(); len(res.Messages) != 0 || !res.Pending {
+		t.Fatalf("while m1's transaction runs: %+v, want nothing and pending", res)
+	}
+	if err := tx1.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Until every transaction older than m1's ends on the worker (other
+	// tests, Citus's own), the messages stay pending: read until they
+	// are not.
+	res := read()
+	for deadline := time.Now().Add(30 * time.Second); res.Pending && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		res = read()
+	}
+	var got []string
+	for _, m := range res.Messages {
+		got = append(got, m.UUID)
+	}
+	if len(got) != 2 || got[0] != "m1" || got[1] != "m2" || res.Pending {
+		t.Fatalf("after m1's commit: %v (pending %t), want [m1 m2]", got, res.Pending)
+	}
+	// The next position is m2's: nothing more, nothing pending.
+	after, err := SelectMessages(ctx, pool, tables, SelectMessagesParams{Topic: topic, Limit: 10, Here: "coordinator",
+		After: res.Messages[1].Position})
+	if err != nil || len(after.Messages) != 0 || after.Pending || after.WentBack {
+		t.Fatalf("after m2: %+v, %v", after, err)
+	}
+}
+
+// TestCitusRefusesToConsume: consuming is not supported on Citus yet, and
+// says so rather than retrying statements that Citus refuses.
+func TestCitusRefusesToConsume(t *testing.T) {
+	pool, tables := citusTables(t)
+	_, err := CreateSession(context.Background(), pool, tables, SessionParams{ConsumerGroup: "g", Owner: "t", TTL: time.Second})
+	if !errors.Is(err, ErrCitusConsume) {
+		t.Fatalf("CreateSession = %v, want ErrCitusConsume", err)
+	}
+}
