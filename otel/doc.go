@@ -1,0 +1,2 @@
+// Package otel traces and measures pglease with OpenTelemetry.
+package otel
