@@ -26,6 +26,9 @@ type consumption struct {
 	ctx   context.Context // the message's context, with span
 	start time.Time
 	attrs []attribute.KeyValue // of the process measurements
+	// watched: the span records or process.duration is measured, so
+	// the settlement is worth waiting for.
+	watched bool
 }
 
 // consumptionOf returns the consumption a wrapped Subscriber started for
@@ -71,6 +74,7 @@ func (t *telemetry) startProcess(msg *message.Message, topic string) *consumptio
 	spanCtx, span := t.tracer.Start(parent, operationProcess+" "+topic, opts...)
 	c := &consumption{t: t, span: span, start: time.Now()}
 	measured := t.consumed.Enabled(ctx) || t.processDuration.Enabled(ctx)
+	c.watched = span.IsRecording() || t.processDuration.Enabled(ctx)
 	if span.IsRecording() || measured {
 		attrs := make([]attribute.KeyValue, 0, 12)
 		attrs = append(attrs,

@@ -93,7 +93,9 @@ func (s *Subscriber) forward(ctx context.Context, topic string, in <-chan *messa
 				s.settleLater(ctx, pending, msg)
 			}
 			c := s.t.startProcess(next, topic)
-			pending, msg = c, next
+			if c.watched {
+				pending, msg = c, next
+			}
 			select {
 			case out <- next:
 			case <-ctx.Done():
