@@ -91,7 +91,7 @@ func record(s sdktrace.ReadOnlySpan) spanRecord {
 		r.Links = append(r.Links, linkRecord{l.SpanContext.TraceID().String(), l.SpanContext.SpanID().String()})
 	}
 	for _, a := range s.Attributes() {
-		r.Attributes[string(a.Key)] = a.Value.Emit()
+		r.Attributes[string(a.Key)] = a.Value.String()
 	}
 	for _, e := range s.Events() {
 		r.Events = append(r.Events, e.Name)
@@ -393,7 +393,7 @@ func TestTraceCrossesTheDatabase(t *testing.T) {
 func attrMap(s tracetest.SpanStub) map[string]string {
 	m := map[string]string{}
 	for _, a := range s.Attributes {
-		m[string(a.Key)] = a.Value.Emit()
+		m[string(a.Key)] = a.Value.String()
 	}
 	return m
 }
