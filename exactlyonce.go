@@ -93,6 +93,38 @@ func MessagePositionFromCtx(ctx context.Context) (Position, bool) {
 	return d.pos, true
 }
 
+// MessageDelivery says where a message delivered by a [Subscriber] comes
+// from and under which claim it was delivered, as [MessageDeliveryFromCtx]
+// reports it: for telemetry and logs (the otel module records it on the
+// message's span).
+type MessageDelivery struct {
+	ConsumerGroup string
+	Topic         string
+	Partition     int32
+	Position      Position
+	// SessionID is the consumer session (the Subscriber's row in the
+	// consumer sessions table) that delivered the message.
+	SessionID uuid.UUID
+	// Epoch is the fencing token of the claim of the (group, topic,
+	// partition) row under which the message was delivered: it grows with
+	// every change of owner, so two deliveries of one message with
+	// different epochs were made by different claims.
+	Epoch int64
+}
+
+// MessageDeliveryFromCtx returns where a message delivered by a
+// [Subscriber] comes from and under which claim it was delivered, in one
+// look-up; pass the message's Context. It reports false for a context that
+// is not a delivered message's.
+func MessageDeliveryFromCtx(ctx context.Context) (MessageDelivery, bool) {
+	d, ok := ctx.Value(deliveryKey{}).(*delivery)
+	if !ok {
+		return MessageDelivery{}, false
+	}
+	return MessageDelivery{ConsumerGroup: d.group, Topic: d.topic, Partition: d.partition, Position: d.pos,
+		SessionID: d.sessionID, Epoch: d.epoch}, true
+}
+
 // AckInTx acknowledges msg inside tx: it moves its consumer group's
 // acknowledged position of the message's topic and partition to the
 // message, fenced by the session and epoch that delivered it, as one more

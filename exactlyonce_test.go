@@ -13,6 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
@@ -103,6 +104,15 @@ func TestAckInTxCommitsWithTheTransaction(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 	pos1, ok := pglease.MessagePositionFromCtx(m1.Context())
 	require.True(t, ok)
+	d1, ok := pglease.MessageDeliveryFromCtx(m1.Context())
+	require.True(t, ok)
+	require.Equal(t, pos1, d1.Position)
+	require.Equal(t, "in", d1.Topic)
+	require.Equal(t, "", d1.ConsumerGroup)
+	require.NotEqual(t, uuid.Nil, d1.SessionID)
+	require.Positive(t, d1.Epoch)
+	_, ok = pglease.MessageDeliveryFromCtx(ctx)
+	require.False(t, ok, "not a delivered message's context")
 	require.Equal(t, pos1, ackedOffset(t, pool, adapter, "", "in"), "committed with the transaction, before any Ack")
 
 	// Not acked: Close releases the older position of m0, which must not

@@ -89,6 +89,13 @@ if [[ -d metrics ]]; then
 	(cd metrics && go vet ./... && go test -race -count=1 -timeout 10m ./...)
 fi
 
+# The OpenTelemetry module is a module of its own (the library must not
+# depend on OpenTelemetry); its tests use PGLEASE_TEST_DSN.
+if [[ -d otel ]]; then
+	step "otel: go vet, go test -race"
+	(cd otel && go vet ./... && go test -race -count=1 -timeout 10m ./...)
+fi
+
 # The console of `pglease ui` in a real browser: Debian's chromium,
 # headless, driven by chromedp from a module of its own (the library must
 # not depend on chromedp). install-chromium.sh installs the browser when

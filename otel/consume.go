@@ -1,0 +1,190 @@
+package otel
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// consumptionKey is the context key of the consumption of a delivered
+// message, set by a wrapped Subscriber and found by Middleware.
+type consumptionKey struct{}
+
+// consumption is the span and measurements of one delivery.
+type consumption struct {
+	t     *telemetry
+	span  trace.Span
+	ctx   context.Context // the message's context, with span
+	start time.Time
+	attrs []attribute.KeyValue // of the process measurements
+	// watched: the span records or process.duration is measured, so
+	// the settlement is worth waiting for.
+	watched bool
+}
+
+// consumptionOf returns the consumption a wrapped Subscriber started for
+// the message of ctx.
+func consumptionOf(ctx context.Context) (*consumption, bool) {
+	c, ok := ctx.Value(consumptionKey{}).(*consumption)
+	return c, ok
+}
+
+// consumptionCtx is a message's context with its consumption, in one
+// allocation.
+type consumptionCtx struct {
+	context.Context
+	c *consumption
+}
+
+func (c *consumptionCtx) Value(key any) any {
+	if key == (consumptionKey{}) {
+		return c.c
+	}
+	return c.Context.Value(key)
+}
+
+// startProcess starts the CONSUMER span "process <topic>" of a delivered
+// message, linked to (or, WithProducerAsParent, a child of) the context
+// stored in its metadata, and puts it into the message's context. It
+// counts the message in messaging.client.consumed.messages.
+func (t *telemetry) startProcess(msg *message.Message, topic string) *consumption {
+	ctx := msg.Context()
+	d, fromPglease := pglease.MessageDeliveryFromCtx(ctx)
+	if fromPglease {
+		topic = d.Topic
+	}
+	producer := trace.SpanContextFromContext(t.prop.Extract(context.Background(), metadataCarrier(msg.Metadata)))
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
+	parent := ctx
+	if producer.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
+		if t.parented {
+			parent = trace.ContextWithRemoteSpanContext(ctx, producer)
+		}
+	}
+	spanCtx, span := t.tracer.Start(parent, operationProcess+" "+topic, opts...)
+	c := &consumption{t: t, span: span, start: time.Now()}
+	measured := t.consumed.Enabled(ctx) || t.processDuration.Enabled(ctx)
+	c.watched = span.IsRecording() || t.processDuration.Enabled(ctx)
+	if span.IsRecording() || measured {
+		attrs := make([]attribute.KeyValue, 0, 12)
+		attrs = append(attrs,
+			semconv.MessagingSystemKey.String(System),
+			semconv.MessagingOperationName(operationProcess),
+			semconv.MessagingDestinationName(topic))
+		if fromPglease {
+			attrs = append(attrs,
+				semconv.MessagingConsumerGroupName(d.ConsumerGroup),
+				semconv.MessagingDestinationPartitionID(itoa32(d.Partition)))
+		}
+		c.attrs = attrs
+		if span.IsRecording() {
+			span.SetAttributes(attrs...)
+			span.SetAttributes(semconv.MessagingOperationTypeProcess, semconv.MessagingMessageID(msg.UUID))
+			if fromPglease {
+				span.SetAttributes(
+					semconv.MessagingClientID(d.SessionID.String()),
+					PositionTransactionIDKey.Int64(int64(d.Position.TransactionID)),
+					PositionOffsetKey.Int64(d.Position.Offset),
+					EpochKey.Int64(d.Epoch))
+			}
+			if n, err := strconv.Atoi(msg.Metadata.Get(pglease.DeliveryAttemptMetadata)); err == nil {
+				span.SetAttributes(DeliveryAttemptKey.Int(n))
+			}
+		}
+		if t.consumed.Enabled(ctx) {
+			t.consumed.Add(ctx, 1, metric.WithAttributes(c.attrs...))
+		}
+	}
+	c.ctx = &consumptionCtx{Context: spanCtx, c: c}
+	msg.SetContext(c.ctx)
+	return c
+}
+
+// handlerError records the error a handler returned on the span.
+func (c *consumption) handlerError(err error) {
+	c.span.RecordError(err)
+	c.span.SetStatus(codes.Error, err.Error())
+}
+
+// settle ends the span with the message's outcome: operation "ack" or
+// "nack", or "" when the subscription ended first. It records
+// messaging.process.duration, from delivery to settlement.
+func (c *consumption) settle(operation string) {
+	d := time.Since(c.start)
+	if c.span.IsRecording() {
+		if operation == "" {
+			c.span.AddEvent("unsettled: the subscription ended first")
+		} else {
+			c.span.AddEvent(operation, trace.WithAttributes(semconv.MessagingOperationTypeSettle,
+				semconv.MessagingOperationName(operation)))
+		}
+		if operation == operationNack {
+			c.span.SetStatus(codes.Error, "nacked")
+		}
+	}
+	c.span.End()
+	if c.t.processDuration.Enabled(c.ctx) {
+		attrs := c.attrs
+		if operation != operationAck {
+			attrs = append(attrs[:len(attrs):len(attrs)], semconv.ErrorTypeKey.String(unsettledOr(operation)))
+		}
+		c.t.processDuration.Record(c.ctx, seconds(d), metric.WithAttributes(attrs...))
+	}
+}
+
+func unsettledOr(operation string) string {
+	if operation == "" {
+		return "unsettled"
+	}
+	return operation
+}
+
+// Middleware returns a Router middleware that traces and measures the
+// handler. Behind a Subscriber made by [WrapSubscriber], it records the
+// handler's error on the message's span and nothing more. Behind any
+// other Subscriber it makes the CONSUMER span "process <topic>" itself,
+// linked to the producer's, around the handler (the message's Ack or
+// Nack then comes after the span, and messaging.process.duration is the
+// handler's). Either way, messages the handler returns without a span in
+// their context get the message's span, so that the Router's publishing
+// of them nests under it and carries its context.
+//
+//	router.AddMiddleware(otel.Middleware())
+func Middleware(opts ...Option) message.HandlerMiddleware {
+	t := newTelemetry(opts)
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			c, wrapped := consumptionOf(msg.Context())
+			if !wrapped {
+				c = t.startProcess(msg, message.SubscribeTopicFromCtx(msg.Context()))
+			}
+			produced, err := h(msg)
+			if err != nil {
+				c.handlerError(err)
+			}
+			for _, m := range produced {
+				if m != nil && !trace.SpanContextFromContext(m.Context()).IsValid() {
+					m.SetContext(trace.ContextWithSpan(m.Context(), c.span))
+				}
+			}
+			if !wrapped {
+				if err != nil {
+					c.settle(operationNack)
+				} else {
+					c.settle(operationAck)
+				}
+			}
+			return produced, err
+		}
+	}
+}

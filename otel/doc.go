@@ -1,0 +1,99 @@
+// Package otel traces and measures pglease with OpenTelemetry: one trace
+// from the request that publishes a message, through PostgreSQL, to the
+// handler that consumes it, and the messaging metrics. It is a module of
+// its own (github.com/pglease/watermill-pglease/otel), so that the core
+// module does not depend on OpenTelemetry.
+//
+// It follows the OpenTelemetry messaging semantic conventions of
+// semconv v1.43.0 (go.opentelemetry.io/otel v1.46.0; the messaging
+// conventions are still in development): messaging.system is "pglease".
+//
+// # Wiring
+//
+// Wrap the Publisher and the Subscriber; everything else stays as it is:
+//
+//	otel.SetTextMapPropagator(propagation.TraceContext{}) // once, or otel.WithPropagator
+//	pub := pgleaseotel.WrapPublisher(publisher)
+//	sub := pgleaseotel.WrapSubscriber(subscriber)
+//
+// By default the wrappers take the global TracerProvider, MeterProvider
+// and propagator (read when the wrapper is made); [WithTracerProvider],
+// [WithMeterProvider] and [WithPropagator] set others. The global
+// propagator propagates nothing until one is set: set
+// propagation.TraceContext{} (W3C traceparent and tracestate).
+//
+// # Publishing
+//
+// Each Publish call is a PRODUCER span "send <topic>", a child of the
+// first message's context (msg.SetContext(r.Context()) in an HTTP
+// handler), that lasts as long as the wrapped Publish: for a Publisher
+// on a pool, until the group commit that holds the messages committed.
+// It carries messaging.operation.name and .type "send",
+// messaging.destination.name (the topic), and messaging.message.id (one
+// message) or messaging.batch.message_count (several). The span's
+// context is written into every message's metadata (traceparent,
+// tracestate), so it is stored with the message: it survives a restart,
+// a delay (Watermill's components/delay metadata), a poison queue and a
+// replay (admin.Inspector.Replay). A message that carries a context
+// already keeps it: a consumed message that a handler or the PoisonQueue
+// middleware publishes again stays linked to where it was created.
+//
+// # Consuming
+//
+// Each delivery is a CONSUMER span "process <topic>" with a link to the
+// producer's span, in a trace of its own (the conventions' advice: a
+// message may wait long, be consumed by many groups and be delivered
+// again); [WithProducerAsParent] makes it a child of the producer's span
+// instead. The span is put into the message's context, so the handler's
+// own spans, and those of a pgx pool traced with otelpgx, nest under it.
+// It carries messaging.operation.name and .type "process",
+// messaging.destination.name, messaging.destination.partition.id,
+// messaging.consumer.group.name, messaging.message.id (the UUID),
+// messaging.client.id (the Subscriber's session id), and pglease's
+// pglease.position.transaction_id, pglease.position.offset, pglease.epoch
+// (the claim's fencing token) and pglease.delivery.attempt. The span
+// ends when the message is settled: an event "ack" or "nack" (operation
+// type settle; a Nack sets the status to error), or
+// "unsettled: the subscription ended first".
+//
+// [Middleware] is the Router's side: behind a wrapped Subscriber it
+// records the handler's error on the span; behind any other Subscriber it
+// makes the span itself, around the handler. Either way, messages the
+// handler returns without a span get the message's, so the Router's
+// publishing of them (through a wrapped Publisher) is part of the trace.
+//
+// [TxHandler] is pglease.TxHandler with its transaction in a span
+// "tx_handler <topic>" from BEGIN to COMMIT or ROLLBACK, the handler's
+// statements inside it; [AckInTx] is pglease.AckInTx in a span
+// "ack_in_tx <topic>".
+//
+// # Metrics
+//
+// Of the conventions, with their names, units and advised buckets:
+//
+//	messaging.client.operation.duration  s          send (a Publish call), ack_in_tx, tx_handler
+//	messaging.client.sent.messages       {message}  messages of Publish calls
+//	messaging.client.consumed.messages   {message}  deliveries
+//	messaging.process.duration           s          from delivery to Ack or Nack (error.type "nack"
+//	                                                 or "unsettled"); with Middleware alone, the handler
+//
+// Failed operations carry error.type. [RegisterInspector] adds the gauges
+// the metrics module exports to Prometheus, from the same
+// admin.Inspector queries: pglease.consumer_group.lag,
+// pglease.consumer_group.lag.age, pglease.xmin_horizon.age and
+// pglease.xmin_horizon.age_known.
+//
+// # Cost
+//
+// On no-op providers the wrappers add about 0.5 to 0.9 µs to a Publish
+// call and 1 to 2 µs to a delivery (the Subscriber's wrapper forwards
+// each message through a goroutine of its own), BenchmarkWrapperPublish
+// and BenchmarkWrapperConsume on a shared 2-core machine: 1 to 2 % of a
+// Publish on PostgreSQL (about 50 µs each under the group commit,
+// BenchmarkPublish) and 5 to 10 % of a delivery in a tight loop that
+// does nothing else (16 to 24 µs, BenchmarkConsume). Middleware alone
+// costs no goroutine hop. A Subscriber wrapper on a provider that does
+// not record waits for no settlement.
+//
+//	go test -run '^$' -bench 'Wrapper|Publish|Consume' -count 5 ./otel
+package otel

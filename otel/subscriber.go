@@ -1,0 +1,163 @@
+package otel
+
+import (
+	"context"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// Subscriber is a [message.Subscriber] that traces and measures another
+// one, a *pglease.Subscriber as a rule. Make it with [WrapSubscriber]. It
+// is safe for concurrent use.
+type Subscriber struct {
+	sub message.Subscriber
+	t   *telemetry
+
+	mu      sync.Mutex
+	closed  bool
+	closing chan struct{}
+	wg      sync.WaitGroup // forwarding and settlement goroutines
+}
+
+var (
+	_ message.Subscriber           = (*Subscriber)(nil)
+	_ message.SubscribeInitializer = (*Subscriber)(nil)
+)
+
+// WrapSubscriber returns sub traced and measured: each delivery is a
+// CONSUMER span "process <topic>", linked to the span that published the
+// message (read from the message's metadata) and put into the message's
+// context, so that the handler's spans (and pgx's, with a traced pool)
+// nest under it. The span ends when the message is acked or nacked (an
+// event "ack" or "nack"; a Nack sets the status to error), or when the
+// subscription ends first. With a *pglease.Subscriber it carries the
+// consumer group, the partition, the session (messaging.client.id), the
+// position, the epoch and the delivery attempt.
+//
+// Each subscription is forwarded by one goroutine of the wrapper; a
+// message whose settlement is still awaited when the next one arrives
+// (SubscriberConfig.MaxInFlight above 1) is watched by a goroutine of its
+// own until it is settled or its subscription ends.
+func WrapSubscriber(sub message.Subscriber, opts ...Option) *Subscriber {
+	return &Subscriber{sub: sub, t: newTelemetry(opts), closing: make(chan struct{})}
+}
+
+// Subscribe implements [message.Subscriber]: it subscribes the wrapped
+// Subscriber to topic and forwards its messages, each in its span. The
+// channel is closed when the wrapped one is, or by Close.
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, pglease.ErrSubscriberClosed
+	}
+	in, err := s.sub.Subscribe(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan *message.Message)
+	s.wg.Add(1)
+	go s.forward(ctx, topic, in, out)
+	return out, nil
+}
+
+// forward hands the messages of in out, each in its span, and settles
+// the spans. It watches the last message handed out itself; an earlier
+// one still unsettled when the next arrives gets a goroutine.
+func (s *Subscriber) forward(ctx context.Context, topic string, in <-chan *message.Message, out chan<- *message.Message) {
+	defer s.wg.Done()
+	defer close(out)
+	var (
+		pending *consumption
+		msg     *message.Message
+	)
+	defer func() {
+		if pending != nil {
+			s.settleLater(ctx, pending, msg)
+		}
+	}()
+	for {
+		var acked, nacked <-chan struct{}
+		if pending != nil {
+			acked, nacked = msg.Acked(), msg.Nacked()
+		}
+		select {
+		case next, ok := <-in:
+			if !ok {
+				return
+			}
+			if pending != nil {
+				s.settleLater(ctx, pending, msg)
+			}
+			c := s.t.startProcess(next, topic)
+			if c.watched {
+				pending, msg = c, next
+			}
+			select {
+			case out <- next:
+			case <-ctx.Done():
+				return
+			case <-s.closing:
+				return
+			}
+		case <-acked:
+			pending.settle(operationAck)
+			pending = nil
+		case <-nacked:
+			pending.settle(operationNack)
+			pending = nil
+		case <-ctx.Done():
+			return
+		case <-s.closing:
+			return
+		}
+	}
+}
+
+// settleLater waits for msg's settlement in a goroutine.
+func (s *Subscriber) settleLater(ctx context.Context, c *consumption, msg *message.Message) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		select {
+		case <-msg.Acked():
+			c.settle(operationAck)
+		case <-msg.Nacked():
+			c.settle(operationNack)
+		case <-ctx.Done():
+			c.settle("")
+		case <-s.closing:
+			c.settle("")
+		}
+	}()
+}
+
+// SubscribeInitialize implements [message.SubscribeInitializer]: it
+// calls the wrapped Subscriber's, if it has one.
+func (s *Subscriber) SubscribeInitialize(topic string) error {
+	if si, ok := s.sub.(message.SubscribeInitializer); ok {
+		return si.SubscribeInitialize(topic)
+	}
+	return nil
+}
+
+// Close closes the wrapped Subscriber, ends the spans of messages not
+// settled yet and waits for the wrapper's goroutines. It is idempotent.
+func (s *Subscriber) Close() error {
+	s.mu.Lock()
+	first := !s.closed
+	s.closed = true
+	s.mu.Unlock()
+	err := s.sub.Close()
+	if first {
+		close(s.closing)
+	}
+	s.wg.Wait()
+	return err
+}
+
+// Unwrap returns the wrapped Subscriber (for its Stats, for example).
+func (s *Subscriber) Unwrap() message.Subscriber { return s.sub }
