@@ -313,8 +313,8 @@ func startBouncer(ctx context.Context, bin, dir string, t target, maxConns int, 
 		if d.ListenPort, err = freePort(); err != nil {
 			return nil, err
 		}
-		text, err := renderIni(d)
-		if err != nil {
+		var text []byte
+		if text, err = renderIni(d); err != nil {
 			return nil, err
 		}
 		if err := writeOwned(ini, text, 0o644, acct); err != nil {
