@@ -1,15 +1,37 @@
-# Every target that needs PostgreSQL runs through scripts/localpg.sh, which
-# starts a throwaway local server (or uses PGLEASE_TEST_DSN / DATABASE_URL
-# when set) with a PgBouncer in transaction mode in front of it. See
-# scripts/localpg.sh for the environment it provides.
+# The make targets of pglease; `make help` lists them, docs/development.md
+# says more.
+#
+# A target that needs PostgreSQL runs its command through localpg
+# (internal/cmd/localpg, built into .tmp/bin): a throwaway local server with
+# a PgBouncer in transaction mode in front of it, or the database of
+# PGLEASE_TEST_DSN / DATABASE_URL when one is set. The programs Go does not
+# bring (PostgreSQL, PgBouncer, Chromium, Redis) are installed from Debian's
+# packages by scripts/install-deps.sh, which a target runs only when one it
+# needs is missing.
 
-LOCALPG := scripts/localpg.sh run --
+LOCALPG_BIN := .tmp/bin/localpg
+LOCALPG := $(LOCALPG_BIN) run --
+# $(call DEPS,WHAT...): install-deps.sh WHAT..., when one of them is missing.
+DEPS = $(if $(strip $(1)),@scripts/install-deps.sh --check $(1) || scripts/install-deps.sh $(1))
+# What localpg needs to start a server: nothing when a database is given.
+SERVER_DEPS := $(if $(PGLEASE_TEST_DSN)$(DATABASE_URL),,postgresql pgbouncer)
+# Every Go module of the repository (the go tool's ./... stops at a nested go.mod).
+MODULES := $(sort $(patsubst %/,%,$(dir $(shell find . -name go.mod -not -path "./.git/*" -not -path "*/testdata/*"))))
 
 .DEFAULT_GOAL := test
-.PHONY: test test-citus lint demo stress bench bench-insert fmt pg screenshots
+.PHONY: help unit test test-pgbouncer test-ui lint bench bench-insert demo stress pg screenshots fmt localpg test-citus
 
-## test: gofmt check, go vet, build of _examples, go test -race ./...
-test:
+## help: this list
+help:
+	@sed -n 's/^## //p' $(MAKEFILE_LIST)
+
+## unit: the tests that need no database (go test -short, every module): seconds
+unit:
+	@status=0; for m in $(MODULES); do echo "go test -short ./... ($$m)"; (cd $$m && go test -short ./...) || status=1; done; exit $$status
+
+## test: what CI runs (.ci/run): gofmt, vet, lint, examples, every test with -race, PgBouncer, browser (scripts/check.sh)
+test: localpg
+	$(call DEPS,test)
 	$(LOCALPG) scripts/check.sh
 
 ## test-citus: the tests on a Citus cluster (coordinator + 2 workers, internal/cmd/localcitus); installs Citus from $(CITUS_SRC) when missing (as root)
@@ -19,36 +41,55 @@ test-citus:
 	@[ ! -x "$(CITUS_SRC)/install.sh" ] || $(CITUS_SRC)/install.sh
 	go run ./internal/cmd/localcitus -- go test -race -count=1 -run 'Citus' -timeout 10m . ./internal/pgsql
 
-## lint: golangci-lint over every module (pinned in scripts/lint.sh, installed on first use)
+## test-pgbouncer: the tests through PgBouncer in transaction mode
+test-pgbouncer: localpg
+	$(call DEPS,postgresql pgbouncer)
+	$(LOCALPG) scripts/check.sh pooler pgbouncer
+
+## test-ui: the browser test of `pglease ui` (headless Chromium)
+test-ui: localpg
+	$(call DEPS,$(SERVER_DEPS) chromium)
+	$(LOCALPG) scripts/check.sh ui
+
+## lint: golangci-lint over every module (version pinned in scripts/lint.sh, installed on first use)
 lint:
 	scripts/lint.sh
 
-## demo: run the basic example
-demo:
-	$(LOCALPG) go run ./_examples/basic
-
-## stress: the stress tests (build tag "stress")
-stress:
-	$(LOCALPG) go test -race -count=1 -tags stress -run 'TestStress' -timeout 80m .
-
 ## bench: pglease vs watermill-sql, NATS JetStream and Redis Streams (benchmarks/), writes benchmarks/results.md and .svg; PostgreSQL with fsync on
-bench:
-	scripts/install-redis.sh
+bench: localpg
+	$(call DEPS,$(SERVER_DEPS))
+	-$(call DEPS,redis)
 	LOCALPG_DURABLE=1 $(LOCALPG) sh -c 'cd benchmarks && go run .'
 
 ## bench-insert: what one statement of 100 messages costs the server, per storage shape
-bench-insert:
+bench-insert: localpg
+	$(call DEPS,$(SERVER_DEPS))
 	$(LOCALPG) sh -c 'cd benchmarks && go test -run "^$$" -bench InsertShapes -benchtime 2000x -count 5 .'
 
-## screenshots: the browser test of pglease ui, writing the README's screenshots to docs/img
-screenshots:
-	scripts/install-chromium.sh >/dev/null
+## demo: run _examples/basic (against DATABASE_URL when set, else a throwaway PostgreSQL)
+demo: localpg
+	$(call DEPS,$(SERVER_DEPS))
+	$(LOCALPG) go run ./_examples/basic
+
+## stress: the stress tests (build tag "stress"), about an hour
+stress: localpg
+	$(call DEPS,$(SERVER_DEPS))
+	$(LOCALPG) go test -race -count=1 -tags stress -run 'TestStress' -timeout 80m .
+
+## pg: an interactive $SHELL with a throwaway PostgreSQL and a PgBouncer in front of it (PGLEASE_TEST_DSN, DATABASE_URL, PGLEASE_TEST_PGBOUNCER_DSN set)
+pg: localpg
+	$(call DEPS,$(SERVER_DEPS))
+	$(LOCALPG) sh -c 'echo "PGLEASE_TEST_DSN=$$PGLEASE_TEST_DSN"; echo "PGLEASE_TEST_RESTART_CMD=$$PGLEASE_TEST_RESTART_CMD"; echo "PGLEASE_TEST_PGBOUNCER_DSN=$$PGLEASE_TEST_PGBOUNCER_DSN (log: $$PGLEASE_TEST_PGBOUNCER_LOG)"; echo "exit the shell to stop PostgreSQL and PgBouncer"; exec "$${SHELL:-/bin/bash}"'
+
+## screenshots: the browser test of `pglease ui`, writing the README's screenshots to docs/img
+screenshots: localpg
+	$(call DEPS,$(SERVER_DEPS) chromium)
 	$(LOCALPG) sh -c 'cd cmd/pglease/uitest && PGLEASE_UI_SCREENSHOTS="$$PWD/../../../docs/img" go test -count=1 -run TestConsoleInABrowser ./...'
 
 ## fmt: gofmt -w every Go file of the project
 fmt:
 	@files="$$(scripts/gofiles.sh)"; if [ -n "$$files" ]; then gofmt -l -w $$files; fi
 
-## pg: an interactive $SHELL with a throwaway PostgreSQL and a PgBouncer in front of it (PGLEASE_TEST_DSN, DATABASE_URL, PGLEASE_TEST_PGBOUNCER_DSN set)
-pg:
-	$(LOCALPG) sh -c 'echo "PGLEASE_TEST_DSN=$$PGLEASE_TEST_DSN"; echo "PGLEASE_TEST_RESTART_CMD=$$PGLEASE_TEST_RESTART_CMD"; echo "PGLEASE_TEST_PGBOUNCER_DSN=$$PGLEASE_TEST_PGBOUNCER_DSN (log: $$PGLEASE_TEST_PGBOUNCER_LOG)"; echo "exit the shell to stop PostgreSQL and PgBouncer"; exec "$${SHELL:-/bin/bash}"'
+## localpg: build internal/cmd/localpg into .tmp/bin (every target above that needs PostgreSQL does)
+localpg:
+	@go build -o $(LOCALPG_BIN) ./internal/cmd/localpg

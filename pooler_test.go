@@ -24,7 +24,7 @@ import (
 )
 
 // bouncerDSN is the test database through a PgBouncer in transaction mode
-// (scripts/localpg.sh starts one), with pgx's query mode mode.
+// (localpg, internal/cmd/localpg, starts one), with pgx's query mode mode.
 func bouncerDSN(t testing.TB, mode string) string {
 	t.Helper()
 	pgtest.SkipShort(t)

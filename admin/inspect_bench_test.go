@@ -18,7 +18,7 @@ import (
 // owned by a live session and a lag of a few messages: what a health check
 // or the metrics collector costs when it runs every few seconds.
 //
-//	scripts/localpg.sh run -- go test -run '^$' -bench Inspector -benchtime 5x .
+//	go run ./internal/cmd/localpg run -- go test -run '^$' -bench Inspector -benchtime 5x .
 func BenchmarkInspector(b *testing.B) {
 	topics := 100_000
 	if v := os.Getenv("PGLEASE_BENCH_TOPICS"); v != "" {

@@ -19,7 +19,7 @@ import (
 // the exact-count bound, so estimated), and a page of the message browser
 // on that big topic, from the newest message and from deep inside it.
 //
-//	scripts/localpg.sh run -- go test -run '^$' -bench TopicMessages -benchtime 5x .
+//	go run ./internal/cmd/localpg run -- go test -run '^$' -bench TopicMessages -benchtime 5x .
 func BenchmarkTopicMessages(b *testing.B) {
 	topics := 100_000
 	if v := os.Getenv("PGLEASE_BENCH_TOPICS"); v != "" {

@@ -30,14 +30,14 @@
 // Every schema the program creates is named pglease_bench_* and dropped
 // again. -peers chooses the brokers (default: all); NATS runs embedded in
 // this process, Redis needs a redis-server program (`make bench` installs
-// Debian's with scripts/install-redis.sh; without one, Redis is left out
+// Debian's with scripts/install-deps.sh redis; without one, Redis is left out
 // and the report says so). -quick (or PGLEASE_BENCH_QUICK=1) runs one
 // short round of each workload for development; it writes no files unless
 // -out is given.
 //
 // With -pgbouncer (default: PGLEASE_BENCH_PGBOUNCER_DSN, else
 // PGLEASE_TEST_PGBOUNCER_DSN, which `make bench` sets to the PgBouncer that
-// scripts/localpg.sh starts), the publish and drain workloads also run on
+// localpg (internal/cmd/localpg) starts), the publish and drain workloads also run on
 // pglease with its pool going through that PgBouncer in transaction mode,
 // in the same rounds; the table shows those rows under the direct ones
 // (pgbouncer.go). -pgbouncer= turns them off.

@@ -86,7 +86,7 @@ func (e *env) pgbouncerPool(conns int, pooled *atomic.Int64) (*pgxpool.Pool, err
 // checkPgBouncer connects through PgBouncer to the run's database and
 // returns what is known of it for the report: its version and pool mode,
 // when its admin console answers (the user is an admin or stats user of
-// it, as with scripts/localpg.sh).
+// it, as with localpg, internal/cmd/localpg).
 func checkPgBouncer(ctx context.Context, e *env) (string, error) {
 	pool, err := e.pgbouncerPool(1, new(atomic.Int64))
 	if err != nil {

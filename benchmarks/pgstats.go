@@ -22,7 +22,7 @@ import (
 
 // enableStatements creates the pg_stat_statements extension when it is
 // missing and reports whether its view can be read (the library must be in
-// shared_preload_libraries, as scripts/localpg.sh sets it).
+// shared_preload_libraries, as localpg, internal/cmd/localpg, sets it).
 func enableStatements(ctx context.Context, admin *pgxpool.Pool) (bool, error) {
 	if _, err := admin.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
 		return false, err

@@ -4,8 +4,8 @@ package main
 // Debian's redis-server, which the benchmark starts for each run on
 // 127.0.0.1 and a free port with its files in a temporary directory, AOF
 // on with appendfsync everysec and RDB snapshots off, and stops (SIGTERM,
-// directory removed) when the run ends. scripts/install-redis.sh, which
-// `make bench` runs first, installs redis-server when it is missing.
+// directory removed) when the run ends. scripts/install-deps.sh redis,
+// which `make bench` runs first when it is missing, installs redis-server.
 
 import (
 	"bytes"
@@ -53,7 +53,7 @@ func findRedisServer(path string) (string, error) {
 	if p, err := exec.LookPath("/usr/bin/redis-server"); err == nil {
 		return p, nil
 	}
-	return "", errors.New("no redis-server on PATH or in /usr/bin (scripts/install-redis.sh installs it; `make bench` runs that script)")
+	return "", errors.New("no redis-server on PATH or in /usr/bin (scripts/install-deps.sh redis installs it; `make bench` runs that when it is missing)")
 }
 
 // findRedis finds the redis-server program of the Redis peer (-redis-server)

@@ -7,7 +7,7 @@
 // end it checks that every payment was applied exactly once.
 //
 // It reads the PostgreSQL connection string from DATABASE_URL; run it with
-// `scripts/localpg.sh run -- go run ./_examples/exactlyonce`, which starts
+// `go run ./internal/cmd/localpg run -- go run ./_examples/exactlyonce`, which starts
 // a throwaway local PostgreSQL and sets it.
 package main
 
@@ -40,7 +40,7 @@ func main() {
 func run() error {
 	dsn := os.Getenv("DATABASE_URL")
 	if dsn == "" {
-		return fmt.Errorf("DATABASE_URL is not set (run it through scripts/localpg.sh, which starts a local PostgreSQL)")
+		return fmt.Errorf("DATABASE_URL is not set (run it through `go run ./internal/cmd/localpg run --`, which starts a local PostgreSQL)")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

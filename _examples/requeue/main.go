@@ -10,7 +10,7 @@
 // to a second sooner after its failure than the delay says.)
 //
 // It reads the PostgreSQL connection string from DATABASE_URL; run it with
-// `scripts/localpg.sh run -- go run ./_examples/requeue`, which starts a
+// `go run ./internal/cmd/localpg run -- go run ./_examples/requeue`, which starts a
 // throwaway local PostgreSQL and sets it.
 package main
 
@@ -57,7 +57,7 @@ type attempt struct {
 func run() error {
 	dsn := os.Getenv("DATABASE_URL")
 	if dsn == "" {
-		return fmt.Errorf("DATABASE_URL is not set (run it through scripts/localpg.sh, which starts a local PostgreSQL)")
+		return fmt.Errorf("DATABASE_URL is not set (run it through `go run ./internal/cmd/localpg run --`, which starts a local PostgreSQL)")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

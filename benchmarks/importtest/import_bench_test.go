@@ -19,7 +19,7 @@ import (
 // transactions, JSON payloads of about 60 bytes, one group that
 // acknowledged nothing. Each iteration imports into fresh pglease tables:
 //
-//	scripts/localpg.sh run -- sh -c 'cd benchmarks && go test -run "^$" -bench Import1M -benchtime 1x ./importtest/'
+//	go run ./internal/cmd/localpg run -- sh -c 'cd benchmarks && go test -run "^$" -bench Import1M -benchtime 1x ./importtest/'
 func BenchmarkImport1M(b *testing.B) {
 	total := 1_000_000
 	if v := os.Getenv("PGLEASE_IMPORT_MESSAGES"); v != "" {

@@ -1,7 +1,8 @@
 // Package importtest checks wmsqlimport.Run against the real
 // watermill-sql v4 (its pgx adapter), which only the benchmarks module may
-// depend on. The tests need PostgreSQL: PGLEASE_TEST_DSN, as `make test`
-// (scripts/localpg.sh) provides it.
+// depend on. The tests need PostgreSQL, found as the library's tests find
+// it (internal/pgtest: PGLEASE_TEST_DSN, which `make test` sets, else a
+// Docker engine); under -short they skip.
 package importtest
 
 import (
@@ -26,6 +27,7 @@ import (
 
 	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/admin"
+	"github.com/pglease/watermill-pglease/internal/pgtest"
 	"github.com/pglease/watermill-pglease/wmsqlimport"
 )
 
@@ -42,13 +44,17 @@ type env struct {
 	adapter pglease.Tables
 }
 
+// testDSN is the database of the tests (see TestMain).
+var testDSN string
+
+func TestMain(m *testing.M) {
+	os.Exit(pgtest.Main(m, "benchmarks/importtest", func(dsn string) { testDSN = dsn }))
+}
+
 func dsn(t testing.TB) string {
 	t.Helper()
-	d := os.Getenv("PGLEASE_TEST_DSN")
-	if d == "" {
-		t.Fatal("no database: set PGLEASE_TEST_DSN, or run `make test`, which starts a throwaway PostgreSQL (scripts/localpg.sh)")
-	}
-	return d
+	pgtest.SkipShort(t)
+	return testDSN
 }
 
 func newEnv(t testing.TB) *env {

@@ -82,11 +82,13 @@ func TestCommandsPrintNoControlSequences(t *testing.T) {
 	blocker, err := pgx.Connect(ctx, testDSN)
 	require.NoError(t, err)
 	defer blocker.Close(ctx)
-	var pid int
-	require.NoError(t, blocker.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
 	tx, err := blocker.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
+	// In the transaction: through PgBouncer in transaction mode, a
+	// statement outside it may run on another server connection.
+	var pid int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
 	_, err = tx.Exec(ctx, "SELECT pg_current_xact_id() /* "+evil+" */")
 	require.NoError(t, err)
 	waitFor(t, 10*time.Second, "the blocker to hold the horizon", func() bool {

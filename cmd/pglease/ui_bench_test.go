@@ -25,7 +25,7 @@ import (
 // per --sample-every (at least 5 times its own duration apart); Cold is
 // the page before any sample, which reads the lag itself.
 //
-//	scripts/localpg.sh run -- go test -run '^$' -bench UIOverview -benchtime 5x ./cmd/pglease
+//	go run ./internal/cmd/localpg run -- go test -run '^$' -bench UIOverview -benchtime 5x ./cmd/pglease
 func BenchmarkUIOverview(b *testing.B) {
 	rows := 100_000
 	if v := os.Getenv("PGLEASE_BENCH_ROWS"); v != "" {

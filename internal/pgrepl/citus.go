@@ -75,9 +75,9 @@ func StartCitus(ctx context.Context, opts CitusOptions) (_ *Citus, err error) {
 	if opts.Timeout < 0 {
 		return nil, fmt.Errorf("pgrepl: CitusOptions.Timeout must not be negative, got %s", opts.Timeout)
 	}
-	bindir := findBindir()
-	if bindir == "" {
-		return nil, ErrNoServer
+	bindir, err := FindBindir()
+	if err != nil {
+		return nil, err
 	}
 	if !CitusInstalled() {
 		return nil, ErrNoCitus
@@ -190,11 +190,11 @@ func (x *Citus) Close() error { return x.c.Close() }
 // CitusInstalled reports whether the Citus extension is installed for the
 // server programs [StartCitus] would use.
 func CitusInstalled() bool {
-	bindir := findBindir()
-	if bindir == "" {
+	bindir, err := FindBindir()
+	if err != nil {
 		return false
 	}
-	_, err := os.Stat(filepath.Join(filepath.Dir(bindir), "lib", "citus.so"))
+	_, err = os.Stat(filepath.Join(filepath.Dir(bindir), "lib", "citus.so"))
 	return err == nil
 }
 

@@ -1,7 +1,9 @@
-// Package pgrepl starts a PostgreSQL primary and a streaming-replication
-// standby for tests of what happens across a failover.
+// Package pgrepl starts throwaway PostgreSQL servers: a primary and a
+// streaming-replication standby for tests of what happens across a
+// failover, or a single server ([StartSingle]) for the local test database
+// of internal/cmd/localpg.
 //
-// It is meant for test code only. [Start] runs initdb for a primary, starts
+// It is meant for tests and development tools only. [Start] runs initdb for a primary, starts
 // it, copies it with pg_basebackup (-R -X stream, through a physical
 // replication slot so that the standby never misses WAL), starts the copy
 // as a hot standby and waits until the primary shows it streaming (and,
@@ -10,6 +12,10 @@
 // primary ([Node.Kill]), promotes the standby ([Node.Promote]) and checks
 // what its clients, connected through [Cluster.MultiHostDSN], see.
 // [Cluster.Close] stops both servers and removes their files.
+//
+// [StartSingle] runs initdb and starts the primary only: a cluster of one
+// server, [Cluster.Standby] nil, which [Node.Restart] restarts on the same
+// port (what a test of reconnection wants) and [Options.Settings] tunes.
 //
 // Both servers listen on 127.0.0.1 only, on free ports, with trust
 // authentication for the user postgres; their files live in a temporary
@@ -55,10 +61,15 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// ErrNoServer is returned by [Start] when no PostgreSQL server programs
-// (initdb, pg_ctl, postgres, pg_basebackup) are found.
+// ErrNoServer is returned by [Start], [StartSingle] and [FindBindir] when
+// no PostgreSQL server programs (initdb, pg_ctl, postgres, pg_basebackup)
+// are found.
 var ErrNoServer = errors.New("pgrepl: no PostgreSQL server programs found (initdb, pg_ctl, postgres, pg_basebackup): " +
-	"install PostgreSQL (Debian: apt-get install postgresql) or run the tests through `make test`")
+	"install PostgreSQL (scripts/install-deps.sh postgresql does, on Debian and Ubuntu; `make test` runs it when needed)")
+
+// errNoStandby is what the methods about replication return in a cluster
+// of [StartSingle].
+var errNoStandby = errors.New("pgrepl: the cluster has no standby (StartSingle)")
 
 const (
 	// DefaultStandbyName is the standby's application_name when
@@ -116,8 +127,13 @@ type Options struct {
 
 	// Settings are more server settings, appended to the postgresql.conf
 	// of both servers (the standby's is a copy of the primary's), e.g.
-	// {"wal_sender_timeout": "5s"}. Values are quoted.
+	// {"wal_sender_timeout": "5s"}, after pgrepl's own, which they
+	// override (the last setting of a name wins). Values are quoted.
 	Settings map[string]string
+
+	// Bindir is the directory of the server programs. Default
+	// [FindBindir]'s.
+	Bindir string
 
 	// Logf, when set, receives a line for each step with how long it took
 	// (pass t.Logf).
@@ -130,7 +146,7 @@ type Cluster struct {
 	// Primary is the server that was the primary at Start.
 	Primary *Node
 	// Standby is the server that was the standby at Start; after
-	// [Node.Promote] it is the primary.
+	// [Node.Promote] it is the primary. Nil in a cluster of [StartSingle].
 	Standby *Node
 
 	opts   Options
@@ -190,7 +206,24 @@ func (p *process) running() bool {
 // once the primary shows the standby streaming (as its synchronous standby
 // with opts.Synchronous). On error everything it started is stopped and its
 // files removed. Call [Cluster.Close] when done, also when the test fails.
-func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	return start(ctx, opts, true)
+}
+
+// StartSingle runs initdb and starts one server, the cluster's Primary,
+// with no standby ([Cluster.Standby] is nil; opts.Synchronous must be
+// false), and returns once it accepts connections. The server is
+// configured as [Start]'s primary, then with opts.Settings. On error
+// everything it started is stopped and its files removed. Call
+// [Cluster.Close] when done.
+func StartSingle(ctx context.Context, opts Options) (*Cluster, error) {
+	if opts.Synchronous {
+		return nil, errors.New("pgrepl: StartSingle: Options.Synchronous needs a standby")
+	}
+	return start(ctx, opts, false)
+}
+
+func start(ctx context.Context, opts Options, withStandby bool) (_ *Cluster, err error) {
 	if opts.StandbyName == "" {
 		opts.StandbyName = DefaultStandbyName
 	}
@@ -203,9 +236,13 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if strings.ContainsAny(opts.StandbyName, "' \\\"") {
 		return nil, fmt.Errorf("pgrepl: Options.StandbyName %q must not contain quotes, backslashes or spaces", opts.StandbyName)
 	}
-	bindir := findBindir()
+	bindir := opts.Bindir
 	if bindir == "" {
-		return nil, ErrNoServer
+		if bindir, err = FindBindir(); err != nil {
+			return nil, err
+		}
+	} else if !haveServerBins(bindir) {
+		return nil, fmt.Errorf("pgrepl: Options.Bindir %s: %w", bindir, ErrNoServer)
 	}
 
 	c := &Cluster{opts: opts, bindir: bindir, uid: -1, gid: -1, id: "pgrepl-" + randomID()}
@@ -247,7 +284,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 
 	c.Primary = c.newNode("primary")
-	c.Standby = c.newNode("standby")
+	if withStandby {
+		c.Standby = c.newNode("standby")
+	}
 
 	began := time.Now()
 	if err := c.initPrimary(ctx); err != nil {
@@ -260,6 +299,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 	c.logf("pgrepl: primary started on port %d in %s", c.Primary.Port(), since(step))
+	if !withStandby {
+		return c, nil
+	}
 
 	step = time.Now()
 	if err := c.Primary.exec(ctx, "SELECT pg_create_physical_replication_slot($1, true)", slotName); err != nil {
@@ -300,11 +342,19 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 // directories and logs; Close removes it.
 func (c *Cluster) Dir() string { return c.dir }
 
+// Bindir returns the directory of the server programs the cluster runs.
+func (c *Cluster) Bindir() string { return c.bindir }
+
 // MultiHostDSN returns a URL with both servers, in Start's order, and
 // target_session_attrs=read-write: pgx connects to whichever of them is
 // the primary at the time (it tries them in order, and skips the one that
-// is down or read-only).
+// is down or read-only). Without a standby ([StartSingle]) it names the
+// primary only.
 func (c *Cluster) MultiHostDSN() string {
+	if c.Standby == nil {
+		return fmt.Sprintf("postgres://%s@127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
+			superuser, c.Primary.Port())
+	}
 	return fmt.Sprintf("postgres://%s@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
 		superuser, c.Primary.Port(), c.Standby.Port())
 }
@@ -313,6 +363,9 @@ func (c *Cluster) MultiHostDSN() string {
 // standby in state 'streaming' and, with [Options.Synchronous], with
 // sync_state 'sync'.
 func (c *Cluster) WaitStreaming(ctx context.Context) error {
+	if c.Standby == nil {
+		return errNoStandby
+	}
 	want := "streaming"
 	if c.opts.Synchronous {
 		want = "streaming/sync"
@@ -341,6 +394,9 @@ func (c *Cluster) WaitStreaming(ctx context.Context) error {
 // WaitCaughtUp waits until the standby has replayed everything the primary
 // has written so far (its current WAL position).
 func (c *Cluster) WaitCaughtUp(ctx context.Context) error {
+	if c.Standby == nil {
+		return errNoStandby
+	}
 	lsn, err := c.Primary.CurrentLSN(ctx)
 	if err != nil {
 		return err
@@ -494,6 +550,31 @@ func (n *Node) Stop() error {
 		n.logFile = nil
 	}
 	return err
+}
+
+// Restart stops the server as [Node.Stop] does and starts it again on
+// the same port, with the same data directory and settings, and returns
+// once it accepts connections: what `pg_ctl restart -m fast` does, for a
+// postmaster that is a child of this process. Clients lose their
+// connections and reconnect to the same address. A server that does not
+// run is started.
+func (n *Node) Restart(ctx context.Context) error {
+	began := time.Now()
+	port := n.Port()
+	if port == 0 {
+		return fmt.Errorf("pgrepl: %s: Restart: never started", n.name)
+	}
+	if err := n.Stop(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.c.opts.Timeout)
+	defer cancel()
+	// The log goes on: what the server said before the restart stays.
+	if err := n.startOnLog(ctx, port, os.O_APPEND); err != nil {
+		return err
+	}
+	n.c.logf("pgrepl: %s restarted on port %d in %s", n.name, port, since(began))
+	return nil
 }
 
 // waitExitLocked waits up to d for the postmaster to exit.
@@ -772,7 +853,7 @@ func (c *Cluster) initPrimary(ctx context.Context) error {
 // is, looks like. [Cluster.Close] stops it and removes its files.
 func (n *Node) Copy(ctx context.Context, name string) (*Node, error) {
 	c := n.c
-	if strings.ContainsAny(name, "/ ") || name == "" || name == c.Primary.name || name == c.Standby.name {
+	if strings.ContainsAny(name, "/ ") || name == "" || name == c.Primary.name || name == "standby" {
 		return nil, fmt.Errorf("pgrepl: Copy: invalid name %q", name)
 	}
 	cp := c.newNode(name)
@@ -844,6 +925,12 @@ func (n *Node) start(ctx context.Context) error {
 }
 
 func (n *Node) startOn(ctx context.Context, port int) error {
+	return n.startOnLog(ctx, port, os.O_TRUNC)
+}
+
+// startOnLog starts the server on port, its log opened with logFlag
+// (os.O_TRUNC, or os.O_APPEND to keep what the log has).
+func (n *Node) startOnLog(ctx context.Context, port, logFlag int) error {
 	n.mu.Lock()
 	if n.runningLocked() {
 		n.mu.Unlock()
@@ -852,7 +939,7 @@ func (n *Node) startOn(ctx context.Context, port int) error {
 	if n.logFile != nil {
 		_ = n.logFile.Close()
 	}
-	f, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	f, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|logFlag, 0o644)
 	if err != nil {
 		n.mu.Unlock()
 		return fmt.Errorf("pgrepl: %s: %w", n.name, err)
@@ -1046,29 +1133,31 @@ func haveServerBins(dir string) bool {
 	return true
 }
 
-// findBindir returns the directory of the server programs, found as
-// scripts/localpg.sh finds them, or "".
-func findBindir() string {
+// FindBindir returns the directory of the PostgreSQL server programs: that
+// of `pg_config --bindir`, else the newest /usr/lib/postgresql/*/bin
+// (Debian's layout), else that of initdb on PATH; [ErrNoServer] when none
+// has them all.
+func FindBindir() (string, error) {
 	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
 		if d := strings.TrimSpace(string(out)); haveServerBins(d) {
-			return d
+			return d, nil
 		}
 	}
 	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
 	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) < versionOf(dirs[j]) })
 	for i := len(dirs) - 1; i >= 0; i-- {
 		if haveServerBins(dirs[i]) {
-			return dirs[i]
+			return dirs[i], nil
 		}
 	}
 	if p, err := exec.LookPath("initdb"); err == nil {
 		if r, err := filepath.EvalSymlinks(p); err == nil {
 			if d := filepath.Dir(r); haveServerBins(d) {
-				return d
+				return d, nil
 			}
 		}
 	}
-	return ""
+	return "", ErrNoServer
 }
 
 // versionOf returns the major version of /usr/lib/postgresql/VERSION/bin.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -339,16 +340,87 @@ func TestParseLSN(t *testing.T) {
 	}
 }
 
+// TestSingleServerRestartsOnItsPort: StartSingle starts one server with
+// the given settings and no standby; Restart brings it back on the same
+// port, as a new postmaster, with what was committed; Close leaves nothing.
+func TestSingleServerRestartsOnItsPort(t *testing.T) {
+	pgtest.SkipShort(t) // runs PostgreSQL's programs
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := pgrepl.StartSingle(ctx, pgrepl.Options{Logf: t.Logf, Settings: map[string]string{"max_connections": "42"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	if c.Standby != nil {
+		t.Fatalf("Standby = %v, want nil", c.Standby)
+	}
+	if err := c.WaitStreaming(ctx); err == nil {
+		t.Fatal("WaitStreaming without a standby = nil, want an error")
+	}
+	conn := connect(ctx, t, c.Primary.DSN())
+	var maxConns string
+	if err := conn.QueryRow(ctx, "SHOW max_connections").Scan(&maxConns); err != nil || maxConns != "42" {
+		t.Fatalf("max_connections = %q, %v, want 42 (Options.Settings)", maxConns, err)
+	}
+	exec(ctx, t, conn, "CREATE TABLE t (id int PRIMARY KEY)")
+	exec(ctx, t, conn, "INSERT INTO t VALUES (1)")
+	var before time.Time
+	if err := conn.QueryRow(ctx, "SELECT pg_postmaster_start_time()").Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	port := c.Primary.Port()
+
+	if err := c.Primary.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Primary.Port(); got != port {
+		t.Fatalf("port after Restart = %d, want %d", got, port)
+	}
+	if _, err := conn.Exec(ctx, "SELECT 1"); err == nil {
+		t.Fatal("a connection from before the restart still works, want it closed")
+	}
+	after := connect(ctx, t, c.Primary.DSN())
+	var started time.Time
+	if err := after.QueryRow(ctx, "SELECT pg_postmaster_start_time()").Scan(&started); err != nil {
+		t.Fatal(err)
+	}
+	if !started.After(before) {
+		t.Fatalf("postmaster start time %v after Restart, want later than %v", started, before)
+	}
+	if got := ids(ctx, t, c.Primary.DSN()); !equal(got, []int{1}) {
+		t.Fatalf("after Restart: %v, want [1]", got)
+	}
+	if log := c.Primary.Log(1000); !strings.Contains(log, "received fast shutdown request") {
+		t.Errorf("the log after Restart lost what came before it:\n%s", log)
+	}
+
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if pids, err := c.Primary.Processes(); err != nil || len(pids) > 0 {
+		t.Errorf("processes after Close: %v, %v", pids, err)
+	}
+	if _, err := os.Stat(c.Dir()); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("directory %s still there (stat: %v)", c.Dir(), err)
+	}
+}
+
 func TestStartRejectsBadOptions(t *testing.T) {
 	ctx := context.Background()
 	for _, opts := range []pgrepl.Options{
 		{Timeout: -time.Second},
 		{StandbyName: "it's"},
+		{Bindir: "/nonexistent"},
 	} {
 		if c, err := pgrepl.Start(ctx, opts); err == nil {
 			_ = c.Close()
 			t.Errorf("Start(%+v) = nil error", opts)
 		}
+	}
+	if c, err := pgrepl.StartSingle(ctx, pgrepl.Options{Synchronous: true}); err == nil {
+		_ = c.Close()
+		t.Error("StartSingle(Synchronous) = nil error")
 	}
 }
 

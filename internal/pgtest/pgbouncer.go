@@ -16,7 +16,7 @@ import (
 
 // EnvPgBouncerDSN names the environment variable that holds the URL of the
 // database of [EnvDSN], with the same user, through a PgBouncer in
-// transaction mode (sslmode=disable). scripts/localpg.sh sets it.
+// transaction mode (sslmode=disable). localpg (internal/cmd/localpg) sets it.
 const EnvPgBouncerDSN = "PGLEASE_TEST_PGBOUNCER_DSN"
 
 // EnvPgBouncerPidFile names the environment variable that holds the path
@@ -36,7 +36,7 @@ const (
 
 // PgBouncerDSN returns the URL of the test database through a PgBouncer in
 // transaction mode: the value of PGLEASE_TEST_PGBOUNCER_DSN, or an error
-// that says to run the tests through `make test` (scripts/localpg.sh),
+// that says to run the tests through `make test` (localpg, internal/cmd/localpg),
 // which starts one. Callers fail the test on that error; they do not skip.
 //
 // The URL has no pgx settings: add default_query_exec_mode=exec (or
@@ -47,7 +47,7 @@ func PgBouncerDSN() (string, error) {
 		return dsn, nil
 	}
 	return "", fmt.Errorf("pgtest: no PgBouncer for tests: %s is not set; run the tests "+
-		"through `make test` (or `scripts/localpg.sh run -- go test ...`), which starts a "+
+		"through `make test` (or `go run ./internal/cmd/localpg run -- go test ...`), which starts a "+
 		"PgBouncer in transaction mode in front of the test PostgreSQL "+
 		"(if it could not, its output says why)", EnvPgBouncerDSN)
 }

@@ -23,7 +23,7 @@ func TestPgBouncerDSNFromEnv(t *testing.T) {
 		wantErr []string
 	}{
 		{name: "set", env: "postgres://u@127.0.0.1:6432/db?sslmode=disable", want: "postgres://u@127.0.0.1:6432/db?sslmode=disable"},
-		{name: "unset", env: "", wantErr: []string{pgtest.EnvPgBouncerDSN, "make test", "scripts/localpg.sh"}},
+		{name: "unset", env: "", wantErr: []string{pgtest.EnvPgBouncerDSN, "make test", "internal/cmd/localpg"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -77,7 +77,7 @@ func TestPgBouncerAlive(t *testing.T) {
 		t.Logf("%s is not set (a PgBouncer of the caller's own): its pool mode is not checked", pgtest.EnvPgBouncerPidFile)
 		return
 	}
-	// scripts/localpg.sh makes the user an admin of its PgBouncer, whose
+	// localpg makes the user an admin of its PgBouncer, whose
 	// console (database "pgbouncer") speaks the simple protocol only.
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {

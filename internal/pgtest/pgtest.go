@@ -7,7 +7,7 @@
 // Where the database comes from, in order:
 //
 //  1. The environment variable PGLEASE_TEST_DSN, when it is not empty.
-//     `make test` (scripts/localpg.sh) sets it to a throwaway local server,
+//     `make test` (localpg, internal/cmd/localpg) sets it to a throwaway local server,
 //     together with PGLEASE_TEST_RESTART_CMD.
 //  2. A Docker engine, when one answers (DOCKER_HOST, else
 //     /var/run/docker.sock, answers GET /_ping): a single postgres:15-alpine
@@ -25,7 +25,7 @@
 // Tests that run pglease behind a transaction pooler call [PgBouncerDSN]
 // for the URL of the same database through PgBouncer in transaction mode,
 // and [PgBouncerAlive] at the end to check that PgBouncer survived them.
-// Only `make test` (scripts/localpg.sh) provides one, in
+// Only `make test` (localpg, internal/cmd/localpg) provides one, in
 // PGLEASE_TEST_PGBOUNCER_DSN with PGLEASE_TEST_PGBOUNCER_PIDFILE and
 // PGLEASE_TEST_PGBOUNCER_LOG; no container is started for it, and without
 // it [PgBouncerDSN] returns an error that says so: such tests fail rather

@@ -20,8 +20,8 @@ func TestMain(m *testing.M) {
 }
 
 func TestRestartCommandFromEnv(t *testing.T) {
-	t.Setenv(pgtest.EnvRestartCmd, "  /abs/localpg.sh restart\t/tmp/x/data ")
-	want := []string{"/abs/localpg.sh", "restart", "/tmp/x/data"}
+	t.Setenv(pgtest.EnvRestartCmd, "  /abs/localpg restart\t/tmp/x/data ")
+	want := []string{"/abs/localpg", "restart", "/tmp/x/data"}
 	if got := pgtest.RestartCommand(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("RestartCommand() = %q, want %q", got, want)
 	}

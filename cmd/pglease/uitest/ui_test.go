@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -28,39 +27,38 @@ import (
 
 	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/admin"
+	"github.com/pglease/watermill-pglease/internal/pgtest"
 )
 
 const token = "uitest-write-token-0123456789"
 
 var testDSN string
 
+// TestMain finds the database as the library's tests do (internal/pgtest:
+// PGLEASE_TEST_DSN, else a Docker engine, else the tests fail saying so);
+// under -short the tests skip. `make test-ui` runs them with a throwaway
+// PostgreSQL: go run ./internal/cmd/localpg run -- sh -c 'cd cmd/pglease/uitest && go test ./...'
+// from the repository's root does the same.
 func TestMain(m *testing.M) {
-	testDSN = os.Getenv("PGLEASE_TEST_DSN")
-	if testDSN == "" {
-		fmt.Fprintln(os.Stderr, "uitest: PGLEASE_TEST_DSN is not set. The browser tests need PostgreSQL: run make test, "+
-			"or scripts/localpg.sh run -- sh -c 'cd cmd/pglease/uitest && go test ./...'")
-		os.Exit(1)
-	}
-	os.Exit(m.Run())
+	os.Exit(pgtest.Main(m, "uitest", func(dsn string) { testDSN = dsn }))
 }
 
-// root is the repository's root directory.
-func root(t *testing.T) string {
-	t.Helper()
-	dir, err := filepath.Abs("../../..")
-	require.NoError(t, err)
-	return dir
-}
-
-// chromium returns the browser's path, installing it when missing.
+// chromium returns the browser's path: PGLEASE_CHROMIUM, else chromium
+// or chromium-browser on PATH. Without one the test fails, naming
+// scripts/install-deps.sh, which installs it (`make test` runs it when
+// the browser is missing).
 func chromium(t *testing.T) string {
 	t.Helper()
-	var stderr bytes.Buffer
-	cmd := exec.Command(filepath.Join(root(t), "scripts", "install-chromium.sh"))
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	require.NoError(t, err, "scripts/install-chromium.sh: %s", stderr.String())
-	return strings.TrimSpace(string(out))
+	if p := os.Getenv("PGLEASE_CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Fatal("no Chromium: scripts/install-deps.sh chromium installs Debian's, or set PGLEASE_CHROMIUM to a Chromium or Chrome")
+	return ""
 }
 
 // buildPglease builds the pglease command into a temporary directory.
@@ -212,6 +210,7 @@ func postWithoutToken(t *testing.T, ctx context.Context) (status float64, body s
 // replays a poisoned message, which a running Subscriber of its original
 // topic receives; a held xmin horizon shows the red banner.
 func TestConsoleInABrowser(t *testing.T) {
+	pgtest.SkipShort(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, testDSN)
 	require.NoError(t, err)
