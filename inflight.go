@@ -5,16 +5,37 @@ package pglease
 // reaches. A pure type: the consumer (ownWindow) feeds it reads, hand-outs,
 // Acks and Nacks, and commits the prefix it reports.
 
-import "time"
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// windowCapOf is the most messages an in-flight window holds: a batch, or
+// four times MaxInFlight, so that while every key in flight has more
+// messages waiting, messages of other keys are read to go out beside them.
+func windowCapOf(batchSize, maxInFlight int) int {
+	return max(batchSize, 4*maxInFlight)
+}
+
+// partitionKeyOf is the default OrderingKey: the PartitionKeyMetadata
+// metadata.
+func partitionKeyOf(msg *message.Message) string {
+	return msg.Metadata.Get(PartitionKeyMetadata)
+}
 
 // windowState is where a message of the window is.
 type windowState uint8
 
 const (
-	windowReady windowState = iota // read, never handed out yet
-	windowOut                      // handed out, its handler holds it
-	windowNacked                   // nacked, out again once due
-	windowAcked                    // acknowledged, above an earlier one that is not
+	windowReady  windowState = iota // read, never handed out yet
+	windowOut                       // handed out, its handler holds it
+	windowNacked                    // nacked, out again once due
+	windowAcked                     // acknowledged, above an earlier one that is not
 )
 
 // windowEntry is one message of the window.
@@ -35,8 +56,6 @@ type windowEntry struct {
 	// earlier message (of its key, or any, for a keyless one); zero when
 	// it is not (head-of-line wait).
 	blockedSince time.Time
-	// delivered is the delivery handed out, set by the consumer.
-	delivered any
 }
 
 // inflightWindow is the messages of a claim from the first one not
@@ -184,4 +203,287 @@ func (w *inflightWindow) settle(e *windowEntry) {
 	if e.state == windowOut {
 		w.out--
 	}
+}
+
+// windowEvent is the Ack or Nack of a message handed out by ownWindow.
+type windowEvent struct {
+	e     *windowEntry
+	acked bool
+}
+
+// windowDelivery is a message of the window that its handler holds.
+type windowDelivery struct {
+	msg    *message.Message
+	cancel context.CancelFunc
+}
+
+// ownWindow is own for MaxInFlight above 1: it reads messages into an
+// in-flight window (at most windowCap) and hands out what the window
+// allows (inflightWindow.next) while it waits for Acks and Nacks, and
+// commits the contiguous acknowledged prefix as own commits each Ack.
+// Acks above the prefix live and die with the call: a lost claim drops
+// them. Asked for the row back, it hands nothing more out and yields once
+// every message out is acked or nacked; a subscription that ends or a
+// claim that is lost end it at once (the contexts of the messages out are
+// cancelled).
+func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcome) {
+	s := c.settings
+	w := newInflightWindow(s.maxInFlight)
+	retry := newBackoff(s.retryFirst, maxRetryBackoff)
+	pending := newPendingPoll(s.slowPoll)
+	// Each message out has a goroutine that reports its Ack or Nack
+	// (never blocking: at most maxInFlight are out).
+	events := make(chan windowEvent, s.maxInFlight)
+	done := make(chan struct{})
+	var watchers sync.WaitGroup
+	out := map[*windowEntry]windowDelivery{}
+	var offer *windowEntry // the next message to go out, built as offerMsg
+	var offerMsg *message.Message
+	var offerCancel context.CancelFunc
+	defer func() {
+		close(done)
+		watchers.Wait()
+		for _, d := range out {
+			d.cancel()
+		}
+		if offerCancel != nil {
+			offerCancel()
+		}
+		c.stats.inFlight.Add(-int64(len(out)))
+		c.budget.giveBack(&c.lease, c.lease.n)
+		c.hub.clearIdle(c)
+		c.idle.Store(false)
+	}()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	// timerRead: the timer is a re-read (after an error or while rows are
+	// held back), not a Nack coming due.
+	timerRead := false
+	setTimer := func(d time.Duration, read bool) {
+		timer.Stop()
+		select {
+		case <-timer.C:
+		default:
+		}
+		timer.Reset(d)
+		timerRead = read
+	}
+	after := cl.acked // the last message read
+	head := true      // the first message, after cl.acked, not counted yet
+	readDue := hasNext
+	// news: the consumer waits for news of the partition (the wake hub's
+	// idle list) before it reads again.
+	news := !hasNext
+	if news {
+		c.hub.setIdle(c, after)
+	}
+	settle := func(ev windowEvent) outcome {
+		d := out[ev.e]
+		delete(out, ev.e)
+		d.cancel()
+		c.stats.inFlight.Add(-1)
+		if !ev.acked {
+			c.stats.nacked.Add(1)
+			w.nack(ev.e, time.Now().Add(s.nackResendDelay))
+			return proceed
+		}
+		c.stats.acked.Add(1)
+		return c.windowAcked(g, cl, w, ev.e)
+	}
+	for {
+		if c.ctx.Err() != nil {
+			return c.windowStopped(events, out, settle)
+		}
+		if g.isLost() {
+			c.logger.Info("Session lost, topic delivery stopped", watermill.LogFields{
+				"epoch": cl.epoch, "session_id": cl.sessionID.String()})
+			return lost
+		}
+		yielding := c.yielding()
+		if yielding && len(out) == 0 {
+			return yielded
+		}
+		if news && w.len() == 0 {
+			// Everything read is acknowledged: commit before waiting.
+			c.idle.Store(true)
+			if res := c.flush(g, cl); res != proceed {
+				return res
+			}
+		}
+		if readDue && !yielding && w.unsent() == 0 && w.len() < s.windowCap {
+			readDue = false
+			sent := time.Now()
+			rb, ok, err := c.fetch(g, cl, after, min(s.batchSize, s.windowCap-w.len()))
+			switch {
+			case !ok:
+				continue // the loop's checks say why
+			case err != nil:
+				if c.ctx.Err() != nil {
+					continue
+				}
+				if errors.Is(cl.wentBack(err, "read messages of topic"), ErrDatabaseWentBack) {
+					return lost // the session keeper logs it
+				}
+				c.outage.failed(sent, "Cannot read messages, retrying", err,
+					watermill.LogFields{"topic": c.topic, "partition": c.partition})
+				setTimer(retry.delay(), true)
+				continue
+			}
+			c.outage.ok()
+			retry.reset()
+			if len(rb.msgs) > 0 || !rb.pending {
+				pending.reset()
+			}
+			for _, m := range rb.msgs {
+				key := ""
+				if msg, err := m.toMessage(); err == nil {
+					key = s.orderingKey(msg)
+				}
+				w.push(m, key, 1)
+				after = m.pos
+			}
+			switch {
+			case len(rb.msgs) > 0 && !rb.all:
+				readDue = true // more follow
+			case rb.pending:
+				wait, stalled := pending.held(time.Now())
+				if stalled {
+					c.stats.stalls.Add(1)
+					c.host.reportStall()
+				}
+				setTimer(wait, true)
+			default:
+				// All read: a message committed since comes with a
+				// notification or the idle poller's wake-up.
+				news = true
+				c.hub.setIdle(c, after)
+			}
+		}
+		if offer == nil && !yielding {
+			e, wake := w.next(time.Now())
+			c.stats.holWaitNanos.Add(int64(w.takeWait()))
+			switch {
+			case e != nil:
+				if head {
+					// The first message after the claim's position: count
+					// this claim's delivery of it in the row, across owners.
+					n, res := c.countHead(g, cl)
+					if res != proceed {
+						return res
+					}
+					e.attempt, head = n, false
+				}
+				msg, cancel, err := c.newDelivery(g, cl, e.msg, e.attempt)
+				if err != nil {
+					c.skipUndecodable(e.msg, err)
+					if !e.sent {
+						c.budget.giveBack(&c.lease, e.msg.size)
+					}
+					if res := c.windowAcked(g, cl, w, e); res != proceed {
+						return res
+					}
+					continue
+				}
+				offer, offerMsg, offerCancel = e, msg, cancel
+			case !wake.IsZero() && !timerRead:
+				setTimer(time.Until(wake), false)
+			}
+		}
+		var outC chan<- *message.Message
+		if offer != nil && !yielding {
+			outC = c.out
+		}
+		var yieldC <-chan struct{}
+		if !yielding {
+			yieldC = c.yield
+		}
+		select {
+		case outC <- offerMsg:
+			e, d := offer, windowDelivery{msg: offerMsg, cancel: offerCancel}
+			offer, offerMsg, offerCancel = nil, nil, nil
+			if !e.sent {
+				// Handed out: the handler holds it now.
+				c.budget.giveBack(&c.lease, e.msg.size)
+			}
+			w.handOut(e)
+			out[e] = d
+			cl.headOut = w.headOut()
+			c.stats.delivered.Add(1)
+			c.stats.inFlight.Add(1)
+			watchers.Add(1)
+			go func() {
+				defer watchers.Done()
+				var ev windowEvent
+				select {
+				case <-d.msg.Acked():
+					ev = windowEvent{e: e, acked: true}
+				case <-d.msg.Nacked():
+					ev = windowEvent{e: e}
+				case <-done:
+					return
+				}
+				select {
+				case events <- ev:
+				case <-done:
+				}
+			}()
+		case ev := <-events:
+			if res := settle(ev); res != proceed {
+				return res
+			}
+		case <-timer.C:
+			if timerRead {
+				timerRead = false
+				readDue = true
+			}
+		case <-c.wake:
+			if news {
+				news = false
+				c.idle.Store(false)
+				c.hub.clearIdle(c)
+			}
+			readDue = true
+		case <-c.flushC():
+			if res := c.flush(g, cl); res != proceed {
+				return res
+			}
+		case <-c.ctx.Done():
+		case <-g.lost:
+		case <-yieldC:
+		}
+	}
+}
+
+// windowAcked records e's Ack in w and moves cl's acknowledged position
+// over the prefix, committing it as own commits Acks.
+func (c *consumer) windowAcked(g *sessionGen, cl *claim, w *inflightWindow, e *windowEntry) outcome {
+	prefix, moved := w.ack(e)
+	cl.headOut = w.headOut()
+	if moved == 0 {
+		return proceed
+	}
+	cl.acked = prefix
+	return c.acknowledged(g, cl, moved)
+}
+
+// windowStopped ends ownWindow when the subscription ended: the Acks
+// given before it (reported or not yet) go into the position the release
+// writes.
+func (c *consumer) windowStopped(events chan windowEvent, out map[*windowEntry]windowDelivery,
+	settle func(windowEvent) outcome) outcome {
+	for reported := true; reported; {
+		select {
+		case ev := <-events:
+			settle(ev)
+		default:
+			reported = false
+		}
+	}
+	for e, d := range out {
+		if isAcked(d.msg) {
+			settle(windowEvent{e: e, acked: true})
+		}
+	}
+	return stopped
 }

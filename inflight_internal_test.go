@@ -2,9 +2,13 @@ package pglease
 
 import (
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
 )
 
 // These tests need no database.
@@ -54,9 +58,11 @@ func runWindowScript(t *testing.T, maxOut int, script string) *inflightWindow {
 				t.Fatalf("%q: handed out %v, want %v", line, got, want)
 			}
 		case "ack", "nack":
-			var off int64
-			fmt.Sscan(f[1], &off)
+			off, err := strconv.ParseInt(f[1], 10, 64)
 			e := s.entries[off]
+			if err != nil || e == nil {
+				t.Fatalf("%q: no message %s", line, f[1])
+			}
 			if f[0] == "nack" {
 				s.w.nack(e, s.now)
 				continue
@@ -194,5 +200,263 @@ func TestInflightWindowHeadOfLineWait(t *testing.T) {
 	}
 	if d := w.takeWait(); d != 0 {
 		t.Fatalf("head-of-line wait %s taken twice", d)
+	}
+}
+
+// keyedMessage is a stored message at position (1, offset) with key as
+// its PartitionKeyMetadata ("" for none).
+func keyedMessage(offset int64, key string) storedMessage {
+	m := testMessage(offset, 10)
+	if key != "" {
+		m.metadata = fmt.Sprintf(`{%q:%q}`, PartitionKeyMetadata, key)
+	}
+	m.size += int64(len(m.metadata))
+	return m
+}
+
+// windowSettings are testSettings with an in-flight window of maxInFlight.
+func windowSettings(maxInFlight int) consumerSettings {
+	s := testSettings
+	s.maxInFlight = maxInFlight
+	s.windowCap = windowCapOf(s.batchSize, maxInFlight)
+	s.orderingKey = partitionKeyOf
+	return s
+}
+
+// waitAcked waits for the consumer to have counted n Acks.
+func (r *ownRun) waitAcked(t *testing.T, n uint64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for r.c.stats.acked.Load() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d Acks counted within 5s, want %d", r.c.stats.acked.Load(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitCond waits for cond, for at most 5s.
+func waitCond(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not %s within 5s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitCommitted waits for a commit of pos.
+func (r *ownRun) waitCommitted(t *testing.T, pos Position) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, committed := r.store.commitCalls()
+		if slices.Contains(committed, pos) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("committed %v within 5s, want %v", committed, pos)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// nextN takes the next n messages handed out.
+func (r *ownRun) nextN(t *testing.T, n int) []*message.Message {
+	t.Helper()
+	var msgs []*message.Message
+	for range n {
+		msgs = append(msgs, r.next(t))
+	}
+	return msgs
+}
+
+func uuids(msgs []*message.Message) string {
+	var ids []string
+	for _, m := range msgs {
+		ids = append(ids, m.UUID)
+	}
+	return strings.Join(ids, " ")
+}
+
+// TestOwnWindow: with MaxInFlight 3, the consumer hands out the first
+// message of each key at once (a2 waits for a1), commits only the
+// contiguous acknowledged prefix, and hands a2 out after a1's Ack.
+func TestOwnWindow(t *testing.T) {
+	t.Parallel()
+	m := []storedMessage{keyedMessage(1, "a"), keyedMessage(2, "b"), keyedMessage(3, "a"), keyedMessage(4, "c")}
+	store := newFakeConsumerStore(m...)
+	r := startOwn(t, store, windowSettings(3), newByteBudget(1<<20), false)
+
+	first := r.nextN(t, 3)
+	if got := uuids(first); got != "m1 m2 m4" {
+		t.Fatalf("handed out %s, want m1 m2 m4 (m3 waits for m1, of its key)", got)
+	}
+	waitCond(t, "the in-flight gauge at 3", func() bool { return r.c.stats.inFlight.Load() == 3 })
+	first[1].Ack() // m2: above the unacknowledged m1
+	first[2].Ack() // m4
+	r.waitAcked(t, 2)
+	if commits, _ := store.commitCalls(); commits != 0 {
+		t.Fatalf("%d commits with m1 unacknowledged, want none", commits)
+	}
+	first[0].Ack() // m1: the prefix reaches m2
+	if msg := r.next(t); msg.UUID != "m3" {
+		t.Fatalf("then %s, want m3", msg.UUID)
+	} else {
+		msg.Ack()
+	}
+	if pos := r.waitIdle(t); pos != m[3].pos {
+		t.Fatalf("waits for news after %v, want %v", pos, m[3].pos)
+	}
+	r.waitCommitted(t, m[3].pos)
+	if _, committed := store.commitCalls(); !slices.Equal(committed, []Position{m[1].pos, m[3].pos}) {
+		t.Fatalf("committed %v, want the prefix m2 (after m1's Ack), then m4", committed)
+	}
+	waitCond(t, "the in-flight gauge at 0 after every Ack", func() bool { return r.c.stats.inFlight.Load() == 0 })
+	if r.c.stats.holWaitNanos.Load() <= 0 {
+		t.Fatal("no head-of-line wait counted for m3")
+	}
+	r.end(t)
+}
+
+// TestOwnWindowNack: a Nack holds its key (a2 waits) while other keys go
+// on; the nacked message comes again with the next attempt.
+func TestOwnWindowNack(t *testing.T) {
+	t.Parallel()
+	m := []storedMessage{keyedMessage(1, "a"), keyedMessage(2, "a"), keyedMessage(3, "b"), keyedMessage(4, "b")}
+	store := newFakeConsumerStore(m...)
+	r := startOwn(t, store, windowSettings(4), newByteBudget(1<<20), false)
+
+	first := r.nextN(t, 2)
+	if got := uuids(first); got != "m1 m3" {
+		t.Fatalf("handed out %s, want m1 m3", got)
+	}
+	first[0].Nack()
+	first[1].Ack()
+	// m4 (b) goes on; m1 comes again after the delay, before m2.
+	next := r.nextN(t, 2)
+	slices.SortFunc(next, func(a, b *message.Message) int { return strings.Compare(a.UUID, b.UUID) })
+	if got := uuids(next); got != "m1 m4" {
+		t.Fatalf("then %s, want m1 again and m4", got)
+	}
+	if attemptOf(next[0]) != "2" || attemptOf(next[1]) != "1" {
+		t.Fatalf("attempts %s and %s, want 2 for the nacked m1, 1 for m4", attemptOf(next[0]), attemptOf(next[1]))
+	}
+	next[1].Ack()
+	next[0].Ack()
+	if msg := r.next(t); msg.UUID != "m2" {
+		t.Fatalf("then %s, want m2", msg.UUID)
+	} else {
+		msg.Ack()
+	}
+	r.waitCommitted(t, m[3].pos)
+	r.end(t)
+}
+
+// TestOwnWindowKeyless: a message without a key goes out alone, once
+// every message before it is acknowledged.
+func TestOwnWindowKeyless(t *testing.T) {
+	t.Parallel()
+	m := []storedMessage{keyedMessage(1, "a"), keyedMessage(2, "b"), keyedMessage(3, ""), keyedMessage(4, "c")}
+	r := startOwn(t, newFakeConsumerStore(m...), windowSettings(4), newByteBudget(1<<20), false)
+	first := r.nextN(t, 2)
+	if got := uuids(first); got != "m1 m2" {
+		t.Fatalf("handed out %s, want m1 m2", got)
+	}
+	first[0].Ack()
+	first[1].Ack()
+	msg := r.next(t)
+	if msg.UUID != "m3" {
+		t.Fatalf("then %s, want the keyless m3 alone", msg.UUID)
+	}
+	msg.Ack()
+	if msg := r.next(t); msg.UUID != "m4" {
+		t.Fatalf("then %s, want m4", msg.UUID)
+	} else {
+		msg.Ack()
+	}
+	r.waitCommitted(t, m[3].pos)
+	r.end(t)
+}
+
+// TestOwnWindowClaimLost: a commit refused by the fence ends the delivery
+// at once: nothing more goes out, the contexts of the messages out end,
+// the Acks above the prefix are dropped and no commit passes an
+// unacknowledged message.
+func TestOwnWindowClaimLost(t *testing.T) {
+	t.Parallel()
+	m := []storedMessage{keyedMessage(1, "a"), keyedMessage(2, "b"), keyedMessage(3, "c"), keyedMessage(4, "d")}
+	store := newFakeConsumerStore(m...)
+	store.failNext("commit", fmt.Errorf("commit offset for topic %q (epoch 1): %w", "t", ErrOwnershipLost))
+	r := startOwn(t, store, windowSettings(3), newByteBudget(1<<20), false)
+	first := r.nextN(t, 3)
+	first[2].Ack() // m3, above the gap: in memory only
+	r.waitAcked(t, 1)
+	first[0].Ack() // m1: the prefix commit is fenced
+	if res := r.result(t); res != lost {
+		t.Fatalf("own returned %d, want lost (%d)", res, lost)
+	}
+	if err := first[1].Context().Err(); err == nil {
+		t.Fatal("the context of m2, still out, did not end with the claim")
+	}
+	if _, committed := store.commitCalls(); len(committed) != 0 {
+		t.Fatalf("committed %v after the fence refused", committed)
+	}
+	if r.cl.acked != m[0].pos {
+		t.Fatalf("claim at %v, want the prefix %v only", r.cl.acked, m[0].pos)
+	}
+	select {
+	case msg := <-r.c.out:
+		t.Fatalf("%s handed out after the claim was lost", msg.UUID)
+	default:
+	}
+	if n := r.c.stats.inFlight.Load(); n != 0 {
+		t.Fatalf("in-flight gauge %d after the claim was lost, want 0", n)
+	}
+}
+
+// TestOwnWindowYield: asked for the row back, the consumer hands nothing
+// more out and yields once the messages out are acked, with the prefix
+// for the release to write.
+func TestOwnWindowYield(t *testing.T) {
+	t.Parallel()
+	m := []storedMessage{keyedMessage(1, "a"), keyedMessage(2, "b"), keyedMessage(3, "c")}
+	settings := windowSettings(2)
+	settings.commitBatch = 100 // the release writes the position
+	r := startOwn(t, newFakeConsumerStore(m...), settings, newByteBudget(1<<20), false)
+	first := r.nextN(t, 2)
+	close(r.yield)
+	first[1].Ack()
+	first[0].Ack()
+	if res := r.result(t); res != yielded {
+		t.Fatalf("own returned %d, want yielded (%d)", res, yielded)
+	}
+	if r.cl.acked != m[1].pos {
+		t.Fatalf("claim at %v, want %v", r.cl.acked, m[1].pos)
+	}
+	select {
+	case msg := <-r.c.out:
+		t.Fatalf("%s handed out after the yield", msg.UUID)
+	default:
+	}
+}
+
+// TestOwnWindowStopped: when the subscription ends, the Acks given before
+// move the position the release writes, over the contiguous prefix only.
+func TestOwnWindowStopped(t *testing.T) {
+	t.Parallel()
+	m := []storedMessage{keyedMessage(1, "a"), keyedMessage(2, "b"), keyedMessage(3, "c")}
+	settings := windowSettings(3)
+	settings.commitBatch = 100
+	r := startOwn(t, newFakeConsumerStore(m...), settings, newByteBudget(1<<20), false)
+	msgs := r.nextN(t, 3)
+	msgs[0].Ack()
+	msgs[2].Ack()
+	r.waitAcked(t, 2)
+	r.end(t)
+	if r.cl.acked != m[0].pos {
+		t.Fatalf("claim at %v after the end, want %v (m2 was not acked)", r.cl.acked, m[0].pos)
 	}
 }
