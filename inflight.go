@@ -226,7 +226,7 @@ type windowDelivery struct {
 // every message out is acked or nacked; a subscription that ends or a
 // claim that is lost end it at once (the contexts of the messages out are
 // cancelled).
-func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcome) {
+func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) outcome {
 	s := c.settings
 	w := newInflightWindow(s.maxInFlight)
 	retry := newBackoff(s.retryFirst, maxRetryBackoff)
@@ -254,21 +254,11 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcom
 		c.hub.clearIdle(c)
 		c.idle.Store(false)
 	}()
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	defer timer.Stop()
-	// timerRead: the timer is a re-read (after an error or while rows are
-	// held back), not a Nack coming due.
-	timerRead := false
-	setTimer := func(d time.Duration, read bool) {
-		timer.Stop()
-		select {
-		case <-timer.C:
-		default:
-		}
-		timer.Reset(d)
-		timerRead = read
-	}
+	// reread fires when a read is due again (after an error, or while
+	// committed rows are held back); due when a nacked message may go out.
+	reread, due := newStoppedTimer(), newStoppedTimer()
+	defer reread.Stop()
+	defer due.Stop()
 	after := cl.acked // the last message read
 	head := true      // the first message, after cl.acked, not counted yet
 	readDue := hasNext
@@ -327,7 +317,7 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcom
 				}
 				c.outage.failed(sent, "Cannot read messages, retrying", err,
 					watermill.LogFields{"topic": c.topic, "partition": c.partition})
-				setTimer(retry.delay(), true)
+				resetTimer(reread, retry.delay())
 				continue
 			}
 			c.outage.ok()
@@ -352,7 +342,7 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcom
 					c.stats.stalls.Add(1)
 					c.host.reportStall()
 				}
-				setTimer(wait, true)
+				resetTimer(reread, wait)
 			default:
 				// All read: a message committed since comes with a
 				// notification or the idle poller's wake-up.
@@ -386,8 +376,8 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcom
 					continue
 				}
 				offer, offerMsg, offerCancel = e, msg, cancel
-			case !wake.IsZero() && !timerRead:
-				setTimer(time.Until(wake), false)
+			case !wake.IsZero():
+				resetTimer(due, time.Until(wake))
 			}
 		}
 		var outC chan<- *message.Message
@@ -432,11 +422,9 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcom
 			if res := settle(ev); res != proceed {
 				return res
 			}
-		case <-timer.C:
-			if timerRead {
-				timerRead = false
-				readDue = true
-			}
+		case <-reread.C:
+			readDue = true
+		case <-due.C:
 		case <-c.wake:
 			if news {
 				news = false
@@ -453,6 +441,23 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcom
 		case <-yieldC:
 		}
 	}
+}
+
+// newStoppedTimer returns a timer that has not started.
+func newStoppedTimer() *time.Timer {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}
+
+// resetTimer makes t fire after d, whatever it was set to.
+func resetTimer(t *time.Timer, d time.Duration) {
+	t.Stop()
+	select {
+	case <-t.C:
+	default:
+	}
+	t.Reset(d)
 }
 
 // windowAcked records e's Ack in w and moves cl's acknowledged position
