@@ -460,3 +460,35 @@ func TestOwnWindowStopped(t *testing.T) {
 		t.Fatalf("claim at %v after the end, want %v (m2 was not acked)", r.cl.acked, m[0].pos)
 	}
 }
+
+// TestOwnWindowBudget: with a byte budget smaller than a batch, the window
+// reads what the budget holds, hands out beyond one read, holds none of
+// the bytes of the messages out, and gives every byte back at the end.
+func TestOwnWindowBudget(t *testing.T) {
+	t.Parallel()
+	var m []storedMessage
+	for i := range 8 {
+		m = append(m, keyedMessage(int64(i+1), fmt.Sprintf("k%d", i)))
+	}
+	// Reservations of 100 bytes: 3 messages of 32 bytes fit in one read.
+	budget := newByteBudget(800)
+	r := startOwn(t, newFakeConsumerStore(m...), windowSettings(4), budget, false)
+	out := r.nextN(t, 4)
+	if got := uuids(out); got != "m1 m2 m3 m4" {
+		t.Fatalf("handed out %s, want m1 to m4", got)
+	}
+	if n := budget.buffered(); n > 100 {
+		t.Fatalf("%d bytes buffered with four messages out, want at most one reservation", n)
+	}
+	for _, msg := range out {
+		msg.Ack()
+	}
+	for _, msg := range r.nextN(t, 4) {
+		msg.Ack()
+	}
+	r.waitCommitted(t, m[7].pos)
+	if n := len(r.store.afters()); n < 3 {
+		t.Fatalf("%d reads, want at least 3 (the budget holds 3 messages per read)", n)
+	}
+	r.end(t)
+}
