@@ -91,6 +91,19 @@ func TestAckInTxWithMaxInFlight(t *testing.T) {
 		"the position reaches a2 once the prefix is acknowledged")
 	effects := effectsOf(t, pool, adapter)
 	require.Equal(t, map[string][]string{ids[0]: {"second"}, ids[1]: {"first"}, ids[2]: {"second"}}, effects)
+
+	// The records the position has passed are dropped by the next AckInTx.
+	more := publishKeyed(t, pub, "in", "b")
+	b2 := receiveOne(t, msgs)
+	require.Equal(t, more[0], b2.UUID)
+	require.NoError(t, ackInTx(b2, "second"))
+	b2.Ack()
+	pos, ok = pglease.MessagePositionFromCtx(b2.Context())
+	require.True(t, ok)
+	var above []string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT acked_above FROM `+table(adapter, pglease.DefaultConsumerOffsetsTable)+
+		` WHERE consumer_group = '' AND topic = 'in'`).Scan(&above))
+	require.Equal(t, []string{fmt.Sprintf("%d:%d", pos.TransactionID, pos.Offset)}, above)
 }
 
 // keyedRecord is one processing of a message of a keyed test topic, as a
