@@ -146,10 +146,22 @@ type consumerSettings struct {
 	// (PollInterval).
 	retryFirst time.Duration
 	slowPoll   time.Duration
+	// maxInFlight above 1 delivers through an in-flight window (ownWindow)
+	// of at most windowCap messages, ordered by orderingKey.
+	maxInFlight int
+	windowCap   int
+	orderingKey func(*message.Message) string
 }
 
 func newConsumerSettings(cfg SubscriberConfig) consumerSettings {
+	key := cfg.OrderingKey
+	if key == nil {
+		key = partitionKeyOf
+	}
 	return consumerSettings{
+		maxInFlight:     max(cfg.MaxInFlight, 1),
+		windowCap:       windowCapOf(cfg.BatchSize, cfg.MaxInFlight),
+		orderingKey:     key,
 		batchSize:       cfg.BatchSize,
 		commitBatch:     cfg.CommitBatch,
 		commitInterval:  cfg.CommitInterval,
@@ -402,6 +414,9 @@ func (c *consumer) waitWake(d time.Duration, lost <-chan struct{}) bool {
 // (yielded, only between messages: a message handed out is first acked or
 // nacked). Without hasNext it waits for news before its first read.
 func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
+	if c.settings.maxInFlight > 1 {
+		return c.ownWindow(g, cl, hasNext)
+	}
 	retry := newBackoff(c.settings.retryFirst, maxRetryBackoff)
 	// pending paces the re-polls while committed messages are not visible
 	// yet.
@@ -443,7 +458,7 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 		rb, ok := c.takePrefetch(cl)
 		var err error
 		if !ok {
-			rb, ok, err = c.fetch(g, cl)
+			rb, ok, err = c.fetch(g, cl, cl.acked, c.settings.batchSize)
 		}
 		if !ok {
 			return c.interrupted()
@@ -518,21 +533,29 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 				return res
 			}
 			cl.acked, cl.headOut = m.pos, false
-			c.unflushed++
-			if c.unflushed >= c.settings.commitBatch {
-				if res := c.flush(g, cl); res != proceed {
-					return res
-				}
-			} else if !c.flushArmed {
-				c.flushArmed = true
-				if c.flushTimer == nil {
-					c.flushTimer = time.NewTimer(c.settings.commitInterval)
-				} else {
-					c.flushTimer.Reset(c.settings.commitInterval)
-				}
+			if res := c.acknowledged(g, cl, 1); res != proceed {
+				return res
 			}
 		}
 	}
+}
+
+// acknowledged counts n more Acks in cl.acked: it commits them after
+// CommitBatch Acks, or arms the flush timer for CommitInterval.
+func (c *consumer) acknowledged(g *sessionGen, cl *claim, n int) outcome {
+	c.unflushed += n
+	if c.unflushed >= c.settings.commitBatch {
+		return c.flush(g, cl)
+	}
+	if !c.flushArmed {
+		c.flushArmed = true
+		if c.flushTimer == nil {
+			c.flushTimer = time.NewTimer(c.settings.commitInterval)
+		} else {
+			c.flushTimer.Reset(c.settings.commitInterval)
+		}
+	}
+	return proceed
 }
 
 // While committed rows are not visible yet, they are re-polled with a
@@ -622,11 +645,12 @@ func (c *consumer) interrupted() outcome {
 	}
 }
 
-// fetch reads the next messages after cl's position within the byte
-// budget (MaxBufferedBytes). It reserves up to an eighth of the budget,
-// waiting while nothing is free (after committing what is due), and reads
-// BatchSize messages, each sent with its payload only if it is at most a
-// BatchSize-th of the reservation, so that the payloads sent never exceed
+// fetch reads the next messages after after (cl's position, or the last
+// message of an in-flight window) within the byte budget
+// (MaxBufferedBytes). It reserves up to an eighth of the budget, waiting
+// while nothing is free (after committing what is due), and reads limit
+// (BatchSize) messages, each sent with its payload only if it is at most a
+// limit-th of the reservation, so that the payloads sent never exceed
 // the reservation whatever the sizes (the metadata of the others is sent). The batch is the longest prefix of whole
 // messages that fits the reservation. When the first message was not
 // sent whole, the sizes read tell how many messages fit, and a second read
@@ -635,7 +659,7 @@ func (c *consumer) interrupted() outcome {
 // uses stays in c.lease until its messages are handed out; the rest is
 // given back. ok is false when the subscription ended, the session was
 // lost or the member asked for the row while it waited.
-func (c *consumer) fetch(g *sessionGen, cl *claim) (rb readBatch, ok bool, err error) {
+func (c *consumer) fetch(g *sessionGen, cl *claim, after Position, limit int) (rb readBatch, ok bool, err error) {
 	b := c.budget
 	stop := budgetStop{c.ctx.Done(), g.lost, c.yield}
 	c.dropBuffered()
@@ -648,10 +672,9 @@ func (c *consumer) fetch(g *sessionGen, cl *claim) (rb readBatch, ok bool, err e
 			return readBatch{}, false, nil
 		}
 	}
-	limit := c.settings.batchSize
 	wholeUpTo := max(c.lease.n/int64(limit), 1)
 	for {
-		rows, pending, err := c.read(cl.acked, limit, wholeUpTo)
+		rows, pending, err := c.read(after, limit, wholeUpTo)
 		if err != nil {
 			c.dropBuffered()
 			return readBatch{}, true, err
@@ -864,23 +887,13 @@ func (c *consumer) deliver(g *sessionGen, cl *claim, m storedMessage, attempt in
 		if g.isLost() {
 			return lost
 		}
-		msg, err := m.toMessage()
+		msg, mcancel, err := c.newDelivery(g, cl, m, attempt)
 		if err != nil {
-			// A row this package did not write. Decoding it again gives
-			// the same error: it is skipped as if acknowledged (the row
-			// stays in the table, where the Inspector shows it raw).
-			c.logger.Error("Cannot decode message, skipped", err, watermill.LogFields{"partition": c.partition,
-				"position": strconv.FormatUint(m.pos.TransactionID, 10) + ":" + strconv.FormatInt(m.pos.Offset, 10),
-				"uuid":     m.uuid, "metadata": abbreviateRaw(m.metadata, 200)})
+			c.skipUndecodable(m, err)
 			c.budget.giveBack(&c.lease, c.unsent)
 			c.unsent = 0
 			return proceed
 		}
-		msg.Metadata.Set(DeliveryAttemptMetadata, strconv.Itoa(attempt))
-		mctx, mcancel := context.WithCancel(&deliveryCtx{Context: c.ctx, d: delivery{
-			topic: c.topic, partition: c.partition, pos: m.pos, group: cl.group,
-			sessionID: cl.sessionID, epoch: cl.epoch, g: g, tables: c.tables}})
-		msg.SetContext(mctx)
 		res, nacked := c.handOut(g, cl, msg)
 		mcancel()
 		if !nacked {
@@ -890,6 +903,32 @@ func (c *consumer) deliver(g *sessionGen, cl *claim, m storedMessage, attempt in
 			return c.interrupted()
 		}
 	}
+}
+
+// newDelivery builds the message of one delivery of m: a fresh one, with
+// its attempt, whose context ends with the subscription or when cancel is
+// called (after its Ack or Nack).
+func (c *consumer) newDelivery(g *sessionGen, cl *claim, m storedMessage, attempt int) (*message.Message, context.CancelFunc, error) {
+	msg, err := m.toMessage()
+	if err != nil {
+		return nil, nil, err
+	}
+	msg.Metadata.Set(DeliveryAttemptMetadata, strconv.Itoa(attempt))
+	mctx, cancel := context.WithCancel(&deliveryCtx{Context: c.ctx, d: delivery{
+		topic: c.topic, partition: c.partition, pos: m.pos, group: cl.group,
+		sessionID: cl.sessionID, epoch: cl.epoch, g: g, tables: c.tables, above: c.settings.maxInFlight > 1}})
+	msg.SetContext(mctx)
+	return msg, cancel, nil
+}
+
+// skipUndecodable logs m, whose metadata cannot be decoded: a row this
+// package did not write. Decoding it again gives the same error: it is
+// skipped as if acknowledged (the row stays in the table, where the
+// Inspector shows it raw).
+func (c *consumer) skipUndecodable(m storedMessage, err error) {
+	c.logger.Error("Cannot decode message, skipped", err, watermill.LogFields{"partition": c.partition,
+		"position": strconv.FormatUint(m.pos.TransactionID, 10) + ":" + strconv.FormatInt(m.pos.Offset, 10),
+		"uuid":     m.uuid, "metadata": abbreviateRaw(m.metadata, 200)})
 }
 
 // countHead counts one more delivery of the message after cl's position
@@ -963,6 +1002,8 @@ func (c *consumer) handOut(g *sessionGen, cl *claim, msg *message.Message) (res 
 		}
 	}
 	c.stats.delivered.Add(1)
+	c.stats.inFlight.Add(1)
+	defer c.stats.inFlight.Add(-1)
 	cl.headOut = true // the message after cl.acked
 	if c.unsent > 0 {
 		// Handed out: the handler holds it now.

@@ -49,6 +49,9 @@ type delivery struct {
 	epoch     int64
 	g         *sessionGen
 	tables    *pgsql.Tables
+	// above: delivered with MaxInFlight above 1 (AckInTx records the
+	// position in the row, pgsql.OffsetParams.Above).
+	above bool
 }
 
 // deliveryCtx is a delivered message's context: the subscription's, plus
@@ -149,8 +152,18 @@ func MessageDeliveryFromCtx(ctx context.Context) (MessageDelivery, bool) {
 //   - the database's errors (a serialization failure under REPEATABLE READ
 //     or SERIALIZABLE when the row changed concurrently, for example).
 //
+// With MaxInFlight above 1, an earlier message of the partition may not be
+// acknowledged yet, and the position moves only over a contiguous
+// acknowledged prefix: AckInTx then records the message's position in the
+// offset row (fenced the same way) instead of moving the position there,
+// and the consumer's commits move the position over it once every message
+// before it is acknowledged. A delivery of a message recorded so (after a
+// crash before msg.Ack(), or a takeover) gets ErrAlreadyAcknowledged, so
+// the effects stay exactly once.
+//
 // AckInTx locks the group's offset row until tx ends: keep tx short, as a
-// takeover of the partition waits for it.
+// takeover of the partition waits for it (and, with MaxInFlight above 1,
+// the AckInTx of the partition's other messages and its commits).
 func AckInTx(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 	if tx == nil {
 		return fmt.Errorf("%w: AckInTx needs a transaction, got nil", ErrInvalidConfig)
@@ -181,7 +194,7 @@ func ackQuery(msg *message.Message) (pgsql.Stmt, func(pgx.Row) error, error) {
 		return pgsql.Stmt{}, nil, fmt.Errorf("%s: the delivering session was lost: %w", what(), ErrOwnershipLost)
 	}
 	q := d.tables.AckOffset(pgsql.OffsetParams{ConsumerGroup: d.group, Topic: d.topic, Partition: d.partition,
-		SessionID: d.sessionID, Epoch: d.epoch, Position: pgsql.Position(d.pos), Here: d.g.here})
+		SessionID: d.sessionID, Epoch: d.epoch, Position: pgsql.Position(d.pos), Here: d.g.here, Above: d.above})
 	check := func(row pgx.Row) error {
 		r, err := pgsql.ScanAck(row)
 		switch {
@@ -197,6 +210,8 @@ func ackQuery(msg *message.Message) (pgsql.Stmt, func(pgx.Row) error, error) {
 			return nil
 		case r.SessionID == nil || *r.SessionID != d.sessionID || r.Epoch != d.epoch:
 			return fmt.Errorf("%s (epoch %d, now %d): %w", what(), d.epoch, r.Epoch, ErrOwnershipLost)
+		case r.Recorded:
+			return fmt.Errorf("%s: %w", what(), ErrAlreadyAcknowledged)
 		}
 		if acked := Position(r.Acked); !positionLess(acked, d.pos) {
 			return fmt.Errorf("%s: %w", what(), ErrAlreadyAcknowledged)

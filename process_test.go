@@ -104,6 +104,8 @@ type helperConfig struct {
 	// DeriveTopic is where modeTx publishes one derived message per
 	// message it processes.
 	DeriveTopic string
+	// MaxInFlight is the Subscribers' MaxInFlight (default 1).
+	MaxInFlight int
 	// ReportMaintainer makes the helper print whether one of the
 	// Subscribers it starts with is the maintainer each time that
 	// changes: see reportMaintainer.
@@ -239,6 +241,7 @@ func (h *helperChild) newSubscriber(i int) (*pglease.Subscriber, error) {
 		SessionTTL:       h.cfg.SessionTTL,
 		PollInterval:     h.cfg.PollInterval,
 		NackResendDelay:  10 * time.Millisecond,
+		MaxInFlight:      h.cfg.MaxInFlight,
 		InitializeSchema: true,
 		SchemaAdapter:    pglease.Tables{Schema: h.cfg.Schema},
 	}, h.logger.With(watermill.LogFields{"sub": i}))

@@ -118,6 +118,36 @@ func TestPubSub(t *testing.T) {
 	)
 }
 
+// TestPubSubMaxInFlight runs the suite with MaxInFlight 16: with every
+// message a key of its own (handed out in parallel, no order kept), and
+// with the suite's messages as they are, without keys (ordered against
+// each other: the suite's order checks hold).
+func TestPubSubMaxInFlight(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		key     func(*message.Message) string
+		ordered bool
+	}{
+		{name: "a key per message", key: func(msg *message.Message) string { return msg.UUID }},
+		{name: "no keys", ordered: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newConformance(t)
+			c.tweak = func(cfg *pglease.SubscriberConfig) {
+				cfg.MaxInFlight = 16
+				cfg.OrderingKey = tc.key
+			}
+			features := c.features()
+			features.GuaranteedOrder = tc.ordered
+			features.RestartServiceCommand = nil // TestPubSub covers restarts
+			tests.TestPubSub(t, features,
+				func(t *testing.T) (message.Publisher, message.Subscriber) { return c.pubSub(t, t.Name()) },
+				c.pubSub,
+			)
+		})
+	}
+}
+
 // TestNewSubscriberReceivesOldMessages runs the suite's test of that name
 // with a new consumer group for every Subscriber: a new group starts at the
 // beginning of the topic.

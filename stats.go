@@ -43,6 +43,16 @@ type SubscriberStats struct {
 	Delivered uint64
 	Acked     uint64
 	Nacked    uint64
+	// InFlight is the number of messages handed out now and not acked or
+	// nacked yet, over all partitions (at most MaxInFlight per owned
+	// partition).
+	InFlight int64
+	// HeadOfLineWait is the total time messages read and ready to go
+	// waited for an earlier message of their ordering key (of the
+	// partition, for one without a key) to be acknowledged, with
+	// MaxInFlight above 1: the cost of the order kept. It grows when a few
+	// keys take most messages, or when a Nack holds its key.
+	HeadOfLineWait time.Duration
 	// OwnedRows is the number of rows the Subscriber owns now.
 	OwnedRows int
 	// BufferedBytes is the part of MaxBufferedBytes in use now: the bytes
@@ -94,6 +104,7 @@ type subscriberStats struct {
 	partitionsCreated, partitionsDropped, rowsDeleted atomic.Uint64
 	sessionsDeleted, groupsRemoved                    atomic.Uint64
 	hbCount, hbSumNanos                               atomic.Uint64
+	inFlight, holWaitNanos                            atomic.Int64
 	// reads counts the consumers' reads of messages; stalls the times a
 	// consumer found rows held back for longer than pendingFastFor and
 	// slowed its re-polls to PollInterval (tests only).
@@ -122,18 +133,20 @@ func (s *subscriberStats) heartbeat(d time.Duration) {
 func (s *Subscriber) Stats() SubscriberStats {
 	st := s.stats
 	out := SubscriberStats{
-		ConsumerGroup: s.config.ConsumerGroup,
-		Claims:        st.claims.Load(),
-		Takeovers:     st.takeovers.Load(),
-		Releases:      st.releases.Load(),
-		FencedWrites:  st.fenced.Load(),
-		SessionsLost:  st.sessionsLost.Load(),
-		Resyncs:       st.resyncs.Load(),
-		Delivered:     st.delivered.Load(),
-		Acked:         st.acked.Load(),
-		Nacked:        st.nacked.Load(),
-		OwnedRows:     s.member.ownedRows(),
-		BufferedBytes: s.budget.buffered(),
+		ConsumerGroup:  s.config.ConsumerGroup,
+		Claims:         st.claims.Load(),
+		Takeovers:      st.takeovers.Load(),
+		Releases:       st.releases.Load(),
+		FencedWrites:   st.fenced.Load(),
+		SessionsLost:   st.sessionsLost.Load(),
+		Resyncs:        st.resyncs.Load(),
+		Delivered:      st.delivered.Load(),
+		Acked:          st.acked.Load(),
+		Nacked:         st.nacked.Load(),
+		InFlight:       st.inFlight.Load(),
+		HeadOfLineWait: time.Duration(st.holWaitNanos.Load()),
+		OwnedRows:      s.member.ownedRows(),
+		BufferedBytes:  s.budget.buffered(),
 
 		Maintainer:                 s.maint != nil && s.maint.active.Load(),
 		MaintainerTerms:            st.maintainerTerms.Load(),

@@ -27,6 +27,9 @@ const (
 	DefaultCloseTimeout    = 5 * time.Second
 	// DefaultMaxBufferedBytes is the default MaxBufferedBytes: 64 MiB.
 	DefaultMaxBufferedBytes = 64 << 20
+	// DefaultMaxInFlight is the default MaxInFlight: one message of a
+	// partition out at a time.
+	DefaultMaxInFlight = 1
 
 	// MinSessionTTL is the shortest SessionTTL accepted.
 	MinSessionTTL = time.Second
@@ -139,6 +142,37 @@ type SubscriberConfig struct {
 	// DefaultMaxBufferedBytes (64 MiB); must not be negative.
 	MaxBufferedBytes int64
 
+	// MaxInFlight is how many messages of each owned (topic, partition)
+	// may be out at once, handed out and not acked or nacked yet. Default
+	// 1: the next message goes out after the Ack of the one before, in
+	// order. Above 1, messages go out in parallel, never two of one
+	// ordering key (OrderingKey) at once, each key in order: a message
+	// goes out once every earlier message of its key is acknowledged. A
+	// message without a key (an empty one) is ordered against every
+	// message: it goes out once every earlier message of the partition is
+	// acknowledged, and none after it goes out before its Ack. A Nack
+	// holds its key: the message goes out again after NackResendDelay,
+	// the later ones of its key wait for it, other keys go on. The
+	// committed position is the end of the contiguous acknowledged
+	// prefix; Acks above it are kept in memory, so a crash or a takeover
+	// delivers again, beyond the Acks not committed yet (CommitBatch),
+	// at most the messages above that prefix the consumer had read: at
+	// most max(BatchSize, 4×MaxInFlight) per partition (see
+	// docs/guarantees.md). AckInTx works as with 1 (see [AckInTx]). Must
+	// not be negative.
+	MaxInFlight int
+
+	// OrderingKey returns the ordering key of a message when MaxInFlight
+	// is above 1: messages of one key are handed out one at a time, in
+	// order; "" means no key (ordered against every message). It is called
+	// once per message read, from the consumer's goroutine of its
+	// partition: it must not block, and is called concurrently for
+	// different partitions. Nil (the default) uses the message's
+	// PartitionKeyMetadata metadata, the key a Publisher partitions by by
+	// default; to hand out messages with no order between them at all,
+	// return their UUID.
+	OrderingKey func(msg *message.Message) string
+
 	// CommitInterval and CommitBatch bound how acknowledged offsets are
 	// coalesced: the position is committed at most CommitInterval after an
 	// Ack, after CommitBatch Acks, before the Subscriber waits for new
@@ -188,6 +222,9 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.MaxBufferedBytes == 0 {
 		c.MaxBufferedBytes = DefaultMaxBufferedBytes
 	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
 	if c.CommitInterval == 0 {
 		c.CommitInterval = DefaultCommitInterval
 	}
@@ -217,6 +254,9 @@ func (c SubscriberConfig) validate() error {
 	}
 	if c.MaxBufferedBytes < 0 {
 		return fmt.Errorf("SubscriberConfig.MaxBufferedBytes must not be negative, got %d", c.MaxBufferedBytes)
+	}
+	if c.MaxInFlight < 0 {
+		return fmt.Errorf("SubscriberConfig.MaxInFlight must not be negative, got %d", c.MaxInFlight)
 	}
 	if c.CommitInterval < 0 {
 		return fmt.Errorf("SubscriberConfig.CommitInterval must be positive, got %s", c.CommitInterval)

@@ -63,6 +63,7 @@ func TestSubscriberConfigErrorsNameTheField(t *testing.T) {
 		"SubscriberConfig.PollInterval":    {PollInterval: -time.Second},
 		"SubscriberConfig.NackResendDelay": {NackResendDelay: -time.Second},
 		"SubscriberConfig.BatchSize":       {BatchSize: -1},
+		"SubscriberConfig.MaxInFlight":     {MaxInFlight: -1},
 		"SubscriberConfig.ConsumerGroup":   {ConsumerGroup: "a\x00"},
 		"Tables.Schema":                    {SchemaAdapter: pglease.Tables{Schema: string(make([]byte, 64))}},
 	}

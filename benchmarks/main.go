@@ -96,6 +96,9 @@ type config struct {
 	idleFor        time.Duration
 	routerMessages int
 	txMessages     int
+	// inflightFor is about how long each level of the inflight
+	// workload handles messages (inflight.go).
+	inflightFor time.Duration
 
 	// The consumer-group workloads (group.go).
 	groupWindow time.Duration
@@ -154,6 +157,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.idleFor, "idle-for", 10*time.Second, "length of the idle window")
 	fs.IntVar(&c.routerMessages, "router-messages", 20_000, "messages the Router workload consumes")
 	fs.IntVar(&c.txMessages, "tx-messages", 20_000, "messages each handler of the tx-handler workload consumes")
+	fs.DurationVar(&c.inflightFor, "inflight-for", 3*time.Second, "about how long each level of the inflight workload handles messages at the ideal rate")
 	fs.DurationVar(&c.groupWindow, "group-window", defaultGroupWindow, "length of the idle windows of the consumer-group workloads (default: 10 heartbeats at the default SessionTTL)")
 	fs.DurationVar(&c.groupSettle, "group-settle", 11*time.Second, "wait after the load of a consumer-group workload settled before its idle window opens (at least 1.1s); pg_stat_database hears of a backend's transactions up to 10s late")
 	fs.IntVar(&c.memberConns, "member-conns", 16, "maximum connections of the pool of each group member (the same for both backends; 10 members of -conns would pass a default max_connections)")
@@ -188,6 +192,7 @@ func parseFlags(args []string) (config, error) {
 			"idle-for":        func() { c.idleFor = 3 * time.Second },
 			"router-messages": func() { c.routerMessages = 2_000 },
 			"tx-messages":     func() { c.txMessages = 2_000 },
+			"inflight-for":    func() { c.inflightFor = time.Second },
 			"group-window":    func() { c.groupWindow = 3 * time.Second },
 			"group-settle":    func() { c.groupSettle = 2 * time.Second },
 			"many-topics":     func() { manyTopics = intList{1_000, 10_000} },
@@ -231,8 +236,8 @@ func parseFlags(args []string) (config, error) {
 		return c, errors.New("-conns and -member-conns must be at least 1")
 	case c.publishers < 1 || c.batchSize < 1 || c.backlog < 1 || c.latencyRate < 1 || c.idleTopics < 1 || c.routerMessages < 1 || c.txMessages < 1:
 		return c, errors.New("-publishers, -batch, -backlog, -latency-rate, -idle-topics, -router-messages and -tx-messages must be at least 1")
-	case c.publishFor <= 0 || c.latencyFor <= 0 || c.idleFor <= 0 || c.idleSettle < 0:
-		return c, errors.New("-publish-for, -latency-for and -idle-for must be positive, -idle-settle not negative")
+	case c.publishFor <= 0 || c.latencyFor <= 0 || c.idleFor <= 0 || c.idleSettle < 0 || c.inflightFor <= 0:
+		return c, errors.New("-publish-for, -latency-for, -idle-for and -inflight-for must be positive, -idle-settle not negative")
 	case c.groupWindow <= 0 || c.groupSettle < 0:
 		return c, errors.New("-group-window must be positive, -group-settle not negative")
 	case len(c.manyTopics) == 0 || c.manyTopics[0] < 1:

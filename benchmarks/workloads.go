@@ -215,7 +215,7 @@ func workloads(cfg config) []workload {
 	// the transactional handler (txhandler.go): the pglease-only ones
 	// before the idle workloads, the idle group after them.
 	idle := ws[len(ws)-1]
-	ws = append(ws[:len(ws)-1], limitsWorkload(cfg), balanceWorkload(), partitionsWorkload(), txHandlerWorkload(cfg), retentionWorkload(cfg), horizonWorkload(cfg))
+	ws = append(ws[:len(ws)-1], inflightWorkload(), limitsWorkload(cfg), balanceWorkload(), partitionsWorkload(), txHandlerWorkload(cfg), retentionWorkload(cfg), horizonWorkload(cfg))
 	for _, n := range cfg.manyTopics {
 		ws = append(ws, manyTopicsWorkload(n))
 	}

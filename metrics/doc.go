@@ -36,8 +36,10 @@
 //	pglease_subscriber_releases_total, pglease_subscriber_fenced_writes_total,
 //	pglease_subscriber_sessions_lost_total, pglease_subscriber_resyncs_total,
 //	pglease_subscriber_messages_delivered_total, pglease_subscriber_messages_acked_total,
-//	pglease_subscriber_messages_nacked_total (counters),
-//	pglease_subscriber_owned_rows, pglease_subscriber_buffered_bytes (gauges),
+//	pglease_subscriber_messages_nacked_total,
+//	pglease_subscriber_head_of_line_wait_seconds_total (counters),
+//	pglease_subscriber_owned_rows, pglease_subscriber_buffered_bytes,
+//	pglease_subscriber_messages_in_flight (gauges),
 //	pglease_subscriber_heartbeat_duration_seconds (histogram, buckets [pglease.HeartbeatBuckets]).
 //
 // pglease_topic_messages is the depth of a poison topic to alert on, e.g.

@@ -457,6 +457,9 @@ pglease_subscriber_messages_acked_total{consumergroup="billing",subscriber="a"} 
 # HELP pglease_subscriber_messages_nacked_total Messages nacked by handlers (delivered again after NackResendDelay).
 # TYPE pglease_subscriber_messages_nacked_total counter
 pglease_subscriber_messages_nacked_total{consumergroup="billing",subscriber="a"} 1
+# HELP pglease_subscriber_messages_in_flight Messages handed out and not acked or nacked yet (at most MaxInFlight per owned partition).
+# TYPE pglease_subscriber_messages_in_flight gauge
+pglease_subscriber_messages_in_flight{consumergroup="billing",subscriber="a"} 0
 # HELP pglease_subscriber_owned_rows (topic, partition) rows the Subscriber owns now.
 # TYPE pglease_subscriber_owned_rows gauge
 pglease_subscriber_owned_rows{consumergroup="billing",subscriber="a"} 1
@@ -468,8 +471,10 @@ pglease_subscriber_resyncs_total{consumergroup="billing",subscriber="a"} 0
 		"pglease_subscriber_claims_total", "pglease_subscriber_takeovers_total", "pglease_subscriber_releases_total",
 		"pglease_subscriber_fenced_writes_total", "pglease_subscriber_sessions_lost_total",
 		"pglease_subscriber_messages_delivered_total", "pglease_subscriber_messages_acked_total",
-		"pglease_subscriber_messages_nacked_total", "pglease_subscriber_owned_rows", "pglease_subscriber_resyncs_total"))
+		"pglease_subscriber_messages_nacked_total", "pglease_subscriber_messages_in_flight",
+		"pglease_subscriber_owned_rows", "pglease_subscriber_resyncs_total"))
 	assert.Equal(t, 1, testutil.CollectAndCount(c, "pglease_subscriber_buffered_bytes"))
+	assert.Equal(t, 1, testutil.CollectAndCount(c, "pglease_subscriber_head_of_line_wait_seconds_total"))
 
 	waitFor(t, 10*time.Second, "a heartbeat", func() bool { return sub.Stats().Heartbeats.Count > 0 })
 	assert.Equal(t, 1, testutil.CollectAndCount(c, "pglease_subscriber_heartbeat_duration_seconds"))

@@ -41,6 +41,7 @@ type SubscriberCollector struct {
 	delivered, acked, nacked                                *prometheus.Desc
 	ownedRows, heartbeat                                    *prometheus.Desc
 	resyncs, bufferedBytes                                  *prometheus.Desc
+	inFlight, headOfLineWait                                *prometheus.Desc
 	// The maintainer's (see pglease.MaintenanceConfig).
 	maintainer, maintainerTerms, delayedMoved, retentionSkipped *prometheus.Desc
 	partitionsCreated, partitionsDropped, rowsDeleted           *prometheus.Desc
@@ -86,6 +87,10 @@ func NewSubscriberCollector(sub *pglease.Subscriber, config SubscriberCollectorC
 			"Messages acked by handlers."),
 		nacked: desc("pglease_subscriber_messages_nacked_total",
 			"Messages nacked by handlers (delivered again after NackResendDelay)."),
+		inFlight: desc("pglease_subscriber_messages_in_flight",
+			"Messages handed out and not acked or nacked yet (at most MaxInFlight per owned partition)."),
+		headOfLineWait: desc("pglease_subscriber_head_of_line_wait_seconds_total",
+			"Time messages ready to go waited for an earlier message of their ordering key (MaxInFlight above 1)."),
 		ownedRows: desc("pglease_subscriber_owned_rows",
 			"(topic, partition) rows the Subscriber owns now."),
 		heartbeat: desc("pglease_subscriber_heartbeat_duration_seconds",
@@ -114,7 +119,7 @@ func NewSubscriberCollector(sub *pglease.Subscriber, config SubscriberCollectorC
 // Describe implements [prometheus.Collector].
 func (c *SubscriberCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.claims, c.takeovers, c.releases, c.fencedWrites, c.sessionsLost,
-		c.resyncs, c.bufferedBytes, c.delivered, c.acked, c.nacked, c.ownedRows, c.heartbeat,
+		c.resyncs, c.bufferedBytes, c.delivered, c.acked, c.nacked, c.inFlight, c.headOfLineWait, c.ownedRows, c.heartbeat,
 		c.maintainer, c.maintainerTerms, c.delayedMoved, c.retentionSkipped, c.partitionsCreated,
 		c.partitionsDropped, c.rowsDeleted, c.sessionsDeleted, c.groupsRemoved} {
 		ch <- d
@@ -137,6 +142,8 @@ func (c *SubscriberCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.delivered, st.Delivered)
 	counter(c.acked, st.Acked)
 	counter(c.nacked, st.Nacked)
+	ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(st.InFlight))
+	ch <- prometheus.MustNewConstMetric(c.headOfLineWait, prometheus.CounterValue, st.HeadOfLineWait.Seconds())
 	ch <- prometheus.MustNewConstMetric(c.ownedRows, prometheus.GaugeValue, float64(st.OwnedRows))
 	ch <- latencyHistogram(c.heartbeat, st.Heartbeats, st.Heartbeats.Bounds)
 	maintainer := 0.0

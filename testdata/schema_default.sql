@@ -747,4 +747,9 @@ $pglease$);
 END
 $pglease1$;
 INSERT INTO "pglease_schema_version" (version, description) VALUES (9, 'least privilege: the maintainer''s functions accept only whole slots of a class, expire only passed ones, and are executable only by roles that may delete messages') ON CONFLICT (version) DO NOTHING;
+
+-- version 10: parallel delivery: positions acknowledged in a transaction above the committed position
+ALTER TABLE "pglease_consumer_offsets"
+	ADD COLUMN IF NOT EXISTS acked_above text[] NOT NULL DEFAULT '{}';
+INSERT INTO "pglease_schema_version" (version, description) VALUES (10, 'parallel delivery: positions acknowledged in a transaction above the committed position') ON CONFLICT (version) DO NOTHING;
 COMMIT;

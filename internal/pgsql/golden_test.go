@@ -105,6 +105,9 @@ func dumpStatements(a *Tables) string {
 	q("ReleaseOffset", a.ReleaseOffset(p))
 	q("CountHeadDelivery", a.CountHeadDelivery(p))
 	q("AckOffset", a.AckOffset(p))
+	above := p
+	above.Above = true
+	q("AckOffsetAbove", a.AckOffset(above))
 	p.NotifyChannel = "ch"
 	q("ReleaseOffset notify", a.ReleaseOffset(p))
 	mp := MaintainerParams{SessionID: id, Epoch: 3, NotifyChannel: "ch"}

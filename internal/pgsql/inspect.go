@@ -99,7 +99,9 @@ ORDER BY n.topic`}
 // again on a fresh snapshot. (Locking the rows and joining the sessions in
 // one SELECT ... FOR UPDATE re-checks only the locked row when it waited:
 // the joined session comes out null-extended, and a row that a live
-// session had just claimed looked free.)
+// session had just claimed looked free.) The positions AckInTx recorded
+// above the old position (acked_above) are forgotten: after a reset back,
+// their messages are delivered and acknowledged again.
 func (t *Tables) ResetOffsets(group, topic, to string, at time.Time, force bool, notifyChannel, notification string) Stmt {
 	return Stmt{
 		SQL: `WITH snap AS (
@@ -141,7 +143,7 @@ func (t *Tables) ResetOffsets(group, topic, to string, at time.Time, force bool,
 ), updated AS (
 	UPDATE ` + t.Offsets + ` o
 	SET acked_transaction_id = target.tx, acked_offset = target.off, epoch = o.epoch + 1, updated_at = pg_catalog.now(),
-		head_deliveries = 0,
+		head_deliveries = 0, acked_above = '{}',
 		session_id = CASE WHEN target.live_owner IS NULL THEN NULL ELSE o.session_id END
 	FROM target
 	WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = target.partition

@@ -157,6 +157,10 @@ var migrations = []struct {
 	{"0007_functions.sql", "least privilege: the maintainer's partition DDL through the owner's SECURITY DEFINER functions"},
 	{"0008_hot_tables.sql", "hot tables: heartbeats and offset commits as HOT updates (fillfactor, no index on sessions.expires_at)"},
 	{"0009_functions.sql", "least privilege: the maintainer's functions accept only whole slots of a class, expire only passed ones, and are executable only by roles that may delete messages"},
+	// acked_above holds the positions that AckInTx acknowledged above
+	// an unacknowledged message (MaxInFlight above 1), as "xid:offset",
+	// until the position passes them.
+	{"0010_acked_above.sql", "parallel delivery: positions acknowledged in a transaction above the committed position"},
 }
 
 // Migrations returns every schema version, oldest first, for these tables.

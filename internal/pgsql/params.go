@@ -142,6 +142,13 @@ type OffsetParams struct {
 	// becomes 1 instead of 0, so that the next claim to hand that message
 	// out counts this one (see [CountHeadDelivery]).
 	HeadOut bool
+	// Above, for AckOffset, records the acknowledgement of Position in the
+	// row's acked_above instead of moving its position: the message was
+	// delivered with MaxInFlight above 1, and an earlier one may not be
+	// acknowledged yet. The consumer's commits move the position over the
+	// contiguous acknowledged prefix; AckOffset finds a position recorded
+	// there acknowledged already.
+	Above bool
 	// Here is the identity of the server the session was made on
 	// ([ClusterMark.Here]): a fenced statement run elsewhere writes
 	// nothing.

@@ -452,11 +452,15 @@ type AckRow struct {
 	Acked     Position
 	Advanced  bool
 	OnHistory bool
+	// Recorded: the position was in the row's acked_above already (an
+	// AckInTx of a message delivered with MaxInFlight above 1 committed).
+	Recorded bool
 }
 
 // AckOffset is what AckInTx runs in the caller's transaction: it locks the
-// row and moves its acknowledged position to p.Position if the row is
-// still p.SessionID's at p.Epoch and the position lies ahead.
+// row and moves its acknowledged position to p.Position (with p.Above,
+// records p.Position in acked_above) if the row is still p.SessionID's at
+// p.Epoch, the position lies ahead and is not recorded already.
 // pgx.ErrNoRows: the row does not exist. In a batch, queue
 // [Tables.AckOffset] and scan its row with [ScanAck].
 func AckOffset(ctx context.Context, q Querier, t *Tables, p OffsetParams) (AckRow, error) {
@@ -467,6 +471,6 @@ func AckOffset(ctx context.Context, q Querier, t *Tables, p OffsetParams) (AckRo
 // ScanAck scans the row of [AckOffset].
 func ScanAck(row pgx.Row) (AckRow, error) {
 	var r AckRow
-	err := row.Scan(&r.SessionID, &r.Epoch, (*xid8)(&r.Acked.TransactionID), &r.Acked.Offset, &r.Advanced, &r.OnHistory)
+	err := row.Scan(&r.SessionID, &r.Epoch, (*xid8)(&r.Acked.TransactionID), &r.Acked.Offset, &r.Advanced, &r.OnHistory, &r.Recorded)
 	return r, err
 }

@@ -603,29 +603,47 @@ SELECT (SELECT ok FROM here), (SELECT head_deliveries FROM counted)`,
 // AckOffset is the statement of [AckOffset]. The UPDATE finds the row in the
 // statement's snapshot; if a claim changed it since, PostgreSQL re-checks
 // the WHERE clause on the latest version, which is the one cur locked and
-// read, so the decision and the write are made on the same version.
+// read, so the decision and the write are made on the same version. With
+// p.Above it writes the position into acked_above instead, keeping the
+// entries that lie after the row's position (those at or before it are
+// covered by the position: dropped here, so the array holds at most the
+// positions acknowledged above an unacknowledged message).
 func (t *Tables) AckOffset(p OffsetParams) Stmt {
+	set := `acked_transaction_id = $6::text::xid8, acked_offset = $7, head_deliveries = 0`
+	if p.Above {
+		set = `acked_above = pg_catalog.array_append(ARRAY(SELECT a FROM pg_catalog.unnest(cur.acked_above) a
+		WHERE (pg_catalog.split_part(a, ':', 1)::xid8, pg_catalog.split_part(a, ':', 2)::bigint)
+			> (cur.acked_transaction_id, cur.acked_offset)), $9::text)`
+	}
 	return Stmt{
 		SQL: `WITH here AS (
 	SELECT ` + onHistory(8) + ` AS ok
 ), cur AS (
-	SELECT session_id, epoch, acked_transaction_id, acked_offset FROM ` + t.Offsets + `
+	SELECT session_id, epoch, acked_transaction_id, acked_offset, acked_above,
+		$9::text = ANY(acked_above) AS recorded
+	FROM ` + t.Offsets + `
 	WHERE consumer_group = $1 AND topic = $2 AND partition = $3
 	FOR UPDATE
 ), advanced AS (
 	UPDATE ` + t.Offsets + ` o
-	SET acked_transaction_id = $6::text::xid8, acked_offset = $7, head_deliveries = 0, updated_at = pg_catalog.now()
+	SET ` + set + `, updated_at = pg_catalog.now()
 	FROM cur
 	WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
 		AND cur.session_id = $4 AND cur.epoch = $5
 		AND (cur.acked_transaction_id, cur.acked_offset) < ($6::text::xid8, $7::bigint)
+		AND NOT cur.recorded
 		AND (SELECT ok FROM here)
 	RETURNING 1
 )
 SELECT cur.session_id, cur.epoch, cur.acked_transaction_id::text, cur.acked_offset, EXISTS (SELECT 1 FROM advanced),
-	(SELECT ok FROM here)
+	(SELECT ok FROM here), cur.recorded
 FROM cur`,
 		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
-			formatXID8(p.Position.TransactionID), p.Position.Offset, p.Here},
+			formatXID8(p.Position.TransactionID), p.Position.Offset, p.Here, AboveEntry(p.Position)},
 	}
+}
+
+// AboveEntry is how a position is written in acked_above: "xid:offset".
+func AboveEntry(pos Position) string {
+	return formatXID8(pos.TransactionID) + ":" + strconv.FormatInt(pos.Offset, 10)
 }

@@ -1,0 +1,494 @@
+package pglease
+
+// The in-flight window of a claim with MaxInFlight > 1: which message goes
+// out next, which wait for their key, and how far the acknowledged prefix
+// reaches. A pure type: the consumer (ownWindow) feeds it reads, hand-outs,
+// Acks and Nacks, and commits the prefix it reports.
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// windowCapOf is the most messages an in-flight window holds: a batch, or
+// four times MaxInFlight, so that while every key in flight has more
+// messages waiting, messages of other keys are read to go out beside them.
+func windowCapOf(batchSize, maxInFlight int) int {
+	return max(batchSize, 4*maxInFlight)
+}
+
+// partitionKeyOf is the default OrderingKey: the PartitionKeyMetadata
+// metadata.
+func partitionKeyOf(msg *message.Message) string {
+	return msg.Metadata.Get(PartitionKeyMetadata)
+}
+
+// windowState is where a message of the window is.
+type windowState uint8
+
+const (
+	windowReady  windowState = iota // read, never handed out yet
+	windowOut                       // handed out, its handler holds it
+	windowNacked                    // nacked, out again once due
+	windowAcked                     // acknowledged, above an earlier one that is not
+)
+
+// windowEntry is one message of the window.
+type windowEntry struct {
+	msg storedMessage
+	// key is the message's ordering key; keyless messages (key "") are
+	// ordered against every other message.
+	key   string
+	state windowState
+	// sent: handed out at least once (its bytes are no longer the
+	// consumer's to hold).
+	sent bool
+	// attempt is the DeliveryAttemptMetadata of its next hand-out, from
+	// the first; due is when a nacked one may go out again.
+	attempt int
+	due     time.Time
+	// blockedSince is when it was first found ready but held back by an
+	// earlier message (of its key, or any, for a keyless one); zero when
+	// it is not (head-of-line wait).
+	blockedSince time.Time
+}
+
+// inflightWindow is the messages of a claim from the first one not
+// acknowledged to the last one read. It hands out up to maxOut at a time,
+// never two of one key at once, each key in position order, a keyless
+// message only once every earlier message is acknowledged and no later
+// one until it is; it keeps Acks above the first unacknowledged message
+// in memory, and reports how far the contiguous acknowledged prefix
+// moved. Not safe for concurrent use.
+type inflightWindow struct {
+	maxOut  int
+	entries []*windowEntry // in position order
+	out     int            // entries in windowOut
+	ready   int            // entries never sent
+	// holWait is the head-of-line wait accumulated since the last call of
+	// takeWait.
+	holWait time.Duration
+}
+
+func newInflightWindow(maxOut int) *inflightWindow {
+	return &inflightWindow{maxOut: maxOut}
+}
+
+// push adds a message read after the last one, with its ordering key;
+// attempt is the attempt of its first hand-out.
+func (w *inflightWindow) push(m storedMessage, key string, attempt int) *windowEntry {
+	e := &windowEntry{msg: m, key: key, attempt: attempt}
+	w.entries = append(w.entries, e)
+	w.ready++
+	return e
+}
+
+// len is the number of messages in the window: the bound of what a
+// takeover delivers again beyond what was acknowledged and not committed.
+func (w *inflightWindow) len() int { return len(w.entries) }
+
+// unsent is the number of messages read and never handed out.
+func (w *inflightWindow) unsent() int { return w.ready }
+
+// inFlight is the number of messages handed out and not acked or nacked.
+func (w *inflightWindow) inFlight() int { return w.out }
+
+// headOut reports whether the first message not acknowledged has been
+// handed out (claim.headOut).
+func (w *inflightWindow) headOut() bool {
+	return len(w.entries) > 0 && w.entries[0].sent
+}
+
+// next returns the first message that may go out at now, or nil; then
+// wake is the earliest time a nacked message becomes due (zero if none
+// waits for its time): the caller looks again then, or after an Ack.
+func (w *inflightWindow) next(now time.Time) (e *windowEntry, wake time.Time) {
+	if w.out >= w.maxOut {
+		return nil, time.Time{}
+	}
+	var busy map[string]bool // keys with an earlier message not acknowledged
+	earlier := false         // an earlier message is not acknowledged
+	for _, c := range w.entries {
+		if c.state == windowAcked {
+			continue
+		}
+		free := !busy[c.key]
+		if c.key == "" {
+			free = !earlier
+		}
+		switch {
+		case free && c.state == windowReady:
+			w.unblock(c, now)
+			return c, time.Time{}
+		case free && c.state == windowNacked && !now.Before(c.due):
+			return c, time.Time{}
+		case free && c.state == windowNacked && (wake.IsZero() || c.due.Before(wake)):
+			wake = c.due
+		case !free && c.state == windowReady && c.blockedSince.IsZero():
+			c.blockedSince = now
+		}
+		if c.key == "" {
+			// Nothing after an unacknowledged keyless message goes out.
+			return nil, wake
+		}
+		if busy == nil {
+			busy = map[string]bool{}
+		}
+		busy[c.key] = true
+		earlier = true
+	}
+	return nil, wake
+}
+
+// unblock ends e's head-of-line wait, if any.
+func (w *inflightWindow) unblock(e *windowEntry, now time.Time) {
+	if !e.blockedSince.IsZero() {
+		w.holWait += now.Sub(e.blockedSince)
+		e.blockedSince = time.Time{}
+	}
+}
+
+// takeWait returns the head-of-line wait accumulated since its last call.
+func (w *inflightWindow) takeWait() time.Duration {
+	d := w.holWait
+	w.holWait = 0
+	return d
+}
+
+// handOut records that e, returned by next, went out.
+func (w *inflightWindow) handOut(e *windowEntry) {
+	if !e.sent {
+		e.sent = true
+		w.ready--
+	}
+	e.state = windowOut
+	w.out++
+}
+
+// nack records e's Nack: it goes out again at due, with the next attempt,
+// and the later messages of its key wait for it.
+func (w *inflightWindow) nack(e *windowEntry, due time.Time) {
+	w.settle(e)
+	e.state, e.due = windowNacked, due
+	e.attempt++
+}
+
+// ack records e's Ack (or a message skipped as if acknowledged), and
+// returns the end of the acknowledged prefix when it moved, with the
+// number of messages it moved over.
+func (w *inflightWindow) ack(e *windowEntry) (prefix Position, moved int) {
+	w.settle(e)
+	if !e.sent {
+		e.sent = true
+		w.ready--
+	}
+	e.state = windowAcked
+	for moved < len(w.entries) && w.entries[moved].state == windowAcked {
+		prefix = w.entries[moved].msg.pos
+		moved++
+	}
+	if moved > 0 {
+		clear(w.entries[:moved])
+		w.entries = w.entries[moved:]
+	}
+	return prefix, moved
+}
+
+func (w *inflightWindow) settle(e *windowEntry) {
+	if e.state == windowOut {
+		w.out--
+	}
+}
+
+// windowEvent is the Ack or Nack of a message handed out by ownWindow.
+type windowEvent struct {
+	e     *windowEntry
+	acked bool
+}
+
+// windowDelivery is a message of the window that its handler holds.
+type windowDelivery struct {
+	msg    *message.Message
+	cancel context.CancelFunc
+}
+
+// ownWindow is own for MaxInFlight above 1: it reads messages into an
+// in-flight window (at most windowCap) and hands out what the window
+// allows (inflightWindow.next) while it waits for Acks and Nacks, and
+// commits the contiguous acknowledged prefix as own commits each Ack.
+// Acks above the prefix live and die with the call: a lost claim drops
+// them. Asked for the row back, it hands nothing more out and yields once
+// every message out is acked or nacked; a subscription that ends or a
+// claim that is lost end it at once (the contexts of the messages out are
+// cancelled).
+func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) outcome {
+	s := c.settings
+	w := newInflightWindow(s.maxInFlight)
+	retry := newBackoff(s.retryFirst, maxRetryBackoff)
+	pending := newPendingPoll(s.slowPoll)
+	// Each message out has a goroutine that reports its Ack or Nack
+	// (never blocking: at most maxInFlight are out).
+	events := make(chan windowEvent, s.maxInFlight)
+	done := make(chan struct{})
+	var watchers sync.WaitGroup
+	out := map[*windowEntry]windowDelivery{}
+	var offer *windowEntry // the next message to go out, built as offerMsg
+	var offerMsg *message.Message
+	var offerCancel context.CancelFunc
+	defer func() {
+		close(done)
+		watchers.Wait()
+		for _, d := range out {
+			d.cancel()
+		}
+		if offerCancel != nil {
+			offerCancel()
+		}
+		c.stats.inFlight.Add(-int64(len(out)))
+		c.budget.giveBack(&c.lease, c.lease.n)
+		c.hub.clearIdle(c)
+		c.idle.Store(false)
+	}()
+	// reread fires when a read is due again (after an error, or while
+	// committed rows are held back); due when a nacked message may go out.
+	reread, due := newStoppedTimer(), newStoppedTimer()
+	defer reread.Stop()
+	defer due.Stop()
+	after := cl.acked // the last message read
+	head := true      // the first message, after cl.acked, not counted yet
+	readDue := hasNext
+	// news: the consumer waits for news of the partition (the wake hub's
+	// idle list) before it reads again.
+	news := !hasNext
+	if news {
+		c.hub.setIdle(c, after)
+	}
+	settle := func(ev windowEvent) outcome {
+		d := out[ev.e]
+		delete(out, ev.e)
+		d.cancel()
+		c.stats.inFlight.Add(-1)
+		if !ev.acked {
+			c.stats.nacked.Add(1)
+			w.nack(ev.e, time.Now().Add(s.nackResendDelay))
+			return proceed
+		}
+		c.stats.acked.Add(1)
+		return c.windowAcked(g, cl, w, ev.e)
+	}
+	for {
+		if c.ctx.Err() != nil {
+			return c.windowStopped(events, out, settle)
+		}
+		if g.isLost() {
+			c.logger.Info("Session lost, topic delivery stopped", watermill.LogFields{
+				"epoch": cl.epoch, "session_id": cl.sessionID.String()})
+			return lost
+		}
+		yielding := c.yielding()
+		if yielding && len(out) == 0 {
+			return yielded
+		}
+		if news && w.len() == 0 {
+			// Everything read is acknowledged: commit before waiting.
+			c.idle.Store(true)
+			if res := c.flush(g, cl); res != proceed {
+				return res
+			}
+		}
+		if readDue && !yielding && w.unsent() == 0 && w.len() < s.windowCap {
+			readDue = false
+			sent := time.Now()
+			rb, ok, err := c.fetch(g, cl, after, min(s.batchSize, s.windowCap-w.len()))
+			switch {
+			case !ok:
+				continue // the loop's checks say why
+			case err != nil:
+				if c.ctx.Err() != nil {
+					continue
+				}
+				if errors.Is(cl.wentBack(err, "read messages of topic"), ErrDatabaseWentBack) {
+					return lost // the session keeper logs it
+				}
+				c.outage.failed(sent, "Cannot read messages, retrying", err,
+					watermill.LogFields{"topic": c.topic, "partition": c.partition})
+				resetTimer(reread, retry.delay())
+				continue
+			}
+			c.outage.ok()
+			retry.reset()
+			if len(rb.msgs) > 0 || !rb.pending {
+				pending.reset()
+			}
+			for _, m := range rb.msgs {
+				key := ""
+				if msg, err := m.toMessage(); err == nil {
+					key = s.orderingKey(msg)
+				}
+				w.push(m, key, 1)
+				after = m.pos
+			}
+			switch {
+			case len(rb.msgs) > 0 && !rb.all:
+				readDue = true // more follow
+			case rb.pending:
+				wait, stalled := pending.held(time.Now())
+				if stalled {
+					c.stats.stalls.Add(1)
+					c.host.reportStall()
+				}
+				resetTimer(reread, wait)
+			default:
+				// All read: a message committed since comes with a
+				// notification or the idle poller's wake-up.
+				news = true
+				c.hub.setIdle(c, after)
+			}
+		}
+		if offer == nil && !yielding {
+			e, wake := w.next(time.Now())
+			c.stats.holWaitNanos.Add(int64(w.takeWait()))
+			switch {
+			case e != nil:
+				if head {
+					// The first message after the claim's position: count
+					// this claim's delivery of it in the row, across owners.
+					n, res := c.countHead(g, cl)
+					if res != proceed {
+						return res
+					}
+					e.attempt, head = n, false
+				}
+				msg, cancel, err := c.newDelivery(g, cl, e.msg, e.attempt)
+				if err != nil {
+					c.skipUndecodable(e.msg, err)
+					if !e.sent {
+						c.budget.giveBack(&c.lease, e.msg.size)
+					}
+					if res := c.windowAcked(g, cl, w, e); res != proceed {
+						return res
+					}
+					continue
+				}
+				offer, offerMsg, offerCancel = e, msg, cancel
+			case !wake.IsZero():
+				resetTimer(due, time.Until(wake))
+			}
+		}
+		var outC chan<- *message.Message
+		if offer != nil && !yielding {
+			outC = c.out
+		}
+		var yieldC <-chan struct{}
+		if !yielding {
+			yieldC = c.yield
+		}
+		select {
+		case outC <- offerMsg:
+			e, d := offer, windowDelivery{msg: offerMsg, cancel: offerCancel}
+			offer, offerMsg, offerCancel = nil, nil, nil
+			if !e.sent {
+				// Handed out: the handler holds it now.
+				c.budget.giveBack(&c.lease, e.msg.size)
+			}
+			w.handOut(e)
+			out[e] = d
+			cl.headOut = w.headOut()
+			c.stats.delivered.Add(1)
+			c.stats.inFlight.Add(1)
+			watchers.Add(1)
+			go func() {
+				defer watchers.Done()
+				var ev windowEvent
+				select {
+				case <-d.msg.Acked():
+					ev = windowEvent{e: e, acked: true}
+				case <-d.msg.Nacked():
+					ev = windowEvent{e: e}
+				case <-done:
+					return
+				}
+				select {
+				case events <- ev:
+				case <-done:
+				}
+			}()
+		case ev := <-events:
+			if res := settle(ev); res != proceed {
+				return res
+			}
+		case <-reread.C:
+			readDue = true
+		case <-due.C:
+		case <-c.wake:
+			if news {
+				news = false
+				c.idle.Store(false)
+				c.hub.clearIdle(c)
+			}
+			readDue = true
+		case <-c.flushC():
+			if res := c.flush(g, cl); res != proceed {
+				return res
+			}
+		case <-c.ctx.Done():
+		case <-g.lost:
+		case <-yieldC:
+		}
+	}
+}
+
+// newStoppedTimer returns a timer that has not started.
+func newStoppedTimer() *time.Timer {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}
+
+// resetTimer makes t fire after d, whatever it was set to.
+func resetTimer(t *time.Timer, d time.Duration) {
+	t.Stop()
+	select {
+	case <-t.C:
+	default:
+	}
+	t.Reset(d)
+}
+
+// windowAcked records e's Ack in w and moves cl's acknowledged position
+// over the prefix, committing it as own commits Acks.
+func (c *consumer) windowAcked(g *sessionGen, cl *claim, w *inflightWindow, e *windowEntry) outcome {
+	prefix, moved := w.ack(e)
+	cl.headOut = w.headOut()
+	if moved == 0 {
+		return proceed
+	}
+	cl.acked = prefix
+	return c.acknowledged(g, cl, moved)
+}
+
+// windowStopped ends ownWindow when the subscription ended: the Acks
+// given before it (reported or not yet) go into the position the release
+// writes.
+func (c *consumer) windowStopped(events chan windowEvent, out map[*windowEntry]windowDelivery,
+	settle func(windowEvent) outcome) outcome {
+	for reported := true; reported; {
+		select {
+		case ev := <-events:
+			settle(ev)
+		default:
+			reported = false
+		}
+	}
+	for e, d := range out {
+		if isAcked(d.msg) {
+			settle(windowEvent{e: e, acked: true})
+		}
+	}
+	return stopped
+}

@@ -1,0 +1,252 @@
+package pglease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// publishKeyed publishes one message per key, in order, with the key as
+// its PartitionKeyMetadata, and returns their UUIDs.
+func publishKeyed(t *testing.T, pub *pglease.Publisher, topic string, keys ...string) []string {
+	t.Helper()
+	var ids []string
+	for _, k := range keys {
+		msg := message.NewMessage(watermill.NewUUID(), []byte(k))
+		msg.Metadata.Set(pglease.PartitionKeyMetadata, k)
+		require.NoError(t, pub.Publish(topic, msg))
+		ids = append(ids, msg.UUID)
+	}
+	return ids
+}
+
+// TestAckInTxWithMaxInFlight: with MaxInFlight above 1, a message
+// acknowledged in its transaction above an earlier message that is not
+// acknowledged yet does not move the group's position past that message
+// (which a restart then delivers again, not lost), and its own delivery
+// after the restart finds it acknowledged (its effects stay exactly once).
+func TestAckInTxWithMaxInFlight(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	ids := publishKeyed(t, pub, "in", "a", "b", "a")
+	createEffects(t, pool, adapter)
+	newSub := func() *pglease.Subscriber {
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true,
+			MaxInFlight: 4, CommitBatch: 1}, testLogger())
+		require.NoError(t, err)
+		return sub
+	}
+	ackInTx := func(msg *message.Message, proc string) error {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		require.NoError(t, insertEffect(ctx, tx, adapter.Schema, msg.UUID, proc))
+		if err := pglease.AckInTx(ctx, tx, msg); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}
+
+	sub := newSub()
+	msgs, err := sub.Subscribe(ctx, "in")
+	require.NoError(t, err)
+	a1, b1 := receiveOne(t, msgs), receiveOne(t, msgs)
+	require.Equal(t, []string{ids[0], ids[1]}, []string{a1.UUID, b1.UUID}, "a1 and b1 at once; a2 waits for a1")
+	require.NoError(t, ackInTx(b1, "first"))
+	b1.Ack()
+	require.Equal(t, pglease.Position{}, ackedOffset(t, pool, adapter, "", "in"),
+		"b1's transaction moved the position past a1, which is not acknowledged")
+	require.NoError(t, sub.Close()) // a1 never acked
+
+	sub = newSub()
+	defer func() { require.NoError(t, sub.Close()) }()
+	msgs, err = sub.Subscribe(ctx, "in")
+	require.NoError(t, err)
+	a1, b1 = receiveOne(t, msgs), receiveOne(t, msgs)
+	require.Equal(t, []string{ids[0], ids[1]}, []string{a1.UUID, b1.UUID}, "a1 delivered again, with b1")
+	err = ackInTx(b1, "second")
+	require.True(t, errors.Is(err, pglease.ErrAlreadyAcknowledged), "b1 again: %v", err)
+	b1.Ack()
+	require.NoError(t, ackInTx(a1, "second"))
+	a1.Ack()
+	a2 := receiveOne(t, msgs)
+	require.Equal(t, ids[2], a2.UUID)
+	require.NoError(t, ackInTx(a2, "second"))
+	a2.Ack()
+	pos, ok := pglease.MessagePositionFromCtx(a2.Context())
+	require.True(t, ok)
+	require.Eventually(t, func() bool { return ackedOffset(t, pool, adapter, "", "in") == pos }, 5*time.Second, 5*time.Millisecond,
+		"the position reaches a2 once the prefix is acknowledged")
+	effects := effectsOf(t, pool, adapter)
+	require.Equal(t, map[string][]string{ids[0]: {"second"}, ids[1]: {"first"}, ids[2]: {"second"}}, effects)
+
+	// The records the position has passed are dropped by the next AckInTx.
+	more := publishKeyed(t, pub, "in", "b")
+	b2 := receiveOne(t, msgs)
+	require.Equal(t, more[0], b2.UUID)
+	require.NoError(t, ackInTx(b2, "second"))
+	b2.Ack()
+	pos, ok = pglease.MessagePositionFromCtx(b2.Context())
+	require.True(t, ok)
+	var above []string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT acked_above FROM `+table(adapter, pglease.DefaultConsumerOffsetsTable)+
+		` WHERE consumer_group = '' AND topic = 'in'`).Scan(&above))
+	require.Equal(t, []string{fmt.Sprintf("%d:%d", pos.TransactionID, pos.Offset)}, above)
+}
+
+// keyedRecord is one processing of a message of a keyed test topic, as a
+// helper process recorded it.
+type keyedRecord struct {
+	proc, uuid, key    string
+	pos                pglease.Position
+	received, recorded time.Time
+}
+
+// loadKeyed returns what the helpers recorded processing of topic, with
+// each message's key and position, ordered by proc, key and reception.
+func loadKeyed(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, topic string) []keyedRecord {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT p.proc, p.uuid, m.metadata->>$2, m.transaction_id::text, m."offset",
+	p.received_at, p.recorded_at
+FROM `+table(adapter, processedTable)+` p JOIN `+table(adapter, pglease.DefaultMessagesTable)+` m
+	ON m.uuid = p.uuid AND m.topic = $1
+ORDER BY p.proc, 3, p.received_at`, topic, pglease.PartitionKeyMetadata)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []keyedRecord
+	for rows.Next() {
+		var r keyedRecord
+		var tx string
+		require.NoError(t, rows.Scan(&r.proc, &r.uuid, &r.key, &tx, &r.pos.Offset, &r.received, &r.recorded))
+		r.pos = parsePos(tx, r.pos.Offset)
+		out = append(out, r)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// checkKeyOrder counts, per process, the messages of a key handled out of
+// publish order or while an earlier one of the key was still being handled.
+func checkKeyOrder(recs []keyedRecord) (outOfOrder int) {
+	for i := 1; i < len(recs); i++ {
+		prev, r := recs[i-1], recs[i]
+		if prev.proc != r.proc || prev.key != r.key {
+			continue
+		}
+		if !posLess(prev.pos, r.pos) || r.received.Before(prev.recorded) {
+			outOfOrder++
+		}
+	}
+	return outOfOrder
+}
+
+// throughput is how many of recs proc processed per second, from the
+// first reception to the last record.
+func throughput(recs []keyedRecord, proc string) (n int, span time.Duration, perSecond float64) {
+	var first, last time.Time
+	for _, r := range recs {
+		if r.proc != proc {
+			continue
+		}
+		n++
+		if first.IsZero() || r.received.Before(first) {
+			first = r.received
+		}
+		if r.recorded.After(last) {
+			last = r.recorded
+		}
+	}
+	span = last.Sub(first)
+	return n, span, float64(n) / span.Seconds()
+}
+
+// TestMaxInFlightAcrossProcesses: one topic of one partition, 64 keys, a
+// handler of 20 ms behind a Watermill Router in a process of its own.
+// MaxInFlight 32 handles at least 15 times the messages per second that
+// MaxInFlight 1 does (both measured here), each key in publish order and
+// one at a time; after a SIGKILL mid-run, the next process loses nothing,
+// and delivers again only messages above the committed position: at
+// most a commit batch and a window.
+func TestMaxInFlightAcrossProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs helper processes for several seconds")
+	}
+	pool := newPool(t, 5)
+	adapter := newSchema(t, pool)
+	instrument(t, pool, adapter)
+	pub := newPublisher(t, pool, adapter)
+	const keys, work, maxInFlight = 64, 20 * time.Millisecond, 32
+	publish := func(topic string, n int) {
+		msgs := make([]*message.Message, n)
+		for i := range msgs {
+			msgs[i] = message.NewMessage(watermill.NewUUID(), nil)
+			msgs[i].Metadata.Set(pglease.PartitionKeyMetadata, fmt.Sprintf("k%02d", i%keys))
+		}
+		require.NoError(t, pub.Publish(topic, msgs...))
+	}
+	cfg := helperConfig{Schema: adapter.Schema, Group: "g", Mode: modeRouter, Work: work,
+		SessionTTL: 2 * time.Second, PollInterval: 100 * time.Millisecond}
+
+	// MaxInFlight 1: one message at a time.
+	const serialN = 100
+	publish("serial", serialN)
+	serial := cfg.named("serial")
+	serial.Topics = []string{"serial"}
+	s := startHelper(t, serial)
+	waitProcessed(t, pool, adapter, []string{"serial"}, time.Minute)
+	s.close(t)
+	serialRecs := loadKeyed(t, pool, adapter, "serial")
+	n1, span1, rate1 := throughput(serialRecs, "serial")
+	require.Equal(t, serialN, n1)
+
+	// MaxInFlight 32, killed mid-run, then another process finishes.
+	const parallelN, killAfter = 4096, 2000
+	publish("parallel", parallelN)
+	parallel := cfg.named("A")
+	parallel.Topics, parallel.MaxInFlight = []string{"parallel"}, maxInFlight
+	a := startHelper(t, parallel)
+	waitProgress(t, pool, adapter, "A", time.Time{}, killAfter, time.Minute)
+	a.signal(t, syscall.SIGKILL)
+	<-a.exited
+	b := startHelper(t, parallel.named("B"))
+	waitProcessed(t, pool, adapter, []string{"parallel"}, time.Minute)
+	b.close(t)
+
+	recs := loadKeyed(t, pool, adapter, "parallel")
+	n32, span32, rate32 := throughput(recs, "A")
+	ratio := rate32 / rate1
+	t.Logf("MaxInFlight 1: %d messages in %s = %.0f/s; MaxInFlight %d: %d messages in %s = %.0f/s (until the kill); %.1fx",
+		n1, span1.Round(time.Millisecond), rate1, maxInFlight, n32, span32.Round(time.Millisecond), rate32, ratio)
+	// 64 keys and a 20 ms handler allow 32x; 15x leaves room for the
+	// commits, the records and a shared machine.
+	require.GreaterOrEqual(t, ratio, 15.0, "MaxInFlight %d over MaxInFlight 1", maxInFlight)
+
+	require.Zero(t, checkKeyOrder(serialRecs), "MaxInFlight 1 handled a key out of order")
+	require.Zero(t, checkKeyOrder(recs), "MaxInFlight %d handled a key out of order or two of a key at once", maxInFlight)
+	seen := map[string]int{}
+	for _, r := range recs {
+		seen[r.uuid]++
+	}
+	require.Len(t, seen, parallelN, "messages lost after the kill")
+	dups := len(recs) - parallelN
+	// What B delivers again is what A handled above the position A had
+	// committed: the Acks of a commit batch not written yet, and the window.
+	bound := pglease.DefaultCommitBatch + max(pglease.DefaultBatchSize, 4*maxInFlight)
+	t.Logf("after the SIGKILL: %d messages delivered twice (bound %d)", dups, bound)
+	require.LessOrEqual(t, dups, bound)
+	for u, n := range seen {
+		require.LessOrEqual(t, n, 2, "message %s handled %d times", u, n)
+	}
+}
