@@ -35,6 +35,10 @@ const (
 	// TxOutcomeKey says how the transaction of a [TxHandler] ended:
 	// "commit" or "rollback".
 	TxOutcomeKey = attribute.Key("pglease.tx.outcome")
+	// UnsettledReasonKey, on the event "unsettled" of a consumer span,
+	// says why the delivery ended before its message was acked or nacked
+	// (the error SubscriberConfig.OnDelivery reports).
+	UnsettledReasonKey = attribute.Key("pglease.unsettled.reason")
 )
 
 // Operation names (messaging.operation.name) beside the conventional
@@ -46,6 +50,10 @@ const (
 	operationNack     = "nack"
 	operationAckInTx  = "ack_in_tx"
 	operationTxHandle = "tx_handler"
+
+	// eventUnsettled names the event of a delivery that ended before its
+	// message was acked or nacked, and is its error.type.
+	eventUnsettled = "unsettled"
 )
 
 // durationBuckets are the bucket bounds, in seconds, that the messaging

@@ -2,6 +2,7 @@ package otel
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
@@ -116,14 +117,16 @@ func (c *consumption) handlerError(err error) {
 	c.span.SetStatus(codes.Error, err.Error())
 }
 
-// settle ends the span with the message's outcome: operation "ack" or
-// "nack", or "" when the subscription ended first. It records
-// messaging.process.duration, from delivery to settlement.
-func (c *consumption) settle(operation string) {
+// settle ends the span with the delivery's outcome, as
+// SubscriberConfig.OnDelivery reports it: nil for an Ack,
+// pglease.ErrNacked for a Nack, otherwise why the delivery ended first.
+// It records messaging.process.duration, from delivery to settlement.
+func (c *consumption) settle(err error) {
 	d := time.Since(c.start)
+	operation := operationOf(err)
 	if c.span.IsRecording() {
 		if operation == "" {
-			c.span.AddEvent("unsettled: the subscription ended first")
+			c.span.AddEvent(eventUnsettled, trace.WithAttributes(UnsettledReasonKey.String(err.Error())))
 		} else {
 			c.span.AddEvent(operation, trace.WithAttributes(semconv.MessagingOperationTypeSettle,
 				semconv.MessagingOperationName(operation)))
@@ -142,9 +145,22 @@ func (c *consumption) settle(operation string) {
 	}
 }
 
+// operationOf is the settlement operation of a delivery that ended with
+// err: "ack", "nack", or "" when it ended unsettled.
+func operationOf(err error) string {
+	switch {
+	case err == nil:
+		return operationAck
+	case errors.Is(err, pglease.ErrNacked):
+		return operationNack
+	default:
+		return ""
+	}
+}
+
 func unsettledOr(operation string) string {
 	if operation == "" {
-		return "unsettled"
+		return eventUnsettled
 	}
 	return operation
 }
@@ -179,9 +195,9 @@ func Middleware(opts ...Option) message.HandlerMiddleware {
 			}
 			if !wrapped {
 				if err != nil {
-					c.settle(operationNack)
+					c.settle(pglease.ErrNacked)
 				} else {
-					c.settle(operationAck)
+					c.settle(nil)
 				}
 			}
 			return produced, err
