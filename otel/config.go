@@ -60,8 +60,8 @@ const (
 // conventions advise for their duration histograms.
 var durationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
 
-// Option configures [WrapPublisher], [WrapSubscriber], [Middleware],
-// [TxHandler], [AckInTx] and [RegisterInspector].
+// Option configures [WrapPublisher], [Instrument], [WrapSubscriber],
+// [Middleware], [TxHandler], [AckInTx] and [RegisterInspector].
 type Option func(*config)
 
 type config struct {

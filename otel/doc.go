@@ -5,16 +5,23 @@
 // module does not depend on OpenTelemetry.
 //
 // It follows the OpenTelemetry messaging semantic conventions of
-// semconv v1.43.0 (go.opentelemetry.io/otel v1.46.0; the messaging
+// semconv v1.43.0 (go.opentelemetry.io/otel v1.47.0; the messaging
 // conventions are still in development): messaging.system is "pglease".
 //
 // # Wiring
 //
-// Wrap the Publisher and the Subscriber; everything else stays as it is:
+// Wrap the Publisher and pass the Subscriber's config through
+// [Instrument]; everything else stays as it is:
 //
 //	otel.SetTextMapPropagator(propagation.TraceContext{}) // once, or otel.WithPropagator
 //	pub := pgleaseotel.WrapPublisher(publisher)
-//	sub := pgleaseotel.WrapSubscriber(subscriber)
+//	sub, err := pglease.NewSubscriber(pool, pgleaseotel.Instrument(pglease.SubscriberConfig{ConsumerGroup: "billing"}), logger)
+//
+// Instrument sets the config's OnDelivery hook, which the Subscriber
+// calls on its own goroutine as it hands each message out and as it sees
+// the message's Ack or Nack. For a Subscriber made elsewhere,
+// [WrapSubscriber] does the same from outside, at the cost of a
+// goroutine that forwards each message (see "Cost").
 //
 // By default the wrappers take the global TracerProvider, MeterProvider
 // and propagator (read when the wrapper is made); [WithTracerProvider],
@@ -53,10 +60,12 @@
 // pglease.position.transaction_id, pglease.position.offset, pglease.epoch
 // (the claim's fencing token) and pglease.delivery.attempt. The span
 // ends when the message is settled: an event "ack" or "nack" (operation
-// type settle; a Nack sets the status to error), or
-// "unsettled: the subscription ended first".
+// type settle; a Nack sets the status to error), or "unsettled" when the
+// delivery ended first, with pglease.unsettled.reason: the subscription
+// ended, the topic's ownership was lost, or it was handed over to
+// another member of the group.
 //
-// [Middleware] is the Router's side: behind a wrapped Subscriber it
+// [Middleware] is the Router's side: behind a traced Subscriber it
 // records the handler's error on the span; behind any other Subscriber it
 // makes the span itself, around the handler. Either way, messages the
 // handler returns without a span get the message's, so the Router's
