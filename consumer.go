@@ -140,6 +140,7 @@ type consumerSettings struct {
 	commitBatch     int
 	commitInterval  time.Duration
 	nackResendDelay time.Duration
+	onDelivery      deliveryHook
 	// retryFirst is the first wait before retrying a statement that
 	// failed (PollInterval/20), doubling up to maxRetryBackoff; slowPoll
 	// the slowest re-read while committed messages are held back
@@ -166,6 +167,7 @@ func newConsumerSettings(cfg SubscriberConfig) consumerSettings {
 		commitBatch:     cfg.CommitBatch,
 		commitInterval:  cfg.CommitInterval,
 		nackResendDelay: cfg.NackResendDelay,
+		onDelivery:      cfg.OnDelivery,
 		retryFirst:      cfg.PollInterval / 20,
 		slowPoll:        cfg.PollInterval,
 	}
@@ -983,8 +985,12 @@ func (c *consumer) fencedWrite(g *sessionGen, cl *claim, retryMsg string, write 
 	}
 }
 
-// handOut sends msg and waits for its Ack or Nack.
+// handOut sends msg and waits for its Ack or Nack. The OnDelivery hook
+// sees the message before it is sent and its settlement on return.
 func (c *consumer) handOut(g *sessionGen, cl *claim, msg *message.Message) (res outcome, nacked bool) {
+	if settled := c.settings.onDelivery.begin(msg); settled != nil {
+		defer func() { settled(settlement(msg, res)) }()
+	}
 	for sent := false; !sent; {
 		select {
 		case c.out <- msg:

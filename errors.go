@@ -57,6 +57,15 @@ var (
 	// AckInTx, Migrate and the admin and import calls for invalid
 	// arguments or configuration.
 	ErrInvalidConfig = errors.New("pglease: invalid config")
+	// ErrNacked is what the settled func of [SubscriberConfig.OnDelivery]
+	// is called with for a delivery whose message was nacked.
+	ErrNacked = errors.New("pglease: message was nacked")
+	// ErrDeliveryEnded is wrapped by what the settled func of
+	// [SubscriberConfig.OnDelivery] is called with for a delivery that
+	// ended before its message was acked or nacked; the error says why.
+	// The message's position was not committed: it is delivered again,
+	// by this Subscriber or another.
+	ErrDeliveryEnded = errors.New("pglease: delivery ended before the message was acked or nacked")
 )
 
 func validateTopic(topic string) error {

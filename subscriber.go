@@ -204,6 +204,30 @@ type SubscriberConfig struct {
 	// elected the maintainer: delayed messages, retention, expired
 	// sessions, idle groups. On by default.
 	Maintenance MaintenanceConfig
+
+	// OnDelivery, when set, is called for every delivery of a message,
+	// redeliveries after a Nack included, right before the message is
+	// offered on the subscription's channel, from the goroutine that
+	// delivers its partition: it must not block (the partition waits for
+	// it), must not ack or nack the message, and is called concurrently
+	// for different partitions and topics. The message's context is
+	// already the delivery's ([MessageDeliveryFromCtx] reads it); the hook
+	// may replace it with one derived from it (msg.SetContext), to put a
+	// span in it for example: the handler receives the message with that
+	// context. The otel module's Instrument sets it.
+	//
+	// The settled func it returns, unless nil, is called exactly once per
+	// delivery, from the same goroutine, when the delivery ends: with nil
+	// once the message was acked, with [ErrNacked] once it was nacked,
+	// and with an error wrapping [ErrDeliveryEnded] when the delivery
+	// ended first: the subscription ended (Close, or the end of the
+	// context given to Subscribe), the ownership of the topic was lost
+	// (the error wraps [ErrOwnershipLost] too), or the topic was handed
+	// over to another member of the group before the message was
+	// received. It must not block either. Close returns after the settled
+	// funcs of its deliveries were called; neither func is called after.
+	// Nil (the default) calls nothing.
+	OnDelivery func(msg *message.Message) (settled func(err error))
 }
 
 func (c *SubscriberConfig) setDefaults() {

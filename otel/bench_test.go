@@ -24,20 +24,27 @@ func noopOptions() []otel.Option {
 		otel.WithMeterProvider(metricnoop.NewMeterProvider()), otel.WithPropagator(propagation.TraceContext{})}
 }
 
+// How a benchmarked Publisher or Subscriber is traced.
+const (
+	bare         = "bare"         // not
+	wrapped      = "wrapped"      // WrapPublisher, WrapSubscriber
+	instrumented = "instrumented" // Instrument
+)
+
 // BenchmarkPublish publishes one message per call, from 8 goroutines (so
 // that the group commit batches), with and without WrapPublisher on
 // no-op providers.
 //
 //	go test -run '^$' -bench 'Publish|Consume' -benchtime 3s -count 5 ./otel
 func BenchmarkPublish(b *testing.B) {
-	for _, wrapped := range []bool{false, true} {
-		b.Run(map[bool]string{false: "bare", true: "wrapped"}[wrapped], func(b *testing.B) {
+	for _, how := range []string{bare, wrapped} {
+		b.Run(how, func(b *testing.B) {
 			pool := pgtest.NewPool(b, testDSN, 0)
 			tables := pglease.Tables{Schema: pgtest.NewSchema(b, pool, "pglease_otel_bench_")}
 			raw, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: tables, AutoInitializeSchema: true}, nil)
 			require.NoError(b, err)
 			var pub message.Publisher = raw
-			if wrapped {
+			if how == wrapped {
 				pub = otel.WrapPublisher(raw, noopOptions()...)
 			}
 			b.Cleanup(func() { _ = pub.Close() })
@@ -57,10 +64,11 @@ func BenchmarkPublish(b *testing.B) {
 }
 
 // BenchmarkConsume consumes b.N stored messages of one topic, acking
-// each, with and without WrapSubscriber on no-op providers.
+// each, without tracing, through Instrument and through WrapSubscriber,
+// on no-op providers.
 func BenchmarkConsume(b *testing.B) {
-	for _, wrapped := range []bool{false, true} {
-		b.Run(map[bool]string{false: "bare", true: "wrapped"}[wrapped], func(b *testing.B) {
+	for _, how := range []string{bare, instrumented, wrapped} {
+		b.Run(how, func(b *testing.B) {
 			ctx := context.Background()
 			pool := pgtest.NewPool(b, testDSN, 0)
 			tables := pglease.Tables{Schema: pgtest.NewSchema(b, pool, "pglease_otel_bench_")}
@@ -75,11 +83,14 @@ func BenchmarkConsume(b *testing.B) {
 				}
 			}
 			require.NoError(b, pub.Close())
-			raw, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: tables,
-				CommitInterval: 100 * time.Millisecond, CommitBatch: 1000}, nil)
+			cfg := pglease.SubscriberConfig{SchemaAdapter: tables, CommitInterval: 100 * time.Millisecond, CommitBatch: 1000}
+			if how == instrumented {
+				cfg = otel.Instrument(cfg, noopOptions()...)
+			}
+			raw, err := pglease.NewSubscriber(pool, cfg, nil)
 			require.NoError(b, err)
 			var sub message.Subscriber = raw
-			if wrapped {
+			if how == wrapped {
 				sub = otel.WrapSubscriber(raw, noopOptions()...)
 			}
 			b.Cleanup(func() { _ = sub.Close() })
@@ -102,8 +113,13 @@ func (nopPublisher) Publish(string, ...*message.Message) error { return nil }
 func (nopPublisher) Close() error                              { return nil }
 
 // ackSubscriber hands out n messages one at a time, each after the
-// previous one was acked, as a pglease Subscriber does (MaxInFlight 1).
-type ackSubscriber struct{ n int }
+// previous one was acked, as a pglease Subscriber does, calling
+// onDelivery, if set, as a pglease Subscriber calls
+// SubscriberConfig.OnDelivery.
+type ackSubscriber struct {
+	n          int
+	onDelivery func(*message.Message) func(error)
+}
 
 func (s ackSubscriber) Subscribe(ctx context.Context, _ string) (<-chan *message.Message, error) {
 	ch := make(chan *message.Message)
@@ -111,14 +127,24 @@ func (s ackSubscriber) Subscribe(ctx context.Context, _ string) (<-chan *message
 		defer close(ch)
 		for range s.n {
 			m := message.NewMessage("id", nil)
+			var settled func(error)
+			if s.onDelivery != nil {
+				settled = s.onDelivery(m)
+			}
+			err := pglease.ErrDeliveryEnded
 			select {
 			case ch <- m:
+				select {
+				case <-m.Acked():
+					err = nil
+				case <-ctx.Done():
+				}
 			case <-ctx.Done():
-				return
 			}
-			select {
-			case <-m.Acked():
-			case <-ctx.Done():
+			if settled != nil {
+				settled(err)
+			}
+			if err != nil {
 				return
 			}
 		}
@@ -130,17 +156,18 @@ func (ackSubscriber) Close() error { return nil }
 // BenchmarkWrapperPublish and BenchmarkWrapperConsume measure what the
 // wrappers add to a Publish call and to a delivery, on no-op providers,
 // around a Publisher and a Subscriber that do no I/O: the difference
-// between bare and wrapped is the wrappers' cost per message, to compare
+// between bare and wrapped (or instrumented: Instrument's hook, called
+// as a pglease Subscriber calls it) is the cost per message, to compare
 // with a Publish (BenchmarkPublish) or a delivery (BenchmarkConsume) on
 // PostgreSQL, which load on a shared machine makes too noisy to compare
 // directly.
 //
 //	go test -run '^$' -bench 'Wrapper' -count 5 ./otel
 func BenchmarkWrapperPublish(b *testing.B) {
-	for _, wrapped := range []bool{false, true} {
-		b.Run(map[bool]string{false: "bare", true: "wrapped"}[wrapped], func(b *testing.B) {
+	for _, how := range []string{bare, wrapped} {
+		b.Run(how, func(b *testing.B) {
 			var pub message.Publisher = nopPublisher{}
-			if wrapped {
+			if how == wrapped {
 				pub = otel.WrapPublisher(pub, noopOptions()...)
 			}
 			b.ReportAllocs()
@@ -154,10 +181,13 @@ func BenchmarkWrapperPublish(b *testing.B) {
 }
 
 func BenchmarkWrapperConsume(b *testing.B) {
-	for _, wrapped := range []bool{false, true} {
-		b.Run(map[bool]string{false: "bare", true: "wrapped"}[wrapped], func(b *testing.B) {
+	for _, how := range []string{bare, instrumented, wrapped} {
+		b.Run(how, func(b *testing.B) {
 			var sub message.Subscriber = ackSubscriber{n: b.N}
-			if wrapped {
+			switch how {
+			case instrumented:
+				sub = ackSubscriber{n: b.N, onDelivery: otel.Instrument(pglease.SubscriberConfig{}, noopOptions()...).OnDelivery}
+			case wrapped:
 				sub = otel.WrapSubscriber(sub, noopOptions()...)
 			}
 			defer func() { _ = sub.Close() }()

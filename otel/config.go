@@ -35,6 +35,10 @@ const (
 	// TxOutcomeKey says how the transaction of a [TxHandler] ended:
 	// "commit" or "rollback".
 	TxOutcomeKey = attribute.Key("pglease.tx.outcome")
+	// UnsettledReasonKey, on the event "unsettled" of a consumer span,
+	// says why the delivery ended before its message was acked or nacked
+	// (the error SubscriberConfig.OnDelivery reports).
+	UnsettledReasonKey = attribute.Key("pglease.unsettled.reason")
 )
 
 // Operation names (messaging.operation.name) beside the conventional
@@ -46,14 +50,18 @@ const (
 	operationNack     = "nack"
 	operationAckInTx  = "ack_in_tx"
 	operationTxHandle = "tx_handler"
+
+	// eventUnsettled names the event of a delivery that ended before its
+	// message was acked or nacked, and is its error.type.
+	eventUnsettled = "unsettled"
 )
 
 // durationBuckets are the bucket bounds, in seconds, that the messaging
 // conventions advise for their duration histograms.
 var durationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
 
-// Option configures [WrapPublisher], [WrapSubscriber], [Middleware],
-// [TxHandler], [AckInTx] and [RegisterInspector].
+// Option configures [WrapPublisher], [Instrument], [WrapSubscriber],
+// [Middleware], [TxHandler], [AckInTx] and [RegisterInspector].
 type Option func(*config)
 
 type config struct {

@@ -2,6 +2,7 @@ package otel
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
@@ -16,30 +17,32 @@ import (
 )
 
 // consumptionKey is the context key of the consumption of a delivered
-// message, set by a wrapped Subscriber and found by Middleware.
+// message, set by Instrument's hook or a wrapped Subscriber and found by
+// Middleware.
 type consumptionKey struct{}
 
-// consumption is the span and measurements of one delivery.
+// consumption is the span and measurements of one delivery, with the
+// message's context and the span's start options in the same allocation.
 type consumption struct {
 	t     *telemetry
 	span  trace.Span
-	ctx   context.Context // the message's context, with span
-	start time.Time
+	ctx   consumptionCtx       // the message's context, with span
+	start time.Time            // when process.duration is measured
 	attrs []attribute.KeyValue // of the process measurements
 	// watched: the span records or process.duration is measured, so
 	// the settlement is worth waiting for.
-	watched bool
+	watched   bool
+	startOpts [2]trace.SpanStartOption
 }
 
-// consumptionOf returns the consumption a wrapped Subscriber started for
+// consumptionOf returns the consumption Instrument or WrapSubscriber started for
 // the message of ctx.
 func consumptionOf(ctx context.Context) (*consumption, bool) {
 	c, ok := ctx.Value(consumptionKey{}).(*consumption)
 	return c, ok
 }
 
-// consumptionCtx is a message's context with its consumption, in one
-// allocation.
+// consumptionCtx is a message's context with its consumption.
 type consumptionCtx struct {
 	context.Context
 	c *consumption
@@ -63,7 +66,8 @@ func (t *telemetry) startProcess(msg *message.Message, topic string) *consumptio
 		topic = d.Topic
 	}
 	producer := trace.SpanContextFromContext(t.prop.Extract(context.Background(), metadataCarrier(msg.Metadata)))
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
+	c := &consumption{t: t}
+	opts := append(c.startOpts[:0], trace.WithSpanKind(trace.SpanKindConsumer))
 	parent := ctx
 	if producer.IsValid() {
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
@@ -72,9 +76,13 @@ func (t *telemetry) startProcess(msg *message.Message, topic string) *consumptio
 		}
 	}
 	spanCtx, span := t.tracer.Start(parent, operationProcess+" "+topic, opts...)
-	c := &consumption{t: t, span: span, start: time.Now()}
-	measured := t.consumed.Enabled(ctx) || t.processDuration.Enabled(ctx)
-	c.watched = span.IsRecording() || t.processDuration.Enabled(ctx)
+	c.span = span
+	timed := t.processDuration.Enabled(ctx)
+	if timed {
+		c.start = time.Now()
+	}
+	measured := t.consumed.Enabled(ctx) || timed
+	c.watched = span.IsRecording() || timed
 	if span.IsRecording() || measured {
 		attrs := make([]attribute.KeyValue, 0, 12)
 		attrs = append(attrs,
@@ -105,8 +113,8 @@ func (t *telemetry) startProcess(msg *message.Message, topic string) *consumptio
 			t.consumed.Add(ctx, 1, metric.WithAttributes(c.attrs...))
 		}
 	}
-	c.ctx = &consumptionCtx{Context: spanCtx, c: c}
-	msg.SetContext(c.ctx)
+	c.ctx = consumptionCtx{Context: spanCtx, c: c}
+	msg.SetContext(&c.ctx)
 	return c
 }
 
@@ -116,14 +124,15 @@ func (c *consumption) handlerError(err error) {
 	c.span.SetStatus(codes.Error, err.Error())
 }
 
-// settle ends the span with the message's outcome: operation "ack" or
-// "nack", or "" when the subscription ended first. It records
-// messaging.process.duration, from delivery to settlement.
-func (c *consumption) settle(operation string) {
-	d := time.Since(c.start)
+// settle ends the span with the delivery's outcome, as
+// SubscriberConfig.OnDelivery reports it: nil for an Ack,
+// pglease.ErrNacked for a Nack, otherwise why the delivery ended first.
+// It records messaging.process.duration, from delivery to settlement.
+func (c *consumption) settle(err error) {
+	operation := operationOf(err)
 	if c.span.IsRecording() {
 		if operation == "" {
-			c.span.AddEvent("unsettled: the subscription ended first")
+			c.span.AddEvent(eventUnsettled, trace.WithAttributes(UnsettledReasonKey.String(err.Error())))
 		} else {
 			c.span.AddEvent(operation, trace.WithAttributes(semconv.MessagingOperationTypeSettle,
 				semconv.MessagingOperationName(operation)))
@@ -133,31 +142,46 @@ func (c *consumption) settle(operation string) {
 		}
 	}
 	c.span.End()
-	if c.t.processDuration.Enabled(c.ctx) {
+	if ctx := &c.ctx; !c.start.IsZero() && c.t.processDuration.Enabled(ctx) {
+		d := time.Since(c.start)
 		attrs := c.attrs
 		if operation != operationAck {
 			attrs = append(attrs[:len(attrs):len(attrs)], semconv.ErrorTypeKey.String(unsettledOr(operation)))
 		}
-		c.t.processDuration.Record(c.ctx, seconds(d), metric.WithAttributes(attrs...))
+		c.t.processDuration.Record(ctx, seconds(d), metric.WithAttributes(attrs...))
+	}
+}
+
+// operationOf is the settlement operation of a delivery that ended with
+// err: "ack", "nack", or "" when it ended unsettled.
+func operationOf(err error) string {
+	switch {
+	case err == nil:
+		return operationAck
+	case errors.Is(err, pglease.ErrNacked):
+		return operationNack
+	default:
+		return ""
 	}
 }
 
 func unsettledOr(operation string) string {
 	if operation == "" {
-		return "unsettled"
+		return eventUnsettled
 	}
 	return operation
 }
 
 // Middleware returns a Router middleware that traces and measures the
-// handler. Behind a Subscriber made by [WrapSubscriber], it records the
-// handler's error on the message's span and nothing more. Behind any
-// other Subscriber it makes the CONSUMER span "process <topic>" itself,
-// linked to the producer's, around the handler (the message's Ack or
-// Nack then comes after the span, and messaging.process.duration is the
-// handler's). Either way, messages the handler returns without a span in
-// their context get the message's span, so that the Router's publishing
-// of them nests under it and carries its context.
+// handler. Behind a Subscriber traced with [Instrument] or
+// [WrapSubscriber], it records the handler's error on the message's span
+// and nothing more. Behind any other Subscriber it makes the CONSUMER
+// span "process <topic>" itself, linked to the producer's, around the
+// handler (the message's Ack or Nack then comes after the span, and
+// messaging.process.duration is the handler's). Either way, messages the
+// handler returns without a span in their context get the message's
+// span, so that the Router's publishing of them nests under it and
+// carries its context.
 //
 //	router.AddMiddleware(otel.Middleware())
 func Middleware(opts ...Option) message.HandlerMiddleware {
@@ -179,9 +203,9 @@ func Middleware(opts ...Option) message.HandlerMiddleware {
 			}
 			if !wrapped {
 				if err != nil {
-					c.settle(operationNack)
+					c.settle(pglease.ErrNacked)
 				} else {
-					c.settle(operationAck)
+					c.settle(nil)
 				}
 			}
 			return produced, err

@@ -14,8 +14,8 @@ import (
 	pgleaseotel "github.com/pglease/watermill-pglease/otel"
 )
 
-// Wrap the Publisher and the Subscriber: a request's trace goes on
-// through PostgreSQL into the handler.
+// Wrap the Publisher and instrument the Subscriber's config: a request's
+// trace goes on through PostgreSQL into the handler.
 func Example() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, "postgres://localhost/app")
@@ -28,12 +28,11 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	subscriber, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "billing"}, nil)
+	sub, err := pglease.NewSubscriber(pool, pgleaseotel.Instrument(pglease.SubscriberConfig{ConsumerGroup: "billing"}), nil)
 	if err != nil {
 		panic(err)
 	}
 	pub := pgleaseotel.WrapPublisher(publisher)
-	sub := pgleaseotel.WrapSubscriber(subscriber)
 
 	// Publishing in a request: the message carries the request's trace.
 	http.HandleFunc("/orders", func(w http.ResponseWriter, r *http.Request) {

@@ -21,10 +21,16 @@ import (
 	"github.com/pglease/watermill-pglease/otel"
 )
 
-// TestMetrics publishes and consumes through the wrappers and reads the
-// conventions' instruments and the Inspector's gauges; after Close no
-// goroutine of the wrapper is left.
+// TestMetrics publishes and consumes through the wrappers (the
+// Subscriber's config through Instrument, or the Subscriber through
+// WrapSubscriber) and reads the conventions' instruments and the
+// Inspector's gauges; after Close no goroutine is left.
 func TestMetrics(t *testing.T) {
+	t.Run("Instrument", func(t *testing.T) { testMetrics(t, false) })
+	t.Run("WrapSubscriber", func(t *testing.T) { testMetrics(t, true) })
+}
+
+func testMetrics(t *testing.T, wrap bool) {
 	ctx := context.Background()
 	pool := pgtest.NewPool(t, testDSN, 0)
 	tables := pglease.Tables{Schema: pgtest.NewSchema(t, pool, "pglease_otel_test_")}
@@ -40,10 +46,16 @@ func TestMetrics(t *testing.T) {
 	require.NoError(t, pub.Close())
 
 	before := runtime.NumGoroutine()
-	rawSub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: tables,
-		CommitBatch: 1}, nil)
+	subCfg := pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: tables, CommitBatch: 1}
+	if !wrap {
+		subCfg = otel.Instrument(subCfg, opts...)
+	}
+	rawSub, err := pglease.NewSubscriber(pool, subCfg, nil)
 	require.NoError(t, err)
-	sub := otel.WrapSubscriber(rawSub, opts...)
+	var sub message.Subscriber = rawSub
+	if wrap {
+		sub = otel.WrapSubscriber(rawSub, opts...)
+	}
 	subCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ch, err := sub.Subscribe(subCtx, "t")

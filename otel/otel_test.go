@@ -63,6 +63,8 @@ type consumerConfig struct {
 	// Want is how many messages the handler must process successfully
 	// (and see acked) before the process reports its spans and exits.
 	Want int
+	// Wrap traces with WrapSubscriber instead of Instrument.
+	Wrap bool
 }
 
 // spanRecord is a span of the consumer process, as it reports it on its
@@ -99,8 +101,8 @@ func record(s sdktrace.ReadOnlySpan) spanRecord {
 	return r
 }
 
-// runConsumer is the consumer process: a Watermill Router on a wrapped
-// pglease Subscriber of its own pool, with a poison queue through a
+// runConsumer is the consumer process: a Watermill Router on a traced
+// pglease Subscriber (Instrument, or WrapSubscriber) of its own pool, with a poison queue through a
 // wrapped Publisher, tracing into an in-memory exporter of its own. Once
 // Want messages were processed and acked it closes everything and writes
 // its spans to stdout. Nothing crosses from the test to it but the
@@ -129,12 +131,19 @@ func consume(cfg consumerConfig) error {
 	}
 	defer pool.Close()
 	tables := pglease.Tables{Schema: cfg.Schema}
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: tables,
-		CommitBatch: 1, PollInterval: 20 * time.Millisecond, NackResendDelay: time.Millisecond}, nil)
+	subCfg := pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: tables,
+		CommitBatch: 1, PollInterval: 20 * time.Millisecond, NackResendDelay: time.Millisecond}
+	if !cfg.Wrap {
+		subCfg = otel.Instrument(subCfg, opts...)
+	}
+	sub, err := pglease.NewSubscriber(pool, subCfg, nil)
 	if err != nil {
 		return err
 	}
-	wsub := otel.WrapSubscriber(sub, opts...)
+	var wsub message.Subscriber = sub
+	if cfg.Wrap {
+		wsub = otel.WrapSubscriber(sub, opts...)
+	}
 	defer func() { _ = wsub.Close() }()
 	rawPub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: tables}, nil)
 	if err != nil {
@@ -226,8 +235,14 @@ func hasEvent(events []sdktrace.Event, name string) bool {
 // Each process span the consumer makes is linked to the send span of its
 // message, with the messaging attributes; the poisoned message, sent to
 // the poison queue and replayed with admin.Inspector.Replay, keeps its
-// link; the handler's span nests under the process span.
+// link; the handler's span nests under the process span. The consumer
+// traces its Subscriber with Instrument, then with WrapSubscriber.
 func TestTraceCrossesTheDatabase(t *testing.T) {
+	t.Run("Instrument", func(t *testing.T) { testTraceCrossesTheDatabase(t, false) })
+	t.Run("WrapSubscriber", func(t *testing.T) { testTraceCrossesTheDatabase(t, true) })
+}
+
+func testTraceCrossesTheDatabase(t *testing.T, wrap bool) {
 	ctx := context.Background()
 	pool := pgtest.NewPool(t, testDSN, 0)
 	tables := pglease.Tables{Schema: pgtest.NewSchema(t, pool, "pglease_otel_test_")}
@@ -272,7 +287,7 @@ func TestTraceCrossesTheDatabase(t *testing.T) {
 	require.Len(t, sends, 3)
 
 	// The consumer process.
-	cfg, err := json.Marshal(consumerConfig{DSN: testDSN, Schema: tables.Schema, Want: 3})
+	cfg, err := json.Marshal(consumerConfig{DSN: testDSN, Schema: tables.Schema, Want: 3, Wrap: wrap})
 	require.NoError(t, err)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), consumerEnv+"="+string(cfg))

@@ -65,8 +65,9 @@ func (t *telemetry) ackInTx(ctx context.Context, tx pgx.Tx, msg *message.Message
 // to COMMIT or ROLLBACK (attribute pglease.tx.outcome): f runs with that
 // span in its context, so its own spans and pgx's nest inside the
 // transaction, and the messages f returns carry its trace context
-// (unless they carry one already). Use it behind [WrapSubscriber] or
-// [Middleware], as pglease.TxHandler.
+// (unless they carry one already). Use it behind a Subscriber traced
+// with [Instrument] or [WrapSubscriber], or behind [Middleware], as
+// pglease.TxHandler.
 func TxHandler(db pglease.TxBeginner, config pglease.TxHandlerConfig, f pglease.TxHandlerFunc, opts ...Option) message.NoPublishHandlerFunc {
 	t := newTelemetry(opts)
 	traced := func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
