@@ -215,6 +215,9 @@ type windowEvent struct {
 type windowDelivery struct {
 	msg    *message.Message
 	cancel context.CancelFunc
+	// settled is the OnDelivery hook's, called once when the message is
+	// acked or nacked or the window ends (nil: no hook).
+	settled func(error)
 }
 
 // ownWindow is own for MaxInFlight above 1: it reads messages into an
@@ -226,7 +229,7 @@ type windowDelivery struct {
 // every message out is acked or nacked; a subscription that ends or a
 // claim that is lost end it at once (the contexts of the messages out are
 // cancelled).
-func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) outcome {
+func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcome) {
 	s := c.settings
 	w := newInflightWindow(s.maxInFlight)
 	retry := newBackoff(s.retryFirst, maxRetryBackoff)
@@ -240,14 +243,21 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) outcome {
 	var offer *windowEntry // the next message to go out, built as offerMsg
 	var offerMsg *message.Message
 	var offerCancel context.CancelFunc
+	var offerSettled func(error) // the hook's, for offerMsg
 	defer func() {
 		close(done)
 		watchers.Wait()
 		for _, d := range out {
 			d.cancel()
+			if d.settled != nil {
+				d.settled(settlement(d.msg, res))
+			}
 		}
 		if offerCancel != nil {
 			offerCancel()
+		}
+		if offerSettled != nil {
+			offerSettled(settlement(offerMsg, res))
 		}
 		c.stats.inFlight.Add(-int64(len(out)))
 		c.budget.giveBack(&c.lease, c.lease.n)
@@ -272,6 +282,13 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) outcome {
 		d := out[ev.e]
 		delete(out, ev.e)
 		d.cancel()
+		if d.settled != nil {
+			if ev.acked {
+				d.settled(nil)
+			} else {
+				d.settled(ErrNacked)
+			}
+		}
 		c.stats.inFlight.Add(-1)
 		if !ev.acked {
 			c.stats.nacked.Add(1)
@@ -376,6 +393,7 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) outcome {
 					continue
 				}
 				offer, offerMsg, offerCancel = e, msg, cancel
+				offerSettled = s.onDelivery.begin(msg)
 			case !wake.IsZero():
 				resetTimer(due, time.Until(wake))
 			}
@@ -390,8 +408,8 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) outcome {
 		}
 		select {
 		case outC <- offerMsg:
-			e, d := offer, windowDelivery{msg: offerMsg, cancel: offerCancel}
-			offer, offerMsg, offerCancel = nil, nil, nil
+			e, d := offer, windowDelivery{msg: offerMsg, cancel: offerCancel, settled: offerSettled}
+			offer, offerMsg, offerCancel, offerSettled = nil, nil, nil, nil
 			if !e.sent {
 				// Handed out: the handler holds it now.
 				c.budget.giveBack(&c.lease, e.msg.size)

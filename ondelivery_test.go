@@ -2,6 +2,7 @@ package pglease_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -75,6 +76,16 @@ func settledWithin(t *testing.T, d *hookDelivery, timeout time.Duration) error {
 // ErrDeliveryEnded for a message still out at Close, before Close returns;
 // nothing is called after Close.
 func TestOnDeliveryHook(t *testing.T) {
+	// MaxInFlight 2 hands out through the in-flight window; the messages
+	// have no key, so they go out one at a time there too.
+	for _, maxInFlight := range []int{1, 2} {
+		t.Run(fmt.Sprintf("MaxInFlight %d", maxInFlight), func(t *testing.T) {
+			testOnDeliveryHook(t, maxInFlight)
+		})
+	}
+}
+
+func testOnDeliveryHook(t *testing.T, maxInFlight int) {
 	pool := newPool(t, 0)
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
@@ -84,7 +95,7 @@ func TestOnDeliveryHook(t *testing.T) {
 
 	var log hookLog
 	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{OnDelivery: log.hook,
-		NackResendDelay: time.Millisecond, CommitBatch: 1})
+		NackResendDelay: time.Millisecond, CommitBatch: 1, MaxInFlight: maxInFlight})
 	msgs, err := sub.Subscribe(context.Background(), "hooked")
 	require.NoError(t, err)
 
