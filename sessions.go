@@ -534,9 +534,12 @@ func (k *sessionKeeper) backInTime(g *sessionGen, mark clusterMark) bool {
 	if why == "" {
 		return false
 	}
-	k.stats.resyncs.Add(1)
-	k.logResync(prev, mark, why, restarted, "the heartbeat", g.id)
-	k.loseLocked(g)
+	if k.loseLocked(g) {
+		// (Not when a statement found it first: elsewhere counted it,
+		// and the next session logs it.)
+		k.stats.resyncs.Add(1)
+		k.logResync(prev, mark, why, restarted, "the heartbeat", g.id)
+	}
 	return true
 }
 
@@ -568,7 +571,8 @@ func (k *sessionKeeper) resynced(mark clusterMark) {
 	switch {
 	case by != "":
 		if why == "" {
-			why = "a position held in memory lies ahead of the database's transaction counter"
+			why = "a statement found the database elsewhere than where the session was made, or a position " +
+				"held in memory ahead of its transaction counter"
 		}
 		k.logResync(prev, mark, why, restarted, by, k.prevID)
 	case why != "":
