@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
 )
 
 // EnvKeepSchema names the environment variable that, when set, keeps the
@@ -114,5 +115,38 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 			t.Fatalf("timed out after %s waiting for %s", timeout, what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// DedicatedConn returns a connection of pool held for the whole test.
+func DedicatedConn(t *testing.T, pool *pgxpool.Pool) *pgxpool.Conn {
+	t.Helper()
+	conn, err := pool.Acquire(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(conn.Release)
+	return conn
+}
+
+// WaitBlockedOnLock waits until the backend pid waits for a lock, or fails
+// the test; done, when closed first, means the statement finished instead.
+func WaitBlockedOnLock(t *testing.T, pool *pgxpool.Pool, pid uint32, done <-chan struct{}) bool {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case <-done:
+			return false
+		default:
+		}
+		var waiting bool
+		require.NoError(t, pool.QueryRow(context.Background(),
+			`SELECT COALESCE(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting))
+		if waiting {
+			return true
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backend %d neither finished nor waited for a lock within 10s", pid)
+		}
+		time.Sleep(2 * time.Millisecond)
 	}
 }
