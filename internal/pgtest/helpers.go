@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/stretchr/testify/require"
 )
 
 // EnvKeepSchema names the environment variable that, when set, keeps the
@@ -122,7 +121,9 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 func DedicatedConn(t *testing.T, pool *pgxpool.Pool) *pgxpool.Conn {
 	t.Helper()
 	conn, err := pool.Acquire(context.Background())
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatalf("acquire a connection: %v", err)
+	}
 	t.Cleanup(conn.Release)
 	return conn
 }
@@ -139,8 +140,10 @@ func WaitBlockedOnLock(t *testing.T, pool *pgxpool.Pool, pid uint32, done <-chan
 		default:
 		}
 		var waiting bool
-		require.NoError(t, pool.QueryRow(context.Background(),
-			`SELECT COALESCE(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting))
+		if err := pool.QueryRow(context.Background(),
+			`SELECT COALESCE(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting); err != nil {
+			t.Fatalf("read the wait of backend %d: %v", pid, err)
+		}
 		if waiting {
 			return true
 		}
