@@ -60,8 +60,6 @@ type (
 	logEntry        = testkit.LogEntry
 )
 
-const benchPoolConns = testkit.BenchPoolConns
-
 // newPoolOn returns a pool on dsn, closed at the end of the test.
 func newPoolOn(t testing.TB, dsn string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
