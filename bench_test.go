@@ -21,8 +21,6 @@ import (
 // with watermill-sql. Every message carries a 64-byte payload, and every
 // benchmark reports msgs/s next to ns/op (one op is one message).
 
-const benchPoolConns = 64
-
 var benchPayload = func() []byte {
 	head := `{"bench":"pglease","pad":"`
 	return []byte(head + strings.Repeat("x", 64-len(head)-2) + `"}`)
@@ -34,19 +32,6 @@ func benchMessages(n int) []*message.Message {
 		msgs[i] = message.NewMessage(watermill.NewUUID(), benchPayload)
 	}
 	return msgs
-}
-
-// benchSetup returns a pool and an adapter on a fresh schema whose tables
-// exist, so that no benchmark times DDL.
-func benchSetup(b *testing.B, topic string) (*pgxpool.Pool, pglease.Tables) {
-	b.Helper()
-	pool := newPool(b, benchPoolConns)
-	adapter := newSchema(b, pool)
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true}, nil)
-	require.NoError(b, err)
-	require.NoError(b, sub.SubscribeInitialize(topic))
-	require.NoError(b, sub.Close())
-	return pool, adapter
 }
 
 func benchPublisher(b *testing.B, pool *pgxpool.Pool, adapter pglease.Tables) *pglease.Publisher {

@@ -59,16 +59,6 @@ func effectsOf(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) map[str
 	return out
 }
 
-func ackedOffset(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, group, topic string) pglease.Position {
-	t.Helper()
-	var tx string
-	var off int64
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT acked_transaction_id::text, acked_offset FROM `+
-		table(adapter, pglease.DefaultConsumerOffsetsTable)+` WHERE consumer_group = $1 AND topic = $2 AND partition = 0`,
-		group, topic).Scan(&tx, &off))
-	return parsePos(tx, off)
-}
-
 // TestAckInTxCommitsWithTheTransaction: a position acknowledged in a
 // transaction that commits counts even without Ack, and is never moved
 // back by the coalesced commit or the release of an older Ack; one that

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pglease/watermill-pglease/internal/pgtest"
+	"github.com/pglease/watermill-pglease/internal/testkit"
 )
 
 // TestExamplesRun runs each program of _examples against the test database:
@@ -28,7 +29,7 @@ func TestExamplesRun(t *testing.T) {
 				cmd = exec.CommandContext(ctx, "go", "run", ".")
 				cmd.Dir = dir
 			}
-			cmd.Env = append(os.Environ(), "DATABASE_URL="+testDSN)
+			cmd.Env = append(os.Environ(), "DATABASE_URL="+testkit.DSN)
 			out, err := cmd.CombinedOutput()
 			require.NoError(t, err, "go run %s:\n%s", dir, out)
 		})

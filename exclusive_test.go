@@ -8,9 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -27,65 +25,6 @@ import (
 // that matters, and waits for the blocked statement to be seen waiting on
 // that lock in pg_stat_activity: nothing depends on timing luck.
 
-// createTables creates the pglease tables in adapter's schema.
-func createTables(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) {
-	t.Helper()
-	_, err := pool.Exec(context.Background(), pglease.SchemaSQL(adapter))
-	require.NoError(t, err)
-}
-
-// dedicatedConn returns a connection of pool held for the whole test.
-func dedicatedConn(t *testing.T, pool *pgxpool.Pool) *pgxpool.Conn {
-	t.Helper()
-	conn, err := pool.Acquire(context.Background())
-	require.NoError(t, err)
-	t.Cleanup(conn.Release)
-	return conn
-}
-
-func execQuery(t *testing.T, conn *pgxpool.Conn, q pgsql.Stmt) int64 {
-	t.Helper()
-	tag, err := conn.Exec(context.Background(), q.SQL, q.Args...)
-	require.NoError(t, err, q.SQL)
-	return tag.RowsAffected()
-}
-
-// claimOutcome is what the adapter's claim statement said of one topic.
-type claimOutcome struct {
-	claimed  bool
-	epoch    *int64
-	previous *uuid.UUID
-	future   bool
-}
-
-// claimQuery is the claim statement for one topic, by a session made on
-// the server whose identity is here (serverHere).
-func claimQuery(adapter pglease.Tables, group, topic string, session uuid.UUID, here string) pgsql.Stmt {
-	return tablesOf(adapter).ClaimOffsets(pgsql.OffsetsParams{ConsumerGroup: group, Topics: []string{topic}, SessionID: session,
-		Here: here, Limit: 1})
-}
-
-// scanClaim reads the rows of a one-topic claim statement.
-func scanClaim(rows pgx.Rows) (claimOutcome, error) {
-	var o claimOutcome
-	for rows.Next() {
-		var (
-			kind, topic string
-			partition   int32
-			tx          *string
-			offset      *int64
-			hasNext     *bool
-			owner       *string
-		)
-		if err := rows.Scan(&kind, &topic, &partition, &o.epoch, &tx, &offset, &hasNext, &o.previous, &owner); err != nil {
-			return o, err
-		}
-		o.claimed = kind == "c"
-		o.future = kind == "f"
-	}
-	return o, rows.Err()
-}
-
 func runClaim(ctx context.Context, conn *pgxpool.Conn, adapter pglease.Tables, group, topic string, session uuid.UUID) (claimOutcome, error) {
 	here, err := pgsql.Here(ctx, conn)
 	if err != nil {
@@ -97,36 +36,6 @@ func runClaim(ctx context.Context, conn *pgxpool.Conn, adapter pglease.Tables, g
 		return claimOutcome{}, err
 	}
 	return scanClaim(rows)
-}
-
-// ensureRow creates the offset row of (group, topic).
-func ensureRow(t *testing.T, conn *pgxpool.Conn, adapter pglease.Tables, group, topic string) {
-	t.Helper()
-	execQuery(t, conn, tablesOf(adapter).EnsureOffsets(pgsql.OffsetsParams{ConsumerGroup: group, Topics: []string{topic}}))
-}
-
-// waitBlockedOnLock waits until the backend pid waits for a lock, or fails
-// the test; done, when closed first, means the statement finished instead.
-func waitBlockedOnLock(t *testing.T, pool *pgxpool.Pool, pid uint32, done <-chan struct{}) bool {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		select {
-		case <-done:
-			return false
-		default:
-		}
-		var waiting bool
-		require.NoError(t, pool.QueryRow(context.Background(),
-			`SELECT COALESCE(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting))
-		if waiting {
-			return true
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("backend %d neither finished nor waited for a lock within 10s", pid)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 // TestClaimCannotTakeARowFromASessionItCannotSee: a claim statement whose
@@ -159,7 +68,7 @@ func TestClaimCannotTakeARowFromASessionItCannotSee(t *testing.T) {
 	require.NoError(t, err)
 	lateClaim, err := scanClaim(rows)
 	require.NoError(t, err)
-	require.True(t, lateClaim.claimed)
+	require.True(t, lateClaim.Claimed)
 
 	earlyConn := dedicatedConn(t, pool)
 	done := make(chan struct{})
@@ -176,10 +85,10 @@ func TestClaimCannotTakeARowFromASessionItCannotSee(t *testing.T) {
 	<-done
 	require.NoError(t, errE)
 
-	assert.False(t, early1.claimed, "the early claim took the row from the live late session")
+	assert.False(t, early1.Claimed, "the early claim took the row from the live late session")
 	r := readOffset(t, pool, adapter, group, topic)
-	require.NotNil(t, r.session)
-	assert.Equal(t, late, *r.session, "the late session owns the row")
+	require.NotNil(t, r.Session)
+	assert.Equal(t, late, *r.Session, "the late session owns the row")
 }
 
 // TestLateHeartbeatAndClaimAtExpirySerialize: a heartbeat that was sent
@@ -202,7 +111,7 @@ func TestLateHeartbeatAndClaimAtExpirySerialize(t *testing.T) {
 	ensureRow(t, setup, adapter, group, topic)
 	o, err := runClaim(ctx, setup, adapter, group, topic, owner)
 	require.NoError(t, err)
-	require.True(t, o.claimed)
+	require.True(t, o.Claimed)
 
 	lockConn := dedicatedConn(t, pool)
 	lock, err := lockConn.Begin(ctx)
@@ -253,19 +162,19 @@ func TestLateHeartbeatAndClaimAtExpirySerialize(t *testing.T) {
 	<-claimDone
 	require.NoError(t, hbErr)
 	require.NoError(t, claimErr)
-	t.Logf("heartbeat applied: %v, claim succeeded: %v", hbRows == 1, claim.claimed)
+	t.Logf("heartbeat applied: %v, claim succeeded: %v", hbRows == 1, claim.Claimed)
 
-	assert.False(t, hbRows == 1 && claim.claimed,
+	assert.False(t, hbRows == 1 && claim.Claimed,
 		"the claim took the topic from the expired session and the late heartbeat then extended that session")
 	r := readOffset(t, pool, adapter, group, topic)
-	if claim.claimed {
-		assert.Equal(t, claimer, *r.session)
+	if claim.Claimed {
+		assert.Equal(t, claimer, *r.Session)
 		var sessions int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+table(adapter, pglease.DefaultConsumerSessionsTable)+
 			` WHERE id = $1`, owner).Scan(&sessions))
 		assert.Zero(t, sessions, "the claimer deleted the expired session, so its owner learns that it is lost")
 	} else {
-		assert.Equal(t, owner, *r.session)
+		assert.Equal(t, owner, *r.Session)
 	}
 }
 
@@ -291,7 +200,7 @@ func TestClaimTakesRowsOfExpiredAndGoneSessions(t *testing.T) {
 		ensureRow(t, conn, adapter, group, topic)
 		o, err := runClaim(ctx, conn, adapter, group, topic, owner)
 		require.NoError(t, err)
-		require.True(t, o.claimed)
+		require.True(t, o.Claimed)
 	}
 	_, err := pool.Exec(ctx, `UPDATE `+sessions+` SET expires_at = now() - interval '1 second' WHERE id = $1`, expired)
 	require.NoError(t, err)
@@ -300,15 +209,15 @@ func TestClaimTakesRowsOfExpiredAndGoneSessions(t *testing.T) {
 
 	o, err := runClaim(ctx, conn, adapter, group, live.String(), me)
 	require.NoError(t, err)
-	assert.False(t, o.claimed, "a live owner keeps its row")
+	assert.False(t, o.Claimed, "a live owner keeps its row")
 
 	for _, owner := range []uuid.UUID{expired, gone} {
 		o, err := runClaim(ctx, conn, adapter, group, owner.String(), me)
 		require.NoError(t, err)
-		assert.True(t, o.claimed)
-		require.NotNil(t, o.previous)
-		assert.Equal(t, owner, *o.previous, "the claim names the session it took the row from")
-		assert.EqualValues(t, 2, *o.epoch)
+		assert.True(t, o.Claimed)
+		require.NotNil(t, o.Previous)
+		assert.Equal(t, owner, *o.Previous, "the claim names the session it took the row from")
+		assert.EqualValues(t, 2, *o.Epoch)
 	}
 	var left int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+sessions+` WHERE id = $1`, expired).Scan(&left))
@@ -317,8 +226,8 @@ func TestClaimTakesRowsOfExpiredAndGoneSessions(t *testing.T) {
 	ensureRow(t, conn, adapter, group, "free")
 	o, err = runClaim(ctx, conn, adapter, group, "free", me)
 	require.NoError(t, err)
-	assert.True(t, o.claimed)
-	assert.Nil(t, o.previous)
+	assert.True(t, o.Claimed)
+	assert.Nil(t, o.Previous)
 }
 
 // lockOffsetRow locks the offset row of (group, topic) from a connection of
@@ -357,24 +266,24 @@ func TestFailedReleaseIsRetried(t *testing.T) {
 	require.NoError(t, err)
 	receive(t, msgs, 1, 10*time.Second)
 	waitFor(t, 10*time.Second, "the first ack to be committed", func() bool {
-		return readOffset(t, pool, adapter, group, topic).offset > 0
+		return readOffset(t, pool, adapter, group, topic).Offset > 0
 	})
 	standbyMsgs, err := standby.Subscribe(context.Background(), topic)
 	require.NoError(t, err)
 	owned := readOffset(t, pool, adapter, group, topic)
-	require.NotNil(t, owned.session)
+	require.NotNil(t, owned.Session)
 
 	unlock := lockOffsetRow(t, pool, adapter, group, topic)
 	cancel()
 	for range msgs { // the channel closes after the first attempt, which times out
 	}
 	stillOwned := readOffset(t, pool, adapter, group, topic)
-	require.NotNil(t, stillOwned.session, "the release cannot have gone through while the row is locked")
+	require.NotNil(t, stillOwned.Session, "the release cannot have gone through while the row is locked")
 
 	unlock()
 	waitFor(t, 10*time.Second, "the release to be retried", func() bool {
 		r := readOffset(t, pool, adapter, group, topic)
-		return r.session == nil || *r.session != *owned.session
+		return r.Session == nil || *r.Session != *owned.Session
 	})
 	got := receive(t, standbyMsgs, 1, 10*time.Second)
 	assert.Equal(t, ids[1], got[0].UUID, "the standby starts after the acked message: the retried release wrote it")
@@ -410,12 +319,12 @@ func TestClaimWithLostReplyIsSettled(t *testing.T) {
 	require.NoError(t, err)
 	<-lost
 	r := readOffset(t, pool, adapter, group, topic)
-	require.NotNil(t, r.session, "the claim committed")
+	require.NotNil(t, r.Session, "the claim committed")
 	cancel()
 	for range msgs {
 	}
 	waitFor(t, 10*time.Second, "the lost claim to be released", func() bool {
-		return readOffset(t, pool, adapter, group, topic).session == nil
+		return readOffset(t, pool, adapter, group, topic).Session == nil
 	})
 
 	other := newTestSubscriber(t, pool, adapter, cfg)
@@ -454,56 +363,7 @@ func TestDeletedOffsetRowIsRecreated(t *testing.T) {
 	assert.Equal(t, ids[3], got[0].UUID)
 	assert.Equal(t, ids, uuids(got[1:]), "after the reset, the topic is delivered from its first message")
 	r := readOffset(t, pool, adapter, group, topic)
-	assert.NotNil(t, r.session, "the row exists again and is owned")
-}
-
-// logEntry is one line logged through a capturingLogger.
-type logEntry struct {
-	level  string
-	msg    string
-	err    error
-	fields watermill.LogFields
-}
-
-// capturingLogger records every line at Info and above.
-type capturingLogger struct {
-	mu      *sync.Mutex
-	entries *[]logEntry
-	fields  watermill.LogFields
-}
-
-func newCapturingLogger() *capturingLogger {
-	return &capturingLogger{mu: &sync.Mutex{}, entries: &[]logEntry{}}
-}
-
-func (l *capturingLogger) add(level, msg string, err error, fields watermill.LogFields) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	*l.entries = append(*l.entries, logEntry{level: level, msg: msg, err: err, fields: l.fields.Add(fields)})
-}
-
-func (l *capturingLogger) Error(msg string, err error, fields watermill.LogFields) {
-	l.add("error", msg, err, fields)
-}
-func (l *capturingLogger) Info(msg string, fields watermill.LogFields) {
-	l.add("info", msg, nil, fields)
-}
-func (l *capturingLogger) Debug(string, watermill.LogFields) {}
-func (l *capturingLogger) Trace(string, watermill.LogFields) {}
-func (l *capturingLogger) With(fields watermill.LogFields) watermill.LoggerAdapter {
-	return &capturingLogger{mu: l.mu, entries: l.entries, fields: l.fields.Add(fields)}
-}
-
-// find returns the first entry for which match holds.
-func (l *capturingLogger) find(match func(logEntry) bool) (logEntry, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, e := range *l.entries {
-		if match(e) {
-			return e, true
-		}
-	}
-	return logEntry{}, false
+	assert.NotNil(t, r.Session, "the row exists again and is owned")
 }
 
 // TestPositionsFromAnotherClusterAreRefused: a stored position or message
@@ -535,10 +395,10 @@ VALUES ('g', 'positions', $1::text::xid8, 1)`, future)
 		msgs, err := sub.Subscribe(ctx, "positions")
 		require.NoError(t, err)
 		waitFor(t, 10*time.Second, "the refusal to be logged", func() bool {
-			_, ok := logger.find(func(e logEntry) bool { return errors.Is(e.err, pglease.ErrFuturePosition) })
+			_, ok := logger.Find(func(e logEntry) bool { return errors.Is(e.Err, pglease.ErrFuturePosition) })
 			return ok
 		})
-		assert.Nil(t, readOffset(t, pool, adapter, "g", "positions").session, "the row was not claimed")
+		assert.Nil(t, readOffset(t, pool, adapter, "g", "positions").Session, "the row was not claimed")
 		assertNothingWithin(t, msgs, 100*time.Millisecond)
 
 		// The repair of docs/guarantees.md for positions only.
@@ -562,7 +422,7 @@ VALUES ('messages', $1::text::xid8, 'restored', 'x')`, future)
 		msgs, err := sub.Subscribe(ctx, "messages")
 		require.NoError(t, err)
 		waitFor(t, 10*time.Second, "the refusal to be logged", func() bool {
-			_, ok := logger.find(func(e logEntry) bool { return errors.Is(e.err, pglease.ErrFuturePosition) })
+			_, ok := logger.Find(func(e logEntry) bool { return errors.Is(e.Err, pglease.ErrFuturePosition) })
 			return ok
 		})
 		assertNothingWithin(t, msgs, 100*time.Millisecond)
@@ -600,9 +460,9 @@ func TestTakeoverIsLoggedWithTheOldSession(t *testing.T) {
 	_, err = sub.Subscribe(ctx, "t")
 	require.NoError(t, err)
 	waitFor(t, 10*time.Second, "the takeover to be logged", func() bool {
-		e, ok := logger.find(func(e logEntry) bool { return strings.Contains(e.msg, "taken over") })
-		return ok && e.level == "info" && e.fields["previous_session_id"] == crashed.String() &&
-			e.fields["previous_owner"] == "crashed-host/42" && e.fields["topic"] == "t"
+		e, ok := logger.Find(func(e logEntry) bool { return strings.Contains(e.Msg, "taken over") })
+		return ok && e.Level == "info" && e.Fields["previous_session_id"] == crashed.String() &&
+			e.Fields["previous_owner"] == "crashed-host/42" && e.Fields["topic"] == "t"
 	})
 }
 
@@ -648,8 +508,8 @@ func TestTakeoverOfAGoneSessionIsLoggedWithItsOwner(t *testing.T) {
 	_, err = conn.Exec(ctx, "SELECT pg_notify($1, 'gg')", tablesOf(adapter).NotifyChannel)
 	require.NoError(t, err)
 	waitFor(t, 10*time.Second, "the takeover to be logged", func() bool {
-		e, ok := logger.find(func(e logEntry) bool { return strings.Contains(e.msg, "taken over") })
-		return ok && e.fields["previous_session_id"] == crashed.String() && e.fields["previous_owner"] == "crashed-host/42"
+		e, ok := logger.Find(func(e logEntry) bool { return strings.Contains(e.Msg, "taken over") })
+		return ok && e.Fields["previous_session_id"] == crashed.String() && e.Fields["previous_owner"] == "crashed-host/42"
 	})
 }
 
@@ -668,7 +528,7 @@ func TestCloseReportsReleasesItCouldNotWrite(t *testing.T) {
 	publishN(t, pub, "stuck", 1)
 	receive(t, msgs, 1, 10*time.Second)
 	waitFor(t, 10*time.Second, "the ack to be committed", func() bool {
-		return readOffset(t, pool, adapter, "g", "stuck").offset > 0
+		return readOffset(t, pool, adapter, "g", "stuck").Offset > 0
 	})
 	lockOffsetRow(t, pool, adapter, "g", "stuck")
 

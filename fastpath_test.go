@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/internal/testkit"
 )
 
 // TestGroupCommitErrorsReachTheRightCallers publishes from many goroutines
@@ -200,7 +201,7 @@ func TestCoalescedCommitsAreFlushedOnRelease(t *testing.T) {
 			assert.Equal(t, ids[:5], uuids(got))
 			held := <-msgs // handed out, not acked: the owner is busy
 			require.Equal(t, ids[5], held.UUID)
-			assert.Equal(t, int64(0), readOffset(t, pool, adapter, "g", "t").offset, "acks are not committed one by one")
+			assert.Equal(t, int64(0), readOffset(t, pool, adapter, "g", "t").Offset, "acks are not committed one by one")
 
 			var fifth int64
 			require.NoError(t, pool.QueryRow(context.Background(), "SELECT \"offset\" FROM "+
@@ -219,8 +220,8 @@ func TestCoalescedCommitsAreFlushedOnRelease(t *testing.T) {
 				require.NoError(t, sub.Close())
 			}
 			r := readOffset(t, pool, adapter, "g", "t")
-			assert.Equal(t, fifth, r.offset, "the release wrote the last acked position")
-			assert.Nil(t, r.session, "the release freed the claim")
+			assert.Equal(t, fifth, r.Offset, "the release wrote the last acked position")
+			assert.Nil(t, r.Session, "the release freed the claim")
 		})
 	}
 }
@@ -260,14 +261,14 @@ func TestDrainedConsumerWaitsWithoutReadingAgain(t *testing.T) {
 	assertNothingWithin(t, msgs, 300*time.Millisecond) // idle now
 	const n = 20
 	before := pglease.Reads(sub)
-	prev := readOffset(t, pool, adapter, "g", "t").offset
+	prev := readOffset(t, pool, adapter, "g", "t").Offset
 	for range n {
 		id := publishN(t, pub, "t", 1)
 		got := receive(t, msgs, 1, 10*time.Second)
 		require.Equal(t, id[0], got[0].UUID)
 		// The commit before the wait: the row moves past the message.
 		waitFor(t, 10*time.Second, "the ack committed", func() bool {
-			o := readOffset(t, pool, adapter, "g", "t").offset
+			o := readOffset(t, pool, adapter, "g", "t").Offset
 			if o != prev {
 				prev = o
 				return true
@@ -381,7 +382,7 @@ func TestShortHoldsAreNotAStall(t *testing.T) {
 	publishN(t, pub, "t", 1)
 	receive(t, msgs, 1, 10*time.Second)
 
-	older, err := pgx.Connect(ctx, testDSN)
+	older, err := pgx.Connect(ctx, testkit.DSN)
 	require.NoError(t, err)
 	defer older.Close(ctx)
 	latencies := make([]time.Duration, 0, n)
@@ -403,7 +404,7 @@ func TestShortHoldsAreNotAStall(t *testing.T) {
 	t.Logf("publish to delivery, each held %s: p50 %s, max %s (PollInterval %s)", hold,
 		latencies[n/2].Round(time.Millisecond), latencies[n-1].Round(time.Millisecond), pollInterval)
 	assert.Zero(t, pglease.Stalls(sub), "holds counted as a stall")
-	_, logged := logs.find(func(e logEntry) bool { return errors.Is(e.err, pglease.ErrDeliveryHeldBack) })
+	_, logged := logs.Find(func(e logEntry) bool { return errors.Is(e.Err, pglease.ErrDeliveryHeldBack) })
 	assert.False(t, logged, "a short hold logged as a stall")
 }
 

@@ -426,14 +426,6 @@ type msgRef struct {
 	idx   int
 }
 
-func parsePos(tx string, off int64) pglease.Position {
-	x, err := strconv.ParseUint(tx, 10, 64)
-	if err != nil {
-		panic(fmt.Sprintf("xid8 %q: %v", tx, err))
-	}
-	return pglease.Position{TransactionID: x, Offset: off}
-}
-
 func posLess(a, b pglease.Position) bool {
 	if a.TransactionID != b.TransactionID {
 		return a.TransactionID < b.TransactionID

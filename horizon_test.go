@@ -19,6 +19,7 @@ import (
 	pglease "github.com/pglease/watermill-pglease"
 
 	"github.com/pglease/watermill-pglease/internal/pgsql"
+	"github.com/pglease/watermill-pglease/internal/testkit"
 )
 
 // tableCounters are what pg_stat_user_tables and pg_statio_user_tables
@@ -96,7 +97,7 @@ func TestHotTablesStayCheapUnderHeldHorizon(t *testing.T) {
 		offsets0 := readTableCounters(t, admin, adapter, pglease.DefaultConsumerOffsetsTable)
 		sessions0 := readTableCounters(t, admin, adapter, pglease.DefaultConsumerSessionsTable)
 		app := "pglease_hot_" + randomHex(4)
-		cfg, err := pgxpool.ParseConfig(poolDSN)
+		cfg, err := pgxpool.ParseConfig(testkit.PoolDSN)
 		require.NoError(t, err)
 		cfg.MaxConns = 2 * topics
 		cfg.ConnConfig.RuntimeParams["application_name"] = app
@@ -327,7 +328,7 @@ func TestDeliveryStallIsLoggedOnce(t *testing.T) {
 	publishN(t, pub, "t", 1)
 	receiveOne(t, msgs).Ack()
 
-	blocker, err := pgx.Connect(ctx, testDSN)
+	blocker, err := pgx.Connect(ctx, testkit.DSN)
 	require.NoError(t, err)
 	defer blocker.Close(ctx)
 	var pid int
@@ -339,11 +340,9 @@ func TestDeliveryStallIsLoggedOnce(t *testing.T) {
 	held := publishN(t, pub, "t", 1)
 
 	stalls := func() []logEntry {
-		logs.mu.Lock()
-		defer logs.mu.Unlock()
 		var out []logEntry
-		for _, e := range *logs.entries {
-			if errors.Is(e.err, pglease.ErrDeliveryHeldBack) {
+		for _, e := range logs.Entries() {
+			if errors.Is(e.Err, pglease.ErrDeliveryHeldBack) {
 				out = append(out, e)
 			}
 		}
@@ -351,7 +350,7 @@ func TestDeliveryStallIsLoggedOnce(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, "the stall to be logged", func() bool { return len(stalls()) > 0 })
 	e := stalls()[0]
-	assert.Equal(t, pid, e.fields["pid"])
+	assert.Equal(t, pid, e.Fields["pid"])
 	// The consumer keeps polling every 50 ms while the stall lasts; a
 	// second message behind the same transaction must not log again.
 	held = append(held, publishN(t, pub, "t", 1)...)

@@ -8,66 +8,62 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/stretchr/testify/require"
 
-	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/internal/pgtest"
+	"github.com/pglease/watermill-pglease/internal/testkit"
 )
-
-// testDSN is the database every test uses; each test works in a schema of
-// its own.
-var testDSN string
-
-// poolDSN is where newPool's pools connect: testDSN, unless
-// PGLEASE_TEST_POOL_DSN names another way to the same database (`make test`
-// runs part of the suite through PgBouncer in transaction mode so).
-// Subscribers of newTestSubscriber then LISTEN on testDSN.
-var poolDSN string
 
 func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(runHelperProcess())
 	}
-	os.Exit(pgtest.Main(m, "pglease", func(dsn string) {
-		testDSN = dsn
-		poolDSN = dsn
-		if d := os.Getenv("PGLEASE_TEST_POOL_DSN"); d != "" {
-			poolDSN = d
-		}
-	}))
+	os.Exit(testkit.Main(m, "pglease"))
 }
 
-// newPool returns a pool on the test database, closed at the end of the
-// test; under -short it skips the test.
-func newPool(t testing.TB, maxConns int32) *pgxpool.Pool {
-	t.Helper()
-	return pgtest.NewPool(t, poolDSN, maxConns)
-}
+// The helpers that this package's tests share with those of admin and
+// wmsqlimport live in internal/testkit and internal/pgtest; these are the
+// names the tests of this package call them by. The test database's DSNs
+// are testkit.DSN and testkit.PoolDSN.
+var (
+	newPool            = testkit.NewPool
+	newSchema          = testkit.NewSchema
+	directConnConfig   = testkit.DirectConnConfig
+	testLogger         = testkit.Logger
+	waitFor            = pgtest.WaitFor
+	newPublisher       = testkit.NewPublisher
+	newTestSubscriber  = testkit.NewSubscriber
+	publishN           = testkit.PublishN
+	receiveOne         = testkit.ReceiveOne
+	receive            = testkit.Receive
+	uuids              = testkit.UUIDs
+	benchSetup         = testkit.BenchSetup
+	table              = testkit.Table
+	readOffset         = testkit.ReadOffset
+	ackedOffset        = testkit.AckedOffset
+	parsePos           = testkit.ParsePos
+	tablesOf           = testkit.TablesOf
+	serverHere         = testkit.ServerHere
+	createTables       = testkit.CreateTables
+	execQuery          = testkit.ExecQuery
+	ensureRow          = testkit.EnsureRow
+	claimQuery         = testkit.ClaimQuery
+	scanClaim          = testkit.ScanClaim
+	dedicatedConn      = pgtest.DedicatedConn
+	waitBlockedOnLock  = pgtest.WaitBlockedOnLock
+	newCapturingLogger = testkit.NewCapturingLogger
+)
+
+type (
+	claimOutcome    = testkit.ClaimOutcome
+	capturingLogger = testkit.CapturingLogger
+	logEntry        = testkit.LogEntry
+)
 
 // newPoolOn returns a pool on dsn, closed at the end of the test.
 func newPoolOn(t testing.TB, dsn string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
 	return pgtest.NewPool(t, dsn, maxConns)
-}
-
-// directConnConfig is the test database's DSN, direct, for ListenConnConfig.
-func directConnConfig(t testing.TB) *pgx.ConnConfig {
-	t.Helper()
-	pgtest.SkipShort(t)
-	cfg, err := pgx.ParseConfig(testDSN)
-	require.NoError(t, err)
-	return cfg
-}
-
-// newSchema returns an adapter on a fresh PostgreSQL schema of its own,
-// dropped at the end of the test. The schema itself is created by schema
-// initialization.
-func newSchema(t testing.TB, pool *pgxpool.Pool) pglease.Tables {
-	t.Helper()
-	return pglease.Tables{Schema: pgtest.NewSchema(t, pool, "pglease_test_")}
 }
 
 func randomHex(n int) string { return pgtest.RandomHex(n) }
@@ -85,20 +81,6 @@ func randomHex(n int) string { return pgtest.RandomHex(n) }
 func parallel(t *testing.T) {
 	t.Helper()
 	t.Parallel()
-}
-
-// testLogger logs to the test's output when PGLEASE_TEST_LOG is set.
-func testLogger() watermill.LoggerAdapter {
-	if os.Getenv("PGLEASE_TEST_LOG") != "" {
-		return watermill.NewStdLogger(true, os.Getenv("PGLEASE_TEST_LOG") == "trace")
-	}
-	return nil
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	pgtest.WaitFor(t, timeout, what, cond)
 }
 
 // ownGoroutine matches stack frames of goroutines that pglease starts.

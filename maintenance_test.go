@@ -221,7 +221,7 @@ func TestRetentionSetLaterDeletesKeptMessages(t *testing.T) {
 	}
 	// Wait for the commit of the five.
 	waitFor(t, 10*time.Second, "the position to be committed", func() bool {
-		return readOffset(t, pool, adapter, "g", "t").offset > 0
+		return readOffset(t, pool, adapter, "g", "t").Offset > 0
 	})
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Retention: time.Second, SchemaAdapter: adapter}))
 	waitFor(t, 20*time.Second, "the kept messages to be deleted", func() bool {

@@ -18,6 +18,7 @@ import (
 
 	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/internal/pgtest"
+	"github.com/pglease/watermill-pglease/internal/testkit"
 )
 
 // gate listens on a port of its own, in front of the test database: shut,
@@ -91,12 +92,10 @@ func (g *gate) close() {
 // errorsBy counts the Error lines of logger by their component field
 // ("" for lines without one).
 func errorsBy(logger *capturingLogger) map[string]int {
-	logger.mu.Lock()
-	defer logger.mu.Unlock()
 	n := map[string]int{}
-	for _, e := range *logger.entries {
-		if e.level == "error" {
-			c, _ := e.fields["component"].(string)
+	for _, e := range logger.Entries() {
+		if e.Level == "error" {
+			c, _ := e.Fields["component"].(string)
 			n[c]++
 		}
 	}
@@ -105,12 +104,10 @@ func errorsBy(logger *capturingLogger) map[string]int {
 
 // recoveries returns the components that logged their recovery.
 func recoveries(logger *capturingLogger) map[string]int {
-	logger.mu.Lock()
-	defer logger.mu.Unlock()
 	n := map[string]int{}
-	for _, e := range *logger.entries {
-		if _, ok := e.fields["outage"]; ok && e.level == "info" {
-			c, _ := e.fields["component"].(string)
+	for _, e := range logger.Entries() {
+		if _, ok := e.Fields["outage"]; ok && e.Level == "info" {
+			c, _ := e.Fields["component"].(string)
 			n[c]++
 		}
 	}
@@ -126,8 +123,8 @@ func TestSubscribeBeforeTheDatabaseIsUp(t *testing.T) {
 	parallel(t)
 	pool := newPool(t, 4)
 	adapter := newSchema(t, pool)
-	g := startGate(t, hostPort(t, testDSN))
-	cfg, err := pxConfig(testDSN, g.ln.Addr().String())
+	g := startGate(t, hostPort(t, testkit.DSN))
+	cfg, err := pxConfig(testkit.DSN, g.ln.Addr().String())
 	require.NoError(t, err)
 	gated, err := pxNew(cfg)
 	require.NoError(t, err)
@@ -199,7 +196,7 @@ func TestOutageLogsOncePerComponent(t *testing.T) {
 	logger := newCapturingLogger()
 	cfg := pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true, SessionTTL: 10 * time.Second,
 		PollInterval: 20 * time.Millisecond}
-	if poolDSN != testDSN {
+	if testkit.PoolDSN != testkit.DSN {
 		cfg.ListenConnConfig = directConnConfig(t)
 	}
 	sub, err := pglease.NewSubscriber(pool, cfg, logger)

@@ -211,18 +211,6 @@ func TestPartitionCountRaisedWhileSubscribed(t *testing.T) {
 	assertNoLeakedGoroutines(t)
 }
 
-func receiveOne(t *testing.T, msgs <-chan *message.Message) *message.Message {
-	t.Helper()
-	select {
-	case msg, ok := <-msgs:
-		require.True(t, ok, "channel closed")
-		return msg
-	case <-time.After(30 * time.Second):
-		t.Fatal("no message within 30s")
-		return nil
-	}
-}
-
 // TestPartitionedTopicAcrossProcesses: a topic of 8 partitions consumed by a
 // group of 4 processes (a Router each, handler 4 ms): each owns 2
 // partitions; one is SIGKILLed and the other three share its partitions

@@ -21,6 +21,7 @@ import (
 	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/internal/pgtest"
 	"github.com/pglease/watermill-pglease/internal/tcpproxy"
+	"github.com/pglease/watermill-pglease/internal/testkit"
 )
 
 // bouncerDSN is the test database through a PgBouncer in transaction mode
@@ -120,9 +121,9 @@ func TestBehindPgBouncerTheSubscriberSaysWhatToSet(t *testing.T) {
 	msgs, err := sub.Subscribe(context.Background(), "t")
 	require.NoError(t, err)
 	waitFor(t, 30*time.Second, "the Subscriber to say it does not listen", func() bool {
-		_, ok := logger.find(func(e logEntry) bool {
-			return e.level == "error" && errors.Is(e.err, pglease.ErrPooledConnection) &&
-				strings.Contains(e.msg, "ListenConnConfig")
+		_, ok := logger.Find(func(e logEntry) bool {
+			return e.Level == "error" && errors.Is(e.Err, pglease.ErrPooledConnection) &&
+				strings.Contains(e.Msg, "ListenConnConfig")
 		})
 		return ok
 	})
@@ -155,7 +156,7 @@ func TestCheckDirect(t *testing.T) {
 		defer conn.Close(ctx)
 		return pglease.CheckDirect(ctx, conn)
 	}
-	require.NoError(t, check(testDSN))
+	require.NoError(t, check(testkit.DSN))
 	for _, mode := range []string{"exec", "simple_protocol"} {
 		err := check(bouncerDSN(t, mode))
 		require.ErrorIs(t, err, pglease.ErrPooledConnection, mode)
@@ -169,7 +170,7 @@ func TestCheckDirect(t *testing.T) {
 func TestPollOnly(t *testing.T) {
 	pgtest.SkipShort(t)
 	const app = "pglease-test-poll-only"
-	cfg, err := pgxpool.ParseConfig(testDSN)
+	cfg, err := pgxpool.ParseConfig(testkit.DSN)
 	require.NoError(t, err)
 	cfg.ConnConfig.RuntimeParams["application_name"] = app
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -278,8 +279,8 @@ func TestListenerProbeFindsAConnectionThatStoppedReceiving(t *testing.T) {
 
 	proxy.Freeze()
 	waitFor(t, 30*time.Second, "the probe to find the listener deaf", func() bool {
-		_, ok := logger.find(func(e logEntry) bool {
-			return e.level == "error" && e.err != nil && strings.Contains(e.err.Error(), "has not arrived")
+		_, ok := logger.Find(func(e logEntry) bool {
+			return e.Level == "error" && e.Err != nil && strings.Contains(e.Err.Error(), "has not arrived")
 		})
 		return ok
 	})

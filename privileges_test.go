@@ -24,6 +24,7 @@ import (
 	"github.com/pglease/watermill-pglease/admin"
 
 	"github.com/pglease/watermill-pglease/internal/pgsql"
+	"github.com/pglease/watermill-pglease/internal/testkit"
 )
 
 // newRole creates a login role with a random name, without any privilege
@@ -49,7 +50,7 @@ func newRole(t *testing.T, pool *pgxpool.Pool, prefix string) string {
 // skips the test when the server asks that role for a password.
 func poolAs(t *testing.T, role string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testDSN)
+	cfg, err := pgxpool.ParseConfig(testkit.DSN)
 	require.NoError(t, err)
 	cfg.ConnConfig.User = role
 	cfg.ConnConfig.Password = ""
@@ -259,11 +260,9 @@ func ownedSchema(t *testing.T, pool *pgxpool.Pool) (pglease.Tables, *pgxpool.Poo
 
 // errorsLogged returns the entries logged at Error level.
 func errorsLogged(l *capturingLogger) []logEntry {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []logEntry
-	for _, e := range *l.entries {
-		if e.level == "error" {
+	for _, e := range l.Entries() {
+		if e.Level == "error" {
 			out = append(out, e)
 		}
 	}
@@ -384,7 +383,7 @@ func TestMaintainerWithoutGrantsStandsAside(t *testing.T) {
 	refusals := func() []logEntry {
 		var out []logEntry
 		for _, e := range errorsLogged(lackLog) {
-			if errors.Is(e.err, pglease.ErrMaintenanceNotPermitted) {
+			if errors.Is(e.Err, pglease.ErrMaintenanceNotPermitted) {
 				out = append(out, e)
 			}
 		}
@@ -392,10 +391,10 @@ func TestMaintainerWithoutGrantsStandsAside(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, "the refusal to be logged", func() bool { return len(refusals()) > 0 })
 	refusal := refusals()[0]
-	assert.Equal(t, lacking, refusal.fields["role"])
-	assert.Contains(t, refusal.fields["missing"], "EXECUTE on function")
-	assert.Contains(t, refusal.msg, "pglease.GrantSQL")
-	assert.Contains(t, refusal.msg, "pglease grant --role "+lacking)
+	assert.Equal(t, lacking, refusal.Fields["role"])
+	assert.Contains(t, refusal.Fields["missing"], "EXECUTE on function")
+	assert.Contains(t, refusal.Msg, "pglease.GrantSQL")
+	assert.Contains(t, refusal.Msg, "pglease grant --role "+lacking)
 
 	cfg.ConsumerGroup = "b"
 	grantedSub, err := pglease.NewSubscriber(poolAs(t, granted, 5), cfg, testLogger())

@@ -25,6 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/internal/testkit"
 )
 
 // The test binary runs as a subscriber process ("helper") when helperEnv is
@@ -776,7 +777,7 @@ func startHelpers(t *testing.T, cfgs ...helperConfig) []*helperProc {
 func launchHelper(t *testing.T, cfg helperConfig) *helperProc {
 	t.Helper()
 	if cfg.DSN == "" {
-		cfg.DSN = testDSN
+		cfg.DSN = testkit.DSN
 	}
 	js, err := json.Marshal(cfg)
 	require.NoError(t, err)

@@ -15,52 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/internal/testkit"
 )
-
-func newPublisher(t *testing.T, db pglease.DB, adapter pglease.Tables) *pglease.Publisher {
-	t.Helper()
-	pub, err := pglease.NewPublisher(db, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, testLogger())
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, pub.Close()) })
-	return pub
-}
-
-func newTestSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, cfg pglease.SubscriberConfig) *pglease.Subscriber {
-	t.Helper()
-	cfg.SchemaAdapter = adapter
-	cfg.InitializeSchema = true
-	if cfg.PollInterval == 0 {
-		cfg.PollInterval = 10 * time.Millisecond
-	}
-	if cfg.SessionTTL == 0 {
-		cfg.SessionTTL = 2 * time.Second
-	}
-	if poolDSN != testDSN && cfg.ListenConnConfig == nil && !cfg.PollOnly {
-		cfg.ListenConnConfig = directConnConfig(t)
-	}
-	sub, err := pglease.NewSubscriber(pool, cfg, testLogger())
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, sub.Close()) })
-	return sub
-}
-
-// receive reads n messages, acking each, or fails the test after timeout.
-func receive(t *testing.T, msgs <-chan *message.Message, n int, timeout time.Duration) []*message.Message {
-	t.Helper()
-	var got []*message.Message
-	deadline := time.After(timeout)
-	for len(got) < n {
-		select {
-		case msg, ok := <-msgs:
-			require.True(t, ok, "messages channel closed after %d of %d messages", len(got), n)
-			got = append(got, msg)
-			msg.Ack()
-		case <-deadline:
-			t.Fatalf("received %d of %d messages within %s", len(got), n, timeout)
-		}
-	}
-	return got
-}
 
 // assertNothingWithin fails if a message arrives within d.
 func assertNothingWithin(t *testing.T, msgs <-chan *message.Message, d time.Duration) {
@@ -206,7 +162,7 @@ func TestPublishInCallersTransaction(t *testing.T) {
 	assert.Equal(t, 8, countRows(t, pool, adapter, "topic = 'outbox'"), "only the committed transaction's messages exist")
 
 	// A *pgx.Conn works the same way.
-	conn, err := pgx.Connect(ctx, testDSN)
+	conn, err := pgx.Connect(ctx, testkit.DSN)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 	pub := newPublisher(t, conn, adapter)

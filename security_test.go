@@ -21,12 +21,13 @@ import (
 	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/admin"
 	"github.com/pglease/watermill-pglease/internal/pgsql"
+	"github.com/pglease/watermill-pglease/internal/testkit"
 )
 
 // poolAsOn is poolAs with the connections' search_path set to path.
 func poolAsOn(t *testing.T, role, path string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testDSN)
+	cfg, err := pgxpool.ParseConfig(testkit.DSN)
 	require.NoError(t, err)
 	cfg.ConnConfig.User = role
 	cfg.ConnConfig.Password = ""

@@ -19,6 +19,7 @@ import (
 
 	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/internal/pgtest"
+	"github.com/pglease/watermill-pglease/internal/testkit"
 )
 
 // TestHeartbeatsSurviveASaturatedPool gives three Subscribers (three
@@ -163,7 +164,7 @@ func TestHeartbeatsSurviveASaturatedPool(t *testing.T) {
 // count their calls; BeforeConnect names each connection app.
 func hookedPool(t *testing.T, maxConns int32, app string) (*pgxpool.Pool, *hookCalls) {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testDSN)
+	cfg, err := pgxpool.ParseConfig(testkit.DSN)
 	require.NoError(t, err)
 	cfg.MaxConns = maxConns
 	calls := &hookCalls{}
@@ -391,7 +392,7 @@ func TestSessionConnectionIsRedialled(t *testing.T) {
 func newNamedPool(t *testing.T, app string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
 	pgtest.SkipShort(t)
-	cfg, err := pgxpool.ParseConfig(testDSN)
+	cfg, err := pgxpool.ParseConfig(testkit.DSN)
 	require.NoError(t, err)
 	cfg.MaxConns = maxConns
 	cfg.ConnConfig.RuntimeParams["application_name"] = app

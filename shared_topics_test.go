@@ -25,11 +25,9 @@ func TestSharedTopicIsLogged(t *testing.T) {
 	ctx := context.Background()
 	logger := newCapturingLogger()
 	shared := func() []logEntry {
-		logger.mu.Lock()
-		defer logger.mu.Unlock()
 		var found []logEntry
-		for _, e := range *logger.entries {
-			if strings.Contains(e.msg, "give each handler its own ConsumerGroup") {
+		for _, e := range logger.Entries() {
+			if strings.Contains(e.Msg, "give each handler its own ConsumerGroup") {
 				found = append(found, e)
 			}
 		}
@@ -67,15 +65,15 @@ func TestSharedTopicIsLogged(t *testing.T) {
 	again := subscribe(ctx2, a, "t1")
 	entries := shared()
 	require.Len(t, entries, 1, "a second Subscribe of one Subscriber to a topic")
-	assert.Equal(t, "info", entries[0].level)
-	assert.Equal(t, "g", entries[0].fields["consumer_group"])
-	assert.Equal(t, "t1", entries[0].fields["topic"])
-	assert.Equal(t, 2, entries[0].fields["subscriptions"])
+	assert.Equal(t, "info", entries[0].Level)
+	assert.Equal(t, "g", entries[0].Fields["consumer_group"])
+	assert.Equal(t, "t1", entries[0].Fields["topic"])
+	assert.Equal(t, 2, entries[0].Fields["subscriptions"])
 
 	b := newSub("g")
 	fromB := subscribe(ctx, b, "t1")
 	require.Len(t, shared(), 2, "a second Subscriber of the group in the process")
-	assert.Equal(t, 3, shared()[1].fields["subscriptions"])
+	assert.Equal(t, 3, shared()[1].Fields["subscriptions"])
 
 	cancel2()
 	waitClosed(again)

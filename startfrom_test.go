@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/internal/testkit"
 )
 
 // keyPerPartition returns, for each partition of a topic of n partitions, a
@@ -201,7 +202,7 @@ func TestDeletedOffsetRowsUnderStartFromLatest(t *testing.T) {
 	logger := newCapturingLogger()
 	cfg := pglease.SubscriberConfig{ConsumerGroup: "g", StartFrom: pglease.StartFromLatest, CommitBatch: 1,
 		SchemaAdapter: adapter, PollInterval: 10 * time.Millisecond, SessionTTL: 2 * time.Second}
-	if poolDSN != testDSN {
+	if testkit.PoolDSN != testkit.DSN {
 		cfg.ListenConnConfig = directConnConfig(t)
 	}
 	sub, err := pglease.NewSubscriber(pool, cfg, logger)
@@ -228,14 +229,14 @@ func TestDeletedOffsetRowsUnderStartFromLatest(t *testing.T) {
 		var e logEntry
 		waitFor(t, 10*time.Second, "the recreation logged with start "+start, func() bool {
 			var ok bool
-			e, ok = logger.find(func(e logEntry) bool {
-				return e.fields["start"] == start && strings.Contains(e.msg, "created again")
+			e, ok = logger.Find(func(e logEntry) bool {
+				return e.Fields["start"] == start && strings.Contains(e.Msg, "created again")
 			})
 			return ok
 		})
-		assert.Equal(t, "info", e.level)
-		assert.Equal(t, "t", e.fields["topic"])
-		assert.Equal(t, partitions, e.fields["partitions"])
+		assert.Equal(t, "info", e.Level)
+		assert.Equal(t, "t", e.Fields["topic"])
+		assert.Equal(t, partitions, e.Fields["partitions"])
 		return e
 	}
 	publish(keys[0], 0)
@@ -260,7 +261,7 @@ func TestDeletedOffsetRowsUnderStartFromLatest(t *testing.T) {
 	publish(keys[0], 1)
 	assert.Equal(t, []string{keys[0] + "/1"}, payloads(1), "handed out from memory")
 	e := recreated("latest", []int32{0, 1})
-	assert.NotZero(t, e.fields["acked_transaction_id"])
+	assert.NotZero(t, e.Fields["acked_transaction_id"])
 	// Partition 1's owner has nothing to commit: it learns that its row
 	// was gone at its next message.
 	waitFor(t, 10*time.Second, "partition 0 claimed again", func() bool {

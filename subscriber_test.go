@@ -9,51 +9,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
 )
-
-func publishN(t *testing.T, pub *pglease.Publisher, topic string, n int) []string {
-	t.Helper()
-	var ids []string
-	for i := 0; i < n; i++ {
-		msg := message.NewMessage(watermill.NewUUID(), []byte("x"))
-		require.NoError(t, pub.Publish(topic, msg))
-		ids = append(ids, msg.UUID)
-	}
-	return ids
-}
-
-func uuids(msgs []*message.Message) []string {
-	var ids []string
-	for _, m := range msgs {
-		ids = append(ids, m.UUID)
-	}
-	return ids
-}
-
-func table(adapter pglease.Tables, name string) string {
-	return pgx.Identifier{adapter.Schema, name}.Sanitize()
-}
-
-type offsetRow struct {
-	session *uuid.UUID
-	epoch   int64
-	offset  int64
-}
-
-func readOffset(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, group, topic string) offsetRow {
-	t.Helper()
-	var r offsetRow
-	require.NoError(t, pool.QueryRow(context.Background(),
-		"SELECT session_id, epoch, acked_offset FROM "+table(adapter, pglease.DefaultConsumerOffsetsTable)+
-			" WHERE consumer_group = $1 AND topic = $2", group, topic).Scan(&r.session, &r.epoch, &r.offset))
-	return r
-}
 
 func TestSubscriberConfigErrorsNameTheField(t *testing.T) {
 	parallel(t)
@@ -201,16 +161,16 @@ func TestLostSessionIsReplaced(t *testing.T) {
 	ids := publishN(t, pub, "t", 3)
 	receive(t, msgs, 3, 10*time.Second)
 	before := readOffset(t, pool, adapter, "g", "t")
-	require.NotNil(t, before.session)
+	require.NotNil(t, before.Session)
 
 	_, err = pool.Exec(context.Background(), "DELETE FROM "+table(adapter, pglease.DefaultConsumerSessionsTable))
 	require.NoError(t, err)
 	waitFor(t, 10*time.Second, "a new session to claim the topic", func() bool {
 		r := readOffset(t, pool, adapter, "g", "t")
-		return r.session != nil && *r.session != *before.session
+		return r.Session != nil && *r.Session != *before.Session
 	})
 	after := readOffset(t, pool, adapter, "g", "t")
-	assert.Greater(t, after.epoch, before.epoch, "a new claim bumps the epoch")
+	assert.Greater(t, after.Epoch, before.Epoch, "a new claim bumps the epoch")
 	more := publishN(t, pub, "t", 3)
 	got := receive(t, msgs, 3, 10*time.Second)
 	assert.Equal(t, more, uuids(got), "delivery goes on after the last acked message: %v", ids)
@@ -250,8 +210,8 @@ func TestFencedCommitStopsDelivery(t *testing.T) {
 	inFlight.Ack()
 	assertNothingWithin(t, msgs, 500*time.Millisecond)
 	r := readOffset(t, pool, adapter, "g", "t")
-	assert.Equal(t, before.offset, r.offset, "the fenced commit did not move the offset")
-	assert.Equal(t, thief, *r.session)
+	assert.Equal(t, before.Offset, r.Offset, "the fenced commit did not move the offset")
+	assert.Equal(t, thief, *r.Session)
 
 	// When the other session releases, the Subscriber claims again and
 	// redelivers the message whose commit was rejected.

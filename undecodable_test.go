@@ -59,18 +59,16 @@ func TestUndecodableMetadataIsSkippedAndLoggedOnce(t *testing.T) {
 	require.NoError(t, sub.Close())
 
 	var skipped []logEntry
-	logger.mu.Lock()
-	for _, e := range *logger.entries {
-		if e.msg == "Cannot decode message, skipped" {
+	for _, e := range logger.Entries() {
+		if e.Msg == "Cannot decode message, skipped" {
 			skipped = append(skipped, e)
 		}
 	}
-	logger.mu.Unlock()
 	require.Len(t, skipped, 1, "logged once")
-	assert.ErrorIs(t, skipped[0].err, pglease.ErrUndecodableMetadata)
-	assert.Equal(t, "bad", skipped[0].fields["uuid"])
-	assert.Equal(t, "t", skipped[0].fields["topic"])
-	assert.Equal(t, fmt.Sprintf("%d:%d", bad.Position.TransactionID, bad.Position.Offset), skipped[0].fields["position"])
+	assert.ErrorIs(t, skipped[0].Err, pglease.ErrUndecodableMetadata)
+	assert.Equal(t, "bad", skipped[0].Fields["uuid"])
+	assert.Equal(t, "t", skipped[0].Fields["topic"])
+	assert.Equal(t, fmt.Sprintf("%d:%d", bad.Position.TransactionID, bad.Position.Offset), skipped[0].Fields["position"])
 
 	page, err := insp.Messages(ctx, admin.MessagesParams{Topic: "t"})
 	require.NoError(t, err, "one undecodable row does not fail the page")

@@ -11,6 +11,7 @@ import (
 
 	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/admin"
+	"github.com/pglease/watermill-pglease/internal/testkit"
 )
 
 // BenchmarkInspector times each read of the Inspector on a group of
@@ -28,10 +29,10 @@ func BenchmarkInspector(b *testing.B) {
 	}
 	const lagPerTopic = 3
 	ctx := context.Background()
-	pool, adapter := benchSetup(b, "setup")
-	msgs := table(adapter, pglease.DefaultMessagesTable)
-	offsets := table(adapter, pglease.DefaultConsumerOffsetsTable)
-	sessions := table(adapter, pglease.DefaultConsumerSessionsTable)
+	pool, adapter := testkit.BenchSetup(b, "setup")
+	msgs := testkit.Table(adapter, pglease.DefaultMessagesTable)
+	offsets := testkit.Table(adapter, pglease.DefaultConsumerOffsetsTable)
+	sessions := testkit.Table(adapter, pglease.DefaultConsumerSessionsTable)
 	// State written with SQL directly: the Inspector reads tables, not
 	// Subscribers. One session owns every row; each topic has lagPerTopic
 	// messages after the group's position (0, 0).

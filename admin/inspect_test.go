@@ -17,6 +17,8 @@ import (
 	"github.com/pglease/watermill-pglease/admin"
 
 	"github.com/pglease/watermill-pglease/internal/pgsql"
+	"github.com/pglease/watermill-pglease/internal/pgtest"
+	"github.com/pglease/watermill-pglease/internal/testkit"
 )
 
 // TestInspectorLagAfterKnownAcks: after a known number of acks, Lag reports
@@ -25,11 +27,11 @@ import (
 // topic with its partitions and groups.
 func TestInspectorLagAfterKnownAcks(t *testing.T) {
 	ctx := context.Background()
-	pool := newPool(t, 10)
-	adapter := newSchema(t, pool)
+	pool := testkit.NewPool(t, 10)
+	adapter := testkit.NewSchema(t, pool)
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "two", pglease.TopicConfig{Partitions: 2, SchemaAdapter: adapter,
 		InitializeSchema: true}))
-	pub := newPublisher(t, pool, adapter)
+	pub := testkit.NewPublisher(t, pool, adapter)
 	perPartition := map[int32]int{}
 	for i := range 10 {
 		key := fmt.Sprintf("k%d", i)
@@ -39,12 +41,12 @@ func TestInspectorLagAfterKnownAcks(t *testing.T) {
 		perPartition[int32(pglease.PartitionOf(key, 2))]++
 	}
 	require.Len(t, perPartition, 2)
-	publishN(t, pub, "plain", 5)
+	testkit.PublishN(t, pub, "plain", 5)
 
 	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
-		CommitBatch: 1}, testLogger())
+		CommitBatch: 1}, testkit.Logger())
 	require.NoError(t, err)
 	defer sub.Close()
 	msgs, err := sub.Subscribe(ctx, "two")
@@ -52,7 +54,7 @@ func TestInspectorLagAfterKnownAcks(t *testing.T) {
 	acked := map[int32]int{}
 	var lastPos = map[int32]pglease.Position{}
 	for range 4 {
-		msg := receiveOne(t, msgs)
+		msg := testkit.ReceiveOne(t, msgs)
 		p, _ := pglease.MessagePartitionFromCtx(msg.Context())
 		pos, _ := pglease.MessagePositionFromCtx(msg.Context())
 		acked[p]++
@@ -60,7 +62,7 @@ func TestInspectorLagAfterKnownAcks(t *testing.T) {
 		msg.Ack()
 	}
 	var lag []admin.LagInfo
-	waitFor(t, 10*time.Second, "the acks to be committed", func() bool {
+	pgtest.WaitFor(t, 10*time.Second, "the acks to be committed", func() bool {
 		lag, err = insp.Lag(ctx, admin.LagFilter{ConsumerGroups: []string{"g"}, Topics: []string{"two"}})
 		require.NoError(t, err)
 		for _, l := range lag {
@@ -86,7 +88,7 @@ func TestInspectorLagAfterKnownAcks(t *testing.T) {
 	}
 
 	// A row held by a session that is gone (a crashed process's, say).
-	_, err = pool.Exec(ctx, `INSERT INTO `+table(adapter, pglease.DefaultConsumerOffsetsTable)+
+	_, err = pool.Exec(ctx, `INSERT INTO `+testkit.Table(adapter, pglease.DefaultConsumerOffsetsTable)+
 		` (consumer_group, topic, partition, session_id, epoch) VALUES ('ghost', 'two', 0, gen_random_uuid(), 1)`)
 	require.NoError(t, err)
 	ghost, err := insp.Lag(ctx, admin.LagFilter{ConsumerGroups: []string{"ghost"}})
@@ -126,16 +128,16 @@ func TestInspectorLagAfterKnownAcks(t *testing.T) {
 // shows as pending, not as lag.
 func TestInspectorHorizonNamesTheBlockingTransaction(t *testing.T) {
 	ctx := context.Background()
-	pool := newPool(t, 10)
-	adapter := newSchema(t, pool)
-	pub := newPublisher(t, pool, adapter)
-	publishN(t, pub, "t", 1)
+	pool := testkit.NewPool(t, 10)
+	adapter := testkit.NewSchema(t, pool)
+	pub := testkit.NewPublisher(t, pool, adapter)
+	testkit.PublishN(t, pub, "t", 1)
 	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 	_, err = insp.ResetOffsets(ctx, admin.ResetOffsetsParams{ConsumerGroup: "g", Topic: "t", To: admin.ResetToLatest})
 	require.NoError(t, err)
 
-	cfg, err := pgx.ParseConfig(testDSN)
+	cfg, err := pgx.ParseConfig(testkit.DSN)
 	require.NoError(t, err)
 	cfg.RuntimeParams["application_name"] = "pglease-test-blocker"
 	blocker, err := pgx.ConnectConfig(ctx, cfg)
@@ -149,7 +151,7 @@ func TestInspectorHorizonNamesTheBlockingTransaction(t *testing.T) {
 	_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()") // takes a transaction id: a writer
 	require.NoError(t, err)
 
-	publishN(t, pub, "t", 1) // committed, but behind the open transaction
+	testkit.PublishN(t, pub, "t", 1) // committed, but behind the open transaction
 	h, err := insp.Horizon(ctx)
 	require.NoError(t, err)
 	require.NotNil(t, h.Holder)
@@ -183,13 +185,13 @@ func TestInspectorHorizonNamesTheBlockingTransaction(t *testing.T) {
 // and delivers again from the new position.
 func TestResetOffsets(t *testing.T) {
 	ctx := context.Background()
-	pool := newPool(t, 10)
-	adapter := newSchema(t, pool)
-	pub := newPublisher(t, pool, adapter)
-	first := publishN(t, pub, "t", 3)
+	pool := testkit.NewPool(t, 10)
+	adapter := testkit.NewSchema(t, pool)
+	pub := testkit.NewPublisher(t, pool, adapter)
+	first := testkit.PublishN(t, pub, "t", 3)
 	var boundary time.Time
 	require.NoError(t, pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&boundary))
-	second := publishN(t, pub, "t", 3)
+	second := testkit.PublishN(t, pub, "t", 3)
 	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 
@@ -197,7 +199,7 @@ func TestResetOffsets(t *testing.T) {
 		t.Helper()
 		_, err := insp.ResetOffsets(ctx, admin.ResetOffsetsParams{ConsumerGroup: "g", Topic: "t", To: to})
 		require.NoError(t, err)
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter}, testLogger())
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter}, testkit.Logger())
 		require.NoError(t, err)
 		defer sub.Close()
 		sctx, cancel := context.WithCancel(ctx)
@@ -218,7 +220,7 @@ func TestResetOffsets(t *testing.T) {
 	assert.Equal(t, first[0], next(admin.ResetToEarliest))
 
 	// A live owner holds the third message, acked but not committed.
-	logs := newCapturingLogger()
+	logs := testkit.NewCapturingLogger()
 	owner, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
 		CommitInterval: time.Hour, CommitBatch: 1000}, logs)
 	require.NoError(t, err)
@@ -227,7 +229,7 @@ func TestResetOffsets(t *testing.T) {
 	require.NoError(t, err)
 	var held *message.Message
 	for i := range 3 {
-		msg := receiveOne(t, msgs)
+		msg := testkit.ReceiveOne(t, msgs)
 		require.Equal(t, first[i], msg.UUID)
 		if i < 2 {
 			msg.Ack()
@@ -236,35 +238,35 @@ func TestResetOffsets(t *testing.T) {
 		}
 	}
 	waitListening(t, pool, adapter) // else the reset is only noticed at the owner's next commit
-	before := readOffset(t, pool, adapter, "g", "t")
+	before := testkit.ReadOffset(t, pool, adapter, "g", "t")
 	_, err = insp.ResetOffsets(ctx, admin.ResetOffsetsParams{ConsumerGroup: "g", Topic: "t", To: admin.ResetToLatest})
 	require.ErrorIs(t, err, admin.ErrOwnedByLiveSession)
 	require.ErrorContains(t, err, "partition 0 by")
-	require.Equal(t, before, readOffset(t, pool, adapter, "g", "t"), "a refused reset changes nothing")
+	require.Equal(t, before, testkit.ReadOffset(t, pool, adapter, "g", "t"), "a refused reset changes nothing")
 
 	resets, err := insp.ResetOffsets(ctx, admin.ResetOffsetsParams{ConsumerGroup: "g", Topic: "t",
 		To: admin.ResetToEarliest, Force: true})
 
 	require.NoError(t, err)
 	require.Len(t, resets, 1)
-	assert.Equal(t, *before.session, resets[0].PreviousOwnerSession)
+	assert.Equal(t, *before.Session, resets[0].PreviousOwnerSession)
 	assert.Equal(t, pglease.Position{}, resets[0].To)
 	// The owner is told; once the message it handed out is acked, it gives
 	// the row up (its release, with the acks made before the reset, is
 	// refused by the epoch) and delivers again from the beginning.
-	waitFor(t, 10*time.Second, "the owner to learn of the reset", func() bool {
-		_, ok := logs.find(func(e logEntry) bool {
-			return e.msg == "Offsets of the topic were reset: "+
+	pgtest.WaitFor(t, 10*time.Second, "the owner to learn of the reset", func() bool {
+		_, ok := logs.Find(func(e testkit.LogEntry) bool {
+			return e.Msg == "Offsets of the topic were reset: "+
 				"giving its partitions up after the messages in flight, to claim them again from the new positions"
 		})
 		return ok
 	})
 	held.Ack()
-	again := receiveOne(t, msgs)
+	again := testkit.ReceiveOne(t, msgs)
 	assert.Equal(t, first[0], again.UUID, "delivered again from the reset position")
-	after := readOffset(t, pool, adapter, "g", "t")
-	assert.Equal(t, int64(0), after.offset, "the acks made before the reset did not overwrite it")
-	assert.Greater(t, after.epoch, before.epoch+1, "fenced by the reset, then claimed again")
+	after := testkit.ReadOffset(t, pool, adapter, "g", "t")
+	assert.Equal(t, int64(0), after.Offset, "the acks made before the reset did not overwrite it")
+	assert.Greater(t, after.Epoch, before.Epoch+1, "fenced by the reset, then claimed again")
 	assert.Equal(t, uint64(1), owner.Stats().FencedWrites, "the release after the reset was refused")
 	again.Ack()
 	require.NoError(t, owner.Close())
@@ -272,7 +274,7 @@ func TestResetOffsets(t *testing.T) {
 
 func TestInspectorBadInput(t *testing.T) {
 	parallel(t)
-	pool := newPool(t, 2)
+	pool := testkit.NewPool(t, 2)
 	_, err := admin.NewInspector(nil, pglease.Tables{})
 	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
 	insp, err := admin.NewInspector(pool, pglease.Tables{})
@@ -287,8 +289,8 @@ func TestInspectorBadInput(t *testing.T) {
 // last statement, as pg_stat_activity shows it, is the LISTEN.
 func waitListening(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) {
 	t.Helper()
-	listen := "LISTEN " + pgx.Identifier{tablesOf(adapter).NotifyChannel}.Sanitize()
-	waitFor(t, 10*time.Second, "a connection to LISTEN", func() bool {
+	listen := "LISTEN " + pgx.Identifier{testkit.TablesOf(adapter).NotifyChannel}.Sanitize()
+	pgtest.WaitFor(t, 10*time.Second, "a connection to LISTEN", func() bool {
 		var n int
 		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE query = $1`, listen).Scan(&n)
 		return n > 0
@@ -325,22 +327,22 @@ func TestResetOffsetsCannotFreeARowClaimedWhileItWaits(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			pool := newPool(t, 6)
-			adapter := newSchema(t, pool)
-			createTables(t, pool, adapter)
+			pool := testkit.NewPool(t, 6)
+			adapter := testkit.NewSchema(t, pool)
+			testkit.CreateTables(t, pool, adapter)
 			const group, topic = "g", "t"
 			claimer := uuid.New()
-			setup := dedicatedConn(t, pool)
-			ensureRow(t, setup, adapter, group, topic)
-			createClaimer := tablesOf(adapter).CreateSession(pgsql.SessionParams{SessionID: claimer, ConsumerGroup: group,
+			setup := pgtest.DedicatedConn(t, pool)
+			testkit.EnsureRow(t, setup, adapter, group, topic)
+			createClaimer := testkit.TablesOf(adapter).CreateSession(pgsql.SessionParams{SessionID: claimer, ConsumerGroup: group,
 				Owner: "claimer-host:42", TTL: time.Hour})
 			if !tc.sessionInClaimTx {
-				execQuery(t, setup, createClaimer)
+				testkit.ExecQuery(t, setup, createClaimer)
 			}
-			before := readOffset(t, pool, adapter, group, topic)
-			require.Nil(t, before.session, "the row starts free")
+			before := testkit.ReadOffset(t, pool, adapter, group, topic)
+			require.Nil(t, before.Session, "the row starts free")
 
-			claimConn := dedicatedConn(t, pool)
+			claimConn := pgtest.DedicatedConn(t, pool)
 			claimTx, err := claimConn.Begin(ctx)
 			require.NoError(t, err)
 			defer func() { _ = claimTx.Rollback(ctx) }()
@@ -348,25 +350,25 @@ func TestResetOffsetsCannotFreeARowClaimedWhileItWaits(t *testing.T) {
 				_, err = claimTx.Exec(ctx, createClaimer.SQL, createClaimer.Args...)
 				require.NoError(t, err)
 			}
-			var claim claimOutcome
+			var claim testkit.ClaimOutcome
 			runClaimInTx := func() {
-				q := claimQuery(adapter, group, topic, claimer, serverHere(t, pool))
+				q := testkit.ClaimQuery(adapter, group, topic, claimer, testkit.ServerHere(t, pool))
 				rows, err := claimTx.Query(ctx, q.SQL, q.Args...)
 				require.NoError(t, err)
-				claim, err = scanClaim(rows)
+				claim, err = testkit.ScanClaim(rows)
 				require.NoError(t, err)
-				require.True(t, claim.claimed)
+				require.True(t, claim.Claimed)
 			}
 			if tc.claimFirst {
 				runClaimInTx()
 			} else {
 				// The lock the claim's UPDATE takes, before it writes.
-				_, err = claimTx.Exec(ctx, `SELECT 1 FROM `+table(adapter, pglease.DefaultConsumerOffsetsTable)+
+				_, err = claimTx.Exec(ctx, `SELECT 1 FROM `+testkit.Table(adapter, pglease.DefaultConsumerOffsetsTable)+
 					` WHERE consumer_group = $1 AND topic = $2 FOR NO KEY UPDATE`, group, topic)
 				require.NoError(t, err)
 			}
 
-			resetConn := dedicatedConn(t, pool)
+			resetConn := pgtest.DedicatedConn(t, pool)
 			insp, err := admin.NewInspector(resetConn.Conn(), adapter)
 			require.NoError(t, err)
 			done := make(chan struct{})
@@ -379,7 +381,7 @@ func TestResetOffsetsCannotFreeARowClaimedWhileItWaits(t *testing.T) {
 				resets, resetErr = insp.ResetOffsets(ctx, admin.ResetOffsetsParams{ConsumerGroup: group, Topic: topic,
 					To: admin.ResetToLatest, Force: tc.force})
 			}()
-			require.True(t, waitBlockedOnLock(t, pool, resetConn.Conn().PgConn().PID(), done),
+			require.True(t, pgtest.WaitBlockedOnLock(t, pool, resetConn.Conn().PgConn().PID(), done),
 				"the reset did not wait for the claim's row lock")
 			if !tc.claimFirst {
 				runClaimInTx()
@@ -387,9 +389,9 @@ func TestResetOffsetsCannotFreeARowClaimedWhileItWaits(t *testing.T) {
 			require.NoError(t, claimTx.Commit(ctx))
 			<-done
 
-			after := readOffset(t, pool, adapter, group, topic)
-			require.NotNil(t, after.session, "the reset freed the row a live session had claimed")
-			assert.Equal(t, claimer, *after.session, "the claimer keeps the row")
+			after := testkit.ReadOffset(t, pool, adapter, group, topic)
+			require.NotNil(t, after.Session, "the reset freed the row a live session had claimed")
+			assert.Equal(t, claimer, *after.Session, "the claimer keeps the row")
 			if !tc.force {
 				require.ErrorIs(t, resetErr, admin.ErrOwnedByLiveSession)
 				var refused *admin.ResetRefusedError
@@ -397,14 +399,14 @@ func TestResetOffsetsCannotFreeARowClaimedWhileItWaits(t *testing.T) {
 				require.Len(t, refused.Owned, 1)
 				assert.Equal(t, claimer, refused.Owned[0].PreviousOwnerSession, "the refusal names the new owner")
 				assert.Equal(t, "claimer-host:42", refused.Owned[0].PreviousOwner)
-				assert.Equal(t, *claim.epoch, after.epoch, "the refused reset changed nothing")
-				assert.Equal(t, before.offset, after.offset)
+				assert.Equal(t, *claim.Epoch, after.Epoch, "the refused reset changed nothing")
+				assert.Equal(t, before.Offset, after.Offset)
 				return
 			}
 			require.NoError(t, resetErr)
 			require.Len(t, resets, 1)
 			assert.Equal(t, claimer, resets[0].PreviousOwnerSession, "the forced reset reports the owner it fenced")
-			assert.Greater(t, after.epoch, *claim.epoch, "the forced reset fences the claimer")
+			assert.Greater(t, after.Epoch, *claim.Epoch, "the forced reset fences the claimer")
 		})
 	}
 }
@@ -420,14 +422,14 @@ func TestResetOffsetsCannotFreeARowClaimedWhileItWaits(t *testing.T) {
 // only every minute), has seen the reset's notification before.
 func TestResetOffsetsNotifiesOnlyItsGroup(t *testing.T) {
 	ctx := context.Background()
-	pool := newPool(t, 10)
-	adapter := newSchema(t, pool)
-	pub := newPublisher(t, pool, adapter)
-	first := publishN(t, pub, "t", 2)
+	pool := testkit.NewPool(t, 10)
+	adapter := testkit.NewSchema(t, pool)
+	pub := testkit.NewPublisher(t, pool, adapter)
+	first := testkit.PublishN(t, pub, "t", 2)
 	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 
-	logs := map[string]*capturingLogger{"a": newCapturingLogger(), "b": newCapturingLogger()}
+	logs := map[string]*testkit.CapturingLogger{"a": testkit.NewCapturingLogger(), "b": testkit.NewCapturingLogger()}
 	msgs := map[string]<-chan *message.Message{}
 	for _, group := range []string{"a", "b"} {
 		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter,
@@ -440,76 +442,76 @@ func TestResetOffsetsNotifiesOnlyItsGroup(t *testing.T) {
 	for _, group := range []string{"a", "b"} {
 		var last pglease.Position
 		for _, id := range first {
-			msg := receiveOne(t, msgs[group])
+			msg := testkit.ReceiveOne(t, msgs[group])
 			require.Equal(t, id, msg.UUID)
 			last, _ = pglease.MessagePositionFromCtx(msg.Context())
 			msg.Ack()
 		}
-		waitFor(t, 10*time.Second, "group "+group+"'s acks to be committed", func() bool {
-			return ackedOffset(t, pool, adapter, group, "t") == last
+		pgtest.WaitFor(t, 10*time.Second, "group "+group+"'s acks to be committed", func() bool {
+			return testkit.AckedOffset(t, pool, adapter, group, "t") == last
 		})
 	}
 	waitListening(t, pool, adapter)
-	beforeA, beforeB := readOffset(t, pool, adapter, "a", "t"), readOffset(t, pool, adapter, "b", "t")
-	require.NotNil(t, beforeA.session)
-	require.NotNil(t, beforeB.session)
+	beforeA, beforeB := testkit.ReadOffset(t, pool, adapter, "a", "t"), testkit.ReadOffset(t, pool, adapter, "b", "t")
+	require.NotNil(t, beforeA.Session)
+	require.NotNil(t, beforeB.Session)
 
 	_, err = insp.ResetOffsets(ctx, admin.ResetOffsetsParams{ConsumerGroup: "a", Topic: "t",
 		To: admin.ResetToEarliest, Force: true})
 	require.NoError(t, err)
 
 	// a gives its row up and claims it again, from the beginning.
-	again := receiveOne(t, msgs["a"])
+	again := testkit.ReceiveOne(t, msgs["a"])
 	assert.Equal(t, first[0], again.UUID, "group a delivers again from the reset position")
 	again.Ack()
-	afterA := readOffset(t, pool, adapter, "a", "t")
-	assert.Equal(t, *beforeA.session, *afterA.session, "a's Subscriber claimed its row again")
-	assert.Greater(t, afterA.epoch, beforeA.epoch+1, "fenced by the reset, then claimed again")
-	_, told := logs["a"].find(func(e logEntry) bool { return e.msg == resetLogMessage })
+	afterA := testkit.ReadOffset(t, pool, adapter, "a", "t")
+	assert.Equal(t, *beforeA.Session, *afterA.Session, "a's Subscriber claimed its row again")
+	assert.Greater(t, afterA.Epoch, beforeA.Epoch+1, "fenced by the reset, then claimed again")
+	_, told := logs["a"].Find(func(e testkit.LogEntry) bool { return e.Msg == resetLogMessage })
 	assert.True(t, told, "group a's Subscriber was told of the reset")
 
 	// b delivers the next message under the same claim, and was not told.
-	next := publishN(t, pub, "t", 1)
-	msg := receiveOne(t, msgs["b"])
+	next := testkit.PublishN(t, pub, "t", 1)
+	msg := testkit.ReceiveOne(t, msgs["b"])
 	require.Equal(t, next[0], msg.UUID)
 	pos, _ := pglease.MessagePositionFromCtx(msg.Context())
 	msg.Ack()
-	_, told = logs["b"].find(func(e logEntry) bool { return e.msg == resetLogMessage })
+	_, told = logs["b"].Find(func(e testkit.LogEntry) bool { return e.Msg == resetLogMessage })
 	assert.False(t, told, "group b's Subscriber gave its row up for group a's reset")
-	waitFor(t, 10*time.Second, "group b's ack to be committed", func() bool {
-		return ackedOffset(t, pool, adapter, "b", "t") == pos
+	pgtest.WaitFor(t, 10*time.Second, "group b's ack to be committed", func() bool {
+		return testkit.AckedOffset(t, pool, adapter, "b", "t") == pos
 	})
-	afterB := readOffset(t, pool, adapter, "b", "t")
-	require.NotNil(t, afterB.session)
-	assert.Equal(t, *beforeB.session, *afterB.session, "group b keeps its row")
-	assert.Equal(t, beforeB.epoch, afterB.epoch, "group b's row keeps its epoch")
+	afterB := testkit.ReadOffset(t, pool, adapter, "b", "t")
+	require.NotNil(t, afterB.Session)
+	assert.Equal(t, *beforeB.Session, *afterB.Session, "group b keeps its row")
+	assert.Equal(t, beforeB.Epoch, afterB.Epoch, "group b's row keeps its epoch")
 
 	// A notification is a hint: an unscoped reset notification (what an
 	// older version sends, and what any role may forge) makes b read its
 	// row, which is still its claim's, and keep it.
-	_, err = pool.Exec(ctx, "SELECT pg_notify($1, $2)", tablesOf(adapter).NotifyChannel, "xt")
+	_, err = pool.Exec(ctx, "SELECT pg_notify($1, $2)", testkit.TablesOf(adapter).NotifyChannel, "xt")
 	require.NoError(t, err)
-	next = publishN(t, pub, "t", 1)
-	msg = receiveOne(t, msgs["b"])
+	next = testkit.PublishN(t, pub, "t", 1)
+	msg = testkit.ReceiveOne(t, msgs["b"])
 	require.Equal(t, next[0], msg.UUID)
 	pos, _ = pglease.MessagePositionFromCtx(msg.Context())
 	msg.Ack()
-	waitFor(t, 10*time.Second, "group b's ack to be committed", func() bool {
-		return ackedOffset(t, pool, adapter, "b", "t") == pos
+	pgtest.WaitFor(t, 10*time.Second, "group b's ack to be committed", func() bool {
+		return testkit.AckedOffset(t, pool, adapter, "b", "t") == pos
 	})
-	_, told = logs["b"].find(func(e logEntry) bool { return e.msg == resetLogMessage })
+	_, told = logs["b"].Find(func(e testkit.LogEntry) bool { return e.Msg == resetLogMessage })
 	assert.False(t, told, "group b's Subscriber gave its row up for a notification alone")
-	assert.Equal(t, beforeB.epoch, readOffset(t, pool, adapter, "b", "t").epoch, "group b's row keeps its epoch")
+	assert.Equal(t, beforeB.Epoch, testkit.ReadOffset(t, pool, adapter, "b", "t").Epoch, "group b's row keeps its epoch")
 
 	// An older version's reset bumps the epoch and notifies without a
 	// group: b reads its row, finds the epoch moved and gives the row up.
-	_, err = pool.Exec(ctx, `UPDATE `+table(adapter, pglease.DefaultConsumerOffsetsTable)+
+	_, err = pool.Exec(ctx, `UPDATE `+testkit.Table(adapter, pglease.DefaultConsumerOffsetsTable)+
 		` SET epoch = epoch + 1 WHERE consumer_group = 'b' AND topic = 't'`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, "SELECT pg_notify($1, $2)", tablesOf(adapter).NotifyChannel, "xt")
+	_, err = pool.Exec(ctx, "SELECT pg_notify($1, $2)", testkit.TablesOf(adapter).NotifyChannel, "xt")
 	require.NoError(t, err)
-	waitFor(t, 10*time.Second, "group b's Subscriber to act on an unscoped reset that moved its epoch", func() bool {
-		_, told := logs["b"].find(func(e logEntry) bool { return e.msg == resetLogMessage })
+	pgtest.WaitFor(t, 10*time.Second, "group b's Subscriber to act on an unscoped reset that moved its epoch", func() bool {
+		_, told := logs["b"].Find(func(e testkit.LogEntry) bool { return e.Msg == resetLogMessage })
 		return told
 	})
 }

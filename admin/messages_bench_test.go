@@ -11,6 +11,7 @@ import (
 
 	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/admin"
+	"github.com/pglease/watermill-pglease/internal/testkit"
 )
 
 // BenchmarkTopicMessages times what the pglease_topic_messages gauge costs
@@ -29,8 +30,8 @@ func BenchmarkTopicMessages(b *testing.B) {
 	}
 	const perTopic, big = 3, 50_000
 	ctx := context.Background()
-	pool, adapter := benchSetup(b, "setup")
-	msgs := table(adapter, pglease.DefaultMessagesTable)
+	pool, adapter := testkit.BenchSetup(b, "setup")
+	msgs := testkit.Table(adapter, pglease.DefaultMessagesTable)
 	for _, q := range []string{
 		fmt.Sprintf(`INSERT INTO %s (topic, uuid, payload)
 SELECT 'topic-' || lpad(t::text, 6, '0'), t || '-' || k, '\x00'::bytea

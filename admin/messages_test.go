@@ -16,6 +16,8 @@ import (
 
 	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/admin"
+	"github.com/pglease/watermill-pglease/internal/pgtest"
+	"github.com/pglease/watermill-pglease/internal/testkit"
 )
 
 // TestPoisonedTopicKeyIsWatermills: replay reads the key that Watermill's
@@ -30,11 +32,11 @@ func TestPoisonedTopicKeyIsWatermills(t *testing.T) {
 // PreviewBytes; a UUID is found whole.
 func TestInspectorMessagesPagesNewestFirst(t *testing.T) {
 	ctx := context.Background()
-	pool := newPool(t, 5)
-	adapter := newSchema(t, pool)
+	pool := testkit.NewPool(t, 5)
+	adapter := testkit.NewSchema(t, pool)
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "orders", pglease.TopicConfig{Partitions: 3, SchemaAdapter: adapter,
 		InitializeSchema: true}))
-	pub := newPublisher(t, pool, adapter)
+	pub := testkit.NewPublisher(t, pool, adapter)
 	const n = 25
 	for i := range n {
 		msg := message.NewMessage(fmt.Sprintf("m%02d", i), []byte(fmt.Sprintf("payload number %02d", i)))
@@ -42,7 +44,7 @@ func TestInspectorMessagesPagesNewestFirst(t *testing.T) {
 		msg.Metadata.Set("i", fmt.Sprint(i))
 		require.NoError(t, pub.Publish("orders", msg)) // one transaction each: positions in publish order
 	}
-	publishN(t, pub, "other", 3)
+	testkit.PublishN(t, pub, "other", 3)
 	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 
@@ -153,9 +155,9 @@ func poison(t *testing.T, pub *pglease.Publisher, original string, ids ...string
 // nothing.
 func TestReplayToOriginalOnce(t *testing.T) {
 	ctx := context.Background()
-	pool := newPool(t, 5)
-	adapter := newSchema(t, pool)
-	pub := newPublisher(t, pool, adapter)
+	pool := testkit.NewPool(t, 5)
+	adapter := testkit.NewSchema(t, pool)
+	pub := testkit.NewPublisher(t, pool, adapter)
 	poison(t, pub, "orders", "p1", "p2")
 	poison(t, pub, "payments", "p3")
 	msg := message.NewMessage("no-origin", nil) // no metadata at all
@@ -186,13 +188,13 @@ func TestReplayToOriginalOnce(t *testing.T) {
 	require.Len(t, page.Messages, 1, "the message without an original topic stays")
 	assert.Equal(t, "no-origin", page.Messages[0].UUID)
 
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter}, testLogger())
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter}, testkit.Logger())
 	require.NoError(t, err)
 	defer sub.Close()
 	msgs, err := sub.Subscribe(ctx, "orders")
 	require.NoError(t, err)
 	for _, want := range []string{"p1", "p2"} {
-		m := receiveOne(t, msgs)
+		m := testkit.ReceiveOne(t, msgs)
 		assert.Equal(t, want, m.UUID)
 		assert.Equal(t, "body of "+want, string(m.Payload))
 		assert.Equal(t, "orders", m.Metadata.Get(middleware.PoisonedTopicKey))
@@ -209,9 +211,9 @@ func TestReplayToOriginalOnce(t *testing.T) {
 // refused.
 func TestReplayFilterAndTo(t *testing.T) {
 	ctx := context.Background()
-	pool := newPool(t, 5)
-	adapter := newSchema(t, pool)
-	pub := newPublisher(t, pool, adapter)
+	pool := testkit.NewPool(t, 5)
+	adapter := testkit.NewSchema(t, pool)
+	pub := testkit.NewPublisher(t, pool, adapter)
 	poison(t, pub, "orders", "a1", "a2", "a3")
 	other := message.NewMessage("b1", nil)
 	other.Metadata.Set("tenant", "globex")
@@ -254,9 +256,9 @@ func TestReplayFilterAndTo(t *testing.T) {
 // publish each message once between them.
 func TestReplayConcurrentTakesEachMessageOnce(t *testing.T) {
 	ctx := context.Background()
-	pool := newPool(t, 5)
-	adapter := newSchema(t, pool)
-	pub := newPublisher(t, pool, adapter)
+	pool := testkit.NewPool(t, 5)
+	adapter := testkit.NewSchema(t, pool)
+	pub := testkit.NewPublisher(t, pool, adapter)
 	poison(t, pub, "orders", "c1", "c2", "c3")
 
 	// The first replay runs in a transaction left open, holding the
@@ -283,7 +285,7 @@ func TestReplayConcurrentTakesEachMessageOnce(t *testing.T) {
 		done2, err2 = second.Replay(ctx, admin.ReplayParams{From: "poison", ToOriginal: true})
 	}()
 	// Wait until the second one waits on the first one's locks.
-	waitFor(t, 10*time.Second, "the second replay to wait for a lock", func() bool {
+	pgtest.WaitFor(t, 10*time.Second, "the second replay to wait for a lock", func() bool {
 		var waiting int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&waiting))
@@ -303,18 +305,18 @@ func TestReplayConcurrentTakesEachMessageOnce(t *testing.T) {
 // groups keep theirs.
 func TestDeleteGroupOffsets(t *testing.T) {
 	ctx := context.Background()
-	pool := newPool(t, 5)
-	adapter := newSchema(t, pool)
-	pub := newPublisher(t, pool, adapter)
-	publishN(t, pub, "t", 1)
+	pool := testkit.NewPool(t, 5)
+	adapter := testkit.NewSchema(t, pool)
+	pub := testkit.NewPublisher(t, pool, adapter)
+	testkit.PublishN(t, pub, "t", 1)
 	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 	subscribe := func(group string) *pglease.Subscriber {
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter}, testLogger())
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter}, testkit.Logger())
 		require.NoError(t, err)
 		msgs, err := sub.Subscribe(ctx, "t")
 		require.NoError(t, err)
-		receiveOne(t, msgs).Ack()
+		testkit.ReceiveOne(t, msgs).Ack()
 		return sub
 	}
 	subA := subscribe("a")
@@ -344,12 +346,12 @@ func TestDeleteGroupOffsets(t *testing.T) {
 // is in use, naming the last one, and deletes nothing.
 func TestDeleteGroupOffsetsRowsCreatedMeanwhile(t *testing.T) {
 	ctx := context.Background()
-	pool := newPool(t, 5)
-	adapter := newSchema(t, pool)
+	pool := testkit.NewPool(t, 5)
+	adapter := testkit.NewSchema(t, pool)
 	require.NoError(t, pglease.Migrate(ctx, pool, adapter))
 	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
-	offsets := tablesOf(adapter).Offsets
+	offsets := testkit.TablesOf(adapter).Offsets
 	create := func(t *testing.T, topic string) {
 		t.Helper()
 		_, err := pool.Exec(ctx, `INSERT INTO `+offsets+` (consumer_group, topic, partition, acked_transaction_id, acked_offset)
@@ -407,11 +409,11 @@ VALUES ('g', $1, 0, '0', 0)`, topic)
 // and none of the five is delivered again.
 func TestDeleteGroupOffsetsKeepsRowClaimedMeanwhile(t *testing.T) {
 	ctx := context.Background()
-	pool := newPool(t, 10)
-	adapter := newSchema(t, pool)
-	pub := newPublisher(t, pool, adapter)
-	publishN(t, pub, "idle", 1)
-	ids := publishN(t, pub, "new", 5)
+	pool := testkit.NewPool(t, 10)
+	adapter := testkit.NewSchema(t, pool)
+	pub := testkit.NewPublisher(t, pool, adapter)
+	testkit.PublishN(t, pub, "idle", 1)
+	ids := testkit.PublishN(t, pub, "new", 5)
 	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 	lagOf := func(topic string) []admin.LagInfo {
@@ -421,14 +423,14 @@ func TestDeleteGroupOffsetsKeepsRowClaimedMeanwhile(t *testing.T) {
 		return rows
 	}
 
-	idle := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g"})
+	idle := testkit.NewSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g"})
 	msgs, err := idle.Subscribe(ctx, "idle")
 	require.NoError(t, err)
-	receive(t, msgs, 1, 30*time.Second)
+	testkit.Receive(t, msgs, 1, 30*time.Second)
 	require.NoError(t, idle.Close())
 	require.Len(t, lagOf("idle"), 1)
 
-	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g"})
+	sub := testkit.NewSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g"})
 	var (
 		newMsgs <-chan *message.Message
 		claimed admin.LagInfo
@@ -442,8 +444,8 @@ func TestDeleteGroupOffsetsKeepsRowClaimedMeanwhile(t *testing.T) {
 		var err error
 		newMsgs, err = sub.Subscribe(ctx, "new")
 		require.NoError(t, err)
-		assert.Equal(t, ids, uuids(receive(t, newMsgs, len(ids), 30*time.Second)))
-		waitFor(t, 10*time.Second, "the acknowledgements to be committed", func() bool {
+		assert.Equal(t, ids, testkit.UUIDs(testkit.Receive(t, newMsgs, len(ids), 30*time.Second)))
+		pgtest.WaitFor(t, 10*time.Second, "the acknowledgements to be committed", func() bool {
 			rows := lagOf("new")
 			if len(rows) != 1 || rows[0].Lag != 0 || rows[0].OwnerSession == uuid.Nil {
 				return false
@@ -466,8 +468,8 @@ func TestDeleteGroupOffsetsKeepsRowClaimedMeanwhile(t *testing.T) {
 		assert.Equal(t, claimed.Position, rows[0].Position)
 	}
 
-	sixth := publishN(t, pub, "new", 1)[0]
-	next := receiveOne(t, newMsgs)
+	sixth := testkit.PublishN(t, pub, "new", 1)[0]
+	next := testkit.ReceiveOne(t, newMsgs)
 	require.Equal(t, sixth, next.UUID, "delivered again")
 	next.Ack()
 	deadline := time.After(10 * time.Second)

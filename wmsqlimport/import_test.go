@@ -15,6 +15,7 @@ import (
 	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/admin"
 	"github.com/pglease/watermill-pglease/internal/pgtest"
+	"github.com/pglease/watermill-pglease/internal/testkit"
 	"github.com/pglease/watermill-pglease/wmsqlimport"
 )
 
@@ -44,7 +45,7 @@ CREATE TABLE `+s.messages+` (
 CREATE TABLE `+s.offsets+` (consumer_group VARCHAR(255) NOT NULL, offset_acked BIGINT,
 	last_processed_transaction_id xid8 NOT NULL, PRIMARY KEY(consumer_group))`)
 	require.NoError(t, err)
-	cfg, err := pgxpool.ParseConfig(testDSN)
+	cfg, err := pgxpool.ParseConfig(testkit.DSN)
 	require.NoError(t, err)
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	cfg.MaxConns = 4
@@ -84,8 +85,8 @@ ON CONFLICT (consumer_group) DO UPDATE SET offset_acked = EXCLUDED.offset_acked,
 // not acknowledged, none of the 100 it acknowledged last.
 func TestImportRunThatWaitedDoesNotMoveGroupBack(t *testing.T) {
 	ctx := context.Background()
-	pool := newPool(t, 10)
-	adapter := newSchema(t, pool)
+	pool := testkit.NewPool(t, 10)
+	adapter := testkit.NewSchema(t, pool)
 	require.NoError(t, pglease.Migrate(ctx, pool, adapter))
 	const topic = "orders"
 	src := newWMSource(t, pool, topic)
@@ -130,14 +131,14 @@ func TestImportRunThatWaitedDoesNotMoveGroupBack(t *testing.T) {
 	assert.Equal(t, ahead, waited.Topics[0].Groups[0].Position, "%+v", waited.Topics[0])
 	assert.Equal(t, ahead, positionOfA(), "the run that waited moved A")
 
-	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "A"})
+	sub := testkit.NewSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "A"})
 	msgs, err := sub.Subscribe(ctx, topic)
 	require.NoError(t, err)
 	var want []string
 	for n := 300; n < 400; n++ {
 		want = append(want, fmt.Sprintf("m%d", n))
 	}
-	assert.Equal(t, want, uuids(receive(t, msgs, len(want), 30*time.Second)))
+	assert.Equal(t, want, testkit.UUIDs(testkit.Receive(t, msgs, len(want), 30*time.Second)))
 }
 
 // TestImportNeverMovesGroupBack: a group that has not started in pglease
@@ -147,8 +148,8 @@ func TestImportRunThatWaitedDoesNotMoveGroupBack(t *testing.T) {
 // what it had not acknowledged.
 func TestImportNeverMovesGroupBack(t *testing.T) {
 	ctx := context.Background()
-	pool := newPool(t, 10)
-	adapter := newSchema(t, pool)
+	pool := testkit.NewPool(t, 10)
+	adapter := testkit.NewSchema(t, pool)
 	require.NoError(t, pglease.Migrate(ctx, pool, adapter))
 	const topic = "orders"
 	src := newWMSource(t, pool, topic)
@@ -178,10 +179,10 @@ func TestImportNeverMovesGroupBack(t *testing.T) {
 		assert.Contains(t, back.Warnings[0], `group "A": acknowledged`)
 	}
 
-	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "A"})
+	sub := testkit.NewSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "A"})
 	msgs, err := sub.Subscribe(ctx, topic)
 	require.NoError(t, err)
-	assert.Equal(t, "m300", receiveOne(t, msgs).UUID)
+	assert.Equal(t, "m300", testkit.ReceiveOne(t, msgs).UUID)
 }
 
 // TestImportAllSkipsTablesOfOtherRoles: with All, a watermill_* table of
@@ -190,8 +191,8 @@ func TestImportNeverMovesGroupBack(t *testing.T) {
 // application's own tables are imported.
 func TestImportAllSkipsTablesOfOtherRoles(t *testing.T) {
 	ctx := context.Background()
-	pool := newPool(t, 10)
-	adapter := newSchema(t, pool)
+	pool := testkit.NewPool(t, 10)
+	adapter := testkit.NewSchema(t, pool)
 	require.NoError(t, pglease.Migrate(ctx, pool, adapter))
 	src := newWMSource(t, pool, "orders")
 	src.publish(t, 0, 10)

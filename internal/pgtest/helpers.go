@@ -116,3 +116,40 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// DedicatedConn returns a connection of pool held for the whole test.
+func DedicatedConn(t *testing.T, pool *pgxpool.Pool) *pgxpool.Conn {
+	t.Helper()
+	conn, err := pool.Acquire(context.Background())
+	if err != nil {
+		t.Fatalf("acquire a connection: %v", err)
+	}
+	t.Cleanup(conn.Release)
+	return conn
+}
+
+// WaitBlockedOnLock waits until the backend pid waits for a lock, or fails
+// the test; done, when closed first, means the statement finished instead.
+func WaitBlockedOnLock(t *testing.T, pool *pgxpool.Pool, pid uint32, done <-chan struct{}) bool {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case <-done:
+			return false
+		default:
+		}
+		var waiting bool
+		if err := pool.QueryRow(context.Background(),
+			`SELECT COALESCE(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting); err != nil {
+			t.Fatalf("read the wait of backend %d: %v", pid, err)
+		}
+		if waiting {
+			return true
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backend %d neither finished nor waited for a lock within 10s", pid)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
