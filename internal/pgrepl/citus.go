@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/user"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -99,28 +97,8 @@ func StartCitus(ctx context.Context, opts CitusOptions) (_ *Citus, err error) {
 	}
 	c := &Cluster{opts: Options{Timeout: opts.Timeout, Settings: settings, Logf: opts.Logf},
 		bindir: bindir, uid: -1, gid: -1, id: "pgcitus-" + randomID()}
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup(superuser)
-		if err != nil {
-			return nil, fmt.Errorf("pgrepl: the test runs as root and PostgreSQL refuses to: no system user %q to run it as "+
-				"(create one: useradd --system --user-group postgres): %w", superuser, err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		c.uid, c.gid = uid, gid
-		c.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}
-	}
-	// HOME is the cluster's directory: the connections between the
-	// nodes are made by libpq inside the servers, which reads files under
-	// $HOME/.postgresql (a root's HOME is not readable by postgres).
-	c.env = serverEnv()
-	parent := os.TempDir()
-	if c.cred != nil {
-		parent = "/tmp"
-	}
-	c.dir, err = os.MkdirTemp(parent, "pgcitus-")
-	if err != nil {
-		return nil, fmt.Errorf("pgrepl: temporary directory: %w", err)
+	if err = c.setUp("pgcitus-"); err != nil {
+		return nil, err
 	}
 	x := &Citus{c: c}
 	defer func() {
@@ -136,6 +114,9 @@ func StartCitus(ctx context.Context, opts CitusOptions) (_ *Citus, err error) {
 	if err := c.chown(c.dir); err != nil {
 		return nil, err
 	}
+	// HOME is the cluster's directory: the connections between the
+	// nodes are made by libpq inside the servers, which reads files under
+	// $HOME/.postgresql (a root's HOME is not readable by postgres).
 	c.env = append(c.env, "HOME="+c.dir)
 
 	began := time.Now()

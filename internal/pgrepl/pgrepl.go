@@ -246,28 +246,8 @@ func start(ctx context.Context, opts Options, withStandby bool) (_ *Cluster, err
 	}
 
 	c := &Cluster{opts: opts, bindir: bindir, uid: -1, gid: -1, id: "pgrepl-" + randomID()}
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup(superuser)
-		if err != nil {
-			return nil, fmt.Errorf("pgrepl: the test runs as root and PostgreSQL refuses to: no system user %q to run it as "+
-				"(create one: useradd --system --user-group postgres): %w", superuser, err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		c.uid, c.gid = uid, gid
-		c.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}
-	}
-	c.env = serverEnv()
-
-	// The server user must reach the directory: under root, a TMPDIR in
-	// /root would not do.
-	parent := os.TempDir()
-	if c.cred != nil {
-		parent = "/tmp"
-	}
-	c.dir, err = os.MkdirTemp(parent, "pgrepl-")
-	if err != nil {
-		return nil, fmt.Errorf("pgrepl: temporary directory: %w", err)
+	if err := c.setUp("pgrepl-"); err != nil {
+		return nil, err
 	}
 	defer func() {
 		if err != nil {
@@ -336,6 +316,36 @@ func start(ctx context.Context, opts Options, withStandby bool) (_ *Cluster, err
 	c.logf("pgrepl: standby started on port %d, streaming (%s) in %s; cluster up in %s (%s)",
 		c.Standby.Port(), mode, since(step), since(began), c.dir)
 	return c, nil
+}
+
+// setUp finds the user the servers run as (postgres, when the test runs
+// as root) and makes the cluster's temporary directory, named with
+// prefix.
+func (c *Cluster) setUp(prefix string) error {
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup(superuser)
+		if err != nil {
+			return fmt.Errorf("pgrepl: the test runs as root and PostgreSQL refuses to: no system user %q to run it as "+
+				"(create one: useradd --system --user-group postgres): %w", superuser, err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		c.uid, c.gid = uid, gid
+		c.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}
+	}
+	c.env = serverEnv()
+	// The server user must reach the directory: under root, a TMPDIR in
+	// /root would not do.
+	parent := os.TempDir()
+	if c.cred != nil {
+		parent = "/tmp"
+	}
+	dir, err := os.MkdirTemp(parent, prefix)
+	if err != nil {
+		return fmt.Errorf("pgrepl: temporary directory: %w", err)
+	}
+	c.dir = dir
+	return nil
 }
 
 // Dir returns the temporary directory that holds the servers' data
