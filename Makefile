@@ -19,7 +19,7 @@ SERVER_DEPS := $(if $(PGLEASE_TEST_DSN)$(DATABASE_URL),,postgresql pgbouncer)
 MODULES := $(sort $(patsubst %/,%,$(dir $(shell find . -name go.mod -not -path "./.git/*" -not -path "*/testdata/*"))))
 
 .DEFAULT_GOAL := test
-.PHONY: help unit test test-pgbouncer test-ui lint bench bench-insert demo stress pg screenshots fmt localpg test-citus
+.PHONY: help unit test test-pgbouncer test-ui lint bench bench-otel bench-insert demo stress pg screenshots fmt localpg test-citus
 
 ## help: this list
 help:
@@ -55,11 +55,17 @@ test-ui: localpg
 lint:
 	scripts/lint.sh
 
-## bench: pglease vs watermill-sql, NATS JetStream and Redis Streams (benchmarks/), writes benchmarks/results.md and .svg; PostgreSQL with fsync on
+## bench: pglease vs watermill-sql, NATS JetStream and Redis Streams (benchmarks/), writes benchmarks/results.md and .svg, then bench-otel; PostgreSQL with fsync on
 bench: localpg
 	$(call DEPS,$(SERVER_DEPS))
 	-$(call DEPS,redis)
 	LOCALPG_DURABLE=1 $(LOCALPG) sh -c 'cd benchmarks && go run .'
+	$(MAKE) bench-otel
+
+## bench-otel: what the otel module costs a Publish and a delivery on no-op providers (30 interleaved rounds, about 2 minutes), writes benchmarks/otel-overhead.txt
+bench-otel: localpg
+	$(call DEPS,$(SERVER_DEPS))
+	LOCALPG_DURABLE=1 $(LOCALPG) sh -c 'cd otel && go test -run "^$$" -bench Overhead -benchtime 30x . | tee ../benchmarks/otel-overhead.txt'
 
 ## bench-insert: what one statement of 100 messages costs the server, per storage shape
 bench-insert: localpg

@@ -2,6 +2,8 @@ package otel
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	otelapi "go.opentelemetry.io/otel"
@@ -11,6 +13,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/semconv/v1.43.0/messagingconv"
 	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
 // ScopeName is the instrumentation scope of the tracer and the meter this
@@ -109,6 +112,12 @@ type telemetry struct {
 	prop     propagation.TextMapPropagator
 	fields   []string // prop.Fields(), read once
 	parented bool
+	// process and send are the span names "process <topic>" and
+	// "send <topic>".
+	process, send spanNames
+	// noop: tracer is OpenTelemetry's no-op tracer, whose spans are
+	// their parent's span context and record nothing.
+	noop bool
 
 	meter           metric.Meter
 	opDuration      metric.Float64Histogram
@@ -138,6 +147,7 @@ func newTelemetry(opts []Option) *telemetry {
 		parented: c.parented,
 		meter:    c.mp.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL)),
 	}
+	_, t.noop = t.tracer.(tracenoop.Tracer)
 	// On error the constructors return a no-op instrument; the error goes
 	// to the global error handler, as OpenTelemetry's instrumentations do.
 	buckets := metric.WithExplicitBucketBoundaries(durationBuckets...)
@@ -157,6 +167,31 @@ func handle(err error) {
 	if err != nil {
 		otelapi.Handle(err)
 	}
+}
+
+// maxCachedSpanNames bounds spanNames: a Subscriber of more topics than
+// that makes the names of the others for each delivery.
+const maxCachedSpanNames = 4096
+
+// spanNames caches "<operation> <topic>" per topic, so that a delivery
+// does not make its span's name (an allocation in the path of every
+// message, even for a no-op tracer).
+type spanNames struct {
+	m sync.Map // topic → name
+	n atomic.Int32
+}
+
+func (s *spanNames) get(operation, topic string) string {
+	if name, ok := s.m.Load(topic); ok {
+		return name.(string)
+	}
+	name := operation + " " + topic
+	if s.n.Load() < maxCachedSpanNames {
+		if _, loaded := s.m.LoadOrStore(topic, name); !loaded {
+			s.n.Add(1)
+		}
+	}
+	return name
 }
 
 // seconds is d in seconds, as the duration histograms take it.

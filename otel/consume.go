@@ -35,6 +35,9 @@ type consumption struct {
 	startOpts [2]trace.SpanStartOption
 }
 
+// consumerKind is the start option of every consumer span, made once.
+var consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
+
 // consumptionOf returns the consumption Instrument or WrapSubscriber started for
 // the message of ctx.
 func consumptionOf(ctx context.Context) (*consumption, bool) {
@@ -55,6 +58,16 @@ func (c *consumptionCtx) Value(key any) any {
 	return c.Context.Value(key)
 }
 
+// idle reports whether a consumer span of msg and its measurements would
+// be nothing: a no-op tracer (its span is the parent's), no reader of
+// the consumer metrics, and no producer's context to make the parent.
+// Then the message is left as it is.
+func (t *telemetry) idle(msg *message.Message) bool {
+	ctx := msg.Context()
+	return t.noop && !t.consumed.Enabled(ctx) && !t.processDuration.Enabled(ctx) &&
+		(!t.parented || !t.carriesContext(msg.Metadata))
+}
+
 // startProcess starts the CONSUMER span "process <topic>" of a delivered
 // message, linked to (or, WithProducerAsParent, a child of) the context
 // stored in its metadata, and puts it into the message's context. It
@@ -65,9 +78,12 @@ func (t *telemetry) startProcess(msg *message.Message, topic string) *consumptio
 	if fromPglease {
 		topic = d.Topic
 	}
-	producer := trace.SpanContextFromContext(t.prop.Extract(context.Background(), metadataCarrier(msg.Metadata)))
+	var producer trace.SpanContext
+	if t.carriesContext(msg.Metadata) {
+		producer = trace.SpanContextFromContext(t.prop.Extract(context.Background(), metadataCarrier(msg.Metadata)))
+	}
 	c := &consumption{t: t}
-	opts := append(c.startOpts[:0], trace.WithSpanKind(trace.SpanKindConsumer))
+	opts := append(c.startOpts[:0], consumerKind)
 	parent := ctx
 	if producer.IsValid() {
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
@@ -75,7 +91,7 @@ func (t *telemetry) startProcess(msg *message.Message, topic string) *consumptio
 			parent = trace.ContextWithRemoteSpanContext(ctx, producer)
 		}
 	}
-	spanCtx, span := t.tracer.Start(parent, operationProcess+" "+topic, opts...)
+	spanCtx, span := t.tracer.Start(parent, t.process.get(operationProcess, topic), opts...)
 	c.span = span
 	timed := t.processDuration.Enabled(ctx)
 	if timed {
@@ -189,6 +205,11 @@ func Middleware(opts ...Option) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			c, wrapped := consumptionOf(msg.Context())
+			if !wrapped && t.idle(msg) {
+				produced, err := h(msg)
+				withSpanOf(msg, produced)
+				return produced, err
+			}
 			if !wrapped {
 				c = t.startProcess(msg, message.SubscribeTopicFromCtx(msg.Context()))
 			}
@@ -196,11 +217,7 @@ func Middleware(opts ...Option) message.HandlerMiddleware {
 			if err != nil {
 				c.handlerError(err)
 			}
-			for _, m := range produced {
-				if m != nil && !trace.SpanContextFromContext(m.Context()).IsValid() {
-					m.SetContext(trace.ContextWithSpan(m.Context(), c.span))
-				}
-			}
+			withSpan(produced, c.span)
 			if !wrapped {
 				if err != nil {
 					c.settle(pglease.ErrNacked)
@@ -210,5 +227,23 @@ func Middleware(opts ...Option) message.HandlerMiddleware {
 			}
 			return produced, err
 		}
+	}
+}
+
+// withSpan puts span into the context of the produced messages that have
+// no span in theirs.
+func withSpan(produced []*message.Message, span trace.Span) {
+	for _, m := range produced {
+		if m != nil && !trace.SpanContextFromContext(m.Context()).IsValid() {
+			m.SetContext(trace.ContextWithSpan(m.Context(), span))
+		}
+	}
+}
+
+// withSpanOf puts the span of msg's context, if valid, into the context
+// of the produced messages that have no span in theirs.
+func withSpanOf(msg *message.Message, produced []*message.Message) {
+	if span := trace.SpanFromContext(msg.Context()); span.SpanContext().IsValid() {
+		withSpan(produced, span)
 	}
 }

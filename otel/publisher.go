@@ -43,14 +43,20 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		return p.pub.Publish(topic, msgs...)
 	}
 	t := p.t
-	start := time.Now()
 	ctx := msgs[0].Context()
+	if t.noop && !t.opDuration.Enabled(ctx) && !t.sent.Enabled(ctx) {
+		// The span would be the no-op tracer's, its context the first
+		// message's, and nothing measured.
+		t.injectMissing(ctx, msgs)
+		return p.pub.Publish(topic, msgs...)
+	}
+	start := time.Now()
 	base := [...]attribute.KeyValue{
 		semconv.MessagingSystemKey.String(System),
 		semconv.MessagingOperationName(operationSend),
 		semconv.MessagingDestinationName(topic),
 	}
-	ctx, span := t.tracer.Start(ctx, operationSend+" "+topic, trace.WithSpanKind(trace.SpanKindProducer))
+	ctx, span := t.tracer.Start(ctx, t.send.get(operationSend, topic), producerKind)
 	if span.IsRecording() {
 		span.SetAttributes(base[:]...)
 		span.SetAttributes(semconv.MessagingOperationTypeSend)
@@ -80,6 +86,9 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	}
 	return err
 }
+
+// producerKind is the start option of every producer span, made once.
+var producerKind = trace.WithSpanKind(trace.SpanKindProducer)
 
 // Close closes the wrapped Publisher.
 func (p *Publisher) Close() error { return p.pub.Close() }

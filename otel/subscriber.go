@@ -35,6 +35,12 @@ func Instrument(cfg pglease.SubscriberConfig, opts ...Option) pglease.Subscriber
 	t := newTelemetry(opts)
 	next := cfg.OnDelivery
 	cfg.OnDelivery = func(msg *message.Message) func(error) {
+		if t.idle(msg) {
+			if next != nil {
+				return next(msg)
+			}
+			return nil
+		}
 		c := t.startProcess(msg, "")
 		var nextSettled func(error)
 		if next != nil {
@@ -96,7 +102,10 @@ func WrapSubscriber(sub message.Subscriber, opts ...Option) *Subscriber {
 
 // Subscribe implements [message.Subscriber]: it subscribes the wrapped
 // Subscriber to topic and forwards its messages, each in its span. The
-// channel is closed when the wrapped one is, or by Close.
+// channel is closed when the wrapped one is, or by Close. With a no-op
+// tracer, no reader of the consumer metrics and without
+// [WithProducerAsParent] there is nothing to record: it returns the
+// wrapped Subscriber's channel.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -106,6 +115,10 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	in, err := s.sub.Subscribe(ctx, topic)
 	if err != nil {
 		return nil, err
+	}
+	if s.t.noop && !s.t.parented && !s.t.consumed.Enabled(ctx) && !s.t.processDuration.Enabled(ctx) {
+		// Every delivery would be idle: nothing to forward.
+		return in, nil
 	}
 	out := make(chan *message.Message)
 	s.wg.Add(1)
