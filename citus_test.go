@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -45,9 +46,8 @@ func citusSchema(t *testing.T, maxConns int32) (*pgxpool.Pool, pglease.Tables) {
 	return pool, adapter
 }
 
-// TestCitusPublishThenSubscribe: publishing to distributed tables works;
-// subscribing is refused with an error that says so (not supported on
-// Citus yet), instead of retrying statements Citus refuses.
+// TestCitusPublishThenSubscribe: messages published to 8 topics lie on
+// both workers, and a Subscriber of each topic gets them, in order.
 func TestCitusPublishThenSubscribe(t *testing.T) {
 	pool, adapter := citusSchema(t, 10)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -71,6 +71,31 @@ func TestCitusPublishThenSubscribe(t *testing.T) {
 	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter}, nil)
 	require.NoError(t, err)
 	defer sub.Close()
-	_, err = sub.Subscribe(ctx, "t0")
-	require.ErrorContains(t, err, "not supported yet")
+	for i := range 8 {
+		topic := fmt.Sprintf("t%d", i)
+		ch, err := sub.Subscribe(ctx, topic)
+		require.NoError(t, err)
+		for _, want := range []string{topic + "/1", topic + "/2"} {
+			select {
+			case m := <-ch:
+				require.Equal(t, want, m.UUID)
+				m.Ack()
+			case <-ctx.Done():
+				t.Fatalf("topic %s: %s not delivered", topic, want)
+			}
+		}
+	}
+}
+
+// TestCitusPubSub runs Watermill's universal Pub/Sub test suite against
+// the coordinator of a Citus cluster, the tables distributed.
+func TestCitusPubSub(t *testing.T) {
+	pool, adapter := citusSchema(t, 60)
+	c := newConformanceWith(t, pool, adapter)
+	features := c.features()
+	features.RestartServiceCommand = nil // one server restarted is the single-node suite's
+	tests.TestPubSub(t, features,
+		func(t *testing.T) (message.Publisher, message.Subscriber) { return c.pubSub(t, t.Name()) },
+		c.pubSub,
+	)
 }

@@ -168,22 +168,42 @@ func AckInTx(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 	if tx == nil {
 		return fmt.Errorf("%w: AckInTx needs a transaction, got nil", ErrInvalidConfig)
 	}
-	q, check, err := ackQuery(msg)
+	a, err := ackQuery(msg)
 	if err != nil {
 		return err
 	}
-	return check(q.QueryRow(ctx, tx))
+	return a.run(ctx, tx)
 }
 
-// ackQuery returns the statement of AckInTx for msg and the function that
-// reads its outcome.
-func ackQuery(msg *message.Message) (pgsql.Stmt, func(pgx.Row) error, error) {
+// ackStmt is the acknowledgement of AckInTx: its statement's parameters and
+// the function that reads its outcome.
+type ackStmt struct {
+	tables *pgsql.Tables
+	params pgsql.OffsetParams
+	check  func(pgsql.AckRow, error) error
+}
+
+// run acknowledges with q.
+func (a ackStmt) run(ctx context.Context, q pgsql.Querier) error {
+	return a.check(pgsql.AckOffset(ctx, q, a.tables, a.params))
+}
+
+// batched reports whether the acknowledgement is one statement that can
+// go into a batch (not on Citus, where it is two: see pgsql.AckOffset).
+func (a ackStmt) batched() bool { return !a.tables.OnCitus() }
+
+// queue adds the statement to batch; scan reads its row.
+func (a ackStmt) queue(batch *pgx.Batch) { a.tables.AckOffset(a.params).Queue(batch) }
+func (a ackStmt) scan(row pgx.Row) error { return a.check(pgsql.ScanAck(row)) }
+
+// ackQuery returns the acknowledgement of AckInTx for msg.
+func ackQuery(msg *message.Message) (ackStmt, error) {
 	if msg == nil {
-		return pgsql.Stmt{}, nil, fmt.Errorf("%w: AckInTx of a nil message", ErrInvalidMessage)
+		return ackStmt{}, fmt.Errorf("%w: AckInTx of a nil message", ErrInvalidMessage)
 	}
 	d, ok := deliveryOf(msg)
 	if !ok {
-		return pgsql.Stmt{}, nil, fmt.Errorf("%w: message %s was not delivered by a pglease Subscriber "+
+		return ackStmt{}, fmt.Errorf("%w: message %s was not delivered by a pglease Subscriber "+
 			"(AckInTx reads its origin from the message's context)", ErrInvalidMessage, msg.UUID)
 	}
 	what := func() string {
@@ -191,12 +211,11 @@ func ackQuery(msg *message.Message) (pgsql.Stmt, func(pgx.Row) error, error) {
 			msg.UUID, d.topic, d.partition, d.group)
 	}
 	if d.g.isLost() {
-		return pgsql.Stmt{}, nil, fmt.Errorf("%s: the delivering session was lost: %w", what(), ErrOwnershipLost)
+		return ackStmt{}, fmt.Errorf("%s: the delivering session was lost: %w", what(), ErrOwnershipLost)
 	}
-	q := d.tables.AckOffset(pgsql.OffsetParams{ConsumerGroup: d.group, Topic: d.topic, Partition: d.partition,
-		SessionID: d.sessionID, Epoch: d.epoch, Position: pgsql.Position(d.pos), Here: d.g.here, Above: d.above})
-	check := func(row pgx.Row) error {
-		r, err := pgsql.ScanAck(row)
+	params := pgsql.OffsetParams{ConsumerGroup: d.group, Topic: d.topic, Partition: d.partition,
+		SessionID: d.sessionID, Epoch: d.epoch, Position: pgsql.Position(d.pos), Here: d.g.here, Above: d.above}
+	check := func(r pgsql.AckRow, err error) error {
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			return fmt.Errorf("%s: the offset row is gone: %w", what(), ErrOwnershipLost)
@@ -218,7 +237,7 @@ func ackQuery(msg *message.Message) (pgsql.Stmt, func(pgx.Row) error, error) {
 		}
 		return fmt.Errorf("%s: the offset row was not moved: %w", what(), ErrOwnershipLost)
 	}
-	return q, check, nil
+	return ackStmt{tables: d.tables, params: params, check: check}, nil
 }
 
 func positionLess(a, b Position) bool {
@@ -285,7 +304,7 @@ func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.N
 		// Last: the offset row stays locked only from here to the commit,
 		// so claims and commits of the partition do not wait for f. The
 		// messages to publish and the acknowledgement go in one round trip.
-		ack, check, err := ackQuery(msg)
+		ack, err := ackQuery(msg)
 		if err != nil {
 			return err
 		}
@@ -306,7 +325,9 @@ func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.N
 				q.Queue(batch)
 			}
 		}
-		ack.Queue(batch)
+		if ack.batched() {
+			ack.queue(batch)
+		}
 		results := tx.SendBatch(ctx, batch)
 		for range inserts {
 			if _, err := results.Exec(); err != nil {
@@ -314,9 +335,14 @@ func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.N
 				return fmt.Errorf("publish %s to topic %q: %w", countMessages(len(out)), config.PublishTopic, wrapMissingSchema(err))
 			}
 		}
-		err = check(results.QueryRow())
+		if ack.batched() {
+			err = ack.scan(results.QueryRow())
+		}
 		if cerr := results.Close(); err == nil && cerr != nil {
 			err = cerr
+		}
+		if err == nil && !ack.batched() {
+			err = ack.run(ctx, tx)
 		}
 		if err != nil {
 			if errors.Is(err, ErrAlreadyAcknowledged) {

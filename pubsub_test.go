@@ -40,7 +40,12 @@ func newConformance(t *testing.T) *conformance {
 
 // newConformanceOn is newConformance on pool.
 func newConformanceOn(t *testing.T, pool *pgxpool.Pool) *conformance {
-	c := &conformance{pool: pool, adapter: newSchema(t, pool), logger: testLogger()}
+	return newConformanceWith(t, pool, newSchema(t, pool))
+}
+
+// newConformanceWith is newConformance on pool and the tables of adapter.
+func newConformanceWith(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) *conformance {
+	c := &conformance{pool: pool, adapter: adapter, logger: testLogger()}
 	t.Cleanup(func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()

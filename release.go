@@ -70,6 +70,14 @@ func (r *releaser) releaseOne(ctx context.Context, rel release) error {
 // transaction, the rows updated in (topic, partition) order whatever the order of the
 // calls.
 func (r *releaser) releaseMany(ctx context.Context, rels []release) ([]error, error) {
+	if r.tables.OnCitus() {
+		// A release is two statements there (see pgsql.ReleaseOffset).
+		errs := make([]error, len(rels))
+		for i, rel := range rels {
+			errs[i] = r.releaseOne(ctx, rel)
+		}
+		return errs, nil
+	}
 	order := make([]int, len(rels))
 	for i := range order {
 		order[i] = i

@@ -232,14 +232,10 @@ func (k *sessionKeeper) openLocked(ctx context.Context, timeout time.Duration) e
 // setUpFailure reports whether err, from setting up or opening a session,
 // is one that retrying cannot fix: the server said that the tables, the
 // schema or the database are missing, that the role may not use them
-// (syntax error or access rule violation), or that it may not log in; or
-// the tables are distributed by Citus, where consuming is not supported
-// yet. The rest (connections refused or cut, a server starting up or shutting
-// down, timeouts, conflicts) is retried.
+// (syntax error or access rule violation), or that it may not log in. The
+// rest (connections refused or cut, a server starting up or shutting down,
+// timeouts, conflicts) is retried.
 func setUpFailure(err error) bool {
-	if errors.Is(err, pgsql.ErrCitusConsume) {
-		return true
-	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || len(pgErr.Code) < 2 {
 		return false

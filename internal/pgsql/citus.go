@@ -2,7 +2,6 @@ package pgsql
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -75,6 +74,12 @@ func (t *Tables) Citus(ctx context.Context, q Querier) (bool, error) {
 
 // isCitus reports what [Tables.Citus] last read (false before it read).
 func (t *Tables) isCitus() bool { return t.citus.distributed.Load() }
+
+// OnCitus reports what [Tables.Citus] last read (false before it read):
+// whether the statements are Citus's. Statements queued in a batch
+// ([Tables.ReleaseOffset], [Tables.AckOffset]) are the single-node
+// ones: on Citus run [ReleaseOffset] and [AckOffset] instead.
+func (t *Tables) OnCitus() bool { return t.isCitus() }
 
 // SetCitus sets what [Tables.Citus] answers, without reading the catalog:
 // for tests of the statements' text.
@@ -180,8 +185,3 @@ func notifyAsText(sql string) string {
 // such a statement still checks is that the position lies below the
 // worker's transaction counter.
 func citusHereIs(n int) string { return `($` + strconv.Itoa(n) + `::text IS NOT NULL)` }
-
-// ErrCitusConsume is returned by [CreateSession] where the messages table
-// is distributed by Citus: consuming there is not supported yet.
-var ErrCitusConsume = errors.New("pglease: consuming from tables distributed by Citus is not supported yet " +
-	"(publishing is; the claims of a consumer group are not written for Citus yet): see docs/scaling.md")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"os"
 	"testing"
 	"time"
@@ -127,15 +126,5 @@ func TestCitusLateCommit(t *testing.T) {
 		After: res.Messages[1].Position})
 	if err != nil || len(after.Messages) != 0 || after.Pending || after.WentBack {
 		t.Fatalf("after m2: %+v, %v", after, err)
-	}
-}
-
-// TestCitusRefusesToConsume: consuming is not supported on Citus yet, and
-// says so rather than retrying statements that Citus refuses.
-func TestCitusRefusesToConsume(t *testing.T) {
-	pool, tables := citusTables(t)
-	_, err := CreateSession(context.Background(), pool, tables, SessionParams{ConsumerGroup: "g", Owner: "t", TTL: time.Second})
-	if !errors.Is(err, ErrCitusConsume) {
-		t.Fatalf("CreateSession = %v, want ErrCitusConsume", err)
 	}
 }

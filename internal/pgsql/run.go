@@ -182,6 +182,9 @@ func SelectMessages(ctx context.Context, q Querier, t *Tables, p SelectMessagesP
 // VisibleTopics returns the (1-based) index of each row of p that has a
 // visible message after its position.
 func VisibleTopics(ctx context.Context, q Querier, t *Tables, p VisibleTopicsParams) ([]int64, error) {
+	if t.isCitus() {
+		return t.citusVisibleTopics(ctx, q, p)
+	}
 	return collect(ctx, q, t.VisibleTopics(p), pgx.RowTo[int64])
 }
 
@@ -201,10 +204,8 @@ type ClusterMark struct {
 // p.ReplacesSessionID), notifies the group, and returns where the
 // database is.
 func CreateSession(ctx context.Context, q Querier, t *Tables, p SessionParams) (ClusterMark, error) {
-	if citus, err := t.Citus(ctx, q); err != nil {
+	if _, err := t.Citus(ctx, q); err != nil {
 		return ClusterMark{}, err
-	} else if citus {
-		return ClusterMark{}, ErrCitusConsume
 	}
 	s := t.CreateSession(p)
 	var (
@@ -303,6 +304,9 @@ type EnsuredRow struct {
 // rows at the beginning of each, or, with p.Latest and for a topic the
 // group has no row of yet, just below the xmin horizon.
 func EnsureOffsets(ctx context.Context, q Querier, t *Tables, p OffsetsParams) ([]EnsuredRow, error) {
+	if t.isCitus() {
+		return t.citusEnsureOffsets(ctx, q, p)
+	}
 	return collect(ctx, q, t.EnsureOffsets(p), func(row pgx.CollectableRow) (EnsuredRow, error) {
 		var r EnsuredRow
 		err := row.Scan(&r.Topic, &r.Partition, (*xid8)(&r.AckedTransactionID))
@@ -342,6 +346,9 @@ type ClaimRow struct {
 // partition) rows that are free, bumping their epochs (see the statement,
 // [Tables.ClaimOffsets]).
 func ClaimOffsets(ctx context.Context, q Querier, t *Tables, p OffsetsParams) ([]ClaimRow, error) {
+	if t.isCitus() {
+		return t.citusClaimOffsets(ctx, q, p)
+	}
 	return collect(ctx, q, t.ClaimOffsets(p), scanClaim)
 }
 
@@ -381,6 +388,9 @@ func scanClaim(row pgx.CollectableRow) (ClaimRow, error) {
 // [ErrWentBack]: run elsewhere than p.Here, or p.Position lies ahead of
 // the transaction counter.
 func CountHeadDelivery(ctx context.Context, q Querier, t *Tables, p OffsetParams) (int32, error) {
+	if t.isCitus() {
+		return t.citusCountHeadDelivery(ctx, q, p)
+	}
 	s := t.CountHeadDelivery(p)
 	var (
 		ok bool
@@ -410,6 +420,9 @@ var ErrWentBack = errors.New("the database is not on the history the session was
 // it ran elsewhere than p.Here or p.Position lies ahead of the
 // transaction counter.
 func CommitOffset(ctx context.Context, q Querier, t *Tables, p OffsetParams) (version string, written bool, err error) {
+	if t.isCitus() {
+		return t.citusCommitOffset(ctx, q, p)
+	}
 	s := t.CommitOffset(p)
 	rows, err := q.Query(ctx, s.SQL, s.Args...)
 	if err != nil {
@@ -440,6 +453,9 @@ func CommitOffset(ctx context.Context, q Querier, t *Tables, p OffsetParams) (ve
 // returns the rows released (0: ownership lost). In a batch, queue
 // [Tables.ReleaseOffset] and read its command tag.
 func ReleaseOffset(ctx context.Context, q Querier, t *Tables, p OffsetParams) (int64, error) {
+	if t.isCitus() {
+		return t.citusReleaseOffset(ctx, q, p)
+	}
 	return exec(ctx, q, t.ReleaseOffset(p))
 }
 
@@ -464,6 +480,9 @@ type AckRow struct {
 // pgx.ErrNoRows: the row does not exist. In a batch, queue
 // [Tables.AckOffset] and scan its row with [ScanAck].
 func AckOffset(ctx context.Context, q Querier, t *Tables, p OffsetParams) (AckRow, error) {
+	if t.isCitus() {
+		return t.citusAckOffset(ctx, q, p)
+	}
 	s := t.AckOffset(p)
 	return ScanAck(q.QueryRow(ctx, s.SQL, s.Args...))
 }

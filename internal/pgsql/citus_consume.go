@@ -1,0 +1,463 @@
+package pgsql
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// The consumer's statements where the tables are distributed by Citus.
+//
+// The single-node statements decide in one statement what the topic's
+// worker must decide: in an INSERT, UPDATE or DELETE, Citus evaluates
+// pg_current_snapshot() (and now()) on the coordinator, even in a
+// sub-select routed to the worker, so a position compared there would be
+// compared with the coordinator's counter, which says nothing of the
+// worker's transactions; and it refuses the claim's correlated sub-selects
+// over common table expressions and the idle poll's lateral join. So on
+// Citus:
+//
+//   - the worker's snapshot is read by a SELECT that Citus routes to the
+//     topic's worker whole ([Tables.citusWorkerSnapshot]), and the fenced
+//     statements check the position against it before writing: the
+//     counter only grows, so a position below the counter read before the
+//     write is below it at the write too;
+//   - a claim is a few statements per topic: read the group's rows of the
+//     topic with their owners' sessions (a reference table, joined on the
+//     worker), delete the expired owners' sessions (on every node), then
+//     move each free row to the session by a compare-and-swap on
+//     (session_id, epoch), as the single-node claim does;
+//   - the idle poll probes each (topic, partition) with a SELECT of its
+//     own, routed to its worker, all in one pipelined batch;
+//   - notifications are sent by statements that run on the coordinator,
+//     where the Subscribers listen: a pg_notify in a statement routed to a
+//     worker would notify that worker's listeners only.
+//
+// The session's identity (see [Here]) is the coordinator's: the claim
+// checks it there, and the statements routed to a worker check only that
+// the position lies below the worker's counter.
+
+// citusSnapshot is what [Tables.citusWorkerSnapshot] reads on a topic's
+// worker.
+type citusSnapshot struct {
+	xmin, xmax uint64
+	// groupRows counts the group's offset rows of the topic.
+	groupRows int64
+}
+
+// citusWorkerSnapshot reads the snapshot of the worker that holds topic's
+// shard, and the number of group's offset rows of the topic. An
+// aggregate without GROUP BY returns one row even where the topic has no
+// row; filtered on the topic, Citus routes the whole statement, the
+// snapshot functions included, to the topic's worker.
+func (t *Tables) citusWorkerSnapshot(ctx context.Context, q Querier, group, topic string) (citusSnapshot, error) {
+	var s citusSnapshot
+	err := q.QueryRow(ctx, `SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text,
+	pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text, pg_catalog.count(*)
+FROM `+t.Offsets+` WHERE consumer_group = $1 AND topic = $2`, group, topic).
+		Scan((*xid8)(&s.xmin), (*xid8)(&s.xmax), &s.groupRows)
+	return s, err
+}
+
+// citusEnsureOffsets is [EnsureOffsets] on Citus: one INSERT per topic,
+// every partition of the topic in it, starting, with p.Latest and for a
+// group without a row of the topic, at the xmin of the topic's worker.
+func (t *Tables) citusEnsureOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]EnsuredRow, error) {
+	var out []EnsuredRow
+	for _, tp := range byTopic(p.Topics, p.Partitions) {
+		start := uint64(0)
+		if p.Latest {
+			s, err := t.citusWorkerSnapshot(ctx, q, p.ConsumerGroup, tp.topic)
+			if err != nil {
+				return nil, err
+			}
+			if s.groupRows == 0 {
+				start = s.xmin
+			}
+		}
+		rows, err := collect(ctx, q, Stmt{
+			SQL: `INSERT INTO ` + t.Offsets + ` AS o (consumer_group, topic, partition, acked_transaction_id, acked_offset)
+SELECT $1, $2, p.partition, $4::text::xid8, 0
+FROM unnest($3::integer[]) AS p(partition)
+ORDER BY p.partition
+ON CONFLICT (consumer_group, topic, partition) DO NOTHING
+RETURNING o.topic, o.partition, o.acked_transaction_id::text`,
+			Args: []any{p.ConsumerGroup, tp.topic, tp.partitions, formatXID8(start)},
+		}, func(row pgx.CollectableRow) (EnsuredRow, error) {
+			var r EnsuredRow
+			err := row.Scan(&r.Topic, &r.Partition, (*xid8)(&r.AckedTransactionID))
+			return r, err
+		})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rows...)
+	}
+	return out, nil
+}
+
+// topicRows is one topic's partitions among a statement's rows.
+type topicRows struct {
+	topic      string
+	partitions []int32
+}
+
+// byTopic groups the (topic, partition) rows by topic, in topic order,
+// each topic's partitions in order.
+func byTopic(topics []string, partitions []int32) []topicRows {
+	partitions = partitionsOf(topics, partitions)
+	idx := map[string]int{}
+	var out []topicRows
+	for i, tp := range topics {
+		j, ok := idx[tp]
+		if !ok {
+			j = len(out)
+			idx[tp] = j
+			out = append(out, topicRows{topic: tp})
+		}
+		out[j].partitions = append(out[j].partitions, partitions[i])
+	}
+	slices.SortFunc(out, func(a, b topicRows) int {
+		switch {
+		case a.topic < b.topic:
+			return -1
+		case a.topic > b.topic:
+			return 1
+		}
+		return 0
+	})
+	for _, tp := range out {
+		slices.Sort(tp.partitions)
+	}
+	return out
+}
+
+// citusCandidate is a row the claim may take, as the topic's worker shows
+// it: its owner and whether the owner's session is gone or expired.
+type citusCandidate struct {
+	partition int32
+	session   *uuid.UUID
+	epoch     int64
+	ownerRow  bool // the owner's session row exists
+	owner     *string
+	expired   bool
+	future    bool
+}
+
+// citusClaimOffsets is [ClaimOffsets] on Citus. It checks the session's
+// identity on the coordinator, then, topic by topic in order until
+// p.Limit rows were found that it can claim (or are missing or ahead of
+// the counter), reads the group's rows of the topic and their owners on
+// the topic's worker, deletes the sessions of the expired owners (the
+// heartbeat of an owner and the delete conflict on the session row, as in
+// the single-node claim: only a delete that went through frees the row),
+// and claims each free row with a compare-and-swap on (session_id,
+// epoch): a row another claim changed in between is reported lost.
+func (t *Tables) citusClaimOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]ClaimRow, error) {
+	var ok bool
+	if err := q.QueryRow(ctx, `SELECT `+hereIs(1), p.Here).Scan(&ok); err != nil {
+		return nil, err
+	}
+	if !ok {
+		return []ClaimRow{{Kind: ClaimWentBack}}, nil
+	}
+	var out []ClaimRow
+	found := 0
+	for _, tp := range byTopic(p.Topics, p.Partitions) {
+		if p.Limit > 0 && found >= p.Limit {
+			break
+		}
+		cands, err := t.citusClaimCandidates(ctx, q, p, tp)
+		if err != nil {
+			return nil, err
+		}
+		missing := map[int32]bool{}
+		for _, part := range tp.partitions {
+			missing[part] = true
+		}
+		var free []citusCandidate
+		var expired []uuid.UUID
+		for _, c := range cands {
+			delete(missing, c.partition)
+			if c.session != nil && *c.session != p.SessionID && c.ownerRow && !c.expired {
+				continue // owned by a live session
+			}
+			free = append(free, c)
+			if c.session != nil && *c.session != p.SessionID && c.ownerRow && !c.future {
+				expired = append(expired, *c.session)
+			}
+		}
+		// The rows in order, bounded by what is left of the limit.
+		var rows []ClaimRow
+		var claimable []citusCandidate
+		for _, part := range tp.partitions {
+			if missing[part] {
+				rows = append(rows, ClaimRow{Kind: ClaimMissing, Topic: tp.topic, Partition: part})
+				continue
+			}
+			i := slices.IndexFunc(free, func(c citusCandidate) bool { return c.partition == part })
+			if i < 0 {
+				continue
+			}
+			if free[i].future {
+				rows = append(rows, ClaimRow{Kind: ClaimFuture, Topic: tp.topic, Partition: part})
+				continue
+			}
+			claimable = append(claimable, free[i])
+			rows = append(rows, ClaimRow{Kind: ClaimLost, Topic: tp.topic, Partition: part})
+		}
+		if p.Limit > 0 && found+len(rows) > p.Limit {
+			rows = rows[:p.Limit-found]
+		}
+		found += len(rows)
+		deleted := map[uuid.UUID]bool{}
+		if len(expired) > 0 {
+			ids, err := collect(ctx, q, Stmt{
+				SQL: `DELETE FROM ` + t.Sessions + ` s WHERE s.id = ANY ($1::uuid[]) AND s.expires_at < pg_catalog.now() RETURNING s.id`,
+				Args: []any{expired},
+			}, pgx.RowTo[uuid.UUID])
+			if err != nil {
+				return nil, err
+			}
+			for _, id := range ids {
+				deleted[id] = true
+			}
+		}
+		for i := range rows {
+			if rows[i].Kind != ClaimLost {
+				continue
+			}
+			j := slices.IndexFunc(claimable, func(c citusCandidate) bool { return c.partition == rows[i].Partition })
+			c := claimable[j]
+			if c.session != nil && *c.session != p.SessionID && c.ownerRow && !deleted[*c.session] {
+				continue // the expired owner's heartbeat came first: lost
+			}
+			var (
+				epoch  int64
+				txID   xid8
+				offset int64
+			)
+			err := q.QueryRow(ctx, `UPDATE `+t.Offsets+` o
+SET session_id = $4, epoch = o.epoch + 1, updated_at = pg_catalog.now()
+WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
+	AND o.session_id IS NOT DISTINCT FROM $5::uuid AND o.epoch = $6
+RETURNING o.epoch, o.acked_transaction_id::text, o.acked_offset`,
+				p.ConsumerGroup, tp.topic, c.partition, p.SessionID, c.session, c.epoch).Scan(&epoch, &txID, &offset)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+				continue
+			case err != nil:
+				return nil, err
+			}
+			r := ClaimRow{Kind: ClaimTaken, Topic: tp.topic, Partition: c.partition, Epoch: epoch,
+				Acked: Position{TransactionID: uint64(txID), Offset: offset},
+				// Not read: the consumer reads at once, finding out.
+				HasNext: true}
+			if c.session != nil && *c.session != p.SessionID {
+				r.Previous = *c.session
+				if c.owner != nil {
+					r.PreviousOwner = *c.owner
+				}
+			}
+			rows[i] = r
+		}
+		out = append(out, rows...)
+	}
+	return out, nil
+}
+
+// citusClaimCandidates reads the group's rows of one topic on its worker,
+// with their owners' sessions (a reference table, joined there); a row
+// whose position lies at or above the worker's counter is marked future.
+func (t *Tables) citusClaimCandidates(ctx context.Context, q Querier, p OffsetsParams, tp topicRows) ([]citusCandidate, error) {
+	rows, err := q.Query(ctx, `SELECT o.partition, o.session_id, o.epoch, s.id IS NOT NULL, s.owner,
+	COALESCE(s.expires_at < pg_catalog.now(), false),
+	o.acked_transaction_id >= pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())
+FROM `+t.Offsets+` o LEFT JOIN `+t.Sessions+` s ON s.id = o.session_id
+WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = ANY ($3::integer[])`,
+		p.ConsumerGroup, tp.topic, tp.partitions)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (citusCandidate, error) {
+		var c citusCandidate
+		err := row.Scan(&c.partition, &c.session, &c.epoch, &c.ownerRow, &c.owner, &c.expired, &c.future)
+		return c, err
+	})
+}
+
+// citusVisibleTopics is [VisibleTopics] on Citus: a SELECT per row,
+// routed to its topic's worker, the snapshot the worker's; sent as one
+// pipelined batch when q can.
+func (t *Tables) citusVisibleTopics(ctx context.Context, q Querier, p VisibleTopicsParams) ([]int64, error) {
+	partitions := partitionsOf(p.Topics, p.Partitions)
+	const probe = `SELECT EXISTS (SELECT 1 FROM %s m
+	WHERE m.topic = $1 AND m.partition = $2 AND %s
+		AND (m.transaction_id, m."offset") > ($3::text::xid8, $4::bigint)
+		AND m.transaction_id < pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()))`
+	sql := fmt.Sprintf(probe, t.Messages, t.classesOf("$1"))
+	var out []int64
+	if b, ok := q.(batcher); ok {
+		batch := &pgx.Batch{}
+		for i, tp := range p.Topics {
+			batch.Queue(sql, tp, partitions[i], formatXID8(p.Positions[i].TransactionID), p.Positions[i].Offset)
+		}
+		res := b.SendBatch(ctx, batch)
+		for i := range p.Topics {
+			var visible bool
+			if err := res.QueryRow().Scan(&visible); err != nil {
+				_ = res.Close()
+				return nil, err
+			}
+			if visible {
+				out = append(out, int64(i+1))
+			}
+		}
+		return out, res.Close()
+	}
+	for i, tp := range p.Topics {
+		var visible bool
+		if err := q.QueryRow(ctx, sql, tp, partitions[i], formatXID8(p.Positions[i].TransactionID), p.Positions[i].Offset).Scan(&visible); err != nil {
+			return nil, err
+		}
+		if visible {
+			out = append(out, int64(i+1))
+		}
+	}
+	return out, nil
+}
+
+// batcher is a Querier that can send a pipelined batch (a connection).
+type batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// citusOnHistory reads the counter of p.Topic's worker and reports
+// whether p.Position lies below it: the fenced statements' position check
+// on Citus (see notFuture).
+func (t *Tables) citusOnHistory(ctx context.Context, q Querier, p OffsetParams) (bool, error) {
+	s, err := t.citusWorkerSnapshot(ctx, q, p.ConsumerGroup, p.Topic)
+	if err != nil {
+		return false, err
+	}
+	return p.Position.TransactionID < s.xmax, nil
+}
+
+// citusKeyed is the condition of the fenced updates on Citus: the row,
+// still the session's at the epoch.
+const citusKeyed = `consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5`
+
+// citusCommitOffset is [CommitOffset] on Citus: no version hint (the row
+// is looked up by its key on the worker).
+func (t *Tables) citusCommitOffset(ctx context.Context, q Querier, p OffsetParams) (string, bool, error) {
+	if ok, err := t.citusOnHistory(ctx, q, p); err != nil {
+		return "", false, err
+	} else if !ok {
+		return "", false, ErrWentBack
+	}
+	tag, err := q.Exec(ctx, `UPDATE `+t.Offsets+`
+SET `+forwardSet(8)+`, updated_at = pg_catalog.now()
+WHERE `+citusKeyed,
+		p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
+		formatXID8(p.Position.TransactionID), p.Position.Offset, p.HeadOut)
+	if err != nil {
+		return "", false, err
+	}
+	return "", tag.RowsAffected() > 0, nil
+}
+
+// citusReleaseOffset is [ReleaseOffset] on Citus, the notification sent
+// from the coordinator after the release.
+func (t *Tables) citusReleaseOffset(ctx context.Context, q Querier, p OffsetParams) (int64, error) {
+	if ok, err := t.citusOnHistory(ctx, q, p); err != nil || !ok {
+		return 0, err
+	}
+	tag, err := q.Exec(ctx, `UPDATE `+t.Offsets+`
+SET `+forwardSet(8)+`, session_id = NULL, updated_at = pg_catalog.now()
+WHERE `+citusKeyed,
+		p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
+		formatXID8(p.Position.TransactionID), p.Position.Offset, p.HeadOut)
+	if err != nil {
+		return 0, err
+	}
+	if tag.RowsAffected() > 0 && p.NotifyChannel != "" {
+		if _, err := q.Exec(ctx, `SELECT pg_catalog.pg_notify($1, $2)`, p.NotifyChannel, string(rune(NotifyReleased))+p.Topic); err != nil {
+			return 0, err
+		}
+	}
+	return tag.RowsAffected(), nil
+}
+
+// citusCountHeadDelivery is [CountHeadDelivery] on Citus.
+func (t *Tables) citusCountHeadDelivery(ctx context.Context, q Querier, p OffsetParams) (int32, error) {
+	if ok, err := t.citusOnHistory(ctx, q, p); err != nil {
+		return 0, err
+	} else if !ok {
+		return 0, ErrWentBack
+	}
+	var n int32
+	err := q.QueryRow(ctx, `UPDATE `+t.Offsets+` SET head_deliveries = head_deliveries + 1
+WHERE `+citusKeyed+` AND acked_transaction_id = $6::text::xid8 AND acked_offset = $7
+RETURNING head_deliveries`,
+		p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
+		formatXID8(p.Position.TransactionID), p.Position.Offset).Scan(&n)
+	return n, err
+}
+
+// citusAckOffset is [AckOffset] on Citus, in the caller's transaction: it
+// locks the row on the worker, reading the worker's counter there, and
+// then writes it.
+func (t *Tables) citusAckOffset(ctx context.Context, q Querier, p OffsetParams) (AckRow, error) {
+	var (
+		r       AckRow
+		counter xid8
+	)
+	err := q.QueryRow(ctx, `SELECT session_id, epoch, acked_transaction_id::text, acked_offset,
+	$4::text = ANY(acked_above), pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text
+FROM `+t.Offsets+`
+WHERE consumer_group = $1 AND topic = $2 AND partition = $3
+FOR UPDATE`, p.ConsumerGroup, p.Topic, p.Partition, AboveEntry(p.Position)).
+		Scan(&r.SessionID, &r.Epoch, (*xid8)(&r.Acked.TransactionID), &r.Acked.Offset, &r.Recorded, &counter)
+	if err != nil {
+		return AckRow{}, err
+	}
+	r.OnHistory = p.Position.TransactionID < uint64(counter)
+	if !r.OnHistory || r.SessionID == nil || *r.SessionID != p.SessionID || r.Epoch != p.Epoch || r.Recorded ||
+		!positionBefore(r.Acked, p.Position) {
+		return r, nil
+	}
+	set := `acked_transaction_id = $4::text::xid8, acked_offset = $5, head_deliveries = 0`
+	if p.Above {
+		set = `acked_above = pg_catalog.array_append(ARRAY(SELECT a FROM pg_catalog.unnest(acked_above) a
+		WHERE (pg_catalog.split_part(a, ':', 1)::xid8, pg_catalog.split_part(a, ':', 2)::bigint)
+			> (acked_transaction_id, acked_offset)), $6::text)`
+	}
+	tag, err := q.Exec(ctx, `UPDATE `+t.Offsets+` SET `+set+`, updated_at = pg_catalog.now()
+WHERE consumer_group = $1 AND topic = $2 AND partition = $3`+ignoreArgs(p.Above),
+		p.ConsumerGroup, p.Topic, p.Partition, formatXID8(p.Position.TransactionID), p.Position.Offset, AboveEntry(p.Position))
+	if err != nil {
+		return AckRow{}, err
+	}
+	r.Advanced = tag.RowsAffected() > 0
+	return r, nil
+}
+
+// ignoreArgs types the parameters a statement of citusAckOffset does not
+// use, so that it may be given all of them.
+func ignoreArgs(above bool) string {
+	if above {
+		return ` AND $4::text IS NOT NULL AND $5::bigint IS NOT NULL`
+	}
+	return ` AND $6::text IS NOT NULL`
+}
+
+func positionBefore(a, b Position) bool {
+	if a.TransactionID != b.TransactionID {
+		return a.TransactionID < b.TransactionID
+	}
+	return a.Offset < b.Offset
+}
