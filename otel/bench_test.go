@@ -186,10 +186,10 @@ func BenchmarkWrapperPublish(b *testing.B) {
 	}
 }
 
-//
-// The variants "-global" take the global providers of an application
-// that installed none, and "-recording" a tracer of the SDK that samples
-// and records every span into no exporter.
+// BenchmarkWrapperConsume: see BenchmarkWrapperPublish. The variants
+// "-global" take the global providers of an application that installed
+// none, and "-recording" a tracer of the SDK that samples and records
+// every span into no exporter.
 func BenchmarkWrapperConsume(b *testing.B) {
 	recording := []otel.Option{otel.WithTracerProvider(sdktrace.NewTracerProvider()),
 		otel.WithMeterProvider(metricnoop.NewMeterProvider()), otel.WithPropagator(propagation.TraceContext{})}
