@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -98,4 +99,88 @@ func TestCitusPubSub(t *testing.T) {
 		func(t *testing.T) (message.Publisher, message.Subscriber) { return c.pubSub(t, t.Name()) },
 		c.pubSub,
 	)
+}
+
+// TestCitusCrashAcrossWorkers: 8 topics of 10,000 messages each, spread
+// over both workers, consumed by one group in 3 processes through a
+// Router; one process is killed with SIGKILL half-way. Every message is
+// processed, each topic in order (a message is processed for the first
+// time only after every message before it in its topic was), and the
+// only duplicates are the killed process's unacknowledged messages,
+// processed again by the member that took its topics over.
+func TestCitusCrashAcrossWorkers(t *testing.T) {
+	const (
+		nTopics   = 8
+		perTopic  = 10000
+		ttl       = 2 * time.Second
+		processed = "test_processed"
+	)
+	pool, adapter := citusSchema(t, 20)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	_, err := pool.Exec(ctx, `CREATE TABLE `+table(adapter, processed)+` (
+	id bigserial PRIMARY KEY, proc text NOT NULL, sub int NOT NULL, pid int NOT NULL, topic text NOT NULL,
+	uuid text NOT NULL, received_at timestamptz NOT NULL, recorded_at timestamptz NOT NULL,
+	owner_session uuid, owner_epoch bigint)`)
+	require.NoError(t, err)
+
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	topics := numberedTopics("c", 0, nTopics)
+	published := time.Now()
+	for _, topic := range topics {
+		for i := 0; i < perTopic; i += 500 {
+			msgs := make([]*message.Message, 0, 500)
+			for j := i; j < i+500; j++ {
+				msgs = append(msgs, message.NewMessage(fmt.Sprintf("%s/%05d", topic, j), nil))
+			}
+			require.NoError(t, pub.Publish(topic, msgs...))
+		}
+	}
+	t.Logf("published %d messages to %d topics in %s", nTopics*perTopic, nTopics, time.Since(published).Round(time.Millisecond))
+
+	cfg := helperConfig{Schema: adapter.Schema, Group: "crash", Topics: topics, Mode: modeRouter, SessionTTL: ttl,
+		PollInterval: pglease.DefaultPollInterval, NoKeepalive: true, DSN: os.Getenv("PGLEASE_TEST_DSN")}
+	procs := startHelpers(t, cfg.named("a"), cfg.named("b"), cfg.named("c"))
+	count := func() (n int) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT pg_catalog.count(DISTINCT uuid) FROM `+table(adapter, processed)).Scan(&n))
+		return n
+	}
+	waitFor(t, 2*time.Minute, "half of the messages processed", func() bool { return count() >= nTopics*perTopic/2 })
+	procs[1].signal(t, syscall.SIGKILL)
+	killedAt := time.Now()
+	waitFor(t, 3*time.Minute, "every message processed", func() bool { return count() == nTopics*perTopic })
+	t.Logf("all processed %s after the SIGKILL (SessionTTL %s)", time.Since(killedAt).Round(time.Millisecond), ttl)
+	procs[0].close(t)
+	procs[2].close(t)
+
+	rows, err := pool.Query(ctx, `SELECT proc, topic, uuid FROM `+table(adapter, processed)+` ORDER BY id`)
+	require.NoError(t, err)
+	seen := map[string]bool{}
+	next := map[string]int{} // per topic: the index of the first message not processed yet
+	dups := map[string]int{} // per process
+	for rows.Next() {
+		var proc, topic, id string
+		require.NoError(t, rows.Scan(&proc, &topic, &id))
+		var idx int
+		_, err := fmt.Sscanf(id[len(topic)+1:], "%d", &idx)
+		require.NoError(t, err, id)
+		if seen[id] {
+			dups[proc]++
+			continue
+		}
+		seen[id] = true
+		require.Equal(t, next[topic], idx, "topic %s: message %d processed before message %d", topic, idx, next[topic])
+		next[topic]++
+	}
+	require.NoError(t, rows.Err())
+	for _, topic := range topics {
+		require.Equal(t, perTopic, next[topic], "topic %s", topic)
+	}
+	t.Logf("duplicates by process: %v", dups)
+	for proc, n := range dups {
+		require.Contains(t, []string{"a", "c"}, proc, "only the survivors process a message again")
+		require.LessOrEqual(t, n, 2000, "%s processed %d messages again", proc, n)
+	}
 }

@@ -217,7 +217,7 @@ func (t *Tables) citusClaimOffsets(ctx context.Context, q Querier, p OffsetsPara
 		deleted := map[uuid.UUID]bool{}
 		if len(expired) > 0 {
 			ids, err := collect(ctx, q, Stmt{
-				SQL: `DELETE FROM ` + t.Sessions + ` s WHERE s.id = ANY ($1::uuid[]) AND s.expires_at < pg_catalog.now() RETURNING s.id`,
+				SQL:  `DELETE FROM ` + t.Sessions + ` s WHERE s.id = ANY ($1::uuid[]) AND s.expires_at < pg_catalog.now() RETURNING s.id`,
 				Args: []any{expired},
 			}, pgx.RowTo[uuid.UUID])
 			if err != nil {
