@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -126,5 +127,120 @@ func TestCitusLateCommit(t *testing.T) {
 		After: res.Messages[1].Position})
 	if err != nil || len(after.Messages) != 0 || after.Pending || after.WentBack {
 		t.Fatalf("after m2: %+v, %v", after, err)
+	}
+}
+
+// TestCitusClaimWaitsForTheOwnersHeartbeat forces the interleaving that
+// the claim's delete of an expired owner's session must get right on
+// Citus, where the claim is several statements: the owner's session has
+// expired when the claim reads the row, but its heartbeat (held open
+// from a second connection) extends it before the claim's delete gets
+// the session row. The delete then waits for the heartbeat, finds the
+// session live, deletes nothing, and the row stays the owner's (reported
+// lost). Once the session has expired for good, the same claim takes the
+// row and bumps its epoch.
+func TestCitusClaimWaitsForTheOwnersHeartbeat(t *testing.T) {
+	pool, tables := citusTables(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const group, topic = "g", "t"
+	owner, claimer := uuid.New(), uuid.New()
+	here, err := Here(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []uuid.UUID{owner, claimer} {
+		if _, err := CreateSession(ctx, pool, tables, SessionParams{SessionID: id, ConsumerGroup: group, Owner: id.String(), TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := EnsureOffsets(ctx, pool, tables, OffsetsParams{ConsumerGroup: group, Topics: []string{topic}}); err != nil {
+		t.Fatal(err)
+	}
+	claim := func(id uuid.UUID) ClaimRow {
+		t.Helper()
+		rows, err := ClaimOffsets(ctx, pool, tables, OffsetsParams{ConsumerGroup: group, Topics: []string{topic},
+			SessionID: id, Here: here, Limit: 10})
+		if err != nil || len(rows) != 1 {
+			t.Fatalf("claim: %v, %v", rows, err)
+		}
+		return rows[0]
+	}
+	if r := claim(owner); r.Kind != ClaimTaken || r.Epoch != 1 {
+		t.Fatalf("first claim: %+v", r)
+	}
+	if rows, err := ClaimOffsets(ctx, pool, tables, OffsetsParams{ConsumerGroup: group, Topics: []string{topic},
+		SessionID: claimer, Here: here, Limit: 10}); err != nil || len(rows) != 0 {
+		t.Fatalf("claim of a live owner's row: %v, %v; want no row", rows, err)
+	}
+	expire := func() {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `UPDATE `+tables.Sessions+` SET expires_at = pg_catalog.now() - interval '1 second' WHERE id = $1`, owner); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expire()
+
+	// The heartbeat, held open: it has the session row's lock.
+	beat, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = beat.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := beat.Exec(ctx, `UPDATE `+tables.Sessions+` SET expires_at = pg_catalog.now() + interval '1 hour' WHERE id = $1`, owner); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan ClaimRow, 1)
+	go func() {
+		rows, err := ClaimOffsets(ctx, pool, tables, OffsetsParams{ConsumerGroup: group, Topics: []string{topic},
+			SessionID: claimer, Here: here, Limit: 10})
+		if err != nil || len(rows) != 1 {
+			t.Errorf("claim: %v, %v", rows, err)
+			rows = []ClaimRow{{}}
+		}
+		done <- rows[0]
+	}()
+	// The claim waits for the heartbeat's lock (its delete of the
+	// expired session).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var waiting bool
+		// citus_lock_waits: the waits of the cluster, on the workers too.
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.citus_lock_waits
+			WHERE blocked_statement LIKE 'DELETE FROM %')`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("the claim did not wait for the heartbeat: %+v", r)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the claim never waited for the heartbeat's lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := beat.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-done; r.Kind != ClaimLost {
+		t.Fatalf("claim after the heartbeat won: %+v, want lost", r)
+	}
+	var session uuid.UUID
+	var epoch int64
+	if err := pool.QueryRow(ctx, `SELECT session_id, epoch FROM `+tables.Offsets+` WHERE consumer_group = $1 AND topic = $2`,
+		group, topic).Scan(&session, &epoch); err != nil {
+		t.Fatal(err)
+	}
+	if session != owner || epoch != 1 {
+		t.Fatalf("row is %s at epoch %d, want the owner's at 1", session, epoch)
+	}
+
+	expire()
+	if r := claim(claimer); r.Kind != ClaimTaken || r.Epoch != 2 || r.Previous != owner {
+		t.Fatalf("claim of an expired owner's row: %+v", r)
 	}
 }
