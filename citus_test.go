@@ -4,10 +4,14 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 	"github.com/jackc/pgx/v5"
@@ -24,7 +28,7 @@ import (
 
 // citusSchema returns a pool on the coordinator and a schema of the
 // test's own with the tables created and distributed (DistributeSQL).
-func citusSchema(t *testing.T, maxConns int32) (*pgxpool.Pool, pglease.Tables) {
+func citusSchema(t testing.TB, maxConns int32) (*pgxpool.Pool, pglease.Tables) {
 	t.Helper()
 	if os.Getenv("PGLEASE_TEST_CITUS") == "" {
 		t.Skip("needs a Citus cluster: run `make test-citus`")
@@ -183,4 +187,226 @@ func TestCitusCrashAcrossWorkers(t *testing.T) {
 		require.Contains(t, []string{"a", "c"}, proc, "only the survivors process a message again")
 		require.LessOrEqual(t, n, 2000, "%s processed %d messages again", proc, n)
 	}
+}
+
+// BenchmarkCitusThroughput publishes 8 topics × 5,000 messages, 100 per
+// call from a goroutine per topic, and consumes them with one Subscriber
+// of the 8 topics, on the coordinator of the cluster of `make
+// test-citus` (workers: localcitus -workers); without a cluster, on the
+// single server of PGLEASE_TEST_DSN, for comparison. It reports messages
+// per second each way.
+//
+//	go run ./internal/cmd/localcitus -workers 2 -- go test -run '^$' -bench CitusThroughput -benchtime 3x .
+func BenchmarkCitusThroughput(b *testing.B) {
+	const (
+		nTopics  = 8
+		perTopic = 5000
+		batch    = 100
+	)
+	var publishRate, consumeRate []float64
+	for range b.N {
+		var (
+			pool    *pgxpool.Pool
+			adapter pglease.Tables
+		)
+		if os.Getenv("PGLEASE_TEST_CITUS") != "" {
+			pool, adapter = citusSchema(b, 40)
+		} else {
+			pool = newPool(b, 40)
+			adapter = newSchema(b, pool)
+		}
+		pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, nil)
+		require.NoError(b, err)
+		topics := numberedTopics("b", 0, nTopics)
+		start := time.Now()
+		var wg sync.WaitGroup
+		for _, topic := range topics {
+			wg.Go(func() {
+				for i := 0; i < perTopic; i += batch {
+					msgs := make([]*message.Message, 0, batch)
+					for range batch {
+						msgs = append(msgs, message.NewMessage(watermill.NewUUID(), []byte("x")))
+					}
+					if err := pub.Publish(topic, msgs...); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		publishRate = append(publishRate, nTopics*perTopic/time.Since(start).Seconds())
+		require.NoError(b, pub.Close())
+
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "bench", SchemaAdapter: adapter}, nil)
+		require.NoError(b, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		start = time.Now()
+		for _, topic := range topics {
+			ch, err := sub.Subscribe(ctx, topic)
+			require.NoError(b, err)
+			wg.Go(func() {
+				for range perTopic {
+					(<-ch).Ack()
+				}
+			})
+		}
+		wg.Wait()
+		consumeRate = append(consumeRate, nTopics*perTopic/time.Since(start).Seconds())
+		cancel()
+		require.NoError(b, sub.Close())
+	}
+	b.ReportMetric(median(publishRate), "published/s")
+	b.ReportMetric(median(consumeRate), "consumed/s")
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// TestCitusShardMove moves a topic's shard to the other worker, whose
+// transaction counter lies far below the source's (300,000 transaction
+// ids burnt on the source), while a Subscriber consumes the topic and a
+// Publisher publishes to it. Without PrepareCitusMoveSQL first, a
+// message published after the move gets a transaction id below the
+// group's position: it would be skipped. With it, the moved rows keep
+// their transaction ids, new messages sort after the position, and
+// every message published before, during and after the move is
+// delivered once, in order.
+func TestCitusShardMove(t *testing.T) {
+	for _, level := range []bool{false, true} {
+		t.Run(fmt.Sprintf("level=%t", level), func(t *testing.T) { testCitusShardMove(t, level) })
+	}
+}
+
+func testCitusShardMove(t *testing.T, level bool) {
+	const (
+		topic, group = "moving", "g"
+		burn         = 300000
+	)
+	pool, adapter := citusSchema(t, 20)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	messages := table(adapter, pglease.DefaultMessagesTable)
+	var (
+		shard           int64
+		source, target  int
+		sourceDSN, host string
+	)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT p.shardid, p.nodename, p.nodeport FROM pg_catalog.pg_dist_shard_placement p
+		WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::regclass, $2::text)`, messages, topic).Scan(&shard, &host, &source))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT nodeport FROM pg_catalog.pg_dist_node
+		WHERE groupid > 0 AND noderole = 'primary' AND nodeport <> $1 LIMIT 1`, source).Scan(&target))
+	for _, dsn := range strings.Fields(os.Getenv("PGLEASE_TEST_CITUS_WORKERS")) {
+		if strings.Contains(dsn, fmt.Sprintf(":%d/", source)) {
+			sourceDSN = dsn
+		}
+	}
+	require.NotEmpty(t, sourceDSN, "the source worker's URL")
+	src := newPoolOn(t, sourceDSN, 2)
+	_, err := src.Exec(ctx, fmt.Sprintf(`DO $$ BEGIN
+	CREATE TEMPORARY TABLE burn (x integer);
+	FOR i IN 1..%d LOOP BEGIN INSERT INTO burn VALUES (1); EXCEPTION WHEN OTHERS THEN NULL; END; END LOOP;
+END $$`, burn))
+	require.NoError(t, err)
+
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter,
+		CommitBatch: 1}, testLogger())
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	var (
+		mu       sync.Mutex
+		received []string
+	)
+	go func() {
+		for m := range ch {
+			mu.Lock()
+			received = append(received, m.UUID)
+			mu.Unlock()
+			m.Ack()
+		}
+	}()
+	receivedN := func() int { mu.Lock(); defer mu.Unlock(); return len(received) }
+
+	// Published before the move, consumed and committed on the source.
+	var published []string
+	publish := func(n int) {
+		for range n {
+			id := fmt.Sprintf("m%05d", len(published))
+			require.NoError(t, pub.Publish(topic, message.NewMessage(id, nil)))
+			published = append(published, id)
+		}
+	}
+	publish(50)
+	waitFor(t, 30*time.Second, "the first messages consumed and committed", func() bool {
+		return receivedN() == 50 && ackedOffset(t, pool, adapter, group, topic).Offset > 0
+	})
+	txIDs := func() map[string]string {
+		rows, err := pool.Query(ctx, `SELECT uuid, transaction_id::text FROM `+messages+` WHERE topic = $1`, topic)
+		require.NoError(t, err)
+		m := map[string]string{}
+		for rows.Next() {
+			var id, tx string
+			require.NoError(t, rows.Scan(&id, &tx))
+			m[id] = tx
+		}
+		require.NoError(t, rows.Err())
+		return m
+	}
+	before := txIDs()
+
+	// Publishing goes on while the shard moves.
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			publish(1)
+		}
+	}()
+	if level {
+		_, err := pool.Exec(ctx, pglease.PrepareCitusMoveSQL(host, target, 100000))
+		require.NoError(t, err)
+	}
+	moveStart := time.Now()
+	_, err = pool.Exec(ctx, `SELECT pg_catalog.citus_move_shard_placement($1, $2, $3, $2, $4, shard_transfer_mode => 'block_writes')`,
+		shard, host, source, target)
+	require.NoError(t, err)
+	t.Logf("shard moved in %s", time.Since(moveStart).Round(time.Millisecond))
+	close(stop)
+	<-stopped
+
+	after := txIDs()
+	for id, tx := range before {
+		require.Equal(t, tx, after[id], "message %s kept its transaction id through the move", id)
+	}
+	acked := ackedOffset(t, pool, adapter, group, topic)
+	publish(1)
+	var newTx string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT transaction_id::text FROM `+messages+` WHERE topic = $1 AND uuid = $2`,
+		topic, published[len(published)-1]).Scan(&newTx))
+	newPos := parsePos(newTx, 0)
+	if !level {
+		require.Less(t, newPos.TransactionID, acked.TransactionID,
+			"without leveling, a message published after the move sorts below the group's position")
+		return
+	}
+	require.Greater(t, newPos.TransactionID, acked.TransactionID, "a message published after the move sorts after the position")
+	publish(50)
+	waitFor(t, time.Minute, "every message delivered", func() bool { return receivedN() >= len(published) })
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, published, received, "each message once, in order")
+	t.Logf("%d messages published before, during and after the move, all delivered in order", len(published))
 }

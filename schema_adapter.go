@@ -149,8 +149,22 @@ func wrapMissingSchema(err error) error { return check.MissingSchema(err) }
 // migrate --citus` runs both), before the applications start; it may be
 // run again. pglease reads whether the messages table is distributed when
 // it first uses it, and then runs the statements that Citus routes to a
-// topic's worker. See docs/scaling.md for what runs on Citus and what
-// does not yet.
+// topic's worker. See docs/scaling.md for what runs on Citus.
 func DistributeSQL(adapter Tables) string {
 	return adapter.tables().DistributeScript()
+}
+
+// PrepareCitusMoveSQL returns the script to run on the coordinator of a
+// Citus cluster right before moving a shard to the worker at host:port
+// (citus_move_shard_placement): it raises that worker's transaction
+// counter to at least margin above the highest counter of the cluster's
+// workers. Positions are transaction ids of the topic's worker; a topic
+// moved to a worker whose counter is lower would stall (its positions
+// ahead of that counter), and its new messages would sort below the
+// groups' positions and be skipped. Pick margin above the transaction
+// ids the source worker takes between the script and the move (1,000,000
+// costs the target about 4 s). Move shards one at a time, each after its
+// script: see "Moving shards" in docs/scaling.md.
+func PrepareCitusMoveSQL(host string, port int, margin uint64) string {
+	return pgsql.PrepareMoveScript(host, port, margin)
 }

@@ -4,6 +4,8 @@
 //
 //	go run ./internal/cmd/localcitus -- go test -run Citus .
 //
+// -workers N starts N workers instead of two.
+//
 // The command gets PGLEASE_TEST_DSN (the coordinator's URL, where
 // applications connect), PGLEASE_TEST_CITUS_WORKERS (the workers' URLs,
 // space-separated) and PGLEASE_TEST_CITUS=1, which enables the tests that
@@ -19,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -30,17 +33,27 @@ func main() { os.Exit(run()) }
 
 func run() int {
 	args := os.Args[1:]
+	nWorkers := 0 // pgrepl's default
+	if len(args) > 1 && args[0] == "-workers" {
+		n, err := strconv.Atoi(args[1])
+		if err != nil || n < 1 {
+			fmt.Fprintln(os.Stderr, "localcitus: -workers takes a number of workers, at least 1")
+			return 2
+		}
+		nWorkers, args = n, args[2:]
+	}
 	if len(args) > 0 && args[0] == "--" {
 		args = args[1:]
 	}
 	if len(args) == 0 {
-		fmt.Fprintln(os.Stderr, "usage: localcitus -- command [args...]")
+		fmt.Fprintln(os.Stderr, "usage: localcitus [-workers N] -- command [args...]")
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cluster, err := pgrepl.StartCitus(ctx, pgrepl.CitusOptions{
-		Logf: func(format string, a ...any) { fmt.Fprintf(os.Stderr, "localcitus: "+format+"\n", a...) },
+		Workers: nWorkers,
+		Logf:    func(format string, a ...any) { fmt.Fprintf(os.Stderr, "localcitus: "+format+"\n", a...) },
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "localcitus:", err)
