@@ -178,6 +178,16 @@ type Horizon struct {
 	// Holder is the oldest running transaction that holds it back; nil
 	// when no writing transaction runs.
 	Holder *HorizonHolder `json:"holder,omitempty"`
+	// Node, where the tables are distributed by Citus, names the worker
+	// ("host:port") whose horizon this is: a topic's messages are held
+	// back by its worker's horizon, and Xmin and Holder are those of the
+	// worker with the oldest holder (with none, of the first worker).
+	// Empty on a single node.
+	Node string `json:"node,omitempty"`
+	// Workers, where the tables are distributed by Citus, is every
+	// worker's horizon (Xmin is that worker's transaction counter: the
+	// workers' counters are unrelated).
+	Workers []Horizon `json:"workers,omitempty"`
 }
 
 // HorizonHolder is the oldest running writing transaction.
@@ -207,15 +217,55 @@ type HorizonHolder struct {
 // Reading other users' backends needs the pg_read_all_stats role (or
 // superuser); without it the holder is still found, but its age, start
 // times and query are unknown (HorizonHolder.AgeKnown is false).
+//
+// Where the tables are distributed by Citus, it reads every worker's
+// horizon (run_command_on_workers: a connection to each worker) and
+// returns the one with the oldest holder, naming its worker
+// (Horizon.Node), with every worker's in Horizon.Workers.
 func (i *Inspector) Horizon(ctx context.Context) (Horizon, error) {
-	var h Horizon
+	nodes, citus, err := pgsql.InspectWorkerHorizons(ctx, i.db, i.tables)
+	if err != nil {
+		return Horizon{}, fmt.Errorf("read the xmin horizon: %w", err)
+	}
+	if citus {
+		return workersHorizon(nodes), nil
+	}
 	r, err := pgsql.InspectHorizon(ctx, i.db, i.tables)
 	if err != nil {
-		return h, fmt.Errorf("read the xmin horizon: %w", err)
+		return Horizon{}, fmt.Errorf("read the xmin horizon: %w", err)
 	}
-	h.Xmin = r.Xmin
+	return horizonOf(r), nil
+}
+
+// workersHorizon is the horizon of the worker whose holder is the oldest
+// (the first worker's when none has one), with every worker's.
+func workersHorizon(nodes []pgsql.NodeHorizonRow) Horizon {
+	var out Horizon
+	oldest := -1.0
+	for k, n := range nodes {
+		h := horizonOf(n.HorizonRow)
+		h.Node = fmt.Sprintf("%s:%d", n.Node, n.Port)
+		out.Workers = append(out.Workers, h)
+		age := -1.0
+		if h.Holder != nil {
+			age = 0 // held, age unknown: older than none
+			if h.Holder.AgeKnown {
+				age = h.Holder.Age.Seconds()
+			}
+		}
+		if k == 0 || age > oldest {
+			oldest = age
+			out.Xmin, out.Holder, out.Node = h.Xmin, h.Holder, h.Node
+		}
+	}
+	return out
+}
+
+// horizonOf is the Horizon of a row of InspectHorizon.
+func horizonOf(r pgsql.HorizonRow) Horizon {
+	h := Horizon{Xmin: r.Xmin}
 	if r.PID == nil {
-		return h, nil
+		return h
 	}
 	hh := &HorizonHolder{PID: int(*r.PID)}
 	hh.GID, hh.ApplicationName, hh.State, hh.Query = deref(r.GID), deref(r.AppName), deref(r.State), deref(r.Query)
@@ -230,7 +280,7 @@ func (i *Inspector) Horizon(ctx context.Context) (Horizon, error) {
 		hh.Age, hh.AgeKnown = time.Duration(*r.AgeSeconds*float64(time.Second)), true
 	}
 	h.Holder = hh
-	return h, nil
+	return h
 }
 
 func deref[T any](p *T) T {

@@ -6,7 +6,7 @@
 //	pglease lag             position, owner and lag per (group, topic, partition)
 //	pglease topics          topics with their partitions, groups and newest message
 //	pglease reset-offsets   move a consumer group's positions on a topic
-//	pglease migrate         create or upgrade the tables (as their owner)
+//	pglease migrate         create or upgrade the tables (as their owner; --citus distributes them)
 //	pglease grant           let an application role run pglease (as the owner)
 //	pglease import          take over watermill-sql's pending messages and groups
 //	pglease messages        browse a topic's stored messages (messages.go)
@@ -151,7 +151,7 @@ back.`,
 	{
 		name:     "migrate",
 		summary:  "create the tables, or upgrade them to this pglease's schema version",
-		synopsis: "[--dry-run] [--json]",
+		synopsis: "[--dry-run] [--citus] [--json]",
 		help: `Applies the schema migrations that the database lacks (all of them on a
 database without the pglease tables), in one transaction under pglease's
 advisory lock, exactly as pglease.Migrate does, and prints the versions it
@@ -160,7 +160,14 @@ the application can run as a role that owns nothing: see pglease grant.
 Running it again applies nothing.
 
 --dry-run prints the SQL of the migrations it would apply (a script that
-psql can run as it is) and changes nothing.`,
+psql can run as it is) and changes nothing.
+
+--citus, on the coordinator of a Citus cluster, then distributes the tables
+(pglease.DistributeSQL): the messages and offsets tables by topic, co-located,
+the others reference tables, and a trigger that takes each message's
+transaction id on its worker. Run it before the applications start; running
+it again leaves alone what is distributed already. It fails when the citus
+extension is not installed in the database. See docs/scaling.md.`,
 		new: func() subcommand { return &migrateCmd{} },
 	},
 	{

@@ -20,6 +20,7 @@ const undefinedFunction = "42883"
 
 type migrateCmd struct {
 	dryRun bool
+	citus  bool
 }
 
 // migrationInfo is one schema version in the JSON of pglease migrate.
@@ -39,12 +40,17 @@ type migrateOutput struct {
 	DryRun        bool `json:"dry_run"`
 	// Migrations are the versions applied (with dry_run: to apply).
 	Migrations []migrationInfo `json:"migrations"`
-	// SQL is the script of those migrations (with dry_run only).
+	// SQL is the script of those migrations (with dry_run only; with
+	// citus, followed by pglease.DistributeSQL's).
 	SQL string `json:"sql,omitempty"`
+	// Citus reports that the tables were (with dry_run: would be)
+	// distributed over the Citus cluster (--citus).
+	Citus bool `json:"citus,omitempty"`
 }
 
 func (c *migrateCmd) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.dryRun, "dry-run", false, "print the SQL of the migrations to apply, and apply nothing")
+	fs.BoolVar(&c.citus, "citus", false, "then distribute the tables over the Citus cluster of the coordinator connected to (pglease.DistributeSQL)")
 }
 
 func (c *migrateCmd) check(*flag.FlagSet) error { return nil }
@@ -70,9 +76,21 @@ func (c *migrateCmd) run(ctx context.Context, e *cmdEnv) error {
 		if len(pending) > 0 {
 			out.SQL = tables.MigrationScript(pending)
 		}
+		if c.citus {
+			out.SQL += pglease.DistributeSQL(e.adapter) + ";\n"
+			out.Citus = true
+		}
 	} else {
 		if err := pglease.Migrate(ctx, e.conn, e.adapter); err != nil {
 			return err
+		}
+		// After the migrations, which create the tables that the script
+		// distributes; it leaves alone what is distributed already.
+		if c.citus {
+			if _, err := e.conn.Exec(ctx, pglease.DistributeSQL(e.adapter)); err != nil {
+				return fmt.Errorf("distribute the tables over Citus: %w", err)
+			}
+			out.Citus = true
 		}
 		if out.ToVersion, err = schemaVersion(ctx, e.conn, e.adapter); err != nil {
 			return err
@@ -87,6 +105,9 @@ func (c *migrateCmd) run(ctx context.Context, e *cmdEnv) error {
 		return writeJSON(e.stdout, out)
 	}
 	switch {
+	case c.dryRun && c.citus:
+		fmt.Fprintf(e.stdout, "-- The schema is at version %d; pglease migrate --citus would run what follows.\n%s", from, out.SQL)
+		return nil
 	case from > latest:
 		fmt.Fprintf(e.stdout, "The schema is at version %d, newer than this pglease knows (%d): nothing to apply.\n", from, latest)
 	case len(out.Migrations) == 0:
@@ -98,6 +119,9 @@ func (c *migrateCmd) run(ctx context.Context, e *cmdEnv) error {
 			fmt.Fprintf(e.stdout, "Applied version %d: %s\n", m.Version, m.Description)
 		}
 		fmt.Fprintf(e.stdout, "The schema is at version %d.\n", out.ToVersion)
+	}
+	if out.Citus && !c.dryRun {
+		fmt.Fprintln(e.stdout, "The tables are distributed over the Citus cluster: messages and offsets by topic, the others reference tables.")
 	}
 	return nil
 }

@@ -131,6 +131,11 @@ func printHorizon(w io.Writer, out statusOutput, warnAfter time.Duration) {
 	fmt.Fprintln(w, "Xmin horizon: messages of transactions at or above xmin are not delivered yet")
 	tw := newTable(w)
 	fmt.Fprintf(tw, "xmin\t%d\n", h.Xmin)
+	if h.Node != "" {
+		// Citus: the horizon of the worker with the oldest holder, which
+		// holds back the topics on that worker.
+		fmt.Fprintf(tw, "worker\t%s (of %d; its topics are held back)\n", h.Node, len(h.Workers))
+	}
 	hh := h.Holder
 	if hh == nil {
 		fmt.Fprintf(tw, "held by\tnothing: no writing transaction is running\n")
@@ -166,6 +171,9 @@ func printHorizon(w io.Writer, out statusOutput, warnAfter time.Duration) {
 	if hh.GID != "" {
 		who = "prepared transaction " + strconv.Quote(hh.GID)
 		end = fmt.Sprintf("COMMIT PREPARED or ROLLBACK PREPARED %s.", quoteLiteral(hh.GID))
+	}
+	if h.Node != "" {
+		who += " on worker " + h.Node
 	}
 	switch {
 	case out.DeliveryHeldBack == nil:

@@ -41,13 +41,24 @@ type LagRow struct {
 
 // InspectLag returns the owner, position and lag of every offset row of
 // the groups and topics (nil: all).
+//
+// Where the tables are distributed by Citus, it runs one statement per
+// topic, routed to the topic's worker, whose snapshot the lag is counted
+// against.
 func InspectLag(ctx context.Context, q Querier, t *Tables, groups, topics []string) ([]LagRow, error) {
-	return collect(ctx, q, t.InspectLag(groups, topics), func(row pgx.CollectableRow) (LagRow, error) {
-		var l LagRow
-		err := row.Scan(&l.ConsumerGroup, &l.Topic, &l.Partition, &l.SessionID, &l.LiveOwner, &l.Epoch,
-			(*xid8)(&l.Acked.TransactionID), &l.Acked.Offset, &l.Lag, &l.LagSeconds, &l.Pending)
-		return l, err
-	})
+	if citus, err := t.Citus(ctx, q); err != nil {
+		return nil, err
+	} else if citus {
+		return citusInspectLag(ctx, q, t, groups, topics)
+	}
+	return collect(ctx, q, t.InspectLag(groups, topics), scanLagRow)
+}
+
+func scanLagRow(row pgx.CollectableRow) (LagRow, error) {
+	var l LagRow
+	err := row.Scan(&l.ConsumerGroup, &l.Topic, &l.Partition, &l.SessionID, &l.LiveOwner, &l.Epoch,
+		(*xid8)(&l.Acked.TransactionID), &l.Acked.Offset, &l.Lag, &l.LagSeconds, &l.Pending)
+	return l, err
 }
 
 // HorizonRow is the row of [InspectHorizon]: the xmin horizon and the
@@ -61,7 +72,7 @@ type HorizonRow struct {
 }
 
 // InspectHorizon reads the xmin horizon and the transaction holding it
-// back.
+// back (on the node it runs on: see [InspectWorkerHorizons] for Citus).
 func InspectHorizon(ctx context.Context, q Querier, t *Tables) (HorizonRow, error) {
 	s := t.InspectHorizon()
 	var h HorizonRow
@@ -80,8 +91,14 @@ type TopicRow struct {
 }
 
 // InspectTopics returns every topic that has messages, settings or offset
-// rows.
+// rows. Where the tables are distributed by Citus, it reads the topics
+// of every shard of the messages table first (run_command_on_shards).
 func InspectTopics(ctx context.Context, q Querier, t *Tables) ([]TopicRow, error) {
+	if citus, err := t.Citus(ctx, q); err != nil {
+		return nil, err
+	} else if citus {
+		return citusInspectTopics(ctx, q, t)
+	}
 	return collect(ctx, q, t.InspectTopics(), pgx.RowToStructByPos[TopicRow])
 }
 
@@ -133,4 +150,17 @@ func ResetOffsets(ctx context.Context, q Querier, t *Tables, p ResetParams) ([]R
 			(*xid8)(&r.To.TransactionID), &r.To.Offset, &r.Applied, &r.Changed)
 		return r, err
 	})
+}
+
+// InspectWorkerHorizons reads the horizon of every worker where the
+// tables are distributed by Citus (ok false elsewhere: nothing read).
+// A topic's messages are delivered by its worker's horizon, which a
+// transaction open on that worker holds back (a distributed transaction
+// of the coordinator that wrote there included).
+func InspectWorkerHorizons(ctx context.Context, q Querier, t *Tables) (rows []NodeHorizonRow, ok bool, err error) {
+	if citus, err := t.Citus(ctx, q); err != nil || !citus {
+		return nil, false, err
+	}
+	rows, err = citusInspectHorizon(ctx, q, t)
+	return rows, true, err
 }

@@ -67,6 +67,9 @@ func ReleaseMaintainer(ctx context.Context, q Querier, t *Tables, p MaintainerPa
 // first, into the messages table, and returns how many, and in how many
 // milliseconds the next one is due (nil: none waits).
 func MoveDueMessages(ctx context.Context, q Querier, t *Tables, p MoveDueParams) (moved int64, nextMs *int64, err error) {
+	if _, err := t.Citus(ctx, q); err != nil {
+		return 0, nil, err
+	}
 	s := t.MoveDueMessages(p)
 	err = q.QueryRow(ctx, s.SQL, s.Args...).Scan(&moved, &nextMs)
 	return moved, nextMs, err
@@ -82,6 +85,9 @@ type IdleGroupRow struct {
 // DeleteIdleGroups deletes the offset rows of consumer groups that have no
 // live session and whose rows were all last written more than idleFor ago.
 func DeleteIdleGroups(ctx context.Context, q Querier, t *Tables, idleFor time.Duration) ([]IdleGroupRow, error) {
+	if _, err := t.Citus(ctx, q); err != nil {
+		return nil, err
+	}
 	return collect(ctx, q, t.DeleteIdleGroups(idleFor), pgx.RowToStructByPos[IdleGroupRow])
 }
 
@@ -145,8 +151,13 @@ func CreateRetentionPartition(ctx context.Context, db Beginner, t *Tables, p Ret
 
 // DetachRetentionPartition detaches the partition without blocking readers
 // (CONCURRENTLY, outside a transaction), or, with finalize, completes a
-// detach that was interrupted. It needs the owner's privileges.
+// detach that was interrupted. It needs the owner's privileges. Where
+// the messages table is distributed by Citus, which refuses CONCURRENTLY,
+// it detaches in a transaction that waits at most 5 s for its lock.
 func DetachRetentionPartition(ctx context.Context, q Querier, t *Tables, p RetentionPartition, finalize bool) error {
+	if _, err := t.Citus(ctx, q); err != nil {
+		return err
+	}
 	_, err := q.Exec(ctx, t.DetachRetentionPartition(p, finalize))
 	return err
 }
@@ -204,7 +215,14 @@ func UnacknowledgedInPartition(ctx context.Context, q Querier, t *Tables, p Rete
 // partition of messages kept forever whose topic has a retention now and
 // that are older than it: one total row (the rows deleted), then one row
 // per (consumer group, topic, partition) with those after the group's
-// position.
+// position. Where the messages table is distributed by Citus, it runs
+// one statement per topic with a retention, each routed to the topic's
+// worker.
 func DeleteExpiredKept(ctx context.Context, q Querier, t *Tables, limit int) ([]SkippedRow, error) {
+	if citus, err := t.Citus(ctx, q); err != nil {
+		return nil, err
+	} else if citus {
+		return citusDeleteExpiredKept(ctx, q, t, limit)
+	}
 	return collect(ctx, q, t.DeleteExpiredKept(limit), pgx.RowToStructByPos[SkippedRow])
 }

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/internal/pgtest"
+)
+
+// TestCitusMigrateAndStatus: on the coordinator of a Citus cluster (`make
+// test-citus`), pglease migrate --citus creates the tables and
+// distributes them (again: nothing left to do), and pglease status names
+// the worker whose horizon a transaction held open there holds back.
+func TestCitusMigrateAndStatus(t *testing.T) {
+	if os.Getenv("PGLEASE_TEST_CITUS") == "" {
+		t.Skip("needs a Citus cluster: run `make test-citus`")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := pgtest.NewPool(t, testDSN, 0)
+	env := map[string]string{"DATABASE_URL": testDSN}
+	schema := emptySchema(t, pool)
+	for range 2 {
+		r := runCLI(t, env, "migrate", "--schema", schema, "--citus", "--json")
+		require.Equal(t, 0, r.code, "%s", r)
+		var out migrateOutput
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+		require.True(t, out.Citus)
+	}
+	messages := pgx.Identifier{schema, pglease.DefaultMessagesTable}.Sanitize()
+	var distributed int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_dist_partition
+WHERE logicalrelid IN ($1::text::regclass, $2::text::regclass)`,
+		messages, pgx.Identifier{schema, pglease.DefaultConsumerOffsetsTable}.Sanitize()).Scan(&distributed))
+	require.Equal(t, 2, distributed)
+
+	// A transaction that wrote a message, held open: its worker's
+	// horizon is held back.
+	var port int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT p.nodeport FROM pg_catalog.pg_dist_shard_placement p
+WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::text::regclass, 'held'::text)`, messages).Scan(&port))
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = tx.Exec(ctx, `INSERT INTO `+messages+` (topic, uuid) VALUES ('held', 'x')`)
+	require.NoError(t, err)
+	// Other tests' transactions may be older: wait until this one is
+	// the oldest holder on some worker, and it must be its own.
+	var out statusOutput
+	pgtest.WaitFor(t, 30*time.Second, "status naming the held worker", func() bool {
+		r := runCLI(t, env, "status", "--schema", schema, "--json")
+		require.Equal(t, 0, r.code, "%s", r)
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+		return out.Horizon.Holder != nil && strings.HasSuffix(out.Horizon.Node, ":"+itoa(port))
+	})
+	require.Len(t, out.Horizon.Workers, 2)
+	r := runCLI(t, env, "status", "--schema", schema)
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Contains(t, r.stdout, "worker")
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
