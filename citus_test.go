@@ -410,3 +410,50 @@ END $$`, burn))
 	require.Equal(t, published, received, "each message once, in order")
 	t.Logf("%d messages published before, during and after the move, all delivered in order", len(published))
 }
+
+// TestCitusPartitionedTopic: CreateTopic sets partitions and a retention
+// on Citus (its upsert runs there), raising the partition count later
+// too; messages with keys spread over the partitions, all on the topic's
+// worker, and one Subscriber gets each key's messages in order.
+func TestCitusPartitionedTopic(t *testing.T) {
+	pool, adapter := citusSchema(t, 20)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const topic = "parts"
+	require.NoError(t, pglease.CreateTopic(ctx, pool, topic, pglease.TopicConfig{Partitions: 2, Retention: time.Hour, SchemaAdapter: adapter}))
+	require.NoError(t, pglease.CreateTopic(ctx, pool, topic, pglease.TopicConfig{Partitions: 4, Retention: time.Hour, SchemaAdapter: adapter}))
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter,
+		PartitionKey: func(_ string, msg *message.Message) (string, error) { return msg.Metadata.Get("key"), nil }}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	const keys, perKey = 8, 20
+	for i := range perKey {
+		for k := range keys {
+			m := message.NewMessage(fmt.Sprintf("k%d/%02d", k, i), nil)
+			m.Metadata.Set("key", fmt.Sprintf("k%d", k))
+			require.NoError(t, pub.Publish(topic, m))
+		}
+	}
+	var partitions int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_catalog.count(DISTINCT partition) FROM `+
+		table(adapter, pglease.DefaultMessagesTable)+` WHERE topic = $1`, topic).Scan(&partitions))
+	require.Greater(t, partitions, 1, "the keys spread over the partitions")
+
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter}, nil)
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	next := map[string]int{}
+	for range keys * perKey {
+		select {
+		case m := <-ch:
+			key := m.Metadata.Get("key")
+			require.Equal(t, fmt.Sprintf("%s/%02d", key, next[key]), m.UUID, "key %s in order", key)
+			next[key]++
+			m.Ack()
+		case <-ctx.Done():
+			t.Fatalf("delivered %v of %d per key", next, perKey)
+		}
+	}
+}

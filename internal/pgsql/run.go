@@ -66,6 +66,9 @@ type UpsertTopicResult struct {
 // count to p.Partitions (never lowering it: then nothing is written) and
 // sets its retention, and notifies.
 func UpsertTopic(ctx context.Context, q Querier, t *Tables, p TopicParams) (UpsertTopicResult, error) {
+	if _, err := t.Citus(ctx, q); err != nil {
+		return UpsertTopicResult{}, err
+	}
 	s := t.UpsertTopic(p)
 	var r UpsertTopicResult
 	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&r.OldPartitions, &r.NewPartitions, &r.Notified)

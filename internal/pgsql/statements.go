@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 )
 
 // InsertMessages is the statement of [InsertMessages].
@@ -123,7 +124,7 @@ func (t *Tables) placement(tp, r string) string {
 // "t" + topic, for the maintainer, and a retention class gets its row in
 // the retention table, so that the maintainer adds its partitions.
 func (t *Tables) UpsertTopic(p TopicParams) Stmt {
-	return t.onCitus(Stmt{
+	s := t.onCitus(Stmt{
 		SQL: `WITH old AS (
 	SELECT partitions, retention FROM ` + t.Topics + ` WHERE topic = $1
 ), up AS (
@@ -152,6 +153,16 @@ func (t *Tables) UpsertTopic(p TopicParams) Stmt {
 SELECT (SELECT partitions FROM old), (SELECT partitions FROM up), (SELECT pg_catalog.count(*) FROM notified)`,
 		Args: []any{p.Topic, p.Partitions, p.NotifyChannel, p.Retention.Microseconds(), int16(p.RetentionClass)},
 	})
+	if t.isCitus() {
+		// Citus refuses a function that is not immutable in DO UPDATE SET:
+		// the time is the inserted row's, evaluated once on the coordinator.
+		s.SQL = strings.Replace(s.SQL, `(topic, partitions, retention, retention_class, classes_from, classes_to)
+	VALUES ($1, $2, $4::bigint::float8 * interval '1 microsecond', $5::smallint, $5::smallint, $5::smallint)`,
+			`(topic, partitions, retention, retention_class, classes_from, classes_to, updated_at)
+	VALUES ($1, $2, $4::bigint::float8 * interval '1 microsecond', $5::smallint, $5::smallint, $5::smallint, pg_catalog.now())`, 1)
+		s.SQL = strings.Replace(s.SQL, `updated_at = pg_catalog.now()`, `updated_at = EXCLUDED.updated_at`, 1)
+	}
+	return s
 }
 
 // TopicPartitions is the statement of [TopicPartitions].
