@@ -105,6 +105,10 @@ type consumer struct {
 	// was made on (sessionGen.here), which every read carries. Set
 	// before own, which waits for its prefetches before it returns.
 	here string
+	// workerHere is the identity of the Citus worker that held the
+	// current grant's row when it was claimed (claim.workerHere), which
+	// every read carries there; empty elsewhere.
+	workerHere string
 }
 
 // consumerDeps is what the consumers of a Subscriber need from it, built
@@ -205,6 +209,8 @@ type readParams struct {
 	limit     int
 	wholeUpTo int64
 	here      string
+	// workerHere: see consumer.workerHere.
+	workerHere string
 }
 
 // consumerMember is what a consumer asks of the group member
@@ -297,7 +303,7 @@ func (c *consumer) consume() leftover {
 			return leftover{}
 		}
 		c.yield = gr.yield
-		c.here = gr.g.here
+		c.here, c.workerHere = gr.g.here, gr.cl.workerHere
 		c.owning.Store(true)
 		out := c.own(gr.g, gr.cl, gr.hasNext)
 		c.owning.Store(false)
@@ -860,7 +866,8 @@ func (c *consumer) read(after Position, limit int, wholeUpTo int64) (rows []stor
 // It touches nothing of c that changes, so a prefetch runs it beside the
 // consumer's goroutine.
 func (c *consumer) readCtx(ctx context.Context, after Position, limit int, wholeUpTo int64) (rows []storedMessage, pending bool, err error) {
-	return c.store.read(ctx, readParams{row: c.row(), after: after, limit: limit, wholeUpTo: wholeUpTo, here: c.here})
+	return c.store.read(ctx, readParams{row: c.row(), after: after, limit: limit, wholeUpTo: wholeUpTo, here: c.here,
+		workerHere: c.workerHere})
 }
 
 // flushC is the flush timer's channel while acknowledged positions wait to
@@ -918,7 +925,8 @@ func (c *consumer) newDelivery(g *sessionGen, cl *claim, m storedMessage, attemp
 	msg.Metadata.Set(DeliveryAttemptMetadata, strconv.Itoa(attempt))
 	mctx, cancel := context.WithCancel(&deliveryCtx{Context: c.ctx, d: delivery{
 		topic: c.topic, partition: c.partition, pos: m.pos, group: cl.group,
-		sessionID: cl.sessionID, epoch: cl.epoch, g: g, tables: c.tables, above: c.settings.maxInFlight > 1}})
+		sessionID: cl.sessionID, epoch: cl.epoch, g: g, tables: c.tables, above: c.settings.maxInFlight > 1,
+		workerHere: cl.workerHere}})
 	msg.SetContext(mctx)
 	return msg, cancel, nil
 }

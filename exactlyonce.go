@@ -52,6 +52,8 @@ type delivery struct {
 	// above: delivered with MaxInFlight above 1 (AckInTx records the
 	// position in the row, pgsql.OffsetParams.Above).
 	above bool
+	// workerHere: see claim.workerHere.
+	workerHere string
 }
 
 // deliveryCtx is a delivered message's context: the subscription's, plus
@@ -214,7 +216,8 @@ func ackQuery(msg *message.Message) (ackStmt, error) {
 		return ackStmt{}, fmt.Errorf("%s: the delivering session was lost: %w", what(), ErrOwnershipLost)
 	}
 	params := pgsql.OffsetParams{ConsumerGroup: d.group, Topic: d.topic, Partition: d.partition,
-		SessionID: d.sessionID, Epoch: d.epoch, Position: pgsql.Position(d.pos), Here: d.g.here, Above: d.above}
+		SessionID: d.sessionID, Epoch: d.epoch, Position: pgsql.Position(d.pos), Here: d.g.here, Above: d.above,
+		WorkerHere: d.workerHere}
 	check := func(r pgsql.AckRow, err error) error {
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):

@@ -50,6 +50,11 @@ type claim struct {
 	// records it (pgsql.OffsetParams.HeadOut), so that the claim that
 	// hands that message out next counts this delivery in its attempt.
 	headOut bool
+	// workerHere is, on Citus, the identity of the worker that held the
+	// row when it was claimed (pgsql.ClaimRow.WorkerHere): the statements
+	// of the claim routed to that worker refuse to run on another server
+	// or timeline, as the session's identity fences them elsewhere.
+	workerHere string
 }
 
 func (c *claim) row() rowKey { return rowKey{topic: c.topic, partition: c.partition} }
@@ -67,6 +72,7 @@ func (c *claim) params(pos Position) pgsql.OffsetParams {
 		Position:      pgsql.Position(pos),
 		Here:          c.g.here,
 		HeadOut:       c.headOut,
+		WorkerHere:    c.workerHere,
 	}
 }
 
@@ -293,7 +299,7 @@ func (s offsetStore) claimMany(wait context.Context, timeout time.Duration, grou
 		if r.kind == claimTaken {
 			pos := Position(c.Acked)
 			r.claim = &claim{group: group, topic: c.Topic, partition: c.Partition, sessionID: g.id, g: g,
-				epoch: c.Epoch, acked: pos, committed: pos}
+				epoch: c.Epoch, acked: pos, committed: pos, workerHere: c.WorkerHere}
 			r.hasNext = c.HasNext
 		}
 		out = append(out, r)
@@ -324,6 +330,7 @@ func (s offsetStore) read(ctx context.Context, timeout time.Duration, p readPara
 		Limit:           p.limit,
 		MaxMessageBytes: p.wholeUpTo,
 		Here:            p.here,
+		WorkerHere:      p.workerHere,
 	})
 	if err != nil {
 		return nil, false, fmt.Errorf("read messages of topic %q: %w", p.row.topic, wrapMissingSchema(err))

@@ -26,11 +26,12 @@ import (
 //     nothing about);
 //   - the statements that compare a position with a snapshot read one
 //     topic each, so that Citus routes them to its worker whole;
-//   - the identity check of a routed statement ([Here]) would read the
-//     worker's identity: the Citus statements check only that the
-//     position lies below that worker's transaction counter (see
-//     citusHereIs), and the session's identity is the coordinator's, read
-//     and compared by the session's statements, which run there.
+//   - the identity check of a routed statement ([Here]) reads the
+//     worker's identity: the session's identity is the coordinator's,
+//     checked by the session's statements and the claim, which run there;
+//     the statements of a claim routed to its worker check the worker's
+//     identity read when it was claimed, and that the position lies below
+//     that worker's counter (see citus_consume.go).
 
 // citusState is what a [Tables] knows of Citus: whether its messages
 // table is distributed, read once from the database (see [Tables.Citus]).

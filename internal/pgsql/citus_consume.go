@@ -38,13 +38,20 @@ import (
 //     worker would notify that worker's listeners only.
 //
 // The session's identity (see [Here]) is the coordinator's: the claim
-// checks it there, and the statements routed to a worker check only that
-// the position lies below the worker's counter.
+// checks it there. The claim also reads the identity of the topic's
+// worker ([ClaimRow.WorkerHere]), and the statements of the claim routed
+// to that worker (reads, commits, releases, delivery counts, AckInTx)
+// check it there as well as that the position lies below the worker's
+// counter: a worker restarted, failed over or replaced by a copy fences
+// them as the coordinator's identity fences the session's, and so does a
+// move of the topic's shard to another worker.
 
 // citusSnapshot is what [Tables.citusWorkerSnapshot] reads on a topic's
 // worker.
 type citusSnapshot struct {
 	xmin, xmax uint64
+	// here is the worker's identity (see [Here]).
+	here string
 	// groupRows counts the group's offset rows of the topic.
 	groupRows int64
 }
@@ -57,9 +64,9 @@ type citusSnapshot struct {
 func (t *Tables) citusWorkerSnapshot(ctx context.Context, q Querier, group, topic string) (citusSnapshot, error) {
 	var s citusSnapshot
 	err := q.QueryRow(ctx, `SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text,
-	pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text, pg_catalog.count(*)
+	pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text, pg_catalog.count(*), `+here+`
 FROM `+t.Offsets+` WHERE consumer_group = $1 AND topic = $2`, group, topic).
-		Scan((*xid8)(&s.xmin), (*xid8)(&s.xmax), &s.groupRows)
+		Scan((*xid8)(&s.xmin), (*xid8)(&s.xmax), &s.groupRows, &s.here)
 	return s, err
 }
 
@@ -146,6 +153,7 @@ type citusCandidate struct {
 	owner     *string
 	expired   bool
 	future    bool
+	here      string // the worker's identity
 }
 
 // citusClaimOffsets is [ClaimOffsets] on Citus. It checks the session's
@@ -256,7 +264,7 @@ RETURNING o.epoch, o.acked_transaction_id::text, o.acked_offset`,
 			r := ClaimRow{Kind: ClaimTaken, Topic: tp.topic, Partition: c.partition, Epoch: epoch,
 				Acked: Position{TransactionID: uint64(txID), Offset: offset},
 				// Not read: the consumer reads at once, finding out.
-				HasNext: true}
+				HasNext: true, WorkerHere: c.here}
 			if c.session != nil && *c.session != p.SessionID {
 				r.Previous = *c.session
 				if c.owner != nil {
@@ -276,7 +284,7 @@ RETURNING o.epoch, o.acked_transaction_id::text, o.acked_offset`,
 func (t *Tables) citusClaimCandidates(ctx context.Context, q Querier, p OffsetsParams, tp topicRows) ([]citusCandidate, error) {
 	rows, err := q.Query(ctx, `SELECT o.partition, o.session_id, o.epoch, s.id IS NOT NULL, s.owner,
 	COALESCE(s.expires_at < pg_catalog.now(), false),
-	o.acked_transaction_id >= pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())
+	o.acked_transaction_id >= pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()), `+here+`
 FROM `+t.Offsets+` o LEFT JOIN `+t.Sessions+` s ON s.id = o.session_id
 WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = ANY ($3::integer[])`,
 		p.ConsumerGroup, tp.topic, tp.partitions)
@@ -285,7 +293,7 @@ WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = ANY ($3::integer[
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (citusCandidate, error) {
 		var c citusCandidate
-		err := row.Scan(&c.partition, &c.session, &c.epoch, &c.ownerRow, &c.owner, &c.expired, &c.future)
+		err := row.Scan(&c.partition, &c.session, &c.epoch, &c.ownerRow, &c.owner, &c.expired, &c.future, &c.here)
 		return c, err
 	})
 }
@@ -336,15 +344,16 @@ type batcher interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// citusOnHistory reads the counter of p.Topic's worker and reports
-// whether p.Position lies below it: the fenced statements' position check
-// on Citus (see notFuture).
+// citusOnHistory reads the counter and identity of p.Topic's worker and
+// reports whether p.Position lies below the counter and the worker is
+// the one that held the row when it was claimed (p.WorkerHere, when
+// set): the fenced statements' check on Citus (see onHistory).
 func (t *Tables) citusOnHistory(ctx context.Context, q Querier, p OffsetParams) (bool, error) {
 	s, err := t.citusWorkerSnapshot(ctx, q, p.ConsumerGroup, p.Topic)
 	if err != nil {
 		return false, err
 	}
-	return p.Position.TransactionID < s.xmax, nil
+	return p.Position.TransactionID < s.xmax && (p.WorkerHere == "" || s.here == p.WorkerHere), nil
 }
 
 // citusKeyed is the condition of the fenced updates on Citus: the row,
@@ -413,19 +422,20 @@ RETURNING head_deliveries`,
 // then writes it.
 func (t *Tables) citusAckOffset(ctx context.Context, q Querier, p OffsetParams) (AckRow, error) {
 	var (
-		r       AckRow
-		counter xid8
+		r          AckRow
+		counter    xid8
+		workerHere string
 	)
 	err := q.QueryRow(ctx, `SELECT session_id, epoch, acked_transaction_id::text, acked_offset,
-	$4::text = ANY(acked_above), pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text
+	$4::text = ANY(acked_above), pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text, `+here+`
 FROM `+t.Offsets+`
 WHERE consumer_group = $1 AND topic = $2 AND partition = $3
 FOR UPDATE`, p.ConsumerGroup, p.Topic, p.Partition, AboveEntry(p.Position)).
-		Scan(&r.SessionID, &r.Epoch, (*xid8)(&r.Acked.TransactionID), &r.Acked.Offset, &r.Recorded, &counter)
+		Scan(&r.SessionID, &r.Epoch, (*xid8)(&r.Acked.TransactionID), &r.Acked.Offset, &r.Recorded, &counter, &workerHere)
 	if err != nil {
 		return AckRow{}, err
 	}
-	r.OnHistory = p.Position.TransactionID < uint64(counter)
+	r.OnHistory = p.Position.TransactionID < uint64(counter) && (p.WorkerHere == "" || workerHere == p.WorkerHere)
 	if !r.OnHistory || r.SessionID == nil || *r.SessionID != p.SessionID || r.Epoch != p.Epoch || r.Recorded ||
 		!positionBefore(r.Acked, p.Position) {
 		return r, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"os"
 	"testing"
 	"time"
@@ -242,5 +243,85 @@ func TestCitusClaimWaitsForTheOwnersHeartbeat(t *testing.T) {
 	expire()
 	if r := claim(claimer); r.Kind != ClaimTaken || r.Epoch != 2 || r.Previous != owner {
 		t.Fatalf("claim of an expired owner's row: %+v", r)
+	}
+}
+
+// TestCitusWorkerIdentityFences: a claim reads the identity of the
+// topic's worker, and the statements of the claim routed there refuse to
+// run with another one (as after a restart, a failover or a shard move),
+// writing nothing; with the right one they run.
+func TestCitusWorkerIdentityFences(t *testing.T) {
+	pool, tables := citusTables(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const group, topic = "g", "t"
+	session := uuid.New()
+	here, err := Here(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := CreateSession(ctx, pool, tables, SessionParams{SessionID: session, ConsumerGroup: group, Owner: "o", TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if err := InsertMessages(ctx, pool, tables, InsertMessagesParams{Topics: []string{topic}, UUIDs: []string{"m1"},
+		Payloads: [][]byte{nil}, Metadata: []string{""}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := EnsureOffsets(ctx, pool, tables, OffsetsParams{ConsumerGroup: group, Topics: []string{topic}}); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := ClaimOffsets(ctx, pool, tables, OffsetsParams{ConsumerGroup: group, Topics: []string{topic},
+		SessionID: session, Here: here, Limit: 1})
+	if err != nil || len(rows) != 1 || rows[0].Kind != ClaimTaken {
+		t.Fatalf("claim: %+v, %v", rows, err)
+	}
+	worker := rows[0].WorkerHere
+	if worker == "" || worker == here {
+		t.Fatalf("the claim read the worker's identity %q (the coordinator's is %q)", worker, here)
+	}
+	var read SelectResult
+	pgtestWaitFor(t, func() bool {
+		read, err = SelectMessages(ctx, pool, tables, SelectMessagesParams{Topic: topic, Limit: 10, Here: here, WorkerHere: worker})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(read.Messages) == 1
+	})
+	p := OffsetParams{ConsumerGroup: group, Topic: topic, SessionID: session, Epoch: rows[0].Epoch,
+		Position: read.Messages[0].Position, Here: here}
+	for _, other := range []string{"00000009:1", here} {
+		p.WorkerHere = other
+		if res, err := SelectMessages(ctx, pool, tables, SelectMessagesParams{Topic: topic, Limit: 10, Here: here, WorkerHere: other}); err != nil || !res.WentBack {
+			t.Errorf("read with worker identity %q: %+v, %v; want WentBack", other, res, err)
+		}
+		if _, _, err := CommitOffset(ctx, pool, tables, p); !errors.Is(err, ErrWentBack) {
+			t.Errorf("commit with worker identity %q: %v, want ErrWentBack", other, err)
+		}
+		if _, err := CountHeadDelivery(ctx, pool, tables, p); !errors.Is(err, ErrWentBack) {
+			t.Errorf("delivery count with worker identity %q: %v, want ErrWentBack", other, err)
+		}
+		if r, err := AckOffset(ctx, pool, tables, p); err != nil || r.OnHistory || r.Advanced {
+			t.Errorf("AckOffset with worker identity %q: %+v, %v; want not on history", other, r, err)
+		}
+		if n, err := ReleaseOffset(ctx, pool, tables, p); err != nil || n != 0 {
+			t.Errorf("release with worker identity %q: %d, %v; want nothing released", other, n, err)
+		}
+	}
+	p.WorkerHere = worker
+	if _, written, err := CommitOffset(ctx, pool, tables, p); err != nil || !written {
+		t.Fatalf("commit with the worker's identity: %v, %v", written, err)
+	}
+	if n, err := ReleaseOffset(ctx, pool, tables, p); err != nil || n != 1 {
+		t.Fatalf("release with the worker's identity: %d, %v", n, err)
+	}
+}
+
+// pgtestWaitFor polls cond every 20 ms for 30 s.
+func pgtestWaitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 30 s")
+		}
 	}
 }

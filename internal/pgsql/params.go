@@ -51,6 +51,10 @@ type SelectMessagesParams struct {
 	// ([ClusterMark.Here]): the statement reports
 	// [SelectResult.WentBack] when it runs elsewhere.
 	Here string
+	// WorkerHere, on Citus, is the identity of the topic's worker when
+	// its row was claimed ([ClaimRow.WorkerHere]), checked on the worker
+	// instead of Here. Empty: not checked.
+	WorkerHere string
 }
 
 // VisibleTopicsParams list (topic, partition) rows with a position each;
@@ -160,6 +164,11 @@ type OffsetParams struct {
 	// its key only when that version is no longer the row's latest. It is
 	// a hint: the statement's conditions decide as without it.
 	Version string
+	// WorkerHere is, on Citus, the identity of the topic's worker when
+	// the row was claimed ([ClaimRow.WorkerHere]): the statements routed
+	// to the worker write nothing on another server or timeline. Empty:
+	// not checked.
+	WorkerHere string
 	// NotifyChannel, when not empty, is notified with "r" + topic when a
 	// release frees the row, to wake waiting Subscribers.
 	NotifyChannel string

@@ -343,6 +343,9 @@ type ClaimRow struct {
 	// when that session's row was gone.
 	Previous      uuid.UUID
 	PreviousOwner string
+	// WorkerHere is, on Citus, the identity of the worker that holds
+	// the row (see [Here]), read when it was claimed.
+	WorkerHere string
 }
 
 // ClaimOffsets claims, for p.SessionID, up to p.Limit of p's (topic,

@@ -215,8 +215,15 @@ func (t *Tables) SelectMessages(p SelectMessagesParams) Stmt {
 	// cannot hold math.MaxInt64 (no bound) nor any bound past 2 GiB.
 	const size = `(COALESCE(pg_catalog.octet_length(m.payload), 0) + COALESCE(pg_catalog.pg_column_size(m.metadata), 0))`
 	onHere := hereIs(7)
+	args := []any{p.Topic, p.Partition, formatXID8(p.After.TransactionID), p.After.Offset, p.Limit, maxBytes, p.Here}
 	if t.isCitus() {
+		// Routed to the topic's worker whole: the identity there is the
+		// worker's.
 		onHere = citusHereIs(7)
+		if p.WorkerHere != "" {
+			onHere = `(` + citusHereIs(7) + ` AND ` + hereIs(8) + `)`
+			args = append(args, p.WorkerHere)
+		}
 	}
 	return Stmt{
 		// The ORDER BY names the table's columns, qualified: a bare
@@ -240,7 +247,7 @@ FROM (SELECT m.transaction_id FROM ` + t.Messages + ` m
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, false, false, NULL, true
 WHERE NOT (` + onHere + ` AND $3::text::xid8 < pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()))`,
-		Args: []any{p.Topic, p.Partition, formatXID8(p.After.TransactionID), p.After.Offset, p.Limit, maxBytes, p.Here},
+		Args: args,
 	}
 }
 
