@@ -69,3 +69,66 @@ WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::text::regc
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestCitusMoveShard: pglease move-shard --dry-run prints the counter's
+// raise and the move and moves nothing; without it the topic's shard
+// lands on the target, whose counter then lies at least the margin above
+// every worker's counter read before; run again, there is nothing to
+// move.
+func TestCitusMoveShard(t *testing.T) {
+	if os.Getenv("PGLEASE_TEST_CITUS") == "" {
+		t.Skip("needs a Citus cluster: run `make test-citus`")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := pgtest.NewPool(t, testDSN, 0)
+	env := map[string]string{"DATABASE_URL": testDSN}
+	schema := emptySchema(t, pool)
+	r := runCLI(t, env, "migrate", "--schema", schema, "--citus")
+	require.Equal(t, 0, r.code, "%s", r)
+	messages := pgx.Identifier{schema, pglease.DefaultMessagesTable}.Sanitize()
+	placement := func() (host string, port int) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT p.nodename, p.nodeport FROM pg_catalog.pg_dist_shard_placement p
+WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::text::regclass, 'orders'::text)`, messages).Scan(&host, &port))
+		return host, port
+	}
+	host, source := placement()
+	var target int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT nodeport FROM pg_catalog.pg_dist_node
+WHERE groupid > 0 AND noderole = 'primary' AND nodeport <> $1 LIMIT 1`, source).Scan(&target))
+	to := host + ":" + strconv.Itoa(target)
+
+	r = runCLI(t, env, "move-shard", "--schema", schema, "--topic", "orders", "--to", to, "--dry-run")
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Contains(t, r.stdout, "citus_move_shard_placement(")
+	require.Contains(t, r.stdout, "master_run_on_worker")
+	_, port := placement()
+	require.Equal(t, source, port, "--dry-run moves nothing")
+
+	var highest uint64
+	rows, err := pool.Query(ctx, `SELECT result::bigint FROM pg_catalog.run_command_on_workers(
+		'SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())')`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var c uint64
+		require.NoError(t, rows.Scan(&c))
+		highest = max(highest, c)
+	}
+	require.NoError(t, rows.Err())
+	const margin = 50000
+	r = runCLI(t, env, "move-shard", "--schema", schema, "--topic", "orders", "--to", to, "--margin", strconv.Itoa(margin), "--json")
+	require.Equal(t, 0, r.code, "%s", r)
+	var out moveShardOutput
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+	require.True(t, out.Moved)
+	_, port = placement()
+	require.Equal(t, target, port, "the shard is on the target")
+	var counter uint64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT result::bigint FROM pg_catalog.run_command_on_workers(
+		'SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())') WHERE nodeport = $1`, target).Scan(&counter))
+	require.GreaterOrEqual(t, counter, highest+margin, "the target's counter was raised first")
+
+	r = runCLI(t, env, "move-shard", "--schema", schema, "--topic", "orders", "--to", to)
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Contains(t, r.stdout, "nothing to move")
+}

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+
+	pglease "github.com/pglease/watermill-pglease"
+)
+
+// moveShardCmd is pglease move-shard: on a Citus coordinator, moves the
+// shard that holds a topic to another worker, raising that worker's
+// transaction counter first (pglease.PrepareCitusMoveSQL).
+type moveShardCmd struct {
+	topic  string
+	to     string
+	margin uint64
+	dryRun bool
+
+	host string
+	port int
+}
+
+// moveShardOutput is the JSON of pglease move-shard.
+type moveShardOutput struct {
+	Topic  string `json:"topic"`
+	Shard  int64  `json:"shard"`
+	From   string `json:"from"`
+	To     string `json:"to"`
+	Margin uint64 `json:"margin"`
+	DryRun bool   `json:"dry_run"`
+	// Moved is false when the shard was on the target already.
+	Moved bool `json:"moved"`
+	// SQL is what the command runs (with dry_run: would run).
+	SQL string `json:"sql,omitempty"`
+}
+
+func (c *moveShardCmd) flags(fs *flag.FlagSet) {
+	fs.StringVar(&c.topic, "topic", "", "the topic whose shard moves (with its co-located shards: the topics that hash alike, their groups' offsets)")
+	fs.StringVar(&c.to, "to", "", "the target worker, host:port as in pg_dist_node")
+	fs.Uint64Var(&c.margin, "margin", 1000000, "transaction ids the target's counter is raised above the highest worker counter")
+	fs.BoolVar(&c.dryRun, "dry-run", false, "print what would run, and run nothing")
+}
+
+func (c *moveShardCmd) check(*flag.FlagSet) error {
+	if c.topic == "" || c.to == "" {
+		return errors.New("--topic and --to are required")
+	}
+	host, port, err := net.SplitHostPort(c.to)
+	if err != nil {
+		return fmt.Errorf("--to %q: want host:port: %w", c.to, err)
+	}
+	if c.port, err = strconv.Atoi(port); err != nil || c.port <= 0 || c.port > 65535 {
+		return fmt.Errorf("--to %q: bad port", c.to)
+	}
+	c.host = host
+	return nil
+}
+
+// moveSQL is the statement that moves the shard, blocking its writes
+// while it copies (the logical replication mode needs a replica identity
+// on every co-located table, and gains nothing for a rule that raises the
+// target's counter right before).
+const moveSQL = `SELECT pg_catalog.citus_move_shard_placement($1, $2, $3, $4, $5, shard_transfer_mode => 'block_writes')`
+
+func (c *moveShardCmd) run(ctx context.Context, e *cmdEnv) error {
+	messages := pgx.Identifier{e.adapter.Schema, pglease.DefaultMessagesTable}.Sanitize()
+	if e.adapter.Schema == "" {
+		messages = pgx.Identifier{pglease.DefaultMessagesTable}.Sanitize()
+	}
+	out := moveShardOutput{Topic: c.topic, To: net.JoinHostPort(c.host, strconv.Itoa(c.port)), Margin: c.margin, DryRun: c.dryRun}
+	var (
+		srcHost string
+		srcPort int
+	)
+	err := e.conn.QueryRow(ctx, `SELECT p.shardid, p.nodename, p.nodeport FROM pg_catalog.pg_dist_shard_placement p
+WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::text::regclass, $2::text)`, messages, c.topic).
+		Scan(&out.Shard, &srcHost, &srcPort)
+	if err != nil {
+		return fmt.Errorf("find the shard of topic %q (is this the coordinator of a Citus cluster, the tables distributed?): %w", c.topic, err)
+	}
+	out.From = net.JoinHostPort(srcHost, strconv.Itoa(srcPort))
+	prepare := pglease.PrepareCitusMoveSQL(c.host, c.port, c.margin)
+	out.SQL = prepare + ";\n" + fmt.Sprintf("SELECT pg_catalog.citus_move_shard_placement(%d, %s, %d, %s, %d, shard_transfer_mode => 'block_writes');\n",
+		out.Shard, quoteLiteral(srcHost), srcPort, quoteLiteral(c.host), c.port)
+	if out.From == out.To {
+		out.SQL = ""
+	} else if !c.dryRun {
+		if _, err := e.conn.Exec(ctx, prepare); err != nil {
+			return fmt.Errorf("raise the transaction counter of %s: %w", out.To, err)
+		}
+		if _, err := e.conn.Exec(ctx, moveSQL, out.Shard, srcHost, srcPort, c.host, c.port); err != nil {
+			return fmt.Errorf("move shard %d from %s to %s: %w", out.Shard, out.From, out.To, err)
+		}
+		out.Moved = true
+	}
+	if e.json {
+		return writeJSON(e.stdout, out)
+	}
+	switch {
+	case out.From == out.To:
+		fmt.Fprintf(e.stdout, "Topic %s is on %s already (shard %d): nothing to move.\n", displayName(c.topic), out.To, out.Shard)
+	case c.dryRun:
+		fmt.Fprintf(e.stdout, "-- Topic %s: shard %d on %s; pglease move-shard would run what follows.\n%s", displayName(c.topic), out.Shard, out.From, out.SQL)
+	default:
+		fmt.Fprintf(e.stdout, "Moved shard %d (topic %s and its co-located shards) from %s to %s, its transaction counter raised first.\n",
+			out.Shard, displayName(c.topic), out.From, out.To)
+	}
+	return nil
+}
