@@ -2,6 +2,7 @@ package pglease_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -476,4 +477,65 @@ func TestCitusPartitionedTopic(t *testing.T) {
 			t.Fatalf("delivered %v of %d per key", next, perKey)
 		}
 	}
+}
+
+// TestCitusTxHandler: exactly-once on Citus. A Router's TxHandler writes
+// an effect row (a reference table, on every node) and publishes a
+// derived message in the transaction that acknowledges the message
+// (AckInTx, two statements there: see pgsql.AckOffset); one attempt fails
+// after writing its effect. Every message has one effect and one derived
+// message.
+func TestCitusTxHandler(t *testing.T) {
+	pool, adapter := citusSchema(t, 20)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	createEffects(t, pool, adapter)
+	_, err := pool.Exec(ctx, `SELECT pg_catalog.create_reference_table($1)`, table(adapter, effectsTable))
+	require.NoError(t, err)
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "orders", pglease.TopicConfig{Partitions: 2, SchemaAdapter: adapter}))
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	var ids []string
+	for i := range 100 {
+		msg := message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprint(i)))
+		ids = append(ids, msg.UUID)
+		require.NoError(t, pub.Publish("orders", msg))
+	}
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter}, testLogger())
+	require.NoError(t, err)
+	router, err := message.NewRouter(message.RouterConfig{}, nil)
+	require.NoError(t, err)
+	var failOnce sync.Map
+	failOnce.Store(ids[7], true)
+	router.AddConsumerHandler("orders", "orders", sub, pglease.TxHandler(pool,
+		pglease.TxHandlerConfig{PublishTopic: "invoices", Publisher: pglease.PublisherConfig{SchemaAdapter: adapter}},
+		func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
+			if err := insertEffect(ctx, tx, adapter.Schema, msg.UUID, "router"); err != nil {
+				return nil, err
+			}
+			if _, first := failOnce.LoadAndDelete(msg.UUID); first {
+				return nil, errors.New("failing once, after writing the effect")
+			}
+			return []*message.Message{message.NewMessage("invoice-"+msg.UUID, msg.Payload)}, nil
+		}))
+	go func() { _ = router.Run(ctx) }()
+	<-router.Running()
+	waitFor(t, time.Minute, "an effect for every message", func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM `+table(adapter, effectsTable)).Scan(&n)
+		return n >= len(ids)
+	})
+	require.NoError(t, router.Close())
+	require.NoError(t, sub.Close())
+	effects := effectsOf(t, pool, adapter)
+	require.Len(t, effects, len(ids))
+	for _, id := range ids {
+		require.Len(t, effects[id], 1, "effects of %s", id)
+	}
+	var invoices, distinct int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_catalog.count(*), pg_catalog.count(DISTINCT uuid) FROM `+
+		table(adapter, pglease.DefaultMessagesTable)+` WHERE topic = 'invoices'`).Scan(&invoices, &distinct))
+	require.Equal(t, len(ids), invoices)
+	require.Equal(t, len(ids), distinct)
 }
