@@ -143,6 +143,11 @@ type ResetRow struct {
 // claim their rows again. p.To is "earliest", "latest" or "time" (then
 // p.At is the time).
 func ResetOffsets(ctx context.Context, q Querier, t *Tables, p ResetParams) ([]ResetRow, error) {
+	if citus, err := t.Citus(ctx, q); err != nil {
+		return nil, err
+	} else if citus {
+		return t.citusResetOffsets(ctx, q, p)
+	}
 	s := t.ResetOffsets(p.ConsumerGroup, p.Topic, p.To, p.At, p.Force, t.NotifyChannel, p.Notification)
 	return collect(ctx, q, s, func(row pgx.CollectableRow) (ResetRow, error) {
 		var r ResetRow
