@@ -132,3 +132,63 @@ WHERE groupid > 0 AND noderole = 'primary' AND nodeport <> $1 LIMIT 1`, source).
 	require.Equal(t, 0, r.code, "%s", r)
 	require.Contains(t, r.stdout, "nothing to move")
 }
+
+// TestCitusRebalance: with a worker marked to hold no shards, pglease
+// rebalance moves every shard of the messages table's co-location group
+// off it, each target's counter raised first; marked again to hold
+// shards, it moves some back; then the plan is empty.
+func TestCitusRebalance(t *testing.T) {
+	if os.Getenv("PGLEASE_TEST_CITUS") == "" {
+		t.Skip("needs a Citus cluster: run `make test-citus`")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pool := pgtest.NewPool(t, testDSN, 0)
+	env := map[string]string{"DATABASE_URL": testDSN}
+	schema := emptySchema(t, pool)
+	r := runCLI(t, env, "migrate", "--schema", schema, "--citus")
+	require.Equal(t, 0, r.code, "%s", r)
+	messages := pgx.Identifier{schema, pglease.DefaultMessagesTable}.Sanitize()
+	var host string
+	var drained int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT nodename, nodeport FROM pg_catalog.pg_dist_node
+WHERE groupid > 0 AND noderole = 'primary' ORDER BY nodeport LIMIT 1`).Scan(&host, &drained))
+	shardsOn := func(port int) (n int) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_dist_shard_placement p
+JOIN pg_catalog.pg_dist_shard s ON s.shardid = p.shardid
+WHERE s.logicalrelid = $1::text::regclass AND p.nodeport = $2`, messages, port).Scan(&n))
+		return n
+	}
+	require.Positive(t, shardsOn(drained))
+	setShards := func(on bool) {
+		_, err := pool.Exec(context.Background(), `SELECT pg_catalog.citus_set_node_property($1, $2, 'shouldhaveshards', $3)`, host, drained, on)
+		require.NoError(t, err)
+	}
+	setShards(false)
+	t.Cleanup(func() { // leave the cluster balanced for the other tests
+		setShards(true)
+		runCLI(t, env, "rebalance", "--schema", schema, "--margin", "10000")
+	})
+
+	r = runCLI(t, env, "rebalance", "--schema", schema, "--dry-run")
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Contains(t, r.stdout, "Would move shard")
+	require.Positive(t, shardsOn(drained), "--dry-run moves nothing")
+
+	r = runCLI(t, env, "rebalance", "--schema", schema, "--margin", "10000", "--json")
+	require.Equal(t, 0, r.code, "%s", r)
+	var out rebalanceOutput
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+	require.NotEmpty(t, out.Moves)
+	require.Zero(t, shardsOn(drained), "every shard moved off the drained worker")
+
+	setShards(true)
+	r = runCLI(t, env, "rebalance", "--schema", schema, "--margin", "10000", "--json")
+	require.Equal(t, 0, r.code, "%s", r)
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+	require.NotEmpty(t, out.Moves)
+	require.Positive(t, shardsOn(drained), "shards moved back")
+	r = runCLI(t, env, "rebalance", "--schema", schema)
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Contains(t, r.stdout, "nothing to move")
+}

@@ -8,6 +8,7 @@
 //	pglease reset-offsets   move a consumer group's positions on a topic
 //	pglease migrate         create or upgrade the tables (as their owner; --citus distributes them)
 //	pglease move-shard      on Citus, move a topic's shard to another worker
+//	pglease rebalance       on Citus, the rebalancer's moves, each made safe
 //	pglease grant           let an application role run pglease (as the owner)
 //	pglease import          take over watermill-sql's pending messages and groups
 //	pglease messages        browse a topic's stored messages (messages.go)
@@ -191,6 +192,21 @@ acknowledged and not committed again. Move shards one at a time with it rather
 than with citus_rebalance_start. --dry-run prints the SQL and moves nothing.
 See docs/scaling.md.`,
 		new: func() subcommand { return &moveShardCmd{} },
+	},
+	{
+		name:     "rebalance",
+		summary:  "on Citus, make the rebalancer's moves one at a time, each target's counter raised first",
+		synopsis: "[--margin N] [--dry-run] [--json]",
+		help: `On the coordinator of a Citus cluster, makes the moves that Citus's rebalancer
+plans for the messages table and the shards co-located with it
+(get_rebalance_table_shards_plan: to balance the workers, or to empty a
+worker marked shouldhaveshards false), one at a time, each as pglease
+move-shard does: the target's transaction counter raised to at least N above
+every worker's first (default 1,000,000), then citus_move_shard_placement with
+block_writes. Use it instead of citus_rebalance_start, which runs its moves in
+the background without that step: a topic moved to a worker whose counter is
+lower would have its new messages skipped. --dry-run prints the moves.`,
+		new: func() subcommand { return &rebalanceCmd{} },
 	},
 	{
 		name:     "grant",
