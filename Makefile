@@ -34,12 +34,12 @@ test: localpg
 	$(call DEPS,test)
 	$(LOCALPG) scripts/check.sh
 
-## test-citus: the tests on a Citus cluster (coordinator + 2 workers, internal/cmd/localcitus); installs Citus from $(CITUS_SRC) when missing (as root)
+## test-citus: the tests on a Citus cluster (coordinator + 2 workers, internal/cmd/localcitus), one package at a time (some move shards); installs Citus from $(CITUS_SRC) when missing (as root)
 CITUS_SRC ?= ../shared/citus
 test-citus:
 	@[ -f "$$(ls -d /usr/lib/postgresql/*/lib 2>/dev/null | sort -V | tail -1)/citus.so" ] || [ -x "$(CITUS_SRC)/install.sh" ] || { echo "test-citus: Citus is not installed and its source is not in $(CITUS_SRC) (expected: install.sh and citus-13.2.2-src.tar.xz; set CITUS_SRC)" >&2; exit 1; }
 	@[ ! -x "$(CITUS_SRC)/install.sh" ] || $(CITUS_SRC)/install.sh
-	go run ./internal/cmd/localcitus -- go test -race -count=1 -run 'Citus' -timeout 10m . ./internal/pgsql ./cmd/pglease
+	go run ./internal/cmd/localcitus -- go test -race -count=1 -p 1 -run 'Citus' -timeout 10m . ./internal/pgsql ./cmd/pglease
 
 ## test-pgbouncer: the tests through PgBouncer in transaction mode
 test-pgbouncer: localpg
