@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -131,4 +132,47 @@ WHERE groupid > 0 AND noderole = 'primary' AND nodeport <> $1 LIMIT 1`, source).
 	r = runCLI(t, env, "move-shard", "--schema", schema, "--topic", "orders", "--to", to)
 	require.Equal(t, 0, r.code, "%s", r)
 	require.Contains(t, r.stdout, "nothing to move")
+}
+
+// TestCitusUIPagesRender: the console on a Citus cluster: the overview
+// shows a group with its lag (counted on the topic's worker), the group's
+// page its partition, the topic page its messages, the message page its
+// payload.
+func TestCitusUIPagesRender(t *testing.T) {
+	if os.Getenv("PGLEASE_TEST_CITUS") == "" {
+		t.Skip("needs a Citus cluster: run `make test-citus`")
+	}
+	pool := pgtest.NewPool(t, testDSN, 0)
+	schema := emptySchema(t, pool)
+	r := runCLI(t, map[string]string{"DATABASE_URL": testDSN}, "migrate", "--schema", schema, "--citus")
+	require.Equal(t, 0, r.code, "%s", r)
+	adapter := pglease.Tables{Schema: schema}
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	f := &fixture{t: t, pool: pool, schema: schema, adapter: adapter, pub: pub}
+	ids := f.publish("orders", 3)
+	_, msgs := f.subscribe("billing", "orders")
+	select { // not acked: lag 3
+	case <-msgs:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no message")
+	}
+	ts, srv, _ := newUITest(t, f, false)
+	require.NoError(t, srv.sampler.sample(context.Background()))
+	b := newBrowser(t, ts.URL)
+
+	code, body := b.get("/")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `href="/group?name=billing"`)
+	require.Regexp(t, `class="n lag">3<`, body)
+	code, body = b.get("/group?name=billing")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `<td class="n">0</td>`)
+	code, body = b.get("/topic?name=orders")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, ids[2])
+	code, body = b.get("/message?topic=orders&uuid=" + ids[0])
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, ids[0])
 }
