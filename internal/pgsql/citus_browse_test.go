@@ -91,17 +91,22 @@ func TestCitusBrowse(t *testing.T) {
 	if err != nil || len(found) != 2 || !older(found[1].Position, found[0].Position) {
 		t.Fatalf("MessagesByUUID(b2) = %v, %v; want both, newest first", found, err)
 	}
-	publish(t, pool, tables, "b3", 1) // "b3/0", stored after "b2/0"
-	if _, err := pool.Exec(ctx, `UPDATE `+tables.Messages+` SET uuid = 'b2/0' WHERE topic = 'b3'`); err != nil {
+	// A message of b3 with a later transaction id than b2's but stored
+	// before them, as a message of a worker whose counter runs ahead:
+	// ordered by storage time, it is the oldest.
+	publish(t, pool, tables, "b3", 1)
+	if _, err := pool.Exec(ctx, `UPDATE `+tables.Messages+` SET uuid = 'b2/0', created_at = $1
+WHERE topic = 'b3'`, time.Now().Add(-time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	found, err = MessagesByUUID(ctx, pool, tables, "", "b2/0", 1, -1)
-	if err != nil || len(found) != 3 || found[0].Topic != "b3" || found[1].Topic != "b2" || found[2].Topic != "b2" {
-		t.Fatalf("MessagesByUUID(all topics) = %v, %v; want b3's, then b2's two", found, err)
+	if err != nil || len(found) != 3 || found[0].Topic != "b2" || found[1].Topic != "b2" || found[2].Topic != "b3" ||
+		!older(found[1].Position, found[0].Position) {
+		t.Fatalf("MessagesByUUID(all topics) = %v, %v; want b2's two, newest first, then b3's", found, err)
 	}
 	found, err = MessagesByUUID(ctx, pool, tables, "", "b2/0", 1, 1)
-	if err != nil || len(found) != 1 || found[0].Topic != "b3" || len(found[0].Payload) != 1 {
-		t.Fatalf("MessagesByUUID(all topics, limit 1) = %v, %v; want b3's", found, err)
+	if err != nil || len(found) != 1 || found[0].Topic != "b2" || len(found[0].Payload) != 1 {
+		t.Fatalf("MessagesByUUID(all topics, limit 1) = %v, %v; want b2's newest", found, err)
 	}
 }
 
