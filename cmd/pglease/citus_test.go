@@ -3,16 +3,22 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net/http"
+	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 	"github.com/pglease/watermill-pglease/internal/pgtest"
 )
 
@@ -191,4 +197,220 @@ WHERE s.logicalrelid = $1::text::regclass AND p.nodeport = $2`, messages, port).
 	r = runCLI(t, env, "rebalance", "--schema", schema)
 	require.Equal(t, 0, r.code, "%s", r)
 	require.Contains(t, r.stdout, "nothing to move")
+}
+
+// citusFixture is a fixture whose schema pglease migrate --citus created
+// and distributed; without PGLEASE_TEST_CITUS the test is skipped.
+func citusFixture(t *testing.T) *fixture {
+	t.Helper()
+	if os.Getenv("PGLEASE_TEST_CITUS") == "" {
+		t.Skip("needs a Citus cluster: run `make test-citus`")
+	}
+	pool := pgtest.NewPool(t, testDSN, 0)
+	schema := emptySchema(t, pool)
+	r := runCLI(t, map[string]string{"DATABASE_URL": testDSN}, "migrate", "--schema", schema, "--citus")
+	require.Equal(t, 0, r.code, "%s", r)
+	adapter := pglease.Tables{Schema: schema}
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	return &fixture{t: t, pool: pool, schema: schema, adapter: adapter, pub: pub}
+}
+
+// publishPoisoned publishes to topic "poison" one message per id, each
+// naming original as its original topic, as Watermill's PoisonQueue does.
+func (f *fixture) publishPoisoned(original string, ids ...string) {
+	f.t.Helper()
+	for _, id := range ids {
+		msg := message.NewMessage(id, []byte("payload of "+id))
+		msg.Metadata.Set(middleware.PoisonedTopicKey, original)
+		msg.Metadata.Set(middleware.ReasonForPoisonedKey, "boom")
+		require.NoError(f.t, f.pub.Publish("poison", msg))
+	}
+}
+
+// uuidsIn returns how many messages of topic have each UUID of ids
+// (pglease messages --uuid, which reads the topic on its worker).
+func (f *fixture) uuidsIn(topic string, ids ...string) []int {
+	f.t.Helper()
+	var out []int
+	for _, id := range ids {
+		var found []admin.StoredMessage
+		require.NoError(f.t, json.Unmarshal([]byte(f.ok("messages", "--topic", topic, "--uuid", id, "--json")), &found))
+		out = append(out, len(found))
+	}
+	return out
+}
+
+// TestCitusUIPagesRender: the console on a Citus cluster: the overview
+// shows a group with its lag (counted on the topic's worker), the group's
+// page its partition, the topics page every topic, the topic page of a
+// topic of three partitions every message, each partition's page exactly
+// its messages, a look-up by UUID the message, the message page its
+// payload.
+func TestCitusUIPagesRender(t *testing.T) {
+	f := citusFixture(t)
+	ctx := context.Background()
+	require.NoError(t, pglease.CreateTopic(ctx, f.pool, "orders", pglease.TopicConfig{SchemaAdapter: f.adapter, Partitions: 3}))
+	ids := f.publish("orders", 9)
+	f.publishPoisoned("orders", "poisoned-1")
+	_, msgs := f.subscribe("billing", "orders")
+	select { // not acked: lag 9
+	case <-msgs:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no message")
+	}
+	ts, srv, _ := newUITest(t, f, false)
+	require.NoError(t, srv.sampler.sample(context.Background()))
+	b := newBrowser(t, ts.URL)
+
+	code, body := b.get("/")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `href="/group?name=billing"`)
+	require.Regexp(t, `class="n lag">9<`, body)
+	code, body = b.get("/group?name=billing")
+	require.Equal(t, http.StatusOK, code, body)
+	for p := range 3 {
+		require.Contains(t, body, `<td class="n">`+itoa(p)+`</td>`)
+	}
+	code, body = b.get("/topics")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `href="/topic?name=orders"`)
+	require.Contains(t, body, `href="/topic?name=poison"`)
+	code, body = b.get("/topic?name=orders")
+	require.Equal(t, http.StatusOK, code, body)
+	for _, id := range ids {
+		require.Contains(t, body, id)
+	}
+	seen := map[string]int{}
+	for p := range 3 {
+		code, body = b.get("/topic?name=orders&partition=" + itoa(p))
+		require.Equal(t, http.StatusOK, code, body)
+		for _, id := range ids {
+			if strings.Contains(body, id) {
+				seen[id]++
+			}
+		}
+	}
+	for _, id := range ids {
+		require.Equal(t, 1, seen[id], "message %s on one partition's page", id)
+	}
+	code, body = b.get("/topic?name=orders&uuid=" + ids[4])
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "/message?topic=orders&amp;uuid="+ids[4])
+	code, body = b.get("/message?topic=orders&uuid=" + ids[0])
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, ids[0])
+	code, body = b.get("/message?topic=poison&uuid=poisoned-1")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "payload of poisoned-1")
+}
+
+// TestCitusUIWrites: with writes on, on a Citus cluster: a replay
+// previewed moves nothing; confirmed, it moves the poisoned messages to
+// their original topic (on whichever worker it lies) exactly once and
+// they are gone from the poison topic; again, it moves nothing. Deleting
+// a group is refused while its Subscriber lives, previewed without
+// deleting, and deletes the group's rows once confirmed.
+func TestCitusUIWrites(t *testing.T) {
+	f := citusFixture(t)
+	poisoned := []string{"poisoned-1", "poisoned-2", "poisoned-3"}
+	f.publishPoisoned("orders", poisoned...)
+	f.publish("orders", 2)
+	f.publish("returns", 2)
+	sub, msgs := f.subscribe("billing", "orders")
+	receive(t, msgs).Ack()
+	ts, srv, log := newUITest(t, f, true)
+	b := newBrowser(t, ts.URL)
+	b.origin = ts.URL
+	code, body := b.post("/signin", url.Values{"name": {"alice"}, "token": {testToken}})
+	require.Equal(t, http.StatusOK, code, body)
+
+	replay := url.Values{"from": {"poison"}, "where": {"original"}, "csrf": {srv.csrf}}
+	code, body = b.post("/actions/replay", replay)
+	require.Equal(t, http.StatusOK, code, body)
+	for _, id := range poisoned {
+		require.Contains(t, body, id, "the preview lists the message")
+	}
+	require.Equal(t, []int{1, 1, 1}, f.uuidsIn("poison", poisoned...), "a preview moves nothing")
+	require.Equal(t, []int{0, 0, 0}, f.uuidsIn("orders", poisoned...))
+	replay.Set("confirm", "yes")
+	code, body = b.post("/actions/replay", replay)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "Replayed 3 messages from poison")
+	require.Equal(t, []int{0, 0, 0}, f.uuidsIn("poison", poisoned...))
+	require.Equal(t, []int{1, 1, 1}, f.uuidsIn("orders", poisoned...))
+	code, body = b.post("/actions/replay", replay)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "Replayed 0 messages from poison")
+	require.Equal(t, []int{1, 1, 1}, f.uuidsIn("orders", poisoned...))
+	// The group consumes the replayed messages where they landed.
+	got := map[string]bool{}
+	for len(got) < 4 {
+		m := receive(t, msgs)
+		got[m.UUID] = true
+		m.Ack()
+	}
+	for _, id := range poisoned {
+		require.True(t, got[id], "%s delivered to billing", id)
+	}
+
+	deleteGroup := url.Values{"group": {"billing"}, "csrf": {srv.csrf}}
+	code, body = b.post("/actions/delete-group", deleteGroup)
+	require.Equal(t, http.StatusConflict, code, "a live Subscriber: %s", body)
+	require.NoError(t, sub.Close())
+	code, body = b.post("/actions/delete-group", deleteGroup)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Len(t, f.lag("--group", "billing"), 1, "a preview deletes nothing")
+	deleteGroup.Set("confirm", "yes")
+	code, body = b.post("/actions/delete-group", deleteGroup)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Empty(t, f.lag("--group", "billing"))
+	require.Contains(t, log.String(), `delete-group-offsets group="billing" by "alice"`)
+}
+
+// TestCitusMessagesAndReplayCommands: pglease messages pages a topic of
+// three partitions on a Citus cluster newest first, without a gap or a
+// repeat, and finds a message by UUID; pglease replay --dry-run moves
+// nothing, the replay moves each poisoned message to its original topic
+// once, and run again moves nothing.
+func TestCitusMessagesAndReplayCommands(t *testing.T) {
+	f := citusFixture(t)
+	require.NoError(t, pglease.CreateTopic(context.Background(), f.pool, "orders", pglease.TopicConfig{SchemaAdapter: f.adapter, Partitions: 3}))
+	var ids []string
+	for range 3 { // three transactions
+		ids = append(ids, f.publish("orders", 3)...)
+	}
+	var (
+		all  []string
+		from []string
+	)
+	for {
+		var page admin.MessagePage
+		require.NoError(t, json.Unmarshal([]byte(f.ok("messages", append([]string{"--topic", "orders", "--limit", "4", "--json"}, from...)...)), &page))
+		for _, m := range page.Messages {
+			all = append(all, m.UUID)
+		}
+		if page.Next == nil {
+			break
+		}
+		from = []string{"--from-position", formatPosition(*page.Next)}
+	}
+	want := slices.Clone(ids)
+	slices.Reverse(want)
+	require.Equal(t, want, all, "newest first, every message once")
+	require.Contains(t, f.ok("messages", "--topic", "orders", "--uuid", ids[3]), ids[3])
+
+	poisoned := []string{"p1", "p2"}
+	f.publishPoisoned("orders", poisoned...)
+	var out replayOutput
+	require.NoError(t, json.Unmarshal([]byte(f.ok("replay", "--from", "poison", "--to-original", "--dry-run", "--json")), &out))
+	require.Len(t, out.Messages, 2)
+	require.Equal(t, []int{1, 1}, f.uuidsIn("poison", poisoned...))
+	require.Contains(t, f.ok("replay", "--from", "poison", "--to-original"), "Replayed 2 messages from topic poison")
+	require.Equal(t, []int{0, 0}, f.uuidsIn("poison", poisoned...))
+	require.Equal(t, []int{1, 1}, f.uuidsIn("orders", poisoned...))
+	require.NoError(t, json.Unmarshal([]byte(f.ok("replay", "--from", "poison", "--to-original", "--json")), &out))
+	require.Empty(t, out.Messages, "run twice, published once")
+	require.Equal(t, []int{1, 1}, f.uuidsIn("orders", poisoned...))
 }

@@ -93,9 +93,19 @@ LIMIT NULLIF($4::bigint, -1)`, Args: []any{topic, id, preview, limit}}
 
 // MessagesByUUID returns the messages with the UUID id, of topic (all
 // topics when topic is empty: a scan of the whole table), newest first,
-// with their topics: at most limit of them (-1: all).
+// with their topics: at most limit of them (-1: all). On Citus the
+// messages of every topic are ordered by the time they were stored (see
+// citusMessagesByUUID).
 func MessagesByUUID(ctx context.Context, q Querier, t *Tables, topic, id string, preview, limit int) ([]BrowseRow, error) {
-	return collect(ctx, q, t.messagesByUUID(topic, id, preview, limit), func(row pgx.CollectableRow) (BrowseRow, error) {
+	citus, err := t.Citus(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	s := t.messagesByUUID(topic, id, preview, limit)
+	if citus && topic == "" {
+		s = t.citusMessagesByUUID(id, preview, limit)
+	}
+	return collect(ctx, q, s, func(row pgx.CollectableRow) (BrowseRow, error) {
 		var topic string
 		r, err := scanBrowse(row, &topic)
 		r.Topic = topic
@@ -118,11 +128,17 @@ type ReplayParams struct {
 	Limit            int
 }
 
+// replayCondition is the condition on the messages m that replay takes
+// ($1: the topic, $2: the filter, $3: ToOriginal).
+func (t *Tables) replayCondition(p ReplayParams) string {
+	return `m.topic = $1 AND ` + t.classesOf("$1") + ` AND COALESCE(m.metadata, '{}') @> $2::text::jsonb
+		AND (NOT $3 OR COALESCE(m.metadata->>` + quoteLiteral(p.OriginalTopicKey) + `, '') <> '')`
+}
+
 func (t *Tables) deleteMessagesForReplay(p ReplayParams) Stmt {
 	return Stmt{SQL: `WITH sel AS (
 	SELECT m.tableoid, m.ctid FROM ` + t.Messages + ` m
-	WHERE m.topic = $1 AND ` + t.classesOf("$1") + ` AND COALESCE(m.metadata, '{}') @> $2::text::jsonb
-		AND (NOT $3 OR COALESCE(m.metadata->>` + quoteLiteral(p.OriginalTopicKey) + `, '') <> '')
+	WHERE ` + t.replayCondition(p) + `
 	ORDER BY m.transaction_id, m."offset"
 	LIMIT $4
 	FOR UPDATE
@@ -138,8 +154,15 @@ ORDER BY m.transaction_id, m."offset"`, Args: []any{p.Topic, string(p.Filter), p
 // DeleteMessagesForReplay deletes up to p.Limit messages of p.Topic whose
 // metadata contains p.Filter, oldest first, and returns them, whole. The
 // rows are locked first, so a replay running at the same time waits and
-// then finds them gone: each message is taken by one replay.
+// then finds them gone: each message is taken by one replay. On Citus
+// the statement is routed to the topic's worker whole and deletes the
+// rows by primary key.
 func DeleteMessagesForReplay(ctx context.Context, q Querier, t *Tables, p ReplayParams) ([]BrowseRow, error) {
+	if citus, err := t.Citus(ctx, q); err != nil {
+		return nil, err
+	} else if citus {
+		return collect(ctx, q, t.citusDeleteMessagesForReplay(p), scanBrowseRow)
+	}
 	return collect(ctx, q, t.deleteMessagesForReplay(p), scanBrowseRow)
 }
 
@@ -200,8 +223,15 @@ ORDER BY mt.topic`, Args: args}
 // CountTopicMessages counts the stored messages of topics (nil: every
 // topic that has some), reading at most capPerTopic+1 index entries per
 // topic (an index-only scan of the primary key; every topic's name is
-// found by skipping from one to the next).
+// found by skipping from one to the next). On Citus the topics with
+// messages are read on every shard, then each topic is counted by a
+// statement routed to its worker.
 func CountTopicMessages(ctx context.Context, q Querier, t *Tables, topics []string, capPerTopic int64) ([]TopicCountRow, error) {
+	if citus, err := t.Citus(ctx, q); err != nil {
+		return nil, err
+	} else if citus {
+		return citusCountTopicMessages(ctx, q, t, topics, capPerTopic)
+	}
 	return collect(ctx, q, t.countTopicMessages(topics, capPerTopic), pgx.RowToStructByPos[TopicCountRow])
 }
 
@@ -211,7 +241,13 @@ func (t *Tables) estimateTopicMessages(topic string) Stmt {
 
 // EstimateTopicMessages returns the planner's estimate of the rows of
 // topic, from the table's statistics; it plans a query and runs nothing.
+// On Citus it is the estimate of the plan on the topic's worker, from the
+// shard's statistics; 0 when the plan holds none.
 func EstimateTopicMessages(ctx context.Context, q Querier, t *Tables, topic string) (int64, error) {
+	citus, err := t.Citus(ctx, q)
+	if err != nil {
+		return 0, err
+	}
 	s := t.estimateTopicMessages(topic)
 	rows, err := q.Query(ctx, s.SQL, s.Args...)
 	if err != nil {
@@ -220,6 +256,10 @@ func EstimateTopicMessages(ctx context.Context, q Querier, t *Tables, topic stri
 	plan, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[[]byte])
 	if err != nil {
 		return 0, err
+	}
+	if citus {
+		n, _ := citusPlanRows(plan)
+		return n, nil
 	}
 	var parsed []struct {
 		Plan struct {
@@ -248,8 +288,14 @@ WHERE o.consumer_group = $1 ORDER BY o.topic, o.partition FOR UPDATE`, Args: []a
 
 // LockGroupOffsets locks every offsets row of group and waits for
 // concurrent claims and commits to end (LiveOwner is nil: see
-// [GroupLiveOwners]).
+// [GroupLiveOwners]). On Citus the rows are locked topic by topic, each
+// on its worker (see citusLockGroupOffsets).
 func LockGroupOffsets(ctx context.Context, q Querier, t *Tables, group string) ([]GroupOffsetRow, error) {
+	if citus, err := t.Citus(ctx, q); err != nil {
+		return nil, err
+	} else if citus {
+		return citusLockGroupOffsets(ctx, q, t, group)
+	}
 	return collect(ctx, q, t.lockGroupOffsets(group), pgx.RowToStructByPos[GroupOffsetRow])
 }
 

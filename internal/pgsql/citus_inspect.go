@@ -125,26 +125,33 @@ ORDER BY n.topic`,
 	}
 }
 
-// citusInspectTopics reads the topics with messages on every shard
-// (run_command_on_shards: one command per shard, in parallel, on
-// connections of their own), then InspectTopics' rows.
+// citusInspectTopics reads the topics with messages on every shard, then
+// InspectTopics' rows.
 func citusInspectTopics(ctx context.Context, q Querier, t *Tables) ([]TopicRow, error) {
-	var (
-		topics []string
-		newest []time.Time
-	)
-	results, err := collect(ctx, q, Stmt{SQL: `SELECT r.shardid, r.success, r.result FROM pg_catalog.run_command_on_shards($1::text::regclass, $2) r`,
-		Args: []any{t.Messages, citusShardTopics()}}, pgx.RowToStructByPos[shardResult])
+	topics, newest, err := citusTopicsOfShards(ctx, q, t)
 	if err != nil {
 		return nil, err
 	}
+	return collect(ctx, q, t.citusInspectTopics(topics, newest), pgx.RowToStructByPos[TopicRow])
+}
+
+// citusTopicsOfShards reads the topics with messages on every shard of
+// the messages table (run_command_on_shards: one command per shard, in
+// parallel, on connections of their own), with the storage time of each
+// topic's newest message, in no order (a topic lies on one shard).
+func citusTopicsOfShards(ctx context.Context, q Querier, t *Tables) (topics []string, newest []time.Time, err error) {
+	results, err := collect(ctx, q, Stmt{SQL: `SELECT r.shardid, r.success, r.result FROM pg_catalog.run_command_on_shards($1::text::regclass, $2) r`,
+		Args: []any{t.Messages, citusShardTopics()}}, pgx.RowToStructByPos[shardResult])
+	if err != nil {
+		return nil, nil, err
+	}
 	for _, r := range results {
 		if !r.Success {
-			return nil, fmt.Errorf("read the topics of shard %d: %s", r.ShardID, r.Result)
+			return nil, nil, fmt.Errorf("read the topics of shard %d: %s", r.ShardID, r.Result)
 		}
 		var pairs [][2]*string
 		if err := json.Unmarshal([]byte(r.Result), &pairs); err != nil {
-			return nil, fmt.Errorf("read the topics of shard %d: %w", r.ShardID, err)
+			return nil, nil, fmt.Errorf("read the topics of shard %d: %w", r.ShardID, err)
 		}
 		for _, p := range pairs {
 			if p[0] == nil || p[1] == nil {
@@ -152,12 +159,12 @@ func citusInspectTopics(ctx context.Context, q Querier, t *Tables) ([]TopicRow, 
 			}
 			at, err := time.Parse(time.RFC3339Nano, *p[1])
 			if err != nil {
-				return nil, fmt.Errorf("read the topics of shard %d: %w", r.ShardID, err)
+				return nil, nil, fmt.Errorf("read the topics of shard %d: %w", r.ShardID, err)
 			}
 			topics, newest = append(topics, *p[0]), append(newest, at)
 		}
 	}
-	return collect(ctx, q, t.citusInspectTopics(topics, newest), pgx.RowToStructByPos[TopicRow])
+	return topics, newest, nil
 }
 
 type shardResult struct {
