@@ -174,54 +174,48 @@ func (t *Tables) citusClaimOffsets(ctx context.Context, q Querier, p OffsetsPara
 		return []ClaimRow{{Kind: ClaimWentBack}}, nil
 	}
 	var out []ClaimRow
-	found := 0
 	for _, tp := range byTopic(p.Topics, p.Partitions) {
-		if p.Limit > 0 && found >= p.Limit {
+		if p.Limit > 0 && len(out) >= p.Limit {
 			break
 		}
 		cands, err := t.citusClaimCandidates(ctx, q, p, tp)
 		if err != nil {
 			return nil, err
 		}
-		missing := map[int32]bool{}
-		for _, part := range tp.partitions {
-			missing[part] = true
-		}
-		var free []citusCandidate
-		var expired []uuid.UUID
+		byPartition := make(map[int32]citusCandidate, len(cands))
 		for _, c := range cands {
-			delete(missing, c.partition)
-			if c.session != nil && *c.session != p.SessionID && c.ownerRow && !c.expired {
-				continue // owned by a live session
-			}
-			free = append(free, c)
-			if c.session != nil && *c.session != p.SessionID && c.ownerRow && !c.future {
-				expired = append(expired, *c.session)
-			}
+			byPartition[c.partition] = c
 		}
-		// The rows in order, bounded by what is left of the limit.
-		var rows []ClaimRow
-		var claimable []citusCandidate
+		// The topic's rows that the claim looks at, in order, bounded by
+		// what is left of the limit: missing, ahead of the counter, or
+		// free (no owner, the claimer, a gone or an expired owner); a row
+		// of a live owner is left out, as in the single-node claim.
+		type pending struct {
+			row ClaimRow
+			c   citusCandidate
+		}
+		var rows []pending
+		var expired []uuid.UUID
 		for _, part := range tp.partitions {
-			if missing[part] {
-				rows = append(rows, ClaimRow{Kind: ClaimMissing, Topic: tp.topic, Partition: part})
-				continue
+			if p.Limit > 0 && len(out)+len(rows) >= p.Limit {
+				break
 			}
-			i := slices.IndexFunc(free, func(c citusCandidate) bool { return c.partition == part })
-			if i < 0 {
-				continue
+			c, ok := byPartition[part]
+			other := ok && c.session != nil && *c.session != p.SessionID
+			switch {
+			case !ok:
+				rows = append(rows, pending{row: ClaimRow{Kind: ClaimMissing, Topic: tp.topic, Partition: part}})
+			case other && c.ownerRow && !c.expired:
+				// owned by a live session
+			case c.future:
+				rows = append(rows, pending{row: ClaimRow{Kind: ClaimFuture, Topic: tp.topic, Partition: part}})
+			default:
+				rows = append(rows, pending{row: ClaimRow{Kind: ClaimLost, Topic: tp.topic, Partition: part}, c: c})
+				if other && c.ownerRow {
+					expired = append(expired, *c.session)
+				}
 			}
-			if free[i].future {
-				rows = append(rows, ClaimRow{Kind: ClaimFuture, Topic: tp.topic, Partition: part})
-				continue
-			}
-			claimable = append(claimable, free[i])
-			rows = append(rows, ClaimRow{Kind: ClaimLost, Topic: tp.topic, Partition: part})
 		}
-		if p.Limit > 0 && found+len(rows) > p.Limit {
-			rows = rows[:p.Limit-found]
-		}
-		found += len(rows)
 		deleted := map[uuid.UUID]bool{}
 		if len(expired) > 0 {
 			ids, err := collect(ctx, q, Stmt{
@@ -235,47 +229,58 @@ func (t *Tables) citusClaimOffsets(ctx context.Context, q Querier, p OffsetsPara
 				deleted[id] = true
 			}
 		}
-		for i := range rows {
-			if rows[i].Kind != ClaimLost {
-				continue
+		for _, r := range rows {
+			if r.row.Kind == ClaimLost {
+				if taken, err := t.citusClaimRow(ctx, q, p, tp.topic, r.c, deleted); err != nil {
+					return nil, err
+				} else if taken != nil {
+					r.row = *taken
+				}
 			}
-			j := slices.IndexFunc(claimable, func(c citusCandidate) bool { return c.partition == rows[i].Partition })
-			c := claimable[j]
-			if c.session != nil && *c.session != p.SessionID && c.ownerRow && !deleted[*c.session] {
-				continue // the expired owner's heartbeat came first: lost
-			}
-			var (
-				epoch  int64
-				txID   xid8
-				offset int64
-			)
-			err := q.QueryRow(ctx, `UPDATE `+t.Offsets+` o
+			out = append(out, r.row)
+		}
+	}
+	return out, nil
+}
+
+// citusClaimRow claims the free row c for p.SessionID by a compare-and-swap
+// on the (session_id, epoch) read, unless its owner was expired and the
+// delete of its session did not go through (its heartbeat came first). It
+// returns the claimed row, or nil when the row was not taken (lost).
+func (t *Tables) citusClaimRow(ctx context.Context, q Querier, p OffsetsParams, topic string, c citusCandidate,
+	deleted map[uuid.UUID]bool) (*ClaimRow, error) {
+	other := c.session != nil && *c.session != p.SessionID
+	if other && c.ownerRow && !deleted[*c.session] {
+		return nil, nil
+	}
+	var (
+		epoch  int64
+		txID   xid8
+		offset int64
+	)
+	err := q.QueryRow(ctx, `UPDATE `+t.Offsets+` o
 SET session_id = $4, epoch = o.epoch + 1, updated_at = pg_catalog.now()
 WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
 	AND o.session_id IS NOT DISTINCT FROM $5::uuid AND o.epoch = $6
 RETURNING o.epoch, o.acked_transaction_id::text, o.acked_offset`,
-				p.ConsumerGroup, tp.topic, c.partition, p.SessionID, c.session, c.epoch).Scan(&epoch, &txID, &offset)
-			switch {
-			case errors.Is(err, pgx.ErrNoRows):
-				continue
-			case err != nil:
-				return nil, err
-			}
-			r := ClaimRow{Kind: ClaimTaken, Topic: tp.topic, Partition: c.partition, Epoch: epoch,
-				Acked: Position{TransactionID: uint64(txID), Offset: offset},
-				// Not read: the consumer reads at once, finding out.
-				HasNext: true, WorkerHere: c.here}
-			if c.session != nil && *c.session != p.SessionID {
-				r.Previous = *c.session
-				if c.owner != nil {
-					r.PreviousOwner = *c.owner
-				}
-			}
-			rows[i] = r
-		}
-		out = append(out, rows...)
+		p.ConsumerGroup, topic, c.partition, p.SessionID, c.session, c.epoch).Scan(&epoch, &txID, &offset)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, err
 	}
-	return out, nil
+	r := &ClaimRow{Kind: ClaimTaken, Topic: topic, Partition: c.partition, Epoch: epoch,
+		Acked: Position{TransactionID: uint64(txID), Offset: offset},
+		// Not read: the consumer reads at once, finding out.
+		HasNext: true, WorkerHere: c.here}
+	if other {
+		r.Previous = *c.session
+		if c.owner != nil {
+			r.PreviousOwner = *c.owner
+		}
+	}
+	return r, nil
 }
 
 // citusClaimCandidates reads the group's rows of one topic on its worker,
