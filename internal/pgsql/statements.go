@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"strings"
 )
 
 // InsertMessages is the statement of [InsertMessages].
@@ -124,19 +123,25 @@ func (t *Tables) placement(tp, r string) string {
 // "t" + topic, for the maintainer, and a retention class gets its row in
 // the retention table, so that the maintainer adds its partitions.
 func (t *Tables) UpsertTopic(p TopicParams) Stmt {
-	s := t.onCitus(Stmt{
+	// Citus refuses a function that is not immutable in DO UPDATE SET: the
+	// time there is the inserted row's, evaluated once on the coordinator.
+	insertedAt, valuesAt, updatedAt := "", "", "pg_catalog.now()"
+	if t.isCitus() {
+		insertedAt, valuesAt, updatedAt = ", updated_at", ", pg_catalog.now()", "EXCLUDED.updated_at"
+	}
+	return t.onCitus(Stmt{
 		SQL: `WITH old AS (
 	SELECT partitions, retention FROM ` + t.Topics + ` WHERE topic = $1
 ), up AS (
-	INSERT INTO ` + t.Topics + ` AS t (topic, partitions, retention, retention_class, classes_from, classes_to)
-	VALUES ($1, $2, $4::bigint::float8 * interval '1 microsecond', $5::smallint, $5::smallint, $5::smallint)
+	INSERT INTO ` + t.Topics + ` AS t (topic, partitions, retention, retention_class, classes_from, classes_to` + insertedAt + `)
+	VALUES ($1, $2, $4::bigint::float8 * interval '1 microsecond', $5::smallint, $5::smallint, $5::smallint` + valuesAt + `)
 	ON CONFLICT (topic) DO UPDATE SET partitions = EXCLUDED.partitions, retention = EXCLUDED.retention,
 		retention_class = EXCLUDED.retention_class,
 		classes_from = CASE WHEN EXCLUDED.retention_class = 0 THEN t.classes_from
 			WHEN t.classes_from = 0 THEN EXCLUDED.retention_class
 			ELSE LEAST(t.classes_from, EXCLUDED.retention_class) END,
 		classes_to = GREATEST(t.classes_to, EXCLUDED.retention_class),
-		updated_at = pg_catalog.now()
+		updated_at = ` + updatedAt + `
 		WHERE t.partitions <= EXCLUDED.partitions
 			AND (t.partitions < EXCLUDED.partitions OR t.retention <> EXCLUDED.retention)
 	RETURNING partitions, retention
@@ -153,16 +158,6 @@ func (t *Tables) UpsertTopic(p TopicParams) Stmt {
 SELECT (SELECT partitions FROM old), (SELECT partitions FROM up), (SELECT pg_catalog.count(*) FROM notified)`,
 		Args: []any{p.Topic, p.Partitions, p.NotifyChannel, p.Retention.Microseconds(), int16(p.RetentionClass)},
 	})
-	if t.isCitus() {
-		// Citus refuses a function that is not immutable in DO UPDATE SET:
-		// the time is the inserted row's, evaluated once on the coordinator.
-		s.SQL = strings.Replace(s.SQL, `(topic, partitions, retention, retention_class, classes_from, classes_to)
-	VALUES ($1, $2, $4::bigint::float8 * interval '1 microsecond', $5::smallint, $5::smallint, $5::smallint)`,
-			`(topic, partitions, retention, retention_class, classes_from, classes_to, updated_at)
-	VALUES ($1, $2, $4::bigint::float8 * interval '1 microsecond', $5::smallint, $5::smallint, $5::smallint, pg_catalog.now())`, 1)
-		s.SQL = strings.Replace(s.SQL, `updated_at = pg_catalog.now()`, `updated_at = EXCLUDED.updated_at`, 1)
-	}
-	return s
 }
 
 // TopicPartitions is the statement of [TopicPartitions].
