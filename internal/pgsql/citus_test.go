@@ -2,16 +2,15 @@ package pgsql
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/watermill-pglease/internal/pgtest"
 )
 
 func TestNotifyAsText(t *testing.T) {
@@ -36,17 +35,8 @@ func citusTables(t *testing.T) (*pgxpool.Pool, *Tables) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, os.Getenv("PGLEASE_TEST_DSN"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	schema := "pglease_citus_" + hex.EncodeToString(b)
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	})
+	pool := pgtest.NewPool(t, os.Getenv("PGLEASE_TEST_DSN"), 0)
+	schema := pgtest.NewSchema(t, pool, "pglease_citus_")
 	tables := NewTables(Names{Schema: schema})
 	if err := Migrate(ctx, pool, tables, tables.Migrations()); err != nil {
 		t.Fatal(err)
@@ -111,11 +101,11 @@ func TestCitusLateCommit(t *testing.T) {
 	// Until every transaction older than m1's ends on the worker (other
 	// tests, Citus's own), the messages stay pending: read until they
 	// are not.
-	res := read()
-	for deadline := time.Now().Add(30 * time.Second); res.Pending && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
+	var res SelectResult
+	pgtest.WaitFor(t, 30*time.Second, "m1 and m2 no longer pending", func() bool {
 		res = read()
-	}
+		return !res.Pending
+	})
 	var got []string
 	for _, m := range res.Messages {
 		got = append(got, m.UUID)
@@ -203,27 +193,20 @@ func TestCitusClaimWaitsForTheOwnersHeartbeat(t *testing.T) {
 	}()
 	// The claim waits for the heartbeat's lock (its delete of the
 	// expired session).
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	pgtest.WaitFor(t, 30*time.Second, "the claim to wait for the heartbeat's lock", func() bool {
+		select {
+		case r := <-done:
+			t.Fatalf("the claim did not wait for the heartbeat: %+v", r)
+		default:
+		}
 		var waiting bool
 		// citus_lock_waits: the waits of the cluster, on the workers too.
 		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.citus_lock_waits
 			WHERE blocked_statement LIKE 'DELETE FROM %')`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
-		if waiting {
-			break
-		}
-		select {
-		case r := <-done:
-			t.Fatalf("the claim did not wait for the heartbeat: %+v", r)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the claim never waited for the heartbeat's lock")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return waiting
+	})
 	if err := beat.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +263,7 @@ func TestCitusWorkerIdentityFences(t *testing.T) {
 		t.Fatalf("the claim read the worker's identity %q (the coordinator's is %q)", worker, here)
 	}
 	var read SelectResult
-	pgtestWaitFor(t, func() bool {
+	pgtest.WaitFor(t, 30*time.Second, "the message readable", func() bool {
 		read, err = SelectMessages(ctx, pool, tables, SelectMessagesParams{Topic: topic, Limit: 10, Here: here, WorkerHere: worker})
 		if err != nil {
 			t.Fatal(err)
@@ -313,15 +296,5 @@ func TestCitusWorkerIdentityFences(t *testing.T) {
 	}
 	if n, err := ReleaseOffset(ctx, pool, tables, p); err != nil || n != 1 {
 		t.Fatalf("release with the worker's identity: %d, %v", n, err)
-	}
-}
-
-// pgtestWaitFor polls cond every 20 ms for 30 s.
-func pgtestWaitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 30 s")
-		}
 	}
 }
