@@ -82,16 +82,12 @@ func itoa(n int) string { return strconv.Itoa(n) }
 // every worker's counter read before; run again, there is nothing to
 // move.
 func TestCitusMoveShard(t *testing.T) {
-	if os.Getenv("PGLEASE_TEST_CITUS") == "" {
-		t.Skip("needs a Citus cluster: run `make test-citus`")
-	}
+	f := citusFixture(t)
+	pool, schema := f.pool, f.schema
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pool := pgtest.NewPool(t, testDSN, 0)
 	env := map[string]string{"DATABASE_URL": testDSN}
-	schema := emptySchema(t, pool)
-	r := runCLI(t, env, "migrate", "--schema", schema, "--citus")
-	require.Equal(t, 0, r.code, "%s", r)
+	var r result
 	messages := pgx.Identifier{schema, pglease.DefaultMessagesTable}.Sanitize()
 	placement := func() (host string, port int) {
 		require.NoError(t, pool.QueryRow(ctx, `SELECT p.nodename, p.nodeport FROM pg_catalog.pg_dist_shard_placement p
@@ -144,16 +140,12 @@ WHERE groupid > 0 AND noderole = 'primary' AND nodeport <> $1 LIMIT 1`, source).
 // off it, each target's counter raised first; marked again to hold
 // shards, it moves some back; then the plan is empty.
 func TestCitusRebalance(t *testing.T) {
-	if os.Getenv("PGLEASE_TEST_CITUS") == "" {
-		t.Skip("needs a Citus cluster: run `make test-citus`")
-	}
+	f := citusFixture(t)
+	pool, schema := f.pool, f.schema
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	pool := pgtest.NewPool(t, testDSN, 0)
 	env := map[string]string{"DATABASE_URL": testDSN}
-	schema := emptySchema(t, pool)
-	r := runCLI(t, env, "migrate", "--schema", schema, "--citus")
-	require.Equal(t, 0, r.code, "%s", r)
+	var r result
 	messages := pgx.Identifier{schema, pglease.DefaultMessagesTable}.Sanitize()
 	var host string
 	var drained int

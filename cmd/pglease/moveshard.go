@@ -68,11 +68,22 @@ func (c *moveShardCmd) check(*flag.FlagSet) error {
 // target's counter right before).
 const moveSQL = `SELECT pg_catalog.citus_move_shard_placement($1, $2, $3, $4, $5, shard_transfer_mode => 'block_writes')`
 
-func (c *moveShardCmd) run(ctx context.Context, e *cmdEnv) error {
-	messages := pgx.Identifier{e.adapter.Schema, pglease.DefaultMessagesTable}.Sanitize()
-	if e.adapter.Schema == "" {
-		messages = pgx.Identifier{pglease.DefaultMessagesTable}.Sanitize()
+// moveShard raises the transaction counter of the worker dstHost:dstPort
+// to margin above every worker's (pglease.PrepareCitusMoveSQL), then moves
+// shard from srcHost:srcPort there.
+func moveShard(ctx context.Context, conn *pgx.Conn, shard int64, srcHost string, srcPort int, dstHost string, dstPort int, margin uint64) error {
+	to := net.JoinHostPort(dstHost, strconv.Itoa(dstPort))
+	if _, err := conn.Exec(ctx, pglease.PrepareCitusMoveSQL(dstHost, dstPort, margin)); err != nil {
+		return fmt.Errorf("raise the transaction counter of %s: %w", to, err)
 	}
+	if _, err := conn.Exec(ctx, moveSQL, shard, srcHost, srcPort, dstHost, dstPort); err != nil {
+		return fmt.Errorf("move shard %d from %s to %s: %w", shard, net.JoinHostPort(srcHost, strconv.Itoa(srcPort)), to, err)
+	}
+	return nil
+}
+
+func (c *moveShardCmd) run(ctx context.Context, e *cmdEnv) error {
+	messages := tablesOf(e.adapter).Messages
 	out := moveShardOutput{Topic: c.topic, To: net.JoinHostPort(c.host, strconv.Itoa(c.port)), Margin: c.margin, DryRun: c.dryRun}
 	var (
 		srcHost string
@@ -91,11 +102,8 @@ WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::text::regc
 	if out.From == out.To {
 		out.SQL = ""
 	} else if !c.dryRun {
-		if _, err := e.conn.Exec(ctx, prepare); err != nil {
-			return fmt.Errorf("raise the transaction counter of %s: %w", out.To, err)
-		}
-		if _, err := e.conn.Exec(ctx, moveSQL, out.Shard, srcHost, srcPort, c.host, c.port); err != nil {
-			return fmt.Errorf("move shard %d from %s to %s: %w", out.Shard, out.From, out.To, err)
+		if err := moveShard(ctx, e.conn, out.Shard, srcHost, srcPort, c.host, c.port, c.margin); err != nil {
+			return err
 		}
 		out.Moved = true
 	}
@@ -145,10 +153,7 @@ func (c *rebalanceCmd) flags(fs *flag.FlagSet) {
 func (c *rebalanceCmd) check(*flag.FlagSet) error { return nil }
 
 func (c *rebalanceCmd) run(ctx context.Context, e *cmdEnv) error {
-	messages := pgx.Identifier{e.adapter.Schema, pglease.DefaultMessagesTable}.Sanitize()
-	if e.adapter.Schema == "" {
-		messages = pgx.Identifier{pglease.DefaultMessagesTable}.Sanitize()
-	}
+	messages := tablesOf(e.adapter).Messages
 	type move struct {
 		shard            int64
 		srcHost, dstHost string
@@ -172,11 +177,8 @@ FROM pg_catalog.get_rebalance_table_shards_plan(relation => $1::text::regclass)`
 		mv := rebalanceMove{Shard: m.shard, From: net.JoinHostPort(m.srcHost, strconv.Itoa(m.srcPort)),
 			To: net.JoinHostPort(m.dstHost, strconv.Itoa(m.dstPort))}
 		if !c.dryRun {
-			if _, err := e.conn.Exec(ctx, pglease.PrepareCitusMoveSQL(m.dstHost, m.dstPort, c.margin)); err != nil {
-				return fmt.Errorf("raise the transaction counter of %s: %w", mv.To, err)
-			}
-			if _, err := e.conn.Exec(ctx, moveSQL, m.shard, m.srcHost, m.srcPort, m.dstHost, m.dstPort); err != nil {
-				return fmt.Errorf("move shard %d from %s to %s (%d of %d moves done): %w", m.shard, mv.From, mv.To, len(out.Moves), len(plan), err)
+			if err := moveShard(ctx, e.conn, m.shard, m.srcHost, m.srcPort, m.dstHost, m.dstPort, c.margin); err != nil {
+				return fmt.Errorf("%w (%d of %d moves done)", err, len(out.Moves), len(plan))
 			}
 		}
 		out.Moves = append(out.Moves, mv)
