@@ -2,11 +2,9 @@ package pglease_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -269,8 +267,8 @@ func median(v []float64) float64 {
 }
 
 // TestCitusShardMove moves a topic's shard to the other worker, whose
-// transaction counter lies far below the source's (300,000 transaction
-// ids burnt on the source), while a Subscriber consumes the topic and a
+// transaction counter lies far below the source's (the source's raised
+// 300,000 above every worker's first, by PrepareCitusMoveSQL), while a Subscriber consumes the topic and a
 // Publisher publishes to it. Without PrepareCitusMoveSQL first, a
 // message published after the move gets a transaction id below the
 // group's position: it would be skipped. With it, the moved rows keep
@@ -288,32 +286,22 @@ func TestCitusShardMove(t *testing.T) {
 func testCitusShardMove(t *testing.T, level bool) {
 	const (
 		topic, group = "moving", "g"
-		burn         = 300000
+		ahead        = 300000
 	)
 	pool, adapter := citusSchema(t, 20)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	messages := table(adapter, pglease.DefaultMessagesTable)
 	var (
-		shard           int64
-		source, target  int
-		sourceDSN, host string
+		shard          int64
+		source, target int
+		host           string
 	)
 	require.NoError(t, pool.QueryRow(ctx, `SELECT p.shardid, p.nodename, p.nodeport FROM pg_catalog.pg_dist_shard_placement p
 		WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::regclass, $2::text)`, messages, topic).Scan(&shard, &host, &source))
 	require.NoError(t, pool.QueryRow(ctx, `SELECT nodeport FROM pg_catalog.pg_dist_node
 		WHERE groupid > 0 AND noderole = 'primary' AND nodeport <> $1 LIMIT 1`, source).Scan(&target))
-	for _, dsn := range strings.Fields(os.Getenv("PGLEASE_TEST_CITUS_WORKERS")) {
-		if strings.Contains(dsn, fmt.Sprintf(":%d/", source)) {
-			sourceDSN = dsn
-		}
-	}
-	require.NotEmpty(t, sourceDSN, "the source worker's URL")
-	src := newPoolOn(t, sourceDSN, 2)
-	_, err := src.Exec(ctx, fmt.Sprintf(`DO $$ BEGIN
-	CREATE TEMPORARY TABLE burn (x integer);
-	FOR i IN 1..%d LOOP BEGIN INSERT INTO burn VALUES (1); EXCEPTION WHEN OTHERS THEN NULL; END; END LOOP;
-END $$`, burn))
+	_, err := pool.Exec(ctx, pglease.PrepareCitusMoveSQL(host, source, ahead))
 	require.NoError(t, err)
 
 	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
@@ -503,42 +491,7 @@ func TestCitusTxHandler(t *testing.T) {
 		ids = append(ids, msg.UUID)
 		require.NoError(t, pub.Publish("orders", msg))
 	}
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter}, testLogger())
-	require.NoError(t, err)
-	router, err := message.NewRouter(message.RouterConfig{}, nil)
-	require.NoError(t, err)
-	var failOnce sync.Map
-	failOnce.Store(ids[7], true)
-	router.AddConsumerHandler("orders", "orders", sub, pglease.TxHandler(pool,
-		pglease.TxHandlerConfig{PublishTopic: "invoices", Publisher: pglease.PublisherConfig{SchemaAdapter: adapter}},
-		func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
-			if err := insertEffect(ctx, tx, adapter.Schema, msg.UUID, "router"); err != nil {
-				return nil, err
-			}
-			if _, first := failOnce.LoadAndDelete(msg.UUID); first {
-				return nil, errors.New("failing once, after writing the effect")
-			}
-			return []*message.Message{message.NewMessage("invoice-"+msg.UUID, msg.Payload)}, nil
-		}))
-	go func() { _ = router.Run(ctx) }()
-	<-router.Running()
-	waitFor(t, time.Minute, "an effect for every message", func() bool {
-		var n int
-		_ = pool.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM `+table(adapter, effectsTable)).Scan(&n)
-		return n >= len(ids)
-	})
-	require.NoError(t, router.Close())
-	require.NoError(t, sub.Close())
-	effects := effectsOf(t, pool, adapter)
-	require.Len(t, effects, len(ids))
-	for _, id := range ids {
-		require.Len(t, effects[id], 1, "effects of %s", id)
-	}
-	var invoices, distinct int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_catalog.count(*), pg_catalog.count(DISTINCT uuid) FROM `+
-		table(adapter, pglease.DefaultMessagesTable)+` WHERE topic = 'invoices'`).Scan(&invoices, &distinct))
-	require.Equal(t, len(ids), invoices)
-	require.Equal(t, len(ids), distinct)
+	routeWithTxHandler(t, pool, adapter, ids)
 }
 
 // TestCitusResetOffsets: the Inspector's reset of a group's positions on

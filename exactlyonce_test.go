@@ -230,6 +230,19 @@ func TestTxHandlerWithTheRouter(t *testing.T) {
 		require.NoError(t, pub.Publish("orders", msg))
 	}
 
+	routeWithTxHandler(t, pool, adapter, ids)
+	assertNoLeakedGoroutines(t)
+}
+
+// routeWithTxHandler consumes the messages ids of topic "orders" through a
+// Router's TxHandler that writes an effect row and publishes a derived
+// message to "invoices" in the transaction that acknowledges the message,
+// failing once after writing the effect of ids[7]; once every message has
+// an effect it closes the Router and checks that each has exactly one
+// effect and one derived message.
+func routeWithTxHandler(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, ids []string) {
+	t.Helper()
+	ctx := context.Background()
 	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter}, testLogger())
 	require.NoError(t, err)
 	router, err := message.NewRouter(message.RouterConfig{}, nil)
@@ -267,7 +280,6 @@ func TestTxHandlerWithTheRouter(t *testing.T) {
 		table(adapter, pglease.DefaultMessagesTable)+` WHERE topic = 'invoices'`).Scan(&invoices, &distinct))
 	require.Equal(t, len(ids), invoices)
 	require.Equal(t, len(ids), distinct)
-	assertNoLeakedGoroutines(t)
 }
 
 // runTx is modeTx: a Router with one TxHandler per topic, writing an effect
