@@ -63,9 +63,14 @@ func (c *consumptionCtx) Value(key any) any {
 // the consumer metrics, and no producer's context to make the parent.
 // Then the message is left as it is.
 func (t *telemetry) idle(msg *message.Message) bool {
-	ctx := msg.Context()
-	return t.noop && !t.consumed.Enabled(ctx) && !t.processDuration.Enabled(ctx) &&
-		(!t.parented || !t.carriesContext(msg.Metadata))
+	return t.consumesIdle(msg.Context()) && (!t.parented || !t.carriesContext(msg.Metadata))
+}
+
+// consumesIdle reports whether the consumer spans and measurements are
+// nothing whatever the message: a no-op tracer and no reader of the
+// consumer metrics.
+func (t *telemetry) consumesIdle(ctx context.Context) bool {
+	return t.noop && !t.consumed.Enabled(ctx) && !t.processDuration.Enabled(ctx)
 }
 
 // startProcess starts the CONSUMER span "process <topic>" of a delivered

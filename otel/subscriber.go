@@ -116,7 +116,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err != nil {
 		return nil, err
 	}
-	if s.t.noop && !s.t.parented && !s.t.consumed.Enabled(ctx) && !s.t.processDuration.Enabled(ctx) {
+	if s.t.consumesIdle(ctx) && !s.t.parented {
 		// Every delivery would be idle: nothing to forward.
 		return in, nil
 	}
