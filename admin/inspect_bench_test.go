@@ -21,12 +21,7 @@ import (
 //
 //	go run ./internal/cmd/localpg run -- go test -run '^$' -bench Inspector -benchtime 5x .
 func BenchmarkInspector(b *testing.B) {
-	topics := 100_000
-	if v := os.Getenv("PGLEASE_BENCH_TOPICS"); v != "" {
-		n, err := strconv.Atoi(v)
-		require.NoError(b, err)
-		topics = n
-	}
+	topics := benchTopics(b)
 	const lagPerTopic = 3
 	ctx := context.Background()
 	pool, adapter := testkit.BenchSetup(b, "setup")
@@ -83,4 +78,16 @@ FROM generate_series(1, %d) t`, offsets, topics),
 			require.GreaterOrEqual(b, len(ts), topics)
 		}
 	})
+}
+
+// benchTopics is how many topics a benchmark of the Inspector sets up:
+// PGLEASE_BENCH_TOPICS, default 100,000.
+func benchTopics(b *testing.B) int {
+	v := os.Getenv("PGLEASE_BENCH_TOPICS")
+	if v == "" {
+		return 100_000
+	}
+	n, err := strconv.Atoi(v)
+	require.NoError(b, err)
+	return n
 }

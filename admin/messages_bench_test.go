@@ -3,8 +3,6 @@ package admin_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -22,12 +20,7 @@ import (
 //
 //	go run ./internal/cmd/localpg run -- go test -run '^$' -bench TopicMessages -benchtime 5x .
 func BenchmarkTopicMessages(b *testing.B) {
-	topics := 100_000
-	if v := os.Getenv("PGLEASE_BENCH_TOPICS"); v != "" {
-		n, err := strconv.Atoi(v)
-		require.NoError(b, err)
-		topics = n
-	}
+	topics := benchTopics(b)
 	const perTopic, big = 3, 50_000
 	ctx := context.Background()
 	pool, adapter := testkit.BenchSetup(b, "setup")
