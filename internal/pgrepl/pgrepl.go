@@ -536,6 +536,46 @@ func (n *Node) killLocked() error {
 	}
 }
 
+// reinitializing is what the postmaster logs once it has ended every
+// process after one of them crashed, before crash recovery.
+const reinitializing = "all server processes terminated; reinitializing"
+
+// CrashBackend kills one backend of the server (a connection of its own)
+// with SIGKILL, as a crash of a backend would end it: the postmaster ends
+// every other process and runs crash recovery, without restarting itself.
+// Its start time and timeline stay the same, and so does its port; what
+// was committed and not yet flushed (synchronous_commit = off) is lost.
+// It returns once the server has reinitialized and accepts connections
+// again, or with an error when ctx ends first.
+func (n *Node) CrashBackend(ctx context.Context) error {
+	crashes := func() int {
+		b, _ := os.ReadFile(n.logPath)
+		return strings.Count(string(b), reinitializing)
+	}
+	before := crashes()
+	conn, err := n.connect(ctx)
+	if err != nil {
+		return fmt.Errorf("pgrepl: %s: %w", n.name, err)
+	}
+	var pid int
+	err = conn.QueryRow(ctx, "SELECT pg_catalog.pg_backend_pid()").Scan(&pid)
+	if err == nil {
+		err = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_ = conn.Close(cctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("pgrepl: %s: kill a backend: %w", n.name, err)
+	}
+	return n.poll(ctx, "crash recovery after SIGKILL of backend "+strconv.Itoa(pid), func(ctx context.Context, conn *pgx.Conn) (bool, error) {
+		if crashes() == before {
+			return false, nil
+		}
+		return true, conn.Ping(ctx)
+	})
+}
+
 // Stop shuts the server down: a fast shutdown (SIGINT, what `pg_ctl stop
 // -m fast` sends), after 30 s an immediate one (SIGQUIT), after 10 s more
 // SIGKILL as in [Node.Kill]. It returns once no process of the server is

@@ -39,6 +39,9 @@ type Proxy struct {
 	mu     sync.Mutex
 	links  map[*link]struct{}
 	closed bool
+	// held, while not nil, is closed by Release: connections accepted
+	// meanwhile wait for it before they dial the target.
+	held chan struct{}
 
 	wg sync.WaitGroup // the accept loop and every link's goroutines
 }
@@ -103,6 +106,29 @@ func (p *Proxy) Unfreeze() {
 	}
 }
 
+// Hold makes the connections accepted from now on wait, without dialling
+// the target, until [Proxy.Release]: a client that reconnects meanwhile
+// finds a server that accepts and says nothing. Connections that exist go
+// on as they are. Hold may be called again while held.
+func (p *Proxy) Hold() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held == nil {
+		p.held = make(chan struct{})
+	}
+}
+
+// Release lets the connections that Hold kept waiting dial the target, and
+// the ones accepted from now on at once.
+func (p *Proxy) Release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held != nil {
+		close(p.held)
+		p.held = nil
+	}
+}
+
 // Conns returns the number of connections accepted and not yet ended,
 // frozen or not.
 func (p *Proxy) Conns() int {
@@ -160,16 +186,26 @@ func (p *Proxy) accept() {
 		}
 		p.links[l] = struct{}{}
 		p.wg.Add(1)
+		held := p.held
 		p.mu.Unlock()
-		go p.serve(l)
+		go p.serve(l, held)
 	}
 }
 
-// serve dials the target for l and forwards both ways until either side
-// ends.
-func (p *Proxy) serve(l *link) {
+// serve dials the target for l, once held (when not nil) is closed, and
+// forwards both ways until either side ends.
+func (p *Proxy) serve(l *link, held <-chan struct{}) {
 	defer p.wg.Done()
 	defer p.remove(l)
+
+	if held != nil {
+		select {
+		case <-held:
+		case <-p.ctx.Done():
+			l.close()
+			return
+		}
+	}
 
 	dialer := net.Dialer{Timeout: dialTimeout}
 	s, err := dialer.DialContext(p.ctx, "tcp", p.target)

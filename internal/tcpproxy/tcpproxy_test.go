@@ -91,6 +91,37 @@ func TestProxy(t *testing.T) {
 			},
 		},
 		{
+			name: "hold: a new connection waits until release, an existing one goes on",
+			run: func(t *testing.T, p *tcpproxy.Proxy) {
+				before := dial(t, p)
+				roundTrip(t, before, "before")
+				p.Hold()
+				p.Hold() // again: still one hold
+				held := dial(t, p)
+				writeAll(t, held, "waits")
+				expectSilence(t, held)
+				roundTrip(t, before, "still")
+				p.Release()
+				expectRead(t, held, "waits")
+				roundTrip(t, held, "after")
+				p.Release() // again: a no-op
+				roundTrip(t, dial(t, p), "new")
+			},
+		},
+		{
+			name: "close ends a held connection",
+			run: func(t *testing.T, p *tcpproxy.Proxy) {
+				p.Hold()
+				c := dial(t, p)
+				waitFor(t, "1 connection", func() bool { return p.Conns() == 1 })
+				closeProxy(t, p)
+				_ = c.SetReadDeadline(time.Now().Add(ioTimeout))
+				if n, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatalf("read after Close = %d, %v, want the connection closed", n, err)
+				}
+			},
+		},
+		{
 			name: "a peer closing a frozen connection ends it",
 			run: func(t *testing.T, p *tcpproxy.Proxy) {
 				c := dial(t, p)
@@ -343,6 +374,12 @@ func writeAll(t *testing.T, c net.Conn, msg string) {
 func roundTrip(t *testing.T, c net.Conn, msg string) {
 	t.Helper()
 	writeAll(t, c, msg)
+	expectRead(t, c, msg)
+}
+
+// expectRead reads len(msg) bytes from c and checks that they are msg.
+func expectRead(t *testing.T, c net.Conn, msg string) {
+	t.Helper()
 	_ = c.SetReadDeadline(time.Now().Add(ioTimeout))
 	got := make([]byte, len(msg))
 	if _, err := io.ReadFull(c, got); err != nil {
