@@ -483,7 +483,7 @@ func (k *sessionKeeper) markOf(row pgsql.ClusterMark) (clusterMark, error) {
 type clusterMark struct {
 	systemID string // "" when unknown
 	timeline string
-	here     string // timeline and postmaster start (see pgsql.Here)
+	here     string // timeline, postmaster start, statistics reset (see pgsql.Here)
 	lsn      uint64
 	xmax     uint64
 }
@@ -493,11 +493,13 @@ type clusterMark struct {
 // earlier reading). A promoted standby starts a new timeline; a copy
 // started as it is (a restore, a standby started without promotion) has
 // its WAL position or transaction counter behind what was read before, or
-// a postmaster started since; another cluster has another system
-// identifier. restarted is true when the only sign is a postmaster
-// started since: a restart of the same server, or a copy of it started
-// as it is that has already gone past what was read before. The two
-// cannot be told apart; both are handled as the database going back.
+// a postmaster started since; crash recovery may send the counter back
+// (commits not flushed yet are lost) and always resets the statistics;
+// another cluster has another system identifier. restarted is true when
+// the only sign is a changed identity (pgsql.Here): a restart of the same
+// server, crash recovery that lost nothing visible, or a copy of it
+// started as it is that has already gone past what was read before. They
+// cannot be told apart; all are handled as the database going back.
 func wentBack(prev, cur clusterMark) (why string, restarted bool) {
 	switch {
 	case prev.timeline == "":
@@ -511,7 +513,7 @@ func wentBack(prev, cur clusterMark) (why string, restarted bool) {
 	case cur.xmax < prev.xmax:
 		return fmt.Sprintf("its transaction counter went back %d", prev.xmax-cur.xmax), false
 	case cur.here != prev.here:
-		return "its server was restarted, or a copy of it started", true
+		return "its server was restarted or recovered from a crash, or a copy of it started", true
 	}
 	return "", false
 }

@@ -34,10 +34,14 @@ func TestWentBack(t *testing.T) {
 		{"WAL went back", base, with(func(m *clusterMark) { m.lsn = 4000; m.xmax = 950 }), "WAL went back 1000 bytes", false},
 		{"counter went back", base, with(func(m *clusterMark) { m.xmax = 800 }), "transaction counter went back 100", false},
 		{"copy started behind", base, with(func(m *clusterMark) { m.here = "00000001:200"; m.lsn = 4000 }), "WAL went back", false},
+		{"recovered from a crash that lost nothing seen", base, with(func(m *clusterMark) {
+			m.here = "00000001:100:2"
+			m.lsn, m.xmax = 9000, 1000
+		}), "recovered from a crash", true},
 		{"restarted, or a copy that went past", base, with(func(m *clusterMark) {
 			m.here = "00000001:200"
 			m.lsn, m.xmax = 9000, 1000
-		}), "restarted, or a copy of it started", true},
+		}), "restarted or recovered from a crash, or a copy of it started", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, restarted := wentBack(tc.prev, tc.cur)
