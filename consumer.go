@@ -373,7 +373,7 @@ func (c *consumer) releaseLeftover(left *leftover) error {
 	cl := left.cl
 	sent := time.Now()
 	err := c.store.release(cl)
-	if err == nil || errors.Is(err, ErrOwnershipLost) {
+	if err == nil || errors.Is(err, ErrOwnershipLost) || errors.Is(err, ErrDatabaseWentBack) {
 		c.outage.ok()
 	}
 	switch {
@@ -383,6 +383,13 @@ func (c *consumer) releaseLeftover(left *leftover) error {
 		return nil
 	case errors.Is(err, ErrOwnershipLost):
 		c.logger.Info("Topic was already taken over before release (fenced)", watermill.LogFields{
+			"epoch": cl.epoch, "session_id": cl.sessionID.String()})
+		return nil
+	case errors.Is(err, ErrDatabaseWentBack):
+		// The session was dropped (claim.wentBack): the row is free with
+		// it, its committed position is the one to resume from.
+		c.logger.Info("Topic not released: the database is not where the session was made; the session is dropped, "+
+			"which frees the topic at its committed position", watermill.LogFields{
 			"epoch": cl.epoch, "session_id": cl.sessionID.String()})
 		return nil
 	default:

@@ -988,7 +988,8 @@ func (m *groupMember) handOver(g *sessionGen, r claimedRow) {
 	if c != nil {
 		return
 	}
-	if err := m.store.releaseOffset(r.claim); err != nil && !errors.Is(err, ErrOwnershipLost) {
+	if err := m.store.releaseOffset(r.claim); err != nil && !errors.Is(err, ErrOwnershipLost) &&
+		!errors.Is(err, ErrDatabaseWentBack) { // the session was dropped, freeing the row
 		m.logger.Error("Cannot release a topic claimed for a subscription that ended; it is free once the session ends",
 			err, watermill.LogFields{"topic": r.row.topic, "partition": r.row.partition})
 	}

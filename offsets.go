@@ -402,12 +402,15 @@ func (s offsetStore) commit(ctx context.Context, c *claim) error {
 
 // release writes the claim's acknowledged position and frees the row in one
 // statement, so that a waiting Subscriber can claim it at once. It returns
-// ErrOwnershipLost when the claim was already taken over. Releases that
-// come together are batched (see releaser).
+// ErrOwnershipLost when the claim was already taken over, and
+// ErrDatabaseWentBack when the statement ran elsewhere than the claim's
+// session was made, having dropped the session (which frees the row).
+// Releases that come together are batched (see releaser).
 func (s offsetStore) release(ctx context.Context, c *claim) error {
 	p := c.params(c.acked)
 	p.NotifyChannel = s.tables.NotifyChannel
 	if err := s.releases.release(ctx, c, p); err != nil {
+		err = c.wentBack(err, "release topic")
 		if errors.Is(err, ErrOwnershipLost) {
 			s.stats.fenced.Add(1)
 		}

@@ -2,6 +2,8 @@ package pglease
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -50,7 +52,8 @@ func newReleaser(pool *pgxpool.Pool, tables *pgsql.Tables, timeout time.Duration
 }
 
 // release runs the release statement of c with p: ErrOwnershipLost when
-// the claim was already taken over.
+// the claim was already taken over, an error wrapping pgsql.ErrWentBack
+// when the statement ran elsewhere than c's session was made.
 func (r *releaser) release(ctx context.Context, c *claim, p pgsql.OffsetParams) error {
 	return r.batcher.do(ctx, release{claim: c, params: p}, 1, 0)
 }
@@ -98,12 +101,14 @@ func (r *releaser) releaseMany(ctx context.Context, rels []release) ([]error, er
 	results := conn.SendBatch(ctx, batch)
 	errs := make([]error, len(rels))
 	for _, i := range order {
-		tag, err := results.Exec()
-		if err != nil {
+		released, err := pgsql.ScanRelease(results.QueryRow())
+		switch {
+		case errors.Is(err, pgsql.ErrWentBack):
+			errs[i] = fmt.Errorf("release topic %q: %w", rels[i].claim.topic, err)
+		case err != nil:
 			_ = results.Close()
 			return nil, err
-		}
-		if tag.RowsAffected() == 0 {
+		case released == 0:
 			errs[i] = ownershipLost("release topic", rels[i].claim)
 		}
 	}

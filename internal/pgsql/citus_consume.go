@@ -387,8 +387,10 @@ WHERE `+citusKeyed,
 // citusReleaseOffset is [ReleaseOffset] on Citus, the notification sent
 // from the coordinator after the release.
 func (t *Tables) citusReleaseOffset(ctx context.Context, q Querier, p OffsetParams) (int64, error) {
-	if ok, err := t.citusOnHistory(ctx, q, p); err != nil || !ok {
+	if ok, err := t.citusOnHistory(ctx, q, p); err != nil {
 		return 0, err
+	} else if !ok {
+		return 0, ErrWentBack
 	}
 	tag, err := q.Exec(ctx, `UPDATE `+t.Offsets+`
 SET `+forwardSet(8)+`, session_id = NULL, updated_at = pg_catalog.now()

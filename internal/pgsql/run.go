@@ -456,13 +456,33 @@ func CommitOffset(ctx context.Context, q Querier, t *Tables, p OffsetParams) (ve
 
 // ReleaseOffset writes the acknowledged position (never moving it back)
 // and frees the claim in one statement, fenced by session and epoch, and
-// returns the rows released (0: ownership lost). In a batch, queue
-// [Tables.ReleaseOffset] and read its command tag.
+// returns the rows released (0: ownership lost); [ErrWentBack] when it ran
+// elsewhere than p.Here or p.Position lies ahead of the transaction
+// counter (nothing written: the session's positions are not this
+// database's). In a batch, queue [Tables.ReleaseOffset] and read its row
+// with [ScanRelease].
 func ReleaseOffset(ctx context.Context, q Querier, t *Tables, p OffsetParams) (int64, error) {
 	if t.isCitus() {
 		return t.citusReleaseOffset(ctx, q, p)
 	}
-	return exec(ctx, q, t.ReleaseOffset(p))
+	s := t.ReleaseOffset(p)
+	return ScanRelease(q.QueryRow(ctx, s.SQL, s.Args...))
+}
+
+// ScanRelease reads the row of [Tables.ReleaseOffset] as [ReleaseOffset]
+// returns it.
+func ScanRelease(row pgx.Row) (int64, error) {
+	var (
+		ok       bool
+		released int64
+	)
+	if err := row.Scan(&ok, &released); err != nil {
+		return 0, err
+	}
+	if !ok {
+		return 0, ErrWentBack
+	}
+	return released, nil
 }
 
 // AckRow is the row of [AckOffset]: the row as it was before, whether

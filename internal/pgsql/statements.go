@@ -568,27 +568,32 @@ SELECT NULL, true FROM here WHERE NOT ok`,
 	}
 }
 
-// ReleaseOffset is the statement of [ReleaseOffset]. The command tag counts the
-// rows released: zero when ownership was lost, or when onHistory refused
-// the statement (the rows are then free with the session, which its
-// Subscriber drops).
+// ReleaseOffset is the statement of [ReleaseOffset]. Its one row is
+// whether onHistory held, and the rows released: none when ownership was
+// lost, or when onHistory refused the statement (which wrote nothing).
+// [ScanRelease] reads it.
 func (t *Tables) ReleaseOffset(p OffsetParams) Stmt {
-	update := `UPDATE ` + t.Offsets + `
-SET ` + forwardSet(9) + `,
-	session_id = NULL, updated_at = pg_catalog.now()
-WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5
-	AND ` + onHistory(8)
+	sql := `WITH here AS (
+	SELECT ` + onHistory(8) + ` AS ok
+), released AS (
+	UPDATE ` + t.Offsets + `
+	SET ` + forwardSet(9) + `,
+		session_id = NULL, updated_at = pg_catalog.now()
+	WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5
+		AND (SELECT ok FROM here)
+	RETURNING topic
+)`
 	args := []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
 		formatXID8(p.Position.TransactionID), p.Position.Offset, p.Here, p.HeadOut}
 	if p.NotifyChannel == "" {
-		return Stmt{SQL: update, Args: args}
+		return Stmt{SQL: sql + `
+SELECT (SELECT ok FROM here), (SELECT pg_catalog.count(*) FROM released)`, Args: args}
 	}
 	return t.onCitus(Stmt{
-		SQL: `WITH released AS (
-` + update + `
-RETURNING topic
+		SQL: sql + `, notified AS (
+	SELECT topic, pg_catalog.pg_notify($10, ` + kind(NotifyReleased) + ` || topic) FROM released
 )
-SELECT pg_catalog.pg_notify($10, ` + kind(NotifyReleased) + ` || topic) FROM released`,
+SELECT (SELECT ok FROM here), (SELECT pg_catalog.count(topic) FROM notified)`,
 		Args: append(args, p.NotifyChannel),
 	})
 }
