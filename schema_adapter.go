@@ -147,9 +147,12 @@ func wrapMissingSchema(err error) error { return check.MissingSchema(err) }
 // takes each message's transaction id on the worker that stores it. The
 // tables' owner runs it on the coordinator after [Migrate] (`pglease
 // migrate --citus` runs both), before the applications start; it may be
-// run again. pglease reads whether the messages table is distributed when
-// it first uses it, and then runs the statements that Citus routes to a
-// topic's worker. See docs/scaling.md for what runs on Citus.
+// run again. It refuses tables that hold messages or consumer group
+// positions: distribute them while they are empty (docs/scaling.md,
+// "Moving to Citus"). pglease reads whether the messages table is
+// distributed when it first uses it, and then runs the statements that
+// Citus routes to a topic's worker. See docs/scaling.md for what runs on
+// Citus.
 func DistributeSQL(adapter Tables) string {
 	return adapter.tables().DistributeScript()
 }

@@ -406,3 +406,71 @@ func TestCitusMessagesAndReplayCommands(t *testing.T) {
 	require.Empty(t, out.Messages, "run twice, published once")
 	require.Equal(t, []int{1, 1}, f.uuidsIn("orders", poisoned...))
 }
+
+// TestCitusMigrateRefusesTablesThatHoldMessages: on a Citus coordinator,
+// tables migrated without --citus hold a backlog over three topics and a
+// group half-way through it. Distributed, the stored messages would take
+// the workers' transaction ids while the group kept the coordinator's
+// positions: migrate --citus refuses, naming the procedure, and
+// distributes nothing; the group then consumes the rest of each topic in
+// order, nothing lost and nothing it acknowledged delivered again.
+func TestCitusMigrateRefusesTablesThatHoldMessages(t *testing.T) {
+	if os.Getenv("PGLEASE_TEST_CITUS") == "" {
+		t.Skip("needs a Citus cluster: run `make test-citus`")
+	}
+	const perTopic, half = 20, 10
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pool := pgtest.NewPool(t, testDSN, 0)
+	env := map[string]string{"DATABASE_URL": testDSN}
+	schema := emptySchema(t, pool)
+	r := runCLI(t, env, "migrate", "--schema", schema)
+	require.Equal(t, 0, r.code, "%s", r)
+	adapter := pglease.Tables{Schema: schema}
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, pub.Close()) }()
+	f := &fixture{t: t, pool: pool, schema: schema, adapter: adapter, pub: pub}
+	topics := []string{"a", "b", "c"}
+	published := map[string][]string{}
+	for _, topic := range topics {
+		published[topic] = f.publish(topic, perTopic)
+	}
+
+	// The group acknowledges the first half of each topic.
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter, CommitBatch: 1}, nil)
+	require.NoError(t, err)
+	for _, topic := range topics {
+		msgs, err := sub.Subscribe(ctx, topic)
+		require.NoError(t, err)
+		for i := range half {
+			msg := receive(t, msgs)
+			require.Equal(t, published[topic][i], msg.UUID, "topic %s, message %d", topic, i)
+			msg.Ack()
+		}
+	}
+	require.NoError(t, sub.Close())
+
+	r = runCLI(t, env, "migrate", "--schema", schema, "--citus")
+	require.NotEqual(t, 0, r.code, "migrate --citus distributed tables that hold messages:\n%s", r)
+	require.Contains(t, r.stderr, "distributing them is refused")
+	require.Contains(t, r.stderr, "Moving to Citus")
+	var distributed int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_dist_partition p
+JOIN pg_catalog.pg_class c ON c.oid = p.logicalrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1`, schema).Scan(&distributed))
+	require.Zero(t, distributed, "tables of the refused schema were distributed")
+
+	sub, err = pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter}, nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, sub.Close()) }()
+	for _, topic := range topics {
+		msgs, err := sub.Subscribe(ctx, topic)
+		require.NoError(t, err)
+		for i := half; i < perTopic; i++ {
+			msg := receive(t, msgs)
+			require.Equal(t, published[topic][i], msg.UUID, "after the refusal: topic %s, message %d", topic, i)
+			msg.Ack()
+		}
+	}
+}

@@ -492,6 +492,15 @@ func (s *commandSpec) execute(ctx context.Context, args []string, getenv func(st
 			where = "schema " + strconv.Quote(common.schema)
 		}
 		fmt.Fprintf(stderr, "No pglease tables in %s: are they in another schema (--schema)?\n", where)
+	case errors.As(err, &pgErr):
+		// What the server adds to its error, pglease's scripts' reasons
+		// and remedies among them.
+		if pgErr.Detail != "" {
+			fmt.Fprintf(stderr, "Detail: %s\n", pgErr.Detail)
+		}
+		if pgErr.Hint != "" {
+			fmt.Fprintf(stderr, "Hint: %s\n", pgErr.Hint)
+		}
 	}
 	return exitError
 }

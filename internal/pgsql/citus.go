@@ -99,7 +99,10 @@ func (t *Tables) SetCitus(distributed bool) {
 // requires. Multi-shard DDL runs sequentially
 // (citus.multi_shard_modify_mode), so that the script runs in one
 // transaction. It may be run again: what is distributed already is left
-// alone. It raises an error when the citus extension is not installed.
+// alone. It raises an error when the citus extension is not installed,
+// and when the tables to distribute hold messages or group positions
+// (positions are transaction ids of the server that took them, which the
+// workers' ids would not continue).
 func (t *Tables) DistributeScript() string {
 	trigger := t.partitionName("transaction_id")
 	fn := t.partition("transaction_id")
@@ -116,6 +119,13 @@ func (t *Tables) DistributeScript() string {
 		RAISE EXCEPTION 'pglease: the citus extension is not installed in this database: CREATE EXTENSION citus on the coordinator (and every worker) first';
 	END IF;
 	PERFORM pg_catalog.set_config('citus.multi_shard_modify_mode', 'sequential', true);
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = ` + lit(t.Messages) + `::regclass)
+		AND (EXISTS (SELECT 1 FROM ` + t.Messages + `) OR EXISTS (SELECT 1 FROM ` + t.Offsets + `)) THEN
+		RAISE EXCEPTION USING
+			MESSAGE = 'pglease: the tables hold messages or consumer group positions: distributing them is refused',
+			DETAIL = 'Distributed, the stored messages would take the transaction ids of the workers while the groups keep this server''s, and the groups would skip or repeat messages.',
+			HINT = 'Distribute tables while they are empty: run pglease migrate --citus on a new schema (--schema), publish there, and move each Subscriber over once it has consumed the old tables (docs/scaling.md, "Moving to Citus").';
+	END IF;
 	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = ` + lit(t.Offsets) + `::regclass) THEN
 		EXECUTE ` + lit(`ALTER TABLE `+t.Offsets+` ALTER COLUMN topic TYPE text COLLATE "C"`) + `;
 	END IF;
