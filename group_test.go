@@ -765,10 +765,12 @@ SELECT u.expires_at FROM u, pg_notify($2, 'g' || $3::text)`, dead, tablesOf(adap
 		require.NoError(t, pool.QueryRow(ctx, `WITH d AS (DELETE FROM `+sessions+` WHERE id = $1)
 SELECT now() FROM pg_notify($2, 'g' || $3::text)`, dead, tablesOf(adapter).NotifyChannel, group).Scan(&freed))
 	}
+	// The claim is found by text from its first 1,024 bytes: what
+	// pg_stat_activity keeps of a query (track_activity_query_size).
 	waitFor(t, 3*ttl, fmt.Sprintf("the claims of the %d members below their cap to wait for the lock", below), func() bool {
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%expired AS%' AND query LIKE '%' || $1 || '%'`,
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%AS missing%' AND query LIKE '%' || $1 || '%'`,
 			adapter.Schema).Scan(&n))
 		return n == below
 	})

@@ -396,6 +396,13 @@ func (k *sessionKeeper) run(ctx context.Context) {
 			k.logger.Error("Consumer session lost (expired or deleted), opening a new one", ErrOwnershipLost,
 				watermill.LogFields{"session_id": g.id.String()})
 			wait = 0
+		case g.isLost():
+			// Dropped while the heartbeat ran: the database went back
+			// (backInTime), or the trust window passed. The next
+			// session opens at once: until it does, nothing of this
+			// Subscriber can claim.
+			retry.reset()
+			wait = 0
 		default:
 			retry.reset()
 			beats++
@@ -419,8 +426,9 @@ func (k *sessionKeeper) stmtTimeout() time.Duration { return k.ttl / 2 }
 // expired: the session is lost. It also reads where the database is, and
 // when the database went back in time since the last heartbeat (a failover
 // to a standby that lagged, a restore), it drops g and every position held
-// in memory with it (backInTime) and reports true: the keeper's next turn
-// opens a new session, whose claims read the positions this database has.
+// in memory with it (backInTime) and reports true: the keeper's next turn,
+// at once, opens a new session, whose claims read the positions this
+// database has.
 func (k *sessionKeeper) heartbeat(g *sessionGen) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), k.stmtTimeout())
 	defer cancel()
@@ -441,7 +449,7 @@ func (k *sessionKeeper) heartbeat(g *sessionGen) (bool, error) {
 	if k.cur != g {
 		// Self-fenced while the heartbeat was under way: the generation
 		// stays lost (consumers already dropped its claims) and the loop
-		// opens a new one on its next turn.
+		// opens a new one at once.
 		return true, nil
 	}
 	k.armFenceLocked(g, sent)
