@@ -199,3 +199,56 @@ func storedOf(ctx context.Context, t *testing.T, n *pgrepl.Node, messages string
 	}
 	return out
 }
+
+// TestHeartbeatThatFindsARestartOpensTheNextSessionAtOnce: a Subscriber
+// that runs no statement of its own after its server restarted (it
+// polls, every minute) finds the restart by its heartbeat, which its
+// session connection's loss runs at once. It drops its session and must
+// open the next one at once, not a heartbeat interval (20 s here) later:
+// until then nothing of it can claim.
+func TestHeartbeatThatFindsARestartOpensTheNextSessionAtOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := startSingle(t, pgrepl.Options{})
+	pool := newPoolOn(t, c.Primary.DSN(), 4)
+	adapter := newSchema(t, pool)
+	sub := newFailoverSubscriber(t, pool, adapter, pglease.SubscriberConfig{
+		SessionTTL: time.Minute, PollOnly: true, PollInterval: time.Minute})
+	subCtx, stopSub := context.WithCancel(ctx)
+	defer stopSub()
+	msgs, err := sub.Subscribe(subCtx, "t")
+	require.NoError(t, err)
+	sessions := table(adapter, pglease.DefaultConsumerSessionsTable)
+	sessionIDs := func() []string {
+		var ids []string
+		onNode(ctx, t, c.Primary, func(conn *pgx.Conn) error {
+			rows, err := conn.Query(ctx, `SELECT id::text FROM `+sessions)
+			if err != nil {
+				return err
+			}
+			ids, err = pgx.CollectRows(rows, pgx.RowTo[string])
+			return err
+		})
+		return ids
+	}
+	var before []string
+	waitFor(t, 30*time.Second, "the session", func() bool {
+		before = sessionIDs()
+		return len(before) == 1
+	})
+
+	require.NoError(t, c.Primary.Restart(ctx))
+	waitFor(t, 30*time.Second, "the Subscriber to find the restart", func() bool { return sub.Stats().Resyncs > 0 })
+	found := time.Now()
+	waitFor(t, 5*time.Second, "the next session", func() bool {
+		ids := sessionIDs()
+		return len(ids) == 1 && ids[0] != before[0]
+	})
+	t.Logf("next session %s after the restart was found", time.Since(found).Round(time.Millisecond))
+
+	stopSub()
+	for range msgs {
+	}
+	require.NoError(t, sub.Close())
+	assertNoLeakedGoroutines(t)
+}
