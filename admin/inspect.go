@@ -15,10 +15,13 @@ import (
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
-// Inspector reads who owns what, how far behind each consumer group is and
-// what holds delivery back, for health checks, admin pages, the pglease
-// command and metrics; and resets offsets. It only reads, but for
-// [Inspector.ResetOffsets]. It is safe for concurrent use on a
+// Inspector reads who owns what, how far behind each consumer group is,
+// what holds delivery back and the stored messages, for health checks,
+// admin pages, the pglease command and metrics. Three methods write:
+// [Inspector.ResetOffsets] moves a group's positions and
+// [Inspector.DeleteGroupOffsets] deletes a group's rows, both refusing
+// rows a live Subscriber owns, and [Inspector.Replay] moves messages from
+// one topic to another; every other method only reads. It is safe for concurrent use on a
 // *pgxpool.Pool; on a *pgx.Conn or a pgx.Tx, one call at a time.
 type Inspector struct {
 	db     pglease.DB
