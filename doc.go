@@ -25,12 +25,15 @@
 // commit and so commit out of order; a reader only sees rows whose
 // transaction is older than every running one (below pg_snapshot_xmin) and
 // orders them by (transaction_id, offset), so no row can later appear behind
-// a position already consumed. Messages of a (group, topic) are handed out
-// one at a time: the next only after an Ack, whose position is then
-// committed, coalesced (SubscriberConfig.CommitInterval and CommitBatch;
-// always before idling and in the release). A Nack delivers the same message again after
-// SubscriberConfig.NackResendDelay. No transaction is open while a handler
-// runs. Delivery is at least once.
+// a position already consumed. Messages of a (group, topic, partition) are
+// handed out one at a time by default: the next only after an Ack, whose
+// position is then committed, coalesced (SubscriberConfig.CommitInterval
+// and CommitBatch; always before idling and in the release). With
+// SubscriberConfig.MaxInFlight above 1, up to that many are out at once,
+// one per ordering key, and the committed position is the end of the
+// contiguous acknowledged prefix. A Nack delivers the same message again
+// after SubscriberConfig.NackResendDelay. No transaction is open while a
+// handler runs. Delivery is at least once.
 //
 // # Sessions, claims and fencing
 //
