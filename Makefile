@@ -18,12 +18,17 @@ SERVER_DEPS := $(if $(PGLEASE_TEST_DSN)$(DATABASE_URL),,postgresql pgbouncer)
 # Every Go module of the repository (the go tool's ./... stops at a nested go.mod).
 MODULES := $(sort $(patsubst %/,%,$(dir $(shell find . -name go.mod -not -path "./.git/*" -not -path "*/testdata/*"))))
 
-.DEFAULT_GOAL := test
-.PHONY: help unit test test-pgbouncer test-ui lint bench bench-otel bench-insert demo stress pg screenshots fmt localpg test-citus
+.DEFAULT_GOAL := help
+.PHONY: help check unit test test-pgbouncer test-ui lint bench bench-otel bench-insert demo stress pg screenshots fmt localpg test-citus
 
 ## help: this list
 help:
 	@sed -n 's/^## //p' $(MAKEFILE_LIST)
+
+## check: gofmt, vet, lint and the tests that need no database, every module: what to run before a commit, in seconds once the linter is installed
+check:
+	scripts/check.sh gofmt vet lint
+	@$(MAKE) --no-print-directory unit
 
 ## unit: the tests that need no database (go test -short, every module): seconds
 unit:
