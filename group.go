@@ -554,10 +554,13 @@ func (m *groupMember) step(ctx context.Context, g *sessionGen) (time.Duration, e
 func (m *groupMember) claimBeyond(ctx context.Context, g *sessionGen) (time.Duration, error) {
 	now := m.now()
 	m.mu.Lock()
-	rows := claimable(m.waiting, m.future, now)
 	// In a group of one version the caps of its members add up to the
 	// rows: a free row is always in some member's caps, who claims it.
-	due, st := m.graceWait.step(len(rows) > 0 && len(m.others) > 0, now, m.freeGrace)
+	var rows []rowKey
+	if len(m.others) > 0 {
+		rows = claimable(m.waiting, m.future, now)
+	}
+	due, st := m.graceWait.step(len(rows) > 0, now, m.freeGrace)
 	m.graceWait = st
 	m.mu.Unlock()
 	if !due {
