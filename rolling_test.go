@@ -94,7 +94,7 @@ func buildPreviousRelease(t *testing.T) string {
 	out := filepath.Join(work, "oldmember")
 	build := exec.Command("go", "build", "-o", out, "./internal/cmd/pglease-oldmember")
 	build.Dir = work
-	build.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly", "CGO_ENABLED=0")
+	build.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly -buildvcs=false", "CGO_ENABLED=0")
 	if logs, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the member program against %s: %v\n%s", previousRelease, err, logs)
 	}
