@@ -446,7 +446,7 @@ func TestPlanShareKeepsExtraRows(t *testing.T) {
 func TestGraceState(t *testing.T) {
 	t.Parallel()
 	const grace = 500 * time.Millisecond
-	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	at := t0.Add
 	for _, tc := range []struct {
 		name    string
 		state   graceState
