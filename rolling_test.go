@@ -303,9 +303,10 @@ func (w *ownerWatch) result() (string, time.Duration, error) {
 // of one row makes them differ); a row that no member's share has room
 // for is taken after the grace. Checked: no row is without a live owner
 // for more than a heartbeat interval once the old members owned them all;
-// nothing is lost and every partition is processed in order (one deliverer
-// at a time); no member, old or new, logs an ERROR; each new member logs
-// once that the group has members of another release.
+// nothing is lost or processed twice, and every partition is processed in
+// order (one deliverer at a time); once the old members are gone the new
+// ones split the topic evenly; no member, old or new, logs an ERROR; each
+// new member logs once that the group has members of another release.
 func TestRollingDeploy(t *testing.T) {
 	pgtest.SkipShort(t)
 	const (
@@ -398,6 +399,16 @@ func TestRollingDeploy(t *testing.T) {
 		t.Logf("%s closed in %s", old.cfg.Name, took.Round(time.Millisecond))
 		time.Sleep(phase)
 	}
+	// Only this release's members are left: the rows taken beyond their
+	// caps while the releases mixed are given back, and each holds 2
+	// partitions of orders.
+	waitFor(t, 10*time.Second, "the new members to split orders 2 and 2", func() bool {
+		var split []int
+		err := pool.QueryRow(context.Background(), `SELECT array_agg(n ORDER BY n) FROM (
+	SELECT count(*) AS n FROM `+table(adapter, pglease.DefaultConsumerOffsetsTable)+`
+	WHERE consumer_group = $1 AND topic = 'orders' AND session_id IS NOT NULL GROUP BY session_id) c`, group).Scan(&split)
+		return err == nil && len(split) == 2 && split[0] == 2 && split[1] == 2
+	})
 	halt()
 	waitProcessed(t, pool, adapter, topics, time.Minute)
 	row, longest, watchErr := watch.result()
@@ -410,6 +421,7 @@ func TestRollingDeploy(t *testing.T) {
 	sum := h.verify(t, streams)
 	failed, _ := h.verifyPublishes(t, attempts)
 	assert.Zero(t, failed, "failed publishes")
+	assert.Zero(t, sum.duplicates, "messages processed twice: every member ended cleanly")
 	t.Logf("rolling deploy from %s (schema %d): %d messages, %d processed (%d more than once), %d claims; "+
 		"longest a row was without a live owner: %s (%s); heartbeat interval %s",
 		previousRelease[:7], oldVersion, sum.messages, sum.records, sum.duplicates, sum.claims,
