@@ -580,7 +580,7 @@ func (m *groupMember) claimBeyond(ctx context.Context, g *sessionGen) (time.Dura
 	}
 	if taken > 0 {
 		m.logger.Info("Claiming free topics beyond this member's share: no member took them within the grace "+
-			"(members of another release split the group another way); they are given up when the group changes",
+			"(members of another release split the group another way); they are kept until the group changes",
 			watermill.LogFields{"claimed": taken, "grace": m.freeGrace.String()})
 	}
 	m.mu.Lock()
@@ -810,8 +810,9 @@ func (m *groupMember) readMembers(g *sessionGen) error {
 	}
 	m.mu.Lock()
 	if !sameGroup(m.members, members) {
-		// Rows held beyond the caps are given up (planShare) where the
-		// caps now have room elsewhere, and free rows are looked for.
+		// The group changed: rows held beyond the caps count as any
+		// other again (planShare gives up those above the caps now), and
+		// free rows are looked for again.
 		for _, h := range m.owning {
 			h.extra = false
 		}
