@@ -41,6 +41,9 @@ type held struct {
 	epoch int64 // of the claim
 	yield chan struct{}
 	since time.Time
+	// extra: claimed beyond the member's caps after the grace, and the
+	// group has not changed since (see heldRow.extra).
+	extra bool
 }
 
 // groupMember is the consumer-group side of a Subscriber. It knows the
@@ -102,6 +105,11 @@ type groupMember struct {
 	// afterRead, when set, runs after each read of the group with the
 	// number of members read (tests only).
 	afterRead func(members int)
+	// graceWait is the wait before claiming free rows beyond the caps;
+	// others the protocol versions other than this release's that the
+	// last read of the group showed (logged when they change).
+	graceWait graceState
+	others    []int
 
 	kick chan struct{}
 	// outage logs the failures of the steps.
@@ -124,6 +132,9 @@ type memberDeps struct {
 	session sessionSource
 	// now is the clock of the member's timers (time.Now but in tests).
 	now func() time.Time
+	// freeGrace is how long a row may stay free before a member whose
+	// caps have no room for it claims it (freeRowGrace).
+	freeGrace time.Duration
 }
 
 // groupStore runs the statements of a group member (pgGroupStore in
@@ -196,6 +207,7 @@ func newGroupMember(deps memberDeps) *groupMember {
 		unresolved: map[memberSub]uint64{},
 		resets:     map[string]struct{}{},
 		stale:      true,
+		graceWait:  graceState{hint: true},
 		kick:       make(chan struct{}, 1),
 		outage:     newOutageLog(deps.logger, componentGroup),
 	}
@@ -214,6 +226,7 @@ func (m *groupMember) wake() {
 func (m *groupMember) membersChanged() {
 	m.mu.Lock()
 	m.stale = true
+	m.graceWait.hint = true // a member that ended leaves its rows free
 	m.mu.Unlock()
 	m.wake()
 }
@@ -235,6 +248,9 @@ func (m *groupMember) pollTick() {
 func (m *groupMember) released(topic string) {
 	m.mu.Lock()
 	ok := len(m.subs[topic]) > 0
+	if ok {
+		m.graceWait.hint = true
+	}
 	m.mu.Unlock()
 	if ok {
 		m.wake()
@@ -397,6 +413,7 @@ func (m *groupMember) register(c *consumer) {
 	m.waiting[key] = c
 	m.set.add(key.topic, key.partition)
 	m.shape.add(key.topic)
+	m.graceWait.hint = true // the row may be free
 	m.mu.Unlock()
 	m.wake()
 }
@@ -518,11 +535,57 @@ func (m *groupMember) step(ctx context.Context, g *sessionGen) (time.Duration, e
 			return time.Millisecond, nil // there may be more to claim
 		}
 	}
+	graceWait, err := m.claimBeyond(ctx, g)
+	if err != nil {
+		return 0, err
+	}
 	next := m.nextWake(g)
-	if resetWait > 0 && (next == 0 || resetWait < next) {
-		next = resetWait
+	for _, w := range []time.Duration{resetWait, graceWait} {
+		if w > 0 && (next == 0 || w < next) {
+			next = w
+		}
 	}
 	return next, nil
+}
+
+// claimBeyond claims, once the grace is over (graceState), the free rows
+// this member waits for beyond its caps, as extra, and returns when to
+// run again for the grace under way (0: none).
+func (m *groupMember) claimBeyond(ctx context.Context, g *sessionGen) (time.Duration, error) {
+	now := m.now()
+	m.mu.Lock()
+	// In a group of one version the caps of its members add up to the
+	// rows: a free row is always in some member's caps, who claims it.
+	var rows []rowKey
+	if len(m.others) > 0 {
+		rows = claimable(m.waiting, m.future, now)
+	}
+	due, st := m.graceWait.step(len(rows) > 0, now, m.freeGrace)
+	m.graceWait = st
+	m.mu.Unlock()
+	if !due {
+		return st.wait(now), nil
+	}
+	taken := 0
+	err := inChunks(rows, func(chunk []rowKey) error {
+		n, _, err := m.claimRowsAs(ctx, g, chunk, len(chunk), true)
+		taken += n
+		return err
+	})
+	if err != nil {
+		m.mu.Lock()
+		m.graceWait.at = now // again at the next step
+		m.mu.Unlock()
+		return 0, err
+	}
+	if taken > 0 {
+		m.logger.Info("Claiming free topics beyond this member's share: no member took them within the grace "+
+			"(members of another release split the group another way); they are kept until the group changes",
+			watermill.LogFields{"claimed": taken, "grace": m.freeGrace.String()})
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.graceWait.wait(m.now()), nil
 }
 
 // resolve reads the partition counts of the topics of new subscriptions (and
@@ -746,13 +809,52 @@ func (m *groupMember) readMembers(g *sessionGen) error {
 		return errSessionGone
 	}
 	m.mu.Lock()
+	if !sameGroup(m.members, members) {
+		// The group changed: rows held beyond the caps count as any
+		// other again (planShare gives up those above the caps now), and
+		// free rows are looked for again.
+		for _, h := range m.owning {
+			h.extra = false
+		}
+		m.graceWait.hint = true
+	}
 	m.me, m.members = members[i], members
 	m.rememberOwners(members)
+	others, was := otherProtocols(members), m.others
+	m.others = others
 	m.mu.Unlock()
+	m.logProtocols(was, others, members)
 	if m.afterRead != nil {
 		m.afterRead(len(members))
 	}
 	return nil
+}
+
+// logProtocols logs, when they change, the versions of the group's rules
+// other than this release's among the members: a group with members of
+// another release (a rolling deploy) works, but its share is balanced only
+// once they are gone.
+func (m *groupMember) logProtocols(was, others []int, members []member) {
+	if slices.Equal(was, others) {
+		return
+	}
+	if len(others) == 0 {
+		m.logger.Info("Every member of the consumer group follows this release's protocol again",
+			watermill.LogFields{"protocol": groupProtocol})
+		return
+	}
+	var owners []string
+	for _, x := range members {
+		if x.protocol != groupProtocol {
+			owners = append(owners, x.owner)
+		}
+	}
+	slices.Sort(owners)
+	m.logger.Info("The consumer group has members of another release (a rolling deploy?): they split the "+
+		"topics another way, so a free topic that no member's share has room for is taken by any member after "+
+		"the grace, and the share is balanced once they are gone",
+		watermill.LogFields{"protocol": groupProtocol, "other_protocols": others, "other_members": owners,
+			"grace": m.freeGrace.String()})
 }
 
 // maxRememberedOwners bounds the owners a member remembers: past it, it
@@ -788,7 +890,7 @@ func (m *groupMember) yieldSurplus(g *sessionGen) sharePlan {
 			continue // already asked
 		default:
 		}
-		mine = append(mine, heldRow{row: key, idle: h.c.idle.Load(), since: h.since})
+		mine = append(mine, heldRow{row: key, idle: h.c.idle.Load(), since: h.since, extra: h.extra})
 	}
 	p := planShare(m.members, m.me, m.shape, mine)
 	if len(p.yield) == 0 {
@@ -870,6 +972,12 @@ func (m *groupMember) claim(ctx context.Context, g *sessionGen, plan sharePlan) 
 // found missing or refused, and whether it lost rows to another
 // transaction.
 func (m *groupMember) claimRows(ctx context.Context, g *sessionGen, rows []rowKey, limit int) (n int, raced bool, err error) {
+	return m.claimRowsAs(ctx, g, rows, limit, false)
+}
+
+// claimRowsAs is claimRows, the rows taken held as extra when extra is
+// set (claimBeyond).
+func (m *groupMember) claimRowsAs(ctx context.Context, g *sessionGen, rows []rowKey, limit int, extra bool) (n int, raced bool, err error) {
 	results, err := m.store.claimOffsets(ctx, rows, g, limit)
 	if err != nil {
 		if claimOutcomeUnknown(err) {
@@ -908,7 +1016,7 @@ func (m *groupMember) claimRows(ctx context.Context, g *sessionGen, rows []rowKe
 			m.mu.Lock()
 			delete(m.future, r.row)
 			m.mu.Unlock()
-			m.handOver(g, r)
+			m.handOver(g, r, extra)
 		}
 	}
 	return n, raced, nil
@@ -954,8 +1062,9 @@ func (m *groupMember) recreateRows(missing []rowKey) {
 }
 
 // handOver gives a claim to the subscription of its topic, or releases it
-// when nobody of this Subscriber waits for the topic any more.
-func (m *groupMember) handOver(g *sessionGen, r claimedRow) {
+// when nobody of this Subscriber waits for the topic any more. extra: it
+// was claimed beyond the caps (claimBeyond).
+func (m *groupMember) handOver(g *sessionGen, r claimedRow, extra bool) {
 	fields := watermill.LogFields{"topic": r.row.topic, "partition": r.row.partition,
 		"session_id": g.id.String(), "epoch": r.claim.epoch,
 		"acked_transaction_id": r.claim.acked.TransactionID, "acked_offset": r.claim.acked.Offset}
@@ -981,7 +1090,7 @@ func (m *groupMember) handOver(g *sessionGen, r claimedRow) {
 	if c != nil {
 		delete(m.waiting, r.row)
 		yield := make(chan struct{})
-		m.owning[r.row] = &held{c: c, g: g, epoch: r.claim.epoch, yield: yield, since: m.now()}
+		m.owning[r.row] = &held{c: c, g: g, epoch: r.claim.epoch, yield: yield, since: m.now(), extra: extra}
 		c.grant <- grant{g: g, cl: r.claim, yield: yield, hasNext: r.hasNext}
 	}
 	m.mu.Unlock()

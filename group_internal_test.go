@@ -52,11 +52,18 @@ func (f *fakeGroupStore) call(method string) error {
 	return err
 }
 
-// join makes a live session, ranked after those before it.
+// join makes a live session of this release, ranked after those before
+// it.
 func (f *fakeGroupStore) join(id uuid.UUID) *sessionGen {
+	return f.joinAs(id, groupProtocol)
+}
+
+// joinAs is join for a session that follows protocol.
+func (f *fakeGroupStore) joinAs(id uuid.UUID, protocol int) *sessionGen {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.sessions[id] = &member{id: id, createdAt: t0.Add(time.Duration(len(f.sessions)) * time.Second), expiresAt: t0.Add(time.Hour)}
+	f.sessions[id] = &member{id: id, createdAt: t0.Add(time.Duration(len(f.sessions)) * time.Second),
+		expiresAt: t0.Add(time.Hour), protocol: protocol}
 	g := &sessionGen{id: id, lost: make(chan struct{})}
 	g.trustUntil.Store(math.MaxInt64)
 	return g
@@ -259,11 +266,15 @@ type testMember struct {
 	clock time.Time
 }
 
+// testGrace is the test members' wait before they claim free rows beyond
+// their caps, on their clocks.
+const testGrace = 500 * time.Millisecond
+
 func newTestMember(store *fakeGroupStore, id byte) *testMember {
 	tm := &testMember{store: store, clock: t0}
 	tm.g = store.join(uuid.UUID{id})
 	tm.groupMember = newGroupMember(memberDeps{group: "g", pollInterval: time.Second, logger: watermill.NopLogger{},
-		stats: newSubscriberStats(), store: store, now: func() time.Time { return tm.clock }})
+		stats: newSubscriberStats(), store: store, now: func() time.Time { return tm.clock }, freeGrace: testGrace})
 	return tm
 }
 
@@ -729,5 +740,154 @@ func TestMembersSpreadAPartitionedTopic(t *testing.T) {
 	}
 	if total != 4 {
 		t.Errorf("%d partitions of orders owned, want 4: %v", total, got)
+	}
+}
+
+// TestMixedGroupTakesAFreeRowAfterTheGrace: a group of a member of an
+// earlier release (protocol 1), which holds its share (2) as a total, and
+// two of this one, on a topic of 4 partitions and one of one row. The old
+// member holds orders/0 and s; the new ones hold their caps of orders (1
+// each; the second ranked would also have s, which the old member holds):
+// a partition of orders is in nobody's caps. It is left to the others
+// for the grace, then taken as extra and kept while the group stays as
+// it is. When the old member leaves, the extra row is counted again, and
+// the two members split the rows by their caps: every row owned, once.
+func TestMixedGroupTakesAFreeRowAfterTheGrace(t *testing.T) {
+	t.Parallel()
+	store := newFakeGroupStore()
+	store.counts["orders"] = 4
+	topics := []string{"orders", "s"}
+	all := append(rows("orders", 0, 1, 2, 3), rows("s", 0)...)
+	old := uuid.UUID{9}
+	oldSet := rowSet{}
+	for _, r := range all {
+		oldSet.add(r.topic, r.partition)
+	}
+	store.joinAs(old, 1)
+	store.mu.Lock()
+	store.sessions[old].set, store.sessions[old].size = oldSet.hash, oldSet.size
+	for _, r := range append(rows("orders", 0), rows("s", 0)...) {
+		store.owner[r] = old
+	}
+	store.mu.Unlock()
+
+	a, b := newTestMember(store, 1), newTestMember(store, 2)
+	a.subscribe(topics...)
+	b.subscribe(topics...)
+	stepAll := func() {
+		for range 3 {
+			for _, m := range []*testMember{a, b} {
+				m.membersChanged()
+				m.mustStep(t)
+				m.giveUp(t)
+				m.take()
+			}
+		}
+	}
+	freeRows := func() []rowKey {
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		var out []rowKey
+		for _, r := range all {
+			if store.owner[r] == uuid.Nil {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	stepAll()
+	if got := append(store.ownedBy(a.g.id), store.ownedBy(b.g.id)...); len(got) != 2 {
+		t.Fatalf("the new members own %v, want one partition of orders each", got)
+	}
+	lone := freeRows()
+	if len(lone) != 1 || lone[0].topic != "orders" {
+		t.Fatalf("free rows %v before the grace, want one partition of orders", lone)
+	}
+	free := lone[0]
+
+	// The grace passes: one of them takes it, and neither gives it up.
+	for _, m := range []*testMember{a, b} {
+		m.clock = m.clock.Add(testGrace)
+	}
+	stepAll()
+	store.mu.Lock()
+	owner := store.owner[free]
+	store.mu.Unlock()
+	if owner != a.g.id && owner != b.g.id {
+		t.Fatalf("%v owned by %v after the grace, want a new member", free, owner)
+	}
+	for _, m := range []*testMember{a, b} {
+		m.clock = m.clock.Add(time.Minute)
+	}
+	stepAll()
+	store.mu.Lock()
+	again := store.owner[free]
+	store.mu.Unlock()
+	if again != owner || len(store.released) != 0 {
+		t.Fatalf("%v went from %v to %v (released %v): an extra row must stay while the group does", free, owner, again, store.released)
+	}
+
+	// The old member leaves, releasing its rows.
+	store.mu.Lock()
+	for _, r := range append(rows("orders", 0), rows("s", 0)...) {
+		store.owner[r] = uuid.Nil
+	}
+	store.mu.Unlock()
+	store.leave(old)
+	stepAll()
+	seen := map[rowKey]uuid.UUID{}
+	for _, m := range []*testMember{a, b} {
+		for _, r := range store.ownedBy(m.g.id) {
+			seen[r] = m.g.id
+		}
+	}
+	if len(seen) != 5 {
+		t.Fatalf("after the old member left, %d of 5 rows owned: %v", len(seen), seen)
+	}
+	split := map[uuid.UUID]int{}
+	for r, id := range seen {
+		if r.topic == "orders" {
+			split[id]++
+		}
+	}
+	if split[a.g.id] != 2 || split[b.g.id] != 2 {
+		t.Errorf("orders split %d and %d, want 2 each", split[a.g.id], split[b.g.id])
+	}
+}
+
+// TestGroupOfOneVersionClaimsNothingBeyondItsCaps: in a group whose
+// members all follow this release's rules, the caps add up to the rows,
+// and a member never claims beyond its caps, grace or not: a row in the
+// caps of a member that has not claimed it yet is left to it.
+func TestGroupOfOneVersionClaimsNothingBeyondItsCaps(t *testing.T) {
+	t.Parallel()
+	store := newFakeGroupStore()
+	store.counts["orders"] = 4
+	a := newTestMember(store, 1)
+	a.subscribe("orders")
+	store.join(uuid.UUID{2}) // a member that has not published its set yet: another set
+	a.mustStep(t)
+	if got := a.take(); len(got) != 4 {
+		t.Fatalf("a got %v, want every partition (alone in its set)", got)
+	}
+	// b, of the same set, joins; a gives up two, and time passes before b
+	// claims: a takes none of them back.
+	b := newTestMember(store, 3)
+	b.subscribe("orders")
+	b.mustStep(t) // publishes its set; every row is a's
+	a.membersChanged()
+	a.mustStep(t)
+	if got := a.giveUp(t); len(got) != 2 {
+		t.Fatalf("a gave up %v, want 2", got)
+	}
+	a.clock = a.clock.Add(time.Hour)
+	a.membersChanged()
+	a.mustStep(t)
+	if got := a.take(); len(got) != 0 {
+		t.Fatalf("a took %v back beyond its caps", got)
+	}
+	b.mustStep(t)
+	if got := b.take(); len(got) != 2 {
+		t.Fatalf("b got %v, want the 2 a gave up", got)
 	}
 }

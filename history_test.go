@@ -49,7 +49,13 @@ func instrument(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) {
 	require.NoError(t, err)
 	require.NoError(t, sub.SubscribeInitialize("setup"))
 	require.NoError(t, sub.Close())
+	instrumentTables(t, pool, adapter)
+}
 
+// instrumentTables is instrument on pglease tables that exist already (of
+// this release or an earlier one).
+func instrumentTables(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) {
+	t.Helper()
 	tbl := func(name string) string { return table(adapter, name) }
 	ddl := []string{
 		`CREATE TABLE ` + tbl(processedTable) + ` (

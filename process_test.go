@@ -783,6 +783,13 @@ func launchHelper(t *testing.T, cfg helperConfig) *helperProc {
 	require.NoError(t, err)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"=1", helperConfigEnv+"="+string(js))
+	return launchProcess(t, cfg, cmd)
+}
+
+// launchProcess starts cmd, a process that talks to the test as a helper
+// does; cfg names it (cfg.Name).
+func launchProcess(t *testing.T, cfg helperConfig, cmd *exec.Cmd) *helperProc {
+	t.Helper()
 	h := &helperProc{cfg: cfg, cmd: cmd, lines: make(chan string, 1024), stderr: &lockedBuffer{}, exited: make(chan struct{})}
 	cmd.Stderr = h.stderr
 	stdout, err := cmd.StdoutPipe()

@@ -15,8 +15,9 @@ import (
 // rows a claim may take (claimable) and in which statements
 // (claimBuckets), what a failed claim means
 // (claimOutcomeUnknown), how long a refused row is left alone
-// (futureHold.next), when to read the group again (readDue) and when to
-// look again unwoken (standbyWait). groupMember applies them; they are
+// (futureHold.next), when to read the group again (readDue), when to
+// look again unwoken (standbyWait), and when to claim free rows beyond
+// the caps (graceState). groupMember applies them; they are
 // table-tested in rebalance_internal_test.go.
 
 // heldRow is a row the member owns under the generation in use and has
@@ -26,6 +27,9 @@ type heldRow struct {
 	idle bool // the consumer waits for news: its release is immediate
 	// since is when the row was granted.
 	since time.Time
+	// extra: the row was claimed beyond the member's caps, free after
+	// the grace (see graceState), and the group has not changed since.
+	extra bool
 }
 
 // sharePlan is what a member does with the rows it holds.
@@ -48,6 +52,13 @@ type sharePlan struct {
 // idle ones first (their release is immediate), then those held the
 // shortest time (ties in row order). Below its caps, want, topics and
 // singles say what it may claim.
+//
+// Rows held as extra are never given up: nobody took them within the
+// grace, so no member's caps have room for them while the group stays
+// as it is (a member whose caps had room would have claimed them at
+// once). They count toward their topic's cap as far as the rows not
+// extra leave it room (so nothing is claimed in their stead); what lies
+// above the caps counts neither in owned nor against the share.
 func planShare(members []member, me member, shape setShape, held []heldRow) sharePlan {
 	caps := capsOf(members, me, shape)
 	p := sharePlan{share: caps.total, topics: map[string]int{}}
@@ -78,27 +89,38 @@ func planShare(members []member, me member, shape setShape, held []heldRow) shar
 		}
 		return caps.topics[b]
 	}
-	kept := map[string]int{}
+	// kept counts the rows held of each bucket, normal those not extra.
+	kept, normal := map[string]int{}, map[string]int{}
 	for _, h := range order {
 		kept[bucket(h.row)]++
+		if !h.extra {
+			normal[bucket(h.row)]++
+		}
 	}
 	yielded := make([]bool, len(order))
 	for i, h := range order {
-		if b := bucket(h.row); kept[b] > capOf(b) {
+		if b := bucket(h.row); !h.extra && normal[b] > capOf(b) {
 			yielded[i] = true
 			kept[b]--
+			normal[b]--
 			p.yield = append(p.yield, h.row)
 		}
 	}
-	p.owned = len(order) - len(p.yield)
+	// What a bucket holds above its cap now is extra: not counted.
+	for b, k := range kept {
+		p.owned += min(k, capOf(b))
+	}
 	for i, h := range order {
 		if p.owned <= p.share {
 			break
 		}
-		if !yielded[i] {
-			kept[bucket(h.row)]--
+		if !yielded[i] && !h.extra {
+			b := bucket(h.row)
+			if kept[b] <= capOf(b) {
+				p.owned-- // else an extra row of the bucket counts instead
+			}
+			kept[b]--
 			p.yield = append(p.yield, h.row)
-			p.owned--
 		}
 	}
 	for t, c := range caps.topics {
@@ -238,6 +260,95 @@ func standbyWait(waiting bool, members []member, me member, gen uuid.UUID, owned
 		wait = poll
 	}
 	return wait
+}
+
+// graceState is a member's wait before it claims rows beyond its caps,
+// in a group that has members of another version of its rules
+// (groupProtocol). Members of one version split the rows so that their
+// caps add up to them: a free row is in some member's caps, and that
+// member claims it as soon as it learns that it is free (a release, a
+// member that ended, a row just created). Members of another version
+// split the rows another way, and a row may be in nobody's share. So in
+// a mixed group a row its caps have no room for is left to the others
+// for the grace; if it is still free then, any member that waits for it
+// takes it, as extra (heldRow.extra). The wait starts at a hint that a
+// row may be free; a hint during the wait starts another once it is
+// over, so that every freed row gets its grace.
+type graceState struct {
+	at   time.Time // when the claim beyond the caps is due; zero: none
+	hint bool      // a row may have been freed since the wait began
+}
+
+// step decides at now, for a member of a mixed group that waits for
+// rows after claiming what its caps allow (waiting; false too in a group
+// of one version), whether to claim the free rows it waits for beyond
+// its caps now (claim), and the state after.
+func (s graceState) step(waiting bool, now time.Time, grace time.Duration) (claim bool, next graceState) {
+	if !waiting {
+		return false, graceState{}
+	}
+	if s.at.IsZero() && s.hint {
+		s.at, s.hint = now.Add(grace), false
+	}
+	if s.at.IsZero() || now.Before(s.at) {
+		return false, s
+	}
+	s.at = time.Time{}
+	if s.hint {
+		s.at, s.hint = now.Add(grace), false
+	}
+	return true, s
+}
+
+// wait is how long after now the claim beyond the caps is due (0: none
+// is).
+func (s graceState) wait(now time.Time) time.Duration {
+	if s.at.IsZero() {
+		return 0
+	}
+	return max(s.at.Sub(now), time.Millisecond)
+}
+
+// freeRowGrace is the grace of a group whose sessions live ttl: half a
+// heartbeat interval (ttl/3), so that a row free at the beginning of an
+// interval has an owner before its end.
+func freeRowGrace(ttl time.Duration) time.Duration { return ttl / 6 }
+
+// sameGroup reports whether two reads of a group show the same members
+// with the same sets and protocols (expiries aside).
+func sameGroup(a, b []member) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	type key struct {
+		id       uuid.UUID
+		set      uint64
+		size     int
+		protocol int
+	}
+	seen := make(map[key]bool, len(a))
+	for _, m := range a {
+		seen[key{m.id, m.set, m.size, m.protocol}] = true
+	}
+	for _, m := range b {
+		if !seen[key{m.id, m.set, m.size, m.protocol}] {
+			return false
+		}
+	}
+	return true
+}
+
+// otherProtocols returns, in order, the protocol versions other than
+// this release's (groupProtocol) among members.
+func otherProtocols(members []member) []int {
+	var out []int
+	for _, m := range members {
+		if m.protocol != groupProtocol && !slices.Contains(out, m.protocol) {
+			out = append(out, m.protocol)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // partitionRows returns the rows of topic's partitions from to n-1: the

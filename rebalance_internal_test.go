@@ -393,3 +393,129 @@ func TestClaimBuckets(t *testing.T) {
 		})
 	}
 }
+
+// TestPlanShareKeepsExtraRows: a member of a group of three that
+// subscribes to a topic of 4 partitions and one of one row (the third
+// ranked: caps 1 of orders and none of the other) keeps the rows it
+// claimed beyond its caps after the grace (extra), counts them only up to
+// its caps, and claims nothing in their stead; rows not held as extra
+// above its caps go as before.
+func TestPlanShareKeepsExtraRows(t *testing.T) {
+	t.Parallel()
+	shape := shapeOf(map[string]int{"orders": 4, "s": 1})
+	three := ranked(3, 5)
+	me := three[2]
+	held := func(r rowKey, extra bool, age int) heldRow {
+		return heldRow{row: r, extra: extra, since: t0.Add(-time.Duration(age) * time.Second)}
+	}
+	o := func(p int32) rowKey { return rowKey{topic: "orders", partition: p} }
+	s := rowKey{topic: "s"}
+	for _, tc := range []struct {
+		name  string
+		held  []heldRow
+		owned int
+		want  int
+		yield []rowKey
+	}{
+		{name: "at its cap with an extra row of the topic: keeps both",
+			held: []heldRow{held(o(1), false, 2), held(o(3), true, 1)}, owned: 1},
+		{name: "the same row not extra: given up",
+			held: []heldRow{held(o(1), false, 2), held(o(3), false, 1)}, owned: 1, yield: []rowKey{o(3)}},
+		{name: "an extra row alone fills the cap: nothing more to claim",
+			held: []heldRow{held(o(3), true, 1)}, owned: 1},
+		{name: "an extra row of a topic its caps leave out: kept, not counted",
+			held: []heldRow{held(o(1), false, 2), held(s, true, 1)}, owned: 1},
+		{name: "above its cap with rows not extra: those go, the extra one stays",
+			held: []heldRow{held(o(1), false, 3), held(o(2), false, 2), held(o(3), true, 1)}, owned: 1,
+			yield: []rowKey{o(2)}},
+		{name: "nothing held: claims its cap", want: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p := planShare(three, me, shape, tc.held)
+			if p.share != 1 || p.owned != tc.owned || p.want != tc.want {
+				t.Errorf("share %d, owned %d, want %d; expected 1, %d, %d", p.share, p.owned, p.want, tc.owned, tc.want)
+			}
+			if !slices.Equal(p.yield, tc.yield) {
+				t.Errorf("yield %v, expected %v", p.yield, tc.yield)
+			}
+		})
+	}
+}
+
+func TestGraceState(t *testing.T) {
+	t.Parallel()
+	const grace = 500 * time.Millisecond
+	at := t0.Add
+	for _, tc := range []struct {
+		name    string
+		state   graceState
+		waiting bool
+		now     time.Time
+		claim   bool
+		next    graceState
+		wait    time.Duration
+	}{
+		{name: "a hint arms the wait", state: graceState{hint: true}, waiting: true, now: t0,
+			next: graceState{at: at(grace)}, wait: grace},
+		{name: "no hint, no wait: nothing", waiting: true, now: t0},
+		{name: "during the wait: nothing yet", state: graceState{at: at(grace)}, waiting: true, now: at(grace / 5),
+			next: graceState{at: at(grace)}, wait: grace * 4 / 5},
+		{name: "a hint during the wait waits for its end", state: graceState{at: at(grace), hint: true}, waiting: true,
+			now: at(grace / 5), next: graceState{at: at(grace), hint: true}, wait: grace * 4 / 5},
+		{name: "the wait is over: claim", state: graceState{at: at(grace)}, waiting: true, now: at(grace), claim: true},
+		{name: "over, with a hint since: claim, and wait again for the rows that hint freed",
+			state: graceState{at: at(grace), hint: true}, waiting: true, now: at(2 * grace), claim: true,
+			next: graceState{at: at(3 * grace)}, wait: grace},
+		{name: "waiting for nothing (or a group of one version): forget",
+			state: graceState{at: at(grace), hint: true}, waiting: false, now: at(2 * grace)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			claim, next := tc.state.step(tc.waiting, tc.now, grace)
+			if claim != tc.claim || next != tc.next {
+				t.Errorf("claim %v, next %+v; want %v, %+v", claim, next, tc.claim, tc.next)
+			}
+			if w := next.wait(tc.now); w != tc.wait {
+				t.Errorf("wait %s, want %s", w, tc.wait)
+			}
+		})
+	}
+	// Without a grace a hint claims at once.
+	if claim, next := (graceState{hint: true}).step(true, t0, 0); !claim || next != (graceState{}) {
+		t.Errorf("no grace: claim %v, next %+v; want true, none", claim, next)
+	}
+}
+
+func TestSameGroupAndOtherProtocols(t *testing.T) {
+	t.Parallel()
+	a := member{id: uuid.UUID{1}, set: 7, size: 5, protocol: groupProtocol, expiresAt: t0}
+	b := member{id: uuid.UUID{2}, set: 7, size: 5, protocol: 1, expiresAt: t0}
+	later := a
+	later.expiresAt = t0.Add(time.Minute)
+	resized, upgraded := a, b
+	resized.size = 6
+	upgraded.protocol = groupProtocol
+	for _, tc := range []struct {
+		name string
+		x, y []member
+		same bool
+	}{
+		{name: "same members in another order, other expiries", x: []member{a, b}, y: []member{b, later}, same: true},
+		{name: "one more", x: []member{a}, y: []member{a, b}},
+		{name: "another set", x: []member{a, b}, y: []member{resized, b}},
+		{name: "another protocol", x: []member{a, b}, y: []member{a, upgraded}},
+		{name: "both empty", same: true},
+	} {
+		if got := sameGroup(tc.x, tc.y); got != tc.same {
+			t.Errorf("%s: sameGroup %v, want %v", tc.name, got, tc.same)
+		}
+	}
+	future := member{id: uuid.UUID{3}, protocol: groupProtocol + 1}
+	if got := otherProtocols([]member{future, a, b, b}); !slices.Equal(got, []int{1, groupProtocol + 1}) {
+		t.Errorf("otherProtocols %v, want [1 %d]", got, groupProtocol+1)
+	}
+	if got := otherProtocols([]member{a, upgraded}); len(got) != 0 {
+		t.Errorf("otherProtocols of one version %v, want none", got)
+	}
+}

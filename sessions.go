@@ -264,6 +264,7 @@ func (k *sessionKeeper) createLocked(ctx context.Context, timeout time.Duration)
 		ConsumerGroup:     k.group,
 		Owner:             k.owner,
 		TTL:               k.ttl,
+		Protocol:          groupProtocol,
 	}
 	var row pgsql.ClusterMark
 	err := k.conn.run(ctx, func(q pgsql.Querier) (err error) {
@@ -699,7 +700,8 @@ func (k *sessionKeeper) groupMembers() ([]member, error) {
 	var members []member
 	for _, r := range rows {
 		members = append(members, member{id: r.ID, createdAt: r.CreatedAt, set: uint64(r.SubscriptionHash),
-			size: r.SubscriptionSize, expiresAt: read.Add(time.Duration(r.ExpiresInMs) * time.Millisecond), owner: r.Owner})
+			size: r.SubscriptionSize, expiresAt: read.Add(time.Duration(r.ExpiresInMs) * time.Millisecond), owner: r.Owner,
+			protocol: r.Protocol})
 	}
 	return members, nil
 }

@@ -13,6 +13,16 @@ import (
 // which live sessions of a group share a set of rows, and how many rows each
 // of them may own.
 
+// groupProtocol is the version of the group's rules that this release
+// follows, recorded in its sessions (the protocol column): 2, shares
+// capped by topic, and a free row taken by any member that waits for it
+// after a grace (graceState). Sessions of releases that do not record it
+// read as 1: the share as a total or by topic, and a free row taken only
+// by a member below its share. Members of different versions work
+// together (docs/guarantees.md, "Rolling deploys"); a member logs when
+// its group has members of another version.
+const groupProtocol = 2
+
 // member is one live session of a consumer group as the sessions table
 // showed it.
 type member struct {
@@ -28,6 +38,10 @@ type member struct {
 	size int
 	// owner is the session's owner (host/pid), for the logs.
 	owner string
+	// protocol is the version of the group's rules the session follows
+	// (groupProtocol for this release's; 1 for releases that do not
+	// record it).
+	protocol int
 }
 
 // memberBefore orders members by age, then id: a member that joins ranks

@@ -445,7 +445,7 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 	s.releaseCtx, s.releaseCancel = context.WithCancel(context.Background())
 	s.member = newGroupMember(memberDeps{
 		group: config.ConsumerGroup, pollInterval: config.PollInterval, startFrom: config.StartFrom,
-		logger: logger, stats: stats, session: s.session,
+		freeGrace: freeRowGrace(config.SessionTTL), logger: logger, stats: stats, session: s.session,
 		store: pgGroupStore{offsets: &s.offsets, session: s.session, group: config.ConsumerGroup,
 			timeout: s.stmtTimeout, releaseCtx: s.releaseCtx},
 	})

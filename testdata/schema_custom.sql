@@ -759,4 +759,9 @@ INSERT INTO "My ""App"""."version" (version, description) VALUES (9, 'least priv
 ALTER TABLE "My ""App"""."offsets's"
 	ADD COLUMN IF NOT EXISTS acked_above text[] NOT NULL DEFAULT '{}';
 INSERT INTO "My ""App"""."version" (version, description) VALUES (10, 'parallel delivery: positions acknowledged in a transaction above the committed position') ON CONFLICT (version) DO NOTHING;
+
+-- version 11: consumer groups: the version of the group's rules each session follows
+ALTER TABLE "My ""App"""."Sessions"
+	ADD COLUMN IF NOT EXISTS protocol integer NOT NULL DEFAULT 1;
+INSERT INTO "My ""App"""."version" (version, description) VALUES (11, 'consumer groups: the version of the group''s rules each session follows') ON CONFLICT (version) DO NOTHING;
 COMMIT;

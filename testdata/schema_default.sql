@@ -752,4 +752,9 @@ INSERT INTO "pglease_schema_version" (version, description) VALUES (9, 'least pr
 ALTER TABLE "pglease_consumer_offsets"
 	ADD COLUMN IF NOT EXISTS acked_above text[] NOT NULL DEFAULT '{}';
 INSERT INTO "pglease_schema_version" (version, description) VALUES (10, 'parallel delivery: positions acknowledged in a transaction above the committed position') ON CONFLICT (version) DO NOTHING;
+
+-- version 11: consumer groups: the version of the group's rules each session follows
+ALTER TABLE "pglease_consumer_sessions"
+	ADD COLUMN IF NOT EXISTS protocol integer NOT NULL DEFAULT 1;
+INSERT INTO "pglease_schema_version" (version, description) VALUES (11, 'consumer groups: the version of the group''s rules each session follows') ON CONFLICT (version) DO NOTHING;
 COMMIT;

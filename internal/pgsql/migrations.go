@@ -161,6 +161,11 @@ var migrations = []struct {
 	// an unacknowledged message (MaxInFlight above 1), as "xid:offset",
 	// until the position passes them.
 	{"0010_acked_above.sql", "parallel delivery: positions acknowledged in a transaction above the committed position"},
+	// protocol is the version of the group's rules a session follows.
+	// Releases before the column insert sessions without it: the
+	// default, 1, is theirs. Adding a column with a constant default
+	// rewrites nothing, and no statement of those releases names it.
+	{"0011_session_protocol.sql", "consumer groups: the version of the group's rules each session follows"},
 }
 
 // Migrations returns every schema version, oldest first, for these tables.

@@ -102,6 +102,9 @@ type SessionParams struct {
 	ConsumerGroup     string
 	Owner             string
 	TTL               time.Duration
+	// Protocol is the version of the group's rules the session follows
+	// (see [GroupMembers]).
+	Protocol int
 }
 
 // GroupParams select the sessions of a consumer group.

@@ -272,6 +272,10 @@ type MemberRow struct {
 	SubscriptionHash int64
 	SubscriptionSize int
 	Owner            string // host/pid, for humans
+	// Protocol is the version of the group's rules the session follows:
+	// 1 for the sessions of releases that do not record it (the column's
+	// default).
+	Protocol int
 }
 
 // GroupMembers returns the live sessions of a consumer group.

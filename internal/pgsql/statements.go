@@ -292,14 +292,14 @@ func (t *Tables) CreateSession(p SessionParams) Stmt {
 		SQL: `WITH replaced AS (
 	DELETE FROM ` + t.Sessions + ` WHERE id = $5
 ), inserted AS (
-	INSERT INTO ` + t.Sessions + ` (id, consumer_group, owner, expires_at)
-	VALUES ($1, $2, $3, pg_catalog.now() + $4::bigint::float8 * interval '1 microsecond')
+	INSERT INTO ` + t.Sessions + ` (id, consumer_group, owner, expires_at, protocol)
+	VALUES ($1, $2, $3, pg_catalog.now() + $4::bigint::float8 * interval '1 microsecond', $7)
 	RETURNING consumer_group
 ), notified AS (
 	SELECT pg_catalog.pg_notify($6, ` + kind(NotifyGroup) + ` || consumer_group) FROM inserted WHERE $6 <> ''
 )
 SELECT (SELECT pg_catalog.count(*) FROM notified), ` + markColumns,
-		Args: []any{p.SessionID, p.ConsumerGroup, p.Owner, p.TTL.Microseconds(), p.ReplacesSessionID, p.NotifyChannel},
+		Args: []any{p.SessionID, p.ConsumerGroup, p.Owner, p.TTL.Microseconds(), p.ReplacesSessionID, p.NotifyChannel, p.Protocol},
 	})
 }
 
@@ -350,7 +350,7 @@ SELECT pg_catalog.pg_notify($4, ` + kind(NotifyGroup) + ` || consumer_group) FRO
 func (t *Tables) GroupMembers(p GroupParams) Stmt {
 	return Stmt{
 		SQL: `SELECT id, created_at, pg_catalog.ceil(extract(epoch FROM expires_at - pg_catalog.now()) * 1000::numeric)::bigint,
-	subscription_hash, subscription_size, owner
+	subscription_hash, subscription_size, owner, protocol
 FROM ` + t.Sessions + `
 WHERE consumer_group = $1 AND expires_at > pg_catalog.now()`,
 		Args: []any{p.ConsumerGroup},

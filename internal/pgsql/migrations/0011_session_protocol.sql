@@ -1,0 +1,2 @@
+ALTER TABLE {{sessions}}
+	ADD COLUMN IF NOT EXISTS protocol integer NOT NULL DEFAULT 1;
