@@ -2,7 +2,6 @@ package pglease
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -194,13 +193,6 @@ func (f *fakeConsumerStore) commitCalls() (int, []Position) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.commits, slices.Clone(f.committed)
-}
-
-func comparePositions(a, b Position) int {
-	if c := cmp.Compare(a.TransactionID, b.TransactionID); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.Offset, b.Offset)
 }
 
 // fakeConsumerHub records the positions the consumer waits for news

@@ -219,6 +219,7 @@ func windowSettings(maxInFlight int) consumerSettings {
 	s := testSettings
 	s.maxInFlight = maxInFlight
 	s.windowCap = windowCapOf(s.batchSize, maxInFlight)
+	s.windowAckedCap = windowAckedCapOf(s.windowCap)
 	s.orderingKey = partitionKeyOf
 	return s
 }
