@@ -290,7 +290,7 @@ func TestWaitingKeyDoesNotHoldOthers(t *testing.T) {
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				deadline := time.After(time.Minute)
+				deadline := time.After(30 * time.Second)
 				pending := a1
 				for a2 == "" {
 					if pending != nil {
