@@ -3,6 +3,7 @@ package pglease_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -344,4 +345,126 @@ func TestWaitingKeyDoesNotHoldOthers(t *testing.T) {
 			})
 		})
 	}
+}
+
+// nackKeyLoop consumes msgs until the channel closes: it nacks the
+// messages whose PartitionKeyMetadata is key and acks the others, counting
+// them in acked. It returns a channel closed when the loop ends.
+func nackKeyLoop(msgs <-chan *message.Message, key string, acked *atomic.Int64) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for msg := range msgs {
+			if msg.Metadata.Get(pglease.PartitionKeyMetadata) == key {
+				msg.Nack()
+				continue
+			}
+			msg.Ack()
+			acked.Add(1)
+		}
+	}()
+	return done
+}
+
+// TestHandOverKeepsAcksAbove: with MaxInFlight above 1, a planned
+// hand-over (Close, or a rebalance giving the row up) while a1 is nacked
+// again and again and the messages after it are acked delivers none of
+// those again to the next owner: the release carries their Acks
+// (acked_above), and the next owner, whatever its MaxInFlight, delivers
+// a1 and then the messages published after.
+func TestHandOverKeepsAcksAbove(t *testing.T) {
+	ctx := context.Background()
+	config := pglease.SubscriberConfig{MaxInFlight: 4, CommitBatch: 1, NackResendDelay: 5 * time.Millisecond}
+	for _, next := range []int{1, 4} {
+		t.Run(fmt.Sprintf("Close, next owner MaxInFlight %d", next), func(t *testing.T) {
+			pool := newPool(t, 10)
+			adapter := newSchema(t, pool)
+			pub := newPublisher(t, pool, adapter)
+			a := publishKeyed(t, pub, "in", "a")
+			b := publishKeyed(t, pub, "in", "b1", "b2", "b3", "b4", "b5", "b6")
+			subA := newTestSubscriber(t, pool, adapter, config)
+			msgs, err := subA.Subscribe(ctx, "in")
+			require.NoError(t, err)
+			var acked atomic.Int64
+			loop := nackKeyLoop(msgs, "a", &acked)
+			waitFor(t, 10*time.Second, "b1 to b6 acked while a1 is nacked", func() bool { return acked.Load() == int64(len(b)) })
+			require.NoError(t, subA.Close())
+			<-loop
+			require.Equal(t, pglease.Position{}, ackedOffset(t, pool, adapter, "", "in"), "the position passed a1")
+
+			cfg := config
+			cfg.MaxInFlight = next
+			subB := newTestSubscriber(t, pool, adapter, cfg)
+			msgs, err = subB.Subscribe(ctx, "in")
+			require.NoError(t, err)
+			first := receiveOne(t, msgs)
+			require.Equal(t, a[0], first.UUID, "a1 first")
+			first.Ack()
+			c := publishKeyed(t, pub, "in", "c")
+			then := receiveOne(t, msgs)
+			require.Equal(t, c[0], then.UUID, "the message published after, not b1 to b6 again")
+			then.Ack()
+		})
+	}
+	t.Run("rebalance", func(t *testing.T) {
+		pool := newPool(t, 20)
+		adapter := newSchema(t, pool)
+		pub := newPublisher(t, pool, adapter)
+		topics := []string{"t1", "t2"}
+		first := map[string]string{}
+		bs := map[string]bool{}
+		for _, topic := range topics {
+			first[topic] = publishKeyed(t, pub, topic, "a")[0]
+			for _, id := range publishKeyed(t, pub, topic, "b1", "b2", "b3", "b4", "b5", "b6") {
+				bs[id] = true
+			}
+		}
+		subA := newTestSubscriber(t, pool, adapter, config)
+		var acked atomic.Int64
+		var loops []<-chan struct{}
+		for _, topic := range topics {
+			msgs, err := subA.Subscribe(ctx, topic)
+			require.NoError(t, err)
+			loops = append(loops, nackKeyLoop(msgs, "a", &acked))
+		}
+		waitFor(t, 10*time.Second, "every b acked while a1 is nacked", func() bool { return acked.Load() == int64(len(bs)) })
+
+		// B joins: A gives one topic up (its share is one of two).
+		subB := newTestSubscriber(t, pool, adapter, config)
+		received := make(chan *message.Message, 100)
+		for _, topic := range topics {
+			msgs, err := subB.Subscribe(ctx, topic)
+			require.NoError(t, err)
+			go func() {
+				for msg := range msgs {
+					msg.Ack()
+					received <- msg
+				}
+			}()
+		}
+		var moved string
+		select {
+		case msg := <-received:
+			require.False(t, bs[msg.UUID], "B delivered %s, acknowledged by A, again", msg.UUID)
+			for topic, id := range first {
+				if id == msg.UUID {
+					moved = topic
+				}
+			}
+			require.NotEmpty(t, moved, "B's first message %s is not the a1 of a topic", msg.UUID)
+		case <-time.After(30 * time.Second):
+			t.Fatal("no topic handed over to B within 30s")
+		}
+		c := publishKeyed(t, pub, moved, "c")
+		select {
+		case msg := <-received:
+			require.Equal(t, c[0], msg.UUID, "the message published after, not a b of A again")
+		case <-time.After(10 * time.Second):
+			t.Fatal("the message published after the hand-over not delivered within 10s")
+		}
+		require.NoError(t, subA.Close())
+		for _, l := range loops {
+			<-l
+		}
+	})
 }
