@@ -354,7 +354,12 @@ func (h *helperChild) drain() {
 // message's context: a handler that follows its message's context stops
 // when the library cancels it (ownership lost, subscription ended).
 func (h *helperChild) record(sub int, topic string, msg *message.Message, received time.Time) error {
-	ctx, cancel := context.WithTimeout(msg.Context(), 10*time.Second)
+	return h.recordOn(msg.Context(), sub, topic, msg, received)
+}
+
+// recordOn is record on ctx.
+func (h *helperChild) recordOn(ctx context.Context, sub int, topic string, msg *message.Message, received time.Time) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	partition, ok := pglease.MessagePartitionFromCtx(msg.Context())
 	if !ok {
@@ -455,9 +460,10 @@ func (h *helperChild) runRouter(term <-chan os.Signal) error {
 // runReadme runs the README's Router pattern as it is: one handler per
 // (Subscriber, topic) that works, records the message and returns nil (the
 // Router acks), Run with a context that SIGTERM cancels, then the
-// Subscribers closed (the README's defers). No gate of its own: on
-// SIGTERM the Router and the Subscribers stop handlers that are still
-// working as they do.
+// Subscribers closed (the README's defers). The handler's work does not
+// follow its message's context (like the README's, which prints), and the
+// helper has no gate of its own: on SIGTERM the Router and the
+// Subscribers deal with the handlers under way as they do.
 func (h *helperChild) runReadme(term <-chan os.Signal) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -476,7 +482,7 @@ func (h *helperChild) runReadme(term <-chan os.Signal) error {
 			router.AddConsumerHandler(fmt.Sprintf("%d/%s", i, topic), topic, sub, func(msg *message.Message) error {
 				received := time.Now()
 				time.Sleep(h.cfg.Work)
-				return h.record(i, topic, msg, received)
+				return h.recordOn(context.Background(), i, topic, msg, received)
 			})
 		}
 	}
