@@ -136,6 +136,9 @@ type consumerDeps struct {
 	goroutines *sync.WaitGroup
 	// giveUp is closed when Close stops waiting for releases that fail.
 	giveUp <-chan struct{}
+	// drains counts the consumers that have not finished waiting for the
+	// messages they handed out (nil in tests: none counted).
+	drains *drainGate
 	// prefetch tells whether the pool is large enough to read the next
 	// batch while one is handed out (prefetchMinConns).
 	prefetch bool
@@ -287,6 +290,7 @@ func (c *consumer) run() {
 	select {
 	case c.slot.token <- struct{}{}:
 	case <-c.ctx.Done():
+		c.drains.leave()
 		c.sub.consumerDone()
 		return
 	}
@@ -294,8 +298,58 @@ func (c *consumer) run() {
 	// any more: no other subscription of this Subscriber claims it meanwhile.
 	defer func() { <-c.slot.token }()
 	left := c.consume()
-	c.sub.cancel() // a consumer ends only with its subscription
+	c.drains.leave() // own has waited for the messages out (DrainTimeout)
+	c.sub.cancel()   // a consumer ends only with its subscription
 	c.finish(&left)
+}
+
+// drainGate counts the consumers that may still be waiting for the
+// messages they handed out (DrainTimeout) before they release: Close
+// starts the CloseTimeout of the releases once there are none. A nil gate
+// counts nothing.
+type drainGate struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed while n is 0
+}
+
+func newDrainGate() *drainGate {
+	g := &drainGate{idle: make(chan struct{})}
+	close(g.idle)
+	return g
+}
+
+// enter counts a consumer that is starting.
+func (g *drainGate) enter() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.n == 0 {
+		g.idle = make(chan struct{})
+	}
+	g.n++
+}
+
+// leave counts a consumer out: it waits for no message any more.
+func (g *drainGate) leave() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.n--
+	if g.n == 0 {
+		close(g.idle)
+	}
+}
+
+// wait returns a channel closed once no consumer is counted.
+func (g *drainGate) wait() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.idle
 }
 
 // leftover is a claim that a subscription may still hold when it stops

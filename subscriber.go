@@ -484,6 +484,7 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		tables:     tables,
 		goroutines: &s.consumers,
 		giveUp:     s.giveUp,
+		drains:     newDrainGate(),
 		prefetch:   pool.Config().MaxConns >= prefetchMinConns,
 	}
 	s.session.onNewSession = func() {
@@ -699,6 +700,7 @@ func (sub *subscription) grow(n int) (from int) {
 			logger:       logger,
 		}
 		s.hub.add(c)
+		s.consumerDeps.drains.enter()
 		sub.running++
 		go c.run()
 	}
@@ -714,8 +716,9 @@ func (sub *subscription) grow(n int) (from int) {
 // DrainTimeout for the messages already handed out to be acked or nacked,
 // releases the topics with their acknowledged offsets, closes their
 // channels, waits for every goroutine the Subscriber started, and deletes
-// the session row. Releases that fail are retried until DrainTimeout plus
-// CloseTimeout has passed since Close began.
+// the session row. Releases that fail are retried until CloseTimeout has
+// passed since the last subscription stopped waiting (at most DrainTimeout
+// after Close began).
 //
 // Close returns an error when a release or the session delete could not be
 // written (the database is unreachable, say): nothing is lost, the topics
@@ -733,13 +736,20 @@ func (s *Subscriber) Close() error {
 	s.mu.Unlock()
 	defer close(s.closeDone)
 
-	// The consumers first wait up to DrainTimeout for the messages out.
-	giveUp := time.AfterFunc(max(s.config.DrainTimeout, 0)+s.config.CloseTimeout, func() {
+	s.cancel()
+	s.member.cancelAll()
+	// The consumers first wait up to DrainTimeout for the messages they
+	// handed out; the releases have CloseTimeout from then.
+	drained := time.NewTimer(max(s.config.DrainTimeout, 0))
+	select {
+	case <-s.consumerDeps.drains.wait():
+	case <-drained.C:
+	}
+	drained.Stop()
+	giveUp := time.AfterFunc(s.config.CloseTimeout, func() {
 		close(s.giveUp)
 		s.releaseCancel()
 	})
-	s.cancel()
-	s.member.cancelAll()
 	s.consumers.Wait()
 	if giveUp.Stop() {
 		close(s.giveUp)
