@@ -514,7 +514,8 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 
 // Subscribe returns a channel of the messages of topic for this Subscriber's
 // consumer group. The channel is closed when ctx ends or the Subscriber
-// closes; the topic is then released at once, with its acknowledged offset,
+// closes; the topic is then released, once the messages handed out are
+// acked or nacked (or DrainTimeout passed), with its acknowledged offset,
 // for another Subscriber of the group to take over.
 //
 // Every message must be acked or nacked: the next one is delivered only
