@@ -243,6 +243,10 @@ type SubscriberConfig struct {
 	OnDelivery func(msg *message.Message) (settled func(err error))
 }
 
+// zeroDrainTimeout is what a zero DrainTimeout means: DefaultDrainTimeout
+// (the package's tests change it).
+var zeroDrainTimeout = DefaultDrainTimeout
+
 func (c *SubscriberConfig) setDefaults() {
 	if c.SessionTTL == 0 {
 		c.SessionTTL = DefaultSessionTTL
@@ -272,7 +276,7 @@ func (c *SubscriberConfig) setDefaults() {
 		c.CloseTimeout = DefaultCloseTimeout
 	}
 	if c.DrainTimeout == 0 {
-		c.DrainTimeout = DefaultDrainTimeout
+		c.DrainTimeout = zeroDrainTimeout
 	}
 	if c.Maintenance.Interval == 0 {
 		c.Maintenance.Interval = DefaultMaintenanceInterval

@@ -24,11 +24,8 @@ func NewPublisher(t *testing.T, db pglease.DB, adapter pglease.Tables) *pglease.
 
 // NewSubscriber returns a subscriber of cfg on pool and adapter that
 // initializes the schema, closed at the end of the test: unless cfg says
-// otherwise, it polls every 10 ms, its session lives 2 s, when the pool
-// goes through [PoolDSN] it LISTENs on [DSN] directly, and a subscription
-// that ends waits for no message out (DrainTimeout -1: the tests that
-// hold a message while they end a subscription hand it over at once; the
-// tests of the wait set DrainTimeout).
+// otherwise, it polls every 10 ms, its session lives 2 s, and when the
+// pool goes through [PoolDSN] it LISTENs on [DSN] directly.
 func NewSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, cfg pglease.SubscriberConfig) *pglease.Subscriber {
 	t.Helper()
 	cfg.SchemaAdapter = adapter
@@ -38,9 +35,6 @@ func NewSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, cfg
 	}
 	if cfg.SessionTTL == 0 {
 		cfg.SessionTTL = 2 * time.Second
-	}
-	if cfg.DrainTimeout == 0 {
-		cfg.DrainTimeout = -1
 	}
 	if PoolDSN != DSN && cfg.ListenConnConfig == nil && !cfg.PollOnly {
 		cfg.ListenConnConfig = DirectConnConfig(t)
