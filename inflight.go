@@ -26,6 +26,11 @@ func windowCapOf(batchSize, maxInFlight int) int {
 	return max(batchSize, 4*maxInFlight)
 }
 
+// windowFullLogAfter is how long the first message of a full window waits
+// (or whether it was nacked) before that is logged: a key with many
+// messages in a row fills the window for a moment as a matter of course.
+const windowFullLogAfter = time.Second
+
 // windowAckedCapOf is the most acknowledged positions an in-flight window
 // keeps above its first message not acknowledged (a nacked or slow one):
 // 64 windows. They are positions only (the messages are dropped at the
@@ -62,6 +67,10 @@ type windowEntry struct {
 	// the first; due is when a nacked one may go out again.
 	attempt int
 	due     time.Time
+	// firstOut is when it was first handed out; nacked, whether it was
+	// nacked since.
+	firstOut time.Time
+	nacked   bool
 	// blockedSince is when it was first found ready but held back by an
 	// earlier message (of its key, or any, for a keyless one); zero when
 	// it is not (head-of-line wait).
@@ -211,6 +220,7 @@ func (w *inflightWindow) takeWait() time.Duration {
 func (w *inflightWindow) handOut(e *windowEntry) {
 	if !e.sent {
 		e.sent = true
+		e.firstOut = time.Now()
 		w.ready--
 	}
 	e.state = windowOut
@@ -221,7 +231,7 @@ func (w *inflightWindow) handOut(e *windowEntry) {
 // and the later messages of its key wait for it.
 func (w *inflightWindow) nack(e *windowEntry, due time.Time) {
 	w.settle(e)
-	e.state, e.due = windowNacked, due
+	e.state, e.due, e.nacked = windowNacked, due, true
 	e.attempt++
 }
 
@@ -297,7 +307,8 @@ type windowDelivery struct {
 // or slow does not hold the others up), while the window holds fewer than
 // windowCap messages not acknowledged and windowAckedCap acknowledged
 // above the first one that is not; at either cap it reads nothing more
-// until the first one is acknowledged (logged once per first message).
+// until the first one is acknowledged (logged once per first message,
+// once that was nacked or has been out for windowFullLogAfter).
 // Acks above the prefix are kept in memory and carried in the release
 // (claim.above) for the next owner to skip; a lost claim drops them. Asked
 // for the row back, it hands nothing more out and yields once every
@@ -356,8 +367,11 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcom
 		c.hub.setIdle(c, after)
 	}
 	// fullAt is the first message of the window when reading last stopped
-	// at a cap (logged once for it).
+	// at a cap for its sake (logged once for it); fullCheck fires when the
+	// first message will have waited windowFullLogAfter.
 	var fullAt *windowEntry
+	fullCheck := newStoppedTimer()
+	defer fullCheck.Stop()
 	// settle records the Ack or Nack of ev; draining, it commits nothing
 	// (the release writes the position).
 	settle := func(ev windowEvent, draining bool) outcome {
@@ -417,9 +431,13 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcom
 		}
 		full := w.waiting() >= s.windowCap || w.len()-w.waiting() >= s.windowAckedCap
 		if readDue && !yielding && !w.unsentFree() && full {
-			if h := w.head(); h != fullAt {
-				fullAt = h
-				c.logWindowFull(w, h)
+			if h := w.head(); h != fullAt && h.sent {
+				if waited := time.Since(h.firstOut); h.nacked || waited >= windowFullLogAfter {
+					fullAt = h
+					c.logWindowFull(w, h)
+				} else {
+					resetTimer(fullCheck, windowFullLogAfter-waited)
+				}
 			}
 		}
 		if readDue && !yielding && !w.unsentFree() && !full {
@@ -565,6 +583,7 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcom
 		case <-reread.C:
 			readDue = true
 		case <-due.C:
+		case <-fullCheck.C:
 		case <-c.wake:
 			if news {
 				news = false
