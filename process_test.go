@@ -46,11 +46,12 @@ import (
 //	        "cancel"           end every subscription gracefully
 //	stderr: the library's log (debug level)
 //
-// On SIGTERM it shuts down gracefully: it stops taking new messages (those
-// handed out from then on are nacked, unprocessed), lets the message under
-// way finish and ack, then closes the Router and the Subscribers. That is
-// what a service must do for a handover without duplicates: a message that
-// is not acked when its subscription ends goes to the next owner.
+// On SIGTERM (modeRouter) it shuts down gracefully: it stops taking new
+// messages (those handed out from then on are nacked, unprocessed), lets
+// the message under way finish and ack, then closes the Router and the
+// Subscribers, so that its Subscribers have nothing to wait for. modeReadme
+// has no such gate: there the Subscribers wait for the handlers under way
+// (DrainTimeout).
 const (
 	helperEnv       = "PGLEASE_HELPER"
 	helperConfigEnv = "PGLEASE_HELPER_CONFIG"
