@@ -3,6 +3,7 @@ package pglease_test
 import (
 	"context"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -173,4 +174,66 @@ func BenchmarkSubscriber(b *testing.B) {
 		return pub, sub
 	})
 	reportMsgsPerSec(b, b.N)
+}
+
+// BenchmarkWaitingKey measures what one key waiting behind its first
+// message costs the other keys with MaxInFlight 8: each op drains 5,000
+// messages of 16 keys from one partition, once alone (free) and once
+// behind a message of another key that is nacked again and again
+// (waiting), each with a new Subscriber that acks at once. It reports both
+// rates and waiting/free (ratio); 5,000 stays below the cap of
+// acknowledged positions a window keeps above a waiting message (6,400
+// with the default BatchSize).
+func BenchmarkWaitingKey(b *testing.B) {
+	const n, keys = 5000, 16
+	pool, adapter := benchSetup(b, "bench")
+	pub := benchPublisher(b, pool, adapter)
+	drain := func(topic string, stuck bool) time.Duration {
+		if stuck {
+			a := message.NewMessage(watermill.NewUUID(), benchPayload)
+			a.Metadata.Set(pglease.PartitionKeyMetadata, "a")
+			require.NoError(b, pub.Publish(topic, a))
+		}
+		msgs := benchMessages(n)
+		for i, m := range msgs {
+			m.Metadata.Set(pglease.PartitionKeyMetadata, "k"+strconv.Itoa(i%keys))
+		}
+		require.NoError(b, pub.Publish(topic, msgs...))
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, MaxInFlight: 8,
+			NackResendDelay: time.Millisecond, DrainTimeout: -1}, nil) // a1 may be out at Close
+		require.NoError(b, err)
+		defer func() { _ = sub.Close() }()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		began := time.Now()
+		ch, err := sub.Subscribe(ctx, topic)
+		require.NoError(b, err)
+		timeout := time.After(time.Minute)
+		for got := 0; got < n; {
+			select {
+			case msg := <-ch:
+				if msg.Metadata.Get(pglease.PartitionKeyMetadata) == "a" {
+					msg.Nack()
+					continue
+				}
+				msg.Ack()
+				got++
+			case <-timeout:
+				b.Fatalf("received %d of %d messages in 1m", got, n)
+			}
+		}
+		return time.Since(began)
+	}
+	var free, waiting time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		free += drain("free"+strconv.Itoa(i), false)
+		waiting += drain("waiting"+strconv.Itoa(i), true)
+	}
+	b.StopTimer()
+	freeRate := float64(n*b.N) / free.Seconds()
+	waitingRate := float64(n*b.N) / waiting.Seconds()
+	b.ReportMetric(freeRate, "free-msgs/s")
+	b.ReportMetric(waitingRate, "waiting-msgs/s")
+	b.ReportMetric(waitingRate/freeRate, "ratio")
 }

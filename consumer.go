@@ -109,6 +109,9 @@ type consumer struct {
 	// current grant's row when it was claimed (claim.workerHere), which
 	// every read carries there; empty elsewhere.
 	workerHere string
+	// deliveries is the parent of the contexts of the messages handed
+	// out under the current grant (deliveriesCtx).
+	deliveries context.Context
 }
 
 // consumerDeps is what the consumers of a Subscriber need from it, built
@@ -133,6 +136,9 @@ type consumerDeps struct {
 	goroutines *sync.WaitGroup
 	// giveUp is closed when Close stops waiting for releases that fail.
 	giveUp <-chan struct{}
+	// drains counts the consumers that have not finished waiting for the
+	// messages they handed out (nil in tests: none counted).
+	drains *drainGate
 	// prefetch tells whether the pool is large enough to read the next
 	// batch while one is handed out (prefetchMinConns).
 	prefetch bool
@@ -155,7 +161,14 @@ type consumerSettings struct {
 	// of at most windowCap messages, ordered by orderingKey.
 	maxInFlight int
 	windowCap   int
-	orderingKey func(*message.Message) string
+	// windowAckedCap bounds the positions a window keeps acknowledged
+	// above its first unacknowledged message (windowAckedCapOf).
+	windowAckedCap int
+	orderingKey    func(*message.Message) string
+	// drainTimeout is how long a consumer whose subscription ended waits
+	// for the messages it handed out to be acked or nacked before it
+	// releases the row (DrainTimeout); 0: not at all.
+	drainTimeout time.Duration
 }
 
 func newConsumerSettings(cfg SubscriberConfig) consumerSettings {
@@ -166,6 +179,8 @@ func newConsumerSettings(cfg SubscriberConfig) consumerSettings {
 	return consumerSettings{
 		maxInFlight:     max(cfg.MaxInFlight, 1),
 		windowCap:       windowCapOf(cfg.BatchSize, cfg.MaxInFlight),
+		windowAckedCap:  windowAckedCapOf(windowCapOf(cfg.BatchSize, cfg.MaxInFlight)),
+		drainTimeout:    max(cfg.DrainTimeout, 0),
 		orderingKey:     key,
 		batchSize:       cfg.BatchSize,
 		commitBatch:     cfg.CommitBatch,
@@ -211,6 +226,15 @@ type readParams struct {
 	here      string
 	// workerHere: see consumer.workerHere.
 	workerHere string
+}
+
+// deliveriesCtx returns the parent of the contexts of the messages a claim
+// hands out: it ends when end is called (own does as it returns), not with
+// the subscription, so that a handler finishing its message while the
+// consumer drains (DrainTimeout) is not cut off.
+func (c *consumer) deliveriesCtx() (end context.CancelFunc) {
+	c.deliveries, end = context.WithCancel(context.WithoutCancel(c.ctx))
+	return end
 }
 
 // consumerMember is what a consumer asks of the group member
@@ -266,6 +290,7 @@ func (c *consumer) run() {
 	select {
 	case c.slot.token <- struct{}{}:
 	case <-c.ctx.Done():
+		c.drains.leave()
 		c.sub.consumerDone()
 		return
 	}
@@ -273,8 +298,58 @@ func (c *consumer) run() {
 	// any more: no other subscription of this Subscriber claims it meanwhile.
 	defer func() { <-c.slot.token }()
 	left := c.consume()
-	c.sub.cancel() // a consumer ends only with its subscription
+	c.drains.leave() // own has waited for the messages out (DrainTimeout)
+	c.sub.cancel()   // a consumer ends only with its subscription
 	c.finish(&left)
+}
+
+// drainGate counts the consumers that may still be waiting for the
+// messages they handed out (DrainTimeout) before they release: Close
+// starts the CloseTimeout of the releases once there are none. A nil gate
+// counts nothing.
+type drainGate struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed while n is 0
+}
+
+func newDrainGate() *drainGate {
+	g := &drainGate{idle: make(chan struct{})}
+	close(g.idle)
+	return g
+}
+
+// enter counts a consumer that is starting.
+func (g *drainGate) enter() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.n == 0 {
+		g.idle = make(chan struct{})
+	}
+	g.n++
+}
+
+// leave counts a consumer out: it waits for no message any more.
+func (g *drainGate) leave() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.n--
+	if g.n == 0 {
+		close(g.idle)
+	}
+}
+
+// wait returns a channel closed once no consumer is counted.
+func (g *drainGate) wait() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.idle
 }
 
 // leftover is a claim that a subscription may still hold when it stops
@@ -429,6 +504,7 @@ func (c *consumer) waitWake(d time.Duration, lost <-chan struct{}) bool {
 // (yielded, only between messages: a message handed out is first acked or
 // nacked). Without hasNext it waits for news before its first read.
 func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
+	defer c.deliveriesCtx()()
 	if c.settings.maxInFlight > 1 {
 		return c.ownWindow(g, cl, hasNext)
 	}
@@ -473,7 +549,7 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 		rb, ok := c.takePrefetch(cl)
 		var err error
 		if !ok {
-			rb, ok, err = c.fetch(g, cl, cl.acked, c.settings.batchSize)
+			rb, ok, err = c.fetch(g, cl, cl.acked, c.settings.batchSize, true)
 		}
 		if !ok {
 			return c.interrupted()
@@ -530,8 +606,18 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) outcome {
 			continue
 		}
 		for _, m := range batch {
-			if c.yielding() {
+			if c.yielding() || c.ctx.Err() != nil {
 				return c.interrupted()
+			}
+			if cl.skips(m.pos) {
+				// Acknowledged above an earlier message by a previous
+				// owner: not handed out again.
+				c.budget.giveBack(&c.lease, m.size)
+				cl.acked, cl.headOut = m.pos, false
+				if res := c.acknowledged(g, cl, 1); res != proceed {
+					return res
+				}
+				continue
 			}
 			attempt := 1
 			if head {
@@ -674,11 +760,28 @@ func (c *consumer) interrupted() outcome {
 // uses stays in c.lease until its messages are handed out; the rest is
 // given back. ok is false when the subscription ended, the session was
 // lost or the member asked for the row while it waited.
-func (c *consumer) fetch(g *sessionGen, cl *claim, after Position, limit int) (rb readBatch, ok bool, err error) {
+//
+// Without wait (an in-flight window whose messages read and not handed out
+// wait for their keys), the bytes c.lease holds stay held, and fetch never
+// waits for the budget: when nothing is free, or the first message alone
+// does not fit, it reads nothing and says so (readBatch.busy).
+func (c *consumer) fetch(g *sessionGen, cl *claim, after Position, limit int, wait bool) (rb readBatch, ok bool, err error) {
 	b := c.budget
 	stop := budgetStop{c.ctx.Done(), g.lost, c.yield}
-	c.dropBuffered()
-	if !b.tryReserve(&c.lease, b.reserveWant()) {
+	if !wait {
+		held := c.lease
+		c.lease = budgetLease{}
+		defer func() {
+			c.lease.n += held.n
+			c.lease.big = c.lease.big || held.big
+		}()
+		if !b.tryReserve(&c.lease, b.reserveWant()) {
+			return readBatch{busy: true}, true, nil
+		}
+	} else {
+		c.dropBuffered()
+	}
+	if wait && !b.tryReserve(&c.lease, b.reserveWant()) {
 		// Nothing free: commit what is due before waiting.
 		if c.flush(g, cl) != proceed {
 			return readBatch{}, false, nil
@@ -702,6 +805,9 @@ func (c *consumer) fetch(g *sessionGen, cl *claim, after Position, limit int) (r
 		if fit == 0 {
 			// The first message alone is larger than the reservation.
 			c.dropBuffered()
+			if !wait {
+				return readBatch{busy: true}, true, nil
+			}
 			if !b.reserveExact(&c.lease, rows[0].size, stop) {
 				return readBatch{}, false, nil
 			}
@@ -722,6 +828,9 @@ type readBatch struct {
 	// all: msgs is every message the read saw after the position (fewer
 	// than it asked for, all whole and within the budget).
 	all bool
+	// busy: nothing was read, for want of free bytes in the budget (a
+	// read that does not wait for them).
+	busy bool
 }
 
 // newReadBatch cuts the rows of a read of limit messages to the batch
@@ -930,7 +1039,7 @@ func (c *consumer) newDelivery(g *sessionGen, cl *claim, m storedMessage, attemp
 		return nil, nil, err
 	}
 	msg.Metadata.Set(DeliveryAttemptMetadata, strconv.Itoa(attempt))
-	mctx, cancel := context.WithCancel(&deliveryCtx{Context: c.ctx, d: delivery{
+	mctx, cancel := context.WithCancel(&deliveryCtx{Context: c.deliveries, d: delivery{
 		topic: c.topic, partition: c.partition, pos: m.pos, group: cl.group,
 		sessionID: cl.sessionID, epoch: cl.epoch, g: g, tables: c.tables, above: c.settings.maxInFlight > 1,
 		workerHere: cl.workerHere}})
@@ -1007,6 +1116,9 @@ func (c *consumer) handOut(g *sessionGen, cl *claim, msg *message.Message) (res 
 		defer func() { settled(settlement(msg, res)) }()
 	}
 	for sent := false; !sent; {
+		if c.ctx.Err() != nil {
+			return stopped, false
+		}
 		select {
 		case c.out <- msg:
 			sent = true
@@ -1040,10 +1152,7 @@ func (c *consumer) handOut(g *sessionGen, cl *claim, msg *message.Message) (res 
 			c.stats.nacked.Add(1)
 			return proceed, true
 		case <-c.ctx.Done():
-			if isAcked(msg) {
-				return proceed, false
-			}
-			return stopped, false
+			return c.drainOne(g, msg)
 		case <-g.lost:
 			return lost, false
 		case <-c.flushC():
@@ -1057,6 +1166,44 @@ func (c *consumer) handOut(g *sessionGen, cl *claim, msg *message.Message) (res 
 			}
 		}
 	}
+}
+
+// drainOne waits, once the subscription ended, for the Ack or Nack of
+// msg, handed out, up to DrainTimeout (drainTimeout), so that a handler
+// that finishes it has its Ack in the release. After a Nack, or once the
+// bound passed, the message goes to the next owner (stopped).
+func (c *consumer) drainOne(g *sessionGen, msg *message.Message) (res outcome, nacked bool) {
+	if isAcked(msg) {
+		return proceed, false
+	}
+	if d := c.settings.drainTimeout; d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-msg.Acked():
+			c.stats.acked.Add(1)
+			return proceed, false
+		case <-msg.Nacked():
+			c.stats.nacked.Add(1)
+			return stopped, false
+		case <-g.lost:
+			return lost, false
+		case <-t.C:
+		}
+	}
+	c.logUndrained(1)
+	return stopped, false
+}
+
+// logUndrained logs that the consumer stopped waiting for n messages it
+// handed out, which the next owner delivers again.
+func (c *consumer) logUndrained(n int) {
+	if n == 0 {
+		return
+	}
+	c.logger.Info("Stopped waiting for messages handed out and not acked or nacked when the subscription ended "+
+		"(DrainTimeout): they may be delivered again", watermill.LogFields{"messages": n,
+		"drain_timeout": c.settings.drainTimeout.String(), "partition": c.partition})
 }
 
 // waitFlushing sleeps d, flushing due commits meanwhile. It reports false

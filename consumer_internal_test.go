@@ -2,7 +2,6 @@ package pglease
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -196,13 +195,6 @@ func (f *fakeConsumerStore) commitCalls() (int, []Position) {
 	return f.commits, slices.Clone(f.committed)
 }
 
-func comparePositions(a, b Position) int {
-	if c := cmp.Compare(a.TransactionID, b.TransactionID); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.Offset, b.Offset)
-}
-
 // fakeConsumerHub records the positions the consumer waits for news
 // after.
 type fakeConsumerHub struct{ idle chan Position }
@@ -244,6 +236,14 @@ var testSettings = consumerSettings{batchSize: 10, commitBatch: 1, commitInterva
 // beginning, with a message known to follow.
 func startOwn(t *testing.T, store *fakeConsumerStore, settings consumerSettings, budget *byteBudget, prefetch bool) *ownRun {
 	t.Helper()
+	return startOwnWith(t, store, settings, budget, prefetch, nil)
+}
+
+// startOwnWith is startOwn that lets setup change the consumer and the
+// claim before own runs.
+func startOwnWith(t *testing.T, store *fakeConsumerStore, settings consumerSettings, budget *byteBudget, prefetch bool,
+	setup func(r *ownRun)) *ownRun {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &sessionGen{id: uuid.New(), lost: make(chan struct{})}
 	g.trustUntil.Store(math.MaxInt64)
@@ -257,6 +257,9 @@ func startOwn(t *testing.T, store *fakeConsumerStore, settings consumerSettings,
 			goroutines: &sync.WaitGroup{}, prefetch: prefetch},
 		topic: "t", ctx: ctx, out: make(chan *message.Message), wake: make(chan struct{}, 1),
 		yield: r.yield, logger: watermill.NopLogger{},
+	}
+	if setup != nil {
+		setup(r)
 	}
 	go func() { r.res <- r.c.own(g, r.cl, true) }()
 	t.Cleanup(func() {

@@ -72,9 +72,10 @@ func TestAckInTxCommitsWithTheTransaction(t *testing.T) {
 	createEffects(t, pool, adapter)
 
 	newSub := func() *pglease.Subscriber {
-		// Acks wait for a commit that only the release writes.
+		// Acks wait for a commit that only the release writes; Close
+		// hands the message left unacked over at once.
 		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true,
-			CommitInterval: time.Hour, CommitBatch: 1000}, testLogger())
+			CommitInterval: time.Hour, CommitBatch: 1000, DrainTimeout: -1}, testLogger())
 		require.NoError(t, err)
 		return sub
 	}
@@ -174,7 +175,8 @@ func TestAckInTxIsFencedInTheDatabase(t *testing.T) {
 	pub := newPublisher(t, pool, adapter)
 	ids := publishN(t, pub, "in", 2)
 	createEffects(t, pool, adapter)
-	cfg := pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true}
+	// DrainTimeout -1: A's subscription hands the message it holds over at once.
+	cfg := pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true, DrainTimeout: -1}
 
 	a, err := pglease.NewSubscriber(pool, cfg, testLogger())
 	require.NoError(t, err)
@@ -471,7 +473,9 @@ func TestAckInTxWaitsForAConcurrentClaim(t *testing.T) {
 			adapter := newSchema(t, pool)
 			pub := newPublisher(t, pool, adapter)
 			publishN(t, pub, "t", 1)
-			sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true}, testLogger())
+			// The message stays out: Close does not wait for it.
+			sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true,
+				DrainTimeout: -1}, testLogger())
 			require.NoError(t, err)
 			defer sub.Close()
 			msgs, err := sub.Subscribe(ctx, "t")

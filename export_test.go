@@ -30,6 +30,13 @@ func SetListenerProbe(interval, timeout time.Duration) (restore func()) {
 	return func() { listenerProbeInterval, listenerProbeTimeout = oldInterval, oldTimeout }
 }
 
+// SetZeroDrainTimeout sets what a zero SubscriberConfig.DrainTimeout
+// means (tests only: the package's tests hold messages at Close without
+// waiting, but those of the wait, which set it, and the helper processes).
+func SetZeroDrainTimeout(d time.Duration) {
+	zeroDrainTimeout = d
+}
+
 // CheckDirect is checkDirect: nil when conn reaches its backend directly,
 // an error wrapping ErrPooledConnection otherwise (tests only).
 var CheckDirect = checkDirect

@@ -517,6 +517,9 @@ func newCoalescingSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.T
 		CommitBatch:      1000,
 		InitializeSchema: true,
 		SchemaAdapter:    adapter,
+		// The tests hold a message while they end the subscription: it
+		// goes to the next owner at once.
+		DrainTimeout: -1,
 	}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })

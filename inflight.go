@@ -6,8 +6,11 @@ package pglease
 // Acks and Nacks, and commits the prefix it reports.
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -15,12 +18,24 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// windowCapOf is the most messages an in-flight window holds: a batch, or
-// four times MaxInFlight, so that while every key in flight has more
+// windowCapOf is the most messages not acknowledged yet that an in-flight
+// window holds (read and waiting for their key, out, or nacked): a batch,
+// or four times MaxInFlight, so that while every key in flight has more
 // messages waiting, messages of other keys are read to go out beside them.
 func windowCapOf(batchSize, maxInFlight int) int {
 	return max(batchSize, 4*maxInFlight)
 }
+
+// windowFullLogAfter is how long the first message of a full window waits
+// (or whether it was nacked) before that is logged: a key with many
+// messages in a row fills the window for a moment as a matter of course.
+const windowFullLogAfter = time.Second
+
+// windowAckedCapOf is the most acknowledged positions an in-flight window
+// keeps above its first message not acknowledged (a nacked or slow one):
+// 64 windows. They are positions only (the messages are dropped at the
+// Ack), carried in a release for the next owner to skip.
+func windowAckedCapOf(windowCap int) int { return 64 * windowCap }
 
 // partitionKeyOf is the default OrderingKey: the PartitionKeyMetadata
 // metadata.
@@ -35,7 +50,7 @@ const (
 	windowReady  windowState = iota // read, never handed out yet
 	windowOut                       // handed out, its handler holds it
 	windowNacked                    // nacked, out again once due
-	windowAcked                     // acknowledged, above an earlier one that is not
+	windowAcked                     // acknowledged (no longer in entries)
 )
 
 // windowEntry is one message of the window.
@@ -52,6 +67,10 @@ type windowEntry struct {
 	// the first; due is when a nacked one may go out again.
 	attempt int
 	due     time.Time
+	// firstOut is when it was first handed out; nacked, whether it was
+	// nacked since.
+	firstOut time.Time
+	nacked   bool
 	// blockedSince is when it was first found ready but held back by an
 	// earlier message (of its key, or any, for a keyless one); zero when
 	// it is not (head-of-line wait).
@@ -62,14 +81,17 @@ type windowEntry struct {
 // acknowledged to the last one read. It hands out up to maxOut at a time,
 // never two of one key at once, each key in position order, a keyless
 // message only once every earlier message is acknowledged and no later
-// one until it is; it keeps Acks above the first unacknowledged message
-// in memory, and reports how far the contiguous acknowledged prefix
-// moved. Not safe for concurrent use.
+// one until it is; it keeps the positions acknowledged above the first
+// unacknowledged message, and reports how far the contiguous acknowledged
+// prefix moved. Not safe for concurrent use.
 type inflightWindow struct {
-	maxOut  int
-	entries []*windowEntry // in position order
-	out     int            // entries in windowOut
-	ready   int            // entries never sent
+	maxOut int
+	// entries are the messages not acknowledged, in position order;
+	// acked the positions acknowledged above entries[0], in order.
+	entries []*windowEntry
+	acked   []Position
+	out     int // entries in windowOut
+	ready   int // entries never sent
 	// holWait is the head-of-line wait accumulated since the last call of
 	// takeWait.
 	holWait time.Duration
@@ -88,9 +110,17 @@ func (w *inflightWindow) push(m storedMessage, key string, attempt int) *windowE
 	return e
 }
 
-// len is the number of messages in the window: the bound of what a
-// takeover delivers again beyond what was acknowledged and not committed.
-func (w *inflightWindow) len() int { return len(w.entries) }
+// len is the number of messages in the window, acknowledged above the
+// first unacknowledged one or not.
+func (w *inflightWindow) len() int { return len(w.entries) + len(w.acked) }
+
+// waiting is the number of messages of the window not acknowledged: read
+// and not handed out yet, out, or nacked.
+func (w *inflightWindow) waiting() int { return len(w.entries) }
+
+// ackedAbove returns the positions acknowledged above the first message
+// not acknowledged (what a release carries for the next owner to skip).
+func (w *inflightWindow) ackedAbove() []Position { return slices.Clone(w.acked) }
 
 // unsent is the number of messages read and never handed out.
 func (w *inflightWindow) unsent() int { return w.ready }
@@ -104,6 +134,37 @@ func (w *inflightWindow) headOut() bool {
 	return len(w.entries) > 0 && w.entries[0].sent
 }
 
+// head returns the first message not acknowledged, or nil.
+func (w *inflightWindow) head() *windowEntry {
+	if len(w.entries) == 0 {
+		return nil
+	}
+	return w.entries[0]
+}
+
+// unsentFree reports whether a message never handed out may go out as far
+// as order goes (no earlier message of its key, or any for a keyless one,
+// waits): while none may, reading more gives the free keys work.
+func (w *inflightWindow) unsentFree() bool {
+	if w.ready == 0 {
+		return false
+	}
+	var busy map[string]bool
+	for i, c := range w.entries {
+		if c.state == windowReady && (c.key == "" && i == 0 || c.key != "" && !busy[c.key]) {
+			return true
+		}
+		if c.key == "" {
+			return false
+		}
+		if busy == nil {
+			busy = map[string]bool{}
+		}
+		busy[c.key] = true
+	}
+	return false
+}
+
 // next returns the first message that may go out at now, or nil; then
 // wake is the earliest time a nacked message becomes due (zero if none
 // waits for its time): the caller looks again then, or after an Ack.
@@ -112,14 +173,10 @@ func (w *inflightWindow) next(now time.Time) (e *windowEntry, wake time.Time) {
 		return nil, time.Time{}
 	}
 	var busy map[string]bool // keys with an earlier message not acknowledged
-	earlier := false         // an earlier message is not acknowledged
-	for _, c := range w.entries {
-		if c.state == windowAcked {
-			continue
-		}
+	for i, c := range w.entries {
 		free := !busy[c.key]
 		if c.key == "" {
-			free = !earlier
+			free = i == 0 // every earlier message is acknowledged
 		}
 		switch {
 		case free && c.state == windowReady:
@@ -140,7 +197,6 @@ func (w *inflightWindow) next(now time.Time) (e *windowEntry, wake time.Time) {
 			busy = map[string]bool{}
 		}
 		busy[c.key] = true
-		earlier = true
 	}
 	return nil, wake
 }
@@ -164,6 +220,7 @@ func (w *inflightWindow) takeWait() time.Duration {
 func (w *inflightWindow) handOut(e *windowEntry) {
 	if !e.sent {
 		e.sent = true
+		e.firstOut = time.Now()
 		w.ready--
 	}
 	e.state = windowOut
@@ -174,13 +231,14 @@ func (w *inflightWindow) handOut(e *windowEntry) {
 // and the later messages of its key wait for it.
 func (w *inflightWindow) nack(e *windowEntry, due time.Time) {
 	w.settle(e)
-	e.state, e.due = windowNacked, due
+	e.state, e.due, e.nacked = windowNacked, due, true
 	e.attempt++
 }
 
 // ack records e's Ack (or a message skipped as if acknowledged), and
 // returns the end of the acknowledged prefix when it moved, with the
-// number of messages it moved over.
+// number of messages it moved over. The message's payload is dropped: an
+// acknowledged message above the prefix is kept as its position only.
 func (w *inflightWindow) ack(e *windowEntry) (prefix Position, moved int) {
 	w.settle(e)
 	if !e.sent {
@@ -188,13 +246,26 @@ func (w *inflightWindow) ack(e *windowEntry) (prefix Position, moved int) {
 		w.ready--
 	}
 	e.state = windowAcked
-	for moved < len(w.entries) && w.entries[moved].state == windowAcked {
-		prefix = w.entries[moved].msg.pos
-		moved++
+	i := slices.Index(w.entries, e)
+	if i < 0 {
+		return Position{}, 0
 	}
-	if moved > 0 {
-		clear(w.entries[:moved])
-		w.entries = w.entries[moved:]
+	w.entries[i] = nil
+	w.entries = slices.Delete(w.entries, i, i+1)
+	if i > 0 {
+		// Above an earlier message not acknowledged: kept as a position.
+		j, _ := slices.BinarySearchFunc(w.acked, e.msg.pos, comparePositions)
+		w.acked = slices.Insert(w.acked, j, e.msg.pos)
+		return Position{}, 0
+	}
+	prefix, moved = e.msg.pos, 1
+	n := len(w.acked)
+	if len(w.entries) > 0 {
+		n, _ = slices.BinarySearchFunc(w.acked, w.entries[0].msg.pos, comparePositions)
+	}
+	if n > 0 {
+		prefix, moved = w.acked[n-1], moved+n
+		w.acked = slices.Delete(w.acked, 0, n)
 	}
 	return prefix, moved
 }
@@ -203,6 +274,14 @@ func (w *inflightWindow) settle(e *windowEntry) {
 	if e.state == windowOut {
 		w.out--
 	}
+}
+
+// comparePositions orders positions as the delivery order does.
+func comparePositions(a, b Position) int {
+	if c := cmp.Compare(a.TransactionID, b.TransactionID); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Offset, b.Offset)
 }
 
 // windowEvent is the Ack or Nack of a message handed out by ownWindow.
@@ -221,13 +300,21 @@ type windowDelivery struct {
 }
 
 // ownWindow is own for MaxInFlight above 1: it reads messages into an
-// in-flight window (at most windowCap) and hands out what the window
-// allows (inflightWindow.next) while it waits for Acks and Nacks, and
-// commits the contiguous acknowledged prefix as own commits each Ack.
-// Acks above the prefix live and die with the call: a lost claim drops
-// them. Asked for the row back, it hands nothing more out and yields once
-// every message out is acked or nacked; a subscription that ends or a
-// claim that is lost end it at once (the contexts of the messages out are
+// in-flight window and hands out what the window allows
+// (inflightWindow.next) while it waits for Acks and Nacks, and commits the
+// contiguous acknowledged prefix as own commits each Ack. It reads more
+// whenever no message read may go out for its key's sake (one key nacked
+// or slow does not hold the others up), while the window holds fewer than
+// windowCap messages not acknowledged and windowAckedCap acknowledged
+// above the first one that is not; at either cap it reads nothing more
+// until the first one is acknowledged (logged once per first message,
+// once that was nacked or has been out for windowFullLogAfter).
+// Acks above the prefix are kept in memory and carried in the release
+// (claim.above) for the next owner to skip; a lost claim drops them. Asked
+// for the row back, it hands nothing more out and yields once every
+// message out is acked or nacked; a subscription that ends stops handing
+// out and waits up to drainTimeout for them (windowDrain); a claim that
+// is lost ends it at once (the contexts of the messages out are
 // cancelled).
 func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcome) {
 	s := c.settings
@@ -245,6 +332,7 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcom
 	var offerCancel context.CancelFunc
 	var offerSettled func(error) // the hook's, for offerMsg
 	defer func() {
+		cl.above = w.ackedAbove()
 		close(done)
 		watchers.Wait()
 		for _, d := range out {
@@ -278,7 +366,15 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcom
 	if news {
 		c.hub.setIdle(c, after)
 	}
-	settle := func(ev windowEvent) outcome {
+	// fullAt is the first message of the window when reading last stopped
+	// at a cap for its sake (logged once for it); fullCheck fires when the
+	// first message will have waited windowFullLogAfter.
+	var fullAt *windowEntry
+	fullCheck := newStoppedTimer()
+	defer fullCheck.Stop()
+	// settle records the Ack or Nack of ev; draining, it commits nothing
+	// (the release writes the position).
+	settle := func(ev windowEvent, draining bool) outcome {
 		d := out[ev.e]
 		delete(out, ev.e)
 		d.cancel()
@@ -296,11 +392,26 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcom
 			return proceed
 		}
 		c.stats.acked.Add(1)
+		if draining {
+			if prefix, moved := w.ack(ev.e); moved > 0 {
+				cl.acked = prefix
+			}
+			cl.headOut = w.headOut()
+			return proceed
+		}
 		return c.windowAcked(g, cl, w, ev.e)
 	}
 	for {
 		if c.ctx.Err() != nil {
-			return c.windowStopped(events, out, settle)
+			if offerCancel != nil {
+				// Never handed out: its delivery ends here.
+				offerCancel()
+				if offerSettled != nil {
+					offerSettled(settlement(offerMsg, stopped))
+				}
+				offer, offerMsg, offerCancel, offerSettled = nil, nil, nil, nil
+			}
+			return c.windowDrain(g, events, out, settle)
 		}
 		if g.isLost() {
 			c.logger.Info("Session lost, topic delivery stopped", watermill.LogFields{
@@ -318,10 +429,23 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcom
 				return res
 			}
 		}
-		if readDue && !yielding && w.unsent() == 0 && w.len() < s.windowCap {
+		full := w.waiting() >= s.windowCap || w.len()-w.waiting() >= s.windowAckedCap
+		if readDue && !yielding && !w.unsentFree() && full {
+			if h := w.head(); h != fullAt && h.sent {
+				if waited := time.Since(h.firstOut); h.nacked || waited >= windowFullLogAfter {
+					fullAt = h
+					c.logWindowFull(w, h)
+				} else {
+					resetTimer(fullCheck, windowFullLogAfter-waited)
+				}
+			}
+		}
+		if readDue && !yielding && !w.unsentFree() && !full {
 			readDue = false
 			sent := time.Now()
-			rb, ok, err := c.fetch(g, cl, after, min(s.batchSize, s.windowCap-w.len()))
+			// Messages read wait for their keys: read more without
+			// waiting for the budget, keeping theirs.
+			rb, ok, err := c.fetch(g, cl, after, min(s.batchSize, s.windowCap-w.waiting()), w.unsent() == 0)
 			switch {
 			case !ok:
 				continue // the loop's checks say why
@@ -339,16 +463,32 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcom
 			}
 			c.outage.ok()
 			retry.reset()
+			if rb.busy {
+				// The budget is taken: look again soon, or once a
+				// message goes out (then a read waits for it).
+				resetTimer(reread, s.retryFirst)
+				continue
+			}
 			if len(rb.msgs) > 0 || !rb.pending {
 				pending.reset()
 			}
 			for _, m := range rb.msgs {
+				after = m.pos
+				if cl.skips(m.pos) {
+					// Acknowledged above an earlier message by a previous
+					// owner: not handed out again.
+					e := w.push(m, "", 1)
+					c.budget.giveBack(&c.lease, m.size)
+					if res := c.windowAcked(g, cl, w, e); res != proceed {
+						return res
+					}
+					continue
+				}
 				key := ""
 				if msg, err := m.toMessage(); err == nil {
 					key = s.orderingKey(msg)
 				}
 				w.push(m, key, 1)
-				after = m.pos
 			}
 			switch {
 			case len(rb.msgs) > 0 && !rb.all:
@@ -437,12 +577,13 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcom
 				}
 			}()
 		case ev := <-events:
-			if res := settle(ev); res != proceed {
+			if res := settle(ev, false); res != proceed {
 				return res
 			}
 		case <-reread.C:
 			readDue = true
 		case <-due.C:
+		case <-fullCheck.C:
 		case <-c.wake:
 			if news {
 				news = false
@@ -490,23 +631,53 @@ func (c *consumer) windowAcked(g *sessionGen, cl *claim, w *inflightWindow, e *w
 	return c.acknowledged(g, cl, moved)
 }
 
-// windowStopped ends ownWindow when the subscription ended: the Acks
-// given before it (reported or not yet) go into the position the release
-// writes.
-func (c *consumer) windowStopped(events chan windowEvent, out map[*windowEntry]windowDelivery,
-	settle func(windowEvent) outcome) outcome {
+// windowDrain ends ownWindow when the subscription ended: it hands
+// nothing more out and waits up to drainTimeout for the messages out to be
+// acked or nacked, so that their Acks go into the position and the
+// acknowledged positions above it that the release writes; a Nack leaves
+// its message to the next owner. Once the bound passed, the messages still
+// out go to the next owner too (logged).
+func (c *consumer) windowDrain(g *sessionGen, events chan windowEvent, out map[*windowEntry]windowDelivery,
+	settle func(windowEvent, bool) outcome) outcome {
 	for reported := true; reported; {
 		select {
 		case ev := <-events:
-			settle(ev)
+			settle(ev, true)
 		default:
 			reported = false
 		}
 	}
 	for e, d := range out {
 		if isAcked(d.msg) {
-			settle(windowEvent{e: e, acked: true})
+			settle(windowEvent{e: e, acked: true}, true)
 		}
 	}
+	if len(out) > 0 && c.settings.drainTimeout > 0 {
+		t := time.NewTimer(c.settings.drainTimeout)
+		defer t.Stop()
+		for len(out) > 0 {
+			select {
+			case ev := <-events:
+				settle(ev, true)
+			case <-g.lost:
+				return lost
+			case <-t.C:
+				c.logUndrained(len(out))
+				return stopped
+			}
+		}
+	}
+	c.logUndrained(len(out))
 	return stopped
+}
+
+// logWindowFull logs that the window reads nothing more until its first
+// message, head, is acknowledged.
+func (c *consumer) logWindowFull(w *inflightWindow, head *windowEntry) {
+	fields := watermill.LogFields{"partition": c.partition, "waiting": w.waiting(),
+		"acknowledged_above": w.len() - w.waiting(), "key": head.key,
+		"position": strconv.FormatUint(head.msg.pos.TransactionID, 10) + ":" + strconv.FormatInt(head.msg.pos.Offset, 10),
+		"attempt":  head.attempt}
+	c.logger.Info("In-flight window full: no more messages of the partition are read until its first "+
+		"unacknowledged message is acked (it is nacked again and again, or its handler is slow)", fields)
 }

@@ -5,9 +5,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
@@ -219,6 +221,7 @@ func windowSettings(maxInFlight int) consumerSettings {
 	s := testSettings
 	s.maxInFlight = maxInFlight
 	s.windowCap = windowCapOf(s.batchSize, maxInFlight)
+	s.windowAckedCap = windowAckedCapOf(s.windowCap)
 	s.orderingKey = partitionKeyOf
 	return s
 }
@@ -491,4 +494,99 @@ func TestOwnWindowBudget(t *testing.T) {
 		t.Fatalf("%d reads, want at least 3 (the budget holds 3 messages per read)", n)
 	}
 	r.end(t)
+}
+
+// infoCounter counts the Info lines logged that start with prefix.
+type infoCounter struct {
+	watermill.NopLogger
+	prefix string
+	n      *atomic.Int64
+}
+
+func (l infoCounter) Info(msg string, _ watermill.LogFields) {
+	if strings.HasPrefix(msg, l.prefix) {
+		l.n.Add(1)
+	}
+}
+
+func (l infoCounter) With(watermill.LogFields) watermill.LoggerAdapter { return l }
+
+// TestOwnWindowFull: with a1 nacked and the later messages of its key
+// filling the window's cap of messages not acknowledged, the window reads
+// nothing more (b1 does not go out) and logs it once, however often it
+// looks; after a1's Ack it reads on and b1 goes out.
+func TestOwnWindowFull(t *testing.T) {
+	t.Parallel()
+	var m []storedMessage
+	for i := range 10 {
+		m = append(m, keyedMessage(int64(i+1), "a"))
+	}
+	m = append(m, keyedMessage(11, "b"))
+	settings := windowSettings(2) // a cap of 10 messages not acknowledged
+	logged := &atomic.Int64{}
+	r := startOwnWith(t, newFakeConsumerStore(m...), settings, newByteBudget(1<<20), false, func(r *ownRun) {
+		r.c.logger = infoCounter{prefix: "In-flight window full", n: logged}
+	})
+	a1 := r.next(t)
+	if a1.UUID != "m1" {
+		t.Fatalf("first %s, want m1", a1.UUID)
+	}
+	a1.Nack()
+	if a1 = r.next(t); a1.UUID != "m1" {
+		t.Fatalf("after the Nack %s, want m1 again", a1.UUID)
+	}
+	waitCond(t, "the full window logged", func() bool { return logged.Load() == 1 })
+	for range 3 {
+		r.c.poke() // news: the window looks again
+	}
+	select {
+	case msg := <-r.c.out:
+		t.Fatalf("%s handed out while the window is full", msg.UUID)
+	default:
+	}
+	a1.Ack()
+	for _, want := range []string{"m2", "m11"} {
+		msg := r.next(t)
+		if msg.UUID != want {
+			t.Fatalf("after a1's Ack %s went out, want %s", msg.UUID, want)
+		}
+		msg.Ack()
+	}
+	if n := logged.Load(); n != 1 {
+		t.Fatalf("logged %d times, want once", n)
+	}
+}
+
+// TestOwnWindowSkipsAndCarriesAckedAbove: a claim whose row carried
+// acknowledged positions (claim.skip) does not hand their messages out;
+// a yield with a1 nacked leaves the Acks above it in claim.above for the
+// release, with the skipped positions that lie above a1 too.
+func TestOwnWindowSkipsAndCarriesAckedAbove(t *testing.T) {
+	t.Parallel()
+	m := []storedMessage{keyedMessage(1, "a"), keyedMessage(2, "b"), keyedMessage(3, "c"), keyedMessage(4, "d")}
+	settings := windowSettings(4)
+	settings.commitBatch = 100
+	settings.nackResendDelay = time.Hour
+	r := startOwnWith(t, newFakeConsumerStore(m...), settings, newByteBudget(1<<20), false, func(r *ownRun) {
+		r.cl.skip = map[Position]struct{}{m[2].pos: {}}
+	})
+	got := r.nextN(t, 2)
+	if ids := uuids(got); ids != "m1 m2" {
+		t.Fatalf("handed out %s, want m1 m2", ids)
+	}
+	got[0].Nack()
+	got[1].Ack()
+	if msg := r.next(t); msg.UUID != "m4" {
+		t.Fatalf("then %s, want m4 (m3 was acknowledged when the row was claimed)", msg.UUID)
+	} else {
+		msg.Ack()
+	}
+	r.waitAcked(t, 2)
+	close(r.yield)
+	if res := r.result(t); res != yielded {
+		t.Fatalf("own returned %d, want yielded (%d)", res, yielded)
+	}
+	if want := []Position{m[1].pos, m[2].pos, m[3].pos}; !slices.Equal(r.cl.above, want) || r.cl.acked != (Position{}) {
+		t.Fatalf("claim at %v with %v above, want the start with %v above", r.cl.acked, r.cl.above, want)
+	}
 }

@@ -2,8 +2,8 @@ package pglease_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -33,8 +33,8 @@ func publishKeyed(t *testing.T, pub *pglease.Publisher, topic string, keys ...st
 // TestAckInTxWithMaxInFlight: with MaxInFlight above 1, a message
 // acknowledged in its transaction above an earlier message that is not
 // acknowledged yet does not move the group's position past that message
-// (which a restart then delivers again, not lost), and its own delivery
-// after the restart finds it acknowledged (its effects stay exactly once).
+// (which the next owner then delivers again, not lost), and the next owner
+// does not deliver it again (its effects stay exactly once).
 func TestAckInTxWithMaxInFlight(t *testing.T) {
 	ctx := context.Background()
 	pool := newPool(t, 10)
@@ -42,9 +42,9 @@ func TestAckInTxWithMaxInFlight(t *testing.T) {
 	pub := newPublisher(t, pool, adapter)
 	ids := publishKeyed(t, pub, "in", "a", "b", "a")
 	createEffects(t, pool, adapter)
-	newSub := func() *pglease.Subscriber {
+	newSub := func(drain time.Duration) *pglease.Subscriber {
 		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true,
-			MaxInFlight: 4, CommitBatch: 1}, testLogger())
+			MaxInFlight: 4, CommitBatch: 1, DrainTimeout: drain}, testLogger())
 		require.NoError(t, err)
 		return sub
 	}
@@ -59,30 +59,29 @@ func TestAckInTxWithMaxInFlight(t *testing.T) {
 		return tx.Commit(ctx)
 	}
 
-	sub := newSub()
+	// Close waits for no message out: b1 is never acked by its Subscriber.
+	sub := newSub(-1)
 	msgs, err := sub.Subscribe(ctx, "in")
 	require.NoError(t, err)
 	a1, b1 := receiveOne(t, msgs), receiveOne(t, msgs)
 	require.Equal(t, []string{ids[0], ids[1]}, []string{a1.UUID, b1.UUID}, "a1 and b1 at once; a2 waits for a1")
 	require.NoError(t, ackInTx(b1, "first"))
-	b1.Ack()
 	require.Equal(t, pglease.Position{}, ackedOffset(t, pool, adapter, "", "in"),
 		"b1's transaction moved the position past a1, which is not acknowledged")
-	require.NoError(t, sub.Close()) // a1 never acked
+	// The process ends before b1's Ack, and a1 is not acknowledged.
+	a1.Nack()
+	require.NoError(t, sub.Close())
 
-	sub = newSub()
+	sub = newSub(0)
 	defer func() { require.NoError(t, sub.Close()) }()
 	msgs, err = sub.Subscribe(ctx, "in")
 	require.NoError(t, err)
-	a1, b1 = receiveOne(t, msgs), receiveOne(t, msgs)
-	require.Equal(t, []string{ids[0], ids[1]}, []string{a1.UUID, b1.UUID}, "a1 delivered again, with b1")
-	err = ackInTx(b1, "second")
-	require.True(t, errors.Is(err, pglease.ErrAlreadyAcknowledged), "b1 again: %v", err)
-	b1.Ack()
+	a1 = receiveOne(t, msgs)
+	require.Equal(t, ids[0], a1.UUID, "a1 delivered again")
 	require.NoError(t, ackInTx(a1, "second"))
 	a1.Ack()
 	a2 := receiveOne(t, msgs)
-	require.Equal(t, ids[2], a2.UUID)
+	require.Equal(t, ids[2], a2.UUID, "a2 after a1; b1, acknowledged in its transaction, not again")
 	require.NoError(t, ackInTx(a2, "second"))
 	a2.Ack()
 	pos, ok := pglease.MessagePositionFromCtx(a2.Context())
@@ -249,4 +248,223 @@ func TestMaxInFlightAcrossProcesses(t *testing.T) {
 	for u, n := range seen {
 		require.LessOrEqual(t, n, 2, "message %s handled %d times", u, n)
 	}
+}
+
+// TestWaitingKeyDoesNotHoldOthers: with MaxInFlight above 1, a message
+// waiting behind its key (a1, nacked again and again, or held by a slow
+// handler, with a2 read behind it) does not stop the window from reading
+// and handing out the messages of other keys published after it; a2 goes
+// out after a1's Ack, and the position then passes all of them.
+func TestWaitingKeyDoesNotHoldOthers(t *testing.T) {
+	for _, mode := range []string{"nacked", "slow"} {
+		t.Run(mode, func(t *testing.T) {
+			ctx := context.Background()
+			pool := newPool(t, 10)
+			adapter := newSchema(t, pool)
+			pub := newPublisher(t, pool, adapter)
+			a := publishKeyed(t, pub, "in", "a", "a")
+			// BatchSize 4: the other keys take several reads.
+			sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{MaxInFlight: 4, BatchSize: 4,
+				NackResendDelay: 5 * time.Millisecond})
+			msgs, err := sub.Subscribe(ctx, "in")
+			require.NoError(t, err)
+			a1 := receiveOne(t, msgs)
+			require.Equal(t, a[0], a1.UUID)
+
+			const keys, perKey = 8, 5
+			var others []string
+			for range perKey {
+				for k := range keys {
+					others = append(others, publishKeyed(t, pub, "in", fmt.Sprintf("k%d", k))...)
+				}
+			}
+			var (
+				release = make(chan struct{})
+				got     []string
+				a2      string
+				a1Nacks int
+				last    pglease.Position // of the last message of the other keys
+			)
+			// One loop hands the messages to handlers: a1 is nacked until
+			// release (nacked), or held until release (slow); the others
+			// are acked at once, in the order they come, per key.
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				deadline := time.After(30 * time.Second)
+				pending := a1
+				for a2 == "" {
+					if pending != nil {
+						if mode == "nacked" {
+							select {
+							case <-release:
+								pending.Ack()
+							default:
+								a1Nacks++
+								pending.Nack()
+							}
+							pending = nil
+						} else {
+							held := pending
+							pending = nil
+							go func() {
+								<-release
+								held.Ack()
+							}()
+						}
+					}
+					select {
+					case msg := <-msgs:
+						switch {
+						case msg.UUID == a[0]:
+							pending = msg
+						case msg.UUID == a[1]:
+							a2 = msg.UUID
+							msg.Ack()
+						default:
+							got = append(got, msg.UUID)
+							msg.Ack()
+							if len(got) == len(others) {
+								last, _ = pglease.MessagePositionFromCtx(msg.Context())
+								close(release)
+							}
+						}
+					case <-deadline:
+						return
+					}
+				}
+			}()
+			<-done
+			require.Equal(t, others, got, "every message of the other keys, in order, while a1 waited")
+			require.Equal(t, a[1], a2, "a2 after a1's Ack")
+			if mode == "nacked" {
+				require.Positive(t, a1Nacks)
+			}
+			waitFor(t, 10*time.Second, "the position past every message", func() bool {
+				return ackedOffset(t, pool, adapter, "", "in") == last
+			})
+		})
+	}
+}
+
+// nackKeyLoop consumes msgs until the channel closes: it nacks the
+// messages whose PartitionKeyMetadata is key and acks the others, counting
+// them in acked. It returns a channel closed when the loop ends.
+func nackKeyLoop(msgs <-chan *message.Message, key string, acked *atomic.Int64) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for msg := range msgs {
+			if msg.Metadata.Get(pglease.PartitionKeyMetadata) == key {
+				msg.Nack()
+				continue
+			}
+			msg.Ack()
+			acked.Add(1)
+		}
+	}()
+	return done
+}
+
+// TestHandOverKeepsAcksAbove: with MaxInFlight above 1, a planned
+// hand-over (Close, or a rebalance giving the row up) while a1 is nacked
+// again and again and the messages after it are acked delivers none of
+// those again to the next owner: the release carries their Acks
+// (acked_above), and the next owner, whatever its MaxInFlight, delivers
+// a1 and then the messages published after.
+func TestHandOverKeepsAcksAbove(t *testing.T) {
+	ctx := context.Background()
+	config := pglease.SubscriberConfig{MaxInFlight: 4, CommitBatch: 1, NackResendDelay: 5 * time.Millisecond}
+	for _, next := range []int{1, 4} {
+		t.Run(fmt.Sprintf("Close, next owner MaxInFlight %d", next), func(t *testing.T) {
+			pool := newPool(t, 10)
+			adapter := newSchema(t, pool)
+			pub := newPublisher(t, pool, adapter)
+			a := publishKeyed(t, pub, "in", "a")
+			b := publishKeyed(t, pub, "in", "b1", "b2", "b3", "b4", "b5", "b6")
+			subA := newTestSubscriber(t, pool, adapter, config)
+			msgs, err := subA.Subscribe(ctx, "in")
+			require.NoError(t, err)
+			var acked atomic.Int64
+			loop := nackKeyLoop(msgs, "a", &acked)
+			waitFor(t, 10*time.Second, "b1 to b6 acked while a1 is nacked", func() bool { return acked.Load() == int64(len(b)) })
+			require.NoError(t, subA.Close())
+			<-loop
+			require.Equal(t, pglease.Position{}, ackedOffset(t, pool, adapter, "", "in"), "the position passed a1")
+
+			cfg := config
+			cfg.MaxInFlight = next
+			subB := newTestSubscriber(t, pool, adapter, cfg)
+			msgs, err = subB.Subscribe(ctx, "in")
+			require.NoError(t, err)
+			first := receiveOne(t, msgs)
+			require.Equal(t, a[0], first.UUID, "a1 first")
+			first.Ack()
+			c := publishKeyed(t, pub, "in", "c")
+			then := receiveOne(t, msgs)
+			require.Equal(t, c[0], then.UUID, "the message published after, not b1 to b6 again")
+			then.Ack()
+		})
+	}
+	t.Run("rebalance", func(t *testing.T) {
+		pool := newPool(t, 20)
+		adapter := newSchema(t, pool)
+		pub := newPublisher(t, pool, adapter)
+		topics := []string{"t1", "t2"}
+		first := map[string]string{}
+		bs := map[string]bool{}
+		for _, topic := range topics {
+			first[topic] = publishKeyed(t, pub, topic, "a")[0]
+			for _, id := range publishKeyed(t, pub, topic, "b1", "b2", "b3", "b4", "b5", "b6") {
+				bs[id] = true
+			}
+		}
+		subA := newTestSubscriber(t, pool, adapter, config)
+		var acked atomic.Int64
+		var loops []<-chan struct{}
+		for _, topic := range topics {
+			msgs, err := subA.Subscribe(ctx, topic)
+			require.NoError(t, err)
+			loops = append(loops, nackKeyLoop(msgs, "a", &acked))
+		}
+		waitFor(t, 10*time.Second, "every b acked while a1 is nacked", func() bool { return acked.Load() == int64(len(bs)) })
+
+		// B joins: A gives one topic up (its share is one of two).
+		subB := newTestSubscriber(t, pool, adapter, config)
+		received := make(chan *message.Message, 100)
+		for _, topic := range topics {
+			msgs, err := subB.Subscribe(ctx, topic)
+			require.NoError(t, err)
+			go func() {
+				for msg := range msgs {
+					msg.Ack()
+					received <- msg
+				}
+			}()
+		}
+		var moved string
+		select {
+		case msg := <-received:
+			require.False(t, bs[msg.UUID], "B delivered %s, acknowledged by A, again", msg.UUID)
+			for topic, id := range first {
+				if id == msg.UUID {
+					moved = topic
+				}
+			}
+			require.NotEmpty(t, moved, "B's first message %s is not the a1 of a topic", msg.UUID)
+		case <-time.After(30 * time.Second):
+			t.Fatal("no topic handed over to B within 30s")
+		}
+		c := publishKeyed(t, pub, moved, "c")
+		select {
+		case msg := <-received:
+			require.Equal(t, c[0], msg.UUID, "the message published after, not a b of A again")
+		case <-time.After(10 * time.Second):
+			t.Fatal("the message published after the hand-over not delivered within 10s")
+		}
+		require.NoError(t, subA.Close())
+		for _, l := range loops {
+			<-l
+		}
+	})
 }

@@ -10,14 +10,20 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	pglease "github.com/pglease/watermill-pglease"
+
 	"github.com/pglease/watermill-pglease/internal/pgtest"
 	"github.com/pglease/watermill-pglease/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
-		os.Exit(runHelperProcess())
+		os.Exit(runHelperProcess()) // with the default DrainTimeout
 	}
+	// Many tests end subscriptions while they hold a message on purpose:
+	// it goes to the next owner at once. The tests of the wait set
+	// DrainTimeout.
+	pglease.SetZeroDrainTimeout(-1)
 	os.Exit(testkit.Main(m, "pglease"))
 }
 

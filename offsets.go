@@ -55,6 +55,34 @@ type claim struct {
 	// of the claim routed to that worker refuse to run on another server
 	// or timeline, as the session's identity fences them elsewhere.
 	workerHere string
+	// skip are the positions after acked that were acknowledged when the
+	// row was claimed (its acked_above: Acks a previous owner gave above
+	// a message not acknowledged, AckInTx's): their messages are not
+	// handed out again. Read only by the consumer's goroutine.
+	skip map[Position]struct{}
+	// above are the positions this claim acknowledged above acked
+	// (MaxInFlight above 1): the release adds them to the row's
+	// acked_above, so that the next owner skips their messages.
+	above []Position
+}
+
+// skips reports whether the message at pos was acknowledged when the row
+// was claimed (skip).
+func (c *claim) skips(pos Position) bool {
+	_, ok := c.skip[pos]
+	return ok
+}
+
+// skipSet is the claim's skip of the row's acked_above.
+func skipSet(above []pgsql.Position) map[Position]struct{} {
+	if len(above) == 0 {
+		return nil
+	}
+	m := make(map[Position]struct{}, len(above))
+	for _, p := range above {
+		m[Position(p)] = struct{}{}
+	}
+	return m
 }
 
 func (c *claim) row() rowKey { return rowKey{topic: c.topic, partition: c.partition} }
@@ -73,7 +101,20 @@ func (c *claim) params(pos Position) pgsql.OffsetParams {
 		Here:          c.g.here,
 		HeadOut:       c.headOut,
 		WorkerHere:    c.workerHere,
+		AckedAbove:    positionsAbove(c.above, pos),
 	}
+}
+
+// positionsAbove returns the positions of ps after pos, as statement
+// parameters.
+func positionsAbove(ps []Position, pos Position) []pgsql.Position {
+	out := make([]pgsql.Position, 0, len(ps))
+	for _, p := range ps {
+		if comparePositions(p, pos) > 0 {
+			out = append(out, pgsql.Position(p))
+		}
+	}
+	return out
 }
 
 // wentBack turns pgsql.ErrWentBack, the answer of a statement of c run
@@ -299,7 +340,7 @@ func (s offsetStore) claimMany(wait context.Context, timeout time.Duration, grou
 		if r.kind == claimTaken {
 			pos := Position(c.Acked)
 			r.claim = &claim{group: group, topic: c.Topic, partition: c.Partition, sessionID: g.id, g: g,
-				epoch: c.Epoch, acked: pos, committed: pos, workerHere: c.WorkerHere}
+				epoch: c.Epoch, acked: pos, committed: pos, workerHere: c.WorkerHere, skip: skipSet(c.AckedAbove)}
 			r.hasNext = c.HasNext
 		}
 		out = append(out, r)

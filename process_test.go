@@ -46,11 +46,12 @@ import (
 //	        "cancel"           end every subscription gracefully
 //	stderr: the library's log (debug level)
 //
-// On SIGTERM it shuts down gracefully: it stops taking new messages (those
-// handed out from then on are nacked, unprocessed), lets the message under
-// way finish and ack, then closes the Router and the Subscribers. That is
-// what a service must do for a handover without duplicates: a message that
-// is not acked when its subscription ends goes to the next owner.
+// On SIGTERM (modeRouter) it shuts down gracefully: it stops taking new
+// messages (those handed out from then on are nacked, unprocessed), lets
+// the message under way finish and ack, then closes the Router and the
+// Subscribers, so that its Subscribers have nothing to wait for. modeReadme
+// has no such gate: there the Subscribers wait for the handlers under way
+// (DrainTimeout).
 const (
 	helperEnv       = "PGLEASE_HELPER"
 	helperConfigEnv = "PGLEASE_HELPER_CONFIG"
@@ -73,6 +74,9 @@ const (
 	modeRoam = "roam"
 	// modeTx consumes with pglease.TxHandler: see runTx.
 	modeTx = "tx"
+	// modeReadme is the README's Router pattern and nothing of the
+	// helper's own: see runReadme.
+	modeReadme = "readme"
 )
 
 // helperConfig is what a helper process runs.
@@ -193,6 +197,8 @@ func runHelperProcess() int {
 		err = h.runRoam(term)
 	case modeTx:
 		err = h.runTx(term)
+	case modeReadme:
+		err = h.runReadme(term)
 	default:
 		err = fmt.Errorf("unknown mode %q", cfg.Mode)
 	}
@@ -349,7 +355,12 @@ func (h *helperChild) drain() {
 // message's context: a handler that follows its message's context stops
 // when the library cancels it (ownership lost, subscription ended).
 func (h *helperChild) record(sub int, topic string, msg *message.Message, received time.Time) error {
-	ctx, cancel := context.WithTimeout(msg.Context(), 10*time.Second)
+	return h.recordOn(msg.Context(), sub, topic, msg, received)
+}
+
+// recordOn is record on ctx.
+func (h *helperChild) recordOn(ctx context.Context, sub int, topic string, msg *message.Message, received time.Time) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	partition, ok := pglease.MessagePartitionFromCtx(msg.Context())
 	if !ok {
@@ -445,6 +456,54 @@ func (h *helperChild) runRouter(term <-chan os.Signal) error {
 			return fmt.Errorf("router stopped by itself: %v", err)
 		}
 	}
+}
+
+// runReadme runs the README's Router pattern as it is: one handler per
+// (Subscriber, topic) that works, records the message and returns nil (the
+// Router acks), Run with a context that SIGTERM cancels, then the
+// Subscribers closed (the README's defers). The handler's work does not
+// follow its message's context (like the README's, which prints), and the
+// helper has no gate of its own: on SIGTERM the Router and the
+// Subscribers deal with the handlers under way as they do.
+func (h *helperChild) runReadme(term <-chan os.Signal) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	began := make(chan time.Time, 1)
+	go func() {
+		<-term
+		began <- time.Now()
+		cancel()
+	}()
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		return err
+	}
+	for i, sub := range h.subs {
+		for _, topic := range h.cfg.Topics {
+			router.AddConsumerHandler(fmt.Sprintf("%d/%s", i, topic), topic, sub, func(msg *message.Message) error {
+				received := time.Now()
+				time.Sleep(h.cfg.Work)
+				return h.recordOn(context.Background(), i, topic, msg, received)
+			})
+		}
+	}
+	go func() {
+		select {
+		case <-router.Running():
+			h.say("ready")
+		case <-ctx.Done():
+		}
+	}()
+	if err := router.Run(ctx); err != nil {
+		return err
+	}
+	for _, sub := range h.subs {
+		if err := sub.Close(); err != nil {
+			return err
+		}
+	}
+	h.say("closed " + time.Since(<-began).String())
+	return nil
 }
 
 func (h *helperChild) runChurn(term <-chan os.Signal) error {
@@ -933,4 +992,55 @@ func TestExclusiveOwnershipAcrossProcesses(t *testing.T) {
 	recs := h.recordsOf("B")
 	require.Len(t, recs, 5)
 	require.Equal(t, 20, recs[0].idx, "B starts right after A's last acked message")
+}
+
+// TestCleanShutdownDeliversNothingTwice: a process that runs the README's
+// Router pattern (modeReadme, 20 ms handlers) and gets SIGTERM mid-run
+// while messages are out: the Subscriber hands nothing more out, waits for
+// the handlers under way to finish, and releases their Acks, so the next
+// process delivers none of them again, with MaxInFlight 1 and 32.
+func TestCleanShutdownDeliversNothingTwice(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs helper processes for several seconds")
+	}
+	for _, tc := range []struct{ maxInFlight, messages, termAfter int }{
+		{maxInFlight: 1, messages: 300, termAfter: 40},
+		{maxInFlight: 32, messages: 3000, termAfter: 600},
+	} {
+		t.Run(fmt.Sprintf("MaxInFlight %d", tc.maxInFlight), func(t *testing.T) {
+			pool := newPool(t, 5)
+			adapter := newSchema(t, pool)
+			instrument(t, pool, adapter)
+			pub := newPublisher(t, pool, adapter)
+			msgs := make([]*message.Message, tc.messages)
+			for i := range msgs {
+				msgs[i] = message.NewMessage(watermill.NewUUID(), nil)
+				msgs[i].Metadata.Set(pglease.PartitionKeyMetadata, fmt.Sprintf("k%02d", i%64))
+			}
+			require.NoError(t, pub.Publish("t", msgs...))
+			cfg := helperConfig{Schema: adapter.Schema, Group: "g", Topics: []string{"t"}, Mode: modeReadme,
+				Work: 20 * time.Millisecond, SessionTTL: 2 * time.Second, PollInterval: 100 * time.Millisecond,
+				MaxInFlight: tc.maxInFlight}
+			a := startHelper(t, cfg.named("A"))
+			waitProgress(t, pool, adapter, "A", time.Time{}, tc.termAfter, time.Minute)
+			took := a.close(t)
+			b := startHelper(t, cfg.named("B"))
+			waitProcessed(t, pool, adapter, []string{"t"}, 2*time.Minute)
+			b.close(t)
+
+			recs := loadKeyed(t, pool, adapter, "t")
+			seen := map[string]int{}
+			var dups []string
+			for _, r := range recs {
+				if seen[r.uuid]++; seen[r.uuid] == 2 {
+					dups = append(dups, r.uuid)
+				}
+			}
+			nA, _, _ := throughput(recs, "A")
+			t.Logf("A processed %d messages and closed in %s after SIGTERM; %d processed twice", nA, took, len(dups))
+			require.Len(t, seen, tc.messages, "messages lost")
+			require.Empty(t, dups, "messages processed twice after a clean shutdown")
+			require.Zero(t, checkKeyOrder(recs), "a key handled out of order or two of a key at once")
+		})
+	}
 }

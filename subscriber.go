@@ -25,6 +25,7 @@ const (
 	DefaultCommitInterval  = 100 * time.Millisecond
 	DefaultCommitBatch     = 100
 	DefaultCloseTimeout    = 5 * time.Second
+	DefaultDrainTimeout    = 10 * time.Second
 	// DefaultMaxBufferedBytes is the default MaxBufferedBytes: 64 MiB.
 	DefaultMaxBufferedBytes = 64 << 20
 	// DefaultMaxInFlight is the default MaxInFlight: one message of a
@@ -191,6 +192,18 @@ type SubscriberConfig struct {
 	// DefaultCloseTimeout (5s).
 	CloseTimeout time.Duration
 
+	// DrainTimeout is how long, when a subscription ends (Close, or the
+	// end of the context given to Subscribe, which is how a Router stops
+	// on SIGTERM), the Subscriber waits for the messages it already
+	// handed out to be acked or nacked before it releases their topics:
+	// it hands nothing more out meanwhile, and the release writes their
+	// Acks, so a clean shutdown delivers nothing twice. Their contexts
+	// stay open until then. A message still out when the time is up is
+	// delivered again by the next owner (logged, with how many). Close
+	// takes up to DrainTimeout plus CloseTimeout. Default
+	// DefaultDrainTimeout (10s); a negative value does not wait.
+	DrainTimeout time.Duration
+
 	// InitializeSchema creates or migrates the tables on the first
 	// Subscribe or SubscribeInitialize. Leave it off when the DDL of
 	// [SchemaSQL] is applied by a migration tool.
@@ -230,6 +243,10 @@ type SubscriberConfig struct {
 	OnDelivery func(msg *message.Message) (settled func(err error))
 }
 
+// zeroDrainTimeout is what a zero DrainTimeout means: DefaultDrainTimeout
+// (the package's tests change it).
+var zeroDrainTimeout = DefaultDrainTimeout
+
 func (c *SubscriberConfig) setDefaults() {
 	if c.SessionTTL == 0 {
 		c.SessionTTL = DefaultSessionTTL
@@ -257,6 +274,9 @@ func (c *SubscriberConfig) setDefaults() {
 	}
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = DefaultCloseTimeout
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = zeroDrainTimeout
 	}
 	if c.Maintenance.Interval == 0 {
 		c.Maintenance.Interval = DefaultMaintenanceInterval
@@ -468,6 +488,7 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		tables:     tables,
 		goroutines: &s.consumers,
 		giveUp:     s.giveUp,
+		drains:     newDrainGate(),
 		prefetch:   pool.Config().MaxConns >= prefetchMinConns,
 	}
 	s.session.onNewSession = func() {
@@ -497,13 +518,16 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 
 // Subscribe returns a channel of the messages of topic for this Subscriber's
 // consumer group. The channel is closed when ctx ends or the Subscriber
-// closes; the topic is then released at once, with its acknowledged offset,
+// closes; the topic is then released, once the messages handed out are
+// acked or nacked (or DrainTimeout passed), with its acknowledged offset,
 // for another Subscriber of the group to take over.
 //
 // Every message must be acked or nacked: the next one is delivered only
 // after an Ack, a Nack delivers the same message again after
-// NackResendDelay. A message's context is cancelled after its Ack or Nack,
-// when ctx ends and on Close.
+// NackResendDelay. When ctx ends or on Close, nothing more is handed out,
+// and the topic is released once the messages out are acked or nacked, or
+// DrainTimeout passed. A message's context is cancelled after its Ack or
+// Nack, or when its topic is released or lost.
 //
 // The first Subscribe initializes the schema (with InitializeSchema) and
 // opens the session. When the database cannot be reached (refused, cut,
@@ -681,6 +705,7 @@ func (sub *subscription) grow(n int) (from int) {
 			logger:       logger,
 		}
 		s.hub.add(c)
+		s.consumerDeps.drains.enter()
 		sub.running++
 		go c.run()
 	}
@@ -692,10 +717,13 @@ func (sub *subscription) grow(n int) (from int) {
 	return from
 }
 
-// Close ends every subscription: it releases their topics with their
-// acknowledged offsets, closes their channels, waits for every goroutine the
-// Subscriber started, and deletes the session row. Releases that fail are
-// retried until CloseTimeout has passed since Close began.
+// Close ends every subscription: it hands nothing more out, waits up to
+// DrainTimeout for the messages already handed out to be acked or nacked,
+// releases the topics with their acknowledged offsets, closes their
+// channels, waits for every goroutine the Subscriber started, and deletes
+// the session row. Releases that fail are retried until CloseTimeout has
+// passed since the last subscription stopped waiting (at most DrainTimeout
+// after Close began).
 //
 // Close returns an error when a release or the session delete could not be
 // written (the database is unreachable, say): nothing is lost, the topics
@@ -713,12 +741,20 @@ func (s *Subscriber) Close() error {
 	s.mu.Unlock()
 	defer close(s.closeDone)
 
+	s.cancel()
+	s.member.cancelAll()
+	// The consumers first wait up to DrainTimeout for the messages they
+	// handed out; the releases have CloseTimeout from then.
+	drained := time.NewTimer(max(s.config.DrainTimeout, 0))
+	select {
+	case <-s.consumerDeps.drains.wait():
+	case <-drained.C:
+	}
+	drained.Stop()
 	giveUp := time.AfterFunc(s.config.CloseTimeout, func() {
 		close(s.giveUp)
 		s.releaseCancel()
 	})
-	s.cancel()
-	s.member.cancelAll()
 	s.consumers.Wait()
 	if giveUp.Stop() {
 		close(s.giveUp)

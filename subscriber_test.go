@@ -3,6 +3,7 @@ package pglease_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -277,4 +278,66 @@ func TestDeliveryOrderIsNumeric(t *testing.T) {
 	require.NoError(t, err)
 	got := receive(t, msgs, len(rows), 10*time.Second)
 	assert.Equal(t, []string{"tx-9", "tx-10", "tx-100-a", "tx-100-b", "tx-1000"}, uuids(got))
+}
+
+// TestSubscriptionEndWaitsForMessagesOut: when a subscription ends while a
+// message is out, the Subscriber waits (DrainTimeout) for its Ack, the
+// message's context still open, and the release writes it: the next owner
+// does not deliver it again. A message still out when DrainTimeout passes
+// goes to the next owner, and how many is logged.
+func TestSubscriptionEndWaitsForMessagesOut(t *testing.T) {
+	for _, maxInFlight := range []int{1, 4} {
+		t.Run(fmt.Sprintf("MaxInFlight %d", maxInFlight), func(t *testing.T) {
+			ctx := context.Background()
+			pool := newPool(t, 10)
+			adapter := newSchema(t, pool)
+			pub := newPublisher(t, pool, adapter)
+			ids := publishN(t, pub, "t", 2)
+			logger := newCapturingLogger()
+			// Acks are committed only by the release.
+			cfg := pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter, InitializeSchema: true,
+				MaxInFlight: maxInFlight, CommitInterval: time.Hour, CommitBatch: 1000, DrainTimeout: time.Minute}
+			a, err := pglease.NewSubscriber(pool, cfg, logger)
+			require.NoError(t, err)
+			actx, cancel := context.WithCancel(ctx)
+			msgs, err := a.Subscribe(actx, "t")
+			require.NoError(t, err)
+			m := receiveOne(t, msgs)
+			require.Equal(t, ids[0], m.UUID)
+			cancel()
+			require.NoError(t, m.Context().Err(), "the context of the message out ended with the subscription")
+			m.Ack()
+			waitFor(t, 30*time.Second, "the channel to close", func() bool {
+				select {
+				case _, open := <-msgs:
+					return !open
+				default:
+					return false
+				}
+			})
+			pos, ok := pglease.MessagePositionFromCtx(m.Context())
+			require.True(t, ok)
+			require.Equal(t, pos, ackedOffset(t, pool, adapter, "g", "t"), "the release wrote the Ack given after the end")
+			require.NoError(t, a.Close())
+
+			// The bound: the next message is held past DrainTimeout.
+			cfg.DrainTimeout = 50 * time.Millisecond
+			b, err := pglease.NewSubscriber(pool, cfg, logger)
+			require.NoError(t, err)
+			msgs, err = b.Subscribe(ctx, "t")
+			require.NoError(t, err)
+			held := receiveOne(t, msgs)
+			require.Equal(t, ids[1], held.UUID, "the message acked after the end is not delivered again")
+			require.NoError(t, b.Close())
+			require.Error(t, held.Context().Err(), "the context of the message still out ended with the release")
+			e, ok := logger.Find(func(e logEntry) bool { return strings.HasPrefix(e.Msg, "Stopped waiting for messages handed out") })
+			require.True(t, ok, "the end of the wait was not logged")
+			require.Equal(t, 1, e.Fields["messages"])
+
+			c := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g"})
+			msgs, err = c.Subscribe(ctx, "t")
+			require.NoError(t, err)
+			require.Equal(t, ids[1], receiveOne(t, msgs).UUID, "the message held past DrainTimeout goes to the next owner")
+		})
+	}
 }

@@ -45,7 +45,9 @@ func TestInstrumentKeepsTheHook(t *testing.T) {
 			settled <- err
 		}
 	}
-	cfg := otel.Instrument(pglease.SubscriberConfig{SchemaAdapter: tables, OnDelivery: own}, otel.WithTracerProvider(tp))
+	// DrainTimeout -1: Close does not wait for the message left out.
+	cfg := otel.Instrument(pglease.SubscriberConfig{SchemaAdapter: tables, OnDelivery: own, DrainTimeout: -1},
+		otel.WithTracerProvider(tp))
 	sub, err := pglease.NewSubscriber(pool, cfg, nil)
 	require.NoError(t, err)
 	ch, err := sub.Subscribe(context.Background(), "t")

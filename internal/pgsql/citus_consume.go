@@ -257,21 +257,27 @@ func (t *Tables) citusClaimRow(ctx context.Context, q Querier, p OffsetsParams, 
 		epoch  int64
 		txID   xid8
 		offset int64
+		above  []string
 	)
 	err := q.QueryRow(ctx, `UPDATE `+t.Offsets+` o
 SET session_id = $4, epoch = o.epoch + 1, updated_at = pg_catalog.now()
 WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
 	AND o.session_id IS NOT DISTINCT FROM $5::uuid AND o.epoch = $6
-RETURNING o.epoch, o.acked_transaction_id::text, o.acked_offset`,
-		p.ConsumerGroup, topic, c.partition, p.SessionID, c.session, c.epoch).Scan(&epoch, &txID, &offset)
+RETURNING o.epoch, o.acked_transaction_id::text, o.acked_offset,
+	`+aboveAfter("o.acked_above", "o.acked_transaction_id", "o.acked_offset"),
+		p.ConsumerGroup, topic, c.partition, p.SessionID, c.session, c.epoch).Scan(&epoch, &txID, &offset, &above)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, nil
 	case err != nil:
 		return nil, err
 	}
+	acked, err := parseAbove(above)
+	if err != nil {
+		return nil, fmt.Errorf("claim topic %q partition %d: %w", topic, c.partition, err)
+	}
 	r := &ClaimRow{Kind: ClaimTaken, Topic: topic, Partition: c.partition, Epoch: epoch,
-		Acked: Position{TransactionID: uint64(txID), Offset: offset},
+		Acked: Position{TransactionID: uint64(txID), Offset: offset}, AckedAbove: acked,
 		// Not read: the consumer reads at once, finding out.
 		HasNext: true, WorkerHere: c.here}
 	if other {
@@ -393,10 +399,10 @@ func (t *Tables) citusReleaseOffset(ctx context.Context, q Querier, p OffsetPara
 		return 0, ErrWentBack
 	}
 	tag, err := q.Exec(ctx, `UPDATE `+t.Offsets+`
-SET `+forwardSet(8)+`, session_id = NULL, updated_at = pg_catalog.now()
+SET `+forwardSet(8)+`, `+keptAboveSet(9)+`, session_id = NULL, updated_at = pg_catalog.now()
 WHERE `+citusKeyed,
 		p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
-		formatXID8(p.Position.TransactionID), p.Position.Offset, p.HeadOut)
+		formatXID8(p.Position.TransactionID), p.Position.Offset, p.HeadOut, AboveEntries(p.AckedAbove))
 	if err != nil {
 		return 0, err
 	}

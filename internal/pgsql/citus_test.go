@@ -1,9 +1,11 @@
 package pgsql
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -296,5 +298,62 @@ func TestCitusWorkerIdentityFences(t *testing.T) {
 	}
 	if n, err := ReleaseOffset(ctx, pool, tables, p); err != nil || n != 1 {
 		t.Fatalf("release with the worker's identity: %d, %v", n, err)
+	}
+}
+
+// TestCitusReleaseCarriesAckedAbove: a release adds the positions it is
+// given above the one it writes to acked_above, and the next claim
+// returns those after the row's position (not those at or before it).
+func TestCitusReleaseCarriesAckedAbove(t *testing.T) {
+	pool, tables := citusTables(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const group, topic = "g", "t"
+	session := uuid.New()
+	here, err := Here(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := CreateSession(ctx, pool, tables, SessionParams{SessionID: session, ConsumerGroup: group, Owner: "o", TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := EnsureOffsets(ctx, pool, tables, OffsetsParams{ConsumerGroup: group, Topics: []string{topic}}); err != nil {
+		t.Fatal(err)
+	}
+	claim := func() ClaimRow {
+		t.Helper()
+		rows, err := ClaimOffsets(ctx, pool, tables, OffsetsParams{ConsumerGroup: group, Topics: []string{topic},
+			SessionID: session, Here: here, Limit: 1})
+		if err != nil || len(rows) != 1 || rows[0].Kind != ClaimTaken {
+			t.Fatalf("claim: %+v, %v", rows, err)
+		}
+		return rows[0]
+	}
+	r := claim()
+	if len(r.AckedAbove) != 0 {
+		t.Fatalf("a new row carries %v", r.AckedAbove)
+	}
+	// Positions below the worker's counter (a release refuses others).
+	pos := Position{TransactionID: 3, Offset: 1}
+	above := []Position{{TransactionID: 3, Offset: 0}, {TransactionID: 3, Offset: 4}, {TransactionID: 4, Offset: 0}}
+	p := OffsetParams{ConsumerGroup: group, Topic: topic, SessionID: session, Epoch: r.Epoch, Position: pos, Here: here,
+		WorkerHere: r.WorkerHere, AckedAbove: above}
+	if n, err := ReleaseOffset(ctx, pool, tables, p); err != nil || n != 1 {
+		t.Fatalf("release: %d, %v", n, err)
+	}
+	r = claim()
+	slices.SortFunc(r.AckedAbove, func(a, b Position) int {
+		return cmp.Or(cmp.Compare(a.TransactionID, b.TransactionID), cmp.Compare(a.Offset, b.Offset))
+	})
+	if want := above[1:]; !slices.Equal(r.AckedAbove, want) {
+		t.Fatalf("claim after the release returned %v, want %v (the one at or before the position dropped)", r.AckedAbove, want)
+	}
+	// A release with nothing new keeps what lies after its position.
+	p.Epoch, p.WorkerHere, p.AckedAbove, p.Position = r.Epoch, r.WorkerHere, nil, Position{TransactionID: 3, Offset: 5}
+	if n, err := ReleaseOffset(ctx, pool, tables, p); err != nil || n != 1 {
+		t.Fatalf("second release: %d, %v", n, err)
+	}
+	if r = claim(); !slices.Equal(r.AckedAbove, above[2:]) {
+		t.Fatalf("claim after the second release returned %v, want %v", r.AckedAbove, above[2:])
 	}
 }

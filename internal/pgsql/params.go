@@ -156,6 +156,11 @@ type OffsetParams struct {
 	// contiguous acknowledged prefix; AckOffset finds a position recorded
 	// there acknowledged already.
 	Above bool
+	// AckedAbove, for ReleaseOffset, are positions acknowledged above
+	// Position (MaxInFlight above 1: above a message not acknowledged
+	// yet). The release adds them to the row's acked_above, where the next
+	// claim finds them ([ClaimRow.AckedAbove]) and skips their messages.
+	AckedAbove []Position
 	// Here is the identity of the server the session was made on
 	// ([ClusterMark.Here]): a fenced statement run elsewhere writes
 	// nothing.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -350,6 +352,30 @@ type ClaimRow struct {
 	// WorkerHere is, on Citus, the identity of the worker that holds
 	// the row (see [Here]), read when it was claimed.
 	WorkerHere string
+	// AckedAbove are the positions after Acked that are acknowledged
+	// already (the row's acked_above): the claim skips their messages.
+	AckedAbove []Position
+}
+
+// parseAbove parses acked_above entries ("xid:offset", [AboveEntry]).
+func parseAbove(entries []string) ([]Position, error) {
+	var out []Position
+	for _, e := range entries {
+		tx, off, ok := strings.Cut(e, ":")
+		if !ok {
+			return nil, fmt.Errorf("parse acked_above entry %q: no colon", e)
+		}
+		x, err := parseXID8(tx)
+		if err != nil {
+			return nil, fmt.Errorf("parse acked_above entry %q: %w", e, err)
+		}
+		o, err := strconv.ParseInt(off, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("parse acked_above entry %q: %w", e, err)
+		}
+		out = append(out, Position{TransactionID: x, Offset: o})
+	}
+	return out, nil
 }
 
 // ClaimOffsets claims, for p.SessionID, up to p.Limit of p's (topic,
@@ -372,8 +398,10 @@ func scanClaim(row pgx.CollectableRow) (ClaimRow, error) {
 		hasNext   *bool
 		previous  *uuid.UUID
 		prevOwner *string
+		above     []string
 	)
-	if err := row.Scan(&kind, &r.Topic, &r.Partition, &epoch, &txID, &offset, &hasNext, &previous, &prevOwner); err != nil {
+	if err := row.Scan(&kind, &r.Topic, &r.Partition, &epoch, &txID, &offset, &hasNext, &previous, &prevOwner,
+		&above); err != nil {
 		return r, err
 	}
 	r.Kind = kind[0]
@@ -382,6 +410,10 @@ func scanClaim(row pgx.CollectableRow) (ClaimRow, error) {
 			return r, fmt.Errorf("claim topic %q partition %d: incomplete row", r.Topic, r.Partition)
 		}
 		r.Epoch, r.Acked, r.HasNext = *epoch, Position{TransactionID: uint64(*txID), Offset: *offset}, *hasNext
+		var err error
+		if r.AckedAbove, err = parseAbove(above); err != nil {
+			return r, fmt.Errorf("claim topic %q partition %d: %w", r.Topic, r.Partition, err)
+		}
 	}
 	if previous != nil {
 		r.Previous = *previous

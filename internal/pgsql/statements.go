@@ -475,22 +475,51 @@ claimed AS (
 		AND o.session_id IS NOT DISTINCT FROM cur.session_id AND o.epoch = cur.epoch
 		AND (cur.session_id IS NULL OR cur.session_id = $3 OR NOT cur.owner_exists
 			OR cur.session_id IN (SELECT id FROM expired))
-	RETURNING o.topic, o.partition, o.epoch, o.acked_transaction_id, o.acked_offset
+	RETURNING o.topic, o.partition, o.epoch, o.acked_transaction_id, o.acked_offset,
+		` + aboveAfter("o.acked_above", "o.acked_transaction_id", "o.acked_offset") + ` AS acked_above
 )
 SELECT 'c', c.topic, c.partition, c.epoch, c.acked_transaction_id::text, c.acked_offset,
 	EXISTS (SELECT 1 FROM ` + t.Messages + ` m
 		WHERE m.topic = c.topic AND m.partition = c.partition
 			AND (m.transaction_id, m."offset") > (c.acked_transaction_id, c.acked_offset)),
-	NULLIF(cur.session_id, $3), cur.owner
+	NULLIF(cur.session_id, $3), cur.owner, c.acked_above
 FROM claimed c JOIN cur ON cur.topic = c.topic AND cur.partition = c.partition
 UNION ALL
 SELECT CASE WHEN cur.missing THEN 'm' WHEN cur.future THEN 'f' ELSE 'l' END, cur.topic, cur.partition,
-	NULL, NULL, NULL, NULL, NULL, NULL
+	NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM cur WHERE NOT EXISTS (SELECT 1 FROM claimed c WHERE c.topic = cur.topic AND c.partition = cur.partition)
 UNION ALL
-SELECT 'w', '', 0, NULL, NULL, NULL, NULL, NULL, NULL FROM here WHERE NOT ok`,
+SELECT 'w', '', 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM here WHERE NOT ok`,
 		Args: []any{p.ConsumerGroup, p.Topics, p.SessionID, p.Limit, partitionsOf(p.Topics, p.Partitions), p.Here},
 	}
+}
+
+// aboveAfter is the entries of the acked_above array arr ("xid:offset",
+// see [AboveEntry]) that lie after the position (tx, off), each once: what
+// is left to skip of them above that position.
+func aboveAfter(arr, tx, off string) string {
+	return `ARRAY(SELECT DISTINCT a FROM pg_catalog.unnest(` + arr + `) a
+		WHERE (pg_catalog.split_part(a, ':', 1)::xid8, pg_catalog.split_part(a, ':', 2)::bigint) > (` + tx + `, ` + off + `))`
+}
+
+// keptAboveSet is the SET item of a release that adds the positions of
+// the text[] parameter $above to acked_above and keeps of them, and of
+// those already there, the ones after both the row's position and the one
+// written ($6, $7), so the array never holds a position at or before the
+// row's. It is computed from the old row, like forwardSet.
+func keptAboveSet(above int) string {
+	return `acked_above = ARRAY(SELECT DISTINCT a FROM pg_catalog.unnest(acked_above || $` + strconv.Itoa(above) + `::text[]) a
+		WHERE (pg_catalog.split_part(a, ':', 1)::xid8, pg_catalog.split_part(a, ':', 2)::bigint) > (acked_transaction_id, acked_offset)
+			AND (pg_catalog.split_part(a, ':', 1)::xid8, pg_catalog.split_part(a, ':', 2)::bigint) > ($6::text::xid8, $7::bigint))`
+}
+
+// AboveEntries are positions as acked_above entries ([AboveEntry]).
+func AboveEntries(ps []Position) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = AboveEntry(p)
+	}
+	return out
 }
 
 // forwardSet is the SET list that moves the acknowledged position to
@@ -571,27 +600,29 @@ SELECT NULL, true FROM here WHERE NOT ok`,
 // ReleaseOffset is the statement of [ReleaseOffset]. Its one row is
 // whether onHistory held, and the rows released: none when ownership was
 // lost, or when onHistory refused the statement (which wrote nothing).
-// [ScanRelease] reads it.
+// [ScanRelease] reads it. It adds p.AckedAbove to acked_above
+// (keptAboveSet).
 func (t *Tables) ReleaseOffset(p OffsetParams) Stmt {
 	sql := `WITH here AS (
 	SELECT ` + onHistory(8) + ` AS ok
 ), released AS (
 	UPDATE ` + t.Offsets + `
 	SET ` + forwardSet(9) + `,
+		` + keptAboveSet(10) + `,
 		session_id = NULL, updated_at = pg_catalog.now()
 	WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5
 		AND (SELECT ok FROM here)
 	RETURNING topic
 )`
 	args := []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
-		formatXID8(p.Position.TransactionID), p.Position.Offset, p.Here, p.HeadOut}
+		formatXID8(p.Position.TransactionID), p.Position.Offset, p.Here, p.HeadOut, AboveEntries(p.AckedAbove)}
 	if p.NotifyChannel == "" {
 		return Stmt{SQL: sql + `
 SELECT (SELECT ok FROM here), (SELECT pg_catalog.count(*) FROM released)`, Args: args}
 	}
 	return t.onCitus(Stmt{
 		SQL: sql + `, notified AS (
-	SELECT topic, pg_catalog.pg_notify($10, ` + kind(NotifyReleased) + ` || topic) FROM released
+	SELECT topic, pg_catalog.pg_notify($11, ` + kind(NotifyReleased) + ` || topic) FROM released
 )
 SELECT (SELECT ok FROM here), (SELECT pg_catalog.count(topic) FROM notified)`,
 		Args: append(args, p.NotifyChannel),

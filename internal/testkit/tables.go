@@ -124,8 +124,9 @@ func ScanClaim(rows pgx.Rows) (ClaimOutcome, error) {
 			offset      *int64
 			hasNext     *bool
 			owner       *string
+			above       []string
 		)
-		if err := rows.Scan(&kind, &topic, &partition, &o.Epoch, &tx, &offset, &hasNext, &o.Previous, &owner); err != nil {
+		if err := rows.Scan(&kind, &topic, &partition, &o.Epoch, &tx, &offset, &hasNext, &o.Previous, &owner, &above); err != nil {
 			return o, err
 		}
 		o.Claimed = kind == "c"
