@@ -443,7 +443,7 @@ func (s *uiServer) reset(ctx context.Context, w http.ResponseWriter, r *http.Req
 	}
 	if confirm {
 		s.logWrite(r, d, action, "applied to "+count(len(resets), "partition"))
-		redirect(w, r, "/group", url.Values{"name": {group}}, fmt.Sprintf("Reset %s on %s to %s: %s.", displayName(group), displayName(topic), target, count(len(resets), "partition")))
+		s.redirect(w, r, "/group", url.Values{"name": {group}}, fmt.Sprintf("Reset %s on %s to %s: %s.", displayName(group), displayName(topic), target, count(len(resets), "partition")))
 		return nil
 	}
 	s.logWrite(r, d, action, "previewed (dry run)")
@@ -537,7 +537,7 @@ func (s *uiServer) replay(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	if !p.DryRun {
 		s.logWrite(r, d, action, "replayed "+count(len(done), "message"))
-		redirect(w, r, "/topic", q, fmt.Sprintf("Replayed %s from %s.", count(len(done), "message"), displayName(from)))
+		s.redirect(w, r, "/topic", q, fmt.Sprintf("Replayed %s from %s.", count(len(done), "message"), displayName(from)))
 		return nil
 	}
 	s.logWrite(r, d, action, "previewed (dry run): "+count(len(done), "message"))
@@ -569,7 +569,7 @@ func (s *uiServer) deleteGroup(ctx context.Context, w http.ResponseWriter, r *ht
 	}
 	if confirm {
 		s.logWrite(r, d, action, "deleted "+count(int(n), "row"))
-		redirect(w, r, "/", nil, fmt.Sprintf("Deleted the %d offsets rows of group %s.", n, displayName(group)))
+		s.redirect(w, r, "/", nil, fmt.Sprintf("Deleted the %d offsets rows of group %s.", n, displayName(group)))
 		return nil
 	}
 	s.logWrite(r, d, action, "previewed (dry run): "+count(int(n), "row"))
