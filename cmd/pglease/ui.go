@@ -143,7 +143,7 @@ func (c *uiCmd) run(ctx context.Context, e *cmdEnv) error {
 	}
 	cfg, err := pgxpool.ParseConfig(e.dsn)
 	if err != nil {
-		return fmt.Errorf("parse the connection string: %w", err)
+		return parseDSNError(e.dsnSource, err)
 	}
 	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = applicationName + " ui"
