@@ -269,6 +269,10 @@ func TestCitusUIPagesRender(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, `href="/topic?name=orders"`)
 	require.Contains(t, body, `href="/topic?name=poison"`)
+	code, body = b.get("/topics?after=orders")
+	require.Equal(t, http.StatusOK, code, body)
+	require.NotContains(t, body, `href="/topic?name=orders"`)
+	require.Contains(t, body, `href="/topic?name=poison"`)
 	code, body = b.get("/topic?name=orders")
 	require.Equal(t, http.StatusOK, code, body)
 	for _, id := range ids {

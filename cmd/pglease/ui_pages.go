@@ -219,17 +219,38 @@ func (s *uiServer) group(ctx context.Context, r *http.Request, d *pageData) (str
 	return "group.html", nil
 }
 
+// uiTopicsPage is how many topics a page of the topics list shows.
+const uiTopicsPage = 100
+
 type topicsBody struct {
-	Topics []admin.TopicInfo
+	admin.TopicPage
+	// After is the topic the page starts after (Paged: not the first page).
+	After string
+	Paged bool
+	// NextAfter is the ?after= of the next page (HasNext: there is one).
+	NextAfter string
+	HasNext   bool
 }
 
-func (s *uiServer) topics(ctx context.Context, _ *http.Request, d *pageData) (string, error) {
+// topics lists a page of uiTopicsPage topics: the first, or those after
+// ?after=; it counts them all and links the next page.
+func (s *uiServer) topics(ctx context.Context, r *http.Request, d *pageData) (string, error) {
 	d.Title, d.Nav = "Topics", "topics"
-	ts, err := s.insp.Topics(ctx)
+	b := topicsBody{}
+	p := admin.TopicsParams{Limit: uiTopicsPage}
+	if after, ok := r.URL.Query()["after"]; ok {
+		b.After, b.Paged = strings.Join(after, ""), true
+		p.After = &b.After
+	}
+	page, err := s.insp.TopicsPage(ctx, p)
 	if err != nil {
 		return "", err
 	}
-	d.Body = topicsBody{Topics: ts}
+	b.TopicPage = page
+	if page.Next != nil {
+		b.NextAfter, b.HasNext = *page.Next, true
+	}
+	d.Body = b
 	return "topics.html", nil
 }
 
