@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -119,4 +120,59 @@ func TestUITopicsPaged(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Contains(t, body, fmt.Sprintf("No topics after zzz; %d in all.", len(names)))
 	assert.False(t, strings.Contains(body, "topic-link"))
+}
+
+// TestUIGroupsAndRowsPaged: the overview lists 100 groups a page, with
+// their number and a link to the next page; a group's page shows
+// maxGroupRows rows at a time, with their number and a link to the next
+// rows.
+func TestUIGroupsAndRowsPaged(t *testing.T) {
+	f := newFixture(t)
+	offsets := pgx.Identifier{f.schema, pglease.DefaultConsumerOffsetsTable}.Sanitize()
+	_, err := f.pool.Exec(context.Background(), `INSERT INTO `+offsets+` (consumer_group, topic)
+		SELECT 'g.' || pg_catalog.lpad(i::text, 3, '0'), 'orders' FROM pg_catalog.generate_series(0, $1 - 1) AS i`, uiGroupsPage+5)
+	require.NoError(t, err)
+	_, err = f.pool.Exec(context.Background(), `INSERT INTO `+offsets+` (consumer_group, topic)
+		SELECT 'big', 't.' || pg_catalog.lpad(i::text, 4, '0') FROM pg_catalog.generate_series(0, $1 - 1) AS i`, maxGroupRows+10)
+	require.NoError(t, err)
+	ts, _, _ := newUITest(t, f, false)
+	b := newBrowser(t, ts.URL)
+	groupLink := regexp.MustCompile(`class="group-link" href="/group\?name=([^"]+)"`)
+	groups := func(body string) []string {
+		var out []string
+		for _, m := range groupLink.FindAllStringSubmatch(body, -1) {
+			out = append(out, m[1])
+		}
+		return out
+	}
+
+	code, body := b.get("/")
+	require.Equal(t, http.StatusOK, code, body)
+	first := groups(body)
+	require.Len(t, first, uiGroupsPage)
+	assert.Equal(t, "big", first[0])
+	assert.Contains(t, body, fmt.Sprintf("%d of %d groups", uiGroupsPage, uiGroupsPage+6))
+	last := first[len(first)-1]
+	require.Contains(t, body, `href="/?after=`+last+`" id="groups-next"`)
+	code, body = b.get("/?after=" + last)
+	require.Equal(t, http.StatusOK, code, body)
+	rest := groups(body)
+	assert.Len(t, rest, 6)
+	assert.Equal(t, "g.104", rest[len(rest)-1])
+	assert.NotContains(t, body, "groups-next")
+	assert.Contains(t, body, `id="groups-first"`)
+
+	code, body = b.get("/group?name=big")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, fmt.Sprintf("Rows 1 to %d of %d.", maxGroupRows, maxGroupRows+10))
+	assert.Contains(t, body, fmt.Sprintf(`href="/group?name=big&amp;from=%d" id="rows-next"`, maxGroupRows))
+	assert.NotContains(t, body, "t.1000")
+	code, body = b.get(fmt.Sprintf("/group?name=big&from=%d", maxGroupRows))
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, fmt.Sprintf("Rows %d to %d of %d.", maxGroupRows+1, maxGroupRows+10, maxGroupRows+10))
+	assert.Contains(t, body, "t.1009")
+	assert.NotContains(t, body, ">t.0999<")
+	assert.NotContains(t, body, "rows-next")
+	code, _ = b.get("/group?name=big&from=-1")
+	assert.Equal(t, http.StatusBadRequest, code)
 }
