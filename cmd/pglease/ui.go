@@ -12,6 +12,7 @@ import (
 	"html/template"
 	"io"
 	"io/fs"
+	"log"
 	"net"
 	"net/http"
 	"net/url"
@@ -172,6 +173,9 @@ func (c *uiCmd) run(ctx context.Context, e *cmdEnv) error {
 		return fmt.Errorf("listen on %s: %w", c.listen, err)
 	}
 	hs := newHTTPServer(srv, defaultUILimits(e.timeout))
+	// The server's own errors go to stderr as the rest: through its
+	// filters (redactWriter, terminalWriter).
+	hs.ErrorLog = log.New(e.stderr, "pglease ui: http: ", log.LstdFlags|log.LUTC)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
