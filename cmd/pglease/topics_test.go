@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strings"
 	"testing"
@@ -175,4 +176,21 @@ func TestUIGroupsAndRowsPaged(t *testing.T) {
 	assert.NotContains(t, body, "rows-next")
 	code, _ = b.get("/group?name=big&from=-1")
 	assert.Equal(t, http.StatusBadRequest, code)
+
+	// The reset form offers a list of at most maxTopicChoices topics.
+	ts, srv, _ := newUITest(t, f, true)
+	b = newBrowser(t, ts.URL)
+	code, body = b.post("/signin", url.Values{"name": {"alice"}, "token": {testToken}})
+	require.Equal(t, http.StatusOK, code, body)
+	code, body = b.get("/group?name=big")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, fmt.Sprintf(`(one of its %d) <input name="topic" id="reset-topic" required>`, maxGroupRows+10))
+	assert.NotContains(t, body, "<option value=\"t.")
+	gb, err := srv.groupData(context.Background(), "big", 0)
+	require.NoError(t, err)
+	assert.Len(t, gb.Topics, maxTopicChoices)
+	assert.Equal(t, maxGroupRows+10, gb.TopicCount)
+	code, body = b.get("/group?name=g.000")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, `<select name="topic" id="reset-topic"><option value="orders">orders</option></select>`)
 }

@@ -163,6 +163,10 @@ func (s *uiServer) overview(ctx context.Context, r *http.Request, d *pageData) (
 	return "overview.html", nil
 }
 
+// maxTopicChoices is how many topics the reset form of a group's page
+// offers in a list; a group with more has the name typed.
+const maxTopicChoices = 200
+
 // uiGroupsPage is how many groups a page of the overview lists.
 const uiGroupsPage = 100
 
@@ -190,9 +194,13 @@ type groupBody struct {
 	From      int
 	More      int
 	TotalRows int
-	Topics    []string
-	Chart     template.HTML
-	Members   []admin.SessionInfo
+	// Topics are the group's topics that the reset form offers, at most
+	// maxTopicChoices of them; TopicCount counts them all (above
+	// maxTopicChoices the form asks for the name instead).
+	Topics     []string
+	TopicCount int
+	Chart      template.HTML
+	Members    []admin.SessionInfo
 	// The reset preview, when one was asked for.
 	Preview *resetPreview
 	// DeletePreview counts the rows a deletion would remove.
@@ -231,9 +239,12 @@ func (s *uiServer) groupData(ctx context.Context, group string, from int) (*grou
 	for _, l := range lag {
 		if !seen[l.Topic] {
 			seen[l.Topic] = true
-			b.Topics = append(b.Topics, l.Topic)
+			if len(b.Topics) < maxTopicChoices {
+				b.Topics = append(b.Topics, l.Topic)
+			}
 		}
 	}
+	b.TopicCount = len(seen)
 	from = min(from, len(lag))
 	end := min(from+maxGroupRows, len(lag))
 	b.Rows, b.From, b.More, b.TotalRows = lag[from:end], from, len(lag)-end, len(lag)
