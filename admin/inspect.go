@@ -306,8 +306,8 @@ type TopicInfo struct {
 	NewestAt *time.Time `json:"newest_at,omitempty"`
 }
 
-// Topics returns every topic that has messages, settings or offset rows.
-// It runs in a transaction of its own (a savepoint on a pgx.Tx) with JIT
+// Topics returns every topic that has messages, settings or offset rows
+// (all of them: [Inspector.TopicsPage] reads a page). It runs in a transaction of its own (a savepoint on a pgx.Tx) with JIT
 // compilation off: compiling its per-row look-ups costs more than it saves.
 func (i *Inspector) Topics(ctx context.Context) ([]TopicInfo, error) {
 	tx, err := i.noJIT(ctx)
@@ -322,6 +322,78 @@ func (i *Inspector) Topics(ctx context.Context) ([]TopicInfo, error) {
 	var out []TopicInfo
 	for _, r := range rows {
 		out = append(out, TopicInfo{Topic: r.Topic, Partitions: int(r.Partitions), Groups: r.Groups, NewestAt: r.NewestAt,
+			Retention: time.Duration(r.RetentionUs) * time.Microsecond})
+	}
+	return out, nil
+}
+
+// The page sizes of [Inspector.TopicsPage].
+const (
+	// DefaultTopicsPage is the page size when TopicsParams.Limit is 0.
+	DefaultTopicsPage = 100
+	// MaxTopicsPage is the largest page.
+	MaxTopicsPage = 10000
+)
+
+// TopicsParams selects a page of [Inspector.TopicsPage].
+type TopicsParams struct {
+	// After: the topics whose names sort after it (byte order); nil: from
+	// the first. The Next of a TopicPage is the After of the next page.
+	After *string
+	// Limit is the page size: 0 is DefaultTopicsPage; at most
+	// MaxTopicsPage.
+	Limit int
+}
+
+// TopicPage is a page of topics.
+type TopicPage struct {
+	Topics []TopicInfo `json:"topics"`
+	// Total counts every topic, of every page.
+	Total int64 `json:"total"`
+	// Next is the After of the next page; nil on the last page.
+	Next *string `json:"next,omitempty"`
+}
+
+// TopicsPage returns a page of the topics that [Inspector.Topics] returns,
+// in byte order of their names, with their number: what a list shows
+// however many topics there are.
+func (i *Inspector) TopicsPage(ctx context.Context, p TopicsParams) (TopicPage, error) {
+	limit := p.Limit
+	switch {
+	case limit == 0:
+		limit = DefaultTopicsPage
+	case limit < 0 || limit > MaxTopicsPage:
+		return TopicPage{}, fmt.Errorf("pglease: a page of topics holds 1 to %d topics, not %d", MaxTopicsPage, p.Limit)
+	}
+	tx, err := i.noJIT(ctx)
+	if err != nil {
+		return TopicPage{}, fmt.Errorf("read topics: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// One more than the page: whether there is a next one.
+	rows, err := pgsql.InspectTopicsPage(ctx, tx, i.tables, p.After == nil, deref(p.After), limit+1)
+	if err != nil {
+		return TopicPage{}, fmt.Errorf("read topics: %w", check.MissingSchema(err))
+	}
+	var out TopicPage
+	if len(rows) == 0 && p.After != nil {
+		// Past the last topic: count them anyway.
+		if rows, err = pgsql.InspectTopicsPage(ctx, tx, i.tables, true, "", 1); err != nil {
+			return TopicPage{}, fmt.Errorf("read topics: %w", check.MissingSchema(err))
+		}
+		if len(rows) > 0 {
+			out.Total = rows[0].Total
+		}
+		return out, nil
+	}
+	for n, r := range rows {
+		out.Total = r.Total
+		if n == limit {
+			next := rows[n-1].Topic
+			out.Next = &next
+			break
+		}
+		out.Topics = append(out.Topics, TopicInfo{Topic: r.Topic, Partitions: int(r.Partitions), Groups: r.Groups, NewestAt: r.NewestAt,
 			Retention: time.Duration(r.RetentionUs) * time.Microsecond})
 	}
 	return out, nil

@@ -120,6 +120,31 @@ func TestInspectorLagAfterKnownAcks(t *testing.T) {
 	assert.Equal(t, 1, byName["plain"].Partitions)
 	assert.Equal(t, int64(0), byName["plain"].Groups)
 	require.NotNil(t, byName["plain"].NewestAt)
+
+	// The same topics a page at a time: the pages join into Topics' list.
+	var paged []admin.TopicInfo
+	p := admin.TopicsParams{Limit: 1}
+	for range len(topics) + 1 {
+		page, err := insp.TopicsPage(ctx, p)
+		require.NoError(t, err)
+		assert.Equal(t, int64(len(topics)), page.Total)
+		paged = append(paged, page.Topics...)
+		if page.Next == nil {
+			break
+		}
+		p.After = page.Next
+	}
+	assert.Equal(t, topics, paged)
+	last := topics[len(topics)-1].Topic
+	page, err := insp.TopicsPage(ctx, admin.TopicsParams{After: &last})
+	require.NoError(t, err)
+	assert.Empty(t, page.Topics)
+	assert.Nil(t, page.Next)
+	assert.Equal(t, int64(len(topics)), page.Total, "counted past the last page")
+	for _, limit := range []int{-1, admin.MaxTopicsPage + 1} {
+		_, err = insp.TopicsPage(ctx, admin.TopicsParams{Limit: limit})
+		assert.ErrorContains(t, err, "a page of topics holds 1 to", "limit %d", limit)
+	}
 }
 
 // TestInspectorHorizonNamesTheBlockingTransaction: a writing transaction

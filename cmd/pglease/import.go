@@ -93,6 +93,8 @@ func (c *importCmd) check(fs *flag.FlagSet) error {
 	return nil
 }
 
+func (c *importCmd) dsnFlags() []string { return []string{c.sourceDSN} }
+
 func (c *importCmd) run(ctx context.Context, e *cmdEnv) error {
 	dsn := c.sourceDSN
 	if dsn == "" {
@@ -100,7 +102,7 @@ func (c *importCmd) run(ctx context.Context, e *cmdEnv) error {
 	}
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return fmt.Errorf("parse --source-dsn: %w", err)
+		return parseDSNError("--source-dsn", err)
 	}
 	if cfg.RuntimeParams["application_name"] == "" {
 		cfg.RuntimeParams["application_name"] = applicationName

@@ -121,10 +121,16 @@ they are (no comma splitting), and --group "" selects the group named "".`,
 	{
 		name:     "topics",
 		summary:  "topics with their partitions, consumer groups and newest message",
-		synopsis: "[--json]",
-		help: `Lists every topic that has messages, settings (pglease.CreateTopic) or
-offsets rows: its partition count, the number of consumer groups with offsets
-on it and when its newest message was stored (UTC).`,
+		synopsis: "[--limit N] [--after TOPIC | --all] [--json]",
+		help: `Lists the topics that have messages, settings (pglease.CreateTopic) or
+offsets rows, in byte order of their names: each one's partition count, the
+number of consumer groups with offsets on it and when its newest message was
+stored (UTC). It lists a page of --limit topics (100 by default), then how
+many there are and, when more follow, the command that lists the next page
+(--after the last topic listed). --all lists every page, one at a time.
+
+With --json it prints an object: "topics" (the page), "total" (every
+topic) and "next" (the --after of the next page; absent on the last).`,
 		new: func() subcommand { return &topicsCmd{} },
 	},
 	{
@@ -244,11 +250,12 @@ func lookup(name string) *commandSpec {
 // run runs the pglease command line args (without the program name), with
 // env for environment variables, and returns the exit status. What it
 // prints goes through a terminalWriter: nothing read from the database
-// reaches the terminal as a control sequence.
+// reaches the terminal as a control sequence. What it prints on stderr
+// goes through a redactWriter too: no password of a connection string.
 func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
 	out, errOut := newTerminalWriter(stdout), newTerminalWriter(stderr)
 	defer func() { _, _ = out.Flush(), errOut.Flush() }()
-	return runSafe(ctx, args, env, out, errOut)
+	return runSafe(ctx, args, env, out, newRedactWriter(errOut))
 }
 
 func runSafe(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
@@ -320,7 +327,7 @@ type commonFlags struct {
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.dsn, "dsn", "", "PostgreSQL `URL` or key=value connection string (default: $DATABASE_URL)")
+	fs.StringVar(&c.dsn, "dsn", "", "PostgreSQL `URL` or key=value connection string (default: $DATABASE_URL, which ps does not show)")
 	fs.StringVar(&c.schema, "schema", "", "PostgreSQL `SCHEMA` of the pglease tables (default: the search_path)")
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of tables")
 	fs.DurationVar(&c.timeout, "timeout", defaultTimeout, "give up after this `DURATION` (0: never)")
@@ -346,10 +353,12 @@ type cmdEnv struct {
 	// For long-running commands (pglease ui): where to log, the
 	// environment, the connection string, and --timeout (which bounds
 	// each of their requests, not the command).
-	stderr  io.Writer
-	getenv  func(string) string
-	dsn     string
-	timeout time.Duration
+	stderr io.Writer
+	getenv func(string) string
+	dsn    string
+	// dsnSource names where dsn came from: --dsn or $DATABASE_URL.
+	dsnSource string
+	timeout   time.Duration
 
 	// notices are the notices and warnings the server sent on conn.
 	notices *noticeLog
@@ -376,6 +385,10 @@ func (l *noticeLog) take() []*pgconn.Notice {
 	l.list = nil
 	return list
 }
+
+// dsnFlags is a subcommand with connection strings of its own (pglease
+// import's --source-dsn): their passwords are masked in what it prints.
+type dsnFlags interface{ dsnFlags() []string }
 
 // longRunning is a subcommand that runs until interrupted (pglease ui):
 // --timeout does not bound it as a whole.
@@ -436,6 +449,10 @@ func printFlags(w io.Writer, fs *flag.FlagSet, keep func(string) bool) {
 
 // execute parses args for the command, connects and runs it.
 func (s *commandSpec) execute(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	red := newRedactWriter(stderr)
+	red.addDSN(getenv("DATABASE_URL"))
+	red.addSecret(getenv("PGPASSWORD"))
+	stderr = red
 	var msgs bytes.Buffer // what the flag package prints: the error
 	fs, common, cmd := s.flagSet(&msgs)
 	fs.Usage = func() {} // printed below: all of it on -h, the synopsis on an error
@@ -448,7 +465,11 @@ func (s *commandSpec) execute(ctx context.Context, args []string, getenv func(st
 		s.printShortUsage(stderr)
 		return exitUsage
 	}
-	err := cmd.check(fs)
+	err := cmd.check(fs) // which may parse flags after an argument (pglease import)
+	red.addDSN(common.dsn)
+	if d, ok := cmd.(dsnFlags); ok {
+		red.addDSN(d.dsnFlags()...)
+	}
 	if err == nil && fs.NArg() > 0 {
 		err = usageErrorf("unexpected argument %q", fs.Arg(0))
 	}
@@ -457,9 +478,9 @@ func (s *commandSpec) execute(ctx context.Context, args []string, getenv func(st
 		s.printShortUsage(stderr)
 		return exitUsage
 	}
-	dsn := common.dsn
+	dsn, dsnSource := common.dsn, "--dsn"
 	if dsn == "" {
-		dsn = getenv("DATABASE_URL")
+		dsn, dsnSource = getenv("DATABASE_URL"), "$DATABASE_URL"
 	}
 	if dsn == "" {
 		fmt.Fprintf(stderr, "pglease %s: no database to connect to: pass --dsn or set DATABASE_URL\n", s.name)
@@ -471,7 +492,7 @@ func (s *commandSpec) execute(ctx context.Context, args []string, getenv func(st
 		ctx, cancel = context.WithTimeout(ctx, common.timeout)
 		defer cancel()
 	}
-	err = s.connectAndRun(ctx, cmd, dsn, common, stdout, stderr, getenv)
+	err = s.connectAndRun(ctx, cmd, dsn, dsnSource, common, stdout, stderr, getenv)
 	if err == nil {
 		return exitOK
 	}
@@ -505,11 +526,11 @@ func (s *commandSpec) execute(ctx context.Context, args []string, getenv func(st
 	return exitError
 }
 
-func (s *commandSpec) connectAndRun(ctx context.Context, cmd subcommand, dsn string, common *commonFlags, stdout, stderr io.Writer,
-	getenv func(string) string) error {
+func (s *commandSpec) connectAndRun(ctx context.Context, cmd subcommand, dsn, dsnSource string, common *commonFlags,
+	stdout, stderr io.Writer, getenv func(string) string) error {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return fmt.Errorf("parse the connection string: %w", err)
+		return parseDSNError(dsnSource, err)
 	}
 	if cfg.RuntimeParams["application_name"] == "" {
 		cfg.RuntimeParams["application_name"] = applicationName
@@ -535,7 +556,7 @@ func (s *commandSpec) connectAndRun(ctx context.Context, cmd subcommand, dsn str
 		return err
 	}
 	return cmd.run(ctx, &cmdEnv{conn: conn, adapter: adapter, insp: insp, json: common.json, stdout: stdout,
-		stderr: stderr, getenv: getenv, dsn: dsn, timeout: common.timeout, notices: notices})
+		stderr: stderr, getenv: getenv, dsn: dsn, dsnSource: dsnSource, timeout: common.timeout, notices: notices})
 }
 
 // stringList is a repeatable flag. values stays nil until the flag is

@@ -340,8 +340,11 @@ func TestTopics(t *testing.T) {
 	f.subscribe("g", "two")
 	waitFor(t, 10*time.Second, "the offsets rows of two", func() bool { return len(f.lag("--topic", "two")) == 2 })
 
-	var topics []admin.TopicInfo
-	require.NoError(t, json.Unmarshal([]byte(f.ok("topics", "--json")), &topics))
+	var page admin.TopicPage
+	require.NoError(t, json.Unmarshal([]byte(f.ok("topics", "--json")), &page))
+	assert.Equal(t, int64(2), page.Total)
+	assert.Nil(t, page.Next)
+	topics := page.Topics
 	require.Len(t, topics, 2)
 	assert.Equal(t, "plain", topics[0].Topic)
 	assert.Equal(t, 1, topics[0].Partitions)

@@ -4,26 +4,104 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"strings"
 
 	"github.com/pglease/watermill-pglease/admin"
 )
 
-type topicsCmd struct{}
+type topicsCmd struct {
+	limit int
+	after onceString
+	all   bool
+}
 
-func (c *topicsCmd) flags(*flag.FlagSet)       {}
-func (c *topicsCmd) check(*flag.FlagSet) error { return nil }
+func (c *topicsCmd) flags(fs *flag.FlagSet) {
+	fs.IntVar(&c.limit, "limit", admin.DefaultTopicsPage, fmt.Sprintf("list at most `N` topics (1 to %d)", admin.MaxTopicsPage))
+	fs.Var(&c.after, "after", "list the topics after this `TOPIC` (the next page: the line at the end names it)")
+	fs.BoolVar(&c.all, "all", false, "list every topic, a page of --limit at a time")
+}
+
+func (c *topicsCmd) check(*flag.FlagSet) error {
+	if c.limit < 1 || c.limit > admin.MaxTopicsPage {
+		return usageErrorf("--limit must be 1 to %d, got %d", admin.MaxTopicsPage, c.limit)
+	}
+	if c.all && c.after.set {
+		return usageErrorf("--all lists from the first topic: it does not go with --after")
+	}
+	return nil
+}
 
 func (c *topicsCmd) run(ctx context.Context, e *cmdEnv) error {
-	topics, err := e.insp.Topics(ctx)
+	p := admin.TopicsParams{Limit: c.limit}
+	if c.after.set {
+		p.After = &c.after.value
+	}
+	page, err := e.insp.TopicsPage(ctx, p)
 	if err != nil {
 		return err
 	}
-	if e.json {
-		return writeJSON(e.stdout, nonNil(topics))
+	if !c.all {
+		if e.json {
+			page.Topics = nonNil(page.Topics)
+			return writeJSON(e.stdout, page)
+		}
+		printTopics(e, page, p.After)
+		return nil
 	}
-	if len(topics) == 0 {
+	// Every page, one at a time: printed as a table, a page is not kept.
+	all := admin.TopicPage{Topics: []admin.TopicInfo{}}
+	for {
+		if e.json {
+			all.Topics = append(all.Topics, page.Topics...)
+		} else {
+			printTopicsTable(e, page.Topics)
+		}
+		all.Total = page.Total
+		if page.Next == nil {
+			break
+		}
+		p.After = page.Next
+		if page, err = e.insp.TopicsPage(ctx, p); err != nil {
+			return err
+		}
+	}
+	if e.json {
+		return writeJSON(e.stdout, all)
+	}
+	if all.Total == 0 {
 		fmt.Fprintln(e.stdout, "No topics: nothing was published, created or subscribed to yet.")
 		return nil
+	}
+	fmt.Fprintf(e.stdout, "%s in all.\n", count(int(all.Total), "topic"))
+	return nil
+}
+
+// printTopics prints a page of topics as a table and the line that counts
+// them and names the next page (after: the page's --after; nil for the
+// first).
+func printTopics(e *cmdEnv, page admin.TopicPage, after *string) {
+	if page.Total == 0 {
+		fmt.Fprintln(e.stdout, "No topics: nothing was published, created or subscribed to yet.")
+		return
+	}
+	printTopicsTable(e, page.Topics)
+	switch {
+	case len(page.Topics) == 0:
+		fmt.Fprintf(e.stdout, "No topics after %s; %s in all.\n", displayName(deref(after)), count(int(page.Total), "topic"))
+	case page.Next != nil:
+		fmt.Fprintf(e.stdout, "Listed %d of %s; the next page: pglease topics --after %s\n",
+			len(page.Topics), count(int(page.Total), "topic"), shellQuote(*page.Next))
+	case after != nil:
+		fmt.Fprintf(e.stdout, "Listed %d of %s: the last page.\n", len(page.Topics), count(int(page.Total), "topic"))
+	default:
+		fmt.Fprintf(e.stdout, "%s.\n", count(int(page.Total), "topic"))
+	}
+}
+
+// printTopicsTable prints topics as a table (nothing for none).
+func printTopicsTable(e *cmdEnv, topics []admin.TopicInfo) {
+	if len(topics) == 0 {
+		return
 	}
 	tw := newTable(e.stdout)
 	fmt.Fprintln(tw, "TOPIC\tPARTITIONS\tRETENTION\tGROUPS\tNEWEST")
@@ -34,7 +112,25 @@ func (c *topicsCmd) run(ctx context.Context, e *cmdEnv) error {
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\n", displayName(t.Topic), t.Partitions, retention, t.Groups, newest(t))
 	}
-	return tw.Flush()
+	_ = tw.Flush()
+}
+
+// shellQuote quotes s for a POSIX shell unless it is a plain word.
+func shellQuote(s string) string {
+	plain := s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._-/:=@+", r))
+	}) < 0
+	if plain {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 func newest(t admin.TopicInfo) string {

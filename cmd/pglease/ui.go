@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/subtle"
 	"embed"
 	"encoding/hex"
@@ -14,6 +12,7 @@ import (
 	"html/template"
 	"io"
 	"io/fs"
+	"log"
 	"net"
 	"net/http"
 	"net/url"
@@ -43,8 +42,9 @@ browser (newest first, paged, payload as text or hex, look-up by UUID).
 Every page is read through the Inspector; the browser sends no SQL.
 
 Every page needs the console's token: open the URL printed at start, which
-carries it (?token=...) once and leaves a cookie derived from it, or type
-the token on the page that asks for it. The token is read from
+carries it (?token=...) once and starts a session (a random cookie that
+expires after 12 hours; the token is not in it), or type the token on the
+page that asks for it. The token is read from
 --token-file or $PGLEASE_UI_TOKEN; without either, a random one is made
 and printed in that URL. The console answers only to requests whose Host is
 an IP address (only a loopback one when it listens on loopback), localhost,
@@ -55,11 +55,12 @@ It reads only, unless started with --allow-writes: then an operator who
 signs in with their name and the token may reset a group's offsets (a
 dry-run preview, then a confirmation; refused while a live Subscriber owns
 a row unless forced, as in pglease reset-offsets), replay messages (as
-pglease replay) and delete an idle group's offsets. Writes are refused
-without signing in, from another origin (the Origin or Referer header must
-be this console's address) and without the form's anti-forgery field;
-each is logged on stderr with the name the operator signed in with and
-their address.
+pglease replay) and delete an idle group's offsets. Signing in starts a
+write session (random, for 8 hours; signing out ends it on the server).
+Writes are refused without one, from another origin (the Origin or Referer
+header must be this console's address) and without the session's
+anti-forgery field; each is logged on stderr with the name the operator
+signed in with and their address.
 
 --timeout bounds each page's queries. The console runs until interrupted.`,
 		new: func() subcommand { return &uiCmd{} },
@@ -75,11 +76,10 @@ const (
 	maxGroupRows = 1000
 	// maxOverviewSessions is how many sessions the overview lists.
 	maxOverviewSessions = 200
-	// accessCookie grants reads, writeCookie writes (once signed in);
-	// each holds a value derived from the token, never the token.
+	// accessCookie holds the identifier of a read session, writeCookie
+	// that of a write session (signed in): see sessionStore.
 	accessCookie = "pglease_ui_access"
 	writeCookie  = "pglease_ui_write"
-	nameCookie   = "pglease_ui_name"
 )
 
 // The HTTP server's limits: a client that is slow to send its request, or
@@ -144,7 +144,7 @@ func (c *uiCmd) run(ctx context.Context, e *cmdEnv) error {
 	}
 	cfg, err := pgxpool.ParseConfig(e.dsn)
 	if err != nil {
-		return fmt.Errorf("parse the connection string: %w", err)
+		return parseDSNError(e.dsnSource, err)
 	}
 	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = applicationName + " ui"
@@ -173,6 +173,9 @@ func (c *uiCmd) run(ctx context.Context, e *cmdEnv) error {
 		return fmt.Errorf("listen on %s: %w", c.listen, err)
 	}
 	hs := newHTTPServer(srv, defaultUILimits(e.timeout))
+	// The server's own errors go to stderr as the rest: through its
+	// filters (redactWriter, terminalWriter).
+	hs.ErrorLog = log.New(e.stderr, "pglease ui: http: ", log.LstdFlags|log.LUTC)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -296,14 +299,11 @@ type uiConfig struct {
 // uiServer is the console's HTTP handler.
 type uiServer struct {
 	uiConfig
-	tmpl *template.Template
-	mux  *http.ServeMux
-	// access and writeKey are the values of the cookies that grant reads
-	// and writes; csrf is the anti-forgery field of the forms. Each is
-	// derived from the token (an HMAC), so that none reveals it.
-	access, writeKey, csrf string
-	sampler                *lagSampler
-	logMu                  sync.Mutex
+	tmpl     *template.Template
+	mux      *http.ServeMux
+	sessions *sessionStore
+	sampler  *lagSampler
+	logMu    sync.Mutex
 }
 
 func newUIServer(cfg uiConfig) (*uiServer, error) {
@@ -314,8 +314,8 @@ func newUIServer(cfg uiConfig) (*uiServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &uiServer{uiConfig: cfg, tmpl: tmpl, mux: http.NewServeMux(), sampler: newLagSampler(cfg.insp, chartSamples)}
-	s.access, s.writeKey, s.csrf = s.derive("pglease ui access"), s.derive("pglease ui writes"), s.derive("pglease ui forms")
+	s := &uiServer{uiConfig: cfg, tmpl: tmpl, mux: http.NewServeMux(), sessions: newSessionStore(),
+		sampler: newLagSampler(cfg.insp, chartSamples)}
 	for i, h := range s.hosts {
 		s.hosts[i] = strings.ToLower(strings.TrimSuffix(strings.TrimPrefix(h, "["), "]"))
 	}
@@ -337,13 +337,6 @@ func newUIServer(cfg uiConfig) (*uiServer, error) {
 	s.mux.HandleFunc("POST /actions/replay", s.write(s.replay))
 	s.mux.HandleFunc("POST /actions/delete-group", s.write(s.deleteGroup))
 	return s, nil
-}
-
-// derive returns the HMAC of purpose keyed with the token, in hex.
-func (s *uiServer) derive(purpose string) string {
-	mac := hmac.New(sha256.New, []byte(s.token))
-	mac.Write([]byte(purpose))
-	return hex.EncodeToString(mac.Sum(nil))
 }
 
 func (s *uiServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -378,24 +371,25 @@ func (s *uiServer) loopbackNote() string {
 	return ""
 }
 
-// canRead reports whether the request carries the access cookie.
+// canRead reports whether the request belongs to a live read session.
 func (s *uiServer) canRead(r *http.Request) bool {
-	c, err := r.Cookie(accessCookie)
-	return err == nil && subtle.ConstantTimeCompare([]byte(c.Value), []byte(s.access)) == 1
+	_, ok := s.readSession(r)
+	return ok
 }
 
-// openWithToken serves a GET with ?token=: the right token leaves the
-// access cookie and sends the browser to the same page without the token
-// in its address.
+// openWithToken serves a GET with ?token=: the right token starts a read
+// session and sends the browser to the same page of the console without
+// the token in its address (to the overview when the path is not one of
+// the console's pages: never to another site).
 func (s *uiServer) openWithToken(w http.ResponseWriter, r *http.Request, token string) {
 	if subtle.ConstantTimeCompare([]byte(token), []byte(s.token)) != 1 {
 		s.render(w, http.StatusForbidden, "open.html", &pageData{Title: "Open the console", Error: "That is not the console's token."})
 		return
 	}
-	s.setCookie(w, accessCookie, s.access)
+	s.startSession(w, accessCookie, uiSession{}, readSessionTTL)
 	q := r.URL.Query()
 	q.Del("token")
-	target := r.URL.Path
+	target := consolePath(r.URL.Path)
 	if len(q) > 0 {
 		target += "?" + q.Encode()
 	}
@@ -414,15 +408,11 @@ func (s *uiServer) open(w http.ResponseWriter, r *http.Request) {
 	case subtle.ConstantTimeCompare([]byte(r.PostForm.Get("token")), []byte(s.token)) != 1:
 		d.Error = "That is not the console's token."
 	default:
-		s.setCookie(w, accessCookie, s.access)
-		redirect(w, r, "/", nil, "")
+		s.startSession(w, accessCookie, uiSession{}, readSessionTTL)
+		http.Redirect(w, r, "/", http.StatusSeeOther)
 		return
 	}
 	s.render(w, http.StatusForbidden, "open.html", d)
-}
-
-func (s *uiServer) setCookie(w http.ResponseWriter, name, value string) {
-	http.SetCookie(w, &http.Cookie{Name: name, Value: value, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
 }
 
 // hostAllowed reports whether a request's Host (with or without a port)
@@ -459,15 +449,17 @@ type pageData struct {
 	Nav         string
 	Banner      *heldBanner
 	AllowWrites bool
-	// CanRead: the request carries the access cookie (the page that asks
+	// CanRead: the request belongs to a read session (the page that asks
 	// for the token has no navigation).
 	CanRead  bool
 	SignedIn bool
 	Operator string
 	CSRF     string
 	Error    string
-	Notice   string
-	Body     any
+	// Notice is the notice the server set for the read session after a
+	// write (see uiServer.redirect): never text of the request.
+	Notice string
+	Body   any
 }
 
 // heldBanner is the red banner: delivery held back by the xmin horizon.
@@ -503,13 +495,16 @@ func (s *uiServer) page(f pageFunc) http.HandlerFunc {
 	}
 }
 
+// newPageData starts the data of a page: the notice the server left for
+// the read session (a GET shows it once), and the operator of the write
+// session.
 func (s *uiServer) newPageData(r *http.Request) *pageData {
-	d := &pageData{AllowWrites: s.allowWrites, Notice: r.URL.Query().Get("notice"), CanRead: true}
-	if s.allowWrites && s.signedIn(r) {
-		d.SignedIn, d.CSRF = true, s.csrf
-		if c, err := r.Cookie(nameCookie); err == nil {
-			d.Operator, _ = url.QueryUnescape(c.Value)
-		}
+	d := &pageData{AllowWrites: s.allowWrites, CanRead: true}
+	if id, ok := s.readSession(r); ok && r.Method == http.MethodGet {
+		d.Notice = s.sessions.takeNotice(id)
+	}
+	if ws, ok := s.writeSession(r); ok {
+		d.SignedIn, d.CSRF, d.Operator = true, ws.csrf, ws.operator
 	}
 	return d
 }
@@ -571,13 +566,6 @@ func forbidden(format string, args ...any) error {
 	return &httpError{status: http.StatusForbidden, msg: fmt.Sprintf(format, args...)}
 }
 
-// signedIn reports whether the request carries the cookie of an
-// operator signed in to write.
-func (s *uiServer) signedIn(r *http.Request) bool {
-	c, err := r.Cookie(writeCookie)
-	return err == nil && s.allowWrites && subtle.ConstantTimeCompare([]byte(c.Value), []byte(s.writeKey)) == 1
-}
-
 // sameOrigin reports whether the request comes from a page of this
 // console: its Origin header, or without one its Referer, is
 // http://HOST where HOST is the request's Host, itself a name the console
@@ -597,8 +585,8 @@ func (s *uiServer) sameOrigin(r *http.Request) bool {
 type writeFunc func(ctx context.Context, w http.ResponseWriter, r *http.Request, d *pageData) error
 
 // write serves a POST: refused unless writes are allowed, the request is
-// same-origin and, but for signing in, carries the token cookie and the
-// form's anti-forgery field.
+// same-origin and, but for signing in, belongs to a live write session and
+// carries its anti-forgery field.
 func (s *uiServer) write(f writeFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
@@ -608,6 +596,7 @@ func (s *uiServer) write(f writeFunc) http.HandlerFunc {
 			defer cancel()
 		}
 		d := s.newPageData(r)
+		ws, signedIn := s.writeSession(r)
 		r.Body = http.MaxBytesReader(w, r.Body, uiMaxRequestBytes)
 		err := r.ParseForm()
 		switch {
@@ -618,9 +607,9 @@ func (s *uiServer) write(f writeFunc) http.HandlerFunc {
 		case !s.sameOrigin(r):
 			err = forbidden("the request does not come from a page of this console (Origin %q, Referer %q)",
 				r.Header.Get("Origin"), r.Header.Get("Referer"))
-		case r.URL.Path != "/signin" && !s.signedIn(r):
+		case r.URL.Path != "/signin" && !signedIn:
 			err = forbidden("sign in to write first: your name and the console's token")
-		case r.URL.Path != "/signin" && subtle.ConstantTimeCompare([]byte(r.PostForm.Get("csrf")), []byte(s.csrf)) != 1:
+		case r.URL.Path != "/signin" && !validCSRF(ws, r):
 			err = forbidden("the form's anti-forgery field is missing or wrong; reload the page")
 		}
 		if err != nil {
@@ -650,15 +639,14 @@ func (s *uiServer) logWrite(r *http.Request, d *pageData, action, result string)
 		action, who, r.RemoteAddr, abbreviate(r.UserAgent(), 60), result)
 }
 
-// redirect sends the browser to path with a notice.
-func redirect(w http.ResponseWriter, r *http.Request, path string, q url.Values, notice string) {
-	if q == nil {
-		q = url.Values{}
+// redirect sends the browser to path (a page of the console) with q, and
+// leaves notice for the next page of its read session: the notice bar
+// shows only what the server put there.
+func (s *uiServer) redirect(w http.ResponseWriter, r *http.Request, path string, q url.Values, notice string) {
+	if id, ok := s.readSession(r); ok && notice != "" {
+		s.sessions.setNotice(id, notice)
 	}
-	if notice != "" {
-		q.Set("notice", notice)
-	}
-	target := path
+	target := consolePath(path)
 	if len(q) > 0 {
 		target += "?" + q.Encode()
 	}
@@ -683,20 +671,30 @@ func (s *uiServer) signin(_ context.Context, w http.ResponseWriter, r *http.Requ
 	if name == "" {
 		return badRequest("say who you are: the name is logged with every write")
 	}
-	s.setCookie(w, writeCookie, s.writeKey)
-	s.setCookie(w, nameCookie, url.QueryEscape(name))
+	if len(name) > maxOperatorName {
+		return badRequest("the name is longer than %d bytes", maxOperatorName)
+	}
+	// A new session, whatever the browser had: a session identifier that
+	// someone else set in the browser never becomes a signed-in one.
+	s.sessions.end(cookieValue(r, writeCookie))
+	s.startSession(w, writeCookie, uiSession{write: true, operator: name, csrf: randomID()}, writeSessionTTL)
 	d.Operator = name
 	s.logWrite(r, d, "sign-in", "ok")
-	redirect(w, r, "/", nil, "Signed in as "+name+": writes are on.")
+	s.redirect(w, r, "/", nil, "Signed in as "+name+": writes are on.")
 	return nil
 }
 
+// maxOperatorName bounds the name given at sign-in (it is in every line
+// of the log of writes).
+const maxOperatorName = 200
+
+// signout ends the write session on the server: its cookie, kept or
+// copied, no longer writes.
 func (s *uiServer) signout(_ context.Context, w http.ResponseWriter, r *http.Request, d *pageData) error {
-	for _, n := range []string{writeCookie, nameCookie} {
-		http.SetCookie(w, &http.Cookie{Name: n, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
-	}
+	s.sessions.end(cookieValue(r, writeCookie))
+	clearCookie(w, writeCookie)
 	s.logWrite(r, d, "sign-out", "ok")
-	redirect(w, r, "/", nil, "Signed out.")
+	s.redirect(w, r, "/", nil, "Signed out.")
 	return nil
 }
 

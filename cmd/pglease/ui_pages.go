@@ -33,6 +33,7 @@ var uiFuncs = template.FuncMap{
 	"q":        url.QueryEscape,
 	"short":    func(id uuid.UUID) string { return id.String()[:8] },
 	"secs":     func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
+	"add":      func(a, b int) int { return a + b },
 }
 
 // groupSummary is one consumer group on the overview.
@@ -47,7 +48,15 @@ type groupSummary struct {
 }
 
 type overviewBody struct {
-	Groups []groupSummary
+	// Groups is the page of groups shown: uiGroupsPage after GroupsAfter
+	// (Paged: not the first page); TotalGroups counts every group.
+	Groups      []groupSummary
+	TotalGroups int
+	GroupsAfter string
+	Paged       bool
+	// NextAfter is the ?after= of the next page (HasNext: there is one).
+	NextAfter string
+	HasNext   bool
 	// SampledAt is when the groups' lag was read by the sampler (zero:
 	// read for this page); SampleTook how long that read took.
 	SampledAt  time.Time
@@ -119,7 +128,7 @@ func withMembers(groups []groupSummary, lag []admin.LagInfo, sessions []admin.Se
 // was taken yet or a live session started after the sample (its claims,
 // and its group, are not in it); the sessions and the horizon are read
 // for each page.
-func (s *uiServer) overview(ctx context.Context, _ *http.Request, d *pageData) (string, error) {
+func (s *uiServer) overview(ctx context.Context, r *http.Request, d *pageData) (string, error) {
 	d.Title, d.Nav = "Overview", "overview"
 	sessions, err := s.insp.Sessions(ctx)
 	if err != nil {
@@ -145,6 +154,7 @@ func (s *uiServer) overview(ctx context.Context, _ *http.Request, d *pageData) (
 			b.Maintainer = &sessions[i]
 		}
 	}
+	b.pageGroups(r.URL.Query())
 	b.Sessions = sessions
 	if len(sessions) > maxOverviewSessions {
 		b.Sessions, b.More = sessions[:maxOverviewSessions], len(sessions)-maxOverviewSessions
@@ -153,13 +163,44 @@ func (s *uiServer) overview(ctx context.Context, _ *http.Request, d *pageData) (
 	return "overview.html", nil
 }
 
+// maxTopicChoices is how many topics the reset form of a group's page
+// offers in a list; a group with more has the name typed.
+const maxTopicChoices = 200
+
+// uiGroupsPage is how many groups a page of the overview lists.
+const uiGroupsPage = 100
+
+// pageGroups keeps of b.Groups (sorted by name) the page of uiGroupsPage
+// after ?after=.
+func (b *overviewBody) pageGroups(q url.Values) {
+	b.TotalGroups = len(b.Groups)
+	start := 0
+	if after, ok := q["after"]; ok {
+		b.GroupsAfter, b.Paged = strings.Join(after, ""), true
+		start = sort.Search(len(b.Groups), func(i int) bool { return b.Groups[i].Name > b.GroupsAfter })
+	}
+	end := min(start+uiGroupsPage, len(b.Groups))
+	b.Groups = b.Groups[start:end]
+	if end < b.TotalGroups {
+		b.NextAfter, b.HasNext = b.Groups[len(b.Groups)-1].Name, true
+	}
+}
+
 type groupBody struct {
 	Summary groupSummary
-	Rows    []admin.LagInfo
-	More    int
-	Topics  []string
-	Chart   template.HTML
-	Members []admin.SessionInfo
+	// Rows is the page of rows shown: maxGroupRows from From; More
+	// counts the rows after it, TotalRows every row.
+	Rows      []admin.LagInfo
+	From      int
+	More      int
+	TotalRows int
+	// Topics are the group's topics that the reset form offers, at most
+	// maxTopicChoices of them; TopicCount counts them all (above
+	// maxTopicChoices the form asks for the name instead).
+	Topics     []string
+	TopicCount int
+	Chart      template.HTML
+	Members    []admin.SessionInfo
 	// The reset preview, when one was asked for.
 	Preview *resetPreview
 	// DeletePreview counts the rows a deletion would remove.
@@ -172,7 +213,8 @@ type resetPreview struct {
 	Partitions      []admin.OffsetReset
 }
 
-func (s *uiServer) groupData(ctx context.Context, group string) (*groupBody, error) {
+// groupData reads a group's page, its rows from the from-th.
+func (s *uiServer) groupData(ctx context.Context, group string, from int) (*groupBody, error) {
 	lag, err := s.insp.Lag(ctx, admin.LagFilter{ConsumerGroups: []string{group}})
 	if err != nil {
 		return nil, err
@@ -197,13 +239,15 @@ func (s *uiServer) groupData(ctx context.Context, group string) (*groupBody, err
 	for _, l := range lag {
 		if !seen[l.Topic] {
 			seen[l.Topic] = true
-			b.Topics = append(b.Topics, l.Topic)
+			if len(b.Topics) < maxTopicChoices {
+				b.Topics = append(b.Topics, l.Topic)
+			}
 		}
 	}
-	b.Rows = lag
-	if len(lag) > maxGroupRows {
-		b.Rows, b.More = lag[:maxGroupRows], len(lag)-maxGroupRows
-	}
+	b.TopicCount = len(seen)
+	from = min(from, len(lag))
+	end := min(from+maxGroupRows, len(lag))
+	b.Rows, b.From, b.More, b.TotalRows = lag[from:end], from, len(lag)-end, len(lag)
 	b.Chart = lagChart(s.sampler.series(group))
 	return b, nil
 }
@@ -211,7 +255,15 @@ func (s *uiServer) groupData(ctx context.Context, group string) (*groupBody, err
 func (s *uiServer) group(ctx context.Context, r *http.Request, d *pageData) (string, error) {
 	name := r.URL.Query().Get("name")
 	d.Title, d.Nav = "Group "+displayName(name), "overview"
-	b, err := s.groupData(ctx, name)
+	from := 0
+	if f := r.URL.Query().Get("from"); f != "" {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 0 {
+			return "", badRequest("from %q is not a row number", f)
+		}
+		from = n
+	}
+	b, err := s.groupData(ctx, name, from)
 	if err != nil {
 		return "", err
 	}
@@ -219,17 +271,38 @@ func (s *uiServer) group(ctx context.Context, r *http.Request, d *pageData) (str
 	return "group.html", nil
 }
 
+// uiTopicsPage is how many topics a page of the topics list shows.
+const uiTopicsPage = 100
+
 type topicsBody struct {
-	Topics []admin.TopicInfo
+	admin.TopicPage
+	// After is the topic the page starts after (Paged: not the first page).
+	After string
+	Paged bool
+	// NextAfter is the ?after= of the next page (HasNext: there is one).
+	NextAfter string
+	HasNext   bool
 }
 
-func (s *uiServer) topics(ctx context.Context, _ *http.Request, d *pageData) (string, error) {
+// topics lists a page of uiTopicsPage topics: the first, or those after
+// ?after=; it counts them all and links the next page.
+func (s *uiServer) topics(ctx context.Context, r *http.Request, d *pageData) (string, error) {
 	d.Title, d.Nav = "Topics", "topics"
-	ts, err := s.insp.Topics(ctx)
+	b := topicsBody{}
+	p := admin.TopicsParams{Limit: uiTopicsPage}
+	if after, ok := r.URL.Query()["after"]; ok {
+		b.After, b.Paged = strings.Join(after, ""), true
+		p.After = &b.After
+	}
+	page, err := s.insp.TopicsPage(ctx, p)
 	if err != nil {
 		return "", err
 	}
-	d.Body = topicsBody{Topics: ts}
+	b.TopicPage = page
+	if page.Next != nil {
+		b.NextAfter, b.HasNext = *page.Next, true
+	}
+	d.Body = b
 	return "topics.html", nil
 }
 
@@ -423,7 +496,7 @@ func (s *uiServer) reset(ctx context.Context, w http.ResponseWriter, r *http.Req
 	} else {
 		resets, err = s.dryRunReset(ctx, p)
 	}
-	b, gerr := s.groupData(ctx, group)
+	b, gerr := s.groupData(ctx, group, 0)
 	if gerr != nil {
 		return gerr
 	}
@@ -443,7 +516,7 @@ func (s *uiServer) reset(ctx context.Context, w http.ResponseWriter, r *http.Req
 	}
 	if confirm {
 		s.logWrite(r, d, action, "applied to "+count(len(resets), "partition"))
-		redirect(w, r, "/group", url.Values{"name": {group}}, fmt.Sprintf("Reset %s on %s to %s: %s.", displayName(group), displayName(topic), target, count(len(resets), "partition")))
+		s.redirect(w, r, "/group", url.Values{"name": {group}}, fmt.Sprintf("Reset %s on %s to %s: %s.", displayName(group), displayName(topic), target, count(len(resets), "partition")))
 		return nil
 	}
 	s.logWrite(r, d, action, "previewed (dry run)")
@@ -537,7 +610,7 @@ func (s *uiServer) replay(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	if !p.DryRun {
 		s.logWrite(r, d, action, "replayed "+count(len(done), "message"))
-		redirect(w, r, "/topic", q, fmt.Sprintf("Replayed %s from %s.", count(len(done), "message"), displayName(from)))
+		s.redirect(w, r, "/topic", q, fmt.Sprintf("Replayed %s from %s.", count(len(done), "message"), displayName(from)))
 		return nil
 	}
 	s.logWrite(r, d, action, "previewed (dry run): "+count(len(done), "message"))
@@ -569,11 +642,11 @@ func (s *uiServer) deleteGroup(ctx context.Context, w http.ResponseWriter, r *ht
 	}
 	if confirm {
 		s.logWrite(r, d, action, "deleted "+count(int(n), "row"))
-		redirect(w, r, "/", nil, fmt.Sprintf("Deleted the %d offsets rows of group %s.", n, displayName(group)))
+		s.redirect(w, r, "/", nil, fmt.Sprintf("Deleted the %d offsets rows of group %s.", n, displayName(group)))
 		return nil
 	}
 	s.logWrite(r, d, action, "previewed (dry run): "+count(int(n), "row"))
-	b, err := s.groupData(ctx, group)
+	b, err := s.groupData(ctx, group, 0)
 	if err != nil {
 		return err
 	}

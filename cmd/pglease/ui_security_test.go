@@ -67,11 +67,15 @@ func TestUIReadsNeedTheToken(t *testing.T) {
 	require.NoError(t, err)
 	cookies := b.client.Jar.Cookies(u)
 	require.Len(t, cookies, 1)
+	assert.Regexp(t, `^[0-9a-f]{64}$`, cookies[0].Value, "a random session identifier")
+	assert.NotContains(t, cookies[0].Value, testToken)
 	mac := hmac.New(sha256.New, []byte(testToken))
 	mac.Write([]byte("pglease ui access"))
-	assert.Equal(t, hex.EncodeToString(mac.Sum(nil)), cookies[0].Value)
-	assert.NotContains(t, cookies[0].Value, testToken)
-	assert.Equal(t, srv.access, cookies[0].Value)
+	assert.NotEqual(t, hex.EncodeToString(mac.Sum(nil)), cookies[0].Value, "not derived from the token")
+	_, ok := srv.sessions.get(cookies[0].Value, false)
+	assert.True(t, ok, "a session the server knows")
+	other := newBrowser(t, ts.URL)
+	assert.NotEqual(t, cookies[0].Value, other.client.Jar.Cookies(u)[0].Value, "each opening its own session")
 }
 
 // TestUIHostAllowlistAndOrigin: a console on every address answers to IP
@@ -98,7 +102,7 @@ func TestUIHostAllowlistAndOrigin(t *testing.T) {
 		if origin != "" {
 			req.Header.Set("Origin", origin)
 		}
-		req.AddCookie(&http.Cookie{Name: accessCookie, Value: srv.access})
+		req.AddCookie(readCookie(srv))
 		client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 		resp, err := client.Do(req)
 		require.NoError(t, err)
@@ -259,4 +263,149 @@ func TestUIServerDisconnectsSlowClients(t *testing.T) {
 	require.NoError(t, err)
 	_ = resp.Body.Close()
 	assert.Equal(t, http.StatusRequestHeaderFieldsTooLarge, resp.StatusCode)
+}
+
+// noRedirects is a client that returns redirects instead of following
+// them.
+var noRedirects = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+// TestUIRedirectsOnlyToTheConsole: after the token in the address, the
+// console sends the browser to the same page of the console without the
+// token, and for any other path to the overview: never to another site,
+// whatever the path looks like (two slashes, a backslash, encoded).
+func TestUIRedirectsOnlyToTheConsole(t *testing.T) {
+	f := newFixture(t)
+	ts, _, _ := newUITest(t, f, false)
+	base, err := url.Parse(ts.URL)
+	require.NoError(t, err)
+	location := func(rawPath string) string {
+		t.Helper()
+		conn, err := net.Dial("tcp", base.Host)
+		require.NoError(t, err)
+		defer conn.Close()
+		_, err = fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", rawPath, base.Host)
+		require.NoError(t, err)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		require.Equal(t, http.StatusSeeOther, resp.StatusCode, rawPath)
+		return resp.Header.Get("Location")
+	}
+	for _, p := range []string{"//evil.example/x", `/\evil.example/x`, "/%2F%2Fevil.example/x", "/%5Cevil.example/x",
+		"///evil.example/x", "/%2Fevil.example", "/.//evil.example", `/\/evil.example`, "/%09/evil.example", "/http://evil.example"} {
+		loc := location(p + "?token=" + testToken)
+		assert.Equal(t, "/", loc, "path %s", p)
+		target, err := base.Parse(loc)
+		require.NoError(t, err)
+		assert.Equal(t, base.Host, target.Host, "path %s", p)
+	}
+	assert.Equal(t, "/topic?name=orders", location("/topic?name=orders&token="+testToken))
+	assert.Equal(t, "/topics", location("/topics?token="+testToken))
+	assert.Equal(t, "/?name=%2F%2Fevil.example", location("//evil.example?name=%2F%2Fevil.example&token="+testToken),
+		"the query stays a query")
+}
+
+// TestUINoticeComesFromTheServer: the notice bar shows only what the
+// console put there after a write, once; text in the address is not shown.
+func TestUINoticeComesFromTheServer(t *testing.T) {
+	f := newFixture(t)
+	ts, _, _ := newUITest(t, f, true)
+	b := newBrowser(t, ts.URL)
+	const forged = "Your session expired: sign in again at evil.example"
+	code, body := b.get("/?notice=" + url.QueryEscape(forged))
+	require.Equal(t, http.StatusOK, code, body)
+	assert.NotContains(t, body, "evil.example")
+	assert.NotContains(t, body, `id="notice"`)
+
+	code, body = b.post("/signin", url.Values{"name": {"alice"}, "token": {testToken}})
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, `<p class="notice" id="notice">Signed in as alice: writes are on.</p>`)
+	code, body = b.get("/")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.NotContains(t, body, `id="notice"`, "shown once")
+}
+
+// TestUIWriteSessions: signing in starts a random write session whose
+// cookie nothing else can make (not from the token); it expires; signing
+// out ends it on the server, so that a copy of the cookie no longer
+// writes; a session identifier set in the browser before signing in is
+// not the one signed in; the log names the operator with the name given at
+// sign-in, whatever cookie the browser sends.
+func TestUIWriteSessions(t *testing.T) {
+	f := newFixture(t)
+	f.publish("orders", 1)
+	f.ok("reset-offsets", "--group", "billing", "--topic", "orders", "--to-earliest")
+	ts, srv, log := newUITest(t, f, true)
+	base, err := url.Parse(ts.URL)
+	require.NoError(t, err)
+	now := time.Now()
+	var clockMu sync.Mutex
+	srv.sessions.now = func() time.Time { clockMu.Lock(); defer clockMu.Unlock(); return now }
+	advance := func(d time.Duration) { clockMu.Lock(); defer clockMu.Unlock(); now = now.Add(d) }
+
+	b := newBrowser(t, ts.URL)
+	// A write session cookie made from the token, as it was derived before.
+	mac := hmac.New(sha256.New, []byte(testToken))
+	mac.Write([]byte("pglease ui writes"))
+	b.client.Jar.SetCookies(base, []*http.Cookie{{Name: writeCookie, Value: hex.EncodeToString(mac.Sum(nil))},
+		{Name: "pglease_ui_name", Value: "mallory"}})
+	csrfMAC := hmac.New(sha256.New, []byte(testToken))
+	csrfMAC.Write([]byte("pglease ui forms"))
+	preview := url.Values{"group": {"billing"}, "topic": {"orders"}, "to": {"earliest"}, "csrf": {hex.EncodeToString(csrfMAC.Sum(nil))}}
+	code, body := b.post("/actions/reset", preview)
+	assert.Equal(t, http.StatusForbidden, code, "a cookie derived from the token")
+	assert.Contains(t, body, "sign in to write first")
+
+	// A session identifier planted before signing in.
+	planted := strings.Repeat("ab", 32)
+	b.client.Jar.SetCookies(base, []*http.Cookie{{Name: writeCookie, Value: planted}})
+	code, body = b.post("/signin", url.Values{"name": {"alice"}, "token": {testToken}})
+	require.Equal(t, http.StatusOK, code, body)
+	var session string
+	for _, c := range b.client.Jar.Cookies(base) {
+		if c.Name == writeCookie {
+			session = c.Value
+		}
+	}
+	assert.Regexp(t, `^[0-9a-f]{64}$`, session)
+	assert.NotEqual(t, planted, session)
+	preview.Set("csrf", b.csrf())
+	code, body = b.post("/actions/reset", preview)
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, "reset-confirm")
+
+	// The name cookie of the old console is not the operator.
+	b.client.Jar.SetCookies(base, []*http.Cookie{{Name: "pglease_ui_name", Value: "mallory"}})
+	code, body = b.post("/actions/reset", preview)
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, log.String(), `reset-offsets group="billing" topic="orders" to=earliest force=false by "alice"`)
+	assert.NotContains(t, log.String(), "mallory")
+
+	// Another browser with a copy of the cookie writes while the session
+	// lives, and not after the operator signed out.
+	thief := newBrowser(t, ts.URL)
+	thief.client.Jar.SetCookies(base, []*http.Cookie{{Name: writeCookie, Value: session}})
+	code, body = thief.post("/actions/reset", preview)
+	require.Equal(t, http.StatusOK, code, "the copy works while the session lives: %s", body)
+	code, body = b.post("/signout", url.Values{"csrf": {preview.Get("csrf")}})
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, "Signed out.")
+	code, body = thief.post("/actions/reset", preview)
+	assert.Equal(t, http.StatusForbidden, code, "a cookie from before sign-out")
+	assert.Contains(t, body, "sign in to write first")
+
+	// A session expires.
+	code, body = b.post("/signin", url.Values{"name": {"bob"}, "token": {testToken}})
+	require.Equal(t, http.StatusOK, code, body)
+	preview.Set("csrf", b.csrf())
+	code, body = b.post("/actions/reset", preview)
+	require.Equal(t, http.StatusOK, code, body)
+	advance(writeSessionTTL + time.Second)
+	code, body = b.post("/actions/reset", preview)
+	assert.Equal(t, http.StatusForbidden, code, "an expired write session: %s", body)
+	assert.Contains(t, body, "sign in to write first", "the read session lives longer")
+	advance(readSessionTTL)
+	code, body = b.get("/topics")
+	assert.Equal(t, http.StatusUnauthorized, code, "an expired read session")
+	assert.Contains(t, body, `id="open-form"`)
 }

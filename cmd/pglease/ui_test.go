@@ -9,6 +9,7 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -54,6 +55,24 @@ func newBrowser(t *testing.T, base string) *browser {
 	code, body := b.get("/?token=" + testToken)
 	require.Equal(t, http.StatusOK, code, body)
 	return b
+}
+
+// readCookie is the cookie of a new read session of srv.
+func readCookie(srv *uiServer) *http.Cookie {
+	return &http.Cookie{Name: accessCookie, Value: srv.sessions.start(uiSession{}, time.Hour)}
+}
+
+var csrfField = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
+
+// csrf returns the anti-forgery field that the pages of the browser's
+// write session carry.
+func (b *browser) csrf() string {
+	b.t.Helper()
+	code, body := b.get("/signin")
+	require.Equal(b.t, http.StatusOK, code, body)
+	m := csrfField.FindStringSubmatch(body)
+	require.NotNil(b.t, m, "no anti-forgery field: not signed in?")
+	return m[1]
 }
 
 func newBrowserWithoutToken(t *testing.T, base string) *browser {
@@ -138,7 +157,7 @@ func TestUIWritesNeedTokenOriginAndCSRF(t *testing.T) {
 	receive(t, msgs).Ack()
 	waitFor(t, 10*time.Second, "the ack", func() bool { return f.lag("--group", "billing")[0].Lag == 2 })
 	require.NoError(t, sub.Close())
-	ts, srv, log := newUITest(t, f, true)
+	ts, _, log := newUITest(t, f, true)
 	b := newBrowser(t, ts.URL)
 	reset := url.Values{"group": {"billing"}, "topic": {"orders"}, "to": {"earliest"}}
 
@@ -158,7 +177,7 @@ func TestUIWritesNeedTokenOriginAndCSRF(t *testing.T) {
 
 	code, _ = b.post("/actions/reset", reset)
 	assert.Equal(t, http.StatusForbidden, code, "no anti-forgery field")
-	reset.Set("csrf", srv.csrf)
+	reset.Set("csrf", b.csrf())
 	b.origin = "http://evil.example"
 	code, _ = b.post("/actions/reset", reset)
 	assert.Equal(t, http.StatusForbidden, code, "cross-origin")
@@ -174,7 +193,7 @@ func TestUIWritesNeedTokenOriginAndCSRF(t *testing.T) {
 	assert.Contains(t, body, "Reset billing on orders")
 	assert.Equal(t, int64(3), f.lag("--group", "billing")[0].Lag)
 
-	code, body = b.post("/actions/delete-group", url.Values{"group": {"billing"}, "csrf": {srv.csrf}, "confirm": {"yes"}})
+	code, body = b.post("/actions/delete-group", url.Values{"group": {"billing"}, "csrf": {b.csrf()}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Empty(t, f.lag("--group", "billing"))
 
@@ -195,7 +214,7 @@ func TestUIAnswersOnlyToLoopbackNames(t *testing.T) {
 		req, err := http.NewRequest(http.MethodGet, ts.URL+"/topics", nil)
 		require.NoError(t, err)
 		req.Host = host
-		req.AddCookie(&http.Cookie{Name: accessCookie, Value: srv.access})
+		req.AddCookie(readCookie(srv))
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
 		defer resp.Body.Close()

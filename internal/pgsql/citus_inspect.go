@@ -104,8 +104,24 @@ func citusShardTopics() string {
 // citusInspectTopics is InspectTopics, the topics with messages and
 // their newest message given as parameters ($1, $2: read on the shards).
 func (t *Tables) citusInspectTopics(topics []string, newest []time.Time) Stmt {
-	return Stmt{
-		SQL: `WITH mt AS (
+	return Stmt{SQL: t.citusInspectTopicsSQL(false), Args: []any{topics, newest}}
+}
+
+// citusInspectTopicsPage is InspectTopicsPage on Citus.
+func (t *Tables) citusInspectTopicsPage(topics []string, newest []time.Time, first bool, after string, limit int) Stmt {
+	return Stmt{SQL: t.citusInspectTopicsSQL(true), Args: []any{topics, newest, first, after, limit}}
+}
+
+func (t *Tables) citusInspectTopicsSQL(page bool) string {
+	from, total, pageCTE := "names", "", ""
+	if page {
+		from, total = "page", `,
+	(SELECT pg_catalog.count(*) FROM names)`
+		pageCTE = `, page AS (
+	SELECT topic FROM names WHERE $3::boolean OR topic > $4::text ORDER BY topic LIMIT $5
+)`
+	}
+	return `WITH mt AS (
 	SELECT x.topic COLLATE "C" AS topic, x.newest FROM unnest($1::text[], $2::timestamptz[]) AS x(topic, newest)
 ), names AS (
 	SELECT topic FROM mt
@@ -113,16 +129,14 @@ func (t *Tables) citusInspectTopics(topics []string, newest []time.Time) Stmt {
 	UNION SELECT topic COLLATE "C" FROM ` + t.Offsets + `
 ), groups AS (
 	SELECT topic COLLATE "C" AS topic, pg_catalog.count(DISTINCT consumer_group) AS n FROM ` + t.Offsets + ` GROUP BY topic
-)
+)` + pageCTE + `
 SELECT n.topic, COALESCE(t.partitions, 1), COALESCE(g.n, 0), mt.newest,
-	COALESCE(pg_catalog.floor(extract(epoch FROM t.retention) * 1000000::numeric)::bigint, 0)
-FROM names n
+	COALESCE(pg_catalog.floor(extract(epoch FROM t.retention) * 1000000::numeric)::bigint, 0)` + total + `
+FROM ` + from + ` n
 LEFT JOIN ` + t.Topics + ` t ON t.topic = n.topic
 LEFT JOIN groups g ON g.topic = n.topic
 LEFT JOIN mt ON mt.topic = n.topic
-ORDER BY n.topic`,
-		Args: []any{topics, newest},
-	}
+ORDER BY n.topic`
 }
 
 // citusInspectTopics reads the topics with messages on every shard, then
@@ -133,6 +147,16 @@ func citusInspectTopics(ctx context.Context, q Querier, t *Tables) ([]TopicRow, 
 		return nil, err
 	}
 	return collect(ctx, q, t.citusInspectTopics(topics, newest), pgx.RowToStructByPos[TopicRow])
+}
+
+// citusInspectTopicsPage reads the topics with messages on every shard,
+// then InspectTopicsPage's rows.
+func citusInspectTopicsPage(ctx context.Context, q Querier, t *Tables, first bool, after string, limit int) ([]TopicPageRow, error) {
+	topics, newest, err := citusTopicsOfShards(ctx, q, t)
+	if err != nil {
+		return nil, err
+	}
+	return collect(ctx, q, t.citusInspectTopicsPage(topics, newest, first, after, limit), pgx.RowToStructByPos[TopicPageRow])
 }
 
 // citusTopicsOfShards reads the topics with messages on every shard of

@@ -61,7 +61,23 @@ LEFT JOIN LATERAL (
 // InspectTopics is the statement of [InspectTopics]. The topics with messages
 // are found by skipping through the primary key, one probe per topic.
 func (t *Tables) InspectTopics() Stmt {
-	return Stmt{SQL: `WITH RECURSIVE mt AS (
+	return Stmt{SQL: t.inspectTopicsSQL(false)}
+}
+
+// InspectTopicsPage is the statement of [InspectTopicsPage]: the first
+// limit topics after after (all from the first with first), and the
+// number of topics.
+func (t *Tables) InspectTopicsPage(first bool, after string, limit int) Stmt {
+	return Stmt{SQL: t.inspectTopicsSQL(true), Args: []any{first, after, limit}}
+}
+
+func (t *Tables) inspectTopicsSQL(page bool) string {
+	from, total := "names", ""
+	if page {
+		from, total = "page", `,
+	(SELECT pg_catalog.count(*) FROM names)`
+	}
+	sql := `WITH RECURSIVE mt AS (
 	(SELECT topic FROM ` + t.Messages + ` ORDER BY topic LIMIT 1)
 	UNION ALL
 	SELECT (SELECT m.topic FROM ` + t.Messages + ` m WHERE m.topic > mt.topic ORDER BY m.topic LIMIT 1)
@@ -72,16 +88,22 @@ func (t *Tables) InspectTopics() Stmt {
 	UNION SELECT topic COLLATE "C" FROM ` + t.Offsets + `
 ), groups AS (
 	SELECT topic COLLATE "C" AS topic, pg_catalog.count(DISTINCT consumer_group) AS n FROM ` + t.Offsets + ` GROUP BY topic
-)
+)`
+	if page {
+		sql += `, page AS (
+	SELECT topic FROM names WHERE $1::boolean OR topic > $2::text ORDER BY topic LIMIT $3
+)`
+	}
+	return sql + `
 SELECT n.topic, COALESCE(t.partitions, 1), COALESCE(g.n, 0),
 	(SELECT pg_catalog.max(l.created_at) FROM pg_catalog.generate_series(0, COALESCE(t.partitions, 1) - 1) AS p(partition),
 		LATERAL (SELECT m.created_at FROM ` + t.Messages + ` m WHERE m.topic = n.topic AND m.partition = p.partition
 			ORDER BY m.transaction_id DESC, m."offset" DESC LIMIT 1) l),
-	COALESCE(pg_catalog.floor(extract(epoch FROM t.retention) * 1000000::numeric)::bigint, 0)
-FROM names n
+	COALESCE(pg_catalog.floor(extract(epoch FROM t.retention) * 1000000::numeric)::bigint, 0)` + total + `
+FROM ` + from + ` n
 LEFT JOIN ` + t.Topics + ` t ON t.topic = n.topic
 LEFT JOIN groups g ON g.topic = n.topic
-ORDER BY n.topic`}
+ORDER BY n.topic`
 }
 
 // ResetOffsets is the statement of [ResetOffsets]. "latest" is the position

@@ -102,6 +102,26 @@ func InspectTopics(ctx context.Context, q Querier, t *Tables) ([]TopicRow, error
 	return collect(ctx, q, t.InspectTopics(), pgx.RowToStructByPos[TopicRow])
 }
 
+// TopicPageRow is one topic of [InspectTopicsPage], with the number of
+// topics.
+type TopicPageRow struct {
+	TopicRow
+	Total int64
+}
+
+// InspectTopicsPage returns at most limit topics, in byte order of their
+// names: from the first with first, else those after after; each row
+// carries the number of topics. Where the tables are distributed by Citus,
+// it reads the topics of every shard of the messages table first.
+func InspectTopicsPage(ctx context.Context, q Querier, t *Tables, first bool, after string, limit int) ([]TopicPageRow, error) {
+	if citus, err := t.Citus(ctx, q); err != nil {
+		return nil, err
+	} else if citus {
+		return citusInspectTopicsPage(ctx, q, t, first, after, limit)
+	}
+	return collect(ctx, q, t.InspectTopicsPage(first, after, limit), pgx.RowToStructByPos[TopicPageRow])
+}
+
 // ResetParams are the arguments of [ResetOffsets].
 type ResetParams struct {
 	ConsumerGroup string

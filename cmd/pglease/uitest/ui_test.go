@@ -208,7 +208,8 @@ func postWithoutToken(t *testing.T, ctx context.Context) (status float64, body s
 // console asks for it and shows nothing); without signing in a write is
 // refused; signed in, resets the group (preview, then confirm) and
 // replays a poisoned message, which a running Subscriber of its original
-// topic receives; a held xmin horizon shows the red banner.
+// topic receives, and signs out, after which writes are refused again; a
+// held xmin horizon shows the red banner.
 func TestConsoleInABrowser(t *testing.T) {
 	pgtest.SkipShort(t)
 	ctx := context.Background()
@@ -362,6 +363,13 @@ func TestConsoleInABrowser(t *testing.T) {
 	assert.Equal(t, "order-poisoned-7", got.UUID)
 	assert.Equal(t, "amount is not a number", got.Metadata.Get(middleware.ReasonForPoisonedKey))
 	got.Ack()
+
+	// Sign out: the server ends the write session; writes are refused.
+	run(chromedp.Click(chromedp.CSS(`form[action="/signout"] button`)), chromedp.WaitVisible(chromedp.CSS("#signin-link")))
+	assert.Equal(t, "Signed out.", text("#notice"))
+	status, body = postWithoutToken(t, bctx)
+	assert.Equal(t, 403.0, status)
+	assert.Contains(t, body, "sign in to write first")
 
 	// A writing transaction held open: the red banner names it.
 	tx, err := pool.Begin(ctx)

@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
+)
+
+// createTopics creates n topics named prefix000, prefix001, ... and
+// returns their names in order.
+func createTopics(t *testing.T, f *fixture, prefix string, n int) []string {
+	t.Helper()
+	var names []string
+	for i := range n {
+		name := fmt.Sprintf("%s%03d", prefix, i)
+		require.NoError(t, pglease.CreateTopic(context.Background(), f.pool, name, pglease.TopicConfig{Partitions: 1, SchemaAdapter: f.adapter}))
+		names = append(names, name)
+	}
+	return names
+}
+
+// TestTopicsPaged: pglease topics lists a page of --limit topics, counts
+// them all and names the command of the next page; following it lists
+// every topic once, in order; --json gives the page, the total and the
+// next page's --after; --all lists them all; a bad --limit is refused.
+func TestTopicsPaged(t *testing.T) {
+	f := newFixture(t)
+	names := createTopics(t, f, "t.", 7)
+	f.publish("t.003", 1) // with messages and settings: listed once
+
+	out := f.ok("topics", "--limit", "3")
+	assert.Equal(t, []string{"t.000", "1", "-", "0", "-"}, tableRow(t, out, "t.000"))
+	assert.Contains(t, out, "Listed 3 of 7 topics; the next page: pglease topics --after t.002\n")
+	assert.NotContains(t, out, "t.003")
+
+	var listed []string
+	args := []string{"--limit", "3", "--json"}
+	for pages := 0; ; pages++ {
+		require.Less(t, pages, 5, "no end of the pages")
+		var page admin.TopicPage
+		require.NoError(t, json.Unmarshal([]byte(f.ok("topics", args...)), &page))
+		assert.Equal(t, int64(7), page.Total)
+		for _, tp := range page.Topics {
+			listed = append(listed, tp.Topic)
+		}
+		if page.Next == nil {
+			assert.Len(t, page.Topics, 1, "the last page")
+			break
+		}
+		assert.Len(t, page.Topics, 3)
+		args = []string{"--limit", "3", "--json", "--after", *page.Next}
+	}
+	assert.Equal(t, names, listed)
+
+	out = f.ok("topics", "--limit", "3", "--after", "t.005")
+	assert.Contains(t, out, "Listed 1 of 7 topics: the last page.\n")
+	out = f.ok("topics", "--after", "t.006")
+	assert.Equal(t, "No topics after t.006; 7 topics in all.\n", out)
+	out = f.ok("topics", "--limit", "2", "--all")
+	for _, n := range names {
+		assert.Len(t, tableRow(t, out, n), 5, n)
+	}
+	assert.Contains(t, out, "7 topics in all.\n")
+	var all admin.TopicPage
+	require.NoError(t, json.Unmarshal([]byte(f.ok("topics", "--limit", "2", "--all", "--json")), &all))
+	assert.Len(t, all.Topics, 7)
+	assert.Nil(t, all.Next)
+	assert.Contains(t, f.ok("topics"), "7 topics.\n")
+
+	for _, bad := range [][]string{{"--limit", "0"}, {"--limit", "10001"}, {"--all", "--after", "x"}} {
+		r := f.cli("topics", bad...)
+		assert.Equal(t, exitUsage, r.code, "%v: %s", bad, r)
+	}
+}
+
+// TestUITopicsPaged: the console's topics page shows 100 topics, counts
+// them all and links the next page, which shows the rest and links back
+// to the first.
+func TestUITopicsPaged(t *testing.T) {
+	f := newFixture(t)
+	names := createTopics(t, f, "t.", uiTopicsPage+20)
+	ts, _, _ := newUITest(t, f, false)
+	b := newBrowser(t, ts.URL)
+	link := regexp.MustCompile(`class="topic-link" href="/topic\?name=([^"]+)"`)
+	listed := func(body string) []string {
+		var out []string
+		for _, m := range link.FindAllStringSubmatch(body, -1) {
+			out = append(out, m[1])
+		}
+		return out
+	}
+
+	code, body := b.get("/topics")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Equal(t, names[:uiTopicsPage], listed(body))
+	assert.Contains(t, body, fmt.Sprintf("%d of %d topics", uiTopicsPage, len(names)))
+	next := fmt.Sprintf(`href="/topics?after=%s" id="topics-next"`, names[uiTopicsPage-1])
+	require.Contains(t, body, next)
+	assert.NotContains(t, body, "topics-first")
+
+	code, body = b.get("/topics?after=" + names[uiTopicsPage-1])
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Equal(t, names[uiTopicsPage:], listed(body))
+	assert.Contains(t, body, fmt.Sprintf("20 of %d topics, after %s", len(names), names[uiTopicsPage-1]))
+	assert.NotContains(t, body, "topics-next")
+	assert.Contains(t, body, `href="/topics" id="topics-first"`)
+
+	code, body = b.get("/topics?after=zzz")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, fmt.Sprintf("No topics after zzz; %d in all.", len(names)))
+	assert.False(t, strings.Contains(body, "topic-link"))
+}
+
+// TestUIGroupsAndRowsPaged: the overview lists 100 groups a page, with
+// their number and a link to the next page; a group's page shows
+// maxGroupRows rows at a time, with their number and a link to the next
+// rows.
+func TestUIGroupsAndRowsPaged(t *testing.T) {
+	f := newFixture(t)
+	offsets := pgx.Identifier{f.schema, pglease.DefaultConsumerOffsetsTable}.Sanitize()
+	_, err := f.pool.Exec(context.Background(), `INSERT INTO `+offsets+` (consumer_group, topic)
+		SELECT 'g.' || pg_catalog.lpad(i::text, 3, '0'), 'orders' FROM pg_catalog.generate_series(0, $1 - 1) AS i`, uiGroupsPage+5)
+	require.NoError(t, err)
+	_, err = f.pool.Exec(context.Background(), `INSERT INTO `+offsets+` (consumer_group, topic)
+		SELECT 'big', 't.' || pg_catalog.lpad(i::text, 4, '0') FROM pg_catalog.generate_series(0, $1 - 1) AS i`, maxGroupRows+10)
+	require.NoError(t, err)
+	ts, _, _ := newUITest(t, f, false)
+	b := newBrowser(t, ts.URL)
+	groupLink := regexp.MustCompile(`class="group-link" href="/group\?name=([^"]+)"`)
+	groups := func(body string) []string {
+		var out []string
+		for _, m := range groupLink.FindAllStringSubmatch(body, -1) {
+			out = append(out, m[1])
+		}
+		return out
+	}
+
+	code, body := b.get("/")
+	require.Equal(t, http.StatusOK, code, body)
+	first := groups(body)
+	require.Len(t, first, uiGroupsPage)
+	assert.Equal(t, "big", first[0])
+	assert.Contains(t, body, fmt.Sprintf("%d of %d groups", uiGroupsPage, uiGroupsPage+6))
+	last := first[len(first)-1]
+	require.Contains(t, body, `href="/?after=`+last+`" id="groups-next"`)
+	code, body = b.get("/?after=" + last)
+	require.Equal(t, http.StatusOK, code, body)
+	rest := groups(body)
+	assert.Len(t, rest, 6)
+	assert.Equal(t, "g.104", rest[len(rest)-1])
+	assert.NotContains(t, body, "groups-next")
+	assert.Contains(t, body, `id="groups-first"`)
+
+	code, body = b.get("/group?name=big")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, fmt.Sprintf("Rows 1 to %d of %d.", maxGroupRows, maxGroupRows+10))
+	assert.Contains(t, body, fmt.Sprintf(`href="/group?name=big&amp;from=%d" id="rows-next"`, maxGroupRows))
+	assert.NotContains(t, body, "t.1000")
+	code, body = b.get(fmt.Sprintf("/group?name=big&from=%d", maxGroupRows))
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, fmt.Sprintf("Rows %d to %d of %d.", maxGroupRows+1, maxGroupRows+10, maxGroupRows+10))
+	assert.Contains(t, body, "t.1009")
+	assert.NotContains(t, body, ">t.0999<")
+	assert.NotContains(t, body, "rows-next")
+	code, _ = b.get("/group?name=big&from=-1")
+	assert.Equal(t, http.StatusBadRequest, code)
+
+	// The reset form offers a list of at most maxTopicChoices topics.
+	ts, srv, _ := newUITest(t, f, true)
+	b = newBrowser(t, ts.URL)
+	code, body = b.post("/signin", url.Values{"name": {"alice"}, "token": {testToken}})
+	require.Equal(t, http.StatusOK, code, body)
+	code, body = b.get("/group?name=big")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, fmt.Sprintf(`(one of its %d) <input name="topic" id="reset-topic" required>`, maxGroupRows+10))
+	assert.NotContains(t, body, "<option value=\"t.")
+	gb, err := srv.groupData(context.Background(), "big", 0)
+	require.NoError(t, err)
+	assert.Len(t, gb.Topics, maxTopicChoices)
+	assert.Equal(t, maxGroupRows+10, gb.TopicCount)
+	code, body = b.get("/group?name=g.000")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, `<select name="topic" id="reset-topic"><option value="orders">orders</option></select>`)
+}
