@@ -549,3 +549,43 @@ func TestCitusResetOffsets(t *testing.T) {
 		}
 	}
 }
+
+// TestCitusPrepareMoveIsBounded: PrepareCitusMoveSQL consumes the
+// transaction ids a worker lacks in batches (1,200,000 here: two
+// transactions on the worker), and refuses, consuming none, to make up
+// more than its maximum, with an error that says by how much.
+func TestCitusPrepareMoveIsBounded(t *testing.T) {
+	pool, _ := citusSchema(t, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var host string
+	var port int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT nodename, nodeport FROM pg_catalog.pg_dist_node
+		WHERE groupid > 0 AND noderole = 'primary' ORDER BY nodeport LIMIT 1`).Scan(&host, &port))
+	counter := func() uint64 {
+		var c uint64
+		require.NoError(t, pool.QueryRow(ctx, `SELECT r.result::bigint FROM pg_catalog.master_run_on_worker(ARRAY[$1::text], ARRAY[$2::integer],
+			ARRAY['SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())'], false) r`, host, port).Scan(&c))
+		return c
+	}
+	highest := func() uint64 {
+		var c uint64
+		require.NoError(t, pool.QueryRow(ctx, `SELECT max(c.result::bigint) FROM pg_catalog.run_command_on_workers(
+			'SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())') c`).Scan(&c))
+		return c
+	}
+
+	before := counter()
+	_, err := pool.Exec(ctx, pglease.PrepareCitusMoveSQL(host, port, 100_000_001))
+	require.ErrorContains(t, err, "transaction ids behind")
+	require.ErrorContains(t, err, "more than the 100000000")
+	require.Less(t, counter(), before+1000, "nothing consumed")
+
+	const margin = 1_200_000
+	top := highest()
+	start := time.Now()
+	_, err = pool.Exec(ctx, pglease.PrepareCitusMoveSQL(host, port, margin))
+	require.NoError(t, err)
+	t.Logf("consumed about %d transaction ids in %s", counter()-before, time.Since(start).Round(time.Millisecond))
+	require.GreaterOrEqual(t, counter(), top+margin)
+}

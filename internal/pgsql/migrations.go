@@ -161,6 +161,7 @@ var migrations = []struct {
 	// an unacknowledged message (MaxInFlight above 1), as "xid:offset",
 	// until the position passes them.
 	{"0010_acked_above.sql", "parallel delivery: positions acknowledged in a transaction above the committed position"},
+	{"0011_guards.sql", "limits in the database: positions set by the database, topic name and partition count checks, retention partitions only where the maintainer adds them"},
 }
 
 // Migrations returns every schema version, oldest first, for these tables.
@@ -214,6 +215,10 @@ func (t *Tables) placeholders() map[string]string {
 	if retention == "" {
 		retention = DefaultRetentionTable
 	}
+	topics := t.TopicsTable
+	if topics == "" {
+		topics = DefaultTopicsTable
+	}
 	sum := sha256.Sum256([]byte(msgs))
 	expiresAtIdx := pgx.Identifier{t.indexBareName(t.ConsumerSessionsTable, DefaultConsumerSessionsTable, "expires_at_idx")}
 	if t.Schema != "" {
@@ -257,6 +262,13 @@ func (t *Tables) placeholders() map[string]string {
 		"delayed_literal":     quoteLiteral(t.Delayed),
 		"retention_literal":   quoteLiteral(t.Retention),
 		"maintenance_literal": quoteLiteral(t.Maintenance),
+		"topics_literal":      quoteLiteral(t.Topics),
+
+		// Migration 11: the trigger that sets a message's position, and
+		// its function (DistributeScript's too).
+		"position_fn":              t.partition("transaction_id"),
+		"position_trigger":         pgx.Identifier{t.partitionName("transaction_id")}.Sanitize(),
+		"position_trigger_literal": quoteLiteral(t.partitionName("transaction_id")),
 
 		"sessions_expires_at_idx":           t.indexName(t.ConsumerSessionsTable, DefaultConsumerSessionsTable, "expires_at_idx"),
 		"sessions_expires_at_idx_qualified": expiresAtIdx.Sanitize(),
@@ -269,6 +281,7 @@ func (t *Tables) placeholders() map[string]string {
 		// functions' own names.
 		"messages_name_literal":  quoteLiteral(msgs),
 		"retention_name_literal": quoteLiteral(retention),
+		"topics_name_literal":    quoteLiteral(topics),
 		"messages_hash_literal":  quoteLiteral(hex.EncodeToString(sum[:4])),
 		"fn_add_literal":         quoteLiteral(t.partitionName(fnAddPartition)),
 		"fn_expire_literal":      quoteLiteral(t.partitionName(fnExpirePartition)),
