@@ -244,11 +244,11 @@ BEGIN
 		END;
 	END LOOP;
 	DROP TABLE pglease_counter;
-END $burn$`) + `, pg_catalog.least(top - have, ` + strconv.Itoa(MoveBurnBatch) + `))], false);
+END $burn$`) + `, LEAST(top - have, ` + strconv.Itoa(MoveBurnBatch) + `))], false);
 		IF NOT burnt.success THEN
 			RAISE EXCEPTION 'pglease: raising the transaction counter of worker %:% failed: %', ` + quoteLiteral(host) + `, ` + strconv.Itoa(port) + `, burnt.result;
 		END IF;
-		have := have + pg_catalog.least(top - have, ` + strconv.Itoa(MoveBurnBatch) + `);
+		have := have + LEAST(top - have, ` + strconv.Itoa(MoveBurnBatch) + `);
 	END LOOP;
 END`)
 }
