@@ -790,8 +790,12 @@ $pglease$;
 	-- function, replaced above, is what changes.
 	IF NOT distributed AND NOT EXISTS (SELECT 1 FROM pg_trigger
 		WHERE tgrelid = '"My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz"'::regclass AND tgname = 'messages_with_a_rather_long_name_that_n_05ba50ac_transaction_id' AND tgparentid = 0) THEN
+		-- Called only for a row that does not hold the defaults already:
+		-- an insert that leaves them costs the comparison, not a call.
 		CREATE TRIGGER "messages_with_a_rather_long_name_that_n_05ba50ac_transaction_id" BEFORE INSERT ON "My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz"
-			FOR EACH ROW EXECUTE FUNCTION "My ""App"""."messages_with_a_rather_long_name_that_n_05ba50ac_transaction_id"();
+			FOR EACH ROW
+			WHEN (NEW.transaction_id <> pg_catalog.pg_current_xact_id() OR NEW.created_at <> pg_catalog.now())
+			EXECUTE FUNCTION "My ""App"""."messages_with_a_rather_long_name_that_n_05ba50ac_transaction_id"();
 	END IF;
 END
 $pglease1$;

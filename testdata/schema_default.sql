@@ -783,8 +783,12 @@ $pglease$;
 	-- function, replaced above, is what changes.
 	IF NOT distributed AND NOT EXISTS (SELECT 1 FROM pg_trigger
 		WHERE tgrelid = '"pglease_messages"'::regclass AND tgname = 'pglease_messages_transaction_id' AND tgparentid = 0) THEN
+		-- Called only for a row that does not hold the defaults already:
+		-- an insert that leaves them costs the comparison, not a call.
 		CREATE TRIGGER "pglease_messages_transaction_id" BEFORE INSERT ON "pglease_messages"
-			FOR EACH ROW EXECUTE FUNCTION "pglease_messages_transaction_id"();
+			FOR EACH ROW
+			WHEN (NEW.transaction_id <> pg_catalog.pg_current_xact_id() OR NEW.created_at <> pg_catalog.now())
+			EXECUTE FUNCTION "pglease_messages_transaction_id"();
 	END IF;
 END
 $pglease1$;
