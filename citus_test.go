@@ -549,3 +549,86 @@ func TestCitusResetOffsets(t *testing.T) {
 		}
 	}
 }
+
+// TestCitusPrepareMoveIsBounded: PrepareCitusMoveSQL consumes the
+// transaction ids a worker lacks in batches (1,200,000 here: two
+// transactions on the worker), and refuses, consuming none, to make up
+// more than its maximum, with an error that says by how much.
+func TestCitusPrepareMoveIsBounded(t *testing.T) {
+	pool, _ := citusSchema(t, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var host string
+	var port int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT nodename, nodeport FROM pg_catalog.pg_dist_node
+		WHERE groupid > 0 AND noderole = 'primary' ORDER BY nodeport LIMIT 1`).Scan(&host, &port))
+	counter := func() uint64 {
+		var c uint64
+		require.NoError(t, pool.QueryRow(ctx, `SELECT r.result::bigint FROM pg_catalog.master_run_on_worker(ARRAY[$1::text], ARRAY[$2::integer],
+			ARRAY['SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())'], false) r`, host, port).Scan(&c))
+		return c
+	}
+	highest := func() uint64 {
+		var c uint64
+		require.NoError(t, pool.QueryRow(ctx, `SELECT max(c.result::bigint) FROM pg_catalog.run_command_on_workers(
+			'SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())') c`).Scan(&c))
+		return c
+	}
+
+	before := counter()
+	_, err := pool.Exec(ctx, pglease.PrepareCitusMoveSQL(host, port, 100_000_001))
+	require.ErrorContains(t, err, "transaction ids behind")
+	require.ErrorContains(t, err, "more than the 100000000")
+	require.Less(t, counter(), before+1000, "nothing consumed")
+
+	const margin = 1_200_000
+	top := highest()
+	start := time.Now()
+	_, err = pool.Exec(ctx, pglease.PrepareCitusMoveSQL(host, port, margin))
+	require.NoError(t, err)
+	t.Logf("consumed about %d transaction ids in %s", counter()-before, time.Since(start).Round(time.Millisecond))
+	require.GreaterOrEqual(t, counter(), top+margin)
+}
+
+// TestCitusUpgradeSetsPositionsOnTheWorkers migrates a distributed schema
+// of version 10, whose trigger set only the transaction id, to the latest:
+// the trigger's function is replaced on every worker, where it runs, and a
+// message inserted with a creation time of its own gets the database's.
+func TestCitusUpgradeSetsPositionsOnTheWorkers(t *testing.T) {
+	if os.Getenv("PGLEASE_TEST_CITUS") == "" {
+		t.Skip("needs a Citus cluster: run `make test-citus`")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pool := newPool(t, 4)
+	adapter := newSchema(t, pool)
+	require.NoError(t, migrateTo(ctx, pool, adapter, 10))
+	_, err := pool.Exec(ctx, pglease.DistributeSQL(adapter))
+	require.NoError(t, err)
+	fn := pgx.Identifier{adapter.Schema, pglease.PartitionName(adapter, "transaction_id")}.Sanitize()
+	// The function as schema version 10's DistributeSQL made it.
+	_, err = pool.Exec(ctx, `CREATE OR REPLACE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog AS $f$
+BEGIN
+	NEW.transaction_id := pg_catalog.pg_current_xact_id();
+	RETURN NEW;
+END$f$`)
+	require.NoError(t, err)
+	onWorkers := func() []string {
+		rows, err := pool.Query(ctx, `SELECT c.result FROM pg_catalog.run_command_on_workers(
+	pg_catalog.format('SELECT prosrc LIKE %L FROM pg_catalog.pg_proc WHERE oid = %L::regproc', '%created_at%', $1::text)) c`, fn)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return out
+	}
+	require.Equal(t, []string{"f", "f"}, onWorkers(), "version 10's function on both workers")
+
+	require.NoError(t, pglease.Migrate(ctx, pool, adapter))
+	require.Equal(t, []string{"t", "t"}, onWorkers(), "the function sets the time on both workers")
+	messages := table(adapter, pglease.DefaultMessagesTable)
+	_, err = pool.Exec(ctx, `INSERT INTO `+messages+` (topic, uuid, created_at) VALUES ('a', 'u', '2000-01-01')`)
+	require.NoError(t, err)
+	var recent bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT created_at > now() - interval '1 hour' FROM `+messages+` WHERE topic = 'a'`).Scan(&recent))
+	require.True(t, recent, "the creation time is the database's")
+}

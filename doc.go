@@ -129,9 +129,11 @@
 // its first write) and delivered once no older transaction is running in the
 // cluster: a writing transaction left open anywhere in the PostgreSQL
 // cluster holds back delivery on every topic until it ends (bound it with
-// idle_in_transaction_session_timeout). Positions copied from another
-// cluster, ahead of this one's transaction counter, are refused with
-// [ErrFuturePosition].
+// idle_in_transaction_session_timeout). The database sets each message's
+// transaction id and creation time, whatever the inserting statement says.
+// Positions copied from another cluster, ahead of this one's transaction
+// counter, are refused with [ErrFuturePosition]; a message copied so is
+// read around and logged once.
 //
 // Publish notifies the messages table's channel once per topic and
 // partition when its transaction commits; the Subscribers of a process that

@@ -26,9 +26,11 @@ var (
 	// ErrFuturePosition means that a stored position or message lies ahead
 	// of the database's transaction counter: they were copied from another
 	// cluster (a logical dump and restore, for example), whose transaction
-	// ids ran higher. New messages would sort before them and be skipped,
-	// so the topic is not delivered until it is repaired; see "Positions
-	// from another cluster" in docs/guarantees.md.
+	// ids ran higher (the database gives every message it stores its
+	// inserting transaction's id). A group whose acknowledged position lies
+	// ahead is not claimed until it is repaired; a message that lies
+	// ahead is read around and logged once, wrapped in this error. See
+	// "Positions from another cluster" in docs/guarantees.md.
 	ErrFuturePosition = errors.New("pglease: stored position lies ahead of the database's transaction counter (data from another cluster?)")
 	// ErrDatabaseWentBack is logged when a Subscriber finds that the
 	// database went back in time since its last heartbeat: a new

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -143,10 +144,58 @@ type offsetStore struct {
 	// and turns its outcome into the error it returns, as if the reply had
 	// been lost after the claim committed.
 	afterClaim func(topics []string) error
+	// futures logs the stored messages found ahead of the counter, once
+	// each.
+	futures *futureRows
 }
 
 func newOffsetStore(pool *pgxpool.Pool, tables *pgsql.Tables, releaseTimeout time.Duration, stats *subscriberStats, logger watermill.LoggerAdapter) offsetStore {
-	return offsetStore{pool: pool, tables: tables, releases: newReleaser(pool, tables, releaseTimeout, logger), stats: stats}
+	return offsetStore{pool: pool, tables: tables, releases: newReleaser(pool, tables, releaseTimeout, logger), stats: stats,
+		futures: &futureRows{logger: logger, seen: map[futureRow]struct{}{}}}
+}
+
+// futureRows logs, once per row and Subscriber, a stored message whose
+// transaction id lies at or above the database's counter: no transaction
+// of this database wrote it (the messages table's trigger sets every
+// row's transaction id to its inserting transaction's), so it was copied
+// from another cluster or written by the owner with a position of its
+// own. The partition is read as if it were not there: the messages
+// around it are delivered, and it is delivered, in the order of its
+// transaction id, only if the counter ever passes it. The set of rows
+// logged is bounded; past the bound, it starts again.
+type futureRows struct {
+	logger watermill.LoggerAdapter
+	mu     sync.Mutex
+	seen   map[futureRow]struct{}
+}
+
+type futureRow struct {
+	row rowKey
+	pos Position
+}
+
+// maxFutureRowsLogged bounds futureRows.seen.
+const maxFutureRowsLogged = 10000
+
+func (f *futureRows) found(row rowKey, m pgsql.MessageRow) {
+	k := futureRow{row: row, pos: Position(m.Position)}
+	f.mu.Lock()
+	_, logged := f.seen[k]
+	if !logged {
+		if len(f.seen) >= maxFutureRowsLogged {
+			clear(f.seen)
+		}
+		f.seen[k] = struct{}{}
+	}
+	f.mu.Unlock()
+	if logged {
+		return
+	}
+	f.logger.Error("Skipping a stored message that lies ahead of the database's transaction counter: no transaction "+
+		"of this database wrote it; it is delivered only if the counter passes it. See \"Positions from another "+
+		"cluster\" in docs/guarantees.md", fmt.Errorf("message %s of topic %q: %w", m.UUID, row.topic, ErrFuturePosition),
+		watermill.LogFields{"topic": row.topic, "partition": row.partition, "uuid": m.UUID,
+			"position": strconv.FormatUint(m.Position.TransactionID, 10) + ":" + strconv.FormatInt(m.Position.Offset, 10)})
 }
 
 // execFenced runs exec, a statement fenced by c's session and epoch that
@@ -380,10 +429,8 @@ func (s offsetStore) read(ctx context.Context, timeout time.Duration, p readPara
 		return nil, false, fmt.Errorf("read messages of topic %q after %d:%d: %w", p.row.topic,
 			p.after.TransactionID, p.after.Offset, pgsql.ErrWentBack)
 	}
-	if res.Future {
-		return nil, false, fmt.Errorf("read messages of topic %q: a stored message was written by a transaction "+
-			"this database has not reached yet, so it would be delivered after messages published later or "+
-			"never: %w", p.row.topic, ErrFuturePosition)
+	if res.Future != nil && s.futures != nil {
+		s.futures.found(p.row, *res.Future)
 	}
 	rows = make([]storedMessage, len(res.Messages))
 	for i, m := range res.Messages {

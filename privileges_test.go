@@ -472,10 +472,17 @@ func TestMaintainerFunctionsActOnlyOnRetentionPartitions(t *testing.T) {
 		assert.False(t, strangerMay, "PUBLIC may not execute %s", sig)
 	}
 
-	// Adds a partition named as the maintainer names it, once.
-	const start = int64(1_700_000_000)
+	// Adds a partition named as the maintainer names it, once: a slot of
+	// class 3 (1 s wide) that a topic has, which ended 2 s ago (the
+	// function takes slots that ended up to 10 s ago, so that it can
+	// also be expired here at once).
+	execAll(t, pool, "INSERT INTO "+qualified(pglease.DefaultTopicsTable)+
+		" (topic, retention, retention_class, classes_from, classes_to) VALUES ('r3', '3 seconds', 3, 3, 3)")
+	var now int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT floor(extract(epoch FROM now()))::bigint").Scan(&now))
+	start := now - 3
 	p := slot(3, start, 1)
-	require.Greater(t, len(adapter.MessagesTable)+len("_r3_1700000000"), 63, "the name is shortened, with a hash")
+	require.Greater(t, len(adapter.MessagesTable)+len(fmt.Sprintf("_r3_%d", start)), 63, "the name is shortened, with a hash")
 	done, err := call(tablesOf(adapter).CallAddRetentionPartition(p))
 	require.NoError(t, err)
 	assert.True(t, done)
@@ -485,7 +492,11 @@ func TestMaintainerFunctionsActOnlyOnRetentionPartitions(t *testing.T) {
 	assert.False(t, done, "added once")
 
 	for _, bad := range []pgsql.RetentionPartition{slot(0, start, 1), slot(-1, start, 1), slot(40_000, start, 1),
-		slot(3, -5, 1), slot(3, start+10, 0), slot(3, start+10, -1)} {
+		slot(3, -5, 1), slot(3, start+10, 0), slot(3, start+10, -1),
+		// Slots the maintainer does not add now: long past, beyond the
+		// class's longest retention and two slots more, of a class no
+		// topic has.
+		slot(3, 1_700_000_000, 1), slot(3, now+3600, 1), slot(3, now+10, 1), slot(4, now/2*2, 2)} {
 		_, err := call(tablesOf(adapter).CallAddRetentionPartition(bad))
 		var pgErr *pgconn.PgError
 		require.ErrorAs(t, err, &pgErr, "class %d from %d to %d", bad.Class, bad.Start.Unix(), bad.End.Unix())
@@ -494,12 +505,12 @@ func TestMaintainerFunctionsActOnlyOnRetentionPartitions(t *testing.T) {
 
 	// Tables with a partition's name that are none of this messages
 	// table: a table of another shape, and a partition of another table.
-	decoy, foreign := partition(3, start+100), partition(3, start+200)
+	decoy, foreign := partition(3, start-100), partition(3, start-200)
 	execAll(t, pool,
 		"CREATE TABLE "+qualified(decoy)+" (id integer)",
 		"CREATE TABLE "+qualified("other")+" (LIKE "+messages+") PARTITION BY RANGE (retention_class, expires_at)",
 		"CREATE TABLE "+qualified(foreign)+" PARTITION OF "+qualified("other")+" FOR VALUES FROM (3, MINVALUE) TO (3, MAXVALUE)")
-	for _, d := range []pgsql.RetentionPartition{slot(3, start+100, 1), slot(3, start+200, 1)} {
+	for _, d := range []pgsql.RetentionPartition{slot(3, start-100, 1), slot(3, start-200, 1)} {
 		done, err := call(tablesOf(adapter).CallExpireRetentionPartition(d))
 		require.NoError(t, err)
 		assert.False(t, done, "expire leaves alone what is no partition of the messages table")
@@ -833,5 +844,77 @@ func TestPublisherOnlyRole(t *testing.T) {
 		msgs, err := sub.Subscribe(ctx, topic)
 		require.NoError(t, err)
 		assert.ElementsMatch(t, ids, uuids(receive(t, msgs, len(ids), 15*time.Second)), topic)
+	}
+}
+
+// TestPublisherCannotForgePositions: a role with only the grants of
+// GrantPublisherSQL writes rows with a transaction id far ahead of the
+// counter, an offset and a creation time of its own (one per partition
+// of every topic, in a transaction and with OVERRIDING SYSTEM VALUE).
+// The database gives them the position and time of their transaction:
+// no stored row lies ahead of the counter, and two consumer groups
+// consume everything, what was published before the forged rows and
+// after them, the forged rows as ordinary messages.
+func TestPublisherCannotForgePositions(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 4)
+	adapter, ownerPool := ownedSchema(t, pool)
+	publisher := newRole(t, pool, "pglease_publisher")
+	consumer := newRole(t, pool, "pglease_app")
+	execAll(t, ownerPool, pglease.GrantPublisherSQL(adapter, publisher), pglease.GrantSQL(adapter, consumer))
+	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "keyed", pglease.TopicConfig{Partitions: 3, SchemaAdapter: adapter}))
+	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "kept", pglease.TopicConfig{Retention: time.Hour, SchemaAdapter: adapter}))
+
+	pubPool := poolAs(t, publisher, 4)
+	pub, err := pglease.NewPublisher(pubPool, pglease.PublisherConfig{SchemaAdapter: adapter,
+		PartitionKey: func(_ string, msg *message.Message) (string, error) { return msg.UUID, nil }}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	topics := []string{"plain", "keyed", "kept"}
+	want := map[string][]string{}
+	for _, topic := range topics {
+		want[topic] = publishN(t, pub, topic, 4)
+	}
+
+	qualified := func(name string) string { return pgx.Identifier{adapter.Schema, name}.Sanitize() }
+	const future = "1000000000000" // far ahead of anything a test cluster reaches
+	forged := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	tx, err := pubPool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	tag, err := tx.Exec(ctx, `INSERT INTO `+qualified(pglease.DefaultMessagesTable)+`
+	(topic, partition, transaction_id, "offset", created_at, uuid, retention_class, expires_at)
+OVERRIDING SYSTEM VALUE
+SELECT t.topic, p, $1::text::xid8, 9223372036854775807 - p, $2::timestamptz, 'forged-' || t.topic || '-' || p, 0, 'infinity'
+FROM (SELECT topic, partitions FROM `+qualified(pglease.DefaultTopicsTable)+`
+	UNION ALL SELECT 'plain', 1) t, generate_series(0, t.partitions - 1) p`, future, forged)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.EqualValues(t, 5, tag.RowsAffected(), "one forged row per partition of every topic")
+	want["plain"] = append(want["plain"], "forged-plain-0")
+	want["kept"] = append(want["kept"], "forged-kept-0")
+	want["keyed"] = append(want["keyed"], "forged-keyed-0", "forged-keyed-1", "forged-keyed-2")
+	for _, topic := range topics {
+		want[topic] = append(want[topic], publishN(t, pub, topic, 2)...)
+	}
+
+	var ahead, backdated int
+	require.NoError(t, ownerPool.QueryRow(ctx, `SELECT
+	count(*) FILTER (WHERE transaction_id >= pg_snapshot_xmax(pg_current_snapshot())),
+	count(*) FILTER (WHERE created_at = $1)
+FROM `+qualified(pglease.DefaultMessagesTable), forged).Scan(&ahead, &backdated))
+	assert.Zero(t, ahead, "no stored row lies ahead of the transaction counter")
+	assert.Zero(t, backdated, "the creation time is the database's")
+
+	for _, group := range []string{"g1", "g2"} {
+		sub, err := pglease.NewSubscriber(poolAs(t, consumer, 10), pglease.SubscriberConfig{SchemaAdapter: adapter,
+			ConsumerGroup: group, PollInterval: 20 * time.Millisecond}, nil)
+		require.NoError(t, err)
+		defer sub.Close()
+		for _, topic := range topics {
+			msgs, err := sub.Subscribe(ctx, topic)
+			require.NoError(t, err)
+			assert.ElementsMatch(t, want[topic], uuids(receive(t, msgs, len(want[topic]), 15*time.Second)), "%s %s", group, topic)
+		}
 	}
 }

@@ -166,8 +166,11 @@ func DistributeSQL(adapter Tables) string {
 // ahead of that counter), and its new messages would sort below the
 // groups' positions and be skipped. Pick margin above the transaction
 // ids the source worker takes between the script and the move (1,000,000
-// costs the target about 4 s). Move shards one at a time, each after its
-// script: see "Moving shards" in docs/scaling.md.
+// costs the target about 4 s). The target consumes them in transactions
+// of at most 1,000,000 each; the script refuses, consuming none, to make
+// up more than 100,000,000 (margin included, about 7 minutes), with an
+// error that says by how much the target lies behind. Move shards one at
+// a time, each after its script: see "Moving shards" in docs/scaling.md.
 func PrepareCitusMoveSQL(host string, port int, margin uint64) string {
 	return pgsql.PrepareMoveScript(host, port, margin)
 }

@@ -281,6 +281,10 @@ func TestMaintainerFunctionsOnlyForConsumersAndOnlyPassedSlots(t *testing.T) {
 		"GRANT INSERT ON "+messages+" TO "+publisher,
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON "+messages+" TO "+app)
 	require.NoError(t, migrateTo(ctx, pool, adapter, 8))
+	// A topic of class 5 (version 12's add function adds only slots of a
+	// class some topic has).
+	execAll(t, pool, "INSERT INTO "+qualified(pglease.DefaultTopicsTable)+
+		" (topic, retention, retention_class, classes_from, classes_to) VALUES ('r5', '16 seconds', 5, 5, 5)")
 	// What version 7 of earlier releases granted every role that could
 	// INSERT into the messages table.
 	for _, fn := range []string{"add_retention_partition(integer, bigint, bigint)", "expire_retention_partition(integer, bigint)",
@@ -337,9 +341,16 @@ func TestMaintainerFunctionsOnlyForConsumersAndOnlyPassedSlots(t *testing.T) {
 	_, err = call(appPool, tables.CallExpireRetentionPartition(wide))
 	assert.Equal(t, "55000", codeOf(err), "a partition wider than its slot")
 	execAll(t, pool, "DROP TABLE "+qualified(pglease.PartitionName(adapter, "r5_1600000000")))
-	done, err = call(appPool, tables.CallAddRetentionPartition(wide))
+	_, err = call(appPool, tables.CallAddRetentionPartition(wide))
+	assert.Equal(t, "22023", codeOf(err), "a slot long past is not one the maintainer adds now")
+	// The owner adds it, as a maintainer that owns the tables does.
+	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	require.True(t, done)
+	for _, stmt := range tables.CreateRetentionPartition(wide) {
+		_, err := tx.Exec(ctx, stmt)
+		require.NoError(t, err)
+	}
+	require.NoError(t, tx.Commit(ctx))
 	done, err = call(appPool, tables.CallExpireRetentionPartition(wide))
 	require.NoError(t, err)
 	assert.True(t, done, "a passed slot is expired")
@@ -473,4 +484,60 @@ func TestForgedNotificationsAreHints(t *testing.T) {
 	assert.Equal(t, uint64(1), st.Claims, "the row was claimed once and never given up")
 	assert.Zero(t, st.Releases, "no row given up during the drain")
 	assertNoLeakedGoroutines(t)
+}
+
+// TestSchemaLimitsInTheDatabase: rows of sizes the Go code refuses, stored
+// before schema version 12, are handled by its migration (topic settings
+// and delayed messages of a name pglease refuses deleted, a partition
+// count above MaxPartitions lowered to it, messages no Subscriber reads
+// deleted), and from then on the database refuses them from any role but
+// the owner's checks too: a topic name over MaxTopicLength bytes or
+// empty, a partition count above MaxPartitions, a message in a partition
+// above it.
+func TestSchemaLimitsInTheDatabase(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 4)
+	adapter := newSchema(t, pool)
+	qualified := func(name string) string { return pgx.Identifier{adapter.Schema, name}.Sanitize() }
+	messages, topics, delayed := qualified(pglease.DefaultMessagesTable), qualified(pglease.DefaultTopicsTable),
+		qualified(pglease.DefaultDelayedTable)
+	long := strings.Repeat("t", pglease.MaxTopicLength+1)
+	require.NoError(t, migrateTo(ctx, pool, adapter, 10))
+	execAll(t, pool,
+		"INSERT INTO "+topics+" (topic, partitions) VALUES ('ok', 4), ('huge', 2147483647), ('"+long+"', 1), ('', 1)",
+		"INSERT INTO "+delayed+" (due_at, topic, uuid) VALUES (now(), 'ok', 'd1'), (now(), '"+long+"', 'd2')",
+		"INSERT INTO "+messages+" (topic, partition, uuid) VALUES ('ok', 0, 'm1'), ('"+long+"', 0, 'm2'), ('huge', 5000, 'm3'), ('huge', 1023, 'm4')")
+
+	require.NoError(t, pglease.Migrate(ctx, pool, adapter))
+	strs := func(sql string) []string {
+		var out []string
+		require.NoError(t, pool.QueryRow(ctx, "SELECT coalesce(array_agg(x ORDER BY x), '{}') FROM ("+sql+") s(x)").Scan(&out))
+		return out
+	}
+	assert.Equal(t, []string{"huge:1024", "ok:4"}, strs("SELECT topic || ':' || partitions FROM "+topics))
+	assert.Equal(t, []string{"d1"}, strs("SELECT uuid FROM "+delayed))
+	assert.Equal(t, []string{"m1", "m4"}, strs("SELECT uuid FROM "+messages))
+
+	app := newRole(t, pool, "pglease_app")
+	execAll(t, pool, pglease.GrantSQL(adapter, app))
+	appPool := poolAs(t, app, 1)
+	for _, stmt := range []string{
+		"INSERT INTO " + topics + " (topic, partitions) VALUES ('" + long + "', 1)",
+		"INSERT INTO " + topics + " (topic, partitions) VALUES ('', 1)",
+		"INSERT INTO " + topics + " (topic, partitions) VALUES ('x', 1025)",
+		"UPDATE " + topics + " SET partitions = 2147483647 WHERE topic = 'ok'",
+		"INSERT INTO " + delayed + " (due_at, topic, uuid) VALUES (now(), '" + long + "', 'd')",
+		"INSERT INTO " + messages + " (topic, uuid) VALUES ('" + long + "', 'm')",
+		"INSERT INTO " + messages + " (topic, partition, uuid) VALUES ('ok', 1024, 'm')",
+		"INSERT INTO " + messages + " (topic, partition, uuid) VALUES ('ok', -1, 'm')",
+	} {
+		_, err := appPool.Exec(ctx, stmt)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, stmt[:min(len(stmt), 80)])
+		assert.Equal(t, "23514", pgErr.Code, "check_violation: %v", err)
+	}
+	// At the limits, accepted.
+	execAll(t, appPool,
+		"INSERT INTO "+topics+" (topic, partitions) VALUES ('"+long[1:]+"', 1024)",
+		"INSERT INTO "+messages+" (topic, partition, uuid) VALUES ('"+long[1:]+"', 1023, 'm')")
 }

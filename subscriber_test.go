@@ -269,9 +269,8 @@ func TestDeliveryOrderIsNumeric(t *testing.T) {
 		txID int
 	}{{"tx-1000", 1000}, {"tx-100-a", 100}, {"tx-9", 9}, {"tx-100-b", 100}, {"tx-10", 10}}
 	for _, r := range rows {
-		_, err := pool.Exec(context.Background(), "INSERT INTO "+table(adapter, pglease.DefaultMessagesTable)+
+		execKeepingPositions(t, pool, "INSERT INTO "+table(adapter, pglease.DefaultMessagesTable)+
 			" (topic, uuid, transaction_id, metadata) VALUES ('ordered', $1, $2::text::xid8, '{}')", r.uuid, fmt.Sprint(r.txID))
-		require.NoError(t, err)
 	}
 	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{BatchSize: 2})
 	msgs, err := sub.Subscribe(context.Background(), "ordered")

@@ -22,6 +22,9 @@ import (
 // DefaultScrapeTimeout bounds the queries of one scrape of a [Collector].
 const DefaultScrapeTimeout = 5 * time.Second
 
+// DefaultMaxSeries is the default of [CollectorConfig.MaxSeries].
+const DefaultMaxSeries = 10000
+
 // CollectorConfig configures a [Collector]. The zero value is valid.
 type CollectorConfig struct {
 	// ConsumerGroups selects the consumer groups whose lag, members and
@@ -40,6 +43,17 @@ type CollectorConfig struct {
 	// ConstLabels are added to every metric, e.g. {"database": "orders"}
 	// to export several databases from one process.
 	ConstLabels prometheus.Labels
+	// MaxSeries bounds the series of groups, topics and partitions one
+	// scrape exports (the series without labels, such as pglease_up,
+	// are always exported). Past it, the rest of the scrape's series are
+	// left out, counted in pglease_scrape_capped_series, and logged once
+	// (again only after a scrape that left none out). Series are
+	// exported in this order: the lag of each group's partitions, the
+	// members and owned rows of each group, then the topics. Default:
+	// [DefaultMaxSeries]. Every topic costs at least three series, every
+	// partition of a consumed topic three per group: raise it, or narrow
+	// ConsumerGroups and Topics, for a deployment that has more.
+	MaxSeries int
 	// Logger receives the errors of failed scrapes (also exported as
 	// pglease_up 0). Default: watermill.NopLogger.
 	Logger watermill.LoggerAdapter
@@ -49,6 +63,9 @@ func (c *CollectorConfig) setDefaults() {
 	if c.ScrapeTimeout == 0 {
 		c.ScrapeTimeout = DefaultScrapeTimeout
 	}
+	if c.MaxSeries == 0 {
+		c.MaxSeries = DefaultMaxSeries
+	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
@@ -57,6 +74,9 @@ func (c *CollectorConfig) setDefaults() {
 func (c CollectorConfig) validate() error {
 	if c.ScrapeTimeout < 0 {
 		return fmt.Errorf("CollectorConfig.ScrapeTimeout must not be negative, got %s", c.ScrapeTimeout)
+	}
+	if c.MaxSeries < 0 {
+		return fmt.Errorf("CollectorConfig.MaxSeries must not be negative, got %d", c.MaxSeries)
 	}
 	return nil
 }
@@ -80,8 +100,11 @@ type Collector struct {
 	// they keep being exported, 0 once their messages are gone (a
 	// drained poison topic reads 0, not absent). Guarded by mu.
 	counted map[string]bool
+	// capping: the last scrape left series out (MaxSeries); logged when
+	// it starts. Guarded by mu.
+	capping bool
 
-	up, scrapeDuration, skippedSeries          *prometheus.Desc
+	up, scrapeDuration, skippedSeries, capped  *prometheus.Desc
 	lag, lagSeconds, pending                   *prometheus.Desc
 	members, ownedRows                         *prometheus.Desc
 	horizonAge, horizonAgeKnown                *prometheus.Desc
@@ -119,6 +142,8 @@ func NewCollector(insp *admin.Inspector, config CollectorConfig) (*Collector, er
 			"How long the last scrape of the pglease tables took."),
 		skippedSeries: desc("pglease_scrape_skipped_series",
 			"Series the last scrape left out because their labels could not be exported (logged); names that are not UTF-8 are exported with their other bytes escaped as \\xNN."),
+		capped: desc("pglease_scrape_capped_series",
+			"Series the last scrape left out because it had exported CollectorConfig.MaxSeries series already (logged when it starts)."),
 		lag: desc("pglease_consumergroup_lag",
 			"Messages after the consumer group's acknowledged position on the partition that every reader can see (not yet acked).",
 			partition...),
@@ -164,7 +189,7 @@ func set(names []string) map[string]bool {
 
 // Describe implements [prometheus.Collector].
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.up, c.scrapeDuration, c.skippedSeries, c.lag, c.lagSeconds, c.pending,
+	for _, d := range []*prometheus.Desc{c.up, c.scrapeDuration, c.skippedSeries, c.capped, c.lag, c.lagSeconds, c.pending,
 		c.members, c.ownedRows, c.horizonAge, c.horizonAgeKnown, c.topicPartitions, c.topicNewestMessageSeconds, c.topicMessages} {
 		ch <- d
 	}
@@ -241,8 +266,15 @@ func (c *Collector) scrape(ctx context.Context) snapshot {
 // pglease_scrape_skipped_series, so that one name never fails the scrape.
 func (c *Collector) emit(s snapshot, ch chan<- prometheus.Metric) {
 	seen := map[string]bool{}
-	skipped := 0
+	skipped, exported, capped := 0, 0, 0
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		if len(labels) > 0 {
+			if exported >= c.config.MaxSeries {
+				capped++
+				return
+			}
+			exported++
+		}
 		for i, l := range labels {
 			labels[i] = validLabel(l)
 		}
@@ -259,7 +291,16 @@ func (c *Collector) emit(s snapshot, ch chan<- prometheus.Metric) {
 		seen[key] = true
 		ch <- m
 	}
-	defer func() { gauge(c.skippedSeries, float64(skipped)) }()
+	defer func() {
+		gauge(c.skippedSeries, float64(skipped))
+		gauge(c.capped, float64(capped))
+		if capped > 0 && !c.capping {
+			c.logger.Error("Series of the pglease metrics left out: more than CollectorConfig.MaxSeries",
+				fmt.Errorf("%d series exported, %d left out", exported, capped),
+				watermill.LogFields{"max_series": c.config.MaxSeries})
+		}
+		c.capping = capped > 0
+	}()
 	gauge(c.up, boolValue(!s.failed))
 
 	for _, l := range s.lag {

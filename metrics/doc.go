@@ -29,6 +29,7 @@
 //	pglease_up                                                          1: every query of the scrape succeeded
 //	pglease_scrape_duration_seconds
 //	pglease_scrape_skipped_series                                       series left out: labels that could not be exported
+//	pglease_scrape_capped_series                                        series left out: past CollectorConfig.MaxSeries
 //
 // Of [SubscriberCollector], each with the label consumergroup:
 //
@@ -91,6 +92,15 @@
 // CollectorConfig.ConsumerGroups and CollectorConfig.Topics, which the
 // database filters on. Sum over partitions in PromQL:
 // sum by (consumergroup, topic) (pglease_consumergroup_lag).
+//
+// CollectorConfig.MaxSeries (10,000 by default) bounds the labelled
+// series of one scrape, so that a database with very many topics or
+// groups (a role that may write the topics table can create them) cannot
+// make a scrape, or Prometheus, hold an unbounded number of series: past
+// it the rest are left out, counted in pglease_scrape_capped_series and
+// logged once. The bound is on what is exported: the queries still read
+// every row of the topics table (topic names are at most 255 bytes,
+// checked by the database).
 //
 // The Inspector runs its lag and topics queries with JIT compilation off
 // (SET LOCAL jit = off in their transaction): their row estimates are high

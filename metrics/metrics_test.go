@@ -23,6 +23,7 @@ import (
 	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/admin"
 	"github.com/pglease/watermill-pglease/internal/pgtest"
+	"github.com/pglease/watermill-pglease/internal/testkit"
 )
 
 // testDSN is the database every test uses; each test works in a schema of
@@ -402,7 +403,7 @@ func TestCollectorScrapeFailure(t *testing.T) {
 	c, err = NewCollector(newInspector(t, pool, adapter), CollectorConfig{ScrapeTimeout: time.Nanosecond})
 	require.NoError(t, err)
 	assert.Equal(t, 0.0, testutil.ToFloat64(only{c, c.up}))
-	assert.Equal(t, 3, testutil.CollectAndCount(c), "pglease_up, pglease_scrape_skipped_series and pglease_scrape_duration_seconds")
+	assert.Equal(t, 4, testutil.CollectAndCount(c), "pglease_up, pglease_scrape_skipped_series, pglease_scrape_capped_series and pglease_scrape_duration_seconds")
 
 	reg := prometheus.NewPedanticRegistry()
 	require.NoError(t, reg.Register(c))
@@ -644,4 +645,45 @@ func TestCollectorNamesNotUTF8(t *testing.T) {
 	assert.Contains(t, values["pglease_consumergroup_lag topic"], `t\xff`)
 	assert.Equal(t, []string{`t\xff`}, values["pglease_topic_messages topic"], "the two topics escape alike: one is left out")
 	assert.Equal(t, 2.0, gauges["pglease_scrape_skipped_series"])
+}
+
+// TestCollectorMaxSeries: past CollectorConfig.MaxSeries, a scrape leaves
+// the rest of its labelled series out, counts them in
+// pglease_scrape_capped_series and logs it once, however many scrapes
+// cap; the series without labels are always exported.
+func TestCollectorMaxSeries(t *testing.T) {
+	pool := newPool(t)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	for i := range 5 {
+		publishN(t, pub, fmt.Sprintf("t%d", i), 1)
+	}
+	insp := newInspector(t, pool, adapter)
+	_, err := NewCollector(insp, CollectorConfig{MaxSeries: -1})
+	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
+
+	logger := testkit.NewCapturingLogger()
+	c, err := NewCollector(insp, CollectorConfig{MaxSeries: 4, Logger: logger})
+	require.NoError(t, err)
+	labelled := func() int {
+		return testutil.CollectAndCount(c, "pglease_topic_partitions", "pglease_topic_newest_message_timestamp_seconds",
+			"pglease_topic_messages", "pglease_consumergroup_lag")
+	}
+	// Five topics: 15 series of topics, 4 exported.
+	assert.Equal(t, 4, labelled())
+	assert.Equal(t, 11.0, testutil.ToFloat64(only{c, c.capped}))
+	assert.Equal(t, 1.0, testutil.ToFloat64(only{c, c.up}))
+	var capped int
+	for _, e := range logger.Entries() {
+		if e.Level == "error" && strings.Contains(e.Msg, "MaxSeries") {
+			capped++
+		}
+	}
+	assert.Equal(t, 1, capped, "logged once over several scrapes: %v", logger.Entries())
+
+	all, err := NewCollector(insp, CollectorConfig{})
+	require.NoError(t, err)
+	assert.Equal(t, 15, testutil.CollectAndCount(all, "pglease_topic_partitions", "pglease_topic_newest_message_timestamp_seconds",
+		"pglease_topic_messages"))
+	assert.Equal(t, 0.0, testutil.ToFloat64(only{all, all.capped}))
 }

@@ -757,4 +757,173 @@ INSERT INTO "pglease_schema_version" (version, description) VALUES (10, 'paralle
 ALTER TABLE "pglease_consumer_sessions"
 	ADD COLUMN IF NOT EXISTS protocol integer NOT NULL DEFAULT 1;
 INSERT INTO "pglease_schema_version" (version, description) VALUES (11, 'consumer groups: the version of the group''s rules each session follows') ON CONFLICT (version) DO NOTHING;
+
+-- version 12: limits in the database: positions set by the database, topic name and partition count checks, retention partitions only where the maintainer adds them
+DO $pglease1$
+DECLARE
+	distributed boolean := false;
+BEGIN
+	CREATE OR REPLACE FUNCTION "pglease_messages_transaction_id"() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog
+		AS $pglease$
+BEGIN
+	-- The owner's import of another system's messages keeps the
+	-- positions it computed (see ImportInsertMessages): only a member of
+	-- the owner's role that asked for it in its transaction.
+	IF pg_catalog.current_setting('pglease.keep_positions', true) = 'on'
+		AND pg_catalog.pg_has_role((SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = TG_RELID), 'USAGE') THEN
+		RETURN NEW;
+	END IF;
+	NEW.transaction_id := pg_catalog.pg_current_xact_id();
+	NEW.created_at := pg_catalog.now();
+	RETURN NEW;
+END
+$pglease$;
+	-- Triggers do not check EXECUTE: no role needs it.
+	REVOKE ALL ON FUNCTION "pglease_messages_transaction_id"() FROM PUBLIC;
+	IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+		EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($1))'
+			INTO distributed USING '"pglease_messages"';
+	END IF;
+	-- A distributed table has the trigger already (DistributeScript): its
+	-- function, replaced above, is what changes.
+	IF NOT distributed AND NOT EXISTS (SELECT 1 FROM pg_trigger
+		WHERE tgrelid = '"pglease_messages"'::regclass AND tgname = 'pglease_messages_transaction_id' AND tgparentid = 0) THEN
+		-- Called only for a row that does not hold the defaults already:
+		-- an insert that leaves them costs the comparison, not a call.
+		CREATE TRIGGER "pglease_messages_transaction_id" BEFORE INSERT ON "pglease_messages"
+			FOR EACH ROW
+			WHEN (NEW.transaction_id <> pg_catalog.pg_current_xact_id() OR NEW.created_at <> pg_catalog.now())
+			EXECUTE FUNCTION "pglease_messages_transaction_id"();
+	END IF;
+END
+$pglease1$;
+DO $pglease$
+DECLARE
+	n bigint;
+	r record;
+BEGIN
+	-- Rows no Publisher or Subscriber can use: a topic name pglease
+	-- refuses (empty, longer than 255 bytes).
+	DELETE FROM "pglease_topics" WHERE octet_length(topic) NOT BETWEEN 1 AND 255;
+	GET DIAGNOSTICS n = ROW_COUNT;
+	IF n > 0 THEN
+		RAISE WARNING 'pglease: deleted % topic settings rows whose topic name is empty or longer than 255 bytes', n;
+	END IF;
+	FOR r IN UPDATE "pglease_topics" SET partitions = 1024, updated_at = now() WHERE partitions > 1024 RETURNING topic LOOP
+		RAISE WARNING 'pglease: topic % had more than 1024 partitions: set to 1024 (messages stored in partitions 1024 and above are not read)',
+			quote_literal(r.topic);
+	END LOOP;
+	DELETE FROM "pglease_delayed" WHERE octet_length(topic) NOT BETWEEN 1 AND 255;
+	GET DIAGNOSTICS n = ROW_COUNT;
+	IF n > 0 THEN
+		RAISE WARNING 'pglease: deleted % delayed messages whose topic name is empty or longer than 255 bytes', n;
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = '"pglease_topics"'::regclass AND conname = 'pglease_topic_limits') THEN
+		ALTER TABLE "pglease_topics" ADD CONSTRAINT pglease_topic_limits
+			CHECK (octet_length(topic) BETWEEN 1 AND 255 AND partitions BETWEEN 1 AND 1024);
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = '"pglease_delayed"'::regclass AND conname = 'pglease_topic_limits') THEN
+		ALTER TABLE "pglease_delayed" ADD CONSTRAINT pglease_topic_limits
+			CHECK (octet_length(topic) BETWEEN 1 AND 255);
+	END IF;
+	-- Messages no Subscriber reads: of such a topic, or in a partition
+	-- above the largest count. Both the delete and the constraint read
+	-- the whole table (a partition added later is checked when it is
+	-- attached, empty).
+	IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = '"pglease_messages"'::regclass AND conname = 'pglease_topic_limits') THEN
+		DELETE FROM "pglease_messages" WHERE octet_length(topic) NOT BETWEEN 1 AND 255 OR partition NOT BETWEEN 0 AND 1023;
+		GET DIAGNOSTICS n = ROW_COUNT;
+		IF n > 0 THEN
+			RAISE WARNING 'pglease: deleted % messages whose topic name is empty or longer than 255 bytes, or whose partition is not between 0 and 1023', n;
+		END IF;
+		ALTER TABLE "pglease_messages" ADD CONSTRAINT pglease_topic_limits
+			CHECK (octet_length(topic) BETWEEN 1 AND 255 AND partition BETWEEN 0 AND 1023);
+	END IF;
+END
+$pglease$;
+DO $pglease1$
+DECLARE
+	msgs regclass := to_regclass('"pglease_messages"');
+	nsp name;
+BEGIN
+	SELECT n.nspname INTO nsp
+	FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = msgs;
+	IF nsp IS NULL THEN
+		RAISE EXCEPTION 'pglease: the messages table % is missing', '"pglease_messages"';
+	END IF;
+	-- CREATE OR REPLACE keeps the function's owner and grants (migration 7).
+	EXECUTE 'CREATE OR REPLACE FUNCTION ' || quote_ident(nsp) || '.' || quote_ident('pglease_messages_add_retention_partition') || '(p_class integer, p_start bigint, p_end bigint) RETURNS boolean
+		LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+		SET search_path = pg_catalog, pg_temp
+		SET lock_timeout = ''5s''
+		AS ' || quote_literal('DECLARE
+	nsp constant text := ' || quote_literal(nsp) || ';
+' || $pglease$
+	msgs constant text := 'pglease_messages';
+	retention constant text := 'pglease_retention';
+	hash constant text := '512c92c5';
+	suffix text;
+	part text;
+	k integer;
+	width bigint;
+	topics constant text := 'pglease_topics';
+	longest bigint;
+	now_s bigint;
+BEGIN
+	IF p_class IS NULL OR p_class < 1 OR p_class > 62 THEN
+		RAISE EXCEPTION 'pglease: retention class % is not between 1 and 62', p_class USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	-- The width of the class's time slots, as retentionSlot computes it;
+	-- a partition covers one slot, from a multiple of the width on.
+	width := 1::bigint << greatest(0, p_class - 3);
+	IF p_start IS NULL OR p_start < 0 OR p_start > 253402300799 - width OR p_start % width <> 0 THEN
+		RAISE EXCEPTION 'pglease: partition start % is not a Unix time in seconds at the start of a slot of class % (% s wide)', p_start, p_class, width
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	suffix := 'r' || p_class || '_' || p_start;
+	part := msgs || '_' || suffix;
+	IF octet_length(part) > 63 THEN
+		-- Cut at a character boundary, as PartitionName does.
+		k := char_length(msgs);
+		WHILE octet_length(convert_to(left(msgs, k), 'UTF8')) > 53 - octet_length(suffix) LOOP
+			k := k - 1;
+		END LOOP;
+		part := left(msgs, k) || '_' || hash || '_' || suffix;
+	END IF;
+	IF p_end IS DISTINCT FROM p_start + width THEN
+		RAISE EXCEPTION 'pglease: partition end % is not the end of the slot of class % from %', p_end, p_class, p_start
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	-- Only a slot the maintainer adds now: of a class a topic has, from
+	-- the slot of now (or one that ended at most 10 s ago) to the longest
+	-- retention of the class's topics (at most the class's own) and two
+	-- slots more.
+	EXECUTE format('SELECT ceil(extract(epoch FROM max(t.retention)))::bigint FROM %I.%I t
+		WHERE t.retention_class = $1 AND t.retention > interval %L', nsp, topics, '0')
+		INTO longest USING p_class;
+	IF longest IS NULL THEN
+		RAISE EXCEPTION 'pglease: no topic has retention class %', p_class USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	longest := least(longest, 1::bigint << (p_class - 1));
+	now_s := floor(extract(epoch FROM now()))::bigint;
+	IF p_start + width < now_s - 10 OR p_start >= now_s + longest + 3 * width THEN
+		RAISE EXCEPTION 'pglease: the slot of class % from % is not one the maintainer adds now (from % to %)',
+			p_class, p_start, now_s - 10 - width, now_s + longest + 3 * width
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = nsp AND c.relname = part) THEN
+		RETURN false;
+	END IF;
+	EXECUTE format('CREATE TABLE %I.%I (LIKE %I.%I INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', nsp, part, nsp, msgs);
+	EXECUTE format('ALTER TABLE %I.%I ADD PRIMARY KEY (topic, partition, transaction_id, "offset")', nsp, part);
+	EXECUTE format('ALTER TABLE %I.%I ATTACH PARTITION %I.%I FOR VALUES FROM (%s, to_timestamp(%s)) TO (%s, to_timestamp(%s))',
+		nsp, msgs, nsp, part, p_class, p_start, p_class, p_end);
+	EXECUTE format('UPDATE %I.%I SET covered_until = $1, updated_at = now() WHERE retention_class = $2 AND covered_until < $1', nsp, retention)
+		USING to_timestamp(p_end), p_class::smallint;
+	RETURN true;
+END
+$pglease$);
+END
+$pglease1$;
+INSERT INTO "pglease_schema_version" (version, description) VALUES (12, 'limits in the database: positions set by the database, topic name and partition count checks, retention partitions only where the maintainer adds them') ON CONFLICT (version) DO NOTHING;
 COMMIT;

@@ -131,10 +131,7 @@ func (t *Tables) DistributeScript() string {
 	END IF;
 	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = ` + lit(t.Messages) + `::regclass) THEN
 		EXECUTE ` + lit(`CREATE OR REPLACE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog AS `+
-		dollarQuote(`BEGIN
-	NEW.transaction_id := pg_catalog.pg_current_xact_id();
-	RETURN NEW;
-END`)) + `;
+		dollarQuote(t.render("0012_position.plpgsql"))) + `;
 		EXECUTE ` + lit(`DROP TRIGGER IF EXISTS `+pgx.Identifier{trigger}.Sanitize()+` ON `+t.Messages) + `;
 		EXECUTE ` + lit(`CREATE TRIGGER `+pgx.Identifier{trigger}.Sanitize()+` BEFORE INSERT ON `+t.Messages+
 		` FOR EACH ROW EXECUTE FUNCTION `+fn+`()`) + `;
@@ -197,6 +194,16 @@ func notifyAsText(sql string) string {
 // worker's transaction counter.
 func citusHereIs(n int) string { return `($` + strconv.Itoa(n) + `::text IS NOT NULL)` }
 
+// MoveBurnBatch and MoveBurnMax bound [PrepareMoveScript]: the worker
+// consumes transaction ids in transactions of at most MoveBurnBatch
+// subtransactions each (about 4 s at the 240,000 a second measured here),
+// and a script that would consume more than MoveBurnMax in all (about 7
+// minutes) consumes none and raises an error instead.
+const (
+	MoveBurnBatch = 1_000_000
+	MoveBurnMax   = 100_000_000
+)
+
 // PrepareMoveScript returns the script that raises the transaction
 // counter of the worker at host:port to at least margin above the
 // highest counter of the cluster's workers, run on the coordinator right
@@ -207,10 +214,14 @@ func citusHereIs(n int) string { return `($` + strconv.Itoa(n) + `::text IS NOT 
 // below the groups' positions (skipped). The moved rows' transaction ids
 // lie below the source's counter when the move blocks their writes; the
 // margin covers what the source takes between the script and then. The
-// worker consumes the transaction ids it lacks in one transaction of
-// subtransactions that each write a row of a temporary table (about
-// 240,000 a second measured here); while it runs, the worker's other
-// snapshots take the slower path of an overflowed subtransaction cache.
+// worker consumes the transaction ids it lacks in transactions of
+// MoveBurnBatch subtransactions that each write a row of a temporary
+// table (about 240,000 a second measured here), each committed before the
+// next: while one runs, the worker's other snapshots take the slower path
+// of an overflowed subtransaction cache. When the worker lacks more than
+// MoveBurnMax (margin included), the script consumes nothing and raises
+// an error that says by how much: a counter that far behind is raised
+// with pg_resetwal (see docs/scaling.md), not by consuming ids.
 func PrepareMoveScript(host string, port int, margin uint64) string {
 	const counters = `'SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())'`
 	return doBlock(`DECLARE
@@ -228,7 +239,11 @@ BEGIN
 	IF have IS NULL THEN
 		RAISE EXCEPTION 'pglease: no worker %:% in the cluster', ` + quoteLiteral(host) + `, ` + strconv.Itoa(port) + `;
 	END IF;
-	IF have < top THEN
+	IF top - have > ` + strconv.Itoa(MoveBurnMax) + ` THEN
+		RAISE EXCEPTION 'pglease: worker %:% is % transaction ids behind the highest counter of the workers plus the margin, more than the % this script consumes (about 7 minutes): raise its counter with pg_resetwal --epoch, or move the shard to a worker closer to the others', ` + quoteLiteral(host) + `, ` + strconv.Itoa(port) + `, top - have, ` + strconv.Itoa(MoveBurnMax) + `
+			USING ERRCODE = 'program_limit_exceeded';
+	END IF;
+	WHILE have < top LOOP
 		SELECT * INTO burnt FROM pg_catalog.master_run_on_worker(ARRAY[` + quoteLiteral(host) + `], ARRAY[` + strconv.Itoa(port) + `],
 			ARRAY[pg_catalog.format(` + quoteLiteral(`DO $burn$ BEGIN
 	CREATE TEMPORARY TABLE IF NOT EXISTS pglease_counter (x integer);
@@ -239,10 +254,11 @@ BEGIN
 		END;
 	END LOOP;
 	DROP TABLE pglease_counter;
-END $burn$`) + `, top - have)], false);
+END $burn$`) + `, LEAST(top - have, ` + strconv.Itoa(MoveBurnBatch) + `))], false);
 		IF NOT burnt.success THEN
 			RAISE EXCEPTION 'pglease: raising the transaction counter of worker %:% failed: %', ` + quoteLiteral(host) + `, ` + strconv.Itoa(port) + `, burnt.result;
 		END IF;
-	END IF;
+		have := have + LEAST(top - have, ` + strconv.Itoa(MoveBurnBatch) + `);
+	END LOOP;
 END`)
 }

@@ -89,7 +89,7 @@ func TestCitusLateCommit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.WentBack || res.Future {
+		if res.WentBack || res.Future != nil {
 			t.Fatalf("SelectMessages = %+v", res)
 		}
 		return res

@@ -425,7 +425,16 @@ FROM unnest($3::bigint[], $4::text[], $5::bytea[], $6::text[], $7::timestamptz[]
 
 // ImportInsertMessages stores messages in partition 0 of p.Topic at the
 // positions (p.TransactionID, p.Offsets[i]), created at p.CreatedAt[i].
+//
+// The messages table's trigger sets the position of every row inserted
+// (see migration 12) unless the transaction asked to keep them
+// (pglease.keep_positions) and its role is a member of the table's owner:
+// the import asks, for the rest of its transaction; run by another role,
+// its rows get the position of its transaction and the time of now.
 func ImportInsertMessages(ctx context.Context, q Querier, t *Tables, p ImportMessagesParams) error {
+	if _, err := q.Exec(ctx, `SELECT pg_catalog.set_config('pglease.keep_positions', 'on', true)`); err != nil {
+		return err
+	}
 	_, err := exec(ctx, q, t.importInsertMessages(p))
 	return err
 }

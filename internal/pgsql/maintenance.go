@@ -235,11 +235,13 @@ ORDER BY 1, 2`,
 // (CREATE TABLE ... PARTITION OF would block them). A maintainer that is
 // a member of the owner role, not the owner, gives the partition to the
 // owner, so that the owner's functions can drop it later.
+// It copies the messages table's CHECK constraints (schema version 12),
+// which ATTACH PARTITION requires.
 func (t *Tables) CreateRetentionPartition(p RetentionPartition) []string {
 	part := t.retentionPartition(p)
 	return []string{
 		`SET LOCAL lock_timeout = '5s'`,
-		`CREATE TABLE ` + part + ` (LIKE ` + t.Messages + ` INCLUDING DEFAULTS)`,
+		`CREATE TABLE ` + part + ` (LIKE ` + t.Messages + ` INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
 		`ALTER TABLE ` + part + ` ADD PRIMARY KEY (topic, partition, transaction_id, "offset")`,
 		doBlock(`DECLARE
 	owner name := (SELECT pg_catalog.pg_get_userbyid(relowner) FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass(` + quoteLiteral(t.Messages) + `)::oid);

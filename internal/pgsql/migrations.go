@@ -166,6 +166,7 @@ var migrations = []struct {
 	// default, 1, is theirs. Adding a column with a constant default
 	// rewrites nothing, and no statement of those releases names it.
 	{"0011_session_protocol.sql", "consumer groups: the version of the group's rules each session follows"},
+	{"0012_guards.sql", "limits in the database: positions set by the database, topic name and partition count checks, retention partitions only where the maintainer adds them"},
 }
 
 // Migrations returns every schema version, oldest first, for these tables.
@@ -219,6 +220,10 @@ func (t *Tables) placeholders() map[string]string {
 	if retention == "" {
 		retention = DefaultRetentionTable
 	}
+	topics := t.TopicsTable
+	if topics == "" {
+		topics = DefaultTopicsTable
+	}
 	sum := sha256.Sum256([]byte(msgs))
 	expiresAtIdx := pgx.Identifier{t.indexBareName(t.ConsumerSessionsTable, DefaultConsumerSessionsTable, "expires_at_idx")}
 	if t.Schema != "" {
@@ -262,6 +267,13 @@ func (t *Tables) placeholders() map[string]string {
 		"delayed_literal":     quoteLiteral(t.Delayed),
 		"retention_literal":   quoteLiteral(t.Retention),
 		"maintenance_literal": quoteLiteral(t.Maintenance),
+		"topics_literal":      quoteLiteral(t.Topics),
+
+		// Migration 11: the trigger that sets a message's position, and
+		// its function (DistributeScript's too).
+		"position_fn":              t.partition("transaction_id"),
+		"position_trigger":         pgx.Identifier{t.partitionName("transaction_id")}.Sanitize(),
+		"position_trigger_literal": quoteLiteral(t.partitionName("transaction_id")),
 
 		"sessions_expires_at_idx":           t.indexName(t.ConsumerSessionsTable, DefaultConsumerSessionsTable, "expires_at_idx"),
 		"sessions_expires_at_idx_qualified": expiresAtIdx.Sanitize(),
@@ -274,6 +286,7 @@ func (t *Tables) placeholders() map[string]string {
 		// functions' own names.
 		"messages_name_literal":  quoteLiteral(msgs),
 		"retention_name_literal": quoteLiteral(retention),
+		"topics_name_literal":    quoteLiteral(topics),
 		"messages_hash_literal":  quoteLiteral(hex.EncodeToString(sum[:4])),
 		"fn_add_literal":         quoteLiteral(t.partitionName(fnAddPartition)),
 		"fn_expire_literal":      quoteLiteral(t.partitionName(fnExpirePartition)),

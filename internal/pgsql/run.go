@@ -114,10 +114,14 @@ type SelectResult struct {
 	// Pending reports committed messages after the position that are not
 	// visible to every transaction yet (an older transaction still runs).
 	Pending bool
-	// Future reports a stored message whose transaction id lies ahead of
-	// the database's transaction counter (rows copied from another
-	// cluster); Messages and Pending are then not set.
-	Future bool
+	// Future is the highest stored message of the partition whose
+	// transaction id lies at or above the database's transaction
+	// counter, if any: a row no transaction of this database wrote (its
+	// trigger sets every row's transaction id), copied from another
+	// cluster or written by the owner. It is not among Messages (it is
+	// returned only once the counter has passed it); its Payload and
+	// Metadata are not read.
+	Future *MessageRow
 	// WentBack reports that the statement ran elsewhere than p.Here, or
 	// that p.After lies ahead of the transaction counter: the database
 	// is not on the history the position was read on. Nothing else is
@@ -158,7 +162,18 @@ func SelectMessages(ctx context.Context, q Querier, t *Tables, p SelectMessagesP
 			return SelectResult{WentBack: true}, nil
 		}
 		if future {
-			return SelectResult{Future: true}, nil
+			out.Pending = out.Pending || more
+			txText := res.RawValues()[1]
+			if !offset.Valid || txText == nil || !msgUUID.Valid {
+				return SelectResult{}, fmt.Errorf("incomplete row")
+			}
+			f := &MessageRow{UUID: msgUUID.String}
+			f.Position.Offset = offset.Int64
+			if f.Position.TransactionID, err = parseXID8Bytes(txText); err != nil {
+				return SelectResult{}, err
+			}
+			out.Future = f
+			continue
 		}
 		if more {
 			out.Pending = true

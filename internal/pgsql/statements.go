@@ -192,8 +192,12 @@ func oneTopic(topics []string) bool {
 // index scan would start at p.After and walk the whole backlog.)
 //
 // The pending row reads the highest transaction id at or above xmin (one
-// step of a backward index scan): at or above the snapshot's xmax, no
-// transaction of this cluster can have written it.
+// step of a backward index scan). At or above the snapshot's xmax, no
+// transaction of this database can have written it (the trigger of
+// migration 12 gives every row its inserting transaction's id): the row
+// is reported as future, with its position and UUID, and pending is then
+// whether a row lies between xmin and xmax (one more probe, made only
+// then). Such a row is never returned while the counter is below it.
 //
 // A last row reports that the statement ran elsewhere than p.Here, or
 // that p.After lies at or above the transaction counter: the position was
@@ -233,8 +237,17 @@ WHERE m.topic = $1 AND m.partition = $2 AND ` + t.classesOf("$1") + `
 ORDER BY m.transaction_id, m."offset"
 LIMIT $5)
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, true, t.transaction_id >= pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()), NULL, false
-FROM (SELECT m.transaction_id FROM ` + t.Messages + ` m
+SELECT CASE WHEN t.future THEN t."offset" END, CASE WHEN t.future THEN t.transaction_id::text END,
+	CASE WHEN t.future THEN t.uuid END, NULL, NULL,
+	CASE WHEN t.future THEN EXISTS (SELECT FROM ` + t.Messages + ` m
+		WHERE m.topic = $1 AND m.partition = $2 AND ` + t.classesOf("$1") + `
+			AND m.transaction_id >= pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())
+			AND m.transaction_id < pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()))
+	ELSE true END,
+	t.future, NULL, false
+FROM (SELECT m."offset", m.transaction_id, m.uuid,
+		m.transaction_id >= pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()) AS future
+	FROM ` + t.Messages + ` m
 	WHERE m.topic = $1 AND m.partition = $2 AND ` + t.classesOf("$1") + `
 		AND m.transaction_id >= pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())
 	ORDER BY m.transaction_id DESC
