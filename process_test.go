@@ -1019,7 +1019,10 @@ func TestCleanShutdownDeliversNothingTwice(t *testing.T) {
 			}
 			require.NoError(t, pub.Publish("t", msgs...))
 			cfg := helperConfig{Schema: adapter.Schema, Group: "g", Topics: []string{"t"}, Mode: modeReadme,
-				Work: 20 * time.Millisecond, SessionTTL: 2 * time.Second, PollInterval: 100 * time.Millisecond,
+				// A clean hand-over does not wait for the TTL; a long one keeps
+				// a process slowed by a loaded machine from self-fencing,
+				// which is an unclean end (redelivery allowed).
+				Work: 20 * time.Millisecond, SessionTTL: 10 * time.Second, PollInterval: 100 * time.Millisecond,
 				MaxInFlight: tc.maxInFlight}
 			a := startHelper(t, cfg.named("A"))
 			waitProgress(t, pool, adapter, "A", time.Time{}, tc.termAfter, time.Minute)
