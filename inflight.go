@@ -409,7 +409,6 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcom
 				if offerSettled != nil {
 					offerSettled(settlement(offerMsg, stopped))
 				}
-				offer, offerMsg, offerCancel, offerSettled = nil, nil, nil, nil
 			}
 			return c.windowDrain(g, events, out, settle)
 		}

@@ -315,10 +315,10 @@ func TestWaitingKeyDoesNotHoldOthers(t *testing.T) {
 					}
 					select {
 					case msg := <-msgs:
-						switch {
-						case msg.UUID == a[0]:
+						switch msg.UUID {
+						case a[0]:
 							pending = msg
-						case msg.UUID == a[1]:
+						case a[1]:
 							a2 = msg.UUID
 							msg.Ack()
 						default:

@@ -118,7 +118,7 @@ func printTopicsTable(e *cmdEnv, topics []admin.TopicInfo) {
 // shellQuote quotes s for a POSIX shell unless it is a plain word.
 func shellQuote(s string) string {
 	plain := s != "" && strings.IndexFunc(s, func(r rune) bool {
-		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._-/:=@+", r))
+		return (r < 'a' || r > 'z') && (r < 'A' || r > 'Z') && (r < '0' || r > '9') && !strings.ContainsRune("._-/:=@+", r)
 	}) < 0
 	if plain {
 		return s

@@ -265,10 +265,6 @@ func TestUIServerDisconnectsSlowClients(t *testing.T) {
 	assert.Equal(t, http.StatusRequestHeaderFieldsTooLarge, resp.StatusCode)
 }
 
-// noRedirects is a client that returns redirects instead of following
-// them.
-var noRedirects = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-
 // TestUIRedirectsOnlyToTheConsole: after the token in the address, the
 // console sends the browser to the same page of the console without the
 // token, and for any other path to the overview: never to another site,
