@@ -231,7 +231,11 @@ func TestMultiByteTableNames(t *testing.T) {
 	appPool := poolAs(t, app, 2)
 	qualified := func(name string) string { return pgx.Identifier{adapter.Schema, name}.Sanitize() }
 
-	const start = int64(1_700_000_000)
+	// A topic of class 3 (1 s slots): the add function adds only slots of
+	// a class some topic has, from now to its longest retention ahead.
+	execAll(t, pool, "INSERT INTO "+qualified(pglease.DefaultTopicsTable)+
+		" (topic, retention, retention_class, classes_from, classes_to) VALUES ('r3', '2 seconds', 3, 3, 3)")
+	start := time.Now().Unix() + 1
 	p := pgsql.RetentionPartition{Class: 3, Start: time.Unix(start, 0), End: time.Unix(start+1, 0)}
 	add := tablesOf(adapter).CallAddRetentionPartition(p)
 	var done bool
