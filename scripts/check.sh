@@ -9,6 +9,10 @@
 #   Without a STEP, every step of ALL_STEPS, in that order (make test).
 #   Steps:
 #     gofmt       gofmt -l over every Go file
+#     goversion   every module's go directive at most the README's "Go X.Y
+#                 or later", and the library, otel and metrics modules
+#                 vetted with that Go (GOTOOLCHAIN=goX.Y.0, fetched by the
+#                 go command from the module proxy on first use)
 #     vet         go vet ./...
 #     lint        golangci-lint over every module (scripts/lint.sh)
 #     examples    go build of _examples
@@ -27,7 +31,7 @@
 #                 test-pgbouncer; not in ALL_STEPS, which runs them in race)
 set -euo pipefail
 
-ALL_STEPS=(gofmt vet lint examples benchmarks container metrics otel ui race pgbouncer idle reconnect)
+ALL_STEPS=(gofmt goversion vet lint examples benchmarks container metrics otel ui race pgbouncer idle reconnect)
 
 ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)"
 cd -- "$ROOT"
@@ -49,6 +53,35 @@ step_gofmt() {
 		fi
 	fi
 	echo "ok (${#files[@]} files)"
+}
+
+# The oldest Go the README names ("Go 1.25 or later") is what every
+# module's go directive may ask at most: a higher one raises the go
+# directive of a user's module on `go get`. The modules users import are
+# vetted (built with their tests) with that Go itself.
+step_goversion() {
+	local want mods=() m v bad=0
+	want="$(sed -n 's/^- Go \([0-9][0-9.]*\) or later.*/\1/p' README.md | head -1)"
+	if [[ -z "$want" ]]; then
+		echo "README.md names no \"Go X.Y or later\" line" >&2
+		exit 1
+	fi
+	step "go directives at most $want (README), vet with go$want.0"
+	mapfile -t mods < <(find . -name go.mod -not -path './.git/*' -not -path '*/testdata/*' -not -path './.tmp/*' | sort)
+	for m in "${mods[@]}"; do
+		v="$(sed -n 's/^go \([0-9.]*\).*/\1/p' "$m")"
+		if [[ "$(printf '%s\n%s.0\n' "$v" "$want" | sort -V | tail -1)" != "$want.0" && "$v" != "$want" ]]; then
+			echo "$m: go $v, above the README's Go $want" >&2
+			bad=1
+		fi
+	done
+	((bad == 0)) || exit 1
+	echo "ok (${#mods[@]} modules)"
+	for m in . otel metrics; do
+		echo "(cd $m && GOTOOLCHAIN=go$want.0 go vet ./...)"
+		(cd -- "$m" && GOTOOLCHAIN="go$want.0" go vet ./...)
+	done
+	echo "ok"
 }
 
 step_vet() {
