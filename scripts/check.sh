@@ -29,6 +29,10 @@
 #                 restart of the server
 #     pooler      the PgBouncer tests of the race pass alone (make
 #                 test-pgbouncer; not in ALL_STEPS, which runs them in race)
+#     server      the tests of what depends on the server's version (make
+#                 test-server PG=17; not in ALL_STEPS, whose race pass runs
+#                 them all): SERVER_TESTS of the root package, and the
+#                 packages of SERVER_PKGS whole
 set -euo pipefail
 
 ALL_STEPS=(gofmt goversion vet lint examples benchmarks container metrics otel ui race pgbouncer idle reconnect)
@@ -190,6 +194,23 @@ step_pooler() {
 	step "go test -race, the PgBouncer tests"
 	go test -race -count=1 -timeout 10m -run 'PgBouncer|TestCheckDirect' .
 	go test -race -count=1 -timeout 10m -run 'PgBouncer|TestConnectAndRestart' ./internal/pgtest
+}
+
+# What pglease takes from the server that changes between major versions:
+# snapshots and xid8, the identity read from the WAL position, the
+# postmaster's start time and the statistics' reset time (failover, crash
+# recovery, a restart), pg_locks and advisory locks, partition DDL,
+# LISTEN/NOTIFY (through PgBouncer too), roles and grants, the planner on
+# the messages index. CI runs these on every version but the one of `make
+# test` (.ci/run).
+SERVER_TESTS='TestPubSub|Failover|Crash|ExactlyOnce|AckInTx|TxHandler|TestStaleOwner|PgBouncer|TestCheckDirect|TestPollOnly|TestListener|TestSchemaSetUp|TestUpgrade|TestLeastPrivilegeRole|TestMaintainerWithoutGrantsStandsAside|TestMaintainerFunctions|TestGrantSQL|TestSetUpByAnApplicationRole|TestPublisherOnlyRole|TestMigrat|TestRuntimeRunsNothing|TestMultiByteTableNames|TestForgedNotifications|TestRefusedRelease|TestDatabaseRestart|TestTerminatedConnections|TestPartition|TestRetention|TestIdlePoll|TestHotTables|TestMaintainerElection'
+SERVER_PKGS=(./internal/pgsql ./internal/pgrepl ./internal/pgtest ./admin)
+
+step_server() {
+	step "go test -race, the root package's tests that depend on the server's version"
+	go test -race -count=1 -timeout 30m -run "$SERVER_TESTS" .
+	step "go test -race ${SERVER_PKGS[*]}"
+	go test -race -count=1 -p 1 -timeout 20m "${SERVER_PKGS[@]}"
 }
 
 # Behind PgBouncer in transaction mode (localpg starts one): the tests of
