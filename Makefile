@@ -8,8 +8,24 @@
 # bring (PostgreSQL, PgBouncer, Chromium, Redis) are installed from Debian's
 # packages by scripts/install-deps.sh, which a target runs only when one it
 # needs is missing.
+#
+# PG=17 or PG=18 (e.g. `make test PG=17`) runs the targets that start a
+# server on that major version instead of Debian 12's 15: the build of
+# scripts/build-postgresql.sh (from Debian's source package, once per
+# machine, in /var/cache/pglease; PGLEASE_PG_CACHE moves it), linked from
+# .tmp/postgresql-VERSION and passed to localpg and the tests in
+# PGLEASE_PG_BINDIR. PG=15 names Debian's package explicitly.
 
 LOCALPG_BIN := .tmp/bin/localpg
+PG ?=
+ifneq ($(filter-out 15 17 18,$(PG)),)
+$(error PG=$(PG): the versions are 15 (Debian's package, the default), 17 and 18 (built by scripts/build-postgresql.sh))
+endif
+ifneq ($(filter 17 18,$(PG)),)
+export PGLEASE_PG_BINDIR := $(CURDIR)/.tmp/postgresql-$(PG)/bin
+else ifeq ($(PG),15)
+export PGLEASE_PG_BINDIR := /usr/lib/postgresql/15/bin
+endif
 LOCALPG := $(LOCALPG_BIN) run --
 # $(call DEPS,WHAT...): install-deps.sh WHAT..., when one of them is missing.
 DEPS = $(if $(strip $(1)),@scripts/install-deps.sh --check $(1) || scripts/install-deps.sh $(1))
@@ -19,7 +35,7 @@ SERVER_DEPS := $(if $(PGLEASE_TEST_DSN)$(DATABASE_URL),,postgresql pgbouncer)
 MODULES := $(sort $(patsubst %/,%,$(dir $(shell find . -name go.mod -not -path "./.git/*" -not -path "*/testdata/*"))))
 
 .DEFAULT_GOAL := help
-.PHONY: help check unit test test-pgbouncer test-ui lint bench bench-otel bench-insert demo stress pg screenshots fmt localpg test-citus
+.PHONY: help check unit test test-server test-pgbouncer test-ui lint bench bench-otel bench-insert demo stress pg screenshots fmt localpg test-citus
 
 ## help: this list
 help:
@@ -39,12 +55,17 @@ test: localpg
 	$(call DEPS,test)
 	$(LOCALPG) scripts/check.sh
 
+## test-server: the tests of what depends on the server's version (scripts/check.sh server): what CI runs with PG=17 and PG=18
+test-server: localpg
+	$(call DEPS,$(SERVER_DEPS))
+	$(LOCALPG) scripts/check.sh server
+
 ## test-citus: the tests on a Citus cluster (coordinator + 2 workers, internal/cmd/localcitus), one package at a time (some move shards); installs Citus from $(CITUS_SRC) when missing (as root)
 CITUS_SRC ?= ../shared/citus
 test-citus:
 	@[ -f "$$(ls -d /usr/lib/postgresql/*/lib 2>/dev/null | sort -V | tail -1)/citus.so" ] || [ -x "$(CITUS_SRC)/install.sh" ] || { echo "test-citus: Citus is not installed and its source is not in $(CITUS_SRC) (expected: install.sh and citus-13.2.2-src.tar.xz; set CITUS_SRC)" >&2; exit 1; }
 	@[ ! -x "$(CITUS_SRC)/install.sh" ] || $(CITUS_SRC)/install.sh
-	go run ./internal/cmd/localcitus -- go test -race -count=1 -p 1 -run 'Citus' -timeout 10m . ./internal/pgsql ./cmd/pglease
+	PGLEASE_PG_BINDIR= go run ./internal/cmd/localcitus -- go test -race -count=1 -p 1 -run 'Citus' -timeout 10m . ./internal/pgsql ./cmd/pglease
 
 ## test-pgbouncer: the tests through PgBouncer in transaction mode
 test-pgbouncer: localpg
@@ -101,6 +122,9 @@ screenshots: localpg
 fmt:
 	@files="$$(scripts/gofiles.sh)"; if [ -n "$$files" ]; then gofmt -l -w $$files; fi
 
-## localpg: build internal/cmd/localpg into .tmp/bin (every target above that needs PostgreSQL does)
+## localpg: build internal/cmd/localpg into .tmp/bin (every target above that needs PostgreSQL does); with PG=17 or 18, build that PostgreSQL first when it is not in the machine's cache (scripts/build-postgresql.sh: 10 to 20 minutes on 2 cores, once)
 localpg:
 	@go build -o $(LOCALPG_BIN) ./internal/cmd/localpg
+ifneq ($(filter 17 18,$(PG)),)
+	@scripts/build-postgresql.sh --check $(PG) 2>/dev/null || scripts/build-postgresql.sh $(PG)
+endif

@@ -89,9 +89,10 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 // WithPropagator sets the propagator that writes the trace context into
 // each published message's metadata and reads it back on delivery.
 // Default: the global one (otel.GetTextMapPropagator), read when the
-// wrapper is made; set it to propagation.TraceContext{} (W3C traceparent,
-// tracestate), with Baggage if wanted, as the global default propagates
-// nothing.
+// wrapper is made; when none was set globally (OpenTelemetry's global
+// default propagates nothing), propagation.TraceContext{}: W3C
+// traceparent and tracestate. Set Baggage (a composite propagator) here
+// or globally if wanted.
 func WithPropagator(p propagation.TextMapPropagator) Option {
 	return func(c *config) { c.prop = p }
 }
@@ -139,6 +140,12 @@ func newTelemetry(opts []Option) *telemetry {
 	}
 	if c.prop == nil {
 		c.prop = otelapi.GetTextMapPropagator()
+		if len(c.prop.Fields()) == 0 {
+			// No global propagator was set: the global one writes and
+			// reads nothing, which would leave every consumer span
+			// without its link to the producer's span.
+			c.prop = propagation.TraceContext{}
+		}
 	}
 	t := &telemetry{
 		tracer:   c.tp.Tracer(ScopeName, trace.WithSchemaURL(semconv.SchemaURL)),

@@ -5,7 +5,7 @@
 // module does not depend on OpenTelemetry.
 //
 // It follows the OpenTelemetry messaging semantic conventions of
-// semconv v1.43.0 (go.opentelemetry.io/otel v1.47.0; the messaging
+// semconv v1.43.0 (go.opentelemetry.io/otel v1.46.0; the messaging
 // conventions are still in development): messaging.system is "pglease".
 //
 // # Wiring
@@ -13,7 +13,6 @@
 // Wrap the Publisher and pass the Subscriber's config through
 // [Instrument]; everything else stays as it is:
 //
-//	otel.SetTextMapPropagator(propagation.TraceContext{}) // once, or otel.WithPropagator
 //	pub := pgleaseotel.WrapPublisher(publisher)
 //	sub, err := pglease.NewSubscriber(pool, pgleaseotel.Instrument(pglease.SubscriberConfig{ConsumerGroup: "billing"}), logger)
 //
@@ -25,9 +24,11 @@
 //
 // By default the wrappers take the global TracerProvider, MeterProvider
 // and propagator (read when the wrapper is made); [WithTracerProvider],
-// [WithMeterProvider] and [WithPropagator] set others. The global
-// propagator propagates nothing until one is set: set
-// propagation.TraceContext{} (W3C traceparent and tracestate).
+// [WithMeterProvider] and [WithPropagator] set others. When no global
+// propagator was set (OpenTelemetry's global default propagates nothing),
+// the wrappers use W3C trace context (propagation.TraceContext:
+// traceparent and tracestate), so that consumer spans link to the
+// producer's without any set-up.
 //
 // # Publishing
 //

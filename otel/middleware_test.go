@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	otelapi "go.opentelemetry.io/otel"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -131,6 +132,38 @@ func TestMiddlewareAlone(t *testing.T) {
 		out = sends[0]
 	}
 	assert.Equal(t, ok.SpanContext.SpanID(), out.Parent.SpanID(), "the produced message is published under the consumer span")
+}
+
+// TestDefaultPropagatorIsTraceContext: with no propagator given and none
+// set globally, the wrappers write W3C trace context into the message and
+// read it back, so the consumer span links to the producer's span.
+func TestDefaultPropagatorIsTraceContext(t *testing.T) {
+	if fields := otelapi.GetTextMapPropagator().Fields(); len(fields) != 0 {
+		t.Skipf("a global propagator is set already (fields %v): an example ran before in this binary", fields)
+	}
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	opts := []otel.Option{otel.WithTracerProvider(tp)}
+	msg := message.NewMessage(watermill.NewUUID(), []byte("x"))
+	var traceparent string
+	routeOnce(t, otel.Middleware(opts...), func(p message.Publisher) message.Publisher { return p },
+		msg, func(p message.Publisher) message.Publisher { return otel.WrapPublisher(p, opts...) },
+		func(m *message.Message) ([]*message.Message, error) {
+			traceparent = m.Metadata.Get("traceparent")
+			return []*message.Message{message.NewMessage(watermill.NewUUID(), nil)}, nil
+		})
+	assert.NotEmpty(t, traceparent, "the published message carries a traceparent")
+	send := sendSpan(t, exp, "send in")
+	var process *tracetest.SpanStub
+	for _, s := range exp.GetSpans() {
+		if s.Name == "process in" {
+			process = &s
+		}
+	}
+	require.NotNil(t, process, "spans: %v", names(exp.GetSpans()))
+	require.Len(t, process.Links, 1, "the consumer span links to the producer's")
+	assert.Equal(t, send.TraceID(), process.Links[0].SpanContext.TraceID())
+	assert.Equal(t, send.SpanID(), process.Links[0].SpanContext.SpanID())
 }
 
 // TestProducerAsParent: WithProducerAsParent makes the consumer span a

@@ -9,6 +9,10 @@
 #   Without a STEP, every step of ALL_STEPS, in that order (make test).
 #   Steps:
 #     gofmt       gofmt -l over every Go file
+#     goversion   every module's go directive at most the README's "Go X.Y
+#                 or later", and the library, otel and metrics modules
+#                 vetted with that Go (GOTOOLCHAIN=goX.Y.0, fetched by the
+#                 go command from the module proxy on first use)
 #     vet         go vet ./...
 #     lint        golangci-lint over every module (scripts/lint.sh)
 #     examples    go build of _examples
@@ -25,9 +29,13 @@
 #                 restart of the server
 #     pooler      the PgBouncer tests of the race pass alone (make
 #                 test-pgbouncer; not in ALL_STEPS, which runs them in race)
+#     server      the tests of what depends on the server's version (make
+#                 test-server PG=17; not in ALL_STEPS, whose race pass runs
+#                 them all): SERVER_TESTS of the root package, and the
+#                 packages of SERVER_PKGS whole
 set -euo pipefail
 
-ALL_STEPS=(gofmt vet lint examples benchmarks container metrics otel ui race pgbouncer idle reconnect)
+ALL_STEPS=(gofmt goversion vet lint examples benchmarks container metrics otel ui race pgbouncer idle reconnect)
 
 ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)"
 cd -- "$ROOT"
@@ -49,6 +57,35 @@ step_gofmt() {
 		fi
 	fi
 	echo "ok (${#files[@]} files)"
+}
+
+# The oldest Go the README names ("Go 1.25 or later") is what every
+# module's go directive may ask at most: a higher one raises the go
+# directive of a user's module on `go get`. The modules users import are
+# vetted (built with their tests) with that Go itself.
+step_goversion() {
+	local want mods=() m v bad=0
+	want="$(sed -n 's/^- Go \([0-9][0-9.]*\) or later.*/\1/p' README.md | head -1)"
+	if [[ -z "$want" ]]; then
+		echo "README.md names no \"Go X.Y or later\" line" >&2
+		exit 1
+	fi
+	step "go directives at most $want (README), vet with go$want.0"
+	mapfile -t mods < <(find . -name go.mod -not -path './.git/*' -not -path '*/testdata/*' -not -path './.tmp/*' | sort)
+	for m in "${mods[@]}"; do
+		v="$(sed -n 's/^go \([0-9.]*\).*/\1/p' "$m")"
+		if [[ "$(printf '%s\n%s.0\n' "$v" "$want" | sort -V | tail -1)" != "$want.0" && "$v" != "$want" ]]; then
+			echo "$m: go $v, above the README's Go $want" >&2
+			bad=1
+		fi
+	done
+	((bad == 0)) || exit 1
+	echo "ok (${#mods[@]} modules)"
+	for m in . otel metrics; do
+		echo "(cd $m && GOTOOLCHAIN=go$want.0 go vet ./...)"
+		(cd -- "$m" && GOTOOLCHAIN="go$want.0" go vet ./...)
+	done
+	echo "ok"
 }
 
 step_vet() {
@@ -157,6 +194,23 @@ step_pooler() {
 	step "go test -race, the PgBouncer tests"
 	go test -race -count=1 -timeout 10m -run 'PgBouncer|TestCheckDirect' .
 	go test -race -count=1 -timeout 10m -run 'PgBouncer|TestConnectAndRestart' ./internal/pgtest
+}
+
+# What pglease takes from the server that changes between major versions:
+# snapshots and xid8, the identity read from the WAL position, the
+# postmaster's start time and the statistics' reset time (failover, crash
+# recovery, a restart), pg_locks and advisory locks, partition DDL,
+# LISTEN/NOTIFY (through PgBouncer too), roles and grants, the planner on
+# the messages index. CI runs these on every version but the one of `make
+# test` (.ci/run).
+SERVER_TESTS='TestPubSub|Failover|Crash|ExactlyOnce|AckInTx|TxHandler|TestStaleOwner|PgBouncer|TestCheckDirect|TestPollOnly|TestListener|TestSchemaSetUp|TestUpgrade|TestLeastPrivilegeRole|TestMaintainerWithoutGrantsStandsAside|TestMaintainerFunctions|TestGrantSQL|TestSetUpByAnApplicationRole|TestPublisherOnlyRole|TestMigrat|TestRuntimeRunsNothing|TestMultiByteTableNames|TestForgedNotifications|TestRefusedRelease|TestDatabaseRestart|TestTerminatedConnections|TestPartition|TestRetention|TestIdlePoll|TestHotTables|TestMaintainerElection'
+SERVER_PKGS=(./internal/pgsql ./internal/pgrepl ./internal/pgtest ./admin)
+
+step_server() {
+	step "go test -race, the root package's tests that depend on the server's version"
+	go test -race -count=1 -timeout 30m -run "$SERVER_TESTS" .
+	step "go test -race ${SERVER_PKGS[*]}"
+	go test -race -count=1 -p 1 -timeout 20m "${SERVER_PKGS[@]}"
 }
 
 # Behind PgBouncer in transaction mode (localpg starts one): the tests of

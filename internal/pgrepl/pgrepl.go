@@ -19,9 +19,10 @@
 //
 // Both servers listen on 127.0.0.1 only, on free ports, with trust
 // authentication for the user postgres; their files live in a temporary
-// directory of their own. The server programs are those of `pg_config
-// --bindir`, else of the newest /usr/lib/postgresql/*/bin (Debian's
-// layout), else of initdb on PATH. PostgreSQL refuses to run as root: when
+// directory of their own. The server programs are those of
+// $PGLEASE_PG_BINDIR when set (the Makefile's PG=17 sets it), else of
+// `pg_config --bindir`, else of the newest /usr/lib/postgresql/*/bin
+// (Debian's layout), else of initdb on PATH. PostgreSQL refuses to run as root: when
 // the test process is root, every server program runs as the system user
 // postgres (the process's credentials are set as `runuser -u postgres`
 // would). The postmasters are children of the test process, killed by the
@@ -1183,11 +1184,28 @@ func haveServerBins(dir string) bool {
 	return true
 }
 
+// EnvBindir names the environment variable that chooses the server
+// programs' directory for [FindBindir], and so for every server started
+// without [Options.Bindir]: localpg's, the failover and crash tests', and
+// the PgBouncer set-ups in front of localpg's. The Makefile's PG=17 sets
+// it to the build of scripts/build-postgresql.sh.
+const EnvBindir = "PGLEASE_PG_BINDIR"
+
 // FindBindir returns the directory of the PostgreSQL server programs: that
-// of `pg_config --bindir`, else the newest /usr/lib/postgresql/*/bin
-// (Debian's layout), else that of initdb on PATH; [ErrNoServer] when none
-// has them all.
+// of $PGLEASE_PG_BINDIR when it is set (an error when it lacks one of
+// them), else that of `pg_config --bindir`, else the newest
+// /usr/lib/postgresql/*/bin (Debian's layout), else that of initdb on
+// PATH; [ErrNoServer] when none has them all. Symbolic links are resolved,
+// so that the server programs run from a path the system user postgres
+// can reach.
 func FindBindir() (string, error) {
+	if d := os.Getenv(EnvBindir); d != "" {
+		r, err := filepath.EvalSymlinks(d)
+		if err != nil || !haveServerBins(r) {
+			return "", fmt.Errorf("pgrepl: %s=%s: %w", EnvBindir, d, ErrNoServer)
+		}
+		return filepath.Abs(r)
+	}
 	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
 		if d := strings.TrimSpace(string(out)); haveServerBins(d) {
 			return d, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -433,5 +434,47 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 			t.Fatalf("timed out after %s waiting for %s", timeout, what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestFindBindirTakesTheEnvironmentsChoice: $PGLEASE_PG_BINDIR wins over
+// pg_config and Debian's directories, is resolved through symbolic links,
+// and a directory without the server programs is an error, not a silent
+// fallback to another version.
+func TestFindBindirTakesTheEnvironmentsChoice(t *testing.T) {
+	t.Setenv(pgrepl.EnvBindir, "")
+	found, err := pgrepl.FindBindir()
+	if err != nil {
+		t.Skipf("no PostgreSQL server programs on this machine: %v", err)
+	}
+	dir := t.TempDir()
+	fake := filepath.Join(dir, "fake", "bin")
+	if err := os.MkdirAll(fake, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"initdb", "pg_ctl", "postgres", "pg_basebackup"} {
+		if err := os.WriteFile(filepath.Join(fake, p), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(filepath.Join(dir, "fake"), link); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(pgrepl.EnvBindir, filepath.Join(link, "bin"))
+	got, err := pgrepl.FindBindir()
+	if err != nil || got != fake {
+		t.Errorf("FindBindir with %s=%s = %q, %v; want %q (the link resolved)", pgrepl.EnvBindir, filepath.Join(link, "bin"), got, err, fake)
+	}
+	if got == found {
+		t.Errorf("FindBindir ignored %s and found %s", pgrepl.EnvBindir, found)
+	}
+	empty := filepath.Join(dir, "empty")
+	if err := os.Mkdir(empty, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(pgrepl.EnvBindir, empty)
+	if got, err := pgrepl.FindBindir(); !errors.Is(err, pgrepl.ErrNoServer) || !strings.Contains(err.Error(), empty) {
+		t.Errorf("FindBindir with %s=%s (no programs) = %q, %v; want ErrNoServer naming the directory", pgrepl.EnvBindir, empty, got, err)
 	}
 }

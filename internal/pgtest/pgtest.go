@@ -11,7 +11,9 @@
 //     together with PGLEASE_TEST_RESTART_CMD.
 //  2. A Docker engine, when one answers (DOCKER_HOST, else
 //     /var/run/docker.sock, answers GET /_ping): a single postgres:15-alpine
-//     container is started and shared by the whole test process. The
+//     container ([Image]; the environment variable PGLEASE_TEST_IMAGE
+//     names another, e.g. postgres:17 or postgres:18) is started and
+//     shared by the whole test process. The
 //     start-up runs in a program of its own, `go run .` in
 //     internal/pgtest/container, a nested module, so that this module does
 //     not require testcontainers-go and the Docker client.
@@ -61,8 +63,14 @@ const EnvDSN = "PGLEASE_TEST_DSN"
 const EnvRestartCmd = "PGLEASE_TEST_RESTART_CMD"
 
 // Image is the container image started when no [EnvDSN] is given and a
-// Docker engine answers (see internal/pgtest/container).
+// Docker engine answers (see internal/pgtest/container), unless
+// [EnvImage] names another.
 const Image = "postgres:15-alpine"
+
+// EnvImage names the environment variable that chooses the container
+// image instead of [Image]: postgres:17, postgres:18 (the versions `make
+// test PG=17` and PG=18 test locally).
+const EnvImage = "PGLEASE_TEST_IMAGE"
 
 const (
 	dockerCheckTimeout = 5 * time.Second

@@ -4,7 +4,9 @@
 // that the library's go.mod does not require testcontainers-go and the
 // Docker client.
 //
-// It starts one postgres:15-alpine container on a fixed host port (so that
+// It starts one PostgreSQL container (postgres:15-alpine, or the image of
+// $PGLEASE_TEST_IMAGE, e.g. postgres:17 or postgres:18) on a fixed host
+// port (so that
 // `docker restart` keeps the address), writes one line of JSON to stdout,
 // {"dsn": "...", "id": "..."} or {"error": "..."}, then waits until its
 // standard input is closed (the test process ended or called
@@ -29,8 +31,15 @@ import (
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 )
 
-// image is the container image; package pgtest names it in its docs.
-const image = "postgres:15-alpine"
+// defaultImage is the container image when PGLEASE_TEST_IMAGE is not
+// set; package pgtest names both in its docs.
+const defaultImage = "postgres:15-alpine"
+
+// envImage names the environment variable that chooses another image:
+// an official postgres image of another major version (postgres:17,
+// postgres:18-alpine), or one built on it (its entrypoint, its
+// POSTGRES_* variables and pg_stat_statements are used).
+const envImage = "PGLEASE_TEST_IMAGE"
 
 const (
 	startTimeout     = 5 * time.Minute
@@ -88,6 +97,10 @@ func start() (c *tcpostgres.PostgresContainer, r reply) {
 			c = nil
 		}
 	}()
+	image := defaultImage
+	if v := os.Getenv(envImage); v != "" {
+		image = v
+	}
 	pgPort := network.MustParsePort("5432/tcp")
 	c, err = tcpostgres.Run(ctx, image,
 		tcpostgres.BasicWaitStrategies(),
