@@ -375,7 +375,12 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcom
 	// settle records the Ack or Nack of ev; draining, it commits nothing
 	// (the release writes the position).
 	settle := func(ev windowEvent, draining bool) outcome {
-		d := out[ev.e]
+		d, ok := out[ev.e]
+		if !ok {
+			// Settled already: windowDrain found it acked before its
+			// watcher's report came.
+			return proceed
+		}
 		delete(out, ev.e)
 		d.cancel()
 		if d.settled != nil {
