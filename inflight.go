@@ -375,7 +375,12 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcom
 	// settle records the Ack or Nack of ev; draining, it commits nothing
 	// (the release writes the position).
 	settle := func(ev windowEvent, draining bool) outcome {
-		d := out[ev.e]
+		d, ok := out[ev.e]
+		if !ok {
+			// Settled already: windowDrain found it acked before its
+			// watcher's report came.
+			return proceed
+		}
 		delete(out, ev.e)
 		d.cancel()
 		if d.settled != nil {
@@ -591,7 +596,9 @@ func (c *consumer) ownWindow(g *sessionGen, cl *claim, hasNext bool) (res outcom
 			}
 			readDue = true
 		case <-c.flushC():
-			if res := c.flush(g, cl); res != proceed {
+			// Cut off by the end of the subscription (stopped): as in
+			// windowAcked, the next check drains before the release.
+			if res := c.flush(g, cl); res != proceed && res != stopped {
 				return res
 			}
 		case <-c.ctx.Done():
@@ -619,7 +626,9 @@ func resetTimer(t *time.Timer, d time.Duration) {
 }
 
 // windowAcked records e's Ack in w and moves cl's acknowledged position
-// over the prefix, committing it as own commits Acks.
+// over the prefix, committing it as own commits Acks. A commit that the
+// end of the subscription cuts off is not an end of its own: ownWindow
+// goes on to drain the messages out (windowDrain) before the release.
 func (c *consumer) windowAcked(g *sessionGen, cl *claim, w *inflightWindow, e *windowEntry) outcome {
 	prefix, moved := w.ack(e)
 	cl.headOut = w.headOut()
@@ -627,7 +636,13 @@ func (c *consumer) windowAcked(g *sessionGen, cl *claim, w *inflightWindow, e *w
 		return proceed
 	}
 	cl.acked = prefix
-	return c.acknowledged(g, cl, moved)
+	if res := c.acknowledged(g, cl, moved); res != stopped {
+		return res
+	}
+	// The end of the subscription cut the commit off: the release writes
+	// the position, after ownWindow's next check has waited for the
+	// messages still out (windowDrain), whose Acks it carries too.
+	return proceed
 }
 
 // windowDrain ends ownWindow when the subscription ended: it hands

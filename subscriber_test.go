@@ -340,3 +340,78 @@ func TestSubscriptionEndWaitsForMessagesOut(t *testing.T) {
 		})
 	}
 }
+
+// TestSubscriptionEndDuringCommitWaitsForMessagesOut: a subscription with
+// MaxInFlight above 1 that ends while a commit is under way (the commit is
+// cut off) still waits (DrainTimeout) for the other messages out, and the
+// release writes their Acks: the next owner delivers none of them again.
+// The commit is held by a lock on the offsets row from a second
+// connection until the subscription has ended.
+func TestSubscriptionEndDuringCommitWaitsForMessagesOut(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	const maxInFlight = 4
+	var ids []string
+	for i := range maxInFlight + 1 {
+		msg := message.NewMessage(watermill.NewUUID(), nil)
+		msg.Metadata.Set(pglease.PartitionKeyMetadata, fmt.Sprintf("k%d", i))
+		require.NoError(t, pub.Publish("t", msg))
+		ids = append(ids, msg.UUID)
+	}
+	// Each Ack at the head of the window is committed at once.
+	cfg := pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter, InitializeSchema: true,
+		MaxInFlight: maxInFlight, CommitInterval: time.Hour, CommitBatch: 1, DrainTimeout: time.Minute}
+	a, err := pglease.NewSubscriber(pool, cfg, testLogger())
+	require.NoError(t, err)
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	msgs, err := a.Subscribe(actx, "t")
+	require.NoError(t, err)
+	out := make([]*message.Message, maxInFlight)
+	for i := range out {
+		out[i] = receiveOne(t, msgs)
+		require.Equal(t, ids[i], out[i].UUID)
+	}
+
+	lock := dedicatedConn(t, pool)
+	tx, err := lock.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var pid uint32
+	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	_, err = tx.Exec(ctx, "SELECT 1 FROM "+table(adapter, pglease.DefaultConsumerOffsetsTable)+
+		" WHERE consumer_group = 'g' AND topic = 't' FOR UPDATE")
+	require.NoError(t, err)
+	out[0].Ack() // the head: its commit waits for the lock
+	waitFor(t, 10*time.Second, "the commit to wait for the row lock", func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%hinted%' AND pid <> $1`, pid).Scan(&n))
+		return n > 0
+	})
+	cancel() // cuts the commit off
+	for _, m := range out[1:] {
+		require.NoError(t, m.Context().Err(), "the context of a message out ended with the subscription")
+		m.Ack()
+	}
+	require.NoError(t, tx.Rollback(ctx))
+	waitFor(t, 30*time.Second, "the channel to close", func() bool {
+		select {
+		case _, open := <-msgs:
+			return !open
+		default:
+			return false
+		}
+	})
+	require.NoError(t, a.Close())
+	last, ok := pglease.MessagePositionFromCtx(out[maxInFlight-1].Context())
+	require.True(t, ok)
+	require.Equal(t, last, ackedOffset(t, pool, adapter, "g", "t"), "the release wrote the Acks given after the end")
+
+	b := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g"})
+	msgs, err = b.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	require.Equal(t, ids[maxInFlight], receiveOne(t, msgs).UUID, "a message acked after the end delivered again")
+}
