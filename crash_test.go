@@ -122,18 +122,6 @@ func crashRecoveryLosesNothing(t *testing.T, synchronousCommit string) {
 	assertNoLeakedGoroutines(t)
 }
 
-// startSingle starts a server of the test's own, closed at its end.
-func startSingle(t *testing.T, opts pgrepl.Options) *pgrepl.Cluster {
-	t.Helper()
-	opts.Logf = t.Logf
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	c, err := pgrepl.StartSingle(ctx, opts)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, c.Close()) })
-	return c
-}
-
 // onNode runs fn on a new connection to n.
 func onNode(ctx context.Context, t *testing.T, n *pgrepl.Node, fn func(*pgx.Conn) error) {
 	t.Helper()

@@ -30,12 +30,26 @@ import (
 // startCluster starts a primary and a standby for the test, closed at its
 // end.
 func startCluster(t *testing.T, opts pgrepl.Options) *pgrepl.Cluster {
+	t.Helper()
+	return startServers(t, pgrepl.Start, opts)
+}
+
+// startSingle starts a single server of the test's own, closed at its end.
+func startSingle(t *testing.T, opts pgrepl.Options) *pgrepl.Cluster {
+	t.Helper()
+	return startServers(t, pgrepl.StartSingle, opts)
+}
+
+// startServers starts the servers of start (pgrepl.Start or StartSingle)
+// with the test's log, closed at its end.
+func startServers(t *testing.T, start func(context.Context, pgrepl.Options) (*pgrepl.Cluster, error),
+	opts pgrepl.Options) *pgrepl.Cluster {
 	pgtest.SkipShort(t) // runs PostgreSQL's programs
 	t.Helper()
 	opts.Logf = t.Logf
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := pgrepl.Start(ctx, opts)
+	c, err := start(ctx, opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, c.Close()) })
 	return c
