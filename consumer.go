@@ -1157,10 +1157,10 @@ func (c *consumer) handOut(g *sessionGen, cl *claim, msg *message.Message) (res 
 			return lost, false
 		case <-c.flushC():
 			if res := c.flush(g, cl); res != proceed {
-				if res == stopped && isAcked(msg) {
-					// Acked just before the subscription ended: its
-					// position goes into the release.
-					return proceed, false
+				if res == stopped {
+					// The subscription ended during the commit: wait
+					// for the message out as any end does.
+					return c.drainOne(g, msg)
 				}
 				return res, false
 			}
