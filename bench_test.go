@@ -98,9 +98,15 @@ func BenchmarkPublish(b *testing.B) {
 }
 
 // BenchmarkConsume drains a backlog of b.N messages, published beforehand
-// in calls of 1,000, with one Subscriber (default configuration) that acks
-// each message. Only the drain is timed: from Subscribe to the last Ack.
+// in calls of 1,000, with one Subscriber that acks each message: in the
+// default configuration (MaxInFlight 1) and with MaxInFlight 8. Only the
+// drain is timed: from Subscribe to the last Ack.
 func BenchmarkConsume(b *testing.B) {
+	b.Run("default", func(b *testing.B) { benchConsume(b, 0) })
+	b.Run("inflight8", func(b *testing.B) { benchConsume(b, 8) })
+}
+
+func benchConsume(b *testing.B, maxInFlight int) {
 	const topic = "bench"
 	pool, adapter := benchSetup(b, topic)
 	pub := benchPublisher(b, pool, adapter)
@@ -127,7 +133,7 @@ func BenchmarkConsume(b *testing.B) {
 	wg.Wait()
 	require.NoError(b, perr)
 
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter}, nil)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, MaxInFlight: maxInFlight}, nil)
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = sub.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
