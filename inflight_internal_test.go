@@ -384,6 +384,33 @@ func TestOwnWindowKeyless(t *testing.T) {
 	r.end(t)
 }
 
+// TestOwnWindowKeylessReadsBatches: while a message without a key is out,
+// nothing read after it could go out before its Ack, so the window reads
+// nothing more until every message read has gone out: keyless messages
+// are read a batch at a time (BatchSize 10), not one per Ack.
+func TestOwnWindowKeylessReadsBatches(t *testing.T) {
+	t.Parallel()
+	var m []storedMessage
+	for i := range 30 {
+		m = append(m, keyedMessage(int64(i+1), ""))
+	}
+	r := startOwn(t, newFakeConsumerStore(m...), windowSettings(4), newByteBudget(1<<20), false)
+	for i := range 20 {
+		msg := r.next(t)
+		if msg.UUID != m[i].uuid {
+			t.Fatalf("message %d is %s, want %s", i, msg.UUID, m[i].uuid)
+		}
+		msg.Ack()
+	}
+	// The read after m20 comes in the turn that hands m20 out, before
+	// its Ack is counted.
+	r.waitAcked(t, 20)
+	if got, want := r.store.afters(), []Position{{}, m[9].pos, m[19].pos}; !slices.Equal(got, want) {
+		t.Fatalf("reads after %v, want %v (a batch each once the last message read is out)", got, want)
+	}
+	r.end(t)
+}
+
 // TestOwnWindowClaimLost: a commit refused by the fence ends the delivery
 // at once: nothing more goes out, the contexts of the messages out end,
 // the Acks above the prefix are dropped and no commit passes an
