@@ -147,7 +147,8 @@ func (o *ownership) run() outcome {
 }
 
 // check reports whether the delivery ends: the subscription ended (after
-// draining the messages out), the session was lost, or the member asked
+// draining the messages out), the session was lost (its channel closed;
+// pick checks the trust deadline), or the member asked
 // for the row and no message is out. With everything read acknowledged
 // and nothing more to read until news, it commits and tells the wake hub
 // that the consumer waits for news.
@@ -157,9 +158,7 @@ func (o *ownership) check() (res outcome, end bool) {
 		o.dropOffer(stopped)
 		return o.drain(), true
 	}
-	if o.g.isLost() {
-		c.logger.Info("Session lost, topic delivery stopped", watermill.LogFields{
-			"epoch": o.cl.epoch, "session_id": o.cl.sessionID.String()})
+	if o.lost() {
 		return lost, true
 	}
 	if o.inFlight() == 0 && c.yielding() {
@@ -174,6 +173,25 @@ func (o *ownership) check() (res outcome, end bool) {
 		c.hub.setIdle(c, o.after)
 	}
 	return proceed, false
+}
+
+// lost reports whether the session generation was found lost (logged).
+// The trust deadline is checked on the monotonic clock before each
+// delivery is built (pick); every wait selects on the generation's lost
+// channel.
+func (o *ownership) lost() bool {
+	select {
+	case <-o.g.lost:
+	default:
+		return false
+	}
+	o.logLost()
+	return true
+}
+
+func (o *ownership) logLost() {
+	o.c.logger.Info("Session lost, topic delivery stopped", watermill.LogFields{
+		"epoch": o.cl.epoch, "session_id": o.cl.sessionID.String()})
 }
 
 // inFlight is the number of messages handed out and not acked or nacked.
@@ -329,7 +347,7 @@ func (o *ownership) pick(yielding bool) (res outcome, again bool) {
 	if o.offer != nil || yielding {
 		return proceed, false
 	}
-	e, wake := o.w.next(time.Now())
+	e, wake := o.w.nextNow()
 	if d := o.w.takeWait(); d > 0 {
 		c.stats.holWaitNanos.Add(int64(d))
 	}
@@ -338,6 +356,11 @@ func (o *ownership) pick(yielding bool) (res outcome, again bool) {
 			resetTimer(&o.due, time.Until(wake))
 		}
 		return proceed, false
+	}
+	if o.g.isLost() {
+		// Past the trust deadline: nothing more is handed out.
+		o.logLost()
+		return lost, false
 	}
 	if o.head {
 		// The first message after the claim's position: count this
@@ -366,13 +389,22 @@ func (o *ownership) pick(yielding bool) (res outcome, again bool) {
 // request for the row.
 func (o *ownership) wait(yielding bool) outcome {
 	c := o.c
+	// Only what may change what the loop does next is waited for: each
+	// case of a select costs its time on every message. The member's
+	// request for the row matters while an offer may go out or nothing is
+	// out (with messages out it is seen at their Ack or Nack); news only
+	// while no read is due (a poke waits in the channel meanwhile).
 	var outC chan<- *message.Message
 	var yieldC <-chan struct{}
-	if !yielding {
+	if !yielding && (o.offer != nil || o.inFlight() == 0) {
 		yieldC = c.yield
-		if o.offer != nil {
-			outC = c.out
-		}
+	}
+	if !yielding && o.offer != nil {
+		outC = c.out
+	}
+	var wakeC <-chan struct{}
+	if !o.readDue {
+		wakeC = c.wake
 	}
 	var ackC, nackC <-chan struct{}
 	if o.direct != nil {
@@ -391,7 +423,7 @@ func (o *ownership) wait(yielding bool) outcome {
 		o.readDue = true
 	case <-timerC(o.due):
 	case <-timerC(o.fullCheck):
-	case <-c.wake:
+	case <-wakeC:
 		if o.news {
 			o.news = false
 			if o.idle {
@@ -500,6 +532,11 @@ func (o *ownership) unhand(e *windowEntry) bool {
 // Acks the release carries too.
 func (o *ownership) acked(e *windowEntry) outcome {
 	prefix, moved := o.w.ack(e)
+	if !o.keyed {
+		// Nothing refers to it any more (a keyed window's watchers may
+		// still report it).
+		o.w.reuse(e)
+	}
 	o.cl.headOut = o.w.headOut()
 	if moved == 0 {
 		return proceed

@@ -63,8 +63,8 @@ type windowEntry struct {
 	// the first; due is when a nacked one may go out again.
 	attempt int
 	due     time.Time
-	// firstOut is when it was first handed out; nacked, whether it was
-	// nacked since.
+	// firstOut is when it was first handed out (in a window of more than
+	// one: what a full window logs); nacked, whether it was nacked since.
 	firstOut time.Time
 	nacked   bool
 	// blockedSince is when it was first found ready but held back by an
@@ -92,7 +92,16 @@ type inflightWindow struct {
 	// holWait is the head-of-line wait accumulated since the last call of
 	// takeWait.
 	holWait time.Duration
+	// spare are entries allocated together, and free entries given back
+	// (reuse), for the next messages pushed.
+	spare []windowEntry
+	free  []*windowEntry
 }
+
+// entrySlab is how many window entries are allocated at once: one
+// allocation per message would cost the delivery loop more than its
+// bookkeeping.
+const entrySlab = 32
 
 func newInflightWindow(maxOut int) *inflightWindow {
 	return &inflightWindow{maxOut: maxOut}
@@ -101,7 +110,16 @@ func newInflightWindow(maxOut int) *inflightWindow {
 // push adds a message read after the last one, with its ordering key;
 // attempt is the attempt of its first hand-out.
 func (w *inflightWindow) push(m storedMessage, key string, attempt int) *windowEntry {
-	e := &windowEntry{msg: m, key: key, attempt: attempt}
+	var e *windowEntry
+	if n := len(w.free); n > 0 {
+		e, w.free = w.free[n-1], w.free[:n-1]
+	} else {
+		if len(w.spare) == 0 {
+			w.spare = make([]windowEntry, entrySlab)
+		}
+		e, w.spare = &w.spare[0], w.spare[1:]
+	}
+	*e = windowEntry{msg: m, key: key, attempt: attempt}
 	w.entries = append(w.entries, e)
 	w.ready++
 	if key == "" {
@@ -213,6 +231,21 @@ func (w *inflightWindow) next(now time.Time) (e *windowEntry, wake time.Time) {
 	return nil, wake
 }
 
+// nextNow is next at the current time, which it reads only when it needs
+// it: nothing may go out, or the first message goes out for the first
+// time without having waited.
+func (w *inflightWindow) nextNow() (e *windowEntry, wake time.Time) {
+	if w.out >= w.maxOut {
+		return nil, time.Time{}
+	}
+	if len(w.entries) > 0 {
+		if h := w.entries[0]; h.state == windowReady && h.blockedSince.IsZero() {
+			return h, time.Time{}
+		}
+	}
+	return w.next(time.Now())
+}
+
 // unblock ends e's head-of-line wait, if any.
 func (w *inflightWindow) unblock(e *windowEntry, now time.Time) {
 	if !e.blockedSince.IsZero() {
@@ -232,7 +265,9 @@ func (w *inflightWindow) takeWait() time.Duration {
 func (w *inflightWindow) handOut(e *windowEntry) {
 	if !e.sent {
 		e.sent = true
-		e.firstOut = time.Now()
+		if w.maxOut > 1 {
+			e.firstOut = time.Now()
+		}
 		w.ready--
 	}
 	e.state = windowOut
@@ -258,12 +293,20 @@ func (w *inflightWindow) ack(e *windowEntry) (prefix Position, moved int) {
 		w.ready--
 	}
 	e.state = windowAcked
+	// Dropped: the entry's slab outlives it.
+	e.msg.payload, e.msg.metadata = nil, ""
 	i := slices.Index(w.entries, e)
 	if i < 0 {
 		return Position{}, 0
 	}
-	w.entries[i] = nil
-	w.entries = slices.Delete(w.entries, i, i+1)
+	if i == 0 {
+		// The usual case: no entry moves.
+		w.entries[0] = nil
+		w.entries = w.entries[1:]
+	} else {
+		w.entries[i] = nil
+		w.entries = slices.Delete(w.entries, i, i+1)
+	}
 	if e.key == "" {
 		w.keyless--
 	}
@@ -283,6 +326,13 @@ func (w *inflightWindow) ack(e *windowEntry) (prefix Position, moved int) {
 		w.acked = slices.Delete(w.acked, 0, n)
 	}
 	return prefix, moved
+}
+
+// reuse takes back e, acknowledged, for a later push: the caller holds
+// no reference to it any more, nor does anything else.
+func (w *inflightWindow) reuse(e *windowEntry) {
+	*e = windowEntry{}
+	w.free = append(w.free, e)
 }
 
 func (w *inflightWindow) settle(e *windowEntry) {
