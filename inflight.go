@@ -328,10 +328,10 @@ func (w *inflightWindow) ack(e *windowEntry) (prefix Position, moved int) {
 	return prefix, moved
 }
 
-// reuse takes back e, acknowledged, for a later push: the caller holds
-// no reference to it any more, nor does anything else.
+// reuse takes back e, acknowledged (its payload dropped), for a later
+// push, which overwrites it: the caller holds no reference to it any
+// more, nor does anything else.
 func (w *inflightWindow) reuse(e *windowEntry) {
-	*e = windowEntry{}
 	w.free = append(w.free, e)
 }
 
