@@ -168,5 +168,3 @@ func printImport(w io.Writer, r wmsqlimport.Report) {
 		}
 	}
 }
-
-func init() { commands = append(commands, importSpec) }

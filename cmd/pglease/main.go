@@ -91,23 +91,40 @@ type commandSpec struct {
 	new      func() subcommand
 }
 
+// commands are pglease's commands, in the order help lists them. Each
+// command's file declares its commandSpec.
 var commands = []commandSpec{
-	{
-		name:     "status",
-		summary:  "the sessions (one per live Subscriber) and the xmin horizon",
-		synopsis: "[--warn-after DURATION] [--json]",
-		help: `Shows every consumer session (one per Subscriber: its group, owner process,
+	statusSpec,
+	lagSpec,
+	topicsSpec,
+	resetSpec,
+	migrateSpec,
+	moveShardSpec,
+	rebalanceSpec,
+	grantSpec,
+	importSpec,
+	messagesSpec,
+	replaySpec,
+	uiSpec,
+}
+
+var statusSpec = commandSpec{
+	name:     "status",
+	summary:  "the sessions (one per live Subscriber) and the xmin horizon",
+	synopsis: "[--warn-after DURATION] [--json]",
+	help: `Shows every consumer session (one per Subscriber: its group, owner process,
 age, time left without a heartbeat and the (group, topic, partition) rows it
 owns), then the xmin horizon: no message of a transaction at or above xmin is
 delivered yet, on any topic. When a writing transaction older than
 --warn-after holds the horizon back, it says so and names it.`,
-		new: func() subcommand { return &statusCmd{} },
-	},
-	{
-		name:     "lag",
-		summary:  "owner, position and lag of each (group, topic, partition)",
-		synopsis: "[--group GROUP]... [--topic TOPIC]... [--json]",
-		help: `Shows, for each (consumer group, topic, partition) row, the live session's
+	new: func() subcommand { return &statusCmd{} },
+}
+
+var lagSpec = commandSpec{
+	name:     "lag",
+	summary:  "owner, position and lag of each (group, topic, partition)",
+	synopsis: "[--group GROUP]... [--topic TOPIC]... [--json]",
+	help: `Shows, for each (consumer group, topic, partition) row, the live session's
 owner process, the acknowledged position (TRANSACTION:OFFSET; 0:0 is the
 beginning, TRANSACTION:0 is after every message of transactions before
 TRANSACTION), the number of messages after it (LAG) and the age in seconds of
@@ -116,13 +133,14 @@ committed messages wait behind the xmin horizon: see pglease status.
 
 --group and --topic may be repeated to select several; names are taken as
 they are (no comma splitting), and --group "" selects the group named "".`,
-		new: func() subcommand { return &lagCmd{} },
-	},
-	{
-		name:     "topics",
-		summary:  "topics with their partitions, consumer groups and newest message",
-		synopsis: "[--limit N] [--after TOPIC | --all] [--json]",
-		help: `Lists the topics that have messages, settings (pglease.CreateTopic) or
+	new: func() subcommand { return &lagCmd{} },
+}
+
+var topicsSpec = commandSpec{
+	name:     "topics",
+	summary:  "topics with their partitions, consumer groups and newest message",
+	synopsis: "[--limit N] [--after TOPIC | --all] [--json]",
+	help: `Lists the topics that have messages, settings (pglease.CreateTopic) or
 offsets rows, in byte order of their names: each one's partition count, the
 number of consumer groups with offsets on it and when its newest message was
 stored (UTC). It lists a page of --limit topics (100 by default), then how
@@ -131,13 +149,14 @@ many there are and, when more follow, the command that lists the next page
 
 With --json it prints an object: "topics" (the page), "total" (every
 topic) and "next" (the --after of the next page; absent on the last).`,
-		new: func() subcommand { return &topicsCmd{} },
-	},
-	{
-		name:     "reset-offsets",
-		summary:  "move a consumer group's positions on a topic",
-		synopsis: "--group GROUP --topic TOPIC (--to-earliest | --to-latest | --to-time TIME) [--force] [--dry-run] [--json]",
-		help: `Moves the acknowledged positions of every partition of one consumer group on
+	new: func() subcommand { return &topicsCmd{} },
+}
+
+var resetSpec = commandSpec{
+	name:     "reset-offsets",
+	summary:  "move a consumer group's positions on a topic",
+	synopsis: "--group GROUP --topic TOPIC (--to-earliest | --to-latest | --to-time TIME) [--force] [--dry-run] [--json]",
+	help: `Moves the acknowledged positions of every partition of one consumer group on
 one topic, in one transaction, and prints each partition's old and new
 position. Rows that do not exist yet are created, so a reset also sets where
 a new group starts.
@@ -154,13 +173,14 @@ refused); it gives its partitions up after the message in flight and claims
 them again from the new positions. A message it handed out before the reset
 may still be processed once. --dry-run shows what would change and rolls
 back.`,
-		new: func() subcommand { return &resetCmd{} },
-	},
-	{
-		name:     "migrate",
-		summary:  "create the tables, or upgrade them to this pglease's schema version",
-		synopsis: "[--dry-run] [--citus] [--json]",
-		help: `Applies the schema migrations that the database lacks (all of them on a
+	new: func() subcommand { return &resetCmd{} },
+}
+
+var migrateSpec = commandSpec{
+	name:     "migrate",
+	summary:  "create the tables, or upgrade them to this pglease's schema version",
+	synopsis: "[--dry-run] [--citus] [--json]",
+	help: `Applies the schema migrations that the database lacks (all of them on a
 database without the pglease tables), in one transaction under pglease's
 advisory lock, exactly as pglease.Migrate does, and prints the versions it
 applied. Run it as the role that is to own the tables (a deploy job), so that
@@ -176,13 +196,14 @@ the others reference tables, and a trigger that takes each message's
 transaction id on its worker. Run it before the applications start; running
 it again leaves alone what is distributed already. It fails when the citus
 extension is not installed in the database. See docs/scaling.md.`,
-		new: func() subcommand { return &migrateCmd{} },
-	},
-	{
-		name:     "move-shard",
-		summary:  "on Citus, move a topic's shard to another worker without skipping or stalling",
-		synopsis: "--topic TOPIC --to HOST:PORT [--margin N] [--dry-run] [--json]",
-		help: `On the coordinator of a Citus cluster (the tables distributed by pglease migrate
+	new: func() subcommand { return &migrateCmd{} },
+}
+
+var moveShardSpec = commandSpec{
+	name:     "move-shard",
+	summary:  "on Citus, move a topic's shard to another worker without skipping or stalling",
+	synopsis: "--topic TOPIC --to HOST:PORT [--margin N] [--dry-run] [--json]",
+	help: `On the coordinator of a Citus cluster (the tables distributed by pglease migrate
 --citus), moves the shard that holds TOPIC's messages and offsets, with the
 shards co-located with it (other topics that hash alike), to the worker
 HOST:PORT, as citus_move_shard_placement does with shard_transfer_mode
@@ -197,13 +218,14 @@ resynchronise (they find another worker) and may deliver the message they had
 acknowledged and not committed again. Move shards one at a time with it rather
 than with citus_rebalance_start. --dry-run prints the SQL and moves nothing.
 See docs/scaling.md.`,
-		new: func() subcommand { return &moveShardCmd{} },
-	},
-	{
-		name:     "rebalance",
-		summary:  "on Citus, make the rebalancer's moves one at a time, each target's counter raised first",
-		synopsis: "[--margin N] [--dry-run] [--json]",
-		help: `On the coordinator of a Citus cluster, makes the moves that Citus's rebalancer
+	new: func() subcommand { return &moveShardCmd{} },
+}
+
+var rebalanceSpec = commandSpec{
+	name:     "rebalance",
+	summary:  "on Citus, make the rebalancer's moves one at a time, each target's counter raised first",
+	synopsis: "[--margin N] [--dry-run] [--json]",
+	help: `On the coordinator of a Citus cluster, makes the moves that Citus's rebalancer
 plans for the messages table and the shards co-located with it
 (get_rebalance_table_shards_plan: to balance the workers, or to empty a
 worker marked shouldhaveshards false), one at a time, each as pglease
@@ -212,13 +234,14 @@ every worker's first (default 1,000,000), then citus_move_shard_placement with
 block_writes. Use it instead of citus_rebalance_start, which runs its moves in
 the background without that step: a topic moved to a worker whose counter is
 lower would have its new messages skipped. --dry-run prints the moves.`,
-		new: func() subcommand { return &rebalanceCmd{} },
-	},
-	{
-		name:     "grant",
-		summary:  "let an application role run pglease on the tables (run as their owner)",
-		synopsis: "--role ROLE [--publisher] [--dry-run] [--json]",
-		help: `Runs pglease.GrantSQL for ROLE: USAGE on the schema, SELECT, INSERT, UPDATE and
+	new: func() subcommand { return &rebalanceCmd{} },
+}
+
+var grantSpec = commandSpec{
+	name:     "grant",
+	summary:  "let an application role run pglease on the tables (run as their owner)",
+	synopsis: "--role ROLE [--publisher] [--dry-run] [--json]",
+	help: `Runs pglease.GrantSQL for ROLE: USAGE on the schema, SELECT, INSERT, UPDATE and
 DELETE on the pglease tables, SELECT on the schema version table, EXECUTE on
 the owner's functions that the maintainer adds and drops retention partitions
 with. That is everything the role needs to publish, subscribe, create topics,
@@ -234,8 +257,7 @@ settings, the retention table and the schema version), for a service that
 publishes and must not read messages or touch any consumer group.
 
 --dry-run prints the statements and grants nothing.`,
-		new: func() subcommand { return &grantCmd{} },
-	},
+	new: func() subcommand { return &grantCmd{} },
 }
 
 func lookup(name string) *commandSpec {

@@ -27,12 +27,11 @@ import (
 	"github.com/pglease/watermill-pglease/admin"
 )
 
-func init() {
-	commands = append(commands, commandSpec{
-		name:     "ui",
-		summary:  "the console in a browser: groups, lag, topics, messages, resets and replays",
-		synopsis: "[--listen 127.0.0.1:8080] [--allow-host NAME]... [--token-file FILE] [--allow-writes] [--sample-every 5s] [--warn-after 5s]",
-		help: `Serves a web console on --listen (127.0.0.1:8080 by default: only this
+var uiSpec = commandSpec{
+	name:     "ui",
+	summary:  "the console in a browser: groups, lag, topics, messages, resets and replays",
+	synopsis: "[--listen 127.0.0.1:8080] [--allow-host NAME]... [--token-file FILE] [--allow-writes] [--sample-every 5s] [--warn-after 5s]",
+	help: `Serves a web console on --listen (127.0.0.1:8080 by default: only this
 machine): the consumer groups with their members, rows and lag, the live
 sessions, the maintainer, and a red banner naming the transaction when the
 xmin horizon holds delivery back; a group's rows with owner, epoch,
@@ -63,8 +62,7 @@ anti-forgery field; each is logged on stderr with the name the operator
 signed in with and their address.
 
 --timeout bounds each page's queries. The console runs until interrupted.`,
-		new: func() subcommand { return &uiCmd{} },
-	})
+	new: func() subcommand { return &uiCmd{} },
 }
 
 const (
