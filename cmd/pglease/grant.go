@@ -15,6 +15,29 @@ import (
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
+var grantSpec = commandSpec{
+	name:     "grant",
+	summary:  "let an application role run pglease on the tables (run as their owner)",
+	synopsis: "--role ROLE [--publisher] [--dry-run] [--json]",
+	help: `Runs pglease.GrantSQL for ROLE: USAGE on the schema, SELECT, INSERT, UPDATE and
+DELETE on the pglease tables, SELECT on the schema version table, EXECUTE on
+the owner's functions that the maintainer adds and drops retention partitions
+with. That is everything the role needs to publish, subscribe, create topics,
+delay messages, reset offsets and be the maintainer, and nothing more: it
+cannot drop, alter or truncate the tables. Run it as the tables' owner (or a
+member of that role, or a superuser), after pglease migrate: as another role
+it fails, naming the owner, since PostgreSQL would grant nothing. Upgrades
+keep these grants.
+
+--publisher runs pglease.GrantPublisherSQL instead: only what publishing
+needs (INSERT on the messages and delayed tables, SELECT on the topic
+settings, the retention table and the schema version), for a service that
+publishes and must not read messages or touch any consumer group.
+
+--dry-run prints the statements and grants nothing.`,
+	new: func() subcommand { return &grantCmd{} },
+}
+
 // undefinedFunction is PostgreSQL's error code for a missing function.
 const undefinedFunction = "42883"
 

@@ -14,6 +14,29 @@ import (
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
+var migrateSpec = commandSpec{
+	name:     "migrate",
+	summary:  "create the tables, or upgrade them to this pglease's schema version",
+	synopsis: "[--dry-run] [--citus] [--json]",
+	help: `Applies the schema migrations that the database lacks (all of them on a
+database without the pglease tables), in one transaction under pglease's
+advisory lock, exactly as pglease.Migrate does, and prints the versions it
+applied. Run it as the role that is to own the tables (a deploy job), so that
+the application can run as a role that owns nothing: see pglease grant.
+Running it again applies nothing.
+
+--dry-run prints the SQL of the migrations it would apply (a script that
+psql can run as it is) and changes nothing.
+
+--citus, on the coordinator of a Citus cluster, then distributes the tables
+(pglease.DistributeSQL): the messages and offsets tables by topic, co-located,
+the others reference tables, and a trigger that takes each message's
+transaction id on its worker. Run it before the applications start; running
+it again leaves alone what is distributed already. It fails when the citus
+extension is not installed in the database. See docs/scaling.md.`,
+	new: func() subcommand { return &migrateCmd{} },
+}
+
 type migrateCmd struct {
 	dryRun bool
 	citus  bool

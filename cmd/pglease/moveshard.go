@@ -13,6 +13,28 @@ import (
 	pglease "github.com/pglease/watermill-pglease"
 )
 
+var moveShardSpec = commandSpec{
+	name:     "move-shard",
+	summary:  "on Citus, move a topic's shard to another worker without skipping or stalling",
+	synopsis: "--topic TOPIC --to HOST:PORT [--margin N] [--dry-run] [--json]",
+	help: `On the coordinator of a Citus cluster (the tables distributed by pglease migrate
+--citus), moves the shard that holds TOPIC's messages and offsets, with the
+shards co-located with it (other topics that hash alike), to the worker
+HOST:PORT, as citus_move_shard_placement does with shard_transfer_mode
+block_writes. First it raises that worker's transaction counter to at least N
+above the highest counter of the cluster's workers (pglease.PrepareCitusMoveSQL;
+N defaults to 1,000,000, about 4 s of the target's time): positions are
+transaction ids of the topic's worker, and on a target whose counter is lower
+the messages published after the move would sort below the consumer groups'
+positions and be skipped. The margin must exceed the transaction ids the
+source takes while the move runs. Subscribers of the moved topics
+resynchronise (they find another worker) and may deliver the message they had
+acknowledged and not committed again. Move shards one at a time with it rather
+than with citus_rebalance_start. --dry-run prints the SQL and moves nothing.
+See docs/scaling.md.`,
+	new: func() subcommand { return &moveShardCmd{} },
+}
+
 // moveShardCmd is pglease move-shard: on a Citus coordinator, moves the
 // shard that holds a topic to another worker, raising that worker's
 // transaction counter first (pglease.PrepareCitusMoveSQL).

@@ -10,6 +10,22 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+var rebalanceSpec = commandSpec{
+	name:     "rebalance",
+	summary:  "on Citus, make the rebalancer's moves one at a time, each target's counter raised first",
+	synopsis: "[--margin N] [--dry-run] [--json]",
+	help: `On the coordinator of a Citus cluster, makes the moves that Citus's rebalancer
+plans for the messages table and the shards co-located with it
+(get_rebalance_table_shards_plan: to balance the workers, or to empty a
+worker marked shouldhaveshards false), one at a time, each as pglease
+move-shard does: the target's transaction counter raised to at least N above
+every worker's first (default 1,000,000), then citus_move_shard_placement with
+block_writes. Use it instead of citus_rebalance_start, which runs its moves in
+the background without that step: a topic moved to a worker whose counter is
+lower would have its new messages skipped. --dry-run prints the moves.`,
+	new: func() subcommand { return &rebalanceCmd{} },
+}
+
 // rebalanceCmd is pglease rebalance: the moves of Citus's rebalancer
 // (get_rebalance_table_shards_plan) for the messages table's co-located
 // shards, one at a time, each target's transaction counter raised first,
