@@ -37,8 +37,15 @@ type PublisherConfig struct {
 	// off when the DDL of [SchemaSQL] is applied by a migration tool.
 	AutoInitializeSchema bool
 
-	// SchemaAdapter names the tables. Default Tables{}: the
-	// default names in the connection's search_path.
+	// Tables sets the names of the tables and their schema, default
+	// Tables{}: the default names in the connection's search_path.
+	Tables Tables
+
+	// SchemaAdapter is the former name of Tables. Set one of the two:
+	// both set to different tables is an error.
+	//
+	// Deprecated: use Tables. The field will be removed in the next minor
+	// release.
 	SchemaAdapter Tables
 
 	// PartitionKey returns the partition key of a message published to a
@@ -53,11 +60,12 @@ type PublisherConfig struct {
 }
 
 func (c PublisherConfig) validate() error {
-	if err := c.SchemaAdapter.validate(); err != nil {
-		return fmt.Errorf("PublisherConfig.SchemaAdapter: %w", err)
-	}
-	return nil
+	return checkTables("PublisherConfig", c.Tables, c.SchemaAdapter)
 }
+
+// tableNames returns the tables c names: Tables, or the deprecated
+// SchemaAdapter when only that is set.
+func (c PublisherConfig) tableNames() Tables { return pickTables(c.Tables, c.SchemaAdapter) }
 
 // Publisher is a Watermill [message.Publisher] writing to PostgreSQL. All
 // topics share one messages table; a topic needs no set-up.
@@ -71,7 +79,7 @@ type Publisher struct {
 	db     DB
 	config PublisherConfig
 	logger watermill.LoggerAdapter
-	// tables are the quoted names of config.SchemaAdapter.
+	// tables are the quoted names of config's tables.
 	tables *pgsql.Tables
 	// serial is held around every statement when db is not a pool.
 	serial *sync.Mutex
@@ -103,7 +111,7 @@ func NewPublisher(db DB, config PublisherConfig, logger watermill.LoggerAdapter)
 		logger = watermill.NopLogger{}
 	}
 	p := &Publisher{db: db, config: config, logger: logger, closeDone: make(chan struct{}),
-		tables: config.SchemaAdapter.tables()}
+		tables: config.tableNames().tables()}
 	if pool, ok := db.(*pgxpool.Pool); ok {
 		p.group = newGroupCommitter(pool, p.tables, logger)
 	} else {

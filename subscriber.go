@@ -121,7 +121,7 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 	logger = logger.With(watermill.LogFields{"consumer_group": config.ConsumerGroup})
 	ctx, cancel := context.WithCancel(context.Background())
 	stats := newSubscriberStats()
-	tables := config.SchemaAdapter.tables()
+	tables := config.tableNames().tables()
 	s := &Subscriber{
 		pool:    pool,
 		config:  config,

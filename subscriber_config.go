@@ -201,8 +201,15 @@ type SubscriberConfig struct {
 	// [SchemaSQL] is applied by a migration tool.
 	InitializeSchema bool
 
-	// SchemaAdapter names the tables. Default Tables{}: the
-	// default names in the connection's search_path.
+	// Tables sets the names of the tables and their schema, default
+	// Tables{}: the default names in the connection's search_path.
+	Tables Tables
+
+	// SchemaAdapter is the former name of Tables. Set one of the two:
+	// both set to different tables is an error.
+	//
+	// Deprecated: use Tables. The field will be removed in the next minor
+	// release.
 	SchemaAdapter Tables
 
 	// Maintenance configures the maintenance this Subscriber runs if it is
@@ -321,8 +328,9 @@ func (c SubscriberConfig) validate() error {
 	if c.ListenConnConfig != nil && !parsedConnConfig(c.ListenConnConfig) {
 		return fmt.Errorf("SubscriberConfig.ListenConnConfig must be created by pgx.ParseConfig")
 	}
-	if err := c.SchemaAdapter.validate(); err != nil {
-		return fmt.Errorf("SubscriberConfig.SchemaAdapter: %w", err)
-	}
-	return nil
+	return checkTables("SubscriberConfig", c.Tables, c.SchemaAdapter)
 }
+
+// tableNames returns the tables c names: Tables, or the deprecated
+// SchemaAdapter when only that is set.
+func (c SubscriberConfig) tableNames() Tables { return pickTables(c.Tables, c.SchemaAdapter) }

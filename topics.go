@@ -48,11 +48,22 @@ type TopicConfig struct {
 	// retention) are deleted once they are older than the new retention.
 	Retention time.Duration
 
-	// SchemaAdapter names the tables. Default Tables{}.
+	// Tables sets the names of the tables and their schema, default
+	// Tables{}: the default names in the connection's search_path.
+	Tables Tables
+	// SchemaAdapter is the former name of Tables. Set one of the two:
+	// both set to different tables is an error.
+	//
+	// Deprecated: use Tables. The field will be removed in the next minor
+	// release.
 	SchemaAdapter Tables
 	// InitializeSchema creates or migrates the tables first.
 	InitializeSchema bool
 }
+
+// tableNames returns the tables c names: Tables, or the deprecated
+// SchemaAdapter when only that is set.
+func (c TopicConfig) tableNames() Tables { return pickTables(c.Tables, c.SchemaAdapter) }
 
 // CreateTopic stores the settings of topic. It is idempotent: creating a
 // topic again with the same settings does nothing. Every setting is what
@@ -87,10 +98,10 @@ func CreateTopic(ctx context.Context, db DB, topic string, config TopicConfig) e
 		return fmt.Errorf("%w: create topic %q: TopicConfig.Retention must be 0 (forever) or between %s and %s, got %s",
 			ErrInvalidConfig, topic, MinRetention, MaxRetention, config.Retention)
 	}
-	if err := config.SchemaAdapter.validate(); err != nil {
-		return fmt.Errorf("%w: TopicConfig.SchemaAdapter: %w", ErrInvalidConfig, err)
+	if err := checkTables("TopicConfig", config.Tables, config.SchemaAdapter); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	tables := config.SchemaAdapter.tables()
+	tables := config.tableNames().tables()
 	if config.InitializeSchema {
 		if err := initializeSchema(ctx, db, tables); err != nil {
 			return err
