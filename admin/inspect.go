@@ -32,18 +32,17 @@ type Inspector struct {
 	beforeDeleteGroup func()
 }
 
-// NewInspector returns an Inspector of the tables of adapter
-// (pglease.Tables{}: the default names) on db, which may be
-// a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx. Invalid arguments give an
+// NewInspector returns an Inspector of tables (pglease.Tables{}: the
+// default names) on db, which may be a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx. Invalid arguments give an
 // error wrapping [pglease.ErrInvalidConfig].
-func NewInspector(db pglease.DB, adapter pglease.Tables) (*Inspector, error) {
+func NewInspector(db pglease.DB, tables pglease.Tables) (*Inspector, error) {
 	if check.NilDB(db) {
 		return nil, fmt.Errorf("%w: NewInspector needs a *pgxpool.Pool, *pgx.Conn or pgx.Tx, got nil", pglease.ErrInvalidConfig)
 	}
-	if err := check.TableNames(pgsql.Names(adapter)); err != nil {
+	if err := check.TableNames(pgsql.Names(tables)); err != nil {
 		return nil, fmt.Errorf("%w: NewInspector: %w", pglease.ErrInvalidConfig, err)
 	}
-	return &Inspector{db: db, tables: pgsql.NewTables(pgsql.Names(adapter))}, nil
+	return &Inspector{db: db, tables: pgsql.NewTables(pgsql.Names(tables))}, nil
 }
 
 // validateTopic refuses the topic names that pglease refuses, with an

@@ -419,7 +419,7 @@ func (i *Inspector) Replay(ctx context.Context, p ReplayParams) ([]ReplayedMessa
 		}
 		out = append(out, ReplayedMessage{StoredMessage: m, To: to})
 	}
-	pub, err := pglease.NewPublisher(tx, pglease.PublisherConfig{SchemaAdapter: pglease.Tables(a.Names)}, nil)
+	pub, err := pglease.NewPublisher(tx, pglease.PublisherConfig{Tables: pglease.Tables(a.Names)}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}

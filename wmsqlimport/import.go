@@ -54,10 +54,16 @@ type Config struct {
 	// the source connection runs as (watermill-sql creates its tables as
 	// the application's role).
 	SourceOwner string
-	// SchemaAdapter names the pglease tables. Default
-	// pglease.Tables{}.
-	// The import's own tables ([RunsTable], [GroupsTable])
+	// Tables sets the names of the pglease tables and their schema,
+	// default pglease.Tables{}: the default names in the connection's
+	// search_path. The import's own tables ([RunsTable], [GroupsTable])
 	// are created in its Schema.
+	Tables pglease.Tables
+	// SchemaAdapter is the former name of Tables. Set one of the two:
+	// both set to different tables is an error.
+	//
+	// Deprecated: use Tables. The field will be removed in the next minor
+	// release.
 	SchemaAdapter pglease.Tables
 	// DryRun runs the import and rolls it back: the report says what a
 	// real run would have done, and nothing changes.
@@ -221,8 +227,16 @@ func Run(ctx context.Context, dst, src pglease.DB, config Config) (Report, error
 	if config.All == (len(config.Topics) > 0) {
 		return report, fmt.Errorf("%w: wmsqlimport.Config needs either Topics or All", pglease.ErrInvalidConfig)
 	}
-	if err := check.TableNames(pgsql.Names(config.SchemaAdapter)); err != nil {
-		return report, fmt.Errorf("%w: wmsqlimport.Config.SchemaAdapter: %w", pglease.ErrInvalidConfig, err)
+	if config.Tables != (pglease.Tables{}) && config.SchemaAdapter != (pglease.Tables{}) && config.Tables != config.SchemaAdapter {
+		return report, fmt.Errorf("%w: wmsqlimport.Config.Tables and wmsqlimport.Config.SchemaAdapter (the deprecated name of Tables) "+
+			"are both set, to different tables: set Tables only", pglease.ErrInvalidConfig)
+	}
+	field := "Tables"
+	if config.Tables == (pglease.Tables{}) {
+		field, config.Tables = "SchemaAdapter", config.SchemaAdapter
+	}
+	if err := check.TableNames(pgsql.Names(config.Tables)); err != nil {
+		return report, fmt.Errorf("%w: wmsqlimport.Config.%s: %w", pglease.ErrInvalidConfig, field, err)
 	}
 	for _, t := range config.Topics {
 		if err := check.Topic(t, pglease.MaxTopicLength); err != nil {
@@ -402,7 +416,7 @@ func describeSource(ctx context.Context, q pgsql.Querier, topic string) (wmSourc
 // one saw.
 func importTopic(ctx context.Context, dst, src pglease.DB, config Config, s wmSource) (TopicReport, error) {
 	out := TopicReport{Topic: s.topic, SourceTable: s.messagesTable, SourceKind: s.kind.String(), Groups: []GroupReport{}}
-	a := pgsql.NewTables(pgsql.Names(config.SchemaAdapter))
+	a := pgsql.NewTables(pgsql.Names(config.Tables))
 	err := pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
 		if err := pgsql.ImportCreateTables(ctx, tx, a); err != nil {
 			return fmt.Errorf("create the import's tables: %w", err)
