@@ -81,9 +81,9 @@ const privilegeNotGranted = "01007"
 func (c *grantCmd) run(ctx context.Context, e *cmdEnv) error {
 	out := grantOutput{Role: c.role.value, Publisher: c.publisher, DryRun: c.dryRun}
 	if c.publisher {
-		out.SQL = pglease.GrantPublisherSQL(e.adapter, c.role.value)
+		out.SQL = pglease.GrantPublisherSQL(e.tables, c.role.value)
 	} else {
-		out.SQL = pglease.GrantSQL(e.adapter, c.role.value)
+		out.SQL = pglease.GrantSQL(e.tables, c.role.value)
 	}
 	if !c.dryRun {
 		if err := checkOwner(ctx, e); err != nil {
@@ -120,7 +120,7 @@ func (c *grantCmd) run(ctx context.Context, e *cmdEnv) error {
 		what = "what publishing needs, and nothing of consumers"
 	}
 	fmt.Fprintf(e.stdout, "Granted role %s %s, on the tables of %s.\n",
-		pgx.Identifier{c.role.value}.Sanitize(), what, schemaName(e.adapter))
+		pgx.Identifier{c.role.value}.Sanitize(), what, schemaName(e.tables))
 	return nil
 }
 
@@ -129,7 +129,7 @@ func (c *grantCmd) run(ctx context.Context, e *cmdEnv) error {
 // owner's role or a superuser): PostgreSQL would only warn and grant
 // nothing. Without the table, it leaves the GRANT to fail saying so.
 func checkOwner(ctx context.Context, e *cmdEnv) error {
-	r, err := pgsql.TablesOwner(ctx, e.conn, tablesOf(e.adapter))
+	r, err := pgsql.TablesOwner(ctx, e.conn, tablesOf(e.tables))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil
@@ -138,7 +138,7 @@ func checkOwner(ctx context.Context, e *cmdEnv) error {
 	case !r.MayGrant:
 		return fmt.Errorf("role %s does not own the pglease tables of %s (their owner is %s): PostgreSQL would grant nothing; "+
 			"run pglease grant as %s, a member of that role, or a superuser",
-			pgx.Identifier{r.User}.Sanitize(), schemaName(e.adapter), pgx.Identifier{r.Owner}.Sanitize(),
+			pgx.Identifier{r.User}.Sanitize(), schemaName(e.tables), pgx.Identifier{r.Owner}.Sanitize(),
 			pgx.Identifier{r.Owner}.Sanitize())
 	}
 	return nil

@@ -38,10 +38,10 @@ func TestGrantCommand(t *testing.T) {
 	}
 
 	out := f.ok("grant", "--role", role, "--dry-run")
-	assert.Equal(t, pglease.GrantSQL(f.adapter, role), out)
+	assert.Equal(t, pglease.GrantSQL(f.tables, role), out)
 	table, function := granted()
 	assert.False(t, table || function, "a dry run grants nothing")
-	assert.Equal(t, pglease.GrantPublisherSQL(f.adapter, role), f.ok("grant", "--role", role, "--publisher", "--dry-run"))
+	assert.Equal(t, pglease.GrantPublisherSQL(f.tables, role), f.ok("grant", "--role", role, "--publisher", "--dry-run"))
 
 	out = f.ok("grant", "--role", role, "--publisher")
 	assert.Equal(t, fmt.Sprintf("Granted role %s what publishing needs, and nothing of consumers, on the tables of schema %s.\n",
@@ -58,7 +58,7 @@ func TestGrantCommand(t *testing.T) {
 
 	var res grantOutput
 	require.NoError(t, json.Unmarshal([]byte(f.ok("grant", "--role", role, "--json")), &res), "granting again")
-	assert.Equal(t, grantOutput{Role: role, SQL: pglease.GrantSQL(f.adapter, role)}, res)
+	assert.Equal(t, grantOutput{Role: role, SQL: pglease.GrantSQL(f.tables, role)}, res)
 
 	for _, tc := range []struct {
 		args   []string

@@ -214,11 +214,11 @@ func isCommon(name string) bool {
 
 // cmdEnv is what a subcommand runs with.
 type cmdEnv struct {
-	conn    *pgx.Conn
-	adapter pglease.Tables
-	insp    *admin.Inspector
-	json    bool
-	stdout  io.Writer
+	conn   *pgx.Conn
+	tables pglease.Tables
+	insp   *admin.Inspector
+	json   bool
+	stdout io.Writer
 
 	// For long-running commands (pglease ui): where to log, the
 	// environment, the connection string, and --timeout (which bounds
@@ -420,12 +420,12 @@ func (s *commandSpec) connectAndRun(ctx context.Context, cmd subcommand, dsn, ds
 		defer cancel()
 		_ = conn.Close(closeCtx)
 	}()
-	adapter := pglease.Tables{Schema: common.schema}
-	insp, err := admin.NewInspector(conn, adapter)
+	tables := pglease.Tables{Schema: common.schema}
+	insp, err := admin.NewInspector(conn, tables)
 	if err != nil {
 		return err
 	}
-	return cmd.run(ctx, &cmdEnv{conn: conn, adapter: adapter, insp: insp, json: common.json, stdout: stdout,
+	return cmd.run(ctx, &cmdEnv{conn: conn, tables: tables, insp: insp, json: common.json, stdout: stdout,
 		stderr: stderr, getenv: getenv, dsn: dsn, dsnSource: dsnSource, timeout: common.timeout, notices: notices})
 }
 

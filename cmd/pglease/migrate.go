@@ -75,11 +75,11 @@ func (c *migrateCmd) flags(fs *flag.FlagSet) {
 func (c *migrateCmd) check(*flag.FlagSet) error { return nil }
 
 func (c *migrateCmd) run(ctx context.Context, e *cmdEnv) error {
-	from, err := schemaVersion(ctx, e.conn, e.adapter)
+	from, err := schemaVersion(ctx, e.conn, e.tables)
 	if err != nil {
 		return err
 	}
-	tables := tablesOf(e.adapter)
+	tables := tablesOf(e.tables)
 	migrations := tables.Migrations()
 	latest := migrations[len(migrations)-1].Version
 	out := migrateOutput{FromVersion: from, ToVersion: from, LatestVersion: latest, DryRun: c.dryRun, Migrations: []migrationInfo{}}
@@ -96,22 +96,22 @@ func (c *migrateCmd) run(ctx context.Context, e *cmdEnv) error {
 			out.SQL = tables.MigrationScript(pending)
 		}
 		if c.citus {
-			out.SQL += pglease.DistributeSQL(e.adapter) + ";\n"
+			out.SQL += pglease.DistributeSQL(e.tables) + ";\n"
 			out.Citus = true
 		}
 	} else {
-		if err := pglease.Migrate(ctx, e.conn, e.adapter); err != nil {
+		if err := pglease.Migrate(ctx, e.conn, e.tables); err != nil {
 			return err
 		}
 		// After the migrations, which create the tables that the script
 		// distributes; it leaves alone what is distributed already.
 		if c.citus {
-			if _, err := e.conn.Exec(ctx, pglease.DistributeSQL(e.adapter)); err != nil {
+			if _, err := e.conn.Exec(ctx, pglease.DistributeSQL(e.tables)); err != nil {
 				return fmt.Errorf("distribute the tables over Citus: %w", err)
 			}
 			out.Citus = true
 		}
-		if out.ToVersion, err = schemaVersion(ctx, e.conn, e.adapter); err != nil {
+		if out.ToVersion, err = schemaVersion(ctx, e.conn, e.tables); err != nil {
 			return err
 		}
 		for _, m := range migrations {
@@ -147,8 +147,8 @@ func (c *migrateCmd) run(ctx context.Context, e *cmdEnv) error {
 
 // schemaVersion reads the highest version recorded: 0 when the version
 // table does not exist yet.
-func schemaVersion(ctx context.Context, conn *pgx.Conn, adapter pglease.Tables) (int, error) {
-	v, err := pgsql.SchemaVersion(ctx, conn, tablesOf(adapter))
+func schemaVersion(ctx context.Context, conn *pgx.Conn, tables pglease.Tables) (int, error) {
+	v, err := pgsql.SchemaVersion(ctx, conn, tablesOf(tables))
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == undefinedTable {
 		return 0, nil
@@ -159,8 +159,8 @@ func schemaVersion(ctx context.Context, conn *pgx.Conn, adapter pglease.Tables) 
 	return v, nil
 }
 
-// tablesOf returns the quoted names and the statements of adapter's
+// tablesOf returns the quoted names and the statements of
 // tables.
-func tablesOf(adapter pglease.Tables) *pgsql.Tables {
-	return pgsql.NewTables(pgsql.Names(adapter))
+func tablesOf(tables pglease.Tables) *pgsql.Tables {
+	return pgsql.NewTables(pgsql.Names(tables))
 }

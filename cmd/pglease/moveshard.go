@@ -105,7 +105,7 @@ func moveShard(ctx context.Context, conn *pgx.Conn, shard int64, srcHost string,
 }
 
 func (c *moveShardCmd) run(ctx context.Context, e *cmdEnv) error {
-	messages := tablesOf(e.adapter).Messages
+	messages := tablesOf(e.tables).Messages
 	out := moveShardOutput{Topic: c.topic, To: net.JoinHostPort(c.host, strconv.Itoa(c.port)), Margin: c.margin, DryRun: c.dryRun}
 	var (
 		srcHost string

@@ -57,7 +57,7 @@ func (c *rebalanceCmd) flags(fs *flag.FlagSet) {
 func (c *rebalanceCmd) check(*flag.FlagSet) error { return nil }
 
 func (c *rebalanceCmd) run(ctx context.Context, e *cmdEnv) error {
-	messages := tablesOf(e.adapter).Messages
+	messages := tablesOf(e.tables).Messages
 	type move struct {
 		shard            int64
 		srcHost, dstHost string

@@ -128,7 +128,7 @@ func (c *resetCmd) run(ctx context.Context, e *cmdEnv) error {
 			return fmt.Errorf("begin the dry run: %w", err)
 		}
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		if insp, err = admin.NewInspector(tx, e.adapter); err != nil {
+		if insp, err = admin.NewInspector(tx, e.tables); err != nil {
 			return err
 		}
 	}

@@ -153,13 +153,13 @@ func (c *uiCmd) run(ctx context.Context, e *cmdEnv) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
-	insp, err := admin.NewInspector(pool, e.adapter)
+	insp, err := admin.NewInspector(pool, e.tables)
 	if err != nil {
 		return err
 	}
 	listenHost, _, _ := net.SplitHostPort(c.listen)
 	srv, err := newUIServer(uiConfig{
-		insp: insp, pool: pool, adapter: e.adapter, token: token, allowWrites: c.allowWrites, warnAfter: c.warnAfter,
+		insp: insp, pool: pool, tables: e.tables, token: token, allowWrites: c.allowWrites, warnAfter: c.warnAfter,
 		timeout: e.timeout, log: e.stderr, loopbackOnly: isLoopbackListen(c.listen),
 		hosts: append([]string{listenHost}, c.allowHosts.values...),
 	})
@@ -277,7 +277,7 @@ func onOff(b bool) string {
 type uiConfig struct {
 	insp        *admin.Inspector
 	pool        *pgxpool.Pool // for dry runs: a transaction rolled back
-	adapter     pglease.Tables
+	tables      pglease.Tables
 	token       string // the console's token: reads need it, writes too
 	allowWrites bool
 	warnAfter   time.Duration

@@ -157,7 +157,7 @@ func newSchema(t *testing.T, pool *pgxpool.Pool) pglease.Tables {
 
 func subscribe(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, group, topic string) <-chan *message.Message {
 	t.Helper()
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter,
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, Tables: adapter,
 		CommitBatch: 1, PollInterval: 50 * time.Millisecond}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
@@ -217,8 +217,8 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	adapter := newSchema(t, pool)
-	require.NoError(t, pglease.CreateTopic(ctx, pool, "orders", pglease.TopicConfig{Partitions: 2, SchemaAdapter: adapter}))
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "orders", pglease.TopicConfig{Partitions: 2, Tables: adapter}))
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	const orders = 12
