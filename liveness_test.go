@@ -74,7 +74,7 @@ func measureIdleTopics(t *testing.T, topics int) {
 		ConsumerGroup:    "g",
 		SessionTTL:       ttl,
 		InitializeSchema: true,
-		SchemaAdapter:    adapter,
+		Tables:           adapter,
 		// Close releases every topic, in batches of 1,000: with 100,000
 		// topics on a loaded 2-core machine that can take longer than the
 		// default 5 s (the time is reported below).

@@ -76,12 +76,12 @@ func TestDelayedMessageCommitsWithTheTransaction(t *testing.T) {
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	newPublisher(t, pool, adapter) // initializes the schema
-	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{SchemaAdapter: adapter, InitializeSchema: true}))
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Tables: adapter, InitializeSchema: true}))
 
 	publishInTx := func(commit bool) string {
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
-		pub, err := pglease.NewPublisher(tx, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+		pub, err := pglease.NewPublisher(tx, pglease.PublisherConfig{Tables: adapter}, nil)
 		require.NoError(t, err)
 		msg := message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprint(commit)))
 		delay.Message(msg, delay.For(time.Second))
@@ -119,7 +119,7 @@ func TestRetentionEmptiesTopic(t *testing.T) {
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "short", pglease.TopicConfig{Retention: 2 * time.Second,
-		SchemaAdapter: adapter, InitializeSchema: true}))
+		Tables: adapter, InitializeSchema: true}))
 	pub := newPublisher(t, pool, adapter)
 
 	maint := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "maint"})
@@ -171,7 +171,7 @@ func TestMaintainerIsOneSubscriber(t *testing.T) {
 	adapter := newSchema(t, pool)
 	var subs []*pglease.Subscriber
 	for i := range 3 {
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true,
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter, InitializeSchema: true,
 			ConsumerGroup: fmt.Sprint("g", i), SessionTTL: 10 * time.Second}, testLogger())
 		require.NoError(t, err)
 		_, err = sub.Subscribe(ctx, "t")
@@ -223,7 +223,7 @@ func TestRetentionSetLaterDeletesKeptMessages(t *testing.T) {
 	waitFor(t, 10*time.Second, "the position to be committed", func() bool {
 		return readOffset(t, pool, adapter, "g", "t").Offset > 0
 	})
-	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Retention: time.Second, SchemaAdapter: adapter}))
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Retention: time.Second, Tables: adapter}))
 	waitFor(t, 20*time.Second, "the kept messages to be deleted", func() bool {
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+table(adapter, pglease.DefaultMessagesTable)+
@@ -284,9 +284,9 @@ func TestMaintenanceBadInput(t *testing.T) {
 	pool := newPool(t, 4)
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
-	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{SchemaAdapter: adapter, InitializeSchema: true}))
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Tables: adapter, InitializeSchema: true}))
 	for _, r := range []time.Duration{-time.Second, 500 * time.Millisecond, pglease.MaxRetention + time.Hour} {
-		err := pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Retention: r, SchemaAdapter: adapter, InitializeSchema: true})
+		err := pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Retention: r, Tables: adapter, InitializeSchema: true})
 		require.ErrorIs(t, err, pglease.ErrInvalidConfig, "retention %s", r)
 		assert.Contains(t, err.Error(), "TopicConfig.Retention")
 	}
@@ -300,7 +300,7 @@ func TestMaintenanceBadInput(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+table(adapter, pglease.DefaultMessagesTable)+
 		") + (SELECT count(*) FROM "+table(adapter, pglease.DefaultDelayedTable)+")").Scan(&n))
 	assert.Zero(t, n, "nothing of a failed Publish is stored")
-	_, err = pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter,
+	_, err = pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter,
 		Maintenance: pglease.MaintenanceConfig{RemoveIdleGroupsAfter: -time.Second}}, nil)
 	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
 }
@@ -315,7 +315,7 @@ func TestInterruptedDetachIsFinished(t *testing.T) {
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "short", pglease.TopicConfig{Retention: time.Second,
-		SchemaAdapter: adapter, InitializeSchema: true}))
+		Tables: adapter, InitializeSchema: true}))
 	pub := newPublisher(t, pool, adapter)
 	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{})
 	_, err := sub.Subscribe(ctx, "other")
@@ -423,7 +423,7 @@ func TestPartitionDetachedByHandIsDropped(t *testing.T) {
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "short", pglease.TopicConfig{Retention: 2 * time.Second,
-		SchemaAdapter: adapter, InitializeSchema: true}))
+		Tables: adapter, InitializeSchema: true}))
 	maint := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "maint",
 		Maintenance: pglease.MaintenanceConfig{Interval: time.Hour}})
 	_, err := maint.Subscribe(ctx, "keep")

@@ -117,7 +117,7 @@ type pgleaseHandle struct {
 }
 
 func (h *pgleaseHandle) publisher() (message.Publisher, error) {
-	return pglease.NewPublisher(h.pool, pglease.PublisherConfig{SchemaAdapter: h.adapter}, h.e.logger)
+	return pglease.NewPublisher(h.pool, pglease.PublisherConfig{Tables: h.adapter}, h.e.logger)
 }
 
 func (h *pgleaseHandle) subscriber() (message.Subscriber, error) {
@@ -134,7 +134,7 @@ func newPgleaseSubscriber(pool *pgxpool.Pool, ns string, initializeSchema bool, 
 	return pglease.NewSubscriber(pool, pglease.SubscriberConfig{
 		ConsumerGroup:    consumerGroup,
 		InitializeSchema: initializeSchema,
-		SchemaAdapter:    pglease.Tables{Schema: ns},
+		Tables:           pglease.Tables{Schema: ns},
 		ListenConnConfig: listen,
 	}, logger)
 }

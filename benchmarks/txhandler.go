@@ -222,7 +222,7 @@ func txConsume(ctx context.Context, e *env, h *pgleaseHandle, v txVariant, first
 	}
 
 	_, _ = e.admin.Exec(ctx, "CHECKPOINT")
-	sub, err := pglease.NewSubscriber(h.pool, pglease.SubscriberConfig{ConsumerGroup: v.group(), SchemaAdapter: h.adapter}, e.logger)
+	sub, err := pglease.NewSubscriber(h.pool, pglease.SubscriberConfig{ConsumerGroup: v.group(), Tables: h.adapter}, e.logger)
 	if err != nil {
 		return txResult{}, err
 	}
