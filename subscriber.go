@@ -20,8 +20,10 @@ import (
 // On its first Subscribe it opens one consumer-session row, kept alive by a
 // heartbeat, and claims subscribed (consumer group, topic) rows through it:
 // the live Subscribers of a group split the topics they subscribe to
-// evenly. Messages of a claimed topic are delivered in order, one at a time:
-// the next only after the previous one was acked. The channel of a topic
+// evenly. Messages of a claimed (topic, partition) are delivered in order,
+// by default one at a time, the next only after the previous one was
+// acked; with SubscriberConfig.MaxInFlight N, up to N at once, never two
+// of one ordering key. The channel of a topic
 // that another Subscriber of the group owns stays silent until this one is
 // granted the topic; a topic can also move to another Subscriber between
 // two messages when the group is split again. See the package documentation
@@ -202,9 +204,10 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 // acked or nacked (or DrainTimeout passed), with its acknowledged offset,
 // for another Subscriber of the group to take over.
 //
-// Every message must be acked or nacked: the next one is delivered only
-// after an Ack, a Nack delivers the same message again after
-// NackResendDelay. When ctx ends or on Close, nothing more is handed out,
+// Every message must be acked or nacked: with MaxInFlight 1 (the default)
+// the next one is delivered only after an Ack, with MaxInFlight N once
+// fewer than N are out and the earlier ones of its ordering key are
+// acked; a Nack delivers the same message again after NackResendDelay. When ctx ends or on Close, nothing more is handed out,
 // and the topic is released once the messages out are acked or nacked, or
 // DrainTimeout passed. A message's context is cancelled after its Ack or
 // Nack, or when its topic is released or lost.

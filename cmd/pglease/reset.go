@@ -32,7 +32,7 @@ a new group starts.
 While a live Subscriber owns a partition of the topic the reset is refused
 (exit status 1) and nothing changes. With --force it is applied anyway: the
 owner is fenced (the row's epoch is bumped, so its later commits are
-refused); it gives its partitions up after the message in flight and claims
+refused); it gives its partitions up after the messages in flight and claims
 them again from the new positions. A message it handed out before the reset
 may still be processed once. --dry-run shows what would change and rolls
 back.`,
@@ -140,7 +140,7 @@ func (c *resetCmd) run(ctx context.Context, e *cmdEnv) error {
 	})
 	if errors.Is(err, admin.ErrOwnedByLiveSession) {
 		return &refusedError{err: err, hint: "Nothing was changed. With --force the reset is applied anyway: the owners are fenced,\n" +
-			"give their partitions up after the message in flight and claim them again from the new positions."}
+			"give their partitions up after the messages in flight and claim them again from the new positions."}
 	}
 	if err != nil {
 		return err
@@ -203,6 +203,6 @@ func (c *resetCmd) print(w io.Writer, resets []admin.OffsetReset) error {
 		}
 		fmt.Fprintf(w, "%s %s (session %s) on %s.\n", verb, o.name, o.session, what)
 	}
-	fmt.Fprintln(w, "A fenced owner gives its partitions up after the message in flight and claims them\nagain from the new positions.")
+	fmt.Fprintln(w, "A fenced owner gives its partitions up after the messages in flight and claims them\nagain from the new positions.")
 	return nil
 }
