@@ -31,10 +31,12 @@ type DB interface {
 
 // PublisherConfig configures a [Publisher]. The zero value is valid.
 type PublisherConfig struct {
-	// AutoInitializeSchema creates or migrates the tables before the first
-	// Publish. With a pgx.Tx it runs inside that transaction (a savepoint),
-	// and its advisory lock is held until the transaction ends. Leave it
-	// off when the DDL of [SchemaSQL] is applied by a migration tool.
+	// AutoInitializeSchema sets whether the tables are created or migrated
+	// before the first Publish, default false. With a pgx.Tx it runs
+	// inside that transaction (a savepoint), and its advisory lock is held
+	// until the transaction ends. Leave it off when the DDL of [SchemaSQL]
+	// is applied by a migration tool, or by `pglease migrate` as the
+	// tables' owner.
 	AutoInitializeSchema bool
 
 	// Tables sets the names of the tables and their schema, default
@@ -48,14 +50,16 @@ type PublisherConfig struct {
 	// release.
 	SchemaAdapter Tables
 
-	// PartitionKey returns the partition key of a message published to a
-	// topic with partitions (see [CreateTopic]): messages with the same
-	// key go to the same partition ([PartitionOf]) and are delivered in
-	// order. Nil means the value of the message's PartitionKeyMetadata
-	// ("partition_key") metadata. A message with an empty key is placed by
-	// a hash of its UUID, which spreads such messages over the partitions with no
-	// order between them. An error fails the Publish call before anything
-	// is stored. On a topic with one partition the key does not matter.
+	// PartitionKey sets the function that returns the partition key of
+	// a message published to a topic with partitions (see
+	// [CreateTopic]), default nil: the value of the message's
+	// PartitionKeyMetadata ("partition_key") metadata. Messages with
+	// the same key go to the same partition ([PartitionOf]) and are
+	// delivered in order. A message with an empty key is placed by a
+	// hash of its UUID, which spreads such messages over the partitions
+	// with no order between them. An error fails the Publish call
+	// before anything is stored. On a topic with one partition the key
+	// does not matter.
 	PartitionKey func(topic string, msg *message.Message) (string, error)
 }
 

@@ -24,28 +24,29 @@ const PartitionKeyMetadata = "partition_key"
 // every process agrees on them. A topic that was never created has one
 // partition.
 type TopicConfig struct {
-	// Partitions is the number of partitions, from 1 to [MaxPartitions].
-	// 0 means 1. Messages with the same partition key go to the same
-	// partition and are delivered in order; the partitions of a topic are
-	// owned and delivered independently, by the members of each consumer
-	// group.
+	// Partitions sets the number of partitions, default 1 (0 means 1),
+	// at most [MaxPartitions]. Messages with the same partition key go
+	// to the same partition and are delivered in order; the partitions
+	// of a topic are owned and delivered independently, by the members
+	// of each consumer group.
 	Partitions int
 
-	// Retention is how long messages of the topic are kept after they
-	// were published (or, for delayed messages, became due): older ones
-	// are removed whether consumed or not, as in Kafka. 0 keeps them
-	// forever (the default); otherwise between [MinRetention] and
-	// [MaxRetention]. Removal is done by the maintainer (see
-	// [MaintenanceConfig]) a partition at a time, so a message may live up
-	// to half its retention longer. A consumer group whose
-	// position falls behind retention skips the removed messages; the
-	// maintainer logs it at Error level (Watermill's logger has no Warn),
-	// wrapping [ErrSkippedByRetention], and counts it
+	// Retention sets how long messages of the topic are kept after they
+	// were published (or, for delayed messages, became due), default 0:
+	// forever; otherwise between [MinRetention] and [MaxRetention].
+	// Older ones are removed whether consumed or not, as in Kafka.
+	// Removal is done by the maintainer (see [MaintenanceConfig]) a
+	// partition at a time, so a message may live up to half its
+	// retention longer. A consumer group whose position falls behind
+	// retention skips the removed messages; the maintainer logs it at
+	// Error level (Watermill's logger has no Warn), wrapping
+	// [ErrSkippedByRetention], and counts it
 	// (SubscriberStats.RetentionSkipped). Setting the topic again with
 	// another Retention changes it for the messages published from then
-	// on; messages already stored keep the expiry they were given, except
-	// that messages kept forever (published before the topic had a
-	// retention) are deleted once they are older than the new retention.
+	// on; messages already stored keep the expiry they were given,
+	// except that messages kept forever (published before the topic had
+	// a retention) are deleted once they are older than the new
+	// retention.
 	Retention time.Duration
 
 	// Tables sets the names of the tables and their schema, default
@@ -57,7 +58,8 @@ type TopicConfig struct {
 	// Deprecated: use Tables. The field will be removed in the next minor
 	// release.
 	SchemaAdapter Tables
-	// InitializeSchema creates or migrates the tables first.
+	// InitializeSchema sets whether CreateTopic creates or migrates the
+	// tables first, default false.
 	InitializeSchema bool
 }
 

@@ -132,10 +132,14 @@ type LagInfo struct {
 	Pending bool `json:"pending"`
 }
 
-// LagFilter selects rows of [Inspector.Lag]; a nil field selects all.
+// LagFilter selects rows of [Inspector.Lag].
 type LagFilter struct {
+	// ConsumerGroups sets the consumer groups whose rows are selected,
+	// default nil: every group.
 	ConsumerGroups []string
-	Topics         []string
+	// Topics sets the topics whose rows are selected, default nil: every
+	// topic.
+	Topics []string
 }
 
 // Lag returns, for every (group, topic, partition) row that f selects, its
@@ -336,10 +340,11 @@ const (
 
 // TopicsParams selects a page of [Inspector.TopicsPage].
 type TopicsParams struct {
-	// After: the topics whose names sort after it (byte order); nil: from
-	// the first. The Next of a TopicPage is the After of the next page.
+	// After sets where the page starts: the topics whose names sort after
+	// it (byte order), default nil: from the first. The Next of a
+	// TopicPage is the After of the next page.
 	After *string
-	// Limit is the page size: 0 is DefaultTopicsPage; at most
+	// Limit sets the page size, default DefaultTopicsPage, at most
 	// MaxTopicsPage.
 	Limit int
 }
@@ -451,14 +456,20 @@ func (e *ResetRefusedError) Unwrap() error { return ErrOwnedByLiveSession }
 
 // ResetOffsetsParams select the rows to reset and where to.
 type ResetOffsetsParams struct {
+	// ConsumerGroup sets the consumer group, default "" (the group named
+	// "").
 	ConsumerGroup string
-	Topic         string
-	To            ResetTo
-	// Force resets rows that a live session owns: the row's epoch is
-	// bumped, so the owner's later commits and releases are refused
-	// (pglease.ErrOwnershipLost); notified, the owner stops delivering the
-	// partition and claims it again, from the new position. A message it
-	// had handed out before may still be processed once.
+	// Topic sets the topic, required; every partition of it is reset.
+	Topic string
+	// To sets where the positions go, required: ResetToEarliest,
+	// ResetToLatest or ResetToTime.
+	To ResetTo
+	// Force sets whether rows that a live session owns are reset too,
+	// default false: refused. Forced, the row's epoch is bumped, so the
+	// owner's later commits and releases are refused
+	// (pglease.ErrOwnershipLost); notified, the owner stops delivering
+	// the partition and claims it again, from the new position. A
+	// message it had handed out before may still be processed once.
 	Force bool
 }
 

@@ -100,19 +100,19 @@ func decodeMetadata(raw []byte) (map[string]string, error) {
 
 // MessagesParams select the messages of [Inspector.Messages].
 type MessagesParams struct {
-	// Topic is required.
+	// Topic sets the topic, required.
 	Topic string
-	// Partition selects one partition; nil: every partition, merged by
-	// position.
+	// Partition sets the one partition to read, default nil: every
+	// partition, merged by position.
 	Partition *int32
-	// From is the position of the newest message to return (it and older
-	// ones are returned); nil: the newest message. A page's Next is the
-	// From of the page after it.
+	// From sets the position of the newest message to return (it and
+	// older ones are returned), default nil: the newest message. A page's
+	// Next is the From of the page after it.
 	From *pglease.Position
-	// Limit is the page size. Default DefaultMessagesLimit, at most
+	// Limit sets the page size, default DefaultMessagesLimit, at most
 	// MaxMessagesLimit.
 	Limit int
-	// PreviewBytes is how much of each payload to return. Default
+	// PreviewBytes sets how much of each payload to return, default
 	// DefaultPreviewBytes; negative: all of it.
 	PreviewBytes int
 }
@@ -186,14 +186,14 @@ func (i *Inspector) MessagesByUUID(ctx context.Context, topic, id string) ([]Sto
 
 // FindMessagesParams select the messages of [Inspector.FindMessages].
 type FindMessagesParams struct {
-	// Topic is required.
+	// Topic sets the topic, required.
 	Topic string
-	// UUID is the UUID to look for.
+	// UUID sets the UUID to look for, required.
 	UUID string
-	// Limit is how many messages to return at most. Default
+	// Limit sets how many messages to return at most, default
 	// DefaultMessagesLimit, at most MaxMessagesLimit.
 	Limit int
-	// PreviewBytes is how much of each payload to return. Default
+	// PreviewBytes sets how much of each payload to return, default
 	// DefaultPreviewBytes; negative: all of it.
 	PreviewBytes int
 }
@@ -288,12 +288,12 @@ type TopicMessageCount struct {
 
 // TopicMessagesParams select the topics of [Inspector.TopicMessages].
 type TopicMessagesParams struct {
-	// Topics are the topics to count (each is returned, 0 included);
-	// nil: every topic that has messages (found by skipping through the
-	// primary key, one probe per topic).
+	// Topics sets the topics to count (each is returned, 0 included),
+	// default nil: every topic that has messages (found by skipping
+	// through the primary key, one probe per topic).
 	Topics []string
-	// ExactUpTo is the count up to which a topic is counted exactly.
-	// Default DefaultExactCountUpTo.
+	// ExactUpTo sets the count up to which a topic is counted exactly,
+	// default DefaultExactCountUpTo.
 	ExactUpTo int64
 }
 
@@ -337,21 +337,25 @@ func (i *Inspector) estimate(ctx context.Context, a *pgsql.Tables, topic string,
 
 // ReplayParams select the messages of [Inspector.Replay] and where they go.
 type ReplayParams struct {
-	// From is the topic to take the messages from (a poison topic).
+	// From sets the topic to take the messages from (a poison topic),
+	// required.
 	From string
-	// To is the topic to publish them to; or, with ToOriginal, the topic
-	// each message names in its metadata under PoisonedTopicKey (as
-	// Watermill's PoisonQueue records it; messages without it are left
-	// where they are). Exactly one of the two.
-	To         string
+	// To sets the topic to publish them to, default "": ToOriginal must
+	// be set. Exactly one of To and ToOriginal.
+	To string
+	// ToOriginal sets whether each message goes to the topic it names in
+	// its metadata under PoisonedTopicKey (as Watermill's PoisonQueue
+	// records it; messages without it are left where they are), default
+	// false.
 	ToOriginal bool
-	// Metadata selects the messages whose metadata has every one of these
-	// keys with the value (nil: every message).
+	// Metadata sets the metadata a message must have to be moved, every
+	// one of these keys with the value, default nil: every message.
 	Metadata map[string]string
-	// Limit is how many messages to move, oldest first. Default
+	// Limit sets how many messages to move, oldest first, default
 	// DefaultReplayLimit.
 	Limit int
-	// DryRun does everything in a transaction that is rolled back.
+	// DryRun sets whether everything is done in a transaction that is
+	// rolled back, default false.
 	DryRun bool
 }
 

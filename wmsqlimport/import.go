@@ -40,19 +40,20 @@ const importBatch = 5000
 
 // Config configures [Run].
 type Config struct {
-	// Topics are the watermill-sql topics to import (tables
+	// Topics sets the watermill-sql topics to import (tables
 	// "watermill_<topic>" and "watermill_offsets_<topic>" in the source's
-	// search_path). Either Topics or All.
+	// search_path), default none. Either Topics or All.
 	Topics []string
-	// All imports every watermill-sql topic of the source's search_path
-	// whose messages and offsets tables are owned by SourceOwner; the
-	// others are skipped and listed in Report.Skipped (another role
-	// of the database may create tables named watermill_* in a schema of
-	// the search_path).
+	// All sets whether every watermill-sql topic of the source's
+	// search_path is imported, default false: the Topics. With All, the
+	// topics whose messages and offsets tables are owned by SourceOwner
+	// are imported; the others are skipped and listed in Report.Skipped
+	// (another role of the database may create tables named watermill_*
+	// in a schema of the search_path).
 	All bool
-	// SourceOwner is the role whose tables All imports. Default: the role
-	// the source connection runs as (watermill-sql creates its tables as
-	// the application's role).
+	// SourceOwner sets the role whose tables All imports, default "": the
+	// role the source connection runs as (watermill-sql creates its tables
+	// as the application's role).
 	SourceOwner string
 	// Tables sets the names of the pglease tables and their schema,
 	// default pglease.Tables{}: the default names in the connection's
@@ -65,8 +66,9 @@ type Config struct {
 	// Deprecated: use Tables. The field will be removed in the next minor
 	// release.
 	SchemaAdapter pglease.Tables
-	// DryRun runs the import and rolls it back: the report says what a
-	// real run would have done, and nothing changes.
+	// DryRun sets whether the import is rolled back, default false. A dry
+	// run's report says what a real run would have done, and nothing
+	// changes.
 	DryRun bool
 }
 
