@@ -194,6 +194,8 @@ func txConsume(ctx context.Context, e *env, h *pgleaseHandle, v txVariant, first
 	n := e.cfg.txMessages
 	effects := pgx.Identifier{h.ns, txEffectsTable}.Sanitize()
 	insert := "INSERT INTO " + effects + " (uuid) VALUES ($1)"
+	// TxHandler takes the tables from PublisherConfig.SchemaAdapter only.
+	pub := pglease.PublisherConfig{SchemaAdapter: h.adapter} //nolint:staticcheck // SA1019: what TxHandler reads
 	var handler message.NoPublishHandlerFunc
 	switch v.name {
 	case txPlain:
@@ -202,13 +204,13 @@ func txConsume(ctx context.Context, e *env, h *pgleaseHandle, v txVariant, first
 			return err
 		}
 	case "ack":
-		handler = pglease.TxHandler(h.pool, pglease.TxHandlerConfig{Publisher: pglease.PublisherConfig{SchemaAdapter: h.adapter}},
+		handler = pglease.TxHandler(h.pool, pglease.TxHandlerConfig{Publisher: pub},
 			func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
 				_, err := tx.Exec(ctx, insert, msg.UUID)
 				return nil, err
 			})
 	case "publish":
-		handler = pglease.TxHandler(h.pool, pglease.TxHandlerConfig{PublishTopic: txDerivedTopic, Publisher: pglease.PublisherConfig{SchemaAdapter: h.adapter}},
+		handler = pglease.TxHandler(h.pool, pglease.TxHandlerConfig{PublishTopic: txDerivedTopic, Publisher: pub},
 			func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
 				if _, err := tx.Exec(ctx, insert, msg.UUID); err != nil {
 					return nil, err
