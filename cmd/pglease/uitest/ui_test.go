@@ -65,7 +65,9 @@ func chromium(t *testing.T) string {
 func buildPglease(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "pglease")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/pglease/watermill-pglease/cmd/pglease").CombinedOutput()
+	build := exec.Command("go", "build", "-o", bin, "github.com/pglease/watermill-pglease/cmd/pglease")
+	build.Env = append(os.Environ(), "GOWORK=off") // this module's go.mod, not the workspace's versions
+	out, err := build.CombinedOutput()
 	require.NoError(t, err, "go build: %s", out)
 	return bin
 }
