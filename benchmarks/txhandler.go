@@ -195,7 +195,7 @@ func txConsume(ctx context.Context, e *env, h *pgleaseHandle, v txVariant, first
 	effects := pgx.Identifier{h.ns, txEffectsTable}.Sanitize()
 	insert := "INSERT INTO " + effects + " (uuid) VALUES ($1)"
 	// TxHandler takes the tables from PublisherConfig.SchemaAdapter only.
-	pub := pglease.PublisherConfig{SchemaAdapter: h.adapter} //nolint:staticcheck // SA1019: what TxHandler reads
+	pub := pglease.PublisherConfig{SchemaAdapter: h.tables} //nolint:staticcheck // SA1019: what TxHandler reads
 	var handler message.NoPublishHandlerFunc
 	switch v.name {
 	case txPlain:
@@ -224,7 +224,7 @@ func txConsume(ctx context.Context, e *env, h *pgleaseHandle, v txVariant, first
 	}
 
 	_, _ = e.admin.Exec(ctx, "CHECKPOINT")
-	sub, err := pglease.NewSubscriber(h.pool, pglease.SubscriberConfig{ConsumerGroup: v.group(), Tables: h.adapter}, e.logger)
+	sub, err := pglease.NewSubscriber(h.pool, pglease.SubscriberConfig{ConsumerGroup: v.group(), Tables: h.tables}, e.logger)
 	if err != nil {
 		return txResult{}, err
 	}
