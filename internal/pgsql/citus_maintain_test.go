@@ -194,48 +194,6 @@ func skippedString(rows []SkippedRow) string {
 	return b.String()
 }
 
-// TestCitusMaintainerElection: the maintainer's row (a reference table)
-// is claimed, read and released on Citus, and the release is notified
-// on the coordinator, where the candidates listen.
-func TestCitusMaintainerElection(t *testing.T) {
-	pool, tables := citusTables(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	if err := Listen(ctx, conn, tables.NotifyChannel); err != nil {
-		t.Fatal(err)
-	}
-	sid := uuid.New()
-	if _, err := pool.Exec(ctx, `INSERT INTO `+tables.Sessions+` (id, consumer_group, owner, expires_at)
-VALUES ($1, 'g', 'test', pg_catalog.now() + interval '1 minute')`, sid); err != nil {
-		t.Fatal(err)
-	}
-	claimed, err := ClaimMaintainer(ctx, pool, tables, MaintainerParams{SessionID: sid})
-	if err != nil || claimed.Epoch == nil {
-		t.Fatalf("ClaimMaintainer = %+v, %v", claimed, err)
-	}
-	other, err := ClaimMaintainer(ctx, pool, tables, MaintainerParams{SessionID: uuid.New()})
-	if err != nil || other.Epoch != nil || other.Holder == nil || *other.Holder != sid {
-		t.Fatalf("a second claim = %+v, %v; want refused, held by the first", other, err)
-	}
-	if err := ReleaseMaintainer(ctx, pool, tables, MaintainerParams{SessionID: sid, Epoch: *claimed.Epoch,
-		NotifyChannel: tables.NotifyChannel}); err != nil {
-		t.Fatal(err)
-	}
-	n, err := conn.Conn().WaitForNotification(ctx)
-	if err != nil || n.Payload != string(rune(NotifyMaintainer)) {
-		t.Fatalf("notification = %+v, %v; want the release", n, err)
-	}
-	h, err := MaintainerHolder(ctx, pool, tables)
-	if err != nil || h.Holder != nil {
-		t.Fatalf("MaintainerHolder = %+v, %v; want free", h, err)
-	}
-}
-
 // TestCitusMaintainerDetachesPartitions: a retention partition added to
 // the distributed messages table is distributed with it, and is detached
 // (Citus refuses CONCURRENTLY: in a transaction) and dropped.

@@ -29,6 +29,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -65,6 +66,7 @@ func cases() []testCase {
 	return []testCase{
 		// topics and messages
 		{"InsertAndSelectInOrder", testInsertAndSelectInOrder},
+		{"InsertManyTopics", testInsertManyTopics},
 		{"SelectLeavesOutLargePayloads", testSelectLeavesOutLargePayloads},
 		{"SelectWaitsForAnOlderTransaction", testSelectWaitsForAnOlderTransaction},
 		{"SelectRefusesAnotherHistory", testSelectRefusesAnotherHistory},
@@ -388,21 +390,22 @@ func (f *fixture) listen() *pgxpool.Conn {
 	return c
 }
 
-// notified waits for a notification with payload on c.
-func (f *fixture) notified(c *pgxpool.Conn, payload string) {
+// notified waits for a notification with each of payloads on c, in any
+// order (others are passed over).
+func (f *fixture) notified(c *pgxpool.Conn, payloads ...string) {
 	f.t.Helper()
 	ctx, cancel := context.WithTimeout(f.ctx, waitTimeout)
 	defer cancel()
 	var got []string
-	for {
+	for len(payloads) > 0 {
 		n, err := c.Conn().WaitForNotification(ctx)
 		if err != nil {
-			f.t.Fatalf("waiting for notification %q (got %q): %v", payload, got, err)
-		}
-		if n.Payload == payload {
-			return
+			f.t.Fatalf("waiting for notifications %q (got %q): %v", payloads, got, err)
 		}
 		got = append(got, n.Payload)
+		if i := slices.Index(payloads, n.Payload); i >= 0 {
+			payloads = slices.Delete(payloads, i, i+1)
+		}
 	}
 }
 
