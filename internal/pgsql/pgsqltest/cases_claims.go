@@ -217,15 +217,11 @@ func testClaimWaitsForTheOwnersHeartbeat(t *testing.T, f *fixture) {
 	// Single server: the claim is one statement (WITH here AS ...); on
 	// Citus its delete of the expired session is a statement of its own.
 	f.waitBlocked(1, "WITH here AS%", "DELETE FROM %")
-	select {
-	case r := <-done:
-		t.Fatalf("the claim did not wait for the heartbeat: %s", claimsString(r))
-	default:
-	}
+	f.notYet(done, "the heartbeat")
 	if err := beat.Commit(f.ctx); err != nil {
 		t.Fatal(err)
 	}
-	if r := <-done; len(r) != 1 || r[0].Kind != pgsql.ClaimLost {
+	if r := f.awaitClaim(done); len(r) != 1 || r[0].Kind != pgsql.ClaimLost {
 		t.Fatalf("claim after the heartbeat won = %s, want lost", claimsString(r))
 	}
 	if r := f.row(group, topic, 0); r.Session == nil || *r.Session != owner || r.Epoch != 1 {
@@ -237,19 +233,43 @@ func testClaimWaitsForTheOwnersHeartbeat(t *testing.T, f *fixture) {
 	}
 }
 
-// claimAsync runs a claim in a goroutine; its rows come on the channel
-// (nil after an error, reported).
-func (f *fixture) claimAsync(session uuid.UUID, group, topic string, partitions ...int32) <-chan []pgsql.ClaimRow {
-	done := make(chan []pgsql.ClaimRow, 1)
+// claimResult is the outcome of a claim run by claimAsync.
+type claimResult struct {
+	rows []pgsql.ClaimRow
+	err  error
+}
+
+// claimAsync runs a claim in a goroutine; its outcome comes on the
+// channel (read it with awaitClaim). The goroutine ends by itself at the
+// latest when the case's context does.
+func (f *fixture) claimAsync(session uuid.UUID, group, topic string, partitions ...int32) <-chan claimResult {
+	done := make(chan claimResult, 1)
 	p := f.claimParams(session, group, topic, partitions...)
 	go func() {
 		rows, err := pgsql.ClaimOffsets(f.ctx, f.Pool, f.Tables, p)
-		if err != nil {
-			f.t.Errorf("claim: %v", err)
-		}
-		done <- rows
+		done <- claimResult{rows, err}
 	}()
 	return done
+}
+
+// awaitClaim waits for the claim of claimAsync and fails on its error.
+func (f *fixture) awaitClaim(done <-chan claimResult) []pgsql.ClaimRow {
+	f.t.Helper()
+	r := <-done
+	if r.err != nil {
+		f.t.Fatalf("claim: %v", r.err)
+	}
+	return r.rows
+}
+
+// notYet fails if the claim of claimAsync has returned: it should wait.
+func (f *fixture) notYet(done <-chan claimResult, what string) {
+	f.t.Helper()
+	select {
+	case r := <-done:
+		f.t.Fatalf("the claim did not wait for %s: %s, %v", what, claimsString(r.rows), r.err)
+	default:
+	}
 }
 
 // lockRows locks the group's rows of topic from a transaction of its own
@@ -282,16 +302,12 @@ WHERE consumer_group = $1 AND topic = $2`, group, topic, first); err != nil {
 		}
 		done := f.claimAsync(claimer, group, topic)
 		f.waitBlocked(1, "WITH here AS%", "UPDATE %")
-		select {
-		case r := <-done:
-			t.Fatalf("the claim did not wait for the row lock: %s", claimsString(r))
-		default:
-		}
+		f.notYet(done, "the row lock")
 		if commit {
 			if err := holder.Commit(f.ctx); err != nil {
 				t.Fatal(err)
 			}
-			if r := <-done; len(r) != 1 || r[0].Kind != pgsql.ClaimLost {
+			if r := f.awaitClaim(done); len(r) != 1 || r[0].Kind != pgsql.ClaimLost {
 				t.Fatalf("claim after a concurrent owner committed = %s, want lost", claimsString(r))
 			}
 			if r := f.row(group, topic, 0); r.Session == nil || *r.Session != first || r.Epoch != 1 {
@@ -307,7 +323,7 @@ WHERE consumer_group = $1 AND topic = $2`, group, topic, first); err != nil {
 		if err := holder.Rollback(f.ctx); err != nil {
 			t.Fatal(err)
 		}
-		if r := <-done; len(r) != 1 || r[0].Kind != pgsql.ClaimTaken || r[0].Epoch != 2 {
+		if r := f.awaitClaim(done); len(r) != 1 || r[0].Kind != pgsql.ClaimTaken || r[0].Epoch != 2 {
 			t.Fatalf("claim after the lock was given up = %s, want taken at epoch 2", claimsString(r))
 		}
 	}
@@ -329,7 +345,7 @@ func testConcurrentClaimsOneOwner(t *testing.T, f *fixture) {
 	if err := holder.Rollback(f.ctx); err != nil {
 		t.Fatal(err)
 	}
-	rowsA, rowsB := <-doneA, <-doneB
+	rowsA, rowsB := f.awaitClaim(doneA), f.awaitClaim(doneB)
 	winner := map[int32]uuid.UUID{}
 	for _, c := range []struct {
 		id   uuid.UUID

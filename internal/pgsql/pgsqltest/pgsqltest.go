@@ -14,8 +14,9 @@
 // (skipped without PGLEASE_TEST_CITUS).
 //
 // To add a case, write a func(t *testing.T, f *fixture) in one of the
-// cases_*.go files and add it to the list of [Exercise] under a name that
-// says what it shows. A case forces the interleaving it is about (a row
+// cases_*.go files (the fixture holds the Env, a context and the
+// server's identity, and the helpers the cases share) and list it in
+// cases() under a name that says what it shows. A case forces the interleaving it is about (a row
 // lock held from a second connection, a transaction held open) and waits
 // on conditions with deadlines, never on time. Where the two modes
 // legitimately differ (what a statement returns, which identity fences
