@@ -289,6 +289,50 @@ func testAckOffsetFenced(t *testing.T, f *fixture) {
 	}
 }
 
+// testAckOffsetWaitsForAClaim: AckInTx's statement locks the row; when a
+// claim by another session holds it, the statement waits, then decides on
+// the row the claim committed: the epoch moved, nothing is written, and
+// the row it returns names the new owner.
+func testAckOffsetWaitsForAClaim(t *testing.T, f *fixture) {
+	const group, topic = "g", "ackwait"
+	f.ensure(group, topic)
+	owner, claimer := f.session(group), f.session(group)
+	p := f.owned(owner, group, f.claimOne(owner, group, topic))
+	p.Position = pos1
+	holder := f.lockRows(group, topic)
+	if _, err := holder.Exec(f.ctx, `UPDATE `+f.Tables.Offsets+` SET session_id = $3, epoch = epoch + 1
+WHERE consumer_group = $1 AND topic = $2`, group, topic, claimer); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		row pgsql.AckRow
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := f.ack(p)
+		done <- result{r, err}
+	}()
+	// Single server: one statement (WITH here AS ...); on Citus the row
+	// is locked on the worker by a SELECT of its own.
+	f.waitBlocked(1, "WITH here AS%", "SELECT session_id, epoch%")
+	select {
+	case r := <-done:
+		t.Fatalf("AckOffset did not wait for the claim: %+v, %v", r.row, r.err)
+	default:
+	}
+	if err := holder.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.row.Advanced || r.row.SessionID == nil || *r.row.SessionID != claimer || r.row.Epoch != p.Epoch+1 {
+		t.Fatalf("AckOffset after the claim = %+v, %v; want not advanced, the claimer's row at epoch %d", r.row, r.err, p.Epoch+1)
+	}
+	if row := f.row(group, topic, 0); row.Acked != (pgsql.Position{}) || *row.Session != claimer {
+		t.Fatalf("row %+v, want the claimer's, unmoved", row)
+	}
+}
+
 // testAckOffsetAbove: with Above, AckOffset records the position in
 // acked_above instead of moving the row's position, and a second
 // acknowledgement of it finds it recorded.
@@ -311,26 +355,31 @@ func testAckOffsetAbove(t *testing.T, f *fixture) {
 }
 
 // testCountHeadDelivery: the delivery count of the message after the
-// row's position grows by one per call of its owner at its epoch, while
+// row's position grows by one per call of its owner at its epoch (not of
+// another session, not at a stale epoch), while
 // the position is still the one given; otherwise pgx.ErrNoRows (the
 // ownership or the head moved); a position ahead of the counter is
 // ErrWentBack.
 func testCountHeadDelivery(t *testing.T, f *fixture) {
 	const group, topic = "g", "count"
 	f.ensure(group, topic)
-	owner := f.session(group)
+	owner, other := f.session(group), f.session(group)
 	p := f.owned(owner, group, f.claimOne(owner, group, topic))
 	for want := int32(1); want <= 2; want++ {
 		if n, err := pgsql.CountHeadDelivery(f.ctx, f.Pool, f.Tables, p); err != nil || n != want {
 			t.Fatalf("count = %d, %v; want %d", n, err, want)
 		}
 	}
-	stale, moved, future := p, p, p
+	stale, foreign, moved, future := p, p, p, p
 	stale.Epoch--
+	foreign.SessionID = other
 	moved.Position = pos1
 	future.Position = pgsql.Position{TransactionID: ahead}
 	if _, err := pgsql.CountHeadDelivery(f.ctx, f.Pool, f.Tables, stale); !errors.Is(err, pgx.ErrNoRows) {
 		t.Errorf("count with a stale epoch: %v, want pgx.ErrNoRows", err)
+	}
+	if _, err := pgsql.CountHeadDelivery(f.ctx, f.Pool, f.Tables, foreign); !errors.Is(err, pgx.ErrNoRows) {
+		t.Errorf("count by another session: %v, want pgx.ErrNoRows", err)
 	}
 	if _, err := pgsql.CountHeadDelivery(f.ctx, f.Pool, f.Tables, moved); !errors.Is(err, pgx.ErrNoRows) {
 		t.Errorf("count at another position: %v, want pgx.ErrNoRows", err)

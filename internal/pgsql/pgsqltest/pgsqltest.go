@@ -98,6 +98,7 @@ func cases() []testCase {
 		{"ReleaseFenced", testReleaseFenced},
 		{"ReleaseCarriesAckedAbove", testReleaseCarriesAckedAbove},
 		{"AckOffsetFenced", testAckOffsetFenced},
+		{"AckOffsetWaitsForAClaim", testAckOffsetWaitsForAClaim},
 		{"AckOffsetAbove", testAckOffsetAbove},
 		{"CountHeadDelivery", testCountHeadDelivery},
 		{"IdentityFences", testIdentityFences},
