@@ -99,10 +99,10 @@ type maintainerDeps struct {
 	// session tells the generation to stand under.
 	store   maintainerStore
 	session sessionSource
-	// pool and t are where the retention rounds (retention.go) run their
-	// statements and DDL.
-	pool *pgxpool.Pool
-	t    *pgsql.Tables
+	// pool and driver are where and how the retention rounds
+	// (retention.go) run their statements and DDL.
+	pool   *pgxpool.Pool
+	driver *pgsql.Lazy
 	// spread returns a random duration in [0, n], to spread the
 	// candidates' claims (rand.N but in tests).
 	spread func(n time.Duration) time.Duration

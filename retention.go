@@ -72,7 +72,7 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 	defer cancel()
 	var lanes []retentionLane
 	var now time.Time
-	laneRows, err := pgsql.RetentionLanes(sctx, m.pool, m.t)
+	laneRows, err := m.driver.RetentionLanes(sctx, m.pool)
 	if err != nil {
 		return 0, fmt.Errorf("read retention classes: %w", wrapMissingSchema(err))
 	}
@@ -98,7 +98,7 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 		pending bool
 	}
 	var parts []part
-	partRows, err := pgsql.RetentionPartitions(sctx, m.pool, m.t)
+	partRows, err := m.driver.RetentionPartitions(sctx, m.pool)
 	if err != nil {
 		return 0, fmt.Errorf("read retention partitions: %w", err)
 	}
@@ -186,9 +186,9 @@ func (m *maintainer) createPartition(ctx context.Context, p pgsql.RetentionParti
 	created := true
 	var err error
 	if m.delegated {
-		created, err = pgsql.CallAddRetentionPartition(sctx, m.pool, m.t, p)
+		created, err = m.driver.CallAddRetentionPartition(sctx, m.pool, p)
 	} else {
-		err = pgsql.CreateRetentionPartition(sctx, m.pool, m.t, p)
+		err = m.driver.CreateRetentionPartition(sctx, m.pool, p)
 	}
 	if err != nil {
 		return fmt.Errorf("add the retention partition of class %d from %s: %w", p.Class, p.Start.UTC().Format(time.RFC3339), err)
@@ -221,7 +221,7 @@ func (m *maintainer) expirePartition(ctx context.Context, p pgsql.RetentionParti
 	if m.delegated {
 		sctx, cancel := context.WithTimeout(ctx, retentionStepTime)
 		defer cancel()
-		dropped, err := pgsql.CallExpireRetentionPartition(sctx, m.pool, m.t, p)
+		dropped, err := m.driver.CallExpireRetentionPartition(sctx, m.pool, p)
 		if err != nil {
 			return fmt.Errorf("detach and drop an expired retention partition: %w", err)
 		}
@@ -232,13 +232,13 @@ func (m *maintainer) expirePartition(ctx context.Context, p pgsql.RetentionParti
 		// Each step has its own bound. A DETACH ... CONCURRENTLY cut off
 		// by it is left pending, and the next round finishes it first.
 		dctx, cancel := context.WithTimeout(ctx, retentionStepTime)
-		err := pgsql.DetachRetentionPartition(dctx, m.pool, m.t, p, pending)
+		err := m.driver.DetachRetentionPartition(dctx, m.pool, p, pending)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("detach an expired retention partition (pending before: %t): %w", pending, err)
 		}
 		dctx, cancel = context.WithTimeout(ctx, retentionStepTime)
-		err = pgsql.DropRetentionPartition(dctx, m.pool, m.t, p)
+		err = m.driver.DropRetentionPartition(dctx, m.pool, p)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("drop an expired retention partition (detached: dropped by a later round): %w", err)
@@ -255,7 +255,7 @@ func (m *maintainer) expirePartition(ctx context.Context, p pgsql.RetentionParti
 func (m *maintainer) countSkipped(ctx context.Context, p pgsql.RetentionPartition) error {
 	sctx, cancel := context.WithTimeout(ctx, retentionStepTime)
 	defer cancel()
-	rows, err := pgsql.UnacknowledgedInPartition(sctx, m.pool, m.t, p)
+	rows, err := m.driver.UnacknowledgedInPartition(sctx, m.pool, p)
 	if err != nil {
 		return fmt.Errorf("read skipped messages: %w", err)
 	}
@@ -270,7 +270,7 @@ func (m *maintainer) countSkipped(ctx context.Context, p pgsql.RetentionPartitio
 func (m *maintainer) dropDetached(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
 	defer cancel()
-	rows, err := pgsql.DetachedRetentionPartitions(sctx, m.pool, m.t)
+	rows, err := m.driver.DetachedRetentionPartitions(sctx, m.pool)
 	if err != nil {
 		if ctx.Err() == nil {
 			m.logger.Error("Cannot look for detached retention partitions", err, nil)
@@ -281,9 +281,9 @@ func (m *maintainer) dropDetached(ctx context.Context) {
 		p := slotPartition(r)
 		dropped := true
 		if m.delegated {
-			dropped, err = pgsql.CallDropDetachedPartition(sctx, m.pool, m.t, p)
+			dropped, err = m.driver.CallDropDetachedPartition(sctx, m.pool, p)
 		} else {
-			err = pgsql.DropRetentionPartition(sctx, m.pool, m.t, p)
+			err = m.driver.DropRetentionPartition(sctx, m.pool, p)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -350,7 +350,7 @@ func (m *maintainer) reportSkippedRows(skipped []pgsql.SkippedRow, why string) {
 func (m *maintainer) deleteExpiredKept(ctx context.Context) error {
 	for range keptDeleteRounds {
 		sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
-		rows, err := pgsql.DeleteExpiredKept(sctx, m.pool, m.t, keptDeleteLimit)
+		rows, err := m.driver.DeleteExpiredKept(sctx, m.pool, keptDeleteLimit)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("delete expired messages kept forever: %w", err)

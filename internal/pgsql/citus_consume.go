@@ -61,7 +61,8 @@ type citusSnapshot struct {
 // aggregate without GROUP BY returns one row even where the topic has no
 // row; filtered on the topic, Citus routes the whole statement, the
 // snapshot functions included, to the topic's worker.
-func (t *Tables) citusWorkerSnapshot(ctx context.Context, q Querier, group, topic string) (citusSnapshot, error) {
+func (d citus) citusWorkerSnapshot(ctx context.Context, q Querier, group, topic string) (citusSnapshot, error) {
+	t := d.t
 	var s citusSnapshot
 	err := q.QueryRow(ctx, `SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text,
 	pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text, pg_catalog.count(*), `+here+`
@@ -73,12 +74,13 @@ FROM `+t.Offsets+` WHERE consumer_group = $1 AND topic = $2`, group, topic).
 // citusEnsureOffsets is [EnsureOffsets] on Citus: one INSERT per topic,
 // every partition of the topic in it, starting, with p.Latest and for a
 // group without a row of the topic, at the xmin of the topic's worker.
-func (t *Tables) citusEnsureOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]EnsuredRow, error) {
+func (d citus) EnsureOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]EnsuredRow, error) {
+	t := d.t
 	var out []EnsuredRow
 	for _, tp := range byTopic(p.Topics, p.Partitions) {
 		start := uint64(0)
 		if p.Latest {
-			s, err := t.citusWorkerSnapshot(ctx, q, p.ConsumerGroup, tp.topic)
+			s, err := d.citusWorkerSnapshot(ctx, q, p.ConsumerGroup, tp.topic)
 			if err != nil {
 				return nil, err
 			}
@@ -165,7 +167,8 @@ type citusCandidate struct {
 // the single-node claim: only a delete that went through frees the row),
 // and claims each free row with a compare-and-swap on (session_id,
 // epoch): a row another claim changed in between is reported lost.
-func (t *Tables) citusClaimOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]ClaimRow, error) {
+func (d citus) ClaimOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]ClaimRow, error) {
+	t := d.t
 	var ok bool
 	if err := q.QueryRow(ctx, `SELECT `+hereIs(1), p.Here).Scan(&ok); err != nil {
 		return nil, err
@@ -178,7 +181,7 @@ func (t *Tables) citusClaimOffsets(ctx context.Context, q Querier, p OffsetsPara
 		if p.Limit > 0 && len(out) >= p.Limit {
 			break
 		}
-		cands, err := t.citusClaimCandidates(ctx, q, p, tp)
+		cands, err := d.citusClaimCandidates(ctx, q, p, tp)
 		if err != nil {
 			return nil, err
 		}
@@ -231,7 +234,7 @@ func (t *Tables) citusClaimOffsets(ctx context.Context, q Querier, p OffsetsPara
 		}
 		for _, r := range rows {
 			if r.row.Kind == ClaimLost {
-				if taken, err := t.citusClaimRow(ctx, q, p, tp.topic, r.c, deleted); err != nil {
+				if taken, err := d.citusClaimRow(ctx, q, p, tp.topic, r.c, deleted); err != nil {
 					return nil, err
 				} else if taken != nil {
 					r.row = *taken
@@ -247,8 +250,9 @@ func (t *Tables) citusClaimOffsets(ctx context.Context, q Querier, p OffsetsPara
 // on the (session_id, epoch) read, unless its owner was expired and the
 // delete of its session did not go through (its heartbeat came first). It
 // returns the claimed row, or nil when the row was not taken (lost).
-func (t *Tables) citusClaimRow(ctx context.Context, q Querier, p OffsetsParams, topic string, c citusCandidate,
+func (d citus) citusClaimRow(ctx context.Context, q Querier, p OffsetsParams, topic string, c citusCandidate,
 	deleted map[uuid.UUID]bool) (*ClaimRow, error) {
+	t := d.t
 	other := c.session != nil && *c.session != p.SessionID
 	if other && c.ownerRow && !deleted[*c.session] {
 		return nil, nil
@@ -292,7 +296,8 @@ RETURNING o.epoch, o.acked_transaction_id::text, o.acked_offset,
 // citusClaimCandidates reads the group's rows of one topic on its worker,
 // with their owners' sessions (a reference table, joined there); a row
 // whose position lies at or above the worker's counter is marked future.
-func (t *Tables) citusClaimCandidates(ctx context.Context, q Querier, p OffsetsParams, tp topicRows) ([]citusCandidate, error) {
+func (d citus) citusClaimCandidates(ctx context.Context, q Querier, p OffsetsParams, tp topicRows) ([]citusCandidate, error) {
+	t := d.t
 	rows, err := q.Query(ctx, `SELECT o.partition, o.session_id, o.epoch, s.id IS NOT NULL, s.owner,
 	COALESCE(s.expires_at < pg_catalog.now(), false),
 	o.acked_transaction_id >= pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()), `+here+`
@@ -312,7 +317,8 @@ WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = ANY ($3::integer[
 // citusVisibleTopics is [VisibleTopics] on Citus: a SELECT per row,
 // routed to its topic's worker, the snapshot the worker's; sent as one
 // pipelined batch when q can.
-func (t *Tables) citusVisibleTopics(ctx context.Context, q Querier, p VisibleTopicsParams) ([]int64, error) {
+func (d citus) VisibleTopics(ctx context.Context, q Querier, p VisibleTopicsParams) ([]int64, error) {
+	t := d.t
 	partitions := partitionsOf(p.Topics, p.Partitions)
 	const probe = `SELECT EXISTS (SELECT 1 FROM %s m
 	WHERE m.topic = $1 AND m.partition = $2 AND %s
@@ -359,8 +365,8 @@ type batcher interface {
 // reports whether p.Position lies below the counter and the worker is
 // the one that held the row when it was claimed (p.WorkerHere, when
 // set): the fenced statements' check on Citus (see onHistory).
-func (t *Tables) citusOnHistory(ctx context.Context, q Querier, p OffsetParams) (bool, error) {
-	s, err := t.citusWorkerSnapshot(ctx, q, p.ConsumerGroup, p.Topic)
+func (d citus) citusOnHistory(ctx context.Context, q Querier, p OffsetParams) (bool, error) {
+	s, err := d.citusWorkerSnapshot(ctx, q, p.ConsumerGroup, p.Topic)
 	if err != nil {
 		return false, err
 	}
@@ -373,8 +379,9 @@ const citusKeyed = `consumer_group = $1 AND topic = $2 AND partition = $3 AND se
 
 // citusCommitOffset is [CommitOffset] on Citus: no version hint (the row
 // is looked up by its key on the worker).
-func (t *Tables) citusCommitOffset(ctx context.Context, q Querier, p OffsetParams) (string, bool, error) {
-	if ok, err := t.citusOnHistory(ctx, q, p); err != nil {
+func (d citus) CommitOffset(ctx context.Context, q Querier, p OffsetParams) (string, bool, error) {
+	t := d.t
+	if ok, err := d.citusOnHistory(ctx, q, p); err != nil {
 		return "", false, err
 	} else if !ok {
 		return "", false, ErrWentBack
@@ -392,8 +399,9 @@ WHERE `+citusKeyed,
 
 // citusReleaseOffset is [ReleaseOffset] on Citus, the notification sent
 // from the coordinator after the release.
-func (t *Tables) citusReleaseOffset(ctx context.Context, q Querier, p OffsetParams) (int64, error) {
-	if ok, err := t.citusOnHistory(ctx, q, p); err != nil {
+func (d citus) ReleaseOffset(ctx context.Context, q Querier, p OffsetParams) (int64, error) {
+	t := d.t
+	if ok, err := d.citusOnHistory(ctx, q, p); err != nil {
 		return 0, err
 	} else if !ok {
 		return 0, ErrWentBack
@@ -415,8 +423,9 @@ WHERE `+citusKeyed,
 }
 
 // citusCountHeadDelivery is [CountHeadDelivery] on Citus.
-func (t *Tables) citusCountHeadDelivery(ctx context.Context, q Querier, p OffsetParams) (int32, error) {
-	if ok, err := t.citusOnHistory(ctx, q, p); err != nil {
+func (d citus) CountHeadDelivery(ctx context.Context, q Querier, p OffsetParams) (int32, error) {
+	t := d.t
+	if ok, err := d.citusOnHistory(ctx, q, p); err != nil {
 		return 0, err
 	} else if !ok {
 		return 0, ErrWentBack
@@ -433,7 +442,8 @@ RETURNING head_deliveries`,
 // citusAckOffset is [AckOffset] on Citus, in the caller's transaction: it
 // locks the row on the worker, reading the worker's counter there, and
 // then writes it.
-func (t *Tables) citusAckOffset(ctx context.Context, q Querier, p OffsetParams) (AckRow, error) {
+func (d citus) AckOffset(ctx context.Context, q Querier, p OffsetParams) (AckRow, error) {
+	t := d.t
 	var (
 		r          AckRow
 		counter    xid8

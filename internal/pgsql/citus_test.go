@@ -43,17 +43,20 @@ func citusTables(t *testing.T) (*pgxpool.Pool, *Tables) {
 	if err := Migrate(ctx, pool, tables, tables.Migrations()); err != nil {
 		t.Fatal(err)
 	}
-	if citus, err := tables.Citus(ctx, pool); err != nil || citus {
-		t.Fatalf("Citus before the script = %v, %v; want false", citus, err)
+	if d, err := OpenDriver(ctx, pool, tables); err != nil {
+		t.Fatal(err)
+	} else if _, ok := d.(singleNode); !ok {
+		t.Fatalf("OpenDriver before the script = %T; want singleNode", d)
 	}
 	for range 2 { // the script may run twice
 		if _, err := pool.Exec(ctx, tables.DistributeScript()); err != nil {
 			t.Fatalf("distribute: %v", err)
 		}
 	}
-	tables = NewTables(Names{Schema: schema})
-	if citus, err := tables.Citus(ctx, pool); err != nil || !citus {
-		t.Fatalf("Citus = %v, %v; want true", citus, err)
+	if d, err := OpenDriver(ctx, pool, tables); err != nil {
+		t.Fatal(err)
+	} else if _, ok := d.(citus); !ok {
+		t.Fatalf("OpenDriver = %T; want citus", d)
 	}
 	return pool, tables
 }
@@ -77,15 +80,15 @@ func TestCitusLateCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx1.Rollback(context.WithoutCancel(ctx)) }()
-	if err := InsertMessages(ctx, tx1, tables, msg("m1")); err != nil {
+	if err := NewCitus(tables).InsertMessages(ctx, tx1, msg("m1")); err != nil {
 		t.Fatal(err)
 	}
-	if err := InsertMessages(ctx, pool, tables, msg("m2")); err != nil {
+	if err := NewCitus(tables).InsertMessages(ctx, pool, msg("m2")); err != nil {
 		t.Fatal(err)
 	}
 	read := func() SelectResult {
 		t.Helper()
-		res, err := SelectMessages(ctx, pool, tables, SelectMessagesParams{Topic: topic, Limit: 10, Here: "coordinator"})
+		res, err := NewCitus(tables).SelectMessages(ctx, pool, SelectMessagesParams{Topic: topic, Limit: 10, Here: "coordinator"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,7 +119,7 @@ func TestCitusLateCommit(t *testing.T) {
 		t.Fatalf("after m1's commit: %v (pending %t), want [m1 m2]", got, res.Pending)
 	}
 	// The next position is m2's: nothing more, nothing pending.
-	after, err := SelectMessages(ctx, pool, tables, SelectMessagesParams{Topic: topic, Limit: 10, Here: "coordinator",
+	after, err := NewCitus(tables).SelectMessages(ctx, pool, SelectMessagesParams{Topic: topic, Limit: 10, Here: "coordinator",
 		After: res.Messages[1].Position})
 	if err != nil || len(after.Messages) != 0 || after.Pending || after.WentBack {
 		t.Fatalf("after m2: %+v, %v", after, err)
@@ -143,16 +146,16 @@ func TestCitusClaimWaitsForTheOwnersHeartbeat(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range []uuid.UUID{owner, claimer} {
-		if _, err := CreateSession(ctx, pool, tables, SessionParams{SessionID: id, ConsumerGroup: group, Owner: id.String(), TTL: time.Hour}); err != nil {
+		if _, err := NewCitus(tables).CreateSession(ctx, pool, SessionParams{SessionID: id, ConsumerGroup: group, Owner: id.String(), TTL: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := EnsureOffsets(ctx, pool, tables, OffsetsParams{ConsumerGroup: group, Topics: []string{topic}}); err != nil {
+	if _, err := NewCitus(tables).EnsureOffsets(ctx, pool, OffsetsParams{ConsumerGroup: group, Topics: []string{topic}}); err != nil {
 		t.Fatal(err)
 	}
 	claim := func(id uuid.UUID) ClaimRow {
 		t.Helper()
-		rows, err := ClaimOffsets(ctx, pool, tables, OffsetsParams{ConsumerGroup: group, Topics: []string{topic},
+		rows, err := NewCitus(tables).ClaimOffsets(ctx, pool, OffsetsParams{ConsumerGroup: group, Topics: []string{topic},
 			SessionID: id, Here: here, Limit: 10})
 		if err != nil || len(rows) != 1 {
 			t.Fatalf("claim: %v, %v", rows, err)
@@ -162,7 +165,7 @@ func TestCitusClaimWaitsForTheOwnersHeartbeat(t *testing.T) {
 	if r := claim(owner); r.Kind != ClaimTaken || r.Epoch != 1 {
 		t.Fatalf("first claim: %+v", r)
 	}
-	if rows, err := ClaimOffsets(ctx, pool, tables, OffsetsParams{ConsumerGroup: group, Topics: []string{topic},
+	if rows, err := NewCitus(tables).ClaimOffsets(ctx, pool, OffsetsParams{ConsumerGroup: group, Topics: []string{topic},
 		SessionID: claimer, Here: here, Limit: 10}); err != nil || len(rows) != 0 {
 		t.Fatalf("claim of a live owner's row: %v, %v; want no row", rows, err)
 	}
@@ -185,7 +188,7 @@ func TestCitusClaimWaitsForTheOwnersHeartbeat(t *testing.T) {
 	}
 	done := make(chan ClaimRow, 1)
 	go func() {
-		rows, err := ClaimOffsets(ctx, pool, tables, OffsetsParams{ConsumerGroup: group, Topics: []string{topic},
+		rows, err := NewCitus(tables).ClaimOffsets(ctx, pool, OffsetsParams{ConsumerGroup: group, Topics: []string{topic},
 			SessionID: claimer, Here: here, Limit: 10})
 		if err != nil || len(rows) != 1 {
 			t.Errorf("claim: %v, %v", rows, err)
@@ -245,17 +248,17 @@ func TestCitusWorkerIdentityFences(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := CreateSession(ctx, pool, tables, SessionParams{SessionID: session, ConsumerGroup: group, Owner: "o", TTL: time.Hour}); err != nil {
+	if _, err := NewCitus(tables).CreateSession(ctx, pool, SessionParams{SessionID: session, ConsumerGroup: group, Owner: "o", TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	if err := InsertMessages(ctx, pool, tables, InsertMessagesParams{Topics: []string{topic}, UUIDs: []string{"m1"},
+	if err := NewCitus(tables).InsertMessages(ctx, pool, InsertMessagesParams{Topics: []string{topic}, UUIDs: []string{"m1"},
 		Payloads: [][]byte{nil}, Metadata: []string{""}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := EnsureOffsets(ctx, pool, tables, OffsetsParams{ConsumerGroup: group, Topics: []string{topic}}); err != nil {
+	if _, err := NewCitus(tables).EnsureOffsets(ctx, pool, OffsetsParams{ConsumerGroup: group, Topics: []string{topic}}); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := ClaimOffsets(ctx, pool, tables, OffsetsParams{ConsumerGroup: group, Topics: []string{topic},
+	rows, err := NewCitus(tables).ClaimOffsets(ctx, pool, OffsetsParams{ConsumerGroup: group, Topics: []string{topic},
 		SessionID: session, Here: here, Limit: 1})
 	if err != nil || len(rows) != 1 || rows[0].Kind != ClaimTaken {
 		t.Fatalf("claim: %+v, %v", rows, err)
@@ -266,7 +269,7 @@ func TestCitusWorkerIdentityFences(t *testing.T) {
 	}
 	var read SelectResult
 	pgtest.WaitFor(t, 30*time.Second, "the message readable", func() bool {
-		read, err = SelectMessages(ctx, pool, tables, SelectMessagesParams{Topic: topic, Limit: 10, Here: here, WorkerHere: worker})
+		read, err = NewCitus(tables).SelectMessages(ctx, pool, SelectMessagesParams{Topic: topic, Limit: 10, Here: here, WorkerHere: worker})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -276,27 +279,27 @@ func TestCitusWorkerIdentityFences(t *testing.T) {
 		Position: read.Messages[0].Position, Here: here}
 	for _, other := range []string{"00000009:1", here} {
 		p.WorkerHere = other
-		if res, err := SelectMessages(ctx, pool, tables, SelectMessagesParams{Topic: topic, Limit: 10, Here: here, WorkerHere: other}); err != nil || !res.WentBack {
+		if res, err := NewCitus(tables).SelectMessages(ctx, pool, SelectMessagesParams{Topic: topic, Limit: 10, Here: here, WorkerHere: other}); err != nil || !res.WentBack {
 			t.Errorf("read with worker identity %q: %+v, %v; want WentBack", other, res, err)
 		}
-		if _, _, err := CommitOffset(ctx, pool, tables, p); !errors.Is(err, ErrWentBack) {
+		if _, _, err := NewCitus(tables).CommitOffset(ctx, pool, p); !errors.Is(err, ErrWentBack) {
 			t.Errorf("commit with worker identity %q: %v, want ErrWentBack", other, err)
 		}
-		if _, err := CountHeadDelivery(ctx, pool, tables, p); !errors.Is(err, ErrWentBack) {
+		if _, err := NewCitus(tables).CountHeadDelivery(ctx, pool, p); !errors.Is(err, ErrWentBack) {
 			t.Errorf("delivery count with worker identity %q: %v, want ErrWentBack", other, err)
 		}
-		if r, err := AckOffset(ctx, pool, tables, p); err != nil || r.OnHistory || r.Advanced {
+		if r, err := NewCitus(tables).AckOffset(ctx, pool, p); err != nil || r.OnHistory || r.Advanced {
 			t.Errorf("AckOffset with worker identity %q: %+v, %v; want not on history", other, r, err)
 		}
-		if n, err := ReleaseOffset(ctx, pool, tables, p); !errors.Is(err, ErrWentBack) || n != 0 {
+		if n, err := NewCitus(tables).ReleaseOffset(ctx, pool, p); !errors.Is(err, ErrWentBack) || n != 0 {
 			t.Errorf("release with worker identity %q: %d, %v; want nothing released, ErrWentBack", other, n, err)
 		}
 	}
 	p.WorkerHere = worker
-	if _, written, err := CommitOffset(ctx, pool, tables, p); err != nil || !written {
+	if _, written, err := NewCitus(tables).CommitOffset(ctx, pool, p); err != nil || !written {
 		t.Fatalf("commit with the worker's identity: %v, %v", written, err)
 	}
-	if n, err := ReleaseOffset(ctx, pool, tables, p); err != nil || n != 1 {
+	if n, err := NewCitus(tables).ReleaseOffset(ctx, pool, p); err != nil || n != 1 {
 		t.Fatalf("release with the worker's identity: %d, %v", n, err)
 	}
 }
@@ -314,15 +317,15 @@ func TestCitusReleaseCarriesAckedAbove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := CreateSession(ctx, pool, tables, SessionParams{SessionID: session, ConsumerGroup: group, Owner: "o", TTL: time.Hour}); err != nil {
+	if _, err := NewCitus(tables).CreateSession(ctx, pool, SessionParams{SessionID: session, ConsumerGroup: group, Owner: "o", TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := EnsureOffsets(ctx, pool, tables, OffsetsParams{ConsumerGroup: group, Topics: []string{topic}}); err != nil {
+	if _, err := NewCitus(tables).EnsureOffsets(ctx, pool, OffsetsParams{ConsumerGroup: group, Topics: []string{topic}}); err != nil {
 		t.Fatal(err)
 	}
 	claim := func() ClaimRow {
 		t.Helper()
-		rows, err := ClaimOffsets(ctx, pool, tables, OffsetsParams{ConsumerGroup: group, Topics: []string{topic},
+		rows, err := NewCitus(tables).ClaimOffsets(ctx, pool, OffsetsParams{ConsumerGroup: group, Topics: []string{topic},
 			SessionID: session, Here: here, Limit: 1})
 		if err != nil || len(rows) != 1 || rows[0].Kind != ClaimTaken {
 			t.Fatalf("claim: %+v, %v", rows, err)
@@ -338,7 +341,7 @@ func TestCitusReleaseCarriesAckedAbove(t *testing.T) {
 	above := []Position{{TransactionID: 3, Offset: 0}, {TransactionID: 3, Offset: 4}, {TransactionID: 4, Offset: 0}}
 	p := OffsetParams{ConsumerGroup: group, Topic: topic, SessionID: session, Epoch: r.Epoch, Position: pos, Here: here,
 		WorkerHere: r.WorkerHere, AckedAbove: above}
-	if n, err := ReleaseOffset(ctx, pool, tables, p); err != nil || n != 1 {
+	if n, err := NewCitus(tables).ReleaseOffset(ctx, pool, p); err != nil || n != 1 {
 		t.Fatalf("release: %d, %v", n, err)
 	}
 	r = claim()
@@ -350,7 +353,7 @@ func TestCitusReleaseCarriesAckedAbove(t *testing.T) {
 	}
 	// A release with nothing new keeps what lies after its position.
 	p.Epoch, p.WorkerHere, p.AckedAbove, p.Position = r.Epoch, r.WorkerHere, nil, Position{TransactionID: 3, Offset: 5}
-	if n, err := ReleaseOffset(ctx, pool, tables, p); err != nil || n != 1 {
+	if n, err := NewCitus(tables).ReleaseOffset(ctx, pool, p); err != nil || n != 1 {
 		t.Fatalf("second release: %d, %v", n, err)
 	}
 	if r = claim(); !slices.Equal(r.AckedAbove, above[2:]) {

@@ -55,8 +55,8 @@ func goldenNames() map[string]Names {
 	}
 }
 
-func dumpCitusStatements(a *Tables) string {
-	a.SetCitus(true)
+func dumpCitusStatements(t *Tables) string {
+	a := NewCitus(t).(citus)
 	var b strings.Builder
 	q := func(name string, q Stmt) {
 		fmt.Fprintf(&b, "== %s\n%s\n-- args: %v\n\n", name, q.SQL, q.Args)
@@ -67,19 +67,19 @@ func dumpCitusStatements(a *Tables) string {
 	id := uuid.MustParse("11111111-2222-3333-4444-555555555555")
 	id2 := uuid.MustParse("66666666-2222-3333-4444-555555555555")
 	at := time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC)
-	q("UpsertTopic", a.UpsertTopic(TopicParams{Topic: "t", Partitions: 3, Retention: time.Hour, RetentionClass: 5, NotifyChannel: "ch"}))
-	q("SelectMessages", a.SelectMessages(SelectMessagesParams{Topic: "t", Partition: 2, After: Position{TransactionID: 18446744073709551615, Offset: 9}, Limit: 100, Here: "h"}))
-	q("SelectMessages max worker", a.SelectMessages(SelectMessagesParams{Topic: "t", After: Position{TransactionID: 5, Offset: 9}, Limit: 100, MaxMessageBytes: 1000, Here: "h", WorkerHere: "w"}))
+	q("UpsertTopic", a.upsertTopicStmt(TopicParams{Topic: "t", Partitions: 3, Retention: time.Hour, RetentionClass: 5, NotifyChannel: "ch"}))
+	q("SelectMessages", a.selectMessagesStmt(SelectMessagesParams{Topic: "t", Partition: 2, After: Position{TransactionID: 18446744073709551615, Offset: 9}, Limit: 100, Here: "h"}))
+	q("SelectMessages max worker", a.selectMessagesStmt(SelectMessagesParams{Topic: "t", After: Position{TransactionID: 5, Offset: 9}, Limit: 100, MaxMessageBytes: 1000, Here: "h", WorkerHere: "w"}))
 	sp := SessionParams{SessionID: id, NotifyChannel: "ch", SubscriptionHash: -5, SubscriptionSize: 3, ReplacesSessionID: id2,
 		ConsumerGroup: "g", Owner: "host/1", TTL: 10 * time.Second}
-	q("CreateSession", a.CreateSession(sp))
-	q("DeleteSession", a.DeleteSession(sp))
-	q("SetSubscriptions", a.SetSubscriptions(sp))
-	q("MoveDueMessages", a.MoveDueMessages(MoveDueParams{Limit: 100, NotifyChannel: "ch"}))
-	q("DeleteIdleGroups", a.DeleteIdleGroups(time.Hour))
+	q("CreateSession", asCitus(t.CreateSession(sp)))
+	q("DeleteSession", asCitus(t.DeleteSession(sp)))
+	q("SetSubscriptions", asCitus(t.SetSubscriptions(sp)))
+	q("MoveDueMessages", asCitus(t.MoveDueMessages(MoveDueParams{Limit: 100, NotifyChannel: "ch"})))
+	q("DeleteIdleGroups", a.citusDeleteIdleGroups(time.Hour))
 	rp := RetentionPartition{Class: 4, Start: time.Unix(1700000000, 0), End: time.Unix(1700000016, 0)}
-	s("DetachRetentionPartition", a.DetachRetentionPartition(rp, false))
-	s("DetachRetentionPartition finalize", a.DetachRetentionPartition(rp, true))
+	s("DetachRetentionPartition", a.citusDetachRetentionPartition(rp))
+	s("DetachRetentionPartition finalize", a.citusDetachRetentionPartition(rp))
 
 	q("citusCountTopic", a.citusCountTopic("t", 10000))
 	q("citusMessagesByUUID", a.citusMessagesByUUID("u1", 1024, 20))
@@ -95,6 +95,6 @@ func dumpCitusStatements(a *Tables) string {
 	q("citusRetainedTopics", a.citusRetainedTopics())
 	q("citusDeleteExpiredKept", a.citusDeleteExpiredKept("t", 500))
 	s("citusDetachRetentionPartition", a.citusDetachRetentionPartition(rp))
-	s("DistributeScript", a.DistributeScript())
+	s("DistributeScript", t.DistributeScript())
 	return b.String()
 }

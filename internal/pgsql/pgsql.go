@@ -105,8 +105,6 @@ type Tables struct {
 	// LockKey is the key of the transaction-level advisory lock taken
 	// while migrations run, so that concurrent set-ups serialize.
 	LockKey string
-
-	citus citusState
 }
 
 // NewTables quotes the names of n.
