@@ -197,7 +197,7 @@ func newConsumerSettings(cfg SubscriberConfig) consumerSettings {
 // earlier. Not for implementing outside this package.
 type consumerStore interface {
 	// read reads up to p.limit messages of p.row after p.after (see
-	// pgsql.SelectMessages); pending reports committed messages after
+	// pgsql.Driver.SelectMessages); pending reports committed messages after
 	// them held back by an older running transaction. An error wrapping
 	// pgsql.ErrWentBack means the database is no longer where p.here
 	// says.

@@ -363,7 +363,7 @@ type claimedRow struct {
 }
 
 // claimMany claims for the session up to limit of the topics' rows of
-// group that are free (see pgsql.ClaimOffsets). An error
+// group that are free (see pgsql.Driver.ClaimOffsets). An error
 // that wraps errNotSent or a *pgconn.PgError means nothing was claimed;
 // after any other the statement may have committed.
 func (s offsetStore) claimMany(wait context.Context, timeout time.Duration, group string, rows []rowKey, g *sessionGen, limit int) ([]claimedRow, error) {

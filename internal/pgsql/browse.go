@@ -277,7 +277,7 @@ WHERE o.consumer_group = $1 ORDER BY o.topic, o.partition FOR UPDATE`, Args: []a
 // LockGroupOffsets locks every offsets row of group and waits for
 // concurrent claims and commits to end (LiveOwner is nil: see
 // [GroupLiveOwners]). On Citus the rows are locked topic by topic, each
-// on its worker (see citusLockGroupOffsets).
+// on its worker (see the Citus driver's LockGroupOffsets).
 func (d singleNode) LockGroupOffsets(ctx context.Context, q Querier, group string) ([]GroupOffsetRow, error) {
 	t := d.t
 	return collect(ctx, q, t.lockGroupOffsets(group), pgx.RowToStructByPos[GroupOffsetRow])

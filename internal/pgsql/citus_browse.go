@@ -35,7 +35,7 @@ FROM (SELECT pg_catalog.count(*) AS n FROM (SELECT 1 FROM ` + t.Messages + ` m W
 		Args: []any{capPerTopic, topic}}
 }
 
-// citusCountTopicMessages is [CountTopicMessages] on Citus: the topics
+// CountTopicMessages is [Driver.CountTopicMessages] on Citus: the topics
 // with messages (nil) read on every shard, then one count per topic,
 // routed to its worker, sent in pipelined batches when q can.
 func (d citus) CountTopicMessages(ctx context.Context, q Querier, topics []string, capPerTopic int64) ([]TopicCountRow, error) {
@@ -135,7 +135,7 @@ func (d citus) citusLockGroupTopic(group, topic string) Stmt {
 WHERE o.consumer_group = $1 AND o.topic = $2 ORDER BY o.partition FOR UPDATE`, Args: []any{group, topic}}
 }
 
-// citusLockGroupOffsets is [LockGroupOffsets] on Citus: the group's
+// LockGroupOffsets is [Driver.LockGroupOffsets] on Citus: the group's
 // topics listed, then each topic's rows locked on its worker, topic by
 // topic in name order (two deletes of a group lock in the same order). A
 // row created after its topic was listed or locked is not locked: it is

@@ -71,7 +71,7 @@ FROM `+t.Offsets+` WHERE consumer_group = $1 AND topic = $2`, group, topic).
 	return s, err
 }
 
-// citusEnsureOffsets is [EnsureOffsets] on Citus: one INSERT per topic,
+// EnsureOffsets is [Driver.EnsureOffsets] on Citus: one INSERT per topic,
 // every partition of the topic in it, starting, with p.Latest and for a
 // group without a row of the topic, at the xmin of the topic's worker.
 func (d citus) EnsureOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]EnsuredRow, error) {
@@ -158,7 +158,7 @@ type citusCandidate struct {
 	here      string // the worker's identity
 }
 
-// citusClaimOffsets is [ClaimOffsets] on Citus. It checks the session's
+// ClaimOffsets is [Driver.ClaimOffsets] on Citus. It checks the session's
 // identity on the coordinator, then, topic by topic in order until
 // p.Limit rows were found that it can claim (or are missing or ahead of
 // the counter), reads the group's rows of the topic and their owners on
@@ -314,7 +314,7 @@ WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = ANY ($3::integer[
 	})
 }
 
-// citusVisibleTopics is [VisibleTopics] on Citus: a SELECT per row,
+// VisibleTopics is [Driver.VisibleTopics] on Citus: a SELECT per row,
 // routed to its topic's worker, the snapshot the worker's; sent as one
 // pipelined batch when q can.
 func (d citus) VisibleTopics(ctx context.Context, q Querier, p VisibleTopicsParams) ([]int64, error) {
@@ -377,7 +377,7 @@ func (d citus) citusOnHistory(ctx context.Context, q Querier, p OffsetParams) (b
 // still the session's at the epoch.
 const citusKeyed = `consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5`
 
-// citusCommitOffset is [CommitOffset] on Citus: no version hint (the row
+// CommitOffset is [Driver.CommitOffset] on Citus: no version hint (the row
 // is looked up by its key on the worker).
 func (d citus) CommitOffset(ctx context.Context, q Querier, p OffsetParams) (string, bool, error) {
 	t := d.t
@@ -397,7 +397,7 @@ WHERE `+citusKeyed,
 	return "", tag.RowsAffected() > 0, nil
 }
 
-// citusReleaseOffset is [ReleaseOffset] on Citus, the notification sent
+// ReleaseOffset is [Driver.ReleaseOffset] on Citus, the notification sent
 // from the coordinator after the release.
 func (d citus) ReleaseOffset(ctx context.Context, q Querier, p OffsetParams) (int64, error) {
 	t := d.t
@@ -422,7 +422,7 @@ WHERE `+citusKeyed,
 	return tag.RowsAffected(), nil
 }
 
-// citusCountHeadDelivery is [CountHeadDelivery] on Citus.
+// CountHeadDelivery is [Driver.CountHeadDelivery] on Citus.
 func (d citus) CountHeadDelivery(ctx context.Context, q Querier, p OffsetParams) (int32, error) {
 	t := d.t
 	if ok, err := d.citusOnHistory(ctx, q, p); err != nil {
@@ -439,7 +439,7 @@ RETURNING head_deliveries`,
 	return n, err
 }
 
-// citusAckOffset is [AckOffset] on Citus, in the caller's transaction: it
+// AckOffset is [Driver.AckOffset] on Citus, in the caller's transaction: it
 // locks the row on the worker, reading the worker's counter there, and
 // then writes it.
 func (d citus) AckOffset(ctx context.Context, q Querier, p OffsetParams) (AckRow, error) {
@@ -479,7 +479,7 @@ WHERE consumer_group = $1 AND topic = $2 AND partition = $3`+ignoreArgs(p.Above)
 	return r, nil
 }
 
-// ignoreArgs types the parameters a statement of citusAckOffset does not
+// ignoreArgs types the parameters a statement of AckOffset on Citus does not
 // use, so that it may be given all of them.
 func ignoreArgs(above bool) string {
 	if above {

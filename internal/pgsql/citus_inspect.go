@@ -56,7 +56,7 @@ ORDER BY o.consumer_group, o.topic, o.partition`,
 	}
 }
 
-// citusInspectLag runs citusInspectLag topic by topic: one statement per
+// InspectLag is [Driver.InspectLag] on Citus: citusInspectLag topic by topic: one statement per
 // topic with offset rows, ordered as InspectLag orders its rows.
 func (d citus) InspectLag(ctx context.Context, q Querier, groups, topics []string) ([]LagRow, error) {
 	names, err := collect(ctx, q, d.citusLagTopics(groups, topics), pgx.RowTo[string])
@@ -142,7 +142,7 @@ LEFT JOIN mt ON mt.topic = n.topic
 ORDER BY n.topic`
 }
 
-// citusInspectTopics reads the topics with messages on every shard, then
+// InspectTopics is [Driver.InspectTopics] on Citus: it reads the topics with messages on every shard, then
 // InspectTopics' rows.
 func (d citus) InspectTopics(ctx context.Context, q Querier) ([]TopicRow, error) {
 	topics, newest, err := d.citusTopicsOfShards(ctx, q)
@@ -152,8 +152,8 @@ func (d citus) InspectTopics(ctx context.Context, q Querier) ([]TopicRow, error)
 	return collect(ctx, q, d.citusInspectTopics(topics, newest), pgx.RowToStructByPos[TopicRow])
 }
 
-// citusInspectTopicsPage reads the topics with messages on every shard,
-// then InspectTopicsPage's rows.
+// InspectTopicsPage is [Driver.InspectTopicsPage] on Citus: it reads the
+// topics with messages on every shard, then InspectTopicsPage's rows.
 func (d citus) InspectTopicsPage(ctx context.Context, q Querier, first bool, after string, limit int) ([]TopicPageRow, error) {
 	topics, newest, err := d.citusTopicsOfShards(ctx, q)
 	if err != nil {

@@ -81,7 +81,8 @@ ORDER BY 1, 2, 3)`,
 	}
 }
 
-// citusDeleteExpiredKept runs citusDeleteExpiredKept topic by topic until
+// DeleteExpiredKept is [Driver.DeleteExpiredKept] on Citus: it runs
+// citusDeleteExpiredKept topic by topic until
 // limit rows are deleted, and returns DeleteExpiredKept's rows: the
 // total, then the skipped messages per (consumer group, topic,
 // partition).

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// citusResetOffsets is [ResetOffsets] on Citus, in the caller's
+// ResetOffsets is [Driver.ResetOffsets] on Citus, in the caller's
 // transaction, as steps of the single-node statement: the rows and
 // whether their owners live, read on the topic's worker (snap); the rows
 // locked there, with the worker's xmin (cur); each row's new position

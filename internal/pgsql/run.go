@@ -514,8 +514,7 @@ func (d singleNode) CommitOffset(ctx context.Context, q Querier, p OffsetParams)
 // returns the rows released (0: ownership lost); [ErrWentBack] when it ran
 // elsewhere than p.Here or p.Position lies ahead of the transaction
 // counter (nothing written: the session's positions are not this
-// database's). In a batch, queue [Tables.ReleaseOffset] and read its row
-// with [ScanRelease].
+// database's). Several at once: [Driver.ReleaseOffsets].
 func (d singleNode) ReleaseOffset(ctx context.Context, q Querier, p OffsetParams) (int64, error) {
 	t := d.t
 	s := t.ReleaseOffset(p)
@@ -556,8 +555,8 @@ type AckRow struct {
 // row and moves its acknowledged position to p.Position (with p.Above,
 // records p.Position in acked_above) if the row is still p.SessionID's at
 // p.Epoch, the position lies ahead and is not recorded already.
-// pgx.ErrNoRows: the row does not exist. In a batch, queue
-// [Tables.AckOffset] and scan its row with [ScanAck].
+// pgx.ErrNoRows: the row does not exist. With other statements in a
+// batch: [Driver.QueueAck].
 func (d singleNode) AckOffset(ctx context.Context, q Querier, p OffsetParams) (AckRow, error) {
 	t := d.t
 	s := t.AckOffset(p)
