@@ -80,8 +80,7 @@ LIMIT $5`, Args: []any{p.Topic, p.Partition, formatXID8(p.At.TransactionID), p.A
 // first. Per partition it reads the primary key backwards from the
 // position; the partitions are merged by position.
 func (d singleNode) MessagesNewestFirst(ctx context.Context, q Querier, p BrowseParams) ([]BrowseRow, error) {
-	t := d.t
-	return collect(ctx, q, t.messagesNewestFirst(p), scanBrowseRow)
+	return collect(ctx, q, d.t.messagesNewestFirst(p), scanBrowseRow)
 }
 
 func (t *Tables) messagesByUUID(topic, id string, preview, limit int) Stmt {
@@ -156,8 +155,7 @@ ORDER BY m.transaction_id, m."offset"`, Args: []any{p.Topic, string(p.Filter), p
 // the statement is routed to the topic's worker whole and deletes the
 // rows by primary key.
 func (d singleNode) DeleteMessagesForReplay(ctx context.Context, q Querier, p ReplayParams) ([]BrowseRow, error) {
-	t := d.t
-	return collect(ctx, q, t.deleteMessagesForReplay(p), scanBrowseRow)
+	return collect(ctx, q, d.t.deleteMessagesForReplay(p), scanBrowseRow)
 }
 
 // TopicDetailRow is the row of [TopicDetail].
@@ -179,8 +177,7 @@ FROM (SELECT 1) one LEFT JOIN ` + t.Topics + ` t ON t.topic = $1`, Args: []any{t
 // TopicDetail reads a topic's settings and its delayed messages (a scan
 // of the delayed table, which holds only messages not yet due).
 func (d singleNode) TopicDetail(ctx context.Context, q Querier, topic string) (TopicDetailRow, error) {
-	t := d.t
-	s := t.topicDetail(topic)
+	s := d.t.topicDetail(topic)
 	rows, err := q.Query(ctx, s.SQL, s.Args...)
 	if err != nil {
 		return TopicDetailRow{}, err
@@ -222,8 +219,7 @@ ORDER BY mt.topic`, Args: args}
 // messages are read on every shard, then each topic is counted by a
 // statement routed to its worker.
 func (d singleNode) CountTopicMessages(ctx context.Context, q Querier, topics []string, capPerTopic int64) ([]TopicCountRow, error) {
-	t := d.t
-	return collect(ctx, q, t.countTopicMessages(topics, capPerTopic), pgx.RowToStructByPos[TopicCountRow])
+	return collect(ctx, q, d.t.countTopicMessages(topics, capPerTopic), pgx.RowToStructByPos[TopicCountRow])
 }
 
 func (t *Tables) estimateTopicMessages(topic string) Stmt {
@@ -235,8 +231,7 @@ func (t *Tables) estimateTopicMessages(topic string) Stmt {
 // On Citus it is the estimate of the plan on the topic's worker, from the
 // shard's statistics; 0 when the plan holds none.
 func (d singleNode) EstimateTopicMessages(ctx context.Context, q Querier, topic string) (int64, error) {
-	t := d.t
-	plan, err := explain(ctx, q, t.estimateTopicMessages(topic))
+	plan, err := explain(ctx, q, d.t.estimateTopicMessages(topic))
 	if err != nil {
 		return 0, err
 	}
@@ -279,8 +274,7 @@ WHERE o.consumer_group = $1 ORDER BY o.topic, o.partition FOR UPDATE`, Args: []a
 // [GroupLiveOwners]). On Citus the rows are locked topic by topic, each
 // on its worker (see the Citus driver's LockGroupOffsets).
 func (d singleNode) LockGroupOffsets(ctx context.Context, q Querier, group string) ([]GroupOffsetRow, error) {
-	t := d.t
-	return collect(ctx, q, t.lockGroupOffsets(group), pgx.RowToStructByPos[GroupOffsetRow])
+	return collect(ctx, q, d.t.lockGroupOffsets(group), pgx.RowToStructByPos[GroupOffsetRow])
 }
 
 func (t *Tables) groupLiveOwners(group string) Stmt {
@@ -294,8 +288,7 @@ WHERE o.consumer_group = $1 ORDER BY o.topic, o.partition`, Args: []any{group}}
 // [LockGroupOffsets], in a statement of its own (a fresh snapshot, which
 // sees every claim that committed before the lock was taken).
 func (d singleNode) GroupLiveOwners(ctx context.Context, q Querier, group string) ([]GroupOffsetRow, error) {
-	t := d.t
-	return collect(ctx, q, t.groupLiveOwners(group), pgx.RowToStructByPos[GroupOffsetRow])
+	return collect(ctx, q, d.t.groupLiveOwners(group), pgx.RowToStructByPos[GroupOffsetRow])
 }
 
 func (t *Tables) deleteGroupOffsets(group string, locked []GroupOffsetRow) Stmt {
@@ -336,8 +329,7 @@ type DeleteGroupOffsetsResult struct {
 // nothing and returns them. Rows that commit after that snapshot are
 // left alone.
 func (d singleNode) DeleteGroupOffsets(ctx context.Context, q Querier, group string, locked []GroupOffsetRow) (DeleteGroupOffsetsResult, error) {
-	t := d.t
-	s := t.deleteGroupOffsets(group, locked)
+	s := d.t.deleteGroupOffsets(group, locked)
 	rows, err := q.Query(ctx, s.SQL, s.Args...)
 	if err != nil {
 		return DeleteGroupOffsetsResult{}, err

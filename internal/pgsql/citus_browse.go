@@ -29,9 +29,8 @@ const citusCountBatch = 1000
 // citusCountTopic is the count of [CountTopicMessages] for one topic,
 // routed to its worker.
 func (d citus) citusCountTopic(topic string, capPerTopic int64) Stmt {
-	t := d.t
 	return Stmt{SQL: `SELECT $2::text, LEAST(c.n, $1::bigint), c.n > $1::bigint
-FROM (SELECT pg_catalog.count(*) AS n FROM (SELECT 1 FROM ` + t.Messages + ` m WHERE m.topic = $2 LIMIT $1::bigint + 1) x) c`,
+FROM (SELECT pg_catalog.count(*) AS n FROM (SELECT 1 FROM ` + d.t.Messages + ` m WHERE m.topic = $2 LIMIT $1::bigint + 1) x) c`,
 		Args: []any{capPerTopic, topic}}
 }
 
@@ -91,9 +90,8 @@ func (d citus) CountTopicMessages(ctx context.Context, q Querier, topics []strin
 // message is newer: the messages are ordered by the time they were
 // stored (the coordinator's clock), then by topic and position.
 func (d citus) citusMessagesByUUID(id string, preview, limit int) Stmt {
-	t := d.t
 	return Stmt{SQL: `SELECT ` + browseColumns("$2::integer") + `, m.topic
-FROM ` + t.Messages + ` m
+FROM ` + d.t.Messages + ` m
 WHERE m.uuid = $1
 ORDER BY m.created_at DESC, m.topic, m.transaction_id DESC, m."offset" DESC
 LIMIT NULLIF($3::bigint, -1)`, Args: []any{id, preview, limit}}
@@ -123,15 +121,13 @@ ORDER BY m.transaction_id, m."offset"`, Args: []any{p.Topic, string(p.Filter), p
 // citusGroupTopics lists the topics of a group's offsets rows (a
 // multi-shard SELECT, which takes no lock).
 func (d citus) citusGroupTopics(group string) Stmt {
-	t := d.t
-	return Stmt{SQL: `SELECT DISTINCT o.topic FROM ` + t.Offsets + ` o WHERE o.consumer_group = $1 ORDER BY 1`, Args: []any{group}}
+	return Stmt{SQL: `SELECT DISTINCT o.topic FROM ` + d.t.Offsets + ` o WHERE o.consumer_group = $1 ORDER BY 1`, Args: []any{group}}
 }
 
 // citusLockGroupTopic is lockGroupOffsets for one topic, routed to its
 // worker (Citus refuses FOR UPDATE on several shards).
 func (d citus) citusLockGroupTopic(group, topic string) Stmt {
-	t := d.t
-	return Stmt{SQL: `SELECT o.topic, o.partition, NULL::text FROM ` + t.Offsets + ` o
+	return Stmt{SQL: `SELECT o.topic, o.partition, NULL::text FROM ` + d.t.Offsets + ` o
 WHERE o.consumer_group = $1 AND o.topic = $2 ORDER BY o.partition FOR UPDATE`, Args: []any{group, topic}}
 }
 

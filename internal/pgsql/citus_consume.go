@@ -62,11 +62,10 @@ type citusSnapshot struct {
 // row; filtered on the topic, Citus routes the whole statement, the
 // snapshot functions included, to the topic's worker.
 func (d citus) citusWorkerSnapshot(ctx context.Context, q Querier, group, topic string) (citusSnapshot, error) {
-	t := d.t
 	var s citusSnapshot
 	err := q.QueryRow(ctx, `SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text,
 	pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text, pg_catalog.count(*), `+here+`
-FROM `+t.Offsets+` WHERE consumer_group = $1 AND topic = $2`, group, topic).
+FROM `+d.t.Offsets+` WHERE consumer_group = $1 AND topic = $2`, group, topic).
 		Scan((*xid8)(&s.xmin), (*xid8)(&s.xmax), &s.groupRows, &s.here)
 	return s, err
 }
@@ -75,7 +74,6 @@ FROM `+t.Offsets+` WHERE consumer_group = $1 AND topic = $2`, group, topic).
 // every partition of the topic in it, starting, with p.Latest and for a
 // group without a row of the topic, at the xmin of the topic's worker.
 func (d citus) EnsureOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]EnsuredRow, error) {
-	t := d.t
 	var out []EnsuredRow
 	for _, tp := range byTopic(p.Topics, p.Partitions) {
 		start := uint64(0)
@@ -89,7 +87,7 @@ func (d citus) EnsureOffsets(ctx context.Context, q Querier, p OffsetsParams) ([
 			}
 		}
 		rows, err := collect(ctx, q, Stmt{
-			SQL: `INSERT INTO ` + t.Offsets + ` AS o (consumer_group, topic, partition, acked_transaction_id, acked_offset)
+			SQL: `INSERT INTO ` + d.t.Offsets + ` AS o (consumer_group, topic, partition, acked_transaction_id, acked_offset)
 SELECT $1, $2, p.partition, $4::text::xid8, 0
 FROM unnest($3::integer[]) AS p(partition)
 ORDER BY p.partition
@@ -168,7 +166,6 @@ type citusCandidate struct {
 // and claims each free row with a compare-and-swap on (session_id,
 // epoch): a row another claim changed in between is reported lost.
 func (d citus) ClaimOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]ClaimRow, error) {
-	t := d.t
 	var ok bool
 	if err := q.QueryRow(ctx, `SELECT `+hereIs(1), p.Here).Scan(&ok); err != nil {
 		return nil, err
@@ -222,7 +219,7 @@ func (d citus) ClaimOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]
 		deleted := map[uuid.UUID]bool{}
 		if len(expired) > 0 {
 			ids, err := collect(ctx, q, Stmt{
-				SQL:  `DELETE FROM ` + t.Sessions + ` s WHERE s.id = ANY ($1::uuid[]) AND s.expires_at < pg_catalog.now() RETURNING s.id`,
+				SQL:  `DELETE FROM ` + d.t.Sessions + ` s WHERE s.id = ANY ($1::uuid[]) AND s.expires_at < pg_catalog.now() RETURNING s.id`,
 				Args: []any{expired},
 			}, pgx.RowTo[uuid.UUID])
 			if err != nil {
@@ -252,7 +249,6 @@ func (d citus) ClaimOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]
 // returns the claimed row, or nil when the row was not taken (lost).
 func (d citus) citusClaimRow(ctx context.Context, q Querier, p OffsetsParams, topic string, c citusCandidate,
 	deleted map[uuid.UUID]bool) (*ClaimRow, error) {
-	t := d.t
 	other := c.session != nil && *c.session != p.SessionID
 	if other && c.ownerRow && !deleted[*c.session] {
 		return nil, nil
@@ -263,7 +259,7 @@ func (d citus) citusClaimRow(ctx context.Context, q Querier, p OffsetsParams, to
 		offset int64
 		above  []string
 	)
-	err := q.QueryRow(ctx, `UPDATE `+t.Offsets+` o
+	err := q.QueryRow(ctx, `UPDATE `+d.t.Offsets+` o
 SET session_id = $4, epoch = o.epoch + 1, updated_at = pg_catalog.now()
 WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
 	AND o.session_id IS NOT DISTINCT FROM $5::uuid AND o.epoch = $6
@@ -380,13 +376,12 @@ const citusKeyed = `consumer_group = $1 AND topic = $2 AND partition = $3 AND se
 // CommitOffset is [Driver.CommitOffset] on Citus: no version hint (the row
 // is looked up by its key on the worker).
 func (d citus) CommitOffset(ctx context.Context, q Querier, p OffsetParams) (string, bool, error) {
-	t := d.t
 	if ok, err := d.citusOnHistory(ctx, q, p); err != nil {
 		return "", false, err
 	} else if !ok {
 		return "", false, ErrWentBack
 	}
-	tag, err := q.Exec(ctx, `UPDATE `+t.Offsets+`
+	tag, err := q.Exec(ctx, `UPDATE `+d.t.Offsets+`
 SET `+forwardSet(8)+`, updated_at = pg_catalog.now()
 WHERE `+citusKeyed,
 		p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
@@ -400,13 +395,12 @@ WHERE `+citusKeyed,
 // ReleaseOffset is [Driver.ReleaseOffset] on Citus, the notification sent
 // from the coordinator after the release.
 func (d citus) ReleaseOffset(ctx context.Context, q Querier, p OffsetParams) (int64, error) {
-	t := d.t
 	if ok, err := d.citusOnHistory(ctx, q, p); err != nil {
 		return 0, err
 	} else if !ok {
 		return 0, ErrWentBack
 	}
-	tag, err := q.Exec(ctx, `UPDATE `+t.Offsets+`
+	tag, err := q.Exec(ctx, `UPDATE `+d.t.Offsets+`
 SET `+forwardSet(8)+`, `+keptAboveSet(9)+`, session_id = NULL, updated_at = pg_catalog.now()
 WHERE `+citusKeyed,
 		p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
@@ -424,14 +418,13 @@ WHERE `+citusKeyed,
 
 // CountHeadDelivery is [Driver.CountHeadDelivery] on Citus.
 func (d citus) CountHeadDelivery(ctx context.Context, q Querier, p OffsetParams) (int32, error) {
-	t := d.t
 	if ok, err := d.citusOnHistory(ctx, q, p); err != nil {
 		return 0, err
 	} else if !ok {
 		return 0, ErrWentBack
 	}
 	var n int32
-	err := q.QueryRow(ctx, `UPDATE `+t.Offsets+` SET head_deliveries = head_deliveries + 1
+	err := q.QueryRow(ctx, `UPDATE `+d.t.Offsets+` SET head_deliveries = head_deliveries + 1
 WHERE `+citusKeyed+` AND acked_transaction_id = $6::text::xid8 AND acked_offset = $7
 RETURNING head_deliveries`,
 		p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,

@@ -50,31 +50,34 @@ func (d citus) SelectMessages(ctx context.Context, q Querier, p SelectMessagesPa
 	return selectMessages(ctx, q, d.selectMessagesStmt(p), p.Limit)
 }
 
-// CreateSession implements Driver: the single-node statement, its
-// notification cast to text.
+// The statements of the sessions and of the delayed messages' move: the
+// single-node ones, their notifications cast to text (asCitus).
+func (d citus) createSessionStmt(p SessionParams) Stmt    { return asCitus(d.t.CreateSession(p)) }
+func (d citus) deleteSessionStmt(p SessionParams) Stmt    { return asCitus(d.t.DeleteSession(p)) }
+func (d citus) setSubscriptionsStmt(p SessionParams) Stmt { return asCitus(d.t.SetSubscriptions(p)) }
+func (d citus) moveDueMessagesStmt(p MoveDueParams) Stmt  { return asCitus(d.t.MoveDueMessages(p)) }
+
+// CreateSession implements Driver.
 func (d citus) CreateSession(ctx context.Context, q Querier, p SessionParams) (ClusterMark, error) {
-	return createSession(ctx, q, asCitus(d.t.CreateSession(p)))
+	return createSession(ctx, q, d.createSessionStmt(p))
 }
 
-// DeleteSession implements Driver: the single-node statement, its
-// notification cast to text.
+// DeleteSession implements Driver.
 func (d citus) DeleteSession(ctx context.Context, q Querier, p SessionParams) error {
-	_, err := exec(ctx, q, asCitus(d.t.DeleteSession(p)))
+	_, err := exec(ctx, q, d.deleteSessionStmt(p))
 	return err
 }
 
-// SetSubscriptions implements Driver: the single-node statement, its
-// notification cast to text.
+// SetSubscriptions implements Driver.
 func (d citus) SetSubscriptions(ctx context.Context, q Querier, p SessionParams) (bool, error) {
-	return setSubscriptions(ctx, q, asCitus(d.t.SetSubscriptions(p)))
+	return setSubscriptions(ctx, q, d.setSubscriptionsStmt(p))
 }
 
-// MoveDueMessages implements Driver: the single-node statement, its
-// notifications cast to text; the moved messages take their transaction
-// ids on their workers (the trigger of DistributeScript), as published
-// ones do.
+// MoveDueMessages implements Driver: the moved messages take their
+// transaction ids on their workers (the trigger of DistributeScript), as
+// published ones do.
 func (d citus) MoveDueMessages(ctx context.Context, q Querier, p MoveDueParams) (moved int64, nextMs *int64, err error) {
-	return moveDueMessages(ctx, q, asCitus(d.t.MoveDueMessages(p)))
+	return moveDueMessages(ctx, q, d.moveDueMessagesStmt(p))
 }
 
 // DeleteIdleGroups implements Driver with citusDeleteIdleGroups.

@@ -20,9 +20,8 @@ import (
 // citusLagTopics is the statement that lists the topics of the offset
 // rows that InspectLag selects (a multi-shard SELECT).
 func (d citus) citusLagTopics(groups, topics []string) Stmt {
-	t := d.t
 	return Stmt{
-		SQL: `SELECT DISTINCT o.topic FROM ` + t.Offsets + ` o
+		SQL: `SELECT DISTINCT o.topic FROM ` + d.t.Offsets + ` o
 WHERE ($1::text[] IS NULL OR o.consumer_group = ANY($1)) AND ($2::text[] IS NULL OR o.topic = ANY($2))
 ORDER BY 1`,
 		Args: []any{groups, topics},
@@ -167,9 +166,8 @@ func (d citus) InspectTopicsPage(ctx context.Context, q Querier, first bool, aft
 // parallel, on connections of their own), with the storage time of each
 // topic's newest message, in no order (a topic lies on one shard).
 func (d citus) citusTopicsOfShards(ctx context.Context, q Querier) (topics []string, newest []time.Time, err error) {
-	t := d.t
 	results, err := collect(ctx, q, Stmt{SQL: `SELECT r.shardid, r.success, r.result FROM pg_catalog.run_command_on_shards($1::text::regclass, $2) r`,
-		Args: []any{t.Messages, citusShardTopics()}}, pgx.RowToStructByPos[shardResult])
+		Args: []any{d.t.Messages, citusShardTopics()}}, pgx.RowToStructByPos[shardResult])
 	if err != nil {
 		return nil, nil, err
 	}
@@ -204,8 +202,7 @@ type shardResult struct {
 // citusWorkerHorizon is the command citusInspectHorizon runs on every
 // worker: InspectHorizon's row as JSON.
 func (d citus) citusWorkerHorizon() string {
-	t := d.t
-	return `SELECT pg_catalog.row_to_json(h)::text FROM (` + t.InspectHorizon().SQL + `) h(xmin, pid, gid, application_name, state,
+	return `SELECT pg_catalog.row_to_json(h)::text FROM (` + d.t.InspectHorizon().SQL + `) h(xmin, pid, gid, application_name, state,
 	xact_start, query_start, age, query, datname, usename)`
 }
 

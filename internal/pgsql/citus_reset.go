@@ -126,9 +126,8 @@ WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
 // partition stored at or after at whose transaction lies below xmin (the
 // worker's), read on the topic's worker; (xmin, 0) when there is none.
 func (d citus) citusFirstAfter(ctx context.Context, q Querier, topic string, partition int32, at time.Time, xmin uint64) (Position, error) {
-	t := d.t
 	var pos Position
-	err := q.QueryRow(ctx, `SELECT m.transaction_id::text, m."offset" - 1 FROM `+t.Messages+` m
+	err := q.QueryRow(ctx, `SELECT m.transaction_id::text, m."offset" - 1 FROM `+d.t.Messages+` m
 WHERE m.topic = $1 AND m.partition = $2 AND m.created_at >= $3 AND m.transaction_id < $4::text::xid8
 ORDER BY m.transaction_id, m."offset"
 LIMIT 1`, topic, partition, at, formatXID8(xmin)).Scan((*xid8)(&pos.TransactionID), &pos.Offset)

@@ -72,10 +72,10 @@ func dumpCitusStatements(t *Tables) string {
 	q("SelectMessages max worker", a.selectMessagesStmt(SelectMessagesParams{Topic: "t", After: Position{TransactionID: 5, Offset: 9}, Limit: 100, MaxMessageBytes: 1000, Here: "h", WorkerHere: "w"}))
 	sp := SessionParams{SessionID: id, NotifyChannel: "ch", SubscriptionHash: -5, SubscriptionSize: 3, ReplacesSessionID: id2,
 		ConsumerGroup: "g", Owner: "host/1", TTL: 10 * time.Second}
-	q("CreateSession", asCitus(t.CreateSession(sp)))
-	q("DeleteSession", asCitus(t.DeleteSession(sp)))
-	q("SetSubscriptions", asCitus(t.SetSubscriptions(sp)))
-	q("MoveDueMessages", asCitus(t.MoveDueMessages(MoveDueParams{Limit: 100, NotifyChannel: "ch"})))
+	q("CreateSession", a.createSessionStmt(sp))
+	q("DeleteSession", a.deleteSessionStmt(sp))
+	q("SetSubscriptions", a.setSubscriptionsStmt(sp))
+	q("MoveDueMessages", a.moveDueMessagesStmt(MoveDueParams{Limit: 100, NotifyChannel: "ch"}))
 	q("DeleteIdleGroups", a.citusDeleteIdleGroups(time.Hour))
 	rp := RetentionPartition{Class: 4, Start: time.Unix(1700000000, 0), End: time.Unix(1700000016, 0)}
 	s("DetachRetentionPartition", a.citusDetachRetentionPartition(rp))

@@ -48,8 +48,7 @@ func (d singleNode) InsertMessages(ctx context.Context, q Querier, p InsertMessa
 // the messages table when due, and notifies "d" + the earliest due time in
 // Unix milliseconds.
 func (d singleNode) InsertDelayed(ctx context.Context, q Querier, p InsertMessagesParams) error {
-	t := d.t
-	_, err := exec(ctx, q, t.InsertDelayed(p))
+	_, err := exec(ctx, q, d.t.InsertDelayed(p))
 	return err
 }
 
@@ -79,8 +78,7 @@ func upsertTopic(ctx context.Context, q Querier, s Stmt) (UpsertTopicResult, err
 // TopicPartitions returns the partition count of each topic (1 for a topic
 // with no settings row).
 func (d singleNode) TopicPartitions(ctx context.Context, q Querier, topics []string) (map[string]int, error) {
-	t := d.t
-	s := t.TopicPartitions(TopicsParams{Topics: topics})
+	s := d.t.TopicPartitions(TopicsParams{Topics: topics})
 	rows, err := q.Query(ctx, s.SQL, s.Args...)
 	if err != nil {
 		return nil, err
@@ -250,8 +248,7 @@ type HeartbeatRow struct {
 // not expired yet, and reads where the database is (for uuid.Nil it
 // updates nothing and only reads that).
 func (d singleNode) HeartbeatSession(ctx context.Context, q Querier, p SessionParams) (HeartbeatRow, error) {
-	t := d.t
-	s := t.HeartbeatSession(p)
+	s := d.t.HeartbeatSession(p)
 	var r HeartbeatRow
 	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&r.Updated, (*xid8)(&r.Xmax), &r.LSN, &r.Timeline, &r.Here)
 	return r, err
@@ -259,16 +256,14 @@ func (d singleNode) HeartbeatSession(ctx context.Context, q Querier, p SessionPa
 
 // DeleteSession deletes the session row and notifies its group.
 func (d singleNode) DeleteSession(ctx context.Context, q Querier, p SessionParams) error {
-	t := d.t
-	_, err := exec(ctx, q, t.DeleteSession(p))
+	_, err := exec(ctx, q, d.t.DeleteSession(p))
 	return err
 }
 
 // DeleteExpiredSessions deletes the sessions expired for longer than ttl
 // and returns how many.
 func (d singleNode) DeleteExpiredSessions(ctx context.Context, q Querier, ttl time.Duration) (int64, error) {
-	t := d.t
-	return exec(ctx, q, t.DeleteExpiredSessions(SessionParams{TTL: ttl}))
+	return exec(ctx, q, d.t.DeleteExpiredSessions(SessionParams{TTL: ttl}))
 }
 
 // SetSubscriptions records, in the session row, the hash and number of the
@@ -307,8 +302,7 @@ type MemberRow struct {
 
 // GroupMembers returns the live sessions of a consumer group.
 func (d singleNode) GroupMembers(ctx context.Context, q Querier, group string) ([]MemberRow, error) {
-	t := d.t
-	return collect(ctx, q, t.GroupMembers(GroupParams{ConsumerGroup: group}), pgx.RowToStructByPos[MemberRow])
+	return collect(ctx, q, d.t.GroupMembers(GroupParams{ConsumerGroup: group}), pgx.RowToStructByPos[MemberRow])
 }
 
 // --- offsets
@@ -324,8 +318,7 @@ type OwnerRow struct {
 
 // OffsetOwners reads the owner and epoch of group's offset rows of topics.
 func (d singleNode) OffsetOwners(ctx context.Context, q Querier, group string, topics []string) ([]OwnerRow, error) {
-	t := d.t
-	return collect(ctx, q, t.OffsetOwners(OffsetsParams{ConsumerGroup: group, Topics: topics}), pgx.RowToStructByPos[OwnerRow])
+	return collect(ctx, q, d.t.OffsetOwners(OffsetsParams{ConsumerGroup: group, Topics: topics}), pgx.RowToStructByPos[OwnerRow])
 }
 
 // EnsuredRow is an offset row [EnsureOffsets] created, and the transaction
@@ -340,8 +333,7 @@ type EnsuredRow struct {
 // rows at the beginning of each, or, with p.Latest and for a topic the
 // group has no row of yet, just below the xmin horizon.
 func (d singleNode) EnsureOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]EnsuredRow, error) {
-	t := d.t
-	return collect(ctx, q, t.EnsureOffsets(p), func(row pgx.CollectableRow) (EnsuredRow, error) {
+	return collect(ctx, q, d.t.EnsureOffsets(p), func(row pgx.CollectableRow) (EnsuredRow, error) {
 		var r EnsuredRow
 		err := row.Scan(&r.Topic, &r.Partition, (*xid8)(&r.AckedTransactionID))
 		return r, err
@@ -407,8 +399,7 @@ func parseAbove(entries []string) ([]Position, error) {
 // partition) rows that are free, bumping their epochs (see the statement,
 // [Tables.ClaimOffsets]).
 func (d singleNode) ClaimOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]ClaimRow, error) {
-	t := d.t
-	return collect(ctx, q, t.ClaimOffsets(p), scanClaim)
+	return collect(ctx, q, d.t.ClaimOffsets(p), scanClaim)
 }
 
 func scanClaim(row pgx.CollectableRow) (ClaimRow, error) {
@@ -453,8 +444,7 @@ func scanClaim(row pgx.CollectableRow) (ClaimRow, error) {
 // [ErrWentBack]: run elsewhere than p.Here, or p.Position lies ahead of
 // the transaction counter.
 func (d singleNode) CountHeadDelivery(ctx context.Context, q Querier, p OffsetParams) (int32, error) {
-	t := d.t
-	s := t.CountHeadDelivery(p)
+	s := d.t.CountHeadDelivery(p)
 	var (
 		ok bool
 		n  *int32
@@ -483,8 +473,7 @@ var ErrWentBack = errors.New("the database is not on the history the session was
 // it ran elsewhere than p.Here or p.Position lies ahead of the
 // transaction counter.
 func (d singleNode) CommitOffset(ctx context.Context, q Querier, p OffsetParams) (version string, written bool, err error) {
-	t := d.t
-	s := t.CommitOffset(p)
+	s := d.t.CommitOffset(p)
 	rows, err := q.Query(ctx, s.SQL, s.Args...)
 	if err != nil {
 		return "", false, err
@@ -516,8 +505,7 @@ func (d singleNode) CommitOffset(ctx context.Context, q Querier, p OffsetParams)
 // counter (nothing written: the session's positions are not this
 // database's). Several at once: [Driver.ReleaseOffsets].
 func (d singleNode) ReleaseOffset(ctx context.Context, q Querier, p OffsetParams) (int64, error) {
-	t := d.t
-	s := t.ReleaseOffset(p)
+	s := d.t.ReleaseOffset(p)
 	return ScanRelease(q.QueryRow(ctx, s.SQL, s.Args...))
 }
 
@@ -558,8 +546,7 @@ type AckRow struct {
 // pgx.ErrNoRows: the row does not exist. With other statements in a
 // batch: [Driver.QueueAck].
 func (d singleNode) AckOffset(ctx context.Context, q Querier, p OffsetParams) (AckRow, error) {
-	t := d.t
-	s := t.AckOffset(p)
+	s := d.t.AckOffset(p)
 	return ScanAck(q.QueryRow(ctx, s.SQL, s.Args...))
 }
 

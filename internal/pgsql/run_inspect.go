@@ -22,8 +22,7 @@ type SessionRow struct {
 
 // InspectSessions returns every consumer session, by group and age.
 func (d singleNode) InspectSessions(ctx context.Context, q Querier) ([]SessionRow, error) {
-	t := d.t
-	return collect(ctx, q, t.InspectSessions(), pgx.RowToStructByPos[SessionRow])
+	return collect(ctx, q, d.t.InspectSessions(), pgx.RowToStructByPos[SessionRow])
 }
 
 // LagRow is one offset row of [InspectLag].
@@ -47,8 +46,7 @@ type LagRow struct {
 // topic, routed to the topic's worker, whose snapshot the lag is counted
 // against.
 func (d singleNode) InspectLag(ctx context.Context, q Querier, groups, topics []string) ([]LagRow, error) {
-	t := d.t
-	return collect(ctx, q, t.InspectLag(groups, topics), scanLagRow)
+	return collect(ctx, q, d.t.InspectLag(groups, topics), scanLagRow)
 }
 
 func scanLagRow(row pgx.CollectableRow) (LagRow, error) {
@@ -71,8 +69,7 @@ type HorizonRow struct {
 // InspectHorizon reads the xmin horizon and the transaction holding it
 // back (on the node it runs on: see [InspectWorkerHorizons] for Citus).
 func (d singleNode) InspectHorizon(ctx context.Context, q Querier) (HorizonRow, error) {
-	t := d.t
-	s := t.InspectHorizon()
+	s := d.t.InspectHorizon()
 	var h HorizonRow
 	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan((*xid8)(&h.Xmin), &h.PID, &h.GID, &h.AppName, &h.State,
 		&h.XactStart, &h.QueryStart, &h.AgeSeconds, &h.Query, &h.DB, &h.User)
@@ -92,8 +89,7 @@ type TopicRow struct {
 // rows. Where the tables are distributed by Citus, it reads the topics
 // of every shard of the messages table first (run_command_on_shards).
 func (d singleNode) InspectTopics(ctx context.Context, q Querier) ([]TopicRow, error) {
-	t := d.t
-	return collect(ctx, q, t.InspectTopics(), pgx.RowToStructByPos[TopicRow])
+	return collect(ctx, q, d.t.InspectTopics(), pgx.RowToStructByPos[TopicRow])
 }
 
 // TopicPageRow is one topic of [InspectTopicsPage], with the number of
@@ -108,8 +104,7 @@ type TopicPageRow struct {
 // carries the number of topics. Where the tables are distributed by Citus,
 // it reads the topics of every shard of the messages table first.
 func (d singleNode) InspectTopicsPage(ctx context.Context, q Querier, first bool, after string, limit int) ([]TopicPageRow, error) {
-	t := d.t
-	return collect(ctx, q, t.InspectTopicsPage(first, after, limit), pgx.RowToStructByPos[TopicPageRow])
+	return collect(ctx, q, d.t.InspectTopicsPage(first, after, limit), pgx.RowToStructByPos[TopicPageRow])
 }
 
 // ResetParams are the arguments of [ResetOffsets].

@@ -22,8 +22,7 @@ type AccessRow struct {
 // MaintainerAccess tells how the connected role can do the maintainer's
 // work. pgx.ErrNoRows: the messages table is missing.
 func (d singleNode) MaintainerAccess(ctx context.Context, q Querier) (AccessRow, error) {
-	t := d.t
-	s := t.MaintainerAccess()
+	s := d.t.MaintainerAccess()
 	var r AccessRow
 	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&r.Role, &r.Owner, &r.Owns, &r.Missing)
 	return r, err
@@ -41,8 +40,7 @@ type HolderRow struct {
 // MaintainerHolder reads, without locking or writing anything, who holds
 // the maintainer's row. pgx.ErrNoRows: the row is missing.
 func (d singleNode) MaintainerHolder(ctx context.Context, q Querier) (HolderRow, error) {
-	t := d.t
-	s := t.MaintainerHolder()
+	s := d.t.MaintainerHolder()
 	var r HolderRow
 	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&r.Holder, &r.ExpiresInMs)
 	return r, err
@@ -52,8 +50,7 @@ func (d singleNode) MaintainerHolder(ctx context.Context, q Querier) (HolderRow,
 // owner, the owner's session gone or expired, or already p.SessionID's).
 // pgx.ErrNoRows: the row is missing.
 func (d singleNode) ClaimMaintainer(ctx context.Context, q Querier, p MaintainerParams) (HolderRow, error) {
-	t := d.t
-	s := t.ClaimMaintainer(p)
+	s := d.t.ClaimMaintainer(p)
 	var r HolderRow
 	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&r.Epoch, &r.Holder, &r.ExpiresInMs)
 	return r, err
@@ -62,8 +59,7 @@ func (d singleNode) ClaimMaintainer(ctx context.Context, q Querier, p Maintainer
 // ReleaseMaintainer frees the maintainer's row if p.SessionID still holds
 // it at p.Epoch, and notifies.
 func (d singleNode) ReleaseMaintainer(ctx context.Context, q Querier, p MaintainerParams) error {
-	t := d.t
-	_, err := exec(ctx, q, t.ReleaseMaintainer(p))
+	_, err := exec(ctx, q, d.t.ReleaseMaintainer(p))
 	return err
 }
 
@@ -90,8 +86,7 @@ type IdleGroupRow struct {
 // DeleteIdleGroups deletes the offset rows of consumer groups that have no
 // live session and whose rows were all last written more than idleFor ago.
 func (d singleNode) DeleteIdleGroups(ctx context.Context, q Querier, idleFor time.Duration) ([]IdleGroupRow, error) {
-	t := d.t
-	return collect(ctx, q, t.DeleteIdleGroups(idleFor), pgx.RowToStructByPos[IdleGroupRow])
+	return collect(ctx, q, d.t.DeleteIdleGroups(idleFor), pgx.RowToStructByPos[IdleGroupRow])
 }
 
 // LaneRow is one retention class with a row in the retention table.
@@ -106,8 +101,7 @@ type LaneRow struct {
 
 // RetentionLanes returns the retention classes in use.
 func (d singleNode) RetentionLanes(ctx context.Context, q Querier) ([]LaneRow, error) {
-	t := d.t
-	return collect(ctx, q, t.RetentionLanes(), pgx.RowToStructByPos[LaneRow])
+	return collect(ctx, q, d.t.RetentionLanes(), pgx.RowToStructByPos[LaneRow])
 }
 
 // PartitionRow is one retention partition: its class, the Unix time (s)
@@ -121,15 +115,13 @@ type PartitionRow struct {
 
 // RetentionPartitions returns the partitions of the retention classes.
 func (d singleNode) RetentionPartitions(ctx context.Context, q Querier) ([]PartitionRow, error) {
-	t := d.t
-	return collect(ctx, q, t.RetentionPartitions(), pgx.RowToStructByPos[PartitionRow])
+	return collect(ctx, q, d.t.RetentionPartitions(), pgx.RowToStructByPos[PartitionRow])
 }
 
 // DetachedRetentionPartitions returns the tables named as retention
 // partitions of the messages table that are no partition any more.
 func (d singleNode) DetachedRetentionPartitions(ctx context.Context, q Querier) ([]PartitionRow, error) {
-	t := d.t
-	return collect(ctx, q, t.DetachedRetentionPartitions(), func(row pgx.CollectableRow) (PartitionRow, error) {
+	return collect(ctx, q, d.t.DetachedRetentionPartitions(), func(row pgx.CollectableRow) (PartitionRow, error) {
 		var r PartitionRow
 		err := row.Scan(&r.Class, &r.Start)
 		return r, err
@@ -145,9 +137,8 @@ type Beginner interface {
 // is covered up to its end, in one transaction of db. It needs the owner's
 // privileges.
 func (d singleNode) CreateRetentionPartition(ctx context.Context, db Beginner, p RetentionPartition) error {
-	t := d.t
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		for _, stmt := range t.CreateRetentionPartition(p) {
+		for _, stmt := range d.t.CreateRetentionPartition(p) {
 			if _, err := tx.Exec(ctx, stmt); err != nil {
 				return err
 			}
@@ -162,39 +153,34 @@ func (d singleNode) CreateRetentionPartition(ctx context.Context, db Beginner, p
 // the messages table is distributed by Citus, which refuses CONCURRENTLY,
 // it detaches in a transaction that waits at most 5 s for its lock.
 func (d singleNode) DetachRetentionPartition(ctx context.Context, q Querier, p RetentionPartition, finalize bool) error {
-	t := d.t
-	_, err := q.Exec(ctx, t.DetachRetentionPartition(p, finalize))
+	_, err := q.Exec(ctx, d.t.DetachRetentionPartition(p, finalize))
 	return err
 }
 
 // DropRetentionPartition drops a detached partition. It needs the owner's
 // privileges.
 func (d singleNode) DropRetentionPartition(ctx context.Context, q Querier, p RetentionPartition) error {
-	t := d.t
-	_, err := q.Exec(ctx, t.DropRetentionPartition(p))
+	_, err := q.Exec(ctx, d.t.DropRetentionPartition(p))
 	return err
 }
 
 // CallAddRetentionPartition does what CreateRetentionPartition does,
 // through the owner's function: false when the partition exists already.
 func (d singleNode) CallAddRetentionPartition(ctx context.Context, q Querier, p RetentionPartition) (bool, error) {
-	t := d.t
-	return queryBool(ctx, q, t.CallAddRetentionPartition(p))
+	return queryBool(ctx, q, d.t.CallAddRetentionPartition(p))
 }
 
 // CallExpireRetentionPartition detaches and drops the partition, or
 // finishes a detach left pending, through the owner's function: false when
 // it is no partition of the messages table.
 func (d singleNode) CallExpireRetentionPartition(ctx context.Context, q Querier, p RetentionPartition) (bool, error) {
-	t := d.t
-	return queryBool(ctx, q, t.CallExpireRetentionPartition(p))
+	return queryBool(ctx, q, d.t.CallExpireRetentionPartition(p))
 }
 
 // CallDropDetachedPartition drops a detached retention partition through
 // the owner's function: false when there is no table of that name.
 func (d singleNode) CallDropDetachedPartition(ctx context.Context, q Querier, p RetentionPartition) (bool, error) {
-	t := d.t
-	return queryBool(ctx, q, t.CallDropDetachedPartition(p))
+	return queryBool(ctx, q, d.t.CallDropDetachedPartition(p))
 }
 
 func queryBool(ctx context.Context, q Querier, s Stmt) (bool, error) {
@@ -217,8 +203,7 @@ type SkippedRow struct {
 // partition, the messages of the retention partition after the group's
 // position.
 func (d singleNode) UnacknowledgedInPartition(ctx context.Context, q Querier, p RetentionPartition) ([]SkippedRow, error) {
-	t := d.t
-	return collect(ctx, q, t.UnacknowledgedInPartition(p), pgx.RowToStructByPos[SkippedRow])
+	return collect(ctx, q, d.t.UnacknowledgedInPartition(p), pgx.RowToStructByPos[SkippedRow])
 }
 
 // DeleteExpiredKept deletes, at most limit rows, the messages in the
@@ -229,6 +214,5 @@ func (d singleNode) UnacknowledgedInPartition(ctx context.Context, q Querier, p 
 // one statement per topic with a retention, each routed to the topic's
 // worker.
 func (d singleNode) DeleteExpiredKept(ctx context.Context, q Querier, limit int) ([]SkippedRow, error) {
-	t := d.t
-	return collect(ctx, q, t.DeleteExpiredKept(limit), pgx.RowToStructByPos[SkippedRow])
+	return collect(ctx, q, d.t.DeleteExpiredKept(limit), pgx.RowToStructByPos[SkippedRow])
 }
