@@ -22,7 +22,9 @@ import (
 // own or by an explicit delegation to the single-node one: a method
 // added here without its Citus variant does not compile.
 //
-// The documentation of each operation is on the single-node method.
+// Both drivers hold nothing but their Tables: they are safe for
+// concurrent use. Not for implementing outside this package. The
+// documentation of each operation is on the single-node method.
 type Driver interface {
 	// Tables are the names the statements run on.
 	Tables() *Tables
