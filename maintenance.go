@@ -81,6 +81,9 @@ type maintainer struct {
 	delegated bool
 	// outage logs the failures of the maintenance's statements.
 	outage *outageLog
+	// settling holds, per retention class, the partitions publishers
+	// wait for (usePartitions); only the retention rounds use it.
+	settling map[int]pendingUse
 
 	loop svc.Service // run, started by the first Subscribe
 }

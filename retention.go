@@ -60,7 +60,21 @@ func retentionSlot(k int) time.Duration {
 type retentionLane struct {
 	class   int
 	covered time.Time
+	usable  time.Time
 	longest time.Duration // 0: no topic has the class
+}
+
+// settleRecheck is how often a retention round runs while partitions
+// wait for the transactions that had the messages table open when they
+// were attached to end (see usePartitions).
+const settleRecheck = 200 * time.Millisecond
+
+// pendingUse is what a retention class's publishers wait for before they
+// place messages up to until: the transactions that held a lock on the
+// messages table once the partitions up to until were attached.
+type pendingUse struct {
+	until   time.Time
+	holders []string
 }
 
 // retentionRound drops the partitions whose every message has expired
@@ -77,7 +91,7 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 		return 0, fmt.Errorf("read retention classes: %w", wrapMissingSchema(err))
 	}
 	for _, r := range laneRows {
-		l := retentionLane{class: int(r.Class), covered: r.CoveredUntil}
+		l := retentionLane{class: int(r.Class), covered: r.CoveredUntil, usable: r.UsableUntil}
 		if r.LongestUs != nil {
 			l.longest = time.Duration(*r.LongestUs) * time.Microsecond
 		}
@@ -125,7 +139,7 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 	// partition that cannot be removed now (a long transaction holds it)
 	// must not hold them back. A failure stops only its own class.
 	var errs []error
-	for _, l := range lanes {
+	for i, l := range lanes {
 		if l.longest <= 0 {
 			continue
 		}
@@ -144,9 +158,18 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 					errs = append(errs, err)
 					break
 				}
+				// createPartition raised covered_until to p.End.
+				lanes[i].covered = p.End
 			}
 			start = p.End
 		}
+	}
+	// Publishers may use them once no transaction could route without them.
+	if err := m.usePartitions(ctx, lanes); err != nil {
+		errs = append(errs, err)
+	}
+	if len(m.settling) > 0 {
+		soon(settleRecheck)
 	}
 
 	// Then the expired ones, each on its own: one that fails or waits
@@ -176,6 +199,64 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 	// maintainer that stopped in between, a detach by hand).
 	m.dropDetached(ctx)
 	return next, errors.Join(errs...)
+}
+
+// usePartitions raises each class's usable_until to its covered_until
+// once the transactions that held a lock on the messages table after the
+// partitions were attached have ended: PostgreSQL reads a table's
+// partitions in a transaction when it first locks the table, so one that
+// had the table open before a partition was attached would route a row
+// for it to none, an error that aborts it (an outbox transaction that
+// publishes again). The holders are read after the attach committed (the
+// covered_until read or raised by this round); a transaction that locks
+// the table later sees the partitions. While holders run (a long
+// transaction), the class's messages beyond usable_until go to the
+// partition kept forever, from which the maintainer deletes them once
+// expired: nothing waits.
+func (m *maintainer) usePartitions(ctx context.Context, lanes []retentionLane) error {
+	if m.settling == nil {
+		m.settling = map[int]pendingUse{}
+	}
+	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
+	defer cancel()
+	for _, l := range lanes {
+		p, pending := m.settling[l.class]
+		if pending && !p.until.After(l.usable) {
+			delete(m.settling, l.class)
+			pending = false
+		}
+		if !l.covered.After(l.usable) {
+			continue
+		}
+		if pending {
+			running, err := pgsql.LockHoldersRunning(sctx, m.pool, p.holders)
+			if err != nil {
+				return fmt.Errorf("read the transactions that had the messages table open: %w", err)
+			}
+			if running {
+				continue
+			}
+			if _, err := m.driver.SetUsableUntil(sctx, m.pool, l.class, p.until); err != nil {
+				return fmt.Errorf("let publishers use the partitions of class %d: %w", l.class, err)
+			}
+			delete(m.settling, l.class)
+			if !l.covered.After(p.until) {
+				continue
+			}
+		}
+		holders, err := m.driver.MessagesLockHolders(sctx, m.pool)
+		if err != nil {
+			return fmt.Errorf("read the transactions that have the messages table open: %w", err)
+		}
+		if len(holders) > 0 {
+			m.settling[l.class] = pendingUse{until: l.covered, holders: holders}
+			continue
+		}
+		if _, err := m.driver.SetUsableUntil(sctx, m.pool, l.class, l.covered); err != nil {
+			return fmt.Errorf("let publishers use the partitions of class %d: %w", l.class, err)
+		}
+	}
+	return nil
 }
 
 // createPartition adds p, by the owner's DDL or, for a role that does not

@@ -205,6 +205,17 @@ func (d citus) RetentionLanes(ctx context.Context, q Querier) ([]LaneRow, error)
 	return d.one.RetentionLanes(ctx, q)
 }
 
+// MessagesLockHolders reads the coordinator's locks: a transaction
+// through the coordinator holds the distributed table there, and its
+// statements on the workers' shards end with it.
+func (d citus) MessagesLockHolders(ctx context.Context, q Querier) ([]string, error) {
+	return d.one.MessagesLockHolders(ctx, q)
+}
+
+func (d citus) SetUsableUntil(ctx context.Context, q Querier, class int, until time.Time) (bool, error) {
+	return d.one.SetUsableUntil(ctx, q, class, until)
+}
+
 func (d citus) RetentionPartitions(ctx context.Context, q Querier) ([]PartitionRow, error) {
 	return d.one.RetentionPartitions(ctx, q)
 }

@@ -78,6 +78,8 @@ type Driver interface {
 	MoveDueMessages(ctx context.Context, q Querier, p MoveDueParams) (moved int64, nextMs *int64, err error)
 	DeleteIdleGroups(ctx context.Context, q Querier, idleFor time.Duration) ([]IdleGroupRow, error)
 	RetentionLanes(ctx context.Context, q Querier) ([]LaneRow, error)
+	MessagesLockHolders(ctx context.Context, q Querier) ([]string, error)
+	SetUsableUntil(ctx context.Context, q Querier, class int, until time.Time) (bool, error)
 	RetentionPartitions(ctx context.Context, q Querier) ([]PartitionRow, error)
 	DetachedRetentionPartitions(ctx context.Context, q Querier) ([]PartitionRow, error)
 	CreateRetentionPartition(ctx context.Context, db Beginner, p RetentionPartition) error

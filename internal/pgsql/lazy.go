@@ -354,6 +354,24 @@ func (l *Lazy) RetentionLanes(ctx context.Context, q Querier) ([]LaneRow, error)
 	return d.RetentionLanes(ctx, q)
 }
 
+// MessagesLockHolders implements Driver.
+func (l *Lazy) MessagesLockHolders(ctx context.Context, q Querier) ([]string, error) {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return d.MessagesLockHolders(ctx, q)
+}
+
+// SetUsableUntil implements Driver.
+func (l *Lazy) SetUsableUntil(ctx context.Context, q Querier, class int, until time.Time) (bool, error) {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return false, err
+	}
+	return d.SetUsableUntil(ctx, q, class, until)
+}
+
 // RetentionPartitions implements Driver.
 func (l *Lazy) RetentionPartitions(ctx context.Context, q Querier) ([]PartitionRow, error) {
 	d, err := l.Get(ctx, q)

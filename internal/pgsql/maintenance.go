@@ -164,6 +164,7 @@ SELECT consumer_group, pg_catalog.count(*) FROM gone GROUP BY consumer_group ORD
 // RetentionLanes is the statement of [RetentionLanes].
 func (t *Tables) RetentionLanes() Stmt {
 	return Stmt{SQL: `SELECT l.retention_class, GREATEST(l.covered_until, '1970-01-01 00:00:00+00'),
+	GREATEST(l.usable_until, '1970-01-01 00:00:00+00'),
 	(SELECT pg_catalog.ceil(extract(epoch FROM pg_catalog.max(t.retention)) * 1000000::numeric)::bigint FROM ` + t.Topics + ` t
 		WHERE t.retention_class = l.retention_class), pg_catalog.now()
 FROM ` + t.Retention + ` l

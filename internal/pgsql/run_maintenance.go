@@ -93,6 +93,9 @@ func (d singleNode) DeleteIdleGroups(ctx context.Context, q Querier, idleFor tim
 type LaneRow struct {
 	Class        int16
 	CoveredUntil time.Time
+	// UsableUntil is how far publishers place messages in the class's
+	// partitions (at most CoveredUntil: see [Driver.SetUsableUntil]).
+	UsableUntil time.Time
 	// LongestUs is the longest retention of the class's topics in
 	// microseconds (nil: no topic has the class).
 	LongestUs *int64

@@ -97,15 +97,17 @@ func (t *Tables) classesOf(topic string) string {
 // placementCheck is a one-row query, lateral to the topics row tp (NULL
 // for a topic without settings), that decides where a message published
 // now goes: ok is true when the topic has a retention and a partition of
-// its class covers now + retention (the maintainer keeps them ahead), ck
+// its class covers now + retention (the maintainer keeps them ahead) and
+// may be used (usable_until: every transaction that could route without
+// it has ended; see migration 13), ck
 // is the time the expiry counts from. Otherwise the message goes to the
 // partition of messages kept forever, from which the maintainer deletes
 // it, row by row, once its retention has passed. A topic without retention
-// pays nothing more than the columns: the covered_until lookup runs only
+// pays nothing more than the columns: the usable_until lookup runs only
 // for topics with a retention class.
 func (t *Tables) placementCheck(tp string) string {
 	return `SELECT CASE WHEN ` + tp + `.retention_class > 0
-		THEN k.ck + ` + tp + `.retention < (SELECT l.covered_until FROM ` + t.Retention + ` l
+		THEN k.ck + ` + tp + `.retention < (SELECT l.usable_until FROM ` + t.Retention + ` l
 			WHERE l.retention_class = ` + tp + `.retention_class)
 		ELSE false END AS ok, k.ck
 	FROM (SELECT pg_catalog.clock_timestamp() AS ck) k`
