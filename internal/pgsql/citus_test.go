@@ -39,17 +39,21 @@ func citusTables(t *testing.T) (*pgxpool.Pool, *Tables) {
 	if err := Migrate(ctx, pool, tables, tables.Migrations()); err != nil {
 		t.Fatal(err)
 	}
-	if citus, err := tables.Citus(ctx, pool); err != nil || citus {
-		t.Fatalf("Citus before the script = %v, %v; want false", citus, err)
+	if d, err := OpenDriver(ctx, pool, tables); err != nil {
+		t.Fatal(err)
+	} else if _, ok := d.(singleNode); !ok {
+		t.Fatalf("OpenDriver before the script = %T; want singleNode", d)
 	}
 	for range 2 { // the script may run twice
 		if _, err := pool.Exec(ctx, tables.DistributeScript()); err != nil {
 			t.Fatalf("distribute: %v", err)
 		}
 	}
-	tables = NewTables(Names{Schema: schema})
-	if citus, err := tables.Citus(ctx, pool); err != nil || !citus {
-		t.Fatalf("Citus = %v, %v; want true", citus, err)
+	if d, err := OpenDriver(ctx, pool, tables); err != nil {
+		t.Fatal(err)
+	} else if _, ok := d.(citus); !ok {
+		t.Fatalf("OpenDriver = %T; want citus", d)
 	}
 	return pool, tables
 }
+

@@ -30,10 +30,11 @@ func TestDriverSingleNode(t *testing.T) {
 		if err := pgsql.Migrate(ctx, pool, tables, tables.Migrations()); err != nil {
 			t.Fatalf("migrate: %v", err)
 		}
-		if citus, err := tables.Citus(ctx, pool); err != nil || citus {
-			t.Fatalf("Citus = %v, %v; want a single server", citus, err)
+		driver := pgsql.NewSingleNode(tables)
+		if opened, err := pgsql.OpenDriver(ctx, pool, tables); err != nil || opened != driver {
+			t.Fatalf("OpenDriver = %T, %v; want the single-node driver", opened, err)
 		}
-		return pgsqltest.Env{Pool: pool, Tables: tables}
+		return pgsqltest.Env{Pool: pool, Tables: tables, Driver: driver}
 	})
 }
 
@@ -57,12 +58,10 @@ func TestCitusDriver(t *testing.T) {
 		if _, err := pool.Exec(ctx, tables.DistributeScript()); err != nil {
 			t.Fatalf("distribute: %v", err)
 		}
-		// Tables of their own: the migration's read the tables before
-		// they were distributed, which Tables.Citus keeps.
-		tables = pgsql.NewTables(names)
-		if citus, err := tables.Citus(ctx, pool); err != nil || !citus {
-			t.Fatalf("Citus = %v, %v; want true", citus, err)
+		driver := pgsql.NewCitus(tables)
+		if opened, err := pgsql.OpenDriver(ctx, pool, tables); err != nil || opened != driver {
+			t.Fatalf("OpenDriver = %T, %v; want the Citus driver", opened, err)
 		}
-		return pgsqltest.Env{Pool: pool, Tables: tables, Citus: true}
+		return pgsqltest.Env{Pool: pool, Tables: tables, Driver: driver, Citus: true}
 	})
 }

@@ -17,7 +17,7 @@ import (
 func testEnsureOffsetsEarliest(t *testing.T, f *fixture) {
 	const group, topic = "g", "ensure"
 	p := pgsql.OffsetsParams{ConsumerGroup: group, Topics: []string{topic, topic}, Partitions: []int32{0, 1}}
-	rows, err := pgsql.EnsureOffsets(f.ctx, f.Pool, f.Tables, p)
+	rows, err := f.Driver.EnsureOffsets(f.ctx, f.Pool, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +27,7 @@ func testEnsureOffsetsEarliest(t *testing.T, f *fixture) {
 	}
 	session := f.session(group)
 	f.claimOne(session, group, topic)
-	if rows, err := pgsql.EnsureOffsets(f.ctx, f.Pool, f.Tables, p); err != nil || len(rows) != 0 {
+	if rows, err := f.Driver.EnsureOffsets(f.ctx, f.Pool, p); err != nil || len(rows) != 0 {
 		t.Fatalf("EnsureOffsets of existing rows = %+v, %v; want none created", rows, err)
 	}
 	if r := f.row(group, topic, 0); r.Session == nil || *r.Session != session || r.Epoch != 1 {
@@ -47,7 +47,7 @@ func testEnsureOffsetsLatest(t *testing.T, f *fixture) {
 	const topic = "latest"
 	f.publish(f.Pool, topic, "old")
 	f.readSettled(f.selectParams(topic, 0, pgsql.Position{}))
-	rows, err := pgsql.EnsureOffsets(f.ctx, f.Pool, f.Tables, pgsql.OffsetsParams{ConsumerGroup: "new", Topics: []string{topic}, Latest: true})
+	rows, err := f.Driver.EnsureOffsets(f.ctx, f.Pool, pgsql.OffsetsParams{ConsumerGroup: "new", Topics: []string{topic}, Latest: true})
 	if err != nil || len(rows) != 1 || rows[0].AckedTransactionID == 0 {
 		t.Fatalf("EnsureOffsets latest = %+v, %v; want a row after the messages", rows, err)
 	}
@@ -62,12 +62,12 @@ func testEnsureOffsetsLatest(t *testing.T, f *fixture) {
 	if got := uuidsOf(f.readSettled(f.selectParams(topic, 0, start)).Messages); !slices.Equal(got, []string{"new"}) {
 		t.Fatalf("after the latest position, once published: %v, want [new]", got)
 	}
-	rows, err = pgsql.EnsureOffsets(f.ctx, f.Pool, f.Tables, pgsql.OffsetsParams{ConsumerGroup: "new", Topics: []string{topic},
+	rows, err = f.Driver.EnsureOffsets(f.ctx, f.Pool, pgsql.OffsetsParams{ConsumerGroup: "new", Topics: []string{topic},
 		Partitions: []int32{1}, Latest: true})
 	if err != nil || len(rows) != 1 || rows[0].AckedTransactionID != 0 {
 		t.Fatalf("EnsureOffsets latest of a later partition = %+v, %v; want it at the beginning", rows, err)
 	}
-	rows, err = pgsql.EnsureOffsets(f.ctx, f.Pool, f.Tables, pgsql.OffsetsParams{ConsumerGroup: "earliest", Topics: []string{topic}})
+	rows, err = f.Driver.EnsureOffsets(f.ctx, f.Pool, pgsql.OffsetsParams{ConsumerGroup: "earliest", Topics: []string{topic}})
 	if err != nil || len(rows) != 1 || rows[0].AckedTransactionID != 0 {
 		t.Fatalf("EnsureOffsets earliest = %+v, %v; want it at the beginning", rows, err)
 	}
@@ -87,10 +87,10 @@ func sortClaims(rows []pgsql.ClaimRow) {
 // the claim does not read it and it is always true.
 func testClaimTakesFreeRows(t *testing.T, f *fixture) {
 	const group, topic = "g", "free"
-	if _, err := pgsql.UpsertTopic(f.ctx, f.Pool, f.Tables, pgsql.TopicParams{Topic: topic, Partitions: 3}); err != nil {
+	if _, err := f.Driver.UpsertTopic(f.ctx, f.Pool, pgsql.TopicParams{Topic: topic, Partitions: 3}); err != nil {
 		t.Fatal(err)
 	}
-	if err := pgsql.InsertMessages(f.ctx, f.Pool, f.Tables, pgsql.InsertMessagesParams{Topics: []string{topic}, UUIDs: []string{"m"},
+	if err := f.Driver.InsertMessages(f.ctx, f.Pool, pgsql.InsertMessagesParams{Topics: []string{topic}, UUIDs: []string{"m"},
 		Payloads: [][]byte{nil}, Metadata: []string{""}, PartitionHashes: []uint32{0}}); err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func testClaimTakesFreeRows(t *testing.T, f *fixture) {
 	f.ensure("limited", topic, 0, 1, 2)
 	p := f.claimParams(f.session("limited"), "limited", topic, 0, 1, 2)
 	p.Limit = 2
-	limited, err := pgsql.ClaimOffsets(f.ctx, f.Pool, f.Tables, p)
+	limited, err := f.Driver.ClaimOffsets(f.ctx, f.Pool, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func testClaimTakesFromExpiredOrGoneOwner(t *testing.T, f *fixture) {
 		owner := f.session(group)
 		f.claimOne(owner, group, topic)
 		if gone {
-			if err := pgsql.DeleteSession(f.ctx, f.Pool, f.Tables, pgsql.SessionParams{SessionID: owner}); err != nil {
+			if err := f.Driver.DeleteSession(f.ctx, f.Pool, pgsql.SessionParams{SessionID: owner}); err != nil {
 				t.Fatal(err)
 			}
 		} else {
@@ -246,7 +246,7 @@ func (f *fixture) claimAsync(session uuid.UUID, group, topic string, partitions 
 	done := make(chan claimResult, 1)
 	p := f.claimParams(session, group, topic, partitions...)
 	go func() {
-		rows, err := pgsql.ClaimOffsets(f.ctx, f.Pool, f.Tables, p)
+		rows, err := f.Driver.ClaimOffsets(f.ctx, f.Pool, p)
 		done <- claimResult{rows, err}
 	}()
 	return done
@@ -314,7 +314,7 @@ WHERE consumer_group = $1 AND topic = $2`, group, topic, first); err != nil {
 				t.Fatalf("row %+v, want the first owner's at epoch 1", r)
 			}
 			// Free it again for the second round.
-			if n, err := pgsql.ReleaseOffset(f.ctx, f.Pool, f.Tables, pgsql.OffsetParams{ConsumerGroup: group, Topic: topic,
+			if n, err := f.Driver.ReleaseOffset(f.ctx, f.Pool, pgsql.OffsetParams{ConsumerGroup: group, Topic: topic,
 				SessionID: first, Epoch: 1, Here: f.here}); err != nil || n != 1 {
 				t.Fatalf("release: %d, %v", n, err)
 			}
@@ -408,7 +408,7 @@ func testClaimRefusedElsewhere(t *testing.T, f *fixture) {
 	f.ensure(group, topic)
 	p := f.claimParams(f.session(group), group, topic)
 	p.Here = "00000009:1:1"
-	rows, err := pgsql.ClaimOffsets(f.ctx, f.Pool, f.Tables, p)
+	rows, err := f.Driver.ClaimOffsets(f.ctx, f.Pool, p)
 	if err != nil || len(rows) != 1 || rows[0].Kind != pgsql.ClaimWentBack {
 		t.Fatalf("claim elsewhere = %s, %v; want one row, went back", claimsString(rows), err)
 	}

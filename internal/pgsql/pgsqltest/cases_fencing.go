@@ -25,7 +25,7 @@ var (
 // commit runs CommitOffset and fails on an error.
 func (f *fixture) commit(p pgsql.OffsetParams) (string, bool) {
 	f.t.Helper()
-	v, written, err := pgsql.CommitOffset(f.ctx, f.Pool, f.Tables, p)
+	v, written, err := f.Driver.CommitOffset(f.ctx, f.Pool, p)
 	if err != nil {
 		f.t.Fatalf("commit %v at epoch %d: %v", p.Position, p.Epoch, err)
 	}
@@ -107,7 +107,7 @@ func testCommitPositionChecks(t *testing.T, f *fixture) {
 	}
 	p.HeadOut = false
 	p.Position = pgsql.Position{TransactionID: ahead, Offset: 1}
-	if _, _, err := pgsql.CommitOffset(f.ctx, f.Pool, f.Tables, p); !isWentBack(err) {
+	if _, _, err := f.Driver.CommitOffset(f.ctx, f.Pool, p); !isWentBack(err) {
 		t.Fatalf("commit ahead of the counter: %v, want ErrWentBack", err)
 	}
 	for _, back := range []pgsql.Position{pos1, pos2} {
@@ -132,7 +132,7 @@ func testReleaseFenced(t *testing.T, f *fixture) {
 	p.Position = pos2
 	release := func(p pgsql.OffsetParams) int64 {
 		t.Helper()
-		n, err := pgsql.ReleaseOffset(f.ctx, f.Pool, f.Tables, p)
+		n, err := f.Driver.ReleaseOffset(f.ctx, f.Pool, p)
 		if err != nil {
 			t.Fatalf("release: %v", err)
 		}
@@ -146,7 +146,7 @@ func testReleaseFenced(t *testing.T, f *fixture) {
 	}
 	future := p
 	future.Position = pgsql.Position{TransactionID: ahead}
-	if n, err := pgsql.ReleaseOffset(f.ctx, f.Pool, f.Tables, future); !isWentBack(err) || n != 0 {
+	if n, err := f.Driver.ReleaseOffset(f.ctx, f.Pool, future); !isWentBack(err) || n != 0 {
 		t.Fatalf("release ahead of the counter: %d, %v; want ErrWentBack", n, err)
 	}
 	if r := f.row(group, topic, 0); r.Session == nil || *r.Session != owner || r.Acked != (pgsql.Position{}) {
@@ -200,7 +200,7 @@ func testReleaseCarriesAckedAbove(t *testing.T, f *fixture) {
 	above := []pgsql.Position{{TransactionID: 3, Offset: 0}, {TransactionID: 3, Offset: 4}, {TransactionID: 4, Offset: 0}}
 	p := f.owned(session, group, r)
 	p.Position, p.AckedAbove = pos, above
-	if n, err := pgsql.ReleaseOffset(f.ctx, f.Pool, f.Tables, p); err != nil || n != 1 {
+	if n, err := f.Driver.ReleaseOffset(f.ctx, f.Pool, p); err != nil || n != 1 {
 		t.Fatalf("release: %d, %v", n, err)
 	}
 	sortPositions := func(ps []pgsql.Position) []pgsql.Position {
@@ -215,7 +215,7 @@ func testReleaseCarriesAckedAbove(t *testing.T, f *fixture) {
 	}
 	p = f.owned(session, group, r)
 	p.Position = pgsql.Position{TransactionID: 3, Offset: 5}
-	if n, err := pgsql.ReleaseOffset(f.ctx, f.Pool, f.Tables, p); err != nil || n != 1 {
+	if n, err := f.Driver.ReleaseOffset(f.ctx, f.Pool, p); err != nil || n != 1 {
 		t.Fatalf("second release: %d, %v", n, err)
 	}
 	if r = f.claimOne(session, group, topic); !slices.Equal(r.AckedAbove, above[2:]) {
@@ -229,7 +229,7 @@ func (f *fixture) ack(p pgsql.OffsetParams) (pgsql.AckRow, error) {
 	var r pgsql.AckRow
 	err := pgx.BeginFunc(f.ctx, f.Pool, func(tx pgx.Tx) error {
 		var err error
-		r, err = pgsql.AckOffset(f.ctx, tx, f.Tables, p)
+		r, err = f.Driver.AckOffset(f.ctx, tx, p)
 		return err
 	})
 	return r, err
@@ -366,7 +366,7 @@ func testCountHeadDelivery(t *testing.T, f *fixture) {
 	owner, other := f.session(group), f.session(group)
 	p := f.owned(owner, group, f.claimOne(owner, group, topic))
 	for want := int32(1); want <= 2; want++ {
-		if n, err := pgsql.CountHeadDelivery(f.ctx, f.Pool, f.Tables, p); err != nil || n != want {
+		if n, err := f.Driver.CountHeadDelivery(f.ctx, f.Pool, p); err != nil || n != want {
 			t.Fatalf("count = %d, %v; want %d", n, err, want)
 		}
 	}
@@ -375,16 +375,16 @@ func testCountHeadDelivery(t *testing.T, f *fixture) {
 	foreign.SessionID = other
 	moved.Position = pos1
 	future.Position = pgsql.Position{TransactionID: ahead}
-	if _, err := pgsql.CountHeadDelivery(f.ctx, f.Pool, f.Tables, stale); !errors.Is(err, pgx.ErrNoRows) {
+	if _, err := f.Driver.CountHeadDelivery(f.ctx, f.Pool, stale); !errors.Is(err, pgx.ErrNoRows) {
 		t.Errorf("count with a stale epoch: %v, want pgx.ErrNoRows", err)
 	}
-	if _, err := pgsql.CountHeadDelivery(f.ctx, f.Pool, f.Tables, foreign); !errors.Is(err, pgx.ErrNoRows) {
+	if _, err := f.Driver.CountHeadDelivery(f.ctx, f.Pool, foreign); !errors.Is(err, pgx.ErrNoRows) {
 		t.Errorf("count by another session: %v, want pgx.ErrNoRows", err)
 	}
-	if _, err := pgsql.CountHeadDelivery(f.ctx, f.Pool, f.Tables, moved); !errors.Is(err, pgx.ErrNoRows) {
+	if _, err := f.Driver.CountHeadDelivery(f.ctx, f.Pool, moved); !errors.Is(err, pgx.ErrNoRows) {
 		t.Errorf("count at another position: %v, want pgx.ErrNoRows", err)
 	}
-	if _, err := pgsql.CountHeadDelivery(f.ctx, f.Pool, f.Tables, future); !isWentBack(err) {
+	if _, err := f.Driver.CountHeadDelivery(f.ctx, f.Pool, future); !isWentBack(err) {
 		t.Errorf("count ahead of the counter: %v, want ErrWentBack", err)
 	}
 	if r := f.row(group, topic, 0); r.HeadDeliveries != 2 {
@@ -424,16 +424,16 @@ func testIdentityFences(t *testing.T, f *fixture) {
 	if res := f.read(read); !res.WentBack {
 		t.Errorf("read elsewhere: %+v, want WentBack", res)
 	}
-	if _, _, err := pgsql.CommitOffset(f.ctx, f.Pool, f.Tables, p); !isWentBack(err) {
+	if _, _, err := f.Driver.CommitOffset(f.ctx, f.Pool, p); !isWentBack(err) {
 		t.Errorf("commit elsewhere: %v, want ErrWentBack", err)
 	}
-	if _, err := pgsql.CountHeadDelivery(f.ctx, f.Pool, f.Tables, p); !isWentBack(err) {
+	if _, err := f.Driver.CountHeadDelivery(f.ctx, f.Pool, p); !isWentBack(err) {
 		t.Errorf("delivery count elsewhere: %v, want ErrWentBack", err)
 	}
 	if a, err := f.ack(p); err != nil || a.OnHistory || a.Advanced {
 		t.Errorf("AckOffset elsewhere: %+v, %v; want not on history", a, err)
 	}
-	if n, err := pgsql.ReleaseOffset(f.ctx, f.Pool, f.Tables, p); !isWentBack(err) || n != 0 {
+	if n, err := f.Driver.ReleaseOffset(f.ctx, f.Pool, p); !isWentBack(err) || n != 0 {
 		t.Errorf("release elsewhere: %d, %v; want ErrWentBack", n, err)
 	}
 	if o := f.row(group, topic, 0); o.Session == nil || *o.Session != session || o.Acked != (pgsql.Position{}) || o.HeadDeliveries != 0 {
@@ -442,10 +442,10 @@ func testIdentityFences(t *testing.T, f *fixture) {
 
 	p = f.owned(session, group, r)
 	p.Position = msgs[0].Position
-	if _, written, err := pgsql.CommitOffset(f.ctx, f.Pool, f.Tables, p); err != nil || !written {
+	if _, written, err := f.Driver.CommitOffset(f.ctx, f.Pool, p); err != nil || !written {
 		t.Fatalf("commit with the right identity: %t, %v", written, err)
 	}
-	if n, err := pgsql.ReleaseOffset(f.ctx, f.Pool, f.Tables, p); err != nil || n != 1 {
+	if n, err := f.Driver.ReleaseOffset(f.ctx, f.Pool, p); err != nil || n != 1 {
 		t.Fatalf("release with the right identity: %d, %v", n, err)
 	}
 }

@@ -15,7 +15,7 @@ func (f *fixture) reset(p pgsql.ResetParams) ([]pgsql.ResetRow, error) {
 	var rows []pgsql.ResetRow
 	err := pgx.BeginFunc(f.ctx, f.Pool, func(tx pgx.Tx) error {
 		var err error
-		rows, err = pgsql.ResetOffsets(f.ctx, tx, f.Tables, p)
+		rows, err = f.Driver.ResetOffsets(f.ctx, tx, p)
 		return err
 	})
 	return rows, err
@@ -37,7 +37,7 @@ func testResetOffsets(t *testing.T, f *fixture) {
 	if _, written := f.commit(p); !written {
 		t.Fatal("commit refused")
 	}
-	if n, err := pgsql.ReleaseOffset(f.ctx, f.Pool, f.Tables, p); err != nil || n != 1 {
+	if n, err := f.Driver.ReleaseOffset(f.ctx, f.Pool, p); err != nil || n != 1 {
 		t.Fatalf("release: %d, %v", n, err)
 	}
 	l := f.listen()
@@ -122,13 +122,13 @@ WHERE consumer_group = $1 AND topic = $2`, group, topic, claimer); err != nil {
 // holder at its epoch (notified), and taken from a holder whose session
 // expired or is gone.
 func testMaintainerClaimRelease(t *testing.T, f *fixture) {
-	if h, err := pgsql.MaintainerHolder(f.ctx, f.Pool, f.Tables); err != nil || h.Holder != nil {
+	if h, err := f.Driver.MaintainerHolder(f.ctx, f.Pool); err != nil || h.Holder != nil {
 		t.Fatalf("holder of a new row = %+v, %v; want none", h, err)
 	}
 	a, b := f.session("m"), f.session("m")
 	claim := func(id uuid.UUID) pgsql.HolderRow {
 		t.Helper()
-		h, err := pgsql.ClaimMaintainer(f.ctx, f.Pool, f.Tables, pgsql.MaintainerParams{SessionID: id})
+		h, err := f.Driver.ClaimMaintainer(f.ctx, f.Pool, pgsql.MaintainerParams{SessionID: id})
 		if err != nil {
 			t.Fatalf("claim the maintainer: %v", err)
 		}
@@ -147,19 +147,19 @@ func testMaintainerClaimRelease(t *testing.T, f *fixture) {
 	l := f.listen()
 	release := func(id uuid.UUID, epoch int64) {
 		t.Helper()
-		if err := pgsql.ReleaseMaintainer(f.ctx, f.Pool, f.Tables, pgsql.MaintainerParams{SessionID: id, Epoch: epoch,
+		if err := f.Driver.ReleaseMaintainer(f.ctx, f.Pool, pgsql.MaintainerParams{SessionID: id, Epoch: epoch,
 			NotifyChannel: f.Tables.NotifyChannel}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	release(a, 1)
 	release(b, 2)
-	if h, err := pgsql.MaintainerHolder(f.ctx, f.Pool, f.Tables); err != nil || !holds(h, a) {
+	if h, err := f.Driver.MaintainerHolder(f.ctx, f.Pool); err != nil || !holds(h, a) {
 		t.Fatalf("holder after releases by a stale epoch and another session = %+v, %v; want a", h, err)
 	}
 	release(a, 2)
 	f.notified(l, string(rune(pgsql.NotifyMaintainer)))
-	if h, err := pgsql.MaintainerHolder(f.ctx, f.Pool, f.Tables); err != nil || h.Holder != nil {
+	if h, err := f.Driver.MaintainerHolder(f.ctx, f.Pool); err != nil || h.Holder != nil {
 		t.Fatalf("holder after the release = %+v, %v; want none", h, err)
 	}
 
@@ -173,7 +173,7 @@ func testMaintainerClaimRelease(t *testing.T, f *fixture) {
 	if f.sessionExists(a) {
 		t.Fatal("the expired holder's session exists after the claim")
 	}
-	if err := pgsql.DeleteSession(f.ctx, f.Pool, f.Tables, pgsql.SessionParams{SessionID: b}); err != nil {
+	if err := f.Driver.DeleteSession(f.ctx, f.Pool, pgsql.SessionParams{SessionID: b}); err != nil {
 		t.Fatal(err)
 	}
 	if h := claim(f.session("m")); h.Epoch == nil || *h.Epoch != 5 {

@@ -20,7 +20,7 @@ import (
 func testInsertAndSelectInOrder(t *testing.T, f *fixture) {
 	const topic = "orders"
 	l := f.listen()
-	if err := pgsql.InsertMessages(f.ctx, f.Pool, f.Tables, pgsql.InsertMessagesParams{
+	if err := f.Driver.InsertMessages(f.ctx, f.Pool, pgsql.InsertMessagesParams{
 		Topics:        []string{topic, topic, topic},
 		UUIDs:         []string{"a", "b", "c"},
 		Payloads:      [][]byte{[]byte("a"), []byte("b"), []byte("c")},
@@ -84,7 +84,7 @@ func testInsertManyTopics(t *testing.T, f *fixture) {
 			p.Payloads = append(p.Payloads, []byte(id))
 			p.Metadata = append(p.Metadata, "")
 		}
-		return pgsql.InsertMessages(f.ctx, f.Pool, f.Tables, p)
+		return f.Driver.InsertMessages(f.ctx, f.Pool, p)
 	}
 	check := func(what string, err error) {
 		t.Helper()
@@ -117,7 +117,7 @@ func before(a, b pgsql.Position) bool {
 func testSelectLeavesOutLargePayloads(t *testing.T, f *fixture) {
 	const topic = "sizes"
 	big := strings.Repeat("x", 1000)
-	if err := pgsql.InsertMessages(f.ctx, f.Pool, f.Tables, pgsql.InsertMessagesParams{Topics: []string{topic, topic},
+	if err := f.Driver.InsertMessages(f.ctx, f.Pool, pgsql.InsertMessagesParams{Topics: []string{topic, topic},
 		UUIDs: []string{"small", "big"}, Payloads: [][]byte{[]byte("small"), []byte(big)}, Metadata: []string{"", ""}}); err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func testVisibleTopics(t *testing.T, f *fixture) {
 	c1 := f.readSettled(f.selectParams("vc", 0, pgsql.Position{})).Messages[0].Position
 	f.readSettled(f.selectParams("va", 0, pgsql.Position{}))
 	p := pgsql.VisibleTopicsParams{Topics: []string{"va", "vb", "vc"}, Positions: []pgsql.Position{{}, {}, c1}}
-	got, err := pgsql.VisibleTopics(f.ctx, f.Pool, f.Tables, p)
+	got, err := f.Driver.VisibleTopics(f.ctx, f.Pool, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,11 +221,11 @@ func testVisibleTopics(t *testing.T, f *fixture) {
 	}
 	p.Positions[2] = pgsql.Position{}
 	p.Partitions = []int32{0, 0, 1}
-	if got, err = pgsql.VisibleTopics(f.ctx, f.Pool, f.Tables, p); err != nil || !slices.Equal(got, []int64{1}) {
+	if got, err = f.Driver.VisibleTopics(f.ctx, f.Pool, p); err != nil || !slices.Equal(got, []int64{1}) {
 		t.Fatalf("VisibleTopics with vc's partition 1 = %v, %v; want [1]", got, err)
 	}
 	p.Partitions = nil
-	if got, err = pgsql.VisibleTopics(f.ctx, f.Pool, f.Tables, p); err != nil || !slices.Equal(got, []int64{1, 3}) {
+	if got, err = f.Driver.VisibleTopics(f.ctx, f.Pool, p); err != nil || !slices.Equal(got, []int64{1, 3}) {
 		t.Fatalf("VisibleTopics from the beginning = %v, %v; want [1 3]", got, err)
 	}
 }
@@ -238,7 +238,7 @@ func testUpsertTopicRaisesNeverLowers(t *testing.T, f *fixture) {
 	l := f.listen()
 	upsert := func(n int, retention time.Duration, class int) pgsql.UpsertTopicResult {
 		t.Helper()
-		r, err := pgsql.UpsertTopic(f.ctx, f.Pool, f.Tables, pgsql.TopicParams{Topic: topic, Partitions: n,
+		r, err := f.Driver.UpsertTopic(f.ctx, f.Pool, pgsql.TopicParams{Topic: topic, Partitions: n,
 			Retention: retention, RetentionClass: class, NotifyChannel: f.Tables.NotifyChannel})
 		if err != nil {
 			t.Fatalf("upsert topic with %d partitions: %v", n, err)
@@ -247,7 +247,7 @@ func testUpsertTopicRaisesNeverLowers(t *testing.T, f *fixture) {
 	}
 	partitions := func() int {
 		t.Helper()
-		m, err := pgsql.TopicPartitions(f.ctx, f.Pool, f.Tables, []string{topic, "never-created"})
+		m, err := f.Driver.TopicPartitions(f.ctx, f.Pool, []string{topic, "never-created"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -293,11 +293,11 @@ func upsertString(r pgsql.UpsertTopicResult) string {
 // and each partition written is notified.
 func testInsertPlacesByPartitionKey(t *testing.T, f *fixture) {
 	const topic = "keyed"
-	if _, err := pgsql.UpsertTopic(f.ctx, f.Pool, f.Tables, pgsql.TopicParams{Topic: topic, Partitions: 4}); err != nil {
+	if _, err := f.Driver.UpsertTopic(f.ctx, f.Pool, pgsql.TopicParams{Topic: topic, Partitions: 4}); err != nil {
 		t.Fatal(err)
 	}
 	l := f.listen()
-	if err := pgsql.InsertMessages(f.ctx, f.Pool, f.Tables, pgsql.InsertMessagesParams{
+	if err := f.Driver.InsertMessages(f.ctx, f.Pool, pgsql.InsertMessagesParams{
 		Topics: []string{topic, topic, topic, topic}, UUIDs: []string{"h5", "h6", "h7", "h9"},
 		Payloads: [][]byte{nil, nil, nil, nil}, Metadata: []string{"", "", "", ""},
 		PartitionHashes: []uint32{5, 6, 7, 9}, NotifyChannel: f.Tables.NotifyChannel,
@@ -319,14 +319,14 @@ func testDelayedMovedWhenDue(t *testing.T, f *fixture) {
 	const topic = "delayed"
 	l := f.listen()
 	due := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
-	if err := pgsql.InsertDelayed(f.ctx, f.Pool, f.Tables, pgsql.InsertMessagesParams{
+	if err := f.Driver.InsertDelayed(f.ctx, f.Pool, pgsql.InsertMessagesParams{
 		Topics: []string{topic, topic}, UUIDs: []string{"later", "due"}, Payloads: [][]byte{nil, nil},
 		Metadata: []string{"", ""}, DueAt: []time.Time{time.Now().Add(time.Hour), due}, NotifyChannel: f.Tables.NotifyChannel,
 	}); err != nil {
 		t.Fatal(err)
 	}
 	f.notified(l, string(rune(pgsql.NotifyDelayed))+strconv.FormatInt(due.UnixMilli(), 10))
-	moved, next, err := pgsql.MoveDueMessages(f.ctx, f.Pool, f.Tables, pgsql.MoveDueParams{Limit: 10, NotifyChannel: f.Tables.NotifyChannel})
+	moved, next, err := f.Driver.MoveDueMessages(f.ctx, f.Pool, pgsql.MoveDueParams{Limit: 10, NotifyChannel: f.Tables.NotifyChannel})
 	if err != nil || moved != 1 || next == nil || *next <= 50*60*1000 || *next > 60*60*1000 {
 		t.Fatalf("move due = %d, %v, %v; want 1 moved, the next due in about an hour", moved, ptrString(next), err)
 	}
@@ -334,7 +334,7 @@ func testDelayedMovedWhenDue(t *testing.T, f *fixture) {
 	if got := uuidsOf(f.readSettled(f.selectParams(topic, 0, pgsql.Position{})).Messages); !slices.Equal(got, []string{"due"}) {
 		t.Fatalf("read %v, want [due]", got)
 	}
-	if moved, _, err := pgsql.MoveDueMessages(f.ctx, f.Pool, f.Tables, pgsql.MoveDueParams{Limit: 10}); err != nil || moved != 0 {
+	if moved, _, err := f.Driver.MoveDueMessages(f.ctx, f.Pool, pgsql.MoveDueParams{Limit: 10}); err != nil || moved != 0 {
 		t.Fatalf("second move = %d, %v; want nothing", moved, err)
 	}
 }
@@ -348,7 +348,7 @@ func testDelayedMovedWhenDue(t *testing.T, f *fixture) {
 // transaction instead of skipping the row, and then moves both rows.
 func testMoveDueSkipsLockedRows(t *testing.T, f *fixture) {
 	const topic = "skip"
-	if err := pgsql.InsertDelayed(f.ctx, f.Pool, f.Tables, pgsql.InsertMessagesParams{
+	if err := f.Driver.InsertDelayed(f.ctx, f.Pool, pgsql.InsertMessagesParams{
 		Topics: []string{topic, topic}, UUIDs: []string{"d1", "d2"}, Payloads: [][]byte{nil, nil}, Metadata: []string{"", ""},
 		DueAt: []time.Time{time.Now().Add(-2 * time.Minute), time.Now().Add(-time.Minute)},
 	}); err != nil {
@@ -360,7 +360,7 @@ func testMoveDueSkipsLockedRows(t *testing.T, f *fixture) {
 	}
 	move := func() int64 {
 		t.Helper()
-		moved, _, err := pgsql.MoveDueMessages(f.ctx, f.Pool, f.Tables, pgsql.MoveDueParams{Limit: 10})
+		moved, _, err := f.Driver.MoveDueMessages(f.ctx, f.Pool, pgsql.MoveDueParams{Limit: 10})
 		if err != nil {
 			t.Fatalf("move due: %v", err)
 		}
@@ -373,7 +373,7 @@ func testMoveDueSkipsLockedRows(t *testing.T, f *fixture) {
 		}
 		done := make(chan result, 1)
 		go func() {
-			moved, _, err := pgsql.MoveDueMessages(f.ctx, f.Pool, f.Tables, pgsql.MoveDueParams{Limit: 10})
+			moved, _, err := f.Driver.MoveDueMessages(f.ctx, f.Pool, pgsql.MoveDueParams{Limit: 10})
 			done <- result{moved, err}
 		}()
 		f.waitBlocked(1, "WITH due AS%", "WITH due AS%")

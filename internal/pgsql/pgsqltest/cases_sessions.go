@@ -20,7 +20,7 @@ func testSessionCreateAndHeartbeat(t *testing.T, f *fixture) {
 	const group = "beats"
 	l := f.listen()
 	id := uuid.New()
-	m, err := pgsql.CreateSession(f.ctx, f.Pool, f.Tables, pgsql.SessionParams{SessionID: id, ConsumerGroup: group,
+	m, err := f.Driver.CreateSession(f.ctx, f.Pool, pgsql.SessionParams{SessionID: id, ConsumerGroup: group,
 		Owner: "me", TTL: time.Hour, NotifyChannel: f.Tables.NotifyChannel, Protocol: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +34,7 @@ func testSessionCreateAndHeartbeat(t *testing.T, f *fixture) {
 	f.exec(`UPDATE `+f.Tables.Sessions+` SET expires_at = pg_catalog.now() + interval '10 seconds' WHERE id = $1`, id)
 	beat := func(id uuid.UUID) pgsql.HeartbeatRow {
 		t.Helper()
-		r, err := pgsql.HeartbeatSession(f.ctx, f.Pool, f.Tables, pgsql.SessionParams{SessionID: id, TTL: time.Hour})
+		r, err := f.Driver.HeartbeatSession(f.ctx, f.Pool, pgsql.SessionParams{SessionID: id, TTL: time.Hour})
 		if err != nil {
 			t.Fatalf("heartbeat: %v", err)
 		}
@@ -46,7 +46,7 @@ func testSessionCreateAndHeartbeat(t *testing.T, f *fixture) {
 	if r := beat(id); r.Updated != 1 {
 		t.Fatalf("heartbeat of a live session updated %d rows", r.Updated)
 	}
-	members, err := pgsql.GroupMembers(f.ctx, f.Pool, f.Tables, group)
+	members, err := f.Driver.GroupMembers(f.ctx, f.Pool, group)
 	if err != nil || len(members) != 1 || members[0].ExpiresInMs < 50*60*1000 {
 		t.Fatalf("members after the heartbeat = %+v, %v; want the session, expiring in about an hour", members, err)
 	}
@@ -55,7 +55,7 @@ func testSessionCreateAndHeartbeat(t *testing.T, f *fixture) {
 	if r := beat(id); r.Updated != 0 {
 		t.Fatalf("heartbeat of an expired session updated %d rows, want 0", r.Updated)
 	}
-	if members, err := pgsql.GroupMembers(f.ctx, f.Pool, f.Tables, group); err != nil || len(members) != 0 {
+	if members, err := f.Driver.GroupMembers(f.ctx, f.Pool, group); err != nil || len(members) != 0 {
 		t.Fatalf("members after a heartbeat of an expired session = %+v, %v; want none", members, err)
 	}
 	if r := beat(uuid.New()); r.Updated != 0 {
@@ -73,7 +73,7 @@ func testSessionReplacesAnother(t *testing.T, f *fixture) {
 	const group = "replace"
 	old := f.session(group)
 	id := uuid.New()
-	if _, err := pgsql.CreateSession(f.ctx, f.Pool, f.Tables, pgsql.SessionParams{SessionID: id, ConsumerGroup: group,
+	if _, err := f.Driver.CreateSession(f.ctx, f.Pool, pgsql.SessionParams{SessionID: id, ConsumerGroup: group,
 		Owner: "me", TTL: time.Hour, ReplacesSessionID: old}); err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func testSessionReplacesAnother(t *testing.T, f *fixture) {
 		t.Fatalf("after the replacement: old exists %t, new exists %t; want only the new", f.sessionExists(old), f.sessionExists(id))
 	}
 	l := f.listen()
-	if err := pgsql.DeleteSession(f.ctx, f.Pool, f.Tables, pgsql.SessionParams{SessionID: id, NotifyChannel: f.Tables.NotifyChannel}); err != nil {
+	if err := f.Driver.DeleteSession(f.ctx, f.Pool, pgsql.SessionParams{SessionID: id, NotifyChannel: f.Tables.NotifyChannel}); err != nil {
 		t.Fatal(err)
 	}
 	f.notified(l, string(rune(pgsql.NotifyGroup))+group)
@@ -98,7 +98,7 @@ func testSetSubscriptionsAndGroupMembers(t *testing.T, f *fixture) {
 	const group = "members"
 	a, b, expired := uuid.New(), uuid.New(), uuid.New()
 	for i, id := range []uuid.UUID{a, b, expired} {
-		if _, err := pgsql.CreateSession(f.ctx, f.Pool, f.Tables, pgsql.SessionParams{SessionID: id, ConsumerGroup: group,
+		if _, err := f.Driver.CreateSession(f.ctx, f.Pool, pgsql.SessionParams{SessionID: id, ConsumerGroup: group,
 			Owner: "owner" + string(rune('a'+i)), TTL: time.Hour, Protocol: 1 + i}); err != nil {
 			t.Fatal(err)
 		}
@@ -106,12 +106,12 @@ func testSetSubscriptionsAndGroupMembers(t *testing.T, f *fixture) {
 	f.session("another group")
 	f.expire(expired)
 	l := f.listen()
-	if ok, err := pgsql.SetSubscriptions(f.ctx, f.Pool, f.Tables, pgsql.SessionParams{SessionID: a, SubscriptionHash: 42,
+	if ok, err := f.Driver.SetSubscriptions(f.ctx, f.Pool, pgsql.SessionParams{SessionID: a, SubscriptionHash: 42,
 		SubscriptionSize: 3, NotifyChannel: f.Tables.NotifyChannel}); err != nil || !ok {
 		t.Fatalf("set subscriptions = %t, %v", ok, err)
 	}
 	f.notified(l, string(rune(pgsql.NotifyGroup))+group)
-	members, err := pgsql.GroupMembers(f.ctx, f.Pool, f.Tables, group)
+	members, err := f.Driver.GroupMembers(f.ctx, f.Pool, group)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,10 +126,10 @@ func testSetSubscriptionsAndGroupMembers(t *testing.T, f *fixture) {
 	if m := members[1]; m.SubscriptionHash != 0 || m.SubscriptionSize != 0 || m.Protocol != 2 {
 		t.Errorf("member b = %+v", m)
 	}
-	if err := pgsql.DeleteSession(f.ctx, f.Pool, f.Tables, pgsql.SessionParams{SessionID: b}); err != nil {
+	if err := f.Driver.DeleteSession(f.ctx, f.Pool, pgsql.SessionParams{SessionID: b}); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := pgsql.SetSubscriptions(f.ctx, f.Pool, f.Tables, pgsql.SessionParams{SessionID: b, SubscriptionHash: 1}); err != nil || ok {
+	if ok, err := f.Driver.SetSubscriptions(f.ctx, f.Pool, pgsql.SessionParams{SessionID: b, SubscriptionHash: 1}); err != nil || ok {
 		t.Fatalf("set subscriptions of a deleted session = %t, %v; want false", ok, err)
 	}
 }
@@ -140,13 +140,13 @@ func testDeleteExpiredSessions(t *testing.T, f *fixture) {
 	live, recent, old := f.session("g"), f.session("g"), f.session("g")
 	f.expire(recent)
 	f.exec(`UPDATE `+f.Tables.Sessions+` SET expires_at = pg_catalog.now() - interval '2 hours' WHERE id = $1`, old)
-	if n, err := pgsql.DeleteExpiredSessions(f.ctx, f.Pool, f.Tables, time.Hour); err != nil || n != 1 {
+	if n, err := f.Driver.DeleteExpiredSessions(f.ctx, f.Pool, time.Hour); err != nil || n != 1 {
 		t.Fatalf("delete sessions expired for an hour = %d, %v; want 1", n, err)
 	}
 	if f.sessionExists(old) || !f.sessionExists(recent) {
 		t.Fatal("the session expired for two hours exists, or the one expired a second ago does not")
 	}
-	if n, err := pgsql.DeleteExpiredSessions(f.ctx, f.Pool, f.Tables, 0); err != nil || n != 1 {
+	if n, err := f.Driver.DeleteExpiredSessions(f.ctx, f.Pool, 0); err != nil || n != 1 {
 		t.Fatalf("delete expired sessions = %d, %v; want 1", n, err)
 	}
 	if !f.sessionExists(live) || f.sessionExists(recent) {

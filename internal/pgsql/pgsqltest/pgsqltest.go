@@ -3,8 +3,8 @@
 // session and epoch, the position checks, the server's identity, claims
 // under forced interleavings, sessions, topics, offsets, the maintainer's
 // row) is a case, written once and run in each database mode the package
-// supports, a single PostgreSQL server and a Citus cluster, so that the two
-// implementations of a statement are held to the same cases.
+// supports, through the [pgsql.Driver] of each (single node, Citus), so
+// that the two implementations of a statement are held to the same cases.
 //
 // [Exercise] runs every case as a subtest of t, each on an [Env] of its own
 // (a schema of the case's own, migrated, and on Citus distributed) that
@@ -51,6 +51,8 @@ type Env struct {
 	// Tables are the case's own tables, migrated, and on Citus
 	// distributed.
 	Tables *pgsql.Tables
+	// Driver is the driver under test, on Tables.
+	Driver pgsql.Driver
 	// Citus says the tables are distributed by Citus: where the modes
 	// differ, the case asserts what this one does.
 	Citus bool
@@ -148,7 +150,7 @@ type fixture struct {
 func (f *fixture) session(group string) uuid.UUID {
 	f.t.Helper()
 	id := uuid.New()
-	if _, err := pgsql.CreateSession(f.ctx, f.Pool, f.Tables, pgsql.SessionParams{SessionID: id, ConsumerGroup: group,
+	if _, err := f.Driver.CreateSession(f.ctx, f.Pool, pgsql.SessionParams{SessionID: id, ConsumerGroup: group,
 		Owner: "owner-" + id.String()[:8], TTL: time.Hour}); err != nil {
 		f.t.Fatalf("create session: %v", err)
 	}
@@ -186,7 +188,7 @@ func (f *fixture) ensure(group, topic string, partitions ...int32) {
 		p.Topics = append(p.Topics, topic)
 		p.Partitions = append(p.Partitions, part)
 	}
-	if _, err := pgsql.EnsureOffsets(f.ctx, f.Pool, f.Tables, p); err != nil {
+	if _, err := f.Driver.EnsureOffsets(f.ctx, f.Pool, p); err != nil {
 		f.t.Fatalf("ensure offsets: %v", err)
 	}
 }
@@ -208,7 +210,7 @@ func (f *fixture) claimParams(session uuid.UUID, group, topic string, partitions
 // claim runs a claim of claimParams on the pool.
 func (f *fixture) claim(session uuid.UUID, group, topic string, partitions ...int32) []pgsql.ClaimRow {
 	f.t.Helper()
-	rows, err := pgsql.ClaimOffsets(f.ctx, f.Pool, f.Tables, f.claimParams(session, group, topic, partitions...))
+	rows, err := f.Driver.ClaimOffsets(f.ctx, f.Pool, f.claimParams(session, group, topic, partitions...))
 	if err != nil {
 		f.t.Fatalf("claim: %v", err)
 	}
@@ -293,7 +295,7 @@ func (f *fixture) publish(q pgsql.Querier, topic string, uuids ...string) {
 		p.Payloads = append(p.Payloads, []byte(id))
 		p.Metadata = append(p.Metadata, "")
 	}
-	if err := pgsql.InsertMessages(f.ctx, q, f.Tables, p); err != nil {
+	if err := f.Driver.InsertMessages(f.ctx, q, p); err != nil {
 		f.t.Fatalf("insert messages: %v", err)
 	}
 }
@@ -307,7 +309,7 @@ func (f *fixture) selectParams(topic string, partition int32, after pgsql.Positi
 // read runs SelectMessages once.
 func (f *fixture) read(p pgsql.SelectMessagesParams) pgsql.SelectResult {
 	f.t.Helper()
-	res, err := pgsql.SelectMessages(f.ctx, f.Pool, f.Tables, p)
+	res, err := f.Driver.SelectMessages(f.ctx, f.Pool, p)
 	if err != nil {
 		f.t.Fatalf("select messages: %v", err)
 	}
