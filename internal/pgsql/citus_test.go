@@ -56,4 +56,3 @@ func citusTables(t *testing.T) (*pgxpool.Pool, *Tables) {
 	}
 	return pool, tables
 }
-
