@@ -88,7 +88,7 @@ func (d citus) DeleteIdleGroups(ctx context.Context, q Querier, idleFor time.Dur
 // DetachRetentionPartition implements Driver with
 // citusDetachRetentionPartition (finalize does not apply: no detach is
 // left pending there).
-func (d citus) DetachRetentionPartition(ctx context.Context, q Querier, p RetentionPartition, finalize bool) error {
+func (d citus) DetachRetentionPartition(ctx context.Context, q Querier, p RetentionPartition, _ bool) error {
 	_, err := q.Exec(ctx, d.citusDetachRetentionPartition(p))
 	return err
 }
@@ -143,7 +143,7 @@ func (d citus) ReleaseOffsets(ctx context.Context, q BatchQuerier, ps []OffsetPa
 
 // QueueAck implements Driver: the acknowledgement is several statements
 // (see AckOffset), run after the batch.
-func (d citus) QueueAck(b *pgx.Batch, p OffsetParams) QueuedAck {
+func (d citus) QueueAck(_ *pgx.Batch, p OffsetParams) QueuedAck {
 	return QueuedAck{d: d, p: p}
 }
 
