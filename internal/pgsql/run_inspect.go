@@ -163,6 +163,6 @@ func (d singleNode) ResetOffsets(ctx context.Context, q Querier, p ResetParams) 
 // A topic's messages are delivered by its worker's horizon, which a
 // transaction open on that worker holds back (a distributed transaction
 // of the coordinator that wrote there included).
-func (d singleNode) InspectWorkerHorizons(_ context.Context, q Querier) (rows []NodeHorizonRow, ok bool, err error) {
+func (d singleNode) InspectWorkerHorizons(_ context.Context, _ Querier) (rows []NodeHorizonRow, ok bool, err error) {
 	return nil, false, nil
 }
