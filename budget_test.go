@@ -220,7 +220,7 @@ func TestSelectMessagesTakesAnyBound(t *testing.T) {
 	pub := newPublisher(t, pool, adapter)
 	require.NoError(t, pub.Publish("t", message.NewMessage(watermill.NewUUID(), make([]byte, 100))))
 	for _, bound := range []int64{0, 3 << 30, 50} {
-		res, err := pgsql.SelectMessages(ctx, pool, tablesOf(adapter), pgsql.SelectMessagesParams{
+		res, err := driverOf(adapter).SelectMessages(ctx, pool, pgsql.SelectMessagesParams{
 			Topic: "t", Limit: 10, MaxMessageBytes: bound, Here: serverHere(t, pool)})
 		require.NoError(t, err, "bound %d", bound)
 		require.False(t, res.WentBack, "bound %d", bound)

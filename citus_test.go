@@ -471,7 +471,7 @@ func TestCitusPartitionedTopic(t *testing.T) {
 // TestCitusTxHandler: exactly-once on Citus. A Router's TxHandler writes
 // an effect row (a reference table, on every node) and publishes a
 // derived message in the transaction that acknowledges the message
-// (AckInTx, two statements there: see pgsql.AckOffset); one attempt fails
+// (AckInTx, two statements there: see the Citus driver's AckOffset); one attempt fails
 // after writing its effect. Every message has one effect and one derived
 // message.
 func TestCitusTxHandler(t *testing.T) {

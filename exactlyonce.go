@@ -48,7 +48,7 @@ type delivery struct {
 	sessionID uuid.UUID
 	epoch     int64
 	g         *sessionGen
-	tables    *pgsql.Tables
+	driver    *pgsql.Lazy
 	// above: delivered with MaxInFlight above 1 (AckInTx records the
 	// position in the row, pgsql.OffsetParams.Above).
 	above bool
@@ -180,23 +180,19 @@ func AckInTx(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 // ackStmt is the acknowledgement of AckInTx: its statement's parameters and
 // the function that reads its outcome.
 type ackStmt struct {
-	tables *pgsql.Tables
+	driver pgsql.Driver
 	params pgsql.OffsetParams
 	check  func(pgsql.AckRow, error) error
 }
 
 // run acknowledges with q.
 func (a ackStmt) run(ctx context.Context, q pgsql.Querier) error {
-	return a.check(pgsql.AckOffset(ctx, q, a.tables, a.params))
+	return a.check(a.driver.AckOffset(ctx, q, a.params))
 }
 
-// batched reports whether the acknowledgement is one statement that can
-// go into a batch (not on Citus, where it is two: see pgsql.AckOffset).
-func (a ackStmt) batched() bool { return !a.tables.OnCitus() }
-
-// queue adds the statement to batch; scan reads its row.
-func (a ackStmt) queue(batch *pgx.Batch) { a.tables.AckOffset(a.params).Queue(batch) }
-func (a ackStmt) scan(row pgx.Row) error { return a.check(pgsql.ScanAck(row)) }
+// queue sends the acknowledgement with the statements of batch (see
+// pgsql.QueuedAck).
+func (a ackStmt) queue(batch *pgx.Batch) pgsql.QueuedAck { return a.driver.QueueAck(batch, a.params) }
 
 // ackQuery returns the acknowledgement of AckInTx for msg.
 func ackQuery(msg *message.Message) (ackStmt, error) {
@@ -240,7 +236,7 @@ func ackQuery(msg *message.Message) (ackStmt, error) {
 		}
 		return fmt.Errorf("%s: the offset row was not moved: %w", what(), ErrOwnershipLost)
 	}
-	return ackStmt{tables: d.tables, params: params, check: check}, nil
+	return ackStmt{driver: d.driver, params: params, check: check}, nil
 }
 
 func positionLess(a, b Position) bool {
@@ -328,9 +324,7 @@ func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.N
 				q.Queue(batch)
 			}
 		}
-		if ack.batched() {
-			ack.queue(batch)
-		}
+		queued := ack.queue(batch)
 		results := tx.SendBatch(ctx, batch)
 		for range inserts {
 			if _, err := results.Exec(); err != nil {
@@ -338,14 +332,17 @@ func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.N
 				return fmt.Errorf("publish %s to topic %q: %w", countMessages(len(out)), config.PublishTopic, wrapMissingSchema(err))
 			}
 		}
-		if ack.batched() {
-			err = ack.scan(results.QueryRow())
+		// Where the acknowledgement is one statement it was queued in the
+		// batch and its row is read here; else it runs after the batch.
+		row, scanned, err := queued.Scan(results)
+		if scanned {
+			err = ack.check(row, err)
 		}
 		if cerr := results.Close(); err == nil && cerr != nil {
 			err = cerr
 		}
-		if err == nil && !ack.batched() {
-			err = ack.run(ctx, tx)
+		if err == nil && !scanned {
+			err = ack.check(queued.Run(ctx, tx))
 		}
 		if err != nil {
 			if errors.Is(err, ErrAlreadyAcknowledged) {

@@ -81,6 +81,9 @@ type maintainer struct {
 	delegated bool
 	// outage logs the failures of the maintenance's statements.
 	outage *outageLog
+	// settling holds, per retention class, the partitions publishers
+	// wait for (usePartitions); only the retention rounds use it.
+	settling map[int]pendingUse
 
 	loop svc.Service // run, started by the first Subscribe
 }
@@ -99,10 +102,10 @@ type maintainerDeps struct {
 	// session tells the generation to stand under.
 	store   maintainerStore
 	session sessionSource
-	// pool and t are where the retention rounds (retention.go) run their
-	// statements and DDL.
-	pool *pgxpool.Pool
-	t    *pgsql.Tables
+	// pool and driver are where and how the retention rounds
+	// (retention.go) run their statements and DDL.
+	pool   *pgxpool.Pool
+	driver *pgsql.Lazy
 	// spread returns a random duration in [0, n], to spread the
 	// candidates' claims (rand.N but in tests).
 	spread func(n time.Duration) time.Duration

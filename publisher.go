@@ -83,8 +83,8 @@ type Publisher struct {
 	db     DB
 	config PublisherConfig
 	logger watermill.LoggerAdapter
-	// tables are the quoted names of config's tables.
-	tables *pgsql.Tables
+	// driver runs the statements on config's tables.
+	driver *pgsql.Lazy
 	// serial is held around every statement when db is not a pool.
 	serial *sync.Mutex
 	// group batches concurrent Publish calls when db is a pool.
@@ -115,9 +115,9 @@ func NewPublisher(db DB, config PublisherConfig, logger watermill.LoggerAdapter)
 		logger = watermill.NopLogger{}
 	}
 	p := &Publisher{db: db, config: config, logger: logger, closeDone: make(chan struct{}),
-		tables: config.tableNames().tables()}
+		driver: pgsql.NewLazy(config.tableNames().tables())}
 	if pool, ok := db.(*pgxpool.Pool); ok {
-		p.group = newGroupCommitter(pool, p.tables, logger)
+		p.group = newGroupCommitter(pool, p.driver, logger)
 	} else {
 		p.serial = &sync.Mutex{}
 	}
@@ -160,14 +160,14 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err := p.initializeSchema(ctx); err != nil {
 		return err
 	}
-	params.NotifyChannel = p.tables.NotifyChannel
+	params.NotifyChannel = p.driver.Tables().NotifyChannel
 	switch {
 	case params.DueAt != nil:
-		err = execDelayed(ctx, p.db, p.tables, params)
+		err = execDelayed(ctx, p.db, p.driver, params)
 	case p.group != nil:
 		err = p.group.publish(ctx, params)
 	default:
-		err = execInsert(ctx, p.db, p.tables, params)
+		err = execInsert(ctx, p.db, p.driver, params)
 	}
 	if err != nil {
 		return fmt.Errorf("publish %s to topic %q: %w", countMessages(len(msgs)), topic, err)
@@ -184,8 +184,8 @@ func countMessages(n int) string {
 	return strconv.Itoa(n) + " messages"
 }
 
-func execInsert(ctx context.Context, db DB, t *pgsql.Tables, params pgsql.InsertMessagesParams) error {
-	if err := pgsql.InsertMessages(ctx, db, t, params); err != nil {
+func execInsert(ctx context.Context, db DB, d pgsql.Driver, params pgsql.InsertMessagesParams) error {
+	if err := d.InsertMessages(ctx, db, params); err != nil {
 		return wrapMissingSchema(err)
 	}
 	return nil
@@ -221,7 +221,7 @@ func (p *Publisher) initializeSchema(ctx context.Context) error {
 	if p.schemaReady {
 		return nil
 	}
-	if err := initializeSchema(ctx, p.db, p.tables); err != nil {
+	if err := initializeSchema(ctx, p.db, p.driver.Tables()); err != nil {
 		return err
 	}
 	p.schemaReady = true

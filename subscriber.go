@@ -123,13 +123,13 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 	logger = logger.With(watermill.LogFields{"consumer_group": config.ConsumerGroup})
 	ctx, cancel := context.WithCancel(context.Background())
 	stats := newSubscriberStats()
-	tables := config.tableNames().tables()
+	driver := pgsql.NewLazy(config.tableNames().tables())
 	s := &Subscriber{
 		pool:    pool,
 		config:  config,
 		logger:  logger,
-		offsets: newOffsetStore(pool, tables, config.CloseTimeout, stats, logger),
-		session: newSessionKeeper(pool, tables, config.ConsumerGroup, config.SessionTTL, stats, logger),
+		offsets: newOffsetStore(pool, driver, config.CloseTimeout, stats, logger),
+		session: newSessionKeeper(pool, driver, config.ConsumerGroup, config.SessionTTL, stats, logger),
 		stats:   stats,
 		budget:  newByteBudget(config.MaxBufferedBytes),
 
@@ -154,7 +154,7 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 	s.maint = newMaintainer(maintainerDeps{
 		cfg: config.Maintenance, sessionTTL: config.SessionTTL, stmtTimeout: s.stmtTimeout, closeTimeout: config.CloseTimeout,
 		logger: logger, stats: stats, session: s.session,
-		store: pgMaintainerStore{pool: pool, t: tables}, pool: pool, t: tables,
+		store: pgMaintainerStore{pool: pool, driver: driver}, pool: pool, driver: driver,
 	})
 	s.hub = newWakeHub(s.member, s.maint, config.ConsumerGroup)
 	s.consumerDeps = &consumerDeps{
@@ -167,7 +167,7 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		host:       s,
 		stats:      stats,
 		outage:     newOutageLog(logger, componentConsumers),
-		tables:     tables,
+		driver:     driver,
 		goroutines: &s.consumers,
 		giveUp:     s.giveUp,
 		drains:     newDrainGate(),
@@ -251,7 +251,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		cancel: cancel,
 		out:    make(chan *message.Message),
 		logger: s.logger.With(watermill.LogFields{"topic": topic}),
-		key:    subscriptionKey{db: s.connString, messages: s.offsets.tables.Messages, group: s.config.ConsumerGroup, topic: topic},
+		key:    subscriptionKey{db: s.connString, messages: s.offsets.driver.Tables().Messages, group: s.config.ConsumerGroup, topic: topic},
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -263,7 +263,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if !s.started {
 		s.started = true
 		if !s.config.PollOnly {
-			s.listener = acquireListener(s.pool, s.offsets.tables.NotifyChannel, s.config.ListenConnConfig,
+			s.listener = acquireListener(s.pool, s.offsets.driver.Tables().NotifyChannel, s.config.ListenConnConfig,
 				s.hub, s.logger, s.config.CloseTimeout)
 		}
 		// Their contexts end with s.ctx, when Close begins.
@@ -512,7 +512,7 @@ func (s *Subscriber) reportStall() {
 	}()
 	ctx, cancel := context.WithTimeout(s.ctx, s.stmtTimeout)
 	defer cancel()
-	h, err := readHorizon(ctx, s.pool, s.offsets.tables)
+	h, err := readHorizon(ctx, s.pool, s.offsets.driver)
 	if err != nil {
 		return
 	}
@@ -558,7 +558,7 @@ func (s *Subscriber) initializeSchema(ctx context.Context) error {
 	if s.schemaReady {
 		return nil
 	}
-	if err := initializeSchema(ctx, s.pool, s.offsets.tables); err != nil {
+	if err := initializeSchema(ctx, s.pool, s.offsets.driver.Tables()); err != nil {
 		return err
 	}
 	s.schemaReady = true

@@ -109,7 +109,8 @@ func CreateTopic(ctx context.Context, db DB, topic string, config TopicConfig) e
 			return err
 		}
 	}
-	res, err := pgsql.UpsertTopic(ctx, db, tables, pgsql.TopicParams{Topic: topic, Partitions: config.Partitions,
+	driver := pgsql.NewLazy(tables)
+	res, err := driver.UpsertTopic(ctx, db, pgsql.TopicParams{Topic: topic, Partitions: config.Partitions,
 		Retention: config.Retention, RetentionClass: retentionClass(config.Retention),
 		NotifyChannel: tables.NotifyChannel})
 	if err != nil {
@@ -122,7 +123,7 @@ func CreateTopic(ctx context.Context, db DB, topic string, config TopicConfig) e
 	current := oldN
 	if current == nil {
 		// Created by a concurrent call after this statement's snapshot.
-		rows, err := topicPartitions(ctx, db, tables, []string{topic})
+		rows, err := topicPartitions(ctx, db, driver, []string{topic})
 		if err != nil {
 			return fmt.Errorf("create topic %q: %w", topic, err)
 		}
@@ -137,8 +138,8 @@ func CreateTopic(ctx context.Context, db DB, topic string, config TopicConfig) e
 }
 
 // topicPartitions reads the partition counts of topics.
-func topicPartitions(ctx context.Context, db pgsql.Querier, t *pgsql.Tables, topics []string) (map[string]int, error) {
-	out, err := pgsql.TopicPartitions(ctx, db, t, topics)
+func topicPartitions(ctx context.Context, db pgsql.Querier, t pgsql.Driver, topics []string) (map[string]int, error) {
+	out, err := t.TopicPartitions(ctx, db, topics)
 	if err != nil {
 		return nil, fmt.Errorf("read partition counts: %w", wrapMissingSchema(err))
 	}

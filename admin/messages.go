@@ -135,7 +135,7 @@ func (i *Inspector) Messages(ctx context.Context, p MessagesParams) (MessagePage
 	if err := validateTopic(p.Topic); err != nil {
 		return page, err
 	}
-	a := i.tables
+	a := i.driver
 	switch {
 	case p.Limit == 0:
 		p.Limit = DefaultMessagesLimit
@@ -156,7 +156,7 @@ func (i *Inspector) Messages(ctx context.Context, p MessagesParams) (MessagePage
 	if p.From != nil {
 		at = pgsql.Position(*p.From)
 	}
-	rows, err := pgsql.MessagesNewestFirst(ctx, i.db, a, pgsql.BrowseParams{Topic: p.Topic, Partition: partition, At: at,
+	rows, err := a.MessagesNewestFirst(ctx, i.db, pgsql.BrowseParams{Topic: p.Topic, Partition: partition, At: at,
 		Limit: p.Limit + 1, Preview: p.PreviewBytes})
 	if err != nil {
 		return page, fmt.Errorf("read the messages of topic %q: %w", p.Topic, check.MissingSchema(err))
@@ -222,7 +222,7 @@ func (i *Inspector) FindMessages(ctx context.Context, p FindMessagesParams) ([]S
 // findMessages reads the messages with the UUID, newest first, at most
 // limit of them (-1: all).
 func (i *Inspector) findMessages(ctx context.Context, topic, id string, preview, limit int) ([]StoredMessage, error) {
-	rows, err := pgsql.MessagesByUUID(ctx, i.db, i.tables, topic, id, preview, limit)
+	rows, err := i.driver.MessagesByUUID(ctx, i.db, topic, id, preview, limit)
 	if err != nil {
 		return nil, fmt.Errorf("look up message %q: %w", id, check.MissingSchema(err))
 	}
@@ -255,14 +255,14 @@ func (i *Inspector) TopicDetail(ctx context.Context, topic string) (TopicDetail,
 	if err := validateTopic(topic); err != nil {
 		return d, err
 	}
-	a := i.tables
-	row, err := pgsql.TopicDetail(ctx, i.db, a, topic)
+	a := i.driver
+	row, err := a.TopicDetail(ctx, i.db, topic)
 	if err != nil {
 		return d, fmt.Errorf("read topic %q: %w", topic, check.MissingSchema(err))
 	}
 	d.Partitions, d.Retention = int(row.Partitions), time.Duration(row.RetentionUs)*time.Microsecond
 	d.Delayed, d.NextDueAt = row.Delayed, row.NextDueAt
-	counts, err := pgsql.CountTopicMessages(ctx, i.db, a, []string{topic}, DefaultExactCountUpTo)
+	counts, err := a.CountTopicMessages(ctx, i.db, []string{topic}, DefaultExactCountUpTo)
 	if err != nil {
 		return d, fmt.Errorf("count the messages of topic %q: %w", topic, err)
 	}
@@ -306,11 +306,11 @@ type TopicMessagesParams struct {
 // 100,000 topics, BenchmarkTopicMessages): name the topics to watch to
 // read only those.
 func (i *Inspector) TopicMessages(ctx context.Context, p TopicMessagesParams) ([]TopicMessageCount, error) {
-	a := i.tables
+	a := i.driver
 	if p.ExactUpTo <= 0 {
 		p.ExactUpTo = DefaultExactCountUpTo
 	}
-	rows, err := pgsql.CountTopicMessages(ctx, i.db, a, p.Topics, p.ExactUpTo)
+	rows, err := a.CountTopicMessages(ctx, i.db, p.Topics, p.ExactUpTo)
 	if err != nil {
 		return nil, fmt.Errorf("count the messages of the topics: %w", check.MissingSchema(err))
 	}
@@ -327,8 +327,8 @@ func (i *Inspector) TopicMessages(ctx context.Context, p TopicMessagesParams) ([
 	return out, nil
 }
 
-func (i *Inspector) estimate(ctx context.Context, a *pgsql.Tables, topic string, atLeast int64) (int64, error) {
-	n, err := pgsql.EstimateTopicMessages(ctx, i.db, a, topic)
+func (i *Inspector) estimate(ctx context.Context, a pgsql.Driver, topic string, atLeast int64) (int64, error) {
+	n, err := a.EstimateTopicMessages(ctx, i.db, topic)
 	if err != nil {
 		return 0, fmt.Errorf("estimate the messages of topic %q: %w", topic, err)
 	}
@@ -391,7 +391,7 @@ func (i *Inspector) Replay(ctx context.Context, p ReplayParams) ([]ReplayedMessa
 	case p.Limit == 0:
 		p.Limit = DefaultReplayLimit
 	}
-	a := i.tables
+	a := i.driver
 	filter, err := json.Marshal(p.Metadata)
 	if err != nil || p.Metadata == nil {
 		filter = []byte("{}")
@@ -402,7 +402,7 @@ func (i *Inspector) Replay(ctx context.Context, p ReplayParams) ([]ReplayedMessa
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := pgsql.DeleteMessagesForReplay(ctx, tx, a, pgsql.ReplayParams{Topic: p.From, Filter: filter,
+	rows, err := a.DeleteMessagesForReplay(ctx, tx, pgsql.ReplayParams{Topic: p.From, Filter: filter,
 		ToOriginal: p.ToOriginal, OriginalTopicKey: PoisonedTopicKey, Limit: p.Limit})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, check.MissingSchema(err))
@@ -423,7 +423,7 @@ func (i *Inspector) Replay(ctx context.Context, p ReplayParams) ([]ReplayedMessa
 		}
 		out = append(out, ReplayedMessage{StoredMessage: m, To: to})
 	}
-	pub, err := pglease.NewPublisher(tx, pglease.PublisherConfig{Tables: pglease.Tables(a.Names)}, nil)
+	pub, err := pglease.NewPublisher(tx, pglease.PublisherConfig{Tables: pglease.Tables(a.Tables().Names)}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
@@ -524,18 +524,18 @@ func (i *Inspector) DeleteGroupOffsets(ctx context.Context, group string) (int64
 // transaction of its own. When the group has rows that it did not lock,
 // it deletes nothing and returns them.
 func (i *Inspector) deleteGroupOffsets(ctx context.Context, group string) (int64, []pgsql.GroupOffsetRow, error) {
-	a := i.tables
+	a := i.driver
 	what := fmt.Sprintf("delete the offsets of consumer group %q", group)
 	tx, err := i.db.Begin(ctx)
 	if err != nil {
 		return 0, nil, fmt.Errorf("%s: %w", what, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	locked, err := pgsql.LockGroupOffsets(ctx, tx, a, group)
+	locked, err := a.LockGroupOffsets(ctx, tx, group)
 	if err != nil {
 		return 0, nil, fmt.Errorf("%s: %w", what, check.MissingSchema(err))
 	}
-	owned, err := pgsql.GroupLiveOwners(ctx, tx, a, group)
+	owned, err := a.GroupLiveOwners(ctx, tx, group)
 	if err != nil {
 		return 0, nil, fmt.Errorf("%s: %w", what, err)
 	}
@@ -549,7 +549,7 @@ func (i *Inspector) deleteGroupOffsets(ctx context.Context, group string) (int64
 	if i.beforeDeleteGroup != nil {
 		i.beforeDeleteGroup()
 	}
-	res, err := pgsql.DeleteGroupOffsets(ctx, tx, a, group, locked)
+	res, err := a.DeleteGroupOffsets(ctx, tx, group, locked)
 	if err != nil {
 		return 0, nil, fmt.Errorf("%s: %w", what, err)
 	}

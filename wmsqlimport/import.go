@@ -576,7 +576,11 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src pgsql.Querier, a *pgsql.T
 		}
 		if len(delayed.UUIDs) > 0 {
 			delayed.NotifyChannel = a.NotifyChannel
-			if err := pgsql.InsertDelayed(ctx, tx, a, delayed); err != nil {
+			d, err := pgsql.OpenDriver(ctx, tx, a)
+			if err != nil {
+				return fmt.Errorf("store delayed messages: %w", err)
+			}
+			if err := d.InsertDelayed(ctx, tx, delayed); err != nil {
 				return fmt.Errorf("store delayed messages: %w", err)
 			}
 			out.Delayed += int64(len(delayed.UUIDs))

@@ -65,6 +65,12 @@ func TablesOf(a pglease.Tables) *pgsql.Tables {
 	return pgsql.NewTables(pgsql.Names(a))
 }
 
+// DriverOf returns the driver of a's tables (opened on first use, see
+// pgsql.Lazy), for tests that run one of pglease's statements themselves.
+func DriverOf(a pglease.Tables) pgsql.Driver {
+	return pgsql.NewLazy(TablesOf(a))
+}
+
 // ServerHere is the identity of the server q runs on (pgsql.Here): what
 // the statements fenced by a session's identity take for a session made
 // there.
