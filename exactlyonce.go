@@ -252,15 +252,16 @@ type TxHandlerFunc func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([
 
 // TxHandlerConfig configures [TxHandler].
 type TxHandlerConfig struct {
-	// PublishTopic is where the messages returned by the handler are
-	// published. Required when the handler returns messages.
+	// PublishTopic sets where the messages returned by the handler are
+	// published, default "": required when the handler returns messages.
 	PublishTopic string
-	// Publisher configures how they are written in the transaction: its
-	// SchemaAdapter and PartitionKey (AutoInitializeSchema is not used:
-	// the Subscriber's InitializeSchema has created the tables).
+	// Publisher sets how they are written in the transaction, default
+	// PublisherConfig{}: its Tables (or the deprecated SchemaAdapter) and
+	// PartitionKey (AutoInitializeSchema is not used: the Subscriber's
+	// InitializeSchema has created the tables).
 	Publisher PublisherConfig
-	// TxOptions are the options of each transaction (default READ
-	// COMMITTED, read-write).
+	// TxOptions sets the options of each transaction, default READ
+	// COMMITTED, read-write.
 	TxOptions pgx.TxOptions
 }
 
@@ -288,7 +289,7 @@ type TxBeginner interface {
 // is rolled back and acked: what f wrote this time is undone. The message's
 // context bounds the transaction.
 func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.NoPublishHandlerFunc {
-	tables := config.Publisher.SchemaAdapter.tables()
+	tables := config.Publisher.tableNames().tables()
 	return func(msg *message.Message) error {
 		ctx := msg.Context()
 		tx, err := db.BeginTx(ctx, config.TxOptions)

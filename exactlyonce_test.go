@@ -251,9 +251,8 @@ func routeWithTxHandler(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables
 	require.NoError(t, err)
 	var failOnce sync.Map
 	failOnce.Store(ids[7], true)
-	// TxHandler takes the tables from PublisherConfig.SchemaAdapter only.
 	router.AddConsumerHandler("orders", "orders", sub, pglease.TxHandler(pool,
-		pglease.TxHandlerConfig{PublishTopic: "invoices", Publisher: pglease.PublisherConfig{SchemaAdapter: adapter}},
+		pglease.TxHandlerConfig{PublishTopic: "invoices", Publisher: pglease.PublisherConfig{Tables: adapter}},
 		func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
 			if err := insertEffect(ctx, tx, adapter.Schema, msg.UUID, "router"); err != nil {
 				return nil, err
@@ -310,7 +309,7 @@ func (h *helperChild) runTx(term <-chan os.Signal) error {
 	for i, sub := range h.subs {
 		for _, topic := range h.cfg.Topics {
 			txh := pglease.TxHandler(h.subPool, pglease.TxHandlerConfig{PublishTopic: h.cfg.DeriveTopic,
-				Publisher: pglease.PublisherConfig{SchemaAdapter: adapter}}, handle) // TxHandler reads SchemaAdapter only
+				Publisher: pglease.PublisherConfig{Tables: adapter}}, handle)
 			router.AddConsumerHandler(fmt.Sprintf("%d/%s", i, topic), topic, sub, func(msg *message.Message) error {
 				err := txh(msg)
 				if msg.Metadata.Get(holdMetadata) == h.cfg.Name {

@@ -194,8 +194,7 @@ func txConsume(ctx context.Context, e *env, h *pgleaseHandle, v txVariant, first
 	n := e.cfg.txMessages
 	effects := pgx.Identifier{h.ns, txEffectsTable}.Sanitize()
 	insert := "INSERT INTO " + effects + " (uuid) VALUES ($1)"
-	// TxHandler takes the tables from PublisherConfig.SchemaAdapter only.
-	pub := pglease.PublisherConfig{SchemaAdapter: h.tables} //nolint:staticcheck // SA1019: what TxHandler reads
+	pub := pglease.PublisherConfig{Tables: h.tables}
 	var handler message.NoPublishHandlerFunc
 	switch v.name {
 	case txPlain:
