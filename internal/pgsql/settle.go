@@ -20,7 +20,7 @@ func (t *Tables) messagesLockHolders() Stmt {
 FROM pg_catalog.pg_locks l
 WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_catalog.pg_backend_pid()
 	AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
-	AND l.relation = pg_catalog.to_regclass($1::text)`, Args: []any{t.Messages}}
+	AND l.relation = pg_catalog.to_regclass($1::text)::oid`, Args: []any{t.Messages}}
 }
 
 // MessagesLockHolders returns the virtual transaction ids of the other
