@@ -31,6 +31,11 @@ LOCALPG := $(LOCALPG_BIN) run --
 DEPS = $(if $(strip $(1)),@scripts/install-deps.sh --check $(1) || scripts/install-deps.sh $(1))
 # What localpg needs to start a server: nothing when a database is given.
 SERVER_DEPS := $(if $(PGLEASE_TEST_DSN)$(DATABASE_URL),,postgresql pgbouncer)
+# go.work joins the modules for editors and ad-hoc commands; the targets run
+# each module on its own go.mod, as a user's build does: in workspace mode
+# the go command picks one version of each dependency for all the modules
+# together.
+export GOWORK := off
 # Every Go module of the repository (the go tool's ./... stops at a nested go.mod).
 MODULES := $(sort $(patsubst %/,%,$(dir $(shell find . -name go.mod -not -path "./.git/*" -not -path "*/testdata/*"))))
 

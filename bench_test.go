@@ -37,7 +37,7 @@ func benchMessages(n int) []*message.Message {
 
 func benchPublisher(b *testing.B, pool *pgxpool.Pool, adapter pglease.Tables) *pglease.Publisher {
 	b.Helper()
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = pub.Close() })
 	return pub
@@ -133,7 +133,7 @@ func benchConsume(b *testing.B, maxInFlight int) {
 	wg.Wait()
 	require.NoError(b, perr)
 
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, MaxInFlight: maxInFlight}, nil)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter, MaxInFlight: maxInFlight}, nil)
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = sub.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
@@ -166,9 +166,9 @@ func BenchmarkSubscriber(b *testing.B) {
 	pool := newPool(b, conns)
 	adapter := newSchema(b, pool)
 	tests.BenchSubscriber(b, func(_ int) (message.Publisher, message.Subscriber) {
-		pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, nil)
+		pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter, AutoInitializeSchema: true}, nil)
 		require.NoError(b, err)
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true}, nil)
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter, InitializeSchema: true}, nil)
 		require.NoError(b, err)
 		b.Cleanup(func() {
 			_ = pub.Close()
@@ -205,7 +205,7 @@ func BenchmarkWaitingKey(b *testing.B) {
 			m.Metadata.Set(pglease.PartitionKeyMetadata, "k"+strconv.Itoa(i%keys))
 		}
 		require.NoError(b, pub.Publish(topic, msgs...))
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, MaxInFlight: 8,
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter, MaxInFlight: 8,
 			NackResendDelay: time.Millisecond, DrainTimeout: -1}, nil) // a1 may be out at Close
 		require.NoError(b, err)
 		defer func() { _ = sub.Close() }()

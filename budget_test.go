@@ -41,11 +41,11 @@ func TestMaxBufferedBytes(t *testing.T) {
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "big", pglease.TopicConfig{Partitions: partitions,
-		SchemaAdapter: adapter, InitializeSchema: true}))
+		Tables: adapter, InitializeSchema: true}))
 	// The Publisher on a pool of its own, closed before the heap is
 	// measured: pgx keeps buffers as large as the messages it sent.
 	pubPool := newPool(t, 4)
-	pub, err := pglease.NewPublisher(pubPool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	pub, err := pglease.NewPublisher(pubPool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	keys := keyPerPartition("k", partitions)
 	// Compressible: the server stores a few KB per message, the Subscriber
@@ -220,7 +220,7 @@ func TestSelectMessagesTakesAnyBound(t *testing.T) {
 	pub := newPublisher(t, pool, adapter)
 	require.NoError(t, pub.Publish("t", message.NewMessage(watermill.NewUUID(), make([]byte, 100))))
 	for _, bound := range []int64{0, 3 << 30, 50} {
-		res, err := pgsql.SelectMessages(ctx, pool, tablesOf(adapter), pgsql.SelectMessagesParams{
+		res, err := driverOf(adapter).SelectMessages(ctx, pool, pgsql.SelectMessagesParams{
 			Topic: "t", Limit: 10, MaxMessageBytes: bound, Here: serverHere(t, pool)})
 		require.NoError(t, err, "bound %d", bound)
 		require.False(t, res.WentBack, "bound %d", bound)

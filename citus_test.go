@@ -57,7 +57,7 @@ func TestCitusPublishThenSubscribe(t *testing.T) {
 	pool, adapter := citusSchema(t, 10)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
 	for i := range 8 {
@@ -73,7 +73,7 @@ func TestCitusPublishThenSubscribe(t *testing.T) {
 	require.Equal(t, 16, stored)
 	require.Equal(t, 2, workers, "the 8 topics lie on both workers")
 
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter}, nil)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter}, nil)
 	require.NoError(t, err)
 	defer sub.Close()
 	for i := range 8 {
@@ -128,7 +128,7 @@ func TestCitusCrashAcrossWorkers(t *testing.T) {
 	owner_session uuid, owner_epoch bigint)`)
 	require.NoError(t, err)
 
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
 	topics := numberedTopics("c", 0, nTopics)
@@ -215,7 +215,7 @@ func BenchmarkCitusThroughput(b *testing.B) {
 			pool = newPool(b, 40)
 			adapter = newSchema(b, pool)
 		}
-		pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, nil)
+		pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter, AutoInitializeSchema: true}, nil)
 		require.NoError(b, err)
 		topics := numberedTopics("b", 0, nTopics)
 		start := time.Now()
@@ -238,7 +238,7 @@ func BenchmarkCitusThroughput(b *testing.B) {
 		publishRate = append(publishRate, nTopics*perTopic/time.Since(start).Seconds())
 		require.NoError(b, pub.Close())
 
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "bench", SchemaAdapter: adapter}, nil)
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "bench", Tables: adapter}, nil)
 		require.NoError(b, err)
 		ctx, cancel := context.WithCancel(context.Background())
 		start = time.Now()
@@ -304,10 +304,10 @@ func testCitusShardMove(t *testing.T, level bool) {
 	_, err := pool.Exec(ctx, pglease.PrepareCitusMoveSQL(host, source, ahead))
 	require.NoError(t, err)
 
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter,
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, Tables: adapter,
 		CommitBatch: 1}, testLogger())
 	require.NoError(t, err)
 	defer sub.Close()
@@ -430,9 +430,9 @@ func TestCitusPartitionedTopic(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const topic = "parts"
-	require.NoError(t, pglease.CreateTopic(ctx, pool, topic, pglease.TopicConfig{Partitions: 2, Retention: time.Hour, SchemaAdapter: adapter}))
-	require.NoError(t, pglease.CreateTopic(ctx, pool, topic, pglease.TopicConfig{Partitions: 4, Retention: time.Hour, SchemaAdapter: adapter}))
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter,
+	require.NoError(t, pglease.CreateTopic(ctx, pool, topic, pglease.TopicConfig{Partitions: 2, Retention: time.Hour, Tables: adapter}))
+	require.NoError(t, pglease.CreateTopic(ctx, pool, topic, pglease.TopicConfig{Partitions: 4, Retention: time.Hour, Tables: adapter}))
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter,
 		PartitionKey: func(_ string, msg *message.Message) (string, error) { return msg.Metadata.Get("key"), nil }}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
@@ -449,7 +449,7 @@ func TestCitusPartitionedTopic(t *testing.T) {
 		table(adapter, pglease.DefaultMessagesTable)+` WHERE topic = $1`, topic).Scan(&partitions))
 	require.Greater(t, partitions, 1, "the keys spread over the partitions")
 
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter}, nil)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter}, nil)
 	require.NoError(t, err)
 	defer sub.Close()
 	ch, err := sub.Subscribe(ctx, topic)
@@ -471,7 +471,7 @@ func TestCitusPartitionedTopic(t *testing.T) {
 // TestCitusTxHandler: exactly-once on Citus. A Router's TxHandler writes
 // an effect row (a reference table, on every node) and publishes a
 // derived message in the transaction that acknowledges the message
-// (AckInTx, two statements there: see pgsql.AckOffset); one attempt fails
+// (AckInTx, two statements there: see the Citus driver's AckOffset); one attempt fails
 // after writing its effect. Every message has one effect and one derived
 // message.
 func TestCitusTxHandler(t *testing.T) {
@@ -481,8 +481,8 @@ func TestCitusTxHandler(t *testing.T) {
 	createEffects(t, pool, adapter)
 	_, err := pool.Exec(ctx, `SELECT pg_catalog.create_reference_table($1)`, table(adapter, effectsTable))
 	require.NoError(t, err)
-	require.NoError(t, pglease.CreateTopic(ctx, pool, "orders", pglease.TopicConfig{Partitions: 2, SchemaAdapter: adapter}))
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "orders", pglease.TopicConfig{Partitions: 2, Tables: adapter}))
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
 	var ids []string
@@ -503,13 +503,13 @@ func TestCitusResetOffsets(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const topic, group = "resets", "g"
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
 	for i := range 5 {
 		require.NoError(t, pub.Publish(topic, message.NewMessage(fmt.Sprintf("m%d", i), nil)))
 	}
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter, CommitBatch: 1}, nil)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, Tables: adapter, CommitBatch: 1}, nil)
 	require.NoError(t, err)
 	defer sub.Close()
 	ch, err := sub.Subscribe(ctx, topic)

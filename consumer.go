@@ -84,8 +84,8 @@ type consumerDeps struct {
 	// outage logs the failures of the consumers' statements, once per
 	// outage.
 	outage *outageLog
-	// tables are what a delivered message's AckInTx writes to.
-	tables *pgsql.Tables
+	// driver runs a delivered message's AckInTx.
+	driver *pgsql.Lazy
 	// goroutines counts the consumers' goroutines and their prefetches,
 	// for Close to wait for.
 	goroutines *sync.WaitGroup
@@ -152,7 +152,7 @@ func newConsumerSettings(cfg SubscriberConfig) consumerSettings {
 // earlier. Not for implementing outside this package.
 type consumerStore interface {
 	// read reads up to p.limit messages of p.row after p.after (see
-	// pgsql.SelectMessages); pending reports committed messages after
+	// pgsql.Driver.SelectMessages); pending reports committed messages after
 	// them held back by an older running transaction. An error wrapping
 	// pgsql.ErrWentBack means the database is no longer where p.here
 	// says.

@@ -253,7 +253,7 @@ func startOwnWith(t *testing.T, store *fakeConsumerStore, settings consumerSetti
 	r.c = &consumer{
 		consumerDeps: &consumerDeps{settings: settings, budget: budget, store: store,
 			hub: fakeConsumerHub{idle: r.idle}, host: fakeConsumerHost{}, stats: newSubscriberStats(),
-			outage: newOutageLog(watermill.NopLogger{}, componentConsumers), tables: pgsql.NewTables(pgsql.Names{}),
+			outage: newOutageLog(watermill.NopLogger{}, componentConsumers), driver: pgsql.NewLazy(pgsql.NewTables(pgsql.Names{})),
 			goroutines: &sync.WaitGroup{}, prefetch: prefetch},
 		topic: "t", ctx: ctx, out: make(chan *message.Message), wake: make(chan struct{}, 1),
 		yield: r.yield, logger: watermill.NopLogger{},

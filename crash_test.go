@@ -60,7 +60,7 @@ func crashRecoveryLosesNothing(t *testing.T, synchronousCommit string) {
 
 	pubPool := newPoolOn(t, c.Primary.DSN(), 4)
 	adapter := newSchema(t, pubPool)
-	pub, err := pglease.NewPublisher(pubPool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, testLogger())
+	pub, err := pglease.NewPublisher(pubPool, pglease.PublisherConfig{Tables: adapter, AutoInitializeSchema: true}, testLogger())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	subPool := newPoolOn(t, fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable&connect_timeout=5", proxy.Addr()), 8)

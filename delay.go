@@ -100,20 +100,20 @@ func insertStatements(t *pgsql.Tables, params pgsql.InsertMessagesParams) []pgsq
 // execDelayed stores params, some of them delayed: with one statement, or
 // with two in one transaction (a savepoint on a pgx.Tx), so that the call
 // stores all of its messages or none.
-func execDelayed(ctx context.Context, db DB, t *pgsql.Tables, params pgsql.InsertMessagesParams) error {
+func execDelayed(ctx context.Context, db DB, d pgsql.Driver, params pgsql.InsertMessagesParams) error {
 	now, later := splitDelayed(params)
 	var err error
 	switch {
 	case len(later.UUIDs) == 0:
-		err = pgsql.InsertMessages(ctx, db, t, now)
+		err = d.InsertMessages(ctx, db, now)
 	case len(now.UUIDs) == 0:
-		err = pgsql.InsertDelayed(ctx, db, t, later)
+		err = d.InsertDelayed(ctx, db, later)
 	default:
 		err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-			if err := pgsql.InsertMessages(ctx, tx, t, now); err != nil {
+			if err := d.InsertMessages(ctx, tx, now); err != nil {
 				return err
 			}
-			return pgsql.InsertDelayed(ctx, tx, t, later)
+			return d.InsertDelayed(ctx, tx, later)
 		})
 	}
 	return wrapMissingSchema(err)

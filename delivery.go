@@ -691,7 +691,7 @@ func (c *consumer) newDelivery(g *sessionGen, cl *claim, m storedMessage, attemp
 	msg.Metadata.Set(DeliveryAttemptMetadata, strconv.Itoa(attempt))
 	mctx, cancel := context.WithCancel(&deliveryCtx{Context: c.deliveries, d: delivery{
 		topic: c.topic, partition: c.partition, pos: m.pos, group: cl.group,
-		sessionID: cl.sessionID, epoch: cl.epoch, g: g, tables: c.tables, above: c.settings.maxInFlight > 1,
+		sessionID: cl.sessionID, epoch: cl.epoch, g: g, driver: c.driver, above: c.settings.maxInFlight > 1,
 		workerHere: cl.workerHere}})
 	msg.SetContext(mctx)
 	return msg, cancel, nil

@@ -9,8 +9,7 @@
 // quoted): one messages table for all topics (partitioned by retention
 // class and expiry), one consumer_sessions row per live Subscriber, one
 // consumer_offsets row per (consumer group, topic, partition) holding the
-// acknowledged position, the owner session and the epoch (its
-// lease_expires_at column is unused and always NULL), the topics'
+// acknowledged position, the owner session and the epoch, the topics'
 // settings, delayed messages, the maintainer's row, the retention classes
 // and the schema version. [SchemaSQL] returns the DDL;
 // [Migrate] applies it (the owner's step, also `pglease migrate`), and

@@ -1,17 +1,6 @@
 package pglease
 
-import (
-	"encoding/json"
-	"errors"
-	"fmt"
-	"strings"
-	"unicode/utf8"
-
-	"github.com/pglease/watermill-pglease/internal/check"
-)
-
-// MaxTopicLength is the longest topic name accepted, in bytes.
-const MaxTopicLength = 255
+import "errors"
 
 var (
 	// ErrPublisherClosed is returned by [Publisher.Publish] after
@@ -70,18 +59,6 @@ var (
 	ErrDeliveryEnded = errors.New("pglease: delivery ended before the message was acked or nacked")
 )
 
-func validateTopic(topic string) error {
-	if err := check.Topic(topic, MaxTopicLength); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidTopic, err)
-	}
-	return nil
-}
-
-// validText reports whether PostgreSQL can store s in a text or jsonb value.
-func validText(s string) bool {
-	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
-}
-
 // ErrSkippedByRetention is the error logged (Watermill's logger has no
 // Warn level) when the maintainer removes messages, past their topic's
 // retention, that a consumer group had not acknowledged: the group skips
@@ -104,17 +81,3 @@ var ErrMaintenanceNotPermitted = errors.New("pglease: the role may not do the ma
 // (until its topic's retention removes it), where admin.Inspector.Messages
 // and pglease messages show it with its metadata raw.
 var ErrUndecodableMetadata = errors.New("pglease: message metadata is not a JSON object of strings")
-
-// decodeMetadata decodes a message's stored metadata (nil or JSON null:
-// none). It fails on anything but a JSON object of strings, which
-// pglease never writes (a row inserted by hand or by another program).
-func decodeMetadata(raw []byte) (map[string]string, error) {
-	if len(raw) == 0 {
-		return nil, nil
-	}
-	var md map[string]string
-	if err := json.Unmarshal(raw, &md); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrUndecodableMetadata, err)
-	}
-	return md, nil
-}

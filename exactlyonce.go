@@ -48,7 +48,7 @@ type delivery struct {
 	sessionID uuid.UUID
 	epoch     int64
 	g         *sessionGen
-	tables    *pgsql.Tables
+	driver    *pgsql.Lazy
 	// above: delivered with MaxInFlight above 1 (AckInTx records the
 	// position in the row, pgsql.OffsetParams.Above).
 	above bool
@@ -180,23 +180,19 @@ func AckInTx(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 // ackStmt is the acknowledgement of AckInTx: its statement's parameters and
 // the function that reads its outcome.
 type ackStmt struct {
-	tables *pgsql.Tables
+	driver pgsql.Driver
 	params pgsql.OffsetParams
 	check  func(pgsql.AckRow, error) error
 }
 
 // run acknowledges with q.
 func (a ackStmt) run(ctx context.Context, q pgsql.Querier) error {
-	return a.check(pgsql.AckOffset(ctx, q, a.tables, a.params))
+	return a.check(a.driver.AckOffset(ctx, q, a.params))
 }
 
-// batched reports whether the acknowledgement is one statement that can
-// go into a batch (not on Citus, where it is two: see pgsql.AckOffset).
-func (a ackStmt) batched() bool { return !a.tables.OnCitus() }
-
-// queue adds the statement to batch; scan reads its row.
-func (a ackStmt) queue(batch *pgx.Batch) { a.tables.AckOffset(a.params).Queue(batch) }
-func (a ackStmt) scan(row pgx.Row) error { return a.check(pgsql.ScanAck(row)) }
+// queue sends the acknowledgement with the statements of batch (see
+// pgsql.QueuedAck).
+func (a ackStmt) queue(batch *pgx.Batch) pgsql.QueuedAck { return a.driver.QueueAck(batch, a.params) }
 
 // ackQuery returns the acknowledgement of AckInTx for msg.
 func ackQuery(msg *message.Message) (ackStmt, error) {
@@ -240,7 +236,7 @@ func ackQuery(msg *message.Message) (ackStmt, error) {
 		}
 		return fmt.Errorf("%s: the offset row was not moved: %w", what(), ErrOwnershipLost)
 	}
-	return ackStmt{tables: d.tables, params: params, check: check}, nil
+	return ackStmt{driver: d.driver, params: params, check: check}, nil
 }
 
 func positionLess(a, b Position) bool {
@@ -256,15 +252,16 @@ type TxHandlerFunc func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([
 
 // TxHandlerConfig configures [TxHandler].
 type TxHandlerConfig struct {
-	// PublishTopic is where the messages returned by the handler are
-	// published. Required when the handler returns messages.
+	// PublishTopic sets where the messages returned by the handler are
+	// published, default "": required when the handler returns messages.
 	PublishTopic string
-	// Publisher configures how they are written in the transaction: its
-	// SchemaAdapter and PartitionKey (AutoInitializeSchema is not used:
-	// the Subscriber's InitializeSchema has created the tables).
+	// Publisher sets how they are written in the transaction, default
+	// PublisherConfig{}: its Tables (or the deprecated SchemaAdapter) and
+	// PartitionKey (AutoInitializeSchema is not used: the Subscriber's
+	// InitializeSchema has created the tables).
 	Publisher PublisherConfig
-	// TxOptions are the options of each transaction (default READ
-	// COMMITTED, read-write).
+	// TxOptions sets the options of each transaction, default READ
+	// COMMITTED, read-write.
 	TxOptions pgx.TxOptions
 }
 
@@ -292,7 +289,7 @@ type TxBeginner interface {
 // is rolled back and acked: what f wrote this time is undone. The message's
 // context bounds the transaction.
 func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.NoPublishHandlerFunc {
-	tables := config.Publisher.SchemaAdapter.tables()
+	tables := config.Publisher.tableNames().tables()
 	return func(msg *message.Message) error {
 		ctx := msg.Context()
 		tx, err := db.BeginTx(ctx, config.TxOptions)
@@ -328,9 +325,7 @@ func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.N
 				q.Queue(batch)
 			}
 		}
-		if ack.batched() {
-			ack.queue(batch)
-		}
+		queued := ack.queue(batch)
 		results := tx.SendBatch(ctx, batch)
 		for range inserts {
 			if _, err := results.Exec(); err != nil {
@@ -338,14 +333,17 @@ func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.N
 				return fmt.Errorf("publish %s to topic %q: %w", countMessages(len(out)), config.PublishTopic, wrapMissingSchema(err))
 			}
 		}
-		if ack.batched() {
-			err = ack.scan(results.QueryRow())
+		// Where the acknowledgement is one statement it was queued in the
+		// batch and its row is read here; else it runs after the batch.
+		row, scanned, err := queued.Scan(results)
+		if scanned {
+			err = ack.check(row, err)
 		}
 		if cerr := results.Close(); err == nil && cerr != nil {
 			err = cerr
 		}
-		if err == nil && !ack.batched() {
-			err = ack.run(ctx, tx)
+		if err == nil && !scanned {
+			err = ack.check(queued.Run(ctx, tx))
 		}
 		if err != nil {
 			if errors.Is(err, ErrAlreadyAcknowledged) {

@@ -74,7 +74,7 @@ func TestAckInTxCommitsWithTheTransaction(t *testing.T) {
 	newSub := func() *pglease.Subscriber {
 		// Acks wait for a commit that only the release writes; Close
 		// hands the message left unacked over at once.
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true,
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter, InitializeSchema: true,
 			CommitInterval: time.Hour, CommitBatch: 1000, DrainTimeout: -1}, testLogger())
 		require.NoError(t, err)
 		return sub
@@ -176,7 +176,7 @@ func TestAckInTxIsFencedInTheDatabase(t *testing.T) {
 	ids := publishN(t, pub, "in", 2)
 	createEffects(t, pool, adapter)
 	// DrainTimeout -1: A's subscription hands the message it holds over at once.
-	cfg := pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true, DrainTimeout: -1}
+	cfg := pglease.SubscriberConfig{Tables: adapter, InitializeSchema: true, DrainTimeout: -1}
 
 	a, err := pglease.NewSubscriber(pool, cfg, testLogger())
 	require.NoError(t, err)
@@ -222,7 +222,7 @@ func TestTxHandlerWithTheRouter(t *testing.T) {
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
-	require.NoError(t, pglease.CreateTopic(ctx, pool, "orders", pglease.TopicConfig{Partitions: 4, SchemaAdapter: adapter,
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "orders", pglease.TopicConfig{Partitions: 4, Tables: adapter,
 		InitializeSchema: true}))
 	createEffects(t, pool, adapter)
 	var ids []string
@@ -245,14 +245,14 @@ func TestTxHandlerWithTheRouter(t *testing.T) {
 func routeWithTxHandler(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, ids []string) {
 	t.Helper()
 	ctx := context.Background()
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter}, testLogger())
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter}, testLogger())
 	require.NoError(t, err)
 	router, err := message.NewRouter(message.RouterConfig{}, nil)
 	require.NoError(t, err)
 	var failOnce sync.Map
 	failOnce.Store(ids[7], true)
 	router.AddConsumerHandler("orders", "orders", sub, pglease.TxHandler(pool,
-		pglease.TxHandlerConfig{PublishTopic: "invoices", Publisher: pglease.PublisherConfig{SchemaAdapter: adapter}},
+		pglease.TxHandlerConfig{PublishTopic: "invoices", Publisher: pglease.PublisherConfig{Tables: adapter}},
 		func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
 			if err := insertEffect(ctx, tx, adapter.Schema, msg.UUID, "router"); err != nil {
 				return nil, err
@@ -309,7 +309,7 @@ func (h *helperChild) runTx(term <-chan os.Signal) error {
 	for i, sub := range h.subs {
 		for _, topic := range h.cfg.Topics {
 			txh := pglease.TxHandler(h.subPool, pglease.TxHandlerConfig{PublishTopic: h.cfg.DeriveTopic,
-				Publisher: pglease.PublisherConfig{SchemaAdapter: adapter}}, handle)
+				Publisher: pglease.PublisherConfig{Tables: adapter}}, handle)
 			router.AddConsumerHandler(fmt.Sprintf("%d/%s", i, topic), topic, sub, func(msg *message.Message) error {
 				err := txh(msg)
 				if msg.Metadata.Get(holdMetadata) == h.cfg.Name {
@@ -362,7 +362,7 @@ func TestExactlyOnceUnderRepeatedKills(t *testing.T) {
 	ctx := context.Background()
 	s := newFailureSetup(t, ttl, "in")
 	createEffects(t, s.pool, s.adapter)
-	require.NoError(t, pglease.CreateTopic(ctx, s.pool, "in", pglease.TopicConfig{Partitions: 4, SchemaAdapter: s.adapter}))
+	require.NoError(t, pglease.CreateTopic(ctx, s.pool, "in", pglease.TopicConfig{Partitions: 4, Tables: s.adapter}))
 	// The messages are published while the kills go on: 10 every 70 ms,
 	// about as long as the 25 kills and restarts take.
 	published := make(chan error, 1)
@@ -474,7 +474,7 @@ func TestAckInTxWaitsForAConcurrentClaim(t *testing.T) {
 			pub := newPublisher(t, pool, adapter)
 			publishN(t, pub, "t", 1)
 			// The message stays out: Close does not wait for it.
-			sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true,
+			sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter, InitializeSchema: true,
 				DrainTimeout: -1}, testLogger())
 			require.NoError(t, err)
 			defer sub.Close()

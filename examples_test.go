@@ -29,7 +29,8 @@ func TestExamplesRun(t *testing.T) {
 				cmd = exec.CommandContext(ctx, "go", "run", ".")
 				cmd.Dir = dir
 			}
-			cmd.Env = append(os.Environ(), "DATABASE_URL="+testkit.DSN)
+			// GOWORK=off: the example module builds on its own go.mod.
+			cmd.Env = append(os.Environ(), "DATABASE_URL="+testkit.DSN, "GOWORK=off")
 			out, err := cmd.CombinedOutput()
 			require.NoError(t, err, "go run %s:\n%s", dir, out)
 		})

@@ -299,7 +299,7 @@ func TestClaimWithLostReplyIsSettled(t *testing.T) {
 	pub := newPublisher(t, pool, adapter)
 	const group, topic = "g", "t"
 	cfg := pglease.SubscriberConfig{ConsumerGroup: group, PollInterval: time.Second}
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter,
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, Tables: adapter,
 		InitializeSchema: true, PollInterval: time.Minute}, testLogger())
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, sub.Close()) })
@@ -390,7 +390,7 @@ func TestPositionsFromAnotherClusterAreRefused(t *testing.T) {
 VALUES ('g', 'positions', $1::text::xid8, 1)`, future)
 		require.NoError(t, err)
 		logger := newCapturingLogger()
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter,
 			PollInterval: 10 * time.Millisecond}, logger)
 		require.NoError(t, err)
 		defer func() { require.NoError(t, sub.Close()) }()
@@ -421,7 +421,7 @@ WHERE acked_transaction_id >= pg_snapshot_xmax(pg_current_snapshot())`)
 VALUES ('messages', $1::text::xid8, 'restored', 'x')`, future)
 		after := publishN(t, pub, "messages", 1)
 		logger := newCapturingLogger()
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter,
 			PollInterval: 10 * time.Millisecond}, logger)
 		require.NoError(t, err)
 		defer func() { require.NoError(t, sub.Close()) }()
@@ -469,7 +469,7 @@ func TestTakeoverIsLoggedWithTheOldSession(t *testing.T) {
 	require.NoError(t, err)
 
 	logger := newCapturingLogger()
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter}, logger)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter}, logger)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, sub.Close()) }()
 	_, err = sub.Subscribe(ctx, "t")
@@ -499,7 +499,7 @@ func TestTakeoverOfAGoneSessionIsLoggedWithItsOwner(t *testing.T) {
 	require.NoError(t, err)
 
 	logger := newCapturingLogger()
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter}, logger)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter}, logger)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, sub.Close()) }()
 	sawCrashed := make(chan struct{})
@@ -535,7 +535,7 @@ func TestCloseReportsReleasesItCouldNotWrite(t *testing.T) {
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter,
 		InitializeSchema: true, CloseTimeout: 300 * time.Millisecond}, testLogger())
 	require.NoError(t, err)
 	msgs, err := sub.Subscribe(context.Background(), "stuck")

@@ -60,7 +60,7 @@ func startServers(t *testing.T, start func(context.Context, pgrepl.Options) (*pg
 // closed at the end of the test.
 func newFailoverSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, cfg pglease.SubscriberConfig) *pglease.Subscriber {
 	t.Helper()
-	cfg.SchemaAdapter = adapter
+	cfg.Tables = adapter
 	cfg.InitializeSchema = true
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 100 * time.Millisecond
@@ -240,7 +240,7 @@ func TestFailoverToALaggingStandbyDeliversWhatIsPublishedAfter(t *testing.T) {
 	c := startCluster(t, pgrepl.Options{})
 	pool := newPoolOn(t, c.MultiHostDSN(), 8)
 	adapter := newSchema(t, pool)
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, testLogger())
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter, AutoInitializeSchema: true}, testLogger())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	sub := newFailoverSubscriber(t, pool, adapter, pglease.SubscriberConfig{})
@@ -344,7 +344,7 @@ func TestCopyStartedAsItIsDeliversWhatIsPublishedAfter(t *testing.T) {
 			require.NoError(t, c.Standby.Stop()) // not used
 			pool := newPoolOn(t, c.Primary.DSN(), 8)
 			adapter := newSchema(t, pool)
-			pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, testLogger())
+			pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter, AutoInitializeSchema: true}, testLogger())
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = pub.Close() })
 			sub := newFailoverSubscriber(t, pool, adapter, pglease.SubscriberConfig{SessionTTL: 30 * time.Second})
@@ -423,7 +423,7 @@ func TestSynchronousFailoverLosesNoPublishedMessage(t *testing.T) {
 	pool := newPoolOn(t, c.MultiHostDSN(), 12)
 	adapter := newSchema(t, pool)
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "orders", pglease.TopicConfig{Partitions: partitions,
-		SchemaAdapter: adapter, InitializeSchema: true}))
+		Tables: adapter, InitializeSchema: true}))
 
 	got := newDeliveries()
 	var consumers sync.WaitGroup
@@ -449,7 +449,7 @@ func TestSynchronousFailoverLosesNoPublishedMessage(t *testing.T) {
 		pubs      sync.WaitGroup
 	)
 	for p := range publishers {
-		pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, testLogger())
+		pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, testLogger())
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = pub.Close() })
 		pubs.Add(1)

@@ -373,7 +373,7 @@ func TestShortHoldsAreNotAStall(t *testing.T) {
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
 	logs := newCapturingLogger()
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true,
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter, InitializeSchema: true,
 		ConsumerGroup: "g", PollInterval: pollInterval}, logs)
 	require.NoError(t, err)
 	defer sub.Close()
@@ -516,7 +516,7 @@ func newCoalescingSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.T
 		CommitInterval:   time.Hour,
 		CommitBatch:      1000,
 		InitializeSchema: true,
-		SchemaAdapter:    adapter,
+		Tables:           adapter,
 		// The tests hold a message while they end the subscription: it
 		// goes to the next owner at once.
 		DrainTimeout: -1,

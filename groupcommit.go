@@ -22,12 +22,12 @@ const (
 // connections, run side by side.
 type groupCommitter struct {
 	pool    *pgxpool.Pool
-	tables  *pgsql.Tables
+	driver  *pgsql.Lazy
 	batcher batcher[pgsql.InsertMessagesParams]
 }
 
-func newGroupCommitter(pool *pgxpool.Pool, tables *pgsql.Tables, logger watermill.LoggerAdapter) *groupCommitter {
-	g := &groupCommitter{pool: pool, tables: tables}
+func newGroupCommitter(pool *pgxpool.Pool, driver *pgsql.Lazy, logger watermill.LoggerAdapter) *groupCommitter {
+	g := &groupCommitter{pool: pool, driver: driver}
 	g.batcher = batcher[pgsql.InsertMessagesParams]{
 		workers:  max(1, min(groupMaxWorkers, int(pool.Config().MaxConns)/2)),
 		maxCount: groupMaxMessages,
@@ -55,7 +55,7 @@ func (g *groupCommitter) publish(ctx context.Context, params pgsql.InsertMessage
 func (g *groupCommitter) wait() { g.batcher.wait() }
 
 func (g *groupCommitter) insert(ctx context.Context, params pgsql.InsertMessagesParams) error {
-	return execInsert(ctx, g.pool, g.tables, params)
+	return execInsert(ctx, g.pool, g.driver, params)
 }
 
 // insertMany writes the calls with one statement: all of them are stored,
@@ -81,5 +81,5 @@ func (g *groupCommitter) insertMany(ctx context.Context, calls []pgsql.InsertMes
 			}
 		}
 	}
-	return nil, execInsert(ctx, g.pool, g.tables, combined)
+	return nil, execInsert(ctx, g.pool, g.driver, combined)
 }

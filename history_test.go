@@ -45,7 +45,7 @@ var ownershipLostText = pglease.ErrOwnershipLost.Error()
 // logs of the offsets and sessions tables.
 func instrument(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) {
 	t.Helper()
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true}, nil)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter, InitializeSchema: true}, nil)
 	require.NoError(t, err)
 	require.NoError(t, sub.SubscribeInitialize("setup"))
 	require.NoError(t, sub.Close())

@@ -27,8 +27,8 @@ type horizonHolder struct {
 }
 
 // readHorizon reads the xmin horizon and the transaction holding it back.
-func readHorizon(ctx context.Context, q pgsql.Querier, t *pgsql.Tables) (horizon, error) {
-	r, err := pgsql.InspectHorizon(ctx, q, t)
+func readHorizon(ctx context.Context, q pgsql.Querier, t pgsql.Driver) (horizon, error) {
+	r, err := t.InspectHorizon(ctx, q)
 	if err != nil || r.PID == nil {
 		return horizon{Xmin: r.Xmin}, err
 	}

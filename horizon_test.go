@@ -106,7 +106,7 @@ func TestHotTablesStayCheapUnderHeldHorizon(t *testing.T) {
 		defer pool.Close()
 		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
 			ConsumerGroup:    "g",
-			SchemaAdapter:    adapter,
+			Tables:           adapter,
 			SessionTTL:       pglease.MinSessionTTL,
 			CommitBatch:      1,
 			ListenConnConfig: directConnConfig(t),
@@ -319,7 +319,7 @@ func TestDeliveryStallIsLoggedOnce(t *testing.T) {
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
 	logs := newCapturingLogger()
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true,
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter, InitializeSchema: true,
 		PollInterval: 50 * time.Millisecond}, logs)
 	require.NoError(t, err)
 	defer sub.Close()

@@ -43,7 +43,7 @@ func TestAckInTxWithMaxInFlight(t *testing.T) {
 	ids := publishKeyed(t, pub, "in", "a", "b", "a")
 	createEffects(t, pool, adapter)
 	newSub := func(drain time.Duration) *pglease.Subscriber {
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true,
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter, InitializeSchema: true,
 			MaxInFlight: 4, CommitBatch: 1, DrainTimeout: drain}, testLogger())
 		require.NoError(t, err)
 		return sub

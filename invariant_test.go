@@ -373,7 +373,7 @@ func TestInvariantCheckerCatchesViolations(t *testing.T) {
 	// an exec that fails the test on error.
 	setup := func(t *testing.T) (pglease.Tables, func(q string, args ...any)) {
 		adapter := newSchema(t, pool)
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true}, nil)
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter, InitializeSchema: true}, nil)
 		require.NoError(t, err)
 		require.NoError(t, sub.SubscribeInitialize("setup"))
 		require.NoError(t, sub.Close())

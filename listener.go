@@ -523,7 +523,7 @@ func (s *Subscriber) pollIdleOnce(consumers []*consumer, params pgsql.VisibleTop
 		return err
 	}
 	defer conn.Release()
-	visible, err := pgsql.VisibleTopics(ctx, conn, s.offsets.tables, params)
+	visible, err := s.offsets.driver.VisibleTopics(ctx, conn, params)
 	if err != nil {
 		return err
 	}

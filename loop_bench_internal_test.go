@@ -80,7 +80,7 @@ func BenchmarkOwnLoop(b *testing.B) {
 			c := &consumer{
 				consumerDeps: &consumerDeps{settings: newConsumerSettings(cfg), budget: newByteBudget(DefaultMaxBufferedBytes),
 					store: store, hub: hub, host: fakeConsumerHost{}, stats: newSubscriberStats(),
-					outage: newOutageLog(watermill.NopLogger{}, componentConsumers), tables: pgsql.NewTables(pgsql.Names{}),
+					outage: newOutageLog(watermill.NopLogger{}, componentConsumers), driver: pgsql.NewLazy(pgsql.NewTables(pgsql.Names{})),
 					goroutines: &sync.WaitGroup{}, prefetch: true},
 				topic: "t", ctx: ctx, out: make(chan *message.Message), wake: make(chan struct{}, 1),
 				yield: make(chan struct{}), logger: watermill.NopLogger{},

@@ -49,6 +49,7 @@ var (
 	ackedOffset        = testkit.AckedOffset
 	parsePos           = testkit.ParsePos
 	tablesOf           = testkit.TablesOf
+	driverOf           = testkit.DriverOf
 	serverHere         = testkit.ServerHere
 	createTables       = testkit.CreateTables
 	execQuery          = testkit.ExecQuery

@@ -37,18 +37,18 @@ const DefaultMaintenanceInterval = 30 * time.Second
 // it waits for); the claim statement runs only when the row looks free.
 // The maintainer's own settings apply; give every Subscriber the same.
 type MaintenanceConfig struct {
-	// Disabled makes the Subscriber never run maintenance. With every
-	// Subscriber disabled, delayed messages are not delivered and
-	// retention removes nothing.
+	// Disabled sets whether the Subscriber never runs maintenance,
+	// default false: it is a candidate. With every Subscriber disabled,
+	// delayed messages are not delivered and retention removes nothing.
 	Disabled bool
-	// Interval is how often the maintainer deletes expired sessions,
+	// Interval sets how often the maintainer deletes expired sessions,
 	// removes idle groups and looks for new retention settings it was not
-	// notified of. Default DefaultMaintenanceInterval (30s).
+	// notified of, default DefaultMaintenanceInterval (30s).
 	Interval time.Duration
-	// RemoveIdleGroupsAfter, when positive, deletes the offset rows of a
-	// consumer group that has had no live session and no commit or claim
-	// for that long: the group starts again as a new group (StartFrom). 0
-	// (the default) keeps them forever.
+	// RemoveIdleGroupsAfter sets after how long without a live session,
+	// a commit or a claim the offset rows of a consumer group are deleted,
+	// default 0: never. The group then starts again as a new group
+	// (StartFrom).
 	RemoveIdleGroupsAfter time.Duration
 }
 
@@ -81,6 +81,9 @@ type maintainer struct {
 	delegated bool
 	// outage logs the failures of the maintenance's statements.
 	outage *outageLog
+	// settling holds, per retention class, the partitions publishers
+	// wait for (usePartitions); only the retention rounds use it.
+	settling map[int]pendingUse
 
 	loop svc.Service // run, started by the first Subscribe
 }
@@ -99,10 +102,10 @@ type maintainerDeps struct {
 	// session tells the generation to stand under.
 	store   maintainerStore
 	session sessionSource
-	// pool and t are where the retention rounds (retention.go) run their
-	// statements and DDL.
-	pool *pgxpool.Pool
-	t    *pgsql.Tables
+	// pool and driver are where and how the retention rounds
+	// (retention.go) run their statements and DDL.
+	pool   *pgxpool.Pool
+	driver *pgsql.Lazy
 	// spread returns a random duration in [0, n], to spread the
 	// candidates' claims (rand.N but in tests).
 	spread func(n time.Duration) time.Duration

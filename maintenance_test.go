@@ -22,9 +22,9 @@ import (
 // messages of those topics would go to the partition kept forever.
 func waitCovered(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, retention time.Duration) {
 	t.Helper()
-	waitFor(t, 10*time.Second, "the retention partitions", func() bool {
+	waitFor(t, 10*time.Second, "the retention partitions, usable by publishers", func() bool {
 		var ready bool
-		require.NoError(t, pool.QueryRow(context.Background(), `SELECT COALESCE(bool_and(covered_until > now() + $1::interval),
+		require.NoError(t, pool.QueryRow(context.Background(), `SELECT COALESCE(bool_and(usable_until > now() + $1::interval),
 			false) FROM `+table(adapter, pglease.DefaultRetentionTable), fmt.Sprintf("%d milliseconds", (retention+time.Second).Milliseconds())).Scan(&ready))
 		return ready
 	})
@@ -76,12 +76,12 @@ func TestDelayedMessageCommitsWithTheTransaction(t *testing.T) {
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	newPublisher(t, pool, adapter) // initializes the schema
-	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{SchemaAdapter: adapter, InitializeSchema: true}))
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Tables: adapter, InitializeSchema: true}))
 
 	publishInTx := func(commit bool) string {
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
-		pub, err := pglease.NewPublisher(tx, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+		pub, err := pglease.NewPublisher(tx, pglease.PublisherConfig{Tables: adapter}, nil)
 		require.NoError(t, err)
 		msg := message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprint(commit)))
 		delay.Message(msg, delay.For(time.Second))
@@ -119,7 +119,7 @@ func TestRetentionEmptiesTopic(t *testing.T) {
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "short", pglease.TopicConfig{Retention: 2 * time.Second,
-		SchemaAdapter: adapter, InitializeSchema: true}))
+		Tables: adapter, InitializeSchema: true}))
 	pub := newPublisher(t, pool, adapter)
 
 	maint := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "maint"})
@@ -171,7 +171,7 @@ func TestMaintainerIsOneSubscriber(t *testing.T) {
 	adapter := newSchema(t, pool)
 	var subs []*pglease.Subscriber
 	for i := range 3 {
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true,
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter, InitializeSchema: true,
 			ConsumerGroup: fmt.Sprint("g", i), SessionTTL: 10 * time.Second}, testLogger())
 		require.NoError(t, err)
 		_, err = sub.Subscribe(ctx, "t")
@@ -223,7 +223,7 @@ func TestRetentionSetLaterDeletesKeptMessages(t *testing.T) {
 	waitFor(t, 10*time.Second, "the position to be committed", func() bool {
 		return readOffset(t, pool, adapter, "g", "t").Offset > 0
 	})
-	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Retention: time.Second, SchemaAdapter: adapter}))
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Retention: time.Second, Tables: adapter}))
 	waitFor(t, 20*time.Second, "the kept messages to be deleted", func() bool {
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+table(adapter, pglease.DefaultMessagesTable)+
@@ -284,9 +284,9 @@ func TestMaintenanceBadInput(t *testing.T) {
 	pool := newPool(t, 4)
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
-	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{SchemaAdapter: adapter, InitializeSchema: true}))
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Tables: adapter, InitializeSchema: true}))
 	for _, r := range []time.Duration{-time.Second, 500 * time.Millisecond, pglease.MaxRetention + time.Hour} {
-		err := pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Retention: r, SchemaAdapter: adapter, InitializeSchema: true})
+		err := pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Retention: r, Tables: adapter, InitializeSchema: true})
 		require.ErrorIs(t, err, pglease.ErrInvalidConfig, "retention %s", r)
 		assert.Contains(t, err.Error(), "TopicConfig.Retention")
 	}
@@ -300,7 +300,7 @@ func TestMaintenanceBadInput(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+table(adapter, pglease.DefaultMessagesTable)+
 		") + (SELECT count(*) FROM "+table(adapter, pglease.DefaultDelayedTable)+")").Scan(&n))
 	assert.Zero(t, n, "nothing of a failed Publish is stored")
-	_, err = pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter,
+	_, err = pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter,
 		Maintenance: pglease.MaintenanceConfig{RemoveIdleGroupsAfter: -time.Second}}, nil)
 	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
 }
@@ -315,7 +315,7 @@ func TestInterruptedDetachIsFinished(t *testing.T) {
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "short", pglease.TopicConfig{Retention: time.Second,
-		SchemaAdapter: adapter, InitializeSchema: true}))
+		Tables: adapter, InitializeSchema: true}))
 	pub := newPublisher(t, pool, adapter)
 	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{})
 	_, err := sub.Subscribe(ctx, "other")
@@ -423,7 +423,7 @@ func TestPartitionDetachedByHandIsDropped(t *testing.T) {
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "short", pglease.TopicConfig{Retention: 2 * time.Second,
-		SchemaAdapter: adapter, InitializeSchema: true}))
+		Tables: adapter, InitializeSchema: true}))
 	maint := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "maint",
 		Maintenance: pglease.MaintenanceConfig{Interval: time.Hour}})
 	_, err := maint.Subscribe(ctx, "keep")
@@ -443,4 +443,48 @@ WHERE i.inhparent = to_regclass($1) AND c.relname ~ '_r[0-9]+_[0-9]+$' ORDER BY 
 		require.NoError(t, pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, partTable).Scan(&exists))
 		return !exists
 	})
+}
+
+// TestOutboxPublishesAcrossAPartitionAdded: a transaction that published
+// to a topic with a retention before the maintainer added the partitions
+// of its class publishes to it again after. PostgreSQL reads a table's
+// partitions in a transaction when it first locks the table, so that
+// transaction still routes by the partitions it saw first: publishers
+// use a new partition only once every transaction that had the messages
+// table open when it was attached has ended. The second Publish
+// succeeds, both messages are delivered, and the partitions become
+// usable once the transaction ended.
+func TestOutboxPublishesAcrossAPartitionAdded(t *testing.T) {
+	parallel(t)
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	adapter := newSchema(t, pool)
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "short", pglease.TopicConfig{Retention: 2 * time.Second,
+		SchemaAdapter: adapter, InitializeSchema: true}))
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	pub, err := pglease.NewPublisher(tx, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, err)
+	first := message.NewMessage(watermill.NewUUID(), []byte("before"))
+	require.NoError(t, pub.Publish("short", first))
+
+	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g"})
+	msgs, err := sub.Subscribe(ctx, "short")
+	require.NoError(t, err)
+	var covered, usable time.Time
+	waitFor(t, 10*time.Second, "the retention partitions", func() bool {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT GREATEST(covered_until, 'epoch'), GREATEST(usable_until, 'epoch') FROM `+
+			table(adapter, pglease.DefaultRetentionTable)).Scan(&covered, &usable))
+		return covered.After(time.Now().Add(3 * time.Second))
+	})
+	assert.False(t, usable.After(time.Now()), "partitions usable while a transaction that could not route to them runs")
+
+	second := message.NewMessage(watermill.NewUUID(), []byte("after"))
+	require.NoError(t, pub.Publish("short", second), "a Publish in the transaction after the partitions were added")
+	require.NoError(t, tx.Commit(ctx))
+	got := receive(t, msgs, 2, 10*time.Second)
+	assert.Equal(t, []string{first.UUID, second.UUID}, []string{got[0].UUID, got[1].UUID})
+	waitCovered(t, pool, adapter, 2*time.Second)
 }

@@ -58,8 +58,8 @@ func TestMigrationToPartitionedMessagesKeepsEveryPosition(t *testing.T) {
 	// the partitioned messages table.
 	require.NoError(t, migrateTo(ctx, pool, adapter, 5))
 	old, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
-		SchemaAdapter: adapter,
-		Maintenance:   pglease.MaintenanceConfig{Disabled: true},
+		Tables:      adapter,
+		Maintenance: pglease.MaintenanceConfig{Disabled: true},
 	}, nil)
 	require.NoError(t, err)
 	require.NoError(t, old.SubscribeInitialize(migSmallTopic))
@@ -222,7 +222,7 @@ ORDER BY transaction_id, "offset"`, migSmallTopic, g1Small.tx, g1Small.off)
 
 	// The upgrade, by the default adapter, timed.
 	upgrader, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
-		SchemaAdapter:    adapter,
+		Tables:           adapter,
 		InitializeSchema: true,
 		Maintenance:      pglease.MaintenanceConfig{Disabled: true},
 	}, nil)
@@ -290,7 +290,7 @@ FROM `+messages).Scan(&classes, &infinite))
 	assert.Equal(t, beforeOffsets, tableText(t, pool, offsetsV5, "true", "consumer_group, topic, partition"), "offsets unchanged")
 
 	// New messages come after every old one.
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, nil)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter, AutoInitializeSchema: true}, nil)
 	require.NoError(t, err)
 	defer func() { _ = pub.Close() }()
 	fresh := []*message.Message{
@@ -314,7 +314,7 @@ FROM `+messages).Scan(&classes, &infinite))
 	// the new ones, in order.
 	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
 		ConsumerGroup: migResumeGroup,
-		SchemaAdapter: adapter,
+		Tables:        adapter,
 		PollInterval:  50 * time.Millisecond,
 	}, testLogger())
 	require.NoError(t, err)

@@ -137,7 +137,7 @@ func (c *claim) wentBack(err error, what string) error {
 // concurrent use.
 type offsetStore struct {
 	pool     *pgxpool.Pool
-	tables   *pgsql.Tables
+	driver   *pgsql.Lazy
 	releases *releaser
 	stats    *subscriberStats
 	// afterClaim, when set (tests only), runs after every claim statement
@@ -149,8 +149,8 @@ type offsetStore struct {
 	futures *futureRows
 }
 
-func newOffsetStore(pool *pgxpool.Pool, tables *pgsql.Tables, releaseTimeout time.Duration, stats *subscriberStats, logger watermill.LoggerAdapter) offsetStore {
-	return offsetStore{pool: pool, tables: tables, releases: newReleaser(pool, tables, releaseTimeout, logger), stats: stats,
+func newOffsetStore(pool *pgxpool.Pool, driver *pgsql.Lazy, releaseTimeout time.Duration, stats *subscriberStats, logger watermill.LoggerAdapter) offsetStore {
+	return offsetStore{pool: pool, driver: driver, releases: newReleaser(pool, driver, releaseTimeout, logger), stats: stats,
 		futures: &futureRows{logger: logger, seen: map[futureRow]struct{}{}}}
 }
 
@@ -254,7 +254,7 @@ func (s offsetStore) ensureMany(wait context.Context, timeout time.Duration, gro
 		return nil, fmt.Errorf("create offset rows: %w", err)
 	}
 	defer done()
-	res, err := pgsql.EnsureOffsets(ctx, conn, s.tables, pgsql.OffsetsParams{ConsumerGroup: group, Topics: topics,
+	res, err := s.driver.EnsureOffsets(ctx, conn, pgsql.OffsetsParams{ConsumerGroup: group, Topics: topics,
 		Partitions: partitions, Latest: latest})
 	if err != nil {
 		return nil, fmt.Errorf("create offset rows: %w", wrapMissingSchema(err))
@@ -282,7 +282,7 @@ func (s offsetStore) partitionCounts(wait context.Context, timeout time.Duration
 		return nil, fmt.Errorf("read partition counts: %w", err)
 	}
 	defer done()
-	return topicPartitions(ctx, conn, s.tables, topics)
+	return topicPartitions(ctx, conn, s.driver, topics)
 }
 
 // owners reads who owns group's offset rows of topics, and under which
@@ -293,7 +293,7 @@ func (s offsetStore) owners(wait context.Context, timeout time.Duration, group s
 		return nil, fmt.Errorf("read the owners of offset rows: %w", err)
 	}
 	defer done()
-	rows, err := pgsql.OffsetOwners(ctx, conn, s.tables, group, topics)
+	rows, err := s.driver.OffsetOwners(ctx, conn, group, topics)
 	if err != nil {
 		return nil, fmt.Errorf("read the owners of offset rows: %w", wrapMissingSchema(err))
 	}
@@ -363,7 +363,7 @@ type claimedRow struct {
 }
 
 // claimMany claims for the session up to limit of the topics' rows of
-// group that are free (see pgsql.ClaimOffsets). An error
+// group that are free (see pgsql.Driver.ClaimOffsets). An error
 // that wraps errNotSent or a *pgconn.PgError means nothing was claimed;
 // after any other the statement may have committed.
 func (s offsetStore) claimMany(wait context.Context, timeout time.Duration, group string, rows []rowKey, g *sessionGen, limit int) ([]claimedRow, error) {
@@ -373,7 +373,7 @@ func (s offsetStore) claimMany(wait context.Context, timeout time.Duration, grou
 		return nil, fmt.Errorf("claim topics: %w", err)
 	}
 	defer done()
-	res, err := pgsql.ClaimOffsets(ctx, conn, s.tables, pgsql.OffsetsParams{ConsumerGroup: group, Topics: topics,
+	res, err := s.driver.ClaimOffsets(ctx, conn, pgsql.OffsetsParams{ConsumerGroup: group, Topics: topics,
 		Partitions: partitions, SessionID: g.id, Here: g.here, Limit: limit})
 	if err != nil {
 		return nil, fmt.Errorf("claim topics: %w", wrapMissingSchema(err))
@@ -413,7 +413,7 @@ func (s offsetStore) read(ctx context.Context, timeout time.Duration, p readPara
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	s.stats.reads.Add(1)
-	res, err := pgsql.SelectMessages(ctx, conn, s.tables, pgsql.SelectMessagesParams{
+	res, err := s.driver.SelectMessages(ctx, conn, pgsql.SelectMessagesParams{
 		Topic:           p.row.topic,
 		Partition:       p.row.partition,
 		After:           pgsql.Position(p.after),
@@ -448,7 +448,7 @@ func (s offsetStore) countHead(ctx context.Context, c *claim) (int, error) {
 		return 0, fmt.Errorf("count delivery of topic %q: %w", c.topic, err)
 	}
 	defer conn.Release()
-	n, err := pgsql.CountHeadDelivery(ctx, conn, s.tables, c.params(c.committed))
+	n, err := s.driver.CountHeadDelivery(ctx, conn, c.params(c.committed))
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return 0, ownershipLost("count delivery of topic", c)
@@ -469,7 +469,7 @@ func (s offsetStore) commit(ctx context.Context, c *claim) error {
 	p.Version = c.version
 	var version string
 	err := execFenced(ctx, s.pool, func(q pgsql.Querier) (int64, error) {
-		v, written, err := pgsql.CommitOffset(ctx, q, s.tables, p)
+		v, written, err := s.driver.CommitOffset(ctx, q, p)
 		if !written {
 			return 0, err
 		}
@@ -496,7 +496,7 @@ func (s offsetStore) commit(ctx context.Context, c *claim) error {
 // Releases that come together are batched (see releaser).
 func (s offsetStore) release(ctx context.Context, c *claim) error {
 	p := c.params(c.acked)
-	p.NotifyChannel = s.tables.NotifyChannel
+	p.NotifyChannel = s.driver.Tables().NotifyChannel
 	if err := s.releases.release(ctx, c, p); err != nil {
 		err = c.wentBack(err, "release topic")
 		if errors.Is(err, ErrOwnershipLost) {

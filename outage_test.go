@@ -132,7 +132,7 @@ func TestSubscribeBeforeTheDatabaseIsUp(t *testing.T) {
 
 	logger := newCapturingLogger()
 	sub, err := pglease.NewSubscriber(gated, pglease.SubscriberConfig{
-		SchemaAdapter: adapter, InitializeSchema: true, SessionTTL: 2 * time.Second,
+		Tables: adapter, InitializeSchema: true, SessionTTL: 2 * time.Second,
 		PollInterval: 50 * time.Millisecond, ConsumerGroup: "early",
 	}, logger)
 	require.NoError(t, err)
@@ -174,7 +174,7 @@ func TestSubscribeWithoutTablesFails(t *testing.T) {
 	parallel(t)
 	pool := newPool(t, 4)
 	adapter := pglease.Tables{Schema: pgtest.NewSchema(t, pool, "pglease_test_")}
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter}, nil)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	_, err = sub.Subscribe(context.Background(), "t")
@@ -194,7 +194,7 @@ func TestOutageLogsOncePerComponent(t *testing.T) {
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
 	logger := newCapturingLogger()
-	cfg := pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true, SessionTTL: 10 * time.Second,
+	cfg := pglease.SubscriberConfig{Tables: adapter, InitializeSchema: true, SessionTTL: 10 * time.Second,
 		PollInterval: 20 * time.Millisecond}
 	if testkit.PoolDSN != testkit.DSN {
 		cfg.ListenConnConfig = directConnConfig(t)

@@ -67,7 +67,7 @@ func TestPartitionedTopicOneSubscriber(t *testing.T) {
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "hot", pglease.TopicConfig{Partitions: partitions,
-		SchemaAdapter: adapter, InitializeSchema: true}))
+		Tables: adapter, InitializeSchema: true}))
 	pub := newPublisher(t, pool, adapter)
 
 	keys := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
@@ -83,7 +83,7 @@ func TestPartitionedTopicOneSubscriber(t *testing.T) {
 	}
 	require.Len(t, byPartition, partitions, "the keys of this test cover every partition")
 
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter,
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter,
 		NackResendDelay: time.Millisecond}, testLogger())
 	require.NoError(t, err)
 	sctx, cancel := context.WithCancel(ctx)
@@ -150,10 +150,10 @@ func TestPartitionCountRaisedWhileSubscribed(t *testing.T) {
 	ctx := context.Background()
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
-	cfg := pglease.TopicConfig{Partitions: 1, SchemaAdapter: adapter, InitializeSchema: true}
+	cfg := pglease.TopicConfig{Partitions: 1, Tables: adapter, InitializeSchema: true}
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "growing", cfg))
 	pub := newPublisher(t, pool, adapter)
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter,
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter,
 		PollInterval: time.Hour}, testLogger()) // no poll: only the notification can tell
 	require.NoError(t, err)
 	defer sub.Close()
@@ -230,7 +230,7 @@ func TestPartitionedTopicAcrossProcesses(t *testing.T) {
 	s := newFailureSetup(t, ttl, "hot")
 	installInvariantChecker(t, s.pool, s.adapter)
 	require.NoError(t, pglease.CreateTopic(context.Background(), s.pool, "hot",
-		pglease.TopicConfig{Partitions: partitions, SchemaAdapter: s.adapter}))
+		pglease.TopicConfig{Partitions: partitions, Tables: s.adapter}))
 	var streams []string
 	for p := range partitions {
 		streams = append(streams, streamName("hot", int32(p)))
@@ -314,7 +314,7 @@ func TestPartitionedTopicSpreadWithOtherTopics(t *testing.T) {
 	const ttl = 2 * time.Second
 	s := newFailureSetup(t, ttl, "orders", "plain1", "plain2")
 	require.NoError(t, pglease.CreateTopic(context.Background(), s.pool, "orders",
-		pglease.TopicConfig{Partitions: 4, SchemaAdapter: s.adapter}))
+		pglease.TopicConfig{Partitions: 4, Tables: s.adapter}))
 	streams := []string{"plain1", "plain2"}
 	for p := range 4 {
 		streams = append(streams, streamName("orders", int32(p)))

@@ -114,7 +114,7 @@ func TestBehindPgBouncerTheSubscriberSaysWhatToSet(t *testing.T) {
 	logger := newCapturingLogger()
 	adapter := newSchema(t, pool)
 	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
-		ConsumerGroup: "g", SchemaAdapter: adapter, InitializeSchema: true,
+		ConsumerGroup: "g", Tables: adapter, InitializeSchema: true,
 		PollInterval: 20 * time.Millisecond,
 	}, logger)
 	require.NoError(t, err)
@@ -181,7 +181,7 @@ func TestPollOnly(t *testing.T) {
 
 	newSub := func() *pglease.Subscriber {
 		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
-			ConsumerGroup: "g", SchemaAdapter: adapter, InitializeSchema: true,
+			ConsumerGroup: "g", Tables: adapter, InitializeSchema: true,
 			PollOnly: true, PollInterval: 50 * time.Millisecond, SessionTTL: time.Minute,
 		}, testLogger())
 		require.NoError(t, err)
@@ -266,7 +266,7 @@ func TestListenerProbeFindsAConnectionThatStoppedReceiving(t *testing.T) {
 	pub := newPublisher(t, pool, adapter)
 	logger := newCapturingLogger()
 	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
-		ConsumerGroup: "g", SchemaAdapter: adapter, InitializeSchema: true,
+		ConsumerGroup: "g", Tables: adapter, InitializeSchema: true,
 		ListenConnConfig: viaProxy, PollInterval: time.Hour,
 	}, logger)
 	require.NoError(t, err)
@@ -307,7 +307,7 @@ func TestListenerReconnectsAtOnceWhenItsConnectionDies(t *testing.T) {
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
 	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
-		ConsumerGroup: "g", SchemaAdapter: adapter, InitializeSchema: true,
+		ConsumerGroup: "g", Tables: adapter, InitializeSchema: true,
 		ListenConnConfig: direct, PollInterval: time.Hour,
 	}, testLogger())
 	require.NoError(t, err)

@@ -1,13 +1,13 @@
 package pglease
 
 // GrantSQL returns the statements that give role everything pglease needs
-// at run time, and nothing more, on the tables of adapter
-// (Tables{}: the default names), for an application that runs as a role that
-// owns nothing: the owner of the tables runs them, once, after [Migrate].
-// With them, role publishes (delayed messages too), subscribes, creates
-// topics (CreateTopic), inspects and resets offsets (admin.Inspector), and, when
-// elected, does the maintainer's work, retention partitions included,
-// through the owner's SECURITY DEFINER functions (schema version 7).
+// at run time, and nothing more, on tables (Tables{}: the default names),
+// for an application that runs as a role that owns nothing: the owner of
+// the tables runs them, once, after [Migrate]. With them, role publishes
+// (delayed messages too), subscribes, creates topics (CreateTopic),
+// inspects and resets offsets (admin.Inspector), and, when elected, does
+// the maintainer's work, retention partitions included, through the
+// owner's SECURITY DEFINER functions (schema version 7).
 //
 // It grants USAGE on the schema (when Schema is set); SELECT, INSERT,
 // UPDATE and DELETE on the messages table, its partition of messages kept
@@ -33,12 +33,12 @@ package pglease
 // role is quoted (used exactly as given). For the empty role name or
 // "public" (which GRANT would take for every role), the script raises an
 // error instead of granting anything. See also `pglease grant --role`.
-func GrantSQL(adapter Tables, role string) string {
-	return adapter.tables().GrantScript(role)
+func GrantSQL(tables Tables, role string) string {
+	return tables.tables().GrantScript(role)
 }
 
 // GrantPublisherSQL returns the statements that give role what it needs to
-// publish, and nothing more, on the tables of adapter: for a service that
+// publish, and nothing more, on tables: for a service that
 // only publishes (a web front end, the producer side of an outbox). Run
 // it as for [GrantSQL], whose grants include these.
 //
@@ -56,6 +56,6 @@ func GrantSQL(adapter Tables, role string) string {
 // role is quoted (used exactly as given). For the empty role name or
 // "public", the script raises an error instead of granting anything. See
 // also `pglease grant --role NAME --publisher`.
-func GrantPublisherSQL(adapter Tables, role string) string {
-	return adapter.tables().GrantPublisherScript(role)
+func GrantPublisherSQL(tables Tables, role string) string {
+	return tables.tables().GrantPublisherScript(role)
 }

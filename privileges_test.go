@@ -197,7 +197,7 @@ FROM pg_class WHERE oid = $1::regclass`, messages, owner, reader, publication).
 
 	// The application role goes on: publishes (a delayed message too),
 	// subscribes, and its policies still apply.
-	pub, err := pglease.NewPublisher(appPool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	pub, err := pglease.NewPublisher(appPool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
 	after := publishN(t, pub, "t", 1)
@@ -209,7 +209,7 @@ FROM pg_class WHERE oid = $1::regclass`, messages, owner, reader, publication).
 	require.NoError(t, appPool.QueryRow(ctx, "SELECT count(*) FROM "+messages+" WHERE topic = 'secret'").Scan(&secrets))
 	assert.Zero(t, secrets, "the restrictive policy applies to the new parent")
 	logger := newCapturingLogger()
-	sub, err := pglease.NewSubscriber(appPool, pglease.SubscriberConfig{SchemaAdapter: adapter, PollInterval: 50 * time.Millisecond,
+	sub, err := pglease.NewSubscriber(appPool, pglease.SubscriberConfig{Tables: adapter, PollInterval: 50 * time.Millisecond,
 		SessionTTL: 2 * time.Second}, logger)
 	require.NoError(t, err)
 	msgs, err := sub.Subscribe(ctx, "t")
@@ -238,8 +238,8 @@ func TestUpgradeBySuperuserKeepsOwner(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT string_agg(DISTINCT pg_get_userbyid(relowner), ', ') FROM pg_class
 WHERE relnamespace = $1::regnamespace AND relkind IN ('r', 'p')`, pgx.Identifier{adapter.Schema}.Sanitize()).Scan(&owners))
 	assert.Equal(t, owner, owners, "every table belongs to the owner")
-	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "t", pglease.TopicConfig{SchemaAdapter: adapter, Partitions: 2}))
-	pub, err := pglease.NewPublisher(ownerPool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "t", pglease.TopicConfig{Tables: adapter, Partitions: 2}))
+	pub, err := pglease.NewPublisher(ownerPool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
 	publishN(t, pub, "t", 3)
@@ -306,17 +306,17 @@ func TestLeastPrivilegeRole(t *testing.T) {
 		assert.Equal(t, "42501", pgErr.Code, "%s: %v", stmt, err)
 	}
 
-	require.NoError(t, pglease.CreateTopic(ctx, appPool, "short", pglease.TopicConfig{Retention: 2 * time.Second, SchemaAdapter: adapter}))
-	require.NoError(t, pglease.CreateTopic(ctx, appPool, "keep", pglease.TopicConfig{Partitions: 2, SchemaAdapter: adapter}))
+	require.NoError(t, pglease.CreateTopic(ctx, appPool, "short", pglease.TopicConfig{Retention: 2 * time.Second, Tables: adapter}))
+	require.NoError(t, pglease.CreateTopic(ctx, appPool, "keep", pglease.TopicConfig{Partitions: 2, Tables: adapter}))
 	logger := newCapturingLogger()
-	sub, err := pglease.NewSubscriber(appPool, pglease.SubscriberConfig{SchemaAdapter: adapter, ConsumerGroup: "g",
+	sub, err := pglease.NewSubscriber(appPool, pglease.SubscriberConfig{Tables: adapter, ConsumerGroup: "g",
 		PollInterval: 20 * time.Millisecond, SessionTTL: 2 * time.Second}, logger)
 	require.NoError(t, err)
 	defer sub.Close()
 	msgs, err := sub.Subscribe(ctx, "keep")
 	require.NoError(t, err)
 	waitFor(t, 10*time.Second, "the application role to be elected maintainer", func() bool { return sub.Stats().Maintainer })
-	pub, err := pglease.NewPublisher(appPool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	pub, err := pglease.NewPublisher(appPool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
 	ids := publishN(t, pub, "keep", 5)
@@ -371,7 +371,7 @@ func TestMaintainerWithoutGrantsStandsAside(t *testing.T) {
 	granted, lacking := newRole(t, pool, "pglease_granted"), newRole(t, pool, "pglease_lacking")
 	execAll(t, ownerPool, pglease.GrantSQL(adapter, granted), pglease.GrantSQL(adapter, lacking),
 		"REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA "+pgx.Identifier{adapter.Schema}.Sanitize()+" FROM "+pgx.Identifier{lacking}.Sanitize())
-	cfg := pglease.SubscriberConfig{SchemaAdapter: adapter, PollInterval: 20 * time.Millisecond, SessionTTL: 2 * time.Second}
+	cfg := pglease.SubscriberConfig{Tables: adapter, PollInterval: 20 * time.Millisecond, SessionTTL: 2 * time.Second}
 
 	lackLog := newCapturingLogger()
 	cfg.ConsumerGroup = "a"
@@ -408,7 +408,7 @@ func TestMaintainerWithoutGrantsStandsAside(t *testing.T) {
 	// Released, the maintainer's row is claimed at once by any candidate:
 	// the Subscriber without the grants is none, and says nothing more.
 	require.NoError(t, grantedSub.Close())
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
 	ids := publishN(t, pub, "t", 3)
@@ -559,7 +559,7 @@ func TestMaintainerFunctionsActOnlyOnRetentionPartitions(t *testing.T) {
 	defer func() { _ = holder.Rollback(ctx) }()
 	_, err = holder.Exec(ctx, "SELECT count(*) FROM "+messages)
 	require.NoError(t, err)
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
 	expired := make(chan error, 1)
@@ -613,7 +613,7 @@ func TestMeasureDetachUnderLoad(t *testing.T) {
 	appPool := poolAs(t, app, publishers+6)
 	messages := pgx.Identifier{adapter.Schema, pglease.DefaultMessagesTable}.Sanitize()
 
-	sub, err := pglease.NewSubscriber(appPool, pglease.SubscriberConfig{SchemaAdapter: adapter, ConsumerGroup: "reader",
+	sub, err := pglease.NewSubscriber(appPool, pglease.SubscriberConfig{Tables: adapter, ConsumerGroup: "reader",
 		Maintenance: pglease.MaintenanceConfig{Disabled: true}}, nil)
 	require.NoError(t, err)
 	defer sub.Close()
@@ -624,7 +624,7 @@ func TestMeasureDetachUnderLoad(t *testing.T) {
 			m.Ack()
 		}
 	}()
-	pub, err := pglease.NewPublisher(appPool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	pub, err := pglease.NewPublisher(appPool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
 
@@ -796,11 +796,11 @@ func TestPublisherOnlyRole(t *testing.T) {
 		assert.NotContains(t, grants, never)
 	}
 	execAll(t, ownerPool, grants, pglease.GrantSQL(adapter, consumer))
-	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "keyed", pglease.TopicConfig{Partitions: 3, SchemaAdapter: adapter}))
-	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "kept", pglease.TopicConfig{Retention: time.Hour, SchemaAdapter: adapter}))
+	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "keyed", pglease.TopicConfig{Partitions: 3, Tables: adapter}))
+	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "kept", pglease.TopicConfig{Retention: time.Hour, Tables: adapter}))
 
 	pubPool := poolAs(t, publisher, 4)
-	pub, err := pglease.NewPublisher(pubPool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true,
+	pub, err := pglease.NewPublisher(pubPool, pglease.PublisherConfig{Tables: adapter, AutoInitializeSchema: true,
 		PartitionKey: func(_ string, msg *message.Message) (string, error) { return msg.UUID, nil }}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
@@ -830,13 +830,13 @@ func TestPublisherOnlyRole(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT bool_or(has_function_privilege($1, p.oid, 'EXECUTE'))
 		FROM pg_proc p WHERE p.pronamespace = $2::regnamespace`, publisher, adapter.Schema).Scan(&mayExecute))
 	assert.False(t, mayExecute, "no function of the schema")
-	pubSub, err := pglease.NewSubscriber(pubPool, pglease.SubscriberConfig{SchemaAdapter: adapter}, nil)
+	pubSub, err := pglease.NewSubscriber(pubPool, pglease.SubscriberConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	_, err = pubSub.Subscribe(ctx, "plain")
 	require.Error(t, err, "the publisher's role cannot consume")
 	require.NoError(t, pubSub.Close())
 
-	sub, err := pglease.NewSubscriber(poolAs(t, consumer, 10), pglease.SubscriberConfig{SchemaAdapter: adapter,
+	sub, err := pglease.NewSubscriber(poolAs(t, consumer, 10), pglease.SubscriberConfig{Tables: adapter,
 		PollInterval: 20 * time.Millisecond}, nil)
 	require.NoError(t, err)
 	defer sub.Close()
@@ -862,11 +862,11 @@ func TestPublisherCannotForgePositions(t *testing.T) {
 	publisher := newRole(t, pool, "pglease_publisher")
 	consumer := newRole(t, pool, "pglease_app")
 	execAll(t, ownerPool, pglease.GrantPublisherSQL(adapter, publisher), pglease.GrantSQL(adapter, consumer))
-	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "keyed", pglease.TopicConfig{Partitions: 3, SchemaAdapter: adapter}))
-	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "kept", pglease.TopicConfig{Retention: time.Hour, SchemaAdapter: adapter}))
+	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "keyed", pglease.TopicConfig{Partitions: 3, Tables: adapter}))
+	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "kept", pglease.TopicConfig{Retention: time.Hour, Tables: adapter}))
 
 	pubPool := poolAs(t, publisher, 4)
-	pub, err := pglease.NewPublisher(pubPool, pglease.PublisherConfig{SchemaAdapter: adapter,
+	pub, err := pglease.NewPublisher(pubPool, pglease.PublisherConfig{Tables: adapter,
 		PartitionKey: func(_ string, msg *message.Message) (string, error) { return msg.UUID, nil }}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
@@ -907,7 +907,7 @@ FROM `+qualified(pglease.DefaultMessagesTable), forged).Scan(&ahead, &backdated)
 	assert.Zero(t, backdated, "the creation time is the database's")
 
 	for _, group := range []string{"g1", "g2"} {
-		sub, err := pglease.NewSubscriber(poolAs(t, consumer, 10), pglease.SubscriberConfig{SchemaAdapter: adapter,
+		sub, err := pglease.NewSubscriber(poolAs(t, consumer, 10), pglease.SubscriberConfig{Tables: adapter,
 			ConsumerGroup: group, PollInterval: 20 * time.Millisecond}, nil)
 		require.NoError(t, err)
 		defer sub.Close()

@@ -250,7 +250,7 @@ func (h *helperChild) newSubscriber(i int) (*pglease.Subscriber, error) {
 		NackResendDelay:  10 * time.Millisecond,
 		MaxInFlight:      h.cfg.MaxInFlight,
 		InitializeSchema: true,
-		SchemaAdapter:    pglease.Tables{Schema: h.cfg.Schema},
+		Tables:           pglease.Tables{Schema: h.cfg.Schema},
 	}, h.logger.With(watermill.LogFields{"sub": i}))
 }
 

@@ -31,33 +31,45 @@ type DB interface {
 
 // PublisherConfig configures a [Publisher]. The zero value is valid.
 type PublisherConfig struct {
-	// AutoInitializeSchema creates or migrates the tables before the first
-	// Publish. With a pgx.Tx it runs inside that transaction (a savepoint),
-	// and its advisory lock is held until the transaction ends. Leave it
-	// off when the DDL of [SchemaSQL] is applied by a migration tool.
+	// AutoInitializeSchema sets whether the tables are created or migrated
+	// before the first Publish, default false. With a pgx.Tx it runs
+	// inside that transaction (a savepoint), and its advisory lock is held
+	// until the transaction ends. Leave it off when the DDL of [SchemaSQL]
+	// is applied by a migration tool, or by `pglease migrate` as the
+	// tables' owner.
 	AutoInitializeSchema bool
 
-	// SchemaAdapter names the tables. Default Tables{}: the
-	// default names in the connection's search_path.
+	// Tables sets the names of the tables and their schema, default
+	// Tables{}: the default names in the connection's search_path.
+	Tables Tables
+
+	// SchemaAdapter is the former name of Tables. Set one of the two:
+	// both set to different tables is an error.
+	//
+	// Deprecated: use Tables. The field will be removed in the next minor
+	// release.
 	SchemaAdapter Tables
 
-	// PartitionKey returns the partition key of a message published to a
-	// topic with partitions (see [CreateTopic]): messages with the same
-	// key go to the same partition ([PartitionOf]) and are delivered in
-	// order. Nil means the value of the message's PartitionKeyMetadata
-	// ("partition_key") metadata. A message with an empty key is placed by
-	// a hash of its UUID, which spreads such messages over the partitions with no
-	// order between them. An error fails the Publish call before anything
-	// is stored. On a topic with one partition the key does not matter.
+	// PartitionKey sets the function that returns the partition key of
+	// a message published to a topic with partitions (see
+	// [CreateTopic]), default nil: the value of the message's
+	// PartitionKeyMetadata ("partition_key") metadata. Messages with
+	// the same key go to the same partition ([PartitionOf]) and are
+	// delivered in order. A message with an empty key is placed by a
+	// hash of its UUID, which spreads such messages over the partitions
+	// with no order between them. An error fails the Publish call
+	// before anything is stored. On a topic with one partition the key
+	// does not matter.
 	PartitionKey func(topic string, msg *message.Message) (string, error)
 }
 
 func (c PublisherConfig) validate() error {
-	if err := c.SchemaAdapter.validate(); err != nil {
-		return fmt.Errorf("PublisherConfig.SchemaAdapter: %w", err)
-	}
-	return nil
+	return checkTables("PublisherConfig", c.Tables, c.SchemaAdapter)
 }
+
+// tableNames returns the tables c names: Tables, or the deprecated
+// SchemaAdapter when only that is set.
+func (c PublisherConfig) tableNames() Tables { return pickTables(c.Tables, c.SchemaAdapter) }
 
 // Publisher is a Watermill [message.Publisher] writing to PostgreSQL. All
 // topics share one messages table; a topic needs no set-up.
@@ -71,8 +83,8 @@ type Publisher struct {
 	db     DB
 	config PublisherConfig
 	logger watermill.LoggerAdapter
-	// tables are the quoted names of config.SchemaAdapter.
-	tables *pgsql.Tables
+	// driver runs the statements on config's tables.
+	driver *pgsql.Lazy
 	// serial is held around every statement when db is not a pool.
 	serial *sync.Mutex
 	// group batches concurrent Publish calls when db is a pool.
@@ -103,9 +115,9 @@ func NewPublisher(db DB, config PublisherConfig, logger watermill.LoggerAdapter)
 		logger = watermill.NopLogger{}
 	}
 	p := &Publisher{db: db, config: config, logger: logger, closeDone: make(chan struct{}),
-		tables: config.SchemaAdapter.tables()}
+		driver: pgsql.NewLazy(config.tableNames().tables())}
 	if pool, ok := db.(*pgxpool.Pool); ok {
-		p.group = newGroupCommitter(pool, p.tables, logger)
+		p.group = newGroupCommitter(pool, p.driver, logger)
 	} else {
 		p.serial = &sync.Mutex{}
 	}
@@ -148,14 +160,14 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err := p.initializeSchema(ctx); err != nil {
 		return err
 	}
-	params.NotifyChannel = p.tables.NotifyChannel
+	params.NotifyChannel = p.driver.Tables().NotifyChannel
 	switch {
 	case params.DueAt != nil:
-		err = execDelayed(ctx, p.db, p.tables, params)
+		err = execDelayed(ctx, p.db, p.driver, params)
 	case p.group != nil:
 		err = p.group.publish(ctx, params)
 	default:
-		err = execInsert(ctx, p.db, p.tables, params)
+		err = execInsert(ctx, p.db, p.driver, params)
 	}
 	if err != nil {
 		return fmt.Errorf("publish %s to topic %q: %w", countMessages(len(msgs)), topic, err)
@@ -172,8 +184,8 @@ func countMessages(n int) string {
 	return strconv.Itoa(n) + " messages"
 }
 
-func execInsert(ctx context.Context, db DB, t *pgsql.Tables, params pgsql.InsertMessagesParams) error {
-	if err := pgsql.InsertMessages(ctx, db, t, params); err != nil {
+func execInsert(ctx context.Context, db DB, d pgsql.Driver, params pgsql.InsertMessagesParams) error {
+	if err := d.InsertMessages(ctx, db, params); err != nil {
 		return wrapMissingSchema(err)
 	}
 	return nil
@@ -209,7 +221,7 @@ func (p *Publisher) initializeSchema(ctx context.Context) error {
 	if p.schemaReady {
 		return nil
 	}
-	if err := initializeSchema(ctx, p.db, p.tables); err != nil {
+	if err := initializeSchema(ctx, p.db, p.driver.Tables()); err != nil {
 		return err
 	}
 	p.schemaReady = true

@@ -85,7 +85,7 @@ func TestPublishRejectsBadInput(t *testing.T) {
 	var nilPool *pgxpool.Pool
 	_, err = pglease.NewPublisher(nilPool, pglease.PublisherConfig{}, nil)
 	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
-	_, err = pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: pglease.Tables{MessagesTable: strings.Repeat("m", 64)}}, nil)
+	_, err = pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: pglease.Tables{MessagesTable: strings.Repeat("m", 64)}}, nil)
 	require.ErrorContains(t, err, "Tables.MessagesTable")
 }
 
@@ -141,7 +141,7 @@ func TestPublishInCallersTransaction(t *testing.T) {
 	for _, commit := range []bool{false, true} {
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
-		pub, err := pglease.NewPublisher(tx, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+		pub, err := pglease.NewPublisher(tx, pglease.PublisherConfig{Tables: adapter}, nil)
 		require.NoError(t, err)
 		var wg sync.WaitGroup
 		for i := 0; i < 8; i++ { // a pgx.Tx runs one statement at a time: Publish serializes
@@ -184,7 +184,7 @@ func TestPublishErrorCountsMessages(t *testing.T) {
 	parallel(t)
 	pool := newPool(t, 2)
 	// No tables: the insert fails.
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: newSchema(t, pool)}, nil)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: newSchema(t, pool)}, nil)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, pub.Close()) }()
 	err = pub.Publish("t", message.NewMessage(watermill.NewUUID(), nil))

@@ -62,7 +62,7 @@ func newConformanceWith(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables
 
 func (c *conformance) pubSub(t *testing.T, group string) (message.Publisher, message.Subscriber) {
 	pub, err := pglease.NewPublisher(c.pool, pglease.PublisherConfig{
-		SchemaAdapter:        c.adapter,
+		Tables:               c.adapter,
 		AutoInitializeSchema: true,
 	}, c.logger)
 	require.NoError(t, err)
@@ -72,7 +72,7 @@ func (c *conformance) pubSub(t *testing.T, group string) (message.Publisher, mes
 		PollInterval:     20 * time.Millisecond,
 		NackResendDelay:  10 * time.Millisecond,
 		InitializeSchema: true,
-		SchemaAdapter:    c.adapter,
+		Tables:           c.adapter,
 	}
 	if c.tweak != nil {
 		c.tweak(&cfg)

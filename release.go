@@ -2,13 +2,11 @@ package pglease
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/watermill-pglease/internal/pgsql"
@@ -29,7 +27,7 @@ type release struct {
 // per releaseBatchMax releases, instead of one each.
 type releaser struct {
 	pool   *pgxpool.Pool
-	tables *pgsql.Tables
+	driver *pgsql.Lazy
 	// timeout bounds each statement (or batch) once it is sent; the wait
 	// in the queue before it is bounded by the caller's context only, so
 	// that Close of 100,000 subscriptions does not time out the releases
@@ -38,8 +36,8 @@ type releaser struct {
 	batcher batcher[release]
 }
 
-func newReleaser(pool *pgxpool.Pool, tables *pgsql.Tables, timeout time.Duration, logger watermill.LoggerAdapter) *releaser {
-	r := &releaser{pool: pool, tables: tables, timeout: timeout}
+func newReleaser(pool *pgxpool.Pool, driver *pgsql.Lazy, timeout time.Duration, logger watermill.LoggerAdapter) *releaser {
+	r := &releaser{pool: pool, driver: driver, timeout: timeout}
 	r.batcher = batcher[release]{
 		workers:  1,
 		maxCount: releaseBatchMax,
@@ -65,55 +63,44 @@ func (r *releaser) releaseOne(ctx context.Context, rel release) error {
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	return execFenced(ctx, r.pool, func(q pgsql.Querier) (int64, error) {
-		return pgsql.ReleaseOffset(ctx, q, r.tables, rel.params)
+		return r.driver.ReleaseOffset(ctx, q, rel.params)
 	}, rel.claim, "release topic")
 }
 
-// releaseMany sends the releases as one batch, which is one implicit
-// transaction, the rows updated in (topic, partition) order whatever the order of the
-// calls.
+// releaseMany runs the releases on one connection (see
+// pgsql.Driver.ReleaseOffsets: one pipelined batch, which is one implicit
+// transaction, on a single node), the rows in (topic, partition) order
+// whatever the order of the calls.
 func (r *releaser) releaseMany(ctx context.Context, rels []release) ([]error, error) {
-	if r.tables.OnCitus() {
-		// A release is two statements there (see pgsql.ReleaseOffset).
-		errs := make([]error, len(rels))
-		for i, rel := range rels {
-			errs[i] = r.releaseOne(ctx, rel)
-		}
-		return errs, nil
-	}
 	order := make([]int, len(rels))
 	for i := range order {
 		order[i] = i
 	}
 	slices.SortFunc(order, func(a, b int) int { return compareRows(rels[a].claim.row(), rels[b].claim.row()) })
 
-	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	actx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	conn, err := r.pool.Acquire(ctx)
+	conn, err := r.pool.Acquire(actx)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Release()
-	batch := &pgx.Batch{}
-	for _, i := range order {
-		r.tables.ReleaseOffset(rels[i].params).Queue(batch)
+	params := make([]pgsql.OffsetParams, len(order))
+	for k, i := range order {
+		params[k] = rels[i].params
 	}
-	results := conn.SendBatch(ctx, batch)
+	results, err := r.driver.ReleaseOffsets(ctx, conn, params, r.timeout)
+	if err != nil {
+		return nil, err
+	}
 	errs := make([]error, len(rels))
-	for _, i := range order {
-		released, err := pgsql.ScanRelease(results.QueryRow())
-		switch {
-		case errors.Is(err, pgsql.ErrWentBack):
-			errs[i] = fmt.Errorf("release topic %q: %w", rels[i].claim.topic, err)
-		case err != nil:
-			_ = results.Close()
-			return nil, err
-		case released == 0:
+	for k, i := range order {
+		switch res := results[k]; {
+		case res.Err != nil:
+			errs[i] = fmt.Errorf("release topic %q: %w", rels[i].claim.topic, res.Err)
+		case res.Released == 0:
 			errs[i] = ownershipLost("release topic", rels[i].claim)
 		}
-	}
-	if err := results.Close(); err != nil {
-		return nil, err
 	}
 	return errs, nil
 }

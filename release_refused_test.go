@@ -34,7 +34,7 @@ func TestRefusedReleaseResynchronises(t *testing.T) {
 	c := startSingle(t, pgrepl.Options{})
 	pool := newPoolOn(t, c.Primary.DSN(), 8)
 	adapter := newSchema(t, pool)
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, testLogger())
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter, AutoInitializeSchema: true}, testLogger())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 

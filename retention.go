@@ -60,7 +60,21 @@ func retentionSlot(k int) time.Duration {
 type retentionLane struct {
 	class   int
 	covered time.Time
+	usable  time.Time
 	longest time.Duration // 0: no topic has the class
+}
+
+// settleRecheck is how often a retention round runs while partitions
+// wait for the transactions that had the messages table open when they
+// were attached to end (see usePartitions).
+const settleRecheck = 200 * time.Millisecond
+
+// pendingUse is what a retention class's publishers wait for before they
+// place messages up to until: the transactions that held a lock on the
+// messages table once the partitions up to until were attached.
+type pendingUse struct {
+	until   time.Time
+	holders []string
 }
 
 // retentionRound drops the partitions whose every message has expired
@@ -72,12 +86,12 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 	defer cancel()
 	var lanes []retentionLane
 	var now time.Time
-	laneRows, err := pgsql.RetentionLanes(sctx, m.pool, m.t)
+	laneRows, err := m.driver.RetentionLanes(sctx, m.pool)
 	if err != nil {
 		return 0, fmt.Errorf("read retention classes: %w", wrapMissingSchema(err))
 	}
 	for _, r := range laneRows {
-		l := retentionLane{class: int(r.Class), covered: r.CoveredUntil}
+		l := retentionLane{class: int(r.Class), covered: r.CoveredUntil, usable: r.UsableUntil}
 		if r.LongestUs != nil {
 			l.longest = time.Duration(*r.LongestUs) * time.Microsecond
 		}
@@ -98,7 +112,7 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 		pending bool
 	}
 	var parts []part
-	partRows, err := pgsql.RetentionPartitions(sctx, m.pool, m.t)
+	partRows, err := m.driver.RetentionPartitions(sctx, m.pool)
 	if err != nil {
 		return 0, fmt.Errorf("read retention partitions: %w", err)
 	}
@@ -125,7 +139,7 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 	// partition that cannot be removed now (a long transaction holds it)
 	// must not hold them back. A failure stops only its own class.
 	var errs []error
-	for _, l := range lanes {
+	for i, l := range lanes {
 		if l.longest <= 0 {
 			continue
 		}
@@ -144,9 +158,18 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 					errs = append(errs, err)
 					break
 				}
+				// createPartition raised covered_until to p.End.
+				lanes[i].covered = p.End
 			}
 			start = p.End
 		}
+	}
+	// Publishers may use them once no transaction could route without them.
+	if err := m.usePartitions(ctx, lanes); err != nil {
+		errs = append(errs, err)
+	}
+	if len(m.settling) > 0 {
+		soon(settleRecheck)
 	}
 
 	// Then the expired ones, each on its own: one that fails or waits
@@ -178,6 +201,64 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 	return next, errors.Join(errs...)
 }
 
+// usePartitions raises each class's usable_until to its covered_until
+// once the transactions that held a lock on the messages table after the
+// partitions were attached have ended: PostgreSQL reads a table's
+// partitions in a transaction when it first locks the table, so one that
+// had the table open before a partition was attached would route a row
+// for it to none, an error that aborts it (an outbox transaction that
+// publishes again). The holders are read after the attach committed (the
+// covered_until read or raised by this round); a transaction that locks
+// the table later sees the partitions. While holders run (a long
+// transaction), the class's messages beyond usable_until go to the
+// partition kept forever, from which the maintainer deletes them once
+// expired: nothing waits.
+func (m *maintainer) usePartitions(ctx context.Context, lanes []retentionLane) error {
+	if m.settling == nil {
+		m.settling = map[int]pendingUse{}
+	}
+	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
+	defer cancel()
+	for _, l := range lanes {
+		p, pending := m.settling[l.class]
+		if pending && !p.until.After(l.usable) {
+			delete(m.settling, l.class)
+			pending = false
+		}
+		if !l.covered.After(l.usable) {
+			continue
+		}
+		if pending {
+			running, err := pgsql.LockHoldersRunning(sctx, m.pool, p.holders)
+			if err != nil {
+				return fmt.Errorf("read the transactions that had the messages table open: %w", err)
+			}
+			if running {
+				continue
+			}
+			if _, err := m.driver.SetUsableUntil(sctx, m.pool, l.class, p.until); err != nil {
+				return fmt.Errorf("let publishers use the partitions of class %d: %w", l.class, err)
+			}
+			delete(m.settling, l.class)
+			if !l.covered.After(p.until) {
+				continue
+			}
+		}
+		holders, err := m.driver.MessagesLockHolders(sctx, m.pool)
+		if err != nil {
+			return fmt.Errorf("read the transactions that have the messages table open: %w", err)
+		}
+		if len(holders) > 0 {
+			m.settling[l.class] = pendingUse{until: l.covered, holders: holders}
+			continue
+		}
+		if _, err := m.driver.SetUsableUntil(sctx, m.pool, l.class, l.covered); err != nil {
+			return fmt.Errorf("let publishers use the partitions of class %d: %w", l.class, err)
+		}
+	}
+	return nil
+}
+
 // createPartition adds p, by the owner's DDL or, for a role that does not
 // own the tables, through the owner's function.
 func (m *maintainer) createPartition(ctx context.Context, p pgsql.RetentionPartition) error {
@@ -186,9 +267,9 @@ func (m *maintainer) createPartition(ctx context.Context, p pgsql.RetentionParti
 	created := true
 	var err error
 	if m.delegated {
-		created, err = pgsql.CallAddRetentionPartition(sctx, m.pool, m.t, p)
+		created, err = m.driver.CallAddRetentionPartition(sctx, m.pool, p)
 	} else {
-		err = pgsql.CreateRetentionPartition(sctx, m.pool, m.t, p)
+		err = m.driver.CreateRetentionPartition(sctx, m.pool, p)
 	}
 	if err != nil {
 		return fmt.Errorf("add the retention partition of class %d from %s: %w", p.Class, p.Start.UTC().Format(time.RFC3339), err)
@@ -221,7 +302,7 @@ func (m *maintainer) expirePartition(ctx context.Context, p pgsql.RetentionParti
 	if m.delegated {
 		sctx, cancel := context.WithTimeout(ctx, retentionStepTime)
 		defer cancel()
-		dropped, err := pgsql.CallExpireRetentionPartition(sctx, m.pool, m.t, p)
+		dropped, err := m.driver.CallExpireRetentionPartition(sctx, m.pool, p)
 		if err != nil {
 			return fmt.Errorf("detach and drop an expired retention partition: %w", err)
 		}
@@ -232,13 +313,13 @@ func (m *maintainer) expirePartition(ctx context.Context, p pgsql.RetentionParti
 		// Each step has its own bound. A DETACH ... CONCURRENTLY cut off
 		// by it is left pending, and the next round finishes it first.
 		dctx, cancel := context.WithTimeout(ctx, retentionStepTime)
-		err := pgsql.DetachRetentionPartition(dctx, m.pool, m.t, p, pending)
+		err := m.driver.DetachRetentionPartition(dctx, m.pool, p, pending)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("detach an expired retention partition (pending before: %t): %w", pending, err)
 		}
 		dctx, cancel = context.WithTimeout(ctx, retentionStepTime)
-		err = pgsql.DropRetentionPartition(dctx, m.pool, m.t, p)
+		err = m.driver.DropRetentionPartition(dctx, m.pool, p)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("drop an expired retention partition (detached: dropped by a later round): %w", err)
@@ -255,7 +336,7 @@ func (m *maintainer) expirePartition(ctx context.Context, p pgsql.RetentionParti
 func (m *maintainer) countSkipped(ctx context.Context, p pgsql.RetentionPartition) error {
 	sctx, cancel := context.WithTimeout(ctx, retentionStepTime)
 	defer cancel()
-	rows, err := pgsql.UnacknowledgedInPartition(sctx, m.pool, m.t, p)
+	rows, err := m.driver.UnacknowledgedInPartition(sctx, m.pool, p)
 	if err != nil {
 		return fmt.Errorf("read skipped messages: %w", err)
 	}
@@ -270,7 +351,7 @@ func (m *maintainer) countSkipped(ctx context.Context, p pgsql.RetentionPartitio
 func (m *maintainer) dropDetached(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
 	defer cancel()
-	rows, err := pgsql.DetachedRetentionPartitions(sctx, m.pool, m.t)
+	rows, err := m.driver.DetachedRetentionPartitions(sctx, m.pool)
 	if err != nil {
 		if ctx.Err() == nil {
 			m.logger.Error("Cannot look for detached retention partitions", err, nil)
@@ -281,9 +362,9 @@ func (m *maintainer) dropDetached(ctx context.Context) {
 		p := slotPartition(r)
 		dropped := true
 		if m.delegated {
-			dropped, err = pgsql.CallDropDetachedPartition(sctx, m.pool, m.t, p)
+			dropped, err = m.driver.CallDropDetachedPartition(sctx, m.pool, p)
 		} else {
-			err = pgsql.DropRetentionPartition(sctx, m.pool, m.t, p)
+			err = m.driver.DropRetentionPartition(sctx, m.pool, p)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -350,7 +431,7 @@ func (m *maintainer) reportSkippedRows(skipped []pgsql.SkippedRow, why string) {
 func (m *maintainer) deleteExpiredKept(ctx context.Context) error {
 	for range keptDeleteRounds {
 		sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
-		rows, err := pgsql.DeleteExpiredKept(sctx, m.pool, m.t, keptDeleteLimit)
+		rows, err := m.driver.DeleteExpiredKept(sctx, m.pool, keptDeleteLimit)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("delete expired messages kept forever: %w", err)

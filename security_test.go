@@ -378,9 +378,9 @@ func TestRuntimeRunsNothingPlantedOnTheSearchPath(t *testing.T) {
 	trap, ran := plantTraps(t, pool, attacker)
 	appPool := poolAsOn(t, app, pgx.Identifier{trap}.Sanitize()+", public", 8)
 
-	require.NoError(t, pglease.CreateTopic(ctx, appPool, "kept", pglease.TopicConfig{SchemaAdapter: adapter, Partitions: 3}))
-	require.NoError(t, pglease.CreateTopic(ctx, appPool, "short", pglease.TopicConfig{SchemaAdapter: adapter, Retention: 5 * time.Second}))
-	pub, err := pglease.NewPublisher(appPool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, pglease.CreateTopic(ctx, appPool, "kept", pglease.TopicConfig{Tables: adapter, Partitions: 3}))
+	require.NoError(t, pglease.CreateTopic(ctx, appPool, "short", pglease.TopicConfig{Tables: adapter, Retention: 5 * time.Second}))
+	pub, err := pglease.NewPublisher(appPool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
 	sub := newTestSubscriber(t, appPool, adapter, pglease.SubscriberConfig{
@@ -436,7 +436,7 @@ func TestForgedNotificationsAreHints(t *testing.T) {
 	channel := tablesOf(adapter).NotifyChannel
 
 	drain := func(group string) (time.Duration, pglease.SubscriberStats) {
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter,
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, Tables: adapter,
 			PollInterval: time.Minute}, nil)
 		require.NoError(t, err)
 		defer func() { require.NoError(t, sub.Close()) }()

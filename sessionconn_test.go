@@ -234,7 +234,7 @@ func TestSessionAndListenConnectionsUseThePoolHooks(t *testing.T) {
 		SessionTTL:       pglease.MinSessionTTL,
 		PollInterval:     10 * time.Millisecond,
 		InitializeSchema: true,
-		SchemaAdapter:    adapter,
+		Tables:           adapter,
 	}, testLogger())
 	require.NoError(t, err)
 	closed := false
@@ -293,7 +293,7 @@ func TestSessionConnectionIsSharedAndClosedWithTheLastSubscriber(t *testing.T) {
 			ConsumerGroup:    fmt.Sprintf("g%d", i),
 			SessionTTL:       pglease.MinSessionTTL,
 			InitializeSchema: true,
-			SchemaAdapter:    adapter,
+			Tables:           adapter,
 		}, testLogger())
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = sub.Close() })

@@ -100,7 +100,7 @@ func (g *sessionGen) isLost() bool {
 // before start. Its methods are safe for concurrent use.
 type sessionKeeper struct {
 	pool     *pgxpool.Pool
-	tables   *pgsql.Tables
+	driver   *pgsql.Lazy
 	logger   watermill.LoggerAdapter
 	group    string
 	owner    string
@@ -148,12 +148,12 @@ type sessionKeeper struct {
 	kick       chan struct{}
 }
 
-func newSessionKeeper(pool *pgxpool.Pool, tables *pgsql.Tables, group string, ttl time.Duration, stats *subscriberStats, logger watermill.LoggerAdapter) *sessionKeeper {
+func newSessionKeeper(pool *pgxpool.Pool, driver *pgsql.Lazy, group string, ttl time.Duration, stats *subscriberStats, logger watermill.LoggerAdapter) *sessionKeeper {
 	host, _ := os.Hostname()
 	return &sessionKeeper{
 		pool:     pool,
 		stats:    stats,
-		tables:   tables,
+		driver:   driver,
 		logger:   logger,
 		group:    group,
 		owner:    fmt.Sprintf("%s/%d", host, os.Getpid()),
@@ -258,7 +258,7 @@ func (k *sessionKeeper) createLocked(ctx context.Context, timeout time.Duration)
 	defer cancel()
 	sent := time.Now()
 	p := pgsql.SessionParams{
-		NotifyChannel:     k.tables.NotifyChannel,
+		NotifyChannel:     k.driver.Tables().NotifyChannel,
 		SessionID:         g.id,
 		ReplacesSessionID: k.prevID,
 		ConsumerGroup:     k.group,
@@ -268,7 +268,7 @@ func (k *sessionKeeper) createLocked(ctx context.Context, timeout time.Duration)
 	}
 	var row pgsql.ClusterMark
 	err := k.conn.run(ctx, func(q pgsql.Querier) (err error) {
-		row, err = pgsql.CreateSession(ctx, q, k.tables, p)
+		row, err = k.driver.CreateSession(ctx, q, p)
 		return err
 	})
 	if err != nil {
@@ -466,7 +466,7 @@ func (k *sessionKeeper) beat(ctx context.Context, id uuid.UUID) (int64, clusterM
 		mark clusterMark
 	)
 	err := k.conn.run(ctx, func(q pgsql.Querier) (err error) {
-		row, err = pgsql.HeartbeatSession(ctx, q, k.tables, pgsql.SessionParams{SessionID: id, TTL: k.ttl})
+		row, err = k.driver.HeartbeatSession(ctx, q, pgsql.SessionParams{SessionID: id, TTL: k.ttl})
 		return err
 	})
 	if err != nil {
@@ -621,7 +621,7 @@ func (k *sessionKeeper) logResync(prev, cur clusterMark, why string, restarted b
 func (k *sessionKeeper) deleteExpired() {
 	ctx, cancel := context.WithTimeout(context.Background(), k.stmtTimeout())
 	defer cancel()
-	n, err := pgsql.DeleteExpiredSessions(ctx, k.pool, k.tables, k.ttl)
+	n, err := k.driver.DeleteExpiredSessions(ctx, k.pool, k.ttl)
 	if err != nil {
 		k.logger.Info("Cannot delete expired consumer sessions", watermill.LogFields{"error": err.Error()})
 		return
@@ -663,8 +663,8 @@ func (k *sessionKeeper) close(timeout time.Duration) error {
 
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	p := pgsql.SessionParams{SessionID: id, NotifyChannel: k.tables.NotifyChannel}
-	if err := conn.run(ctx, func(q pgsql.Querier) error { return pgsql.DeleteSession(ctx, q, k.tables, p) }); err != nil {
+	p := pgsql.SessionParams{SessionID: id, NotifyChannel: k.driver.Tables().NotifyChannel}
+	if err := conn.run(ctx, func(q pgsql.Querier) error { return k.driver.DeleteSession(ctx, q, p) }); err != nil {
 		return fmt.Errorf("delete consumer session %s: %w", id, err)
 	}
 	k.logger.Debug("Consumer session deleted", watermill.LogFields{"session_id": id.String()})
@@ -677,8 +677,8 @@ func (k *sessionKeeper) close(timeout time.Duration) error {
 func (k *sessionKeeper) setSubscriptions(g *sessionGen, set rowSet) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), k.stmtTimeout())
 	defer cancel()
-	ok, err := pgsql.SetSubscriptions(ctx, k.pool, k.tables, pgsql.SessionParams{SessionID: g.id,
-		NotifyChannel: k.tables.NotifyChannel, SubscriptionHash: int64(set.hash), SubscriptionSize: set.size})
+	ok, err := k.driver.SetSubscriptions(ctx, k.pool, pgsql.SessionParams{SessionID: g.id,
+		NotifyChannel: k.driver.Tables().NotifyChannel, SubscriptionHash: int64(set.hash), SubscriptionSize: set.size})
 	if err != nil {
 		return false, fmt.Errorf("record the topics of consumer session %s: %w", g.id, err)
 	}
@@ -689,7 +689,7 @@ func (k *sessionKeeper) setSubscriptions(g *sessionGen, set rowSet) (bool, error
 func (k *sessionKeeper) groupMembers() ([]member, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), k.stmtTimeout())
 	defer cancel()
-	rows, err := pgsql.GroupMembers(ctx, k.pool, k.tables, k.group)
+	rows, err := k.driver.GroupMembers(ctx, k.pool, k.group)
 	if err != nil {
 		return nil, fmt.Errorf("read the members of consumer group %q: %w", k.group, err)
 	}

@@ -34,7 +34,7 @@ func TestSharedTopicIsLogged(t *testing.T) {
 		return found
 	}
 	newSub := func(group string) *pglease.Subscriber {
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter,
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, Tables: adapter,
 			InitializeSchema: true, SessionTTL: 2 * time.Second, PollInterval: 10 * time.Millisecond}, logger)
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, sub.Close()) })

@@ -39,7 +39,7 @@ func TestStartFromLatestPartitionsAddedWhileDown(t *testing.T) {
 	ctx := context.Background()
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
-	topicCfg := pglease.TopicConfig{Partitions: 1, SchemaAdapter: adapter, InitializeSchema: true}
+	topicCfg := pglease.TopicConfig{Partitions: 1, Tables: adapter, InitializeSchema: true}
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", topicCfg))
 	pub := newPublisher(t, pool, adapter)
 	publishN(t, pub, "t", 3) // before the group existed: never delivered
@@ -112,7 +112,7 @@ func TestStartFromLatestNewGroupOnPartitionedTopic(t *testing.T) {
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Partitions: 4,
-		SchemaAdapter: adapter, InitializeSchema: true}))
+		Tables: adapter, InitializeSchema: true}))
 	pub := newPublisher(t, pool, adapter)
 	for _, k := range keyPerPartition("old", 4) {
 		require.NoError(t, pub.Publish("t", keyedMessage(k, 0)))
@@ -157,7 +157,7 @@ func TestPartitionRaiseWithoutNotification(t *testing.T) {
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Partitions: 1,
-		SchemaAdapter: adapter, InitializeSchema: true}))
+		Tables: adapter, InitializeSchema: true}))
 	pub := newPublisher(t, pool, adapter)
 	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{ConsumerGroup: "g"})
 	msgs, err := sub.Subscribe(ctx, "t")
@@ -196,12 +196,12 @@ func TestDeletedOffsetRowsUnderStartFromLatest(t *testing.T) {
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Partitions: 2,
-		SchemaAdapter: adapter, InitializeSchema: true}))
+		Tables: adapter, InitializeSchema: true}))
 	pub := newPublisher(t, pool, adapter)
 	offsets := table(adapter, pglease.DefaultConsumerOffsetsTable)
 	logger := newCapturingLogger()
 	cfg := pglease.SubscriberConfig{ConsumerGroup: "g", StartFrom: pglease.StartFromLatest, CommitBatch: 1,
-		SchemaAdapter: adapter, PollInterval: 10 * time.Millisecond, SessionTTL: 2 * time.Second}
+		Tables: adapter, PollInterval: 10 * time.Millisecond, SessionTTL: 2 * time.Second}
 	if testkit.PoolDSN != testkit.DSN {
 		cfg.ListenConnConfig = directConnConfig(t)
 	}

@@ -22,7 +22,7 @@ func TestSubscriberStats(t *testing.T) {
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
 	publishN(t, pub, "t", 3)
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter,
 		InitializeSchema: true, SessionTTL: time.Second, NackResendDelay: time.Millisecond}, testLogger())
 	require.NoError(t, err)
 	defer sub.Close()
@@ -72,7 +72,7 @@ func TestStartFromLatest(t *testing.T) {
 	pub := newPublisher(t, pool, adapter)
 	old := publishN(t, pub, "t", 3)
 	newSub := func(group string, from pglease.StartFrom) *pglease.Subscriber {
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter,
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, Tables: adapter,
 			InitializeSchema: true, StartFrom: from}, testLogger())
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = sub.Close() })
@@ -111,7 +111,7 @@ func TestDeliveryAttemptMetadata(t *testing.T) {
 	pub := newPublisher(t, pool, adapter)
 	ids := publishN(t, pub, "t", 2)
 	newSub := func() *pglease.Subscriber {
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter,
 			InitializeSchema: true, NackResendDelay: time.Millisecond}, testLogger())
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = sub.Close() })
@@ -159,7 +159,7 @@ func TestDeliveryAttemptCountsAHeldMessageAcrossATakeover(t *testing.T) {
 	pub := newPublisher(t, pool, adapter)
 	ids := publishN(t, pub, "t", 3)
 	newSub := func() *pglease.Subscriber {
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter,
 			InitializeSchema: true, CommitInterval: 20 * time.Millisecond}, testLogger())
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = sub.Close() })

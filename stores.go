@@ -92,37 +92,37 @@ func (p pgConsumerStore) release(c *claim) error {
 // pgMaintainerStore is the maintainerStore of a Subscriber: the
 // statements on its pool.
 type pgMaintainerStore struct {
-	pool *pgxpool.Pool
-	t    *pgsql.Tables
+	pool   *pgxpool.Pool
+	driver *pgsql.Lazy
 }
 
 var _ maintainerStore = pgMaintainerStore{}
 
 func (p pgMaintainerStore) access(ctx context.Context) (pgsql.AccessRow, error) {
-	return pgsql.MaintainerAccess(ctx, p.pool, p.t)
+	return p.driver.MaintainerAccess(ctx, p.pool)
 }
 
 func (p pgMaintainerStore) holder(ctx context.Context) (pgsql.HolderRow, error) {
-	return pgsql.MaintainerHolder(ctx, p.pool, p.t)
+	return p.driver.MaintainerHolder(ctx, p.pool)
 }
 
 func (p pgMaintainerStore) claim(ctx context.Context, session uuid.UUID) (pgsql.HolderRow, error) {
-	return pgsql.ClaimMaintainer(ctx, p.pool, p.t, pgsql.MaintainerParams{SessionID: session})
+	return p.driver.ClaimMaintainer(ctx, p.pool, pgsql.MaintainerParams{SessionID: session})
 }
 
 func (p pgMaintainerStore) release(ctx context.Context, session uuid.UUID, epoch int64) error {
-	return pgsql.ReleaseMaintainer(ctx, p.pool, p.t,
-		pgsql.MaintainerParams{SessionID: session, Epoch: epoch, NotifyChannel: p.t.NotifyChannel})
+	return p.driver.ReleaseMaintainer(ctx, p.pool,
+		pgsql.MaintainerParams{SessionID: session, Epoch: epoch, NotifyChannel: p.driver.Tables().NotifyChannel})
 }
 
 func (p pgMaintainerStore) moveDue(ctx context.Context, limit int) (int64, *int64, error) {
-	return pgsql.MoveDueMessages(ctx, p.pool, p.t, pgsql.MoveDueParams{Limit: limit, NotifyChannel: p.t.NotifyChannel})
+	return p.driver.MoveDueMessages(ctx, p.pool, pgsql.MoveDueParams{Limit: limit, NotifyChannel: p.driver.Tables().NotifyChannel})
 }
 
 func (p pgMaintainerStore) deleteExpiredSessions(ctx context.Context, ttl time.Duration) (int64, error) {
-	return pgsql.DeleteExpiredSessions(ctx, p.pool, p.t, ttl)
+	return p.driver.DeleteExpiredSessions(ctx, p.pool, ttl)
 }
 
 func (p pgMaintainerStore) deleteIdleGroups(ctx context.Context, idleFor time.Duration) ([]pgsql.IdleGroupRow, error) {
-	return pgsql.DeleteIdleGroups(ctx, p.pool, p.t, idleFor)
+	return p.driver.DeleteIdleGroups(ctx, p.pool, idleFor)
 }

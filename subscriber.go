@@ -9,339 +9,21 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 	"github.com/pglease/watermill-pglease/internal/svc"
 )
 
-// Defaults of [SubscriberConfig].
-const (
-	DefaultSessionTTL      = 10 * time.Second
-	DefaultPollInterval    = time.Second
-	DefaultNackResendDelay = 100 * time.Millisecond
-	DefaultBatchSize       = 100
-	DefaultCommitInterval  = 100 * time.Millisecond
-	DefaultCommitBatch     = 100
-	DefaultCloseTimeout    = 5 * time.Second
-	DefaultDrainTimeout    = 10 * time.Second
-	// DefaultMaxBufferedBytes is the default MaxBufferedBytes: 64 MiB.
-	DefaultMaxBufferedBytes = 64 << 20
-	// DefaultMaxInFlight is the default MaxInFlight: one message of a
-	// partition out at a time.
-	DefaultMaxInFlight = 1
-
-	// MinSessionTTL is the shortest SessionTTL accepted.
-	MinSessionTTL = time.Second
-	// maxRetryBackoff caps the wait between retries of failed statements.
-	maxRetryBackoff = time.Second
-)
-
-// StartFrom is where a consumer group starts on a topic it never consumed.
-type StartFrom int
-
-const (
-	// StartFromEarliest starts at the first message of the topic.
-	StartFromEarliest StartFrom = iota
-	// StartFromLatest starts after the messages visible when the group's
-	// offset rows of the topic are created. Partitions added to the topic
-	// later are consumed from their first message.
-	StartFromLatest
-)
-
-// SubscriberConfig configures a [Subscriber]. The zero value of every field
-// means its default.
-type SubscriberConfig struct {
-	// ConsumerGroup names the group whose Subscribers share topics: each
-	// (ConsumerGroup, topic, partition) is delivered by one Subscriber at a
-	// time, from the group's own offset. A new group starts where StartFrom
-	// says. Every group receives every message of a topic; the
-	// Subscribers of one group share them. The empty string is a group
-	// like any other: unlike an empty consumer group in watermill-kafka or
-	// an empty queue group in watermill-nats, which mean that every
-	// Subscriber receives every message, Subscribers that all leave
-	// ConsumerGroup empty share the messages. Handlers that must each
-	// receive every message (CQRS event handlers) need a group each, their
-	// handler's name for example.
-	ConsumerGroup string
-
-	// SessionTTL is how long the Subscriber's session lives without a
-	// heartbeat; heartbeats run every SessionTTL/3. A crashed process's
-	// topics are taken over after at most about SessionTTL. Default
-	// DefaultSessionTTL (10s), at least MinSessionTTL (1s).
-	SessionTTL time.Duration
-
-	// StartFrom is where a consumer group starts on a topic it has no
-	// offset row of yet: StartFromEarliest (the default) at the first
-	// message, StartFromLatest after every message visible when the rows
-	// of the topic's partitions are created (messages of transactions
-	// still running then are delivered). A partition without a row of a
-	// topic the group already has a row of (added to the topic after the
-	// group started on it, or its row deleted) starts at its first
-	// message whatever StartFrom says: its messages were published after
-	// the group started. A row created again after it was found missing
-	// (deleted by hand, or the group removed by
-	// Maintenance.RemoveIdleGroupsAfter) is logged at Info with where it
-	// starts. Once the rows exist StartFrom has no effect; reset positions
-	// with admin.Inspector.ResetOffsets.
-	StartFrom StartFrom
-
-	// PollInterval is the fallback for missed notifications. Subscribers
-	// LISTEN for new messages, released topics and members of their group
-	// that come and go, and are woken at once; besides, every PollInterval
-	// one statement per Subscriber checks all its idle topics for messages,
-	// and a Subscriber that holds less than its share of its group's topics
-	// tries one claim statement this often. The partition counts of the
-	// Subscriber's topics are read again every 5 minutes (at the first
-	// PollInterval after), in case a raise was not notified. Default
-	// DefaultPollInterval (1s).
-	PollInterval time.Duration
-
-	// ListenConnConfig, when set, is what the connection that LISTENs for
-	// notifications is dialled with, instead of the pool's ConnConfig (the
-	// pool's BeforeConnect, AfterConnect and BeforeClose hooks still
-	// apply). Set it to a direct connection to the primary when the pool
-	// goes through a transaction pooler (PgBouncer, RDS Proxy,
-	// Supavisor): a LISTEN needs a connection of its own for as long as it
-	// runs. The connection is checked before it LISTENs: one that goes
-	// through a pooler is refused, and the Subscriber polls. Subscribers
-	// of a process that share a pool and a ListenConnConfig (the same
-	// pointer) share one LISTEN connection. Nil (the default) dials with
-	// the pool's settings.
-	ListenConnConfig *pgx.ConnConfig
-
-	// PollOnly turns notifications off: no LISTEN connection. New
-	// messages, topics released by other Subscribers of the group,
-	// members that come and go, and elections are then found by polling
-	// every PollInterval: a message is delivered up to PollInterval after
-	// its commit instead of at once, and a topic handed over up to
-	// PollInterval after its release. For pools that cannot reach the
-	// server but through a transaction pooler. Default false.
-	PollOnly bool
-
-	// NackResendDelay is how long after a Nack the same message is
-	// delivered again. Default DefaultNackResendDelay (100ms).
-	NackResendDelay time.Duration
-
-	// BatchSize is how many messages one query reads; they are still handed
-	// out one at a time. Default DefaultBatchSize (100).
-	BatchSize int
-
-	// MaxBufferedBytes bounds the bytes of the messages the Subscriber has
-	// read and not handed out yet, over all its topics and partitions
-	// together: each partition with a backlog reads up to BatchSize
-	// messages ahead, so without a bound 1,024 partitions of 1 MB messages
-	// would hold 100 GB. A message counts the length of its payload and
-	// of its metadata (as JSON). A read takes at most an eighth of the
-	// budget, is cut short to what its messages use, and waits while
-	// nothing is free; a message larger than what is free is read once
-	// its size is, and one larger than the budget once any byte is, one
-	// such message at a time: the bytes held never exceed the budget by
-	// more than one message. Messages handed out are no longer counted
-	// (the handlers hold them until they ack or nack). Default
-	// DefaultMaxBufferedBytes (64 MiB); must not be negative.
-	MaxBufferedBytes int64
-
-	// MaxInFlight is how many messages of each owned (topic, partition)
-	// may be out at once, handed out and not acked or nacked yet. Default
-	// 1: the next message goes out after the Ack of the one before, in
-	// order. Above 1, messages go out in parallel, never two of one
-	// ordering key (OrderingKey) at once, each key in order: a message
-	// goes out once every earlier message of its key is acknowledged. A
-	// message without a key (an empty one) is ordered against every
-	// message: it goes out once every earlier message of the partition is
-	// acknowledged, and none after it goes out before its Ack. A Nack
-	// holds its key: the message goes out again after NackResendDelay,
-	// the later ones of its key wait for it, other keys go on. The
-	// committed position is the end of the contiguous acknowledged
-	// prefix; Acks above it are kept in memory, so a crash or a takeover
-	// delivers again, beyond the Acks not committed yet (CommitBatch),
-	// at most the messages above that prefix the consumer had read: at
-	// most max(BatchSize, 4×MaxInFlight) per partition (see
-	// docs/guarantees.md). AckInTx works as with 1 (see [AckInTx]). Must
-	// not be negative.
-	MaxInFlight int
-
-	// OrderingKey returns the ordering key of a message when MaxInFlight
-	// is above 1: messages of one key are handed out one at a time, in
-	// order; "" means no key (ordered against every message). It is called
-	// once per message read, from the consumer's goroutine of its
-	// partition: it must not block, and is called concurrently for
-	// different partitions. Nil (the default) uses the message's
-	// PartitionKeyMetadata metadata, the key a Publisher partitions by by
-	// default; to hand out messages with no order between them at all,
-	// return their UUID.
-	OrderingKey func(msg *message.Message) string
-
-	// CommitInterval and CommitBatch bound how acknowledged offsets are
-	// coalesced: the position is committed at most CommitInterval after an
-	// Ack, after CommitBatch Acks, before the Subscriber waits for new
-	// messages, and on release and Close. After a crash or a lost session,
-	// at most that many acknowledged messages are delivered again. Set
-	// CommitBatch to 1 to commit every Ack before the next message is
-	// handed out. Defaults DefaultCommitInterval (100ms) and
-	// DefaultCommitBatch (100).
-	CommitInterval time.Duration
-	CommitBatch    int
-
-	// CloseTimeout bounds the statements that release topics and delete the
-	// session when a subscription ends or the Subscriber closes. A release
-	// that fails is retried while the session lives; Close stops retrying
-	// CloseTimeout after it began and returns the error. Default
-	// DefaultCloseTimeout (5s).
-	CloseTimeout time.Duration
-
-	// DrainTimeout is how long, when a subscription ends (Close, or the
-	// end of the context given to Subscribe, which is how a Router stops
-	// on SIGTERM), the Subscriber waits for the messages it already
-	// handed out to be acked or nacked before it releases their topics:
-	// it hands nothing more out meanwhile, and the release writes their
-	// Acks, so a clean shutdown delivers nothing twice. Their contexts
-	// stay open until then. A message still out when the time is up is
-	// delivered again by the next owner (logged, with how many). Close
-	// takes up to DrainTimeout plus CloseTimeout. Default
-	// DefaultDrainTimeout (10s); a negative value does not wait.
-	DrainTimeout time.Duration
-
-	// InitializeSchema creates or migrates the tables on the first
-	// Subscribe or SubscribeInitialize. Leave it off when the DDL of
-	// [SchemaSQL] is applied by a migration tool.
-	InitializeSchema bool
-
-	// SchemaAdapter names the tables. Default Tables{}: the
-	// default names in the connection's search_path.
-	SchemaAdapter Tables
-
-	// Maintenance configures the maintenance this Subscriber runs if it is
-	// elected the maintainer: delayed messages, retention, expired
-	// sessions, idle groups. On by default.
-	Maintenance MaintenanceConfig
-
-	// OnDelivery, when set, is called for every delivery of a message,
-	// redeliveries after a Nack included, right before the message is
-	// offered on the subscription's channel, from the goroutine that
-	// delivers its partition: it must not block (the partition waits for
-	// it), must not ack or nack the message, and is called concurrently
-	// for different partitions and topics. The message's context is
-	// already the delivery's ([MessageDeliveryFromCtx] reads it); the hook
-	// may replace it with one derived from it (msg.SetContext), to put a
-	// span in it for example: the handler receives the message with that
-	// context. The otel module's Instrument sets it.
-	//
-	// The settled func it returns, unless nil, is called exactly once per
-	// delivery, from the same goroutine, when the delivery ends: with nil
-	// once the message was acked, with [ErrNacked] once it was nacked,
-	// and with an error wrapping [ErrDeliveryEnded] when the delivery
-	// ended first: the subscription ended (Close, or the end of the
-	// context given to Subscribe), the ownership of the topic was lost
-	// (the error wraps [ErrOwnershipLost] too), or the topic was handed
-	// over to another member of the group before the message was
-	// received. It must not block either. Close returns after the settled
-	// funcs of its deliveries were called; neither func is called after.
-	// Nil (the default) calls nothing.
-	OnDelivery func(msg *message.Message) (settled func(err error))
-}
-
-// zeroDrainTimeout is what a zero DrainTimeout means: DefaultDrainTimeout
-// (the package's tests change it).
-var zeroDrainTimeout = DefaultDrainTimeout
-
-func (c *SubscriberConfig) setDefaults() {
-	if c.SessionTTL == 0 {
-		c.SessionTTL = DefaultSessionTTL
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
-	}
-	if c.NackResendDelay == 0 {
-		c.NackResendDelay = DefaultNackResendDelay
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.MaxBufferedBytes == 0 {
-		c.MaxBufferedBytes = DefaultMaxBufferedBytes
-	}
-	if c.MaxInFlight == 0 {
-		c.MaxInFlight = DefaultMaxInFlight
-	}
-	if c.CommitInterval == 0 {
-		c.CommitInterval = DefaultCommitInterval
-	}
-	if c.CommitBatch == 0 {
-		c.CommitBatch = DefaultCommitBatch
-	}
-	if c.CloseTimeout == 0 {
-		c.CloseTimeout = DefaultCloseTimeout
-	}
-	if c.DrainTimeout == 0 {
-		c.DrainTimeout = zeroDrainTimeout
-	}
-	if c.Maintenance.Interval == 0 {
-		c.Maintenance.Interval = DefaultMaintenanceInterval
-	}
-}
-
-func (c SubscriberConfig) validate() error {
-	if c.SessionTTL < MinSessionTTL {
-		return fmt.Errorf("SubscriberConfig.SessionTTL must be at least %s, got %s", MinSessionTTL, c.SessionTTL)
-	}
-	if c.PollInterval < 0 {
-		return fmt.Errorf("SubscriberConfig.PollInterval must be positive, got %s", c.PollInterval)
-	}
-	if c.NackResendDelay < 0 {
-		return fmt.Errorf("SubscriberConfig.NackResendDelay must not be negative, got %s", c.NackResendDelay)
-	}
-	if c.BatchSize < 0 {
-		return fmt.Errorf("SubscriberConfig.BatchSize must be positive, got %d", c.BatchSize)
-	}
-	if c.MaxBufferedBytes < 0 {
-		return fmt.Errorf("SubscriberConfig.MaxBufferedBytes must not be negative, got %d", c.MaxBufferedBytes)
-	}
-	if c.MaxInFlight < 0 {
-		return fmt.Errorf("SubscriberConfig.MaxInFlight must not be negative, got %d", c.MaxInFlight)
-	}
-	if c.CommitInterval < 0 {
-		return fmt.Errorf("SubscriberConfig.CommitInterval must be positive, got %s", c.CommitInterval)
-	}
-	if c.CommitBatch < 0 {
-		return fmt.Errorf("SubscriberConfig.CommitBatch must be positive, got %d", c.CommitBatch)
-	}
-	if c.StartFrom != StartFromEarliest && c.StartFrom != StartFromLatest {
-		return fmt.Errorf("SubscriberConfig.StartFrom must be StartFromEarliest or StartFromLatest, got %d", c.StartFrom)
-	}
-	if c.Maintenance.Interval < 0 {
-		return fmt.Errorf("SubscriberConfig.Maintenance.Interval must be positive, got %s", c.Maintenance.Interval)
-	}
-	if c.Maintenance.RemoveIdleGroupsAfter < 0 {
-		return fmt.Errorf("SubscriberConfig.Maintenance.RemoveIdleGroupsAfter must not be negative, got %s", c.Maintenance.RemoveIdleGroupsAfter)
-	}
-	if c.CloseTimeout < 0 {
-		return fmt.Errorf("SubscriberConfig.CloseTimeout must be positive, got %s", c.CloseTimeout)
-	}
-	if !validText(c.ConsumerGroup) {
-		return fmt.Errorf("SubscriberConfig.ConsumerGroup must be UTF-8 without NUL bytes")
-	}
-	if c.PollOnly && c.ListenConnConfig != nil {
-		return fmt.Errorf("SubscriberConfig.ListenConnConfig must be nil when PollOnly is set (PollOnly opens no LISTEN connection)")
-	}
-	if c.ListenConnConfig != nil && !parsedConnConfig(c.ListenConnConfig) {
-		return fmt.Errorf("SubscriberConfig.ListenConnConfig must be created by pgx.ParseConfig")
-	}
-	if err := c.SchemaAdapter.validate(); err != nil {
-		return fmt.Errorf("SubscriberConfig.SchemaAdapter: %w", err)
-	}
-	return nil
-}
-
 // Subscriber is a Watermill [message.Subscriber] reading from PostgreSQL.
 //
 // On its first Subscribe it opens one consumer-session row, kept alive by a
 // heartbeat, and claims subscribed (consumer group, topic) rows through it:
 // the live Subscribers of a group split the topics they subscribe to
-// evenly. Messages of a claimed topic are delivered in order, one at a time:
-// the next only after the previous one was acked. The channel of a topic
+// evenly. Messages of a claimed (topic, partition) are delivered in order,
+// by default one at a time, the next only after the previous one was
+// acked; with SubscriberConfig.MaxInFlight N, up to N at once, never two
+// of one ordering key. The channel of a topic
 // that another Subscriber of the group owns stays silent until this one is
 // granted the topic; a topic can also move to another Subscriber between
 // two messages when the group is split again. See the package documentation
@@ -441,13 +123,13 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 	logger = logger.With(watermill.LogFields{"consumer_group": config.ConsumerGroup})
 	ctx, cancel := context.WithCancel(context.Background())
 	stats := newSubscriberStats()
-	tables := config.SchemaAdapter.tables()
+	driver := pgsql.NewLazy(config.tableNames().tables())
 	s := &Subscriber{
 		pool:    pool,
 		config:  config,
 		logger:  logger,
-		offsets: newOffsetStore(pool, tables, config.CloseTimeout, stats, logger),
-		session: newSessionKeeper(pool, tables, config.ConsumerGroup, config.SessionTTL, stats, logger),
+		offsets: newOffsetStore(pool, driver, config.CloseTimeout, stats, logger),
+		session: newSessionKeeper(pool, driver, config.ConsumerGroup, config.SessionTTL, stats, logger),
 		stats:   stats,
 		budget:  newByteBudget(config.MaxBufferedBytes),
 
@@ -472,7 +154,7 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 	s.maint = newMaintainer(maintainerDeps{
 		cfg: config.Maintenance, sessionTTL: config.SessionTTL, stmtTimeout: s.stmtTimeout, closeTimeout: config.CloseTimeout,
 		logger: logger, stats: stats, session: s.session,
-		store: pgMaintainerStore{pool: pool, t: tables}, pool: pool, t: tables,
+		store: pgMaintainerStore{pool: pool, driver: driver}, pool: pool, driver: driver,
 	})
 	s.hub = newWakeHub(s.member, s.maint, config.ConsumerGroup)
 	s.consumerDeps = &consumerDeps{
@@ -485,7 +167,7 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 		host:       s,
 		stats:      stats,
 		outage:     newOutageLog(logger, componentConsumers),
-		tables:     tables,
+		driver:     driver,
 		goroutines: &s.consumers,
 		giveUp:     s.giveUp,
 		drains:     newDrainGate(),
@@ -522,9 +204,10 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 // acked or nacked (or DrainTimeout passed), with its acknowledged offset,
 // for another Subscriber of the group to take over.
 //
-// Every message must be acked or nacked: the next one is delivered only
-// after an Ack, a Nack delivers the same message again after
-// NackResendDelay. When ctx ends or on Close, nothing more is handed out,
+// Every message must be acked or nacked: with MaxInFlight 1 (the default)
+// the next one is delivered only after an Ack, with MaxInFlight N once
+// fewer than N are out and the earlier ones of its ordering key are
+// acked; a Nack delivers the same message again after NackResendDelay. When ctx ends or on Close, nothing more is handed out,
 // and the topic is released once the messages out are acked or nacked, or
 // DrainTimeout passed. A message's context is cancelled after its Ack or
 // Nack, or when its topic is released or lost.
@@ -568,7 +251,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		cancel: cancel,
 		out:    make(chan *message.Message),
 		logger: s.logger.With(watermill.LogFields{"topic": topic}),
-		key:    subscriptionKey{db: s.connString, messages: s.offsets.tables.Messages, group: s.config.ConsumerGroup, topic: topic},
+		key:    subscriptionKey{db: s.connString, messages: s.offsets.driver.Tables().Messages, group: s.config.ConsumerGroup, topic: topic},
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -580,7 +263,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if !s.started {
 		s.started = true
 		if !s.config.PollOnly {
-			s.listener = acquireListener(s.pool, s.offsets.tables.NotifyChannel, s.config.ListenConnConfig,
+			s.listener = acquireListener(s.pool, s.offsets.driver.Tables().NotifyChannel, s.config.ListenConnConfig,
 				s.hub, s.logger, s.config.CloseTimeout)
 		}
 		// Their contexts end with s.ctx, when Close begins.
@@ -829,7 +512,7 @@ func (s *Subscriber) reportStall() {
 	}()
 	ctx, cancel := context.WithTimeout(s.ctx, s.stmtTimeout)
 	defer cancel()
-	h, err := readHorizon(ctx, s.pool, s.offsets.tables)
+	h, err := readHorizon(ctx, s.pool, s.offsets.driver)
 	if err != nil {
 		return
 	}
@@ -875,7 +558,7 @@ func (s *Subscriber) initializeSchema(ctx context.Context) error {
 	if s.schemaReady {
 		return nil
 	}
-	if err := initializeSchema(ctx, s.pool, s.offsets.tables); err != nil {
+	if err := initializeSchema(ctx, s.pool, s.offsets.driver.Tables()); err != nil {
 		return err
 	}
 	s.schemaReady = true

@@ -20,13 +20,15 @@ func TestSubscriberConfigErrorsNameTheField(t *testing.T) {
 	parallel(t)
 	pool := newPool(t, 2)
 	cases := map[string]pglease.SubscriberConfig{
-		"SubscriberConfig.SessionTTL":      {SessionTTL: 500 * time.Millisecond},
-		"SubscriberConfig.PollInterval":    {PollInterval: -time.Second},
-		"SubscriberConfig.NackResendDelay": {NackResendDelay: -time.Second},
-		"SubscriberConfig.BatchSize":       {BatchSize: -1},
-		"SubscriberConfig.MaxInFlight":     {MaxInFlight: -1},
-		"SubscriberConfig.ConsumerGroup":   {ConsumerGroup: "a\x00"},
-		"Tables.Schema":                    {SchemaAdapter: pglease.Tables{Schema: string(make([]byte, 64))}},
+		"SubscriberConfig.SessionTTL":                    {SessionTTL: 500 * time.Millisecond},
+		"SubscriberConfig.PollInterval":                  {PollInterval: -time.Second},
+		"SubscriberConfig.NackResendDelay":               {NackResendDelay: -time.Second},
+		"SubscriberConfig.BatchSize":                     {BatchSize: -1},
+		"SubscriberConfig.MaxInFlight":                   {MaxInFlight: -1},
+		"SubscriberConfig.ConsumerGroup":                 {ConsumerGroup: "a\x00"},
+		"SubscriberConfig.Tables: pglease.Tables.Schema": {Tables: pglease.Tables{Schema: string(make([]byte, 64))}},
+		"SubscriberConfig.SchemaAdapter: pglease.Tables.Schema": {
+			SchemaAdapter: pglease.Tables{Schema: string(make([]byte, 64))}},
 	}
 	for field, cfg := range cases {
 		_, err := pglease.NewSubscriber(pool, cfg, nil)
@@ -40,7 +42,7 @@ func TestSubscriberConfigErrorsNameTheField(t *testing.T) {
 func TestSubscriberLifecycle(t *testing.T) {
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true}, nil)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter, InitializeSchema: true}, nil)
 	require.NoError(t, err)
 
 	require.ErrorIs(t, sub.SubscribeInitialize(""), pglease.ErrInvalidTopic)
@@ -294,7 +296,7 @@ func TestSubscriptionEndWaitsForMessagesOut(t *testing.T) {
 			ids := publishN(t, pub, "t", 2)
 			logger := newCapturingLogger()
 			// Acks are committed only by the release.
-			cfg := pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter, InitializeSchema: true,
+			cfg := pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter, InitializeSchema: true,
 				MaxInFlight: maxInFlight, CommitInterval: time.Hour, CommitBatch: 1000, DrainTimeout: time.Minute}
 			a, err := pglease.NewSubscriber(pool, cfg, logger)
 			require.NoError(t, err)
@@ -361,7 +363,7 @@ func TestSubscriptionEndDuringCommitWaitsForMessagesOut(t *testing.T) {
 		ids = append(ids, msg.UUID)
 	}
 	// Each Ack at the head of the window is committed at once.
-	cfg := pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter, InitializeSchema: true,
+	cfg := pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter, InitializeSchema: true,
 		MaxInFlight: maxInFlight, CommitInterval: time.Hour, CommitBatch: 1, DrainTimeout: time.Minute}
 	a, err := pglease.NewSubscriber(pool, cfg, testLogger())
 	require.NoError(t, err)

@@ -24,35 +24,48 @@ const PartitionKeyMetadata = "partition_key"
 // every process agrees on them. A topic that was never created has one
 // partition.
 type TopicConfig struct {
-	// Partitions is the number of partitions, from 1 to [MaxPartitions].
-	// 0 means 1. Messages with the same partition key go to the same
-	// partition and are delivered in order; the partitions of a topic are
-	// owned and delivered independently, by the members of each consumer
-	// group.
+	// Partitions sets the number of partitions, default 1 (0 means 1),
+	// at most [MaxPartitions]. Messages with the same partition key go
+	// to the same partition and are delivered in order; the partitions
+	// of a topic are owned and delivered independently, by the members
+	// of each consumer group.
 	Partitions int
 
-	// Retention is how long messages of the topic are kept after they
-	// were published (or, for delayed messages, became due): older ones
-	// are removed whether consumed or not, as in Kafka. 0 keeps them
-	// forever (the default); otherwise between [MinRetention] and
-	// [MaxRetention]. Removal is done by the maintainer (see
-	// [MaintenanceConfig]) a partition at a time, so a message may live up
-	// to half its retention longer. A consumer group whose
-	// position falls behind retention skips the removed messages; the
-	// maintainer logs it at Error level (Watermill's logger has no Warn),
-	// wrapping [ErrSkippedByRetention], and counts it
+	// Retention sets how long messages of the topic are kept after they
+	// were published (or, for delayed messages, became due), default 0:
+	// forever; otherwise between [MinRetention] and [MaxRetention].
+	// Older ones are removed whether consumed or not, as in Kafka.
+	// Removal is done by the maintainer (see [MaintenanceConfig]) a
+	// partition at a time, so a message may live up to half its
+	// retention longer. A consumer group whose position falls behind
+	// retention skips the removed messages; the maintainer logs it at
+	// Error level (Watermill's logger has no Warn), wrapping
+	// [ErrSkippedByRetention], and counts it
 	// (SubscriberStats.RetentionSkipped). Setting the topic again with
 	// another Retention changes it for the messages published from then
-	// on; messages already stored keep the expiry they were given, except
-	// that messages kept forever (published before the topic had a
-	// retention) are deleted once they are older than the new retention.
+	// on; messages already stored keep the expiry they were given,
+	// except that messages kept forever (published before the topic had
+	// a retention) are deleted once they are older than the new
+	// retention.
 	Retention time.Duration
 
-	// SchemaAdapter names the tables. Default Tables{}.
+	// Tables sets the names of the tables and their schema, default
+	// Tables{}: the default names in the connection's search_path.
+	Tables Tables
+	// SchemaAdapter is the former name of Tables. Set one of the two:
+	// both set to different tables is an error.
+	//
+	// Deprecated: use Tables. The field will be removed in the next minor
+	// release.
 	SchemaAdapter Tables
-	// InitializeSchema creates or migrates the tables first.
+	// InitializeSchema sets whether CreateTopic creates or migrates the
+	// tables first, default false.
 	InitializeSchema bool
 }
+
+// tableNames returns the tables c names: Tables, or the deprecated
+// SchemaAdapter when only that is set.
+func (c TopicConfig) tableNames() Tables { return pickTables(c.Tables, c.SchemaAdapter) }
 
 // CreateTopic stores the settings of topic. It is idempotent: creating a
 // topic again with the same settings does nothing. Every setting is what
@@ -87,16 +100,17 @@ func CreateTopic(ctx context.Context, db DB, topic string, config TopicConfig) e
 		return fmt.Errorf("%w: create topic %q: TopicConfig.Retention must be 0 (forever) or between %s and %s, got %s",
 			ErrInvalidConfig, topic, MinRetention, MaxRetention, config.Retention)
 	}
-	if err := config.SchemaAdapter.validate(); err != nil {
-		return fmt.Errorf("%w: TopicConfig.SchemaAdapter: %w", ErrInvalidConfig, err)
+	if err := checkTables("TopicConfig", config.Tables, config.SchemaAdapter); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	tables := config.SchemaAdapter.tables()
+	tables := config.tableNames().tables()
 	if config.InitializeSchema {
 		if err := initializeSchema(ctx, db, tables); err != nil {
 			return err
 		}
 	}
-	res, err := pgsql.UpsertTopic(ctx, db, tables, pgsql.TopicParams{Topic: topic, Partitions: config.Partitions,
+	driver := pgsql.NewLazy(tables)
+	res, err := driver.UpsertTopic(ctx, db, pgsql.TopicParams{Topic: topic, Partitions: config.Partitions,
 		Retention: config.Retention, RetentionClass: retentionClass(config.Retention),
 		NotifyChannel: tables.NotifyChannel})
 	if err != nil {
@@ -109,7 +123,7 @@ func CreateTopic(ctx context.Context, db DB, topic string, config TopicConfig) e
 	current := oldN
 	if current == nil {
 		// Created by a concurrent call after this statement's snapshot.
-		rows, err := topicPartitions(ctx, db, tables, []string{topic})
+		rows, err := topicPartitions(ctx, db, driver, []string{topic})
 		if err != nil {
 			return fmt.Errorf("create topic %q: %w", topic, err)
 		}
@@ -124,8 +138,8 @@ func CreateTopic(ctx context.Context, db DB, topic string, config TopicConfig) e
 }
 
 // topicPartitions reads the partition counts of topics.
-func topicPartitions(ctx context.Context, db pgsql.Querier, t *pgsql.Tables, topics []string) (map[string]int, error) {
-	out, err := pgsql.TopicPartitions(ctx, db, t, topics)
+func topicPartitions(ctx context.Context, db pgsql.Querier, t pgsql.Driver, topics []string) (map[string]int, error) {
+	out, err := t.TopicPartitions(ctx, db, topics)
 	if err != nil {
 		return nil, fmt.Errorf("read partition counts: %w", wrapMissingSchema(err))
 	}

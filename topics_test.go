@@ -43,7 +43,7 @@ func TestCreateTopicSettings(t *testing.T) {
 	pool := newPool(t, 4)
 	adapter := newSchema(t, pool)
 	cfg := func(n int) pglease.TopicConfig {
-		return pglease.TopicConfig{Partitions: n, SchemaAdapter: adapter, InitializeSchema: true}
+		return pglease.TopicConfig{Partitions: n, Tables: adapter, InitializeSchema: true}
 	}
 
 	for _, n := range []int{-1, pglease.MaxPartitions + 1} {
@@ -79,7 +79,7 @@ func TestPublishPlacesMessagesByKey(t *testing.T) {
 	pool := newPool(t, 4)
 	adapter := newSchema(t, pool)
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "keyed", pglease.TopicConfig{Partitions: 8,
-		SchemaAdapter: adapter, InitializeSchema: true}))
+		Tables: adapter, InitializeSchema: true}))
 
 	keyOf := func(_ string, msg *message.Message) (string, error) {
 		if k := msg.Metadata.Get("customer"); k != "" {
@@ -87,7 +87,7 @@ func TestPublishPlacesMessagesByKey(t *testing.T) {
 		}
 		return "", errors.New("message has no customer")
 	}
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, PartitionKey: keyOf}, nil)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter, PartitionKey: keyOf}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
 
@@ -126,8 +126,8 @@ func TestPublishDefaultPartitionKey(t *testing.T) {
 	pool := newPool(t, 4)
 	adapter := newSchema(t, pool)
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "spread", pglease.TopicConfig{Partitions: 4,
-		SchemaAdapter: adapter, InitializeSchema: true}))
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+		Tables: adapter, InitializeSchema: true}))
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
 
@@ -185,7 +185,7 @@ func TestInsertStatementWithManyTopics(t *testing.T) {
 	pool := newPool(t, 4)
 	adapter := newSchema(t, pool)
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "eight", pglease.TopicConfig{Partitions: 8,
-		SchemaAdapter: adapter, InitializeSchema: true}))
+		Tables: adapter, InitializeSchema: true}))
 	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()

@@ -45,7 +45,7 @@ func TestUndecodableMetadataIsSkippedAndLoggedOnce(t *testing.T) {
 	assert.Empty(t, bad.Metadata)
 
 	logger := newCapturingLogger()
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter,
 		PollInterval: 10 * time.Millisecond, SessionTTL: 2 * time.Second, CommitBatch: 1}, logger)
 	require.NoError(t, err)
 	msgs, err := sub.Subscribe(ctx, "t")

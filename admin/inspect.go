@@ -25,25 +25,24 @@ import (
 // *pgxpool.Pool; on a *pgx.Conn or a pgx.Tx, one call at a time.
 type Inspector struct {
 	db     pglease.DB
-	tables *pgsql.Tables
+	driver *pgsql.Lazy
 
 	// beforeDeleteGroup, when set, runs in DeleteGroupOffsets after the
 	// owners were checked and before the rows are deleted (tests only).
 	beforeDeleteGroup func()
 }
 
-// NewInspector returns an Inspector of the tables of adapter
-// (pglease.Tables{}: the default names) on db, which may be
-// a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx. Invalid arguments give an
+// NewInspector returns an Inspector of tables (pglease.Tables{}: the
+// default names) on db, which may be a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx. Invalid arguments give an
 // error wrapping [pglease.ErrInvalidConfig].
-func NewInspector(db pglease.DB, adapter pglease.Tables) (*Inspector, error) {
+func NewInspector(db pglease.DB, tables pglease.Tables) (*Inspector, error) {
 	if check.NilDB(db) {
 		return nil, fmt.Errorf("%w: NewInspector needs a *pgxpool.Pool, *pgx.Conn or pgx.Tx, got nil", pglease.ErrInvalidConfig)
 	}
-	if err := check.TableNames(pgsql.Names(adapter)); err != nil {
+	if err := check.TableNames(pgsql.Names(tables)); err != nil {
 		return nil, fmt.Errorf("%w: NewInspector: %w", pglease.ErrInvalidConfig, err)
 	}
-	return &Inspector{db: db, tables: pgsql.NewTables(pgsql.Names(adapter))}, nil
+	return &Inspector{db: db, driver: pgsql.NewLazy(pgsql.NewTables(pgsql.Names(tables)))}, nil
 }
 
 // validateTopic refuses the topic names that pglease refuses, with an
@@ -94,7 +93,7 @@ type SessionInfo struct {
 
 // Sessions returns every consumer session, by group and age.
 func (i *Inspector) Sessions(ctx context.Context) ([]SessionInfo, error) {
-	rows, err := pgsql.InspectSessions(ctx, i.db, i.tables)
+	rows, err := i.driver.InspectSessions(ctx, i.db)
 	if err != nil {
 		return nil, fmt.Errorf("read sessions: %w", check.MissingSchema(err))
 	}
@@ -133,10 +132,14 @@ type LagInfo struct {
 	Pending bool `json:"pending"`
 }
 
-// LagFilter selects rows of [Inspector.Lag]; a nil field selects all.
+// LagFilter selects rows of [Inspector.Lag].
 type LagFilter struct {
+	// ConsumerGroups sets the consumer groups whose rows are selected,
+	// default nil: every group.
 	ConsumerGroups []string
-	Topics         []string
+	// Topics sets the topics whose rows are selected, default nil: every
+	// topic.
+	Topics []string
 }
 
 // Lag returns, for every (group, topic, partition) row that f selects, its
@@ -150,7 +153,7 @@ func (i *Inspector) Lag(ctx context.Context, f LagFilter) ([]LagInfo, error) {
 		return nil, fmt.Errorf("read lag: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := pgsql.InspectLag(ctx, tx, i.tables, f.ConsumerGroups, f.Topics)
+	rows, err := i.driver.InspectLag(ctx, tx, f.ConsumerGroups, f.Topics)
 	if err != nil {
 		return nil, fmt.Errorf("read lag: %w", check.MissingSchema(err))
 	}
@@ -226,14 +229,14 @@ type HorizonHolder struct {
 // returns the one with the oldest holder, naming its worker
 // (Horizon.Node), with every worker's in Horizon.Workers.
 func (i *Inspector) Horizon(ctx context.Context) (Horizon, error) {
-	nodes, citus, err := pgsql.InspectWorkerHorizons(ctx, i.db, i.tables)
+	nodes, citus, err := i.driver.InspectWorkerHorizons(ctx, i.db)
 	if err != nil {
 		return Horizon{}, fmt.Errorf("read the xmin horizon: %w", err)
 	}
 	if citus {
 		return workersHorizon(nodes), nil
 	}
-	r, err := pgsql.InspectHorizon(ctx, i.db, i.tables)
+	r, err := i.driver.InspectHorizon(ctx, i.db)
 	if err != nil {
 		return Horizon{}, fmt.Errorf("read the xmin horizon: %w", err)
 	}
@@ -315,7 +318,7 @@ func (i *Inspector) Topics(ctx context.Context) ([]TopicInfo, error) {
 		return nil, fmt.Errorf("read topics: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := pgsql.InspectTopics(ctx, tx, i.tables)
+	rows, err := i.driver.InspectTopics(ctx, tx)
 	if err != nil {
 		return nil, fmt.Errorf("read topics: %w", check.MissingSchema(err))
 	}
@@ -337,10 +340,11 @@ const (
 
 // TopicsParams selects a page of [Inspector.TopicsPage].
 type TopicsParams struct {
-	// After: the topics whose names sort after it (byte order); nil: from
-	// the first. The Next of a TopicPage is the After of the next page.
+	// After sets where the page starts: the topics whose names sort after
+	// it (byte order), default nil: from the first. The Next of a
+	// TopicPage is the After of the next page.
 	After *string
-	// Limit is the page size: 0 is DefaultTopicsPage; at most
+	// Limit sets the page size, default DefaultTopicsPage, at most
 	// MaxTopicsPage.
 	Limit int
 }
@@ -371,14 +375,14 @@ func (i *Inspector) TopicsPage(ctx context.Context, p TopicsParams) (TopicPage, 
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	// One more than the page: whether there is a next one.
-	rows, err := pgsql.InspectTopicsPage(ctx, tx, i.tables, p.After == nil, deref(p.After), limit+1)
+	rows, err := i.driver.InspectTopicsPage(ctx, tx, p.After == nil, deref(p.After), limit+1)
 	if err != nil {
 		return TopicPage{}, fmt.Errorf("read topics: %w", check.MissingSchema(err))
 	}
 	var out TopicPage
 	if len(rows) == 0 && p.After != nil {
 		// Past the last topic: count them anyway.
-		if rows, err = pgsql.InspectTopicsPage(ctx, tx, i.tables, true, "", 1); err != nil {
+		if rows, err = i.driver.InspectTopicsPage(ctx, tx, true, "", 1); err != nil {
 			return TopicPage{}, fmt.Errorf("read topics: %w", check.MissingSchema(err))
 		}
 		if len(rows) > 0 {
@@ -452,14 +456,20 @@ func (e *ResetRefusedError) Unwrap() error { return ErrOwnedByLiveSession }
 
 // ResetOffsetsParams select the rows to reset and where to.
 type ResetOffsetsParams struct {
+	// ConsumerGroup sets the consumer group, default "" (the group named
+	// "").
 	ConsumerGroup string
-	Topic         string
-	To            ResetTo
-	// Force resets rows that a live session owns: the row's epoch is
-	// bumped, so the owner's later commits and releases are refused
-	// (pglease.ErrOwnershipLost); notified, the owner stops delivering the
-	// partition and claims it again, from the new position. A message it
-	// had handed out before may still be processed once.
+	// Topic sets the topic, required; every partition of it is reset.
+	Topic string
+	// To sets where the positions go, required: ResetToEarliest,
+	// ResetToLatest or ResetToTime.
+	To ResetTo
+	// Force sets whether rows that a live session owns are reset too,
+	// default false: refused. Forced, the row's epoch is bumped, so the
+	// owner's later commits and releases are refused
+	// (pglease.ErrOwnershipLost); notified, the owner stops delivering
+	// the partition and claims it again, from the new position. A
+	// message it had handed out before may still be processed once.
 	Force bool
 }
 
@@ -526,7 +536,7 @@ func (i *Inspector) resetOnce(ctx context.Context, p ResetOffsetsParams) (out, o
 		return nil, nil, false, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	counts, err := pgsql.TopicPartitions(ctx, tx, i.tables, []string{p.Topic})
+	counts, err := i.driver.TopicPartitions(ctx, tx, []string{p.Topic})
 	if err != nil {
 		return nil, nil, false, fmt.Errorf("read partition counts: %w", check.MissingSchema(err))
 	}
@@ -537,11 +547,11 @@ func (i *Inspector) resetOnce(ctx context.Context, p ResetOffsetsParams) (out, o
 	for part := range max(counts[p.Topic], 1) {
 		topics, partitions = append(topics, p.Topic), append(partitions, int32(part))
 	}
-	if _, err := pgsql.EnsureOffsets(ctx, tx, i.tables, pgsql.OffsetsParams{ConsumerGroup: p.ConsumerGroup,
+	if _, err := i.driver.EnsureOffsets(ctx, tx, pgsql.OffsetsParams{ConsumerGroup: p.ConsumerGroup,
 		Topics: topics, Partitions: partitions}); err != nil {
 		return nil, nil, false, check.MissingSchema(err)
 	}
-	rows, err := pgsql.ResetOffsets(ctx, tx, i.tables, pgsql.ResetParams{ConsumerGroup: p.ConsumerGroup, Topic: p.Topic,
+	rows, err := i.driver.ResetOffsets(ctx, tx, pgsql.ResetParams{ConsumerGroup: p.ConsumerGroup, Topic: p.Topic,
 		To: p.To.kind, At: p.To.at, Force: p.Force, Notification: pgsql.ResetNotification(p.ConsumerGroup, p.Topic)})
 	if err != nil {
 		return nil, nil, false, check.MissingSchema(err)

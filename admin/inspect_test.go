@@ -29,7 +29,7 @@ func TestInspectorLagAfterKnownAcks(t *testing.T) {
 	ctx := context.Background()
 	pool := testkit.NewPool(t, 10)
 	adapter := testkit.NewSchema(t, pool)
-	require.NoError(t, pglease.CreateTopic(ctx, pool, "two", pglease.TopicConfig{Partitions: 2, SchemaAdapter: adapter,
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "two", pglease.TopicConfig{Partitions: 2, Tables: adapter,
 		InitializeSchema: true}))
 	pub := testkit.NewPublisher(t, pool, adapter)
 	perPartition := map[int32]int{}
@@ -45,7 +45,7 @@ func TestInspectorLagAfterKnownAcks(t *testing.T) {
 
 	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter,
 		CommitBatch: 1}, testkit.Logger())
 	require.NoError(t, err)
 	defer sub.Close()
@@ -224,7 +224,7 @@ func TestResetOffsets(t *testing.T) {
 		t.Helper()
 		_, err := insp.ResetOffsets(ctx, admin.ResetOffsetsParams{ConsumerGroup: "g", Topic: "t", To: to})
 		require.NoError(t, err)
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter}, testkit.Logger())
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter}, testkit.Logger())
 		require.NoError(t, err)
 		defer sub.Close()
 		sctx, cancel := context.WithCancel(ctx)
@@ -246,7 +246,7 @@ func TestResetOffsets(t *testing.T) {
 
 	// A live owner holds the third message, acked but not committed.
 	logs := testkit.NewCapturingLogger()
-	owner, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter,
+	owner, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter,
 		CommitInterval: time.Hour, CommitBatch: 1000}, logs)
 	require.NoError(t, err)
 	defer owner.Close()
@@ -457,7 +457,7 @@ func TestResetOffsetsNotifiesOnlyItsGroup(t *testing.T) {
 	logs := map[string]*testkit.CapturingLogger{"a": testkit.NewCapturingLogger(), "b": testkit.NewCapturingLogger()}
 	msgs := map[string]<-chan *message.Message{}
 	for _, group := range []string{"a", "b"} {
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter,
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, Tables: adapter,
 			CommitBatch: 1, PollInterval: time.Minute}, logs[group])
 		require.NoError(t, err)
 		defer func() { require.NoError(t, sub.Close()) }()

@@ -100,19 +100,19 @@ func decodeMetadata(raw []byte) (map[string]string, error) {
 
 // MessagesParams select the messages of [Inspector.Messages].
 type MessagesParams struct {
-	// Topic is required.
+	// Topic sets the topic, required.
 	Topic string
-	// Partition selects one partition; nil: every partition, merged by
-	// position.
+	// Partition sets the one partition to read, default nil: every
+	// partition, merged by position.
 	Partition *int32
-	// From is the position of the newest message to return (it and older
-	// ones are returned); nil: the newest message. A page's Next is the
-	// From of the page after it.
+	// From sets the position of the newest message to return (it and
+	// older ones are returned), default nil: the newest message. A page's
+	// Next is the From of the page after it.
 	From *pglease.Position
-	// Limit is the page size. Default DefaultMessagesLimit, at most
+	// Limit sets the page size, default DefaultMessagesLimit, at most
 	// MaxMessagesLimit.
 	Limit int
-	// PreviewBytes is how much of each payload to return. Default
+	// PreviewBytes sets how much of each payload to return, default
 	// DefaultPreviewBytes; negative: all of it.
 	PreviewBytes int
 }
@@ -135,7 +135,7 @@ func (i *Inspector) Messages(ctx context.Context, p MessagesParams) (MessagePage
 	if err := validateTopic(p.Topic); err != nil {
 		return page, err
 	}
-	a := i.tables
+	a := i.driver
 	switch {
 	case p.Limit == 0:
 		p.Limit = DefaultMessagesLimit
@@ -156,7 +156,7 @@ func (i *Inspector) Messages(ctx context.Context, p MessagesParams) (MessagePage
 	if p.From != nil {
 		at = pgsql.Position(*p.From)
 	}
-	rows, err := pgsql.MessagesNewestFirst(ctx, i.db, a, pgsql.BrowseParams{Topic: p.Topic, Partition: partition, At: at,
+	rows, err := a.MessagesNewestFirst(ctx, i.db, pgsql.BrowseParams{Topic: p.Topic, Partition: partition, At: at,
 		Limit: p.Limit + 1, Preview: p.PreviewBytes})
 	if err != nil {
 		return page, fmt.Errorf("read the messages of topic %q: %w", p.Topic, check.MissingSchema(err))
@@ -186,14 +186,14 @@ func (i *Inspector) MessagesByUUID(ctx context.Context, topic, id string) ([]Sto
 
 // FindMessagesParams select the messages of [Inspector.FindMessages].
 type FindMessagesParams struct {
-	// Topic is required.
+	// Topic sets the topic, required.
 	Topic string
-	// UUID is the UUID to look for.
+	// UUID sets the UUID to look for, required.
 	UUID string
-	// Limit is how many messages to return at most. Default
+	// Limit sets how many messages to return at most, default
 	// DefaultMessagesLimit, at most MaxMessagesLimit.
 	Limit int
-	// PreviewBytes is how much of each payload to return. Default
+	// PreviewBytes sets how much of each payload to return, default
 	// DefaultPreviewBytes; negative: all of it.
 	PreviewBytes int
 }
@@ -222,7 +222,7 @@ func (i *Inspector) FindMessages(ctx context.Context, p FindMessagesParams) ([]S
 // findMessages reads the messages with the UUID, newest first, at most
 // limit of them (-1: all).
 func (i *Inspector) findMessages(ctx context.Context, topic, id string, preview, limit int) ([]StoredMessage, error) {
-	rows, err := pgsql.MessagesByUUID(ctx, i.db, i.tables, topic, id, preview, limit)
+	rows, err := i.driver.MessagesByUUID(ctx, i.db, topic, id, preview, limit)
 	if err != nil {
 		return nil, fmt.Errorf("look up message %q: %w", id, check.MissingSchema(err))
 	}
@@ -255,14 +255,14 @@ func (i *Inspector) TopicDetail(ctx context.Context, topic string) (TopicDetail,
 	if err := validateTopic(topic); err != nil {
 		return d, err
 	}
-	a := i.tables
-	row, err := pgsql.TopicDetail(ctx, i.db, a, topic)
+	a := i.driver
+	row, err := a.TopicDetail(ctx, i.db, topic)
 	if err != nil {
 		return d, fmt.Errorf("read topic %q: %w", topic, check.MissingSchema(err))
 	}
 	d.Partitions, d.Retention = int(row.Partitions), time.Duration(row.RetentionUs)*time.Microsecond
 	d.Delayed, d.NextDueAt = row.Delayed, row.NextDueAt
-	counts, err := pgsql.CountTopicMessages(ctx, i.db, a, []string{topic}, DefaultExactCountUpTo)
+	counts, err := a.CountTopicMessages(ctx, i.db, []string{topic}, DefaultExactCountUpTo)
 	if err != nil {
 		return d, fmt.Errorf("count the messages of topic %q: %w", topic, err)
 	}
@@ -288,12 +288,12 @@ type TopicMessageCount struct {
 
 // TopicMessagesParams select the topics of [Inspector.TopicMessages].
 type TopicMessagesParams struct {
-	// Topics are the topics to count (each is returned, 0 included);
-	// nil: every topic that has messages (found by skipping through the
-	// primary key, one probe per topic).
+	// Topics sets the topics to count (each is returned, 0 included),
+	// default nil: every topic that has messages (found by skipping
+	// through the primary key, one probe per topic).
 	Topics []string
-	// ExactUpTo is the count up to which a topic is counted exactly.
-	// Default DefaultExactCountUpTo.
+	// ExactUpTo sets the count up to which a topic is counted exactly,
+	// default DefaultExactCountUpTo.
 	ExactUpTo int64
 }
 
@@ -306,11 +306,11 @@ type TopicMessagesParams struct {
 // 100,000 topics, BenchmarkTopicMessages): name the topics to watch to
 // read only those.
 func (i *Inspector) TopicMessages(ctx context.Context, p TopicMessagesParams) ([]TopicMessageCount, error) {
-	a := i.tables
+	a := i.driver
 	if p.ExactUpTo <= 0 {
 		p.ExactUpTo = DefaultExactCountUpTo
 	}
-	rows, err := pgsql.CountTopicMessages(ctx, i.db, a, p.Topics, p.ExactUpTo)
+	rows, err := a.CountTopicMessages(ctx, i.db, p.Topics, p.ExactUpTo)
 	if err != nil {
 		return nil, fmt.Errorf("count the messages of the topics: %w", check.MissingSchema(err))
 	}
@@ -327,8 +327,8 @@ func (i *Inspector) TopicMessages(ctx context.Context, p TopicMessagesParams) ([
 	return out, nil
 }
 
-func (i *Inspector) estimate(ctx context.Context, a *pgsql.Tables, topic string, atLeast int64) (int64, error) {
-	n, err := pgsql.EstimateTopicMessages(ctx, i.db, a, topic)
+func (i *Inspector) estimate(ctx context.Context, a pgsql.Driver, topic string, atLeast int64) (int64, error) {
+	n, err := a.EstimateTopicMessages(ctx, i.db, topic)
 	if err != nil {
 		return 0, fmt.Errorf("estimate the messages of topic %q: %w", topic, err)
 	}
@@ -337,21 +337,25 @@ func (i *Inspector) estimate(ctx context.Context, a *pgsql.Tables, topic string,
 
 // ReplayParams select the messages of [Inspector.Replay] and where they go.
 type ReplayParams struct {
-	// From is the topic to take the messages from (a poison topic).
+	// From sets the topic to take the messages from (a poison topic),
+	// required.
 	From string
-	// To is the topic to publish them to; or, with ToOriginal, the topic
-	// each message names in its metadata under PoisonedTopicKey (as
-	// Watermill's PoisonQueue records it; messages without it are left
-	// where they are). Exactly one of the two.
-	To         string
+	// To sets the topic to publish them to, default "": ToOriginal must
+	// be set. Exactly one of To and ToOriginal.
+	To string
+	// ToOriginal sets whether each message goes to the topic it names in
+	// its metadata under PoisonedTopicKey (as Watermill's PoisonQueue
+	// records it; messages without it are left where they are), default
+	// false.
 	ToOriginal bool
-	// Metadata selects the messages whose metadata has every one of these
-	// keys with the value (nil: every message).
+	// Metadata sets the metadata a message must have to be moved, every
+	// one of these keys with the value, default nil: every message.
 	Metadata map[string]string
-	// Limit is how many messages to move, oldest first. Default
+	// Limit sets how many messages to move, oldest first, default
 	// DefaultReplayLimit.
 	Limit int
-	// DryRun does everything in a transaction that is rolled back.
+	// DryRun sets whether everything is done in a transaction that is
+	// rolled back, default false.
 	DryRun bool
 }
 
@@ -387,7 +391,7 @@ func (i *Inspector) Replay(ctx context.Context, p ReplayParams) ([]ReplayedMessa
 	case p.Limit == 0:
 		p.Limit = DefaultReplayLimit
 	}
-	a := i.tables
+	a := i.driver
 	filter, err := json.Marshal(p.Metadata)
 	if err != nil || p.Metadata == nil {
 		filter = []byte("{}")
@@ -398,7 +402,7 @@ func (i *Inspector) Replay(ctx context.Context, p ReplayParams) ([]ReplayedMessa
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := pgsql.DeleteMessagesForReplay(ctx, tx, a, pgsql.ReplayParams{Topic: p.From, Filter: filter,
+	rows, err := a.DeleteMessagesForReplay(ctx, tx, pgsql.ReplayParams{Topic: p.From, Filter: filter,
 		ToOriginal: p.ToOriginal, OriginalTopicKey: PoisonedTopicKey, Limit: p.Limit})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, check.MissingSchema(err))
@@ -419,7 +423,7 @@ func (i *Inspector) Replay(ctx context.Context, p ReplayParams) ([]ReplayedMessa
 		}
 		out = append(out, ReplayedMessage{StoredMessage: m, To: to})
 	}
-	pub, err := pglease.NewPublisher(tx, pglease.PublisherConfig{SchemaAdapter: pglease.Tables(a.Names)}, nil)
+	pub, err := pglease.NewPublisher(tx, pglease.PublisherConfig{Tables: pglease.Tables(a.Tables().Names)}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
@@ -520,18 +524,18 @@ func (i *Inspector) DeleteGroupOffsets(ctx context.Context, group string) (int64
 // transaction of its own. When the group has rows that it did not lock,
 // it deletes nothing and returns them.
 func (i *Inspector) deleteGroupOffsets(ctx context.Context, group string) (int64, []pgsql.GroupOffsetRow, error) {
-	a := i.tables
+	a := i.driver
 	what := fmt.Sprintf("delete the offsets of consumer group %q", group)
 	tx, err := i.db.Begin(ctx)
 	if err != nil {
 		return 0, nil, fmt.Errorf("%s: %w", what, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	locked, err := pgsql.LockGroupOffsets(ctx, tx, a, group)
+	locked, err := a.LockGroupOffsets(ctx, tx, group)
 	if err != nil {
 		return 0, nil, fmt.Errorf("%s: %w", what, check.MissingSchema(err))
 	}
-	owned, err := pgsql.GroupLiveOwners(ctx, tx, a, group)
+	owned, err := a.GroupLiveOwners(ctx, tx, group)
 	if err != nil {
 		return 0, nil, fmt.Errorf("%s: %w", what, err)
 	}
@@ -545,7 +549,7 @@ func (i *Inspector) deleteGroupOffsets(ctx context.Context, group string) (int64
 	if i.beforeDeleteGroup != nil {
 		i.beforeDeleteGroup()
 	}
-	res, err := pgsql.DeleteGroupOffsets(ctx, tx, a, group, locked)
+	res, err := a.DeleteGroupOffsets(ctx, tx, group, locked)
 	if err != nil {
 		return 0, nil, fmt.Errorf("%s: %w", what, err)
 	}

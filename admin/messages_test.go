@@ -34,7 +34,7 @@ func TestInspectorMessagesPagesNewestFirst(t *testing.T) {
 	ctx := context.Background()
 	pool := testkit.NewPool(t, 5)
 	adapter := testkit.NewSchema(t, pool)
-	require.NoError(t, pglease.CreateTopic(ctx, pool, "orders", pglease.TopicConfig{Partitions: 3, SchemaAdapter: adapter,
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "orders", pglease.TopicConfig{Partitions: 3, Tables: adapter,
 		InitializeSchema: true}))
 	pub := testkit.NewPublisher(t, pool, adapter)
 	const n = 25
@@ -188,7 +188,7 @@ func TestReplayToOriginalOnce(t *testing.T) {
 	require.Len(t, page.Messages, 1, "the message without an original topic stays")
 	assert.Equal(t, "no-origin", page.Messages[0].UUID)
 
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter}, testkit.Logger())
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter}, testkit.Logger())
 	require.NoError(t, err)
 	defer sub.Close()
 	msgs, err := sub.Subscribe(ctx, "orders")
@@ -312,7 +312,7 @@ func TestDeleteGroupOffsets(t *testing.T) {
 	insp, err := admin.NewInspector(pool, adapter)
 	require.NoError(t, err)
 	subscribe := func(group string) *pglease.Subscriber {
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter}, testkit.Logger())
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, Tables: adapter}, testkit.Logger())
 		require.NoError(t, err)
 		msgs, err := sub.Subscribe(ctx, "t")
 		require.NoError(t, err)

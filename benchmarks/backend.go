@@ -75,7 +75,7 @@ func (b pgleaseBackend) open(_ context.Context, e *env, ns string) (handle, erro
 		return nil, err
 	}
 	// The schema itself is created by pglease's schema initialization.
-	return &pgleaseHandle{e: e, ns: ns, pool: pool, adapter: pglease.Tables{Schema: ns}}, nil
+	return &pgleaseHandle{e: e, ns: ns, pool: pool, tables: pglease.Tables{Schema: ns}}, nil
 }
 
 // pgleasePool opens a pool of at most conns connections (it connects on
@@ -103,10 +103,10 @@ func (e *env) pgleasePoolWith(conns int, asyncCommit bool) (*pgxpool.Pool, error
 }
 
 type pgleaseHandle struct {
-	e       *env
-	ns      string
-	pool    *pgxpool.Pool
-	adapter pglease.Tables
+	e      *env
+	ns     string
+	pool   *pgxpool.Pool
+	tables pglease.Tables
 	// newPool opens the pool of a member; nil: e.pgleasePool.
 	newPool func(conns int) (*pgxpool.Pool, error)
 	// verify, when set, checks after a workload that it ran as intended.
@@ -117,7 +117,7 @@ type pgleaseHandle struct {
 }
 
 func (h *pgleaseHandle) publisher() (message.Publisher, error) {
-	return pglease.NewPublisher(h.pool, pglease.PublisherConfig{SchemaAdapter: h.adapter}, h.e.logger)
+	return pglease.NewPublisher(h.pool, pglease.PublisherConfig{Tables: h.tables}, h.e.logger)
 }
 
 func (h *pgleaseHandle) subscriber() (message.Subscriber, error) {
@@ -134,7 +134,7 @@ func newPgleaseSubscriber(pool *pgxpool.Pool, ns string, initializeSchema bool, 
 	return pglease.NewSubscriber(pool, pglease.SubscriberConfig{
 		ConsumerGroup:    consumerGroup,
 		InitializeSchema: initializeSchema,
-		SchemaAdapter:    pglease.Tables{Schema: ns},
+		Tables:           pglease.Tables{Schema: ns},
 		ListenConnConfig: listen,
 	}, logger)
 }

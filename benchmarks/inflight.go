@@ -170,7 +170,7 @@ func routerRate(ctx context.Context, sub message.Subscriber, topic string, n int
 func (h *pgleaseHandle) parallelSubscriber(n int) (message.Subscriber, error) {
 	return pglease.NewSubscriber(h.pool, pglease.SubscriberConfig{
 		ConsumerGroup:    consumerGroup,
-		SchemaAdapter:    pglease.Tables{Schema: h.ns},
+		Tables:           pglease.Tables{Schema: h.ns},
 		ListenConnConfig: h.listen,
 		MaxInFlight:      n,
 	}, h.e.logger)

@@ -143,7 +143,7 @@ func runPartitions(ctx context.Context, e *env, h *pgleaseHandle, reverse bool) 
 func partitionDrain(ctx context.Context, e *env, h *pgleaseHandle, n int) (time.Duration, error) {
 	topic := fmt.Sprintf("bench_partitions_%d", n)
 	if err := pglease.CreateTopic(ctx, h.pool, topic, pglease.TopicConfig{
-		Partitions: n, SchemaAdapter: h.adapter, InitializeSchema: true,
+		Partitions: n, Tables: h.tables, InitializeSchema: true,
 	}); err != nil {
 		return 0, err
 	}

@@ -43,7 +43,7 @@ func (pgleasePgBouncerBackend) open(_ context.Context, e *env, ns string) (handl
 		e:       e,
 		ns:      ns,
 		pool:    pool,
-		adapter: pglease.Tables{Schema: ns},
+		tables:  pglease.Tables{Schema: ns},
 		newPool: newPool,
 		verify: func() error {
 			// Every workload publishes through the pool.

@@ -312,16 +312,16 @@ func retentionRun(ctx context.Context, e *env, h *pgleaseHandle, c retentionCase
 			e.log("retention: drop schema %s: %v", schema, err)
 		}
 	}()
-	adapter := pglease.Tables{Schema: schema}
+	tables := pglease.Tables{Schema: schema}
 	if err := pglease.CreateTopic(ctx, h.pool, retentionTopicName, pglease.TopicConfig{
-		Retention: c.retention, SchemaAdapter: adapter, InitializeSchema: true,
+		Retention: c.retention, Tables: tables, InitializeSchema: true,
 	}); err != nil {
 		return r, err
 	}
 	messages := pgx.Identifier{schema, pglease.DefaultMessagesTable}.Sanitize()
 	_, _ = e.admin.Exec(ctx, "CHECKPOINT")
 
-	sub, err := pglease.NewSubscriber(h.pool, pglease.SubscriberConfig{ConsumerGroup: consumerGroup, SchemaAdapter: adapter}, e.logger)
+	sub, err := pglease.NewSubscriber(h.pool, pglease.SubscriberConfig{ConsumerGroup: consumerGroup, Tables: tables}, e.logger)
 	if err != nil {
 		return r, err
 	}
@@ -372,7 +372,7 @@ func retentionRun(ctx context.Context, e *env, h *pgleaseHandle, c retentionCase
 		}
 	}
 
-	pub, err := pglease.NewPublisher(h.pool, pglease.PublisherConfig{SchemaAdapter: adapter}, e.logger)
+	pub, err := pglease.NewPublisher(h.pool, pglease.PublisherConfig{Tables: tables}, e.logger)
 	if err != nil {
 		return r, err
 	}

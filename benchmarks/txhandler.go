@@ -194,6 +194,7 @@ func txConsume(ctx context.Context, e *env, h *pgleaseHandle, v txVariant, first
 	n := e.cfg.txMessages
 	effects := pgx.Identifier{h.ns, txEffectsTable}.Sanitize()
 	insert := "INSERT INTO " + effects + " (uuid) VALUES ($1)"
+	pub := pglease.PublisherConfig{Tables: h.tables}
 	var handler message.NoPublishHandlerFunc
 	switch v.name {
 	case txPlain:
@@ -202,13 +203,13 @@ func txConsume(ctx context.Context, e *env, h *pgleaseHandle, v txVariant, first
 			return err
 		}
 	case "ack":
-		handler = pglease.TxHandler(h.pool, pglease.TxHandlerConfig{Publisher: pglease.PublisherConfig{SchemaAdapter: h.adapter}},
+		handler = pglease.TxHandler(h.pool, pglease.TxHandlerConfig{Publisher: pub},
 			func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
 				_, err := tx.Exec(ctx, insert, msg.UUID)
 				return nil, err
 			})
 	case "publish":
-		handler = pglease.TxHandler(h.pool, pglease.TxHandlerConfig{PublishTopic: txDerivedTopic, Publisher: pglease.PublisherConfig{SchemaAdapter: h.adapter}},
+		handler = pglease.TxHandler(h.pool, pglease.TxHandlerConfig{PublishTopic: txDerivedTopic, Publisher: pub},
 			func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
 				if _, err := tx.Exec(ctx, insert, msg.UUID); err != nil {
 					return nil, err
@@ -222,7 +223,7 @@ func txConsume(ctx context.Context, e *env, h *pgleaseHandle, v txVariant, first
 	}
 
 	_, _ = e.admin.Exec(ctx, "CHECKPOINT")
-	sub, err := pglease.NewSubscriber(h.pool, pglease.SubscriberConfig{ConsumerGroup: v.group(), SchemaAdapter: h.adapter}, e.logger)
+	sub, err := pglease.NewSubscriber(h.pool, pglease.SubscriberConfig{ConsumerGroup: v.group(), Tables: h.tables}, e.logger)
 	if err != nil {
 		return txResult{}, err
 	}

@@ -54,7 +54,7 @@ func newSchema(t *testing.T, pool *pgxpool.Pool) pglease.Tables {
 
 func newPublisher(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) *pglease.Publisher {
 	t.Helper()
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, nil)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter, AutoInitializeSchema: true}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, pub.Close()) })
 	return pub
@@ -73,7 +73,7 @@ func newSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, gro
 	t.Helper()
 	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{
 		ConsumerGroup:    group,
-		SchemaAdapter:    adapter,
+		Tables:           adapter,
 		InitializeSchema: true,
 		CommitBatch:      1,
 		SessionTTL:       time.Second,

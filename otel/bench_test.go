@@ -164,11 +164,11 @@ func BenchmarkOverhead(b *testing.B) {
 	ctx := context.Background()
 	pool := pgtest.NewPool(b, testDSN, 0)
 	tables := pglease.Tables{Schema: pgtest.NewSchema(b, pool, "pglease_otel_overhead_")}
-	raw, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: tables, AutoInitializeSchema: true}, nil)
+	raw, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, AutoInitializeSchema: true}, nil)
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = raw.Close() })
 	publishers := map[string]message.Publisher{bare: raw, wrapped: otel.WrapPublisher(raw, noopOptions()...)}
-	cfg := pglease.SubscriberConfig{SchemaAdapter: tables, CommitInterval: 100 * time.Millisecond, CommitBatch: 1000}
+	cfg := pglease.SubscriberConfig{Tables: tables, CommitInterval: 100 * time.Millisecond, CommitBatch: 1000}
 	subscribers := map[string]message.Subscriber{}
 	for _, how := range []string{bare, instrumented, wrapped} {
 		c := cfg

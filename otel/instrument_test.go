@@ -28,7 +28,7 @@ func TestInstrumentKeepsTheHook(t *testing.T) {
 	tables := pglease.Tables{Schema: pgtest.NewSchema(t, pool, "pglease_otel_test_")}
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: tables, AutoInitializeSchema: true}, nil)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, AutoInitializeSchema: true}, nil)
 	require.NoError(t, err)
 	require.NoError(t, pub.Publish("t", message.NewMessage(watermill.NewUUID(), nil)))
 	require.NoError(t, pub.Close())
@@ -46,7 +46,7 @@ func TestInstrumentKeepsTheHook(t *testing.T) {
 		}
 	}
 	// DrainTimeout -1: Close does not wait for the message left out.
-	cfg := otel.Instrument(pglease.SubscriberConfig{SchemaAdapter: tables, OnDelivery: own, DrainTimeout: -1},
+	cfg := otel.Instrument(pglease.SubscriberConfig{Tables: tables, OnDelivery: own, DrainTimeout: -1},
 		otel.WithTracerProvider(tp))
 	sub, err := pglease.NewSubscriber(pool, cfg, nil)
 	require.NoError(t, err)

@@ -39,14 +39,14 @@ func testMetrics(t *testing.T, wrap bool) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewInMemoryExporter()))
 	opts := []otel.Option{otel.WithMeterProvider(mp), otel.WithTracerProvider(tp)}
 
-	rawPub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: tables, AutoInitializeSchema: true}, nil)
+	rawPub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, AutoInitializeSchema: true}, nil)
 	require.NoError(t, err)
 	pub := otel.WrapPublisher(rawPub, opts...)
 	require.NoError(t, pub.Publish("t", message.NewMessage(watermill.NewUUID(), nil), message.NewMessage(watermill.NewUUID(), nil)))
 	require.NoError(t, pub.Close())
 
 	before := runtime.NumGoroutine()
-	subCfg := pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: tables, CommitBatch: 1}
+	subCfg := pglease.SubscriberConfig{ConsumerGroup: "g", Tables: tables, CommitBatch: 1}
 	if !wrap {
 		subCfg = otel.Instrument(subCfg, opts...)
 	}

@@ -257,7 +257,7 @@ func consumeOneWithPglease(t *testing.T, wrap func(message.Publisher, ...otel.Op
 	t.Helper()
 	pool := pgtest.NewPool(t, testDSN, 0)
 	tables := pglease.Tables{Schema: pgtest.NewSchema(t, pool, "pglease_otel_test_")}
-	rawPub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: tables, AutoInitializeSchema: true}, nil)
+	rawPub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, AutoInitializeSchema: true}, nil)
 	require.NoError(t, err)
 	pub := wrap(rawPub, pubOpts...)
 	defer func() { assert.NoError(t, pub.Close()) }()
@@ -265,7 +265,7 @@ func consumeOneWithPglease(t *testing.T, wrap func(message.Publisher, ...otel.Op
 	require.NoError(t, pub.Publish("t", msg))
 	require.NotEmpty(t, msg.Metadata.Get("traceparent"), "the publisher stored a trace context")
 
-	cfg.SchemaAdapter = tables
+	cfg.Tables = tables
 	raw, err := pglease.NewSubscriber(pool, cfg, nil)
 	require.NoError(t, err)
 	var sub message.Subscriber = raw

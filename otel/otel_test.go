@@ -131,7 +131,7 @@ func consume(cfg consumerConfig) error {
 	}
 	defer pool.Close()
 	tables := pglease.Tables{Schema: cfg.Schema}
-	subCfg := pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: tables,
+	subCfg := pglease.SubscriberConfig{ConsumerGroup: group, Tables: tables,
 		CommitBatch: 1, PollInterval: 20 * time.Millisecond, NackResendDelay: time.Millisecond}
 	if !cfg.Wrap {
 		subCfg = otel.Instrument(subCfg, opts...)
@@ -145,7 +145,7 @@ func consume(cfg consumerConfig) error {
 		wsub = otel.WrapSubscriber(sub, opts...)
 	}
 	defer func() { _ = wsub.Close() }()
-	rawPub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: tables}, nil)
+	rawPub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables}, nil)
 	if err != nil {
 		return err
 	}
@@ -248,7 +248,7 @@ func testTraceCrossesTheDatabase(t *testing.T, wrap bool) {
 	tables := pglease.Tables{Schema: pgtest.NewSchema(t, pool, "pglease_otel_test_")}
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	rawPub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: tables, AutoInitializeSchema: true}, nil)
+	rawPub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, AutoInitializeSchema: true}, nil)
 	require.NoError(t, err)
 	pub := otel.WrapPublisher(rawPub, otel.WithTracerProvider(tp), otel.WithPropagator(propagation.TraceContext{}))
 	t.Cleanup(func() { assert.NoError(t, pub.Close()) })

@@ -40,6 +40,10 @@ ALL_STEPS=(gofmt goversion vet lint examples benchmarks container metrics otel u
 ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)"
 cd -- "$ROOT"
 
+# Each module is checked on its own go.mod, not with the versions that the
+# workspace (go.work) picks for all the modules together.
+export GOWORK=off
+
 step() { printf '\n== %s\n' "$*"; }
 
 step_gofmt() {

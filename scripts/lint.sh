@@ -12,6 +12,8 @@ set -euo pipefail
 VERSION="v2.15.0"
 
 ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)"
+# Each module is linted on its own go.mod, not in the workspace (go.work).
+export GOWORK=off
 TOOLS="${PGLEASE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pglease/tools}"
 BIN="$TOOLS/golangci-lint-$VERSION"
 

@@ -926,4 +926,18 @@ $pglease$);
 END
 $pglease1$;
 INSERT INTO "pglease_schema_version" (version, description) VALUES (12, 'limits in the database: positions set by the database, topic name and partition count checks, retention partitions only where the maintainer adds them') ON CONFLICT (version) DO NOTHING;
+
+-- version 13: retention: publishers use a new partition only once no transaction that could route without it runs
+-- Publishers place a message in the partitions of its retention class only
+-- up to usable_until, which the maintainer raises to covered_until once
+-- every transaction that had the messages table open when the partitions
+-- were attached has ended: PostgreSQL reads a table's partitions in a
+-- transaction when it first locks the table, so such a transaction would
+-- route a row for a new partition to none. Existing partitions were
+-- attached long before: usable at once.
+ALTER TABLE "pglease_retention" ADD COLUMN IF NOT EXISTS usable_until timestamptz;
+UPDATE "pglease_retention" SET usable_until = covered_until WHERE usable_until IS NULL;
+ALTER TABLE "pglease_retention" ALTER COLUMN usable_until SET DEFAULT '-infinity',
+	ALTER COLUMN usable_until SET NOT NULL;
+INSERT INTO "pglease_schema_version" (version, description) VALUES (13, 'retention: publishers use a new partition only once no transaction that could route without it runs') ON CONFLICT (version) DO NOTHING;
 COMMIT;

@@ -40,27 +40,35 @@ const importBatch = 5000
 
 // Config configures [Run].
 type Config struct {
-	// Topics are the watermill-sql topics to import (tables
+	// Topics sets the watermill-sql topics to import (tables
 	// "watermill_<topic>" and "watermill_offsets_<topic>" in the source's
-	// search_path). Either Topics or All.
+	// search_path), default none. Either Topics or All.
 	Topics []string
-	// All imports every watermill-sql topic of the source's search_path
-	// whose messages and offsets tables are owned by SourceOwner; the
-	// others are skipped and listed in Report.Skipped (another role
-	// of the database may create tables named watermill_* in a schema of
-	// the search_path).
+	// All sets whether every watermill-sql topic of the source's
+	// search_path is imported, default false: the Topics. With All, the
+	// topics whose messages and offsets tables are owned by SourceOwner
+	// are imported; the others are skipped and listed in Report.Skipped
+	// (another role of the database may create tables named watermill_*
+	// in a schema of the search_path).
 	All bool
-	// SourceOwner is the role whose tables All imports. Default: the role
-	// the source connection runs as (watermill-sql creates its tables as
-	// the application's role).
+	// SourceOwner sets the role whose tables All imports, default "": the
+	// role the source connection runs as (watermill-sql creates its tables
+	// as the application's role).
 	SourceOwner string
-	// SchemaAdapter names the pglease tables. Default
-	// pglease.Tables{}.
-	// The import's own tables ([RunsTable], [GroupsTable])
+	// Tables sets the names of the pglease tables and their schema,
+	// default pglease.Tables{}: the default names in the connection's
+	// search_path. The import's own tables ([RunsTable], [GroupsTable])
 	// are created in its Schema.
+	Tables pglease.Tables
+	// SchemaAdapter is the former name of Tables. Set one of the two:
+	// both set to different tables is an error.
+	//
+	// Deprecated: use Tables. The field will be removed in the next minor
+	// release.
 	SchemaAdapter pglease.Tables
-	// DryRun runs the import and rolls it back: the report says what a
-	// real run would have done, and nothing changes.
+	// DryRun sets whether the import is rolled back, default false. A dry
+	// run's report says what a real run would have done, and nothing
+	// changes.
 	DryRun bool
 }
 
@@ -221,8 +229,16 @@ func Run(ctx context.Context, dst, src pglease.DB, config Config) (Report, error
 	if config.All == (len(config.Topics) > 0) {
 		return report, fmt.Errorf("%w: wmsqlimport.Config needs either Topics or All", pglease.ErrInvalidConfig)
 	}
-	if err := check.TableNames(pgsql.Names(config.SchemaAdapter)); err != nil {
-		return report, fmt.Errorf("%w: wmsqlimport.Config.SchemaAdapter: %w", pglease.ErrInvalidConfig, err)
+	if config.Tables != (pglease.Tables{}) && config.SchemaAdapter != (pglease.Tables{}) && config.Tables != config.SchemaAdapter {
+		return report, fmt.Errorf("%w: wmsqlimport.Config.Tables and wmsqlimport.Config.SchemaAdapter (the deprecated name of Tables) "+
+			"are both set, to different tables: set Tables only", pglease.ErrInvalidConfig)
+	}
+	field := "Tables"
+	if config.Tables == (pglease.Tables{}) {
+		field, config.Tables = "SchemaAdapter", config.SchemaAdapter
+	}
+	if err := check.TableNames(pgsql.Names(config.Tables)); err != nil {
+		return report, fmt.Errorf("%w: wmsqlimport.Config.%s: %w", pglease.ErrInvalidConfig, field, err)
 	}
 	for _, t := range config.Topics {
 		if err := check.Topic(t, pglease.MaxTopicLength); err != nil {
@@ -402,7 +418,7 @@ func describeSource(ctx context.Context, q pgsql.Querier, topic string) (wmSourc
 // one saw.
 func importTopic(ctx context.Context, dst, src pglease.DB, config Config, s wmSource) (TopicReport, error) {
 	out := TopicReport{Topic: s.topic, SourceTable: s.messagesTable, SourceKind: s.kind.String(), Groups: []GroupReport{}}
-	a := pgsql.NewTables(pgsql.Names(config.SchemaAdapter))
+	a := pgsql.NewTables(pgsql.Names(config.Tables))
 	err := pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
 		if err := pgsql.ImportCreateTables(ctx, tx, a); err != nil {
 			return fmt.Errorf("create the import's tables: %w", err)
@@ -560,7 +576,11 @@ func importTopicTx(ctx context.Context, tx pgx.Tx, src pgsql.Querier, a *pgsql.T
 		}
 		if len(delayed.UUIDs) > 0 {
 			delayed.NotifyChannel = a.NotifyChannel
-			if err := pgsql.InsertDelayed(ctx, tx, a, delayed); err != nil {
+			d, err := pgsql.OpenDriver(ctx, tx, a)
+			if err != nil {
+				return fmt.Errorf("store delayed messages: %w", err)
+			}
+			if err := d.InsertDelayed(ctx, tx, delayed); err != nil {
 				return fmt.Errorf("store delayed messages: %w", err)
 			}
 			out.Delayed += int64(len(delayed.UUIDs))

@@ -93,7 +93,7 @@ func TestImportRunThatWaitedDoesNotMoveGroupBack(t *testing.T) {
 	for n := 0; n < 400; n += 100 {
 		src.publish(t, n, n+100)
 	}
-	config := wmsqlimport.Config{Topics: []string{topic}, SchemaAdapter: adapter}
+	config := wmsqlimport.Config{Topics: []string{topic}, Tables: adapter}
 	src.ack(t, "A", 100)
 	first, err := wmsqlimport.Run(ctx, pool, src.pool, config)
 	require.NoError(t, err)
@@ -156,7 +156,7 @@ func TestImportNeverMovesGroupBack(t *testing.T) {
 	for n := 0; n < 400; n += 100 {
 		src.publish(t, n, n+100)
 	}
-	config := wmsqlimport.Config{Topics: []string{topic}, SchemaAdapter: adapter}
+	config := wmsqlimport.Config{Topics: []string{topic}, Tables: adapter}
 	run := func() wmsqlimport.TopicReport {
 		t.Helper()
 		report, err := wmsqlimport.Run(ctx, pool, src.pool, config)
@@ -221,7 +221,7 @@ INSERT INTO `+schema+`.watermill_`+table+` (uuid, transaction_id) VALUES ('x', p
 		"; ALTER TABLE "+schema+".watermill_offsets_mixed OWNER TO "+other)
 	require.NoError(t, err)
 
-	report, err := wmsqlimport.Run(ctx, pool, src.pool, wmsqlimport.Config{All: true, SchemaAdapter: adapter, DryRun: true})
+	report, err := wmsqlimport.Run(ctx, pool, src.pool, wmsqlimport.Config{All: true, Tables: adapter, DryRun: true})
 	require.NoError(t, err)
 	var imported []string
 	for _, t := range report.Topics {
@@ -235,8 +235,36 @@ INSERT INTO `+schema+`.watermill_`+table+` (uuid, transaction_id) VALUES ('x', p
 	assert.Equal(t, other, report.Skipped[1].Owner)
 
 	report, err = wmsqlimport.Run(ctx, pool, src.pool, wmsqlimport.Config{All: true, SourceOwner: other,
-		SchemaAdapter: adapter, DryRun: true})
+		Tables: adapter, DryRun: true})
 	require.NoError(t, err)
 	require.Len(t, report.Topics, 1)
 	assert.Equal(t, "planted", report.Topics[0].Topic)
+}
+
+// TestImportDeprecatedSchemaAdapter: Config.SchemaAdapter, the former
+// name of Config.Tables, still names the pglease tables (the search_path
+// has none: were it ignored, the run would fail); both set to different
+// tables are refused, naming both fields.
+func TestImportDeprecatedSchemaAdapter(t *testing.T) {
+	ctx := context.Background()
+	pool := testkit.NewPool(t, 10)
+	tables := testkit.NewSchema(t, pool)
+	require.NoError(t, pglease.Migrate(ctx, pool, tables))
+	const topic = "orders"
+	src := newWMSource(t, pool, topic)
+	src.publish(t, 0, 10)
+
+	_, err := wmsqlimport.Run(ctx, pool, src.pool, wmsqlimport.Config{Topics: []string{topic}, Tables: tables,
+		SchemaAdapter: pglease.Tables{Schema: tables.Schema + "_other"}})
+	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
+	assert.ErrorContains(t, err, "wmsqlimport.Config.Tables and wmsqlimport.Config.SchemaAdapter")
+	_, err = wmsqlimport.Run(ctx, pool, src.pool, wmsqlimport.Config{Topics: []string{topic},
+		SchemaAdapter: pglease.Tables{Schema: strings.Repeat("s", 64)}})
+	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
+	assert.ErrorContains(t, err, "wmsqlimport.Config.SchemaAdapter: pglease.Tables.Schema")
+
+	report, err := wmsqlimport.Run(ctx, pool, src.pool, wmsqlimport.Config{Topics: []string{topic}, SchemaAdapter: tables})
+	require.NoError(t, err)
+	require.Len(t, report.Topics, 1)
+	assert.Equal(t, int64(10), report.Topics[0].Messages)
 }

@@ -66,7 +66,7 @@ FROM generate_series($1::int, $2::int) n`, from, min(from+chunk, total)-1)
 		})
 		b.StartTimer()
 		start := time.Now()
-		report, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: []string{"bulk"}, SchemaAdapter: adapter})
+		report, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: []string{"bulk"}, Tables: adapter})
 		took += time.Since(start)
 		if err != nil {
 			b.Fatal(err)

@@ -193,7 +193,7 @@ type receiver struct {
 func (e *env) receive(t testing.TB, group string, topics ...string) *receiver {
 	t.Helper()
 	sub, err := pglease.NewSubscriber(e.pg, pglease.SubscriberConfig{
-		ConsumerGroup: group, SchemaAdapter: e.adapter, PollInterval: 50 * time.Millisecond,
+		ConsumerGroup: group, Tables: e.adapter, PollInterval: 50 * time.Millisecond,
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -307,7 +307,7 @@ func TestImportWatermillSQL(t *testing.T) {
 		}
 	}
 
-	dry, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{All: true, SchemaAdapter: e.adapter, DryRun: true})
+	dry, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{All: true, Tables: e.adapter, DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +319,7 @@ func TestImportWatermillSQL(t *testing.T) {
 		t.Fatalf("after the dry run %d messages are stored (%v), want 0", stored, err)
 	}
 
-	report, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{All: true, SchemaAdapter: e.adapter})
+	report, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{All: true, Tables: e.adapter})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +338,7 @@ func TestImportWatermillSQL(t *testing.T) {
 	}
 
 	// Running again with nothing new copies nothing and leaves the groups.
-	again, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: topics, SchemaAdapter: e.adapter})
+	again, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: topics, Tables: e.adapter})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,7 +367,7 @@ func TestImportWatermillSQL(t *testing.T) {
 	for _, topic := range topics {
 		uuids[topic] = append(uuids[topic], e.publish(t, topic, published, published+more)...)
 	}
-	report, err = wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: topics, SchemaAdapter: e.adapter})
+	report, err = wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: topics, Tables: e.adapter})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -407,7 +407,7 @@ func TestImportFollowsGroupsNotStartedInPglease(t *testing.T) {
 	uuids := e.publish(t, topic, 0, 300)
 	e.consumeWM(t, topic, "A", 100)
 
-	pub, err := pglease.NewPublisher(e.pg, pglease.PublisherConfig{SchemaAdapter: e.adapter}, nil)
+	pub, err := pglease.NewPublisher(e.pg, pglease.PublisherConfig{Tables: e.adapter}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -416,12 +416,12 @@ func TestImportFollowsGroupsNotStartedInPglease(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if _, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: []string{topic}, SchemaAdapter: e.adapter}); err != nil {
+	if _, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: []string{topic}, Tables: e.adapter}); err != nil {
 		t.Fatal(err)
 	}
 	e.consumeWM(t, topic, "A", 100) // A goes on in watermill-sql: 200 acknowledged now
 	uuids = append(uuids, e.publish(t, topic, 300, 320)...)
-	report, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: []string{topic}, SchemaAdapter: e.adapter})
+	report, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: []string{topic}, Tables: e.adapter})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -475,7 +475,7 @@ func TestImportDelayedPubSub(t *testing.T) {
 	}
 	_ = pub.Close()
 
-	report, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: []string{topic}, SchemaAdapter: e.adapter})
+	report, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: []string{topic}, Tables: e.adapter})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -504,11 +504,11 @@ func TestImportRefusesOtherSchemas(t *testing.T) {
 	payload json, metadata json, transaction_id xid8, tenant text)`); err != nil {
 		t.Fatal(err)
 	}
-	_, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: []string{"custom"}, SchemaAdapter: e.adapter})
+	_, err := wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: []string{"custom"}, Tables: e.adapter})
 	if !errors.Is(err, wmsqlimport.ErrNotWatermillSQLSchema) || !strings.Contains(err.Error(), `"watermill_custom"`) || !strings.Contains(err.Error(), `"tenant"`) {
 		t.Fatalf("err = %v, want ErrNotWatermillSQLSchema naming watermill_custom and tenant", err)
 	}
-	_, err = wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: []string{"missing"}, SchemaAdapter: e.adapter})
+	_, err = wmsqlimport.Run(ctx, e.pg, e.wm, wmsqlimport.Config{Topics: []string{"missing"}, Tables: e.adapter})
 	if !errors.Is(err, wmsqlimport.ErrNotWatermillSQLSchema) || !strings.Contains(err.Error(), `"watermill_missing"`) {
 		t.Fatalf("err = %v, want ErrNotWatermillSQLSchema naming watermill_missing", err)
 	}

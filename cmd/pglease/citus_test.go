@@ -202,11 +202,11 @@ func citusFixture(t *testing.T) *fixture {
 	schema := emptySchema(t, pool)
 	r := runCLI(t, map[string]string{"DATABASE_URL": testDSN}, "migrate", "--schema", schema, "--citus")
 	require.Equal(t, 0, r.code, "%s", r)
-	adapter := pglease.Tables{Schema: schema}
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	tables := pglease.Tables{Schema: schema}
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
-	return &fixture{t: t, pool: pool, schema: schema, adapter: adapter, pub: pub}
+	return &fixture{t: t, pool: pool, schema: schema, tables: tables, pub: pub}
 }
 
 // publishPoisoned publishes to topic "poison" one message per id, each
@@ -243,7 +243,7 @@ func (f *fixture) uuidsIn(topic string, ids ...string) []int {
 func TestCitusUIPagesRender(t *testing.T) {
 	f := citusFixture(t)
 	ctx := context.Background()
-	require.NoError(t, pglease.CreateTopic(ctx, f.pool, "orders", pglease.TopicConfig{SchemaAdapter: f.adapter, Partitions: 3}))
+	require.NoError(t, pglease.CreateTopic(ctx, f.pool, "orders", pglease.TopicConfig{Tables: f.tables, Partitions: 3}))
 	ids := f.publish("orders", 9)
 	f.publishPoisoned("orders", "poisoned-1")
 	_, msgs := f.subscribe("billing", "orders")
@@ -372,7 +372,7 @@ func TestCitusUIWrites(t *testing.T) {
 // once, and run again moves nothing.
 func TestCitusMessagesAndReplayCommands(t *testing.T) {
 	f := citusFixture(t)
-	require.NoError(t, pglease.CreateTopic(context.Background(), f.pool, "orders", pglease.TopicConfig{SchemaAdapter: f.adapter, Partitions: 3}))
+	require.NoError(t, pglease.CreateTopic(context.Background(), f.pool, "orders", pglease.TopicConfig{Tables: f.tables, Partitions: 3}))
 	var ids []string
 	for range 3 { // three transactions
 		ids = append(ids, f.publish("orders", 3)...)
@@ -430,11 +430,11 @@ func TestCitusMigrateRefusesTablesThatHoldMessages(t *testing.T) {
 	schema := emptySchema(t, pool)
 	r := runCLI(t, env, "migrate", "--schema", schema)
 	require.Equal(t, 0, r.code, "%s", r)
-	adapter := pglease.Tables{Schema: schema}
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	tables := pglease.Tables{Schema: schema}
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables}, nil)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, pub.Close()) }()
-	f := &fixture{t: t, pool: pool, schema: schema, adapter: adapter, pub: pub}
+	f := &fixture{t: t, pool: pool, schema: schema, tables: tables, pub: pub}
 	topics := []string{"a", "b", "c"}
 	published := map[string][]string{}
 	for _, topic := range topics {
@@ -442,7 +442,7 @@ func TestCitusMigrateRefusesTablesThatHoldMessages(t *testing.T) {
 	}
 
 	// The group acknowledges the first half of each topic.
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter, CommitBatch: 1}, nil)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: tables, CommitBatch: 1}, nil)
 	require.NoError(t, err)
 	for _, topic := range topics {
 		msgs, err := sub.Subscribe(ctx, topic)
@@ -465,7 +465,7 @@ JOIN pg_catalog.pg_class c ON c.oid = p.logicalrelid JOIN pg_catalog.pg_namespac
 WHERE n.nspname = $1`, schema).Scan(&distributed))
 	require.Zero(t, distributed, "tables of the refused schema were distributed")
 
-	sub, err = pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", SchemaAdapter: adapter}, nil)
+	sub, err = pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: tables}, nil)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, sub.Close()) }()
 	for _, topic := range topics {

@@ -116,7 +116,7 @@ func (c *importCmd) run(ctx context.Context, e *cmdEnv) error {
 		defer cancel()
 		_ = src.Close(closeCtx)
 	}()
-	config := wmsqlimport.Config{All: c.all, SourceOwner: c.owner, SchemaAdapter: e.adapter, DryRun: c.dryRun}
+	config := wmsqlimport.Config{All: c.all, SourceOwner: c.owner, Tables: e.tables, DryRun: c.dryRun}
 	if c.topics != "" {
 		for _, t := range strings.Split(c.topics, ",") {
 			if t = strings.TrimSpace(t); t != "" {
@@ -168,5 +168,3 @@ func printImport(w io.Writer, r wmsqlimport.Report) {
 		}
 	}
 }
-
-func init() { commands = append(commands, importSpec) }

@@ -9,6 +9,22 @@ import (
 	"github.com/pglease/watermill-pglease/admin"
 )
 
+var lagSpec = commandSpec{
+	name:     "lag",
+	summary:  "owner, position and lag of each (group, topic, partition)",
+	synopsis: "[--group GROUP]... [--topic TOPIC]... [--json]",
+	help: `Shows, for each (consumer group, topic, partition) row, the live session's
+owner process, the acknowledged position (TRANSACTION:OFFSET; 0:0 is the
+beginning, TRANSACTION:0 is after every message of transactions before
+TRANSACTION), the number of messages after it (LAG) and the age in seconds of
+the oldest of them (LAG-SECONDS). PENDING (shown when a row has it) means that
+committed messages wait behind the xmin horizon: see pglease status.
+
+--group and --topic may be repeated to select several; names are taken as
+they are (no comma splitting), and --group "" selects the group named "".`,
+	new: func() subcommand { return &lagCmd{} },
+}
+
 type lagCmd struct {
 	groups, topics stringList
 	byGroup        bool

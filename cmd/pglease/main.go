@@ -91,151 +91,21 @@ type commandSpec struct {
 	new      func() subcommand
 }
 
+// commands are pglease's commands, in the order help lists them. Each
+// command's file declares its commandSpec.
 var commands = []commandSpec{
-	{
-		name:     "status",
-		summary:  "the sessions (one per live Subscriber) and the xmin horizon",
-		synopsis: "[--warn-after DURATION] [--json]",
-		help: `Shows every consumer session (one per Subscriber: its group, owner process,
-age, time left without a heartbeat and the (group, topic, partition) rows it
-owns), then the xmin horizon: no message of a transaction at or above xmin is
-delivered yet, on any topic. When a writing transaction older than
---warn-after holds the horizon back, it says so and names it.`,
-		new: func() subcommand { return &statusCmd{} },
-	},
-	{
-		name:     "lag",
-		summary:  "owner, position and lag of each (group, topic, partition)",
-		synopsis: "[--group GROUP]... [--topic TOPIC]... [--json]",
-		help: `Shows, for each (consumer group, topic, partition) row, the live session's
-owner process, the acknowledged position (TRANSACTION:OFFSET; 0:0 is the
-beginning, TRANSACTION:0 is after every message of transactions before
-TRANSACTION), the number of messages after it (LAG) and the age in seconds of
-the oldest of them (LAG-SECONDS). PENDING (shown when a row has it) means that
-committed messages wait behind the xmin horizon: see pglease status.
-
---group and --topic may be repeated to select several; names are taken as
-they are (no comma splitting), and --group "" selects the group named "".`,
-		new: func() subcommand { return &lagCmd{} },
-	},
-	{
-		name:     "topics",
-		summary:  "topics with their partitions, consumer groups and newest message",
-		synopsis: "[--limit N] [--after TOPIC | --all] [--json]",
-		help: `Lists the topics that have messages, settings (pglease.CreateTopic) or
-offsets rows, in byte order of their names: each one's partition count, the
-number of consumer groups with offsets on it and when its newest message was
-stored (UTC). It lists a page of --limit topics (100 by default), then how
-many there are and, when more follow, the command that lists the next page
-(--after the last topic listed). --all lists every page, one at a time.
-
-With --json it prints an object: "topics" (the page), "total" (every
-topic) and "next" (the --after of the next page; absent on the last).`,
-		new: func() subcommand { return &topicsCmd{} },
-	},
-	{
-		name:     "reset-offsets",
-		summary:  "move a consumer group's positions on a topic",
-		synopsis: "--group GROUP --topic TOPIC (--to-earliest | --to-latest | --to-time TIME) [--force] [--dry-run] [--json]",
-		help: `Moves the acknowledged positions of every partition of one consumer group on
-one topic, in one transaction, and prints each partition's old and new
-position. Rows that do not exist yet are created, so a reset also sets where
-a new group starts.
-
-  --to-earliest  deliver the topic again from its first message
-  --to-latest    skip every message visible now
-  --to-time T    skip the messages stored before T (RFC 3339); with none
-                 stored at or after T, as --to-latest
-
-While a live Subscriber owns a partition of the topic the reset is refused
-(exit status 1) and nothing changes. With --force it is applied anyway: the
-owner is fenced (the row's epoch is bumped, so its later commits are
-refused); it gives its partitions up after the message in flight and claims
-them again from the new positions. A message it handed out before the reset
-may still be processed once. --dry-run shows what would change and rolls
-back.`,
-		new: func() subcommand { return &resetCmd{} },
-	},
-	{
-		name:     "migrate",
-		summary:  "create the tables, or upgrade them to this pglease's schema version",
-		synopsis: "[--dry-run] [--citus] [--json]",
-		help: `Applies the schema migrations that the database lacks (all of them on a
-database without the pglease tables), in one transaction under pglease's
-advisory lock, exactly as pglease.Migrate does, and prints the versions it
-applied. Run it as the role that is to own the tables (a deploy job), so that
-the application can run as a role that owns nothing: see pglease grant.
-Running it again applies nothing.
-
---dry-run prints the SQL of the migrations it would apply (a script that
-psql can run as it is) and changes nothing.
-
---citus, on the coordinator of a Citus cluster, then distributes the tables
-(pglease.DistributeSQL): the messages and offsets tables by topic, co-located,
-the others reference tables, and a trigger that takes each message's
-transaction id on its worker. Run it before the applications start; running
-it again leaves alone what is distributed already. It fails when the citus
-extension is not installed in the database. See docs/scaling.md.`,
-		new: func() subcommand { return &migrateCmd{} },
-	},
-	{
-		name:     "move-shard",
-		summary:  "on Citus, move a topic's shard to another worker without skipping or stalling",
-		synopsis: "--topic TOPIC --to HOST:PORT [--margin N] [--dry-run] [--json]",
-		help: `On the coordinator of a Citus cluster (the tables distributed by pglease migrate
---citus), moves the shard that holds TOPIC's messages and offsets, with the
-shards co-located with it (other topics that hash alike), to the worker
-HOST:PORT, as citus_move_shard_placement does with shard_transfer_mode
-block_writes. First it raises that worker's transaction counter to at least N
-above the highest counter of the cluster's workers (pglease.PrepareCitusMoveSQL;
-N defaults to 1,000,000, about 4 s of the target's time): positions are
-transaction ids of the topic's worker, and on a target whose counter is lower
-the messages published after the move would sort below the consumer groups'
-positions and be skipped. The margin must exceed the transaction ids the
-source takes while the move runs. Subscribers of the moved topics
-resynchronise (they find another worker) and may deliver the message they had
-acknowledged and not committed again. Move shards one at a time with it rather
-than with citus_rebalance_start. --dry-run prints the SQL and moves nothing.
-See docs/scaling.md.`,
-		new: func() subcommand { return &moveShardCmd{} },
-	},
-	{
-		name:     "rebalance",
-		summary:  "on Citus, make the rebalancer's moves one at a time, each target's counter raised first",
-		synopsis: "[--margin N] [--dry-run] [--json]",
-		help: `On the coordinator of a Citus cluster, makes the moves that Citus's rebalancer
-plans for the messages table and the shards co-located with it
-(get_rebalance_table_shards_plan: to balance the workers, or to empty a
-worker marked shouldhaveshards false), one at a time, each as pglease
-move-shard does: the target's transaction counter raised to at least N above
-every worker's first (default 1,000,000), then citus_move_shard_placement with
-block_writes. Use it instead of citus_rebalance_start, which runs its moves in
-the background without that step: a topic moved to a worker whose counter is
-lower would have its new messages skipped. --dry-run prints the moves.`,
-		new: func() subcommand { return &rebalanceCmd{} },
-	},
-	{
-		name:     "grant",
-		summary:  "let an application role run pglease on the tables (run as their owner)",
-		synopsis: "--role ROLE [--publisher] [--dry-run] [--json]",
-		help: `Runs pglease.GrantSQL for ROLE: USAGE on the schema, SELECT, INSERT, UPDATE and
-DELETE on the pglease tables, SELECT on the schema version table, EXECUTE on
-the owner's functions that the maintainer adds and drops retention partitions
-with. That is everything the role needs to publish, subscribe, create topics,
-delay messages, reset offsets and be the maintainer, and nothing more: it
-cannot drop, alter or truncate the tables. Run it as the tables' owner (or a
-member of that role, or a superuser), after pglease migrate: as another role
-it fails, naming the owner, since PostgreSQL would grant nothing. Upgrades
-keep these grants.
-
---publisher runs pglease.GrantPublisherSQL instead: only what publishing
-needs (INSERT on the messages and delayed tables, SELECT on the topic
-settings, the retention table and the schema version), for a service that
-publishes and must not read messages or touch any consumer group.
-
---dry-run prints the statements and grants nothing.`,
-		new: func() subcommand { return &grantCmd{} },
-	},
+	statusSpec,
+	lagSpec,
+	topicsSpec,
+	resetSpec,
+	migrateSpec,
+	moveShardSpec,
+	rebalanceSpec,
+	grantSpec,
+	importSpec,
+	messagesSpec,
+	replaySpec,
+	uiSpec,
 }
 
 func lookup(name string) *commandSpec {
@@ -344,11 +214,11 @@ func isCommon(name string) bool {
 
 // cmdEnv is what a subcommand runs with.
 type cmdEnv struct {
-	conn    *pgx.Conn
-	adapter pglease.Tables
-	insp    *admin.Inspector
-	json    bool
-	stdout  io.Writer
+	conn   *pgx.Conn
+	tables pglease.Tables
+	insp   *admin.Inspector
+	json   bool
+	stdout io.Writer
 
 	// For long-running commands (pglease ui): where to log, the
 	// environment, the connection string, and --timeout (which bounds
@@ -550,12 +420,12 @@ func (s *commandSpec) connectAndRun(ctx context.Context, cmd subcommand, dsn, ds
 		defer cancel()
 		_ = conn.Close(closeCtx)
 	}()
-	adapter := pglease.Tables{Schema: common.schema}
-	insp, err := admin.NewInspector(conn, adapter)
+	tables := pglease.Tables{Schema: common.schema}
+	insp, err := admin.NewInspector(conn, tables)
 	if err != nil {
 		return err
 	}
-	return cmd.run(ctx, &cmdEnv{conn: conn, adapter: adapter, insp: insp, json: common.json, stdout: stdout,
+	return cmd.run(ctx, &cmdEnv{conn: conn, tables: tables, insp: insp, json: common.json, stdout: stdout,
 		stderr: stderr, getenv: getenv, dsn: dsn, dsnSource: dsnSource, timeout: common.timeout, notices: notices})
 }
 

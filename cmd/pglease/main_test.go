@@ -35,11 +35,11 @@ func TestMain(m *testing.M) {
 // fixture is a fresh schema with the pglease tables, a pool and a
 // publisher on it.
 type fixture struct {
-	t       testing.TB
-	pool    *pgxpool.Pool
-	schema  string
-	adapter pglease.Tables
-	pub     *pglease.Publisher
+	t      testing.TB
+	pool   *pgxpool.Pool
+	schema string
+	tables pglease.Tables
+	pub    *pglease.Publisher
 }
 
 // newFixture creates a schema with a random name, dropped at the end of
@@ -51,16 +51,16 @@ func newFixture(t testing.TB) *fixture {
 	schema := pgtest.NewSchema(t, pool, "pglease_cmd_test_")
 	_, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
 	require.NoError(t, err)
-	adapter := pglease.Tables{Schema: schema}
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, nil)
+	tables := pglease.Tables{Schema: schema}
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, AutoInitializeSchema: true}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	// The tables, before anything reads them.
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "created-by-the-fixture", pglease.TopicConfig{
-		SchemaAdapter: adapter, InitializeSchema: true}))
+		Tables: tables, InitializeSchema: true}))
 	_, err = pool.Exec(ctx, "DELETE FROM "+pgx.Identifier{schema, pglease.DefaultTopicsTable}.Sanitize())
 	require.NoError(t, err)
-	return &fixture{t: t, pool: pool, schema: schema, adapter: adapter, pub: pub}
+	return &fixture{t: t, pool: pool, schema: schema, tables: tables, pub: pub}
 }
 
 // result is what one run of the command did.
@@ -123,7 +123,7 @@ func (f *fixture) publish(topic string, n int) []string {
 // once and polling every 50 ms, closed at the end of the test.
 func (f *fixture) subscribe(group, topic string) (*pglease.Subscriber, <-chan *message.Message) {
 	f.t.Helper()
-	sub, err := pglease.NewSubscriber(f.pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: f.adapter,
+	sub, err := pglease.NewSubscriber(f.pool, pglease.SubscriberConfig{ConsumerGroup: group, Tables: f.tables,
 		CommitBatch: 1, PollInterval: 50 * time.Millisecond}, nil)
 	require.NoError(f.t, err)
 	f.t.Cleanup(func() { _ = sub.Close() })
@@ -335,7 +335,7 @@ func TestStatus(t *testing.T) {
 func TestTopics(t *testing.T) {
 	f := newFixture(t)
 	require.NoError(t, pglease.CreateTopic(context.Background(), f.pool, "two", pglease.TopicConfig{Partitions: 2,
-		Retention: time.Hour, SchemaAdapter: f.adapter}))
+		Retention: time.Hour, Tables: f.tables}))
 	f.publish("plain", 3)
 	f.subscribe("g", "two")
 	waitFor(t, 10*time.Second, "the offsets rows of two", func() bool { return len(f.lag("--topic", "two")) == 2 })

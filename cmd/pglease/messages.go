@@ -16,12 +16,11 @@ import (
 	"github.com/pglease/watermill-pglease/admin"
 )
 
-func init() {
-	commands = append(commands, commandSpec{
-		name:     "messages",
-		summary:  "browse a topic's stored messages, newest first, or look one up by UUID",
-		synopsis: "--topic TOPIC [--partition P] [--limit N] [--from-position TX:OFFSET] [--uuid ID] [--preview-bytes N] [--json]",
-		help: `Lists the stored messages of a topic, newest first (by position, the order in
+var messagesSpec = commandSpec{
+	name:     "messages",
+	summary:  "browse a topic's stored messages, newest first, or look one up by UUID",
+	synopsis: "--topic TOPIC [--partition P] [--limit N] [--from-position TX:OFFSET] [--uuid ID] [--preview-bytes N] [--json]",
+	help: `Lists the stored messages of a topic, newest first (by position, the order in
 which a consumer group receives them, each partition on its own): position,
 partition, UUID, when it was stored, payload size, a preview of the payload
 (as text, or as hex when it is not printable text) and the metadata. A page
@@ -32,8 +31,7 @@ transactions still behind the xmin horizon are shown too.
 indexed, so the topic's messages are read). --json prints the page (payloads
 in base64) with "next", the position of the next page, and "topic": its
 partitions, retention, stored and delayed messages.`,
-		new: func() subcommand { return &messagesCmd{} },
-	})
+	new: func() subcommand { return &messagesCmd{} },
 }
 
 // messagesOutput is the JSON of pglease messages: the topic's settings,

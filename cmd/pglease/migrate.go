@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -15,8 +14,28 @@ import (
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
-// undefinedFunction is PostgreSQL's error code for a missing function.
-const undefinedFunction = "42883"
+var migrateSpec = commandSpec{
+	name:     "migrate",
+	summary:  "create the tables, or upgrade them to this pglease's schema version",
+	synopsis: "[--dry-run] [--citus] [--json]",
+	help: `Applies the schema migrations that the database lacks (all of them on a
+database without the pglease tables), in one transaction under pglease's
+advisory lock, exactly as pglease.Migrate does, and prints the versions it
+applied. Run it as the role that is to own the tables (a deploy job), so that
+the application can run as a role that owns nothing: see pglease grant.
+Running it again applies nothing.
+
+--dry-run prints the SQL of the migrations it would apply (a script that
+psql can run as it is) and changes nothing.
+
+--citus, on the coordinator of a Citus cluster, then distributes the tables
+(pglease.DistributeSQL): the messages and offsets tables by topic, co-located,
+the others reference tables, and a trigger that takes each message's
+transaction id on its worker. Run it before the applications start; running
+it again leaves alone what is distributed already. It fails when the citus
+extension is not installed in the database. See docs/scaling.md.`,
+	new: func() subcommand { return &migrateCmd{} },
+}
 
 type migrateCmd struct {
 	dryRun bool
@@ -56,11 +75,11 @@ func (c *migrateCmd) flags(fs *flag.FlagSet) {
 func (c *migrateCmd) check(*flag.FlagSet) error { return nil }
 
 func (c *migrateCmd) run(ctx context.Context, e *cmdEnv) error {
-	from, err := schemaVersion(ctx, e.conn, e.adapter)
+	from, err := schemaVersion(ctx, e.conn, e.tables)
 	if err != nil {
 		return err
 	}
-	tables := tablesOf(e.adapter)
+	tables := tablesOf(e.tables)
 	migrations := tables.Migrations()
 	latest := migrations[len(migrations)-1].Version
 	out := migrateOutput{FromVersion: from, ToVersion: from, LatestVersion: latest, DryRun: c.dryRun, Migrations: []migrationInfo{}}
@@ -77,22 +96,22 @@ func (c *migrateCmd) run(ctx context.Context, e *cmdEnv) error {
 			out.SQL = tables.MigrationScript(pending)
 		}
 		if c.citus {
-			out.SQL += pglease.DistributeSQL(e.adapter) + ";\n"
+			out.SQL += pglease.DistributeSQL(e.tables) + ";\n"
 			out.Citus = true
 		}
 	} else {
-		if err := pglease.Migrate(ctx, e.conn, e.adapter); err != nil {
+		if err := pglease.Migrate(ctx, e.conn, e.tables); err != nil {
 			return err
 		}
 		// After the migrations, which create the tables that the script
 		// distributes; it leaves alone what is distributed already.
 		if c.citus {
-			if _, err := e.conn.Exec(ctx, pglease.DistributeSQL(e.adapter)); err != nil {
+			if _, err := e.conn.Exec(ctx, pglease.DistributeSQL(e.tables)); err != nil {
 				return fmt.Errorf("distribute the tables over Citus: %w", err)
 			}
 			out.Citus = true
 		}
-		if out.ToVersion, err = schemaVersion(ctx, e.conn, e.adapter); err != nil {
+		if out.ToVersion, err = schemaVersion(ctx, e.conn, e.tables); err != nil {
 			return err
 		}
 		for _, m := range migrations {
@@ -128,8 +147,8 @@ func (c *migrateCmd) run(ctx context.Context, e *cmdEnv) error {
 
 // schemaVersion reads the highest version recorded: 0 when the version
 // table does not exist yet.
-func schemaVersion(ctx context.Context, conn *pgx.Conn, adapter pglease.Tables) (int, error) {
-	v, err := pgsql.SchemaVersion(ctx, conn, tablesOf(adapter))
+func schemaVersion(ctx context.Context, conn *pgx.Conn, tables pglease.Tables) (int, error) {
+	v, err := pgsql.SchemaVersion(ctx, conn, tablesOf(tables))
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == undefinedTable {
 		return 0, nil
@@ -140,118 +159,8 @@ func schemaVersion(ctx context.Context, conn *pgx.Conn, adapter pglease.Tables) 
 	return v, nil
 }
 
-type grantCmd struct {
-	role      onceString
-	publisher bool
-	dryRun    bool
-}
-
-// grantOutput is the JSON of pglease grant.
-type grantOutput struct {
-	Role      string `json:"role"`
-	Publisher bool   `json:"publisher"`
-	DryRun    bool   `json:"dry_run"`
-	// SQL is what was run (with dry_run: what would be).
-	SQL string `json:"sql"`
-}
-
-func (c *grantCmd) flags(fs *flag.FlagSet) {
-	fs.Var(&c.role, "role", "the application `ROLE` to grant (required; used exactly as given)")
-	fs.BoolVar(&c.publisher, "publisher", false, "grant only what publishing needs (pglease.GrantPublisherSQL)")
-	fs.BoolVar(&c.dryRun, "dry-run", false, "print the statements, and grant nothing")
-}
-
-func (c *grantCmd) check(*flag.FlagSet) error {
-	switch {
-	case !c.role.set || c.role.value == "":
-		return usageErrorf("--role is required")
-	case c.role.value == "public":
-		return usageErrorf(`--role public would grant to every role: name an application role`)
-	}
-	return nil
-}
-
-// privilegeNotGranted is the SQLSTATE of PostgreSQL's warnings "no
-// privileges were granted" and "not all privileges were granted": GRANT
-// by a role that holds the privileges but may not grant them (it does
-// not own the object) succeeds and grants nothing.
-const privilegeNotGranted = "01007"
-
-func (c *grantCmd) run(ctx context.Context, e *cmdEnv) error {
-	out := grantOutput{Role: c.role.value, Publisher: c.publisher, DryRun: c.dryRun}
-	if c.publisher {
-		out.SQL = pglease.GrantPublisherSQL(e.adapter, c.role.value)
-	} else {
-		out.SQL = pglease.GrantSQL(e.adapter, c.role.value)
-	}
-	if !c.dryRun {
-		if err := checkOwner(ctx, e); err != nil {
-			return err
-		}
-		e.notices.take()
-		if _, err := e.conn.Exec(ctx, out.SQL); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == undefinedFunction {
-				return fmt.Errorf("%w (the schema predates the maintainer's functions: run pglease migrate first)", err)
-			}
-			return err
-		}
-		var refused []string
-		for _, n := range e.notices.take() {
-			if n.Code == privilegeNotGranted {
-				refused = append(refused, n.Message)
-			}
-		}
-		if len(refused) > 0 {
-			return fmt.Errorf("PostgreSQL did not grant everything (%s): run pglease grant again as the owner of the tables, "+
-				"a member of that role, or a superuser", strings.Join(refused, "; "))
-		}
-	}
-	if e.json {
-		return writeJSON(e.stdout, out)
-	}
-	if c.dryRun {
-		fmt.Fprint(e.stdout, out.SQL)
-		return nil
-	}
-	what := "what pglease needs at run time, maintainer included"
-	if c.publisher {
-		what = "what publishing needs, and nothing of consumers"
-	}
-	fmt.Fprintf(e.stdout, "Granted role %s %s, on the tables of %s.\n",
-		pgx.Identifier{c.role.value}.Sanitize(), what, schemaName(e.adapter))
-	return nil
-}
-
-// checkOwner refuses to grant when the connection's role may not grant
-// privileges on the messages table (it is not its owner, a member of the
-// owner's role or a superuser): PostgreSQL would only warn and grant
-// nothing. Without the table, it leaves the GRANT to fail saying so.
-func checkOwner(ctx context.Context, e *cmdEnv) error {
-	r, err := pgsql.TablesOwner(ctx, e.conn, tablesOf(e.adapter))
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return nil
-	case err != nil:
-		return fmt.Errorf("read the owner of the tables: %w", err)
-	case !r.MayGrant:
-		return fmt.Errorf("role %s does not own the pglease tables of %s (their owner is %s): PostgreSQL would grant nothing; "+
-			"run pglease grant as %s, a member of that role, or a superuser",
-			pgx.Identifier{r.User}.Sanitize(), schemaName(e.adapter), pgx.Identifier{r.Owner}.Sanitize(),
-			pgx.Identifier{r.Owner}.Sanitize())
-	}
-	return nil
-}
-
-func schemaName(a pglease.Tables) string {
-	if a.Schema == "" {
-		return "the search_path"
-	}
-	return "schema " + pgx.Identifier{a.Schema}.Sanitize()
-}
-
-// tablesOf returns the quoted names and the statements of adapter's
+// tablesOf returns the quoted names and the statements of
 // tables.
-func tablesOf(adapter pglease.Tables) *pgsql.Tables {
-	return pgsql.NewTables(pgsql.Names(adapter))
+func tablesOf(tables pglease.Tables) *pgsql.Tables {
+	return pgsql.NewTables(pgsql.Names(tables))
 }

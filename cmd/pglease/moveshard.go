@@ -13,6 +13,28 @@ import (
 	pglease "github.com/pglease/watermill-pglease"
 )
 
+var moveShardSpec = commandSpec{
+	name:     "move-shard",
+	summary:  "on Citus, move a topic's shard to another worker without skipping or stalling",
+	synopsis: "--topic TOPIC --to HOST:PORT [--margin N] [--dry-run] [--json]",
+	help: `On the coordinator of a Citus cluster (the tables distributed by pglease migrate
+--citus), moves the shard that holds TOPIC's messages and offsets, with the
+shards co-located with it (other topics that hash alike), to the worker
+HOST:PORT, as citus_move_shard_placement does with shard_transfer_mode
+block_writes. First it raises that worker's transaction counter to at least N
+above the highest counter of the cluster's workers (pglease.PrepareCitusMoveSQL;
+N defaults to 1,000,000, about 4 s of the target's time): positions are
+transaction ids of the topic's worker, and on a target whose counter is lower
+the messages published after the move would sort below the consumer groups'
+positions and be skipped. The margin must exceed the transaction ids the
+source takes while the move runs. Subscribers of the moved topics
+resynchronise (they find another worker) and may deliver the message they had
+acknowledged and not committed again. Move shards one at a time with it rather
+than with citus_rebalance_start. --dry-run prints the SQL and moves nothing.
+See docs/scaling.md.`,
+	new: func() subcommand { return &moveShardCmd{} },
+}
+
 // moveShardCmd is pglease move-shard: on a Citus coordinator, moves the
 // shard that holds a topic to another worker, raising that worker's
 // transaction counter first (pglease.PrepareCitusMoveSQL).
@@ -83,7 +105,7 @@ func moveShard(ctx context.Context, conn *pgx.Conn, shard int64, srcHost string,
 }
 
 func (c *moveShardCmd) run(ctx context.Context, e *cmdEnv) error {
-	messages := tablesOf(e.adapter).Messages
+	messages := tablesOf(e.tables).Messages
 	out := moveShardOutput{Topic: c.topic, To: net.JoinHostPort(c.host, strconv.Itoa(c.port)), Margin: c.margin, DryRun: c.dryRun}
 	var (
 		srcHost string
@@ -118,86 +140,6 @@ WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::text::regc
 	default:
 		fmt.Fprintf(e.stdout, "Moved shard %d (topic %s and its co-located shards) from %s to %s, its transaction counter raised first.\n",
 			out.Shard, displayName(c.topic), out.From, out.To)
-	}
-	return nil
-}
-
-// rebalanceCmd is pglease rebalance: the moves of Citus's rebalancer
-// (get_rebalance_table_shards_plan) for the messages table's co-located
-// shards, one at a time, each target's transaction counter raised first,
-// which citus_rebalance_start cannot do between its moves.
-type rebalanceCmd struct {
-	margin uint64
-	dryRun bool
-}
-
-// rebalanceMove is one move of pglease rebalance.
-type rebalanceMove struct {
-	Shard int64  `json:"shard"`
-	From  string `json:"from"`
-	To    string `json:"to"`
-}
-
-// rebalanceOutput is the JSON of pglease rebalance.
-type rebalanceOutput struct {
-	Margin uint64          `json:"margin"`
-	DryRun bool            `json:"dry_run"`
-	Moves  []rebalanceMove `json:"moves"`
-}
-
-func (c *rebalanceCmd) flags(fs *flag.FlagSet) {
-	fs.Uint64Var(&c.margin, "margin", 1000000, "transaction ids each target's counter is raised above the highest worker counter")
-	fs.BoolVar(&c.dryRun, "dry-run", false, "print the moves, and move nothing")
-}
-
-func (c *rebalanceCmd) check(*flag.FlagSet) error { return nil }
-
-func (c *rebalanceCmd) run(ctx context.Context, e *cmdEnv) error {
-	messages := tablesOf(e.adapter).Messages
-	type move struct {
-		shard            int64
-		srcHost, dstHost string
-		srcPort, dstPort int
-	}
-	rows, err := e.conn.Query(ctx, `SELECT shardid, sourcename, sourceport, targetname, targetport
-FROM pg_catalog.get_rebalance_table_shards_plan(relation => $1::text::regclass)`, messages)
-	if err != nil {
-		return fmt.Errorf("read the rebalancer's plan (is this the coordinator of a Citus cluster, the tables distributed?): %w", err)
-	}
-	plan, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (move, error) {
-		var m move
-		err := row.Scan(&m.shard, &m.srcHost, &m.srcPort, &m.dstHost, &m.dstPort)
-		return m, err
-	})
-	if err != nil {
-		return fmt.Errorf("read the rebalancer's plan: %w", err)
-	}
-	out := rebalanceOutput{Margin: c.margin, DryRun: c.dryRun, Moves: []rebalanceMove{}}
-	for _, m := range plan {
-		mv := rebalanceMove{Shard: m.shard, From: net.JoinHostPort(m.srcHost, strconv.Itoa(m.srcPort)),
-			To: net.JoinHostPort(m.dstHost, strconv.Itoa(m.dstPort))}
-		if !c.dryRun {
-			if err := moveShard(ctx, e.conn, m.shard, m.srcHost, m.srcPort, m.dstHost, m.dstPort, c.margin); err != nil {
-				return fmt.Errorf("%w (%d of %d moves done)", err, len(out.Moves), len(plan))
-			}
-		}
-		out.Moves = append(out.Moves, mv)
-	}
-	if e.json {
-		return writeJSON(e.stdout, out)
-	}
-	switch {
-	case len(plan) == 0:
-		fmt.Fprintln(e.stdout, "The shards are balanced: nothing to move.")
-	case c.dryRun:
-		for _, mv := range out.Moves {
-			fmt.Fprintf(e.stdout, "Would move shard %d from %s to %s.\n", mv.Shard, mv.From, mv.To)
-		}
-	default:
-		for _, mv := range out.Moves {
-			fmt.Fprintf(e.stdout, "Moved shard %d from %s to %s.\n", mv.Shard, mv.From, mv.To)
-		}
-		fmt.Fprintf(e.stdout, "%d moves, each target's transaction counter raised first.\n", len(out.Moves))
 	}
 	return nil
 }

@@ -10,12 +10,11 @@ import (
 	"github.com/pglease/watermill-pglease/admin"
 )
 
-func init() {
-	commands = append(commands, commandSpec{
-		name:     "replay",
-		summary:  "move poisoned messages back to their topic (or to another)",
-		synopsis: "--from POISON_TOPIC (--to TOPIC | --to-original) [--filter-metadata KEY=VALUE]... [--limit N] [--dry-run] [--json]",
-		help: `Moves messages out of a topic (a poison topic of Watermill's PoisonQueue
+var replaySpec = commandSpec{
+	name:     "replay",
+	summary:  "move poisoned messages back to their topic (or to another)",
+	synopsis: "--from POISON_TOPIC (--to TOPIC | --to-original) [--filter-metadata KEY=VALUE]... [--limit N] [--dry-run] [--json]",
+	help: `Moves messages out of a topic (a poison topic of Watermill's PoisonQueue
 middleware) and publishes them again, oldest first, in one transaction: each
 is deleted from --from and published, with its UUID, payload and metadata, to
 --to, or with --to-original to the topic that the PoisonQueue recorded in its
@@ -27,8 +26,7 @@ finds them gone. Consumer groups of --from skip the moved messages.
                                require several
   --limit N                    move at most N messages (default ` + strconv.Itoa(admin.DefaultReplayLimit) + `)
   --dry-run                    show what would be moved, and move nothing`,
-		new: func() subcommand { return &replayCmd{} },
-	})
+	new: func() subcommand { return &replayCmd{} },
 }
 
 type replayCmd struct {

@@ -15,6 +15,30 @@ import (
 	"github.com/pglease/watermill-pglease/admin"
 )
 
+var resetSpec = commandSpec{
+	name:     "reset-offsets",
+	summary:  "move a consumer group's positions on a topic",
+	synopsis: "--group GROUP --topic TOPIC (--to-earliest | --to-latest | --to-time TIME) [--force] [--dry-run] [--json]",
+	help: `Moves the acknowledged positions of every partition of one consumer group on
+one topic, in one transaction, and prints each partition's old and new
+position. Rows that do not exist yet are created, so a reset also sets where
+a new group starts.
+
+  --to-earliest  deliver the topic again from its first message
+  --to-latest    skip every message visible now
+  --to-time T    skip the messages stored before T (RFC 3339); with none
+                 stored at or after T, as --to-latest
+
+While a live Subscriber owns a partition of the topic the reset is refused
+(exit status 1) and nothing changes. With --force it is applied anyway: the
+owner is fenced (the row's epoch is bumped, so its later commits are
+refused); it gives its partitions up after the messages in flight and claims
+them again from the new positions. A message it handed out before the reset
+may still be processed once. --dry-run shows what would change and rolls
+back.`,
+	new: func() subcommand { return &resetCmd{} },
+}
+
 type resetCmd struct {
 	group, topic     onceString
 	earliest, latest bool
@@ -104,7 +128,7 @@ func (c *resetCmd) run(ctx context.Context, e *cmdEnv) error {
 			return fmt.Errorf("begin the dry run: %w", err)
 		}
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		if insp, err = admin.NewInspector(tx, e.adapter); err != nil {
+		if insp, err = admin.NewInspector(tx, e.tables); err != nil {
 			return err
 		}
 	}
@@ -116,7 +140,7 @@ func (c *resetCmd) run(ctx context.Context, e *cmdEnv) error {
 	})
 	if errors.Is(err, admin.ErrOwnedByLiveSession) {
 		return &refusedError{err: err, hint: "Nothing was changed. With --force the reset is applied anyway: the owners are fenced,\n" +
-			"give their partitions up after the message in flight and claim them again from the new positions."}
+			"give their partitions up after the messages in flight and claim them again from the new positions."}
 	}
 	if err != nil {
 		return err
@@ -179,6 +203,6 @@ func (c *resetCmd) print(w io.Writer, resets []admin.OffsetReset) error {
 		}
 		fmt.Fprintf(w, "%s %s (session %s) on %s.\n", verb, o.name, o.session, what)
 	}
-	fmt.Fprintln(w, "A fenced owner gives its partitions up after the message in flight and claims them\nagain from the new positions.")
+	fmt.Fprintln(w, "A fenced owner gives its partitions up after the messages in flight and claims them\nagain from the new positions.")
 	return nil
 }

@@ -11,6 +11,18 @@ import (
 	"github.com/pglease/watermill-pglease/admin"
 )
 
+var statusSpec = commandSpec{
+	name:     "status",
+	summary:  "the sessions (one per live Subscriber) and the xmin horizon",
+	synopsis: "[--warn-after DURATION] [--json]",
+	help: `Shows every consumer session (one per Subscriber: its group, owner process,
+age, time left without a heartbeat and the (group, topic, partition) rows it
+owns), then the xmin horizon: no message of a transaction at or above xmin is
+delivered yet, on any topic. When a writing transaction older than
+--warn-after holds the horizon back, it says so and names it.`,
+	new: func() subcommand { return &statusCmd{} },
+}
+
 const (
 	// defaultWarnAfter is the age from which status reports the oldest
 	// writing transaction as holding delivery back: pglease's own

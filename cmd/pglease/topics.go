@@ -9,6 +9,22 @@ import (
 	"github.com/pglease/watermill-pglease/admin"
 )
 
+var topicsSpec = commandSpec{
+	name:     "topics",
+	summary:  "topics with their partitions, consumer groups and newest message",
+	synopsis: "[--limit N] [--after TOPIC | --all] [--json]",
+	help: `Lists the topics that have messages, settings (pglease.CreateTopic) or
+offsets rows, in byte order of their names: each one's partition count, the
+number of consumer groups with offsets on it and when its newest message was
+stored (UTC). It lists a page of --limit topics (100 by default), then how
+many there are and, when more follow, the command that lists the next page
+(--after the last topic listed). --all lists every page, one at a time.
+
+With --json it prints an object: "topics" (the page), "total" (every
+topic) and "next" (the --after of the next page; absent on the last).`,
+	new: func() subcommand { return &topicsCmd{} },
+}
+
 type topicsCmd struct {
 	limit int
 	after onceString

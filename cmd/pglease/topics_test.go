@@ -25,7 +25,7 @@ func createTopics(t *testing.T, f *fixture, prefix string, n int) []string {
 	var names []string
 	for i := range n {
 		name := fmt.Sprintf("%s%03d", prefix, i)
-		require.NoError(t, pglease.CreateTopic(context.Background(), f.pool, name, pglease.TopicConfig{Partitions: 1, SchemaAdapter: f.adapter}))
+		require.NoError(t, pglease.CreateTopic(context.Background(), f.pool, name, pglease.TopicConfig{Partitions: 1, Tables: f.tables}))
 		names = append(names, name)
 	}
 	return names

@@ -27,12 +27,11 @@ import (
 	"github.com/pglease/watermill-pglease/admin"
 )
 
-func init() {
-	commands = append(commands, commandSpec{
-		name:     "ui",
-		summary:  "the console in a browser: groups, lag, topics, messages, resets and replays",
-		synopsis: "[--listen 127.0.0.1:8080] [--allow-host NAME]... [--token-file FILE] [--allow-writes] [--sample-every 5s] [--warn-after 5s]",
-		help: `Serves a web console on --listen (127.0.0.1:8080 by default: only this
+var uiSpec = commandSpec{
+	name:     "ui",
+	summary:  "the console in a browser: groups, lag, topics, messages, resets and replays",
+	synopsis: "[--listen 127.0.0.1:8080] [--allow-host NAME]... [--token-file FILE] [--allow-writes] [--sample-every 5s] [--warn-after 5s]",
+	help: `Serves a web console on --listen (127.0.0.1:8080 by default: only this
 machine): the consumer groups with their members, rows and lag, the live
 sessions, the maintainer, and a red banner naming the transaction when the
 xmin horizon holds delivery back; a group's rows with owner, epoch,
@@ -63,8 +62,7 @@ anti-forgery field; each is logged on stderr with the name the operator
 signed in with and their address.
 
 --timeout bounds each page's queries. The console runs until interrupted.`,
-		new: func() subcommand { return &uiCmd{} },
-	})
+	new: func() subcommand { return &uiCmd{} },
 }
 
 const (
@@ -155,13 +153,13 @@ func (c *uiCmd) run(ctx context.Context, e *cmdEnv) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
-	insp, err := admin.NewInspector(pool, e.adapter)
+	insp, err := admin.NewInspector(pool, e.tables)
 	if err != nil {
 		return err
 	}
 	listenHost, _, _ := net.SplitHostPort(c.listen)
 	srv, err := newUIServer(uiConfig{
-		insp: insp, pool: pool, adapter: e.adapter, token: token, allowWrites: c.allowWrites, warnAfter: c.warnAfter,
+		insp: insp, pool: pool, tables: e.tables, token: token, allowWrites: c.allowWrites, warnAfter: c.warnAfter,
 		timeout: e.timeout, log: e.stderr, loopbackOnly: isLoopbackListen(c.listen),
 		hosts: append([]string{listenHost}, c.allowHosts.values...),
 	})
@@ -279,7 +277,7 @@ func onOff(b bool) string {
 type uiConfig struct {
 	insp        *admin.Inspector
 	pool        *pgxpool.Pool // for dry runs: a transaction rolled back
-	adapter     pglease.Tables
+	tables      pglease.Tables
 	token       string // the console's token: reads need it, writes too
 	allowWrites bool
 	warnAfter   time.Duration

@@ -51,9 +51,9 @@ FROM generate_series(1, %d) t`, table(pglease.DefaultConsumerOffsetsTable), rows
 		_, err := f.pool.Exec(b.Context(), q)
 		require.NoError(b, err)
 	}
-	insp, err := admin.NewInspector(f.pool, f.adapter)
+	insp, err := admin.NewInspector(f.pool, f.tables)
 	require.NoError(b, err)
-	srv, err := newUIServer(uiConfig{insp: insp, pool: f.pool, adapter: f.adapter, warnAfter: defaultWarnAfter, log: os.Stderr})
+	srv, err := newUIServer(uiConfig{insp: insp, pool: f.pool, tables: f.tables, warnAfter: defaultWarnAfter, log: os.Stderr})
 	require.NoError(b, err)
 	want := fmt.Sprintf(`<td class="n">%d</td>`, rows)
 	page := func(b *testing.B) {

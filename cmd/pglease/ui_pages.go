@@ -549,7 +549,7 @@ func withRollback[T any](ctx context.Context, s *uiServer, f func(*admin.Inspect
 		return zero, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	insp, err := admin.NewInspector(tx, s.adapter)
+	insp, err := admin.NewInspector(tx, s.tables)
 	if err != nil {
 		return zero, err
 	}

@@ -85,9 +85,9 @@ func TestUIReadsNeedTheToken(t *testing.T) {
 // to, itself allowed.
 func TestUIHostAllowlistAndOrigin(t *testing.T) {
 	f := newFixture(t)
-	insp, err := admin.NewInspector(f.pool, f.adapter)
+	insp, err := admin.NewInspector(f.pool, f.tables)
 	require.NoError(t, err)
-	srv, err := newUIServer(uiConfig{insp: insp, pool: f.pool, adapter: f.adapter, allowWrites: true, warnAfter: defaultWarnAfter,
+	srv, err := newUIServer(uiConfig{insp: insp, pool: f.pool, tables: f.tables, allowWrites: true, warnAfter: defaultWarnAfter,
 		log: io.Discard, token: testToken, hosts: []string{"0.0.0.0", "Console.Example"}})
 	require.NoError(t, err)
 	ts := httptest.NewServer(srv)

@@ -27,10 +27,10 @@ const testToken = "0123456789abcdef-test-token"
 // newUITest serves the console of the fixture's schema in process.
 func newUITest(t *testing.T, f *fixture, allowWrites bool) (*httptest.Server, *uiServer, *bytes.Buffer) {
 	t.Helper()
-	insp, err := admin.NewInspector(f.pool, f.adapter)
+	insp, err := admin.NewInspector(f.pool, f.tables)
 	require.NoError(t, err)
 	var log bytes.Buffer
-	cfg := uiConfig{insp: insp, pool: f.pool, adapter: f.adapter, allowWrites: allowWrites, warnAfter: defaultWarnAfter, log: &log,
+	cfg := uiConfig{insp: insp, pool: f.pool, tables: f.tables, allowWrites: allowWrites, warnAfter: defaultWarnAfter, log: &log,
 		loopbackOnly: true, token: testToken}
 	srv, err := newUIServer(cfg)
 	require.NoError(t, err)

@@ -79,8 +79,8 @@ LIMIT $5`, Args: []any{p.Topic, p.Partition, formatXID8(p.At.TransactionID), p.A
 // partition, or of all with partition -1) at or before p.At, newest
 // first. Per partition it reads the primary key backwards from the
 // position; the partitions are merged by position.
-func MessagesNewestFirst(ctx context.Context, q Querier, t *Tables, p BrowseParams) ([]BrowseRow, error) {
-	return collect(ctx, q, t.messagesNewestFirst(p), scanBrowseRow)
+func (d singleNode) MessagesNewestFirst(ctx context.Context, q Querier, p BrowseParams) ([]BrowseRow, error) {
+	return collect(ctx, q, d.t.messagesNewestFirst(p), scanBrowseRow)
 }
 
 func (t *Tables) messagesByUUID(topic, id string, preview, limit int) Stmt {
@@ -96,15 +96,12 @@ LIMIT NULLIF($4::bigint, -1)`, Args: []any{topic, id, preview, limit}}
 // with their topics: at most limit of them (-1: all). On Citus the
 // messages of every topic are ordered by the time they were stored (see
 // citusMessagesByUUID).
-func MessagesByUUID(ctx context.Context, q Querier, t *Tables, topic, id string, preview, limit int) ([]BrowseRow, error) {
-	citus, err := t.Citus(ctx, q)
-	if err != nil {
-		return nil, err
-	}
-	s := t.messagesByUUID(topic, id, preview, limit)
-	if citus && topic == "" {
-		s = t.citusMessagesByUUID(id, preview, limit)
-	}
+func (d singleNode) MessagesByUUID(ctx context.Context, q Querier, topic, id string, preview, limit int) ([]BrowseRow, error) {
+	return messagesByUUID(ctx, q, d.t.messagesByUUID(topic, id, preview, limit))
+}
+
+// messagesByUUID runs s, a statement of [Driver.MessagesByUUID].
+func messagesByUUID(ctx context.Context, q Querier, s Stmt) ([]BrowseRow, error) {
 	return collect(ctx, q, s, func(row pgx.CollectableRow) (BrowseRow, error) {
 		var topic string
 		r, err := scanBrowse(row, &topic)
@@ -157,13 +154,8 @@ ORDER BY m.transaction_id, m."offset"`, Args: []any{p.Topic, string(p.Filter), p
 // then finds them gone: each message is taken by one replay. On Citus
 // the statement is routed to the topic's worker whole and deletes the
 // rows by primary key.
-func DeleteMessagesForReplay(ctx context.Context, q Querier, t *Tables, p ReplayParams) ([]BrowseRow, error) {
-	if citus, err := t.Citus(ctx, q); err != nil {
-		return nil, err
-	} else if citus {
-		return collect(ctx, q, t.citusDeleteMessagesForReplay(p), scanBrowseRow)
-	}
-	return collect(ctx, q, t.deleteMessagesForReplay(p), scanBrowseRow)
+func (d singleNode) DeleteMessagesForReplay(ctx context.Context, q Querier, p ReplayParams) ([]BrowseRow, error) {
+	return collect(ctx, q, d.t.deleteMessagesForReplay(p), scanBrowseRow)
 }
 
 // TopicDetailRow is the row of [TopicDetail].
@@ -184,8 +176,8 @@ FROM (SELECT 1) one LEFT JOIN ` + t.Topics + ` t ON t.topic = $1`, Args: []any{t
 
 // TopicDetail reads a topic's settings and its delayed messages (a scan
 // of the delayed table, which holds only messages not yet due).
-func TopicDetail(ctx context.Context, q Querier, t *Tables, topic string) (TopicDetailRow, error) {
-	s := t.topicDetail(topic)
+func (d singleNode) TopicDetail(ctx context.Context, q Querier, topic string) (TopicDetailRow, error) {
+	s := d.t.topicDetail(topic)
 	rows, err := q.Query(ctx, s.SQL, s.Args...)
 	if err != nil {
 		return TopicDetailRow{}, err
@@ -226,13 +218,8 @@ ORDER BY mt.topic`, Args: args}
 // found by skipping from one to the next). On Citus the topics with
 // messages are read on every shard, then each topic is counted by a
 // statement routed to its worker.
-func CountTopicMessages(ctx context.Context, q Querier, t *Tables, topics []string, capPerTopic int64) ([]TopicCountRow, error) {
-	if citus, err := t.Citus(ctx, q); err != nil {
-		return nil, err
-	} else if citus {
-		return citusCountTopicMessages(ctx, q, t, topics, capPerTopic)
-	}
-	return collect(ctx, q, t.countTopicMessages(topics, capPerTopic), pgx.RowToStructByPos[TopicCountRow])
+func (d singleNode) CountTopicMessages(ctx context.Context, q Querier, topics []string, capPerTopic int64) ([]TopicCountRow, error) {
+	return collect(ctx, q, d.t.countTopicMessages(topics, capPerTopic), pgx.RowToStructByPos[TopicCountRow])
 }
 
 func (t *Tables) estimateTopicMessages(topic string) Stmt {
@@ -243,23 +230,10 @@ func (t *Tables) estimateTopicMessages(topic string) Stmt {
 // topic, from the table's statistics; it plans a query and runs nothing.
 // On Citus it is the estimate of the plan on the topic's worker, from the
 // shard's statistics; 0 when the plan holds none.
-func EstimateTopicMessages(ctx context.Context, q Querier, t *Tables, topic string) (int64, error) {
-	citus, err := t.Citus(ctx, q)
+func (d singleNode) EstimateTopicMessages(ctx context.Context, q Querier, topic string) (int64, error) {
+	plan, err := explain(ctx, q, d.t.estimateTopicMessages(topic))
 	if err != nil {
 		return 0, err
-	}
-	s := t.estimateTopicMessages(topic)
-	rows, err := q.Query(ctx, s.SQL, s.Args...)
-	if err != nil {
-		return 0, err
-	}
-	plan, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[[]byte])
-	if err != nil {
-		return 0, err
-	}
-	if citus {
-		n, _ := citusPlanRows(plan)
-		return n, nil
 	}
 	var parsed []struct {
 		Plan struct {
@@ -271,6 +245,15 @@ func EstimateTopicMessages(ctx context.Context, q Querier, t *Tables, topic stri
 	}
 	f, err := strconv.ParseFloat(parsed[0].Plan.Rows.String(), 64)
 	return int64(f), err
+}
+
+// explain runs s, an EXPLAIN (FORMAT JSON), and returns the plan.
+func explain(ctx context.Context, q Querier, s Stmt) ([]byte, error) {
+	rows, err := q.Query(ctx, s.SQL, s.Args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectExactlyOneRow(rows, pgx.RowTo[[]byte])
 }
 
 // GroupOffsetRow is one offsets row of a consumer group, with its owner
@@ -289,14 +272,9 @@ WHERE o.consumer_group = $1 ORDER BY o.topic, o.partition FOR UPDATE`, Args: []a
 // LockGroupOffsets locks every offsets row of group and waits for
 // concurrent claims and commits to end (LiveOwner is nil: see
 // [GroupLiveOwners]). On Citus the rows are locked topic by topic, each
-// on its worker (see citusLockGroupOffsets).
-func LockGroupOffsets(ctx context.Context, q Querier, t *Tables, group string) ([]GroupOffsetRow, error) {
-	if citus, err := t.Citus(ctx, q); err != nil {
-		return nil, err
-	} else if citus {
-		return citusLockGroupOffsets(ctx, q, t, group)
-	}
-	return collect(ctx, q, t.lockGroupOffsets(group), pgx.RowToStructByPos[GroupOffsetRow])
+// on its worker (see the Citus driver's LockGroupOffsets).
+func (d singleNode) LockGroupOffsets(ctx context.Context, q Querier, group string) ([]GroupOffsetRow, error) {
+	return collect(ctx, q, d.t.lockGroupOffsets(group), pgx.RowToStructByPos[GroupOffsetRow])
 }
 
 func (t *Tables) groupLiveOwners(group string) Stmt {
@@ -309,8 +287,8 @@ WHERE o.consumer_group = $1 ORDER BY o.topic, o.partition`, Args: []any{group}}
 // rows [LockGroupOffsets] locked and any created since. Run it after
 // [LockGroupOffsets], in a statement of its own (a fresh snapshot, which
 // sees every claim that committed before the lock was taken).
-func GroupLiveOwners(ctx context.Context, q Querier, t *Tables, group string) ([]GroupOffsetRow, error) {
-	return collect(ctx, q, t.groupLiveOwners(group), pgx.RowToStructByPos[GroupOffsetRow])
+func (d singleNode) GroupLiveOwners(ctx context.Context, q Querier, group string) ([]GroupOffsetRow, error) {
+	return collect(ctx, q, d.t.groupLiveOwners(group), pgx.RowToStructByPos[GroupOffsetRow])
 }
 
 func (t *Tables) deleteGroupOffsets(group string, locked []GroupOffsetRow) Stmt {
@@ -350,8 +328,8 @@ type DeleteGroupOffsetsResult struct {
 // since the lock was taken, on the statement's snapshot: then it deletes
 // nothing and returns them. Rows that commit after that snapshot are
 // left alone.
-func DeleteGroupOffsets(ctx context.Context, q Querier, t *Tables, group string, locked []GroupOffsetRow) (DeleteGroupOffsetsResult, error) {
-	s := t.deleteGroupOffsets(group, locked)
+func (d singleNode) DeleteGroupOffsets(ctx context.Context, q Querier, group string, locked []GroupOffsetRow) (DeleteGroupOffsetsResult, error) {
+	s := d.t.deleteGroupOffsets(group, locked)
 	rows, err := q.Query(ctx, s.SQL, s.Args...)
 	if err != nil {
 		return DeleteGroupOffsetsResult{}, err

@@ -1,10 +1,8 @@
 package pgsql
 
 import (
-	"context"
 	"strconv"
 	"strings"
-	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -32,62 +30,6 @@ import (
 //     the statements of a claim routed to its worker check the worker's
 //     identity read when it was claimed, and that the position lies below
 //     that worker's counter (see citus_consume.go).
-
-// citusState is what a [Tables] knows of Citus: whether its messages
-// table is distributed, read once from the database (see [Tables.Citus]).
-type citusState struct {
-	// known is set once distributed has been read.
-	known atomic.Bool
-	// distributed: the messages table is a distributed table.
-	distributed atomic.Bool
-}
-
-// Citus reports whether the messages table is distributed by Citus,
-// reading it from the catalog on the first call that finds the table
-// (later calls answer from memory: a table is distributed once, by
-// DistributeScript, before the applications that use it start). When the
-// extension is not installed, or the messages table is a plain table, the
-// statements are the single-node ones.
-func (t *Tables) Citus(ctx context.Context, q Querier) (bool, error) {
-	if t.citus.known.Load() {
-		return t.citus.distributed.Load(), nil
-	}
-	var found, distributed bool
-	err := q.QueryRow(ctx, `SELECT pg_catalog.to_regclass($1::text) IS NOT NULL,
-	pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL
-	AND EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')`, t.Messages).Scan(&found, &distributed)
-	if err != nil {
-		return false, err
-	}
-	if distributed {
-		err = q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
-	WHERE logicalrelid = pg_catalog.to_regclass($1::text))`, t.Messages).Scan(&distributed)
-		if err != nil {
-			return false, err
-		}
-	}
-	if found {
-		t.citus.distributed.Store(distributed)
-		t.citus.known.Store(true)
-	}
-	return distributed, nil
-}
-
-// isCitus reports what [Tables.Citus] last read (false before it read).
-func (t *Tables) isCitus() bool { return t.citus.distributed.Load() }
-
-// OnCitus reports what [Tables.Citus] last read (false before it read):
-// whether the statements are Citus's. Statements queued in a batch
-// ([Tables.ReleaseOffset], [Tables.AckOffset]) are the single-node
-// ones: on Citus run [ReleaseOffset] and [AckOffset] instead.
-func (t *Tables) OnCitus() bool { return t.isCitus() }
-
-// SetCitus sets what [Tables.Citus] answers, without reading the catalog:
-// for tests of the statements' text.
-func (t *Tables) SetCitus(distributed bool) {
-	t.citus.distributed.Store(distributed)
-	t.citus.known.Store(true)
-}
 
 // DistributeScript returns the script that distributes the tables over
 // a Citus cluster, run on the coordinator by the tables' owner after the
@@ -147,14 +89,12 @@ func (t *Tables) DistributeScript() string {
 END`)
 }
 
-// onCitus returns s as it runs where the messages table is distributed:
-// each call of pg_notify is cast to text (Citus keeps the result of a
-// common table expression as an intermediate result, which cannot hold
-// pg_notify's type, void). Elsewhere s is returned as it is.
-func (t *Tables) onCitus(s Stmt) Stmt {
-	if t.isCitus() {
-		s.SQL = notifyAsText(s.SQL)
-	}
+// asCitus returns s as it runs where the messages table is distributed:
+// each call of pg_notify cast to text (Citus keeps the result of a common
+// table expression as an intermediate result, which cannot hold
+// pg_notify's type, void).
+func asCitus(s Stmt) Stmt {
+	s.SQL = notifyAsText(s.SQL)
 	return s
 }
 

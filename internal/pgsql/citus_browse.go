@@ -28,19 +28,19 @@ const citusCountBatch = 1000
 
 // citusCountTopic is the count of [CountTopicMessages] for one topic,
 // routed to its worker.
-func (t *Tables) citusCountTopic(topic string, capPerTopic int64) Stmt {
+func (d citus) citusCountTopic(topic string, capPerTopic int64) Stmt {
 	return Stmt{SQL: `SELECT $2::text, LEAST(c.n, $1::bigint), c.n > $1::bigint
-FROM (SELECT pg_catalog.count(*) AS n FROM (SELECT 1 FROM ` + t.Messages + ` m WHERE m.topic = $2 LIMIT $1::bigint + 1) x) c`,
+FROM (SELECT pg_catalog.count(*) AS n FROM (SELECT 1 FROM ` + d.t.Messages + ` m WHERE m.topic = $2 LIMIT $1::bigint + 1) x) c`,
 		Args: []any{capPerTopic, topic}}
 }
 
-// citusCountTopicMessages is [CountTopicMessages] on Citus: the topics
+// CountTopicMessages is [Driver.CountTopicMessages] on Citus: the topics
 // with messages (nil) read on every shard, then one count per topic,
 // routed to its worker, sent in pipelined batches when q can.
-func citusCountTopicMessages(ctx context.Context, q Querier, t *Tables, topics []string, capPerTopic int64) ([]TopicCountRow, error) {
+func (d citus) CountTopicMessages(ctx context.Context, q Querier, topics []string, capPerTopic int64) ([]TopicCountRow, error) {
 	if topics == nil {
 		var err error
-		if topics, _, err = citusTopicsOfShards(ctx, q, t); err != nil {
+		if topics, _, err = d.citusTopicsOfShards(ctx, q); err != nil {
 			return nil, err
 		}
 	}
@@ -54,7 +54,7 @@ func citusCountTopicMessages(ctx context.Context, q Querier, t *Tables, topics [
 		topics = topics[len(chunk):]
 		if !ok {
 			for _, topic := range chunk {
-				s := t.citusCountTopic(topic, capPerTopic)
+				s := d.citusCountTopic(topic, capPerTopic)
 				var r TopicCountRow
 				if err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&r.Topic, &r.Messages, &r.Capped); err != nil {
 					return nil, err
@@ -65,7 +65,7 @@ func citusCountTopicMessages(ctx context.Context, q Querier, t *Tables, topics [
 		}
 		batch := &pgx.Batch{}
 		for _, topic := range chunk {
-			s := t.citusCountTopic(topic, capPerTopic)
+			s := d.citusCountTopic(topic, capPerTopic)
 			batch.Queue(s.SQL, s.Args...)
 		}
 		res := b.SendBatch(ctx, batch)
@@ -89,9 +89,9 @@ func citusCountTopicMessages(ctx context.Context, q Querier, t *Tables, topics [
 // transaction ids of different counters, which say nothing of which
 // message is newer: the messages are ordered by the time they were
 // stored (the coordinator's clock), then by topic and position.
-func (t *Tables) citusMessagesByUUID(id string, preview, limit int) Stmt {
+func (d citus) citusMessagesByUUID(id string, preview, limit int) Stmt {
 	return Stmt{SQL: `SELECT ` + browseColumns("$2::integer") + `, m.topic
-FROM ` + t.Messages + ` m
+FROM ` + d.t.Messages + ` m
 WHERE m.uuid = $1
 ORDER BY m.created_at DESC, m.topic, m.transaction_id DESC, m."offset" DESC
 LIMIT NULLIF($3::bigint, -1)`, Args: []any{id, preview, limit}}
@@ -101,7 +101,8 @@ LIMIT NULLIF($3::bigint, -1)`, Args: []any{id, preview, limit}}
 // to the topic's worker whole: the rows locked by the same sub-select,
 // then deleted by primary key (Citus cannot plan the join on tableoid and
 // ctid of a distributed table).
-func (t *Tables) citusDeleteMessagesForReplay(p ReplayParams) Stmt {
+func (d citus) citusDeleteMessagesForReplay(p ReplayParams) Stmt {
+	t := d.t
 	return Stmt{SQL: `WITH sel AS (
 	SELECT m.partition, m.transaction_id, m."offset" FROM ` + t.Messages + ` m
 	WHERE ` + t.replayCondition(p) + `
@@ -119,31 +120,31 @@ ORDER BY m.transaction_id, m."offset"`, Args: []any{p.Topic, string(p.Filter), p
 
 // citusGroupTopics lists the topics of a group's offsets rows (a
 // multi-shard SELECT, which takes no lock).
-func (t *Tables) citusGroupTopics(group string) Stmt {
-	return Stmt{SQL: `SELECT DISTINCT o.topic FROM ` + t.Offsets + ` o WHERE o.consumer_group = $1 ORDER BY 1`, Args: []any{group}}
+func (d citus) citusGroupTopics(group string) Stmt {
+	return Stmt{SQL: `SELECT DISTINCT o.topic FROM ` + d.t.Offsets + ` o WHERE o.consumer_group = $1 ORDER BY 1`, Args: []any{group}}
 }
 
 // citusLockGroupTopic is lockGroupOffsets for one topic, routed to its
 // worker (Citus refuses FOR UPDATE on several shards).
-func (t *Tables) citusLockGroupTopic(group, topic string) Stmt {
-	return Stmt{SQL: `SELECT o.topic, o.partition, NULL::text FROM ` + t.Offsets + ` o
+func (d citus) citusLockGroupTopic(group, topic string) Stmt {
+	return Stmt{SQL: `SELECT o.topic, o.partition, NULL::text FROM ` + d.t.Offsets + ` o
 WHERE o.consumer_group = $1 AND o.topic = $2 ORDER BY o.partition FOR UPDATE`, Args: []any{group, topic}}
 }
 
-// citusLockGroupOffsets is [LockGroupOffsets] on Citus: the group's
+// LockGroupOffsets is [Driver.LockGroupOffsets] on Citus: the group's
 // topics listed, then each topic's rows locked on its worker, topic by
 // topic in name order (two deletes of a group lock in the same order). A
 // row created after its topic was listed or locked is not locked: it is
 // one of the rows created meanwhile that [DeleteGroupOffsets] finds and
 // does not delete, as a row created after the single-node lock.
-func citusLockGroupOffsets(ctx context.Context, q Querier, t *Tables, group string) ([]GroupOffsetRow, error) {
-	topics, err := collect(ctx, q, t.citusGroupTopics(group), pgx.RowTo[string])
+func (d citus) LockGroupOffsets(ctx context.Context, q Querier, group string) ([]GroupOffsetRow, error) {
+	topics, err := collect(ctx, q, d.citusGroupTopics(group), pgx.RowTo[string])
 	if err != nil {
 		return nil, err
 	}
 	var out []GroupOffsetRow
 	for _, topic := range topics {
-		rows, err := collect(ctx, q, t.citusLockGroupTopic(group, topic), pgx.RowToStructByPos[GroupOffsetRow])
+		rows, err := collect(ctx, q, d.citusLockGroupTopic(group, topic), pgx.RowToStructByPos[GroupOffsetRow])
 		if err != nil {
 			return nil, err
 		}

@@ -29,7 +29,7 @@ func TestCitusBrowse(t *testing.T) {
 	publish(t, pool, tables, "b2", 1)
 	publish(t, pool, tables, "b2", 1) // "b2/0" twice in b2
 
-	counts, err := CountTopicMessages(ctx, pool, tables, []string{"b1", "nope", "b0", "b1"}, 3)
+	counts, err := NewCitus(tables).CountTopicMessages(ctx, pool, []string{"b1", "nope", "b0", "b1"}, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func TestCitusBrowse(t *testing.T) {
 	if !slices.Equal(counts, want) {
 		t.Fatalf("CountTopicMessages = %v, want %v", counts, want)
 	}
-	counts, err = CountTopicMessages(ctx, pool, tables, nil, 100)
+	counts, err = NewCitus(tables).CountTopicMessages(ctx, pool, nil, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func TestCitusBrowse(t *testing.T) {
 	if !slices.Equal(counts, want) {
 		t.Fatalf("CountTopicMessages(nil) = %v, want %v", counts, want)
 	}
-	if n, err := EstimateTopicMessages(ctx, pool, tables, "parted"); err != nil || n <= 0 {
+	if n, err := NewCitus(tables).EstimateTopicMessages(ctx, pool, "parted"); err != nil || n <= 0 {
 		t.Fatalf("EstimateTopicMessages = %d, %v; want the worker's estimate, above 0", n, err)
 	}
 
@@ -53,7 +53,7 @@ func TestCitusBrowse(t *testing.T) {
 	at := Position{TransactionID: math.MaxUint64, Offset: math.MaxInt64}
 	parts := map[int32]int{}
 	for {
-		page, err := MessagesNewestFirst(ctx, pool, tables, BrowseParams{Topic: "parted", Partition: -1, At: at, Limit: 5, Preview: -1})
+		page, err := NewCitus(tables).MessagesNewestFirst(ctx, pool, BrowseParams{Topic: "parted", Partition: -1, At: at, Limit: 5, Preview: -1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -77,7 +77,7 @@ func TestCitusBrowse(t *testing.T) {
 		t.Fatalf("the messages lie on partitions %v: want several", parts)
 	}
 	for p, n := range parts {
-		page, err := MessagesNewestFirst(ctx, pool, tables, BrowseParams{Topic: "parted", Partition: p,
+		page, err := NewCitus(tables).MessagesNewestFirst(ctx, pool, BrowseParams{Topic: "parted", Partition: p,
 			At: Position{TransactionID: math.MaxUint64, Offset: math.MaxInt64}, Limit: 20, Preview: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -87,7 +87,7 @@ func TestCitusBrowse(t *testing.T) {
 		}
 	}
 
-	found, err := MessagesByUUID(ctx, pool, tables, "b2", "b2/0", -1, -1)
+	found, err := NewCitus(tables).MessagesByUUID(ctx, pool, "b2", "b2/0", -1, -1)
 	if err != nil || len(found) != 2 || !older(found[1].Position, found[0].Position) {
 		t.Fatalf("MessagesByUUID(b2) = %v, %v; want both, newest first", found, err)
 	}
@@ -99,12 +99,12 @@ func TestCitusBrowse(t *testing.T) {
 WHERE topic = 'b3'`, time.Now().Add(-time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	found, err = MessagesByUUID(ctx, pool, tables, "", "b2/0", 1, -1)
+	found, err = NewCitus(tables).MessagesByUUID(ctx, pool, "", "b2/0", 1, -1)
 	if err != nil || len(found) != 3 || found[0].Topic != "b2" || found[1].Topic != "b2" || found[2].Topic != "b3" ||
 		!older(found[1].Position, found[0].Position) {
 		t.Fatalf("MessagesByUUID(all topics) = %v, %v; want b2's two, newest first, then b3's", found, err)
 	}
-	found, err = MessagesByUUID(ctx, pool, tables, "", "b2/0", 1, 1)
+	found, err = NewCitus(tables).MessagesByUUID(ctx, pool, "", "b2/0", 1, 1)
 	if err != nil || len(found) != 1 || found[0].Topic != "b2" || len(found[0].Payload) != 1 {
 		t.Fatalf("MessagesByUUID(all topics, limit 1) = %v, %v; want b2's newest", found, err)
 	}
@@ -129,7 +129,7 @@ func TestCitusReplayTakesEachMessageOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = first.Rollback(ctx) }()
-	took, err := DeleteMessagesForReplay(ctx, first, tables, p)
+	took, err := NewCitus(tables).DeleteMessagesForReplay(ctx, first, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestCitusReplayTakesEachMessageOnce(t *testing.T) {
 	go func() {
 		p := p
 		p.Limit = 10
-		rows, err := DeleteMessagesForReplay(ctx, pool, tables, p)
+		rows, err := NewCitus(tables).DeleteMessagesForReplay(ctx, pool, p)
 		done <- result{rows, err}
 	}()
 	select {
@@ -163,7 +163,7 @@ func TestCitusReplayTakesEachMessageOnce(t *testing.T) {
 	if want := []string{"poison/0", "poison/1", "poison/2", "poison/3", "poison/4"}; !slices.Equal(ids, want) {
 		t.Fatalf("the replays took %v, want %v", ids, want)
 	}
-	counts, err := CountTopicMessages(ctx, pool, tables, []string{"poison"}, 10)
+	counts, err := NewCitus(tables).CountTopicMessages(ctx, pool, []string{"poison"}, 10)
 	if err != nil || counts[0].Messages != 0 {
 		t.Fatalf("poison holds %v, %v; want none", counts, err)
 	}
@@ -192,17 +192,17 @@ func TestCitusDeleteGroupOffsets(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
-		locked, err := LockGroupOffsets(ctx, tx, tables, "g")
+		locked, err := NewCitus(tables).LockGroupOffsets(ctx, tx, "g")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if owned, err := GroupLiveOwners(ctx, tx, tables, "g"); err != nil || len(owned) > 0 {
+		if owned, err := NewCitus(tables).GroupLiveOwners(ctx, tx, "g"); err != nil || len(owned) > 0 {
 			t.Fatalf("GroupLiveOwners = %v, %v; want none", owned, err)
 		}
 		if meanwhile != "" {
 			create(meanwhile)
 		}
-		res, err := DeleteGroupOffsets(ctx, tx, tables, "g", locked)
+		res, err := NewCitus(tables).DeleteGroupOffsets(ctx, tx, "g", locked)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -61,24 +61,24 @@ type citusSnapshot struct {
 // aggregate without GROUP BY returns one row even where the topic has no
 // row; filtered on the topic, Citus routes the whole statement, the
 // snapshot functions included, to the topic's worker.
-func (t *Tables) citusWorkerSnapshot(ctx context.Context, q Querier, group, topic string) (citusSnapshot, error) {
+func (d citus) citusWorkerSnapshot(ctx context.Context, q Querier, group, topic string) (citusSnapshot, error) {
 	var s citusSnapshot
 	err := q.QueryRow(ctx, `SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text,
 	pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text, pg_catalog.count(*), `+here+`
-FROM `+t.Offsets+` WHERE consumer_group = $1 AND topic = $2`, group, topic).
+FROM `+d.t.Offsets+` WHERE consumer_group = $1 AND topic = $2`, group, topic).
 		Scan((*xid8)(&s.xmin), (*xid8)(&s.xmax), &s.groupRows, &s.here)
 	return s, err
 }
 
-// citusEnsureOffsets is [EnsureOffsets] on Citus: one INSERT per topic,
+// EnsureOffsets is [Driver.EnsureOffsets] on Citus: one INSERT per topic,
 // every partition of the topic in it, starting, with p.Latest and for a
 // group without a row of the topic, at the xmin of the topic's worker.
-func (t *Tables) citusEnsureOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]EnsuredRow, error) {
+func (d citus) EnsureOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]EnsuredRow, error) {
 	var out []EnsuredRow
 	for _, tp := range byTopic(p.Topics, p.Partitions) {
 		start := uint64(0)
 		if p.Latest {
-			s, err := t.citusWorkerSnapshot(ctx, q, p.ConsumerGroup, tp.topic)
+			s, err := d.citusWorkerSnapshot(ctx, q, p.ConsumerGroup, tp.topic)
 			if err != nil {
 				return nil, err
 			}
@@ -87,7 +87,7 @@ func (t *Tables) citusEnsureOffsets(ctx context.Context, q Querier, p OffsetsPar
 			}
 		}
 		rows, err := collect(ctx, q, Stmt{
-			SQL: `INSERT INTO ` + t.Offsets + ` AS o (consumer_group, topic, partition, acked_transaction_id, acked_offset)
+			SQL: `INSERT INTO ` + d.t.Offsets + ` AS o (consumer_group, topic, partition, acked_transaction_id, acked_offset)
 SELECT $1, $2, p.partition, $4::text::xid8, 0
 FROM unnest($3::integer[]) AS p(partition)
 ORDER BY p.partition
@@ -156,7 +156,7 @@ type citusCandidate struct {
 	here      string // the worker's identity
 }
 
-// citusClaimOffsets is [ClaimOffsets] on Citus. It checks the session's
+// ClaimOffsets is [Driver.ClaimOffsets] on Citus. It checks the session's
 // identity on the coordinator, then, topic by topic in order until
 // p.Limit rows were found that it can claim (or are missing or ahead of
 // the counter), reads the group's rows of the topic and their owners on
@@ -165,7 +165,7 @@ type citusCandidate struct {
 // the single-node claim: only a delete that went through frees the row),
 // and claims each free row with a compare-and-swap on (session_id,
 // epoch): a row another claim changed in between is reported lost.
-func (t *Tables) citusClaimOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]ClaimRow, error) {
+func (d citus) ClaimOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]ClaimRow, error) {
 	var ok bool
 	if err := q.QueryRow(ctx, `SELECT `+hereIs(1), p.Here).Scan(&ok); err != nil {
 		return nil, err
@@ -178,7 +178,7 @@ func (t *Tables) citusClaimOffsets(ctx context.Context, q Querier, p OffsetsPara
 		if p.Limit > 0 && len(out) >= p.Limit {
 			break
 		}
-		cands, err := t.citusClaimCandidates(ctx, q, p, tp)
+		cands, err := d.citusClaimCandidates(ctx, q, p, tp)
 		if err != nil {
 			return nil, err
 		}
@@ -219,7 +219,7 @@ func (t *Tables) citusClaimOffsets(ctx context.Context, q Querier, p OffsetsPara
 		deleted := map[uuid.UUID]bool{}
 		if len(expired) > 0 {
 			ids, err := collect(ctx, q, Stmt{
-				SQL:  `DELETE FROM ` + t.Sessions + ` s WHERE s.id = ANY ($1::uuid[]) AND s.expires_at < pg_catalog.now() RETURNING s.id`,
+				SQL:  `DELETE FROM ` + d.t.Sessions + ` s WHERE s.id = ANY ($1::uuid[]) AND s.expires_at < pg_catalog.now() RETURNING s.id`,
 				Args: []any{expired},
 			}, pgx.RowTo[uuid.UUID])
 			if err != nil {
@@ -231,7 +231,7 @@ func (t *Tables) citusClaimOffsets(ctx context.Context, q Querier, p OffsetsPara
 		}
 		for _, r := range rows {
 			if r.row.Kind == ClaimLost {
-				if taken, err := t.citusClaimRow(ctx, q, p, tp.topic, r.c, deleted); err != nil {
+				if taken, err := d.citusClaimRow(ctx, q, p, tp.topic, r.c, deleted); err != nil {
 					return nil, err
 				} else if taken != nil {
 					r.row = *taken
@@ -247,7 +247,7 @@ func (t *Tables) citusClaimOffsets(ctx context.Context, q Querier, p OffsetsPara
 // on the (session_id, epoch) read, unless its owner was expired and the
 // delete of its session did not go through (its heartbeat came first). It
 // returns the claimed row, or nil when the row was not taken (lost).
-func (t *Tables) citusClaimRow(ctx context.Context, q Querier, p OffsetsParams, topic string, c citusCandidate,
+func (d citus) citusClaimRow(ctx context.Context, q Querier, p OffsetsParams, topic string, c citusCandidate,
 	deleted map[uuid.UUID]bool) (*ClaimRow, error) {
 	other := c.session != nil && *c.session != p.SessionID
 	if other && c.ownerRow && !deleted[*c.session] {
@@ -259,7 +259,7 @@ func (t *Tables) citusClaimRow(ctx context.Context, q Querier, p OffsetsParams, 
 		offset int64
 		above  []string
 	)
-	err := q.QueryRow(ctx, `UPDATE `+t.Offsets+` o
+	err := q.QueryRow(ctx, `UPDATE `+d.t.Offsets+` o
 SET session_id = $4, epoch = o.epoch + 1, updated_at = pg_catalog.now()
 WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
 	AND o.session_id IS NOT DISTINCT FROM $5::uuid AND o.epoch = $6
@@ -292,7 +292,8 @@ RETURNING o.epoch, o.acked_transaction_id::text, o.acked_offset,
 // citusClaimCandidates reads the group's rows of one topic on its worker,
 // with their owners' sessions (a reference table, joined there); a row
 // whose position lies at or above the worker's counter is marked future.
-func (t *Tables) citusClaimCandidates(ctx context.Context, q Querier, p OffsetsParams, tp topicRows) ([]citusCandidate, error) {
+func (d citus) citusClaimCandidates(ctx context.Context, q Querier, p OffsetsParams, tp topicRows) ([]citusCandidate, error) {
+	t := d.t
 	rows, err := q.Query(ctx, `SELECT o.partition, o.session_id, o.epoch, s.id IS NOT NULL, s.owner,
 	COALESCE(s.expires_at < pg_catalog.now(), false),
 	o.acked_transaction_id >= pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()), `+here+`
@@ -309,10 +310,11 @@ WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = ANY ($3::integer[
 	})
 }
 
-// citusVisibleTopics is [VisibleTopics] on Citus: a SELECT per row,
+// VisibleTopics is [Driver.VisibleTopics] on Citus: a SELECT per row,
 // routed to its topic's worker, the snapshot the worker's; sent as one
 // pipelined batch when q can.
-func (t *Tables) citusVisibleTopics(ctx context.Context, q Querier, p VisibleTopicsParams) ([]int64, error) {
+func (d citus) VisibleTopics(ctx context.Context, q Querier, p VisibleTopicsParams) ([]int64, error) {
+	t := d.t
 	partitions := partitionsOf(p.Topics, p.Partitions)
 	const probe = `SELECT EXISTS (SELECT 1 FROM %s m
 	WHERE m.topic = $1 AND m.partition = $2 AND %s
@@ -359,8 +361,8 @@ type batcher interface {
 // reports whether p.Position lies below the counter and the worker is
 // the one that held the row when it was claimed (p.WorkerHere, when
 // set): the fenced statements' check on Citus (see onHistory).
-func (t *Tables) citusOnHistory(ctx context.Context, q Querier, p OffsetParams) (bool, error) {
-	s, err := t.citusWorkerSnapshot(ctx, q, p.ConsumerGroup, p.Topic)
+func (d citus) citusOnHistory(ctx context.Context, q Querier, p OffsetParams) (bool, error) {
+	s, err := d.citusWorkerSnapshot(ctx, q, p.ConsumerGroup, p.Topic)
 	if err != nil {
 		return false, err
 	}
@@ -371,15 +373,15 @@ func (t *Tables) citusOnHistory(ctx context.Context, q Querier, p OffsetParams) 
 // still the session's at the epoch.
 const citusKeyed = `consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5`
 
-// citusCommitOffset is [CommitOffset] on Citus: no version hint (the row
+// CommitOffset is [Driver.CommitOffset] on Citus: no version hint (the row
 // is looked up by its key on the worker).
-func (t *Tables) citusCommitOffset(ctx context.Context, q Querier, p OffsetParams) (string, bool, error) {
-	if ok, err := t.citusOnHistory(ctx, q, p); err != nil {
+func (d citus) CommitOffset(ctx context.Context, q Querier, p OffsetParams) (string, bool, error) {
+	if ok, err := d.citusOnHistory(ctx, q, p); err != nil {
 		return "", false, err
 	} else if !ok {
 		return "", false, ErrWentBack
 	}
-	tag, err := q.Exec(ctx, `UPDATE `+t.Offsets+`
+	tag, err := q.Exec(ctx, `UPDATE `+d.t.Offsets+`
 SET `+forwardSet(8)+`, updated_at = pg_catalog.now()
 WHERE `+citusKeyed,
 		p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
@@ -390,15 +392,15 @@ WHERE `+citusKeyed,
 	return "", tag.RowsAffected() > 0, nil
 }
 
-// citusReleaseOffset is [ReleaseOffset] on Citus, the notification sent
+// ReleaseOffset is [Driver.ReleaseOffset] on Citus, the notification sent
 // from the coordinator after the release.
-func (t *Tables) citusReleaseOffset(ctx context.Context, q Querier, p OffsetParams) (int64, error) {
-	if ok, err := t.citusOnHistory(ctx, q, p); err != nil {
+func (d citus) ReleaseOffset(ctx context.Context, q Querier, p OffsetParams) (int64, error) {
+	if ok, err := d.citusOnHistory(ctx, q, p); err != nil {
 		return 0, err
 	} else if !ok {
 		return 0, ErrWentBack
 	}
-	tag, err := q.Exec(ctx, `UPDATE `+t.Offsets+`
+	tag, err := q.Exec(ctx, `UPDATE `+d.t.Offsets+`
 SET `+forwardSet(8)+`, `+keptAboveSet(9)+`, session_id = NULL, updated_at = pg_catalog.now()
 WHERE `+citusKeyed,
 		p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
@@ -414,15 +416,15 @@ WHERE `+citusKeyed,
 	return tag.RowsAffected(), nil
 }
 
-// citusCountHeadDelivery is [CountHeadDelivery] on Citus.
-func (t *Tables) citusCountHeadDelivery(ctx context.Context, q Querier, p OffsetParams) (int32, error) {
-	if ok, err := t.citusOnHistory(ctx, q, p); err != nil {
+// CountHeadDelivery is [Driver.CountHeadDelivery] on Citus.
+func (d citus) CountHeadDelivery(ctx context.Context, q Querier, p OffsetParams) (int32, error) {
+	if ok, err := d.citusOnHistory(ctx, q, p); err != nil {
 		return 0, err
 	} else if !ok {
 		return 0, ErrWentBack
 	}
 	var n int32
-	err := q.QueryRow(ctx, `UPDATE `+t.Offsets+` SET head_deliveries = head_deliveries + 1
+	err := q.QueryRow(ctx, `UPDATE `+d.t.Offsets+` SET head_deliveries = head_deliveries + 1
 WHERE `+citusKeyed+` AND acked_transaction_id = $6::text::xid8 AND acked_offset = $7
 RETURNING head_deliveries`,
 		p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
@@ -430,10 +432,11 @@ RETURNING head_deliveries`,
 	return n, err
 }
 
-// citusAckOffset is [AckOffset] on Citus, in the caller's transaction: it
+// AckOffset is [Driver.AckOffset] on Citus, in the caller's transaction: it
 // locks the row on the worker, reading the worker's counter there, and
 // then writes it.
-func (t *Tables) citusAckOffset(ctx context.Context, q Querier, p OffsetParams) (AckRow, error) {
+func (d citus) AckOffset(ctx context.Context, q Querier, p OffsetParams) (AckRow, error) {
+	t := d.t
 	var (
 		r          AckRow
 		counter    xid8
@@ -469,7 +472,7 @@ WHERE consumer_group = $1 AND topic = $2 AND partition = $3`+ignoreArgs(p.Above)
 	return r, nil
 }
 
-// ignoreArgs types the parameters a statement of citusAckOffset does not
+// ignoreArgs types the parameters a statement of AckOffset on Citus does not
 // use, so that it may be given all of them.
 func ignoreArgs(above bool) string {
 	if above {

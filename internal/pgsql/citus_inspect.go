@@ -19,9 +19,9 @@ import (
 
 // citusLagTopics is the statement that lists the topics of the offset
 // rows that InspectLag selects (a multi-shard SELECT).
-func (t *Tables) citusLagTopics(groups, topics []string) Stmt {
+func (d citus) citusLagTopics(groups, topics []string) Stmt {
 	return Stmt{
-		SQL: `SELECT DISTINCT o.topic FROM ` + t.Offsets + ` o
+		SQL: `SELECT DISTINCT o.topic FROM ` + d.t.Offsets + ` o
 WHERE ($1::text[] IS NULL OR o.consumer_group = ANY($1)) AND ($2::text[] IS NULL OR o.topic = ANY($2))
 ORDER BY 1`,
 		Args: []any{groups, topics},
@@ -32,7 +32,8 @@ ORDER BY 1`,
 // filtered on it, so that Citus routes it to the topic's worker whole,
 // where the snapshot (and now(), which the owner's liveness is judged
 // by) is the worker's.
-func (t *Tables) citusInspectLag(groups []string, topic string) Stmt {
+func (d citus) citusInspectLag(groups []string, topic string) Stmt {
+	t := d.t
 	return Stmt{
 		SQL: `SELECT o.consumer_group, o.topic, o.partition, o.session_id,
 	CASE WHEN s.expires_at > pg_catalog.now() THEN s.owner END, o.epoch, o.acked_transaction_id::text, o.acked_offset,
@@ -54,16 +55,16 @@ ORDER BY o.consumer_group, o.topic, o.partition`,
 	}
 }
 
-// citusInspectLag runs citusInspectLag topic by topic: one statement per
+// InspectLag is [Driver.InspectLag] on Citus: citusInspectLag topic by topic: one statement per
 // topic with offset rows, ordered as InspectLag orders its rows.
-func citusInspectLag(ctx context.Context, q Querier, t *Tables, groups, topics []string) ([]LagRow, error) {
-	names, err := collect(ctx, q, t.citusLagTopics(groups, topics), pgx.RowTo[string])
+func (d citus) InspectLag(ctx context.Context, q Querier, groups, topics []string) ([]LagRow, error) {
+	names, err := collect(ctx, q, d.citusLagTopics(groups, topics), pgx.RowTo[string])
 	if err != nil {
 		return nil, err
 	}
 	var out []LagRow
 	for _, topic := range names {
-		rows, err := collect(ctx, q, t.citusInspectLag(groups, topic), scanLagRow)
+		rows, err := collect(ctx, q, d.citusInspectLag(groups, topic), scanLagRow)
 		if err != nil {
 			return nil, err
 		}
@@ -103,16 +104,17 @@ func citusShardTopics() string {
 
 // citusInspectTopics is InspectTopics, the topics with messages and
 // their newest message given as parameters ($1, $2: read on the shards).
-func (t *Tables) citusInspectTopics(topics []string, newest []time.Time) Stmt {
-	return Stmt{SQL: t.citusInspectTopicsSQL(false), Args: []any{topics, newest}}
+func (d citus) citusInspectTopics(topics []string, newest []time.Time) Stmt {
+	return Stmt{SQL: d.citusInspectTopicsSQL(false), Args: []any{topics, newest}}
 }
 
 // citusInspectTopicsPage is InspectTopicsPage on Citus.
-func (t *Tables) citusInspectTopicsPage(topics []string, newest []time.Time, first bool, after string, limit int) Stmt {
-	return Stmt{SQL: t.citusInspectTopicsSQL(true), Args: []any{topics, newest, first, after, limit}}
+func (d citus) citusInspectTopicsPage(topics []string, newest []time.Time, first bool, after string, limit int) Stmt {
+	return Stmt{SQL: d.citusInspectTopicsSQL(true), Args: []any{topics, newest, first, after, limit}}
 }
 
-func (t *Tables) citusInspectTopicsSQL(page bool) string {
+func (d citus) citusInspectTopicsSQL(page bool) string {
+	t := d.t
 	from, total, pageCTE := "names", "", ""
 	if page {
 		from, total = "page", `,
@@ -139,33 +141,33 @@ LEFT JOIN mt ON mt.topic = n.topic
 ORDER BY n.topic`
 }
 
-// citusInspectTopics reads the topics with messages on every shard, then
+// InspectTopics is [Driver.InspectTopics] on Citus: it reads the topics with messages on every shard, then
 // InspectTopics' rows.
-func citusInspectTopics(ctx context.Context, q Querier, t *Tables) ([]TopicRow, error) {
-	topics, newest, err := citusTopicsOfShards(ctx, q, t)
+func (d citus) InspectTopics(ctx context.Context, q Querier) ([]TopicRow, error) {
+	topics, newest, err := d.citusTopicsOfShards(ctx, q)
 	if err != nil {
 		return nil, err
 	}
-	return collect(ctx, q, t.citusInspectTopics(topics, newest), pgx.RowToStructByPos[TopicRow])
+	return collect(ctx, q, d.citusInspectTopics(topics, newest), pgx.RowToStructByPos[TopicRow])
 }
 
-// citusInspectTopicsPage reads the topics with messages on every shard,
-// then InspectTopicsPage's rows.
-func citusInspectTopicsPage(ctx context.Context, q Querier, t *Tables, first bool, after string, limit int) ([]TopicPageRow, error) {
-	topics, newest, err := citusTopicsOfShards(ctx, q, t)
+// InspectTopicsPage is [Driver.InspectTopicsPage] on Citus: it reads the
+// topics with messages on every shard, then InspectTopicsPage's rows.
+func (d citus) InspectTopicsPage(ctx context.Context, q Querier, first bool, after string, limit int) ([]TopicPageRow, error) {
+	topics, newest, err := d.citusTopicsOfShards(ctx, q)
 	if err != nil {
 		return nil, err
 	}
-	return collect(ctx, q, t.citusInspectTopicsPage(topics, newest, first, after, limit), pgx.RowToStructByPos[TopicPageRow])
+	return collect(ctx, q, d.citusInspectTopicsPage(topics, newest, first, after, limit), pgx.RowToStructByPos[TopicPageRow])
 }
 
 // citusTopicsOfShards reads the topics with messages on every shard of
 // the messages table (run_command_on_shards: one command per shard, in
 // parallel, on connections of their own), with the storage time of each
 // topic's newest message, in no order (a topic lies on one shard).
-func citusTopicsOfShards(ctx context.Context, q Querier, t *Tables) (topics []string, newest []time.Time, err error) {
+func (d citus) citusTopicsOfShards(ctx context.Context, q Querier) (topics []string, newest []time.Time, err error) {
 	results, err := collect(ctx, q, Stmt{SQL: `SELECT r.shardid, r.success, r.result FROM pg_catalog.run_command_on_shards($1::text::regclass, $2) r`,
-		Args: []any{t.Messages, citusShardTopics()}}, pgx.RowToStructByPos[shardResult])
+		Args: []any{d.t.Messages, citusShardTopics()}}, pgx.RowToStructByPos[shardResult])
 	if err != nil {
 		return nil, nil, err
 	}
@@ -199,8 +201,8 @@ type shardResult struct {
 
 // citusWorkerHorizon is the command citusInspectHorizon runs on every
 // worker: InspectHorizon's row as JSON.
-func (t *Tables) citusWorkerHorizon() string {
-	return `SELECT pg_catalog.row_to_json(h)::text FROM (` + t.InspectHorizon().SQL + `) h(xmin, pid, gid, application_name, state,
+func (d citus) citusWorkerHorizon() string {
+	return `SELECT pg_catalog.row_to_json(h)::text FROM (` + d.t.InspectHorizon().SQL + `) h(xmin, pid, gid, application_name, state,
 	xact_start, query_start, age, query, datname, usename)`
 }
 
@@ -215,7 +217,7 @@ type NodeHorizonRow struct {
 // citusInspectHorizon reads the horizon of every worker
 // (run_command_on_workers: one command per worker, on connections of
 // their own).
-func citusInspectHorizon(ctx context.Context, q Querier, t *Tables) ([]NodeHorizonRow, error) {
+func (d citus) citusInspectHorizon(ctx context.Context, q Querier) ([]NodeHorizonRow, error) {
 	type result struct {
 		Node    string
 		Port    int32
@@ -224,7 +226,7 @@ func citusInspectHorizon(ctx context.Context, q Querier, t *Tables) ([]NodeHoriz
 	}
 	results, err := collect(ctx, q, Stmt{SQL: `SELECT r.nodename, r.nodeport, r.success, r.result
 FROM pg_catalog.run_command_on_workers($1) r ORDER BY r.nodename, r.nodeport`,
-		Args: []any{t.citusWorkerHorizon()}}, pgx.RowToStructByPos[result])
+		Args: []any{d.citusWorkerHorizon()}}, pgx.RowToStructByPos[result])
 	if err != nil {
 		return nil, err
 	}

@@ -19,7 +19,7 @@ func publish(t *testing.T, q Querier, tables *Tables, topic string, n int) {
 		p.Payloads = append(p.Payloads, []byte{byte(i)})
 		p.Metadata = append(p.Metadata, "")
 	}
-	if err := InsertMessages(context.Background(), q, tables, p); err != nil {
+	if err := NewCitus(tables).InsertMessages(context.Background(), q, p); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -40,9 +40,9 @@ func TestCitusInspectLag(t *testing.T) {
 	}
 	// Group h acknowledged the first two messages of each topic.
 	for _, topic := range topics {
-		res, err := SelectMessages(ctx, pool, tables, SelectMessagesParams{Topic: topic, Limit: 2, Here: "coordinator"})
+		res, err := NewCitus(tables).SelectMessages(ctx, pool, SelectMessagesParams{Topic: topic, Limit: 2, Here: "coordinator"})
 		pgtest.WaitFor(t, 30*time.Second, topic+" visible", func() bool {
-			res, err = SelectMessages(ctx, pool, tables, SelectMessagesParams{Topic: topic, Limit: 2, Here: "coordinator"})
+			res, err = NewCitus(tables).SelectMessages(ctx, pool, SelectMessagesParams{Topic: topic, Limit: 2, Here: "coordinator"})
 			return err != nil || len(res.Messages) == 2
 		})
 		if err != nil {
@@ -57,7 +57,7 @@ WHERE consumer_group = 'h' AND topic = $1`, topic, formatXID8(pos.TransactionID)
 	var rows []LagRow
 	pgtest.WaitFor(t, 30*time.Second, "every message below its worker's xmin", func() bool {
 		var err error
-		rows, err = InspectLag(ctx, pool, tables, nil, nil)
+		rows, err = NewCitus(tables).InspectLag(ctx, pool, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -81,7 +81,7 @@ WHERE consumer_group = 'h' AND topic = $1`, topic, formatXID8(pos.TransactionID)
 			t.Errorf("row %d = %s/%s lag %d (age %v), want %s/%s lag %d", i, r.ConsumerGroup, r.Topic, r.Lag, r.LagSeconds, group, topic, want)
 		}
 	}
-	one, err := InspectLag(ctx, pool, tables, []string{"h"}, []string{"lag3"})
+	one, err := NewCitus(tables).InspectLag(ctx, pool, []string{"h"}, []string{"lag3"})
 	if err != nil || len(one) != 1 || one[0].Lag != 6 {
 		t.Fatalf("InspectLag(h, lag3) = %+v, %v; want lag 6", one, err)
 	}
@@ -101,7 +101,7 @@ func TestCitusInspectTopics(t *testing.T) {
 VALUES ('g', 'top1', 0), ('h', 'top1', 0), ('g', 'nomsg', 0)`); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := InspectTopics(ctx, pool, tables)
+	rows, err := NewCitus(tables).InspectTopics(ctx, pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::text::regc
 	if err := tx.QueryRow(ctx, `SELECT transaction_id::text FROM `+tables.Messages+` WHERE topic = $1`, topic).Scan((*xid8)(&xid)); err != nil {
 		t.Fatal(err)
 	}
-	rows, ok, err := InspectWorkerHorizons(ctx, pool, tables)
+	rows, ok, err := NewCitus(tables).InspectWorkerHorizons(ctx, pool)
 	if err != nil || !ok || len(rows) != 2 {
 		t.Fatalf("InspectWorkerHorizons = %+v, %t, %v; want 2 workers", rows, ok, err)
 	}

@@ -20,7 +20,8 @@ import (
 // from them on the coordinator, and the rest deleted by a multi-shard
 // DELETE, which re-checks updated_at on each row's newest version as the
 // single-node statement does.
-func (t *Tables) citusDeleteIdleGroups(idleFor time.Duration) Stmt {
+func (d citus) citusDeleteIdleGroups(idleFor time.Duration) Stmt {
+	t := d.t
 	return Stmt{
 		SQL: `WITH quiet AS MATERIALIZED (
 	SELECT o.consumer_group FROM ` + t.Offsets + ` o
@@ -44,7 +45,8 @@ SELECT consumer_group, pg_catalog.count(*) FROM gone GROUP BY consumer_group ORD
 // citusRetainedTopics is the statement that lists the topics with a
 // retention (a reference table: read on the coordinator), for
 // citusDeleteExpiredKept to run once per topic.
-func (t *Tables) citusRetainedTopics() Stmt {
+func (d citus) citusRetainedTopics() Stmt {
+	t := d.t
 	return Stmt{SQL: `SELECT t.topic FROM ` + t.Topics + ` t WHERE t.retention_class > 0 ORDER BY t.topic`}
 }
 
@@ -53,7 +55,8 @@ func (t *Tables) citusRetainedTopics() Stmt {
 // statement's LATERAL from the topics (a reference table) into the
 // messages, and routes this one, every table filtered on the topic, to
 // the topic's worker whole. Same rows as DeleteExpiredKept's.
-func (t *Tables) citusDeleteExpiredKept(topic string, limit int) Stmt {
+func (d citus) citusDeleteExpiredKept(topic string, limit int) Stmt {
+	t := d.t
 	forever := t.partition("forever")
 	return Stmt{
 		SQL: `WITH gone AS (
@@ -78,12 +81,13 @@ ORDER BY 1, 2, 3)`,
 	}
 }
 
-// citusDeleteExpiredKept runs citusDeleteExpiredKept topic by topic until
+// DeleteExpiredKept is [Driver.DeleteExpiredKept] on Citus: it runs
+// citusDeleteExpiredKept topic by topic until
 // limit rows are deleted, and returns DeleteExpiredKept's rows: the
 // total, then the skipped messages per (consumer group, topic,
 // partition).
-func citusDeleteExpiredKept(ctx context.Context, q Querier, t *Tables, limit int) ([]SkippedRow, error) {
-	topics, err := collect(ctx, q, t.citusRetainedTopics(), pgx.RowTo[string])
+func (d citus) DeleteExpiredKept(ctx context.Context, q Querier, limit int) ([]SkippedRow, error) {
+	topics, err := collect(ctx, q, d.citusRetainedTopics(), pgx.RowTo[string])
 	if err != nil {
 		return nil, err
 	}
@@ -93,7 +97,7 @@ func citusDeleteExpiredKept(ctx context.Context, q Querier, t *Tables, limit int
 		if total.Messages >= int64(limit) {
 			break
 		}
-		rows, err := collect(ctx, q, t.citusDeleteExpiredKept(topic, limit-int(total.Messages)), pgx.RowToStructByPos[SkippedRow])
+		rows, err := collect(ctx, q, d.citusDeleteExpiredKept(topic, limit-int(total.Messages)), pgx.RowToStructByPos[SkippedRow])
 		if err != nil {
 			return nil, err
 		}
@@ -115,7 +119,8 @@ func citusDeleteExpiredKept(ctx context.Context, q Querier, t *Tables, limit int
 // table (on the coordinator and every worker) for as long as it takes and
 // waits at most 5 s for its lock, as the owner's function does; a detach
 // that gives up is retried by a later round (lock_not_available).
-func (t *Tables) citusDetachRetentionPartition(p RetentionPartition) string {
+func (d citus) citusDetachRetentionPartition(p RetentionPartition) string {
+	t := d.t
 	return doBlock(`BEGIN
 	PERFORM pg_catalog.set_config('lock_timeout', '5s', true);
 	EXECUTE ` + quoteLiteral(`ALTER TABLE `+t.Messages+` DETACH PARTITION `+t.retentionPartition(p)) + `;

@@ -46,13 +46,13 @@ func TestCitusMaintainerMovesDueMessages(t *testing.T) {
 	}
 	topics := []string{"due-a", "due-b", "due-c", "due-d"}
 	past := time.Now().Add(-time.Second)
-	err = InsertDelayed(ctx, pool, tables, InsertMessagesParams{Topics: topics, UUIDs: []string{"a", "b", "c", "d"},
+	err = NewCitus(tables).InsertDelayed(ctx, pool, InsertMessagesParams{Topics: topics, UUIDs: []string{"a", "b", "c", "d"},
 		Payloads: [][]byte{{1}, {2}, {3}, {4}}, Metadata: []string{"", "", "", ""},
 		DueAt: []time.Time{past, past, past, time.Now().Add(time.Hour)}, NotifyChannel: tables.NotifyChannel})
 	if err != nil {
 		t.Fatal(err)
 	}
-	moved, nextMs, err := MoveDueMessages(ctx, pool, tables, MoveDueParams{Limit: 10, NotifyChannel: tables.NotifyChannel})
+	moved, nextMs, err := NewCitus(tables).MoveDueMessages(ctx, pool, MoveDueParams{Limit: 10, NotifyChannel: tables.NotifyChannel})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func TestCitusMaintainerMovesDueMessages(t *testing.T) {
 		pgtest.WaitFor(t, 30*time.Second, "the move below "+topic+"'s worker's xmin", func() bool {
 			return tx < workerXmin(t, pool, tables, topic)
 		})
-		res, err := SelectMessages(ctx, pool, tables, SelectMessagesParams{Topic: topic, Limit: 10, Here: "coordinator"})
+		res, err := NewCitus(tables).SelectMessages(ctx, pool, SelectMessagesParams{Topic: topic, Limit: 10, Here: "coordinator"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,7 +114,7 @@ VALUES ($1, $2, 0, pg_catalog.now() - interval '1 hour')`, g, topic)
 	if err := pool.SendBatch(ctx, &batch).Close(); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := DeleteIdleGroups(ctx, pool, tables, time.Minute)
+	rows, err := NewCitus(tables).DeleteIdleGroups(ctx, pool, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ VALUES ($1, $2, 0, pg_catalog.now() - interval '1 hour')`, g, topic)
 	if strings.Join(groups, ",") != "live,recent" {
 		t.Fatalf("groups left = %v, want live, recent", groups)
 	}
-	n, err := DeleteExpiredSessions(ctx, pool, tables, time.Second)
+	n, err := NewCitus(tables).DeleteExpiredSessions(ctx, pool, time.Second)
 	if err != nil || n != 1 {
 		t.Fatalf("DeleteExpiredSessions = %d, %v; want 1", n, err)
 	}
@@ -162,7 +162,7 @@ WHERE topic = $1 AND uuid = $2`, topic, topic+string(rune('a'+j)), min(j, 1))
 	if err := pool.SendBatch(ctx, &batch).Close(); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := DeleteExpiredKept(ctx, pool, tables, 3)
+	rows, err := NewCitus(tables).DeleteExpiredKept(ctx, pool, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ WHERE topic = $1 AND uuid = $2`, topic, topic+string(rune('a'+j)), min(j, 1))
 		*rows[1].Topic != "kept1" || rows[1].Messages != 2 || *rows[2].Topic != "kept2" || rows[2].Messages != 1 {
 		t.Fatalf("DeleteExpiredKept(limit 3) = %s, want 3 in all: kept1 2, kept2 1", skippedString(rows))
 	}
-	rows, err = DeleteExpiredKept(ctx, pool, tables, 3)
+	rows, err = NewCitus(tables).DeleteExpiredKept(ctx, pool, 3)
 	if err != nil || len(rows) != 2 || rows[0].Messages != 1 || *rows[1].Topic != "kept2" {
 		t.Fatalf("DeleteExpiredKept again = %s, %v; want kept2's last", skippedString(rows), err)
 	}
@@ -194,48 +194,6 @@ func skippedString(rows []SkippedRow) string {
 	return b.String()
 }
 
-// TestCitusMaintainerElection: the maintainer's row (a reference table)
-// is claimed, read and released on Citus, and the release is notified
-// on the coordinator, where the candidates listen.
-func TestCitusMaintainerElection(t *testing.T) {
-	pool, tables := citusTables(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	if err := Listen(ctx, conn, tables.NotifyChannel); err != nil {
-		t.Fatal(err)
-	}
-	sid := uuid.New()
-	if _, err := pool.Exec(ctx, `INSERT INTO `+tables.Sessions+` (id, consumer_group, owner, expires_at)
-VALUES ($1, 'g', 'test', pg_catalog.now() + interval '1 minute')`, sid); err != nil {
-		t.Fatal(err)
-	}
-	claimed, err := ClaimMaintainer(ctx, pool, tables, MaintainerParams{SessionID: sid})
-	if err != nil || claimed.Epoch == nil {
-		t.Fatalf("ClaimMaintainer = %+v, %v", claimed, err)
-	}
-	other, err := ClaimMaintainer(ctx, pool, tables, MaintainerParams{SessionID: uuid.New()})
-	if err != nil || other.Epoch != nil || other.Holder == nil || *other.Holder != sid {
-		t.Fatalf("a second claim = %+v, %v; want refused, held by the first", other, err)
-	}
-	if err := ReleaseMaintainer(ctx, pool, tables, MaintainerParams{SessionID: sid, Epoch: *claimed.Epoch,
-		NotifyChannel: tables.NotifyChannel}); err != nil {
-		t.Fatal(err)
-	}
-	n, err := conn.Conn().WaitForNotification(ctx)
-	if err != nil || n.Payload != string(rune(NotifyMaintainer)) {
-		t.Fatalf("notification = %+v, %v; want the release", n, err)
-	}
-	h, err := MaintainerHolder(ctx, pool, tables)
-	if err != nil || h.Holder != nil {
-		t.Fatalf("MaintainerHolder = %+v, %v; want free", h, err)
-	}
-}
-
 // TestCitusMaintainerDetachesPartitions: a retention partition added to
 // the distributed messages table is distributed with it, and is detached
 // (Citus refuses CONCURRENTLY: in a transaction) and dropped.
@@ -245,7 +203,7 @@ func TestCitusMaintainerDetachesPartitions(t *testing.T) {
 	defer cancel()
 	start := time.Now().Truncate(time.Second).Add(-time.Minute)
 	p := RetentionPartition{Class: 3, Start: start, End: start.Add(time.Second)}
-	if err := CreateRetentionPartition(ctx, pool, tables, p); err != nil {
+	if err := NewCitus(tables).CreateRetentionPartition(ctx, pool, p); err != nil {
 		t.Fatal(err)
 	}
 	var distributed bool
@@ -253,24 +211,24 @@ func TestCitusMaintainerDetachesPartitions(t *testing.T) {
 		tables.retentionPartition(p)).Scan(&distributed); err != nil || !distributed {
 		t.Fatalf("partition distributed = %t, %v", distributed, err)
 	}
-	parts, err := RetentionPartitions(ctx, pool, tables)
+	parts, err := NewCitus(tables).RetentionPartitions(ctx, pool)
 	if err != nil || len(parts) != 1 || parts[0].DetachPending {
 		t.Fatalf("RetentionPartitions = %+v, %v", parts, err)
 	}
-	if err := DetachRetentionPartition(ctx, pool, tables, p, false); err != nil {
+	if err := NewCitus(tables).DetachRetentionPartition(ctx, pool, p, false); err != nil {
 		t.Fatal(err)
 	}
-	if parts, err = RetentionPartitions(ctx, pool, tables); err != nil || len(parts) != 0 {
+	if parts, err = NewCitus(tables).RetentionPartitions(ctx, pool); err != nil || len(parts) != 0 {
 		t.Fatalf("RetentionPartitions after the detach = %+v, %v", parts, err)
 	}
-	detached, err := DetachedRetentionPartitions(ctx, pool, tables)
+	detached, err := NewCitus(tables).DetachedRetentionPartitions(ctx, pool)
 	if err != nil || len(detached) != 1 {
 		t.Fatalf("DetachedRetentionPartitions = %+v, %v", detached, err)
 	}
-	if err := DropRetentionPartition(ctx, pool, tables, p); err != nil {
+	if err := NewCitus(tables).DropRetentionPartition(ctx, pool, p); err != nil {
 		t.Fatal(err)
 	}
-	if detached, err = DetachedRetentionPartitions(ctx, pool, tables); err != nil || len(detached) != 0 {
+	if detached, err = NewCitus(tables).DetachedRetentionPartitions(ctx, pool); err != nil || len(detached) != 0 {
 		t.Fatalf("DetachedRetentionPartitions after the drop = %+v, %v", detached, err)
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// citusResetOffsets is [ResetOffsets] on Citus, in the caller's
+// ResetOffsets is [Driver.ResetOffsets] on Citus, in the caller's
 // transaction, as steps of the single-node statement: the rows and
 // whether their owners live, read on the topic's worker (snap); the rows
 // locked there, with the worker's xmin (cur); each row's new position
@@ -18,7 +18,8 @@ import (
 // (session_id, epoch) of snap, unless it changed between snap and cur;
 // and, when a row was written, the notification sent from the
 // coordinator, at the transaction's commit.
-func (t *Tables) citusResetOffsets(ctx context.Context, q Querier, p ResetParams) ([]ResetRow, error) {
+func (d citus) ResetOffsets(ctx context.Context, q Querier, p ResetParams) ([]ResetRow, error) {
+	t := d.t
 	type snapRow struct {
 		session   *uuid.UUID
 		epoch     int64
@@ -90,7 +91,7 @@ FOR UPDATE`, p.ConsumerGroup, p.Topic)
 		switch p.To {
 		case "earliest":
 		case "time":
-			r.To, err = t.citusFirstAfter(ctx, q, p.Topic, c.partition, p.At, uint64(xmin))
+			r.To, err = d.citusFirstAfter(ctx, q, p.Topic, c.partition, p.At, uint64(xmin))
 			if err != nil {
 				return nil, err
 			}
@@ -124,9 +125,9 @@ WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
 // citusFirstAfter is the position before the first message of the
 // partition stored at or after at whose transaction lies below xmin (the
 // worker's), read on the topic's worker; (xmin, 0) when there is none.
-func (t *Tables) citusFirstAfter(ctx context.Context, q Querier, topic string, partition int32, at time.Time, xmin uint64) (Position, error) {
+func (d citus) citusFirstAfter(ctx context.Context, q Querier, topic string, partition int32, at time.Time, xmin uint64) (Position, error) {
 	var pos Position
-	err := q.QueryRow(ctx, `SELECT m.transaction_id::text, m."offset" - 1 FROM `+t.Messages+` m
+	err := q.QueryRow(ctx, `SELECT m.transaction_id::text, m."offset" - 1 FROM `+d.t.Messages+` m
 WHERE m.topic = $1 AND m.partition = $2 AND m.created_at >= $3 AND m.transaction_id < $4::text::xid8
 ORDER BY m.transaction_id, m."offset"
 LIMIT 1`, topic, partition, at, formatXID8(xmin)).Scan((*xid8)(&pos.TransactionID), &pos.Offset)

@@ -102,13 +102,13 @@ WHERE $7 <> '' AND x.due IS NOT NULL`,
 // SELECT in a WITH clause, which PostgreSQL runs only if the statement
 // reads it: the result's first column does (adding 0 times its count).
 // Where the messages table is distributed by Citus, the calls of
-// pg_notify are cast to text ([Tables.onCitus]): Citus keeps each WITH
+// pg_notify are cast to text ([asCitus]): Citus keeps each WITH
 // clause as an intermediate result, and runs the notifying one on the
 // coordinator, where the Subscribers listen. The moved messages take
 // their transaction ids on their workers (the trigger of
 // DistributeScript), as published ones do.
 func (t *Tables) MoveDueMessages(p MoveDueParams) Stmt {
-	return t.onCitus(Stmt{
+	return Stmt{
 		SQL: `WITH due AS (
 	DELETE FROM ` + t.Delayed + ` d
 	WHERE d.id IN (SELECT x.id FROM ` + t.Delayed + ` x WHERE x.due_at <= pg_catalog.now()
@@ -135,7 +135,7 @@ SELECT (SELECT pg_catalog.count(*) FROM ins) + 0 * (SELECT pg_catalog.count(*) F
 		WHERE NOT (x.id = ANY (ARRAY(SELECT id FROM due)))
 		ORDER BY x.due_at, x.id LIMIT 1)`,
 		Args: []any{p.Limit, p.NotifyChannel},
-	})
+	}
 }
 
 // DeleteIdleGroups is the statement of [DeleteIdleGroups]. A row written after
@@ -143,9 +143,6 @@ SELECT (SELECT pg_catalog.count(*) FROM ins) + 0 * (SELECT pg_catalog.count(*) F
 // started) is re-checked on its new version and kept. Where the offsets
 // table is distributed by Citus it is citusDeleteIdleGroups.
 func (t *Tables) DeleteIdleGroups(idleFor time.Duration) Stmt {
-	if t.isCitus() {
-		return t.citusDeleteIdleGroups(idleFor)
-	}
 	return Stmt{
 		SQL: `WITH idle AS (
 	SELECT o.consumer_group FROM ` + t.Offsets + ` o
@@ -167,6 +164,7 @@ SELECT consumer_group, pg_catalog.count(*) FROM gone GROUP BY consumer_group ORD
 // RetentionLanes is the statement of [RetentionLanes].
 func (t *Tables) RetentionLanes() Stmt {
 	return Stmt{SQL: `SELECT l.retention_class, GREATEST(l.covered_until, '1970-01-01 00:00:00+00'),
+	GREATEST(l.usable_until, '1970-01-01 00:00:00+00'),
 	(SELECT pg_catalog.ceil(extract(epoch FROM pg_catalog.max(t.retention)) * 1000000::numeric)::bigint FROM ` + t.Topics + ` t
 		WHERE t.retention_class = l.retention_class), pg_catalog.now()
 FROM ` + t.Retention + ` l
@@ -337,9 +335,6 @@ func (t *Tables) CallDropDetachedPartition(p RetentionPartition) Stmt {
 // citusDetachRetentionPartition (finalize does not apply: no detach is
 // left pending there).
 func (t *Tables) DetachRetentionPartition(p RetentionPartition, finalize bool) string {
-	if t.isCitus() {
-		return t.citusDetachRetentionPartition(p)
-	}
 	mode := "CONCURRENTLY"
 	if finalize {
 		mode = "FINALIZE"

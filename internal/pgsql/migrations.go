@@ -167,6 +167,10 @@ var migrations = []struct {
 	// rewrites nothing, and no statement of those releases names it.
 	{"0011_session_protocol.sql", "consumer groups: the version of the group's rules each session follows"},
 	{"0012_guards.sql", "limits in the database: positions set by the database, topic name and partition count checks, retention partitions only where the maintainer adds them"},
+	// usable_until lags covered_until until no transaction that had the
+	// messages table open when a partition was attached still runs (see
+	// the file). Releases before it place by covered_until, as before.
+	{"0013_usable_until.sql", "retention: publishers use a new partition only once no transaction that could route without it runs"},
 }
 
 // Migrations returns every schema version, oldest first, for these tables.

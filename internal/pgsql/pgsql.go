@@ -1,11 +1,26 @@
 // Package pgsql holds every SQL statement pglease runs, with the columns
-// each returns and how they are scanned: one function per statement takes
-// a [Querier] and the [Tables] it runs on, and returns typed rows. The
-// statements are built by methods of [Tables] (the SQL text and its
-// arguments, as a [Stmt]), which the functions run; a caller that must
-// queue a statement in a [pgx.Batch] uses the [Stmt] and the scan function
-// of its rows. The schema's migrations are the .sql files of migrations/,
-// embedded.
+// each returns and how they are scanned.
+//
+// The statements the Subscriber, the Publisher, the maintainer and the
+// admin tools run go through a [Driver]: one method per operation, taking
+// a [Querier] and typed parameters and returning typed rows. There are
+// two drivers, one per kind of database: the single node's
+// ([NewSingleNode]), whose every operation is one statement, and Citus's
+// ([NewCitus]), for tables distributed by [Tables.DistributeScript],
+// where some operations are statements of their own or several
+// statements. [OpenDriver] reads from the catalog which one applies, once;
+// [Lazy] does so on first use, for the components whose constructors must
+// not touch the database. The Citus driver does not embed the single-node
+// one: each of its methods is written out, its own statements or a
+// one-line delegation to the single-node method, so that an operation
+// added to [Driver] without its Citus variant does not compile.
+//
+// The single-node statements are built by methods of [Tables] (the SQL
+// text and its arguments, as a [Stmt]); [Tables] holds names only and is
+// immutable. The statements that are the same whatever the mode
+// (migrations, grants, LISTEN/NOTIFY, the server's identity, the import
+// from watermill-sql) are free functions. The schema's migrations are the
+// .sql files of migrations/, embedded.
 //
 // Nothing here is API: the package is internal, so that a statement can
 // change without a change of pglease's exported API.
@@ -105,8 +120,6 @@ type Tables struct {
 	// LockKey is the key of the transaction-level advisory lock taken
 	// while migrations run, so that concurrent set-ups serialize.
 	LockKey string
-
-	citus citusState
 }
 
 // NewTables quotes the names of n.

@@ -39,19 +39,16 @@ func exec(ctx context.Context, q Querier, s Stmt) (int64, error) {
 // topic with a retention goes to the partition of its retention class that
 // covers its expiry, or, when none does yet, to the partition of messages
 // kept forever.
-func InsertMessages(ctx context.Context, q Querier, t *Tables, p InsertMessagesParams) error {
-	if _, err := t.Citus(ctx, q); err != nil {
-		return err
-	}
-	_, err := exec(ctx, q, t.InsertMessages(p))
+func (d singleNode) InsertMessages(ctx context.Context, q Querier, p InsertMessagesParams) error {
+	_, err := exec(ctx, q, d.t.InsertMessages(p))
 	return err
 }
 
 // InsertDelayed stores messages with their p.DueAt times, to be moved into
 // the messages table when due, and notifies "d" + the earliest due time in
 // Unix milliseconds.
-func InsertDelayed(ctx context.Context, q Querier, t *Tables, p InsertMessagesParams) error {
-	_, err := exec(ctx, q, t.InsertDelayed(p))
+func (d singleNode) InsertDelayed(ctx context.Context, q Querier, p InsertMessagesParams) error {
+	_, err := exec(ctx, q, d.t.InsertDelayed(p))
 	return err
 }
 
@@ -67,11 +64,12 @@ type UpsertTopicResult struct {
 // UpsertTopic creates the topic's settings row, or raises its partition
 // count to p.Partitions (never lowering it: then nothing is written) and
 // sets its retention, and notifies.
-func UpsertTopic(ctx context.Context, q Querier, t *Tables, p TopicParams) (UpsertTopicResult, error) {
-	if _, err := t.Citus(ctx, q); err != nil {
-		return UpsertTopicResult{}, err
-	}
-	s := t.UpsertTopic(p)
+func (d singleNode) UpsertTopic(ctx context.Context, q Querier, p TopicParams) (UpsertTopicResult, error) {
+	return upsertTopic(ctx, q, d.t.UpsertTopic(p))
+}
+
+// upsertTopic runs s, a statement of [Driver.UpsertTopic].
+func upsertTopic(ctx context.Context, q Querier, s Stmt) (UpsertTopicResult, error) {
 	var r UpsertTopicResult
 	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&r.OldPartitions, &r.NewPartitions, &r.Notified)
 	return r, err
@@ -79,8 +77,8 @@ func UpsertTopic(ctx context.Context, q Querier, t *Tables, p TopicParams) (Upse
 
 // TopicPartitions returns the partition count of each topic (1 for a topic
 // with no settings row).
-func TopicPartitions(ctx context.Context, q Querier, t *Tables, topics []string) (map[string]int, error) {
-	s := t.TopicPartitions(TopicsParams{Topics: topics})
+func (d singleNode) TopicPartitions(ctx context.Context, q Querier, topics []string) (map[string]int, error) {
+	s := d.t.TopicPartitions(TopicsParams{Topics: topics})
 	rows, err := q.Query(ctx, s.SQL, s.Args...)
 	if err != nil {
 		return nil, err
@@ -133,14 +131,19 @@ type SelectResult struct {
 // transaction can see, in delivery order. A message's size is the length
 // of its payload plus the stored size of its metadata; with
 // p.MaxMessageBytes, a larger message comes without its payload.
-func SelectMessages(ctx context.Context, q Querier, t *Tables, p SelectMessagesParams) (SelectResult, error) {
-	s := t.SelectMessages(p)
+func (d singleNode) SelectMessages(ctx context.Context, q Querier, p SelectMessagesParams) (SelectResult, error) {
+	return selectMessages(ctx, q, d.t.SelectMessages(p), p.Limit)
+}
+
+// selectMessages runs s, a statement of [Driver.SelectMessages] reading at
+// most limit messages.
+func selectMessages(ctx context.Context, q Querier, s Stmt, limit int) (SelectResult, error) {
 	res, err := q.Query(ctx, s.SQL, s.Args...)
 	if err != nil {
 		return SelectResult{}, err
 	}
 	defer res.Close()
-	out := SelectResult{Messages: make([]MessageRow, 0, p.Limit)}
+	out := SelectResult{Messages: make([]MessageRow, 0, limit)}
 	// The scan targets are values declared once, and the transaction id is
 	// parsed from the row's raw bytes: per message, only the UUID, the
 	// payload and the metadata are allocated (measured: 7.4 allocations per
@@ -201,11 +204,8 @@ func SelectMessages(ctx context.Context, q Querier, t *Tables, p SelectMessagesP
 
 // VisibleTopics returns the (1-based) index of each row of p that has a
 // visible message after its position.
-func VisibleTopics(ctx context.Context, q Querier, t *Tables, p VisibleTopicsParams) ([]int64, error) {
-	if t.isCitus() {
-		return t.citusVisibleTopics(ctx, q, p)
-	}
-	return collect(ctx, q, t.VisibleTopics(p), pgx.RowTo[int64])
+func (d singleNode) VisibleTopics(ctx context.Context, q Querier, p VisibleTopicsParams) ([]int64, error) {
+	return collect(ctx, q, d.t.VisibleTopics(p), pgx.RowTo[int64])
 }
 
 // --- sessions
@@ -223,11 +223,12 @@ type ClusterMark struct {
 // CreateSession inserts a session row expiring at now() + TTL (and deletes
 // p.ReplacesSessionID), notifies the group, and returns where the
 // database is.
-func CreateSession(ctx context.Context, q Querier, t *Tables, p SessionParams) (ClusterMark, error) {
-	if _, err := t.Citus(ctx, q); err != nil {
-		return ClusterMark{}, err
-	}
-	s := t.CreateSession(p)
+func (d singleNode) CreateSession(ctx context.Context, q Querier, p SessionParams) (ClusterMark, error) {
+	return createSession(ctx, q, d.t.CreateSession(p))
+}
+
+// createSession runs s, a statement of [Driver.CreateSession].
+func createSession(ctx context.Context, q Querier, s Stmt) (ClusterMark, error) {
 	var (
 		notified int64
 		m        ClusterMark
@@ -246,30 +247,34 @@ type HeartbeatRow struct {
 // HeartbeatSession moves the session's expiry to now() + TTL only if it has
 // not expired yet, and reads where the database is (for uuid.Nil it
 // updates nothing and only reads that).
-func HeartbeatSession(ctx context.Context, q Querier, t *Tables, p SessionParams) (HeartbeatRow, error) {
-	s := t.HeartbeatSession(p)
+func (d singleNode) HeartbeatSession(ctx context.Context, q Querier, p SessionParams) (HeartbeatRow, error) {
+	s := d.t.HeartbeatSession(p)
 	var r HeartbeatRow
 	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&r.Updated, (*xid8)(&r.Xmax), &r.LSN, &r.Timeline, &r.Here)
 	return r, err
 }
 
 // DeleteSession deletes the session row and notifies its group.
-func DeleteSession(ctx context.Context, q Querier, t *Tables, p SessionParams) error {
-	_, err := exec(ctx, q, t.DeleteSession(p))
+func (d singleNode) DeleteSession(ctx context.Context, q Querier, p SessionParams) error {
+	_, err := exec(ctx, q, d.t.DeleteSession(p))
 	return err
 }
 
 // DeleteExpiredSessions deletes the sessions expired for longer than ttl
 // and returns how many.
-func DeleteExpiredSessions(ctx context.Context, q Querier, t *Tables, ttl time.Duration) (int64, error) {
-	return exec(ctx, q, t.DeleteExpiredSessions(SessionParams{TTL: ttl}))
+func (d singleNode) DeleteExpiredSessions(ctx context.Context, q Querier, ttl time.Duration) (int64, error) {
+	return exec(ctx, q, d.t.DeleteExpiredSessions(SessionParams{TTL: ttl}))
 }
 
 // SetSubscriptions records, in the session row, the hash and number of the
 // rows the session subscribes to, and notifies the group. It reports false
 // when the session row is gone.
-func SetSubscriptions(ctx context.Context, q Querier, t *Tables, p SessionParams) (bool, error) {
-	s := t.SetSubscriptions(p)
+func (d singleNode) SetSubscriptions(ctx context.Context, q Querier, p SessionParams) (bool, error) {
+	return setSubscriptions(ctx, q, d.t.SetSubscriptions(p))
+}
+
+// setSubscriptions runs s, a statement of [Driver.SetSubscriptions].
+func setSubscriptions(ctx context.Context, q Querier, s Stmt) (bool, error) {
 	rows, err := q.Query(ctx, s.SQL, s.Args...)
 	if err != nil {
 		return false, err
@@ -296,8 +301,8 @@ type MemberRow struct {
 }
 
 // GroupMembers returns the live sessions of a consumer group.
-func GroupMembers(ctx context.Context, q Querier, t *Tables, group string) ([]MemberRow, error) {
-	return collect(ctx, q, t.GroupMembers(GroupParams{ConsumerGroup: group}), pgx.RowToStructByPos[MemberRow])
+func (d singleNode) GroupMembers(ctx context.Context, q Querier, group string) ([]MemberRow, error) {
+	return collect(ctx, q, d.t.GroupMembers(GroupParams{ConsumerGroup: group}), pgx.RowToStructByPos[MemberRow])
 }
 
 // --- offsets
@@ -312,8 +317,8 @@ type OwnerRow struct {
 }
 
 // OffsetOwners reads the owner and epoch of group's offset rows of topics.
-func OffsetOwners(ctx context.Context, q Querier, t *Tables, group string, topics []string) ([]OwnerRow, error) {
-	return collect(ctx, q, t.OffsetOwners(OffsetsParams{ConsumerGroup: group, Topics: topics}), pgx.RowToStructByPos[OwnerRow])
+func (d singleNode) OffsetOwners(ctx context.Context, q Querier, group string, topics []string) ([]OwnerRow, error) {
+	return collect(ctx, q, d.t.OffsetOwners(OffsetsParams{ConsumerGroup: group, Topics: topics}), pgx.RowToStructByPos[OwnerRow])
 }
 
 // EnsuredRow is an offset row [EnsureOffsets] created, and the transaction
@@ -327,11 +332,8 @@ type EnsuredRow struct {
 // EnsureOffsets creates the missing offset rows of p's (topic, partition)
 // rows at the beginning of each, or, with p.Latest and for a topic the
 // group has no row of yet, just below the xmin horizon.
-func EnsureOffsets(ctx context.Context, q Querier, t *Tables, p OffsetsParams) ([]EnsuredRow, error) {
-	if t.isCitus() {
-		return t.citusEnsureOffsets(ctx, q, p)
-	}
-	return collect(ctx, q, t.EnsureOffsets(p), func(row pgx.CollectableRow) (EnsuredRow, error) {
+func (d singleNode) EnsureOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]EnsuredRow, error) {
+	return collect(ctx, q, d.t.EnsureOffsets(p), func(row pgx.CollectableRow) (EnsuredRow, error) {
 		var r EnsuredRow
 		err := row.Scan(&r.Topic, &r.Partition, (*xid8)(&r.AckedTransactionID))
 		return r, err
@@ -396,11 +398,8 @@ func parseAbove(entries []string) ([]Position, error) {
 // ClaimOffsets claims, for p.SessionID, up to p.Limit of p's (topic,
 // partition) rows that are free, bumping their epochs (see the statement,
 // [Tables.ClaimOffsets]).
-func ClaimOffsets(ctx context.Context, q Querier, t *Tables, p OffsetsParams) ([]ClaimRow, error) {
-	if t.isCitus() {
-		return t.citusClaimOffsets(ctx, q, p)
-	}
-	return collect(ctx, q, t.ClaimOffsets(p), scanClaim)
+func (d singleNode) ClaimOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]ClaimRow, error) {
+	return collect(ctx, q, d.t.ClaimOffsets(p), scanClaim)
 }
 
 func scanClaim(row pgx.CollectableRow) (ClaimRow, error) {
@@ -444,11 +443,8 @@ func scanClaim(row pgx.CollectableRow) (ClaimRow, error) {
 // p.Position, and returns the new count; pgx.ErrNoRows: ownership lost;
 // [ErrWentBack]: run elsewhere than p.Here, or p.Position lies ahead of
 // the transaction counter.
-func CountHeadDelivery(ctx context.Context, q Querier, t *Tables, p OffsetParams) (int32, error) {
-	if t.isCitus() {
-		return t.citusCountHeadDelivery(ctx, q, p)
-	}
-	s := t.CountHeadDelivery(p)
+func (d singleNode) CountHeadDelivery(ctx context.Context, q Querier, p OffsetParams) (int32, error) {
+	s := d.t.CountHeadDelivery(p)
 	var (
 		ok bool
 		n  *int32
@@ -476,11 +472,8 @@ var ErrWentBack = errors.New("the database is not on the history the session was
 // whether a row was written (false: ownership lost); [ErrWentBack] when
 // it ran elsewhere than p.Here or p.Position lies ahead of the
 // transaction counter.
-func CommitOffset(ctx context.Context, q Querier, t *Tables, p OffsetParams) (version string, written bool, err error) {
-	if t.isCitus() {
-		return t.citusCommitOffset(ctx, q, p)
-	}
-	s := t.CommitOffset(p)
+func (d singleNode) CommitOffset(ctx context.Context, q Querier, p OffsetParams) (version string, written bool, err error) {
+	s := d.t.CommitOffset(p)
 	rows, err := q.Query(ctx, s.SQL, s.Args...)
 	if err != nil {
 		return "", false, err
@@ -510,13 +503,9 @@ func CommitOffset(ctx context.Context, q Querier, t *Tables, p OffsetParams) (ve
 // returns the rows released (0: ownership lost); [ErrWentBack] when it ran
 // elsewhere than p.Here or p.Position lies ahead of the transaction
 // counter (nothing written: the session's positions are not this
-// database's). In a batch, queue [Tables.ReleaseOffset] and read its row
-// with [ScanRelease].
-func ReleaseOffset(ctx context.Context, q Querier, t *Tables, p OffsetParams) (int64, error) {
-	if t.isCitus() {
-		return t.citusReleaseOffset(ctx, q, p)
-	}
-	s := t.ReleaseOffset(p)
+// database's). Several at once: [Driver.ReleaseOffsets].
+func (d singleNode) ReleaseOffset(ctx context.Context, q Querier, p OffsetParams) (int64, error) {
+	s := d.t.ReleaseOffset(p)
 	return ScanRelease(q.QueryRow(ctx, s.SQL, s.Args...))
 }
 
@@ -554,13 +543,10 @@ type AckRow struct {
 // row and moves its acknowledged position to p.Position (with p.Above,
 // records p.Position in acked_above) if the row is still p.SessionID's at
 // p.Epoch, the position lies ahead and is not recorded already.
-// pgx.ErrNoRows: the row does not exist. In a batch, queue
-// [Tables.AckOffset] and scan its row with [ScanAck].
-func AckOffset(ctx context.Context, q Querier, t *Tables, p OffsetParams) (AckRow, error) {
-	if t.isCitus() {
-		return t.citusAckOffset(ctx, q, p)
-	}
-	s := t.AckOffset(p)
+// pgx.ErrNoRows: the row does not exist. With other statements in a
+// batch: [Driver.QueueAck].
+func (d singleNode) AckOffset(ctx context.Context, q Querier, p OffsetParams) (AckRow, error) {
+	s := d.t.AckOffset(p)
 	return ScanAck(q.QueryRow(ctx, s.SQL, s.Args...))
 }
 

@@ -21,8 +21,8 @@ type SessionRow struct {
 }
 
 // InspectSessions returns every consumer session, by group and age.
-func InspectSessions(ctx context.Context, q Querier, t *Tables) ([]SessionRow, error) {
-	return collect(ctx, q, t.InspectSessions(), pgx.RowToStructByPos[SessionRow])
+func (d singleNode) InspectSessions(ctx context.Context, q Querier) ([]SessionRow, error) {
+	return collect(ctx, q, d.t.InspectSessions(), pgx.RowToStructByPos[SessionRow])
 }
 
 // LagRow is one offset row of [InspectLag].
@@ -45,13 +45,8 @@ type LagRow struct {
 // Where the tables are distributed by Citus, it runs one statement per
 // topic, routed to the topic's worker, whose snapshot the lag is counted
 // against.
-func InspectLag(ctx context.Context, q Querier, t *Tables, groups, topics []string) ([]LagRow, error) {
-	if citus, err := t.Citus(ctx, q); err != nil {
-		return nil, err
-	} else if citus {
-		return citusInspectLag(ctx, q, t, groups, topics)
-	}
-	return collect(ctx, q, t.InspectLag(groups, topics), scanLagRow)
+func (d singleNode) InspectLag(ctx context.Context, q Querier, groups, topics []string) ([]LagRow, error) {
+	return collect(ctx, q, d.t.InspectLag(groups, topics), scanLagRow)
 }
 
 func scanLagRow(row pgx.CollectableRow) (LagRow, error) {
@@ -73,8 +68,8 @@ type HorizonRow struct {
 
 // InspectHorizon reads the xmin horizon and the transaction holding it
 // back (on the node it runs on: see [InspectWorkerHorizons] for Citus).
-func InspectHorizon(ctx context.Context, q Querier, t *Tables) (HorizonRow, error) {
-	s := t.InspectHorizon()
+func (d singleNode) InspectHorizon(ctx context.Context, q Querier) (HorizonRow, error) {
+	s := d.t.InspectHorizon()
 	var h HorizonRow
 	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan((*xid8)(&h.Xmin), &h.PID, &h.GID, &h.AppName, &h.State,
 		&h.XactStart, &h.QueryStart, &h.AgeSeconds, &h.Query, &h.DB, &h.User)
@@ -93,13 +88,8 @@ type TopicRow struct {
 // InspectTopics returns every topic that has messages, settings or offset
 // rows. Where the tables are distributed by Citus, it reads the topics
 // of every shard of the messages table first (run_command_on_shards).
-func InspectTopics(ctx context.Context, q Querier, t *Tables) ([]TopicRow, error) {
-	if citus, err := t.Citus(ctx, q); err != nil {
-		return nil, err
-	} else if citus {
-		return citusInspectTopics(ctx, q, t)
-	}
-	return collect(ctx, q, t.InspectTopics(), pgx.RowToStructByPos[TopicRow])
+func (d singleNode) InspectTopics(ctx context.Context, q Querier) ([]TopicRow, error) {
+	return collect(ctx, q, d.t.InspectTopics(), pgx.RowToStructByPos[TopicRow])
 }
 
 // TopicPageRow is one topic of [InspectTopicsPage], with the number of
@@ -113,13 +103,8 @@ type TopicPageRow struct {
 // names: from the first with first, else those after after; each row
 // carries the number of topics. Where the tables are distributed by Citus,
 // it reads the topics of every shard of the messages table first.
-func InspectTopicsPage(ctx context.Context, q Querier, t *Tables, first bool, after string, limit int) ([]TopicPageRow, error) {
-	if citus, err := t.Citus(ctx, q); err != nil {
-		return nil, err
-	} else if citus {
-		return citusInspectTopicsPage(ctx, q, t, first, after, limit)
-	}
-	return collect(ctx, q, t.InspectTopicsPage(first, after, limit), pgx.RowToStructByPos[TopicPageRow])
+func (d singleNode) InspectTopicsPage(ctx context.Context, q Querier, first bool, after string, limit int) ([]TopicPageRow, error) {
+	return collect(ctx, q, d.t.InspectTopicsPage(first, after, limit), pgx.RowToStructByPos[TopicPageRow])
 }
 
 // ResetParams are the arguments of [ResetOffsets].
@@ -162,12 +147,8 @@ type ResetRow struct {
 // payload of [Tables.NotifyChannel], p.Notification), for the owners to
 // claim their rows again. p.To is "earliest", "latest" or "time" (then
 // p.At is the time).
-func ResetOffsets(ctx context.Context, q Querier, t *Tables, p ResetParams) ([]ResetRow, error) {
-	if citus, err := t.Citus(ctx, q); err != nil {
-		return nil, err
-	} else if citus {
-		return t.citusResetOffsets(ctx, q, p)
-	}
+func (d singleNode) ResetOffsets(ctx context.Context, q Querier, p ResetParams) ([]ResetRow, error) {
+	t := d.t
 	s := t.ResetOffsets(p.ConsumerGroup, p.Topic, p.To, p.At, p.Force, t.NotifyChannel, p.Notification)
 	return collect(ctx, q, s, func(row pgx.CollectableRow) (ResetRow, error) {
 		var r ResetRow
@@ -182,10 +163,6 @@ func ResetOffsets(ctx context.Context, q Querier, t *Tables, p ResetParams) ([]R
 // A topic's messages are delivered by its worker's horizon, which a
 // transaction open on that worker holds back (a distributed transaction
 // of the coordinator that wrote there included).
-func InspectWorkerHorizons(ctx context.Context, q Querier, t *Tables) (rows []NodeHorizonRow, ok bool, err error) {
-	if citus, err := t.Citus(ctx, q); err != nil || !citus {
-		return nil, false, err
-	}
-	rows, err = citusInspectHorizon(ctx, q, t)
-	return rows, true, err
+func (d singleNode) InspectWorkerHorizons(_ context.Context, _ Querier) (rows []NodeHorizonRow, ok bool, err error) {
+	return nil, false, nil
 }

@@ -21,8 +21,8 @@ type AccessRow struct {
 
 // MaintainerAccess tells how the connected role can do the maintainer's
 // work. pgx.ErrNoRows: the messages table is missing.
-func MaintainerAccess(ctx context.Context, q Querier, t *Tables) (AccessRow, error) {
-	s := t.MaintainerAccess()
+func (d singleNode) MaintainerAccess(ctx context.Context, q Querier) (AccessRow, error) {
+	s := d.t.MaintainerAccess()
 	var r AccessRow
 	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&r.Role, &r.Owner, &r.Owns, &r.Missing)
 	return r, err
@@ -39,8 +39,8 @@ type HolderRow struct {
 
 // MaintainerHolder reads, without locking or writing anything, who holds
 // the maintainer's row. pgx.ErrNoRows: the row is missing.
-func MaintainerHolder(ctx context.Context, q Querier, t *Tables) (HolderRow, error) {
-	s := t.MaintainerHolder()
+func (d singleNode) MaintainerHolder(ctx context.Context, q Querier) (HolderRow, error) {
+	s := d.t.MaintainerHolder()
 	var r HolderRow
 	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&r.Holder, &r.ExpiresInMs)
 	return r, err
@@ -49,8 +49,8 @@ func MaintainerHolder(ctx context.Context, q Querier, t *Tables) (HolderRow, err
 // ClaimMaintainer makes p.SessionID the maintainer if the row is free (no
 // owner, the owner's session gone or expired, or already p.SessionID's).
 // pgx.ErrNoRows: the row is missing.
-func ClaimMaintainer(ctx context.Context, q Querier, t *Tables, p MaintainerParams) (HolderRow, error) {
-	s := t.ClaimMaintainer(p)
+func (d singleNode) ClaimMaintainer(ctx context.Context, q Querier, p MaintainerParams) (HolderRow, error) {
+	s := d.t.ClaimMaintainer(p)
 	var r HolderRow
 	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&r.Epoch, &r.Holder, &r.ExpiresInMs)
 	return r, err
@@ -58,19 +58,20 @@ func ClaimMaintainer(ctx context.Context, q Querier, t *Tables, p MaintainerPara
 
 // ReleaseMaintainer frees the maintainer's row if p.SessionID still holds
 // it at p.Epoch, and notifies.
-func ReleaseMaintainer(ctx context.Context, q Querier, t *Tables, p MaintainerParams) error {
-	_, err := exec(ctx, q, t.ReleaseMaintainer(p))
+func (d singleNode) ReleaseMaintainer(ctx context.Context, q Querier, p MaintainerParams) error {
+	_, err := exec(ctx, q, d.t.ReleaseMaintainer(p))
 	return err
 }
 
 // MoveDueMessages moves up to p.Limit due delayed messages, oldest due
 // first, into the messages table, and returns how many, and in how many
 // milliseconds the next one is due (nil: none waits).
-func MoveDueMessages(ctx context.Context, q Querier, t *Tables, p MoveDueParams) (moved int64, nextMs *int64, err error) {
-	if _, err := t.Citus(ctx, q); err != nil {
-		return 0, nil, err
-	}
-	s := t.MoveDueMessages(p)
+func (d singleNode) MoveDueMessages(ctx context.Context, q Querier, p MoveDueParams) (moved int64, nextMs *int64, err error) {
+	return moveDueMessages(ctx, q, d.t.MoveDueMessages(p))
+}
+
+// moveDueMessages runs s, a statement of [Driver.MoveDueMessages].
+func moveDueMessages(ctx context.Context, q Querier, s Stmt) (moved int64, nextMs *int64, err error) {
 	err = q.QueryRow(ctx, s.SQL, s.Args...).Scan(&moved, &nextMs)
 	return moved, nextMs, err
 }
@@ -84,17 +85,17 @@ type IdleGroupRow struct {
 
 // DeleteIdleGroups deletes the offset rows of consumer groups that have no
 // live session and whose rows were all last written more than idleFor ago.
-func DeleteIdleGroups(ctx context.Context, q Querier, t *Tables, idleFor time.Duration) ([]IdleGroupRow, error) {
-	if _, err := t.Citus(ctx, q); err != nil {
-		return nil, err
-	}
-	return collect(ctx, q, t.DeleteIdleGroups(idleFor), pgx.RowToStructByPos[IdleGroupRow])
+func (d singleNode) DeleteIdleGroups(ctx context.Context, q Querier, idleFor time.Duration) ([]IdleGroupRow, error) {
+	return collect(ctx, q, d.t.DeleteIdleGroups(idleFor), pgx.RowToStructByPos[IdleGroupRow])
 }
 
 // LaneRow is one retention class with a row in the retention table.
 type LaneRow struct {
 	Class        int16
 	CoveredUntil time.Time
+	// UsableUntil is how far publishers place messages in the class's
+	// partitions (at most CoveredUntil: see [Driver.SetUsableUntil]).
+	UsableUntil time.Time
 	// LongestUs is the longest retention of the class's topics in
 	// microseconds (nil: no topic has the class).
 	LongestUs *int64
@@ -102,8 +103,8 @@ type LaneRow struct {
 }
 
 // RetentionLanes returns the retention classes in use.
-func RetentionLanes(ctx context.Context, q Querier, t *Tables) ([]LaneRow, error) {
-	return collect(ctx, q, t.RetentionLanes(), pgx.RowToStructByPos[LaneRow])
+func (d singleNode) RetentionLanes(ctx context.Context, q Querier) ([]LaneRow, error) {
+	return collect(ctx, q, d.t.RetentionLanes(), pgx.RowToStructByPos[LaneRow])
 }
 
 // PartitionRow is one retention partition: its class, the Unix time (s)
@@ -116,14 +117,14 @@ type PartitionRow struct {
 }
 
 // RetentionPartitions returns the partitions of the retention classes.
-func RetentionPartitions(ctx context.Context, q Querier, t *Tables) ([]PartitionRow, error) {
-	return collect(ctx, q, t.RetentionPartitions(), pgx.RowToStructByPos[PartitionRow])
+func (d singleNode) RetentionPartitions(ctx context.Context, q Querier) ([]PartitionRow, error) {
+	return collect(ctx, q, d.t.RetentionPartitions(), pgx.RowToStructByPos[PartitionRow])
 }
 
 // DetachedRetentionPartitions returns the tables named as retention
 // partitions of the messages table that are no partition any more.
-func DetachedRetentionPartitions(ctx context.Context, q Querier, t *Tables) ([]PartitionRow, error) {
-	return collect(ctx, q, t.DetachedRetentionPartitions(), func(row pgx.CollectableRow) (PartitionRow, error) {
+func (d singleNode) DetachedRetentionPartitions(ctx context.Context, q Querier) ([]PartitionRow, error) {
+	return collect(ctx, q, d.t.DetachedRetentionPartitions(), func(row pgx.CollectableRow) (PartitionRow, error) {
 		var r PartitionRow
 		err := row.Scan(&r.Class, &r.Start)
 		return r, err
@@ -138,9 +139,9 @@ type Beginner interface {
 // CreateRetentionPartition adds the partition and records that its class
 // is covered up to its end, in one transaction of db. It needs the owner's
 // privileges.
-func CreateRetentionPartition(ctx context.Context, db Beginner, t *Tables, p RetentionPartition) error {
+func (d singleNode) CreateRetentionPartition(ctx context.Context, db Beginner, p RetentionPartition) error {
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		for _, stmt := range t.CreateRetentionPartition(p) {
+		for _, stmt := range d.t.CreateRetentionPartition(p) {
 			if _, err := tx.Exec(ctx, stmt); err != nil {
 				return err
 			}
@@ -154,38 +155,35 @@ func CreateRetentionPartition(ctx context.Context, db Beginner, t *Tables, p Ret
 // detach that was interrupted. It needs the owner's privileges. Where
 // the messages table is distributed by Citus, which refuses CONCURRENTLY,
 // it detaches in a transaction that waits at most 5 s for its lock.
-func DetachRetentionPartition(ctx context.Context, q Querier, t *Tables, p RetentionPartition, finalize bool) error {
-	if _, err := t.Citus(ctx, q); err != nil {
-		return err
-	}
-	_, err := q.Exec(ctx, t.DetachRetentionPartition(p, finalize))
+func (d singleNode) DetachRetentionPartition(ctx context.Context, q Querier, p RetentionPartition, finalize bool) error {
+	_, err := q.Exec(ctx, d.t.DetachRetentionPartition(p, finalize))
 	return err
 }
 
 // DropRetentionPartition drops a detached partition. It needs the owner's
 // privileges.
-func DropRetentionPartition(ctx context.Context, q Querier, t *Tables, p RetentionPartition) error {
-	_, err := q.Exec(ctx, t.DropRetentionPartition(p))
+func (d singleNode) DropRetentionPartition(ctx context.Context, q Querier, p RetentionPartition) error {
+	_, err := q.Exec(ctx, d.t.DropRetentionPartition(p))
 	return err
 }
 
 // CallAddRetentionPartition does what CreateRetentionPartition does,
 // through the owner's function: false when the partition exists already.
-func CallAddRetentionPartition(ctx context.Context, q Querier, t *Tables, p RetentionPartition) (bool, error) {
-	return queryBool(ctx, q, t.CallAddRetentionPartition(p))
+func (d singleNode) CallAddRetentionPartition(ctx context.Context, q Querier, p RetentionPartition) (bool, error) {
+	return queryBool(ctx, q, d.t.CallAddRetentionPartition(p))
 }
 
 // CallExpireRetentionPartition detaches and drops the partition, or
 // finishes a detach left pending, through the owner's function: false when
 // it is no partition of the messages table.
-func CallExpireRetentionPartition(ctx context.Context, q Querier, t *Tables, p RetentionPartition) (bool, error) {
-	return queryBool(ctx, q, t.CallExpireRetentionPartition(p))
+func (d singleNode) CallExpireRetentionPartition(ctx context.Context, q Querier, p RetentionPartition) (bool, error) {
+	return queryBool(ctx, q, d.t.CallExpireRetentionPartition(p))
 }
 
 // CallDropDetachedPartition drops a detached retention partition through
 // the owner's function: false when there is no table of that name.
-func CallDropDetachedPartition(ctx context.Context, q Querier, t *Tables, p RetentionPartition) (bool, error) {
-	return queryBool(ctx, q, t.CallDropDetachedPartition(p))
+func (d singleNode) CallDropDetachedPartition(ctx context.Context, q Querier, p RetentionPartition) (bool, error) {
+	return queryBool(ctx, q, d.t.CallDropDetachedPartition(p))
 }
 
 func queryBool(ctx context.Context, q Querier, s Stmt) (bool, error) {
@@ -207,8 +205,8 @@ type SkippedRow struct {
 // UnacknowledgedInPartition counts, per consumer group, topic and
 // partition, the messages of the retention partition after the group's
 // position.
-func UnacknowledgedInPartition(ctx context.Context, q Querier, t *Tables, p RetentionPartition) ([]SkippedRow, error) {
-	return collect(ctx, q, t.UnacknowledgedInPartition(p), pgx.RowToStructByPos[SkippedRow])
+func (d singleNode) UnacknowledgedInPartition(ctx context.Context, q Querier, p RetentionPartition) ([]SkippedRow, error) {
+	return collect(ctx, q, d.t.UnacknowledgedInPartition(p), pgx.RowToStructByPos[SkippedRow])
 }
 
 // DeleteExpiredKept deletes, at most limit rows, the messages in the
@@ -218,11 +216,6 @@ func UnacknowledgedInPartition(ctx context.Context, q Querier, t *Tables, p Rete
 // position. Where the messages table is distributed by Citus, it runs
 // one statement per topic with a retention, each routed to the topic's
 // worker.
-func DeleteExpiredKept(ctx context.Context, q Querier, t *Tables, limit int) ([]SkippedRow, error) {
-	if citus, err := t.Citus(ctx, q); err != nil {
-		return nil, err
-	} else if citus {
-		return citusDeleteExpiredKept(ctx, q, t, limit)
-	}
-	return collect(ctx, q, t.DeleteExpiredKept(limit), pgx.RowToStructByPos[SkippedRow])
+func (d singleNode) DeleteExpiredKept(ctx context.Context, q Querier, limit int) ([]SkippedRow, error) {
+	return collect(ctx, q, d.t.DeleteExpiredKept(limit), pgx.RowToStructByPos[SkippedRow])
 }

@@ -97,15 +97,17 @@ func (t *Tables) classesOf(topic string) string {
 // placementCheck is a one-row query, lateral to the topics row tp (NULL
 // for a topic without settings), that decides where a message published
 // now goes: ok is true when the topic has a retention and a partition of
-// its class covers now + retention (the maintainer keeps them ahead), ck
+// its class covers now + retention (the maintainer keeps them ahead) and
+// may be used (usable_until: every transaction that could route without
+// it has ended; see migration 13), ck
 // is the time the expiry counts from. Otherwise the message goes to the
 // partition of messages kept forever, from which the maintainer deletes
 // it, row by row, once its retention has passed. A topic without retention
-// pays nothing more than the columns: the covered_until lookup runs only
+// pays nothing more than the columns: the usable_until lookup runs only
 // for topics with a retention class.
 func (t *Tables) placementCheck(tp string) string {
 	return `SELECT CASE WHEN ` + tp + `.retention_class > 0
-		THEN k.ck + ` + tp + `.retention < (SELECT l.covered_until FROM ` + t.Retention + ` l
+		THEN k.ck + ` + tp + `.retention < (SELECT l.usable_until FROM ` + t.Retention + ` l
 			WHERE l.retention_class = ` + tp + `.retention_class)
 		ELSE false END AS ok, k.ck
 	FROM (SELECT pg_catalog.clock_timestamp() AS ck) k`
@@ -123,13 +125,14 @@ func (t *Tables) placement(tp, r string) string {
 // "t" + topic, for the maintainer, and a retention class gets its row in
 // the retention table, so that the maintainer adds its partitions.
 func (t *Tables) UpsertTopic(p TopicParams) Stmt {
-	// Citus refuses a function that is not immutable in DO UPDATE SET: the
-	// time there is the inserted row's, evaluated once on the coordinator.
-	insertedAt, valuesAt, updatedAt := "", "", "pg_catalog.now()"
-	if t.isCitus() {
-		insertedAt, valuesAt, updatedAt = ", updated_at", ", pg_catalog.now()", "EXCLUDED.updated_at"
-	}
-	return t.onCitus(Stmt{
+	return t.upsertTopic(p, "", "", "pg_catalog.now()")
+}
+
+// upsertTopic is the statement of [Driver.UpsertTopic], the updated_at
+// column set by the expressions given: insertedAt (a column list's
+// tail) and valuesAt (a VALUES list's) on insert, updatedAt on update.
+func (t *Tables) upsertTopic(p TopicParams, insertedAt, valuesAt, updatedAt string) Stmt {
+	return Stmt{
 		SQL: `WITH old AS (
 	SELECT partitions, retention FROM ` + t.Topics + ` WHERE topic = $1
 ), up AS (
@@ -157,7 +160,7 @@ func (t *Tables) UpsertTopic(p TopicParams) Stmt {
 )
 SELECT (SELECT partitions FROM old), (SELECT partitions FROM up), (SELECT pg_catalog.count(*) FROM notified)`,
 		Args: []any{p.Topic, p.Partitions, p.NotifyChannel, p.Retention.Microseconds(), int16(p.RetentionClass)},
-	})
+	}
 }
 
 // TopicPartitions is the statement of [TopicPartitions].
@@ -203,27 +206,28 @@ func oneTopic(topics []string) bool {
 // that p.After lies at or above the transaction counter: the position was
 // read on a history this database is not on (see [Here]).
 func (t *Tables) SelectMessages(p SelectMessagesParams) Stmt {
+	return t.selectMessages(hereIs(7), selectMessagesArgs(p))
+}
+
+// selectMessagesArgs are the arguments of [Tables.SelectMessages]: $1 to
+// $7.
+func selectMessagesArgs(p SelectMessagesParams) []any {
 	maxBytes := p.MaxMessageBytes
 	if maxBytes <= 0 {
 		maxBytes = math.MaxInt64
 	}
+	return []any{p.Topic, p.Partition, formatXID8(p.After.TransactionID), p.After.Offset, p.Limit, maxBytes, p.Here}
+}
+
+// selectMessages is the statement of [Driver.SelectMessages], onHere the
+// condition that it runs where the position was read.
+func (t *Tables) selectMessages(onHere string, args []any) Stmt {
 	// Neither octet_length of a payload nor pg_column_size of metadata
 	// reads a TOASTed value, only its header: a message left out costs
 	// its index entry and heap tuple, not its bytes. $6 is cast to bigint:
 	// left to the server, it would take the type of size, integer, which
 	// cannot hold math.MaxInt64 (no bound) nor any bound past 2 GiB.
 	const size = `(COALESCE(pg_catalog.octet_length(m.payload), 0) + COALESCE(pg_catalog.pg_column_size(m.metadata), 0))`
-	onHere := hereIs(7)
-	args := []any{p.Topic, p.Partition, formatXID8(p.After.TransactionID), p.After.Offset, p.Limit, maxBytes, p.Here}
-	if t.isCitus() {
-		// Routed to the topic's worker whole: the identity there is the
-		// worker's.
-		onHere = citusHereIs(7)
-		if p.WorkerHere != "" {
-			onHere = `(` + citusHereIs(7) + ` AND ` + hereIs(8) + `)`
-			args = append(args, p.WorkerHere)
-		}
-	}
 	return Stmt{
 		// The ORDER BY names the table's columns, qualified: a bare
 		// transaction_id would sort by the text output column.
@@ -301,7 +305,7 @@ func partitionsOf(topics []string, partitions []int32) []int32 {
 // read by the statement that made the session: the identity that every
 // statement on the session's claims is fenced by.
 func (t *Tables) CreateSession(p SessionParams) Stmt {
-	return t.onCitus(Stmt{
+	return Stmt{
 		SQL: `WITH replaced AS (
 	DELETE FROM ` + t.Sessions + ` WHERE id = $5
 ), inserted AS (
@@ -313,7 +317,7 @@ func (t *Tables) CreateSession(p SessionParams) Stmt {
 )
 SELECT (SELECT pg_catalog.count(*) FROM notified), ` + markColumns,
 		Args: []any{p.SessionID, p.ConsumerGroup, p.Owner, p.TTL.Microseconds(), p.ReplacesSessionID, p.NotifyChannel, p.Protocol},
-	})
+	}
 }
 
 // HeartbeatSession is the statement of [HeartbeatSession].
@@ -337,18 +341,18 @@ const markColumns = `pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot(
 
 // DeleteSession is the statement of [DeleteSession].
 func (t *Tables) DeleteSession(p SessionParams) Stmt {
-	return t.onCitus(Stmt{
+	return Stmt{
 		SQL: `WITH deleted AS (
 	DELETE FROM ` + t.Sessions + ` WHERE id = $1 RETURNING consumer_group
 )
 SELECT pg_catalog.pg_notify($2, ` + kind(NotifyGroup) + ` || consumer_group) FROM deleted WHERE $2 <> ''`,
 		Args: []any{p.SessionID, p.NotifyChannel},
-	})
+	}
 }
 
 // SetSubscriptions is the statement of [SetSubscriptions].
 func (t *Tables) SetSubscriptions(p SessionParams) Stmt {
-	return t.onCitus(Stmt{
+	return Stmt{
 		SQL: `WITH updated AS (
 	UPDATE ` + t.Sessions + ` SET subscription_hash = $2, subscription_size = $3
 	WHERE id = $1
@@ -356,7 +360,7 @@ func (t *Tables) SetSubscriptions(p SessionParams) Stmt {
 )
 SELECT pg_catalog.pg_notify($4, ` + kind(NotifyGroup) + ` || consumer_group) FROM updated WHERE $4 <> ''`,
 		Args: []any{p.SessionID, p.SubscriptionHash, p.SubscriptionSize, p.NotifyChannel},
-	})
+	}
 }
 
 // GroupMembers is the statement of [GroupMembers].
@@ -633,13 +637,13 @@ func (t *Tables) ReleaseOffset(p OffsetParams) Stmt {
 		return Stmt{SQL: sql + `
 SELECT (SELECT ok FROM here), (SELECT pg_catalog.count(*) FROM released)`, Args: args}
 	}
-	return t.onCitus(Stmt{
+	return Stmt{
 		SQL: sql + `, notified AS (
 	SELECT topic, pg_catalog.pg_notify($11, ` + kind(NotifyReleased) + ` || topic) FROM released
 )
 SELECT (SELECT ok FROM here), (SELECT pg_catalog.count(topic) FROM notified)`,
 		Args: append(args, p.NotifyChannel),
-	})
+	}
 }
 
 // CountHeadDelivery is the statement of [CountHeadDelivery].

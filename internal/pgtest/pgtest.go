@@ -214,6 +214,7 @@ func runContainer() (*exec.Cmd, io.WriteCloser, containerReply, error) {
 	}
 	cmd := exec.Command("go", "run", ".")
 	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOWORK=off") // the container module's own go.mod, not the workspace's versions
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

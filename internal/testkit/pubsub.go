@@ -12,23 +12,23 @@ import (
 	pglease "github.com/pglease/watermill-pglease"
 )
 
-// NewPublisher returns a publisher on db that initializes adapter's
+// NewPublisher returns a publisher on db that initializes tables's
 // schema, closed at the end of the test.
-func NewPublisher(t *testing.T, db pglease.DB, adapter pglease.Tables) *pglease.Publisher {
+func NewPublisher(t *testing.T, db pglease.DB, tables pglease.Tables) *pglease.Publisher {
 	t.Helper()
-	pub, err := pglease.NewPublisher(db, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, Logger())
+	pub, err := pglease.NewPublisher(db, pglease.PublisherConfig{Tables: tables, AutoInitializeSchema: true}, Logger())
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pub.Close()) })
 	return pub
 }
 
-// NewSubscriber returns a subscriber of cfg on pool and adapter that
+// NewSubscriber returns a subscriber of cfg on pool and tables that
 // initializes the schema, closed at the end of the test: unless cfg says
 // otherwise, it polls every 10 ms, its session lives 2 s, and when the
 // pool goes through [PoolDSN] it LISTENs on [DSN] directly.
-func NewSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, cfg pglease.SubscriberConfig) *pglease.Subscriber {
+func NewSubscriber(t *testing.T, pool *pgxpool.Pool, tables pglease.Tables, cfg pglease.SubscriberConfig) *pglease.Subscriber {
 	t.Helper()
-	cfg.SchemaAdapter = adapter
+	cfg.Tables = tables
 	cfg.InitializeSchema = true
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 10 * time.Millisecond
@@ -102,15 +102,15 @@ func UUIDs(msgs []*message.Message) []string {
 // BenchPoolConns is the pool size of the benchmarks.
 const BenchPoolConns = 64
 
-// BenchSetup returns a pool and an adapter on a fresh schema whose tables
+// BenchSetup returns a pool and a Tables on a fresh schema whose tables
 // exist, so that no benchmark times DDL.
 func BenchSetup(b *testing.B, topic string) (*pgxpool.Pool, pglease.Tables) {
 	b.Helper()
 	pool := NewPool(b, BenchPoolConns)
-	adapter := NewSchema(b, pool)
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, InitializeSchema: true}, nil)
+	tables := NewSchema(b, pool)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: tables, InitializeSchema: true}, nil)
 	require.NoError(b, err)
 	require.NoError(b, sub.SubscribeInitialize(topic))
 	require.NoError(b, sub.Close())
-	return pool, adapter
+	return pool, tables
 }

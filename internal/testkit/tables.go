@@ -15,9 +15,9 @@ import (
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
-// Table is the quoted, schema-qualified name of adapter's table name.
-func Table(adapter pglease.Tables, name string) string {
-	return pgx.Identifier{adapter.Schema, name}.Sanitize()
+// Table is the quoted, schema-qualified name of tables's table name.
+func Table(tables pglease.Tables, name string) string {
+	return pgx.Identifier{tables.Schema, name}.Sanitize()
 }
 
 // OffsetRow is what [ReadOffset] reads of an offset row.
@@ -28,23 +28,23 @@ type OffsetRow struct {
 }
 
 // ReadOffset reads the offset row of (group, topic).
-func ReadOffset(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, group, topic string) OffsetRow {
+func ReadOffset(t *testing.T, pool *pgxpool.Pool, tables pglease.Tables, group, topic string) OffsetRow {
 	t.Helper()
 	var r OffsetRow
 	require.NoError(t, pool.QueryRow(context.Background(),
-		"SELECT session_id, epoch, acked_offset FROM "+Table(adapter, pglease.DefaultConsumerOffsetsTable)+
+		"SELECT session_id, epoch, acked_offset FROM "+Table(tables, pglease.DefaultConsumerOffsetsTable)+
 			" WHERE consumer_group = $1 AND topic = $2", group, topic).Scan(&r.Session, &r.Epoch, &r.Offset))
 	return r
 }
 
 // AckedOffset reads the acknowledged position of partition 0 of (group,
 // topic).
-func AckedOffset(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, group, topic string) pglease.Position {
+func AckedOffset(t *testing.T, pool *pgxpool.Pool, tables pglease.Tables, group, topic string) pglease.Position {
 	t.Helper()
 	var tx string
 	var off int64
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT acked_transaction_id::text, acked_offset FROM `+
-		Table(adapter, pglease.DefaultConsumerOffsetsTable)+` WHERE consumer_group = $1 AND topic = $2 AND partition = 0`,
+		Table(tables, pglease.DefaultConsumerOffsetsTable)+` WHERE consumer_group = $1 AND topic = $2 AND partition = 0`,
 		group, topic).Scan(&tx, &off))
 	return ParsePos(tx, off)
 }
@@ -65,6 +65,12 @@ func TablesOf(a pglease.Tables) *pgsql.Tables {
 	return pgsql.NewTables(pgsql.Names(a))
 }
 
+// DriverOf returns the driver of a's tables (opened on first use, see
+// pgsql.Lazy), for tests that run one of pglease's statements themselves.
+func DriverOf(a pglease.Tables) pgsql.Driver {
+	return pgsql.NewLazy(TablesOf(a))
+}
+
 // ServerHere is the identity of the server q runs on (pgsql.Here): what
 // the statements fenced by a session's identity take for a session made
 // there.
@@ -77,10 +83,10 @@ func ServerHere(t testing.TB, q pgsql.Querier) string {
 	return here
 }
 
-// CreateTables creates the pglease tables in adapter's schema.
-func CreateTables(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables) {
+// CreateTables creates the pglease tables in tables's schema.
+func CreateTables(t *testing.T, pool *pgxpool.Pool, tables pglease.Tables) {
 	t.Helper()
-	_, err := pool.Exec(context.Background(), pglease.SchemaSQL(adapter))
+	_, err := pool.Exec(context.Background(), pglease.SchemaSQL(tables))
 	require.NoError(t, err)
 }
 
@@ -93,12 +99,12 @@ func ExecQuery(t *testing.T, conn *pgxpool.Conn, q pgsql.Stmt) int64 {
 }
 
 // EnsureRow creates the offset row of (group, topic).
-func EnsureRow(t *testing.T, conn *pgxpool.Conn, adapter pglease.Tables, group, topic string) {
+func EnsureRow(t *testing.T, conn *pgxpool.Conn, tables pglease.Tables, group, topic string) {
 	t.Helper()
-	ExecQuery(t, conn, TablesOf(adapter).EnsureOffsets(pgsql.OffsetsParams{ConsumerGroup: group, Topics: []string{topic}}))
+	ExecQuery(t, conn, TablesOf(tables).EnsureOffsets(pgsql.OffsetsParams{ConsumerGroup: group, Topics: []string{topic}}))
 }
 
-// ClaimOutcome is what the adapter's claim statement said of one topic.
+// ClaimOutcome is what the tables's claim statement said of one topic.
 type ClaimOutcome struct {
 	Claimed  bool
 	Epoch    *int64
@@ -108,8 +114,8 @@ type ClaimOutcome struct {
 
 // ClaimQuery is the claim statement for one topic, by a session made on
 // the server whose identity is here ([ServerHere]).
-func ClaimQuery(adapter pglease.Tables, group, topic string, session uuid.UUID, here string) pgsql.Stmt {
-	return TablesOf(adapter).ClaimOffsets(pgsql.OffsetsParams{ConsumerGroup: group, Topics: []string{topic}, SessionID: session,
+func ClaimQuery(tables pglease.Tables, group, topic string, session uuid.UUID, here string) pgsql.Stmt {
+	return TablesOf(tables).ClaimOffsets(pgsql.OffsetsParams{ConsumerGroup: group, Topics: []string{topic}, SessionID: session,
 		Here: here, Limit: 1})
 }
 

@@ -54,7 +54,7 @@ func NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 	return pgtest.NewPool(t, PoolDSN, maxConns)
 }
 
-// NewSchema returns an adapter on a fresh PostgreSQL schema of its own,
+// NewSchema returns a Tables on a fresh PostgreSQL schema of its own,
 // dropped at the end of the test. The schema itself is created by schema
 // initialization.
 func NewSchema(t testing.TB, pool *pgxpool.Pool) pglease.Tables {

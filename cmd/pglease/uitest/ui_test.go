@@ -65,7 +65,9 @@ func chromium(t *testing.T) string {
 func buildPglease(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "pglease")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/pglease/watermill-pglease/cmd/pglease").CombinedOutput()
+	build := exec.Command("go", "build", "-o", bin, "github.com/pglease/watermill-pglease/cmd/pglease")
+	build.Env = append(os.Environ(), "GOWORK=off") // this module's go.mod, not the workspace's versions
+	out, err := build.CombinedOutput()
 	require.NoError(t, err, "go build: %s", out)
 	return bin
 }
@@ -157,7 +159,7 @@ func newSchema(t *testing.T, pool *pgxpool.Pool) pglease.Tables {
 
 func subscribe(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, group, topic string) <-chan *message.Message {
 	t.Helper()
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, SchemaAdapter: adapter,
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, Tables: adapter,
 		CommitBatch: 1, PollInterval: 50 * time.Millisecond}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
@@ -217,8 +219,8 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	adapter := newSchema(t, pool)
-	require.NoError(t, pglease.CreateTopic(ctx, pool, "orders", pglease.TopicConfig{Partitions: 2, SchemaAdapter: adapter}))
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "orders", pglease.TopicConfig{Partitions: 2, Tables: adapter}))
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	const orders = 12

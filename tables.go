@@ -38,8 +38,8 @@ const (
 //
 // It holds names only: the statements pglease runs on these tables are
 // not part of the API. The configuration fields that take it are named
-// SchemaAdapter, so that configurations written for [DefaultSchemaAdapter]
-// keep compiling.
+// Tables; their former name, SchemaAdapter, is kept, deprecated, for one
+// release.
 type Tables struct {
 	// Schema is the PostgreSQL schema of the tables. Empty means the
 	// connection's search_path (usually "public"). When set, it is created
@@ -77,37 +77,64 @@ func (a Tables) tables() *pgsql.Tables {
 // validate checks the configured names.
 func (a Tables) validate() error { return check.TableNames(pgsql.Names(a)) }
 
-// SchemaSQL returns the whole DDL of the adapter's current schema version as
-// one script, for users who run migrations with their own tool and leave
-// schema initialization off. The script is idempotent and records the
-// versions it creates, so automatic initialization run later is a no-op.
-func SchemaSQL(adapter Tables) string {
-	return adapter.tables().Script()
+// checkTables validates the table names of a configuration, set by its
+// Tables field or by SchemaAdapter, the field's deprecated name: one of
+// the two, or both to the same names. config names the configuration
+// (PublisherConfig) in the errors, which name the field that was set.
+func checkTables(config string, tables, schemaAdapter Tables) error {
+	if tables != (Tables{}) && schemaAdapter != (Tables{}) && tables != schemaAdapter {
+		return fmt.Errorf("%s.Tables and %s.SchemaAdapter (the deprecated name of Tables) are both set, to different tables: set Tables only",
+			config, config)
+	}
+	field, t := "Tables", tables
+	if t == (Tables{}) {
+		field, t = "SchemaAdapter", schemaAdapter
+	}
+	if err := t.validate(); err != nil {
+		return fmt.Errorf("%s.%s: %w", config, field, err)
+	}
+	return nil
 }
 
-// Migrate creates the tables of adapter (Tables{}: the
-// default names), or
-// upgrades them to the latest schema version: the explicit schema step,
-// run as the role that is to own the tables (a deploy job, the command
-// `pglease migrate`), so that the application itself can run as a role
-// that owns nothing (see [GrantSQL]). It is what
-// SubscriberConfig.InitializeSchema, PublisherConfig.AutoInitializeSchema
-// and TopicConfig.InitializeSchema run.
+// pickTables returns the tables a configuration names: Tables, or
+// SchemaAdapter, the field's deprecated name, when Tables is not set.
+func pickTables(tables, schemaAdapter Tables) Tables {
+	if tables == (Tables{}) {
+		return schemaAdapter
+	}
+	return tables
+}
+
+// SchemaSQL returns the whole DDL of the current schema version of tables
+// as one script, for users who run migrations with their own tool and leave
+// schema initialization off. The script is idempotent and records the
+// versions it creates, so automatic initialization run later is a no-op.
+func SchemaSQL(tables Tables) string {
+	return tables.tables().Script()
+}
+
+// Migrate creates tables (Tables{}: the default names), or upgrades them
+// to the latest schema version: the explicit schema step, run as the role
+// that is to own the tables (a deploy job, the command `pglease
+// migrate`), so that the application itself can run as a role that owns
+// nothing (see [GrantSQL]). It is what SubscriberConfig.InitializeSchema,
+// PublisherConfig.AutoInitializeSchema and TopicConfig.InitializeSchema
+// run.
 //
 // It is idempotent and safe to run from many processes at once: the
-// missing migrations run in one transaction under an advisory lock
-// (on a key derived from the messages table's name), and a schema found current is left
-// alone without waiting for the lock. db may be a *pgxpool.Pool, a
-// *pgx.Conn or a pgx.Tx (then in a savepoint, and the lock is held until
-// the caller's transaction ends).
-func Migrate(ctx context.Context, db DB, adapter Tables) error {
+// missing migrations run in one transaction under an advisory lock (on a
+// key derived from the messages table's name), and a schema found current
+// is left alone without waiting for the lock. db may be a
+// *pgxpool.Pool, a *pgx.Conn or a pgx.Tx (then in a savepoint, and the
+// lock is held until the caller's transaction ends).
+func Migrate(ctx context.Context, db DB, tables Tables) error {
 	if isNilDB(db) {
 		return fmt.Errorf("%w: Migrate needs a *pgxpool.Pool, *pgx.Conn or pgx.Tx, got nil", ErrInvalidConfig)
 	}
-	if err := adapter.validate(); err != nil {
+	if err := tables.validate(); err != nil {
 		return fmt.Errorf("%w: Migrate: %w", ErrInvalidConfig, err)
 	}
-	return initializeSchema(ctx, db, adapter.tables())
+	return initializeSchema(ctx, db, tables.tables())
 }
 
 // initializeSchema applies the missing migrations of a (see
@@ -141,8 +168,7 @@ func wrapSetUpDenied(err error, schema string) error {
 // tables are missing or that the role may not use them.
 func wrapMissingSchema(err error) error { return check.MissingSchema(err) }
 
-// DistributeSQL returns the script that distributes the tables of adapter
-// over a Citus cluster: the messages and offsets tables distributed by
+// DistributeSQL returns the script that distributes tables over a Citus cluster: the messages and offsets tables distributed by
 // topic and co-located, the others reference tables, and a trigger that
 // takes each message's transaction id on the worker that stores it. The
 // tables' owner runs it on the coordinator after [Migrate] (`pglease
@@ -153,8 +179,8 @@ func wrapMissingSchema(err error) error { return check.MissingSchema(err) }
 // distributed when it first uses it, and then runs the statements that
 // Citus routes to a topic's worker. See docs/scaling.md for what runs on
 // Citus.
-func DistributeSQL(adapter Tables) string {
-	return adapter.tables().DistributeScript()
+func DistributeSQL(tables Tables) string {
+	return tables.tables().DistributeScript()
 }
 
 // PrepareCitusMoveSQL returns the script to run on the coordinator of a

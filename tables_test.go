@@ -29,7 +29,7 @@ func TestSchemaSetUpIsConcurrencySafe(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, nil)
+			pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter, AutoInitializeSchema: true}, nil)
 			if !assert.NoError(t, err) {
 				return
 			}
@@ -57,7 +57,7 @@ func TestSchemaSetUpWaitsForTheLockOnlyWhenBehind(t *testing.T) {
 	adapter := newSchema(t, pool)
 	ctx := context.Background()
 	setUp := func(ctx context.Context, topic string) error {
-		return pglease.CreateTopic(ctx, pool, topic, pglease.TopicConfig{SchemaAdapter: adapter, InitializeSchema: true})
+		return pglease.CreateTopic(ctx, pool, topic, pglease.TopicConfig{Tables: adapter, InitializeSchema: true})
 	}
 	require.NoError(t, setUp(ctx, "first"))
 
@@ -121,10 +121,10 @@ func TestSchemaSQLForMigrationTools(t *testing.T) {
 		require.NoError(t, err, "applying the DDL, round %d", i+1)
 	}
 
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter, PollInterval: 10 * time.Millisecond}, nil)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter, PollInterval: 10 * time.Millisecond}, nil)
 	require.NoError(t, err)
 	defer sub.Close()
 	msg := message.NewMessage(watermill.NewUUID(), []byte("x"))
@@ -135,7 +135,7 @@ func TestSchemaSQLForMigrationTools(t *testing.T) {
 	assert.Equal(t, msg.UUID, got[0].UUID)
 
 	// Automatic set-up finds the versions recorded and changes nothing.
-	auto, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, nil)
+	auto, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter, AutoInitializeSchema: true}, nil)
 	require.NoError(t, err)
 	defer auto.Close()
 	require.NoError(t, auto.Publish("t", message.NewMessage(watermill.NewUUID(), nil)))
@@ -147,14 +147,14 @@ func TestMissingSchemaIsAClearError(t *testing.T) {
 	parallel(t)
 	pool := newPool(t, 5)
 	adapter := newSchema(t, pool)
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
 	err = pub.Publish("t", message.NewMessage(watermill.NewUUID(), nil))
 	require.Error(t, err)
 	assert.True(t, strings.Contains(err.Error(), "SchemaSQL"), "error should say how to create the tables: %v", err)
 
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: adapter}, nil)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	defer sub.Close()
 	_, err = sub.Subscribe(context.Background(), "t")
@@ -163,7 +163,7 @@ func TestMissingSchemaIsAClearError(t *testing.T) {
 
 	// CreateTopic has no setting that creates the tables by default: it
 	// says to run the migration step.
-	err = pglease.CreateTopic(context.Background(), pool, "t", pglease.TopicConfig{SchemaAdapter: adapter})
+	err = pglease.CreateTopic(context.Background(), pool, "t", pglease.TopicConfig{Tables: adapter})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "run pglease.Migrate or `pglease migrate`")
 	assert.NotContains(t, err.Error(), "InitializeSchema")
@@ -187,20 +187,69 @@ func TestMigrate(t *testing.T) {
 		assert.Equal(t, len(tablesOf(adapter).Migrations()), n, "each version recorded once")
 		assert.Equal(t, tablesOf(adapter).Migrations()[len(tablesOf(adapter).Migrations())-1].Version, latest)
 	}
-	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{SchemaAdapter: adapter}))
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: adapter}, nil)
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Tables: adapter}))
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
 	require.NoError(t, pub.Publish("t", message.NewMessage(watermill.NewUUID(), nil)))
 }
 
-// TestDefaultSchemaAdapterStillCompiles: code written for the former name
-// of Tables builds and configures the same tables, for one release.
-func TestDefaultSchemaAdapterStillCompiles(t *testing.T) {
-	old := pglease.DefaultSchemaAdapter{Schema: "events"}
-	cfg := pglease.SubscriberConfig{SchemaAdapter: old}
-	now := cfg.SchemaAdapter
-	if now.Schema != "events" || pglease.SchemaSQL(old) != pglease.SchemaSQL(pglease.Tables{Schema: "events"}) {
-		t.Fatalf("the alias names other tables: %+v", now)
-	}
+// TestDeprecatedSchemaAdapter: configurations written for the former
+// names (the type DefaultSchemaAdapter, the field SchemaAdapter) keep
+// working for one release: a Publisher, a Subscriber and CreateTopic
+// configured through SchemaAdapter alone use its tables. Both fields set
+// to different tables is refused with an error that names both; set to
+// the same tables, they are accepted. A bad name set through either field
+// is reported under the field that was set.
+func TestDeprecatedSchemaAdapter(t *testing.T) {
+	parallel(t)
+	ctx := context.Background()
+	pool := newPool(t, 5)
+	old := pglease.DefaultSchemaAdapter(newSchema(t, pool))
+	require.NoError(t, pglease.Migrate(ctx, pool, old))
+
+	// Through SchemaAdapter alone. The tables of the search_path are not
+	// pglease's: were the field ignored, these calls would fail.
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{SchemaAdapter: old, Partitions: 2}))
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: old}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{SchemaAdapter: old, PollInterval: 10 * time.Millisecond}, nil)
+	require.NoError(t, err)
+	defer sub.Close()
+	msg := message.NewMessage(watermill.NewUUID(), []byte("x"))
+	require.NoError(t, pub.Publish("t", msg))
+	msgs, err := sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	got := receive(t, msgs, 1, 10*time.Second)
+	assert.Equal(t, msg.UUID, got[0].UUID)
+	var partitions int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT partitions FROM "+
+		pgx.Identifier{old.Schema, pglease.DefaultTopicsTable}.Sanitize()+" WHERE topic = 't'").Scan(&partitions))
+	assert.Equal(t, 2, partitions, "CreateTopic wrote to SchemaAdapter's tables")
+
+	// Both fields: the same tables are fine, different ones are refused.
+	other := pglease.Tables{Schema: old.Schema + "_other"}
+	_, err = pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: old, SchemaAdapter: old}, nil)
+	require.NoError(t, err)
+	_, err = pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: old, SchemaAdapter: old}, nil)
+	require.NoError(t, err)
+	_, err = pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: old, SchemaAdapter: other}, nil)
+	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
+	assert.ErrorContains(t, err, "PublisherConfig.Tables and PublisherConfig.SchemaAdapter")
+	_, err = pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: old, SchemaAdapter: other}, nil)
+	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
+	assert.ErrorContains(t, err, "SubscriberConfig.Tables and SubscriberConfig.SchemaAdapter")
+	err = pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Tables: old, SchemaAdapter: other, Partitions: 2})
+	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
+	assert.ErrorContains(t, err, "TopicConfig.Tables and TopicConfig.SchemaAdapter")
+
+	// A bad name is reported under the field that set it.
+	long := pglease.Tables{MessagesTable: strings.Repeat("m", 64)}
+	_, err = pglease.NewPublisher(pool, pglease.PublisherConfig{SchemaAdapter: long}, nil)
+	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
+	assert.ErrorContains(t, err, "PublisherConfig.SchemaAdapter: pglease.Tables.MessagesTable")
+	_, err = pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: long}, nil)
+	require.ErrorIs(t, err, pglease.ErrInvalidConfig)
+	assert.ErrorContains(t, err, "PublisherConfig.Tables: pglease.Tables.MessagesTable")
 }

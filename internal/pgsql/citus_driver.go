@@ -1,0 +1,265 @@
+package pgsql
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The methods of the Citus driver that are not in the other citus*.go
+// files: the statements whose text differs from the single node's (built
+// here from the single-node builders), and one line each for the
+// operations that run the single-node statement unchanged. Each such
+// delegation is a decision that the statement is right on Citus as it
+// is: either it reads or writes only reference tables (sessions, topics,
+// delayed messages, the maintainer's row, the retention classes), or it
+// runs on the coordinator, or Citus routes it to one topic's worker whole
+// with nothing in it that the coordinator would evaluate in its stead.
+
+// Tables implements Driver.
+func (d citus) Tables() *Tables { return d.t }
+
+// upsertTopicStmt is the statement of UpsertTopic on Citus, which refuses
+// a function that is not immutable in DO UPDATE SET: the time there is
+// the inserted row's, evaluated once on the coordinator.
+func (d citus) upsertTopicStmt(p TopicParams) Stmt {
+	return asCitus(d.t.upsertTopic(p, ", updated_at", ", pg_catalog.now()", "EXCLUDED.updated_at"))
+}
+
+// UpsertTopic implements Driver.
+func (d citus) UpsertTopic(ctx context.Context, q Querier, p TopicParams) (UpsertTopicResult, error) {
+	return upsertTopic(ctx, q, d.upsertTopicStmt(p))
+}
+
+// selectMessagesStmt is the statement of SelectMessages on Citus, routed
+// to the topic's worker whole: the identity there is the worker's, which
+// the claim read (p.WorkerHere), not the coordinator's (p.Here, only
+// typed).
+func (d citus) selectMessagesStmt(p SelectMessagesParams) Stmt {
+	onHere, args := citusHereIs(7), selectMessagesArgs(p)
+	if p.WorkerHere != "" {
+		onHere = `(` + citusHereIs(7) + ` AND ` + hereIs(8) + `)`
+		args = append(args, p.WorkerHere)
+	}
+	return d.t.selectMessages(onHere, args)
+}
+
+// SelectMessages implements Driver.
+func (d citus) SelectMessages(ctx context.Context, q Querier, p SelectMessagesParams) (SelectResult, error) {
+	return selectMessages(ctx, q, d.selectMessagesStmt(p), p.Limit)
+}
+
+// The statements of the sessions and of the delayed messages' move: the
+// single-node ones, their notifications cast to text (asCitus).
+func (d citus) createSessionStmt(p SessionParams) Stmt    { return asCitus(d.t.CreateSession(p)) }
+func (d citus) deleteSessionStmt(p SessionParams) Stmt    { return asCitus(d.t.DeleteSession(p)) }
+func (d citus) setSubscriptionsStmt(p SessionParams) Stmt { return asCitus(d.t.SetSubscriptions(p)) }
+func (d citus) moveDueMessagesStmt(p MoveDueParams) Stmt  { return asCitus(d.t.MoveDueMessages(p)) }
+
+// CreateSession implements Driver.
+func (d citus) CreateSession(ctx context.Context, q Querier, p SessionParams) (ClusterMark, error) {
+	return createSession(ctx, q, d.createSessionStmt(p))
+}
+
+// DeleteSession implements Driver.
+func (d citus) DeleteSession(ctx context.Context, q Querier, p SessionParams) error {
+	_, err := exec(ctx, q, d.deleteSessionStmt(p))
+	return err
+}
+
+// SetSubscriptions implements Driver.
+func (d citus) SetSubscriptions(ctx context.Context, q Querier, p SessionParams) (bool, error) {
+	return setSubscriptions(ctx, q, d.setSubscriptionsStmt(p))
+}
+
+// MoveDueMessages implements Driver: the moved messages take their
+// transaction ids on their workers (the trigger of DistributeScript), as
+// published ones do.
+func (d citus) MoveDueMessages(ctx context.Context, q Querier, p MoveDueParams) (moved int64, nextMs *int64, err error) {
+	return moveDueMessages(ctx, q, d.moveDueMessagesStmt(p))
+}
+
+// DeleteIdleGroups implements Driver with citusDeleteIdleGroups.
+func (d citus) DeleteIdleGroups(ctx context.Context, q Querier, idleFor time.Duration) ([]IdleGroupRow, error) {
+	return collect(ctx, q, d.citusDeleteIdleGroups(idleFor), pgx.RowToStructByPos[IdleGroupRow])
+}
+
+// DetachRetentionPartition implements Driver with
+// citusDetachRetentionPartition (finalize does not apply: no detach is
+// left pending there).
+func (d citus) DetachRetentionPartition(ctx context.Context, q Querier, p RetentionPartition, _ bool) error {
+	_, err := q.Exec(ctx, d.citusDetachRetentionPartition(p))
+	return err
+}
+
+// InspectWorkerHorizons implements Driver: the horizon of every worker.
+func (d citus) InspectWorkerHorizons(ctx context.Context, q Querier) (rows []NodeHorizonRow, ok bool, err error) {
+	rows, err = d.citusInspectHorizon(ctx, q)
+	return rows, true, err
+}
+
+// MessagesByUUID implements Driver: for all topics, the messages of every
+// topic ordered by the time they were stored (citusMessagesByUUID).
+func (d citus) MessagesByUUID(ctx context.Context, q Querier, topic, id string, preview, limit int) ([]BrowseRow, error) {
+	if topic == "" {
+		return messagesByUUID(ctx, q, d.citusMessagesByUUID(id, preview, limit))
+	}
+	return d.one.MessagesByUUID(ctx, q, topic, id, preview, limit)
+}
+
+// DeleteMessagesForReplay implements Driver: the statement is routed to
+// the topic's worker whole and deletes the rows by primary key.
+func (d citus) DeleteMessagesForReplay(ctx context.Context, q Querier, p ReplayParams) ([]BrowseRow, error) {
+	return collect(ctx, q, d.citusDeleteMessagesForReplay(p), scanBrowseRow)
+}
+
+// EstimateTopicMessages implements Driver: the estimate of the plan on
+// the topic's worker, from the shard's statistics; 0 when the plan holds
+// none.
+func (d citus) EstimateTopicMessages(ctx context.Context, q Querier, topic string) (int64, error) {
+	plan, err := explain(ctx, q, d.t.estimateTopicMessages(topic))
+	if err != nil {
+		return 0, err
+	}
+	n, _ := citusPlanRows(plan)
+	return n, nil
+}
+
+// ReleaseOffsets implements Driver: a release is two statements (see
+// ReleaseOffset), so the releases run one after another, each bounded by
+// timeout.
+func (d citus) ReleaseOffsets(ctx context.Context, q BatchQuerier, ps []OffsetParams, timeout time.Duration) ([]ReleaseResult, error) {
+	out := make([]ReleaseResult, len(ps))
+	for i, p := range ps {
+		func() {
+			ctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			out[i].Released, out[i].Err = d.ReleaseOffset(ctx, q, p)
+		}()
+	}
+	return out, nil
+}
+
+// QueueAck implements Driver: the acknowledgement is several statements
+// (see AckOffset), run after the batch.
+func (d citus) QueueAck(_ *pgx.Batch, p OffsetParams) QueuedAck {
+	return QueuedAck{d: d, p: p}
+}
+
+// The operations whose single-node statement runs unchanged on Citus.
+
+func (d citus) InsertMessages(ctx context.Context, q Querier, p InsertMessagesParams) error {
+	return d.one.InsertMessages(ctx, q, p)
+}
+
+func (d citus) InsertDelayed(ctx context.Context, q Querier, p InsertMessagesParams) error {
+	return d.one.InsertDelayed(ctx, q, p)
+}
+
+func (d citus) TopicPartitions(ctx context.Context, q Querier, topics []string) (map[string]int, error) {
+	return d.one.TopicPartitions(ctx, q, topics)
+}
+
+func (d citus) HeartbeatSession(ctx context.Context, q Querier, p SessionParams) (HeartbeatRow, error) {
+	return d.one.HeartbeatSession(ctx, q, p)
+}
+
+func (d citus) DeleteExpiredSessions(ctx context.Context, q Querier, ttl time.Duration) (int64, error) {
+	return d.one.DeleteExpiredSessions(ctx, q, ttl)
+}
+
+func (d citus) GroupMembers(ctx context.Context, q Querier, group string) ([]MemberRow, error) {
+	return d.one.GroupMembers(ctx, q, group)
+}
+
+func (d citus) OffsetOwners(ctx context.Context, q Querier, group string, topics []string) ([]OwnerRow, error) {
+	return d.one.OffsetOwners(ctx, q, group, topics)
+}
+
+func (d citus) InspectSessions(ctx context.Context, q Querier) ([]SessionRow, error) {
+	return d.one.InspectSessions(ctx, q)
+}
+
+func (d citus) InspectHorizon(ctx context.Context, q Querier) (HorizonRow, error) {
+	return d.one.InspectHorizon(ctx, q)
+}
+
+func (d citus) MaintainerAccess(ctx context.Context, q Querier) (AccessRow, error) {
+	return d.one.MaintainerAccess(ctx, q)
+}
+
+func (d citus) MaintainerHolder(ctx context.Context, q Querier) (HolderRow, error) {
+	return d.one.MaintainerHolder(ctx, q)
+}
+
+func (d citus) ClaimMaintainer(ctx context.Context, q Querier, p MaintainerParams) (HolderRow, error) {
+	return d.one.ClaimMaintainer(ctx, q, p)
+}
+
+func (d citus) ReleaseMaintainer(ctx context.Context, q Querier, p MaintainerParams) error {
+	return d.one.ReleaseMaintainer(ctx, q, p)
+}
+
+func (d citus) RetentionLanes(ctx context.Context, q Querier) ([]LaneRow, error) {
+	return d.one.RetentionLanes(ctx, q)
+}
+
+// MessagesLockHolders reads the coordinator's locks: a transaction
+// through the coordinator holds the distributed table there, and its
+// statements on the workers' shards end with it.
+func (d citus) MessagesLockHolders(ctx context.Context, q Querier) ([]string, error) {
+	return d.one.MessagesLockHolders(ctx, q)
+}
+
+func (d citus) SetUsableUntil(ctx context.Context, q Querier, class int, until time.Time) (bool, error) {
+	return d.one.SetUsableUntil(ctx, q, class, until)
+}
+
+func (d citus) RetentionPartitions(ctx context.Context, q Querier) ([]PartitionRow, error) {
+	return d.one.RetentionPartitions(ctx, q)
+}
+
+func (d citus) DetachedRetentionPartitions(ctx context.Context, q Querier) ([]PartitionRow, error) {
+	return d.one.DetachedRetentionPartitions(ctx, q)
+}
+
+func (d citus) CreateRetentionPartition(ctx context.Context, db Beginner, p RetentionPartition) error {
+	return d.one.CreateRetentionPartition(ctx, db, p)
+}
+
+func (d citus) DropRetentionPartition(ctx context.Context, q Querier, p RetentionPartition) error {
+	return d.one.DropRetentionPartition(ctx, q, p)
+}
+
+func (d citus) CallAddRetentionPartition(ctx context.Context, q Querier, p RetentionPartition) (bool, error) {
+	return d.one.CallAddRetentionPartition(ctx, q, p)
+}
+
+func (d citus) CallExpireRetentionPartition(ctx context.Context, q Querier, p RetentionPartition) (bool, error) {
+	return d.one.CallExpireRetentionPartition(ctx, q, p)
+}
+
+func (d citus) CallDropDetachedPartition(ctx context.Context, q Querier, p RetentionPartition) (bool, error) {
+	return d.one.CallDropDetachedPartition(ctx, q, p)
+}
+
+func (d citus) UnacknowledgedInPartition(ctx context.Context, q Querier, p RetentionPartition) ([]SkippedRow, error) {
+	return d.one.UnacknowledgedInPartition(ctx, q, p)
+}
+
+func (d citus) MessagesNewestFirst(ctx context.Context, q Querier, p BrowseParams) ([]BrowseRow, error) {
+	return d.one.MessagesNewestFirst(ctx, q, p)
+}
+
+func (d citus) TopicDetail(ctx context.Context, q Querier, topic string) (TopicDetailRow, error) {
+	return d.one.TopicDetail(ctx, q, topic)
+}
+
+func (d citus) GroupLiveOwners(ctx context.Context, q Querier, group string) ([]GroupOffsetRow, error) {
+	return d.one.GroupLiveOwners(ctx, q, group)
+}
+
+func (d citus) DeleteGroupOffsets(ctx context.Context, q Querier, group string, locked []GroupOffsetRow) (DeleteGroupOffsetsResult, error) {
+	return d.one.DeleteGroupOffsets(ctx, q, group, locked)
+}

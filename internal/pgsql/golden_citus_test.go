@@ -1,0 +1,100 @@
+package pgsql
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// TestCitusStatementsAreUnchanged builds the statements whose text
+// differs where the tables are distributed by Citus, for the default
+// names and for names that need quoting, and compares them with
+// testdata/statements_citus_*.txt. The others are the single-node
+// statements, checked by TestStatementsAreUnchanged. It needs no
+// database.
+func TestCitusStatementsAreUnchanged(t *testing.T) {
+	for name, n := range goldenNames() {
+		got := dumpCitusStatements(NewTables(n))
+		path := filepath.Join("testdata", "statements_citus_"+name+".txt")
+		if *updateGolden {
+			if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		want, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != string(want) {
+			_ = os.WriteFile(path+".got", []byte(got), 0o644)
+			t.Errorf("%s: the Citus statements differ from the golden file; diff %s.got with it", name, path)
+		}
+	}
+}
+
+func goldenNames() map[string]Names {
+	return map[string]Names{
+		"default": {},
+		"custom": {
+			Schema:                `My "App"`,
+			MessagesTable:         "messages_with_a_rather_long_name_that_needs_shortening_xyz",
+			ConsumerSessionsTable: "Sessions",
+			ConsumerOffsetsTable:  "offsets's",
+			SchemaVersionTable:    "version",
+			TopicsTable:           "topics",
+			DelayedTable:          "delayed",
+			MaintenanceTable:      "maint",
+			RetentionTable:        "retention",
+		},
+	}
+}
+
+func dumpCitusStatements(t *Tables) string {
+	a := NewCitus(t).(citus)
+	var b strings.Builder
+	q := func(name string, q Stmt) {
+		fmt.Fprintf(&b, "== %s\n%s\n-- args: %v\n\n", name, q.SQL, q.Args)
+	}
+	s := func(name string, sql string) {
+		fmt.Fprintf(&b, "== %s\n%s\n\n", name, sql)
+	}
+	id := uuid.MustParse("11111111-2222-3333-4444-555555555555")
+	id2 := uuid.MustParse("66666666-2222-3333-4444-555555555555")
+	at := time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC)
+	q("UpsertTopic", a.upsertTopicStmt(TopicParams{Topic: "t", Partitions: 3, Retention: time.Hour, RetentionClass: 5, NotifyChannel: "ch"}))
+	q("SelectMessages", a.selectMessagesStmt(SelectMessagesParams{Topic: "t", Partition: 2, After: Position{TransactionID: 18446744073709551615, Offset: 9}, Limit: 100, Here: "h"}))
+	q("SelectMessages max worker", a.selectMessagesStmt(SelectMessagesParams{Topic: "t", After: Position{TransactionID: 5, Offset: 9}, Limit: 100, MaxMessageBytes: 1000, Here: "h", WorkerHere: "w"}))
+	sp := SessionParams{SessionID: id, NotifyChannel: "ch", SubscriptionHash: -5, SubscriptionSize: 3, ReplacesSessionID: id2,
+		ConsumerGroup: "g", Owner: "host/1", TTL: 10 * time.Second}
+	q("CreateSession", a.createSessionStmt(sp))
+	q("DeleteSession", a.deleteSessionStmt(sp))
+	q("SetSubscriptions", a.setSubscriptionsStmt(sp))
+	q("MoveDueMessages", a.moveDueMessagesStmt(MoveDueParams{Limit: 100, NotifyChannel: "ch"}))
+	q("DeleteIdleGroups", a.citusDeleteIdleGroups(time.Hour))
+	rp := RetentionPartition{Class: 4, Start: time.Unix(1700000000, 0), End: time.Unix(1700000016, 0)}
+	s("DetachRetentionPartition", a.citusDetachRetentionPartition(rp))
+	s("DetachRetentionPartition finalize", a.citusDetachRetentionPartition(rp))
+
+	q("citusCountTopic", a.citusCountTopic("t", 10000))
+	q("citusMessagesByUUID", a.citusMessagesByUUID("u1", 1024, 20))
+	q("citusDeleteMessagesForReplay", a.citusDeleteMessagesForReplay(ReplayParams{Topic: "t", Filter: []byte(`{"a":"b"}`), OriginalTopicKey: "topic_poisoned", Limit: 100, ToOriginal: true}))
+	q("citusGroupTopics", a.citusGroupTopics("g"))
+	q("citusLockGroupTopic", a.citusLockGroupTopic("g", "t"))
+	q("citusLagTopics", a.citusLagTopics([]string{"g"}, []string{"t"}))
+	q("citusInspectLag", a.citusInspectLag([]string{"g"}, "t"))
+	q("citusInspectTopics", a.citusInspectTopics([]string{"a", "b"}, []time.Time{at, at}))
+	q("citusInspectTopicsPage", a.citusInspectTopicsPage([]string{"a", "b"}, []time.Time{at, at}, false, "a", 10))
+	s("citusWorkerHorizon", a.citusWorkerHorizon())
+	q("citusDeleteIdleGroups", a.citusDeleteIdleGroups(time.Hour))
+	q("citusRetainedTopics", a.citusRetainedTopics())
+	q("citusDeleteExpiredKept", a.citusDeleteExpiredKept("t", 500))
+	s("citusDetachRetentionPartition", a.citusDetachRetentionPartition(rp))
+	s("DistributeScript", t.DistributeScript())
+	return b.String()
+}
