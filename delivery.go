@@ -49,14 +49,19 @@ type ownership struct {
 	c  *consumer
 	g  *sessionGen
 	cl *claim
-	w  *inflightWindow
+	// w, retry and pending are held by value: an idle claim keeps its
+	// ownership, and one allocation per claim keeps the memory of a
+	// Subscriber of many idle topics down.
+	w inflightWindow
 	// keyed: MaxInFlight above 1, messages are ordered by their
 	// OrderingKey; in a window of one every message is keyless.
-	keyed   bool
-	retry   *backoff
-	pending *pendingPoll // paces the re-reads while committed rows are held back
-	after   Position     // the last message read
-	head    bool         // the first message, after cl.acked, not counted yet
+	keyed bool
+	retry backoff
+	// pending paces the re-reads while committed rows are held back;
+	// made when rows first are (nil: none have been, or the hold ended).
+	pending *pendingPoll
+	after   Position // the last message read
+	head    bool     // the first message, after cl.acked, not counted yet
 	readDue bool
 	// news: everything visible was read; the consumer waits for news of
 	// the partition (a notification or the idle poller) before it reads
@@ -111,9 +116,21 @@ type windowEvent struct {
 // it waits for news before its first read.
 func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) (res outcome) {
 	defer c.deliveriesCtx()()
+	if !hasNext {
+		// Nothing to read until news: wait for it before the delivery
+		// state is built, which a claim that stays idle then does not
+		// hold (a Subscriber of many idle topics).
+		if res, news := c.idleUntilNews(g, cl); !news {
+			cl.above = nil
+			c.dropPrefetch()
+			c.dropBuffered()
+			return res
+		}
+		hasNext = true
+	}
 	s := &c.settings
-	o := &ownership{c: c, g: g, cl: cl, w: newInflightWindow(max(s.maxInFlight, 1)), keyed: s.maxInFlight > 1,
-		retry: newBackoff(s.retryFirst, maxRetryBackoff), pending: newPendingPoll(s.slowPoll),
+	o := &ownership{c: c, g: g, cl: cl, w: inflightWindow{maxOut: max(s.maxInFlight, 1)}, keyed: s.maxInFlight > 1,
+		retry: *newBackoff(s.retryFirst, maxRetryBackoff),
 		after: cl.acked, head: true, readDue: hasNext, news: !hasNext}
 	if o.keyed {
 		o.out = map[*windowEntry]handed{}
@@ -122,6 +139,34 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) (res outcome) {
 	}
 	defer func() { o.end(res) }()
 	return o.run()
+}
+
+// idleUntilNews waits, for a claim with nothing to read, until news of
+// the partition comes (news: true), as the loop does when it has read
+// and acknowledged everything (check, wait), or until the subscription
+// ends, the session is lost or the member asks for the row (res).
+func (c *consumer) idleUntilNews(g *sessionGen, cl *claim) (res outcome, news bool) {
+	if res := c.flush(g, cl); res != proceed {
+		return res, false
+	}
+	c.idle.Store(true)
+	c.hub.setIdle(c, cl.acked)
+	defer func() {
+		c.hub.clearIdle(c)
+		c.idle.Store(false)
+	}()
+	select {
+	case <-c.wake:
+		return proceed, true
+	case <-c.ctx.Done():
+		return stopped, false
+	case <-g.lost:
+		c.logger.Info("Session lost, topic delivery stopped", watermill.LogFields{
+			"epoch": cl.epoch, "session_id": cl.sessionID.String()})
+		return lost, false
+	case <-c.yield:
+		return yielded, false
+	}
 }
 
 func (o *ownership) run() outcome {
@@ -207,7 +252,7 @@ func (o *ownership) inFlight() int {
 // window wants them (see ownership). again: the loop starts over (the
 // read was interrupted, or skipped messages ended it).
 func (o *ownership) fill(yielding bool) (res outcome, again bool) {
-	c, s, w := o.c, &o.c.settings, o.w
+	c, s, w := o.c, &o.c.settings, &o.w
 	if !o.readDue || yielding || !w.wantsMore() {
 		return proceed, false
 	}
@@ -246,7 +291,7 @@ func (o *ownership) fill(yielding bool) (res outcome, again bool) {
 	if len(rb.msgs) > 0 || !rb.pending {
 		// Messages to deliver, or none held back: the hold, if any, is
 		// over, and a later one starts afresh.
-		o.pending.reset()
+		o.pending = nil
 	}
 	if !o.keyed && len(rb.msgs) == s.batchSize {
 		// A full batch: more are likely to follow. Read them while this
@@ -269,6 +314,9 @@ func (o *ownership) fill(yielding bool) (res outcome, again bool) {
 				return res, false
 			}
 		}
+		if o.pending == nil {
+			o.pending = newPendingPoll(s.slowPoll)
+		}
 		wait, stalled := o.pending.held(time.Now())
 		if stalled {
 			c.stats.stalls.Add(1)
@@ -288,7 +336,7 @@ func (o *ownership) fill(yielding bool) (res outcome, again bool) {
 // read and not handed out yet (they wait for their keys), it reads
 // without waiting for the byte budget.
 func (o *ownership) read() (rb readBatch, ok bool, err error) {
-	c, s, w := o.c, &o.c.settings, o.w
+	c, s, w := o.c, &o.c.settings, &o.w
 	if w.unsent() == 0 {
 		if rb, ok := c.takePrefetch(o.after); ok {
 			return rb, true, nil
@@ -332,7 +380,7 @@ func (o *ownership) noteFull() {
 	}
 	if waited := time.Since(h.firstOut); h.nacked || waited >= windowFullLogAfter {
 		o.fullAt = h
-		o.c.logWindowFull(o.w, h)
+		o.c.logWindowFull(&o.w, h)
 	} else {
 		resetTimer(&o.fullCheck, windowFullLogAfter-waited)
 	}
