@@ -935,9 +935,15 @@ INSERT INTO "pglease_schema_version" (version, description) VALUES (12, 'limits 
 -- transaction when it first locks the table, so such a transaction would
 -- route a row for a new partition to none. Existing partitions were
 -- attached long before: usable at once.
-ALTER TABLE "pglease_retention" ADD COLUMN IF NOT EXISTS usable_until timestamptz;
-UPDATE "pglease_retention" SET usable_until = covered_until WHERE usable_until IS NULL;
-ALTER TABLE "pglease_retention" ALTER COLUMN usable_until SET DEFAULT '-infinity',
-	ALTER COLUMN usable_until SET NOT NULL;
+DO $pglease$
+BEGIN
+	-- Statements of their own (not one string of several): Citus
+	-- propagates a reference table's DDL by its statement's text.
+	ALTER TABLE "pglease_retention" ADD COLUMN IF NOT EXISTS usable_until timestamptz;
+	UPDATE "pglease_retention" SET usable_until = covered_until WHERE usable_until IS NULL;
+	ALTER TABLE "pglease_retention" ALTER COLUMN usable_until SET DEFAULT '-infinity',
+		ALTER COLUMN usable_until SET NOT NULL;
+END
+$pglease$;
 INSERT INTO "pglease_schema_version" (version, description) VALUES (13, 'retention: publishers use a new partition only once no transaction that could route without it runs') ON CONFLICT (version) DO NOTHING;
 COMMIT;
