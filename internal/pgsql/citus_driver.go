@@ -147,11 +147,33 @@ func (d citus) QueueAck(_ *pgx.Batch, p OffsetParams) QueuedAck {
 	return QueuedAck{d: d, p: p}
 }
 
-// The operations whose single-node statement runs unchanged on Citus.
-
-func (d citus) InsertMessages(ctx context.Context, q Querier, p InsertMessagesParams) error {
-	return d.one.InsertMessages(ctx, q, p)
+// insertMessagesStmt is the statement of InsertMessages on Citus. The
+// messages of one topic take the single-node statement. Those of several
+// (the Publisher's group commit of concurrent calls) take the
+// single-node statement with the retention row joined to the topics row
+// (placementJoined) instead of read by a correlated sub-select, which
+// Citus refuses there (SQLSTATE 0A000), and pg_notify cast to text
+// (asCitus). Citus evaluates the statement's SELECT on the coordinator
+// (clock_timestamp once, as a sub-plan), sorts its rows by their place in
+// the arrays and sends them to the topics' shards, where the trigger of
+// DistributeScript gives each row its worker's transaction id; a
+// statement that writes to several workers commits on all of them or
+// none.
+func (d citus) insertMessagesStmt(p InsertMessagesParams) Stmt {
+	if oneTopic(p.Topics) {
+		return d.t.InsertMessages(p)
+	}
+	return asCitus(d.t.insertManyTopics(p, hashesOf(p), `LEFT JOIN `+d.t.Retention+` l ON l.retention_class = tp.retention_class
+CROSS JOIN LATERAL (`+placementJoined("tp", "l")+`) r`))
 }
+
+// InsertMessages implements Driver with insertMessagesStmt.
+func (d citus) InsertMessages(ctx context.Context, q Querier, p InsertMessagesParams) error {
+	_, err := exec(ctx, q, d.insertMessagesStmt(p))
+	return err
+}
+
+// The operations whose single-node statement runs unchanged on Citus.
 
 func (d citus) InsertDelayed(ctx context.Context, q Querier, p InsertMessagesParams) error {
 	return d.one.InsertDelayed(ctx, q, p)

@@ -67,6 +67,12 @@ func dumpCitusStatements(t *Tables) string {
 	id := uuid.MustParse("11111111-2222-3333-4444-555555555555")
 	id2 := uuid.MustParse("66666666-2222-3333-4444-555555555555")
 	at := time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC)
+	many := InsertMessagesParams{Topics: []string{"t", "u"}, UUIDs: []string{"u1", "u2"}, Payloads: [][]byte{[]byte("a"), nil},
+		Metadata: []string{`{"a":"b"}`, ""}}
+	q("InsertMessages many", a.insertMessagesStmt(many))
+	many.NotifyChannel = "ch"
+	many.PartitionHashes = []uint32{1, 4294967295}
+	q("InsertMessages many notify hashes", a.insertMessagesStmt(many))
 	q("UpsertTopic", a.upsertTopicStmt(TopicParams{Topic: "t", Partitions: 3, Retention: time.Hour, RetentionClass: 5, NotifyChannel: "ch"}))
 	q("SelectMessages", a.selectMessagesStmt(SelectMessagesParams{Topic: "t", Partition: 2, After: Position{TransactionID: 18446744073709551615, Offset: 9}, Limit: 100, Here: "h"}))
 	q("SelectMessages max worker", a.selectMessagesStmt(SelectMessagesParams{Topic: "t", After: Position{TransactionID: 5, Offset: 9}, Limit: 100, MaxMessageBytes: 1000, Here: "h", WorkerHere: "w"}))

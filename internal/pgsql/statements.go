@@ -6,6 +6,10 @@ import (
 	"strconv"
 )
 
+// partitionOf is the partition of message m among the count given (a
+// format of fmt.Sprintf): its key's hash, else its UUID's, modulo.
+const partitionOf = `((COALESCE(m.hash, pg_catalog.hashtext(m.uuid))::bigint & 4294967295) %% (%s)::bigint)::integer`
+
 // InsertMessages is the statement of [InsertMessages].
 //
 // When all messages have one topic (a single Publish call), the topic is
@@ -16,16 +20,7 @@ import (
 // uint32 back): measured, a fifth of the statement's cost was the wider
 // int8 array and the per-row arithmetic.
 func (t *Tables) InsertMessages(p InsertMessagesParams) Stmt {
-	var hashes []int32 // nil: NULL, no keys
-	if p.PartitionHashes != nil {
-		hashes = make([]int32, len(p.UUIDs))
-		for i := range hashes {
-			if i < len(p.PartitionHashes) {
-				hashes[i] = int32(p.PartitionHashes[i])
-			}
-		}
-	}
-	const partitionOf = `((COALESCE(m.hash, pg_catalog.hashtext(m.uuid))::bigint & 4294967295) %% (%s)::bigint)::integer`
+	hashes := hashesOf(p)
 	if oneTopic(p.Topics) {
 		insert := `INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at)
 SELECT $1::text, CASE WHEN p.n = 1 THEN 0 ELSE ` + fmt.Sprintf(partitionOf, "p.n") + ` END,
@@ -55,13 +50,21 @@ FROM (SELECT DISTINCT ` + fmt.Sprintf(partitionOf, "(SELECT n FROM p)") + ` AS p
 			Args: []any{p.Topics[0], p.UUIDs, p.Payloads, p.Metadata, hashes, p.NotifyChannel},
 		}
 	}
+	return t.insertManyTopics(p, hashes, `CROSS JOIN LATERAL (`+t.placementCheck("tp")+`) r`)
+}
+
+// insertManyTopics is the statement of [InsertMessages] for the messages
+// of several topics, hashes the partition hashes as sent. placed is what
+// follows the join of the topics row tp in the FROM list: it gives the
+// placement row r (see placement).
+func (t *Tables) insertManyTopics(p InsertMessagesParams, hashes []int32, placed string) Stmt {
 	partitions := `COALESCE((SELECT tp.partitions FROM ` + t.Topics + ` tp WHERE tp.topic = m.topic), 1)`
 	insert := `INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at)
 SELECT m.topic, ` + fmt.Sprintf(partitionOf, "COALESCE(tp.partitions, 1)") + `, m.uuid, m.payload, NULLIF(m.metadata, '')::jsonb,
 	` + t.placement("tp", "r") + `
 FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::int4[]) WITH ORDINALITY AS m(topic, uuid, payload, metadata, hash, n)
 LEFT JOIN ` + t.Topics + ` tp ON tp.topic = m.topic
-CROSS JOIN LATERAL (` + t.placementCheck("tp") + `) r
+` + placed + `
 ORDER BY m.n`
 	if p.NotifyChannel == "" {
 		return Stmt{SQL: insert, Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, hashes}}
@@ -75,6 +78,21 @@ FROM (SELECT DISTINCT m.topic, ` + fmt.Sprintf(partitionOf, partitions) + ` AS p
 	FROM unnest($1::text[], $2::text[], $5::int4[]) AS m(topic, uuid, hash)) t`,
 		Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, hashes, p.NotifyChannel},
 	}
+}
+
+// hashesOf is p.PartitionHashes as the statements send them: int4, their
+// bits reinterpreted; nil (NULL) without keys.
+func hashesOf(p InsertMessagesParams) []int32 {
+	if p.PartitionHashes == nil {
+		return nil
+	}
+	hashes := make([]int32, len(p.UUIDs))
+	for i := range hashes {
+		if i < len(p.PartitionHashes) {
+			hashes[i] = int32(p.PartitionHashes[i])
+		}
+	}
+	return hashes
 }
 
 // classesOf is a condition on m.retention_class that keeps the classes
@@ -109,6 +127,19 @@ func (t *Tables) placementCheck(tp string) string {
 	return `SELECT CASE WHEN ` + tp + `.retention_class > 0
 		THEN k.ck + ` + tp + `.retention < (SELECT l.usable_until FROM ` + t.Retention + ` l
 			WHERE l.retention_class = ` + tp + `.retention_class)
+		ELSE false END AS ok, k.ck
+	FROM (SELECT pg_catalog.clock_timestamp() AS ck) k`
+}
+
+// placementJoined is placementCheck on the retention row l, which the
+// statement joins to the topics row tp (NULL without one) instead of
+// reading it in a sub-select: Citus refuses a correlated sub-select in an
+// INSERT ... SELECT whose FROM list holds a lateral sub-query. The
+// decision is placementCheck's: a topic whose class has no retention row
+// (usable_until NULL) is not ok.
+func placementJoined(tp, l string) string {
+	return `SELECT CASE WHEN ` + tp + `.retention_class > 0
+		THEN k.ck + ` + tp + `.retention < ` + l + `.usable_until
 		ELSE false END AS ok, k.ck
 	FROM (SELECT pg_catalog.clock_timestamp() AS ck) k`
 }
