@@ -1,7 +1,6 @@
 package pgsqltest
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -9,7 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
@@ -64,47 +64,115 @@ func testInsertAndSelectInOrder(t *testing.T, f *fixture) {
 
 // testInsertManyTopics: one statement with the messages of several
 // topics (the Publisher's group commit of concurrent calls) keeps each
-// topic's order and notifies each topic.
-//
-// On Citus the statement fails today: Citus refuses its placement of
-// the messages by the topics' settings, a lateral join with a correlated
-// sub-select ("correlated subqueries are not supported when the FROM
-// clause contains a CTE or subquery", SQLSTATE 0A000), so concurrent
-// Publish calls to different topics that the group commit joins fail
-// there on a first try (the Publisher then writes each call alone). The
-// case skips on Citus when it meets that error, naming it, and runs whole
-// once the statement is fixed.
+// topic's order, places each message as a statement of its topic alone
+// would (the partition from the topic's count, 0 without a topics row;
+// the retention class's partition when usable_until lies past now +
+// retention, else the partition kept forever), notifies each (topic,
+// partition) written once, and stores all of its messages or none.
 func testInsertManyTopics(t *testing.T, f *fixture) {
-	const topic, other = "many", "other"
-	insert := func(channel string, uuids ...string) error {
-		p := pgsql.InsertMessagesParams{NotifyChannel: channel}
-		for i, id := range uuids {
-			p.Topics = append(p.Topics, []string{topic, other}[i%2])
-			p.UUIDs = append(p.UUIDs, id)
-			p.Payloads = append(p.Payloads, []byte(id))
+	const topic, other, parts, kept, late = "many", "other", "parts", "kept", "late"
+	const keptClass, lateClass = 2, 3
+	for _, tp := range []pgsql.TopicParams{{Topic: parts, Partitions: 4},
+		{Topic: kept, Partitions: 1, Retention: time.Hour, RetentionClass: keptClass},
+		{Topic: late, Partitions: 1, Retention: time.Hour, RetentionClass: lateClass}} {
+		if _, err := f.Driver.UpsertTopic(f.ctx, f.Pool, tp); err != nil {
+			t.Fatalf("upsert topic %s: %v", tp.Topic, err)
+		}
+	}
+	// The kept class has a partition covering the next hours, usable;
+	// the late class has none (usable_until stays -infinity).
+	start := time.Now().Add(-time.Hour).Truncate(time.Second)
+	if err := f.Driver.CreateRetentionPartition(f.ctx, f.Pool, pgsql.RetentionPartition{Class: keptClass, Start: start, End: start.Add(4 * time.Hour)}); err != nil {
+		t.Fatalf("create the retention partition: %v", err)
+	}
+	if ok, err := f.Driver.SetUsableUntil(f.ctx, f.Pool, keptClass, start.Add(4*time.Hour)); err != nil || !ok {
+		t.Fatalf("set usable_until: %v, %v", ok, err)
+	}
+	type msg struct {
+		topic, uuid string
+		hash        uint32
+	}
+	insert := func(channel string, msgs ...msg) error {
+		p := pgsql.InsertMessagesParams{NotifyChannel: channel, PartitionHashes: []uint32{}}
+		for _, m := range msgs {
+			p.Topics = append(p.Topics, m.topic)
+			p.UUIDs = append(p.UUIDs, m.uuid)
+			p.Payloads = append(p.Payloads, []byte(m.uuid))
 			p.Metadata = append(p.Metadata, "")
+			p.PartitionHashes = append(p.PartitionHashes, m.hash)
 		}
 		return f.Driver.InsertMessages(f.ctx, f.Pool, p)
 	}
-	check := func(what string, err error) {
-		t.Helper()
-		var pgErr *pgconn.PgError
-		if f.Citus && errors.As(err, &pgErr) && pgErr.Code == "0A000" {
-			t.Skipf("Citus refuses the insert of several topics in one statement (a defect of the statement): %s: %v", what, err)
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
+	storedFrom := time.Now().Truncate(time.Microsecond)
+	if err := insert("", msg{topic, "a", 0}, msg{other, "x", 0}, msg{parts, "p1", 1}, msg{topic, "b", 0},
+		msg{kept, "k1", 0}, msg{late, "l1", 0}, msg{other, "y", 0}, msg{parts, "p2", 2}, msg{kept, "k2", 0}, msg{parts, "p5", 5}); err != nil {
+		t.Fatalf("insert without notification: %v", err)
 	}
-	check("insert without notification", insert("", "a", "x", "b", "y"))
 	l := f.listen()
-	check("insert with notification", insert(f.Tables.NotifyChannel, "c", "z"))
-	f.notified(l, string(rune(pgsql.NotifyMessages))+topic, string(rune(pgsql.NotifyMessages))+other)
-	if got := uuidsOf(f.readSettled(f.selectParams(topic, 0, pgsql.Position{})).Messages); !slices.Equal(got, []string{"a", "b", "c"}) {
-		t.Fatalf("read %v of %s, want [a b c]", got, topic)
+	if err := insert(f.Tables.NotifyChannel, msg{topic, "c", 0}, msg{other, "z", 0}, msg{parts, "p6", 6},
+		msg{kept, "k3", 0}, msg{parts, "p3", 3}, msg{parts, "p7", 7}); err != nil {
+		t.Fatalf("insert with notification: %v", err)
 	}
-	if got := uuidsOf(f.readSettled(f.selectParams(other, 0, pgsql.Position{})).Messages); !slices.Equal(got, []string{"x", "y", "z"}) {
-		t.Fatalf("read %v of %s, want [x y z]", got, other)
+	storedUntil := time.Now()
+	m, p := string(rune(pgsql.NotifyMessages)), string(rune(pgsql.NotifyPartition))
+	f.notified(l, m+topic, m+other, m+kept, p+"2:"+parts, p+"3:"+parts)
+	for _, c := range []struct {
+		topic     string
+		partition int32
+		want      []string
+	}{{topic, 0, []string{"a", "b", "c"}}, {other, 0, []string{"x", "y", "z"}},
+		{parts, 0, []string{}}, {parts, 1, []string{"p1", "p5"}}, {parts, 2, []string{"p2", "p6"}}, {parts, 3, []string{"p3", "p7"}},
+		{kept, 0, []string{"k1", "k2", "k3"}}, {late, 0, []string{"l1"}}} {
+		if got := uuidsOf(f.readSettled(f.selectParams(c.topic, c.partition, pgsql.Position{})).Messages); !slices.Equal(got, c.want) {
+			t.Errorf("read %v of %s partition %d, want %v", got, c.topic, c.partition, c.want)
+		}
+	}
+	rows, err := f.Pool.Query(f.ctx, `SELECT topic, uuid, retention_class, expires_at FROM `+f.Tables.Messages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type placed struct {
+		topic, uuid string
+		class       int16
+		expires     time.Time
+		infinity    bool
+	}
+	stored, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (placed, error) {
+		var p placed
+		var at pgtype.Timestamptz
+		err := r.Scan(&p.topic, &p.uuid, &p.class, &at)
+		p.expires, p.infinity = at.Time, at.InfinityModifier == pgtype.Infinity
+		return p, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stored) != 16 {
+		t.Fatalf("%d messages stored, want 16", len(stored))
+	}
+	for _, s := range stored {
+		switch {
+		case s.topic == kept:
+			if s.class != keptClass || s.expires.Before(storedFrom.Add(time.Hour)) || s.expires.After(storedUntil.Add(time.Hour)) {
+				t.Errorf("%s: class %d, expires %v; want class %d, expiring an hour after it was stored (%v to %v)",
+					s.uuid, s.class, s.expires, keptClass, storedFrom.Add(time.Hour), storedUntil.Add(time.Hour))
+			}
+		case s.class != 0 || !s.infinity:
+			t.Errorf("%s of %s: class %d, expires %v (infinity %v); want kept forever", s.uuid, s.topic, s.class, s.expires, s.infinity)
+		}
+	}
+
+	// All or none: a message refused (an empty topic breaks the topic's
+	// limits) leaves nothing of the others.
+	if err := insert("", msg{topic, "d", 0}, msg{kept, "k4", 0}, msg{parts, "p9", 1}, msg{"", "bad", 0}); err == nil {
+		t.Fatal("insert with an empty topic: no error")
+	}
+	var n int
+	if err := f.Pool.QueryRow(f.ctx, `SELECT pg_catalog.count(*) FROM `+f.Tables.Messages).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 16 {
+		t.Fatalf("%d messages stored after the refused insert, want 16", n)
 	}
 }
 
