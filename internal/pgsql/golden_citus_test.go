@@ -2,7 +2,6 @@ package pgsql
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -19,22 +18,7 @@ import (
 // database.
 func TestCitusStatementsAreUnchanged(t *testing.T) {
 	for name, n := range goldenNames() {
-		got := dumpCitusStatements(NewTables(n))
-		path := filepath.Join("testdata", "statements_citus_"+name+".txt")
-		if *updateGolden {
-			if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		want, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got != string(want) {
-			_ = os.WriteFile(path+".got", []byte(got), 0o644)
-			t.Errorf("%s: the Citus statements differ from the golden file; diff %s.got with it", name, path)
-		}
+		checkGolden(t, name+": the Citus statements", filepath.Join("testdata", "statements_citus_"+name+".txt"), dumpCitusStatements(NewTables(n)))
 	}
 }
 

@@ -20,36 +20,29 @@ var updateGolden = flag.Bool("update-golden", false, "rewrite the golden files o
 // before the statements moved here (main 8ae95f9, from the methods of
 // pglease.Tables). It needs no database.
 func TestStatementsAreUnchanged(t *testing.T) {
-	for name, n := range map[string]Names{
-		"default": {},
-		"custom": {
-			Schema:                `My "App"`,
-			MessagesTable:         "messages_with_a_rather_long_name_that_needs_shortening_xyz",
-			ConsumerSessionsTable: "Sessions",
-			ConsumerOffsetsTable:  "offsets's",
-			SchemaVersionTable:    "version",
-			TopicsTable:           "topics",
-			DelayedTable:          "delayed",
-			MaintenanceTable:      "maint",
-			RetentionTable:        "retention",
-		},
-	} {
-		got := dumpStatements(NewTables(n))
-		path := filepath.Join("testdata", "statements_"+name+".txt")
-		if *updateGolden {
-			if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		want, err := os.ReadFile(path)
-		if err != nil {
+	for name, n := range goldenNames() {
+		checkGolden(t, name+": the statements", filepath.Join("testdata", "statements_"+name+".txt"), dumpStatements(NewTables(n)))
+	}
+}
+
+// checkGolden compares got with the golden file at path (with
+// -update-golden, writes it there instead); on a difference it writes got
+// beside it, as path.got, and fails the test naming what differs.
+func checkGolden(t *testing.T, what, path, got string) {
+	t.Helper()
+	if *updateGolden {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if got != string(want) {
-			_ = os.WriteFile(path+".got", []byte(got), 0o644)
-			t.Errorf("%s: the statements differ from the golden file; diff %s.got with it", name, path)
-		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(want) {
+		_ = os.WriteFile(path+".got", []byte(got), 0o644)
+		t.Errorf("%s differ from the golden file; diff %s.got with it", what, path)
 	}
 }
 
