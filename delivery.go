@@ -161,8 +161,7 @@ func (c *consumer) idleUntilNews(g *sessionGen, cl *claim) (res outcome, news bo
 	case <-c.ctx.Done():
 		return stopped, false
 	case <-g.lost:
-		c.logger.Info("Session lost, topic delivery stopped", watermill.LogFields{
-			"epoch": cl.epoch, "session_id": cl.sessionID.String()})
+		c.logLost(cl)
 		return lost, false
 	case <-c.yield:
 		return yielded, false
@@ -230,13 +229,14 @@ func (o *ownership) lost() bool {
 	default:
 		return false
 	}
-	o.logLost()
+	o.c.logLost(o.cl)
 	return true
 }
 
-func (o *ownership) logLost() {
-	o.c.logger.Info("Session lost, topic delivery stopped", watermill.LogFields{
-		"epoch": o.cl.epoch, "session_id": o.cl.sessionID.String()})
+// logLost logs that cl's session was found lost.
+func (c *consumer) logLost(cl *claim) {
+	c.logger.Info("Session lost, topic delivery stopped", watermill.LogFields{
+		"epoch": cl.epoch, "session_id": cl.sessionID.String()})
 }
 
 // inFlight is the number of messages handed out and not acked or nacked.
@@ -407,7 +407,7 @@ func (o *ownership) pick(yielding bool) (res outcome, again bool) {
 	}
 	if o.g.isLost() {
 		// Past the trust deadline: nothing more is handed out.
-		o.logLost()
+		o.c.logLost(o.cl)
 		return lost, false
 	}
 	if o.head {
