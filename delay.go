@@ -16,24 +16,6 @@ import (
 // nothing of that Publish call is stored. Ten years, as [MaxRetention].
 const MaxDelay = 10 * 365 * 24 * time.Hour
 
-// maxDueWait caps how long the maintainer sleeps until the next delayed
-// message is due: it looks again at least this often (a message stored
-// meanwhile with an earlier due time notifies it anyway). The wait is
-// computed from milliseconds, and a due time years away overflowed it
-// into a negative wait: the maintainer ran its statement in a loop.
-const maxDueWait = time.Hour
-
-// dueWait is how long to wait for a message due in ms milliseconds.
-func dueWait(ms int64) time.Duration {
-	if ms <= 0 {
-		return 0
-	}
-	if ms >= maxDueWait.Milliseconds() {
-		return maxDueWait
-	}
-	return time.Duration(ms) * time.Millisecond
-}
-
 // messageDue returns the time a message is delayed until, from Watermill's
 // delay metadata (delay.DelayedUntilKey, set by delay.Message, the
 // DelayOnError middleware and the requeuer's users), and whether it is

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglease/watermill-pglease/internal/engine"
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
@@ -26,7 +26,7 @@ import (
 // not committed yet, counts from 1 again on the next owner (the first
 // message of that owner's claim is an earlier one); set CommitBatch to 1
 // where a poison rule must count such crashes too.
-const DeliveryAttemptMetadata = "_pglease_delivery_attempt"
+const DeliveryAttemptMetadata = engine.DeliveryAttemptMetadata
 
 // ErrAlreadyAcknowledged is returned by [AckInTx] for a message whose
 // position its consumer group has already committed: it was acknowledged
@@ -34,68 +34,22 @@ const DeliveryAttemptMetadata = "_pglease_delivery_attempt"
 // again only because the outcome was not known (a Nack after the commit, a
 // commit whose reply was lost). Roll the transaction back and Ack the
 // message: its effects are already there.
-var ErrAlreadyAcknowledged = errors.New("pglease: the message was already acknowledged")
-
-// deliveryKey is the context key of a delivered message's place.
-type deliveryKey struct{}
-
-// delivery is where a delivered message comes from and who delivered it.
-type delivery struct {
-	topic     string
-	partition int32
-	pos       Position
-	group     string
-	sessionID uuid.UUID
-	epoch     int64
-	g         *sessionGen
-	driver    *pgsql.Lazy
-	// above: delivered with MaxInFlight above 1 (AckInTx records the
-	// position in the row, pgsql.OffsetParams.Above).
-	above bool
-	// workerHere: see claim.workerHere.
-	workerHere string
-}
-
-// deliveryCtx is a delivered message's context: the subscription's, plus
-// where the message comes from, in one allocation per delivery.
-type deliveryCtx struct {
-	context.Context
-	d delivery
-}
-
-// Value implements context.Context.
-func (c *deliveryCtx) Value(key any) any {
-	if key == (deliveryKey{}) {
-		return &c.d
-	}
-	return c.Context.Value(key)
-}
-
-func deliveryOf(msg *message.Message) (*delivery, bool) {
-	d, ok := msg.Context().Value(deliveryKey{}).(*delivery)
-	return d, ok
-}
+var ErrAlreadyAcknowledged = engine.ErrAlreadyAcknowledged
 
 // MessagePartitionFromCtx returns the partition of its topic that a message
 // delivered by a [Subscriber] comes from; pass the message's Context. It
 // reports false for a context that is not a delivered message's.
 func MessagePartitionFromCtx(ctx context.Context) (int32, bool) {
-	d, ok := ctx.Value(deliveryKey{}).(*delivery)
-	if !ok {
-		return 0, false
-	}
-	return d.partition, true
+	d, ok := engine.DeliveryOf(ctx)
+	return d.Partition, ok
 }
 
 // MessagePositionFromCtx returns the position in its partition of a message
 // delivered by a [Subscriber]; pass the message's Context. It reports false
 // for a context that is not a delivered message's.
 func MessagePositionFromCtx(ctx context.Context) (Position, bool) {
-	d, ok := ctx.Value(deliveryKey{}).(*delivery)
-	if !ok {
-		return Position{}, false
-	}
-	return d.pos, true
+	d, ok := engine.DeliveryOf(ctx)
+	return Position(d.Position), ok
 }
 
 // MessageDelivery says where a message delivered by a [Subscriber] comes
@@ -122,12 +76,9 @@ type MessageDelivery struct {
 // look-up; pass the message's Context. It reports false for a context that
 // is not a delivered message's.
 func MessageDeliveryFromCtx(ctx context.Context) (MessageDelivery, bool) {
-	d, ok := ctx.Value(deliveryKey{}).(*delivery)
-	if !ok {
-		return MessageDelivery{}, false
-	}
-	return MessageDelivery{ConsumerGroup: d.group, Topic: d.topic, Partition: d.partition, Position: d.pos,
-		SessionID: d.sessionID, Epoch: d.epoch}, true
+	d, ok := engine.DeliveryOf(ctx)
+	return MessageDelivery{ConsumerGroup: d.Group, Topic: d.Topic, Partition: d.Partition, Position: Position(d.Position),
+		SessionID: d.SessionID, Epoch: d.Epoch}, ok
 }
 
 // AckInTx acknowledges msg inside tx: it moves its consumer group's
@@ -170,80 +121,11 @@ func AckInTx(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 	if tx == nil {
 		return fmt.Errorf("%w: AckInTx needs a transaction, got nil", ErrInvalidConfig)
 	}
-	a, err := ackQuery(msg)
+	a, err := engine.AckOf(msg)
 	if err != nil {
 		return err
 	}
-	return a.run(ctx, tx)
-}
-
-// ackStmt is the acknowledgement of AckInTx: its statement's parameters and
-// the function that reads its outcome.
-type ackStmt struct {
-	driver pgsql.Driver
-	params pgsql.OffsetParams
-	check  func(pgsql.AckRow, error) error
-}
-
-// run acknowledges with q.
-func (a ackStmt) run(ctx context.Context, q pgsql.Querier) error {
-	return a.check(a.driver.AckOffset(ctx, q, a.params))
-}
-
-// queue sends the acknowledgement with the statements of batch (see
-// pgsql.QueuedAck).
-func (a ackStmt) queue(batch *pgx.Batch) pgsql.QueuedAck { return a.driver.QueueAck(batch, a.params) }
-
-// ackQuery returns the acknowledgement of AckInTx for msg.
-func ackQuery(msg *message.Message) (ackStmt, error) {
-	if msg == nil {
-		return ackStmt{}, fmt.Errorf("%w: AckInTx of a nil message", ErrInvalidMessage)
-	}
-	d, ok := deliveryOf(msg)
-	if !ok {
-		return ackStmt{}, fmt.Errorf("%w: message %s was not delivered by a pglease Subscriber "+
-			"(AckInTx reads its origin from the message's context)", ErrInvalidMessage, msg.UUID)
-	}
-	what := func() string {
-		return fmt.Sprintf("acknowledge message %s of topic %q partition %d for consumer group %q in a transaction",
-			msg.UUID, d.topic, d.partition, d.group)
-	}
-	if d.g.isLost() {
-		return ackStmt{}, fmt.Errorf("%s: the delivering session was lost: %w", what(), ErrOwnershipLost)
-	}
-	params := pgsql.OffsetParams{ConsumerGroup: d.group, Topic: d.topic, Partition: d.partition,
-		SessionID: d.sessionID, Epoch: d.epoch, Position: pgsql.Position(d.pos), Here: d.g.here, Above: d.above,
-		WorkerHere: d.workerHere}
-	check := func(r pgsql.AckRow, err error) error {
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			return fmt.Errorf("%s: the offset row is gone: %w", what(), ErrOwnershipLost)
-		case err != nil:
-			return fmt.Errorf("%s: %w", what(), wrapMissingSchema(err))
-		case !r.OnHistory:
-			d.g.elsewhere("an AckInTx of topic " + strconv.Quote(d.topic))
-			return fmt.Errorf("%s: the database is not where the message was read: %w: %w", what(),
-				ErrOwnershipLost, ErrDatabaseWentBack)
-		case r.Advanced:
-			return nil
-		case r.SessionID == nil || *r.SessionID != d.sessionID || r.Epoch != d.epoch:
-			return fmt.Errorf("%s (epoch %d, now %d): %w", what(), d.epoch, r.Epoch, ErrOwnershipLost)
-		case r.Recorded:
-			return fmt.Errorf("%s: %w", what(), ErrAlreadyAcknowledged)
-		}
-		if acked := Position(r.Acked); !positionLess(acked, d.pos) {
-			return fmt.Errorf("%s: %w", what(), ErrAlreadyAcknowledged)
-		}
-		return fmt.Errorf("%s: the offset row was not moved: %w", what(), ErrOwnershipLost)
-	}
-	return ackStmt{driver: d.driver, params: params, check: check}, nil
-}
-
-func positionLess(a, b Position) bool {
-	if a.TransactionID != b.TransactionID {
-		return a.TransactionID < b.TransactionID
-	}
-	return a.Offset < b.Offset
+	return a.Run(ctx, tx)
 }
 
 // TxHandlerFunc handles one message inside tx: it writes its effects with
@@ -304,7 +186,7 @@ func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.N
 		// Last: the offset row stays locked only from here to the commit,
 		// so claims and commits of the partition do not wait for f. The
 		// messages to publish and the acknowledgement go in one round trip.
-		ack, err := ackQuery(msg)
+		ack, err := engine.AckOf(msg)
 		if err != nil {
 			return err
 		}
@@ -325,7 +207,7 @@ func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.N
 				q.Queue(batch)
 			}
 		}
-		queued := ack.queue(batch)
+		queued := ack.Queue(batch)
 		results := tx.SendBatch(ctx, batch)
 		for range inserts {
 			if _, err := results.Exec(); err != nil {
@@ -337,13 +219,13 @@ func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.N
 		// batch and its row is read here; else it runs after the batch.
 		row, scanned, err := queued.Scan(results)
 		if scanned {
-			err = ack.check(row, err)
+			err = ack.Check(row, err)
 		}
 		if cerr := results.Close(); err == nil && cerr != nil {
 			err = cerr
 		}
 		if err == nil && !scanned {
-			err = ack.check(queued.Run(ctx, tx))
+			err = ack.Check(queued.Run(ctx, tx))
 		}
 		if err != nil {
 			if errors.Is(err, ErrAlreadyAcknowledged) {

@@ -1,6 +1,10 @@
 package pglease
 
-import "time"
+import (
+	"time"
+
+	"github.com/pglease/watermill-pglease/internal/engine"
+)
 
 // PendingPublishes is how many Publish calls of p wait in its group commit
 // for a worker (tests only).
@@ -8,26 +12,21 @@ func PendingPublishes(p *Publisher) int {
 	if p.group == nil {
 		return 0
 	}
-	b := &p.group.batcher
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.pending)
+	return p.group.PendingPublishes()
 }
 
 // SetAfterClaimHook makes every claim statement of s run hook after it
 // committed, returning hook's error instead of its outcome, as if the reply
 // had been lost (tests only). Set it before the first Subscribe.
 func SetAfterClaimHook(s *Subscriber, hook func(topics []string) error) {
-	s.offsets.afterClaim = hook
+	s.engine.SetAfterClaimHook(hook)
 }
 
 // SetListenerProbe sets how often listeners probe their connection and how
 // long a probe may take, until the returned function restores the defaults
 // (tests only; not while a listener runs).
 func SetListenerProbe(interval, timeout time.Duration) (restore func()) {
-	oldInterval, oldTimeout := listenerProbeInterval, listenerProbeTimeout
-	listenerProbeInterval, listenerProbeTimeout = interval, timeout
-	return func() { listenerProbeInterval, listenerProbeTimeout = oldInterval, oldTimeout }
+	return engine.SetListenerProbe(interval, timeout)
 }
 
 // SetZeroDrainTimeout sets what a zero SubscriberConfig.DrainTimeout
@@ -39,23 +38,21 @@ func SetZeroDrainTimeout(d time.Duration) {
 
 // CheckDirect is checkDirect: nil when conn reaches its backend directly,
 // an error wrapping ErrPooledConnection otherwise (tests only).
-var CheckDirect = checkDirect
+var CheckDirect = engine.CheckDirect
 
 // ErrPooledConnection is errPooledConnection (tests only).
-var ErrPooledConnection = errPooledConnection
+var ErrPooledConnection = engine.ErrPooledConnection
 
 // Listening reports whether s receives notifications (tests only).
 func Listening(s *Subscriber) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.listener.Listening()
+	return s.engine.Listening()
 }
 
 // SetAfterMembersReadHook makes s call hook, with the number of members,
 // after each read of its group (tests only). Set it before the first
 // Subscribe.
 func SetAfterMembersReadHook(s *Subscriber, hook func(members int)) {
-	s.member.afterRead = hook
+	s.engine.SetAfterMembersReadHook(hook)
 }
 
 // PartitionName is the bare name of a partition (or of one of the
@@ -68,15 +65,13 @@ func PartitionName(a Tables, suffix string) string {
 // partition counts again, until the returned function restores the default
 // (tests only; not while a Subscriber runs).
 func SetPartitionRefresh(interval time.Duration) (restore func()) {
-	old := partitionRefreshInterval
-	partitionRefreshInterval = interval
-	return func() { partitionRefreshInterval = old }
+	return engine.SetPartitionRefresh(interval)
 }
 
 // Reads is how many reads of messages s's consumers have run (tests only).
-func Reads(s *Subscriber) uint64 { return s.stats.reads.Load() }
+func Reads(s *Subscriber) uint64 { return s.engine.Reads() }
 
 // Stalls is how many times s's consumers found committed messages held back
 // behind an older transaction for longer than pendingFastFor and slowed
 // their re-polls to PollInterval (tests only).
-func Stalls(s *Subscriber) uint64 { return s.stats.stalls.Load() }
+func Stalls(s *Subscriber) uint64 { return s.engine.Stalls() }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/watermill-pglease/internal/check"
+	"github.com/pglease/watermill-pglease/internal/engine"
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
@@ -88,7 +89,7 @@ type Publisher struct {
 	// serial is held around every statement when db is not a pool.
 	serial *sync.Mutex
 	// group batches concurrent Publish calls when db is a pool.
-	group *groupCommitter
+	group *engine.GroupCommitter
 
 	schemaMu    sync.Mutex
 	schemaReady bool
@@ -117,7 +118,7 @@ func NewPublisher(db DB, config PublisherConfig, logger watermill.LoggerAdapter)
 	p := &Publisher{db: db, config: config, logger: logger, closeDone: make(chan struct{}),
 		driver: pgsql.NewLazy(config.tableNames().tables())}
 	if pool, ok := db.(*pgxpool.Pool); ok {
-		p.group = newGroupCommitter(pool, p.driver, logger)
+		p.group = engine.NewGroupCommitter(pool, p.driver, logger)
 	} else {
 		p.serial = &sync.Mutex{}
 	}
@@ -165,9 +166,9 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	case params.DueAt != nil:
 		err = execDelayed(ctx, p.db, p.driver, params)
 	case p.group != nil:
-		err = p.group.publish(ctx, params)
+		err = p.group.Publish(ctx, params)
 	default:
-		err = execInsert(ctx, p.db, p.driver, params)
+		err = engine.Insert(ctx, p.db, p.driver, params)
 	}
 	if err != nil {
 		return fmt.Errorf("publish %s to topic %q: %w", countMessages(len(msgs)), topic, err)
@@ -182,13 +183,6 @@ func countMessages(n int) string {
 		return "1 message"
 	}
 	return strconv.Itoa(n) + " messages"
-}
-
-func execInsert(ctx context.Context, db DB, d pgsql.Driver, params pgsql.InsertMessagesParams) error {
-	if err := d.InsertMessages(ctx, db, params); err != nil {
-		return wrapMissingSchema(err)
-	}
-	return nil
 }
 
 // Close makes later Publish calls fail with ErrPublisherClosed and waits for
@@ -207,7 +201,7 @@ func (p *Publisher) Close() error {
 	defer close(p.closeDone)
 	p.inflight.Wait()
 	if p.group != nil {
-		p.group.wait()
+		p.group.Wait()
 	}
 	return nil
 }
@@ -275,7 +269,7 @@ func buildInsertParams(topic string, msgs []*message.Message, keyFunc func(strin
 			// placed by their UUID's hash, here rather than by the server.
 			params.PartitionHashes = make([]uint32, len(msgs))
 			for j := range i {
-				params.PartitionHashes[j] = keyHash(msgs[j].UUID)
+				params.PartitionHashes[j] = engine.KeyHash(msgs[j].UUID)
 			}
 		}
 		if params.PartitionHashes != nil {

@@ -1,7 +1,6 @@
 package pglease
 
 import (
-	"sync/atomic"
 	"time"
 )
 
@@ -95,77 +94,35 @@ type LatencyHistogram struct {
 	Buckets []uint64
 }
 
-// subscriberStats are the live counters behind SubscriberStats.
-type subscriberStats struct {
-	claims, takeovers, releases, fenced, sessionsLost atomic.Uint64
-	resyncs                                           atomic.Uint64
-	delivered, acked, nacked                          atomic.Uint64
-	maintainerTerms, delayedMoved, retentionSkipped   atomic.Uint64
-	partitionsCreated, partitionsDropped, rowsDeleted atomic.Uint64
-	sessionsDeleted, groupsRemoved                    atomic.Uint64
-	hbCount, hbSumNanos                               atomic.Uint64
-	inFlight, holWaitNanos                            atomic.Int64
-	// reads counts the consumers' reads of messages; stalls the times a
-	// consumer found rows held back for longer than pendingFastFor and
-	// slowed its re-polls to PollInterval (tests only).
-	reads     atomic.Uint64
-	stalls    atomic.Uint64
-	hbBounds  []time.Duration
-	hbBuckets []atomic.Uint64
-}
-
-func newSubscriberStats() *subscriberStats {
-	bounds := append([]time.Duration(nil), HeartbeatBuckets...)
-	return &subscriberStats{hbBounds: bounds, hbBuckets: make([]atomic.Uint64, len(bounds))}
-}
-
-func (s *subscriberStats) heartbeat(d time.Duration) {
-	s.hbCount.Add(1)
-	s.hbSumNanos.Add(uint64(max(d, 0)))
-	for i, b := range s.hbBounds {
-		if d <= b {
-			s.hbBuckets[i].Add(1)
-		}
-	}
-}
-
 // Stats returns the Subscriber's counters.
 func (s *Subscriber) Stats() SubscriberStats {
-	st := s.stats
-	out := SubscriberStats{
-		ConsumerGroup:  s.config.ConsumerGroup,
-		Claims:         st.claims.Load(),
-		Takeovers:      st.takeovers.Load(),
-		Releases:       st.releases.Load(),
-		FencedWrites:   st.fenced.Load(),
-		SessionsLost:   st.sessionsLost.Load(),
-		Resyncs:        st.resyncs.Load(),
-		Delivered:      st.delivered.Load(),
-		Acked:          st.acked.Load(),
-		Nacked:         st.nacked.Load(),
-		InFlight:       st.inFlight.Load(),
-		HeadOfLineWait: time.Duration(st.holWaitNanos.Load()),
-		OwnedRows:      s.member.ownedRows(),
-		BufferedBytes:  s.budget.buffered(),
+	st := s.engine.Stats()
+	return SubscriberStats{
+		ConsumerGroup:  st.ConsumerGroup,
+		Claims:         st.Claims,
+		Takeovers:      st.Takeovers,
+		Releases:       st.Releases,
+		FencedWrites:   st.FencedWrites,
+		SessionsLost:   st.SessionsLost,
+		Resyncs:        st.Resyncs,
+		Delivered:      st.Delivered,
+		Acked:          st.Acked,
+		Nacked:         st.Nacked,
+		InFlight:       st.InFlight,
+		HeadOfLineWait: st.HeadOfLineWait,
+		OwnedRows:      st.OwnedRows,
+		BufferedBytes:  st.BufferedBytes,
+		Heartbeats: LatencyHistogram{Count: st.Heartbeats.Count, Sum: st.Heartbeats.Sum,
+			Bounds: st.Heartbeats.Bounds, Buckets: st.Heartbeats.Buckets},
 
-		Maintainer:                 s.maint != nil && s.maint.active.Load(),
-		MaintainerTerms:            st.maintainerTerms.Load(),
-		DelayedMoved:               st.delayedMoved.Load(),
-		RetentionSkipped:           st.retentionSkipped.Load(),
-		RetentionPartitionsCreated: st.partitionsCreated.Load(),
-		RetentionPartitionsDropped: st.partitionsDropped.Load(),
-		RetentionRowsDeleted:       st.rowsDeleted.Load(),
-		SessionsDeleted:            st.sessionsDeleted.Load(),
-		GroupsRemoved:              st.groupsRemoved.Load(),
-		Heartbeats: LatencyHistogram{
-			Count:   st.hbCount.Load(),
-			Sum:     time.Duration(st.hbSumNanos.Load()),
-			Bounds:  append([]time.Duration(nil), st.hbBounds...),
-			Buckets: make([]uint64, len(st.hbBounds)),
-		},
+		Maintainer:                 st.Maintainer,
+		MaintainerTerms:            st.MaintainerTerms,
+		DelayedMoved:               st.DelayedMoved,
+		RetentionSkipped:           st.RetentionSkipped,
+		RetentionPartitionsCreated: st.RetentionPartitionsCreated,
+		RetentionPartitionsDropped: st.RetentionPartitionsDropped,
+		RetentionRowsDeleted:       st.RetentionRowsDeleted,
+		SessionsDeleted:            st.SessionsDeleted,
+		GroupsRemoved:              st.GroupsRemoved,
 	}
-	for i := range st.hbBuckets {
-		out.Heartbeats.Buckets[i] = st.hbBuckets[i].Load()
-	}
-	return out
 }

@@ -2,17 +2,15 @@ package pglease
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglease/watermill-pglease/internal/engine"
 	"github.com/pglease/watermill-pglease/internal/pgsql"
-	"github.com/pglease/watermill-pglease/internal/svc"
 )
 
 // Subscriber is a Watermill [message.Subscriber] reading from PostgreSQL.
@@ -31,74 +29,12 @@ import (
 //
 // A Subscriber is safe for concurrent use.
 type Subscriber struct {
-	pool    *pgxpool.Pool
-	config  SubscriberConfig
-	logger  watermill.LoggerAdapter
-	offsets offsetStore
-	session *sessionKeeper
-	stats   *subscriberStats
-	budget  *byteBudget // MaxBufferedBytes
-	// stmtTimeout bounds each statement the Subscriber runs on the pool
-	// (statementTimeout).
-	stmtTimeout time.Duration
-	// consumers is what every consumer of the Subscriber is given.
-	consumerDeps *consumerDeps
+	pool   *pgxpool.Pool
+	tables *pgsql.Tables
+	engine *engine.Subscriber
 
 	schemaMu    sync.Mutex
 	schemaReady bool
-
-	hub      *wakeHub
-	listener *sharedListener // set with started
-	member   *groupMember
-	maint    *maintainer // nil when maintenance is disabled
-
-	mu        sync.Mutex
-	closed    bool
-	started   bool // listener and idle poller running
-	slots     map[rowKey]*topicSlot
-	ctx       context.Context // cancelled by Close
-	cancel    context.CancelFunc
-	consumers sync.WaitGroup
-	poller    svc.Service   // pollIdle, started with the listener
-	closeDone chan struct{} // closed when the first Close returns
-	// giveUp is closed CloseTimeout after Close began: subscriptions stop
-	// retrying releases that fail, and Close reports them.
-	giveUp    chan struct{}
-	closeErrs []error // under mu
-	// stallXmin is the xmin horizon of the last delivery stall logged;
-	// stallChecking that a consumer is reading the horizon now.
-	stallMu       sync.Mutex
-	stallXmin     uint64
-	stallChecking bool
-	// releaseCtx bounds the wait of releases for their turn: it ends with
-	// giveUp. Each release statement is bounded by CloseTimeout once sent.
-	releaseCtx    context.Context
-	releaseCancel context.CancelFunc
-	// partitionRefresh is partitionRefreshInterval when the Subscriber was
-	// made.
-	partitionRefresh time.Duration
-	// pollOutage logs the failures of the idle poll: once per outage
-	// (outageLog).
-	pollOutage *outageLog
-	// connString is the pool's connection string: with the tables, the
-	// group and the topic, what the subscriptions of the process that
-	// share a topic's messages have in common (logIfShared).
-	connString string
-}
-
-// statementTimeout bounds each statement a Subscriber runs on the pool
-// (reads, commits, claims, idle polls, the maintainer's): SessionTTL. A
-// statement that has not answered by then has outlived the trust window
-// of the session it was sent under, whose consumers have stopped; one cut
-// off is retried.
-func statementTimeout(cfg SubscriberConfig) time.Duration { return cfg.SessionTTL }
-
-// topicSlot lets one consumer of this Subscriber at a time work on a
-// (topic, partition) row, so that two Subscribe calls for the same topic
-// take turns.
-type topicSlot struct {
-	token chan struct{}
-	refs  int
 }
 
 var (
@@ -120,68 +56,12 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	logger = logger.With(watermill.LogFields{"consumer_group": config.ConsumerGroup})
-	ctx, cancel := context.WithCancel(context.Background())
-	stats := newSubscriberStats()
-	driver := pgsql.NewLazy(config.tableNames().tables())
-	s := &Subscriber{
-		pool:    pool,
-		config:  config,
-		logger:  logger,
-		offsets: newOffsetStore(pool, driver, config.CloseTimeout, stats, logger),
-		session: newSessionKeeper(pool, driver, config.ConsumerGroup, config.SessionTTL, stats, logger),
-		stats:   stats,
-		budget:  newByteBudget(config.MaxBufferedBytes),
-
-		stmtTimeout: statementTimeout(config),
-		closeDone:   make(chan struct{}),
-		giveUp:      make(chan struct{}),
-		slots:       map[rowKey]*topicSlot{},
-		ctx:         ctx,
-		cancel:      cancel,
-
-		partitionRefresh: partitionRefreshInterval,
-		pollOutage:       newOutageLog(logger, componentIdlePoll),
-		connString:       pool.Config().ConnString(),
-	}
-	s.releaseCtx, s.releaseCancel = context.WithCancel(context.Background())
-	s.member = newGroupMember(memberDeps{
-		group: config.ConsumerGroup, pollInterval: config.PollInterval, startFrom: config.StartFrom,
-		freeGrace: freeRowGrace(config.SessionTTL), logger: logger, stats: stats, session: s.session,
-		store: pgGroupStore{offsets: &s.offsets, session: s.session, group: config.ConsumerGroup,
-			timeout: s.stmtTimeout, releaseCtx: s.releaseCtx},
-	})
-	s.maint = newMaintainer(maintainerDeps{
-		cfg: config.Maintenance, sessionTTL: config.SessionTTL, stmtTimeout: s.stmtTimeout, closeTimeout: config.CloseTimeout,
-		logger: logger, stats: stats, session: s.session,
-		store: pgMaintainerStore{pool: pool, driver: driver}, pool: pool, driver: driver,
-	})
-	s.hub = newWakeHub(s.member, s.maint, config.ConsumerGroup)
-	s.consumerDeps = &consumerDeps{
-		settings: newConsumerSettings(config),
-		budget:   s.budget,
-		store: pgConsumerStore{offsets: &s.offsets, timeout: s.stmtTimeout,
-			releaseCtx: s.releaseCtx},
-		member:     s.member,
-		hub:        s.hub,
-		host:       s,
-		stats:      stats,
-		outage:     newOutageLog(logger, componentConsumers),
-		driver:     driver,
-		goroutines: &s.consumers,
-		giveUp:     s.giveUp,
-		drains:     newDrainGate(),
-		prefetch:   pool.Config().MaxConns >= prefetchMinConns,
-	}
-	s.session.onNewSession = func() {
-		s.member.wake()
-		s.maint.notified(pgsql.NotifyMaintainer)
-	}
-	// The maintainer deletes expired sessions; without one, each Subscriber does.
-	s.session.cleanup = s.maint == nil
+	settings := config.settings()
+	s := &Subscriber{pool: pool, tables: settings.Tables}
 	if config.InitializeSchema {
-		s.session.setUp = s.initializeSchema
+		settings.SetUp = s.initializeSchema
 	}
+	s.engine = engine.NewSubscriber(pool, settings, logger)
 	return s, nil
 }
 
@@ -192,10 +72,7 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 	if err := validateTopic(topic); err != nil {
 		return err
 	}
-	if s.isClosed() {
-		return ErrSubscriberClosed
-	}
-	return s.initializeSchema(s.ctx)
+	return s.engine.SubscribeInitialize()
 }
 
 // Subscribe returns a channel of the messages of topic for this Subscriber's
@@ -231,173 +108,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err := validateTopic(topic); err != nil {
 		return nil, err
 	}
-	if s.isClosed() {
-		return nil, ErrSubscriberClosed
-	}
-	// The schema (InitializeSchema) and the first session: set up now,
-	// or in the background while the database cannot be reached.
-	if err := s.session.start(ctx); err != nil {
-		if errors.Is(err, ErrSubscriberClosed) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("subscribe to topic %q: %w", topic, err)
-	}
-
-	cctx, cancel := context.WithCancel(ctx)
-	sub := &subscription{
-		s:      s,
-		topic:  topic,
-		ctx:    cctx,
-		cancel: cancel,
-		out:    make(chan *message.Message),
-		logger: s.logger.With(watermill.LogFields{"topic": topic}),
-		key:    subscriptionKey{db: s.connString, messages: s.offsets.driver.Tables().Messages, group: s.config.ConsumerGroup, topic: topic},
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		cancel()
-		return nil, ErrSubscriberClosed
-	}
-	s.consumers.Add(1)
-	if !s.started {
-		s.started = true
-		if !s.config.PollOnly {
-			s.listener = acquireListener(s.pool, s.offsets.driver.Tables().NotifyChannel, s.config.ListenConnConfig,
-				s.hub, s.logger, s.config.CloseTimeout)
-		}
-		// Their contexts end with s.ctx, when Close begins.
-		s.poller.Start(s.ctx, s.pollIdle)
-		s.member.loop.Start(s.ctx, s.member.run)
-		if s.maint != nil {
-			s.maint.loop.Start(s.ctx, s.maint.run)
-		}
-	}
-	// Under s.mu: a Close that follows finds the subscription registered
-	// and ends it (groupMember.cancelAll).
-	sub.start()
-	return sub.out, nil
-}
-
-// subscription is one Subscribe call. It runs one consumer per partition of
-// its topic, started once the group member has read the topic's partition
-// count (grow), all delivering on the one channel: the messages of each
-// partition in order, one unacked message per partition at a time.
-type subscription struct {
-	s      *Subscriber
-	topic  string
-	ctx    context.Context // ends with the Subscribe context or Close
-	cancel context.CancelFunc
-	out    chan *message.Message
-	logger watermill.LoggerAdapter
-	key    subscriptionKey // counted from start to end (logIfShared)
-
-	mu         sync.Mutex
-	partitions int  // consumers started: partitions 0 to partitions-1
-	ending     bool // no consumer starts any more
-	// running counts the consumers that may still send on out.
-	running int
-}
-
-// start counts the subscription among those of the process
-// (logIfShared), registers it with the group member and arranges for its
-// end. It runs no goroutine of its own: a Subscriber of 100,000
-// topics runs one goroutine per topic, its consumer's. Close ends it
-// through the member (cancelAll).
-func (sub *subscription) start() {
-	sub.logIfShared()
-	sub.s.member.addSubscription(sub)
-	context.AfterFunc(sub.ctx, sub.end)
-}
-
-// end runs when the subscription's context ends: no consumer starts any
-// more, and the channel is closed once no consumer sends on it.
-func (sub *subscription) end() {
-	untrackSubscription(sub.key)
-	sub.s.member.removeSubscription(sub)
-	sub.mu.Lock()
-	sub.ending = true
-	done := sub.running == 0
-	sub.mu.Unlock()
-	if done {
-		sub.closeOut()
-	}
-}
-
-// consumerDone is called by each consumer once it no longer sends on out.
-func (sub *subscription) consumerDone() {
-	sub.mu.Lock()
-	sub.running--
-	done := sub.ending && sub.running == 0
-	sub.mu.Unlock()
-	if done {
-		sub.closeOut()
-	}
-}
-
-func (sub *subscription) closeOut() {
-	close(sub.out)
-	sub.s.consumers.Done()
-}
-
-// partitionCount returns how many partitions the subscription consumes.
-func (sub *subscription) partitionCount() int {
-	sub.mu.Lock()
-	defer sub.mu.Unlock()
-	return sub.partitions
-}
-
-// grow starts the consumers of partitions up to n (a topic's partition
-// count only grows). It returns the first partition it started a consumer
-// for (n when it started none).
-func (sub *subscription) grow(n int) (from int) {
-	sub.mu.Lock()
-	defer sub.mu.Unlock()
-	if sub.ending || n <= sub.partitions {
-		return n
-	}
-	from = sub.partitions
-	s := sub.s
-	for p := sub.partitions; p < n; p++ {
-		key := rowKey{topic: sub.topic, partition: int32(p)}
-		s.mu.Lock()
-		slot := s.slots[key]
-		if slot == nil {
-			slot = &topicSlot{token: make(chan struct{}, 1)}
-			s.slots[key] = slot
-		}
-		slot.refs++
-		// The subscription's own count (until its channel is closed)
-		// keeps s.consumers above zero.
-		s.consumers.Add(1)
-		s.mu.Unlock()
-		logger := sub.logger
-		if n > 1 {
-			logger = logger.With(watermill.LogFields{"partition": p})
-		}
-		c := &consumer{
-			consumerDeps: s.consumerDeps,
-			sub:          sub,
-			topic:        sub.topic,
-			partition:    int32(p),
-			slot:         slot,
-			ctx:          sub.ctx,
-			out:          sub.out,
-			wake:         make(chan struct{}, 1),
-			grant:        make(chan grant, 1),
-			logger:       logger,
-		}
-		s.hub.add(c)
-		s.consumerDeps.drains.enter()
-		sub.running++
-		go c.run()
-	}
-	if sub.partitions > 0 {
-		sub.logger.Info("The topic's partition count was raised: consuming the new partitions",
-			watermill.LogFields{"partitions": n, "before": sub.partitions})
-	}
-	sub.partitions = n
-	return from
+	return s.engine.Subscribe(ctx, topic)
 }
 
 // Close ends every subscription: it hands nothing more out, waits up to
@@ -413,163 +124,19 @@ func (sub *subscription) grow(n int) (from int) {
 // are free for other Subscribers once the session row expires, after at
 // most SessionTTL. It is idempotent: a call made while another is under way
 // returns when that one is done; later calls return nil.
-func (s *Subscriber) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		<-s.closeDone // a concurrent Close may still be releasing
-		return nil
-	}
-	s.closed = true
-	s.mu.Unlock()
-	defer close(s.closeDone)
+func (s *Subscriber) Close() error { return s.engine.Close() }
 
-	s.cancel()
-	s.member.cancelAll()
-	// The consumers first wait up to DrainTimeout for the messages they
-	// handed out; the releases have CloseTimeout from then.
-	drained := time.NewTimer(max(s.config.DrainTimeout, 0))
-	select {
-	case <-s.consumerDeps.drains.wait():
-	case <-drained.C:
-	}
-	drained.Stop()
-	giveUp := time.AfterFunc(s.config.CloseTimeout, func() {
-		close(s.giveUp)
-		s.releaseCancel()
-	})
-	s.consumers.Wait()
-	if giveUp.Stop() {
-		close(s.giveUp)
-		s.releaseCancel()
-	}
-	for _, stop := range s.closeSteps() {
-		stop()
-	}
-	s.mu.Lock()
-	errs := s.closeErrs
-	s.mu.Unlock()
-	// Last: the session row, which the releases above were fenced by.
-	if err := s.session.close(s.config.CloseTimeout); err != nil {
-		errs = append(errs, err)
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("close subscriber of consumer group %q (its topics are free once its session expires): %w",
-			s.config.ConsumerGroup, errors.Join(summarize(errs, maxCloseErrors)...))
-	}
-	s.logger.Info("Subscriber closed", nil)
-	return nil
-}
-
-// closeSteps are what Close stops, in this order, once the consumers have
-// ended (their releases written or given up) and before it deletes the
-// session: the loops that start consumers, claim and elect (their contexts
-// ended with s.ctx when Close began; here Close waits for them), the
-// releases still being written, and this Subscriber's share of the LISTEN
-// connection. Each step may run before its service was started.
-func (s *Subscriber) closeSteps() []func() {
-	steps := []func(){
-		s.poller.Stop,
-		s.member.loop.Stop,
-	}
-	if s.maint != nil {
-		steps = append(steps, s.maint.loop.Stop)
-	}
-	steps = append(steps, s.offsets.releases.wait)
-	if s.listener != nil {
-		steps = append(steps, func() { s.listener.release(s.hub) })
-	}
-	return steps
-}
-
-// maxCloseErrors bounds the errors that Close reports one by one.
-const maxCloseErrors = 10
-
-// summarize returns at most n of errs, the last one saying how many more
-// there were.
-func summarize(errs []error, n int) []error {
-	if len(errs) <= n {
-		return errs
-	}
-	return append(errs[:n-1:n-1], fmt.Errorf("and %d more errors", len(errs)-n+1))
-}
-
-// reportStall logs, once per stall (per xmin horizon), that committed
-// messages have waited behind an older running transaction for over
-// pendingFastFor, naming the backend that holds the horizon back.
-func (s *Subscriber) reportStall() {
-	s.stallMu.Lock()
-	if s.stallChecking {
-		s.stallMu.Unlock()
-		return
-	}
-	s.stallChecking = true
-	s.stallMu.Unlock()
-	defer func() {
-		s.stallMu.Lock()
-		s.stallChecking = false
-		s.stallMu.Unlock()
-	}()
-	ctx, cancel := context.WithTimeout(s.ctx, s.stmtTimeout)
-	defer cancel()
-	h, err := readHorizon(ctx, s.pool, s.offsets.driver)
-	if err != nil {
-		return
-	}
-	s.stallMu.Lock()
-	seen := h.Xmin == s.stallXmin
-	s.stallXmin = h.Xmin
-	s.stallMu.Unlock()
-	if seen {
-		return
-	}
-	fields := watermill.LogFields{"xmin": h.Xmin}
-	if hh := h.Holder; hh != nil {
-		fields["pid"], fields["application_name"], fields["state"] = hh.PID, hh.ApplicationName, hh.State
-		fields["transaction_age"], fields["xact_start"] = hh.Age.Round(time.Millisecond).String(), hh.XactStart
-		if hh.GID != "" {
-			fields["prepared_gid"] = hh.GID
-		}
-	}
-	s.logger.Error("Delivery is held back: committed messages wait for an older transaction to end "+
-		"(every topic of the cluster waits; end it, or bound such transactions with idle_in_transaction_session_timeout)",
-		ErrDeliveryHeldBack, fields)
-}
-
-// closeError records an error for Close to return.
-func (s *Subscriber) closeError(err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closeErrs = append(s.closeErrs, err)
-}
-
-func (s *Subscriber) isClosed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
-}
-
+// initializeSchema creates the tables once (InitializeSchema): the
+// engine's set-up before its first session.
 func (s *Subscriber) initializeSchema(ctx context.Context) error {
-	if !s.config.InitializeSchema {
-		return nil
-	}
 	s.schemaMu.Lock()
 	defer s.schemaMu.Unlock()
 	if s.schemaReady {
 		return nil
 	}
-	if err := initializeSchema(ctx, s.pool, s.offsets.driver.Tables()); err != nil {
+	if err := initializeSchema(ctx, s.pool, s.tables); err != nil {
 		return err
 	}
 	s.schemaReady = true
 	return nil
-}
-
-func (s *Subscriber) releaseSlot(key rowKey, slot *topicSlot) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	slot.refs--
-	if slot.refs == 0 {
-		delete(s.slots, key)
-	}
 }

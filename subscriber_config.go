@@ -1,6 +1,8 @@
 package pglease
 
 import (
+	"github.com/pglease/watermill-pglease/internal/engine"
+
 	"fmt"
 	"time"
 
@@ -26,8 +28,6 @@ const (
 
 	// MinSessionTTL is the shortest SessionTTL accepted.
 	MinSessionTTL = time.Second
-	// maxRetryBackoff caps the wait between retries of failed statements.
-	maxRetryBackoff = time.Second
 )
 
 // StartFrom is where a consumer group starts on a topic it never consumed.
@@ -343,3 +343,30 @@ func (c SubscriberConfig) validate() error {
 // tableNames returns the tables c names: Tables, or the deprecated
 // SchemaAdapter when only that is set.
 func (c SubscriberConfig) tableNames() Tables { return pickTables(c.Tables, c.SchemaAdapter) }
+
+// settings are the engine's settings of c, whose defaults are set and
+// which is valid (the set-up, Settings.SetUp, is the Subscriber's).
+func (c SubscriberConfig) settings() engine.Settings {
+	return engine.Settings{
+		Group:            c.ConsumerGroup,
+		Tables:           c.tableNames().tables(),
+		SessionTTL:       c.SessionTTL,
+		StartLatest:      c.StartFrom == StartFromLatest,
+		PollInterval:     c.PollInterval,
+		ListenConnConfig: c.ListenConnConfig,
+		PollOnly:         c.PollOnly,
+		NackResendDelay:  c.NackResendDelay,
+		BatchSize:        c.BatchSize,
+		MaxBufferedBytes: c.MaxBufferedBytes,
+		MaxInFlight:      c.MaxInFlight,
+		OrderingKey:      c.OrderingKey,
+		CommitInterval:   c.CommitInterval,
+		CommitBatch:      c.CommitBatch,
+		CloseTimeout:     c.CloseTimeout,
+		DrainTimeout:     c.DrainTimeout,
+		Maintenance: engine.MaintenanceSettings{Disabled: c.Maintenance.Disabled, Interval: c.Maintenance.Interval,
+			RemoveIdleGroupsAfter: c.Maintenance.RemoveIdleGroupsAfter},
+		OnDelivery:       c.OnDelivery,
+		HeartbeatBuckets: HeartbeatBuckets,
+	}
+}

@@ -3,11 +3,11 @@ package pglease
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/pglease/watermill-pglease/internal/engine"
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
@@ -16,9 +16,16 @@ import (
 // delivered on its own.
 const MaxPartitions = 1024
 
+// MinRetention and MaxRetention bound [TopicConfig.Retention] (0 keeps a
+// topic's messages forever).
+const (
+	MinRetention = time.Second
+	MaxRetention = 10 * 365 * 24 * time.Hour
+)
+
 // PartitionKeyMetadata is the metadata key that gives a message's partition
 // key when [PublisherConfig.PartitionKey] is not set.
-const PartitionKeyMetadata = "partition_key"
+const PartitionKeyMetadata = engine.PartitionKeyMetadata
 
 // TopicConfig is the settings of a topic, stored in the database so that
 // every process agrees on them. A topic that was never created has one
@@ -111,7 +118,7 @@ func CreateTopic(ctx context.Context, db DB, topic string, config TopicConfig) e
 	}
 	driver := pgsql.NewLazy(tables)
 	res, err := driver.UpsertTopic(ctx, db, pgsql.TopicParams{Topic: topic, Partitions: config.Partitions,
-		Retention: config.Retention, RetentionClass: retentionClass(config.Retention),
+		Retention: config.Retention, RetentionClass: engine.RetentionClass(config.Retention),
 		NotifyChannel: tables.NotifyChannel})
 	if err != nil {
 		return fmt.Errorf("create topic %q: %w", topic, wrapMissingSchema(err))
@@ -123,7 +130,7 @@ func CreateTopic(ctx context.Context, db DB, topic string, config TopicConfig) e
 	current := oldN
 	if current == nil {
 		// Created by a concurrent call after this statement's snapshot.
-		rows, err := topicPartitions(ctx, db, driver, []string{topic})
+		rows, err := engine.TopicPartitions(ctx, db, driver, []string{topic})
 		if err != nil {
 			return fmt.Errorf("create topic %q: %w", topic, err)
 		}
@@ -137,15 +144,6 @@ func CreateTopic(ctx context.Context, db DB, topic string, config TopicConfig) e
 	return nil
 }
 
-// topicPartitions reads the partition counts of topics.
-func topicPartitions(ctx context.Context, db pgsql.Querier, t pgsql.Driver, topics []string) (map[string]int, error) {
-	out, err := t.TopicPartitions(ctx, db, topics)
-	if err != nil {
-		return nil, fmt.Errorf("read partition counts: %w", wrapMissingSchema(err))
-	}
-	return out, nil
-}
-
 // PartitionOf returns the partition of a key on a topic with partitions
 // partitions: the 32-bit FNV-1a hash of the key's bytes modulo partitions.
 // The same key maps to the same partition in every process, release and
@@ -154,13 +152,7 @@ func PartitionOf(key string, partitions int) int {
 	if partitions <= 1 {
 		return 0
 	}
-	return int(keyHash(key) % uint32(partitions))
-}
-
-func keyHash(key string) uint32 {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(key))
-	return h.Sum32()
+	return int(engine.KeyHash(key) % uint32(partitions))
 }
 
 // partitionHash returns the hash that places msg and whether it has a key:
@@ -179,7 +171,7 @@ func partitionHash(keyFunc func(string, *message.Message) (string, error), topic
 		key = msg.Metadata.Get(PartitionKeyMetadata)
 	}
 	if key == "" {
-		return keyHash(msg.UUID), false, nil
+		return engine.KeyHash(msg.UUID), false, nil
 	}
-	return keyHash(key), true, nil
+	return engine.KeyHash(key), true, nil
 }

@@ -1,7 +1,10 @@
 package pglease
 
 import (
-	"encoding/json"
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
 	"fmt"
 	"strings"
 	"unicode/utf8"
@@ -24,16 +27,19 @@ func validText(s string) bool {
 	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
 }
 
-// decodeMetadata decodes a message's stored metadata (nil or JSON null:
-// none). It fails on anything but a JSON object of strings, which
-// pglease never writes (a row inserted by hand or by another program).
-func decodeMetadata(raw []byte) (map[string]string, error) {
-	if len(raw) == 0 {
-		return nil, nil
+// parsedConnConfig tells whether cfg was created by pgx.ParseConfig, which
+// pgx.ConnectConfig demands (it panics otherwise). It tries to connect
+// with a context that has already ended, so nothing is dialled.
+func parsedConnConfig(cfg *pgx.ConnConfig) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if conn, err := pgx.ConnectConfig(ctx, cfg.Copy()); err == nil {
+		_ = conn.Close(context.Background())
 	}
-	var md map[string]string
-	if err := json.Unmarshal(raw, &md); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrUndecodableMetadata, err)
-	}
-	return md, nil
+	return true
 }

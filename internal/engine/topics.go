@@ -1,0 +1,27 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/pglease/watermill-pglease/internal/check"
+	"github.com/pglease/watermill-pglease/internal/pgsql"
+)
+
+// Insert stores the messages of params with d, on db: a pool, a
+// connection or a transaction.
+func Insert(ctx context.Context, db pgsql.Querier, d pgsql.Driver, params pgsql.InsertMessagesParams) error {
+	if err := d.InsertMessages(ctx, db, params); err != nil {
+		return check.MissingSchema(err)
+	}
+	return nil
+}
+
+// TopicPartitions reads the partition counts of topics.
+func TopicPartitions(ctx context.Context, db pgsql.Querier, t pgsql.Driver, topics []string) (map[string]int, error) {
+	out, err := t.TopicPartitions(ctx, db, topics)
+	if err != nil {
+		return nil, fmt.Errorf("read partition counts: %w", check.MissingSchema(err))
+	}
+	return out, nil
+}
