@@ -219,9 +219,19 @@ func TestSelectMessagesTakesAnyBound(t *testing.T) {
 	adapter := newSchema(t, pool)
 	pub := newPublisher(t, pool, adapter)
 	require.NoError(t, pub.Publish("t", message.NewMessage(watermill.NewUUID(), make([]byte, 100))))
-	for _, bound := range []int64{0, 3 << 30, 50} {
-		res, err := driverOf(adapter).SelectMessages(ctx, pool, pgsql.SelectMessagesParams{
+	read := func(bound int64) (pgsql.SelectResult, error) {
+		return driverOf(adapter).SelectMessages(ctx, pool, pgsql.SelectMessagesParams{
 			Topic: "t", Limit: 10, MaxMessageBytes: bound, Here: serverHere(t, pool)})
+	}
+	// The message is read once no older transaction runs on the server
+	// (the parallel tests run theirs): wait until it is, then read it
+	// with each bound.
+	waitFor(t, 30*time.Second, "the message to be readable", func() bool {
+		res, err := read(0)
+		return err == nil && len(res.Messages) == 1
+	})
+	for _, bound := range []int64{0, 3 << 30, 50} {
+		res, err := read(bound)
 		require.NoError(t, err, "bound %d", bound)
 		require.False(t, res.WentBack, "bound %d", bound)
 		require.Len(t, res.Messages, 1, "bound %d", bound)
