@@ -203,6 +203,12 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.timeout, "timeout", defaultTimeout, "give up after this `DURATION` (0: never)")
 }
 
+// flagSet reports whether the command line set the flag name.
+func flagSet(fs *flag.FlagSet, name string) (set bool) {
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 // isCommon reports whether name is a flag of commonFlags.
 func isCommon(name string) bool {
 	switch name {
@@ -263,6 +269,12 @@ type dsnFlags interface{ dsnFlags() []string }
 // longRunning is a subcommand that runs until interrupted (pglease ui):
 // --timeout does not bound it as a whole.
 type longRunning interface{ longRunning() }
+
+// unbounded is a subcommand that moves data for as long as it takes
+// (move-shard, rebalance: a move raises the target's transaction counter,
+// up to about 7 minutes, then copies the shard): --timeout bounds it only
+// when given.
+type unbounded interface{ unbounded() }
 
 // usageError is bad input on the command line: reported with the
 // command's usage and exit status 2.
@@ -357,6 +369,9 @@ func (s *commandSpec) execute(ctx context.Context, args []string, getenv func(st
 		return exitUsage
 	}
 
+	if _, ok := cmd.(unbounded); ok && !flagSet(fs, "timeout") {
+		common.timeout = 0
+	}
 	if _, long := cmd.(longRunning); common.timeout > 0 && !long {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, common.timeout)

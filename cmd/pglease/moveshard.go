@@ -62,6 +62,8 @@ type moveShardOutput struct {
 	SQL string `json:"sql,omitempty"`
 }
 
+func (c *moveShardCmd) unbounded() {}
+
 func (c *moveShardCmd) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.topic, "topic", "", "the topic whose shard moves (with its co-located shards: the topics that hash alike, their groups' offsets)")
 	fs.StringVar(&c.to, "to", "", "the target worker, host:port as in pg_dist_node")

@@ -49,6 +49,8 @@ type rebalanceOutput struct {
 	Moves  []rebalanceMove `json:"moves"`
 }
 
+func (c *rebalanceCmd) unbounded() {}
+
 func (c *rebalanceCmd) flags(fs *flag.FlagSet) {
 	fs.Uint64Var(&c.margin, "margin", 1000000, "transaction ids each target's counter is raised above the highest worker counter")
 	fs.BoolVar(&c.dryRun, "dry-run", false, "print the moves, and move nothing")
