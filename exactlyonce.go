@@ -26,7 +26,7 @@ import (
 // not committed yet, counts from 1 again on the next owner (the first
 // message of that owner's claim is an earlier one); set CommitBatch to 1
 // where a poison rule must count such crashes too.
-const DeliveryAttemptMetadata = engine.DeliveryAttemptMetadata
+const DeliveryAttemptMetadata = "_pglease_delivery_attempt"
 
 // ErrAlreadyAcknowledged is returned by [AckInTx] for a message whose
 // position its consumer group has already committed: it was acknowledged

@@ -25,7 +25,7 @@ const (
 
 // PartitionKeyMetadata is the metadata key that gives a message's partition
 // key when [PublisherConfig.PartitionKey] is not set.
-const PartitionKeyMetadata = engine.PartitionKeyMetadata
+const PartitionKeyMetadata = "partition_key"
 
 // TopicConfig is the settings of a topic, stored in the database so that
 // every process agrees on them. A topic that was never created has one

@@ -6,8 +6,8 @@ import (
 	"hash/fnv"
 )
 
-// The metadata keys the engine reads and sets; the root package exports
-// them under the same names.
+// The metadata keys the engine reads and sets; the root package spells
+// them out under the same names, for godoc (TestMetadataKeysAreTheEngines).
 const (
 	// PartitionKeyMetadata gives a message's partition key, and its
 	// ordering key when none is configured.
