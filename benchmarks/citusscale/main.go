@@ -11,7 +11,7 @@
 //     -duration, with no consumer;
 //   - consume: as many consumer processes (one Subscriber each, one
 //     group) drain that backlog, each its publisher's topics;
-//   - latency: the publishers publish at half of the lower of the two
+//   - latency: the publishers publish at a quarter of the lower of the two
 //     rates for -duration, one message per call, and the consumers
 //     record each message's time from its Publish call to its delivery
 //     (p50, p99);
@@ -30,15 +30,19 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -57,11 +61,19 @@ const (
 	phaseLimit = 2 * time.Minute
 )
 
+// interrupted is cancelled by SIGINT or SIGTERM: the benchmark stops
+// waiting and removes what it started.
+var interrupted context.Context
+
 func main() {
 	if cfg := os.Getenv(childEnv); cfg != "" {
 		os.Exit(runChild(cfg))
 	}
-	os.Exit(run())
+	var stop context.CancelFunc
+	interrupted, stop = signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run()
+	stop()
+	os.Exit(code)
 }
 
 type options struct {
@@ -190,7 +202,15 @@ type result struct {
 	latencyN       int
 	pub, cons, lat phase
 	idle           phase
+	// beats: heartbeat-shaped UPDATEs of a reference table (Citus) or a
+	// plain table, hbClients at a time.
+	beats     phase
+	beatCount int64
 }
+
+// hbClients is the number of connections that send heartbeats in the
+// heartbeat phase.
+const hbClients = 4
 
 func (r result) line() string {
 	return fmt.Sprintf("%s: published %.0f/s, consumed %.0f/s, p50 %s p99 %s at %.0f/s (load %.2f/%.2f/%.2f)",
@@ -200,7 +220,7 @@ func (r result) line() string {
 // measure runs the phases on a cluster of workers workers (0: plain
 // PostgreSQL).
 func measure(o options, workers int) (_ result, err error) {
-	ctx := context.Background()
+	ctx := interrupted
 	logf := func(string, ...any) {}
 	if o.verbose {
 		logf = func(format string, a ...any) { fmt.Fprintf(os.Stderr, "citusscale: "+format+"\n", a...) }
@@ -295,8 +315,9 @@ func measure(o options, workers int) (_ result, err error) {
 	}
 	r.consumeRate = float64(published) / r.cons.wall.Seconds()
 
-	// Latency at half the lower rate, one message per call.
-	r.latencyRate = min(r.publishRate, r.consumeRate) / 2
+	// Latency at a quarter of the lower rate, one message per call (a
+	// call costs more than a tenth of a call of 10).
+	r.latencyRate = min(r.publishRate, r.consumeRate) / 4
 	perProc := r.latencyRate / float64(len(pubs))
 	for _, c := range subs {
 		if err := c.send("lat"); err != nil {
@@ -348,14 +369,69 @@ func measure(o options, workers int) (_ result, err error) {
 
 	// Idle.
 	m = startPhase(ctx, cluster, clients)
-	time.Sleep(o.duration)
+	select {
+	case <-time.After(o.duration):
+	case <-interrupted.Done():
+		return r, errors.New("interrupted")
+	}
 	if r.idle, err = m.end(ctx); err != nil {
 		return r, err
 	}
 	for _, c := range clients {
 		c.stop()
 	}
+
+	// Heartbeats: what a beat costs each node.
+	if r.beats, r.beatCount, err = heartbeats(ctx, cluster, workers > 0, o.duration); err != nil {
+		return r, fmt.Errorf("heartbeats: %w", err)
+	}
 	return r, nil
+}
+
+// heartbeats runs UPDATEs shaped as pglease's heartbeat (one row by
+// primary key, its expiry moved) from hbClients connections for d, on a
+// table of 100 rows at fillfactor 10 as the sessions table: a reference
+// table on Citus (written on every node, in two phases), a plain table
+// otherwise.
+func heartbeats(ctx context.Context, c *simcluster.Cluster, citus bool, d time.Duration) (phase, int64, error) {
+	pool, err := pgxpool.New(ctx, c.DSN)
+	if err != nil {
+		return phase{}, 0, err
+	}
+	defer pool.Close()
+	setup := `CREATE TABLE bench.beats (id int PRIMARY KEY, expires_at timestamptz NOT NULL) WITH (fillfactor = 10);
+		INSERT INTO bench.beats SELECT i, now() FROM generate_series(1, 100) i;`
+	if citus {
+		setup += `SELECT create_reference_table('bench.beats');`
+	}
+	if _, err := pool.Exec(ctx, setup); err != nil {
+		return phase{}, 0, err
+	}
+	m := startPhase(ctx, c, nil)
+	var (
+		n  atomic.Int64
+		wg sync.WaitGroup
+	)
+	errs := make(chan error, hbClients)
+	end := time.Now().Add(d)
+	for i := range hbClients {
+		wg.Go(func() {
+			for j := 0; time.Now().Before(end); j++ {
+				if _, err := pool.Exec(ctx, `UPDATE bench.beats SET expires_at = now() + interval '10 s' WHERE id = $1`, 1+(i*25+j)%100); err != nil {
+					errs <- err
+					return
+				}
+				n.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return phase{}, 0, err
+	}
+	p, err := m.end(ctx)
+	return p, n.Load(), err
 }
 
 // settings are the servers' settings: pg_stat_statements on every node,
@@ -646,6 +722,8 @@ func (c *child) expect(want string) (string, error) {
 		return line, nil
 	case <-time.After(phaseLimit):
 		return "", fmt.Errorf("%s: no %q within %s", c.name, want, phaseLimit)
+	case <-interrupted.Done():
+		return "", fmt.Errorf("%s: interrupted while waiting for %q", c.name, want)
 	}
 }
 
