@@ -49,8 +49,8 @@ type Options struct {
 	// Delay, when positive, holds back what each direction of each
 	// connection reads for that long before it writes it to the other
 	// side: a round trip through the proxy takes at least twice Delay.
-	// Bytes arrive complete and in order; at most delayedChunks reads per
-	// direction are held at a time. At most [MaxDelay].
+	// Bytes arrive complete and in order; each direction holds at most
+	// 64 reads of up to 32 KiB at a time. At most [MaxDelay].
 	Delay time.Duration
 }
 
