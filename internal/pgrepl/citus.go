@@ -34,6 +34,16 @@ type CitusOptions struct {
 	Settings map[string]string
 	// Logf, when set, receives a line for each step (pass t.Logf).
 	Logf func(format string, args ...any)
+	// Started, when set, is called with each node once its server
+	// accepts connections, before anything else is done on it (say, to
+	// put its processes into a control group: the processes it forks
+	// later follow its postmaster). An error stops StartCitus.
+	Started func(n *Node) error
+	// Address, when set, returns the address to register for a node in
+	// Citus's node table, where the other nodes reach it (say, a proxy in
+	// front of it); it is called once per node, after Started. Default:
+	// 127.0.0.1 and the node's port.
+	Address func(n *Node) (host string, port int, err error)
 }
 
 // Citus is a Citus cluster started by [StartCitus]: a coordinator and its
@@ -140,15 +150,32 @@ func StartCitus(ctx context.Context, opts CitusOptions) (_ *Citus, err error) {
 		if err := n.start(ctx); err != nil {
 			return nil, err
 		}
+		if opts.Started != nil {
+			if err := opts.Started(n); err != nil {
+				return nil, fmt.Errorf("pgrepl: %s: %w", n.name, err)
+			}
+		}
 		if err := n.exec(ctx, "CREATE EXTENSION IF NOT EXISTS citus"); err != nil {
 			return nil, fmt.Errorf("pgrepl: %s: CREATE EXTENSION citus: %w%s", n.name, err, n.logTail())
 		}
 	}
-	if err := x.Coordinator.exec(ctx, "SELECT pg_catalog.citus_set_coordinator_host('127.0.0.1', $1::int)", x.Coordinator.Port()); err != nil {
+	address := opts.Address
+	if address == nil {
+		address = func(n *Node) (string, int, error) { return "127.0.0.1", n.Port(), nil }
+	}
+	host, port, err := address(x.Coordinator)
+	if err != nil {
+		return nil, fmt.Errorf("pgrepl: coordinator: its address: %w", err)
+	}
+	if err := x.Coordinator.exec(ctx, "SELECT pg_catalog.citus_set_coordinator_host($1, $2::int)", host, port); err != nil {
 		return nil, fmt.Errorf("pgrepl: coordinator: citus_set_coordinator_host: %w", err)
 	}
 	for _, w := range x.Workers {
-		if err := x.Coordinator.exec(ctx, "SELECT pg_catalog.citus_add_node('127.0.0.1', $1::int)", w.Port()); err != nil {
+		host, port, err := address(w)
+		if err != nil {
+			return nil, fmt.Errorf("pgrepl: %s: its address: %w", w.name, err)
+		}
+		if err := x.Coordinator.exec(ctx, "SELECT pg_catalog.citus_add_node($1, $2::int)", host, port); err != nil {
 			return nil, fmt.Errorf("pgrepl: coordinator: citus_add_node of %s: %w%s", w.name, err, x.Coordinator.logTail())
 		}
 	}

@@ -10,11 +10,18 @@
 // connections that exist, and checks that the client notices and
 // reconnects: connections accepted after Freeze forward normally.
 //
+// [StartOptions] with [Options.Delay] makes the proxy a link of some
+// latency: each direction of each connection delivers what it reads that
+// long after reading it, in order, as a network between two machines
+// would (this kernel's traffic control has no delaying qdisc to do it
+// below TCP).
+//
 // It uses nothing but the standard library and is meant for tests only.
 package tcpproxy
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -28,10 +35,30 @@ const dialTimeout = 10 * time.Second
 // bufferSize is the size of the buffer of each direction of a connection.
 const bufferSize = 32 << 10
 
+// delayedChunks bounds what a direction of a delayed connection holds
+// back: at most that many reads of up to bufferSize bytes each. When it is
+// full the proxy stops reading that direction, and TCP's flow control
+// slows the sender down.
+const delayedChunks = 64
+
+// MaxDelay is the largest [Options.Delay].
+const MaxDelay = 10 * time.Second
+
+// Options configures a [Proxy].
+type Options struct {
+	// Delay, when positive, holds back what each direction of each
+	// connection reads for that long before it writes it to the other
+	// side: a round trip through the proxy takes at least twice Delay.
+	// Bytes arrive complete and in order; each direction holds at most
+	// 64 reads of up to 32 KiB at a time. At most [MaxDelay].
+	Delay time.Duration
+}
+
 // Proxy listens on 127.0.0.1 and forwards each accepted connection to a
 // target address. Its methods are safe for concurrent use.
 type Proxy struct {
 	target string
+	delay  time.Duration
 	ln     net.Listener
 	ctx    context.Context // cancelled by Close: ends dials under way
 	cancel context.CancelFunc
@@ -49,6 +76,8 @@ type Proxy struct {
 // link is one accepted connection and its connection to the target.
 type link struct {
 	client net.Conn
+	delay  time.Duration
+	done   chan struct{} // closed by close
 
 	mu     sync.Mutex
 	server net.Conn // nil until dialled
@@ -64,6 +93,14 @@ type link struct {
 // Start listens on 127.0.0.1 on a free port and forwards every connection
 // it accepts to target (host:port), until [Proxy.Close].
 func Start(target string) (*Proxy, error) {
+	return StartOptions(target, Options{})
+}
+
+// StartOptions is [Start] with options.
+func StartOptions(target string, opts Options) (*Proxy, error) {
+	if opts.Delay < 0 || opts.Delay > MaxDelay {
+		return nil, fmt.Errorf("tcpproxy: Options.Delay must lie between 0 and %s, got %s", MaxDelay, opts.Delay)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -71,6 +108,7 @@ func Start(target string) (*Proxy, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Proxy{
 		target: target,
+		delay:  opts.Delay,
 		ln:     ln,
 		ctx:    ctx,
 		cancel: cancel,
@@ -177,7 +215,7 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return // closed
 		}
-		l := &link{client: c}
+		l := &link{client: c, delay: p.delay, done: make(chan struct{})}
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
@@ -240,25 +278,88 @@ func (p *Proxy) remove(l *link) {
 // direction too. A peer's end of its stream thus closes the whole
 // connection: there are no half-closed connections.
 func (l *link) pipe(dst, src net.Conn) {
+	if l.delay > 0 {
+		l.pipeDelayed(dst, src)
+		return
+	}
 	defer l.close()
 	buf := make([]byte, bufferSize)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 {
-			l.fwd.RLock()
-			var werr error
-			if !l.frozen.Load() {
-				_, werr = dst.Write(buf[:n])
+		if n > 0 && !l.forward(dst, buf[:n]) {
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// forward writes b to dst unless l is frozen; it returns false when the
+// write failed otherwise than by Freeze.
+func (l *link) forward(dst net.Conn, b []byte) bool {
+	l.fwd.RLock()
+	defer l.fwd.RUnlock()
+	var err error
+	if !l.frozen.Load() {
+		_, err = dst.Write(b)
+	}
+	// A write that Freeze cut short ended on its deadline: the connection
+	// stays open, frozen.
+	return err == nil || l.frozen.Load()
+}
+
+// chunk is what one read of a delayed direction got, and when it is due
+// on the other side.
+type chunk struct {
+	data []byte
+	due  time.Time
+}
+
+// pipeDelayed is pipe with l.delay: a goroutine reads src and queues what
+// it reads, stamped with the time it is due, and this one writes each
+// chunk to dst once it is due. When src ends, what was read is still
+// delivered, then both sides are closed; close (Close, or the other
+// direction's end) drops what is queued.
+func (l *link) pipeDelayed(dst, src net.Conn) {
+	queue := make(chan chunk, delayedChunks)
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		defer close(queue)
+		buf := make([]byte, bufferSize)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				c := chunk{data: append([]byte(nil), buf[:n]...), due: time.Now().Add(l.delay)}
+				select {
+				case queue <- c:
+				case <-l.done:
+					return
+				}
 			}
-			// A write that Freeze cut short ended on its deadline: the
-			// connection stays open, frozen.
-			broken := werr != nil && !l.frozen.Load()
-			l.fwd.RUnlock()
-			if broken {
+			if err != nil {
 				return
 			}
 		}
-		if err != nil {
+	}()
+	defer func() {
+		l.close() // ends the read under way, if any
+		<-read
+	}()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	for c := range queue {
+		if wait := time.Until(c.due); wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-timer.C:
+			case <-l.done:
+				return
+			}
+		}
+		if !l.forward(dst, c.data) {
 			return
 		}
 	}
@@ -315,6 +416,7 @@ func (l *link) close() {
 		return
 	}
 	l.ended = true
+	close(l.done)
 	s := l.server
 	l.mu.Unlock()
 	_ = l.client.Close()

@@ -467,3 +467,122 @@ func proxyGoroutines() []string {
 	}
 	return left
 }
+
+// TestDelay: with Options.Delay each direction holds what it reads for
+// that long, so a round trip takes at least twice the delay; megabytes
+// written in pieces of random sizes while the other side reads come back
+// complete and in order; a peer that reads nothing holds back a bounded
+// amount, not everything the sender writes; and Close ends connections
+// with data queued, leaving no goroutine.
+func TestDelay(t *testing.T) {
+	const delay = 40 * time.Millisecond
+	if _, err := tcpproxy.StartOptions("127.0.0.1:1", tcpproxy.Options{Delay: -time.Second}); err == nil {
+		t.Fatal("a negative delay was accepted")
+	}
+	if _, err := tcpproxy.StartOptions("127.0.0.1:1", tcpproxy.Options{Delay: tcpproxy.MaxDelay + 1}); err == nil {
+		t.Fatal("a delay above MaxDelay was accepted")
+	}
+
+	t.Run("round trip", func(t *testing.T) {
+		p, err := tcpproxy.StartOptions(echoServer(t), tcpproxy.Options{Delay: delay})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := dial(t, p)
+		roundTrip(t, c, "connected") // the dial of the target is not timed
+		for i := range 5 {
+			start := time.Now()
+			roundTrip(t, c, "ping"+strconv.Itoa(i))
+			if took := time.Since(start); took < 2*delay {
+				t.Fatalf("round trip %d took %s through a proxy that delays each direction by %s", i, took, delay)
+			}
+		}
+		closeProxy(t, p)
+		noProxyGoroutines(t)
+	})
+
+	t.Run("complete and in order", func(t *testing.T) {
+		p, err := tcpproxy.StartOptions(echoServer(t), tcpproxy.Options{Delay: delay})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := dial(t, p)
+		const size = 8 << 20
+		want := make([]byte, size)
+		for i := range want {
+			// A sequence whose pieces do not repeat at any short period:
+			// a reordered or repeated piece shows.
+			want[i] = byte(i*7 + i>>8 + i>>16)
+		}
+		rng := uint64(1)
+		writeErr := make(chan error, 1)
+		go func() {
+			_ = c.SetWriteDeadline(time.Now().Add(20 * time.Second))
+			for off := 0; off < size; {
+				rng = rng*6364136223846793005 + 1442695040888963407
+				n := min(1+int(rng>>33)%(100<<10), size-off)
+				if _, err := c.Write(want[off : off+n]); err != nil {
+					writeErr <- err
+					return
+				}
+				off += n
+			}
+			writeErr <- nil
+		}()
+		got := make([]byte, size)
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		if _, err := io.ReadFull(c, got); err != nil {
+			t.Fatalf("read back %d bytes: %v", size, err)
+		}
+		if err := <-writeErr; err != nil {
+			t.Fatalf("write: %v", err)
+		}
+		if i := firstDifference(got, want); i >= 0 {
+			t.Fatalf("byte %d of %d came back as %d, want %d", i, size, got[i], want[i])
+		}
+		closeProxy(t, p)
+		noProxyGoroutines(t)
+	})
+
+	t.Run("bounded, closed with data queued", func(t *testing.T) {
+		p, err := tcpproxy.StartOptions(sinkServer(t), tcpproxy.Options{Delay: delay})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := dial(t, p)
+		// The target reads nothing: what the client manages to write is
+		// what the kernel's buffers and the proxy's queue hold.
+		const limit = 64 << 20
+		piece := make([]byte, 1<<20)
+		written := 0
+		for written < limit {
+			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+			n, err := c.Write(piece)
+			written += n
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("write: %v", err)
+			}
+		}
+		if written >= limit {
+			t.Fatalf("a target that reads nothing was sent %d MiB through the proxy without the writer blocking", written>>20)
+		}
+		t.Logf("held back for a target that reads nothing: %d MiB", written>>20)
+		closeProxy(t, p)
+		noProxyGoroutines(t)
+	})
+}
+
+func firstDifference(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
+}

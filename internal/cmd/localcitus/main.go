@@ -4,7 +4,15 @@
 //
 //	go run ./internal/cmd/localcitus -- go test -run Citus .
 //
-// -workers N starts N workers instead of two.
+// -workers N starts N workers instead of two. -cpu Q and -delay D
+// simulate nodes on machines of their own (internal/simcluster): each node
+// in a control group of its own with a quota of Q CPUs (say 0.25), and a
+// proxy in front of each node that delays each direction by D (say
+// 0.5ms), registered as the node's address in Citus's node table, so that
+// the coordinator reaches the workers through it; the command connects
+// through the proxies too. Without a writable CPU controller, -cpu says
+// so and the nodes run without quotas. The groups and proxies are removed
+// when the command ends.
 //
 // The command gets PGLEASE_TEST_DSN (the coordinator's URL, where
 // applications connect), PGLEASE_TEST_CITUS_WORKERS (the workers' URLs,
@@ -17,44 +25,49 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/pglease/watermill-pglease/internal/pgrepl"
+	"github.com/pglease/watermill-pglease/internal/simcluster"
 )
 
 func main() { os.Exit(run()) }
 
 func run() int {
-	args := os.Args[1:]
-	nWorkers := 0 // pgrepl's default
-	if len(args) > 1 && args[0] == "-workers" {
-		n, err := strconv.Atoi(args[1])
-		if err != nil || n < 1 {
-			fmt.Fprintln(os.Stderr, "localcitus: -workers takes a number of workers, at least 1")
-			return 2
-		}
-		nWorkers, args = n, args[2:]
+	fs := flag.NewFlagSet("localcitus", flag.ContinueOnError)
+	nWorkers := fs.Int("workers", 2, "the number of workers, at least 1")
+	cpu := fs.Float64("cpu", 0, "each node's CPU quota in CPUs (0.25: a quarter of a CPU); 0: none")
+	delay := fs.Duration("delay", 0, "the latency each node's proxy adds to each direction (0.5ms); 0: no proxies")
+	fs.Usage = func() {
+		fmt.Fprintln(os.Stderr, "usage: localcitus [-workers N] [-cpu Q] [-delay D] -- command [args...]")
+		fs.PrintDefaults()
 	}
-	if len(args) > 0 && args[0] == "--" {
-		args = args[1:]
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return 2
+	}
+	args := fs.Args()
+	if *nWorkers < 1 {
+		fmt.Fprintln(os.Stderr, "localcitus: -workers takes a number of workers, at least 1")
+		return 2
+	}
+	if *cpu < 0 || *delay < 0 {
+		fmt.Fprintln(os.Stderr, "localcitus: -cpu and -delay must not be negative")
+		return 2
 	}
 	if len(args) == 0 {
-		fmt.Fprintln(os.Stderr, "usage: localcitus [-workers N] -- command [args...]")
+		fs.Usage()
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	cluster, err := pgrepl.StartCitus(ctx, pgrepl.CitusOptions{
-		Workers: nWorkers,
-		Logf:    func(format string, a ...any) { fmt.Fprintf(os.Stderr, "localcitus: "+format+"\n", a...) },
-	})
+	logf := func(format string, a ...any) { fmt.Fprintf(os.Stderr, "localcitus: "+format+"\n", a...) }
+	cluster, err := simcluster.Start(ctx, simcluster.Options{Workers: *nWorkers, CPU: *cpu, Delay: *delay, Logf: logf})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "localcitus:", err)
 		return 1
@@ -64,14 +77,14 @@ func run() int {
 			fmt.Fprintln(os.Stderr, "localcitus: stop:", err)
 		}
 	}()
-	workers := make([]string, len(cluster.Workers))
-	for i, w := range cluster.Workers {
-		workers[i] = w.DSN()
+	var workers []string
+	for _, w := range cluster.Workers() {
+		workers = append(workers, w.DSN)
 	}
 	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(),
-		"PGLEASE_TEST_DSN="+cluster.Coordinator.DSN(),
+		"PGLEASE_TEST_DSN="+cluster.DSN,
 		"PGLEASE_TEST_CITUS_WORKERS="+strings.Join(workers, " "),
 		"PGLEASE_TEST_CITUS=1")
 	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
