@@ -2,6 +2,7 @@ package pglease_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -105,4 +106,123 @@ func TestUnrelatedTransactionsHoldNoTopic(t *testing.T) {
 		}
 		require.Equal(t, append([]string{first.UUID}, later...), got, "a in position order, the outbox's message first")
 	})
+}
+
+// TestMigrationToSequencePositionsUnderTraffic: schema version 14 under
+// traffic. A group half-way through a backlog of transaction-id positions
+// continues exactly where it was; a transaction that published with the
+// old trigger before the migration makes it wait (forced: the migration
+// is seen waiting for its lock before the transaction commits), and
+// publishers that run through the migration lose nothing: every message
+// after the group's position is delivered once, each publisher's in the
+// order it published them.
+func TestMigrationToSequencePositionsUnderTraffic(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 12)
+	adapter := newSchema(t, pool)
+	require.NoError(t, migrateTo(ctx, pool, adapter, 13))
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
+	require.NoError(t, err)
+	const topic, group = "t", "g"
+	backlog := publishN(t, pub, topic, 100)
+
+	// The group acknowledged the 50th message of the backlog.
+	var tx string
+	var off int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT transaction_id::text, "offset" FROM `+table(adapter, pglease.DefaultMessagesTable)+
+		` WHERE uuid = $1`, backlog[49]).Scan(&tx, &off))
+	_, err = pool.Exec(ctx, `INSERT INTO `+table(adapter, pglease.DefaultConsumerOffsetsTable)+
+		` (consumer_group, topic, partition, acked_transaction_id, acked_offset) VALUES ($1, $2, 0, $3::text::xid8, $4)`, group, topic, tx, off)
+	require.NoError(t, err)
+
+	// A transaction publishes with the old trigger and stays open.
+	oldTx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = oldTx.Rollback(context.WithoutCancel(ctx)) }()
+	outbox, err := pglease.NewPublisher(oldTx, pglease.PublisherConfig{Tables: adapter}, nil)
+	require.NoError(t, err)
+	inOld := message.NewMessage(watermill.NewUUID(), []byte("old"))
+	require.NoError(t, outbox.Publish(topic, inOld))
+
+	// Publishers keep publishing through the migration.
+	const publishers = 4
+	stop := make(chan struct{})
+	published := make([][]string, publishers)
+	var count atomic.Int64
+	errs := make(chan error, publishers)
+	for i := range publishers {
+		go func() {
+			for {
+				select {
+				case <-stop:
+					errs <- nil
+					return
+				default:
+				}
+				msg := message.NewMessage(watermill.NewUUID(), []byte("p"))
+				if err := pub.Publish(topic, msg); err != nil {
+					errs <- err
+					return
+				}
+				published[i] = append(published[i], msg.UUID)
+				count.Add(1)
+			}
+		}()
+	}
+	waitFor(t, 30*time.Second, "publishers to publish", func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM `+table(adapter, pglease.DefaultMessagesTable)).Scan(&n)
+		return n > 150
+	})
+
+	migrator, err := pgx.Connect(ctx, testkit.DSN)
+	require.NoError(t, err)
+	defer migrator.Close(ctx)
+	migrated := make(chan error, 1)
+	go func() { migrated <- migrateTo(ctx, migrator, adapter, 14) }()
+	require.True(t, waitBlockedOnLock(t, pool, migrator.PgConn().PID(), nil), "the migration waits for the open publisher")
+	require.NoError(t, oldTx.Commit(ctx))
+	require.NoError(t, <-migrated)
+	after := count.Load()
+	waitFor(t, 30*time.Second, "publishers to publish after the migration", func() bool { return count.Load() >= after+50 })
+	close(stop)
+	for range publishers {
+		require.NoError(t, <-errs)
+	}
+
+	want := map[string]bool{inOld.UUID: true}
+	for _, id := range backlog[50:] {
+		want[id] = true
+	}
+	total := len(want)
+	for _, ids := range published {
+		for _, id := range ids {
+			want[id] = true
+		}
+		total += len(ids)
+	}
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter, ConsumerGroup: group}, testLogger())
+	require.NoError(t, err)
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	got := testkit.UUIDs(testkit.Receive(t, msgs, total, time.Minute))
+	require.Equal(t, backlog[50:], got[:50], "the group continues after the 50th message of the backlog")
+	seen := map[string]bool{}
+	for _, id := range got {
+		require.True(t, want[id], "delivered %s, which lies at or before the group's position", id)
+		require.False(t, seen[id], "delivered %s twice", id)
+		seen[id] = true
+	}
+	order := map[string]int{}
+	for i, id := range got {
+		order[id] = i
+	}
+	for i, ids := range published {
+		for j := 1; j < len(ids); j++ {
+			require.Less(t, order[ids[j-1]], order[ids[j]], "publisher %d's messages in the order published", i)
+		}
+	}
+	t.Logf("%d messages delivered after the group's position, %d of them by the publishers that ran through the migration",
+		total, total-51)
 }
