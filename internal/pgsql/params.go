@@ -69,9 +69,6 @@ type VisibleTopicsParams struct {
 	Topics     []string
 	Partitions []int32 // nil: partition 0 of each topic
 	Positions  []Position
-	// Bounds, on a single node, are the rows' bounds (see
-	// [SelectMessagesParams.Bound]); nil: the driver computes them first.
-	Bounds []uint64
 }
 
 // TopicParams are the settings of one topic.

@@ -231,13 +231,6 @@ func selectMessages(ctx context.Context, q Querier, s Stmt, limit int) (SelectRe
 // VisibleTopics returns the (1-based) index of each row of p that has a
 // visible message after its position.
 func (d singleNode) VisibleTopics(ctx context.Context, q Querier, p VisibleTopicsParams) ([]int64, error) {
-	if p.Bounds == nil && len(p.Topics) > 0 {
-		bounds, err := d.PositionBounds(ctx, q, p.Topics, p.Partitions)
-		if err != nil {
-			return nil, err
-		}
-		p.Bounds = bounds
-	}
 	return collect(ctx, q, d.t.VisibleTopics(p), pgx.RowTo[int64])
 }
 

@@ -312,6 +312,13 @@ func (t *Tables) PositionBounds(topics []string, partitions []int32) Stmt {
 
 // VisibleTopics is the statement of [VisibleTopics].
 //
+// On a single node it looks for a committed message after each position
+// below the counter read by the statement, not below the position bound:
+// it decides only whether to wake the row's consumer, whose read computes
+// the bound, and a bound of its own would cost the idle poll a second
+// statement. A row held by an open publisher of its topic, with committed
+// messages above, is reported, and its consumer's read finds them pending.
+//
 // Each row looks for its first visible message in a LATERAL sub-select
 // ordered as the primary key and limited to one row: a probe of the index
 // per row, whatever the size of the table. Written as EXISTS, the planner
@@ -321,26 +328,20 @@ func (t *Tables) PositionBounds(topics []string, partitions []int32) Stmt {
 func (t *Tables) VisibleTopics(p VisibleTopicsParams) Stmt {
 	txIDs := make([]string, len(p.Positions))
 	offsets := make([]int64, len(p.Positions))
-	bounds := make([]string, len(p.Positions))
 	for i, pos := range p.Positions {
 		txIDs[i] = formatXID8(pos.TransactionID)
 		offsets[i] = pos.Offset
-		if i < len(p.Bounds) {
-			bounds[i] = formatXID8(p.Bounds[i])
-		} else {
-			bounds[i] = "0"
-		}
 	}
 	return Stmt{
 		SQL: `SELECT t.n
-FROM unnest($1::text[], $4::integer[], $2::text[], $3::bigint[], $5::text[]) WITH ORDINALITY AS t(topic, partition, tx, off, bound, n)
+FROM unnest($1::text[], $4::integer[], $2::text[], $3::bigint[]) WITH ORDINALITY AS t(topic, partition, tx, off, n)
 CROSS JOIN LATERAL (SELECT 1 FROM ` + t.Messages + ` m
 	WHERE m.topic = t.topic AND m.partition = t.partition AND ` + t.classesOf("t.topic") + `
 		AND (m.transaction_id, m."offset") > (t.tx::xid8, t.off)
-		AND m.transaction_id < t.bound::text::xid8
+		AND m.transaction_id < ` + t.positionCounter() + `
 	ORDER BY m.transaction_id, m."offset"
 	LIMIT 1) visible`,
-		Args: []any{p.Topics, txIDs, offsets, partitionsOf(p.Topics, p.Partitions), bounds},
+		Args: []any{p.Topics, txIDs, offsets, partitionsOf(p.Topics, p.Partitions)},
 	}
 }
 
