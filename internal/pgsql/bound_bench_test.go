@@ -22,7 +22,9 @@ import (
 // messages to 64 topics, each its own transaction (a registration, its
 // locks, a position per row). Each case reads the bound of 1 and of 100
 // topics per statement; /read is the bound and the read of one topic's
-// partition (SelectMessages, its two statements).
+// partition (SelectMessages, its two statements); /select1 and /xmin are
+// a statement that does nothing and the read of the xmin horizon (what
+// reads compared with before), under the same load.
 //
 //	go test -run '^$' -bench PositionBound -benchtime 2000x ./internal/pgsql
 func BenchmarkPositionBound(b *testing.B) {
@@ -53,6 +55,19 @@ func BenchmarkPositionBound(b *testing.B) {
 	parts := make([]int32, len(topics))
 
 	run := func(b *testing.B) {
+		// Baselines: a statement that does nothing, and the xmin horizon
+		// that reads compared with before schema version 14.
+		for name, sql := range map[string]string{"select1": `SELECT 1`,
+			"xmin": `SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text`} {
+			b.Run(name, func(b *testing.B) {
+				for b.Loop() {
+					var v any
+					if err := pool.QueryRow(ctx, sql).Scan(&v); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 		for _, n := range []int{1, 100} {
 			b.Run(fmt.Sprintf("topics=%d", n), func(b *testing.B) {
 				for b.Loop() {
