@@ -2,6 +2,7 @@ package pglease_test
 
 import (
 	"context"
+	"net/url"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -225,4 +226,54 @@ func TestMigrationToSequencePositionsUnderTraffic(t *testing.T) {
 	}
 	t.Logf("%d messages delivered after the group's position, %d of them by the publishers that ran through the migration",
 		total, total-51)
+}
+
+// TestPositionsInTheDefaultSchema: with the tables' schema left to the
+// search_path (Tables.Schema empty), the trigger and the bound find the
+// sequence in the messages table's schema; a session's own temporary
+// sequence of the same name is not used (the functions search pg_temp
+// last), so a publisher cannot choose its positions through it.
+func TestPositionsInTheDefaultSchema(t *testing.T) {
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, testkit.DSN)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	name := "pglease_default_" + randomHex(6)
+	_, err = admin.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize())
+	require.NoError(t, err)
+	defer func() {
+		_, _ = admin.Exec(context.WithoutCancel(ctx), `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`)
+	}()
+	u, err := url.Parse(testkit.DSN)
+	require.NoError(t, err)
+	u.Path = "/" + name
+	pool := newPoolOn(t, u.String(), 4)
+	cfg, err := pgx.ParseConfig(u.String())
+	require.NoError(t, err)
+	var adapter pglease.Tables
+	require.NoError(t, migrateTo(ctx, pool, adapter, len(tablesOf(adapter).Migrations())))
+
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `CREATE TEMPORARY SEQUENCE pglease_messages_positions`)
+	require.NoError(t, err)
+	pub, err := pglease.NewPublisher(conn, pglease.PublisherConfig{Tables: adapter}, nil)
+	require.NoError(t, err)
+	msg := message.NewMessage(watermill.NewUUID(), []byte("x"))
+	require.NoError(t, pub.Publish("t", msg))
+	var position, temp uint64
+	require.NoError(t, conn.QueryRow(ctx, `SELECT transaction_id::text::bigint FROM pglease_messages WHERE uuid = $1`, msg.UUID).Scan(&position))
+	require.NoError(t, conn.QueryRow(ctx, `SELECT last_value FROM pg_temp.pglease_messages_positions`).Scan(&temp))
+	require.Greater(t, position, uint64(1)<<40, "the position comes from the tables' sequence")
+	require.Equal(t, uint64(1), temp, "the session's temporary sequence is untouched")
+
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter}, testLogger())
+	require.NoError(t, err)
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	got := receiveOne(t, msgs)
+	require.Equal(t, msg.UUID, got.UUID)
+	got.Ack()
 }

@@ -963,6 +963,8 @@ INSERT INTO "My ""App"""."version" (version, description) VALUES (13, 'retention
 DO $pglease1$
 DECLARE
 	distributed boolean := false;
+	nsp name;
+	seq text;
 BEGIN
 	IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
 		EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($1))'
@@ -976,21 +978,26 @@ BEGIN
 	-- transaction id for its position has committed or aborted when the
 	-- sequence starts, above all of them.
 	LOCK TABLE "My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz" IN SHARE ROW EXCLUSIVE MODE;
-	IF to_regclass('"My ""App"""."messages_with_a_rather_long_name_that_needs__05ba50ac_positions"') IS NULL THEN
+	-- The messages table's schema (with Schema empty, the search_path
+	-- decided where it is): the sequence goes there too.
+	SELECT n.nspname INTO nsp FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.oid = '"My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz"'::regclass;
+	seq := quote_ident(nsp) || '.' || quote_ident('messages_with_a_rather_long_name_that_needs__05ba50ac_positions');
+	IF to_regclass(seq) IS NULL THEN
 		-- CACHE 1: a range cached per backend would hand values out of
 		-- the order in which they are taken.
-		CREATE SEQUENCE "My ""App"""."messages_with_a_rather_long_name_that_needs__05ba50ac_positions" AS bigint CACHE 1 NO CYCLE;
+		EXECUTE 'CREATE SEQUENCE ' || seq || ' AS bigint CACHE 1 NO CYCLE';
 		-- Above the transaction counter by 2^40, and called (last_value
 		-- is a value handed out): a release that reads below the xmin
 		-- horizon never reaches the new positions (it stalls, it does
 		-- not skip), and this release's bound never passes a value not
 		-- yet taken.
-		PERFORM pg_catalog.setval('"My ""App"""."messages_with_a_rather_long_name_that_needs__05ba50ac_positions"',
+		PERFORM pg_catalog.setval(seq::regclass,
 			pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint + 1099511627776, true);
 	END IF;
 	-- Any role may read where the sequence is and take values from it
 	-- (what a publisher's trigger does); none but the owner may set it.
-	GRANT SELECT, USAGE ON SEQUENCE "My ""App"""."messages_with_a_rather_long_name_that_needs__05ba50ac_positions" TO PUBLIC;
+	EXECUTE 'GRANT SELECT, USAGE ON SEQUENCE ' || seq || ' TO PUBLIC';
 	CREATE OR REPLACE FUNCTION "My ""App"""."messages_with_a_rather_long_name_that_ne_05ba50ac_take_position"() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog
 		AS $pglease$
 DECLARE
@@ -1019,29 +1026,24 @@ BEGIN
 	IF registered IS NULL OR pg_catalog.strpos(registered, ',' || mark) = 0 THEN
 		-- v is the last value handed out: every position taken after is
 		-- above it.
-		SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END INTO v FROM "My ""App"""."messages_with_a_rather_long_name_that_needs__05ba50ac_positions" s;
+		SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END INTO v FROM "messages_with_a_rather_long_name_that_needs__05ba50ac_positions" s;
 		PERFORM pg_catalog.pg_advisory_xact_lock_shared(8070450532247928832 | v);
 		root := COALESCE(pg_catalog.pg_partition_root(TG_RELID), TG_RELID);
 		PERFORM pg_catalog.pg_advisory_xact_lock_shared((root::bigint - CASE WHEN root::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::integer, k);
 		PERFORM pg_catalog.set_config('pglease.registered', COALESCE(NULLIF(registered, ''), ',') || mark, true);
 	END IF;
-	NEW.transaction_id := pg_catalog.nextval('"My ""App"""."messages_with_a_rather_long_name_that_needs__05ba50ac_positions"'::regclass)::text::xid8;
+	NEW.transaction_id := pg_catalog.nextval('"messages_with_a_rather_long_name_that_needs__05ba50ac_positions"'::regclass)::text::xid8;
 	NEW.created_at := pg_catalog.now();
 	RETURN NEW;
 END
 $pglease$;
-	-- Triggers do not check EXECUTE: no role needs it.
-	REVOKE ALL ON FUNCTION "My ""App"""."messages_with_a_rather_long_name_that_ne_05ba50ac_take_position"() FROM PUBLIC;
-	DROP TRIGGER IF EXISTS "messages_with_a_rather_long_name_that_n_05ba50ac_transaction_id" ON "My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz";
-	CREATE TRIGGER "messages_with_a_rather_long_name_that_n_05ba50ac_transaction_id" BEFORE INSERT ON "My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz"
-		FOR EACH ROW EXECUTE FUNCTION "My ""App"""."messages_with_a_rather_long_name_that_ne_05ba50ac_take_position"();
 	CREATE OR REPLACE FUNCTION "My ""App"""."messages_with_a_rather_long_name_that_n_05ba50ac_position_bound"(topics text[], partitions integer[], OUT bounds bigint[], OUT next bigint)
 		LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog
 		AS $pglease$
 DECLARE
 	last bigint;
 	called boolean;
-	root oid := '"My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz"'::regclass;
+	root oid := '"messages_with_a_rather_long_name_that_needs_shortening_xyz"'::regclass;
 BEGIN
 	-- The rows read with this bound must be read by a later statement,
 	-- with a snapshot of its own taken after this one ended.
@@ -1052,7 +1054,7 @@ BEGIN
 	-- First where the sequence is: every value up to last was handed out
 	-- (taken by a transaction that had registered) before the locks are
 	-- read.
-	SELECT s.last_value, s.is_called INTO last, called FROM "My ""App"""."messages_with_a_rather_long_name_that_needs__05ba50ac_positions" s;
+	SELECT s.last_value, s.is_called INTO last, called FROM "messages_with_a_rather_long_name_that_needs__05ba50ac_positions" s;
 	next := CASE WHEN called THEN last + 1 ELSE last END;
 	-- Then the transactions that hold a topic's lock and may write the
 	-- messages table (a lock on it, or on one of its partitions, other
@@ -1079,6 +1081,18 @@ BEGIN
 	FROM unnest(topics, partitions) WITH ORDINALITY AS t(topic, partition, n);
 END
 $pglease$;
+	-- They name the sequence and the messages table unqualified, found in
+	-- the table's schema: pg_catalog first (no planted function or
+	-- operator), temporary objects last (no session's own).
+	EXECUTE 'ALTER FUNCTION ' || '"My ""App"""."messages_with_a_rather_long_name_that_ne_05ba50ac_take_position"' || '() SET search_path = pg_catalog, '
+		|| quote_ident(nsp) || ', pg_temp';
+	EXECUTE 'ALTER FUNCTION ' || '"My ""App"""."messages_with_a_rather_long_name_that_n_05ba50ac_position_bound"' || '(text[], integer[]) SET search_path = pg_catalog, '
+		|| quote_ident(nsp) || ', pg_temp';
+	-- Triggers do not check EXECUTE: no role needs it.
+	REVOKE ALL ON FUNCTION "My ""App"""."messages_with_a_rather_long_name_that_ne_05ba50ac_take_position"() FROM PUBLIC;
+	DROP TRIGGER IF EXISTS "messages_with_a_rather_long_name_that_n_05ba50ac_transaction_id" ON "My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz";
+	CREATE TRIGGER "messages_with_a_rather_long_name_that_n_05ba50ac_transaction_id" BEFORE INSERT ON "My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz"
+		FOR EACH ROW EXECUTE FUNCTION "My ""App"""."messages_with_a_rather_long_name_that_ne_05ba50ac_take_position"();
 END
 $pglease1$;
 INSERT INTO "My ""App"""."version" (version, description) VALUES (14, 'positions held back only by the publishers of the same topic: a sequence, the publishers'' registration, the readers'' bound (single node)') ON CONFLICT (version) DO NOTHING;

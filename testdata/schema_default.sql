@@ -956,6 +956,8 @@ INSERT INTO "pglease_schema_version" (version, description) VALUES (13, 'retenti
 DO $pglease1$
 DECLARE
 	distributed boolean := false;
+	nsp name;
+	seq text;
 BEGIN
 	IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
 		EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($1))'
@@ -969,21 +971,26 @@ BEGIN
 	-- transaction id for its position has committed or aborted when the
 	-- sequence starts, above all of them.
 	LOCK TABLE "pglease_messages" IN SHARE ROW EXCLUSIVE MODE;
-	IF to_regclass('"pglease_messages_positions"') IS NULL THEN
+	-- The messages table's schema (with Schema empty, the search_path
+	-- decided where it is): the sequence goes there too.
+	SELECT n.nspname INTO nsp FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.oid = '"pglease_messages"'::regclass;
+	seq := quote_ident(nsp) || '.' || quote_ident('pglease_messages_positions');
+	IF to_regclass(seq) IS NULL THEN
 		-- CACHE 1: a range cached per backend would hand values out of
 		-- the order in which they are taken.
-		CREATE SEQUENCE "pglease_messages_positions" AS bigint CACHE 1 NO CYCLE;
+		EXECUTE 'CREATE SEQUENCE ' || seq || ' AS bigint CACHE 1 NO CYCLE';
 		-- Above the transaction counter by 2^40, and called (last_value
 		-- is a value handed out): a release that reads below the xmin
 		-- horizon never reaches the new positions (it stalls, it does
 		-- not skip), and this release's bound never passes a value not
 		-- yet taken.
-		PERFORM pg_catalog.setval('"pglease_messages_positions"',
+		PERFORM pg_catalog.setval(seq::regclass,
 			pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint + 1099511627776, true);
 	END IF;
 	-- Any role may read where the sequence is and take values from it
 	-- (what a publisher's trigger does); none but the owner may set it.
-	GRANT SELECT, USAGE ON SEQUENCE "pglease_messages_positions" TO PUBLIC;
+	EXECUTE 'GRANT SELECT, USAGE ON SEQUENCE ' || seq || ' TO PUBLIC';
 	CREATE OR REPLACE FUNCTION "pglease_messages_take_position"() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog
 		AS $pglease$
 DECLARE
@@ -1023,11 +1030,6 @@ BEGIN
 	RETURN NEW;
 END
 $pglease$;
-	-- Triggers do not check EXECUTE: no role needs it.
-	REVOKE ALL ON FUNCTION "pglease_messages_take_position"() FROM PUBLIC;
-	DROP TRIGGER IF EXISTS "pglease_messages_transaction_id" ON "pglease_messages";
-	CREATE TRIGGER "pglease_messages_transaction_id" BEFORE INSERT ON "pglease_messages"
-		FOR EACH ROW EXECUTE FUNCTION "pglease_messages_take_position"();
 	CREATE OR REPLACE FUNCTION "pglease_messages_position_bound"(topics text[], partitions integer[], OUT bounds bigint[], OUT next bigint)
 		LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog
 		AS $pglease$
@@ -1072,6 +1074,18 @@ BEGIN
 	FROM unnest(topics, partitions) WITH ORDINALITY AS t(topic, partition, n);
 END
 $pglease$;
+	-- They name the sequence and the messages table unqualified, found in
+	-- the table's schema: pg_catalog first (no planted function or
+	-- operator), temporary objects last (no session's own).
+	EXECUTE 'ALTER FUNCTION ' || '"pglease_messages_take_position"' || '() SET search_path = pg_catalog, '
+		|| quote_ident(nsp) || ', pg_temp';
+	EXECUTE 'ALTER FUNCTION ' || '"pglease_messages_position_bound"' || '(text[], integer[]) SET search_path = pg_catalog, '
+		|| quote_ident(nsp) || ', pg_temp';
+	-- Triggers do not check EXECUTE: no role needs it.
+	REVOKE ALL ON FUNCTION "pglease_messages_take_position"() FROM PUBLIC;
+	DROP TRIGGER IF EXISTS "pglease_messages_transaction_id" ON "pglease_messages";
+	CREATE TRIGGER "pglease_messages_transaction_id" BEFORE INSERT ON "pglease_messages"
+		FOR EACH ROW EXECUTE FUNCTION "pglease_messages_take_position"();
 END
 $pglease1$;
 INSERT INTO "pglease_schema_version" (version, description) VALUES (14, 'positions held back only by the publishers of the same topic: a sequence, the publishers'' registration, the readers'' bound (single node)') ON CONFLICT (version) DO NOTHING;

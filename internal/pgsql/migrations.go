@@ -285,10 +285,14 @@ func (t *Tables) placeholders() map[string]string {
 
 		// Migration 14: the sequence positions come from, the trigger
 		// function that takes them, the readers' bound.
-		"position_seq":         t.PositionSequence(),
-		"position_seq_literal": quoteLiteral(t.PositionSequence()),
-		"take_position_fn":     t.partition("take_position"),
-		"position_bound_fn":    t.PositionBoundFunction(),
+		"position_seq_name_literal":  quoteLiteral(t.partitionName("positions")),
+		"position_seq_ident":         pgx.Identifier{t.partitionName("positions")}.Sanitize(),
+		"position_seq_ident_literal": quoteLiteral(pgx.Identifier{t.partitionName("positions")}.Sanitize()),
+		"messages_ident_literal":     quoteLiteral(pgx.Identifier{msgs}.Sanitize()),
+		"take_position_fn":           t.partition("take_position"),
+		"take_position_fn_literal":   quoteLiteral(t.partition("take_position")),
+		"position_bound_fn":          t.PositionBoundFunction(),
+		"position_bound_fn_literal":  quoteLiteral(t.PositionBoundFunction()),
 
 		"sessions_expires_at_idx":           t.indexName(t.ConsumerSessionsTable, DefaultConsumerSessionsTable, "expires_at_idx"),
 		"sessions_expires_at_idx_qualified": expiresAtIdx.Sanitize(),
