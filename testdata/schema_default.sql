@@ -1000,6 +1000,12 @@ DECLARE
 	v bigint;
 	root oid;
 BEGIN
+	-- Called only for a row that the trigger's WHEN clause does not let
+	-- through: a transaction not yet registered for the row's topic and
+	-- partition, a position not taken by this row's default (written by
+	-- the statement, or taken before the registration), a creation time
+	-- written, or the owner's import.
+	--
 	-- The owner's import of another system's messages keeps the
 	-- positions it computed (see ImportInsertMessages): only a member of
 	-- the owner's role that asked for it in its transaction.
@@ -1007,24 +1013,25 @@ BEGIN
 		AND pg_catalog.pg_has_role((SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = TG_RELID), 'USAGE') THEN
 		RETURN NEW;
 	END IF;
-	-- Registration, once per transaction, table and key of the topic and
-	-- partition: v, the sequence's last value, then a shared lock on v
-	-- (tagged in the top byte) and one on the topic's key (the messages
-	-- table's oid, the hash), both held to the end of the transaction.
-	-- Every position taken after is above v; a reader that sees the
-	-- topic's lock reads up to v only (see the position bound).
+	-- Registration, once per transaction, messages table and key of the
+	-- topic and partition: v, the last value the sequence handed out,
+	-- then a shared lock on v (tagged in the top byte) and one on the
+	-- topic's key (the messages table's oid, the hash), both held to the
+	-- end of the transaction. Every position taken after is above v; a
+	-- reader that sees the topic's lock reads up to v only (see the
+	-- position bound).
+	root := COALESCE(pg_catalog.pg_partition_root(TG_RELID), TG_RELID);
 	k := pg_catalog.hashtext(NEW.topic || ':' || NEW.partition::text);
-	mark := TG_RELID::text || ':' || k::text || ',';
+	mark := root::text || ':' || k::text || ',';
 	registered := pg_catalog.current_setting('pglease.registered', true);
 	IF registered IS NULL OR pg_catalog.strpos(registered, ',' || mark) = 0 THEN
-		-- v is the last value handed out: every position taken after is
-		-- above it.
 		SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END INTO v FROM "pglease_messages_positions" s;
 		PERFORM pg_catalog.pg_advisory_xact_lock_shared(8070450532247928832 | v);
-		root := COALESCE(pg_catalog.pg_partition_root(TG_RELID), TG_RELID);
 		PERFORM pg_catalog.pg_advisory_xact_lock_shared((root::bigint - CASE WHEN root::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::integer, k);
 		PERFORM pg_catalog.set_config('pglease.registered', COALESCE(NULLIF(registered, ''), ',') || mark, true);
 	END IF;
+	-- A position taken after the registration: the rows that follow,
+	-- whose default takes the next, pass the WHEN clause.
 	NEW.transaction_id := pg_catalog.nextval('"pglease_messages_positions"'::regclass)::text::xid8;
 	NEW.created_at := pg_catalog.now();
 	RETURN NEW;
@@ -1083,9 +1090,32 @@ $pglease$;
 		|| quote_ident(nsp) || ', pg_temp';
 	-- Triggers do not check EXECUTE: no role needs it.
 	REVOKE ALL ON FUNCTION "pglease_messages_take_position"() FROM PUBLIC;
+	-- A row takes its position from its default; the trigger's function
+	-- runs only where the WHEN clause cannot tell the position is good:
+	-- unless the owner's import asked to keep its own, a row passes when
+	-- its position is the last value this session took from the sequence
+	-- (currval: so taken by this row's default, after every earlier
+	-- row's trigger), its creation time is now(), and its transaction has
+	-- registered for its topic and partition (the function's mark, keyed
+	-- by the messages table's oid). A position taken before the
+	-- registration is not the last value any more: the function takes
+	-- another. currval is reached only when the import did not ask: a
+	-- statement that writes its own transaction_id in a session that never
+	-- took a value fails (currval is not defined yet).
+	EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN transaction_id SET DEFAULT pg_catalog.nextval(%L::regclass)::text::xid8',
+		'"pglease_messages"'::regclass, seq);
 	DROP TRIGGER IF EXISTS "pglease_messages_transaction_id" ON "pglease_messages";
-	CREATE TRIGGER "pglease_messages_transaction_id" BEFORE INSERT ON "pglease_messages"
-		FOR EACH ROW EXECUTE FUNCTION "pglease_messages_take_position"();
+	EXECUTE pg_catalog.format('CREATE TRIGGER %I BEFORE INSERT ON %s FOR EACH ROW WHEN (CASE
+	WHEN pg_catalog.current_setting(''pglease.keep_positions'', true) OPERATOR(pg_catalog.=) ''on'' THEN true
+	ELSE NEW.transaction_id IS DISTINCT FROM pg_catalog.currval(%L::regclass)::text::xid8
+		OR NEW.created_at IS DISTINCT FROM pg_catalog.now()
+		OR pg_catalog.strpos(COALESCE(pg_catalog.current_setting(''pglease.registered'', true), ''''),
+			'','' OPERATOR(pg_catalog.||) (%L::regclass)::oid::text OPERATOR(pg_catalog.||) '':'' OPERATOR(pg_catalog.||)
+			pg_catalog.hashtext(NEW.topic OPERATOR(pg_catalog.||) '':'' OPERATOR(pg_catalog.||) NEW.partition::text)::text
+			OPERATOR(pg_catalog.||) '','') OPERATOR(pg_catalog.=) 0
+	END) EXECUTE FUNCTION %s()',
+		'pglease_messages_transaction_id', '"pglease_messages"'::regclass, seq,
+		quote_ident(nsp) || '.' || quote_ident('pglease_messages'), '"pglease_messages_take_position"'::regproc);
 END
 $pglease1$;
 INSERT INTO "pglease_schema_version" (version, description) VALUES (14, 'positions held back only by the publishers of the same topic: a sequence, the publishers'' registration, the readers'' bound (single node)') ON CONFLICT (version) DO NOTHING;
