@@ -381,8 +381,9 @@ func TestPositionsFromAnotherClusterAreRefused(t *testing.T) {
 	ctx := context.Background()
 	offsets := table(adapter, pglease.DefaultConsumerOffsetsTable)
 	messages := table(adapter, pglease.DefaultMessagesTable)
-	// future is far ahead of anything this test cluster reaches.
-	const future = "1000000000000"
+	// future is far ahead of anything this test cluster reaches (the
+	// position sequence starts 2^40 above the transaction counter).
+	const future = "1125899906842624"
 
 	t.Run("position", func(t *testing.T) {
 		ids := publishN(t, pub, "positions", 2)
@@ -405,7 +406,7 @@ VALUES ('g', 'positions', $1::text::xid8, 1)`, future)
 
 		// The repair of docs/guarantees.md for positions only.
 		_, err = pool.Exec(ctx, `UPDATE `+offsets+` SET acked_transaction_id = '1', acked_offset = 0
-WHERE acked_transaction_id >= pg_snapshot_xmax(pg_current_snapshot())`)
+WHERE acked_transaction_id > (SELECT last_value FROM `+table(adapter, pglease.DefaultMessagesTable+"_positions")+`)::text::xid8`)
 		require.NoError(t, err)
 		got := receive(t, msgs, 2, 10*time.Second)
 		assert.Equal(t, ids, uuids(got))

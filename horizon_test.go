@@ -311,8 +311,10 @@ func TestCommitOffsetVersionHint(t *testing.T) {
 }
 
 // TestDeliveryStallIsLoggedOnce: committed messages held back by an open
-// writing transaction are logged once per stall, with the blocking pid;
-// they are delivered when it ends.
+// transaction that published to the same topic before them (an outbox
+// transaction) are logged once per stall, with the blocking pid; they are
+// delivered when it ends. A writer that published nothing holds nothing
+// (TestUnrelatedTransactionsHoldNoTopic).
 func TestDeliveryStallIsLoggedOnce(t *testing.T) {
 	ctx := context.Background()
 	pool := newPool(t, 10)
@@ -335,8 +337,9 @@ func TestDeliveryStallIsLoggedOnce(t *testing.T) {
 	require.NoError(t, blocker.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
 	tx, err := blocker.Begin(ctx)
 	require.NoError(t, err)
-	_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()")
+	outbox, err := pglease.NewPublisher(tx, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
+	require.NoError(t, outbox.Publish("t", message.NewMessage(watermill.NewUUID(), []byte("outbox"))))
 	held := publishN(t, pub, "t", 1)
 
 	stalls := func() []logEntry {
@@ -351,6 +354,7 @@ func TestDeliveryStallIsLoggedOnce(t *testing.T) {
 	waitFor(t, 10*time.Second, "the stall to be logged", func() bool { return len(stalls()) > 0 })
 	e := stalls()[0]
 	assert.Equal(t, pid, e.Fields["pid"])
+	assert.Equal(t, "t", e.Fields["topic"])
 	// The consumer keeps polling every 50 ms while the stall lasts; a
 	// second message behind the same transaction must not log again.
 	held = append(held, publishN(t, pub, "t", 1)...)

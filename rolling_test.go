@@ -428,9 +428,15 @@ func TestRollingDeploy(t *testing.T) {
 		longest.Round(time.Millisecond), row, interval)
 	assert.Less(t, longest, interval, "row %s was without a live owner for %s, more than a heartbeat interval", row, longest)
 
+	// Schema version 14 takes positions from a sequence started above
+	// the transaction counter: the previous release reads such a row as
+	// ahead of the counter, refuses it (an error, retried) and delivers
+	// nothing past it, so that the rows it owns wait for this release's
+	// members; it logs no other error, and this release's none.
 	for _, p := range append(append([]*helperProc(nil), olds...), news...) {
 		for _, line := range strings.Split(p.logs(), "\n") {
-			if strings.Contains(line, "level=ERROR") {
+			if strings.Contains(line, "level=ERROR") && (!strings.HasPrefix(p.cfg.Name, "old") ||
+				!strings.Contains(line, "ahead of the database's transaction counter")) {
 				t.Errorf("%s logged an error: %s", p.cfg.Name, line)
 			}
 		}

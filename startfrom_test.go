@@ -246,13 +246,20 @@ func TestDeletedOffsetRowsUnderStartFromLatest(t *testing.T) {
 		return countOffsetRows(t, pool, offsets, "acked_offset > 0") == 2
 	})
 
-	// Partition 1's row deleted: its owner hands out the next message from
-	// memory, its commit finds no row, and the row comes back at the
-	// beginning, since the group still has partition 0's.
+	// Partition 1's row deleted: it comes back at the beginning, since the
+	// group still has partition 0's. Either its owner hands out the next
+	// message from memory first (its commit finds no row), or a claim
+	// found the row missing before that read (the read is two statements
+	// since schema version 14, the claim may come first): then the next
+	// message comes only once, after k1/0.
 	_, err = pool.Exec(ctx, testQuery+"DELETE FROM "+offsets+" WHERE partition = 1")
 	require.NoError(t, err)
 	publish(keys[1], 1)
-	assert.Equal(t, []string{keys[1] + "/1", keys[1] + "/0", keys[1] + "/1"}, payloads(3))
+	if first := payloads(2); first[0] == keys[1]+"/1" {
+		assert.Equal(t, []string{keys[1] + "/1", keys[1] + "/0", keys[1] + "/1"}, append(first, payloads(1)...))
+	} else {
+		assert.Equal(t, []string{keys[1] + "/0", keys[1] + "/1"}, first)
+	}
 	recreated("earliest", []int32{1})
 
 	// Every row deleted: both come back after every message visible then.

@@ -953,4 +953,177 @@ BEGIN
 END
 $pglease$;
 INSERT INTO "My ""App"""."version" (version, description) VALUES (13, 'retention: publishers use a new partition only once no transaction that could route without it runs') ON CONFLICT (version) DO NOTHING;
+
+-- version 14: positions held back only by the publishers of the same topic: a sequence, the publishers' registration, the readers' bound (single node)
+-- Positions from a sequence, held back only by the transactions that
+-- publish to the same topic and partition (docs/decisions/0008). On a
+-- single node only: a distributed messages table keeps its workers'
+-- transaction ids (DistributeScript's trigger) until the Citus driver
+-- moves too.
+DO $pglease1$
+DECLARE
+	distributed boolean := false;
+	nsp name;
+	seq text;
+BEGIN
+	IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+		EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($1))'
+			INTO distributed USING '"My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz"';
+	END IF;
+	IF distributed THEN
+		RETURN;
+	END IF;
+	-- Waits for every transaction that inserted with the old trigger to
+	-- end, and holds new inserts off until this commits: every row with a
+	-- transaction id for its position has committed or aborted when the
+	-- sequence starts, above all of them.
+	LOCK TABLE "My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz" IN SHARE ROW EXCLUSIVE MODE;
+	-- The messages table's schema (with Schema empty, the search_path
+	-- decided where it is): the sequence goes there too.
+	SELECT n.nspname INTO nsp FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.oid = '"My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz"'::regclass;
+	seq := quote_ident(nsp) || '.' || quote_ident('messages_with_a_rather_long_name_that_needs__05ba50ac_positions');
+	IF to_regclass(seq) IS NULL THEN
+		-- CACHE 1: a range cached per backend would hand values out of
+		-- the order in which they are taken.
+		EXECUTE 'CREATE SEQUENCE ' || seq || ' AS bigint CACHE 1 NO CYCLE';
+		-- Above the transaction counter by 2^40, and called (last_value
+		-- is a value handed out): a release that reads below the xmin
+		-- horizon never reaches the new positions (it stalls, it does
+		-- not skip), and this release's bound never passes a value not
+		-- yet taken.
+		PERFORM pg_catalog.setval(seq::regclass,
+			pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint + 1099511627776, true);
+	END IF;
+	-- Any role may read where the sequence is and take values from it
+	-- (what a publisher's trigger does); none but the owner may set it.
+	EXECUTE 'GRANT SELECT, USAGE ON SEQUENCE ' || seq || ' TO PUBLIC';
+	CREATE OR REPLACE FUNCTION "My ""App"""."messages_with_a_rather_long_name_that_ne_05ba50ac_take_position"() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog
+		AS $pglease$
+DECLARE
+	k integer;
+	mark text;
+	registered text;
+	v bigint;
+	root oid;
+BEGIN
+	-- Called only for a row that the trigger's WHEN clause does not let
+	-- through: a transaction not yet registered for the row's topic and
+	-- partition, a position not taken by this row's default (written by
+	-- the statement, or taken before the registration), a creation time
+	-- written, or the owner's import.
+	--
+	-- The owner's import of another system's messages keeps the
+	-- positions it computed (see ImportInsertMessages): only a member of
+	-- the owner's role that asked for it in its transaction.
+	IF pg_catalog.current_setting('pglease.keep_positions', true) = 'on'
+		AND pg_catalog.pg_has_role((SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = TG_RELID), 'USAGE') THEN
+		RETURN NEW;
+	END IF;
+	-- Registration, once per transaction, messages table and key of the
+	-- topic and partition: v, the last value the sequence handed out,
+	-- then a shared lock on v (tagged in the top byte) and one on the
+	-- topic's key (the messages table's oid, the hash), both held to the
+	-- end of the transaction. Every position taken after is above v; a
+	-- reader that sees the topic's lock reads up to v only (see the
+	-- position bound).
+	root := COALESCE(pg_catalog.pg_partition_root(TG_RELID), TG_RELID);
+	k := pg_catalog.hashtext(NEW.topic || ':' || NEW.partition::text);
+	mark := root::text || ':' || k::text || ',';
+	registered := pg_catalog.current_setting('pglease.registered', true);
+	IF registered IS NULL OR pg_catalog.strpos(registered, ',' || mark) = 0 THEN
+		SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END INTO v FROM "messages_with_a_rather_long_name_that_needs__05ba50ac_positions" s;
+		PERFORM pg_catalog.pg_advisory_xact_lock_shared(8070450532247928832 | v);
+		PERFORM pg_catalog.pg_advisory_xact_lock_shared((root::bigint - CASE WHEN root::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::integer, k);
+		PERFORM pg_catalog.set_config('pglease.registered', COALESCE(NULLIF(registered, ''), ',') || mark, true);
+	END IF;
+	-- A position taken after the registration: the rows that follow,
+	-- whose default takes the next, pass the WHEN clause.
+	NEW.transaction_id := pg_catalog.nextval('"messages_with_a_rather_long_name_that_needs__05ba50ac_positions"'::regclass)::text::xid8;
+	NEW.created_at := pg_catalog.now();
+	RETURN NEW;
+END
+$pglease$;
+	CREATE OR REPLACE FUNCTION "My ""App"""."messages_with_a_rather_long_name_that_n_05ba50ac_position_bound"(topics text[], partitions integer[], OUT bounds bigint[], OUT next bigint)
+		LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog
+		AS $pglease$
+DECLARE
+	last bigint;
+	called boolean;
+	root oid := '"messages_with_a_rather_long_name_that_needs_shortening_xyz"'::regclass;
+BEGIN
+	-- The rows read with this bound must be read by a later statement,
+	-- with a snapshot of its own taken after this one ended.
+	IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+		RAISE EXCEPTION 'pglease: the position bound needs READ COMMITTED (this transaction is %)',
+			pg_catalog.current_setting('transaction_isolation');
+	END IF;
+	-- First where the sequence is: every value up to last was handed out
+	-- (taken by a transaction that had registered) before the locks are
+	-- read.
+	SELECT s.last_value, s.is_called INTO last, called FROM "messages_with_a_rather_long_name_that_needs__05ba50ac_positions" s;
+	next := CASE WHEN called THEN last + 1 ELSE last END;
+	-- Then the transactions that hold a topic's lock and may write the
+	-- messages table (a lock on it, or on one of its partitions, other
+	-- than ACCESS SHARE): the bound is just above the lowest v they
+	-- registered (their positions are above it), else just above last.
+	WITH l AS MATERIALIZED (
+		SELECT l.locktype, l.virtualtransaction AS vx, l.classid, l.objid, l.objsubid
+		FROM pg_catalog.pg_locks l
+		WHERE l.granted AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+			AND (l.locktype = 'advisory' AND (l.objsubid = 2 AND l.classid = root OR l.objsubid = 1 AND l.classid::bigint >> 24 = 112)
+				OR l.locktype = 'relation' AND l.mode <> 'AccessShareLock'
+					AND (l.relation = root OR l.relation IN (SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = root)))
+	), writers AS (
+		SELECT DISTINCT l.vx FROM l WHERE l.locktype = 'relation'
+	), keys AS (
+		SELECT l.vx, l.objid::bigint AS k FROM l JOIN writers w ON w.vx = l.vx WHERE l.locktype = 'advisory' AND l.objsubid = 2
+	), vs AS (
+		SELECT l.vx, ((l.classid::bigint & 16777215) << 32) | l.objid::bigint AS v
+		FROM l JOIN writers w ON w.vx = l.vx WHERE l.locktype = 'advisory' AND l.objsubid = 1
+	)
+	SELECT pg_catalog.array_agg(LEAST(next, (SELECT pg_catalog.min(vs.v) + 1 FROM keys JOIN vs ON vs.vx = keys.vx
+			WHERE keys.k = (pg_catalog.hashtext(t.topic || ':' || t.partition::text)::bigint & 4294967295))) ORDER BY t.n)
+		INTO bounds
+	FROM unnest(topics, partitions) WITH ORDINALITY AS t(topic, partition, n);
+END
+$pglease$;
+	-- They name the sequence and the messages table unqualified, found in
+	-- the table's schema: pg_catalog first (no planted function or
+	-- operator), temporary objects last (no session's own).
+	EXECUTE 'ALTER FUNCTION ' || '"My ""App"""."messages_with_a_rather_long_name_that_ne_05ba50ac_take_position"' || '() SET search_path = pg_catalog, '
+		|| quote_ident(nsp) || ', pg_temp';
+	EXECUTE 'ALTER FUNCTION ' || '"My ""App"""."messages_with_a_rather_long_name_that_n_05ba50ac_position_bound"' || '(text[], integer[]) SET search_path = pg_catalog, '
+		|| quote_ident(nsp) || ', pg_temp';
+	-- Triggers do not check EXECUTE: no role needs it.
+	REVOKE ALL ON FUNCTION "My ""App"""."messages_with_a_rather_long_name_that_ne_05ba50ac_take_position"() FROM PUBLIC;
+	-- A row takes its position from its default; the trigger's function
+	-- runs only where the WHEN clause cannot tell the position is good:
+	-- unless the owner's import asked to keep its own, a row passes when
+	-- its position is the last value this session took from the sequence
+	-- (currval: so taken by this row's default, after every earlier
+	-- row's trigger), its creation time is now(), and its transaction has
+	-- registered for its topic and partition (the function's mark, keyed
+	-- by the messages table's oid). A position taken before the
+	-- registration is not the last value any more: the function takes
+	-- another. currval is reached only when the import did not ask: a
+	-- statement that writes its own transaction_id in a session that never
+	-- took a value fails (currval is not defined yet).
+	EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN transaction_id SET DEFAULT pg_catalog.nextval(%L::regclass)::text::xid8',
+		'"My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz"'::regclass, seq);
+	DROP TRIGGER IF EXISTS "messages_with_a_rather_long_name_that_n_05ba50ac_transaction_id" ON "My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz";
+	EXECUTE pg_catalog.format('CREATE TRIGGER %I BEFORE INSERT ON %s FOR EACH ROW WHEN (CASE
+	WHEN pg_catalog.current_setting(''pglease.keep_positions'', true) OPERATOR(pg_catalog.=) ''on'' THEN true
+	ELSE NEW.transaction_id IS DISTINCT FROM pg_catalog.currval(%L::regclass)::text::xid8
+		OR NEW.created_at IS DISTINCT FROM pg_catalog.now()
+		OR pg_catalog.strpos(COALESCE(pg_catalog.current_setting(''pglease.registered'', true), ''''),
+			'','' OPERATOR(pg_catalog.||) (%L::regclass)::oid::text OPERATOR(pg_catalog.||) '':'' OPERATOR(pg_catalog.||)
+			pg_catalog.hashtext(NEW.topic OPERATOR(pg_catalog.||) '':'' OPERATOR(pg_catalog.||) NEW.partition::text)::text
+			OPERATOR(pg_catalog.||) '','') OPERATOR(pg_catalog.=) 0
+	END) EXECUTE FUNCTION %s()',
+		'messages_with_a_rather_long_name_that_n_05ba50ac_transaction_id', '"My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz"'::regclass, seq,
+		quote_ident(nsp) || '.' || quote_ident('messages_with_a_rather_long_name_that_needs_shortening_xyz'), '"My ""App"""."messages_with_a_rather_long_name_that_ne_05ba50ac_take_position"'::regproc);
+END
+$pglease1$;
+INSERT INTO "My ""App"""."version" (version, description) VALUES (14, 'positions held back only by the publishers of the same topic: a sequence, the publishers'' registration, the readers'' bound (single node)') ON CONFLICT (version) DO NOTHING;
 COMMIT;

@@ -215,7 +215,7 @@ type consumerHub interface {
 type consumerHost interface {
 	releaseSlot(key rowKey, slot *topicSlot)
 	closeError(err error)
-	reportStall()
+	reportStall(row rowKey)
 }
 
 func (c *consumer) row() rowKey { return rowKey{topic: c.topic, partition: c.partition} }

@@ -207,7 +207,7 @@ type fakeConsumerHost struct{}
 
 func (fakeConsumerHost) releaseSlot(rowKey, *topicSlot) {}
 func (fakeConsumerHost) closeError(error)               {}
-func (fakeConsumerHost) reportStall()                   {}
+func (fakeConsumerHost) reportStall(rowKey)             {}
 
 // testMessage is a stored message at position (1, offset) whose payload
 // is size bytes, with no metadata.

@@ -320,7 +320,7 @@ func (o *ownership) fill(yielding bool) (res outcome, again bool) {
 		wait, stalled := o.pending.held(time.Now())
 		if stalled {
 			c.stats.stalls.Add(1)
-			c.host.reportStall()
+			c.host.reportStall(c.row())
 		}
 		resetTimer(&o.reread, wait)
 	default:

@@ -7,13 +7,17 @@ import (
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
 
-// horizon is the cluster's xmin horizon and the oldest running writing
-// transaction that holds it back (holder nil: none), as a Subscriber logs
-// it when delivery stalls. The admin package's Inspector.Horizon reads the
-// same statement for operators, with every column.
+// horizon is what holds back a row's delivery, as a Subscriber logs it
+// when delivery stalls: on a single node (TopicOnly) the position a
+// publisher of the row's topic registered and that publisher's
+// transaction; on Citus the cluster's xmin horizon and the oldest running
+// writing transaction that holds it back (the admin package's
+// Inspector.Horizon reads the same statement for operators, with every
+// column). Holder nil: none found.
 type horizon struct {
-	Xmin   uint64
-	Holder *horizonHolder
+	Xmin      uint64
+	Holder    *horizonHolder
+	TopicOnly bool
 }
 
 // horizonHolder is what the stall log names of the holding transaction:
@@ -26,13 +30,19 @@ type horizonHolder struct {
 	Age                         time.Duration
 }
 
-// readHorizon reads the xmin horizon and the transaction holding it back.
-func readHorizon(ctx context.Context, q pgsql.Querier, t pgsql.Driver) (horizon, error) {
-	r, err := t.InspectHorizon(ctx, q)
-	if err != nil || r.PID == nil {
-		return horizon{Xmin: r.Xmin}, err
+// readHorizon reads what holds back the delivery of a row: on a single
+// node the publisher of its topic and partition whose registration holds
+// the position bound lowest (Xmin its registered position, TopicOnly
+// true), on Citus the xmin horizon and the transaction holding it back.
+func readHorizon(ctx context.Context, q pgsql.Querier, t pgsql.Driver, row rowKey) (horizon, error) {
+	r, topicOnly, err := t.BoundHolder(ctx, q, row.topic, row.partition)
+	if err != nil || r.PID == nil && r.GID == nil {
+		return horizon{Xmin: r.Xmin, TopicOnly: topicOnly}, err
 	}
-	hh := &horizonHolder{PID: int(*r.PID)}
+	hh := &horizonHolder{}
+	if r.PID != nil {
+		hh.PID = int(*r.PID)
+	}
 	if r.GID != nil {
 		hh.GID = *r.GID
 	}
@@ -48,5 +58,5 @@ func readHorizon(ctx context.Context, q pgsql.Querier, t pgsql.Driver) (horizon,
 	if r.AgeSeconds != nil {
 		hh.Age = time.Duration(*r.AgeSeconds * float64(time.Second))
 	}
-	return horizon{Xmin: r.Xmin, Holder: hh}, nil
+	return horizon{Xmin: r.Xmin, Holder: hh, TopicOnly: topicOnly}, nil
 }

@@ -62,8 +62,9 @@ type Subscriber struct {
 	// retrying releases that fail, and Close reports them.
 	giveUp    chan struct{}
 	closeErrs []error // under mu
-	// stallXmin is the xmin horizon of the last delivery stall logged;
-	// stallChecking that a consumer is reading the horizon now.
+	// stallXmin is the position held (on Citus the xmin horizon) of the
+	// last delivery stall logged; stallChecking that a consumer is
+	// reading what holds it now.
 	stallMu       sync.Mutex
 	stallXmin     uint64
 	stallChecking bool
@@ -472,10 +473,12 @@ func summarize(errs []error, n int) []error {
 	return append(errs[:n-1:n-1], fmt.Errorf("and %d more errors", len(errs)-n+1))
 }
 
-// reportStall logs, once per stall (per xmin horizon), that committed
-// messages have waited behind an older running transaction for over
-// pendingFastFor, naming the backend that holds the horizon back.
-func (s *Subscriber) reportStall() {
+// reportStall logs, once per stall (per position held), that committed
+// messages of row have waited for over pendingFastFor, naming the backend
+// that holds them back: on a single node a transaction that published to
+// the row's topic and partition and has not ended, on Citus the oldest
+// running transaction (the xmin horizon).
+func (s *Subscriber) reportStall(row rowKey) {
 	s.stallMu.Lock()
 	if s.stallChecking {
 		s.stallMu.Unlock()
@@ -490,7 +493,7 @@ func (s *Subscriber) reportStall() {
 	}()
 	ctx, cancel := context.WithTimeout(s.ctx, s.stmtTimeout)
 	defer cancel()
-	h, err := readHorizon(ctx, s.pool, s.offsets.driver)
+	h, err := readHorizon(ctx, s.pool, s.offsets.driver, row)
 	if err != nil {
 		return
 	}
@@ -502,12 +505,21 @@ func (s *Subscriber) reportStall() {
 		return
 	}
 	fields := watermill.LogFields{"xmin": h.Xmin}
+	if h.TopicOnly {
+		fields = watermill.LogFields{"topic": row.topic, "partition": row.partition, "held_position": h.Xmin}
+	}
 	if hh := h.Holder; hh != nil {
 		fields["pid"], fields["application_name"], fields["state"] = hh.PID, hh.ApplicationName, hh.State
 		fields["transaction_age"], fields["xact_start"] = hh.Age.Round(time.Millisecond).String(), hh.XactStart
 		if hh.GID != "" {
 			fields["prepared_gid"] = hh.GID
 		}
+	}
+	if h.TopicOnly {
+		s.logger.Error("Delivery is held back: committed messages of this topic wait for a transaction that published "+
+			"to it earlier to end (only this topic and partition waits; end it, or bound such transactions with "+
+			"idle_in_transaction_session_timeout)", ErrDeliveryHeldBack, fields)
+		return
 	}
 	s.logger.Error("Delivery is held back: committed messages wait for an older transaction to end "+
 		"(every topic of the cluster waits; end it, or bound such transactions with idle_in_transaction_session_timeout)",

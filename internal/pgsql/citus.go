@@ -75,6 +75,10 @@ func (t *Tables) DistributeScript() string {
 		EXECUTE ` + lit(`CREATE OR REPLACE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog AS `+
 		dollarQuote(t.render("0012_position.plpgsql"))) + `;
 		EXECUTE ` + lit(`DROP TRIGGER IF EXISTS `+pgx.Identifier{trigger}.Sanitize()+` ON `+t.Messages) + `;
+		-- Schema version 14 gives a single node's messages positions from
+		-- a sequence, as the column's default: a distributed table takes
+		-- its workers' transaction ids, as before.
+		EXECUTE ` + lit(`ALTER TABLE `+t.Messages+` ALTER COLUMN transaction_id SET DEFAULT pg_catalog.pg_current_xact_id()`) + `;
 		EXECUTE ` + lit(`CREATE TRIGGER `+pgx.Identifier{trigger}.Sanitize()+` BEFORE INSERT ON `+t.Messages+
 		` FOR EACH ROW EXECUTE FUNCTION `+fn+`()`) + `;
 	END IF;` + reference + `

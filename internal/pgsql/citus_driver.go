@@ -42,7 +42,21 @@ func (d citus) selectMessagesStmt(p SelectMessagesParams) Stmt {
 		onHere = `(` + citusHereIs(7) + ` AND ` + hereIs(8) + `)`
 		args = append(args, p.WorkerHere)
 	}
-	return d.t.selectMessages(onHere, args)
+	return d.t.selectMessages(onHere, args, `pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())`,
+		`pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())`)
+}
+
+// PositionBounds implements Driver: nil, Citus reads below its workers'
+// xmin horizons.
+func (d citus) PositionBounds(context.Context, Querier, []string, []int32) ([]uint64, error) {
+	return nil, nil
+}
+
+// BoundHolder implements Driver: the xmin horizon's holder, as before
+// positions came from a sequence on a single node.
+func (d citus) BoundHolder(ctx context.Context, q Querier, _ string, _ int32) (HorizonRow, bool, error) {
+	h, err := d.one.InspectHorizon(ctx, q)
+	return h, false, err
 }
 
 // SelectMessages implements Driver.

@@ -36,6 +36,13 @@ type Driver interface {
 	UpsertTopic(ctx context.Context, q Querier, p TopicParams) (UpsertTopicResult, error)
 	TopicPartitions(ctx context.Context, q Querier, topics []string) (map[string]int, error)
 	SelectMessages(ctx context.Context, q Querier, p SelectMessagesParams) (SelectResult, error)
+	// PositionBounds returns, for each (topic, partition) row, the
+	// position below which a later statement may read its messages: on a
+	// single node the bound of decision 0008, computed from the sequence
+	// and the publishers' locks; it refuses to run at an isolation level
+	// other than READ COMMITTED. Citus returns nil (its reads use their
+	// worker's xmin horizon).
+	PositionBounds(ctx context.Context, q Querier, topics []string, partitions []int32) ([]uint64, error)
 	VisibleTopics(ctx context.Context, q Querier, p VisibleTopicsParams) ([]int64, error)
 
 	// Sessions.
@@ -96,6 +103,11 @@ type Driver interface {
 	InspectSessions(ctx context.Context, q Querier) ([]SessionRow, error)
 	InspectLag(ctx context.Context, q Querier, groups, topics []string) ([]LagRow, error)
 	InspectHorizon(ctx context.Context, q Querier) (HorizonRow, error)
+	// BoundHolder reads the transaction that holds back delivery of the
+	// topic's partition: on a single node the publisher of it whose
+	// registration holds its position bound lowest (topicOnly true), on
+	// Citus the coordinator's xmin horizon (InspectHorizon).
+	BoundHolder(ctx context.Context, q Querier, topic string, partition int32) (row HorizonRow, topicOnly bool, err error)
 	InspectTopics(ctx context.Context, q Querier) ([]TopicRow, error)
 	InspectTopicsPage(ctx context.Context, q Querier, first bool, after string, limit int) ([]TopicPageRow, error)
 	ResetOffsets(ctx context.Context, q Querier, p ResetParams) ([]ResetRow, error)

@@ -346,14 +346,31 @@ func (t *Tables) importReadTopic(topic string) Stmt {
 	pg_catalog.pg_current_xact_id()::text`, Args: []any{topic}}
 }
 
-// ImportReadTopic reads the [ImportTopicState] of topic.
+// ImportReadTopic reads the [ImportTopicState] of topic. Where positions
+// come from the sequence (schema version 14, a single node), CurrentTx is
+// a position the import's transaction takes as a publisher of the
+// topic's partition 0 does: registered first (a write lock on the
+// messages table, the sequence's last value and the topic's key locked,
+// see migration 14), so that no reader passes it while the import runs.
 func ImportReadTopic(ctx context.Context, q Querier, t *Tables, topic string) (ImportTopicState, error) {
+	var sequence bool
+	if err := q.QueryRow(ctx, `SELECT pg_catalog.to_regclass($1::text) IS NOT NULL`, t.PositionSequence()).Scan(&sequence); err != nil {
+		return ImportTopicState{}, err
+	}
+	var position *uint64
+	if sequence {
+		p, err := importRegister(ctx, q, t, topic)
+		if err != nil {
+			return ImportTopicState{}, err
+		}
+		position = &p
+	}
 	s := t.importReadTopic(topic)
 	rows, err := q.Query(ctx, s.SQL, s.Args...)
 	if err != nil {
 		return ImportTopicState{}, err
 	}
-	return pgx.CollectExactlyOneRow(rows, func(row pgx.CollectableRow) (ImportTopicState, error) {
+	st, err := pgx.CollectExactlyOneRow(rows, func(row pgx.CollectableRow) (ImportTopicState, error) {
 		var st ImportTopicState
 		var first *xid8
 		if err := row.Scan(&st.Partitions, &first, &st.HasOffsets, (*xid8)(&st.CurrentTx)); err != nil {
@@ -365,6 +382,36 @@ func ImportReadTopic(ctx context.Context, q Querier, t *Tables, topic string) (I
 		}
 		return st, nil
 	})
+	if err == nil && position != nil {
+		st.CurrentTx = *position
+	}
+	return st, err
+}
+
+// importRegister registers the import's transaction for topic's partition
+// 0 as the position trigger of migration 14 registers a publisher, one
+// statement after the other, and returns the position it takes after.
+func importRegister(ctx context.Context, q Querier, t *Tables, topic string) (uint64, error) {
+	steps := []string{
+		`LOCK TABLE ` + t.Messages + ` IN ROW EXCLUSIVE MODE`,
+		`SELECT pg_catalog.pg_advisory_xact_lock_shared(8070450532247928832 | CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END)
+FROM ` + t.PositionSequence() + ` s`,
+		`SELECT pg_catalog.pg_advisory_xact_lock_shared((c.oid::bigint - CASE WHEN c.oid::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::integer,
+	pg_catalog.hashtext($1::text || ':0'))
+FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass(` + quoteLiteral(t.Messages) + `)`,
+	}
+	for i, sql := range steps {
+		var args []any
+		if i == 2 {
+			args = []any{topic}
+		}
+		if _, err := q.Exec(ctx, sql, args...); err != nil {
+			return 0, err
+		}
+	}
+	var p uint64
+	err := q.QueryRow(ctx, `SELECT pg_catalog.nextval(`+quoteLiteral(t.PositionSequence())+`::regclass)`).Scan(&p)
+	return p, err
 }
 
 // ImportOffsetRow is a pglease offset row of partition 0 of a topic, and

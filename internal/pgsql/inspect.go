@@ -23,7 +23,7 @@ func (t *Tables) InspectLag(groups, topics []string) Stmt {
 	EXISTS (SELECT 1 FROM ` + t.Messages + ` m
 		WHERE m.topic = o.topic AND m.partition = o.partition AND m.transaction_id >= x.xmin)
 FROM ` + t.Offsets + ` o
-CROSS JOIN (SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()) AS xmin) x
+CROSS JOIN (SELECT ` + t.positionCounter() + ` AS xmin) x
 LEFT JOIN ` + t.Sessions + ` s ON s.id = o.session_id
 CROSS JOIN LATERAL (
 	SELECT pg_catalog.count(*) AS lag, pg_catalog.min(m.created_at) AS oldest FROM ` + t.Messages + ` m
@@ -56,6 +56,39 @@ LEFT JOIN LATERAL (
 	ORDER BY pg_catalog.age(c.xid) DESC
 	LIMIT 1
 ) h ON true`}
+}
+
+// BoundHolder is the statement of [Driver.BoundHolder] on a single node:
+// the transaction that holds the topic's lock and a write lock on the
+// messages table with the lowest registered v (see the position bound of
+// migration 14), in the columns of InspectHorizon, v in the first.
+func (t *Tables) BoundHolder(topic string, partition int32) Stmt {
+	return Stmt{SQL: `WITH db AS (
+	SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()
+), root AS (
+	SELECT pg_catalog.to_regclass($1::text)::oid AS oid
+), holders AS (
+	SELECT k.virtualtransaction AS vx, k.pid
+	FROM pg_catalog.pg_locks k, db, root
+	WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 2 AND k.database = db.oid AND k.classid = root.oid
+		AND k.objid::bigint = (pg_catalog.hashtext($2::text || ':' || $3::integer::text)::bigint & 4294967295)
+		AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks w WHERE w.virtualtransaction = k.virtualtransaction AND w.granted
+			AND w.locktype = 'relation' AND w.mode <> 'AccessShareLock' AND w.database = db.oid
+			AND (w.relation = root.oid OR w.relation IN (SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = root.oid)))
+), h AS (
+	SELECT holders.pid, (SELECT pg_catalog.min(((v.classid::bigint & 16777215) << 32) | v.objid::bigint) FROM pg_catalog.pg_locks v
+		WHERE v.virtualtransaction = holders.vx AND v.granted AND v.locktype = 'advisory' AND v.objsubid = 1
+			AND v.classid::bigint >> 24 = 112) AS v
+	FROM holders
+	ORDER BY 2
+	LIMIT 1
+)
+SELECT COALESCE(h.v, 0)::text, h.pid, CASE WHEN h.pid IS NULL AND h.v IS NOT NULL THEN '' END, a.application_name, a.state,
+	a.xact_start, a.query_start, extract(epoch FROM pg_catalog.now() - a.xact_start)::float8, pg_catalog.left(a.query, 1000),
+	a.datname::text, a.usename::text
+FROM (SELECT 1) one
+LEFT JOIN h ON true
+LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = h.pid`, Args: []any{t.Messages, topic, partition}}
 }
 
 // InspectTopics is the statement of [InspectTopics]. The topics with messages
@@ -107,9 +140,10 @@ ORDER BY n.topic`
 }
 
 // ResetOffsets is the statement of [ResetOffsets]. "latest" is the position
-// (xmin, 0), just below the xmin horizon: every message of a transaction
-// older than the oldest running one is skipped, the messages of running
-// transactions are not (their offsets are at least 1).
+// (bound - 1, the largest offset), just below the partition's position
+// bound (decision 0008) read by the statement: every message below the
+// bound is skipped, the messages of running publishers of the partition
+// are not (their positions are at least their bound).
 //
 // Whether a row's owner is alive is decided as ClaimOffsets decides it: on
 // the statement's snapshot (snap), where a session row exists before its
@@ -137,14 +171,13 @@ func (t *Tables) ResetOffsets(group, topic, to string, at time.Time, force bool,
 	WHERE o.consumer_group = $1 AND o.topic = $2
 	ORDER BY o.partition
 	FOR UPDATE
-), x AS (
-	SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()) AS xmin
 ), target AS (
 	SELECT cur.partition, cur.session_id, cur.acked_transaction_id, cur.acked_offset,
 		snap.session_id AS snap_session_id, snap.epoch AS snap_epoch,
 		snap.partition IS NULL OR cur.session_id IS DISTINCT FROM snap.session_id OR cur.epoch <> snap.epoch AS changed,
 		snap.live_owner, t.tx, t.off
-	FROM cur LEFT JOIN snap ON snap.partition = cur.partition, x, LATERAL (
+	FROM cur LEFT JOIN snap ON snap.partition = cur.partition,
+	LATERAL (SELECT b.bounds[1]::text::xid8 AS xmin, (b.bounds[1] - 1)::text::xid8 AS below FROM ` + t.PositionBoundFunction() + `(ARRAY[$2::text], ARRAY[cur.partition]) b) x, LATERAL (
 		SELECT c.tx, c.off FROM (
 			SELECT 1 AS choice, f.tx, f.off FROM (
 				SELECT m.transaction_id AS tx, m."offset" - 1 AS off
@@ -157,7 +190,7 @@ func (t *Tables) ResetOffsets(group, topic, to string, at time.Time, force bool,
 			UNION ALL
 			SELECT 2, '0'::xid8, 0::bigint WHERE $3 = 'earliest'
 			UNION ALL
-			SELECT 3, x.xmin, 0::bigint WHERE $3 IN ('latest', 'time')
+			SELECT 3, x.below, 9223372036854775807::bigint WHERE $3 IN ('latest', 'time')
 		) c
 		ORDER BY c.choice
 		LIMIT 1

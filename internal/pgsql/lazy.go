@@ -102,6 +102,24 @@ func (l *Lazy) SelectMessages(ctx context.Context, q Querier, p SelectMessagesPa
 	return d.SelectMessages(ctx, q, p)
 }
 
+// BoundHolder implements Driver.
+func (l *Lazy) BoundHolder(ctx context.Context, q Querier, topic string, partition int32) (HorizonRow, bool, error) {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return HorizonRow{}, false, err
+	}
+	return d.BoundHolder(ctx, q, topic, partition)
+}
+
+// PositionBounds implements Driver.
+func (l *Lazy) PositionBounds(ctx context.Context, q Querier, topics []string, partitions []int32) ([]uint64, error) {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return d.PositionBounds(ctx, q, topics, partitions)
+}
+
 // VisibleTopics implements Driver.
 func (l *Lazy) VisibleTopics(ctx context.Context, q Querier, p VisibleTopicsParams) ([]int64, error) {
 	d, err := l.Get(ctx, q)

@@ -171,6 +171,10 @@ var migrations = []struct {
 	// messages table open when a partition was attached still runs (see
 	// the file). Releases before it place by covered_until, as before.
 	{"0013_usable_until.sql", "retention: publishers use a new partition only once no transaction that could route without it runs"},
+	// Positions from a sequence, read below a bound that only the
+	// publishers of the same topic hold back (docs/decisions/0008). A
+	// distributed messages table is left as it is.
+	{"0014_positions.sql", "positions held back only by the publishers of the same topic: a sequence, the publishers' registration, the readers' bound (single node)"},
 }
 
 // Migrations returns every schema version, oldest first, for these tables.
@@ -278,6 +282,17 @@ func (t *Tables) placeholders() map[string]string {
 		"position_fn":              t.partition("transaction_id"),
 		"position_trigger":         pgx.Identifier{t.partitionName("transaction_id")}.Sanitize(),
 		"position_trigger_literal": quoteLiteral(t.partitionName("transaction_id")),
+
+		// Migration 14: the sequence positions come from, the trigger
+		// function that takes them, the readers' bound.
+		"position_seq_name_literal":  quoteLiteral(t.partitionName("positions")),
+		"position_seq_ident":         pgx.Identifier{t.partitionName("positions")}.Sanitize(),
+		"position_seq_ident_literal": quoteLiteral(pgx.Identifier{t.partitionName("positions")}.Sanitize()),
+		"messages_ident_literal":     quoteLiteral(pgx.Identifier{msgs}.Sanitize()),
+		"take_position_fn":           t.partition("take_position"),
+		"take_position_fn_literal":   quoteLiteral(t.partition("take_position")),
+		"position_bound_fn":          t.PositionBoundFunction(),
+		"position_bound_fn_literal":  quoteLiteral(t.PositionBoundFunction()),
 
 		"sessions_expires_at_idx":           t.indexName(t.ConsumerSessionsTable, DefaultConsumerSessionsTable, "expires_at_idx"),
 		"sessions_expires_at_idx_qualified": expiresAtIdx.Sanitize(),

@@ -55,6 +55,11 @@ type SelectMessagesParams struct {
 	// its row was claimed ([ClaimRow.WorkerHere]), checked on the worker
 	// instead of Here. Empty: not checked.
 	WorkerHere string
+	// Bound, on a single node, is the position below which rows are read
+	// ([Driver.PositionBounds]), computed by an earlier statement; 0: the
+	// driver computes it first, in a statement of its own. Citus reads
+	// below its worker's xmin horizon and ignores it.
+	Bound uint64
 }
 
 // VisibleTopicsParams list (topic, partition) rows with a position each;

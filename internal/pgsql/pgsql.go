@@ -183,6 +183,15 @@ func cutName(s string, n int) string {
 
 func (t *Tables) partitionName(suffix string) string { return t.PartitionName(suffix) }
 
+// PositionSequence is the quoted, schema-qualified name of the sequence
+// that messages take their positions from (schema version 14, a single
+// node).
+func (t *Tables) PositionSequence() string { return t.partition("positions") }
+
+// PositionBoundFunction is the quoted, schema-qualified name of the
+// function that computes the readers' bound (schema version 14).
+func (t *Tables) PositionBoundFunction() string { return t.partition("position_bound") }
+
 // partition returns the quoted, schema-qualified name of a partition.
 func (t *Tables) partition(suffix string) string {
 	if t.Schema == "" {

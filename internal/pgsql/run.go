@@ -132,7 +132,33 @@ type SelectResult struct {
 // of its payload plus the stored size of its metadata; with
 // p.MaxMessageBytes, a larger message comes without its payload.
 func (d singleNode) SelectMessages(ctx context.Context, q Querier, p SelectMessagesParams) (SelectResult, error) {
+	if p.Bound == 0 {
+		bounds, err := d.PositionBounds(ctx, q, []string{p.Topic}, []int32{p.Partition})
+		if err != nil {
+			return SelectResult{}, err
+		}
+		p.Bound = bounds[0]
+	}
 	return selectMessages(ctx, q, d.t.SelectMessages(p), p.Limit)
+}
+
+// PositionBounds implements Driver: one statement, whose snapshot the
+// reads that use the bounds must not share (each later statement of READ
+// COMMITTED takes its own).
+func (d singleNode) PositionBounds(ctx context.Context, q Querier, topics []string, partitions []int32) ([]uint64, error) {
+	s := d.t.PositionBounds(topics, partitions)
+	var bounds []int64
+	if err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&bounds); err != nil {
+		return nil, err
+	}
+	if len(bounds) != len(topics) {
+		return nil, fmt.Errorf("pgsql: %d position bounds for %d rows", len(bounds), len(topics))
+	}
+	out := make([]uint64, len(bounds))
+	for i, b := range bounds {
+		out[i] = uint64(b)
+	}
+	return out, nil
 }
 
 // selectMessages runs s, a statement of [Driver.SelectMessages] reading at

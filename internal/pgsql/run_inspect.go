@@ -76,6 +76,17 @@ func (d singleNode) InspectHorizon(ctx context.Context, q Querier) (HorizonRow, 
 	return h, err
 }
 
+// BoundHolder implements Driver: the publisher that holds the topic's
+// bound the lowest, Xmin its registered v (no PID: none; a prepared
+// transaction has no PID and an empty GID); topicOnly is true.
+func (d singleNode) BoundHolder(ctx context.Context, q Querier, topic string, partition int32) (HorizonRow, bool, error) {
+	s := d.t.BoundHolder(topic, partition)
+	var h HorizonRow
+	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan((*xid8)(&h.Xmin), &h.PID, &h.GID, &h.AppName, &h.State,
+		&h.XactStart, &h.QueryStart, &h.AgeSeconds, &h.Query, &h.DB, &h.User)
+	return h, true, err
+}
+
 // TopicRow is one topic of [InspectTopics].
 type TopicRow struct {
 	Topic       string

@@ -237,7 +237,7 @@ func oneTopic(topics []string) bool {
 // that p.After lies at or above the transaction counter: the position was
 // read on a history this database is not on (see [Here]).
 func (t *Tables) SelectMessages(p SelectMessagesParams) Stmt {
-	return t.selectMessages(hereIs(7), selectMessagesArgs(p))
+	return t.selectMessages(hereIs(7), append(selectMessagesArgs(p), formatXID8(p.Bound)), `$8::text::xid8`, t.positionCounter())
 }
 
 // selectMessagesArgs are the arguments of [Tables.SelectMessages]: $1 to
@@ -251,8 +251,10 @@ func selectMessagesArgs(p SelectMessagesParams) []any {
 }
 
 // selectMessages is the statement of [Driver.SelectMessages], onHere the
-// condition that it runs where the position was read.
-func (t *Tables) selectMessages(onHere string, args []any) Stmt {
+// condition that it runs where the position was read, bound the position
+// below which rows are read (xid8), counter the position no row of this
+// database has reached yet, read by the statement (xid8).
+func (t *Tables) selectMessages(onHere string, args []any, bound, counter string) Stmt {
 	// Neither octet_length of a payload nor pg_column_size of metadata
 	// reads a TOASTed value, only its header: a message left out costs
 	// its index entry and heap tuple, not its bytes. $6 is cast to bigint:
@@ -268,7 +270,7 @@ func (t *Tables) selectMessages(onHere string, args []any) Stmt {
 FROM ` + t.Messages + ` m
 WHERE m.topic = $1 AND m.partition = $2 AND ` + t.classesOf("$1") + `
 	AND (m.transaction_id, m."offset") > ($3::text::xid8, $4::bigint)
-	AND m.transaction_id < pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())
+	AND m.transaction_id < ` + bound + `
 ORDER BY m.transaction_id, m."offset"
 LIMIT $5)
 UNION ALL
@@ -276,25 +278,46 @@ SELECT CASE WHEN t.future THEN t."offset" END, CASE WHEN t.future THEN t.transac
 	CASE WHEN t.future THEN t.uuid END, NULL, NULL,
 	CASE WHEN t.future THEN EXISTS (SELECT FROM ` + t.Messages + ` m
 		WHERE m.topic = $1 AND m.partition = $2 AND ` + t.classesOf("$1") + `
-			AND m.transaction_id >= pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())
-			AND m.transaction_id < pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()))
+			AND m.transaction_id >= ` + bound + `
+			AND m.transaction_id < ` + counter + `)
 	ELSE true END,
 	t.future, NULL, false
 FROM (SELECT m."offset", m.transaction_id, m.uuid,
-		m.transaction_id >= pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()) AS future
+		m.transaction_id >= ` + counter + ` AS future
 	FROM ` + t.Messages + ` m
 	WHERE m.topic = $1 AND m.partition = $2 AND ` + t.classesOf("$1") + `
-		AND m.transaction_id >= pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())
+		AND m.transaction_id >= ` + bound + `
 	ORDER BY m.transaction_id DESC
 	LIMIT 1) t
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, false, false, NULL, true
-WHERE NOT (` + onHere + ` AND $3::text::xid8 < pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()))`,
+WHERE NOT (` + onHere + ` AND $3::text::xid8 < ` + counter + `)`,
 		Args: args,
 	}
 }
 
+// positionCounter is the position no row of this database has reached
+// yet, read from the sequence by the statement (xid8): the value the
+// sequence hands out next. A row at or above it was not written by this
+// database's history (see [Here]).
+func (t *Tables) positionCounter() string {
+	return `(SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END FROM ` + t.PositionSequence() + ` s)::text::xid8`
+}
+
+// PositionBounds is the statement of [Driver.PositionBounds].
+func (t *Tables) PositionBounds(topics []string, partitions []int32) Stmt {
+	return Stmt{SQL: `SELECT b.bounds FROM ` + t.PositionBoundFunction() + `($1::text[], $2::integer[]) b`,
+		Args: []any{topics, partitionsOf(topics, partitions)}}
+}
+
 // VisibleTopics is the statement of [VisibleTopics].
+//
+// On a single node it looks for a committed message after each position
+// below the counter read by the statement, not below the position bound:
+// it decides only whether to wake the row's consumer, whose read computes
+// the bound, and a bound of its own would cost the idle poll a second
+// statement. A row held by an open publisher of its topic, with committed
+// messages above, is reported, and its consumer's read finds them pending.
 //
 // Each row looks for its first visible message in a LATERAL sub-select
 // ordered as the primary key and limited to one row: a probe of the index
@@ -315,7 +338,7 @@ FROM unnest($1::text[], $4::integer[], $2::text[], $3::bigint[]) WITH ORDINALITY
 CROSS JOIN LATERAL (SELECT 1 FROM ` + t.Messages + ` m
 	WHERE m.topic = t.topic AND m.partition = t.partition AND ` + t.classesOf("t.topic") + `
 		AND (m.transaction_id, m."offset") > (t.tx::xid8, t.off)
-		AND m.transaction_id < pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())
+		AND m.transaction_id < ` + t.positionCounter() + `
 	ORDER BY m.transaction_id, m."offset"
 	LIMIT 1) visible`,
 		Args: []any{p.Topics, txIDs, offsets, partitionsOf(p.Topics, p.Partitions)},
@@ -436,7 +459,11 @@ func (t *Tables) DeleteExpiredSessions(p SessionParams) Stmt {
 
 // EnsureOffsets is the statement of [EnsureOffsets].
 //
-// With p.Latest, whether the group has a row of the topic is decided on
+// With p.Latest, a new group starts just below the partition's position
+// bound (decision 0008), read by the statement: (bound - 1, the largest
+// offset), so that every message at or above the bound is delivered and
+// the position is below the counter. Whether the group has a row of the
+// topic is decided on
 // the statement's snapshot, so the rows of a topic created by one
 // statement all start at the same place. Callers pass every partition of
 // a topic to the same statement: split over two, a new group's rows of
@@ -445,10 +472,11 @@ func (t *Tables) EnsureOffsets(p OffsetsParams) Stmt {
 	return Stmt{
 		SQL: `INSERT INTO ` + t.Offsets + ` AS o (consumer_group, topic, partition, acked_transaction_id, acked_offset)
 SELECT $1, t.topic, t.partition,
-	CASE WHEN $4 AND NOT EXISTS (SELECT 1 FROM ` + t.Offsets + ` g WHERE g.consumer_group = $1 AND g.topic = t.topic)
-		THEN pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()) ELSE '0'::xid8 END,
-	0
-FROM unnest($2::text[], $3::integer[]) AS t(topic, partition)
+	CASE WHEN l.latest THEN (b.bounds[t.n] - 1)::text::xid8 ELSE '0'::xid8 END,
+	CASE WHEN l.latest THEN 9223372036854775807 ELSE 0 END
+FROM unnest($2::text[], $3::integer[]) WITH ORDINALITY AS t(topic, partition, n)
+CROSS JOIN (SELECT f.bounds FROM ` + t.PositionBoundFunction() + `($2::text[], $3::integer[]) f) b
+CROSS JOIN LATERAL (SELECT $4 AND NOT EXISTS (SELECT 1 FROM ` + t.Offsets + ` g WHERE g.consumer_group = $1 AND g.topic = t.topic) AS latest) l
 ORDER BY t.topic, t.partition
 ON CONFLICT (consumer_group, topic, partition) DO NOTHING
 RETURNING o.topic, o.partition, o.acked_transaction_id::text`,
@@ -498,7 +526,7 @@ func (t *Tables) ClaimOffsets(p OffsetsParams) Stmt {
 ), cur AS (
 	SELECT t.topic, t.partition, o.consumer_group IS NULL AS missing, o.session_id, o.epoch,
 		s.id IS NOT NULL AS owner_exists, s.owner,
-		COALESCE(o.acked_transaction_id >= pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()), false) AS future
+		COALESCE(o.acked_transaction_id >= ` + t.positionCounter() + `, false) AS future
 	FROM unnest($2::text[], $5::integer[]) AS t(topic, partition)
 	LEFT JOIN ` + t.Offsets + ` o ON o.consumer_group = $1 AND o.topic = t.topic AND o.partition = t.partition
 	LEFT JOIN ` + t.Sessions + ` s ON s.id = o.session_id
@@ -590,14 +618,16 @@ func forwardSet(headOut int) string {
 // grows, so such a position was read on another history: the database
 // failed over to a standby that lagged, or was restored. Written, it would
 // skip what the database hands those transaction ids out to now.
-const notFuture = `$6::text::xid8 < pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())`
+func (t *Tables) notFuture() string { return `$6::text::xid8 < ` + t.positionCounter() }
 
 // onHistory is the condition of a fenced statement on position $6 and
 // the session's identity $here: the statement runs where the session was
 // made, and the position is not ahead of the counter (notFuture). When it
 // does not hold, the statement writes nothing and says so: the database
 // went back (see [Here]).
-func onHistory(here int) string { return `(` + hereIs(here) + ` AND ` + notFuture + `)` }
+func (t *Tables) onHistory(here int) string {
+	return `(` + hereIs(here) + ` AND ` + t.notFuture() + `)`
+}
 
 // CommitOffset is the statement of [CommitOffset].
 //
@@ -627,7 +657,7 @@ func (t *Tables) CommitOffset(p OffsetParams) Stmt {
 		AND (SELECT ok FROM here)`
 	return Stmt{
 		SQL: `WITH here AS (
-	SELECT ` + onHistory(9) + ` AS ok
+	SELECT ` + t.onHistory(9) + ` AS ok
 ), hinted AS (
 	` + update + ` AND ctid = NULLIF($8, '')::tid
 	RETURNING ctid
@@ -652,7 +682,7 @@ SELECT NULL, true FROM here WHERE NOT ok`,
 // (keptAboveSet).
 func (t *Tables) ReleaseOffset(p OffsetParams) Stmt {
 	sql := `WITH here AS (
-	SELECT ` + onHistory(8) + ` AS ok
+	SELECT ` + t.onHistory(8) + ` AS ok
 ), released AS (
 	UPDATE ` + t.Offsets + `
 	SET ` + forwardSet(9) + `,
@@ -684,7 +714,7 @@ SELECT (SELECT ok FROM here), (SELECT pg_catalog.count(topic) FROM notified)`,
 func (t *Tables) CountHeadDelivery(p OffsetParams) Stmt {
 	return Stmt{
 		SQL: `WITH here AS (
-	SELECT ` + onHistory(8) + ` AS ok
+	SELECT ` + t.onHistory(8) + ` AS ok
 ), counted AS (
 	UPDATE ` + t.Offsets + ` SET head_deliveries = head_deliveries + 1
 	WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5
@@ -714,7 +744,7 @@ func (t *Tables) AckOffset(p OffsetParams) Stmt {
 	}
 	return Stmt{
 		SQL: `WITH here AS (
-	SELECT ` + onHistory(8) + ` AS ok
+	SELECT ` + t.onHistory(8) + ` AS ok
 ), cur AS (
 	SELECT session_id, epoch, acked_transaction_id, acked_offset, acked_above,
 		$9::text = ANY(acked_above) AS recorded

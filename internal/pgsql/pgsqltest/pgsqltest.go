@@ -78,6 +78,16 @@ func cases() []testCase {
 		{"InsertPlacesByPartitionKey", testInsertPlacesByPartitionKey},
 		{"DelayedMovedWhenDue", testDelayedMovedWhenDue},
 		{"MoveDueSkipsLockedRows", testMoveDueSkipsLockedRows},
+		// positions held back only by their topic's publishers (0008)
+		{"UnrelatedWriterHoldsNothing", testUnrelatedWriterHoldsNothing},
+		{"OpenPublisherHoldsOnlyItsTopic", testOpenPublisherHoldsOnlyItsTopic},
+		{"PublisherBetweenReadingVAndLocks", testPublisherBetweenReadingVAndLocks},
+		{"PublisherBetweenLocksAndPosition", testPublisherBetweenLocksAndPosition},
+		{"ReaderBetweenItsStatements", testReaderBetweenItsStatements},
+		{"ManyTopicsInOneTransaction", testManyTopicsInOneTransaction},
+		{"PublishWaitPublishAgain", testPublishWaitPublishAgain},
+		{"SavepointRolledBackAfterRegistration", testSavepointRolledBackAfterRegistration},
+		{"BoundCountsOnlyWriters", testBoundCountsOnlyWriters},
 		// sessions
 		{"SessionCreateAndHeartbeat", testSessionCreateAndHeartbeat},
 		{"SessionReplacesAnother", testSessionReplacesAnother},
@@ -133,9 +143,10 @@ func Exercise(t *testing.T, open func(t *testing.T) Env) {
 // waitTimeout bounds every wait of a case on a condition.
 const waitTimeout = 30 * time.Second
 
-// ahead is a transaction id far above any test server's counter: a
-// position read on another history.
-const ahead = uint64(1) << 40
+// ahead is a position far above any test server's counter (the
+// transaction counter, or the position sequence, which starts 2^40 above
+// it): a position read on another history.
+const ahead = uint64(1) << 50
 
 // fixture is a case's environment and the helpers its cases share. Its
 // helpers fail the test on an error they do not expect.

@@ -1,0 +1,384 @@
+package pgsqltest
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
+)
+
+// The cases of decision 0008: positions from a sequence, read below a
+// bound that only the publishers of the same topic and partition hold
+// back. Each race of the decision record is forced from a second
+// connection: a lock the publisher's trigger needs, held by the case
+// (an advisory key held exclusively, the sequence held by an open ALTER
+// SEQUENCE), or a reader's two statements run apart. Citus keeps its
+// workers' transaction ids for now: the cases are skipped there.
+
+// positionsOnly skips a case on Citus, whose positions are its workers'
+// transaction ids (see docs/guarantees.md).
+func (f *fixture) positionsOnly() {
+	f.t.Helper()
+	if f.Citus {
+		f.t.Skip("Citus reads below its workers' xmin horizons (positions from the sequence are single-node only)")
+	}
+}
+
+// lastValue is the position sequence's last value.
+func (f *fixture) lastValue() uint64 {
+	f.t.Helper()
+	var v uint64
+	if err := f.Pool.QueryRow(f.ctx, `SELECT last_value FROM `+f.Tables.PositionSequence()).Scan(&v); err != nil {
+		f.t.Fatalf("read the sequence: %v", err)
+	}
+	return v
+}
+
+// bound is the position bound of topic's partition 0, computed now.
+func (f *fixture) bound(topic string) uint64 {
+	f.t.Helper()
+	b, err := f.Driver.PositionBounds(f.ctx, f.Pool, []string{topic}, []int32{0})
+	if err != nil || len(b) != 1 {
+		f.t.Fatalf("position bound of %s: %v, %v", topic, b, err)
+	}
+	return b[0]
+}
+
+// readBelow reads topic's partition 0 after a position with a bound
+// computed earlier (the reader's second statement).
+func (f *fixture) readBelow(topic string, after pgsql.Position, bound uint64) pgsql.SelectResult {
+	f.t.Helper()
+	p := f.selectParams(topic, 0, after)
+	p.Bound = bound
+	return f.read(p)
+}
+
+// drain reads topic's partition 0 from the beginning until nothing is
+// pending and returns the UUIDs in the order read, each read from the
+// last position of the one before, as a consumer does.
+func (f *fixture) drain(topic string) []string {
+	f.t.Helper()
+	var (
+		after pgsql.Position
+		got   []string
+	)
+	for {
+		res := f.read(f.selectParams(topic, 0, after))
+		if res.WentBack || res.Future != nil {
+			f.t.Fatalf("read of %s: %+v", topic, res)
+		}
+		got = append(got, uuidsOf(res.Messages)...)
+		if len(res.Messages) > 0 {
+			after = res.Messages[len(res.Messages)-1].Position
+			continue
+		}
+		if !res.Pending {
+			return got
+		}
+	}
+}
+
+// publishAsync publishes uuids to topic in tx from a goroutine, and
+// returns a channel that receives its error once the insert returns.
+func (f *fixture) publishAsync(tx pgx.Tx, topic string, uuids ...string) <-chan error {
+	done := make(chan error, 1)
+	p := pgsql.InsertMessagesParams{NotifyChannel: f.Tables.NotifyChannel}
+	for _, id := range uuids {
+		p.Topics = append(p.Topics, topic)
+		p.UUIDs = append(p.UUIDs, id)
+		p.Payloads = append(p.Payloads, []byte(id))
+		p.Metadata = append(p.Metadata, "")
+	}
+	go func() { done <- f.Driver.InsertMessages(f.ctx, tx, p) }()
+	return done
+}
+
+// testUnrelatedWriterHoldsNothing: a writing transaction that published
+// nothing delays no delivery (with xmin positions, it held every topic).
+func testUnrelatedWriterHoldsNothing(t *testing.T, f *fixture) {
+	f.positionsOnly()
+	const topic = "unrelated"
+	writer := f.begin()
+	if _, err := writer.Exec(f.ctx, `CREATE TEMPORARY TABLE scratch (x integer) ON COMMIT DROP`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writer.Exec(f.ctx, `INSERT INTO scratch VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	f.publish(f.Pool, topic, "m1", "m2")
+	res := f.read(f.selectParams(topic, 0, pgsql.Position{}))
+	if got := uuidsOf(res.Messages); !slices.Equal(got, []string{"m1", "m2"}) || res.Pending {
+		t.Fatalf("while an unrelated writer runs: %v (pending %t), want [m1 m2]", got, res.Pending)
+	}
+}
+
+// testOpenPublisherHoldsOnlyItsTopic: a transaction that published to A
+// and stays open holds back A's later messages, not B's; once it commits,
+// A's messages come in position order, its own first.
+func testOpenPublisherHoldsOnlyItsTopic(t *testing.T, f *fixture) {
+	f.positionsOnly()
+	tx := f.begin()
+	f.publish(tx, "a", "a1")
+	f.publish(f.Pool, "a", "a2")
+	f.publish(f.Pool, "b", "b1")
+	if res := f.read(f.selectParams("b", 0, pgsql.Position{})); !slices.Equal(uuidsOf(res.Messages), []string{"b1"}) {
+		t.Fatalf("b while a's publisher runs: %v, want [b1]", uuidsOf(res.Messages))
+	}
+	if res := f.read(f.selectParams("a", 0, pgsql.Position{})); len(res.Messages) != 0 || !res.Pending {
+		t.Fatalf("a while its publisher runs: %v (pending %t), want nothing, pending", uuidsOf(res.Messages), res.Pending)
+	}
+	var pid int32
+	if err := tx.QueryRow(f.ctx, `SELECT pg_catalog.pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	h, topicOnly, err := f.Driver.BoundHolder(f.ctx, f.Pool, "a", 0)
+	if err != nil || !topicOnly || h.PID == nil || *h.PID != pid || h.Xmin == 0 {
+		t.Fatalf("holder of a: %+v, %t, %v; want pid %d and its position", h, topicOnly, err, pid)
+	}
+	if h, _, err := f.Driver.BoundHolder(f.ctx, f.Pool, "b", 0); err != nil || h.PID != nil {
+		t.Fatalf("holder of b: %+v, %v; want none", h, err)
+	}
+	if err := tx.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.drain("a"); !slices.Equal(got, []string{"a1", "a2"}) {
+		t.Fatalf("a after the commit: %v, want [a1 a2]", got)
+	}
+}
+
+// testPublisherBetweenReadingVAndLocks: a publisher that read v but holds
+// no lock yet is not among the holders; the bound a reader computes then
+// is passed by no position the publisher takes after (they are taken
+// after its locks). The publisher is held there by an exclusive lock on
+// the tagged key of v, which the case takes first.
+func testPublisherBetweenReadingVAndLocks(t *testing.T, f *fixture) {
+	f.positionsOnly()
+	const topic = "between-v-and-locks"
+	f.publish(f.Pool, topic, "m0")
+	holder := f.begin()
+	v := f.lastValue()
+	// The key of v, and of v + 1: a publisher that took its position
+	// before it read v (the order this case guards) would wait there.
+	if _, err := holder.Exec(f.ctx, `SELECT pg_catalog.pg_advisory_xact_lock($1::bigint), pg_catalog.pg_advisory_xact_lock($1::bigint + 1)`,
+		int64(0x70<<56|v)); err != nil {
+		t.Fatal(err)
+	}
+	q := f.begin()
+	done := f.publishAsync(q, topic, "q1")
+	f.waitBlocked(1, "%INSERT INTO%", "")
+	// Moved on, so that p1's publisher reads another v than the keys held.
+	f.exec(`SELECT pg_catalog.nextval($1::text::regclass), pg_catalog.nextval($1::text::regclass)`, f.Tables.PositionSequence())
+	f.publish(f.Pool, topic, "p1")
+	b := f.bound(topic)
+	res := f.readBelow(topic, pgsql.Position{}, b)
+	if got := uuidsOf(res.Messages); !slices.Equal(got, []string{"m0", "p1"}) {
+		t.Fatalf("read below the bound while q waits before its locks: %v, want [m0 p1]", got)
+	}
+	passed := res.Messages[1].Position
+	if err := holder.Rollback(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("q's insert: %v", err)
+	}
+	if err := q.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := uuidsOf(f.readSettled(f.selectParams(topic, 0, passed)).Messages); !slices.Equal(got, []string{"q1"}) {
+		t.Fatalf("after the position passed: %v, want [q1] (not skipped)", got)
+	}
+}
+
+// testPublisherBetweenLocksAndPosition: a publisher that holds its locks
+// but has no position yet holds the bound at or below v + 1, v the last
+// value handed out when it registered, and takes its position above it.
+// The publisher is held before nextval by an open ALTER SEQUENCE of the
+// case (which holds every nextval, so the bound is v + 1 for any topic).
+func testPublisherBetweenLocksAndPosition(t *testing.T, f *fixture) {
+	f.positionsOnly()
+	const topic = "between-locks-and-nextval"
+	f.publish(f.Pool, topic, "m0")
+	holder := f.begin()
+	if _, err := holder.Exec(f.ctx, `ALTER SEQUENCE `+f.Tables.PositionSequence()+` CACHE 1`); err != nil {
+		t.Fatal(err)
+	}
+	v := f.lastValue()
+	q := f.begin()
+	done := f.publishAsync(q, topic, "q1")
+	f.waitBlocked(1, "%INSERT INTO%", "")
+	b := f.bound(topic)
+	if b > v+1 {
+		t.Fatalf("bound %d while q holds its locks without a position, want at most v + 1 = %d", b, v+1)
+	}
+	if res := f.readBelow(topic, pgsql.Position{}, b); !slices.Equal(uuidsOf(res.Messages), []string{"m0"}) {
+		t.Fatalf("read below the bound: %v, want [m0]", uuidsOf(res.Messages))
+	}
+	if err := holder.Rollback(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("q's insert: %v", err)
+	}
+	if err := q.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.drain(topic); !slices.Equal(got, []string{"m0", "q1"}) {
+		t.Fatalf("after q's commit: %v, want [m0 q1]", got)
+	}
+}
+
+// testReaderBetweenItsStatements: a reader computes its bound, then
+// publishers commit, abort or register before its read; the read below
+// that bound returns only what lay below it, and the next read (a new
+// bound) the rest: nothing is skipped, nothing read twice.
+func testReaderBetweenItsStatements(t *testing.T, f *fixture) {
+	f.positionsOnly()
+	const topic = "reader-between"
+	f.publish(f.Pool, topic, "m0")
+	committing := f.begin()
+	f.publish(committing, topic, "c1")
+	aborting := f.begin()
+	f.publish(aborting, topic, "x1")
+	b := f.bound(topic)
+	// Between the reader's two statements: one publisher commits, one
+	// aborts, a third registers, publishes and commits.
+	if err := committing.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := aborting.Rollback(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.publish(f.Pool, topic, "n1")
+	res := f.readBelow(topic, pgsql.Position{}, b)
+	if got := uuidsOf(res.Messages); !slices.Equal(got, []string{"m0"}) || !res.Pending {
+		t.Fatalf("read below the bound computed before: %v (pending %t), want [m0], pending", got, res.Pending)
+	}
+	if got := f.drain(topic); !slices.Equal(got, []string{"m0", "c1", "n1"}) {
+		t.Fatalf("read again: %v, want [m0 c1 n1]", got)
+	}
+}
+
+// testManyTopicsInOneTransaction: a transaction that publishes to two
+// topics in one statement holds back both, and a third not at all.
+func testManyTopicsInOneTransaction(t *testing.T, f *fixture) {
+	f.positionsOnly()
+	tx := f.begin()
+	p := pgsql.InsertMessagesParams{NotifyChannel: f.Tables.NotifyChannel,
+		Topics: []string{"many-a", "many-b"}, UUIDs: []string{"a1", "b1"}, Payloads: [][]byte{nil, nil}, Metadata: []string{"", ""}}
+	if err := f.Driver.InsertMessages(f.ctx, tx, p); err != nil {
+		t.Fatal(err)
+	}
+	for _, topic := range []string{"many-a", "many-b", "many-c"} {
+		f.publish(f.Pool, topic, topic+"-later")
+	}
+	for _, topic := range []string{"many-a", "many-b"} {
+		if res := f.read(f.selectParams(topic, 0, pgsql.Position{})); len(res.Messages) != 0 || !res.Pending {
+			t.Fatalf("%s while the publisher runs: %v, want nothing, pending", topic, uuidsOf(res.Messages))
+		}
+	}
+	if got := uuidsOf(f.read(f.selectParams("many-c", 0, pgsql.Position{})).Messages); !slices.Equal(got, []string{"many-c-later"}) {
+		t.Fatalf("many-c while the publisher runs: %v, want [many-c-later]", got)
+	}
+	if err := tx.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.drain("many-a"); !slices.Equal(got, []string{"a1", "many-a-later"}) {
+		t.Fatalf("many-a: %v", got)
+	}
+	if got := f.drain("many-b"); !slices.Equal(got, []string{"b1", "many-b-later"}) {
+		t.Fatalf("many-b: %v", got)
+	}
+}
+
+// testPublishWaitPublishAgain: a transaction that publishes, waits while
+// others publish and commit, and publishes again holds the topic from its
+// first registration to its end; its messages and the others' come in
+// position order, none skipped.
+func testPublishWaitPublishAgain(t *testing.T, f *fixture) {
+	f.positionsOnly()
+	const topic = "again"
+	tx := f.begin()
+	f.publish(tx, topic, "q1")
+	f.publish(f.Pool, topic, "p1")
+	if res := f.read(f.selectParams(topic, 0, pgsql.Position{})); len(res.Messages) != 0 {
+		t.Fatalf("while q runs: %v, want nothing", uuidsOf(res.Messages))
+	}
+	f.publish(tx, topic, "q2")
+	f.publish(f.Pool, topic, "p2")
+	if res := f.read(f.selectParams(topic, 0, pgsql.Position{})); len(res.Messages) != 0 {
+		t.Fatalf("while q runs, after its second insert: %v, want nothing", uuidsOf(res.Messages))
+	}
+	if err := tx.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.drain(topic); !slices.Equal(got, []string{"q1", "p1", "q2", "p2"}) {
+		t.Fatalf("after q's commit: %v, want [q1 p1 q2 p2]", got)
+	}
+}
+
+// testSavepointRolledBackAfterRegistration: a savepoint rolled back after
+// the registration releases its locks and forgets it (the setting reverts
+// with them), so the topic is no longer held; a later insert in the same
+// transaction registers again, above what readers passed meanwhile.
+func testSavepointRolledBackAfterRegistration(t *testing.T, f *fixture) {
+	f.positionsOnly()
+	const topic = "savepoint"
+	tx := f.begin()
+	if _, err := tx.Exec(f.ctx, `SAVEPOINT s`); err != nil {
+		t.Fatal(err)
+	}
+	f.publish(tx, topic, "gone")
+	if _, err := tx.Exec(f.ctx, `ROLLBACK TO SAVEPOINT s`); err != nil {
+		t.Fatal(err)
+	}
+	var held int
+	if err := tx.QueryRow(f.ctx, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks
+	WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()`).Scan(&held); err != nil || held != 0 {
+		t.Fatalf("advisory locks after the rollback to the savepoint: %d, %v; want none", held, err)
+	}
+	f.publish(f.Pool, topic, "p1")
+	res := f.read(f.selectParams(topic, 0, pgsql.Position{}))
+	if got := uuidsOf(res.Messages); !slices.Equal(got, []string{"p1"}) {
+		t.Fatalf("after the rollback to the savepoint: %v, want [p1]", got)
+	}
+	f.publish(tx, topic, "q1")
+	if err := tx.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := uuidsOf(f.readSettled(f.selectParams(topic, 0, res.Messages[0].Position)).Messages); !slices.Equal(got, []string{"q1"}) {
+		t.Fatalf("after p1: %v, want [q1]", got)
+	}
+}
+
+// testBoundCountsOnlyWriters: a transaction that takes a topic's key and a
+// tagged key itself, without a lock on the messages table (what a role
+// that may not write it can do), does not lower the bound; the bound
+// refuses to run where its read would share its snapshot.
+func testBoundCountsOnlyWriters(t *testing.T, f *fixture) {
+	f.positionsOnly()
+	const topic = "forged"
+	f.publish(f.Pool, topic, "m0")
+	forger := f.begin()
+	if _, err := forger.Exec(f.ctx, `SELECT pg_catalog.pg_advisory_xact_lock_shared(
+	(c.oid::bigint - CASE WHEN c.oid::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::integer,
+	pg_catalog.hashtext($2::text || ':0')),
+	pg_catalog.pg_advisory_xact_lock_shared(8070450532247928832 | 1)
+FROM pg_catalog.pg_class c WHERE c.oid = $1::text::regclass`, f.Tables.Messages, topic); err != nil {
+		t.Fatal(err)
+	}
+	v := f.lastValue()
+	if b := f.bound(topic); b != v+1 {
+		t.Fatalf("bound with a holder that may not write: %d, want %d", b, v+1)
+	}
+	rr, err := f.Pool.BeginTx(f.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = rr.Rollback(context.WithoutCancel(f.ctx)) }()
+	if _, err := f.Driver.PositionBounds(f.ctx, rr, []string{topic}, []int32{0}); err == nil {
+		t.Fatal("the bound ran in a REPEATABLE READ transaction, want an error")
+	}
+}
