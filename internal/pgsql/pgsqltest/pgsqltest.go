@@ -78,6 +78,13 @@ func cases() []testCase {
 		{"InsertPlacesByPartitionKey", testInsertPlacesByPartitionKey},
 		{"DelayedMovedWhenDue", testDelayedMovedWhenDue},
 		{"MoveDueSkipsLockedRows", testMoveDueSkipsLockedRows},
+		// idempotency keys
+		{"KeyedInsertStoresOnce", testKeyedInsertStoresOnce},
+		{"KeyedInsertWaitsForTheOther", testKeyedInsertWaitsForTheOther},
+		{"KeyedInsertWindow", testKeyedInsertWindow},
+		{"KeyedTransaction", testKeyedTransaction},
+		{"KeyedDelayed", testKeyedDelayed},
+		{"ForgetKeys", testForgetKeys},
 		// sessions
 		{"SessionCreateAndHeartbeat", testSessionCreateAndHeartbeat},
 		{"SessionReplacesAnother", testSessionReplacesAnother},
