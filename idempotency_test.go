@@ -1,0 +1,329 @@
+package pglease_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/components/delay"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/internal/tcpproxy"
+)
+
+// keyedByUUID is the PublisherConfig.IdempotencyKey that makes every retry
+// of a Publish safe.
+func keyedByUUID(_ string, msg *message.Message) string { return msg.UUID }
+
+// storedCount returns how many rows topic holds in the messages table of
+// tables, and how many distinct UUIDs.
+func storedCount(t *testing.T, pool *pgxpool.Pool, tables pglease.Tables, topic string) (rows, distinct int) {
+	t.Helper()
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT uuid) FROM `+
+		pgx.Identifier{tables.Schema, pglease.DefaultMessagesTable}.Sanitize()+` WHERE topic = $1`, topic).Scan(&rows, &distinct))
+	return rows, distinct
+}
+
+// viaProxy returns a pool on the test database through proxy.
+func viaProxy(t *testing.T, proxy *tcpproxy.Proxy, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	direct := directConnConfig(t)
+	cfg, err := pgxpool.ParseConfig(direct.ConnString())
+	require.NoError(t, err)
+	host, port, err := net.SplitHostPort(proxy.Addr())
+	require.NoError(t, err)
+	p, err := strconv.Atoi(port)
+	require.NoError(t, err)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = host, uint16(p), nil
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// TestIdempotentPublishCommitReplyLost: the real failure. A proxy lets
+// every statement through and, for one in every 7 that publish, drops
+// the connection after the server committed, before the reply: Publish
+// returns an error and the caller retries. 10,000 messages published
+// from 16 goroutines, each retried until it succeeds: with their UUID as
+// the idempotency key, each is stored exactly once, and every publish
+// that was cut is found stored by its retry. Without keys (the same run,
+// 1,000 messages) the cut publishes are stored twice: what the keys fix.
+func TestIdempotentPublishCommitReplyLost(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		keyed bool
+		n     int
+	}{{"with keys", true, 10000}, {"without keys", false, 1000}} {
+		t.Run(c.name, func(t *testing.T) {
+			proxy, err := tcpproxy.Start(net.JoinHostPort(directConnConfig(t).Host, strconv.Itoa(int(directConnConfig(t).Port))))
+			require.NoError(t, err)
+			defer proxy.Close()
+			var seen, cuts atomic.Int64
+			proxy.CutAfter(func(tag string) bool {
+				if !strings.HasPrefix(tag, "SELECT") && !strings.HasPrefix(tag, "INSERT") {
+					return false
+				}
+				if seen.Add(1)%7 != 0 {
+					return false
+				}
+				cuts.Add(1)
+				return true
+			})
+			admin := newPool(t, 4)
+			tables := newSchema(t, admin)
+			require.NoError(t, pglease.Migrate(context.Background(), admin, tables))
+			pool := viaProxy(t, proxy, 16)
+			config := pglease.PublisherConfig{Tables: tables}
+			if c.keyed {
+				config.IdempotencyKey = keyedByUUID
+			}
+			pub, err := pglease.NewPublisher(pool, config, nil)
+			require.NoError(t, err)
+
+			const workers = 16
+			var failures, found atomic.Int64
+			var wg sync.WaitGroup
+			for w := range workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := w; i < c.n; i += workers {
+						msg := message.NewMessage(watermill.NewUUID(), []byte(strconv.Itoa(i)))
+						for attempt := 0; ; attempt++ {
+							if attempt == 100 {
+								t.Errorf("message %d: 100 attempts failed", i)
+								return
+							}
+							res, err := pub.PublishWithResult("t", msg)
+							if err != nil {
+								failures.Add(1)
+								continue
+							}
+							found.Add(int64(len(res.AlreadyStored)))
+							break
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			require.NoError(t, pub.Close())
+			rows, distinct := storedCount(t, admin, tables, "t")
+			t.Logf("%d messages, %d publishes cut after their commit, %d failed calls retried, %d retries found their message stored; %d rows stored",
+				c.n, cuts.Load(), failures.Load(), found.Load(), rows)
+			require.Positive(t, cuts.Load(), "the proxy cut no reply")
+			require.Equal(t, c.n, distinct, "no message lost")
+			if c.keyed {
+				assert.Equal(t, c.n, rows, "no message stored twice")
+				assert.GreaterOrEqual(t, found.Load(), cuts.Load(), "every cut publish found stored by its retry")
+			} else {
+				assert.Greater(t, rows, c.n, "without keys, a retried publish whose commit succeeded stores its message again")
+			}
+		})
+	}
+}
+
+// TestIdempotentPublishEveryWay: a message with a key already stored is
+// left out, and the call succeeds, on a pool, a pgx.Conn and a pgx.Tx
+// (the outbox), and for delayed messages; a batch whose keys are partly
+// stored stores the rest; the metadata key and the configured function
+// both give keys; messages without keys are always stored.
+func TestIdempotentPublishEveryWay(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 8)
+	tables := newSchema(t, pool)
+	require.NoError(t, pglease.Migrate(ctx, pool, tables))
+	conn := dedicatedConn(t, pool)
+
+	byMetadata := func(id, key string) *message.Message {
+		m := message.NewMessage(id, []byte(id))
+		if key != "" {
+			m.Metadata.Set(pglease.IdempotencyKeyMetadata, key)
+		}
+		return m
+	}
+	for _, c := range []struct {
+		name string
+		db   func(t *testing.T) (pglease.DB, func())
+	}{
+		{"pool", func(*testing.T) (pglease.DB, func()) { return pool, func() {} }},
+		{"conn", func(*testing.T) (pglease.DB, func()) { return conn.Conn(), func() {} }},
+		{"tx", func(t *testing.T) (pglease.DB, func()) {
+			tx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			return tx, func() { require.NoError(t, tx.Commit(ctx)) }
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			topic := "every-" + c.name
+			db, done := c.db(t)
+			pub, err := pglease.NewPublisher(db, pglease.PublisherConfig{Tables: tables}, nil)
+			require.NoError(t, err)
+			res, err := pub.PublishWithResult(topic, byMetadata("a", "k1"), byMetadata("b", ""), byMetadata("c", "k2"), byMetadata("d", "k1"))
+			require.NoError(t, err)
+			assert.Equal(t, []int{3}, res.AlreadyStored, "d repeats a's key")
+			res, err = pub.PublishWithResult(topic, byMetadata("e", "k2"), byMetadata("f", "k3"), byMetadata("g", ""))
+			require.NoError(t, err)
+			assert.Equal(t, []int{0}, res.AlreadyStored, "k2 stored")
+			require.NoError(t, pub.Publish(topic, byMetadata("h", "k3")), "a message already stored: no error")
+
+			later := byMetadata("later", "k4")
+			delay.Message(later, delay.For(time.Hour))
+			again := byMetadata("again", "k4")
+			delay.Message(again, delay.For(time.Hour))
+			res, err = pub.PublishWithResult(topic, later, byMetadata("now", "k5"), again)
+			require.NoError(t, err)
+			assert.Equal(t, []int{2}, res.AlreadyStored, "a delayed message and a message due now in one call, the delayed repeated")
+			res, err = pub.PublishWithResult(topic, byMetadata("k4 due now", "k4"), byMetadata("k5 delayed", "k5"))
+			require.NoError(t, err)
+			assert.Equal(t, []int{0, 1}, res.AlreadyStored, "keys of delayed and due messages are one set")
+			require.NoError(t, pub.Close())
+			done()
+
+			rows, distinct := storedCount(t, pool, tables, topic)
+			assert.Equal(t, 6, rows, "a b c f g now")
+			assert.Equal(t, 6, distinct)
+		})
+	}
+
+	t.Run("configured function", func(t *testing.T) {
+		pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, IdempotencyKey: keyedByUUID}, nil)
+		require.NoError(t, err)
+		defer pub.Close()
+		msgs := []*message.Message{message.NewMessage("u1", nil), message.NewMessage("u2", nil)}
+		require.NoError(t, pub.Publish("fn", msgs...))
+		res, err := pub.PublishWithResult("fn", message.NewMessage("u2", nil), message.NewMessage("u3", nil), msgs[0])
+		require.NoError(t, err)
+		assert.Equal(t, []int{0, 2}, res.AlreadyStored)
+		_, err = pub.PublishWithResult("fn", message.NewMessage("u\x00", nil))
+		require.ErrorIs(t, err, pglease.ErrInvalidMessage, "a key with a NUL byte")
+	})
+}
+
+// TestIdempotentPublishRace: two publishers of one key. The first holds
+// its transaction open (an outbox on a pgx.Tx, from a connection of its
+// own); the second, on a pool, waits for it on the keys table's unique
+// index, and stores nothing once the first commits (or its message once
+// the first rolls back). Neither deadlocks: each statement writes its keys
+// in one order. Then many concurrent calls on a pool, group-committed,
+// all with the same key: one message stored.
+func TestIdempotentPublishRace(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 8)
+	tables := newSchema(t, pool)
+	require.NoError(t, pglease.Migrate(ctx, pool, tables))
+	config := pglease.PublisherConfig{Tables: tables, IdempotencyKey: func(string, *message.Message) string { return "the key" }}
+	second, err := pglease.NewPublisher(pool, config, nil)
+	require.NoError(t, err)
+	defer second.Close()
+
+	for _, commit := range []bool{true, false} {
+		topic := fmt.Sprint("race-", commit)
+		holder := dedicatedConn(t, pool)
+		tx, err := holder.Begin(ctx)
+		require.NoError(t, err)
+		first, err := pglease.NewPublisher(tx, config, nil)
+		require.NoError(t, err)
+		require.NoError(t, first.Publish(topic, message.NewMessage("first", nil)))
+
+		type outcome struct {
+			res pglease.PublishResult
+			err error
+		}
+		out := make(chan outcome, 1)
+		waiting := make(chan struct{})
+		go func() {
+			defer close(waiting)
+			res, err := second.PublishWithResult(topic, message.NewMessage("second", nil))
+			out <- outcome{res, err}
+		}()
+		// The second publisher's backend waits for a lock: the first's
+		// transaction id.
+		waitFor(t, 10*time.Second, "the second publisher to wait for the first", func() bool {
+			var n int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+				AND wait_event = 'transactionid' AND query LIKE '%keys%' AND datname = current_database()`).Scan(&n))
+			return n == 1
+		})
+		select {
+		case o := <-out:
+			t.Fatalf("the second publisher returned while the first's transaction was open: %+v", o)
+		default:
+		}
+		require.NoError(t, first.Close())
+		if commit {
+			require.NoError(t, tx.Commit(ctx))
+		} else {
+			require.NoError(t, tx.Rollback(ctx))
+		}
+		var o outcome
+		select {
+		case o = <-out:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the second publisher still waits after the first's transaction ended")
+		}
+		<-waiting
+		require.NoError(t, o.err)
+		rows, _ := storedCount(t, pool, tables, topic)
+		assert.Equal(t, 1, rows, "one message stored")
+		if commit {
+			assert.Equal(t, []int{0}, o.res.AlreadyStored, "the first committed: the second stored nothing")
+		} else {
+			assert.Empty(t, o.res.AlreadyStored, "the first rolled back: the second stored its message")
+		}
+	}
+
+	const calls = 64
+	var wg sync.WaitGroup
+	var left atomic.Int64
+	for i := range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := second.PublishWithResult("many", message.NewMessage(fmt.Sprint("m", i), nil))
+			assert.NoError(t, err)
+			left.Add(int64(len(res.AlreadyStored)))
+		}()
+	}
+	wg.Wait()
+	rows, _ := storedCount(t, pool, tables, "many")
+	assert.Equal(t, 1, rows, "64 concurrent calls with one key store one message")
+	assert.Equal(t, int64(calls-1), left.Load())
+}
+
+// TestIdempotentPublishThroughPgBouncer: keys work through PgBouncer in
+// transaction mode, in both of pgx's query modes that work there.
+func TestIdempotentPublishThroughPgBouncer(t *testing.T) {
+	ctx := context.Background()
+	admin := newPool(t, 4)
+	tables := newSchema(t, admin)
+	require.NoError(t, pglease.Migrate(ctx, admin, tables))
+	for _, mode := range []string{"exec", "simple_protocol"} {
+		pool := newPoolOn(t, bouncerDSN(t, mode), 8)
+		pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, IdempotencyKey: keyedByUUID}, nil)
+		require.NoError(t, err)
+		topic := "bouncer-" + mode
+		msgs := []*message.Message{message.NewMessage("a", nil), message.NewMessage("b", nil)}
+		require.NoError(t, pub.Publish(topic, msgs...))
+		res, err := pub.PublishWithResult(topic, message.NewMessage("c", nil), msgs[1], msgs[0])
+		require.NoError(t, err)
+		assert.Equal(t, []int{1, 2}, res.AlreadyStored, mode)
+		require.NoError(t, pub.Close())
+		rows, _ := storedCount(t, admin, tables, topic)
+		assert.Equal(t, 3, rows, mode)
+	}
+	requireBouncerHealthy(t)
+}
