@@ -177,11 +177,16 @@ func (d citus) InsertMessages(ctx context.Context, q Querier, p InsertMessagesPa
 	return err
 }
 
+// keyedStmt is the keyed insert on Citus (see InsertMessages).
+func (d citus) keyedStmt(p InsertMessagesParams) Stmt {
+	return asCitus(d.t.insertKeyedPlaced(p, `LEFT JOIN `+d.t.Retention+` l ON l.retention_class = tp.retention_class
+	CROSS JOIN LATERAL (`+placementJoined("tp", "l")+`) r`))
+}
+
 // InsertKeyed implements Driver (see InsertMessages).
 func (d citus) InsertKeyed(ctx context.Context, q Querier, p InsertMessagesParams) ([]int, error) {
 	if keyed(p) {
-		return skipped(ctx, q, asCitus(d.t.insertKeyedPlaced(p, `LEFT JOIN `+d.t.Retention+` l ON l.retention_class = tp.retention_class
-	CROSS JOIN LATERAL (`+placementJoined("tp", "l")+`) r`)))
+		return skipped(ctx, q, d.keyedStmt(p))
 	}
 	_, err := exec(ctx, q, d.insertMessagesStmt(p))
 	return nil, err

@@ -90,10 +90,11 @@ fresh AS (SELECT f.n FROM f JOIN (SELECT k.topic, k.key FROM k GROUP BY k.topic,
 	ON w.topic = f.topic AND w.key = f.key)`
 }
 
-// keptOut is the condition on m (a message) of a keyed statement that it
-// is stored: it has no key, or it is the first of its key and the key was
-// new.
-const keptOut = `m.key IS NOT NULL AND NOT EXISTS (SELECT 1 FROM fresh WHERE fresh.n = m.n)`
+// keptOut is the common table expression o of a keyed statement: each
+// message of m with left_out, true when it has a key and is not the first
+// of its key whose key was new (a join, not a correlated sub-select,
+// which Citus refuses beside common table expressions).
+const keptOut = `o AS (SELECT m.*, m.key IS NOT NULL AND fresh.n IS NULL AS left_out FROM m LEFT JOIN fresh ON fresh.n = m.n)`
 
 // insertKeyed is the statement of [InsertMessages] when a message has an
 // idempotency key: it stores the messages whose keys were not stored yet
@@ -121,18 +122,19 @@ SELECT NULL FROM (SELECT pg_catalog.pg_notify($7, ` + messagesPayload("w.partiti
 	FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::int4[], $6::text[]) WITH ORDINALITY AS m(topic, uuid, payload, metadata, hash, k, n)
 ),
 ` + t.keysWritten() + `,
+` + keptOut + `,
 inserted AS (
 	INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at)
 	SELECT m.topic, ` + fmt.Sprintf(partitionOf, "COALESCE(tp.partitions, 1)") + `, m.uuid, m.payload, NULLIF(m.metadata, '')::jsonb,
 		` + t.placement("tp", "r") + `
-	FROM m
+	FROM o m
 	LEFT JOIN ` + t.Topics + ` tp ON tp.topic = m.topic
 	` + placed + `
-	WHERE NOT (` + keptOut + `)
+	WHERE NOT m.left_out
 	ORDER BY m.n
 	RETURNING topic, partition
 )
-SELECT m.n FROM m WHERE ` + keptOut + notify,
+SELECT o.n FROM o WHERE o.left_out` + notify,
 		Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, hashes, keysOf(p), p.NotifyChannel},
 	}
 }
@@ -148,15 +150,16 @@ func (t *Tables) insertDelayedKeyed(p InsertMessagesParams) Stmt {
 		WITH ORDINALITY AS m(topic, uuid, payload, metadata, hash, due, k, n)
 ),
 ` + t.keysWritten() + `,
+` + keptOut + `,
 ins AS (
 	INSERT INTO ` + t.Delayed + ` (due_at, topic, partition_hash, uuid, payload, metadata)
 	SELECT m.due, m.topic, m.hash, m.uuid, m.payload, NULLIF(m.metadata, '')::jsonb
-	FROM m
-	WHERE NOT (` + keptOut + `)
+	FROM o m
+	WHERE NOT m.left_out
 	ORDER BY m.n
 	RETURNING due_at
 )
-SELECT m.n FROM m WHERE ` + keptOut + `
+SELECT o.n FROM o WHERE o.left_out
 UNION ALL
 SELECT NULL FROM (SELECT pg_catalog.pg_notify($8, ` + kind(NotifyDelayed) + ` || (pg_catalog.floor(extract(epoch FROM x.due) * 1000::numeric)::bigint)::text) AS v
 	FROM (SELECT pg_catalog.min(due_at) AS due FROM ins) x
