@@ -111,10 +111,16 @@ func (t *Tables) insertKeyedPlaced(p InsertMessagesParams, placed string) Stmt {
 	hashes := hashesOf(p)
 	notify := ""
 	if p.NotifyChannel != "" {
+		// The partitions written, computed as the insert does (the
+		// topics row read by the same snapshot) rather than returned by
+		// it: RETURNING would need SELECT on the messages table, which a
+		// publisher's role does not have.
 		notify = `
 UNION ALL
 SELECT NULL FROM (SELECT pg_catalog.pg_notify($7, ` + messagesPayload("w.partition", "w.topic") + `) AS v
-	FROM (SELECT DISTINCT i.topic, i.partition FROM inserted i) w) x`
+	FROM (SELECT DISTINCT m.topic, ` + fmt.Sprintf(partitionOf, "COALESCE(tp.partitions, 1)") + ` AS partition
+		FROM o m LEFT JOIN ` + t.Topics + ` tp ON tp.topic = m.topic
+		WHERE NOT m.left_out) w) x`
 	}
 	return Stmt{
 		SQL: `WITH m AS (
@@ -132,7 +138,6 @@ inserted AS (
 	` + placed + `
 	WHERE NOT m.left_out
 	ORDER BY m.n
-	RETURNING topic, partition
 )
 SELECT o.n FROM o WHERE o.left_out` + notify,
 		Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, hashes, keysOf(p), p.NotifyChannel},
