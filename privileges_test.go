@@ -801,7 +801,7 @@ func TestPublisherOnlyRole(t *testing.T) {
 
 	pubPool := poolAs(t, publisher, 4)
 	pub, err := pglease.NewPublisher(pubPool, pglease.PublisherConfig{Tables: adapter, AutoInitializeSchema: true,
-		PartitionKey: func(_ string, msg *message.Message) (string, error) { return msg.UUID, nil },
+		PartitionKey:   func(_ string, msg *message.Message) (string, error) { return msg.UUID, nil },
 		IdempotencyKey: func(_ string, msg *message.Message) string { return msg.UUID }}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
