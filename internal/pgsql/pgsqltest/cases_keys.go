@@ -289,3 +289,58 @@ func testForgetKeys(t *testing.T, f *fixture) {
 		t.Fatalf("today's key after forgetting left out %v, want [0]", got)
 	}
 }
+
+// testKeyedInsertsDoNotDeadlock: each statement writes its keys in one
+// order (slot, topic, key digest), whatever the order of its messages,
+// so that a statement that waits for a key holds none that comes after
+// it. A transaction holds key lo (the lower digest of two); a second
+// statement publishes [hi, lo] and waits for lo without having written
+// hi; the first transaction then publishes hi without waiting, and
+// commits; the second stores nothing. Written in the messages' order, the
+// second would hold hi while it waits for lo, and the first's hi would
+// close the cycle: PostgreSQL would fail one of them (deadlock_detected).
+// (Two transactions that each publish several times, in opposite orders,
+// can still deadlock, as any transactions writing the same unique keys:
+// PostgreSQL fails one, and its publish is retried.)
+func testKeyedInsertsDoNotDeadlock(t *testing.T, f *fixture) {
+	const topic = "order"
+	lo, hi := "a", "b"
+	if keyDigest(hi) < keyDigest(lo) {
+		lo, hi = hi, lo
+	}
+	first := f.begin()
+	if got := f.insertKeyed(first, topic, keyed{"lo1", lo}); len(got) != 0 {
+		t.Fatalf("left out %v", got)
+	}
+	type outcome struct {
+		skipped []int
+		err     error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		skipped, err := f.Driver.InsertKeyed(f.ctx, f.Pool, f.keyedParams(topic, keyed{"hi2", hi}, keyed{"lo2", lo}))
+		done <- outcome{skipped, err}
+	}()
+	f.waitBlocked(1, "%"+f.Tables.Keys+"%", "%keys%")
+	if got := f.insertKeyed(first, topic, keyed{"hi1", hi}); len(got) != 0 {
+		t.Fatalf("the first transaction's hi left out %v", got)
+	}
+	if err := first.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	var o outcome
+	select {
+	case o = <-done:
+	case <-time.After(waitTimeout):
+		t.Fatal("the second statement still waits")
+	}
+	if o.err != nil {
+		t.Fatalf("the second statement: %v", o.err)
+	}
+	if !slices.Equal(o.skipped, []int{0, 1}) {
+		t.Fatalf("the second statement left out %v, want [0 1]", o.skipped)
+	}
+	if s := f.stored(topic); !slices.Equal(s, []string{"lo1", "hi1"}) {
+		t.Fatalf("stored %v, want [lo1 hi1]", s)
+	}
+}

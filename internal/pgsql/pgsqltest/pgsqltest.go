@@ -81,6 +81,7 @@ func cases() []testCase {
 		// idempotency keys
 		{"KeyedInsertStoresOnce", testKeyedInsertStoresOnce},
 		{"KeyedInsertWaitsForTheOther", testKeyedInsertWaitsForTheOther},
+		{"KeyedInsertsDoNotDeadlock", testKeyedInsertsDoNotDeadlock},
 		{"KeyedInsertWindow", testKeyedInsertWindow},
 		{"KeyedTransaction", testKeyedTransaction},
 		{"KeyedDelayed", testKeyedDelayed},
