@@ -327,3 +327,51 @@ func TestIdempotentPublishThroughPgBouncer(t *testing.T) {
 	}
 	requireBouncerHealthy(t)
 }
+
+// TestCitusIdempotentPublish: on Citus, keyed messages of several topics
+// published by concurrent calls (group-committed into statements that
+// write to several workers) are stored once each, and published again
+// are all left out; the keys lie with their topics' messages.
+func TestCitusIdempotentPublish(t *testing.T) {
+	pool, tables := citusSchema(t, 10)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, IdempotencyKey: keyedByUUID}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	const topics, perTopic = 8, 20
+	msgs := map[string][]*message.Message{}
+	for i := range topics {
+		topic := fmt.Sprint("citus-keys-", i)
+		for j := range perTopic {
+			msgs[topic] = append(msgs[topic], message.NewMessage(fmt.Sprint(topic, "-", j), nil))
+		}
+	}
+	for round := range 2 {
+		var wg sync.WaitGroup
+		var left atomic.Int64
+		for topic, ms := range msgs {
+			for _, m := range ms {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					res, err := pub.PublishWithResult(topic, m)
+					assert.NoError(t, err)
+					left.Add(int64(len(res.AlreadyStored)))
+				}()
+			}
+		}
+		wg.Wait()
+		assert.Equal(t, int64(round*topics*perTopic), left.Load(), "round %d: left out", round)
+	}
+	for topic := range msgs {
+		rows, distinct := storedCount(t, pool, tables, topic)
+		assert.Equal(t, perTopic, rows, topic)
+		assert.Equal(t, perTopic, distinct, topic)
+	}
+	var colocated bool
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT k.colocationid = m.colocationid
+		FROM pg_dist_partition k, pg_dist_partition m
+		WHERE k.logicalrelid = $1::regclass AND m.logicalrelid = $2::regclass`,
+		pgx.Identifier{tables.Schema, pglease.DefaultMessagesTable + "_keys"}.Sanitize(),
+		pgx.Identifier{tables.Schema, pglease.DefaultMessagesTable}.Sanitize()).Scan(&colocated))
+	assert.True(t, colocated, "the keys table is co-located with the messages")
+}
