@@ -375,3 +375,58 @@ func TestCitusIdempotentPublish(t *testing.T) {
 		pgx.Identifier{tables.Schema, pglease.DefaultMessagesTable}.Sanitize()).Scan(&colocated))
 	assert.True(t, colocated, "the keys table is co-located with the messages")
 }
+
+// TestIdempotentPublishFromTxHandler: the messages a TxHandler returns
+// carry keys too (its PublisherConfig's IdempotencyKey): an invoice
+// already published by another publisher with the same key is left out
+// of the handler's transaction, which still commits its effect and
+// acknowledgement.
+func TestIdempotentPublishFromTxHandler(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	tables := newSchema(t, pool)
+	require.NoError(t, pglease.Migrate(ctx, pool, tables))
+	createEffects(t, pool, tables)
+	byPayload := func(_ string, msg *message.Message) string { return "invoice of " + string(msg.Payload) }
+	keyed, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, IdempotencyKey: byPayload}, nil)
+	require.NoError(t, err)
+	defer keyed.Close()
+	orders := newPublisher(t, pool, tables)
+	var ids []string
+	for i := range 5 {
+		msg := message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprint("order ", i)))
+		ids = append(ids, msg.UUID)
+		require.NoError(t, orders.Publish("orders", msg))
+	}
+	require.NoError(t, keyed.Publish("invoices", message.NewMessage("early", []byte("order 2"))))
+
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: tables}, nil)
+	require.NoError(t, err)
+	router, err := message.NewRouter(message.RouterConfig{}, nil)
+	require.NoError(t, err)
+	router.AddConsumerHandler("orders", "orders", sub, pglease.TxHandler(pool,
+		pglease.TxHandlerConfig{PublishTopic: "invoices", Publisher: pglease.PublisherConfig{Tables: tables, IdempotencyKey: byPayload}},
+		func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
+			if err := insertEffect(ctx, tx, tables.Schema, msg.UUID, "router"); err != nil {
+				return nil, err
+			}
+			return []*message.Message{message.NewMessage("invoice-"+msg.UUID, msg.Payload)}, nil
+		}))
+	go func() { _ = router.Run(ctx) }()
+	<-router.Running()
+	waitFor(t, time.Minute, "an effect for every order", func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM `+table(tables, effectsTable)).Scan(&n)
+		return n >= len(ids)
+	})
+	require.NoError(t, router.Close())
+	require.NoError(t, sub.Close())
+	rows, distinct := storedCount(t, pool, tables, "invoices")
+	assert.Equal(t, len(ids), rows, "one invoice per order: the handler's for order 2 left out")
+	assert.Equal(t, len(ids), distinct)
+	var early int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+table(tables, pglease.DefaultMessagesTable)+
+		` WHERE topic = 'invoices' AND uuid = 'early'`).Scan(&early))
+	assert.Equal(t, 1, early, "the invoice published first is the one kept")
+	assertNoLeakedGoroutines(t)
+}

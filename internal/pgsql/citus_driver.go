@@ -168,8 +168,8 @@ CROSS JOIN LATERAL (`+placementJoined("tp", "l")+`) r`))
 }
 
 // InsertMessages implements Driver with insertMessagesStmt, or, when a
-// message has an idempotency key, with the single-node keyed statement,
-// its retention row joined (see insertMessagesStmt). The keys table is
+// message has an idempotency key, with the keyed statement, which is the
+// same on both drivers (see insertKeyed). The keys table is
 // distributed by topic, co-located with the messages table (migration
 // 15), so that a topic's keys live on its messages' worker.
 func (d citus) InsertMessages(ctx context.Context, q Querier, p InsertMessagesParams) error {
@@ -177,23 +177,17 @@ func (d citus) InsertMessages(ctx context.Context, q Querier, p InsertMessagesPa
 	return err
 }
 
-// keyedStmt is the keyed insert on Citus (see InsertMessages).
-func (d citus) keyedStmt(p InsertMessagesParams) Stmt {
-	return asCitus(d.t.insertKeyedPlaced(p, `LEFT JOIN `+d.t.Retention+` l ON l.retention_class = tp.retention_class
-	CROSS JOIN LATERAL (`+placementJoined("tp", "l")+`) r`))
-}
-
 // InsertKeyed implements Driver (see InsertMessages).
 func (d citus) InsertKeyed(ctx context.Context, q Querier, p InsertMessagesParams) ([]int, error) {
 	if keyed(p) {
-		return skipped(ctx, q, d.keyedStmt(p))
+		return skipped(ctx, q, d.t.insertKeyed(p))
 	}
 	_, err := exec(ctx, q, d.insertMessagesStmt(p))
 	return nil, err
 }
 
 // InsertDelayed implements Driver: the delayed table is a reference
-// table; with keys, the keyed statement with pg_notify cast to text.
+// table; with keys, the keyed statement of both drivers.
 func (d citus) InsertDelayed(ctx context.Context, q Querier, p InsertMessagesParams) error {
 	_, err := d.InsertDelayedKeyed(ctx, q, p)
 	return err
@@ -202,7 +196,7 @@ func (d citus) InsertDelayed(ctx context.Context, q Querier, p InsertMessagesPar
 // InsertDelayedKeyed implements Driver (see InsertDelayed).
 func (d citus) InsertDelayedKeyed(ctx context.Context, q Querier, p InsertMessagesParams) ([]int, error) {
 	if keyed(p) {
-		return skipped(ctx, q, asCitus(d.t.insertDelayedKeyed(p)))
+		return skipped(ctx, q, d.t.insertDelayedKeyed(p))
 	}
 	return nil, d.one.InsertDelayed(ctx, q, p)
 }

@@ -101,8 +101,15 @@ const keptOut = `o AS (SELECT m.*, m.key IS NOT NULL AND fresh.n IS NULL AS left
 // (and those without a key), and returns the ordinals (1-based) of those
 // it left out. Notifications go out for the (topic, partition) pairs it
 // wrote.
+//
+// It is one statement for both drivers, so that the statements a
+// TxHandler queues (InsertKeyed) run on Citus too: the retention row is
+// joined to the topics row (placementJoined) rather than read by a
+// correlated sub-select, and pg_notify's result is cast to text (asCitus),
+// both of which Citus needs and a single server does not mind.
 func (t *Tables) insertKeyed(p InsertMessagesParams) Stmt {
-	return t.insertKeyedPlaced(p, `CROSS JOIN LATERAL (`+t.placementCheck("tp")+`) r`)
+	return asCitus(t.insertKeyedPlaced(p, `LEFT JOIN `+t.Retention+` l ON l.retention_class = tp.retention_class
+	CROSS JOIN LATERAL (`+placementJoined("tp", "l")+`) r`))
 }
 
 // insertKeyedPlaced is insertKeyed, placed what follows the join of the
@@ -148,7 +155,7 @@ SELECT o.n FROM o WHERE o.left_out` + notify,
 // has an idempotency key; it returns the ordinals of the messages it left
 // out, as insertKeyed.
 func (t *Tables) insertDelayedKeyed(p InsertMessagesParams) Stmt {
-	return Stmt{
+	return asCitus(Stmt{
 		SQL: `WITH m AS (
 	SELECT m.topic, m.uuid, m.payload, m.metadata, m.hash, m.due, NULLIF(m.k, '')::uuid AS key, m.n
 	FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::int4[], $6::timestamptz[], $7::text[])
@@ -170,7 +177,7 @@ SELECT NULL FROM (SELECT pg_catalog.pg_notify($8, ` + kind(NotifyDelayed) + ` ||
 	FROM (SELECT pg_catalog.min(due_at) AS due FROM ins) x
 	WHERE $8 <> '' AND x.due IS NOT NULL) y`,
 		Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, delayedHashesOf(p), p.DueAt, keysOf(p), p.NotifyChannel},
-	}
+	})
 }
 
 // delayedHashesOf is p.PartitionHashes as InsertDelayed sends them: nil
