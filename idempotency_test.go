@@ -430,3 +430,48 @@ func TestIdempotentPublishFromTxHandler(t *testing.T) {
 	assert.Equal(t, 1, early, "the invoice published first is the one kept")
 	assertNoLeakedGoroutines(t)
 }
+
+// TestMaintainerForgetsOldKeys: the maintainer's housekeeping empties the
+// partition of the keys two days old (written here as a publisher whose
+// transaction began yesterday writes them: for yesterday and the day
+// before), and leaves today's and yesterday's: yesterday's key is still
+// recognised today.
+func TestMaintainerForgetsOldKeys(t *testing.T) {
+	parallel(t)
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	tables := newSchema(t, pool)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, AutoInitializeSchema: true, IdempotencyKey: keyedByUUID}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	require.NoError(t, pub.Publish("t", message.NewMessage("today", nil)))
+	keys := pgx.Identifier{tables.Schema, pglease.DefaultMessagesTable + "_keys"}.Sanitize()
+	slots := func() (old, recent int) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE slot < d - 1), count(*) FILTER (WHERE slot >= d - 1)
+			FROM `+keys+`, (SELECT floor(extract(epoch FROM now()) / 86400)::bigint AS d) x`).Scan(&old, &recent))
+		return old, recent
+	}
+	// "old" as published by a transaction that began yesterday: its
+	// rows are for yesterday and the day before.
+	_, err = pool.Exec(ctx, `INSERT INTO `+keys+` (topic, key, slot, gen)
+		SELECT 't', $1::uuid, s, (s % 4)::smallint FROM (SELECT floor(extract(epoch FROM now()) / 86400)::bigint AS d) x,
+		LATERAL (VALUES (x.d - 2), (x.d - 1)) v(s)`, pglease.KeyDigest("old"))
+	require.NoError(t, err)
+	old, recent := slots()
+	require.Equal(t, 1, old)
+	require.Equal(t, 3, recent)
+
+	sub := newTestSubscriber(t, pool, tables, pglease.SubscriberConfig{ConsumerGroup: "g",
+		Maintenance: pglease.MaintenanceConfig{Interval: 100 * time.Millisecond}})
+	_, err = sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	waitFor(t, 20*time.Second, "the keys two days old to be forgotten", func() bool {
+		old, _ := slots()
+		return old == 0
+	})
+	_, recent = slots()
+	assert.Equal(t, 3, recent, "today's and yesterday's rows kept")
+	res, err := pub.PublishWithResult("t", message.NewMessage("today", nil), message.NewMessage("old", nil))
+	require.NoError(t, err)
+	assert.Equal(t, []int{0, 1}, res.AlreadyStored, "today's key and yesterday's, through yesterday's row")
+}
