@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -250,7 +251,9 @@ func BenchmarkWaitingKey(b *testing.B) {
 // meet the same state of the server; it reports each one's msgs/s over
 // all rounds and the keyed rate as a percentage of the plain one. The
 // workloads: one message per call from 64 goroutines (parallel64,
-// group-committed) and 100 messages per call from one (batch100). Run it
+// group-committed), 100 messages per call from one (batch100), and the
+// same with time-ordered UUIDs (version 7) as the messages' UUIDs, and so
+// keys, instead of random ones (batch100uuidv7). Run it
 // with `make bench-keys` (PostgreSQL with fsync on); b.N is ignored.
 func BenchmarkIdempotentPublish(b *testing.B) {
 	const topic, perRound, rounds = "bench", 20000, 5
@@ -277,6 +280,17 @@ func BenchmarkIdempotentPublish(b *testing.B) {
 		{"batch100", func(b *testing.B, pub *pglease.Publisher) {
 			for i := 0; i < perRound; i += 100 {
 				if err := pub.Publish(topic, benchMessages(100)...); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}},
+		{"batch100uuidv7", func(b *testing.B, pub *pglease.Publisher) {
+			for i := 0; i < perRound; i += 100 {
+				msgs := make([]*message.Message, 100)
+				for j := range msgs {
+					msgs[j] = message.NewMessage(uuid.Must(uuid.NewV7()).String(), benchPayload)
+				}
+				if err := pub.Publish(topic, msgs...); err != nil {
 					b.Fatal(err)
 				}
 			}

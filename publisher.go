@@ -362,10 +362,19 @@ func idempotencyKey(f func(string, *message.Message) string, topic string, msg *
 	return msg.Metadata.Get(IdempotencyKeyMetadata)
 }
 
-// keyDigest is what the keys table stores of key: the first 16 bytes of
-// its SHA-256, as a UUID's text. Keys of any length take 16 bytes; two
-// keys share a digest with a probability of about n²/2¹²⁹ among n keys.
+// keyDigest is what the keys table stores of key: a key that is a UUID
+// in its canonical text form, that UUID; any other, the first 16 bytes of
+// its SHA-256. Keys of any length take 16 bytes; two keys share a digest
+// with a probability of about n²/2¹²⁹ among n keys. A UUID is kept as it
+// is so that time-ordered ones (version 7, as message UUIDs) go into the
+// keys table's index in order, next to each other, rather than at random
+// places of it.
 func keyDigest(key string) string {
+	if len(key) == 36 {
+		if id, err := uuid.Parse(key); err == nil && id.String() == key {
+			return key
+		}
+	}
 	sum := sha256.Sum256([]byte(key))
 	return uuid.UUID(sum[:16]).String()
 }
