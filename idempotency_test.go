@@ -475,3 +475,16 @@ func TestMaintainerForgetsOldKeys(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []int{0, 1}, res.AlreadyStored, "today's key and yesterday's, through yesterday's row")
 }
+
+// TestKeyDigest: a key that is a UUID in canonical form is stored as it
+// is; any other key (another spelling of a UUID included) as 16 bytes of
+// its SHA-256, the same for the same key.
+func TestKeyDigest(t *testing.T) {
+	id := "0190a6e2-7c3b-7d2e-9f10-2b3c4d5e6f70"
+	assert.Equal(t, id, pglease.KeyDigest(id))
+	upper := strings.ToUpper(id)
+	assert.NotEqual(t, id, pglease.KeyDigest(upper))
+	assert.Len(t, pglease.KeyDigest(upper), 36)
+	assert.Equal(t, pglease.KeyDigest("order-1042"), pglease.KeyDigest("order-1042"))
+	assert.NotEqual(t, pglease.KeyDigest("order-1042"), pglease.KeyDigest("order-1043"))
+}
