@@ -129,6 +129,10 @@ SELECT NULL FROM (SELECT pg_catalog.pg_notify($7, ` + messagesPayload("w.partiti
 		FROM o m LEFT JOIN ` + t.Topics + ` tp ON tp.topic = m.topic
 		WHERE NOT m.left_out) w) x`
 	}
+	args := []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, hashes, keysOf(p)}
+	if p.NotifyChannel != "" {
+		args = append(args, p.NotifyChannel)
+	}
 	return Stmt{
 		SQL: `WITH m AS (
 	SELECT m.topic, m.uuid, m.payload, m.metadata, m.hash, NULLIF(m.k, '')::uuid AS key, m.n
@@ -147,7 +151,7 @@ inserted AS (
 	ORDER BY m.n
 )
 SELECT o.n FROM o WHERE o.left_out` + notify,
-		Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, hashes, keysOf(p), p.NotifyChannel},
+		Args: args,
 	}
 }
 

@@ -101,6 +101,12 @@ func testKeyedInsertStoresOnce(t *testing.T, f *fixture) {
 	if got := f.stored(other); !slices.Equal(got, []string{"x"}) {
 		t.Fatalf("stored in the other topic %v, want [x]", got)
 	}
+	// Without a channel to notify, the same.
+	p := f.keyedParams(topic, keyed{"y", "k4"}, keyed{"z", "k4"})
+	p.NotifyChannel = ""
+	if got, err := f.Driver.InsertKeyed(f.ctx, f.Pool, p); err != nil || !slices.Equal(got, []int{1}) {
+		t.Fatalf("insert without notifying left out %v, %v; want [1]", got, err)
+	}
 	// All left out: nothing stored, nothing fails.
 	if got := f.insertKeyed(f.Pool, topic, keyed{"i", "k1"}, keyed{"j", "k3"}); !slices.Equal(got, []int{0, 1}) {
 		t.Fatalf("third insert left out %v, want [0 1]", got)
