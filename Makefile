@@ -40,7 +40,7 @@ export GOWORK := off
 MODULES := $(sort $(patsubst %/,%,$(dir $(shell find . -name go.mod -not -path "./.git/*" -not -path "*/testdata/*"))))
 
 .DEFAULT_GOAL := help
-.PHONY: help check unit test test-server test-pgbouncer test-ui lint bench bench-otel bench-insert demo stress pg screenshots fmt localpg test-citus bench-citus
+.PHONY: help check unit test test-server test-pgbouncer test-ui lint bench bench-otel bench-insert bench-keys demo stress pg screenshots fmt localpg test-citus bench-citus
 
 ## help: this list
 help:
@@ -108,6 +108,11 @@ bench-otel: localpg
 bench-insert: localpg
 	$(call DEPS,$(SERVER_DEPS))
 	$(LOCALPG) sh -c 'cd benchmarks && go test -run "^$$" -bench InsertShapes -benchtime 2000x -count 5 .'
+
+## bench-keys: Publish with idempotency keys beside the same workload without, in one run (64 goroutines; batches of 100); PostgreSQL with fsync on
+bench-keys: localpg
+	$(call DEPS,$(SERVER_DEPS))
+	LOCALPG_DURABLE=1 $(LOCALPG) go test -run "^$$" -bench IdempotentPublish -benchtime 1x -count 3 .
 
 ## demo: run _examples/basic (against DATABASE_URL when set, else a throwaway PostgreSQL)
 demo: localpg

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -242,4 +243,86 @@ func BenchmarkWaitingKey(b *testing.B) {
 	b.ReportMetric(freeRate, "free-msgs/s")
 	b.ReportMetric(waitingRate, "waiting-msgs/s")
 	b.ReportMetric(waitingRate/freeRate, "ratio")
+}
+
+// BenchmarkIdempotentPublish publishes the same workloads with and without
+// idempotency keys (each message's UUID, PublisherConfig.IdempotencyKey)
+// side by side: rounds of 20,000 messages, alternating, so that both
+// meet the same state of the server; it reports each one's msgs/s over
+// all rounds and the keyed rate as a percentage of the plain one. The
+// workloads: one message per call from 64 goroutines (parallel64,
+// group-committed), 100 messages per call from one (batch100), and the
+// same with time-ordered UUIDs (version 7) as the messages' UUIDs, and so
+// keys, instead of random ones (batch100uuidv7). Run it
+// with `make bench-keys` (PostgreSQL with fsync on); b.N is ignored.
+func BenchmarkIdempotentPublish(b *testing.B) {
+	const topic, perRound, rounds = "bench", 20000, 5
+	workloads := []struct {
+		name string
+		run  func(b *testing.B, pub *pglease.Publisher)
+	}{
+		{"parallel64", func(b *testing.B, pub *pglease.Publisher) {
+			var wg sync.WaitGroup
+			for w := range 64 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := w; i < perRound; i += 64 {
+						if err := pub.Publish(topic, benchMessages(1)...); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+		}},
+		{"batch100", func(b *testing.B, pub *pglease.Publisher) {
+			for i := 0; i < perRound; i += 100 {
+				if err := pub.Publish(topic, benchMessages(100)...); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}},
+		{"batch100uuidv7", func(b *testing.B, pub *pglease.Publisher) {
+			for i := 0; i < perRound; i += 100 {
+				msgs := make([]*message.Message, 100)
+				for j := range msgs {
+					msgs[j] = message.NewMessage(uuid.Must(uuid.NewV7()).String(), benchPayload)
+				}
+				if err := pub.Publish(topic, msgs...); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}},
+	}
+	for _, w := range workloads {
+		b.Run(w.name, func(b *testing.B) {
+			pool, tables := benchSetup(b, topic)
+			plain := benchPublisher(b, pool, tables)
+			keyed, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, IdempotencyKey: keyedByUUID}, nil)
+			require.NoError(b, err)
+			b.Cleanup(func() { _ = keyed.Close() })
+			w.run(b, plain) // warm up both
+			w.run(b, keyed)
+			var spent [2]time.Duration
+			b.ResetTimer()
+			for round := range rounds {
+				for i, pub := range []*pglease.Publisher{plain, keyed} {
+					if round%2 == 1 { // alternate which goes first
+						i, pub = 1-i, []*pglease.Publisher{plain, keyed}[1-i]
+					}
+					start := time.Now()
+					w.run(b, pub)
+					spent[i] += time.Since(start)
+				}
+			}
+			b.StopTimer()
+			plainRate := float64(rounds*perRound) / spent[0].Seconds()
+			keyedRate := float64(rounds*perRound) / spent[1].Seconds()
+			b.ReportMetric(plainRate, "plain_msgs/s")
+			b.ReportMetric(keyedRate, "keyed_msgs/s")
+			b.ReportMetric(100*keyedRate/plainRate, "keyed_%")
+		})
+	}
 }

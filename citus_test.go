@@ -47,7 +47,7 @@ func citusSchema(t testing.TB, maxConns int32) (*pgxpool.Pool, pglease.Tables) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_dist_partition p
 		JOIN pg_catalog.pg_class c ON c.oid = p.logicalrelid JOIN pg_catalog.pg_namespace s ON s.oid = c.relnamespace
 		WHERE s.nspname = $1 AND p.partmethod = 'h'`, adapter.Schema).Scan(&n))
-	require.Equal(t, 3, n, "distributed: the messages table, its partition kept forever, the offsets")
+	require.Equal(t, 8, n, "distributed: the messages table, its partition kept forever, the offsets, the idempotency keys table and its four partitions")
 	return pool, adapter
 }
 

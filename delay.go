@@ -3,6 +3,7 @@ package pglease
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/components/delay"
@@ -39,20 +40,22 @@ func messageDue(msgMeta map[string]string, now time.Time) (time.Time, bool, erro
 
 // splitDelayed splits params into the messages stored now and those
 // delayed (params.DueAt set for them); either may be empty. Order is kept
-// within each part.
-func splitDelayed(params pgsql.InsertMessagesParams) (now, later pgsql.InsertMessagesParams) {
+// within each part; nowAt and laterAt are the indexes in params of each
+// part's messages.
+func splitDelayed(params pgsql.InsertMessagesParams) (now, later pgsql.InsertMessagesParams, nowAt, laterAt []int) {
 	if params.DueAt == nil {
-		return params, pgsql.InsertMessagesParams{}
+		return params, pgsql.InsertMessagesParams{}, nil, nil
 	}
 	now = pgsql.InsertMessagesParams{NotifyChannel: params.NotifyChannel}
 	later = pgsql.InsertMessagesParams{NotifyChannel: params.NotifyChannel}
 	keyed := params.PartitionHashes != nil
 	for i := range params.UUIDs {
-		part := &now
+		part, at := &now, &nowAt
 		if !params.DueAt[i].IsZero() {
-			part = &later
+			part, at = &later, &laterAt
 			part.DueAt = append(part.DueAt, params.DueAt[i])
 		}
+		*at = append(*at, i)
 		part.Topics = append(part.Topics, params.Topics[i])
 		part.UUIDs = append(part.UUIDs, params.UUIDs[i])
 		part.Payloads = append(part.Payloads, params.Payloads[i])
@@ -60,43 +63,66 @@ func splitDelayed(params pgsql.InsertMessagesParams) (now, later pgsql.InsertMes
 		if keyed {
 			part.PartitionHashes = append(part.PartitionHashes, params.PartitionHashes[i])
 		}
+		if params.Keys != nil {
+			part.Keys = append(part.Keys, params.Keys[i])
+		}
 	}
-	return now, later
+	return now, later, nowAt, laterAt
 }
 
 // insertStatements returns the statements that store params, to be
 // queued in a batch: the messages due now in the messages table, the
 // delayed ones in the delayed table.
 func insertStatements(t *pgsql.Tables, params pgsql.InsertMessagesParams) []pgsql.Stmt {
-	now, later := splitDelayed(params)
+	now, later, _, _ := splitDelayed(params)
 	var qs []pgsql.Stmt
 	if len(now.UUIDs) > 0 {
-		qs = append(qs, t.InsertMessages(now))
+		qs = append(qs, t.InsertKeyed(now))
 	}
 	if len(later.UUIDs) > 0 {
-		qs = append(qs, t.InsertDelayed(later))
+		qs = append(qs, t.InsertDelayedKeyed(later))
 	}
 	return qs
 }
 
 // execDelayed stores params, some of them delayed: with one statement, or
 // with two in one transaction (a savepoint on a pgx.Tx), so that the call
-// stores all of its messages or none.
-func execDelayed(ctx context.Context, db DB, d pgsql.Driver, params pgsql.InsertMessagesParams) error {
-	now, later := splitDelayed(params)
+// stores all of its messages or none. It returns the indexes of the
+// messages left out, their idempotency keys stored already.
+func execDelayed(ctx context.Context, db DB, d pgsql.Driver, params pgsql.InsertMessagesParams) ([]int, error) {
+	now, later, nowAt, laterAt := splitDelayed(params)
+	var skipped []int
+	collect := func(part []int, at []int) {
+		for _, i := range part {
+			skipped = append(skipped, at[i])
+		}
+	}
 	var err error
 	switch {
 	case len(later.UUIDs) == 0:
-		err = d.InsertMessages(ctx, db, now)
+		var s []int
+		s, err = d.InsertKeyed(ctx, db, now)
+		collect(s, nowAt)
 	case len(now.UUIDs) == 0:
-		err = d.InsertDelayed(ctx, db, later)
+		var s []int
+		s, err = d.InsertDelayedKeyed(ctx, db, later)
+		collect(s, laterAt)
 	default:
 		err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-			if err := d.InsertMessages(ctx, tx, now); err != nil {
+			skipped = skipped[:0]
+			s, err := d.InsertKeyed(ctx, tx, now)
+			if err != nil {
 				return err
 			}
-			return d.InsertDelayed(ctx, tx, later)
+			collect(s, nowAt)
+			s, err = d.InsertDelayedKeyed(ctx, tx, later)
+			collect(s, laterAt)
+			return err
 		})
 	}
-	return wrapMissingSchema(err)
+	if err != nil {
+		return nil, wrapMissingSchema(err)
+	}
+	slices.Sort(skipped)
+	return skipped, nil
 }

@@ -197,7 +197,7 @@ func TxHandler(db TxBeginner, config TxHandlerConfig, f TxHandlerFunc) message.N
 				return fmt.Errorf("%w: the handler of message %s returned %d messages, but TxHandlerConfig.PublishTopic is empty",
 					ErrInvalidConfig, msg.UUID, len(out))
 			}
-			params, err := buildInsertParams(config.PublishTopic, out, config.Publisher.PartitionKey)
+			params, err := buildInsertParams(config.PublishTopic, out, config.Publisher)
 			if err != nil {
 				return err
 			}

@@ -51,10 +51,12 @@ func ExampleGrantSQL() {
 	// GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "billing"."pglease_delayed" TO "app";
 	// GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "billing"."pglease_maintenance" TO "app";
 	// GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "billing"."pglease_retention" TO "app";
+	// GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "billing"."pglease_messages_keys" TO "app";
 	// GRANT SELECT ON TABLE "billing"."pglease_schema_version" TO "app";
 	// GRANT EXECUTE ON FUNCTION "billing"."pglease_messages_add_retention_partition"(integer, bigint, bigint) TO "app";
 	// GRANT EXECUTE ON FUNCTION "billing"."pglease_messages_expire_retention_partition"(integer, bigint) TO "app";
 	// GRANT EXECUTE ON FUNCTION "billing"."pglease_messages_drop_detached_partition"(integer, bigint) TO "app";
+	// GRANT EXECUTE ON FUNCTION "billing"."pglease_messages_forget_keys"() TO "app";
 	// COMMIT;
 }
 

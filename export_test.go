@@ -75,3 +75,6 @@ func Reads(s *Subscriber) uint64 { return s.engine.Reads() }
 // behind an older transaction for longer than pendingFastFor and slowed
 // their re-polls to PollInterval (tests only).
 func Stalls(s *Subscriber) uint64 { return s.engine.Stalls() }
+
+// KeyDigest is what the keys table stores of an idempotency key.
+var KeyDigest = keyDigest

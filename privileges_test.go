@@ -801,7 +801,8 @@ func TestPublisherOnlyRole(t *testing.T) {
 
 	pubPool := poolAs(t, publisher, 4)
 	pub, err := pglease.NewPublisher(pubPool, pglease.PublisherConfig{Tables: adapter, AutoInitializeSchema: true,
-		PartitionKey: func(_ string, msg *message.Message) (string, error) { return msg.UUID, nil }}, nil)
+		PartitionKey:   func(_ string, msg *message.Message) (string, error) { return msg.UUID, nil },
+		IdempotencyKey: func(_ string, msg *message.Message) string { return msg.UUID }}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
 	want := map[string][]string{}
@@ -812,6 +813,13 @@ func TestPublisherOnlyRole(t *testing.T) {
 	delay.Message(delayed, delay.For(100*time.Millisecond))
 	require.NoError(t, pub.Publish("plain", delayed))
 	want["plain"] = append(want["plain"], delayed.UUID)
+	// Idempotency keys: published again, the same messages are left out.
+	res, err := pub.PublishWithResult("plain", delayed, message.NewMessage(want["plain"][0], nil))
+	require.NoError(t, err)
+	assert.Equal(t, []int{0, 1}, res.AlreadyStored, "the publisher's role writes and reads its keys")
+	res, err = pub.PublishWithResult("kept", message.NewMessage(want["kept"][1], nil))
+	require.NoError(t, err)
+	assert.Equal(t, []int{0}, res.AlreadyStored)
 
 	qualified := func(name string) string { return pgx.Identifier{adapter.Schema, name}.Sanitize() }
 	for _, stmt := range []string{

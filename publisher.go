@@ -2,6 +2,7 @@ package pglease
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -62,6 +64,39 @@ type PublisherConfig struct {
 	// before anything is stored. On a topic with one partition the key
 	// does not matter.
 	PartitionKey func(topic string, msg *message.Message) (string, error)
+
+	// IdempotencyKey sets the function that returns the idempotency key
+	// of a message published to a topic, default nil: the value of the
+	// message's IdempotencyKeyMetadata ("_pglease_idempotency_key")
+	// metadata. An empty key means none. A message whose key its topic
+	// stored within the key window (KeyWindow) is not stored again: the
+	// Publish succeeds, and [Publisher.PublishWithResult] says which
+	// messages were left out. Return msg.UUID to make every retry of a
+	// Publish with the same messages safe. A message without a key is
+	// stored as before, by the same statement as before.
+	IdempotencyKey func(topic string, msg *message.Message) string
+}
+
+// IdempotencyKeyMetadata is the metadata key of a message's idempotency key
+// (see PublisherConfig.IdempotencyKey). The metadata is stored with the
+// message, as any other.
+const IdempotencyKeyMetadata = "_pglease_idempotency_key"
+
+// KeyWindow is how long a topic remembers an idempotency key at least: a
+// Publish of a message whose key a message of the same topic was stored
+// with, by a transaction that began less than KeyWindow earlier, stores
+// nothing. Keys are kept two to three days, then forgotten by the
+// maintainer, which empties a day's partition of the keys table at once
+// (nothing to vacuum).
+const KeyWindow = pgsql.KeySlotSeconds * time.Second
+
+// PublishResult says what a Publish stored.
+type PublishResult struct {
+	// AlreadyStored are the indexes, in the messages passed, in order,
+	// of the messages not stored because their idempotency key was
+	// stored already, by an earlier Publish or an earlier message of the
+	// same call. Empty when every message was stored.
+	AlreadyStored []int
 }
 
 func (c PublisherConfig) validate() error {
@@ -135,19 +170,31 @@ func NewPublisher(db DB, config PublisherConfig, logger watermill.LoggerAdapter)
 // messages does nothing.
 //
 // After [Publisher.Close], Publish returns ErrPublisherClosed.
+//
+// A message with an idempotency key (see PublisherConfig.IdempotencyKey)
+// whose key is stored already is left out, and the call succeeds: a
+// Publish retried after an error whose outcome was unknown stores each
+// message once. [Publisher.PublishWithResult] says which were left out.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
-	params, err := buildInsertParams(topic, msgs, p.config.PartitionKey)
+	_, err := p.PublishWithResult(topic, msgs...)
+	return err
+}
+
+// PublishWithResult is Publish, and returns which messages were left out
+// because their idempotency key was stored already.
+func (p *Publisher) PublishWithResult(topic string, msgs ...*message.Message) (PublishResult, error) {
+	params, err := buildInsertParams(topic, msgs, p.config)
 	if err != nil {
-		return err
+		return PublishResult{}, err
 	}
 	if len(msgs) == 0 {
-		return nil
+		return PublishResult{}, nil
 	}
 
 	p.closeMu.RLock()
 	if p.closed {
 		p.closeMu.RUnlock()
-		return ErrPublisherClosed
+		return PublishResult{}, ErrPublisherClosed
 	}
 	p.inflight.Add(1)
 	p.closeMu.RUnlock()
@@ -159,22 +206,26 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		defer p.serial.Unlock()
 	}
 	if err := p.initializeSchema(ctx); err != nil {
-		return err
+		return PublishResult{}, err
 	}
 	params.NotifyChannel = p.driver.Tables().NotifyChannel
+	var skipped []int
 	switch {
 	case params.DueAt != nil:
-		err = execDelayed(ctx, p.db, p.driver, params)
+		skipped, err = execDelayed(ctx, p.db, p.driver, params)
 	case p.group != nil:
-		err = p.group.Publish(ctx, params)
+		skipped, err = p.group.PublishKeyed(ctx, params)
 	default:
-		err = engine.Insert(ctx, p.db, p.driver, params)
+		skipped, err = engine.InsertKeyed(ctx, p.db, p.driver, params)
 	}
 	if err != nil {
-		return fmt.Errorf("publish %s to topic %q: %w", countMessages(len(msgs)), topic, err)
+		return PublishResult{}, fmt.Errorf("publish %s to topic %q: %w", countMessages(len(msgs)), topic, err)
 	}
-	p.logger.Trace("Messages published", watermill.LogFields{"topic": topic, "count": len(msgs)})
-	return nil
+	if len(skipped) > 0 {
+		p.logger.Debug("Messages already stored left out", watermill.LogFields{"topic": topic, "count": len(skipped)})
+	}
+	p.logger.Trace("Messages published", watermill.LogFields{"topic": topic, "count": len(msgs) - len(skipped)})
+	return PublishResult{AlreadyStored: skipped}, nil
 }
 
 // countMessages says "1 message" or "n messages".
@@ -223,8 +274,10 @@ func (p *Publisher) initializeSchema(ctx context.Context) error {
 }
 
 // buildInsertParams validates topic and msgs and returns the parameters that
-// write them, placed by keyFunc (see PublisherConfig.PartitionKey).
-func buildInsertParams(topic string, msgs []*message.Message, keyFunc func(string, *message.Message) (string, error)) (pgsql.InsertMessagesParams, error) {
+// write them, placed by config.PartitionKey, with the idempotency keys of
+// config.IdempotencyKey.
+func buildInsertParams(topic string, msgs []*message.Message, config PublisherConfig) (pgsql.InsertMessagesParams, error) {
+	keyFunc := config.PartitionKey
 	if err := validateTopic(topic); err != nil {
 		return pgsql.InsertMessagesParams{}, err
 	}
@@ -275,6 +328,15 @@ func buildInsertParams(topic string, msgs []*message.Message, keyFunc func(strin
 		if params.PartitionHashes != nil {
 			params.PartitionHashes[i] = h
 		}
+		if k := idempotencyKey(config.IdempotencyKey, topic, msg); k != "" {
+			if !validText(k) {
+				return params, fmt.Errorf("%w: idempotency key of message %s must be UTF-8 without NUL bytes", ErrInvalidMessage, msg.UUID)
+			}
+			if params.Keys == nil {
+				params.Keys = make([]string, len(msgs))
+			}
+			params.Keys[i] = keyDigest(k)
+		}
 		params.Topics[i] = topic
 		params.UUIDs[i] = msg.UUID
 		params.Payloads[i] = msg.Payload
@@ -290,3 +352,29 @@ func buildInsertParams(topic string, msgs []*message.Message, keyFunc func(strin
 }
 
 func isNilDB(db DB) bool { return check.NilDB(db) }
+
+// idempotencyKey is msg's idempotency key: f's, or without f the
+// metadata's; "" for none.
+func idempotencyKey(f func(string, *message.Message) string, topic string, msg *message.Message) string {
+	if f != nil {
+		return f(topic, msg)
+	}
+	return msg.Metadata.Get(IdempotencyKeyMetadata)
+}
+
+// keyDigest is what the keys table stores of key: a key that is a UUID
+// in its canonical text form, that UUID; any other, the first 16 bytes of
+// its SHA-256. Keys of any length take 16 bytes; two keys share a digest
+// with a probability of about n²/2¹²⁹ among n keys. A UUID is kept as it
+// is so that time-ordered ones (version 7, as message UUIDs) go into the
+// keys table's index in order, next to each other, rather than at random
+// places of it.
+func keyDigest(key string) string {
+	if len(key) == 36 {
+		if id, err := uuid.Parse(key); err == nil && id.String() == key {
+			return key
+		}
+	}
+	sum := sha256.Sum256([]byte(key))
+	return uuid.UUID(sum[:16]).String()
+}

@@ -1119,4 +1119,112 @@ $pglease$;
 END
 $pglease1$;
 INSERT INTO "pglease_schema_version" (version, description) VALUES (14, 'positions held back only by the publishers of the same topic: a sequence, the publishers'' registration, the readers'' bound (single node)') ON CONFLICT (version) DO NOTHING;
+
+-- version 15: idempotent publish: the idempotency keys of published messages, per topic, forgotten by truncating a day's partition
+-- Idempotency keys (see keys.go): the keys of published messages, per
+-- topic, in four partitions by generation (a day's slot modulo 4), which
+-- the maintainer truncates in turn through the owner's function.
+DO $pglease1$
+DECLARE
+	msgs regclass := to_regclass('"pglease_messages"');
+	nsp name;
+	owner name;
+	keys regclass;
+	fn text;
+	r record;
+	distribute boolean;
+BEGIN
+	SELECT n.nspname, pg_get_userbyid(c.relowner) INTO nsp, owner
+	FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = msgs;
+	IF nsp IS NULL THEN
+		RAISE EXCEPTION 'pglease: the messages table % is missing', '"pglease_messages"';
+	END IF;
+	-- key is the first 16 bytes of the SHA-256 of the caller's key; slot
+	-- is a day (in Unix days) of the publishing transaction's start: each
+	-- key is written for that day and the day before (see keys.go). gen,
+	-- the slot modulo 4, is the partition, which the maintainer empties
+	-- once its slot is two days old.
+	CREATE TABLE IF NOT EXISTS "pglease_messages_keys" (
+		topic text COLLATE "C" NOT NULL, -- as the messages table's (Citus co-locates by it)
+		key uuid NOT NULL,
+		slot bigint NOT NULL,
+		gen smallint NOT NULL,
+		UNIQUE (topic, key, slot, gen)
+	) PARTITION BY LIST (gen);
+	CREATE TABLE IF NOT EXISTS "pglease_messages_keys_0" PARTITION OF "pglease_messages_keys" FOR VALUES IN (0);
+	CREATE TABLE IF NOT EXISTS "pglease_messages_keys_1" PARTITION OF "pglease_messages_keys" FOR VALUES IN (1);
+	CREATE TABLE IF NOT EXISTS "pglease_messages_keys_2" PARTITION OF "pglease_messages_keys" FOR VALUES IN (2);
+	CREATE TABLE IF NOT EXISTS "pglease_messages_keys_3" PARTITION OF "pglease_messages_keys" FOR VALUES IN (3);
+	keys := to_regclass('"pglease_messages_keys"');
+	IF owner <> current_user THEN
+		-- The partitions follow their parent.
+		EXECUTE 'ALTER TABLE ' || keys::text || ' OWNER TO ' || quote_ident(owner);
+		EXECUTE 'ALTER TABLE ' || '"pglease_messages_keys_0"' || ' OWNER TO ' || quote_ident(owner);
+		EXECUTE 'ALTER TABLE ' || '"pglease_messages_keys_1"' || ' OWNER TO ' || quote_ident(owner);
+		EXECUTE 'ALTER TABLE ' || '"pglease_messages_keys_2"' || ' OWNER TO ' || quote_ident(owner);
+		EXECUTE 'ALTER TABLE ' || '"pglease_messages_keys_3"' || ' OWNER TO ' || quote_ident(owner);
+	END IF;
+	-- Every role that may publish today may publish with keys: INSERT, and
+	-- SELECT of the topic and key columns (the insert returns the keys it
+	-- wrote).
+	FOR r IN SELECT DISTINCT a.grantee FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+		WHERE c.oid = msgs AND a.privilege_type = 'INSERT' AND a.grantee <> c.relowner
+	LOOP
+		EXECUTE 'GRANT INSERT, SELECT (topic, key) ON TABLE ' || keys::text || ' TO '
+			|| CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(r.grantee)) END;
+	END LOOP;
+	-- The maintainer's function that empties the partition of the keys
+	-- two days old: a SECURITY DEFINER function of the owner, executable
+	-- by the roles that may delete messages (as those of version 7).
+	fn := quote_ident(nsp) || '.' || quote_ident('pglease_messages_forget_keys');
+	EXECUTE 'CREATE OR REPLACE FUNCTION ' || fn || '() RETURNS integer
+		LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+		SET search_path = pg_catalog, pg_temp
+		SET lock_timeout = ''500ms''
+		AS ' || quote_literal('DECLARE
+	nsp constant text := ' || quote_literal(nsp) || ';
+' || $pglease$
+	-- The slot (Unix day) of now, and the partition of the slot two days
+	-- before: no publisher writes there any more (one whose transaction
+	-- began today writes today's slot and yesterday's), and it becomes
+	-- today's again only in two days.
+	today bigint := floor(extract(epoch FROM now()) / 86400)::bigint;
+	gen integer := ((today + 2) % 4)::integer;
+	part text := quote_ident(nsp) || '.' || CASE gen WHEN 0 THEN '"pglease_messages_keys_0"' WHEN 1 THEN '"pglease_messages_keys_1"'
+		WHEN 2 THEN '"pglease_messages_keys_2"' ELSE '"pglease_messages_keys_3"' END;
+	found_one boolean;
+BEGIN
+	EXECUTE 'SELECT EXISTS (SELECT 1 FROM ' || part || ')' INTO found_one;
+	IF NOT found_one THEN
+		RETURN -1;
+	END IF;
+	EXECUTE 'TRUNCATE ' || part;
+	RETURN gen;
+END
+$pglease$);
+	fn := fn || '()';
+	EXECUTE 'REVOKE ALL ON FUNCTION ' || fn || ' FROM PUBLIC';
+	IF owner <> current_user THEN
+		EXECUTE 'ALTER FUNCTION ' || fn || ' OWNER TO ' || quote_ident(owner);
+	END IF;
+	FOR r IN SELECT DISTINCT a.grantee FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+		WHERE c.oid = msgs AND a.privilege_type = 'DELETE' AND a.grantee NOT IN (0, c.relowner)
+	LOOP
+		EXECUTE 'GRANT EXECUTE ON FUNCTION ' || fn || ' TO ' || quote_ident(pg_get_userbyid(r.grantee));
+	END LOOP;
+	-- On Citus the keys live with their topic's messages (the catalog
+	-- read by EXECUTE: it exists only where Citus is installed).
+	IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+		EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1)
+			AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $2)'
+			INTO distribute USING msgs, keys;
+		IF distribute THEN
+			PERFORM pg_catalog.set_config('citus.multi_shard_modify_mode', 'sequential', true);
+			EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''topic'', colocate_with => $2)'
+				USING keys::text, msgs::text;
+		END IF;
+	END IF;
+END
+$pglease1$;
+INSERT INTO "pglease_schema_version" (version, description) VALUES (15, 'idempotent publish: the idempotency keys of published messages, per topic, forgotten by truncating a day''s partition') ON CONFLICT (version) DO NOTHING;
 COMMIT;

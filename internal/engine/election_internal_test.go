@@ -274,6 +274,12 @@ func (f fakeMaintainerStoreAPI) moveDue(context.Context, int) (int64, *int64, er
 	defer f.mu.Unlock()
 	return 0, nil, f.call("moveDue")
 }
+func (f fakeMaintainerStoreAPI) forgetKeys(context.Context) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return -1, f.call("forgetKeys")
+}
+
 func (f fakeMaintainerStoreAPI) deleteExpiredSessions(context.Context, time.Duration) (int64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

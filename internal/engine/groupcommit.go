@@ -23,13 +23,22 @@ const (
 type GroupCommitter struct {
 	pool    *pgxpool.Pool
 	driver  *pgsql.Lazy
-	batcher batcher[pgsql.InsertMessagesParams]
+	batcher batcher[groupCall]
+}
+
+// groupCall is one Publish call of a group commit.
+type groupCall struct {
+	params pgsql.InsertMessagesParams
+	// skipped receives the indexes of the call's messages left out
+	// because their idempotency keys were stored already; the worker
+	// sets it before it reports the call's outcome.
+	skipped *[]int
 }
 
 // NewGroupCommitter returns the group commit of a Publisher on pool.
 func NewGroupCommitter(pool *pgxpool.Pool, driver *pgsql.Lazy, logger watermill.LoggerAdapter) *GroupCommitter {
 	g := &GroupCommitter{pool: pool, driver: driver}
-	g.batcher = batcher[pgsql.InsertMessagesParams]{
+	g.batcher = batcher[groupCall]{
 		workers:  max(1, min(groupMaxWorkers, int(pool.Config().MaxConns)/2)),
 		maxCount: groupMaxMessages,
 		maxBytes: groupMaxBytes,
@@ -44,30 +53,54 @@ func NewGroupCommitter(pool *pgxpool.Pool, driver *pgsql.Lazy, logger watermill.
 // Publish writes params, alone or with other calls, and returns once they
 // are committed or failed.
 func (g *GroupCommitter) Publish(ctx context.Context, params pgsql.InsertMessagesParams) error {
+	_, err := g.PublishKeyed(ctx, params)
+	return err
+}
+
+// PublishKeyed is Publish, and returns the indexes of the messages of
+// params left out because their idempotency keys were stored already (by
+// an earlier statement, or by a call written before this one in the same
+// statement).
+func (g *GroupCommitter) PublishKeyed(ctx context.Context, params pgsql.InsertMessagesParams) ([]int, error) {
 	bytes := 0
 	for _, p := range params.Payloads {
 		bytes += len(p)
 	}
-	return g.batcher.do(ctx, params, len(params.UUIDs), bytes)
+	var skipped []int
+	if err := g.batcher.do(ctx, groupCall{params: params, skipped: &skipped}, len(params.UUIDs), bytes); err != nil {
+		return nil, err
+	}
+	return skipped, nil
 }
 
 // Wait returns once no worker runs; the Publisher calls it after the last
 // Publish call returned.
 func (g *GroupCommitter) Wait() { g.batcher.wait() }
 
-func (g *GroupCommitter) insert(ctx context.Context, params pgsql.InsertMessagesParams) error {
-	return Insert(ctx, g.pool, g.driver, params)
+func (g *GroupCommitter) insert(ctx context.Context, c groupCall) error {
+	skipped, err := InsertKeyed(ctx, g.pool, g.driver, c.params)
+	*c.skipped = skipped
+	return err
 }
 
 // insertMany writes the calls with one statement: all of them are stored,
 // or none.
-func (g *GroupCommitter) insertMany(ctx context.Context, calls []pgsql.InsertMessagesParams) ([]error, error) {
+func (g *GroupCommitter) insertMany(ctx context.Context, groupCalls []groupCall) ([]error, error) {
+	calls := make([]pgsql.InsertMessagesParams, len(groupCalls))
+	for i, c := range groupCalls {
+		calls[i] = c.params
+	}
 	combined := pgsql.InsertMessagesParams{NotifyChannel: calls[0].NotifyChannel}
-	keyed := false
+	keyed, withKeys := false, false
 	for _, p := range calls {
 		keyed = keyed || p.PartitionHashes != nil
+		withKeys = withKeys || p.Keys != nil
 	}
 	for _, p := range calls {
+		if withKeys { // "": no idempotency key
+			combined.Keys = append(combined.Keys, p.Keys...)
+			combined.Keys = append(combined.Keys, make([]string, len(p.UUIDs)-len(p.Keys))...)
+		}
 		combined.Topics = append(combined.Topics, p.Topics...)
 		combined.UUIDs = append(combined.UUIDs, p.UUIDs...)
 		combined.Payloads = append(combined.Payloads, p.Payloads...)
@@ -82,5 +115,19 @@ func (g *GroupCommitter) insertMany(ctx context.Context, calls []pgsql.InsertMes
 			}
 		}
 	}
-	return nil, Insert(ctx, g.pool, g.driver, combined)
+	skipped, err := InsertKeyed(ctx, g.pool, g.driver, combined)
+	if err != nil {
+		return nil, err
+	}
+	// The indexes in combined, in order, back to each call's own.
+	start := 0
+	for _, c := range groupCalls {
+		end := start + len(c.params.UUIDs)
+		for len(skipped) > 0 && skipped[0] < end {
+			*c.skipped = append(*c.skipped, skipped[0]-start)
+			skipped = skipped[1:]
+		}
+		start = end
+	}
+	return nil, nil
 }

@@ -118,6 +118,7 @@ type maintainerStore interface {
 	// next is due (nil: none waits).
 	moveDue(ctx context.Context, limit int) (moved int64, nextMs *int64, err error)
 	deleteExpiredSessions(ctx context.Context, ttl time.Duration) (int64, error)
+	forgetKeys(ctx context.Context) (int, error)
 	deleteIdleGroups(ctx context.Context, idleFor time.Duration) ([]pgsql.IdleGroupRow, error)
 }
 
@@ -453,10 +454,18 @@ func (m *maintainer) moveDue(ctx context.Context) (time.Duration, error) {
 	}
 }
 
-// housekeeping deletes expired sessions and, if configured, idle groups.
+// housekeeping deletes expired sessions, forgets the idempotency keys
+// two days old and, if configured, removes idle groups.
 func (m *maintainer) housekeeping(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
 	defer cancel()
+	if gen, err := m.store.forgetKeys(sctx); err != nil {
+		if ctx.Err() == nil {
+			m.logger.Info("Cannot forget the idempotency keys two days old, retrying at the next housekeeping", watermill.LogFields{"error": err.Error()})
+		}
+	} else if gen >= 0 {
+		m.logger.Debug("Forgot the idempotency keys two days old", watermill.LogFields{"partition": gen})
+	}
 	n, err := m.store.deleteExpiredSessions(sctx, m.sessionTTL)
 	if err != nil {
 		if ctx.Err() == nil {

@@ -123,6 +123,10 @@ func (p pgMaintainerStore) deleteExpiredSessions(ctx context.Context, ttl time.D
 	return p.driver.DeleteExpiredSessions(ctx, p.pool, ttl)
 }
 
+func (p pgMaintainerStore) forgetKeys(ctx context.Context) (int, error) {
+	return p.driver.ForgetKeys(ctx, p.pool)
+}
+
 func (p pgMaintainerStore) deleteIdleGroups(ctx context.Context, idleFor time.Duration) ([]pgsql.IdleGroupRow, error) {
 	return p.driver.DeleteIdleGroups(ctx, p.pool, idleFor)
 }

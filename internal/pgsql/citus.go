@@ -90,6 +90,13 @@ func (t *Tables) DistributeScript() string {
 	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = ` + lit(t.Offsets) + `::regclass) THEN
 		PERFORM pg_catalog.create_distributed_table(` + lit(t.Offsets) + `, 'topic', colocate_with => ` + lit(t.Messages) + `);
 	END IF;
+	-- The idempotency keys (schema version 15) live with their topic
+	-- (a schema of an earlier version has no keys table).
+	IF pg_catalog.to_regclass(` + lit(t.Keys) + `) IS NOT NULL THEN
+		IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = pg_catalog.to_regclass(` + lit(t.Keys) + `)) THEN
+			PERFORM pg_catalog.create_distributed_table(` + lit(t.Keys) + `, 'topic', colocate_with => ` + lit(t.Messages) + `);
+		END IF;
+	END IF;
 END`)
 }
 

@@ -181,17 +181,47 @@ func (d citus) insertMessagesStmt(p InsertMessagesParams) Stmt {
 CROSS JOIN LATERAL (`+placementJoined("tp", "l")+`) r`))
 }
 
-// InsertMessages implements Driver with insertMessagesStmt.
+// InsertMessages implements Driver with insertMessagesStmt, or, when a
+// message has an idempotency key, with the keyed statement, which is the
+// same on both drivers (see insertKeyed). The keys table is
+// distributed by topic, co-located with the messages table (migration
+// 15), so that a topic's keys live on its messages' worker.
 func (d citus) InsertMessages(ctx context.Context, q Querier, p InsertMessagesParams) error {
-	_, err := exec(ctx, q, d.insertMessagesStmt(p))
+	_, err := d.InsertKeyed(ctx, q, p)
 	return err
 }
 
-// The operations whose single-node statement runs unchanged on Citus.
-
-func (d citus) InsertDelayed(ctx context.Context, q Querier, p InsertMessagesParams) error {
-	return d.one.InsertDelayed(ctx, q, p)
+// InsertKeyed implements Driver (see InsertMessages).
+func (d citus) InsertKeyed(ctx context.Context, q Querier, p InsertMessagesParams) ([]int, error) {
+	if keyed(p) {
+		return skipped(ctx, q, d.t.insertKeyed(p))
+	}
+	_, err := exec(ctx, q, d.insertMessagesStmt(p))
+	return nil, err
 }
+
+// InsertDelayed implements Driver: the delayed table is a reference
+// table; with keys, the keyed statement of both drivers.
+func (d citus) InsertDelayed(ctx context.Context, q Querier, p InsertMessagesParams) error {
+	_, err := d.InsertDelayedKeyed(ctx, q, p)
+	return err
+}
+
+// InsertDelayedKeyed implements Driver (see InsertDelayed).
+func (d citus) InsertDelayedKeyed(ctx context.Context, q Querier, p InsertMessagesParams) ([]int, error) {
+	if keyed(p) {
+		return skipped(ctx, q, d.t.insertDelayedKeyed(p))
+	}
+	return nil, d.one.InsertDelayed(ctx, q, p)
+}
+
+// ForgetKeys implements Driver: the owner's function truncates the
+// partition, which Citus propagates to its shards.
+func (d citus) ForgetKeys(ctx context.Context, q Querier) (int, error) {
+	return d.one.ForgetKeys(ctx, q)
+}
+
+// The operations whose single-node statement runs unchanged on Citus.
 
 func (d citus) TopicPartitions(ctx context.Context, q Querier, topics []string) (map[string]int, error) {
 	return d.one.TopicPartitions(ctx, q, topics)

@@ -33,6 +33,13 @@ type Driver interface {
 
 	InsertMessages(ctx context.Context, q Querier, p InsertMessagesParams) error
 	InsertDelayed(ctx context.Context, q Querier, p InsertMessagesParams) error
+	// InsertKeyed and InsertDelayedKeyed are InsertMessages and
+	// InsertDelayed that return the 0-based indexes, in order, of the
+	// messages they did not store because their idempotency key was
+	// stored already (none without keys).
+	InsertKeyed(ctx context.Context, q Querier, p InsertMessagesParams) (skipped []int, err error)
+	InsertDelayedKeyed(ctx context.Context, q Querier, p InsertMessagesParams) (skipped []int, err error)
+	ForgetKeys(ctx context.Context, q Querier) (gen int, err error)
 	UpsertTopic(ctx context.Context, q Querier, p TopicParams) (UpsertTopicResult, error)
 	TopicPartitions(ctx context.Context, q Querier, topics []string) (map[string]int, error)
 	SelectMessages(ctx context.Context, q Querier, p SelectMessagesParams) (SelectResult, error)

@@ -148,6 +148,7 @@ func dumpStatements(a *Tables) string {
 	}
 	dumpMovedStatements(a, q)
 	dumpAdminStatements(a, q, s)
+	dumpKeyedStatements(&b, a.insertKeyed, a)
 	return b.String()
 }
 

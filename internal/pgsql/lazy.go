@@ -75,6 +75,33 @@ func (l *Lazy) InsertDelayed(ctx context.Context, q Querier, p InsertMessagesPar
 	return d.InsertDelayed(ctx, q, p)
 }
 
+// InsertKeyed implements Driver.
+func (l *Lazy) InsertKeyed(ctx context.Context, q Querier, p InsertMessagesParams) ([]int, error) {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return d.InsertKeyed(ctx, q, p)
+}
+
+// InsertDelayedKeyed implements Driver.
+func (l *Lazy) InsertDelayedKeyed(ctx context.Context, q Querier, p InsertMessagesParams) ([]int, error) {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return d.InsertDelayedKeyed(ctx, q, p)
+}
+
+// ForgetKeys implements Driver.
+func (l *Lazy) ForgetKeys(ctx context.Context, q Querier) (int, error) {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return 0, err
+	}
+	return d.ForgetKeys(ctx, q)
+}
+
 // UpsertTopic implements Driver.
 func (l *Lazy) UpsertTopic(ctx context.Context, q Querier, p TopicParams) (UpsertTopicResult, error) {
 	d, err := l.Get(ctx, q)

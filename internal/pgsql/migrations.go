@@ -175,6 +175,8 @@ var migrations = []struct {
 	// publishers of the same topic hold back (docs/decisions/0008). A
 	// distributed messages table is left as it is.
 	{"0014_positions.sql", "positions held back only by the publishers of the same topic: a sequence, the publishers' registration, the readers' bound (single node)"},
+	// The keys table is new: nothing before it reads or writes it.
+	{"0015_idempotency_keys.sql", "idempotent publish: the idempotency keys of published messages, per topic, forgotten by truncating a day's partition"},
 }
 
 // Migrations returns every schema version, oldest first, for these tables.
@@ -186,7 +188,7 @@ func (t *Tables) Migrations() []Migration {
 	return out
 }
 
-var placeholder = regexp.MustCompile(`\{\{([a-z_]+)(?: ([0-9a-z_]+\.[a-z]+))?\}\}`)
+var placeholder = regexp.MustCompile(`\{\{([a-z][a-z0-9_]*)(?: ([0-9a-z_]+\.[a-z]+))?\}\}`)
 
 // render returns the file of migrations/ with its placeholders filled in.
 func (t *Tables) render(file string) string {
@@ -310,5 +312,23 @@ func (t *Tables) placeholders() map[string]string {
 		"fn_add_literal":         quoteLiteral(t.partitionName(fnAddPartition)),
 		"fn_expire_literal":      quoteLiteral(t.partitionName(fnExpirePartition)),
 		"fn_drop_literal":        quoteLiteral(t.partitionName(fnDropDetached)),
+
+		// Migration 15: the keys table, its partitions, the function
+		// that empties one.
+		"keys":               t.Keys,
+		"keys_literal":       quoteLiteral(t.Keys),
+		"fn_forget_literal":  quoteLiteral(t.partitionName(fnForgetKeys)),
+		"keys_0":             t.keysPartition(0),
+		"keys_0_literal":     quoteLiteral(t.keysPartition(0)),
+		"keys_0_name_quoted": quoteLiteral(pgx.Identifier{t.partitionName(keysPartitionSuffix(0))}.Sanitize()),
+		"keys_1":             t.keysPartition(1),
+		"keys_1_literal":     quoteLiteral(t.keysPartition(1)),
+		"keys_1_name_quoted": quoteLiteral(pgx.Identifier{t.partitionName(keysPartitionSuffix(1))}.Sanitize()),
+		"keys_2":             t.keysPartition(2),
+		"keys_2_literal":     quoteLiteral(t.keysPartition(2)),
+		"keys_2_name_quoted": quoteLiteral(pgx.Identifier{t.partitionName(keysPartitionSuffix(2))}.Sanitize()),
+		"keys_3":             t.keysPartition(3),
+		"keys_3_literal":     quoteLiteral(t.keysPartition(3)),
+		"keys_3_name_quoted": quoteLiteral(pgx.Identifier{t.partitionName(keysPartitionSuffix(3))}.Sanitize()),
 	}
 }

@@ -31,6 +31,12 @@ type InsertMessagesParams struct {
 	// NotifyChannel, when not empty, is the channel notified once per
 	// distinct topic when the statement's transaction commits.
 	NotifyChannel string
+	// Keys, when not nil, holds the idempotency key of each message, as
+	// a UUID's text: 16 bytes of the SHA-256 of the caller's key, "" for
+	// a message without one. A message whose key its topic stored within
+	// the key window is not stored (see keys.go); without keys the
+	// statements are those of a plain insert.
+	Keys []string
 	// DueAt, when not nil, holds one time per message: the message is
 	// delayed until then (Watermill's delay metadata). Only
 	// [InsertDelayed] uses it.

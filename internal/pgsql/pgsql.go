@@ -111,6 +111,9 @@ type Tables struct {
 	Delayed     string
 	Maintenance string
 	Retention   string
+	// Keys is the table of idempotency keys (schema version 15), named
+	// after the messages table as its partitions are.
+	Keys string
 
 	// NotifyChannel is the LISTEN/NOTIFY channel of this messages table,
 	// derived from its quoted name, so that each set of tables has its
@@ -133,6 +136,7 @@ func NewTables(n Names) *Tables {
 	t.Delayed = t.ident(n.DelayedTable, DefaultDelayedTable)
 	t.Maintenance = t.ident(n.MaintenanceTable, DefaultMaintenanceTable)
 	t.Retention = t.ident(n.RetentionTable, DefaultRetentionTable)
+	t.Keys = t.partition("keys")
 	sum := sha256.Sum256([]byte(t.Messages))
 	t.NotifyChannel = "pglease_" + hex.EncodeToString(sum[:8])
 	t.LockKey = "pglease schema " + t.Messages

@@ -32,6 +32,7 @@ func (t *Tables) maintainerFunctions() []string {
 		t.function(fnAddPartition) + "(integer, bigint, bigint)",
 		t.function(fnExpirePartition) + "(integer, bigint)",
 		t.function(fnDropDetached) + "(integer, bigint)",
+		t.function(fnForgetKeys) + "()",
 	}
 }
 
@@ -57,7 +58,7 @@ func (t *Tables) runtimeGrants() []runtimeGrant {
 		grants = append(grants, runtimeGrant{kind: "schema", name: pgx.Identifier{t.Schema}.Sanitize(), privs: []string{"USAGE"}})
 	}
 	for _, table := range []string{t.Messages, t.partition("forever"), t.Sessions, t.Offsets, t.Topics,
-		t.Delayed, t.Maintenance, t.Retention} {
+		t.Delayed, t.Maintenance, t.Retention, t.Keys} {
 		grants = append(grants, runtimeGrant{kind: "table", name: table, privs: dml})
 	}
 	grants = append(grants, runtimeGrant{kind: "table", name: t.Version, privs: []string{"SELECT"}})
@@ -71,7 +72,9 @@ func (t *Tables) runtimeGrants() []runtimeGrant {
 // the insert of messages reads the topic's settings (partitions,
 // retention class) and the retention table (which partition covers the
 // expiry); a delayed message is inserted into the delayed table, whose
-// statement returns the due times it wrote; AutoInitializeSchema reads
+// statement returns the due times it wrote; a message with an idempotency
+// key writes it into the keys table, whose statement returns the keys it
+// wrote (its topic too: SELECT of topic and key); AutoInitializeSchema reads
 // the schema version. Nothing on the sessions, offsets or maintenance
 // tables, no SELECT on messages, no functions.
 func (t *Tables) publisherGrants() []runtimeGrant {
@@ -83,6 +86,8 @@ func (t *Tables) publisherGrants() []runtimeGrant {
 		runtimeGrant{kind: "table", name: t.Messages, privs: []string{"INSERT"}},
 		runtimeGrant{kind: "table", name: t.Delayed, privs: []string{"INSERT"}},
 		runtimeGrant{kind: "table", name: t.Delayed, privs: []string{"SELECT"}, cols: []string{"due_at"}},
+		runtimeGrant{kind: "table", name: t.Keys, privs: []string{"INSERT"}},
+		runtimeGrant{kind: "table", name: t.Keys, privs: []string{"SELECT"}, cols: []string{"topic", "key"}},
 		runtimeGrant{kind: "table", name: t.Topics, privs: []string{"SELECT"}},
 		runtimeGrant{kind: "table", name: t.Retention, privs: []string{"SELECT"}},
 		runtimeGrant{kind: "table", name: t.Version, privs: []string{"SELECT"}},

@@ -38,18 +38,39 @@ func exec(ctx context.Context, q Querier, s Stmt) (int64, error) {
 // p.NotifyChannel once for each distinct (topic, partition). A message of a
 // topic with a retention goes to the partition of its retention class that
 // covers its expiry, or, when none does yet, to the partition of messages
-// kept forever.
+// kept forever. A message whose idempotency key its topic stored within
+// the key window is not stored (see keys.go).
 func (d singleNode) InsertMessages(ctx context.Context, q Querier, p InsertMessagesParams) error {
-	_, err := exec(ctx, q, d.t.InsertMessages(p))
+	_, err := d.InsertKeyed(ctx, q, p)
 	return err
+}
+
+// InsertKeyed is InsertMessages, and returns the indexes of the messages
+// it left out, their keys stored already.
+func (d singleNode) InsertKeyed(ctx context.Context, q Querier, p InsertMessagesParams) ([]int, error) {
+	if keyed(p) {
+		return skipped(ctx, q, d.t.insertKeyed(p))
+	}
+	_, err := exec(ctx, q, d.t.InsertMessages(p))
+	return nil, err
 }
 
 // InsertDelayed stores messages with their p.DueAt times, to be moved into
 // the messages table when due, and notifies "d" + the earliest due time in
 // Unix milliseconds.
 func (d singleNode) InsertDelayed(ctx context.Context, q Querier, p InsertMessagesParams) error {
-	_, err := exec(ctx, q, d.t.InsertDelayed(p))
+	_, err := d.InsertDelayedKeyed(ctx, q, p)
 	return err
+}
+
+// InsertDelayedKeyed is InsertDelayed, and returns the indexes of the
+// messages it left out, their keys stored already.
+func (d singleNode) InsertDelayedKeyed(ctx context.Context, q Querier, p InsertMessagesParams) ([]int, error) {
+	if keyed(p) {
+		return skipped(ctx, q, d.t.insertDelayedKeyed(p))
+	}
+	_, err := exec(ctx, q, d.t.InsertDelayed(p))
+	return nil, err
 }
 
 // UpsertTopicResult is the row of [UpsertTopic].

@@ -69,6 +69,9 @@ type Proxy struct {
 	// held, while not nil, is closed by Release: connections accepted
 	// meanwhile wait for it before they dial the target.
 	held chan struct{}
+	// cut, when set, decides after which replies a connection is cut
+	// (see CutAfter).
+	cut atomic.Pointer[func(tag string) bool]
 
 	wg sync.WaitGroup // the accept loop and every link's goroutines
 }
@@ -263,7 +266,7 @@ func (p *Proxy) serve(l *link, held <-chan struct{}) {
 		defer both.Done()
 		l.pipe(s, l.client)
 	}()
-	l.pipe(l.client, s)
+	l.pipe(l.client, p.replies(s))
 	both.Wait()
 }
 

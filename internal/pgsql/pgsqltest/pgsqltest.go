@@ -88,6 +88,14 @@ func cases() []testCase {
 		{"PublishWaitPublishAgain", testPublishWaitPublishAgain},
 		{"SavepointRolledBackAfterRegistration", testSavepointRolledBackAfterRegistration},
 		{"BoundCountsOnlyWriters", testBoundCountsOnlyWriters},
+		// idempotency keys
+		{"KeyedInsertStoresOnce", testKeyedInsertStoresOnce},
+		{"KeyedInsertWaitsForTheOther", testKeyedInsertWaitsForTheOther},
+		{"KeyedInsertsDoNotDeadlock", testKeyedInsertsDoNotDeadlock},
+		{"KeyedInsertWindow", testKeyedInsertWindow},
+		{"KeyedTransaction", testKeyedTransaction},
+		{"KeyedDelayed", testKeyedDelayed},
+		{"ForgetKeys", testForgetKeys},
 		// sessions
 		{"SessionCreateAndHeartbeat", testSessionCreateAndHeartbeat},
 		{"SessionReplacesAnother", testSessionReplacesAnother},

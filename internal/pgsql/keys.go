@@ -1,0 +1,246 @@
+package pgsql
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+)
+
+// Idempotency keys (schema version 15).
+//
+// A message published with a key is stored only if no message of its topic
+// was stored with that key within the key window. The keys table holds one
+// row per (topic, key, slot), a slot being a day (KeySlotSeconds) of the
+// clock of the database, and is partitioned by the slot modulo 4 (gen).
+// The statement that publishes writes each key for two slots: the day its
+// transaction began in (pg_catalog.now()) and the day before, with INSERT
+// ... ON CONFLICT DO NOTHING, and stores the message only when both rows
+// were new. Any two publishes of one key whose transactions began less
+// than a day apart share a slot, so that one of them finds the other's
+// row in that slot's unique index: committed, it stores nothing; in
+// progress, it waits for it to end, as PostgreSQL does for a unique index,
+// and then stores nothing (the other committed) or stores (it rolled
+// back). No advisory lock, no read of older slots; the rows of one
+// statement are written in the order (slot, topic, key), so that two
+// statements wait for each other in one direction only.
+//
+// The maintainer forgets a slot's keys by truncating its partition once
+// it is two days old (no publisher writes it any more, and its gen
+// comes back only two days later): rows live two to three days, and a
+// key is recognised for at least a day (the window). No row is deleted,
+// nothing is left to vacuum.
+
+// KeySlotSeconds is the width of a slot of the keys table: the window
+// within which a key is recognised.
+const KeySlotSeconds = 86400
+
+// keysGenerations is the number of partitions of the keys table.
+const keysGenerations = 4
+
+// fnForgetKeys is the suffix of the name of the owner's function that
+// empties the partition of the keys two days old.
+const fnForgetKeys = "forget_keys"
+
+// keysPartitionSuffix is the suffix of the name of partition gen of the
+// keys table.
+func keysPartitionSuffix(gen int) string { return "keys_" + strconv.Itoa(gen) }
+
+// keysPartition returns the quoted, qualified name of partition gen of
+// the keys table.
+func (t *Tables) keysPartition(gen int) string { return t.partition(keysPartitionSuffix(gen)) }
+
+// keyed reports whether a message of p has an idempotency key.
+func keyed(p InsertMessagesParams) bool {
+	for _, k := range p.Keys {
+		if k != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// keysOf is p.Keys with one element per message ("" for none).
+func keysOf(p InsertMessagesParams) []string {
+	if len(p.Keys) == len(p.UUIDs) {
+		return p.Keys
+	}
+	out := make([]string, len(p.UUIDs))
+	copy(out, p.Keys)
+	return out
+}
+
+// keysWritten is the part of a keyed statement that writes the keys: the
+// common table expressions f (the first message of each distinct (topic,
+// key) among m, the messages), k (the rows written) and fresh (the
+// ordinals n of the messages whose keys were new in both slots). m has
+// the columns topic, key (uuid, NULL without) and n.
+func (t *Tables) keysWritten() string {
+	return `s AS (SELECT pg_catalog.floor(extract(epoch FROM pg_catalog.now()) / ` + strconv.Itoa(KeySlotSeconds) + `)::bigint AS today),
+f AS (SELECT DISTINCT ON (m.topic, m.key) m.topic, m.key, m.n FROM m WHERE m.key IS NOT NULL ORDER BY m.topic, m.key, m.n),
+k AS (
+	INSERT INTO ` + t.Keys + ` (topic, key, slot, gen)
+	SELECT f.topic, f.key, x.slot, (x.slot % ` + strconv.Itoa(keysGenerations) + `)::smallint
+	FROM f CROSS JOIN s CROSS JOIN LATERAL (VALUES (s.today - 1), (s.today)) x(slot)
+	ORDER BY x.slot, f.topic, f.key
+	ON CONFLICT DO NOTHING
+	RETURNING topic, key
+),
+fresh AS (SELECT f.n FROM f JOIN (SELECT k.topic, k.key FROM k GROUP BY k.topic, k.key HAVING pg_catalog.count(*) = 2) w
+	ON w.topic = f.topic AND w.key = f.key)`
+}
+
+// keptOut is the common table expression o of a keyed statement: each
+// message of m with left_out, true when it has a key and is not the first
+// of its key whose key was new (a join, not a correlated sub-select,
+// which Citus refuses beside common table expressions).
+const keptOut = `o AS (SELECT m.*, m.key IS NOT NULL AND fresh.n IS NULL AS left_out FROM m LEFT JOIN fresh ON fresh.n = m.n)`
+
+// insertKeyed is the statement of [InsertMessages] when a message has an
+// idempotency key: it stores the messages whose keys were not stored yet
+// (and those without a key), and returns the ordinals (1-based) of those
+// it left out. Notifications go out for the (topic, partition) pairs it
+// wrote.
+//
+// It is one statement for both drivers, so that the statements a
+// TxHandler queues (InsertKeyed) run on Citus too: the retention row is
+// joined to the topics row (placementJoined) rather than read by a
+// correlated sub-select, and pg_notify's result is cast to text (asCitus),
+// both of which Citus needs and a single server does not mind.
+func (t *Tables) insertKeyed(p InsertMessagesParams) Stmt {
+	return asCitus(t.insertKeyedPlaced(p, `LEFT JOIN `+t.Retention+` l ON l.retention_class = tp.retention_class
+	CROSS JOIN LATERAL (`+placementJoined("tp", "l")+`) r`))
+}
+
+// insertKeyedPlaced is insertKeyed, placed what follows the join of the
+// topics row tp: it gives the placement row r (see insertManyTopics).
+func (t *Tables) insertKeyedPlaced(p InsertMessagesParams, placed string) Stmt {
+	hashes := hashesOf(p)
+	notify := ""
+	if p.NotifyChannel != "" {
+		// The partitions written, computed as the insert does (the
+		// topics row read by the same snapshot) rather than returned by
+		// it: RETURNING would need SELECT on the messages table, which a
+		// publisher's role does not have.
+		notify = `
+UNION ALL
+SELECT NULL FROM (SELECT pg_catalog.pg_notify($7, ` + messagesPayload("w.partition", "w.topic") + `) AS v
+	FROM (SELECT DISTINCT m.topic, ` + fmt.Sprintf(partitionOf, "COALESCE(tp.partitions, 1)") + ` AS partition
+		FROM o m LEFT JOIN ` + t.Topics + ` tp ON tp.topic = m.topic
+		WHERE NOT m.left_out) w) x`
+	}
+	args := []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, hashes, keysOf(p)}
+	if p.NotifyChannel != "" {
+		args = append(args, p.NotifyChannel)
+	}
+	return Stmt{
+		SQL: `WITH m AS (
+	SELECT m.topic, m.uuid, m.payload, m.metadata, m.hash, NULLIF(m.k, '')::uuid AS key, m.n
+	FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::int4[], $6::text[]) WITH ORDINALITY AS m(topic, uuid, payload, metadata, hash, k, n)
+),
+` + t.keysWritten() + `,
+` + keptOut + `,
+inserted AS (
+	INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at)
+	SELECT m.topic, ` + fmt.Sprintf(partitionOf, "COALESCE(tp.partitions, 1)") + `, m.uuid, m.payload, NULLIF(m.metadata, '')::jsonb,
+		` + t.placement("tp", "r") + `
+	FROM o m
+	LEFT JOIN ` + t.Topics + ` tp ON tp.topic = m.topic
+	` + placed + `
+	WHERE NOT m.left_out
+	ORDER BY m.n
+)
+SELECT o.n FROM o WHERE o.left_out` + notify,
+		Args: args,
+	}
+}
+
+// insertDelayedKeyed is the statement of [InsertDelayed] when a message
+// has an idempotency key; it returns the ordinals of the messages it left
+// out, as insertKeyed.
+func (t *Tables) insertDelayedKeyed(p InsertMessagesParams) Stmt {
+	return asCitus(Stmt{
+		SQL: `WITH m AS (
+	SELECT m.topic, m.uuid, m.payload, m.metadata, m.hash, m.due, NULLIF(m.k, '')::uuid AS key, m.n
+	FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::int4[], $6::timestamptz[], $7::text[])
+		WITH ORDINALITY AS m(topic, uuid, payload, metadata, hash, due, k, n)
+),
+` + t.keysWritten() + `,
+` + keptOut + `,
+ins AS (
+	INSERT INTO ` + t.Delayed + ` (due_at, topic, partition_hash, uuid, payload, metadata)
+	SELECT m.due, m.topic, m.hash, m.uuid, m.payload, NULLIF(m.metadata, '')::jsonb
+	FROM o m
+	WHERE NOT m.left_out
+	ORDER BY m.n
+	RETURNING due_at
+)
+SELECT o.n FROM o WHERE o.left_out
+UNION ALL
+SELECT NULL FROM (SELECT pg_catalog.pg_notify($8, ` + kind(NotifyDelayed) + ` || (pg_catalog.floor(extract(epoch FROM x.due) * 1000::numeric)::bigint)::text) AS v
+	FROM (SELECT pg_catalog.min(due_at) AS due FROM ins) x
+	WHERE $8 <> '' AND x.due IS NOT NULL) y`,
+		Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, delayedHashesOf(p), p.DueAt, keysOf(p), p.NotifyChannel},
+	})
+}
+
+// delayedHashesOf is p.PartitionHashes as InsertDelayed sends them: nil
+// (NULL, placed by the UUID when moved) without keys.
+func delayedHashesOf(p InsertMessagesParams) []int32 { return hashesOf(p) }
+
+// InsertKeyed is the statement of [InsertKeyed] on a single node: that
+// of InsertMessages without keys, insertKeyed's with.
+func (t *Tables) InsertKeyed(p InsertMessagesParams) Stmt {
+	if keyed(p) {
+		return t.insertKeyed(p)
+	}
+	return t.InsertMessages(p)
+}
+
+// InsertDelayedKeyed is the statement of [InsertDelayedKeyed] on a
+// single node: that of InsertDelayed without keys.
+func (t *Tables) InsertDelayedKeyed(p InsertMessagesParams) Stmt {
+	if keyed(p) {
+		return t.insertDelayedKeyed(p)
+	}
+	return t.InsertDelayed(p)
+}
+
+// ForgetKeys is the statement of [ForgetKeys].
+func (t *Tables) ForgetKeys() Stmt {
+	return Stmt{SQL: `SELECT ` + t.function(fnForgetKeys) + `()`}
+}
+
+// skipped runs s, a keyed insert, and returns the 0-based indexes of the
+// messages it left out.
+func skipped(ctx context.Context, q Querier, s Stmt) ([]int, error) {
+	rows, err := q.Query(ctx, s.SQL, s.Args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []int
+	for rows.Next() {
+		var n *int64
+		if err := rows.Scan(&n); err != nil {
+			return nil, err
+		}
+		if n != nil {
+			out = append(out, int(*n)-1)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// ForgetKeys empties the partition of the keys table whose slot is two
+// days old, through the owner's function, and returns its gen, or -1
+// when it was empty already.
+func (d singleNode) ForgetKeys(ctx context.Context, q Querier) (int, error) {
+	var gen int32
+	err := q.QueryRow(ctx, d.t.ForgetKeys().SQL).Scan(&gen)
+	return int(gen), err
+}

@@ -1,0 +1,25 @@
+package pgsql
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// dumpKeyedStatements adds the statements of idempotency keys to a golden
+// dump: insert, the keyed insert of the driver (keyed), the keyed delayed
+// insert and the forgetting of t.
+func dumpKeyedStatements(b *strings.Builder, keyed func(InsertMessagesParams) Stmt, t *Tables) {
+	q := func(name string, q Stmt) {
+		fmt.Fprintf(b, "== %s\n%s\n-- args: %v\n\n", name, q.SQL, q.Args)
+	}
+	p := InsertMessagesParams{Topics: []string{"t", "u"}, UUIDs: []string{"u1", "u2"}, Payloads: [][]byte{[]byte("a"), nil},
+		Metadata: []string{`{"a":"b"}`, ""}, Keys: []string{"11111111-2222-3333-4444-555555555555", ""}}
+	q("InsertKeyed", keyed(p))
+	p.NotifyChannel = "ch"
+	p.PartitionHashes = []uint32{1, 4294967295}
+	q("InsertKeyed notify hashes", keyed(p))
+	p.DueAt = []time.Time{time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC), time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC)}
+	q("InsertDelayedKeyed", t.insertDelayedKeyed(p))
+	q("ForgetKeys", t.ForgetKeys())
+}

@@ -1,0 +1,352 @@
+package pgsqltest
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
+)
+
+// keyed is one message of a keyed insert: its UUID (also its payload) and
+// its idempotency key ("" for none).
+type keyed struct{ id, key string }
+
+// keyDigest stands for the digest the Publisher stores of a key: any UUID
+// text does.
+func keyDigest(key string) string {
+	if key == "" {
+		return ""
+	}
+	return uuid.NewSHA1(uuid.NameSpaceOID, []byte(key)).String()
+}
+
+// keyedParams are the parameters that publish msgs to topic.
+func (f *fixture) keyedParams(topic string, msgs ...keyed) pgsql.InsertMessagesParams {
+	p := pgsql.InsertMessagesParams{NotifyChannel: f.Tables.NotifyChannel}
+	for _, m := range msgs {
+		p.Topics = append(p.Topics, topic)
+		p.UUIDs = append(p.UUIDs, m.id)
+		p.Payloads = append(p.Payloads, []byte(m.id))
+		p.Metadata = append(p.Metadata, "")
+		p.Keys = append(p.Keys, keyDigest(m.key))
+	}
+	return p
+}
+
+// insertKeyed publishes msgs to topic on q and returns the indexes left
+// out.
+func (f *fixture) insertKeyed(q pgsql.Querier, topic string, msgs ...keyed) []int {
+	f.t.Helper()
+	skipped, err := f.Driver.InsertKeyed(f.ctx, q, f.keyedParams(topic, msgs...))
+	if err != nil {
+		f.t.Fatalf("insert keyed messages: %v", err)
+	}
+	return skipped
+}
+
+// stored returns the UUIDs stored in topic (partition 0), in order.
+func (f *fixture) stored(topic string) []string {
+	f.t.Helper()
+	return uuidsOf(f.readSettled(f.selectParams(topic, 0, pgsql.Position{})).Messages)
+}
+
+// today is the slot (Unix day) of the database's clock.
+func (f *fixture) today() int64 {
+	f.t.Helper()
+	var d int64
+	if err := f.Pool.QueryRow(f.ctx, `SELECT pg_catalog.floor(extract(epoch FROM pg_catalog.now()) / `+
+		strconv.Itoa(pgsql.KeySlotSeconds)+`)::bigint`).Scan(&d); err != nil {
+		f.t.Fatal(err)
+	}
+	return d
+}
+
+// writeKey writes the rows a publisher whose transaction began in slot
+// day writes for key of topic (that day's and the day before's), on q.
+func (f *fixture) writeKey(q pgsql.Querier, topic, key string, day int64) {
+	f.t.Helper()
+	for _, slot := range []int64{day - 1, day} {
+		if _, err := q.Exec(f.ctx, `INSERT INTO `+f.Tables.Keys+` (topic, key, slot, gen) VALUES ($1, $2::uuid, $3, $4)`,
+			topic, keyDigest(key), slot, slot%4); err != nil {
+			f.t.Fatalf("write the key of day %d: %v", day, err)
+		}
+	}
+}
+
+// testKeyedInsertStoresOnce: a message whose key its topic stored is left
+// out, by a later statement or by an earlier message of the same one;
+// messages without a key are always stored; a key is per topic.
+func testKeyedInsertStoresOnce(t *testing.T, f *fixture) {
+	const topic, other = "keyed", "keyed-other"
+	l := f.listen()
+	if got := f.insertKeyed(f.Pool, topic, keyed{"a", "k1"}, keyed{"b", "k2"}, keyed{"c", ""}, keyed{"d", "k1"}); !slices.Equal(got, []int{3}) {
+		t.Fatalf("first insert left out %v, want [3] (d repeats a's key)", got)
+	}
+	f.notified(l, string(rune(pgsql.NotifyMessages))+topic)
+	if got := f.insertKeyed(f.Pool, topic, keyed{"e", "k1"}, keyed{"f", "k3"}, keyed{"g", ""}, keyed{"h", "k2"}); !slices.Equal(got, []int{0, 3}) {
+		t.Fatalf("second insert left out %v, want [0 3] (k1 and k2 stored)", got)
+	}
+	if got := f.insertKeyed(f.Pool, other, keyed{"x", "k1"}); len(got) != 0 {
+		t.Fatalf("k1 in another topic left out %v, want stored", got)
+	}
+	if got := f.stored(topic); !slices.Equal(got, []string{"a", "b", "c", "f", "g"}) {
+		t.Fatalf("stored %v, want [a b c f g]", got)
+	}
+	if got := f.stored(other); !slices.Equal(got, []string{"x"}) {
+		t.Fatalf("stored in the other topic %v, want [x]", got)
+	}
+	// Without a channel to notify, the same.
+	p := f.keyedParams(topic, keyed{"y", "k4"}, keyed{"z", "k4"})
+	p.NotifyChannel = ""
+	if got, err := f.Driver.InsertKeyed(f.ctx, f.Pool, p); err != nil || !slices.Equal(got, []int{1}) {
+		t.Fatalf("insert without notifying left out %v, %v; want [1]", got, err)
+	}
+	// All left out: nothing stored, nothing fails.
+	if got := f.insertKeyed(f.Pool, topic, keyed{"i", "k1"}, keyed{"j", "k3"}); !slices.Equal(got, []int{0, 1}) {
+		t.Fatalf("third insert left out %v, want [0 1]", got)
+	}
+}
+
+// testKeyedInsertWaitsForTheOther: a publisher whose key another
+// transaction wrote and has not committed waits for it (the unique index
+// of the keys table); once it commits, the publisher stores nothing and
+// succeeds; once it rolls back, the publisher stores its message. The
+// other transaction is held open from a connection of its own. The same
+// with the other transaction one that began the day before (its rows for
+// yesterday and the day before): the two share yesterday's slot.
+func testKeyedInsertWaitsForTheOther(t *testing.T, f *fixture) {
+	for _, c := range []struct {
+		name      string
+		yesterday bool
+		commit    bool
+	}{{"commit", false, true}, {"rollback", false, false}, {"yesterday commit", true, true}, {"yesterday rollback", true, false}} {
+		topic := "race-" + c.name
+		holder := f.begin()
+		if c.yesterday {
+			f.writeKey(holder, topic, "k", f.today()-1)
+		} else if got := f.insertKeyed(holder, topic, keyed{"first", "k"}); len(got) != 0 {
+			t.Fatalf("%s: the first publisher left out %v", c.name, got)
+		}
+		done := make(chan []int, 1)
+		errs := make(chan error, 1)
+		go func() {
+			skipped, err := f.Driver.InsertKeyed(f.ctx, f.Pool, f.keyedParams(topic, keyed{"second", "k"}))
+			if err != nil {
+				errs <- err
+				return
+			}
+			done <- skipped
+		}()
+		f.waitBlocked(1, "%"+f.Tables.Keys+"%", "%keys%")
+		select {
+		case got := <-done:
+			t.Fatalf("%s: the second publisher did not wait: left out %v", c.name, got)
+		case err := <-errs:
+			t.Fatalf("%s: the second publisher: %v", c.name, err)
+		default:
+		}
+		var end error
+		if c.commit {
+			end = holder.Commit(f.ctx)
+		} else {
+			end = holder.Rollback(f.ctx)
+		}
+		if end != nil {
+			t.Fatal(end)
+		}
+		var got []int
+		select {
+		case got = <-done:
+		case err := <-errs:
+			t.Fatalf("%s: the second publisher: %v", c.name, err)
+		case <-time.After(waitTimeout):
+			t.Fatalf("%s: the second publisher still waits", c.name)
+		}
+		want, stored := []int{}, []string{"second"}
+		switch {
+		case c.commit && c.yesterday:
+			want, stored = []int{0}, nil
+		case c.commit:
+			want, stored = []int{0}, []string{"first"}
+		}
+		if !slices.Equal(append([]int{}, got...), want) {
+			t.Fatalf("%s: the second publisher left out %v, want %v", c.name, got, want)
+		}
+		if s := f.stored(topic); !slices.Equal(s, stored) {
+			t.Fatalf("%s: stored %v, want %v", c.name, s, stored)
+		}
+	}
+}
+
+// testKeyedInsertWindow: a key written by a publisher whose transaction
+// began the day before is recognised (they share yesterday's slot); one
+// written two days before is not (its rows are for two and three days
+// ago), and the message is stored.
+func testKeyedInsertWindow(t *testing.T, f *fixture) {
+	const topic = "window"
+	today := f.today()
+	f.writeKey(f.Pool, topic, "yesterday", today-1)
+	f.writeKey(f.Pool, topic, "two days ago", today-2)
+	got := f.insertKeyed(f.Pool, topic, keyed{"a", "yesterday"}, keyed{"b", "two days ago"})
+	if !slices.Equal(got, []int{0}) {
+		t.Fatalf("left out %v, want [0]: yesterday's key recognised, the one of two days ago forgotten", got)
+	}
+	if s := f.stored(topic); !slices.Equal(s, []string{"b"}) {
+		t.Fatalf("stored %v, want [b]", s)
+	}
+}
+
+// testKeyedTransaction: in one transaction (the outbox), a key written by
+// an earlier statement of the same transaction is recognised, without
+// waiting; a rollback forgets it.
+func testKeyedTransaction(t *testing.T, f *fixture) {
+	const topic = "outbox"
+	tx := f.begin()
+	if got := f.insertKeyed(tx, topic, keyed{"a", "k"}); len(got) != 0 {
+		t.Fatalf("first left out %v", got)
+	}
+	if got := f.insertKeyed(tx, topic, keyed{"b", "k"}, keyed{"c", "other"}); !slices.Equal(got, []int{0}) {
+		t.Fatalf("second statement of the transaction left out %v, want [0]", got)
+	}
+	if err := tx.Rollback(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.insertKeyed(f.Pool, topic, keyed{"d", "k"}); len(got) != 0 {
+		t.Fatalf("after the rollback left out %v, want stored", got)
+	}
+	if s := f.stored(topic); !slices.Equal(s, []string{"d"}) {
+		t.Fatalf("stored %v, want [d]", s)
+	}
+}
+
+// testKeyedDelayed: a delayed message with a key is stored once, moved
+// once when due; its key also keeps out a message published at once.
+func testKeyedDelayed(t *testing.T, f *fixture) {
+	const topic = "keyed-delayed"
+	p := f.keyedParams(topic, keyed{"d1", "k"}, keyed{"d2", "k"}, keyed{"d3", "k3"})
+	p.DueAt = []time.Time{time.Now().Add(-time.Minute), time.Now().Add(-time.Minute), time.Now().Add(-time.Minute)}
+	for i, want := range [][]int{{1}, {0, 1, 2}} {
+		got, err := f.Driver.InsertDelayedKeyed(f.ctx, f.Pool, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("delayed insert %d left out %v, want %v", i, got, want)
+		}
+	}
+	if got := f.insertKeyed(f.Pool, topic, keyed{"now", "k3"}); !slices.Equal(got, []int{0}) {
+		t.Fatalf("a message with the delayed one's key left out %v, want [0]", got)
+	}
+	moved, _, err := f.Driver.MoveDueMessages(f.ctx, f.Pool, pgsql.MoveDueParams{Limit: 10})
+	if err != nil || moved != 2 {
+		t.Fatalf("moved %d, %v; want 2", moved, err)
+	}
+	if s := f.stored(topic); !slices.Equal(s, []string{"d1", "d3"}) {
+		t.Fatalf("stored %v, want [d1 d3]", s)
+	}
+}
+
+// testForgetKeys: the maintainer's function empties the partition of the
+// slot two days old (and reports it), leaves today's and yesterday's, and
+// reports -1 when there is nothing to forget; the key forgotten can be
+// published again.
+func testForgetKeys(t *testing.T, f *fixture) {
+	const topic = "forget"
+	today := f.today()
+	f.writeKey(f.Pool, topic, "old", today-1) // rows for yesterday and two days ago
+	if got := f.insertKeyed(f.Pool, topic, keyed{"a", "new"}); len(got) != 0 {
+		t.Fatalf("left out %v", got)
+	}
+	count := func() map[int64]int {
+		rows, err := f.Pool.Query(f.ctx, `SELECT slot FROM `+f.Tables.Keys+` WHERE topic = $1`, topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slots, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[int64]int{}
+		for _, s := range slots {
+			out[s-today]++
+		}
+		return out
+	}
+	if got := fmt.Sprint(count()); got != "map[-2:1 -1:2 0:1]" {
+		t.Fatalf("rows by slot before = %s", got)
+	}
+	gen, err := f.Driver.ForgetKeys(f.ctx, f.Pool)
+	if err != nil || int64(gen) != (today+2)%4 {
+		t.Fatalf("forget = %d, %v; want partition %d", gen, err, (today+2)%4)
+	}
+	if got := fmt.Sprint(count()); got != "map[-1:2 0:1]" {
+		t.Fatalf("rows by slot after = %s; want two days ago's gone", got)
+	}
+	if gen, err := f.Driver.ForgetKeys(f.ctx, f.Pool); err != nil || gen != -1 {
+		t.Fatalf("second forget = %d, %v; want -1", gen, err)
+	}
+	if got := f.insertKeyed(f.Pool, topic, keyed{"b", "new"}); !slices.Equal(got, []int{0}) {
+		t.Fatalf("today's key after forgetting left out %v, want [0]", got)
+	}
+}
+
+// testKeyedInsertsDoNotDeadlock: each statement writes its keys in one
+// order (slot, topic, key digest), whatever the order of its messages,
+// so that a statement that waits for a key holds none that comes after
+// it. A transaction holds key lo (the lower digest of two); a second
+// statement publishes [hi, lo] and waits for lo without having written
+// hi; the first transaction then publishes hi without waiting, and
+// commits; the second stores nothing. Written in the messages' order, the
+// second would hold hi while it waits for lo, and the first's hi would
+// close the cycle: PostgreSQL would fail one of them (deadlock_detected).
+// (Two transactions that each publish several times, in opposite orders,
+// can still deadlock, as any transactions writing the same unique keys:
+// PostgreSQL fails one, and its publish is retried.)
+func testKeyedInsertsDoNotDeadlock(t *testing.T, f *fixture) {
+	const topic = "order"
+	lo, hi := "a", "b"
+	if keyDigest(hi) < keyDigest(lo) {
+		lo, hi = hi, lo
+	}
+	first := f.begin()
+	if got := f.insertKeyed(first, topic, keyed{"lo1", lo}); len(got) != 0 {
+		t.Fatalf("left out %v", got)
+	}
+	type outcome struct {
+		skipped []int
+		err     error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		skipped, err := f.Driver.InsertKeyed(f.ctx, f.Pool, f.keyedParams(topic, keyed{"hi2", hi}, keyed{"lo2", lo}))
+		done <- outcome{skipped, err}
+	}()
+	f.waitBlocked(1, "%"+f.Tables.Keys+"%", "%keys%")
+	if got := f.insertKeyed(first, topic, keyed{"hi1", hi}); len(got) != 0 {
+		t.Fatalf("the first transaction's hi left out %v", got)
+	}
+	if err := first.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	var o outcome
+	select {
+	case o = <-done:
+	case <-time.After(waitTimeout):
+		t.Fatal("the second statement still waits")
+	}
+	if o.err != nil {
+		t.Fatalf("the second statement: %v", o.err)
+	}
+	if !slices.Equal(o.skipped, []int{0, 1}) {
+		t.Fatalf("the second statement left out %v, want [0 1]", o.skipped)
+	}
+	if s := f.stored(topic); !slices.Equal(s, []string{"lo1", "hi1"}) {
+		t.Fatalf("stored %v, want [lo1 hi1]", s)
+	}
+}
