@@ -83,11 +83,11 @@ func Open(name string) (*Set, error) {
 			}
 		}
 		s := &Set{version: 1, dirs: dirs}
-		if err := s.mkdirs(); err == nil {
+		err := s.mkdirs()
+		if err == nil {
 			return s, nil
-		} else {
-			reasons = append(reasons, "cgroup v1: "+err.Error())
 		}
+		reasons = append(reasons, "cgroup v1: "+err.Error())
 	} else {
 		reasons = append(reasons, "cgroup v1: no cpu controller at "+cpu)
 	}
@@ -147,7 +147,9 @@ func (s *Set) New(name string, cpus float64) (*Group, error) {
 	}
 	for _, d := range g.dirs {
 		if err := os.Mkdir(d, 0o755); err != nil {
-			g.remove()
+			if rerr := g.remove(); rerr != nil {
+				return nil, fmt.Errorf("cgroup: %w (and removing what was made: %w)", err, rerr)
+			}
 			return nil, fmt.Errorf("cgroup: %w", err)
 		}
 	}
