@@ -126,8 +126,7 @@ type Publisher struct {
 	// group batches concurrent Publish calls when db is a pool.
 	group *engine.GroupCommitter
 
-	schemaMu    sync.Mutex
-	schemaReady bool
+	schema schemaOnce // AutoInitializeSchema
 
 	closeMu   sync.RWMutex
 	closed    bool
@@ -261,16 +260,7 @@ func (p *Publisher) initializeSchema(ctx context.Context) error {
 	if !p.config.AutoInitializeSchema {
 		return nil
 	}
-	p.schemaMu.Lock()
-	defer p.schemaMu.Unlock()
-	if p.schemaReady {
-		return nil
-	}
-	if err := initializeSchema(ctx, p.db, p.driver.Tables()); err != nil {
-		return err
-	}
-	p.schemaReady = true
-	return nil
+	return p.schema.run(ctx, p.db, p.driver.Tables())
 }
 
 // buildInsertParams validates topic and msgs and returns the parameters that

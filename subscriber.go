@@ -3,7 +3,6 @@ package pglease
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -33,8 +32,7 @@ type Subscriber struct {
 	tables *pgsql.Tables
 	engine *engine.Subscriber
 
-	schemaMu    sync.Mutex
-	schemaReady bool
+	schema schemaOnce // InitializeSchema
 }
 
 var (
@@ -129,14 +127,5 @@ func (s *Subscriber) Close() error { return s.engine.Close() }
 // initializeSchema creates the tables once (InitializeSchema): the
 // engine's set-up before its first session.
 func (s *Subscriber) initializeSchema(ctx context.Context) error {
-	s.schemaMu.Lock()
-	defer s.schemaMu.Unlock()
-	if s.schemaReady {
-		return nil
-	}
-	if err := initializeSchema(ctx, s.pool, s.tables); err != nil {
-		return err
-	}
-	s.schemaReady = true
-	return nil
+	return s.schema.run(ctx, s.pool, s.tables)
 }

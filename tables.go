@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -142,6 +143,27 @@ func Migrate(ctx context.Context, db DB, tables Tables) error {
 // a savepoint).
 func initializeSchema(ctx context.Context, db pgsql.Beginner, t *pgsql.Tables) error {
 	return wrapSetUpDenied(pgsql.Migrate(ctx, db, t, t.Migrations()), t.Schema)
+}
+
+// schemaOnce initializes the schema until it has succeeded once: the
+// Publisher's AutoInitializeSchema and the Subscriber's InitializeSchema.
+// Calls wait for one under way; a failed one is tried again by the next.
+type schemaOnce struct {
+	mu   sync.Mutex
+	done bool
+}
+
+func (o *schemaOnce) run(ctx context.Context, db pgsql.Beginner, t *pgsql.Tables) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.done {
+		return nil
+	}
+	if err := initializeSchema(ctx, db, t); err != nil {
+		return err
+	}
+	o.done = true
+	return nil
 }
 
 // wrapSetUpDenied adds what to do to a permission error of the schema
