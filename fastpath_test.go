@@ -74,8 +74,10 @@ func TestGroupCommitErrorsReachTheRightCallers(t *testing.T) {
 	assert.Equal(t, stored, countRows(t, pool, adapter, "topic = 'group'"), "exactly the successful calls are stored")
 	assert.Equal(t, 0, countRows(t, pool, adapter, "uuid LIKE 'poison%'"))
 	// Calls did share statements: some transaction wrote more than one call.
-	assert.Positive(t, countRows(t, pool, adapter, "topic = 'group' AND transaction_id IN (SELECT transaction_id FROM "+
-		table(adapter, pglease.DefaultMessagesTable)+" WHERE topic = 'group' GROUP BY transaction_id HAVING count(*) > 2)"))
+	// Positions are per row (a sequence), so the writing transaction is
+	// the rows' xmin.
+	assert.Positive(t, countRows(t, pool, adapter, "topic = 'group' AND xmin::text IN (SELECT xmin::text FROM "+
+		table(adapter, pglease.DefaultMessagesTable)+" WHERE topic = 'group' GROUP BY xmin::text HAVING count(*) > 2)"))
 }
 
 // TestGroupCommitTakesOverFromAnInlineCall: with a single worker slot (a
@@ -326,10 +328,11 @@ func TestMissedNotificationIsCaughtByPoll(t *testing.T) {
 	assert.Equal(t, "silent", got[0].UUID)
 }
 
-// TestRowsBehindAnOlderTransactionArriveSoon holds a transaction with an
-// xid open while a message commits after it: the message is not visible
-// below pg_snapshot_xmin until the older transaction ends, and then the
-// Subscriber's short re-poll delivers it without waiting for PollInterval.
+// TestRowsBehindAnOlderTransactionArriveSoon holds an outbox transaction
+// open that published to the topic first, while a message commits after
+// it: the message is not delivered past the open publisher's position until
+// that transaction ends, and then the Subscriber's short re-poll delivers
+// both, in order, without waiting for PollInterval.
 func TestRowsBehindAnOlderTransactionArriveSoon(t *testing.T) {
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
@@ -344,20 +347,23 @@ func TestRowsBehindAnOlderTransactionArriveSoon(t *testing.T) {
 	older, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = older.Rollback(ctx) }()
-	_, err = older.Exec(ctx, "SELECT pg_current_xact_id()") // takes an xid below the next message's
+	outbox, err := pglease.NewPublisher(older, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
+	require.NoError(t, outbox.Publish("t", message.NewMessage("older", nil))) // a position below the next message's
 
 	id := publishN(t, pub, "t", 1)
 	assertNothingWithin(t, msgs, 500*time.Millisecond)
 	require.NoError(t, older.Commit(ctx))
 	start := time.Now()
-	got := receive(t, msgs, 1, 10*time.Second)
-	assert.Equal(t, id[0], got[0].UUID)
+	got := receive(t, msgs, 2, 10*time.Second)
+	assert.Equal(t, "older", got[0].UUID)
+	assert.Equal(t, id[0], got[1].UUID)
 	t.Logf("delivered %s after the older transaction ended (PollInterval is a minute)", time.Since(start))
 }
 
 // TestShortHoldsAreNotAStall: twenty messages, one at a time, each
-// committed behind an older transaction that ends 80 ms later. Each hold is
+// committed behind an older outbox transaction of the same topic that ends
+// 80 ms later. Each hold is
 // a new one: the consumer re-polls every few milliseconds for each and
 // never counts one as a stall (rows held back for over pendingFastFor,
 // re-polled every PollInterval, logged at Error), however long the claim
@@ -389,13 +395,18 @@ func TestShortHoldsAreNotAStall(t *testing.T) {
 	for i := range n {
 		tx, err := older.Begin(ctx)
 		require.NoError(t, err)
-		_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()") // an xid below the message's
+		outbox, err := pglease.NewPublisher(tx, pglease.PublisherConfig{Tables: adapter}, nil)
 		require.NoError(t, err)
+		olderID := fmt.Sprintf("older-%d", i)
+		require.NoError(t, outbox.Publish("t", message.NewMessage(olderID, nil))) // a position below the message's
 		start := time.Now()
 		id := publishN(t, pub, "t", 1)
 		time.Sleep(hold) // the hold itself, not a wait for an outcome
 		require.NoError(t, tx.Commit(ctx))
-		got := receiveWithin(t, msgs, pollInterval*2/5, "message %d, held %s, within well under PollInterval", i, hold)
+		first := receiveWithin(t, msgs, pollInterval*2/5, "message %d, held %s, within well under PollInterval", i, hold)
+		require.Equal(t, olderID, first.UUID)
+		first.Ack()
+		got := receiveWithin(t, msgs, pollInterval*2/5, "message %d after the older one", i)
 		latencies = append(latencies, time.Since(start))
 		require.Equal(t, id[0], got.UUID)
 		got.Ack()

@@ -128,7 +128,9 @@ type LagInfo struct {
 	Lag        int64   `json:"lag"`
 	LagSeconds float64 `json:"lag_seconds"`
 	// Pending reports committed messages after the position that wait
-	// for an older transaction to end (see Inspector.Horizon).
+	// for an open transaction that published to the same partition before
+	// them (on Citus: for an older transaction of the topic's worker to
+	// end, see Inspector.Horizon).
 	Pending bool `json:"pending"`
 }
 

@@ -149,8 +149,8 @@ func TestInspectorLagAfterKnownAcks(t *testing.T) {
 
 // TestInspectorHorizonNamesTheBlockingTransaction: a writing transaction
 // left open is reported as the horizon's holder, with its pid and
-// application name, and a topic whose committed message waits behind it
-// shows as pending, not as lag.
+// application name; it published to a topic, whose committed message waits
+// behind it and shows as pending, not as lag.
 func TestInspectorHorizonNamesTheBlockingTransaction(t *testing.T) {
 	ctx := context.Background()
 	pool := testkit.NewPool(t, 10)
@@ -173,10 +173,13 @@ func TestInspectorHorizonNamesTheBlockingTransaction(t *testing.T) {
 	tx, err := blocker.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()") // takes a transaction id: a writer
+	// An outbox transaction that published to t: a writer, and an open
+	// publisher of the topic.
+	outbox, err := pglease.NewPublisher(tx, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
+	require.NoError(t, outbox.Publish("t", message.NewMessage("outbox", nil)))
 
-	testkit.PublishN(t, pub, "t", 1) // committed, but behind the open transaction
+	testkit.PublishN(t, pub, "t", 1) // committed, but behind the open publisher of t
 	h, err := insp.Horizon(ctx)
 	require.NoError(t, err)
 	require.NotNil(t, h.Holder)

@@ -1173,6 +1173,15 @@ BEGIN
 		EXECUTE 'GRANT INSERT, SELECT (topic, key) ON TABLE ' || keys::text || ' TO '
 			|| CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(r.grantee)) END;
 	END LOOP;
+	-- Every role that may run pglease today (it may delete messages, as
+	-- GrantSQL lets it) may use the keys as GrantSQL grants them: the
+	-- maintainer's check asks for all four.
+	FOR r IN SELECT DISTINCT a.grantee FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+		WHERE c.oid = msgs AND a.privilege_type = 'DELETE' AND a.grantee <> c.relowner
+	LOOP
+		EXECUTE 'GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE ' || keys::text || ' TO '
+			|| CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(r.grantee)) END;
+	END LOOP;
 	-- The maintainer's function that empties the partition of the keys
 	-- two days old: a SECURITY DEFINER function of the owner, executable
 	-- by the roles that may delete messages (as those of version 7).

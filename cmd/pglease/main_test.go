@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"regexp"
 	"strconv"
@@ -400,7 +401,7 @@ func TestResetOffsets(t *testing.T) {
 
 	f.ok("reset-offsets", "--group", "g", "--topic", "t", "--to-latest")
 	l = only()
-	assert.Equal(t, int64(0), l.Position.Offset, "latest is (xmin, 0)")
+	assert.Equal(t, int64(math.MaxInt64), l.Position.Offset, "latest is (bound - 1, the largest offset)")
 	assert.Positive(t, l.Position.TransactionID)
 	assert.Equal(t, int64(0), l.Lag)
 	latest := l.Position

@@ -14,16 +14,32 @@ ORDER BY s.consumer_group, s.created_at, s.id`}
 
 // InspectLag is the statement of [InspectLag]. Per row: one pass over the
 // index range after the position (the count, and the oldest storage time
-// among those messages), and one index probe for a pending message.
+// among those messages), and one index probe for a pending message. Lag
+// counts the messages below the partition's position bound (decision
+// 0008), which one call of the bound function computes for every selected
+// row; a message at or above it is pending: committed or not, it waits
+// for an open publisher of its partition. The bound is read within the
+// statement, after its snapshot: a message committed in between is in
+// neither count, which a report can afford.
 func (t *Tables) InspectLag(groups, topics []string) Stmt {
 	return Stmt{
-		SQL: `SELECT o.consumer_group, o.topic, o.partition, o.session_id,
+		SQL: `WITH sel AS MATERIALIZED (
+	SELECT o.consumer_group, o.topic, o.partition, o.session_id, o.epoch, o.acked_transaction_id, o.acked_offset,
+		pg_catalog.row_number() OVER (ORDER BY o.consumer_group, o.topic, o.partition) AS n
+	FROM ` + t.Offsets + ` o
+	WHERE ($1::text[] IS NULL OR o.consumer_group = ANY($1)) AND ($2::text[] IS NULL OR o.topic = ANY($2))
+), b AS MATERIALIZED (
+	SELECT f.bounds FROM ` + t.PositionBoundFunction() + `(ARRAY(SELECT sel.topic FROM sel ORDER BY sel.n),
+		ARRAY(SELECT sel.partition FROM sel ORDER BY sel.n)) f
+)
+SELECT o.consumer_group, o.topic, o.partition, o.session_id,
 	CASE WHEN s.expires_at > pg_catalog.now() THEN s.owner END, o.epoch, o.acked_transaction_id::text, o.acked_offset,
 	l.lag, extract(epoch FROM pg_catalog.now() - l.oldest)::float8,
 	EXISTS (SELECT 1 FROM ` + t.Messages + ` m
 		WHERE m.topic = o.topic AND m.partition = o.partition AND m.transaction_id >= x.xmin)
-FROM ` + t.Offsets + ` o
-CROSS JOIN (SELECT ` + t.positionCounter() + ` AS xmin) x
+FROM sel o
+CROSS JOIN b
+CROSS JOIN LATERAL (SELECT b.bounds[o.n]::text::xid8 AS xmin) x
 LEFT JOIN ` + t.Sessions + ` s ON s.id = o.session_id
 CROSS JOIN LATERAL (
 	SELECT pg_catalog.count(*) AS lag, pg_catalog.min(m.created_at) AS oldest FROM ` + t.Messages + ` m
@@ -31,8 +47,7 @@ CROSS JOIN LATERAL (
 		AND (m.transaction_id, m."offset") > (o.acked_transaction_id, o.acked_offset)
 		AND m.transaction_id < x.xmin
 ) l
-WHERE ($1::text[] IS NULL OR o.consumer_group = ANY($1)) AND ($2::text[] IS NULL OR o.topic = ANY($2))
-ORDER BY o.consumer_group, o.topic, o.partition`,
+ORDER BY o.n`,
 		Args: []any{groups, topics},
 	}
 }

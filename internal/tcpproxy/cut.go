@@ -37,31 +37,57 @@ func (p *Proxy) replies(s net.Conn) net.Conn {
 
 // cutter is the server side of a connection whose messages are followed:
 // Read returns what the server sent up to the ReadyForQuery where the
-// connection is cut, then io.EOF, which ends the link.
+// connection is cut, then io.EOF, which ends the link. A message's header
+// is held back until it is whole, so that a ReadyForQuery split across
+// reads is cut whole too.
 type cutter struct {
 	net.Conn
 	cut func(tag string) bool
 
-	head    [5]byte // the type and length of the message being read
-	headN   int     // bytes of head read
-	left    int     // bytes of the current message's body still to come
-	tag     []byte  // the body of a CommandComplete being read
-	armed   bool    // a CommandComplete was cut: cut at the next ReadyForQuery
-	stopped bool
+	head  [5]byte // the type and length of the message being read
+	headN int     // bytes of head read
+	left  int     // bytes of the current message's body still to come
+	tag   []byte  // the body of a CommandComplete being read
+	armed bool    // a CommandComplete was cut: cut at the next ReadyForQuery
+
+	buf  []byte // what one read of the server got
+	out  []byte // followed bytes not returned yet
+	stop bool   // the cut was reached: out, then io.EOF
+	err  error  // the server side's read error, returned after out
 }
 
 // Read implements net.Conn.
 func (c *cutter) Read(b []byte) (int, error) {
-	if c.stopped {
-		return 0, io.EOF
+	for len(c.out) == 0 {
+		if c.stop {
+			return 0, io.EOF
+		}
+		if c.err != nil {
+			return 0, c.err
+		}
+		if len(c.buf) < len(b) {
+			c.buf = make([]byte, len(b))
+		}
+		n, err := c.Conn.Read(c.buf[:len(b)])
+		c.err = err
+		c.out = c.out[:0]
+		c.follow(c.buf[:n])
 	}
-	n, err := c.Conn.Read(b)
-	for i := 0; i < n; {
+	n := copy(b, c.out)
+	c.out = c.out[n:]
+	return n, nil
+}
+
+// follow reads p as the next bytes of the server's messages and appends
+// to out what the client may have.
+func (c *cutter) follow(p []byte) {
+	for i := 0; i < len(p) && !c.stop; {
 		if c.left > 0 { // inside a body
-			k := min(c.left, n-i)
+			k := min(c.left, len(p)-i)
 			if c.head[0] == 'C' {
-				c.tag = append(c.tag, b[i:i+k]...)
+				c.tag = append(c.tag, p[i:i+k]...)
 			}
+			c.out = append(c.out, p[i:i+k]...)
 			i += k
 			c.left -= k
 			if c.left == 0 && c.head[0] == 'C' {
@@ -76,8 +102,7 @@ func (c *cutter) Read(b []byte) (int, error) {
 			}
 			continue
 		}
-		start := i - c.headN // where the message began, when in b
-		c.head[c.headN] = b[i]
+		c.head[c.headN] = p[i]
 		c.headN++
 		i++
 		if c.headN < 5 {
@@ -87,9 +112,9 @@ func (c *cutter) Read(b []byte) (int, error) {
 		c.left = int(binary.BigEndian.Uint32(c.head[1:])) - 4
 		if c.head[0] == 'Z' && c.armed {
 			// The transaction ended: nothing of this message on.
-			c.stopped = true
-			return max(0, start), nil
+			c.stop = true
+			return
 		}
+		c.out = append(c.out, c.head[:]...)
 	}
-	return n, err
 }
