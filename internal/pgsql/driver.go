@@ -69,6 +69,12 @@ type Driver interface {
 	// [QueuedAck]).
 	QueueAck(b *pgx.Batch, p OffsetParams) QueuedAck
 
+	// The failure policy (waiting.go).
+
+	LoadWaiting(ctx context.Context, q Querier, p OffsetParams) ([]WaitingRow, error)
+	RecordWaiting(ctx context.Context, q Querier, p WaitingParams) (WaitingRow, error)
+	DeadLetterOffset(ctx context.Context, q Querier, p WaitingParams) (WaitingRow, error)
+
 	// Maintenance.
 
 	MaintainerAccess(ctx context.Context, q Querier) (AccessRow, error)

@@ -101,6 +101,13 @@ func dumpStatements(a *Tables) string {
 	above := p
 	above.Above = true
 	q("AckOffsetAbove", a.AckOffset(above))
+	q("LoadWaiting", a.LoadWaiting(p))
+	wp := WaitingParams{OffsetParams: p, Attempts: 2, Failed: true, Delay: 1500 * time.Millisecond, Reason: "r",
+		Drop: []Position{{9, 10}}}
+	q("RecordWaiting failed", a.RecordWaiting(wp))
+	wp.Failed = false
+	q("RecordWaiting attempt", a.RecordWaiting(wp))
+	q("DeadLetterOffset", a.DeadLetterOffset(wp))
 	p.NotifyChannel = "ch"
 	q("ReleaseOffset notify", a.ReleaseOffset(p))
 	mp := MaintainerParams{SessionID: id, Epoch: 3, NotifyChannel: "ch"}

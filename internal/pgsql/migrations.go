@@ -171,6 +171,13 @@ var migrations = []struct {
 	// messages table open when a partition was attached still runs (see
 	// the file). Releases before it place by covered_until, as before.
 	{"0013_usable_until.sql", "retention: publishers use a new partition only once no transaction that could route without it runs"},
+	// Versions 14 and 15 are other branches' (reserved here until they
+	// are merged).
+	{"0014_reserved.sql", "reserved"},
+	{"0015_reserved.sql", "reserved"},
+	// waiting is written only while a Subscriber of the group sets Retry
+	// (see the file); earlier releases ignore it.
+	{"0016_waiting.sql", "failure policy: the messages of a row that failed and wait for their next attempt"},
 }
 
 // Migrations returns every schema version, oldest first, for these tables.
