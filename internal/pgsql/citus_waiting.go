@@ -43,11 +43,12 @@ func (d citus) DeadLetterOffset(ctx context.Context, q Querier, p WaitingParams)
 	var (
 		w        waitingRaw
 		recorded bool
+		now      int64
 	)
-	err := q.QueryRow(ctx, `SELECT `+waitingColumns("(waiting -> $4::text)")+`, $4::text = ANY(acked_above)
+	err := q.QueryRow(ctx, `SELECT `+waitingColumns("(waiting -> $4::text)")+`, $4::text = ANY(acked_above), `+nowMs+`
 FROM `+d.t.Offsets+`
 WHERE consumer_group = $1 AND topic = $2 AND partition = $3
-FOR UPDATE`, p.ConsumerGroup, p.Topic, p.Partition, AboveEntry(p.Position)).Scan(append(w.dest(), &recorded)...)
+FOR UPDATE`, p.ConsumerGroup, p.Topic, p.Partition, AboveEntry(p.Position)).Scan(append(w.dest(), &recorded, &now)...)
 	if err != nil {
 		return WaitingRow{}, err
 	}
@@ -70,6 +71,5 @@ WHERE `+citusKeyed, p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
 	if tag.RowsAffected() == 0 {
 		return WaitingRow{}, pgx.ErrNoRows
 	}
-	r, _ := w.row(p.Position)
-	return r, nil
+	return w.final(p, now), nil
 }

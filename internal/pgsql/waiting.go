@@ -163,7 +163,7 @@ func (t *Tables) DeadLetterOffset(p WaitingParams) Stmt {
 		AND NOT $8::text = ANY(acked_above) AND (SELECT ok FROM here)
 	RETURNING 1
 )
-SELECT (SELECT ok FROM here), EXISTS (SELECT 1 FROM moved), ` + waitingColumns("cur.e") + `
+SELECT (SELECT ok FROM here), EXISTS (SELECT 1 FROM moved), ` + nowMs + `, ` + waitingColumns("cur.e") + `
 FROM (SELECT 1) one LEFT JOIN cur ON true`,
 		Args: p.args()[:9],
 	}
@@ -234,17 +234,18 @@ func (d singleNode) RecordWaiting(ctx context.Context, q Querier, p WaitingParam
 // transaction that writes the message's dead-letter copy: the copy and
 // the move commit together or not at all. It locks the row first, so a
 // claim either comes before (the statement writes nothing) or waits for
-// the transaction. It returns the message's entry as it was before the
-// move; pgx.ErrNoRows when nothing was written (the row is no longer the
+// the transaction. It returns the message's entry with its last failure
+// at the statement's now() and its attempts p.Attempts; pgx.ErrNoRows when nothing was written (the row is no longer the
 // session's at the epoch, or the position is recorded already),
 // [ErrWentBack] when the identity or the position does not hold.
 func (d singleNode) DeadLetterOffset(ctx context.Context, q Querier, p WaitingParams) (WaitingRow, error) {
 	s := d.t.DeadLetterOffset(p)
 	var (
 		ok, moved bool
+		now       int64
 		w         waitingRaw
 	)
-	if err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(append([]any{&ok, &moved}, w.dest()...)...); err != nil {
+	if err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(append([]any{&ok, &moved, &now}, w.dest()...)...); err != nil {
 		return WaitingRow{}, err
 	}
 	switch {
@@ -253,8 +254,19 @@ func (d singleNode) DeadLetterOffset(ctx context.Context, q Querier, p WaitingPa
 	case !moved:
 		return WaitingRow{}, pgx.ErrNoRows
 	}
+	return w.final(p, now), nil
+}
+
+// final is the entry of a message moved to the dead-letter topic at the
+// server's time now (milliseconds): its last failure then, its first
+// one the entry's (now when it had none), its attempts p.Attempts.
+func (w *waitingRaw) final(p WaitingParams, now int64) WaitingRow {
 	r, _ := w.row(p.Position)
-	return r, nil
+	r.Attempts, r.LastFailure, r.DueIn = p.Attempts, time.UnixMilli(now), 0
+	if r.FirstFailure.IsZero() {
+		r.FirstFailure = r.LastFailure
+	}
+	return r
 }
 
 // ParseAboveEntry reads a position written by [AboveEntry].
