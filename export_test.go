@@ -75,3 +75,10 @@ func Reads(s *Subscriber) uint64 { return s.engine.Reads() }
 // behind an older transaction for longer than pendingFastFor and slowed
 // their re-polls to PollInterval (tests only).
 func Stalls(s *Subscriber) uint64 { return s.engine.Stalls() }
+
+// SetBeforeDeadLetterCopyHook makes every dead-letter move of s call hook
+// inside its transaction, between the move of the group past the message
+// and the copy's insert (tests only). Set it before the first Subscribe.
+func SetBeforeDeadLetterCopyHook(s *Subscriber, hook func()) {
+	s.engine.SetBeforeDeadLetterCopyHook(hook)
+}

@@ -190,9 +190,11 @@ func (o *ownership) resume(e *windowEntry) {
 }
 
 // reasonEnded is the reason of a message moved to its dead-letter topic
-// before it went out again: every attempt counted ended without an Ack
-// or a Nack (the process ended, or lost the row, while it was out).
-const reasonEnded = "every attempt ended without an Ack or a Nack (the Subscriber ended while the message was out)"
+// before it went out again: its attempts were all counted, and the
+// outcome of the last one was not recorded (its owner ended, or lost the
+// row, while the message was out or before its dead-letter move
+// committed).
+const reasonEnded = "the last attempt ended without its outcome recorded (the Subscriber ended or lost the row while the message was out, or before its dead-letter move committed)"
 
 // beforeHandOut applies the policy to e before it goes out: a message
 // handed out MaxAttempts times already (each time its owner ended while
