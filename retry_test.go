@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -342,4 +343,74 @@ func TestRetryConfigValidation(t *testing.T) {
 		_, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Retry: tc.retry}, nil)
 		require.ErrorContains(t, err, tc.want, "%+v", tc.retry)
 	}
+}
+
+// TestRetryWithTxHandler: under a failure policy, a handler whose
+// transaction fails counts an attempt, and after the last one the message
+// moves to the dead-letter topic with no effect of it committed; a message
+// whose transaction committed its effects with AckInTx although its
+// handler nacked it (an outcome the handler took for a failure) is
+// delivered again, its AckInTx reports it acknowledged, and after its last
+// attempt it is not moved: the effects and the move never both happen.
+func TestRetryWithTxHandler(t *testing.T) {
+	parallel(t)
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	tables := newSchema(t, pool)
+	pub := newPublisher(t, pool, tables)
+	ids := publishPayloads(t, pub, "in", nil, "fails", "committed", "fine")
+	createEffects(t, pool, tables)
+	retry := pglease.RetryConfig{MaxAttempts: 2, MinBackoff: 10 * time.Millisecond, DeadLetterTopic: "in.dead"}
+	sub := newTestSubscriber(t, pool, tables, pglease.SubscriberConfig{Retry: retry})
+	msgs, err := sub.Subscribe(ctx, "in")
+	require.NoError(t, err)
+	txh := pglease.TxHandler(pool, pglease.TxHandlerConfig{Publisher: pglease.PublisherConfig{Tables: tables}},
+		func(ctx context.Context, tx pgx.Tx, msg *message.Message) ([]*message.Message, error) {
+			if err := insertEffect(ctx, tx, tables.Schema, msg.UUID, "h"); err != nil {
+				return nil, err
+			}
+			if string(msg.Payload) == "fails" {
+				return nil, errors.New("the transaction fails")
+			}
+			return nil, nil
+		})
+	ackErrs := map[string][]error{}
+	for done := false; !done; {
+		msg := receiveOne(t, msgs)
+		switch string(msg.Payload) {
+		case "committed":
+			// Its effects and acknowledgement commit; the handler nacks
+			// all the same.
+			tx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			err = insertEffect(ctx, tx, tables.Schema, msg.UUID, "h")
+			if err == nil {
+				err = pglease.AckInTx(ctx, tx, msg)
+			}
+			ackErrs[msg.UUID] = append(ackErrs[msg.UUID], err)
+			if err == nil {
+				require.NoError(t, tx.Commit(ctx))
+			} else {
+				require.NoError(t, tx.Rollback(ctx))
+			}
+			pglease.NackWithReason(msg, errors.New("the outcome looked failed"))
+		default:
+			if err := txh(msg); err != nil {
+				pglease.NackWithReason(msg, err)
+			} else {
+				msg.Ack()
+			}
+			done = string(msg.Payload) == "fine"
+		}
+	}
+	require.Len(t, ackErrs[ids[1]], 2, "the committed message handed out MaxAttempts times")
+	require.NoError(t, ackErrs[ids[1]][0])
+	require.ErrorIs(t, ackErrs[ids[1]][1], pglease.ErrAlreadyAcknowledged)
+
+	dead := receiveDeadLetter(t, pool, tables, "in.dead")
+	require.Equal(t, ids[0], dead.UUID, "the message whose transaction failed")
+	require.Equal(t, "the transaction fails", dead.Metadata.Get(pglease.DeadLetterReasonMetadata))
+	require.Equal(t, 1, topicCount(t, pool, tables, "in.dead"), "the committed message moved too")
+	require.Equal(t, map[string][]string{ids[1]: {"h"}, ids[2]: {"h"}}, effectsOf(t, pool, tables))
+	require.Equal(t, uint64(1), sub.Stats().DeadLettered)
 }

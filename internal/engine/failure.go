@@ -275,15 +275,26 @@ func (o *ownership) deadLetter(e *windowEntry, attempts int, reason string) outc
 	copyOf := func(r pgsql.WaitingRow) pgsql.InsertMessagesParams {
 		return c.deadLetterCopy(o.cl, m, r, reason)
 	}
+	recorded := false
 	res := c.fencedWrite(o.g, o.cl, "Cannot move a message to its dead-letter topic, retrying", func(ctx context.Context) error {
 		_, err := c.failures.deadLetter(ctx, o.cl, p, copyOf)
+		if errors.Is(err, pgsql.ErrRecorded) {
+			recorded, err = true, nil
+		}
 		return err
 	})
 	if res != proceed {
 		return res
 	}
-	o.drop = o.drop[:0]
 	delete(o.waiting, m.pos)
+	if recorded {
+		// Acknowledged in a transaction that committed (AckInTx), though
+		// its handler nacked it: its effects are there, it is not moved.
+		c.logger.Info("Message not moved to its dead-letter topic: it was acknowledged in a transaction", watermill.LogFields{
+			"partition": c.partition, "uuid": m.uuid, "attempts": attempts})
+		return o.acked(e)
+	}
+	o.drop = o.drop[:0]
 	c.stats.deadLettered.Add(1)
 	c.logger.Info("Message moved to its dead-letter topic after its last attempt", watermill.LogFields{
 		"partition": c.partition, "uuid": m.uuid, "attempts": attempts,

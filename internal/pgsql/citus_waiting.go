@@ -58,7 +58,7 @@ FOR UPDATE`, p.ConsumerGroup, p.Topic, p.Partition, AboveEntry(p.Position)).Scan
 		return WaitingRow{}, ErrWentBack
 	}
 	if recorded {
-		return WaitingRow{}, pgx.ErrNoRows
+		return WaitingRow{}, ErrRecorded
 	}
 	tag, err := q.Exec(ctx, `UPDATE `+d.t.Offsets+`
 SET acked_above = pg_catalog.array_append(acked_above, $6::text), waiting = waiting - $6::text - $7::text[],

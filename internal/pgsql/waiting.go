@@ -21,6 +21,12 @@ import (
 // statements never compare positions: an entry is named by its key, and
 // the engine decides which entries are stale.
 
+// ErrRecorded is returned by [Driver.DeadLetterOffset] when the message's
+// position is recorded in the row's acked_above already: it was
+// acknowledged in a transaction (AckInTx) that committed, or moved
+// before; nothing was written.
+var ErrRecorded = errors.New("the message is acknowledged in the offset row already")
+
 // nowMs is the server's clock in milliseconds since the epoch.
 const nowMs = `(pg_catalog.date_part('epoch'::text, pg_catalog.now()) * 1000::float8)::int8`
 
@@ -102,17 +108,13 @@ func (w *waitingRaw) row(pos Position) (r WaitingRow, ok bool) {
 const waitingSet = `waiting = (waiting - $9::text[]) || pg_catalog.jsonb_build_object($8::text,
 	CASE WHEN $10::bool THEN pg_catalog.jsonb_build_object('a', $11::int4,
 		'f', COALESCE((waiting -> $8::text ->> 'f')::int8, ` + nowMs + `),
-		'l', ` + nowMs + `, 'n', ` + nowMs + ` + $12::int8, 'r', $13::text)
+		'l', ` + nowMs + `, 'n', ` + nowMs + ` + $12::int8, 'r', NULLIF($13::text, ''))
 	ELSE COALESCE(waiting -> $8::text, '{}'::jsonb) || pg_catalog.jsonb_build_object('a', $11::int4) END)`
 
 func (p WaitingParams) args() []any {
-	var reason *string
-	if p.Reason != "" {
-		reason = &p.Reason
-	}
 	return []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
 		formatXID8(p.Position.TransactionID), p.Here, AboveEntry(p.Position), AboveEntries(p.Drop),
-		p.Failed, p.Attempts, p.Delay.Milliseconds(), reason}
+		p.Failed, p.Attempts, p.Delay.Milliseconds(), p.Reason}
 }
 
 // LoadWaiting is the statement of [LoadWaiting].
@@ -151,7 +153,7 @@ func (t *Tables) DeadLetterOffset(p WaitingParams) Stmt {
 		SQL: `WITH here AS (
 	SELECT ` + onHistory(7) + ` AS ok
 ), cur AS (
-	SELECT waiting -> $8::text AS e
+	SELECT waiting -> $8::text AS e, $8::text = ANY(acked_above) AS recorded
 	FROM ` + t.Offsets + `
 	WHERE consumer_group = $1 AND topic = $2 AND partition = $3
 	FOR UPDATE
@@ -163,7 +165,7 @@ func (t *Tables) DeadLetterOffset(p WaitingParams) Stmt {
 		AND NOT $8::text = ANY(acked_above) AND (SELECT ok FROM here)
 	RETURNING 1
 )
-SELECT (SELECT ok FROM here), EXISTS (SELECT 1 FROM moved), ` + nowMs + `, ` + waitingColumns("cur.e") + `
+SELECT (SELECT ok FROM here), EXISTS (SELECT 1 FROM moved), COALESCE(cur.recorded, false), ` + nowMs + `, ` + waitingColumns("cur.e") + `
 FROM (SELECT 1) one LEFT JOIN cur ON true`,
 		Args: p.args()[:9],
 	}
@@ -235,23 +237,28 @@ func (d singleNode) RecordWaiting(ctx context.Context, q Querier, p WaitingParam
 // the move commit together or not at all. It locks the row first, so a
 // claim either comes before (the statement writes nothing) or waits for
 // the transaction. It returns the message's entry with its last failure
-// at the statement's now() and its attempts p.Attempts; pgx.ErrNoRows when nothing was written (the row is no longer the
-// session's at the epoch, or the position is recorded already),
-// [ErrWentBack] when the identity or the position does not hold.
+// at the statement's now() and its attempts p.Attempts; [ErrRecorded]
+// when the position is recorded in acked_above already, pgx.ErrNoRows
+// when the row is no longer the session's at the epoch (nothing written
+// either way), [ErrWentBack] when the identity or the position does not
+// hold.
 func (d singleNode) DeadLetterOffset(ctx context.Context, q Querier, p WaitingParams) (WaitingRow, error) {
 	s := d.t.DeadLetterOffset(p)
 	var (
-		ok, moved bool
-		now       int64
-		w         waitingRaw
+		ok, moved, recorded bool
+		now                 int64
+		w                   waitingRaw
 	)
-	if err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(append([]any{&ok, &moved, &now}, w.dest()...)...); err != nil {
+	if err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(append([]any{&ok, &moved, &recorded, &now}, w.dest()...)...); err != nil {
 		return WaitingRow{}, err
 	}
 	switch {
 	case !ok:
 		return WaitingRow{}, ErrWentBack
-	case !moved:
+	case moved:
+	case recorded:
+		return WaitingRow{}, ErrRecorded
+	default:
 		return WaitingRow{}, pgx.ErrNoRows
 	}
 	return w.final(p, now), nil
