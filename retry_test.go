@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/admin"
 )
 
 // handout is one delivery a test received.
@@ -244,6 +245,17 @@ func TestRetryScheduleMovesWithTheRow(t *testing.T) {
 		next = n
 		return ok && a == 1 && n > 0
 	})
+	// The operator sees it (pglease lag), on the database's clock.
+	insp, err := admin.NewInspector(pool, tables)
+	require.NoError(t, err)
+	lag, err := insp.Lag(ctx, admin.LagFilter{Topics: []string{"in"}})
+	require.NoError(t, err)
+	require.Len(t, lag, 1)
+	require.Equal(t, 1, lag[0].Waiting)
+	require.Equal(t, 1, lag[0].Attempts)
+	require.NotNil(t, lag[0].NextAttempt)
+	require.Equal(t, next, lag[0].NextAttempt.UnixMilli())
+	require.NotNil(t, lag[0].WaitingSince)
 	require.NoError(t, sub1.Close())
 
 	sub2 := newTestSubscriber(t, pool, tables, pglease.SubscriberConfig{Retry: retry})
@@ -269,6 +281,9 @@ func TestRetryScheduleMovesWithTheRow(t *testing.T) {
 	}
 	_, _, ok := waitingEntry(t, pool, tables, "", "in", pos)
 	require.False(t, ok, "the entry stays after the move")
+	lag, err = insp.Lag(ctx, admin.LagFilter{Topics: []string{"in"}})
+	require.NoError(t, err)
+	require.Equal(t, 0, lag[0].Waiting, "waiting after the move")
 }
 
 // TestDeadLetterMoveFencedByATakeover: the row is taken over (its owner
@@ -413,4 +428,32 @@ func TestRetryWithTxHandler(t *testing.T) {
 	require.Equal(t, 1, topicCount(t, pool, tables, "in.dead"), "the committed message moved too")
 	require.Equal(t, map[string][]string{ids[1]: {"h"}, ids[2]: {"h"}}, effectsOf(t, pool, tables))
 	require.Equal(t, uint64(1), sub.Stats().DeadLettered)
+}
+
+// TestCitusRetry: the failure policy on Citus, the tables distributed: a
+// message that always fails is handed out MaxAttempts times while the
+// other key goes on, and lands once in its dead-letter topic (a topic of
+// its own shard: the move's transaction spans two shards, on whichever
+// workers they lie).
+func TestCitusRetry(t *testing.T) {
+	pool, tables := citusSchema(t, 10)
+	ctx := context.Background()
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	keys := map[string]string{"p1": "p", "q1": "q", "p2": "p"}
+	ids := publishPayloads(t, pub, "in", keys, "p1", "q1", "p2")
+	retry := pglease.RetryConfig{MaxAttempts: 2, MinBackoff: 10 * time.Millisecond, DeadLetterTopic: "in.dead"}
+	sub := newTestSubscriber(t, pool, tables, pglease.SubscriberConfig{Retry: retry})
+	msgs, err := sub.Subscribe(ctx, "in")
+	require.NoError(t, err)
+	got := consumeRetrying(t, msgs, func(p string) bool { return p == "p1" }, errors.New("boom"),
+		func(got []handout) bool { return indexOf(got, "p2", 0) >= 0 })
+	require.Equal(t, 2, countOf(got, "p1"))
+	require.Less(t, indexOf(got, "q1", 0), indexOf(got, "p1", 1), "q1 waited for p1's retry")
+	dead := receiveDeadLetter(t, pool, tables, "in.dead")
+	require.Equal(t, ids[0], dead.UUID)
+	require.Equal(t, "2", dead.Metadata.Get(pglease.DeadLetterAttemptsMetadata))
+	require.Equal(t, "boom", dead.Metadata.Get(pglease.DeadLetterReasonMetadata))
+	require.Equal(t, 1, topicCount(t, pool, tables, "in.dead"))
 }

@@ -2,6 +2,8 @@ package pgsql
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -12,27 +14,69 @@ func (d citus) LoadWaiting(ctx context.Context, q Querier, p OffsetParams) ([]Wa
 	return d.one.LoadWaiting(ctx, q, p)
 }
 
+// InspectWaiting is [Driver.InspectWaiting] on Citus: the single-node
+// SELECT, a multi-shard read of the column (no function of the worker's
+// snapshot).
+func (d citus) InspectWaiting(ctx context.Context, q Querier, groups, topics []string) ([]WaitingInspectRow, error) {
+	return d.one.InspectWaiting(ctx, q, groups, topics)
+}
+
 // RecordWaiting is [Driver.RecordWaiting] on Citus: the worker's counter
-// and identity are read first (citusOnHistory), then the row is written
-// with the single-node SET, fenced by session and epoch.
+// and identity are read first (citusOnHistory), then the entry as it is
+// and the server's time, and the new entry, built here, replaces it,
+// fenced by session and epoch. (Citus refuses the single-node SET: a
+// STABLE function, jsonb_build_object or now(), inside a CASE or
+// COALESCE of a modification of a distributed table.) Reading the entry
+// first is safe: only the row's owner writes it, and a stale owner's
+// write is fenced.
 func (d citus) RecordWaiting(ctx context.Context, q Querier, p WaitingParams) (WaitingRow, error) {
 	if ok, err := d.citusOnHistory(ctx, q, p.OffsetParams); err != nil {
 		return WaitingRow{}, err
 	} else if !ok {
 		return WaitingRow{}, ErrWentBack
 	}
-	var w waitingRaw
-	err := q.QueryRow(ctx, `UPDATE `+d.t.Offsets+` SET `+waitingSet+`, updated_at = pg_catalog.now()
-WHERE `+citusKeyed+` AND $6::text IS NOT NULL AND $7::text IS NOT NULL
-RETURNING `+waitingColumns("(waiting -> $8::text)"), p.args()...).Scan(w.dest()...)
+	key := AboveEntry(p.Position)
+	var (
+		old *string
+		now int64
+	)
+	err := q.QueryRow(ctx, `SELECT (waiting -> $4::text)::text, `+nowMs+`
+FROM `+d.t.Offsets+`
+WHERE consumer_group = $1 AND topic = $2 AND partition = $3`, p.ConsumerGroup, p.Topic, p.Partition, key).Scan(&old, &now)
 	if err != nil {
 		return WaitingRow{}, err
 	}
-	r, written := w.row(p.Position)
-	if !written {
+	entry := waitingEntry{}
+	if old != nil {
+		if err := json.Unmarshal([]byte(*old), &entry); err != nil {
+			return WaitingRow{}, fmt.Errorf("waiting entry %s: %w", key, err)
+		}
+	}
+	entry.A = p.Attempts
+	if p.Failed {
+		if entry.F == nil {
+			entry.F = &now
+		}
+		next := now + p.Delay.Milliseconds()
+		entry.L, entry.N, entry.R = &now, &next, nil
+		if p.Reason != "" {
+			entry.R = &p.Reason
+		}
+	}
+	js, err := json.Marshal(map[string]waitingEntry{key: entry})
+	if err != nil {
+		return WaitingRow{}, err
+	}
+	tag, err := q.Exec(ctx, `UPDATE `+d.t.Offsets+`
+SET waiting = (waiting - $7::text[] - $6::text) || $8::jsonb, updated_at = pg_catalog.now()
+WHERE `+citusKeyed, p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch, key, AboveEntries(p.Drop), string(js))
+	if err != nil {
+		return WaitingRow{}, err
+	}
+	if tag.RowsAffected() == 0 {
 		return WaitingRow{}, pgx.ErrNoRows
 	}
-	return r, nil
+	return entry.row(p.Position, now), nil
 }
 
 // DeadLetterOffset is [Driver.DeadLetterOffset] on Citus, in the caller's

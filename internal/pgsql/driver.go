@@ -106,6 +106,7 @@ type Driver interface {
 	InspectTopicsPage(ctx context.Context, q Querier, first bool, after string, limit int) ([]TopicPageRow, error)
 	ResetOffsets(ctx context.Context, q Querier, p ResetParams) ([]ResetRow, error)
 	InspectWorkerHorizons(ctx context.Context, q Querier) (rows []NodeHorizonRow, ok bool, err error)
+	InspectWaiting(ctx context.Context, q Querier, groups, topics []string) ([]WaitingInspectRow, error)
 
 	// The message browser and replay.
 

@@ -140,6 +140,7 @@ func dumpStatements(a *Tables) string {
 	q("InspectSessions", a.InspectSessions())
 	q("InspectLag", a.InspectLag([]string{"g"}, []string{"t"}))
 	q("InspectLag all", a.InspectLag(nil, nil))
+	q("InspectWaiting", a.InspectWaiting([]string{"g"}, []string{"t"}))
 	q("InspectHorizon", a.InspectHorizon())
 	q("InspectTopics", a.InspectTopics())
 	for _, to := range []string{"earliest", "latest", "time"} {

@@ -1,8 +1,12 @@
 package pgsql
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -43,6 +47,9 @@ type WaitingRow struct {
 	DueIn time.Duration
 	// Reason is the reason recorded with the last failure ("": none).
 	Reason string
+	// NextAttempt is the server's time of the next attempt (zero: none
+	// recorded); set by InspectWaiting only.
+	NextAttempt time.Time
 }
 
 // WaitingParams are the parameters of [Driver.RecordWaiting] and
@@ -291,4 +298,114 @@ func ParseAboveEntry(s string) (Position, error) {
 		return Position{}, err
 	}
 	return Position{TransactionID: t, Offset: o}, nil
+}
+
+// InspectWaiting is the statement of [InspectWaiting].
+func (t *Tables) InspectWaiting(groups, topics []string) Stmt {
+	return Stmt{
+		SQL: `SELECT consumer_group, topic, partition, acked_transaction_id::text, acked_offset, acked_above, waiting::text, ` + nowMs + `
+FROM ` + t.Offsets + `
+WHERE waiting <> '{}'::jsonb AND ($1::text[] IS NULL OR consumer_group = ANY($1)) AND ($2::text[] IS NULL OR topic = ANY($2))
+ORDER BY consumer_group, topic, partition`,
+		Args: []any{groups, topics},
+	}
+}
+
+// WaitingInspectRow is one offset row with waiting entries, as
+// [InspectWaiting] returns it: the row's position and acknowledgements
+// above it, and its entries after the position and not acknowledged (the
+// others are stale, left for the owner's next write to drop).
+type WaitingInspectRow struct {
+	ConsumerGroup string
+	Topic         string
+	Partition     int32
+	Acked         Position
+	AckedAbove    []string
+	Entries       []WaitingRow
+}
+
+// InspectWaiting returns the offset rows of the groups and topics (nil:
+// all) that have waiting entries (the failure policy), with the entries.
+// A plain read of the column, parsed here: the same on Citus.
+func (d singleNode) InspectWaiting(ctx context.Context, q Querier, groups, topics []string) ([]WaitingInspectRow, error) {
+	s := d.t.InspectWaiting(groups, topics)
+	rows, err := q.Query(ctx, s.SQL, s.Args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []WaitingInspectRow
+	for rows.Next() {
+		var (
+			r       WaitingInspectRow
+			waiting string
+			now     int64
+		)
+		if err := rows.Scan(&r.ConsumerGroup, &r.Topic, &r.Partition, (*xid8)(&r.Acked.TransactionID), &r.Acked.Offset,
+			&r.AckedAbove, &waiting, &now); err != nil {
+			return nil, err
+		}
+		entries, err := parseWaiting(waiting, now)
+		if err != nil {
+			return nil, fmt.Errorf("waiting entries of group %q topic %q partition %d: %w", r.ConsumerGroup, r.Topic, r.Partition, err)
+		}
+		for _, e := range entries {
+			if positionBefore(r.Acked, e.Position) && !slices.Contains(r.AckedAbove, AboveEntry(e.Position)) {
+				r.Entries = append(r.Entries, e)
+			}
+		}
+		if len(r.Entries) > 0 {
+			out = append(out, r)
+		}
+	}
+	return out, rows.Err()
+}
+
+// waitingEntry is one entry of the waiting column as JSON (times in
+// milliseconds since the epoch, on the server's clock).
+type waitingEntry struct {
+	A int32   `json:"a"`
+	F *int64  `json:"f,omitempty"`
+	L *int64  `json:"l,omitempty"`
+	N *int64  `json:"n,omitempty"`
+	R *string `json:"r,omitempty"`
+}
+
+// row is the entry of the message at pos, its due time relative to the
+// server's time now (milliseconds).
+func (e waitingEntry) row(pos Position, now int64) WaitingRow {
+	w := waitingRaw{attempts: &e.A, first: e.F, last: e.L, reason: e.R}
+	if e.N != nil {
+		due := max(*e.N-now, 0)
+		w.dueMs = &due
+	}
+	r, _ := w.row(pos)
+	if e.N != nil {
+		r.NextAttempt = time.UnixMilli(*e.N)
+	}
+	return r
+}
+
+// parseWaiting reads a waiting column (JSON), its due times relative to
+// the server's now (milliseconds), in position order.
+func parseWaiting(raw string, now int64) ([]WaitingRow, error) {
+	var m map[string]waitingEntry
+	if err := json.Unmarshal([]byte(raw), &m); err != nil {
+		return nil, err
+	}
+	out := make([]WaitingRow, 0, len(m))
+	for k, e := range m {
+		pos, err := ParseAboveEntry(k)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e.row(pos, now))
+	}
+	slices.SortFunc(out, func(a, b WaitingRow) int {
+		if c := cmp.Compare(a.Position.TransactionID, b.Position.TransactionID); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Position.Offset, b.Position.Offset)
+	})
+	return out, nil
 }
