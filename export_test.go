@@ -78,3 +78,10 @@ func Stalls(s *Subscriber) uint64 { return s.engine.Stalls() }
 
 // KeyDigest is what the keys table stores of an idempotency key.
 var KeyDigest = keyDigest
+
+// SetBeforeDeadLetterCopyHook makes every dead-letter move of s call hook
+// inside its transaction, between the move of the group past the message
+// and the copy's insert (tests only). Set it before the first Subscribe.
+func SetBeforeDeadLetterCopyHook(s *Subscriber, hook func()) {
+	s.engine.SetBeforeDeadLetterCopyHook(hook)
+}

@@ -77,6 +77,8 @@ const (
 	// modeReadme is the README's Router pattern and nothing of the
 	// helper's own: see runReadme.
 	modeReadme = "readme"
+	// modeRetry consumes under a failure policy (Retry): see runRetry.
+	modeRetry = "retry"
 )
 
 // helperConfig is what a helper process runs.
@@ -115,6 +117,11 @@ type helperConfig struct {
 	// Subscribers it starts with is the maintainer each time that
 	// changes: see reportMaintainer.
 	ReportMaintainer bool
+	// Retry is the Subscribers' failure policy; PoisonHang and
+	// HangInMove shape modeRetry (see runRetry).
+	Retry      pglease.RetryConfig
+	PoisonHang bool
+	HangInMove bool
 }
 
 // subAppName and recAppName are the application_name of the helper's
@@ -199,6 +206,8 @@ func runHelperProcess() int {
 		err = h.runTx(term)
 	case modeReadme:
 		err = h.runReadme(term)
+	case modeRetry:
+		err = h.runRetry(term)
 	default:
 		err = fmt.Errorf("unknown mode %q", cfg.Mode)
 	}
@@ -249,6 +258,7 @@ func (h *helperChild) newSubscriber(i int) (*pglease.Subscriber, error) {
 		PollInterval:     h.cfg.PollInterval,
 		NackResendDelay:  10 * time.Millisecond,
 		MaxInFlight:      h.cfg.MaxInFlight,
+		Retry:            h.cfg.Retry,
 		InitializeSchema: true,
 		Tables:           pglease.Tables{Schema: h.cfg.Schema},
 	}, h.logger.With(watermill.LogFields{"sub": i}))

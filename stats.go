@@ -42,6 +42,11 @@ type SubscriberStats struct {
 	Delivered uint64
 	Acked     uint64
 	Nacked    uint64
+	// Retried counts the failures the failure policy (Retry) recorded for
+	// a next attempt; DeadLettered the messages it moved to their
+	// dead-letter topic after their last attempt.
+	Retried      uint64
+	DeadLettered uint64
 	// InFlight is the number of messages handed out now and not acked or
 	// nacked yet, over all partitions (at most MaxInFlight per owned
 	// partition).
@@ -108,6 +113,8 @@ func (s *Subscriber) Stats() SubscriberStats {
 		Delivered:      st.Delivered,
 		Acked:          st.Acked,
 		Nacked:         st.Nacked,
+		Retried:        st.Retried,
+		DeadLettered:   st.DeadLettered,
 		InFlight:       st.InFlight,
 		HeadOfLineWait: st.HeadOfLineWait,
 		OwnedRows:      st.OwnedRows,

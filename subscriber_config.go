@@ -28,7 +28,62 @@ const (
 
 	// MinSessionTTL is the shortest SessionTTL accepted.
 	MinSessionTTL = time.Second
+
+	// DefaultRetryMinBackoff, DefaultRetryMaxBackoff and
+	// DefaultRetryJitter are the defaults of [RetryConfig].
+	DefaultRetryMinBackoff = time.Second
+	DefaultRetryMaxBackoff = time.Minute
+	DefaultRetryJitter     = 0.1
 )
+
+// RetryConfig is a Subscriber's failure policy ([SubscriberConfig.Retry]):
+// how a nacked message is retried, and where it goes after its last
+// attempt. The zero value is no policy: a Nack sends the message out again
+// after NackResendDelay, for ever. Any field set turns the policy on for
+// the Subscriber's topics; the other fields take their defaults.
+//
+// Under the policy a nacked message waits for its next attempt in the
+// Subscriber's in-flight window, whatever MaxInFlight: the later messages
+// of its ordering key (OrderingKey) wait behind it, so the order per key
+// is kept, and the other keys of the partition go on (a message without a
+// key holds back the whole partition, as it does without the policy).
+// Its attempts, failures and the time of its next attempt are written into
+// its consumer group's offset row, fenced by the owner's epoch, before it
+// waits: a crash or a takeover hands the schedule to the next owner. See
+// docs/guarantees.md for what is exact across crashes.
+type RetryConfig struct {
+	// MaxAttempts sets how many times a message is handed out in all,
+	// across Subscribers, crashes and takeovers, before it moves to
+	// DeadLetterTopic, default 0: no limit (retried for ever, with
+	// backoff). Set, it needs DeadLetterTopic.
+	MaxAttempts int
+
+	// MinBackoff sets how long a message waits after its first failure,
+	// default DefaultRetryMinBackoff (1s); the wait doubles with each
+	// failure up to MaxBackoff, default DefaultRetryMaxBackoff (1m). The
+	// times are the database's: a failure's next attempt is written as
+	// the server's now() plus the wait.
+	MinBackoff time.Duration
+	MaxBackoff time.Duration
+
+	// Jitter sets by which fraction of it each wait varies either way, at
+	// random, default DefaultRetryJitter (0.1: within ±10%), at most 1; a
+	// negative value means none. A wait never exceeds MaxBackoff.
+	Jitter float64
+
+	// DeadLetterTopic sets the topic a message moves to after its last
+	// attempt, default "": none (then MaxAttempts must be 0). The move
+	// is written in the transaction that moves the consumer group past
+	// the message, fenced by the owner's epoch: the copy lands exactly
+	// once. It keeps the message's UUID, payload and metadata, and adds
+	// the metadata DeadLetterSourceTopicMetadata and the others of its
+	// kind: where it comes from, the group, the attempts, the first and
+	// last failure and the reason given with [NackWithReason].
+	DeadLetterTopic string
+}
+
+// enabled reports whether r sets a policy.
+func (r RetryConfig) enabled() bool { return r != RetryConfig{} }
 
 // StartFrom is where a consumer group starts on a topic it never consumed.
 type StartFrom int
@@ -249,6 +304,11 @@ type SubscriberConfig struct {
 	// received. It must not block either. Close returns after the settled
 	// funcs of its deliveries were called; neither func is called after.
 	OnDelivery func(msg *message.Message) (settled func(err error))
+
+	// Retry sets the failure policy, default RetryConfig{}: none (a Nack
+	// sends the message out again after NackResendDelay). See
+	// [RetryConfig].
+	Retry RetryConfig
 }
 
 // zeroDrainTimeout is what a zero DrainTimeout means: DefaultDrainTimeout
@@ -288,6 +348,17 @@ func (c *SubscriberConfig) setDefaults() {
 	}
 	if c.Maintenance.Interval == 0 {
 		c.Maintenance.Interval = DefaultMaintenanceInterval
+	}
+	if c.Retry.enabled() {
+		if c.Retry.MinBackoff == 0 {
+			c.Retry.MinBackoff = DefaultRetryMinBackoff
+		}
+		if c.Retry.MaxBackoff == 0 {
+			c.Retry.MaxBackoff = max(DefaultRetryMaxBackoff, c.Retry.MinBackoff)
+		}
+		if c.Retry.Jitter == 0 {
+			c.Retry.Jitter = DefaultRetryJitter
+		}
 	}
 }
 
@@ -337,7 +408,43 @@ func (c SubscriberConfig) validate() error {
 	if c.ListenConnConfig != nil && !parsedConnConfig(c.ListenConnConfig) {
 		return fmt.Errorf("SubscriberConfig.ListenConnConfig must be created by pgx.ParseConfig")
 	}
+	if err := c.Retry.validate(); err != nil {
+		return err
+	}
 	return checkTables("SubscriberConfig", c.Tables, c.SchemaAdapter)
+}
+
+func (r RetryConfig) validate() error {
+	switch {
+	case r.MaxAttempts < 0:
+		return fmt.Errorf("SubscriberConfig.Retry.MaxAttempts must not be negative, got %d", r.MaxAttempts)
+	case r.MaxAttempts > 0 && r.DeadLetterTopic == "":
+		return fmt.Errorf("SubscriberConfig.Retry.DeadLetterTopic must be set with MaxAttempts (%d): "+
+			"where the message goes after its last attempt", r.MaxAttempts)
+	case r.MaxAttempts == 0 && r.DeadLetterTopic != "":
+		return fmt.Errorf("SubscriberConfig.Retry.MaxAttempts must be set with DeadLetterTopic %q", r.DeadLetterTopic)
+	case r.MinBackoff < 0:
+		return fmt.Errorf("SubscriberConfig.Retry.MinBackoff must not be negative, got %s", r.MinBackoff)
+	case r.MaxBackoff < r.MinBackoff:
+		return fmt.Errorf("SubscriberConfig.Retry.MaxBackoff must be at least MinBackoff (%s), got %s", r.MinBackoff, r.MaxBackoff)
+	case r.Jitter > 1:
+		return fmt.Errorf("SubscriberConfig.Retry.Jitter must be at most 1, got %g", r.Jitter)
+	}
+	if r.DeadLetterTopic != "" {
+		if err := validateTopic(r.DeadLetterTopic); err != nil {
+			return fmt.Errorf("SubscriberConfig.Retry.DeadLetterTopic: %w", err)
+		}
+	}
+	return nil
+}
+
+// settings are the engine's settings of r (nil: no policy).
+func (r RetryConfig) settings() *engine.RetrySettings {
+	if !r.enabled() {
+		return nil
+	}
+	return &engine.RetrySettings{MaxAttempts: r.MaxAttempts, MinBackoff: r.MinBackoff, MaxBackoff: r.MaxBackoff,
+		Jitter: max(r.Jitter, 0), DeadLetterTopic: r.DeadLetterTopic}
 }
 
 // tableNames returns the tables c names: Tables, or the deprecated
@@ -368,5 +475,6 @@ func (c SubscriberConfig) settings() engine.Settings {
 			RemoveIdleGroupsAfter: c.Maintenance.RemoveIdleGroupsAfter},
 		OnDelivery:       c.OnDelivery,
 		HeartbeatBuckets: HeartbeatBuckets,
+		Retry:            c.Retry.settings(),
 	}
 }

@@ -132,6 +132,16 @@ type LagInfo struct {
 	// them (on Citus: for an older transaction of the topic's worker to
 	// end, see Inspector.Horizon).
 	Pending bool `json:"pending"`
+	// Waiting counts the messages of the row that failed and wait for
+	// their next attempt under a failure policy (SubscriberConfig.Retry);
+	// WaitingSince is the first failure of the oldest of them,
+	// NextAttempt the earliest next attempt among them (both on the
+	// database's clock, nil without any), Attempts the most attempts
+	// counted among them.
+	Waiting      int        `json:"waiting"`
+	WaitingSince *time.Time `json:"waiting_since,omitempty"`
+	NextAttempt  *time.Time `json:"next_attempt,omitempty"`
+	Attempts     int        `json:"waiting_attempts,omitempty"`
 }
 
 // LagFilter selects rows of [Inspector.Lag].
@@ -159,10 +169,23 @@ func (i *Inspector) Lag(ctx context.Context, f LagFilter) ([]LagInfo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read lag: %w", check.MissingSchema(err))
 	}
+	waiting, err := i.driver.InspectWaiting(ctx, tx, f.ConsumerGroups, f.Topics)
+	if err != nil {
+		return nil, fmt.Errorf("read waiting messages: %w", check.MissingSchema(err))
+	}
+	type rowKey struct {
+		group, topic string
+		partition    int32
+	}
+	waitingOf := make(map[rowKey][]pgsql.WaitingRow, len(waiting))
+	for _, w := range waiting {
+		waitingOf[rowKey{w.ConsumerGroup, w.Topic, w.Partition}] = w.Entries
+	}
 	var out []LagInfo
 	for _, r := range rows {
 		l := LagInfo{ConsumerGroup: r.ConsumerGroup, Topic: r.Topic, Partition: r.Partition, Epoch: r.Epoch,
 			Position: pglease.Position(r.Acked), Lag: r.Lag, Pending: r.Pending}
+		l.setWaiting(waitingOf[rowKey{r.ConsumerGroup, r.Topic, r.Partition}])
 		if r.LiveOwner != nil && r.SessionID != nil {
 			l.OwnerSession, l.Owner = *r.SessionID, *r.LiveOwner
 		} else if r.SessionID != nil {
@@ -174,6 +197,22 @@ func (i *Inspector) Lag(ctx context.Context, f LagFilter) ([]LagInfo, error) {
 		out = append(out, l)
 	}
 	return out, nil
+}
+
+// setWaiting sets l's waiting messages from the row's entries.
+func (l *LagInfo) setWaiting(entries []pgsql.WaitingRow) {
+	l.Waiting = len(entries)
+	for _, e := range entries {
+		l.Attempts = max(l.Attempts, int(e.Attempts))
+		if !e.FirstFailure.IsZero() && (l.WaitingSince == nil || e.FirstFailure.Before(*l.WaitingSince)) {
+			t := e.FirstFailure
+			l.WaitingSince = &t
+		}
+		if !e.NextAttempt.IsZero() && (l.NextAttempt == nil || e.NextAttempt.Before(*l.NextAttempt)) {
+			t := e.NextAttempt
+			l.NextAttempt = &t
+		}
+	}
 }
 
 // Horizon is the cluster's xmin horizon as pglease sees it: messages of

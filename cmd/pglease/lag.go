@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/pglease/watermill-pglease/admin"
 )
@@ -18,7 +19,11 @@ owner process, the acknowledged position (TRANSACTION:OFFSET; 0:0 is the
 beginning, TRANSACTION:0 is after every message of transactions before
 TRANSACTION), the number of messages after it (LAG) and the age in seconds of
 the oldest of them (LAG-SECONDS). PENDING (shown when a row has it) means that
-committed messages wait behind the xmin horizon: see pglease status.
+committed messages wait behind the xmin horizon: see pglease status. WAITING
+(shown when a row has it) counts the messages that failed and wait for their
+next attempt under a failure policy (SubscriberConfig.Retry), with the most
+attempts counted among them (ATTEMPTS) and the earliest next attempt
+(NEXT-ATTEMPT, on the database's clock).
 
 --group and --topic may be repeated to select several; names are taken as
 they are (no comma splitting), and --group "" selects the group named "".`,
@@ -53,14 +58,18 @@ func (c *lagCmd) run(ctx context.Context, e *cmdEnv) error {
 		fmt.Fprintln(e.stdout, "No offsets rows: no consumer group has subscribed to these topics yet.")
 		return nil
 	}
-	pending := false
+	pending, waiting := false, false
 	for _, l := range rows {
 		pending = pending || l.Pending
+		waiting = waiting || l.Waiting > 0
 	}
 	tw := newTable(e.stdout)
 	fmt.Fprint(tw, "GROUP\tTOPIC\tPARTITION\tOWNER\tPOSITION\tLAG\tLAG-SECONDS")
 	if pending {
 		fmt.Fprint(tw, "\tPENDING")
+	}
+	if waiting {
+		fmt.Fprint(tw, "\tWAITING\tATTEMPTS\tNEXT-ATTEMPT")
 	}
 	fmt.Fprintln(tw)
 	for _, l := range rows {
@@ -68,6 +77,13 @@ func (c *lagCmd) run(ctx context.Context, e *cmdEnv) error {
 			orDash(l.Owner), formatPosition(l.Position), l.Lag, formatLagSeconds(l))
 		if pending {
 			fmt.Fprintf(tw, "\t%s", yesNo(l.Pending))
+		}
+		if waiting {
+			next := "-"
+			if l.NextAttempt != nil {
+				next = l.NextAttempt.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(tw, "\t%d\t%d\t%s", l.Waiting, l.Attempts, next)
 		}
 		fmt.Fprintln(tw)
 	}

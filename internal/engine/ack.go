@@ -32,6 +32,8 @@ type delivery struct {
 	above bool
 	// workerHere: see claim.workerHere.
 	workerHere string
+	// reason is the reason of the delivery's Nack (SetNackReason).
+	reason failureReason
 }
 
 // deliveryCtx is a delivered message's context: the subscription's, plus

@@ -97,6 +97,10 @@ type consumerDeps struct {
 	// prefetch tells whether the pool is large enough to read the next
 	// batch while one is handed out (prefetchMinConns).
 	prefetch bool
+	// failurePolicy is Settings.Retry (nil: none), failures its
+	// statements.
+	failurePolicy *failurePolicy
+	failures      failureStore
 }
 
 // consumerSettings are the SubscriberConfig fields a consumer goes by.
@@ -217,6 +221,12 @@ type consumerHost interface {
 	closeError(err error)
 	reportStall(row rowKey)
 }
+
+// keyed reports whether messages are ordered by their ordering key in a
+// window of MaxInFlight: MaxInFlight above 1, or a failure policy (whose
+// waiting message holds back only its key); otherwise a window of one
+// whose messages are all keyless.
+func (c *consumer) keyed() bool { return c.settings.maxInFlight > 1 || c.failurePolicy != nil }
 
 func (c *consumer) row() rowKey { return rowKey{topic: c.topic, partition: c.partition} }
 

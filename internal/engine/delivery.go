@@ -91,6 +91,14 @@ type ownership struct {
 	events   chan windowEvent
 	done     chan struct{}
 	watchers sync.WaitGroup
+	// waiting are the messages of the row that failed and wait for their
+	// next attempt, by position, as written in the row (the failure
+	// policy; nil without one); waitDue the due times read with them, for
+	// the messages not read yet. drop are the positions whose entries are
+	// stale (acknowledged since), removed at the next write.
+	waiting map[Position]*waitingState
+	waitDue map[Position]time.Time
+	drop    []Position
 }
 
 // handed is the delivery of a message of the window: what its handler
@@ -129,7 +137,7 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) (res outcome) {
 		hasNext = true
 	}
 	s := &c.settings
-	o := &ownership{c: c, g: g, cl: cl, w: inflightWindow{maxOut: max(s.maxInFlight, 1)}, keyed: s.maxInFlight > 1,
+	o := &ownership{c: c, g: g, cl: cl, w: inflightWindow{maxOut: max(s.maxInFlight, 1), one: !c.keyed()}, keyed: c.keyed(),
 		retry: *newBackoff(s.retryFirst, maxRetryBackoff),
 		after: cl.acked, head: true, readDue: hasNext, news: !hasNext}
 	if o.keyed {
@@ -138,6 +146,11 @@ func (c *consumer) own(g *sessionGen, cl *claim, hasNext bool) (res outcome) {
 		o.done = make(chan struct{})
 	}
 	defer func() { o.end(res) }()
+	if c.failurePolicy != nil {
+		if res := o.loadWaiting(); res != proceed {
+			return res
+		}
+	}
 	return o.run()
 }
 
@@ -366,7 +379,10 @@ func (o *ownership) push(m storedMessage) outcome {
 			key = c.settings.orderingKey(msg)
 		}
 	}
-	o.w.push(m, key, 1)
+	e := o.w.push(m, key, 1)
+	if o.waiting != nil {
+		o.resume(e)
+	}
 	return proceed
 }
 
@@ -417,7 +433,12 @@ func (o *ownership) pick(yielding bool) (res outcome, again bool) {
 		if res != proceed {
 			return res, false
 		}
-		e.attempt, o.head = n, false
+		e.attempt, o.head = max(e.attempt, n), false
+	}
+	if c.failurePolicy != nil {
+		if res, moved := o.beforeHandOut(e); res != proceed || moved {
+			return res, moved
+		}
 	}
 	msg, cancel, err := c.newDelivery(o.g, o.cl, e.msg, e.attempt)
 	if err != nil {
@@ -539,21 +560,28 @@ func (o *ownership) watch(e *windowEntry, msg *message.Message) {
 // commits) the prefix. A message settled already (drain found it acked
 // before its watcher reported it) is left alone.
 func (o *ownership) settle(e *windowEntry, acked bool) outcome {
-	if !o.unhand(e) {
+	d, ok := o.unhand(e)
+	if !ok {
 		return proceed
 	}
 	if !acked {
 		o.c.stats.nacked.Add(1)
+		if o.c.failurePolicy != nil {
+			return o.failed(e, d.msg)
+		}
 		o.w.nack(e, time.Now().Add(o.c.settings.nackResendDelay))
 		return proceed
 	}
 	o.c.stats.acked.Add(1)
+	if o.waiting != nil {
+		o.acknowledgedWaiting(e)
+	}
 	return o.acked(e)
 }
 
-// unhand ends the delivery of e, out, acked or nacked; it reports false
-// when e is not out.
-func (o *ownership) unhand(e *windowEntry) bool {
+// unhand ends the delivery of e, out, acked or nacked, and returns it; it
+// reports false when e is not out.
+func (o *ownership) unhand(e *windowEntry) (handed, bool) {
 	var d handed
 	switch {
 	case e == o.direct:
@@ -563,14 +591,14 @@ func (o *ownership) unhand(e *windowEntry) bool {
 		d = o.out[e]
 		delete(o.out, e)
 	default:
-		return false
+		return handed{}, false
 	}
 	d.cancel()
 	if d.settled != nil {
 		d.settled(settlement(d.msg, proceed))
 	}
 	o.c.stats.inFlight.Add(-1)
-	return true
+	return d, true
 }
 
 // acked records e's Ack in the window and moves the claim's position over
@@ -605,7 +633,7 @@ func (o *ownership) acked(e *windowEntry) outcome {
 func (o *ownership) drain() outcome {
 	c := o.c
 	settle := func(e *windowEntry, acked bool) {
-		if !o.unhand(e) {
+		if _, ok := o.unhand(e); !ok {
 			return
 		}
 		if !acked {
@@ -739,7 +767,7 @@ func (c *consumer) newDelivery(g *sessionGen, cl *claim, m storedMessage, attemp
 	msg.Metadata.Set(DeliveryAttemptMetadata, strconv.Itoa(attempt))
 	mctx, cancel := context.WithCancel(&deliveryCtx{Context: c.deliveries, d: delivery{
 		topic: c.topic, partition: c.partition, pos: m.pos, group: cl.group,
-		sessionID: cl.sessionID, epoch: cl.epoch, g: g, driver: c.driver, above: c.settings.maxInFlight > 1,
+		sessionID: cl.sessionID, epoch: cl.epoch, g: g, driver: c.driver, above: c.keyed(),
 		workerHere: cl.workerHere}})
 	msg.SetContext(mctx)
 	return msg, cancel, nil

@@ -17,6 +17,11 @@ func (g *GroupCommitter) PendingPublishes() int {
 // reply had been lost. Set it before the first Subscribe.
 func (s *Subscriber) SetAfterClaimHook(hook func(topics []string) error) { s.offsets.afterClaim = hook }
 
+// SetBeforeDeadLetterCopyHook makes every dead-letter move of s call hook
+// inside its transaction, after the move of the group past the message
+// and before the insert of its copy. Set it before the first Subscribe.
+func (s *Subscriber) SetBeforeDeadLetterCopyHook(hook func()) { s.offsets.beforeDeadLetterCopy = hook }
+
 // SetAfterMembersReadHook makes s call hook, with the number of members,
 // after each read of its group. Set it before the first Subscribe.
 func (s *Subscriber) SetAfterMembersReadHook(hook func(members int)) { s.member.afterRead = hook }

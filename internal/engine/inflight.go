@@ -82,6 +82,9 @@ type windowEntry struct {
 // prefix moved. Not safe for concurrent use.
 type inflightWindow struct {
 	maxOut int
+	// one: a window of one whose messages are all keyless (it reads
+	// once it is empty).
+	one bool
 	// entries are the messages not acknowledged, in position order;
 	// acked the positions acknowledged above entries[0], in order.
 	entries []*windowEntry
@@ -104,7 +107,7 @@ type inflightWindow struct {
 const entrySlab = 32
 
 func newInflightWindow(maxOut int) *inflightWindow {
-	return &inflightWindow{maxOut: maxOut}
+	return &inflightWindow{maxOut: maxOut, one: maxOut == 1}
 }
 
 // push adds a message read after the last one, with its ordering key;
@@ -189,7 +192,7 @@ func (w *inflightWindow) unsentFree() bool {
 // message after it, is in the window. A window of one reads once it is
 // empty: its message is acked (the prefetch reads ahead instead).
 func (w *inflightWindow) wantsMore() bool {
-	if w.maxOut == 1 {
+	if w.one {
 		return len(w.entries) == 0
 	}
 	return w.ready == 0 || w.keyless == 0 && !w.unsentFree()
@@ -265,7 +268,7 @@ func (w *inflightWindow) takeWait() time.Duration {
 func (w *inflightWindow) handOut(e *windowEntry) {
 	if !e.sent {
 		e.sent = true
-		if w.maxOut > 1 {
+		if !w.one {
 			e.firstOut = time.Now()
 		}
 		w.ready--
@@ -280,6 +283,13 @@ func (w *inflightWindow) nack(e *windowEntry, due time.Time) {
 	w.settle(e)
 	e.state, e.due, e.nacked = windowNacked, due, true
 	e.attempt++
+}
+
+// wait makes e, read and not handed out yet, wait until due: a message
+// that failed under an earlier owner (the failure policy), which goes out
+// as a nacked one does.
+func (w *inflightWindow) wait(e *windowEntry, due time.Time) {
+	e.state, e.due = windowNacked, due
 }
 
 // ack records e's Ack (or a message skipped as if acknowledged), and

@@ -140,6 +140,9 @@ type offsetStore struct {
 	// and turns its outcome into the error it returns, as if the reply had
 	// been lost after the claim committed.
 	afterClaim func(topics []string) error
+	// beforeDeadLetterCopy, when set (tests only), runs in the
+	// transaction of a dead-letter move between the move and the copy.
+	beforeDeadLetterCopy func()
 	// futures logs the stored messages found ahead of the counter, once
 	// each.
 	futures *futureRows

@@ -30,8 +30,11 @@ type Settings struct {
 	CommitBatch      int
 	CloseTimeout     time.Duration
 	DrainTimeout     time.Duration
-	Maintenance      MaintenanceSettings
-	OnDelivery       func(msg *message.Message) (settled func(err error))
+	// Retry is the failure policy; nil: none (a Nack sends the message
+	// out again after NackResendDelay).
+	Retry       *RetrySettings
+	Maintenance MaintenanceSettings
+	OnDelivery  func(msg *message.Message) (settled func(err error))
 	// SetUp, when set, runs before the first session opens, until it
 	// succeeds once: the schema's initialization (InitializeSchema).
 	SetUp func(ctx context.Context) error

@@ -12,6 +12,7 @@ type Stats struct {
 	Claims, Takeovers, Releases, FencedWrites        uint64
 	SessionsLost, Resyncs                            uint64
 	Delivered, Acked, Nacked                         uint64
+	Retried, DeadLettered                            uint64
 	InFlight                                         int64
 	HeadOfLineWait                                   time.Duration
 	OwnedRows                                        int
@@ -38,6 +39,7 @@ type subscriberStats struct {
 	claims, takeovers, releases, fenced, sessionsLost atomic.Uint64
 	resyncs                                           atomic.Uint64
 	delivered, acked, nacked                          atomic.Uint64
+	retried, deadLettered                             atomic.Uint64
 	maintainerTerms, delayedMoved, retentionSkipped   atomic.Uint64
 	partitionsCreated, partitionsDropped, rowsDeleted atomic.Uint64
 	sessionsDeleted, groupsRemoved                    atomic.Uint64
@@ -81,6 +83,8 @@ func (s *Subscriber) Stats() Stats {
 		Delivered:      st.delivered.Load(),
 		Acked:          st.acked.Load(),
 		Nacked:         st.nacked.Load(),
+		Retried:        st.retried.Load(),
+		DeadLettered:   st.deadLettered.Load(),
 		InFlight:       st.inFlight.Load(),
 		HeadOfLineWait: time.Duration(st.holWaitNanos.Load()),
 		OwnedRows:      s.member.ownedRows(),

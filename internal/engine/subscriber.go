@@ -165,6 +165,9 @@ func NewSubscriber(pool *pgxpool.Pool, config Settings, logger watermill.LoggerA
 		giveUp:     s.giveUp,
 		drains:     newDrainGate(),
 		prefetch:   pool.Config().MaxConns >= prefetchMinConns,
+
+		failurePolicy: newFailurePolicy(config.Retry),
+		failures:      &s.offsets,
 	}
 	return s
 }

@@ -83,6 +83,12 @@ type Driver interface {
 	// [QueuedAck]).
 	QueueAck(b *pgx.Batch, p OffsetParams) QueuedAck
 
+	// The failure policy (waiting.go).
+
+	LoadWaiting(ctx context.Context, q Querier, p OffsetParams) ([]WaitingRow, error)
+	RecordWaiting(ctx context.Context, q Querier, p WaitingParams) (WaitingRow, error)
+	DeadLetterOffset(ctx context.Context, q Querier, p WaitingParams) (WaitingRow, error)
+
 	// Maintenance.
 
 	MaintainerAccess(ctx context.Context, q Querier) (AccessRow, error)
@@ -119,6 +125,7 @@ type Driver interface {
 	InspectTopicsPage(ctx context.Context, q Querier, first bool, after string, limit int) ([]TopicPageRow, error)
 	ResetOffsets(ctx context.Context, q Querier, p ResetParams) ([]ResetRow, error)
 	InspectWorkerHorizons(ctx context.Context, q Querier) (rows []NodeHorizonRow, ok bool, err error)
+	InspectWaiting(ctx context.Context, q Querier, groups, topics []string) ([]WaitingInspectRow, error)
 
 	// The message browser and replay.
 

@@ -101,6 +101,13 @@ func dumpStatements(a *Tables) string {
 	above := p
 	above.Above = true
 	q("AckOffsetAbove", a.AckOffset(above))
+	q("LoadWaiting", a.LoadWaiting(p))
+	wp := WaitingParams{OffsetParams: p, Attempts: 2, Failed: true, Delay: 1500 * time.Millisecond, Reason: "r",
+		Drop: []Position{{9, 10}}}
+	q("RecordWaiting failed", a.RecordWaiting(wp))
+	wp.Failed = false
+	q("RecordWaiting attempt", a.RecordWaiting(wp))
+	q("DeadLetterOffset", a.DeadLetterOffset(wp))
 	p.NotifyChannel = "ch"
 	q("ReleaseOffset notify", a.ReleaseOffset(p))
 	mp := MaintainerParams{SessionID: id, Epoch: 3, NotifyChannel: "ch"}
@@ -133,6 +140,7 @@ func dumpStatements(a *Tables) string {
 	q("InspectSessions", a.InspectSessions())
 	q("InspectLag", a.InspectLag([]string{"g"}, []string{"t"}))
 	q("InspectLag all", a.InspectLag(nil, nil))
+	q("InspectWaiting", a.InspectWaiting([]string{"g"}, []string{"t"}))
 	q("InspectHorizon", a.InspectHorizon())
 	q("InspectTopics", a.InspectTopics())
 	for _, to := range []string{"earliest", "latest", "time"} {

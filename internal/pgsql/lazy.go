@@ -600,3 +600,39 @@ func (l *Lazy) ReleaseOffsets(ctx context.Context, q BatchQuerier, ps []OffsetPa
 	}
 	return d.ReleaseOffsets(ctx, q, ps, timeout)
 }
+
+// InspectWaiting implements Driver.
+func (l *Lazy) InspectWaiting(ctx context.Context, q Querier, groups, topics []string) ([]WaitingInspectRow, error) {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return d.InspectWaiting(ctx, q, groups, topics)
+}
+
+// LoadWaiting implements Driver.
+func (l *Lazy) LoadWaiting(ctx context.Context, q Querier, p OffsetParams) ([]WaitingRow, error) {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return d.LoadWaiting(ctx, q, p)
+}
+
+// RecordWaiting implements Driver.
+func (l *Lazy) RecordWaiting(ctx context.Context, q Querier, p WaitingParams) (WaitingRow, error) {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return WaitingRow{}, err
+	}
+	return d.RecordWaiting(ctx, q, p)
+}
+
+// DeadLetterOffset implements Driver.
+func (l *Lazy) DeadLetterOffset(ctx context.Context, q Querier, p WaitingParams) (WaitingRow, error) {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return WaitingRow{}, err
+	}
+	return d.DeadLetterOffset(ctx, q, p)
+}

@@ -177,6 +177,9 @@ var migrations = []struct {
 	{"0014_positions.sql", "positions held back only by the publishers of the same topic: a sequence, the publishers' registration, the readers' bound (single node)"},
 	// The keys table is new: nothing before it reads or writes it.
 	{"0015_idempotency_keys.sql", "idempotent publish: the idempotency keys of published messages, per topic, forgotten by truncating a day's partition"},
+	// waiting is written only while a Subscriber of the group sets Retry
+	// (see the file); earlier releases ignore it.
+	{"0016_waiting.sql", "failure policy: the messages of a row that failed and wait for their next attempt"},
 }
 
 // Migrations returns every schema version, oldest first, for these tables.

@@ -122,6 +122,9 @@ func cases() []testCase {
 		{"AckOffsetAbove", testAckOffsetAbove},
 		{"CountHeadDelivery", testCountHeadDelivery},
 		{"IdentityFences", testIdentityFences},
+		// the failure policy
+		{"WaitingFenced", testWaitingFenced},
+		{"DeadLetterFencedByATakeover", testDeadLetterFencedByATakeover},
 		// operators and the maintainer
 		{"ResetOffsets", testResetOffsets},
 		{"ResetOffsetsLeavesChangedRows", testResetOffsetsLeavesChangedRows},

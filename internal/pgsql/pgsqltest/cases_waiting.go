@@ -1,0 +1,179 @@
+package pgsqltest
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/watermill-pglease/internal/pgsql"
+)
+
+// The failure policy's statements: the waiting entries of a row and the
+// dead-letter move.
+
+// testWaitingFenced: RecordWaiting writes a message's entry only for the
+// row's owner at its epoch: the attempts, the first failure kept across
+// failures, the next attempt Delay after the server's now(), the reason;
+// an attempt alone keeps the failure's times; Drop removes entries;
+// LoadWaiting returns the entries to the owner only. A stale epoch or
+// another session writes nothing (pgx.ErrNoRows), a position ahead of
+// the counter is ErrWentBack; the entries stay with the row when another
+// session takes it.
+func testWaitingFenced(t *testing.T, f *fixture) {
+	const group, topic = "g", "waiting"
+	f.ensure(group, topic)
+	owner, other := f.session(group), f.session(group)
+	p := f.owned(owner, group, f.claimOne(owner, group, topic))
+	p.Position = pos3
+	w := pgsql.WaitingParams{OffsetParams: p, Attempts: 1, Failed: true, Delay: time.Hour, Reason: "boom"}
+	first, err := f.Driver.RecordWaiting(f.ctx, f.Pool, w)
+	if err != nil || first.Attempts != 1 || first.Reason != "boom" || first.FirstFailure.IsZero() ||
+		!first.FirstFailure.Equal(first.LastFailure) || first.DueIn < 59*time.Minute || first.DueIn > time.Hour {
+		t.Fatalf("first failure = %+v, %v; want attempt 1, its time, due in an hour", first, err)
+	}
+	w.Attempts, w.Failed = 2, false
+	if r, err := f.Driver.RecordWaiting(f.ctx, f.Pool, w); err != nil || r.Attempts != 2 || !r.LastFailure.Equal(first.LastFailure) {
+		t.Fatalf("attempt = %+v, %v; want attempt 2, the failure's times kept", r, err)
+	}
+	f.exec(`SELECT pg_catalog.pg_sleep(0.01)`)
+	w.Failed, w.Delay, w.Reason = true, 0, ""
+	second, err := f.Driver.RecordWaiting(f.ctx, f.Pool, w)
+	if err != nil || !second.FirstFailure.Equal(first.FirstFailure) || !second.LastFailure.After(first.LastFailure) ||
+		second.DueIn != 0 || second.Reason != "" {
+		t.Fatalf("second failure = %+v, %v; want the first failure kept, a later last one, due now, no reason", second, err)
+	}
+	other1 := w
+	other1.Position, other1.Attempts = pos1, 1
+	if _, err := f.Driver.RecordWaiting(f.ctx, f.Pool, other1); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := f.Driver.LoadWaiting(f.ctx, f.Pool, p)
+	if err != nil || len(rows) != 2 {
+		t.Fatalf("LoadWaiting = %+v, %v; want two entries", rows, err)
+	}
+	stale, foreign, future := w, w, w
+	stale.Epoch--
+	foreign.SessionID = other
+	future.Position = pgsql.Position{TransactionID: ahead}
+	if _, err := f.Driver.RecordWaiting(f.ctx, f.Pool, stale); !errors.Is(err, pgx.ErrNoRows) {
+		t.Errorf("record with a stale epoch: %v, want pgx.ErrNoRows", err)
+	}
+	if _, err := f.Driver.RecordWaiting(f.ctx, f.Pool, foreign); !errors.Is(err, pgx.ErrNoRows) {
+		t.Errorf("record by another session: %v, want pgx.ErrNoRows", err)
+	}
+	if _, err := f.Driver.RecordWaiting(f.ctx, f.Pool, future); !isWentBack(err) {
+		t.Errorf("record ahead of the counter: %v, want ErrWentBack", err)
+	}
+	if rows, err := f.Driver.LoadWaiting(f.ctx, f.Pool, stale.OffsetParams); err != nil || len(rows) != 0 {
+		t.Errorf("LoadWaiting at a stale epoch = %+v, %v; want nothing", rows, err)
+	}
+	w.Drop = []pgsql.Position{pos1}
+	w.Failed = false
+	if _, err := f.Driver.RecordWaiting(f.ctx, f.Pool, w); err != nil {
+		t.Fatal(err)
+	}
+	// Taken over: the entry moves with the row.
+	f.expire(owner)
+	taker := f.session(group)
+	q := f.owned(taker, group, f.claimOne(taker, group, topic))
+	rows, err = f.Driver.LoadWaiting(f.ctx, f.Pool, q)
+	if err != nil || len(rows) != 1 || rows[0].Position != pos3 || rows[0].Attempts != 2 ||
+		!rows[0].FirstFailure.Equal(first.FirstFailure) {
+		t.Fatalf("LoadWaiting of the next owner = %+v, %v; want %v's entry, 2 attempts (%v dropped)", rows, err, pos3, pos1)
+	}
+}
+
+// testDeadLetterFencedByATakeover: DeadLetterOffset records the message's
+// position in acked_above and removes its entry, in the caller's
+// transaction, returning the entry as it was; once recorded it writes
+// nothing again. Forced: with the row locked by a takeover (a second
+// connection that moves the owner and epoch), the old owner's move waits
+// for it and then writes nothing (pgx.ErrNoRows), so the transaction that
+// would have written the dead-letter copy rolls back.
+func testDeadLetterFencedByATakeover(t *testing.T, f *fixture) {
+	const group, topic = "g", "deadletter"
+	f.ensure(group, topic)
+	owner, claimer := f.session(group), f.session(group)
+	p := f.owned(owner, group, f.claimOne(owner, group, topic))
+	p.Position = pos3
+	w := pgsql.WaitingParams{OffsetParams: p, Attempts: 3, Failed: true, Reason: "boom"}
+	if _, err := f.Driver.RecordWaiting(f.ctx, f.Pool, w); err != nil {
+		t.Fatal(err)
+	}
+	holder := f.lockRows(group, topic)
+	if _, err := holder.Exec(f.ctx, `UPDATE `+f.Tables.Offsets+` SET session_id = $3, epoch = epoch + 1
+WHERE consumer_group = $1 AND topic = $2`, group, topic, claimer); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		tx, err := f.Pool.Begin(f.ctx)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer func() { _ = tx.Rollback(f.ctx) }()
+		if _, err := f.Driver.DeadLetterOffset(f.ctx, tx, w); err != nil {
+			done <- err
+			return
+		}
+		copyOf := pgsql.InsertMessagesParams{Topics: []string{topic + ".dead"}, UUIDs: []string{"copy"},
+			Payloads: [][]byte{[]byte("copy")}, Metadata: []string{""}}
+		if err := f.Driver.InsertMessages(f.ctx, tx, copyOf); err != nil {
+			done <- err
+			return
+		}
+		done <- tx.Commit(f.ctx)
+	}()
+	f.waitBlocked(1, "WITH here AS%", "SELECT %acked_above)%")
+	select {
+	case err := <-done:
+		t.Fatalf("the move did not wait for the takeover: %v", err)
+	default:
+	}
+	if err := holder.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, pgx.ErrNoRows) {
+		t.Fatalf("the old owner's move after the takeover: %v, want pgx.ErrNoRows", err)
+	}
+	if row := f.row(group, topic, 0); len(row.AckedAbove) != 0 || *row.Session != claimer {
+		t.Fatalf("row %+v, want the claimer's, nothing recorded", row)
+	}
+	if n := f.count(topic + ".dead"); n != 0 {
+		t.Fatalf("%d dead-letter copies after the fenced move, want 0", n)
+	}
+	// The new owner moves it once.
+	w.SessionID, w.Epoch = claimer, p.Epoch+1
+	tx := f.begin()
+	r, err := f.Driver.DeadLetterOffset(f.ctx, tx, w)
+	if err != nil || r.Attempts != 3 || r.Reason != "boom" || r.FirstFailure.IsZero() {
+		t.Fatalf("the new owner's move = %+v, %v; want the entry of 3 attempts", r, err)
+	}
+	if err := tx.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	row := f.row(group, topic, 0)
+	if !slices.Equal(row.AckedAbove, []string{pgsql.AboveEntry(pos3)}) {
+		t.Fatalf("acked_above %v, want %v", row.AckedAbove, pos3)
+	}
+	if rows, err := f.Driver.LoadWaiting(f.ctx, f.Pool, w.OffsetParams); err != nil || len(rows) != 0 {
+		t.Fatalf("entries after the move: %+v, %v; want none", rows, err)
+	}
+	if _, err := f.Driver.DeadLetterOffset(f.ctx, f.Pool, w); !errors.Is(err, pgsql.ErrRecorded) {
+		t.Fatalf("a second move: %v, want ErrRecorded", err)
+	}
+}
+
+// count is the number of messages of topic.
+func (f *fixture) count(topic string) int {
+	f.t.Helper()
+	var n int
+	if err := f.Pool.QueryRow(f.ctx, `SELECT pg_catalog.count(*) FROM `+f.Tables.Messages+` WHERE topic = $1`, topic).Scan(&n); err != nil {
+		f.t.Fatal(err)
+	}
+	return n
+}
