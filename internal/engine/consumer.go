@@ -64,6 +64,13 @@ type consumer struct {
 	// current grant's row when it was claimed (claim.workerHere), which
 	// every read carries there; empty elsewhere.
 	workerHere string
+	// bound is the position bound (single node) of the last read, kept
+	// while that read was full: every row below it is readable (a bound
+	// stays safe for every later read, decision 0008), so the next read
+	// of a backlog uses it instead of computing one; 0 after a read that
+	// was not full, or on Citus: the next read computes one. Written by
+	// prefetches too.
+	bound atomic.Uint64
 	// deliveries is the parent of the contexts of the messages handed
 	// out under the current grant (deliveriesCtx).
 	deliveries context.Context
@@ -185,6 +192,8 @@ type readParams struct {
 	here      string
 	// workerHere: see consumer.workerHere.
 	workerHere string
+	// bound: see consumer.bound (nil: a bound is computed every read).
+	bound *atomic.Uint64
 }
 
 // deliveriesCtx returns the parent of the contexts of the messages a claim
@@ -344,6 +353,7 @@ func (c *consumer) consume() leftover {
 		}
 		c.yield = gr.yield
 		c.here, c.workerHere = gr.g.here, gr.cl.workerHere
+		c.bound.Store(0)
 		c.owning.Store(true)
 		out := c.own(gr.g, gr.cl, gr.hasNext)
 		c.owning.Store(false)

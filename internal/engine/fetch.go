@@ -342,5 +342,5 @@ func (c *consumer) read(after Position, limit int, wholeUpTo int64) (rows []stor
 // consumer's goroutine.
 func (c *consumer) readCtx(ctx context.Context, after Position, limit int, wholeUpTo int64) (rows []storedMessage, pending bool, err error) {
 	return c.store.read(ctx, readParams{row: c.row(), after: after, limit: limit, wholeUpTo: wholeUpTo, here: c.here,
-		workerHere: c.workerHere})
+		workerHere: c.workerHere, bound: &c.bound})
 }

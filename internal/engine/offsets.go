@@ -412,6 +412,10 @@ func (s offsetStore) read(ctx context.Context, timeout time.Duration, p readPara
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	s.stats.reads.Add(1)
+	var bound uint64
+	if p.bound != nil {
+		bound = p.bound.Load()
+	}
 	res, err := s.driver.SelectMessages(ctx, conn, pgsql.SelectMessagesParams{
 		Topic:           p.row.topic,
 		Partition:       p.row.partition,
@@ -420,9 +424,21 @@ func (s offsetStore) read(ctx context.Context, timeout time.Duration, p readPara
 		MaxMessageBytes: p.wholeUpTo,
 		Here:            p.here,
 		WorkerHere:      p.workerHere,
+		Bound:           bound,
 	})
 	if err != nil {
 		return nil, false, fmt.Errorf("read messages of topic %q: %w", p.row.topic, check.MissingSchema(err))
+	}
+	if p.bound != nil {
+		// A full read leaves rows below its bound unread, most likely:
+		// the next read uses it. After one that was not full, the next
+		// computes a new one (a row at or above this one is reported
+		// pending meanwhile, so the consumer reads again soon).
+		if len(res.Messages) == p.limit {
+			p.bound.Store(res.Bound)
+		} else {
+			p.bound.Store(0)
+		}
 	}
 	if res.WentBack {
 		return nil, false, fmt.Errorf("read messages of topic %q after %d:%d: %w", p.row.topic,

@@ -146,6 +146,9 @@ type SelectResult struct {
 	// is not on the history the position was read on. Nothing else is
 	// set.
 	WentBack bool
+	// Bound is the position bound the read used (single node; 0 on
+	// Citus): a later read may pass it as SelectMessagesParams.Bound.
+	Bound uint64
 }
 
 // SelectMessages returns at most p.Limit messages after p.After that every
@@ -160,7 +163,11 @@ func (d singleNode) SelectMessages(ctx context.Context, q Querier, p SelectMessa
 		}
 		p.Bound = bounds[0]
 	}
-	return selectMessages(ctx, q, d.t.SelectMessages(p), p.Limit)
+	res, err := selectMessages(ctx, q, d.t.SelectMessages(p), p.Limit)
+	if err == nil && !res.WentBack {
+		res.Bound = p.Bound
+	}
+	return res, err
 }
 
 // PositionBounds implements Driver: one statement, whose snapshot the
