@@ -77,6 +77,9 @@ func dumpStatements(a *Tables) string {
 	q("TopicPartitions", a.TopicPartitions(TopicsParams{Topics: []string{"a", "b"}}))
 	q("SelectMessages", a.SelectMessages(SelectMessagesParams{Topic: "t", Partition: 2, After: Position{TransactionID: 18446744073709551615, Offset: 9}, Limit: 100}))
 	q("SelectMessages max", a.SelectMessages(SelectMessagesParams{Topic: "t", After: Position{TransactionID: 5, Offset: 9}, Limit: 100, MaxMessageBytes: 1000}))
+	bound, read := a.SelectMessagesBound(SelectMessagesParams{Topic: "t", Partition: 2, After: Position{TransactionID: 5, Offset: 9}, Limit: 100})
+	q("SelectMessagesBound bound", bound)
+	q("SelectMessagesBound read", read)
 	q("VisibleTopics", a.VisibleTopics(VisibleTopicsParams{Topics: []string{"a", "b"}, Positions: []Position{{1, 2}, {3, 4}}}))
 	q("VisibleTopics partitions", a.VisibleTopics(VisibleTopicsParams{Topics: []string{"a", "b"}, Partitions: []int32{1, 2}, Positions: []Position{{1, 2}, {3, 4}}}))
 	sp := SessionParams{SessionID: id, NotifyChannel: "ch", SubscriptionHash: -5, SubscriptionSize: 3, ReplacesSessionID: id2,

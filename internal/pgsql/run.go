@@ -156,6 +156,9 @@ type SelectResult struct {
 // of its payload plus the stored size of its metadata; with
 // p.MaxMessageBytes, a larger message comes without its payload.
 func (d singleNode) SelectMessages(ctx context.Context, q Querier, p SelectMessagesParams) (SelectResult, error) {
+	if b, ok := q.(batcher); ok && p.Bound == 0 {
+		return d.selectBelowNewBound(ctx, b, p)
+	}
 	if p.Bound == 0 {
 		bounds, err := d.PositionBounds(ctx, q, []string{p.Topic}, []int32{p.Partition})
 		if err != nil {
@@ -189,6 +192,45 @@ func (d singleNode) PositionBounds(ctx context.Context, q Querier, topics []stri
 	return out, nil
 }
 
+// selectBelowNewBound is SelectMessages with a new bound in one round trip:
+// the bound's statement and the read are sent together (a pipeline, or one
+// multi-statement query under the simple protocol), which PostgreSQL runs
+// as one implicit transaction; at READ COMMITTED each statement still
+// takes its own snapshot, the read's after the bound's statement ended, as
+// decision 0008 needs. The bound reaches the read through a setting local
+// to that transaction (SelectMessagesBound).
+func (d singleNode) selectBelowNewBound(ctx context.Context, q batcher, p SelectMessagesParams) (SelectResult, error) {
+	bound, read := d.t.SelectMessagesBound(p)
+	b := &pgx.Batch{}
+	b.Queue(bound.SQL, bound.Args...)
+	b.Queue(read.SQL, read.Args...)
+	br := q.SendBatch(ctx, b)
+	var (
+		value int64
+		set   string
+	)
+	if err := br.QueryRow().Scan(&value, &set); err != nil {
+		_ = br.Close()
+		return SelectResult{}, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return SelectResult{}, err
+	}
+	res, err := scanMessages(rows, p.Limit)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		return SelectResult{}, err
+	}
+	if !res.WentBack {
+		res.Bound = uint64(value)
+	}
+	return res, nil
+}
+
 // selectMessages runs s, a statement of [Driver.SelectMessages] reading at
 // most limit messages.
 func selectMessages(ctx context.Context, q Querier, s Stmt, limit int) (SelectResult, error) {
@@ -196,6 +238,13 @@ func selectMessages(ctx context.Context, q Querier, s Stmt, limit int) (SelectRe
 	if err != nil {
 		return SelectResult{}, err
 	}
+	return scanMessages(res, limit)
+}
+
+// scanMessages reads the rows of a statement of [Driver.SelectMessages]
+// and closes them.
+func scanMessages(res pgx.Rows, limit int) (SelectResult, error) {
+	var err error
 	defer res.Close()
 	out := SelectResult{Messages: make([]MessageRow, 0, limit)}
 	// The scan targets are values declared once, and the transaction id is

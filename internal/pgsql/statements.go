@@ -240,6 +240,20 @@ func (t *Tables) SelectMessages(p SelectMessagesParams) Stmt {
 	return t.selectMessages(hereIs(7), append(selectMessagesArgs(p), formatXID8(p.Bound)), `$8::text::xid8`, t.positionCounter())
 }
 
+// SelectMessagesBound is SelectMessages below a new bound, as two
+// statements to send together in one implicit transaction (see
+// singleNode.selectBelowNewBound): the first computes the partition's bound,
+// returns it and sets it, local to the transaction, in pglease.read_bound;
+// the second is SelectMessages reading below that setting.
+func (t *Tables) SelectMessagesBound(p SelectMessagesParams) (bound, read Stmt) {
+	bound = Stmt{SQL: `SELECT x.b, pg_catalog.set_config('pglease.read_bound', x.b::text, true)
+FROM (SELECT b.bounds[1] AS b FROM ` + t.PositionBoundFunction() + `(ARRAY[$1::text], ARRAY[$2::integer]) b) x`,
+		Args: []any{p.Topic, p.Partition}}
+	read = t.selectMessages(hereIs(7), selectMessagesArgs(p), `pg_catalog.current_setting('pglease.read_bound')::xid8`,
+		t.positionCounter())
+	return bound, read
+}
+
 // selectMessagesArgs are the arguments of [Tables.SelectMessages]: $1 to
 // $7.
 func selectMessagesArgs(p SelectMessagesParams) []any {
