@@ -1256,4 +1256,101 @@ INSERT INTO "My ""App"""."version" (version, description) VALUES (15, 'idempoten
 ALTER TABLE "My ""App"""."offsets's"
 	ADD COLUMN IF NOT EXISTS waiting jsonb NOT NULL DEFAULT '{}';
 INSERT INTO "My ""App"""."version" (version, description) VALUES (16, 'failure policy: the messages of a row that failed and wait for their next attempt') ON CONFLICT (version) DO NOTHING;
+
+-- version 17: positions: the readers' bound reads pg_locks only for partitions whose key a transaction holds
+-- The readers' position bound reads pg_locks (every lock-manager
+-- partition, every backend's fast-path slots) only for a partition whose
+-- key some transaction holds: for the others, an instant's exclusive
+-- lock on the key shows that none does (docs/decisions/0008). The same
+-- function, the same result, a new body; a distributed messages table has
+-- none.
+DO $pglease1$
+DECLARE
+	nsp name;
+BEGIN
+	IF to_regprocedure('"My ""App"""."messages_with_a_rather_long_name_that_n_05ba50ac_position_bound"' || '(text[], integer[])') IS NULL THEN
+		RETURN;
+	END IF;
+	SELECT n.nspname INTO nsp FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.oid = '"My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz"'::regclass;
+	CREATE OR REPLACE FUNCTION "My ""App"""."messages_with_a_rather_long_name_that_n_05ba50ac_position_bound"(topics text[], partitions integer[], OUT bounds bigint[], OUT next bigint)
+		LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog
+		AS $pglease$
+DECLARE
+	last bigint;
+	called boolean;
+	root oid := '"messages_with_a_rather_long_name_that_needs_shortening_xyz"'::regclass;
+	rootkey integer;
+	registered text;
+	k integer;
+	fast bigint[] := '{}';
+	held boolean := false;
+BEGIN
+	-- The rows read with this bound must be read by a later statement,
+	-- with a snapshot of its own taken after this one ended.
+	IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+		RAISE EXCEPTION 'pglease: the position bound needs READ COMMITTED (this transaction is %)',
+			pg_catalog.current_setting('transaction_isolation');
+	END IF;
+	-- First where the sequence is: every value up to last was handed out
+	-- (taken by a transaction that had registered) before the locks are
+	-- read.
+	SELECT s.last_value, s.is_called INTO last, called FROM "messages_with_a_rather_long_name_that_needs__05ba50ac_positions" s;
+	next := CASE WHEN called THEN last + 1 ELSE last END;
+	-- Then, per partition, whether any transaction holds its key: a
+	-- publisher that took a position up to last registered before, so
+	-- it holds the key (shared) until it ends. Taking the key exclusively
+	-- for an instant (a session lock, released at once) succeeds only if
+	-- no other transaction holds it: then every such publisher has
+	-- ended, and the bound is just above last, without reading pg_locks.
+	-- This transaction's own registrations (a lock of its own does not
+	-- conflict) and any key held (by anyone: the filter on writers is
+	-- pg_locks's) go the long way below.
+	rootkey := (root::bigint - CASE WHEN root::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::integer;
+	registered := COALESCE(pg_catalog.current_setting('pglease.registered', true), '');
+	FOR i IN 1 .. COALESCE(pg_catalog.cardinality(topics), 0) LOOP
+		k := pg_catalog.hashtext(topics[i] || ':' || partitions[i]::text);
+		IF pg_catalog.strpos(registered, ',' || root::text || ':' || k::text || ',') = 0
+			AND pg_catalog.pg_try_advisory_lock(rootkey, k) THEN
+			PERFORM pg_catalog.pg_advisory_unlock(rootkey, k);
+			fast := fast || next;
+		ELSE
+			held := true;
+			EXIT;
+		END IF;
+	END LOOP;
+	IF NOT held THEN
+		bounds := fast;
+		RETURN;
+	END IF;
+	-- Then the transactions that hold a topic's lock and may write the
+	-- messages table (a lock on it, or on one of its partitions, other
+	-- than ACCESS SHARE): the bound is just above the lowest v they
+	-- registered (their positions are above it), else just above last.
+	WITH l AS MATERIALIZED (
+		SELECT l.locktype, l.virtualtransaction AS vx, l.classid, l.objid, l.objsubid
+		FROM pg_catalog.pg_locks l
+		WHERE l.granted AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+			AND (l.locktype = 'advisory' AND (l.objsubid = 2 AND l.classid = root OR l.objsubid = 1 AND l.classid::bigint >> 24 = 112)
+				OR l.locktype = 'relation' AND l.mode <> 'AccessShareLock'
+					AND (l.relation = root OR l.relation IN (SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = root)))
+	), writers AS (
+		SELECT DISTINCT l.vx FROM l WHERE l.locktype = 'relation'
+	), keys AS (
+		SELECT l.vx, l.objid::bigint AS k FROM l JOIN writers w ON w.vx = l.vx WHERE l.locktype = 'advisory' AND l.objsubid = 2
+	), vs AS (
+		SELECT l.vx, ((l.classid::bigint & 16777215) << 32) | l.objid::bigint AS v
+		FROM l JOIN writers w ON w.vx = l.vx WHERE l.locktype = 'advisory' AND l.objsubid = 1
+	)
+	SELECT pg_catalog.array_agg(LEAST(next, (SELECT pg_catalog.min(vs.v) + 1 FROM keys JOIN vs ON vs.vx = keys.vx
+			WHERE keys.k = (pg_catalog.hashtext(t.topic || ':' || t.partition::text)::bigint & 4294967295))) ORDER BY t.n)
+		INTO bounds
+	FROM unnest(topics, partitions) WITH ORDINALITY AS t(topic, partition, n);
+END
+$pglease$;
+	EXECUTE 'ALTER FUNCTION ' || '"My ""App"""."messages_with_a_rather_long_name_that_n_05ba50ac_position_bound"' || '(text[], integer[]) SET search_path = pg_catalog, '
+		|| quote_ident(nsp) || ', pg_temp';
+END
+$pglease1$;
+INSERT INTO "My ""App"""."version" (version, description) VALUES (17, 'positions: the readers'' bound reads pg_locks only for partitions whose key a transaction holds') ON CONFLICT (version) DO NOTHING;
 COMMIT;
