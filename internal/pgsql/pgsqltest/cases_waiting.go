@@ -21,7 +21,7 @@ import (
 // LoadWaiting returns the entries to the owner only. A stale epoch or
 // another session writes nothing (pgx.ErrNoRows), a position ahead of
 // the counter is ErrWentBack; the entries stay with the row when another
-// session takes it.
+// session takes it, and a reset of the group's offsets clears them.
 func testWaitingFenced(t *testing.T, f *fixture) {
 	const group, topic = "g", "waiting"
 	f.ensure(group, topic)
@@ -83,6 +83,17 @@ func testWaitingFenced(t *testing.T, f *fixture) {
 	if err != nil || len(rows) != 1 || rows[0].Position != pos3 || rows[0].Attempts != 2 ||
 		!rows[0].FirstFailure.Equal(first.FirstFailure) {
 		t.Fatalf("LoadWaiting of the next owner = %+v, %v; want %v's entry, 2 attempts (%v dropped)", rows, err, pos3, pos1)
+	}
+	// A reset starts the group over: the entries go with the old
+	// position (the messages are delivered again as new ones).
+	f.expire(taker)
+	if _, err := f.reset(pgsql.ResetParams{ConsumerGroup: group, Topic: topic, To: "earliest"}); err != nil {
+		t.Fatal(err)
+	}
+	last := f.session(group)
+	r := f.owned(last, group, f.claimOne(last, group, topic))
+	if rows, err := f.Driver.LoadWaiting(f.ctx, f.Pool, r); err != nil || len(rows) != 0 {
+		t.Fatalf("LoadWaiting after a reset = %+v, %v; want nothing", rows, err)
 	}
 }
 
