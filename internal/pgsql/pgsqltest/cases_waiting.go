@@ -188,3 +188,66 @@ func (f *fixture) count(topic string) int {
 	}
 	return n
 }
+
+// testSkipMessage: SkipMessage records one position above the row's
+// position in acked_above, drops its waiting entry and bumps the epoch;
+// a live owner is left alone unless forced (then fenced, the session
+// kept); a position at or before the row's, one already recorded, or one
+// without a message changes nothing; a group without a row reports it.
+func testSkipMessage(t *testing.T, f *fixture) {
+	const group, topic = "g", "skip"
+	f.ensure(group, topic)
+	f.publish(f.Pool, topic, "a", "b", "c")
+	msgs := f.readSettled(f.selectParams(topic, 0, pgsql.Position{})).Messages
+	if len(msgs) != 3 {
+		t.Fatalf("read %d messages, want 3", len(msgs))
+	}
+	owner := f.session(group)
+	p := f.owned(owner, group, f.claimOne(owner, group, topic))
+	p.Position = msgs[1].Position
+	if _, err := f.Driver.RecordWaiting(f.ctx, f.Pool, pgsql.WaitingParams{OffsetParams: p, Attempts: 1, Failed: true}); err != nil {
+		t.Fatal(err)
+	}
+	skip := func(params pgsql.SkipParams) pgsql.SkipRow {
+		t.Helper()
+		var r pgsql.SkipRow
+		err := pgx.BeginFunc(f.ctx, f.Pool, func(tx pgx.Tx) error {
+			var err error
+			r, err = pgsql.SkipMessage(f.ctx, tx, f.Tables, params)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	s := pgsql.SkipParams{ConsumerGroup: group, Topic: topic, Position: msgs[1].Position}
+	if r := skip(s); !r.RowFound || !r.MessageFound || r.LiveOwner == nil || r.Applied || r.AlreadyPast {
+		t.Fatalf("skip under a live owner = %+v; want it found and left alone", r)
+	}
+	before := f.row(group, topic, 0)
+	s.Force = true
+	if r := skip(s); !r.Applied {
+		t.Fatalf("forced skip = %+v; want it applied", r)
+	}
+	after := f.row(group, topic, 0)
+	if after.Epoch != before.Epoch+1 || after.Session == nil || *after.Session != owner ||
+		!slices.Equal(after.AckedAbove, []string{pgsql.AboveEntry(msgs[1].Position)}) || after.Acked != before.Acked {
+		t.Fatalf("row after the skip = %+v (before %+v); want the epoch bumped, the session kept, the position above", after, before)
+	}
+	if rows, err := f.Driver.LoadWaiting(f.ctx, f.Pool, pgsql.OffsetParams{ConsumerGroup: group, Topic: topic,
+		SessionID: owner, Epoch: after.Epoch}); err != nil || len(rows) != 0 {
+		t.Fatalf("waiting after the skip = %+v, %v; want nothing", rows, err)
+	}
+	if r := skip(s); !r.AlreadyPast || r.Applied {
+		t.Errorf("skip again = %+v; want already past", r)
+	}
+	s.Position = pgsql.Position{}
+	if r := skip(s); r.MessageFound {
+		t.Errorf("skip of a position without a message = %+v", r)
+	}
+	s.Position, s.ConsumerGroup = msgs[2].Position, "nobody"
+	if r := skip(s); r.RowFound {
+		t.Errorf("skip for a group without a row = %+v", r)
+	}
+}
