@@ -616,3 +616,114 @@ func (i *Inspector) resetOnce(ctx context.Context, p ResetOffsetsParams) (out, o
 	}
 	return out, nil, false, nil
 }
+
+// SkipMessageParams name the one message [Inspector.SkipMessage] moves a
+// consumer group past.
+type SkipMessageParams struct {
+	// ConsumerGroup sets the consumer group, default "" (the group named
+	// "").
+	ConsumerGroup string
+	// Topic sets the topic, required.
+	Topic string
+	// Partition sets the partition, default 0.
+	Partition int32
+	// Position is the message's position (pglease lag, pglease messages,
+	// the waiting messages of a failure policy), required.
+	Position pglease.Position
+	// Force sets whether the message is skipped while a live session owns
+	// the partition, default false: refused. Forced, the owner is fenced
+	// (as by a forced ResetOffsets) and claims the partition again.
+	Force bool
+}
+
+// SkippedMessage is what [Inspector.SkipMessage] did.
+type SkippedMessage struct {
+	Partition int32            `json:"partition"`
+	Position  pglease.Position `json:"position"`
+	// From is the group's position on the partition (unchanged: the
+	// messages before the skipped one are still delivered).
+	From pglease.Position `json:"from"`
+	// PreviousOwner is the live session that owned the row (uuid.Nil:
+	// none), fenced by the skip.
+	PreviousOwnerSession uuid.UUID `json:"previous_owner_session"`
+	PreviousOwner        string    `json:"previous_owner"`
+}
+
+// ErrNothingToSkip is returned by [Inspector.SkipMessage] when the group
+// has no row for the partition, no message has the position, or the group
+// is already past it.
+var ErrNothingToSkip = errors.New("pglease: nothing to skip")
+
+// SkipMessage moves a consumer group past exactly one message of a
+// partition, such as a message that fails every time, and leaves every
+// other message to be delivered: the position is recorded as acknowledged
+// above the group's position (as AckInTx records one), so the partition's
+// owner skips it and moves over it, and a failure policy's waiting entry
+// for it is dropped. It changes nothing and returns an error wrapping
+// [ErrOwnedByLiveSession] while a live session owns the partition, unless
+// Force; one wrapping [ErrNothingToSkip] when there is nothing to skip.
+func (i *Inspector) SkipMessage(ctx context.Context, p SkipMessageParams) (SkippedMessage, error) {
+	if err := validateTopic(p.Topic); err != nil {
+		return SkippedMessage{}, err
+	}
+	what := fmt.Sprintf("skip message %d:%d of consumer group %q on topic %q partition %d",
+		p.Position.TransactionID, p.Position.Offset, p.ConsumerGroup, p.Topic, p.Partition)
+	for range resetAttempts {
+		out, done, err := i.skipOnce(ctx, p)
+		if err != nil {
+			var refused *ResetRefusedError
+			if errors.As(err, &refused) {
+				return SkippedMessage{}, err
+			}
+			return SkippedMessage{}, fmt.Errorf("%s: %w", what, err)
+		}
+		if done {
+			return out, nil
+		}
+	}
+	return SkippedMessage{}, fmt.Errorf("%s: its row changed owner under it %d times in a row (the group is rebalancing); nothing was changed, try again",
+		what, resetAttempts)
+}
+
+// skipOnce runs the skip in a transaction of its own and commits it; done
+// is false when the row changed under it (nothing written).
+func (i *Inspector) skipOnce(ctx context.Context, p SkipMessageParams) (SkippedMessage, bool, error) {
+	tx, err := i.db.Begin(ctx)
+	if err != nil {
+		return SkippedMessage{}, false, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := i.driver.Get(ctx, tx); err != nil {
+		return SkippedMessage{}, false, check.MissingSchema(err)
+	}
+	r, err := pgsql.SkipMessage(ctx, tx, i.driver.Tables(), pgsql.SkipParams{ConsumerGroup: p.ConsumerGroup, Topic: p.Topic,
+		Partition: p.Partition, Position: pgsql.Position(p.Position), Force: p.Force,
+		Notification: pgsql.ResetNotification(p.ConsumerGroup, p.Topic)})
+	if err != nil {
+		return SkippedMessage{}, false, check.MissingSchema(err)
+	}
+	out := SkippedMessage{Partition: p.Partition, Position: p.Position, From: pglease.Position(r.From)}
+	switch {
+	case !r.RowFound:
+		return out, false, fmt.Errorf("%w: the group has no position on this partition (it never consumed it)", ErrNothingToSkip)
+	case r.Changed:
+		return out, false, nil
+	case !r.MessageFound:
+		return out, false, fmt.Errorf("%w: no message of the partition has this position (see pglease lag or pglease messages)", ErrNothingToSkip)
+	case r.AlreadyPast:
+		return out, false, fmt.Errorf("%w: the group is already past it (its position is %d:%d)", ErrNothingToSkip,
+			r.From.TransactionID, r.From.Offset)
+	}
+	if r.LiveOwner != nil && r.SessionID != nil {
+		out.PreviousOwnerSession, out.PreviousOwner = *r.SessionID, *r.LiveOwner
+		if !r.Applied {
+			return out, false, &ResetRefusedError{ConsumerGroup: p.ConsumerGroup, Topic: p.Topic,
+				To:    ResetTo{kind: fmt.Sprintf("past %d:%d", p.Position.TransactionID, p.Position.Offset)},
+				Owned: []OffsetReset{{Partition: p.Partition, PreviousOwnerSession: *r.SessionID, PreviousOwner: *r.LiveOwner, From: out.From}}}
+		}
+	}
+	if !r.Applied {
+		return out, false, nil
+	}
+	return out, true, tx.Commit(ctx)
+}

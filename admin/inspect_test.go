@@ -3,6 +3,7 @@ package admin_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -548,3 +549,81 @@ func TestResetOffsetsNotifiesOnlyItsGroup(t *testing.T) {
 // a reset of its group's offsets.
 const resetLogMessage = "Offsets of the topic were reset: " +
 	"giving its partitions up after the messages in flight, to claim them again from the new positions"
+
+// TestSkipMessage: a message that fails every time is skipped, alone. The
+// group is refused while its Subscriber lives and keeps nacking it; forced,
+// the Subscriber is fenced, claims the partition again and goes on with the
+// next message; the messages before and after it are delivered, in order.
+// Skipping it again, or a position no message has, is ErrNothingToSkip.
+func TestSkipMessage(t *testing.T) {
+	ctx := context.Background()
+	pool := testkit.NewPool(t, 10)
+	adapter := testkit.NewSchema(t, pool)
+	pub := testkit.NewPublisher(t, pool, adapter)
+	ids := testkit.PublishN(t, pub, "t", 3)
+	insp, err := admin.NewInspector(pool, adapter)
+	require.NoError(t, err)
+	var poison pglease.Position
+	require.NoError(t, pool.QueryRow(ctx, `SELECT transaction_id::text::bigint, "offset" FROM `+
+		testkit.Table(adapter, pglease.DefaultMessagesTable)+` WHERE uuid = $1`, ids[1]).Scan(&poison.TransactionID, &poison.Offset))
+
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter,
+		NackResendDelay: 10 * time.Millisecond}, testkit.Logger())
+	require.NoError(t, err)
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	first := testkit.ReceiveOne(t, msgs)
+	require.Equal(t, ids[0], first.UUID)
+	first.Ack()
+	// The poison message comes back again and again.
+	var poisoned atomic.Int32
+	delivered := make(chan string, 100)
+	go func() {
+		defer close(delivered)
+		for msg := range msgs {
+			if msg.UUID == ids[1] {
+				poisoned.Add(1)
+				msg.Nack()
+				continue
+			}
+			msg.Ack()
+			delivered <- msg.UUID
+		}
+	}()
+	pgtest.WaitFor(t, 10*time.Second, "the poison message to be redelivered", func() bool { return poisoned.Load() >= 3 })
+
+	p := admin.SkipMessageParams{ConsumerGroup: "g", Topic: "t", Position: poison}
+	_, err = insp.SkipMessage(ctx, p)
+	require.ErrorIs(t, err, admin.ErrOwnedByLiveSession)
+	p.Force = true
+	skipped, err := insp.SkipMessage(ctx, p)
+	require.NoError(t, err)
+	after := poisoned.Load()
+	assert.Equal(t, poison, skipped.Position)
+	assert.NotEqual(t, uuid.Nil, skipped.PreviousOwnerSession, "the owner was live, and is fenced")
+	// The fenced owner claims the partition again: the first message may
+	// come again (its ack was not committed yet), then the one after the
+	// skipped one.
+	deadline := time.After(10 * time.Second)
+	for done := false; !done; {
+		select {
+		case id := <-delivered:
+			require.Contains(t, []string{ids[0], ids[2]}, id)
+			done = id == ids[2]
+		case <-deadline:
+			t.Fatal("the message after the skipped one was not delivered")
+		}
+	}
+	require.NoError(t, sub.Close())
+	assert.LessOrEqual(t, poisoned.Load()-after, int32(1), "at most the delivery in flight at the skip")
+
+	_, err = insp.SkipMessage(ctx, p)
+	assert.ErrorIs(t, err, admin.ErrNothingToSkip, "already past it")
+	p.Position.Offset += 100
+	_, err = insp.SkipMessage(ctx, p)
+	assert.ErrorIs(t, err, admin.ErrNothingToSkip, "no message there")
+	p.ConsumerGroup = "other"
+	_, err = insp.SkipMessage(ctx, p)
+	assert.ErrorIs(t, err, admin.ErrNothingToSkip, "no row of the group")
+}

@@ -466,9 +466,13 @@ func TestBadInput(t *testing.T) {
 		{"missing --topic", db, []string{"reset-offsets", "--group", "g", "--to-latest"}, 2, "--topic is required"},
 		{"empty --topic", db, []string{"reset-offsets", "--group", "g", "--topic", "", "--to-latest"}, 2, "--topic is required"},
 		{"no --to", db, []string{"reset-offsets", "--group", "g", "--topic", "t"}, 2,
-			"one of --to-earliest, --to-latest and --to-time is required"},
+			"one of --to-earliest, --to-latest, --to-time and --skip is required"},
+		{"--skip not a position", db, []string{"reset-offsets", "--group", "g", "--topic", "t", "--skip", "7"}, 2,
+			"is not a position TRANSACTION:OFFSET"},
+		{"--skip with --to-latest", db, []string{"reset-offsets", "--group", "g", "--topic", "t", "--skip", "7:1", "--to-latest"}, 2,
+			"give only one of"},
 		{"two --to", db, []string{"reset-offsets", "--group", "g", "--topic", "t", "--to-earliest", "--to-latest"}, 2,
-			"give only one of --to-earliest, --to-latest and --to-time, not --to-earliest and --to-latest"},
+			"give only one of --to-earliest, --to-latest, --to-time and --skip, not --to-earliest and --to-latest"},
 		{"--to-time and --to-latest", db, []string{"reset-offsets", "--group", "g", "--topic", "t", "--to-latest",
 			"--to-time", "2026-01-02T03:04:05Z"}, 2, "not --to-latest and --to-time"},
 		{"bad time", db, []string{"reset-offsets", "--group", "g", "--topic", "t", "--to-time", "yesterday"}, 2,
@@ -519,4 +523,37 @@ func TestHelp(t *testing.T) {
 	r := runCLI(t, nil, "help", "nope")
 	assert.Equal(t, 2, r.code)
 	assert.Contains(t, r.stderr, `unknown command "nope"`)
+}
+
+// TestResetOffsetsSkip: --skip moves a group past one message of a
+// partition: the group delivers the others, in order; skipping it again
+// says there is nothing to skip (exit status 1).
+func TestResetOffsetsSkip(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	ids := f.publish("t", 3)
+	f.ok("reset-offsets", "--group", "g", "--topic", "t", "--to-earliest")
+	var tx, off int64
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT transaction_id::text::bigint, "offset" FROM `+
+		pgx.Identifier{f.schema, pglease.DefaultMessagesTable}.Sanitize()+` WHERE uuid = $1`, ids[1]).Scan(&tx, &off))
+	pos := fmt.Sprintf("%d:%d", tx, off)
+
+	out := f.ok("reset-offsets", "--group", "g", "--topic", "t", "--skip", pos, "--dry-run")
+	assert.Contains(t, out, "Dry run, nothing was changed")
+	out = f.ok("reset-offsets", "--group", "g", "--topic", "t", "--skip", pos)
+	assert.Contains(t, out, `Made consumer group "g" skip message `+pos+` of topic "t" partition 0`)
+	r := f.cli("reset-offsets", "--group", "g", "--topic", "t", "--skip", pos)
+	assert.Equal(t, 1, r.code, "%s", r)
+	assert.Contains(t, r.stderr, "nothing to skip")
+
+	_, msgs := f.subscribe("g", "t")
+	for _, want := range []string{ids[0], ids[2]} {
+		select {
+		case m := <-msgs:
+			assert.Equal(t, want, m.UUID)
+			m.Ack()
+		case <-time.After(10 * time.Second):
+			t.Fatalf("message %s not delivered", want)
+		}
+	}
 }

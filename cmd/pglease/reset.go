@@ -6,19 +6,21 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
 
+	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/admin"
 )
 
 var resetSpec = commandSpec{
 	name:     "reset-offsets",
 	summary:  "move a consumer group's positions on a topic",
-	synopsis: "--group GROUP --topic TOPIC (--to-earliest | --to-latest | --to-time TIME) [--force] [--dry-run] [--json]",
+	synopsis: "--group GROUP --topic TOPIC (--to-earliest | --to-latest | --to-time TIME | --skip POSITION [--partition N]) [--force] [--dry-run] [--json]",
 	help: `Moves the acknowledged positions of every partition of one consumer group on
 one topic, in one transaction, and prints each partition's old and new
 position. Rows that do not exist yet are created, so a reset also sets where
@@ -28,6 +30,10 @@ a new group starts.
   --to-latest    skip every message visible now
   --to-time T    skip the messages stored before T (RFC 3339); with none
                  stored at or after T, as --to-latest
+  --skip P       skip exactly one message, at position P (TRANSACTION:OFFSET,
+                 as pglease lag and pglease messages show it) of partition
+                 --partition (default 0): every other message is still
+                 delivered. For a message that fails every time.
 
 While a live Subscriber owns a partition of the topic the reset is refused
 (exit status 1) and nothing changes. With --force it is applied anyway: the
@@ -44,11 +50,23 @@ type resetCmd struct {
 	earliest, latest bool
 	at               onceString
 	force, dryRun    bool
+	skip             onceString
+	partition        int
 
 	// Set by check.
 	to     admin.ResetTo
 	toName string     // earliest, latest or time
 	toTime *time.Time // with toName "time"
+	skipAt pglease.Position
+}
+
+// skipOutput is the JSON of pglease reset-offsets --skip.
+type skipOutput struct {
+	Group   string               `json:"group"`
+	Topic   string               `json:"topic"`
+	Force   bool                 `json:"force"`
+	DryRun  bool                 `json:"dry_run"`
+	Skipped admin.SkippedMessage `json:"skipped"`
 }
 
 // resetOutput is the JSON of pglease reset-offsets.
@@ -80,6 +98,8 @@ func (c *resetCmd) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.earliest, "to-earliest", false, "deliver the topic again from its first message")
 	fs.BoolVar(&c.latest, "to-latest", false, "skip every message visible now")
 	fs.Var(&c.at, "to-time", "skip the messages stored before this RFC 3339 `TIME`, e.g. 2026-11-23T08:00:00Z")
+	fs.Var(&c.skip, "skip", "skip exactly one message, at this `POSITION` (TRANSACTION:OFFSET) of --partition")
+	fs.IntVar(&c.partition, "partition", 0, "the `PARTITION` of --skip")
 	fs.BoolVar(&c.force, "force", false, "reset rows that a live Subscriber owns too, fencing it")
 	fs.BoolVar(&c.dryRun, "dry-run", false, "show what would change, and change nothing")
 }
@@ -103,11 +123,23 @@ func (c *resetCmd) check(*flag.FlagSet) error {
 	if c.at.set {
 		tos = append(tos, "--to-time")
 	}
+	if c.skip.set {
+		tos = append(tos, "--skip")
+	}
 	switch {
 	case len(tos) == 0:
-		return usageErrorf("say where to: one of --to-earliest, --to-latest and --to-time is required")
+		return usageErrorf("say where to: one of --to-earliest, --to-latest, --to-time and --skip is required")
 	case len(tos) > 1:
-		return usageErrorf("give only one of --to-earliest, --to-latest and --to-time, not %s", strings.Join(tos, " and "))
+		return usageErrorf("give only one of --to-earliest, --to-latest, --to-time and --skip, not %s", strings.Join(tos, " and "))
+	case c.skip.set:
+		pos, err := parsePosition(c.skip.value)
+		if err != nil {
+			return usageErrorf("--skip: %v", err)
+		}
+		if c.partition < 0 || c.partition > math.MaxInt32 {
+			return usageErrorf("--partition %d is not a partition", c.partition)
+		}
+		c.skipAt = pos
 	case c.at.set:
 		t, err := time.Parse(time.RFC3339, c.at.value)
 		if err != nil {
@@ -132,6 +164,9 @@ func (c *resetCmd) run(ctx context.Context, e *cmdEnv) error {
 			return err
 		}
 	}
+	if c.skip.set {
+		return c.runSkip(ctx, e, insp)
+	}
 	resets, err := insp.ResetOffsets(ctx, admin.ResetOffsetsParams{
 		ConsumerGroup: c.group.value,
 		Topic:         c.topic.value,
@@ -152,6 +187,39 @@ func (c *resetCmd) run(ctx context.Context, e *cmdEnv) error {
 		})
 	}
 	return c.print(e.stdout, resets)
+}
+
+// runSkip moves the group past the one message of --skip.
+func (c *resetCmd) runSkip(ctx context.Context, e *cmdEnv, insp *admin.Inspector) error {
+	s, err := insp.SkipMessage(ctx, admin.SkipMessageParams{ConsumerGroup: c.group.value, Topic: c.topic.value,
+		Partition: int32(c.partition), Position: c.skipAt, Force: c.force})
+	if errors.Is(err, admin.ErrOwnedByLiveSession) {
+		return &refusedError{err: err, hint: "Nothing was changed. With --force the message is skipped anyway: the owner is fenced,\n" +
+			"gives the partition up after the messages in flight and claims it again, without that message."}
+	}
+	if err != nil {
+		return err
+	}
+	if e.json {
+		return writeJSON(e.stdout, skipOutput{Group: c.group.value, Topic: c.topic.value, Force: c.force, DryRun: c.dryRun, Skipped: s})
+	}
+	w := e.stdout
+	what := fmt.Sprintf("consumer group %s skip message %s of topic %s partition %d", strconv.Quote(c.group.value),
+		formatPosition(s.Position), strconv.Quote(c.topic.value), s.Partition)
+	if c.dryRun {
+		fmt.Fprintf(w, "Dry run, nothing was changed: would make %s.\n", what)
+	} else {
+		fmt.Fprintf(w, "Made %s; its position stays %s, the messages before and after it are delivered.\n", what, formatPosition(s.From))
+	}
+	if s.PreviousOwnerSession != uuid.Nil {
+		verb := "Fenced"
+		if c.dryRun {
+			verb = "Would fence"
+		}
+		fmt.Fprintf(w, "%s %s (session %s) on partition %d; it claims it again without that message.\n",
+			verb, s.PreviousOwner, s.PreviousOwnerSession, s.Partition)
+	}
+	return nil
 }
 
 func (c *resetCmd) print(w io.Writer, resets []admin.OffsetReset) error {

@@ -21,7 +21,7 @@ import (
 // LoadWaiting returns the entries to the owner only. A stale epoch or
 // another session writes nothing (pgx.ErrNoRows), a position ahead of
 // the counter is ErrWentBack; the entries stay with the row when another
-// session takes it.
+// session takes it, and a reset of the group's offsets clears them.
 func testWaitingFenced(t *testing.T, f *fixture) {
 	const group, topic = "g", "waiting"
 	f.ensure(group, topic)
@@ -83,6 +83,17 @@ func testWaitingFenced(t *testing.T, f *fixture) {
 	if err != nil || len(rows) != 1 || rows[0].Position != pos3 || rows[0].Attempts != 2 ||
 		!rows[0].FirstFailure.Equal(first.FirstFailure) {
 		t.Fatalf("LoadWaiting of the next owner = %+v, %v; want %v's entry, 2 attempts (%v dropped)", rows, err, pos3, pos1)
+	}
+	// A reset starts the group over: the entries go with the old
+	// position (the messages are delivered again as new ones).
+	f.expire(taker)
+	if _, err := f.reset(pgsql.ResetParams{ConsumerGroup: group, Topic: topic, To: "earliest"}); err != nil {
+		t.Fatal(err)
+	}
+	last := f.session(group)
+	r := f.owned(last, group, f.claimOne(last, group, topic))
+	if rows, err := f.Driver.LoadWaiting(f.ctx, f.Pool, r); err != nil || len(rows) != 0 {
+		t.Fatalf("LoadWaiting after a reset = %+v, %v; want nothing", rows, err)
 	}
 }
 
@@ -176,4 +187,67 @@ func (f *fixture) count(topic string) int {
 		f.t.Fatal(err)
 	}
 	return n
+}
+
+// testSkipMessage: SkipMessage records one position above the row's
+// position in acked_above, drops its waiting entry and bumps the epoch;
+// a live owner is left alone unless forced (then fenced, the session
+// kept); a position at or before the row's, one already recorded, or one
+// without a message changes nothing; a group without a row reports it.
+func testSkipMessage(t *testing.T, f *fixture) {
+	const group, topic = "g", "skip"
+	f.ensure(group, topic)
+	f.publish(f.Pool, topic, "a", "b", "c")
+	msgs := f.readSettled(f.selectParams(topic, 0, pgsql.Position{})).Messages
+	if len(msgs) != 3 {
+		t.Fatalf("read %d messages, want 3", len(msgs))
+	}
+	owner := f.session(group)
+	p := f.owned(owner, group, f.claimOne(owner, group, topic))
+	p.Position = msgs[1].Position
+	if _, err := f.Driver.RecordWaiting(f.ctx, f.Pool, pgsql.WaitingParams{OffsetParams: p, Attempts: 1, Failed: true}); err != nil {
+		t.Fatal(err)
+	}
+	skip := func(params pgsql.SkipParams) pgsql.SkipRow {
+		t.Helper()
+		var r pgsql.SkipRow
+		err := pgx.BeginFunc(f.ctx, f.Pool, func(tx pgx.Tx) error {
+			var err error
+			r, err = pgsql.SkipMessage(f.ctx, tx, f.Tables, params)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	s := pgsql.SkipParams{ConsumerGroup: group, Topic: topic, Position: msgs[1].Position}
+	if r := skip(s); !r.RowFound || !r.MessageFound || r.LiveOwner == nil || r.Applied || r.AlreadyPast {
+		t.Fatalf("skip under a live owner = %+v; want it found and left alone", r)
+	}
+	before := f.row(group, topic, 0)
+	s.Force = true
+	if r := skip(s); !r.Applied {
+		t.Fatalf("forced skip = %+v; want it applied", r)
+	}
+	after := f.row(group, topic, 0)
+	if after.Epoch != before.Epoch+1 || after.Session == nil || *after.Session != owner ||
+		!slices.Equal(after.AckedAbove, []string{pgsql.AboveEntry(msgs[1].Position)}) || after.Acked != before.Acked {
+		t.Fatalf("row after the skip = %+v (before %+v); want the epoch bumped, the session kept, the position above", after, before)
+	}
+	if rows, err := f.Driver.LoadWaiting(f.ctx, f.Pool, pgsql.OffsetParams{ConsumerGroup: group, Topic: topic,
+		SessionID: owner, Epoch: after.Epoch}); err != nil || len(rows) != 0 {
+		t.Fatalf("waiting after the skip = %+v, %v; want nothing", rows, err)
+	}
+	if r := skip(s); !r.AlreadyPast || r.Applied {
+		t.Errorf("skip again = %+v; want already past", r)
+	}
+	s.Position = pgsql.Position{}
+	if r := skip(s); r.MessageFound {
+		t.Errorf("skip of a position without a message = %+v", r)
+	}
+	s.Position, s.ConsumerGroup = msgs[2].Position, "nobody"
+	if r := skip(s); r.RowFound {
+		t.Errorf("skip for a group without a row = %+v", r)
+	}
 }
