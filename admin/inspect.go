@@ -235,6 +235,32 @@ type Horizon struct {
 	// worker's horizon (Xmin is that worker's transaction counter: the
 	// workers' counters are unrelated).
 	Workers []Horizon `json:"workers,omitempty"`
+	// PerTopic reports that delivery is held back per partition, by the
+	// open transactions that published to it (a single server: positions
+	// from a sequence, decision 0008), not by the xmin horizon, which
+	// then holds back only vacuum. Publishers lists them.
+	PerTopic bool `json:"per_topic"`
+	// Publishers, with PerTopic, are the transactions that published
+	// and have not ended, oldest first: each holds back the messages
+	// stored after its own in the partitions it published to.
+	Publishers []OpenPublisher `json:"publishers,omitempty"`
+}
+
+// OpenPublisher is a transaction that published and has not ended.
+type OpenPublisher struct {
+	HorizonHolder
+	// Partitions are the partitions it holds back, among those with
+	// settings (CreateTopic) or a consumer group's offset row.
+	Partitions []TopicPartition `json:"partitions"`
+	// Held is how many partitions it holds back in all (more than
+	// Partitions when some have neither settings nor offset rows).
+	Held int `json:"held"`
+}
+
+// TopicPartition names one partition of a topic.
+type TopicPartition struct {
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
 }
 
 // HorizonHolder is the oldest running writing transaction.
@@ -260,7 +286,9 @@ type HorizonHolder struct {
 	Query    string        `json:"query"`
 }
 
-// Horizon returns the xmin horizon and the transaction holding it back.
+// Horizon returns the xmin horizon and the transaction holding it back,
+// and on a single server the open publishers, which hold back delivery
+// (Horizon.PerTopic).
 // Reading other users' backends needs the pg_read_all_stats role (or
 // superuser); without it the holder is still found, but its age, start
 // times and query are unknown (HorizonHolder.AgeKnown is false).
@@ -281,7 +309,23 @@ func (i *Inspector) Horizon(ctx context.Context) (Horizon, error) {
 	if err != nil {
 		return Horizon{}, fmt.Errorf("read the xmin horizon: %w", err)
 	}
-	return horizonOf(r), nil
+	h := horizonOf(r)
+	pubs, perTopic, err := i.driver.OpenPublishers(ctx, i.db)
+	if err != nil {
+		return Horizon{}, fmt.Errorf("read the open publishers: %w", check.MissingSchema(err))
+	}
+	h.PerTopic = perTopic
+	for _, p := range pubs {
+		o := OpenPublisher{Held: p.Held}
+		if hh := horizonOf(p.HorizonRow).Holder; hh != nil {
+			o.HorizonHolder = *hh
+		}
+		for k, topic := range p.Topics {
+			o.Partitions = append(o.Partitions, TopicPartition{Topic: topic, Partition: p.Partitions[k]})
+		}
+		h.Publishers = append(h.Publishers, o)
+	}
+	return h, nil
 }
 
 // workersHorizon is the horizon of the worker whose holder is the oldest

@@ -171,7 +171,7 @@ pglease_consumergroup_members{consumergroup="billing"} 1
 # HELP pglease_consumergroup_owned_rows Exported (topic, partition) rows of the consumer group that a live member owns; fewer than the group's pglease_consumergroup_lag series means rows wait for an owner.
 # TYPE pglease_consumergroup_owned_rows gauge
 pglease_consumergroup_owned_rows{consumergroup="billing"} 1
-# HELP pglease_consumergroup_pending 1 if committed messages of the partition wait behind the xmin horizon (an older transaction still running; see pglease_xmin_horizon_age_seconds), else 0.
+# HELP pglease_consumergroup_pending 1 if committed messages of the partition wait for an open transaction that published to it before them (on Citus: behind the worker's xmin horizon, see pglease_xmin_horizon_age_seconds), else 0.
 # TYPE pglease_consumergroup_pending gauge
 pglease_consumergroup_pending{consumergroup="billing",partition="0",topic="orders"} 0
 # HELP pglease_topic_partitions Partitions of the topic.

@@ -71,7 +71,7 @@ func RegisterInspector(insp *admin.Inspector, config InspectorConfig, opts ...Op
 		return nil, err
 	}
 	horizonAge, err := m.Float64ObservableGauge(HorizonAgeMetric, metric.WithUnit("s"),
-		metric.WithDescription("Age of the oldest running writing transaction, which holds back delivery on every topic; 0 when none runs; absent when this role may not see it."))
+		metric.WithDescription("Age of the oldest running writing transaction, which holds back vacuum, and on Citus delivery on every topic of its worker (on a single server delivery waits only for open publishers of the same partition); 0 when none runs; absent when this role may not see it."))
 	if err != nil {
 		return nil, err
 	}

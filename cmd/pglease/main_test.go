@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -301,10 +300,31 @@ func TestStatus(t *testing.T) {
 	assert.Equal(t, "idle in transaction", h.State)
 	assert.Equal(t, "SELECT pg_current_xact_id()", h.Query)
 	assert.Positive(t, st.Horizon.Xmin)
+	// A writer that published nothing holds back vacuum, not delivery.
+	assert.True(t, st.Horizon.PerTopic)
+	assert.Empty(t, st.Horizon.Publishers)
+	require.NotNil(t, st.DeliveryHeldBack)
+	assert.False(t, *st.DeliveryHeldBack)
+	out := f.ok("status", "--warn-after", "1ms")
+	assert.Contains(t, out, "Open publishers: none: no topic is held back")
+	assert.Regexp(t, `(?m)^held by\s+pid `+strconv.Itoa(pid)+` \(pglease-cmd-test-blocker, idle in transaction, .* old\)$`, out)
+
+	// Once it publishes (an outbox), it holds back that topic.
+	outbox, err := pglease.NewPublisher(tx, pglease.PublisherConfig{Tables: f.tables}, nil)
+	require.NoError(t, err)
+	require.NoError(t, outbox.Publish("t", message.NewMessage(watermill.NewUUID(), nil)))
+	st = statusOutput{}
+	require.NoError(t, json.Unmarshal([]byte(f.ok("status", "--json", "--warn-after", "1ms")), &st))
+	require.Len(t, st.Horizon.Publishers, 1)
+	p := st.Horizon.Publishers[0]
+	assert.Equal(t, pid, p.PID)
+	assert.Equal(t, "pglease-cmd-test-blocker", p.ApplicationName)
+	assert.Equal(t, []admin.TopicPartition{{Topic: "t", Partition: 0}}, p.Partitions)
+	assert.Equal(t, 1, p.Held)
 	require.NotNil(t, st.DeliveryHeldBack)
 	assert.True(t, *st.DeliveryHeldBack)
 
-	out := f.ok("status", "--warn-after", "1ms")
+	out = f.ok("status", "--warn-after", "1ms")
 	row := tableRow(t, out, "g", s.ID.String())
 	assert.Equal(t, thisOwner(t), row[2])
 	assert.Equal(t, "1", row[len(row)-1], "ROWS")
@@ -315,13 +335,11 @@ func TestStatus(t *testing.T) {
 	st = statusOutput{}
 	require.NoError(t, json.Unmarshal([]byte(f.ok("status", "--json")), &st))
 	assert.True(t, st.Sessions[0].Maintainer)
-	assert.Regexp(t, regexp.MustCompile(`(?m)^held by\s+pid `+strconv.Itoa(pid)+`$`), out)
-	assert.Regexp(t, `(?m)^application\s+pglease-cmd-test-blocker$`, out)
-	assert.Regexp(t, `(?m)^state\s+idle in transaction$`, out)
-	assert.Regexp(t, `(?m)^query\s+SELECT pg_current_xact_id\(\)$`, out)
-	assert.Contains(t, out, fmt.Sprintf("DELIVERY IS HELD BACK: pid %d has kept a writing transaction open", pid))
+	pubRow := tableRow(t, out, strconv.Itoa(pid))
+	assert.Equal(t, []string{strconv.Itoa(pid), "pglease-cmd-test-blocker", "idle", "in", "transaction"}, pubRow[:5])
+	assert.Contains(t, out, fmt.Sprintf(`DELIVERY IS HELD BACK on "t"/0: pid %d has kept a transaction that published there open`, pid))
 	assert.Contains(t, out, fmt.Sprintf("pg_terminate_backend(%d)", pid))
-	assert.Contains(t, f.ok("status", "--warn-after", "1h"), "Delivery is not held back")
+	assert.Contains(t, f.ok("status", "--warn-after", "1h"), "Delivery is not held back: the oldest open publisher")
 
 	require.NoError(t, tx.Rollback(ctx))
 	st = statusOutput{} // "holder" is left out when there is none

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pglease/watermill-pglease/admin"
@@ -13,13 +14,16 @@ import (
 
 var statusSpec = commandSpec{
 	name:     "status",
-	summary:  "the sessions (one per live Subscriber) and the xmin horizon",
+	summary:  "the sessions (one per live Subscriber), what holds delivery back, and the xmin horizon",
 	synopsis: "[--warn-after DURATION] [--json]",
 	help: `Shows every consumer session (one per Subscriber: its group, owner process,
 age, time left without a heartbeat and the (group, topic, partition) rows it
-owns), then the xmin horizon: no message of a transaction at or above xmin is
-delivered yet, on any topic. When a writing transaction older than
---warn-after holds the horizon back, it says so and names it.`,
+owns), then what holds delivery back. On a single server, the open
+publishers: a transaction that published and has not ended holds back the
+messages stored after its own, in the partitions it published to only. On
+Citus, the xmin horizon of each worker: no message of a transaction at or
+above it is delivered yet, on any topic of that worker. When such a
+transaction is older than --warn-after, it says so and names it.`,
 	new: func() subcommand { return &statusCmd{} },
 }
 
@@ -47,19 +51,35 @@ type statusOutput struct {
 	DeliveryHeldBack *bool `json:"delivery_held_back"`
 }
 
-// newStatusOutput judges the horizon's holder against warnAfter.
+// newStatusOutput judges what holds delivery back against warnAfter: the
+// oldest open publisher where delivery is held back per topic, else the
+// horizon's holder.
 func newStatusOutput(sessions []admin.SessionInfo, h admin.Horizon, warnAfter time.Duration) statusOutput {
 	out := statusOutput{Sessions: nonNil(sessions), Horizon: h}
+	holder := deliveryHolder(h)
 	held := false
 	switch {
-	case h.Holder == nil:
-	case !holderAgeKnown(h.Holder):
+	case holder == nil:
+	case !holderAgeKnown(holder):
 		return out
 	default:
-		held = h.Holder.Age >= warnAfter
+		held = holder.Age >= warnAfter
 	}
 	out.DeliveryHeldBack = &held
 	return out
+}
+
+// deliveryHolder is the transaction that holds delivery back the longest:
+// the oldest open publisher where delivery is held back per topic, else the
+// horizon's holder; nil when none.
+func deliveryHolder(h admin.Horizon) *admin.HorizonHolder {
+	if !h.PerTopic {
+		return h.Holder
+	}
+	if len(h.Publishers) == 0 {
+		return nil
+	}
+	return &h.Publishers[0].HorizonHolder
 }
 
 // holderAgeKnown reports whether the holder's start time could be read:
@@ -138,8 +158,80 @@ func printSessions(w io.Writer, sessions []admin.SessionInfo) {
 	}
 }
 
+// printPublishers prints the open publishers and whether they hold
+// delivery back (a single server).
+func printPublishers(w io.Writer, out statusOutput, warnAfter time.Duration) {
+	pubs := out.Horizon.Publishers
+	if len(pubs) == 0 {
+		fmt.Fprintln(w, "Open publishers: none: no topic is held back")
+		return
+	}
+	fmt.Fprintln(w, "Open publishers: each holds back the messages stored after its own, in the partitions it published to")
+	tw := newTable(w)
+	fmt.Fprintln(tw, "PID\tAPPLICATION\tSTATE\tAGE\tHOLDS")
+	for _, p := range pubs {
+		who, age := strconv.Itoa(p.PID), "unknown"
+		if p.GID != "" {
+			who = "prepared " + strconv.Quote(p.GID)
+		}
+		if holderAgeKnown(&p.HorizonHolder) {
+			age = formatDuration(p.Age)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", who, orDash(p.ApplicationName), orDash(p.State), age, formatHeld(p))
+	}
+	_ = tw.Flush()
+	oldest := pubs[0]
+	who, end := fmt.Sprintf("pid %d", oldest.PID), fmt.Sprintf("commit or roll it back, or end it with\nSELECT pg_terminate_backend(%d).", oldest.PID)
+	if oldest.GID != "" {
+		who = "prepared transaction " + strconv.Quote(oldest.GID)
+		end = fmt.Sprintf("COMMIT PREPARED or ROLLBACK PREPARED %s.", quoteLiteral(oldest.GID))
+	}
+	switch {
+	case out.DeliveryHeldBack == nil:
+		fmt.Fprintf(w, "Delivery may be held back on %s: %s published there, for how long this role cannot see.\n", formatHeld(oldest), who)
+	case *out.DeliveryHeldBack:
+		fmt.Fprintf(w, "DELIVERY IS HELD BACK on %s: %s has kept a transaction that published there open for %s.\n",
+			formatHeld(oldest), who, formatDuration(oldest.Age))
+		fmt.Fprintf(w, "Messages stored after its own are not delivered there until it ends; other topics are not held back:\n%s\n", end)
+	default:
+		fmt.Fprintf(w, "Delivery is not held back: the oldest open publisher is %s old (less than --warn-after %s).\n",
+			formatDuration(oldest.Age), warnAfter)
+	}
+}
+
+// formatHeld names the partitions an open publisher holds back.
+func formatHeld(p admin.OpenPublisher) string {
+	const shown = 3
+	var names []string
+	for k, tp := range p.Partitions {
+		if k == shown {
+			break
+		}
+		names = append(names, fmt.Sprintf("%s/%d", strconv.Quote(tp.Topic), tp.Partition))
+	}
+	s := strings.Join(names, ", ")
+	if rest := p.Held - len(names); rest > 0 {
+		more := ""
+		if s != "" {
+			s += " and "
+			more = "more "
+		}
+		s += fmt.Sprintf("%d %spartition", rest, more)
+		if rest > 1 {
+			s += "s"
+		}
+	}
+	return s
+}
+
 func printHorizon(w io.Writer, out statusOutput, warnAfter time.Duration) {
 	h := out.Horizon
+	if h.PerTopic {
+		printPublishers(w, out, warnAfter)
+		fmt.Fprintln(w)
+		printVacuumHorizon(w, h)
+		return
+	}
 	fmt.Fprintln(w, "Xmin horizon: messages of transactions at or above xmin are not delivered yet")
 	tw := newTable(w)
 	fmt.Fprintf(tw, "xmin\t%d\n", h.Xmin)
@@ -197,6 +289,28 @@ func printHorizon(w io.Writer, out statusOutput, warnAfter time.Duration) {
 		fmt.Fprintf(w, "Delivery is not held back: the oldest writing transaction is %s old (less than --warn-after %s).\n",
 			formatDuration(hh.Age), warnAfter)
 	}
+}
+
+// printVacuumHorizon prints the xmin horizon where it holds back vacuum
+// only (a single server with positions from a sequence).
+func printVacuumHorizon(w io.Writer, h admin.Horizon) {
+	fmt.Fprintln(w, "Xmin horizon: holds back vacuum, not delivery")
+	tw := newTable(w)
+	fmt.Fprintf(tw, "xmin\t%d\n", h.Xmin)
+	hh := h.Holder
+	switch {
+	case hh == nil:
+		fmt.Fprintf(tw, "held by\tnothing: no writing transaction is running\n")
+	case hh.GID != "":
+		fmt.Fprintf(tw, "held by\tprepared transaction %s\n", strconv.Quote(hh.GID))
+	default:
+		age := "age unknown"
+		if holderAgeKnown(hh) {
+			age = formatDuration(hh.Age) + " old"
+		}
+		fmt.Fprintf(tw, "held by\tpid %d (%s, %s, %s)\n", hh.PID, orDash(hh.ApplicationName), orDash(hh.State), age)
+	}
+	_ = tw.Flush()
 }
 
 // quoteLiteral quotes s as an SQL string literal.

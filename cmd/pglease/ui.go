@@ -466,6 +466,11 @@ type heldBanner struct {
 	Who    string
 	Age    string
 	Known  bool
+	// Topics, on a single server, names the partitions the open
+	// publisher holds back; empty where the xmin horizon holds back
+	// every topic (Citus).
+	Topics string
+	Query  string
 }
 
 type pageFunc func(ctx context.Context, r *http.Request, d *pageData) (template string, err error)
@@ -513,16 +518,20 @@ func (s *uiServer) banner(ctx context.Context, d *pageData) error {
 		return err
 	}
 	st := newStatusOutput(nil, h, s.warnAfter)
-	if h.Holder == nil || (st.DeliveryHeldBack != nil && !*st.DeliveryHeldBack) {
+	holder := deliveryHolder(h)
+	if holder == nil || (st.DeliveryHeldBack != nil && !*st.DeliveryHeldBack) {
 		return nil
 	}
 	b := &heldBanner{Status: st, Known: st.DeliveryHeldBack != nil}
-	b.Who = fmt.Sprintf("pid %d (%s, user %s, database %s)", h.Holder.PID, orDash(h.Holder.ApplicationName),
-		orDash(h.Holder.User), orDash(h.Holder.Database))
-	if h.Holder.GID != "" {
-		b.Who = fmt.Sprintf("prepared transaction %q", h.Holder.GID)
+	b.Who = fmt.Sprintf("pid %d (%s, user %s, database %s)", holder.PID, orDash(holder.ApplicationName),
+		orDash(holder.User), orDash(holder.Database))
+	if holder.GID != "" {
+		b.Who = fmt.Sprintf("prepared transaction %q", holder.GID)
 	}
-	b.Age = formatDuration(h.Holder.Age)
+	b.Age, b.Query = formatDuration(holder.Age), holder.Query
+	if h.PerTopic {
+		b.Topics = formatHeld(h.Publishers[0])
+	}
 	d.Banner = b
 	return nil
 }

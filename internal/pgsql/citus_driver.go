@@ -52,6 +52,12 @@ func (d citus) PositionBounds(context.Context, Querier, []string, []int32) ([]ui
 	return nil, nil
 }
 
+// OpenPublishers implements Driver: none, the workers' xmin horizons
+// hold delivery back (InspectWorkerHorizons).
+func (d citus) OpenPublishers(context.Context, Querier) ([]PublisherRow, bool, error) {
+	return nil, false, nil
+}
+
 // BoundHolder implements Driver: the xmin horizon's holder, as before
 // positions came from a sequence on a single node.
 func (d citus) BoundHolder(ctx context.Context, q Querier, _ string, _ int32) (HorizonRow, bool, error) {

@@ -121,6 +121,11 @@ type Driver interface {
 	// registration holds its position bound lowest (topicOnly true), on
 	// Citus the coordinator's xmin horizon (InspectHorizon).
 	BoundHolder(ctx context.Context, q Querier, topic string, partition int32) (row HorizonRow, topicOnly bool, err error)
+	// OpenPublishers reads, on a single node, the transactions that
+	// published and have not ended, which hold back the later messages
+	// of the partitions they published to (ok true); on Citus, where the
+	// workers' xmin horizons hold delivery back, nothing (ok false).
+	OpenPublishers(ctx context.Context, q Querier) (rows []PublisherRow, ok bool, err error)
 	InspectTopics(ctx context.Context, q Querier) ([]TopicRow, error)
 	InspectTopicsPage(ctx context.Context, q Querier, first bool, after string, limit int) ([]TopicPageRow, error)
 	ResetOffsets(ctx context.Context, q Querier, p ResetParams) ([]ResetRow, error)

@@ -145,6 +145,7 @@ func dumpStatements(a *Tables) string {
 	q("InspectLag all", a.InspectLag(nil, nil))
 	q("InspectWaiting", a.InspectWaiting([]string{"g"}, []string{"t"}))
 	q("InspectHorizon", a.InspectHorizon())
+	q("OpenPublishers", a.OpenPublishers())
 	q("InspectTopics", a.InspectTopics())
 	for _, to := range []string{"earliest", "latest", "time"} {
 		// "o1:gt" is the reset notification of group "g" on topic "t".

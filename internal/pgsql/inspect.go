@@ -106,6 +106,59 @@ LEFT JOIN h ON true
 LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = h.pid`, Args: []any{t.Messages, topic, partition}}
 }
 
+// OpenPublishers is the statement of [Driver.OpenPublishers] on a single
+// node: the transactions that hold a partition's key and a write lock on
+// the messages table (the holders the position bound counts, see
+// migration 14), oldest first, each with the lowest v it registered, the
+// partitions among those with settings or offset rows whose key it holds,
+// and how many keys it holds.
+func (t *Tables) OpenPublishers() Stmt {
+	return Stmt{SQL: `WITH db AS (
+	SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()
+), root AS (
+	SELECT pg_catalog.to_regclass($1::text)::oid AS oid
+), l AS MATERIALIZED (
+	SELECT l.locktype, l.virtualtransaction AS vx, l.pid, l.classid, l.objid, l.objsubid
+	FROM pg_catalog.pg_locks l, db, root
+	WHERE l.granted AND l.database = db.oid
+		AND (l.locktype = 'advisory' AND (l.objsubid = 2 AND l.classid = root.oid OR l.objsubid = 1 AND l.classid::bigint >> 24 = 112)
+			OR l.locktype = 'relation' AND l.mode <> 'AccessShareLock'
+				AND (l.relation = root.oid OR l.relation IN (SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = root.oid)))
+), writers AS (
+	SELECT DISTINCT l.vx FROM l WHERE l.locktype = 'relation'
+), h AS (
+	SELECT w.vx, pg_catalog.max(k.pid) AS pid, pg_catalog.array_agg(DISTINCT k.objid::bigint) AS keys,
+		(SELECT pg_catalog.min(((v.classid::bigint & 16777215) << 32) | v.objid::bigint) FROM l v
+			WHERE v.vx = w.vx AND v.locktype = 'advisory' AND v.objsubid = 1) AS v
+	FROM writers w JOIN l k ON k.vx = w.vx AND k.locktype = 'advisory' AND k.objsubid = 2
+	GROUP BY w.vx
+), names AS (
+	SELECT o.topic COLLATE "C" AS topic, o.partition FROM ` + t.Offsets + ` o
+	UNION
+	SELECT tp.topic, p.p::integer FROM ` + t.Topics + ` tp, pg_catalog.generate_series(0, tp.partitions - 1) p(p)
+), named AS (
+	SELECT h.vx, n.topic, n.partition FROM h JOIN names n
+		ON (pg_catalog.hashtext(n.topic || ':' || n.partition::text)::bigint & 4294967295) = ANY(h.keys)
+)
+SELECT COALESCE(h.v, 0)::text, COALESCE(h.pid, 0), CASE WHEN h.pid IS NULL THEN p.gid END, a.application_name, a.state,
+	COALESCE(a.xact_start, p.prepared), a.query_start, extract(epoch FROM pg_catalog.now() - COALESCE(a.xact_start, p.prepared))::float8,
+	pg_catalog.left(a.query, 1000), COALESCE(a.datname::text, p.database::text), COALESCE(a.usename::text, p.owner::text),
+	ARRAY(SELECT n.topic FROM named n WHERE n.vx = h.vx ORDER BY n.topic, n.partition),
+	ARRAY(SELECT n.partition FROM named n WHERE n.vx = h.vx ORDER BY n.topic, n.partition),
+	pg_catalog.cardinality(h.keys)
+FROM h
+LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = h.pid
+LEFT JOIN LATERAL (
+	-- A prepared transaction has no backend: its gid, by the transaction
+	-- id it holds (a subtransaction's are held too, so the one prepared).
+	SELECT px.gid, px.prepared, px.database, px.owner
+	FROM pg_catalog.pg_locks xl JOIN pg_catalog.pg_prepared_xacts px ON px.transaction = xl.transactionid
+	WHERE h.pid IS NULL AND xl.virtualtransaction = h.vx AND xl.locktype = 'transactionid' AND xl.granted
+	LIMIT 1
+) p ON true
+ORDER BY COALESCE(a.xact_start, p.prepared) NULLS FIRST, h.v`, Args: []any{t.Messages}}
+}
+
 // InspectTopics is the statement of [InspectTopics]. The topics with messages
 // are found by skipping through the primary key, one probe per topic.
 func (t *Tables) InspectTopics() Stmt {

@@ -129,6 +129,15 @@ func (l *Lazy) SelectMessages(ctx context.Context, q Querier, p SelectMessagesPa
 	return d.SelectMessages(ctx, q, p)
 }
 
+// OpenPublishers implements Driver.
+func (l *Lazy) OpenPublishers(ctx context.Context, q Querier) ([]PublisherRow, bool, error) {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return nil, false, err
+	}
+	return d.OpenPublishers(ctx, q)
+}
+
 // BoundHolder implements Driver.
 func (l *Lazy) BoundHolder(ctx context.Context, q Querier, topic string, partition int32) (HorizonRow, bool, error) {
 	d, err := l.Get(ctx, q)

@@ -87,6 +87,42 @@ func (d singleNode) BoundHolder(ctx context.Context, q Querier, topic string, pa
 	return h, true, err
 }
 
+// PublisherRow is one transaction of [Driver.OpenPublishers]: in the
+// columns of InspectHorizon (Xmin the lowest position it registered), the
+// partitions it holds back that have settings or offset rows, and how
+// many it holds back in all (Held; more than the partitions listed when
+// some have neither).
+type PublisherRow struct {
+	HorizonRow
+	Topics     []string
+	Partitions []int32
+	Held       int
+}
+
+// OpenPublishers implements Driver.
+func (d singleNode) OpenPublishers(ctx context.Context, q Querier) ([]PublisherRow, bool, error) {
+	s := d.t.OpenPublishers()
+	rows, err := q.Query(ctx, s.SQL, s.Args...)
+	if err != nil {
+		return nil, true, err
+	}
+	defer rows.Close()
+	var out []PublisherRow
+	for rows.Next() {
+		var (
+			p    PublisherRow
+			held int32
+		)
+		if err := rows.Scan((*xid8)(&p.Xmin), &p.PID, &p.GID, &p.AppName, &p.State, &p.XactStart, &p.QueryStart,
+			&p.AgeSeconds, &p.Query, &p.DB, &p.User, &p.Topics, &p.Partitions, &held); err != nil {
+			return nil, true, err
+		}
+		p.Held = int(held)
+		out = append(out, p)
+	}
+	return out, true, rows.Err()
+}
+
 // TopicRow is one topic of [InspectTopics].
 type TopicRow struct {
 	Topic       string

@@ -373,13 +373,15 @@ func TestConsoleInABrowser(t *testing.T) {
 	assert.Equal(t, 403.0, status)
 	assert.Contains(t, body, "sign in to write first")
 
-	// A writing transaction held open: the red banner names it.
+	// A transaction that published and is held open: the red banner
+	// names it and the topic it holds back.
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	var pid int
-	_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()") // a transaction id: it holds the horizon
+	outbox, err := pglease.NewPublisher(tx, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
+	require.NoError(t, outbox.Publish("held", message.NewMessage("held-1", nil)))
 	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
 	deadline = time.Now().Add(10 * time.Second)
 	for {
@@ -391,6 +393,7 @@ func TestConsoleInABrowser(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	assert.Contains(t, text("#held-banner"), fmt.Sprintf("pid %d", pid))
+	assert.Contains(t, text("#held-banner"), "on 1 partition", "a topic without settings or offset rows, counted")
 	require.NoError(t, tx.Rollback(ctx))
 
 	logged := log.String()
