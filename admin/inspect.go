@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/internal/check"
@@ -311,6 +312,11 @@ func (i *Inspector) Horizon(ctx context.Context) (Horizon, error) {
 	}
 	h := horizonOf(r)
 	pubs, perTopic, err := i.driver.OpenPublishers(ctx, i.db)
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		// No tables yet: nothing was published, nothing is held back (the
+		// horizon itself needs no table).
+		pubs, perTopic, err = nil, true, nil
+	}
 	if err != nil {
 		return Horizon{}, fmt.Errorf("read the open publishers: %w", check.MissingSchema(err))
 	}
