@@ -105,7 +105,7 @@ type Collector struct {
 	capping bool
 
 	up, scrapeDuration, skippedSeries, capped  *prometheus.Desc
-	lag, lagSeconds, pending                   *prometheus.Desc
+	lag, lagSeconds, pending, waiting          *prometheus.Desc
 	members, ownedRows                         *prometheus.Desc
 	horizonAge, horizonAgeKnown                *prometheus.Desc
 	topicPartitions, topicNewestMessageSeconds *prometheus.Desc
@@ -153,6 +153,9 @@ func NewCollector(insp *admin.Inspector, config CollectorConfig) (*Collector, er
 		pending: desc("pglease_consumergroup_pending",
 			"1 if committed messages of the partition wait for an open transaction that published to it before them (on Citus: behind the worker's xmin horizon, see pglease_xmin_horizon_age_seconds), else 0.",
 			partition...),
+		waiting: desc("pglease_consumergroup_waiting",
+			"Messages of the partition that failed under the consumer group's failure policy (SubscriberConfig.Retry) and wait for their next attempt or their move to the dead-letter topic; exported only for partitions with some.",
+			partition...),
 		members: desc("pglease_consumergroup_members",
 			"Live sessions (Subscribers) of the consumer group.",
 			"consumergroup"),
@@ -190,7 +193,7 @@ func set(names []string) map[string]bool {
 // Describe implements [prometheus.Collector].
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.up, c.scrapeDuration, c.skippedSeries, c.capped, c.lag, c.lagSeconds, c.pending,
-		c.members, c.ownedRows, c.horizonAge, c.horizonAgeKnown, c.topicPartitions, c.topicNewestMessageSeconds, c.topicMessages} {
+		c.waiting, c.members, c.ownedRows, c.horizonAge, c.horizonAgeKnown, c.topicPartitions, c.topicNewestMessageSeconds, c.topicMessages} {
 		ch <- d
 	}
 }
@@ -308,6 +311,9 @@ func (c *Collector) emit(s snapshot, ch chan<- prometheus.Metric) {
 		gauge(c.lag, float64(l.Lag), l.ConsumerGroup, l.Topic, p)
 		gauge(c.lagSeconds, l.LagSeconds, l.ConsumerGroup, l.Topic, p)
 		gauge(c.pending, boolValue(l.Pending), l.ConsumerGroup, l.Topic, p)
+		if l.Waiting > 0 {
+			gauge(c.waiting, float64(l.Waiting), l.ConsumerGroup, l.Topic, p)
+		}
 	}
 
 	// A group is known by the filter, its sessions or its rows; each gets

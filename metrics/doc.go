@@ -18,7 +18,8 @@
 //
 //	pglease_consumergroup_lag{consumergroup, topic, partition}          messages not yet acked
 //	pglease_consumergroup_lag_seconds{consumergroup, topic, partition}  age of the oldest of them, 0 without one
-//	pglease_consumergroup_pending{consumergroup, topic, partition}      1: messages wait behind the xmin horizon
+//	pglease_consumergroup_pending{consumergroup, topic, partition}      1: messages wait for an open publisher of the partition (Citus: the xmin horizon)
+//	pglease_consumergroup_waiting{consumergroup, topic, partition}      messages that failed under Retry and wait for their next attempt (only when some do)
 //	pglease_consumergroup_members{consumergroup}                        live sessions (Subscribers)
 //	pglease_consumergroup_owned_rows{consumergroup}                     exported rows a live member owns
 //	pglease_xmin_horizon_age_seconds                                    oldest writing transaction, 0 without one, NaN if hidden

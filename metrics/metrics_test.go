@@ -190,6 +190,43 @@ pglease_up 1
 	assert.InDelta(t, float64(time.Now().Unix()), newest, 60, "newest message stored just now")
 	assert.Equal(t, 1, testutil.CollectAndCount(c, "pglease_xmin_horizon_age_seconds"))
 	assert.Equal(t, 1, testutil.CollectAndCount(c, "pglease_scrape_duration_seconds"))
+	assert.Zero(t, testutil.CollectAndCount(c, "pglease_consumergroup_waiting"), "nothing waits for a retry")
+}
+
+// TestCollectorWaiting: a message that failed under a failure policy and
+// waits for its next attempt is exported as pglease_consumergroup_waiting
+// of its partition, and the series goes once it succeeded.
+func TestCollectorWaiting(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t)
+	adapter := newSchema(t, pool)
+	pub := newPublisher(t, pool, adapter)
+	publishN(t, pub, "orders", 1)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "billing", Tables: adapter,
+		InitializeSchema: true, CommitBatch: 1, PollInterval: 10 * time.Millisecond,
+		Retry: pglease.RetryConfig{MaxAttempts: 3, MinBackoff: 500 * time.Millisecond, MaxBackoff: time.Second,
+			DeadLetterTopic: "orders.dead"}}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, sub.Close()) })
+	msgs, err := sub.Subscribe(ctx, "orders")
+	require.NoError(t, err)
+	c, err := NewCollector(newInspector(t, pool, adapter), CollectorConfig{})
+	require.NoError(t, err)
+
+	require.True(t, receiveOne(t, msgs).Nack())
+	waitFor(t, 10*time.Second, "the failed message to wait", func() bool {
+		return testutil.CollectAndCount(c, "pglease_consumergroup_waiting") == 1
+	})
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP pglease_consumergroup_waiting Messages of the partition that failed under the consumer group's failure policy (SubscriberConfig.Retry) and wait for their next attempt or their move to the dead-letter topic; exported only for partitions with some.
+# TYPE pglease_consumergroup_waiting gauge
+pglease_consumergroup_waiting{consumergroup="billing",partition="0",topic="orders"} 1
+`), "pglease_consumergroup_waiting"))
+
+	require.True(t, receiveOne(t, msgs).Ack(), "the retry")
+	waitFor(t, 10*time.Second, "nothing to wait any more", func() bool {
+		return testutil.CollectAndCount(c, "pglease_consumergroup_waiting") == 0
+	})
 }
 
 // TestCollectorFilters: the groups and topics of the config select the

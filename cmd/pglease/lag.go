@@ -19,7 +19,9 @@ owner process, the acknowledged position (TRANSACTION:OFFSET; 0:0 is the
 beginning, TRANSACTION:0 is after every message of transactions before
 TRANSACTION), the number of messages after it (LAG) and the age in seconds of
 the oldest of them (LAG-SECONDS). PENDING (shown when a row has it) means that
-committed messages wait behind the xmin horizon: see pglease status. WAITING
+committed messages wait for an open transaction that published to the
+partition before them (on Citus: behind the worker's xmin horizon): see
+pglease status. WAITING
 (shown when a row has it) counts the messages that failed and wait for their
 next attempt under a failure policy (SubscriberConfig.Retry), with the most
 attempts counted among them (ATTEMPTS) and the earliest next attempt

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/admin"
 )
 
@@ -267,4 +268,29 @@ func TestUIOverviewSampleOlderThanASession(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Contains(t, body, counts)
 	assert.Regexp(t, `Lag as sampled [0-9.]+m?s ago, at `, body)
+}
+
+// TestUIGroupShowsWaitingMessages: a message that failed under a failure
+// policy and waits for its next attempt shows in its partition's row of
+// the group's page, with its attempts.
+func TestUIGroupShowsWaitingMessages(t *testing.T) {
+	f := newFixture(t)
+	f.publish("orders", 1)
+	sub, err := pglease.NewSubscriber(f.pool, pglease.SubscriberConfig{ConsumerGroup: "billing", Tables: f.tables,
+		CommitBatch: 1, PollInterval: 10 * time.Millisecond,
+		Retry: pglease.RetryConfig{MaxAttempts: 3, MinBackoff: time.Minute, MaxBackoff: time.Minute, DeadLetterTopic: "orders.dead"}}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	msgs, err := sub.Subscribe(ctx, "orders")
+	require.NoError(t, err)
+	require.True(t, receive(t, msgs).Nack())
+	ts, _, _ := newUITest(t, f, false)
+	b := newBrowser(t, ts.URL)
+	waitFor(t, 10*time.Second, "the waiting message on the group's page", func() bool {
+		code, body := b.get("/group?name=billing")
+		require.Equal(t, http.StatusOK, code, body)
+		return strings.Contains(body, `<td class="n waiting"><span class="warn">1</span> (1 attempt, next `)
+	})
 }
