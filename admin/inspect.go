@@ -200,6 +200,41 @@ func (i *Inspector) Lag(ctx context.Context, f LagFilter) ([]LagInfo, error) {
 	return out, nil
 }
 
+// WaitingInfo is one (consumer group, topic, partition) row with messages
+// that failed under a failure policy and wait for their next attempt.
+type WaitingInfo struct {
+	ConsumerGroup string `json:"group"`
+	Topic         string `json:"topic"`
+	Partition     int32  `json:"partition"`
+	// Waiting, WaitingSince, NextAttempt and Attempts are LagInfo's.
+	Waiting      int        `json:"waiting"`
+	WaitingSince *time.Time `json:"waiting_since,omitempty"`
+	NextAttempt  *time.Time `json:"next_attempt,omitempty"`
+	Attempts     int        `json:"waiting_attempts,omitempty"`
+}
+
+// Waiting returns the rows of f's groups and topics that have messages
+// waiting for their next attempt under a failure policy
+// (SubscriberConfig.Retry), without counting lag: one read of the offsets
+// table's rows whose waiting column is not empty.
+func (i *Inspector) Waiting(ctx context.Context, f LagFilter) ([]WaitingInfo, error) {
+	rows, err := i.driver.InspectWaiting(ctx, i.db, f.ConsumerGroups, f.Topics)
+	if err != nil {
+		return nil, fmt.Errorf("read waiting messages: %w", check.MissingSchema(err))
+	}
+	var out []WaitingInfo
+	for _, r := range rows {
+		var l LagInfo
+		l.setWaiting(r.Entries)
+		if l.Waiting == 0 {
+			continue
+		}
+		out = append(out, WaitingInfo{ConsumerGroup: r.ConsumerGroup, Topic: r.Topic, Partition: r.Partition,
+			Waiting: l.Waiting, WaitingSince: l.WaitingSince, NextAttempt: l.NextAttempt, Attempts: l.Attempts})
+	}
+	return out, nil
+}
+
 // setWaiting sets l's waiting messages from the row's entries.
 func (l *LagInfo) setWaiting(entries []pgsql.WaitingRow) {
 	l.Waiting = len(entries)

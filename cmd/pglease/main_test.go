@@ -575,3 +575,39 @@ func TestResetOffsetsSkip(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusShowsWaiting: a message that failed under a failure policy
+// and waits for its next attempt is listed by status, with its group,
+// topic, partition and attempts, in text and JSON.
+func TestStatusShowsWaiting(t *testing.T) {
+	f := newFixture(t)
+	f.publish("orders", 1)
+	sub, err := pglease.NewSubscriber(f.pool, pglease.SubscriberConfig{ConsumerGroup: "billing", Tables: f.tables,
+		CommitBatch: 1, PollInterval: 10 * time.Millisecond,
+		Retry: pglease.RetryConfig{MaxAttempts: 3, MinBackoff: time.Minute, MaxBackoff: time.Minute, DeadLetterTopic: "orders.dead"}}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	msgs, err := sub.Subscribe(ctx, "orders")
+	require.NoError(t, err)
+	select {
+	case m := <-msgs:
+		m.Nack()
+	case <-time.After(10 * time.Second):
+		t.Fatal("no message")
+	}
+	var st statusOutput
+	waitFor(t, 10*time.Second, "the waiting message in status", func() bool {
+		st = statusOutput{}
+		require.NoError(t, json.Unmarshal([]byte(f.ok("status", "--json")), &st))
+		return len(st.Waiting) == 1
+	})
+	w := st.Waiting[0]
+	assert.Equal(t, []any{"billing", "orders", int32(0), 1, 1}, []any{w.ConsumerGroup, w.Topic, w.Partition, w.Waiting, w.Attempts})
+	require.NotNil(t, w.NextAttempt)
+	out := f.ok("status")
+	assert.Contains(t, out, "Waiting for a retry (failure policy): 1 message(s)")
+	row := tableRow(t, out, "billing", "orders")
+	assert.Equal(t, []string{"billing", "orders", "0", "1", "1"}, row[:5])
+}

@@ -44,6 +44,9 @@ type statusCmd struct {
 type statusOutput struct {
 	Sessions []admin.SessionInfo `json:"sessions"`
 	Horizon  admin.Horizon       `json:"horizon"`
+	// Waiting are the rows with messages waiting for their next attempt
+	// under a failure policy.
+	Waiting []admin.WaitingInfo `json:"waiting"`
 	// DeliveryHeldBack reports a horizon holder older than --warn-after;
 	// nil when the holder's age cannot be read (a role without
 	// pg_read_all_stats does not see when other roles' transactions
@@ -111,11 +114,20 @@ func (c *statusCmd) run(ctx context.Context, e *cmdEnv) error {
 	if err != nil {
 		return err
 	}
+	waiting, err := e.insp.Waiting(ctx, admin.LagFilter{})
+	if err != nil {
+		return err
+	}
 	out := newStatusOutput(sessions, h, c.warnAfter)
+	out.Waiting = nonNil(waiting)
 	if e.json {
 		return writeJSON(e.stdout, out)
 	}
 	printSessions(e.stdout, out.Sessions)
+	if len(out.Waiting) > 0 {
+		fmt.Fprintln(e.stdout)
+		printWaiting(e.stdout, out.Waiting)
+	}
 	fmt.Fprintln(e.stdout)
 	printHorizon(e.stdout, out, c.warnAfter)
 	return nil
@@ -156,6 +168,29 @@ func printSessions(w io.Writer, sessions []admin.SessionInfo) {
 	default:
 		fmt.Fprintf(w, "Maintainer: session %s of %s\n", maintainer.ID, orDash(maintainer.Owner))
 	}
+}
+
+// printWaiting prints the rows whose messages wait for their next attempt.
+func printWaiting(w io.Writer, rows []admin.WaitingInfo) {
+	n := 0
+	for _, r := range rows {
+		n += r.Waiting
+	}
+	fmt.Fprintf(w, "Waiting for a retry (failure policy): %d message(s); later messages of their keys wait behind them\n", n)
+	tw := newTable(w)
+	fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tWAITING\tATTEMPTS\tFIRST-FAILURE\tNEXT-ATTEMPT")
+	for _, r := range rows {
+		first, next := "-", "-"
+		if r.WaitingSince != nil {
+			first = formatTime(*r.WaitingSince)
+		}
+		if r.NextAttempt != nil {
+			next = formatTime(*r.NextAttempt)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", displayName(r.ConsumerGroup), displayName(r.Topic), r.Partition,
+			r.Waiting, r.Attempts, first, next)
+	}
+	_ = tw.Flush()
 }
 
 // printPublishers prints the open publishers and whether they hold
