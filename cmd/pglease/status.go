@@ -344,6 +344,7 @@ func printVacuumHorizon(w io.Writer, h admin.Horizon) {
 			age = formatDuration(hh.Age) + " old"
 		}
 		fmt.Fprintf(tw, "held by\tpid %d (%s, %s, %s)\n", hh.PID, orDash(hh.ApplicationName), orDash(hh.State), age)
+		fmt.Fprintf(tw, "query\t%s\n", orDash(abbreviate(hh.Query, queryWidth)))
 	}
 	_ = tw.Flush()
 }
