@@ -119,6 +119,29 @@ func (f *fixture) publish(topic string, n int) []string {
 	return ids
 }
 
+// failOnce publishes one message on topic and has a Subscriber of group,
+// under a failure policy whose next attempt is a minute away, nack it:
+// the message waits for its retry until the end of the test.
+func (f *fixture) failOnce(group, topic string) {
+	f.t.Helper()
+	f.publish(topic, 1)
+	sub, err := pglease.NewSubscriber(f.pool, pglease.SubscriberConfig{ConsumerGroup: group, Tables: f.tables,
+		CommitBatch: 1, PollInterval: 10 * time.Millisecond,
+		Retry: pglease.RetryConfig{MaxAttempts: 3, MinBackoff: time.Minute, MaxBackoff: time.Minute, DeadLetterTopic: topic + ".dead"}}, nil)
+	require.NoError(f.t, err)
+	f.t.Cleanup(func() { _ = sub.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	f.t.Cleanup(cancel)
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(f.t, err)
+	select {
+	case m := <-msgs:
+		m.Nack()
+	case <-time.After(10 * time.Second):
+		f.t.Fatal("no message")
+	}
+}
+
 // subscribe starts a Subscriber of group on topic, committing every ack at
 // once and polling every 50 ms, closed at the end of the test.
 func (f *fixture) subscribe(group, topic string) (*pglease.Subscriber, <-chan *message.Message) {
@@ -581,22 +604,7 @@ func TestResetOffsetsSkip(t *testing.T) {
 // topic, partition and attempts, in text and JSON.
 func TestStatusShowsWaiting(t *testing.T) {
 	f := newFixture(t)
-	f.publish("orders", 1)
-	sub, err := pglease.NewSubscriber(f.pool, pglease.SubscriberConfig{ConsumerGroup: "billing", Tables: f.tables,
-		CommitBatch: 1, PollInterval: 10 * time.Millisecond,
-		Retry: pglease.RetryConfig{MaxAttempts: 3, MinBackoff: time.Minute, MaxBackoff: time.Minute, DeadLetterTopic: "orders.dead"}}, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Close() })
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	msgs, err := sub.Subscribe(ctx, "orders")
-	require.NoError(t, err)
-	select {
-	case m := <-msgs:
-		m.Nack()
-	case <-time.After(10 * time.Second):
-		t.Fatal("no message")
-	}
+	f.failOnce("billing", "orders")
 	var st statusOutput
 	waitFor(t, 10*time.Second, "the waiting message in status", func() bool {
 		st = statusOutput{}

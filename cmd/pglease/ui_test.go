@@ -19,7 +19,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/admin"
 )
 
@@ -275,17 +274,7 @@ func TestUIOverviewSampleOlderThanASession(t *testing.T) {
 // the group's page, with its attempts.
 func TestUIGroupShowsWaitingMessages(t *testing.T) {
 	f := newFixture(t)
-	f.publish("orders", 1)
-	sub, err := pglease.NewSubscriber(f.pool, pglease.SubscriberConfig{ConsumerGroup: "billing", Tables: f.tables,
-		CommitBatch: 1, PollInterval: 10 * time.Millisecond,
-		Retry: pglease.RetryConfig{MaxAttempts: 3, MinBackoff: time.Minute, MaxBackoff: time.Minute, DeadLetterTopic: "orders.dead"}}, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Close() })
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	msgs, err := sub.Subscribe(ctx, "orders")
-	require.NoError(t, err)
-	require.True(t, receive(t, msgs).Nack())
+	f.failOnce("billing", "orders")
 	ts, _, _ := newUITest(t, f, false)
 	b := newBrowser(t, ts.URL)
 	waitFor(t, 10*time.Second, "the waiting message on the group's page", func() bool {
