@@ -335,6 +335,21 @@ func (i *Inspector) estimate(ctx context.Context, a pgsql.Driver, topic string, 
 	return max(n, atLeast), nil
 }
 
+// originalTopicKeys are the metadata keys that name a message's original
+// topic, in the order ToOriginal reads them.
+var originalTopicKeys = []string{PoisonedTopicKey, pglease.DeadLetterSourceTopicMetadata}
+
+// originalTopic is the topic the metadata names under the first of
+// originalTopicKeys it has.
+func originalTopic(md map[string]string) string {
+	for _, k := range originalTopicKeys {
+		if v := md[k]; v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
 // ReplayParams select the messages of [Inspector.Replay] and where they go.
 type ReplayParams struct {
 	// From sets the topic to take the messages from (a poison topic),
@@ -345,8 +360,9 @@ type ReplayParams struct {
 	To string
 	// ToOriginal sets whether each message goes to the topic it names in
 	// its metadata under PoisonedTopicKey (as Watermill's PoisonQueue
-	// records it; messages without it are left where they are), default
-	// false.
+	// records it) or, without it, pglease.DeadLetterSourceTopicMetadata
+	// (as a failure policy's dead-letter move records it; messages with
+	// neither are left where they are), default false.
 	ToOriginal bool
 	// Metadata sets the metadata a message must have to be moved, every
 	// one of these keys with the value, default nil: every message.
@@ -403,7 +419,7 @@ func (i *Inspector) Replay(ctx context.Context, p ReplayParams) ([]ReplayedMessa
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	rows, err := a.DeleteMessagesForReplay(ctx, tx, pgsql.ReplayParams{Topic: p.From, Filter: filter,
-		ToOriginal: p.ToOriginal, OriginalTopicKey: PoisonedTopicKey, Limit: p.Limit})
+		ToOriginal: p.ToOriginal, OriginalTopicKeys: originalTopicKeys, Limit: p.Limit})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, check.MissingSchema(err))
 	}
@@ -416,7 +432,7 @@ func (i *Inspector) Replay(ctx context.Context, p ReplayParams) ([]ReplayedMessa
 		}
 		to := p.To
 		if p.ToOriginal {
-			to = m.Metadata[PoisonedTopicKey]
+			to = originalTopic(m.Metadata)
 		}
 		if err := validateTopic(to); err != nil {
 			return nil, fmt.Errorf("%s: message %s: %w", what, m.UUID, err)

@@ -206,6 +206,44 @@ func TestReplayToOriginalOnce(t *testing.T) {
 	assert.Len(t, page.Messages, 2, "published once")
 }
 
+// TestReplayDeadLettersToTheirTopic: a message that a failure policy moved
+// to its dead-letter topic after its last attempt is replayed, with
+// ToOriginal, to the topic it came from (its DeadLetterSourceTopicMetadata)
+// and delivered there again, from its first attempt.
+func TestReplayDeadLettersToTheirTopic(t *testing.T) {
+	ctx := context.Background()
+	pool := testkit.NewPool(t, 5)
+	adapter := testkit.NewSchema(t, pool)
+	pub := testkit.NewPublisher(t, pool, adapter)
+	require.NoError(t, pub.Publish("orders", message.NewMessage("o1", []byte("body"))))
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter, CommitBatch: 1,
+		Retry: pglease.RetryConfig{MaxAttempts: 1, DeadLetterTopic: "orders.dead"}}, testkit.Logger())
+	require.NoError(t, err)
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, "orders")
+	require.NoError(t, err)
+	m := testkit.ReceiveOne(t, msgs)
+	require.Equal(t, "o1", m.UUID)
+	m.Nack() // the last attempt: moved to orders.dead
+	insp, err := admin.NewInspector(pool, adapter)
+	require.NoError(t, err)
+	pgtest.WaitFor(t, 10*time.Second, "the dead letter", func() bool {
+		page, err := insp.Messages(ctx, admin.MessagesParams{Topic: "orders.dead"})
+		require.NoError(t, err)
+		return len(page.Messages) == 1
+	})
+
+	done, err := insp.Replay(ctx, admin.ReplayParams{From: "orders.dead", ToOriginal: true})
+	require.NoError(t, err)
+	require.Len(t, done, 1)
+	assert.Equal(t, "orders", done[0].To)
+	again := testkit.ReceiveOne(t, msgs)
+	assert.Equal(t, "o1", again.UUID)
+	assert.Equal(t, "body", string(again.Payload))
+	assert.Equal(t, "orders", again.Metadata.Get(pglease.DeadLetterSourceTopicMetadata), "the move's metadata comes along")
+	again.Ack()
+}
+
 // TestReplayFilterAndTo: --to sends every selected message to one topic;
 // the metadata filter and the limit select them; bad parameters are
 // refused.

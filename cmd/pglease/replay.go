@@ -7,18 +7,21 @@ import (
 	"strconv"
 	"strings"
 
+	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/admin"
 )
 
 var replaySpec = commandSpec{
 	name:     "replay",
-	summary:  "move poisoned messages back to their topic (or to another)",
+	summary:  "move poisoned or dead-lettered messages back to their topic (or to another)",
 	synopsis: "--from POISON_TOPIC (--to TOPIC | --to-original) [--filter-metadata KEY=VALUE]... [--limit N] [--dry-run] [--json]",
 	help: `Moves messages out of a topic (a poison topic of Watermill's PoisonQueue
-middleware) and publishes them again, oldest first, in one transaction: each
-is deleted from --from and published, with its UUID, payload and metadata, to
---to, or with --to-original to the topic that the PoisonQueue recorded in its
-metadata (` + admin.PoisonedTopicKey + `; messages without it stay where they are).
+middleware, or the dead-letter topic of a failure policy) and publishes them
+again, oldest first, in one transaction: each is deleted from --from and
+published, with its UUID, payload and metadata, to --to, or with
+--to-original to the topic that the PoisonQueue recorded in its metadata
+(` + admin.PoisonedTopicKey + `) or, without it, the one the dead-letter move recorded
+(` + pglease.DeadLetterSourceTopicMetadata + `); messages with neither stay where they are.
 All or nothing. Run twice, it publishes each message once: the second run
 finds them gone. Consumer groups of --from skip the moved messages.
 

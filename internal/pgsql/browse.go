@@ -117,19 +117,24 @@ type ReplayParams struct {
 	// for all).
 	Filter []byte
 	// ToOriginal takes only the messages whose metadata names their
-	// original topic under OriginalTopicKey.
+	// original topic under one of OriginalTopicKeys.
 	ToOriginal bool
-	// OriginalTopicKey is Watermill's PoisonedTopicKey: a constant, built
-	// into the statement's text (never a value from users).
-	OriginalTopicKey string
-	Limit            int
+	// OriginalTopicKeys are Watermill's PoisonedTopicKey and the failure
+	// policy's DeadLetterSourceTopicMetadata: constants, built into the
+	// statement's text (never values from users).
+	OriginalTopicKeys []string
+	Limit             int
 }
 
 // replayCondition is the condition on the messages m that replay takes
 // ($1: the topic, $2: the filter, $3: ToOriginal).
 func (t *Tables) replayCondition(p ReplayParams) string {
+	original := ""
+	for _, k := range p.OriginalTopicKeys {
+		original += `NULLIF(m.metadata->>` + quoteLiteral(k) + `, ''), `
+	}
 	return `m.topic = $1 AND ` + t.classesOf("$1") + ` AND COALESCE(m.metadata, '{}') @> $2::text::jsonb
-		AND (NOT $3 OR COALESCE(m.metadata->>` + quoteLiteral(p.OriginalTopicKey) + `, '') <> '')`
+		AND (NOT $3 OR COALESCE(` + original + `'') <> '')`
 }
 
 func (t *Tables) deleteMessagesForReplay(p ReplayParams) Stmt {

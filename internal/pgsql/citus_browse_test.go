@@ -123,7 +123,7 @@ func TestCitusReplayTakesEachMessageOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	publish(t, pool, tables, "poison", 5)
-	p := ReplayParams{Topic: "poison", Filter: []byte("{}"), OriginalTopicKey: "topic_poisoned", Limit: 2}
+	p := ReplayParams{Topic: "poison", Filter: []byte("{}"), OriginalTopicKeys: []string{"topic_poisoned", "_pglease_dead_letter_source_topic"}, Limit: 2}
 	first, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

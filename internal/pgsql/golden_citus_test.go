@@ -73,7 +73,7 @@ func dumpCitusStatements(t *Tables) string {
 
 	q("citusCountTopic", a.citusCountTopic("t", 10000))
 	q("citusMessagesByUUID", a.citusMessagesByUUID("u1", 1024, 20))
-	q("citusDeleteMessagesForReplay", a.citusDeleteMessagesForReplay(ReplayParams{Topic: "t", Filter: []byte(`{"a":"b"}`), OriginalTopicKey: "topic_poisoned", Limit: 100, ToOriginal: true}))
+	q("citusDeleteMessagesForReplay", a.citusDeleteMessagesForReplay(ReplayParams{Topic: "t", Filter: []byte(`{"a":"b"}`), OriginalTopicKeys: []string{"topic_poisoned", "_pglease_dead_letter_source_topic"}, Limit: 100, ToOriginal: true}))
 	q("citusGroupTopics", a.citusGroupTopics("g"))
 	q("citusLockGroupTopic", a.citusLockGroupTopic("g", "t"))
 	q("citusLagTopics", a.citusLagTopics([]string{"g"}, []string{"t"}))

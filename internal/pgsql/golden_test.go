@@ -175,7 +175,7 @@ func dumpMovedStatements(a *Tables, q func(string, Stmt)) {
 	q("MessagesNewestFirst partition", a.messagesNewestFirst(BrowseParams{Topic: "t", Partition: 2, At: Position{11, 12}, Limit: 21, Preview: -1}))
 	q("MessagesByUUID", a.messagesByUUID("t", "u1", 1024, 20))
 	q("MessagesByUUID all topics", a.messagesByUUID("", "u1", -1, -1))
-	rp := ReplayParams{Topic: "t", Filter: []byte(`{"a":"b"}`), OriginalTopicKey: "topic_poisoned", Limit: 100}
+	rp := ReplayParams{Topic: "t", Filter: []byte(`{"a":"b"}`), OriginalTopicKeys: []string{"topic_poisoned", "_pglease_dead_letter_source_topic"}, Limit: 100}
 	q("DeleteMessagesForReplay", a.deleteMessagesForReplay(rp))
 	rp.ToOriginal = true
 	q("DeleteMessagesForReplay to original", a.deleteMessagesForReplay(rp))
