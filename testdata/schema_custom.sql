@@ -1353,4 +1353,158 @@ $pglease$;
 END
 $pglease1$;
 INSERT INTO "My ""App"""."version" (version, description) VALUES (17, 'positions: the readers'' bound reads pg_locks only for partitions whose key a transaction holds') ON CONFLICT (version) DO NOTHING;
+
+-- version 18: positions: pglease's inserts register their partitions once per statement, and the trigger tests the registration only of inserts that did not
+-- pglease's own inserts register their topics and partitions once per
+-- statement, before their rows take positions, and say so in a column
+-- the trigger's WHEN clause reads without a lookup: the per-row test of
+-- the registration mark is left to the inserts that did not register
+-- (other releases, an application's own INSERT), which keep the trigger
+-- as it was (docs/decisions/0008, "Registered inserts"). A distributed
+-- messages table is left as it is.
+DO $pglease1$
+DECLARE
+	distributed boolean := false;
+	nsp name;
+	seq text;
+BEGIN
+	IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+		EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($1))'
+			INTO distributed USING '"My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz"';
+	END IF;
+	IF distributed THEN
+		RETURN;
+	END IF;
+	SELECT n.nspname INTO nsp FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.oid = '"My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz"'::regclass;
+	seq := quote_ident(nsp) || '.' || quote_ident('messages_with_a_rather_long_name_that_needs__05ba50ac_positions');
+	-- needs_registration: true (the default) until the trigger's function
+	-- registered the row's transaction for its topic and partition, which
+	-- then stores NULL; pglease's statement writes NULL itself after it
+	-- registered. Rows stored before read NULL: nothing is rewritten.
+	ALTER TABLE "My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz" ADD COLUMN IF NOT EXISTS needs_registration boolean;
+	ALTER TABLE "My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz" ALTER COLUMN needs_registration SET DEFAULT true;
+	CREATE OR REPLACE FUNCTION "My ""App"""."messages_with_a_rather_long_name_that_ne_05ba50ac_take_position"() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog
+		AS $pglease$
+DECLARE
+	k integer;
+	mark text;
+	registered text;
+	v bigint;
+	root oid;
+BEGIN
+	-- Called only for a row that the trigger's WHEN clause does not let
+	-- through: a transaction not yet registered for the row's topic and
+	-- partition (by this function, or by pglease's statement: see
+	-- needs_registration), a position not taken by this row's default
+	-- (written by the statement, or taken before the registration), a
+	-- creation time written, or the owner's import. Every row it lets
+	-- through stores needs_registration NULL.
+	--
+	-- The owner's import of another system's messages keeps the
+	-- positions it computed (see ImportInsertMessages): only a member of
+	-- the owner's role that asked for it in its transaction.
+	IF pg_catalog.current_setting('pglease.keep_positions', true) = 'on'
+		AND pg_catalog.pg_has_role((SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = TG_RELID), 'USAGE') THEN
+		NEW.needs_registration := NULL;
+		RETURN NEW;
+	END IF;
+	-- Registration, once per transaction, messages table and key of the
+	-- topic and partition: v, the last value the sequence handed out,
+	-- then a shared lock on v (tagged in the top byte) and one on the
+	-- topic's key (the messages table's oid, the hash), both held to the
+	-- end of the transaction. Every position taken after is above v; a
+	-- reader that sees the topic's lock reads up to v only (see the
+	-- position bound).
+	root := COALESCE(pg_catalog.pg_partition_root(TG_RELID), TG_RELID);
+	k := pg_catalog.hashtext(NEW.topic || ':' || NEW.partition::text);
+	mark := root::text || ':' || k::text || ',';
+	registered := pg_catalog.current_setting('pglease.registered', true);
+	IF registered IS NULL OR pg_catalog.strpos(registered, ',' || mark) = 0 THEN
+		SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END INTO v FROM "messages_with_a_rather_long_name_that_needs__05ba50ac_positions" s;
+		PERFORM pg_catalog.pg_advisory_xact_lock_shared(8070450532247928832 | v);
+		PERFORM pg_catalog.pg_advisory_xact_lock_shared((root::bigint - CASE WHEN root::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::integer, k);
+		PERFORM pg_catalog.set_config('pglease.registered', COALESCE(NULLIF(registered, ''), ',') || mark, true);
+	END IF;
+	-- A position taken after the registration: the rows that follow,
+	-- whose default takes the next, pass the WHEN clause.
+	NEW.transaction_id := pg_catalog.nextval('"messages_with_a_rather_long_name_that_needs__05ba50ac_positions"'::regclass)::text::xid8;
+	NEW.created_at := pg_catalog.now();
+	NEW.needs_registration := NULL;
+	RETURN NEW;
+END
+$pglease$;
+	EXECUTE 'ALTER FUNCTION ' || '"My ""App"""."messages_with_a_rather_long_name_that_ne_05ba50ac_take_position"' || '() SET search_path = pg_catalog, '
+		|| quote_ident(nsp) || ', pg_temp';
+	CREATE OR REPLACE FUNCTION "My ""App"""."messages_with_a_rather_long_name_that_needs_s_05ba50ac_register"(topic text, partitions integer[]) RETURNS boolean
+		LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog
+		AS $pglease$
+DECLARE
+	root oid := '"messages_with_a_rather_long_name_that_needs_shortening_xyz"'::regclass;
+	rootkey integer;
+	registered text := COALESCE(pg_catalog.current_setting('pglease.registered', true), '');
+	marks text := '';
+	mark text;
+	k integer;
+	p integer;
+	v bigint;
+BEGIN
+	-- The registration of the trigger's function (0018_take_position),
+	-- for every partition of topic at once: called by pglease's insert
+	-- statement before its rows take their positions. v, the last value
+	-- the sequence handed out, is read once, before every position the
+	-- statement takes; a shared lock on v (tagged in the top byte) and
+	-- one on each partition's key, held to the end of the transaction;
+	-- the transaction's mark, so that neither this function nor the
+	-- trigger's registers a partition again.
+	rootkey := (root::bigint - CASE WHEN root::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::integer;
+	FOREACH p IN ARRAY partitions LOOP
+		k := pg_catalog.hashtext(topic || ':' || p::text);
+		mark := root::text || ':' || k::text || ',';
+		IF pg_catalog.strpos(registered, ',' || mark) = 0 AND pg_catalog.strpos(marks, ',' || mark) = 0 THEN
+			IF v IS NULL THEN
+				SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END INTO v FROM "messages_with_a_rather_long_name_that_needs__05ba50ac_positions" s;
+				PERFORM pg_catalog.pg_advisory_xact_lock_shared(8070450532247928832 | v);
+			END IF;
+			PERFORM pg_catalog.pg_advisory_xact_lock_shared(rootkey, k);
+			marks := CASE WHEN marks = '' THEN ',' ELSE marks END || mark;
+		END IF;
+	END LOOP;
+	IF marks <> '' THEN
+		PERFORM pg_catalog.set_config('pglease.registered', COALESCE(NULLIF(registered, ''), ',') || pg_catalog.substr(marks, 2), true);
+	END IF;
+	RETURN true;
+END
+$pglease$;
+	EXECUTE 'ALTER FUNCTION ' || '"My ""App"""."messages_with_a_rather_long_name_that_needs_s_05ba50ac_register"' || '(text, integer[]) SET search_path = pg_catalog, '
+		|| quote_ident(nsp) || ', pg_temp';
+	-- Any role may register (it takes shared advisory locks, which any
+	-- role may take itself; readers count only holders that may write the
+	-- messages table).
+	EXECUTE 'GRANT EXECUTE ON FUNCTION ' || '"My ""App"""."messages_with_a_rather_long_name_that_needs_s_05ba50ac_register"' || '(text, integer[]) TO PUBLIC';
+	-- The trigger: a row whose statement registered (needs_registration
+	-- NULL) passes when its position is the last value this session took
+	-- from the sequence (its default's, taken after the statement's
+	-- registration) and its creation time is now(); any other row is
+	-- tested as before (0014_positions.plpgsql): the owner's import goes
+	-- to the function, a row passes when its position and time are its
+	-- defaults and its transaction's mark holds its topic key.
+	DROP TRIGGER IF EXISTS "messages_with_a_rather_long_name_that_n_05ba50ac_transaction_id" ON "My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz";
+	EXECUTE pg_catalog.format('CREATE TRIGGER %I BEFORE INSERT ON %s FOR EACH ROW WHEN (CASE
+	WHEN NEW.needs_registration IS NULL THEN
+		NEW.transaction_id IS DISTINCT FROM pg_catalog.currval(%L::regclass)::text::xid8
+		OR NEW.created_at IS DISTINCT FROM pg_catalog.now()
+	WHEN pg_catalog.current_setting(''pglease.keep_positions'', true) OPERATOR(pg_catalog.=) ''on'' THEN true
+	ELSE NEW.transaction_id IS DISTINCT FROM pg_catalog.currval(%L::regclass)::text::xid8
+		OR NEW.created_at IS DISTINCT FROM pg_catalog.now()
+		OR pg_catalog.strpos(COALESCE(pg_catalog.current_setting(''pglease.registered'', true), ''''),
+			'','' OPERATOR(pg_catalog.||) (%L::regclass)::oid::text OPERATOR(pg_catalog.||) '':'' OPERATOR(pg_catalog.||)
+			pg_catalog.hashtext(NEW.topic OPERATOR(pg_catalog.||) '':'' OPERATOR(pg_catalog.||) NEW.partition::text)::text
+			OPERATOR(pg_catalog.||) '','') OPERATOR(pg_catalog.=) 0
+	END) EXECUTE FUNCTION %s()',
+		'messages_with_a_rather_long_name_that_n_05ba50ac_transaction_id', '"My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz"'::regclass, seq, seq,
+		quote_ident(nsp) || '.' || quote_ident('messages_with_a_rather_long_name_that_needs_shortening_xyz'), '"My ""App"""."messages_with_a_rather_long_name_that_ne_05ba50ac_take_position"'::regproc);
+END
+$pglease1$;
+INSERT INTO "My ""App"""."version" (version, description) VALUES (18, 'positions: pglease''s inserts register their partitions once per statement, and the trigger tests the registration only of inserts that did not') ON CONFLICT (version) DO NOTHING;
 COMMIT;

@@ -181,10 +181,10 @@ func (d citus) QueueAck(_ *pgx.Batch, p OffsetParams) QueuedAck {
 // none.
 func (d citus) insertMessagesStmt(p InsertMessagesParams) Stmt {
 	if oneTopic(p.Topics) {
-		return d.t.InsertMessages(p)
+		return d.t.insertMessages(p, false)
 	}
 	return asCitus(d.t.insertManyTopics(p, hashesOf(p), `LEFT JOIN `+d.t.Retention+` l ON l.retention_class = tp.retention_class
-CROSS JOIN LATERAL (`+placementJoined("tp", "l")+`) r`))
+CROSS JOIN LATERAL (`+placementJoined("tp", "l")+`) r`, false))
 }
 
 // InsertMessages implements Driver with insertMessagesStmt, or, when a

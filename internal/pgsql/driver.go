@@ -152,7 +152,15 @@ var (
 
 // singleNode is the Driver of a single PostgreSQL server: every operation
 // one statement.
-type singleNode struct{ t *Tables }
+type singleNode struct {
+	t *Tables
+	// unregistered: the schema predates version 18 (no registration
+	// function), so inserts leave the registration to the position
+	// trigger, row by row. Read once, when the Driver is opened: a
+	// Driver opened before the migration keeps it until its process
+	// restarts (slower, as correct).
+	unregistered bool
+}
 
 // citus is the Driver of a Citus cluster (see citus.go). It does not embed
 // singleNode: each of its methods is written out (citus_driver.go).
@@ -184,10 +192,11 @@ func OpenDriver(ctx context.Context, q Querier, t *Tables) (Driver, error) {
 // openDriver is OpenDriver, and reports whether the messages table
 // exists (the answer holds for good only then).
 func openDriver(ctx context.Context, q Querier, t *Tables) (d Driver, found bool, err error) {
-	var distributed bool
+	var distributed, register bool
 	err = q.QueryRow(ctx, `SELECT pg_catalog.to_regclass($1::text) IS NOT NULL,
 	pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL
-	AND EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')`, t.Messages).Scan(&found, &distributed)
+	AND EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus'),
+	pg_catalog.to_regprocedure($2::text) IS NOT NULL`, t.Messages, t.RegisterFunction()+"(text, integer[])").Scan(&found, &distributed, &register)
 	if err != nil {
 		return nil, false, err
 	}
@@ -201,7 +210,7 @@ func openDriver(ctx context.Context, q Querier, t *Tables) (d Driver, found bool
 	if distributed {
 		return NewCitus(t), found, nil
 	}
-	return NewSingleNode(t), found, nil
+	return singleNode{t: t, unregistered: !register}, found, nil
 }
 
 // BatchQuerier is a Querier that can send a pipelined batch: a

@@ -188,13 +188,16 @@ SELECT NULL FROM (SELECT pg_catalog.pg_notify($8, ` + kind(NotifyDelayed) + ` ||
 // (NULL, placed by the UUID when moved) without keys.
 func delayedHashesOf(p InsertMessagesParams) []int32 { return hashesOf(p) }
 
-// InsertKeyed is the statement of [InsertKeyed] on a single node: that
-// of InsertMessages without keys, insertKeyed's with.
+// InsertKeyed is the statement of [InsertKeyed] for either driver (what
+// a TxHandler queues): that of InsertMessages without keys, insertKeyed's
+// with. Without keys it is the statement that does not register its
+// partitions itself (the position trigger tests its rows one by one), so
+// that it runs on a distributed table too.
 func (t *Tables) InsertKeyed(p InsertMessagesParams) Stmt {
 	if keyed(p) {
 		return t.insertKeyed(p)
 	}
-	return t.InsertMessages(p)
+	return t.insertMessages(p, false)
 }
 
 // InsertDelayedKeyed is the statement of [InsertDelayedKeyed] on a

@@ -183,6 +183,11 @@ var migrations = []struct {
 	// The same function, a new body: a release that calls it gets the same
 	// bounds, sooner.
 	{"0017_bound_fast.sql", "positions: the readers' bound reads pg_locks only for partitions whose key a transaction holds"},
+	// A new column with no default for the rows stored (they read NULL,
+	// nothing is rewritten), a new function, the trigger's WHEN clause
+	// with a branch for the new column: releases before it do not name
+	// the column and keep the trigger as it was.
+	{"0018_registered_inserts.sql", "positions: pglease's inserts register their partitions once per statement, and the trigger tests the registration only of inserts that did not"},
 }
 
 // Migrations returns every schema version, oldest first, for these tables.
@@ -301,6 +306,10 @@ func (t *Tables) placeholders() map[string]string {
 		"take_position_fn_literal":   quoteLiteral(t.partition("take_position")),
 		"position_bound_fn":          t.PositionBoundFunction(),
 		"position_bound_fn_literal":  quoteLiteral(t.PositionBoundFunction()),
+
+		// Migration 18: the registration of pglease's own inserts.
+		"register_fn":         t.RegisterFunction(),
+		"register_fn_literal": quoteLiteral(t.RegisterFunction()),
 
 		"sessions_expires_at_idx":           t.indexName(t.ConsumerSessionsTable, DefaultConsumerSessionsTable, "expires_at_idx"),
 		"sessions_expires_at_idx_qualified": expiresAtIdx.Sanitize(),

@@ -196,6 +196,11 @@ func (t *Tables) PositionSequence() string { return t.partition("positions") }
 // function that computes the readers' bound (schema version 14).
 func (t *Tables) PositionBoundFunction() string { return t.partition("position_bound") }
 
+// RegisterFunction is the quoted, schema-qualified name of the function
+// with which pglease's insert statements register their topic's
+// partitions before their rows take positions (schema version 18).
+func (t *Tables) RegisterFunction() string { return t.partition("register") }
+
 // partition returns the quoted, schema-qualified name of a partition.
 func (t *Tables) partition(suffix string) string {
 	if t.Schema == "" {

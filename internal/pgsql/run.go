@@ -51,7 +51,7 @@ func (d singleNode) InsertKeyed(ctx context.Context, q Querier, p InsertMessages
 	if keyed(p) {
 		return skipped(ctx, q, d.t.insertKeyed(p))
 	}
-	_, err := exec(ctx, q, d.t.InsertMessages(p))
+	_, err := exec(ctx, q, d.t.insertMessages(p, !d.unregistered))
 	return nil, err
 }
 

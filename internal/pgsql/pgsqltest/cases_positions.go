@@ -382,3 +382,41 @@ FROM pg_catalog.pg_class c WHERE c.oid = $1::text::regclass`, f.Tables.Messages,
 		t.Fatal("the bound ran in a REPEATABLE READ transaction, want an error")
 	}
 }
+
+// testInsertsThatDidNotRegister: since schema version 18 pglease's
+// statement registers its partitions itself and its rows skip the
+// trigger's per-row test of the registration mark; a plain INSERT in the
+// same transaction (an application's own, or a release before 18), for
+// a topic the statement did not register, is still registered by the
+// trigger: it holds its topic back until it commits, and is not skipped.
+// A registered statement's rows and the trigger's store
+// needs_registration NULL alike.
+func testInsertsThatDidNotRegister(t *testing.T, f *fixture) {
+	f.positionsOnly()
+	tx := f.begin()
+	f.publish(tx, "registered", "r1")
+	if _, err := tx.Exec(f.ctx, `INSERT INTO `+f.Tables.Messages+` (topic, uuid, payload) VALUES ('plain', 'p1', 'p1')`); err != nil {
+		t.Fatal(err)
+	}
+	f.publish(f.Pool, "plain", "p2")
+	f.publish(f.Pool, "registered", "r2")
+	for _, topic := range []string{"registered", "plain"} {
+		if res := f.read(f.selectParams(topic, 0, pgsql.Position{})); len(res.Messages) != 0 {
+			t.Fatalf("%s while its publisher's transaction is open: %v, want nothing", topic, uuidsOf(res.Messages))
+		}
+	}
+	if err := tx.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.drain("plain"); !slices.Equal(got, []string{"p1", "p2"}) {
+		t.Fatalf("plain after the commit: %v, want [p1 p2]", got)
+	}
+	if got := f.drain("registered"); !slices.Equal(got, []string{"r1", "r2"}) {
+		t.Fatalf("registered after the commit: %v, want [r1 r2]", got)
+	}
+	var flagged int
+	if err := f.Pool.QueryRow(f.ctx, `SELECT pg_catalog.count(*) FROM `+f.Tables.Messages+
+		` WHERE topic IN ('registered', 'plain') AND needs_registration IS NOT NULL`).Scan(&flagged); err != nil || flagged != 0 {
+		t.Fatalf("rows that store needs_registration: %d, %v; want none", flagged, err)
+	}
+}

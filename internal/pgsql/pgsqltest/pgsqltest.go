@@ -88,6 +88,7 @@ func cases() []testCase {
 		{"PublishWaitPublishAgain", testPublishWaitPublishAgain},
 		{"SavepointRolledBackAfterRegistration", testSavepointRolledBackAfterRegistration},
 		{"BoundCountsOnlyWriters", testBoundCountsOnlyWriters},
+		{"InsertsThatDidNotRegister", testInsertsThatDidNotRegister},
 		// idempotency keys
 		{"KeyedInsertStoresOnce", testKeyedInsertStoresOnce},
 		{"KeyedInsertWaitsForTheOther", testKeyedInsertWaitsForTheOther},
