@@ -426,6 +426,9 @@ func (o *ownership) pick(yielding bool) (res outcome, again bool) {
 		o.c.logLost(o.cl)
 		return lost, false
 	}
+	if c.failurePolicy != nil {
+		c.failurePolicy.at(FailureStepPick, e)
+	}
 	if o.head {
 		// The first message after the claim's position: count this
 		// claim's delivery of it in the row, across owners.
@@ -439,6 +442,7 @@ func (o *ownership) pick(yielding bool) (res outcome, again bool) {
 		if res, moved := o.beforeHandOut(e); res != proceed || moved {
 			return res, moved
 		}
+		c.failurePolicy.at(FailureStepCounted, e)
 	}
 	msg, cancel, err := c.newDelivery(o.g, o.cl, e.msg, e.attempt)
 	if err != nil {

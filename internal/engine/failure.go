@@ -63,6 +63,33 @@ const maxFailureReason = 1024
 type failurePolicy struct {
 	RetrySettings
 	random func() float64 // in [0, 1)
+	// step, when set (tests only), is called at each step of an attempt
+	// (FailureStep...) with the message's UUID and the attempt.
+	step func(step, uuid string, attempt int)
+}
+
+// The steps of an attempt at which the failure policy calls a test's
+// hook (Subscriber.SetFailureStepHook), in their order.
+const (
+	// FailureStepPick: the message is next to go out; nothing of this
+	// hand-out is written yet.
+	FailureStepPick = "pick"
+	// FailureStepCounted: what is written before it goes out is written;
+	// the handler does not hold it yet.
+	FailureStepCounted = "counted"
+	// FailureStepNacked: its handler nacked it; nothing of the failure is
+	// written yet (nor, after the last attempt, of the move).
+	FailureStepNacked = "nacked"
+	// FailureStepRecorded: the failure is written; it waits for its next
+	// attempt.
+	FailureStepRecorded = "recorded"
+)
+
+// at calls the step hook, if any, for e.
+func (p *failurePolicy) at(step string, e *windowEntry) {
+	if p.step != nil {
+		p.step(step, e.msg.uuid, e.attempt)
+	}
 }
 
 func newFailurePolicy(s *RetrySettings) *failurePolicy {
@@ -238,6 +265,7 @@ func (o *ownership) countAttempt(e *windowEntry) outcome {
 // failure and the next attempt's time are written and it waits.
 func (o *ownership) failed(e *windowEntry, msg *message.Message) outcome {
 	c, pol := o.c, o.c.failurePolicy
+	pol.at(FailureStepNacked, e)
 	reason := reasonOf(msg)
 	if pol.exhausted(e.attempt) {
 		return o.deadLetter(e, e.attempt, reason)
@@ -261,6 +289,7 @@ func (o *ownership) failed(e *windowEntry, msg *message.Message) outcome {
 	}
 	ws.attempts = e.attempt
 	o.w.nack(e, time.Now().Add(row.DueIn))
+	pol.at(FailureStepRecorded, e)
 	return proceed
 }
 
