@@ -1,8 +1,10 @@
 package pglease_test
 
 import (
+	"cmp"
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,37 +23,59 @@ import (
 type retryCrashStep struct {
 	step string
 	want []string
+	// maxAttempts, kills and deadAttempts, when set, replace MaxAttempts
+	// 3, the two processes killed and the attempts the dead-letter copy
+	// counts (MaxAttempts).
+	maxAttempts, kills, deadAttempts int
+}
+
+func (s retryCrashStep) name() string {
+	if s.maxAttempts == 0 {
+		return s.step
+	}
+	return s.step + "-max" + strconv.Itoa(s.maxAttempts)
 }
 
 // retryCrashSteps are every step of an attempt and of the move.
 //
 // The poison message is never the first unacknowledged message of its row
 // (the Acks before it are not committed: CommitInterval is long), so the
-// delivery count of the claims never sees it, and its first attempt is
-// written nowhere before it goes out: each process killed while it is out
-// for its first attempt (at the handler, or between the Nack and the
-// record) adds a hand-out numbered 1 again.
+// delivery count of the claims never sees it: its hand-outs are counted
+// by the row's hand-out mark (written before the first message of a read
+// goes out, covering the read) and by its waiting entry (written before a
+// retry goes out). A kill after its hand-out is counted and before its
+// handler holds it costs it that hand-out (the stated allowance): at
+// "pick" the first process had marked the whole read when the message
+// before it went out, so the second numbers it 2, and, killed at "pick"
+// too before writing its entry, leaves it to the third as 2 again; at
+// "counted" each kill comes after the count, 1 then 2.
 var retryCrashSteps = []retryCrashStep{
-	{pglease.FailureStepPick, []string{"1", "2", "3"}},
-	{pglease.FailureStepCounted, []string{"1", "2", "3"}},
-	{hangHandler, []string{"1", "1", "1", "2", "3"}},
-	{pglease.FailureStepNacked, []string{"1", "1", "1", "2", "3"}},
-	{pglease.FailureStepRecorded, []string{"1", "2", "3"}},
-	{hangMove, []string{"1", "2", "3"}},
+	{step: pglease.FailureStepPick, want: []string{"2", "3"}},
+	{step: pglease.FailureStepCounted, want: []string{"3"}},
+	{step: hangHandler, want: []string{"1", "2", "3"}},
+	{step: pglease.FailureStepNacked, want: []string{"1", "2", "3"}},
+	{step: pglease.FailureStepRecorded, want: []string{"1", "2", "3"}},
+	{step: hangMove, want: []string{"1", "2", "3"}},
+	// With MaxAttempts 1, a message that only the mark counts goes out
+	// again rather than moving to the dead-letter topic unseen (its owner
+	// may have died before handing it out): at most one hand-out more,
+	// counted in the copy.
+	{step: pglease.FailureStepPick, want: []string{"2"}, maxAttempts: 1, kills: 1, deadAttempts: 2},
 }
 
 // TestRetryCrashAtEveryStep: a message that always fails, behind other
 // messages of its row, with its process killed with SIGKILL at one step of
 // its attempts (or of its dead-letter move) twice, and a third process
-// that runs to the end: the message is handed out as retryCrashSteps
-// says, and lands in the dead-letter topic exactly once with MaxAttempts
+// that runs to the end: the message is handed out MaxAttempts times less
+// the hand-outs counted and not made (the stated allowance), numbered in
+// order, and lands in the dead-letter topic exactly once with MaxAttempts
 // counted; every other message is processed, each process processes each
 // key in order, and the later message of the poison message's key only
 // after the move. `make stress` repeats it (TestStressRetryCrash).
 func TestRetryCrashAtEveryStep(t *testing.T) {
 	parallel(t)
 	for _, s := range retryCrashSteps {
-		t.Run(s.step, func(t *testing.T) { runRetryCrash(t, s) })
+		t.Run(s.name(), func(t *testing.T) { runRetryCrash(t, s) })
 	}
 }
 
@@ -64,7 +88,7 @@ var (
 )
 
 func runRetryCrash(t *testing.T, s retryCrashStep) {
-	const maxAttempts, kills = 3, 2
+	maxAttempts, kills := cmp.Or(s.maxAttempts, 3), cmp.Or(s.kills, 2)
 	pool := newPool(t, 10)
 	tables := newSchema(t, pool)
 	instrument(t, pool, tables)
@@ -140,7 +164,7 @@ func runRetryCrash(t *testing.T, s retryCrashStep) {
 	require.Equal(t, 1, topicCount(t, pool, tables, "in.dead"), "dead-letter copies")
 	dead := receiveDeadLetter(t, pool, tables, "in.dead")
 	require.Equal(t, poison, dead.UUID)
-	require.Equal(t, "3", dead.Metadata.Get(pglease.DeadLetterAttemptsMetadata))
+	require.Equal(t, strconv.Itoa(cmp.Or(s.deadAttempts, maxAttempts)), dead.Metadata.Get(pglease.DeadLetterAttemptsMetadata))
 
 	// Each process processed each key in publish order, and the message
 	// behind the poison one only in the process that moved it.

@@ -19,7 +19,7 @@ func TestStressRetryCrash(t *testing.T) {
 	}
 	for _, s := range retryCrashSteps {
 		for i := range n {
-			t.Run(fmt.Sprintf("%s/%d", s.step, i), func(t *testing.T) { runRetryCrash(t, s) })
+			t.Run(fmt.Sprintf("%s/%d", s.name(), i), func(t *testing.T) { runRetryCrash(t, s) })
 		}
 	}
 }

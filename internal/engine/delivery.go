@@ -99,6 +99,12 @@ type ownership struct {
 	waiting map[Position]*waitingState
 	waitDue map[Position]time.Time
 	drop    []Position
+	// handedOut is the row's hand-out mark as this claim knows it (marked:
+	// there is one): every message after it has gone out from no owner
+	// of the row since its last reset. Before a message after it goes out,
+	// the claim moves the mark to the last message read (markHandedOut).
+	handedOut Position
+	marked    bool
 }
 
 // handed is the delivery of a message of the window: what its handler
@@ -435,6 +441,9 @@ func (o *ownership) pick(yielding bool) (res outcome, again bool) {
 		n, res := c.countHead(o.g, o.cl)
 		if res != proceed {
 			return res, false
+		}
+		if n > e.attempt {
+			e.guessed = false
 		}
 		e.attempt, o.head = max(e.attempt, n), false
 	}

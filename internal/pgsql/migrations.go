@@ -183,6 +183,10 @@ var migrations = []struct {
 	// The same function, a new body: a release that calls it gets the same
 	// bounds, sooner.
 	{"0017_bound_fast.sql", "positions: the readers' bound reads pg_locks only for partitions whose key a transaction holds"},
+	// handed_out is written only while a Subscriber of the group sets
+	// Retry; earlier releases ignore it (a stale mark only makes a later
+	// owner count one attempt more for the messages below it).
+	{"0018_handed_out.sql", "failure policy: how far the row's owner handed messages out, so that a new owner counts their attempts"},
 }
 
 // Migrations returns every schema version, oldest first, for these tables.

@@ -124,6 +124,7 @@ func cases() []testCase {
 		{"IdentityFences", testIdentityFences},
 		// the failure policy
 		{"WaitingFenced", testWaitingFenced},
+		{"HandedOutFenced", testHandedOutFenced},
 		{"SkipMessage", testSkipMessage},
 		{"DeadLetterFencedByATakeover", testDeadLetterFencedByATakeover},
 		// operators and the maintainer
