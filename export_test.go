@@ -85,3 +85,20 @@ var KeyDigest = keyDigest
 func SetBeforeDeadLetterCopyHook(s *Subscriber, hook func()) {
 	s.engine.SetBeforeDeadLetterCopyHook(hook)
 }
+
+// The steps of an attempt at which a failure-step hook is called (see
+// SetFailureStepHook), and the one inside a dead-letter move's
+// transaction (SetBeforeDeadLetterCopyHook).
+const (
+	FailureStepPick     = engine.FailureStepPick
+	FailureStepCounted  = engine.FailureStepCounted
+	FailureStepNacked   = engine.FailureStepNacked
+	FailureStepRecorded = engine.FailureStepRecorded
+)
+
+// SetFailureStepHook makes the failure policy of s call hook at each step
+// of an attempt, with the message's UUID and the attempt, on the
+// consumer's goroutine (tests only). Set it before the first Subscribe.
+func SetFailureStepHook(s *Subscriber, hook func(step, uuid string, attempt int)) {
+	s.engine.SetFailureStepHook(hook)
+}

@@ -122,6 +122,14 @@ type helperConfig struct {
 	Retry      pglease.RetryConfig
 	PoisonHang bool
 	HangInMove bool
+	// HangAt is a step of the poison message's attempts at which
+	// modeRetry reports and waits until the process is killed (see
+	// runRetry): a failure step (pglease.FailureStep...), hangHandler or
+	// hangMove.
+	HangAt string
+	// CommitInterval is the Subscribers' CommitInterval (default: the
+	// library's).
+	CommitInterval time.Duration
 }
 
 // subAppName and recAppName are the application_name of the helper's
@@ -258,6 +266,7 @@ func (h *helperChild) newSubscriber(i int) (*pglease.Subscriber, error) {
 		PollInterval:     h.cfg.PollInterval,
 		NackResendDelay:  10 * time.Millisecond,
 		MaxInFlight:      h.cfg.MaxInFlight,
+		CommitInterval:   h.cfg.CommitInterval,
 		Retry:            h.cfg.Retry,
 		InitializeSchema: true,
 		Tables:           pglease.Tables{Schema: h.cfg.Schema},

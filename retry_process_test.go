@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,22 +15,40 @@ import (
 	pglease "github.com/pglease/watermill-pglease"
 )
 
+// The steps of modeRetry's HangAt besides the failure steps: the handler
+// holds the message, the dead-letter move's transaction is open.
+const (
+	hangHandler = "handler"
+	hangMove    = "moving"
+)
+
 // runRetry reads every topic's channel of the first Subscriber directly. A
 // message whose payload starts with "poison" is reported ("out <uuid>
-// <attempt>") and then, with PoisonHang, held until the process is killed,
-// otherwise nacked with a reason; every other message is recorded in
-// processedTable and acked. With HangInMove, a dead-letter move reports
-// "moving" inside its transaction (after the move of the group past the
-// message, before the copy's insert) and waits there until the process is
-// killed.
+// <attempt>") and then, with PoisonHang (or HangAt hangHandler), held until
+// the process is killed, otherwise nacked with a reason; every other
+// message is recorded in processedTable and acked. With HangInMove (or
+// HangAt hangMove), a dead-letter move reports "moving" inside its
+// transaction (after the move of the group past the message, before the
+// copy's insert) and waits there until the process is killed. With HangAt
+// a failure step, the poison message's attempt reports "at <step>
+// <attempt>" at that step and waits there until the process is killed.
 func (h *helperChild) runRetry(term <-chan os.Signal) error {
 	sub := h.subs[0]
-	if h.cfg.HangInMove {
+	if h.cfg.HangInMove || h.cfg.HangAt == hangMove {
 		pglease.SetBeforeDeadLetterCopyHook(sub, func() {
 			h.say("moving")
 			select {}
 		})
 	}
+	if at := h.cfg.HangAt; at != "" && at != hangMove && at != hangHandler {
+		pglease.SetFailureStepHook(sub, func(step, uuid string, attempt int) {
+			if step == at && strings.HasPrefix(uuid, "poison") {
+				h.say("at " + step + " " + strconv.Itoa(attempt))
+				select {}
+			}
+		})
+	}
+	hang := h.cfg.PoisonHang || h.cfg.HangAt == hangHandler
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errs := make(chan error, len(h.cfg.Topics))
@@ -42,7 +61,7 @@ func (h *helperChild) runRetry(term <-chan os.Signal) error {
 			for msg := range msgs {
 				if strings.HasPrefix(string(msg.Payload), "poison") {
 					h.say("out " + msg.UUID + " " + msg.Metadata.Get(pglease.DeliveryAttemptMetadata))
-					if h.cfg.PoisonHang {
+					if hang {
 						select {}
 					}
 					pglease.NackWithReason(msg, errors.New("poisoned"))

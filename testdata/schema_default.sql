@@ -1500,4 +1500,16 @@ $pglease$;
 END
 $pglease1$;
 INSERT INTO "pglease_schema_version" (version, description) VALUES (18, 'positions: pglease''s inserts register their partitions once per statement, and the trigger tests the registration only of inserts that did not') ON CONFLICT (version) DO NOTHING;
+
+-- version 19: failure policy: how far the row's owner handed messages out, so that a new owner counts their attempts
+-- The failure policy (SubscriberConfig.Retry): how far the row's owner
+-- has handed messages out, as "transaction_id:offset" (the form of
+-- acked_above), NULL when no owner with a policy has. Written, fenced by
+-- session and epoch, before the first message of a read goes out, so
+-- that the next owner counts one attempt for each message at or below it
+-- that has no entry in waiting. Nullable without a default: adding it
+-- rewrites nothing, and earlier releases never name it.
+ALTER TABLE "pglease_consumer_offsets"
+	ADD COLUMN IF NOT EXISTS handed_out text;
+INSERT INTO "pglease_schema_version" (version, description) VALUES (19, 'failure policy: how far the row''s owner handed messages out, so that a new owner counts their attempts') ON CONFLICT (version) DO NOTHING;
 COMMIT;

@@ -99,6 +99,12 @@ type ownership struct {
 	waiting map[Position]*waitingState
 	waitDue map[Position]time.Time
 	drop    []Position
+	// handedOut is the row's hand-out mark as this claim knows it (marked:
+	// there is one): every message after it has gone out from no owner
+	// of the row since its last reset. Before a message after it goes out,
+	// the claim moves the mark to the last message read (markHandedOut).
+	handedOut Position
+	marked    bool
 }
 
 // handed is the delivery of a message of the window: what its handler
@@ -426,6 +432,9 @@ func (o *ownership) pick(yielding bool) (res outcome, again bool) {
 		o.c.logLost(o.cl)
 		return lost, false
 	}
+	if c.failurePolicy != nil {
+		c.failurePolicy.at(FailureStepPick, e)
+	}
 	if o.head {
 		// The first message after the claim's position: count this
 		// claim's delivery of it in the row, across owners.
@@ -433,12 +442,16 @@ func (o *ownership) pick(yielding bool) (res outcome, again bool) {
 		if res != proceed {
 			return res, false
 		}
+		if n > e.attempt {
+			e.guessed = false
+		}
 		e.attempt, o.head = max(e.attempt, n), false
 	}
 	if c.failurePolicy != nil {
 		if res, moved := o.beforeHandOut(e); res != proceed || moved {
 			return res, moved
 		}
+		c.failurePolicy.at(FailureStepCounted, e)
 	}
 	msg, cancel, err := c.newDelivery(o.g, o.cl, e.msg, e.attempt)
 	if err != nil {

@@ -63,6 +63,33 @@ const maxFailureReason = 1024
 type failurePolicy struct {
 	RetrySettings
 	random func() float64 // in [0, 1)
+	// step, when set (tests only), is called at each step of an attempt
+	// (FailureStep...) with the message's UUID and the attempt.
+	step func(step, uuid string, attempt int)
+}
+
+// The steps of an attempt at which the failure policy calls a test's
+// hook (Subscriber.SetFailureStepHook), in their order.
+const (
+	// FailureStepPick: the message is next to go out; nothing of this
+	// hand-out is written yet.
+	FailureStepPick = "pick"
+	// FailureStepCounted: what is written before it goes out is written;
+	// the handler does not hold it yet.
+	FailureStepCounted = "counted"
+	// FailureStepNacked: its handler nacked it; nothing of the failure is
+	// written yet (nor, after the last attempt, of the move).
+	FailureStepNacked = "nacked"
+	// FailureStepRecorded: the failure is written; it waits for its next
+	// attempt.
+	FailureStepRecorded = "recorded"
+)
+
+// at calls the step hook, if any, for e.
+func (p *failurePolicy) at(step string, e *windowEntry) {
+	if p.step != nil {
+		p.step(step, e.msg.uuid, e.attempt)
+	}
 }
 
 func newFailurePolicy(s *RetrySettings) *failurePolicy {
@@ -97,6 +124,8 @@ func (p *failurePolicy) exhausted(n int) bool { return p.MaxAttempts > 0 && n >=
 // not where the claim's session was made.
 type failureStore interface {
 	loadWaiting(ctx context.Context, cl *claim) ([]pgsql.WaitingRow, error)
+	loadHandedOut(ctx context.Context, cl *claim) (mark Position, ok bool, err error)
+	markHandedOut(ctx context.Context, cl *claim, pos Position) error
 	recordWaiting(ctx context.Context, cl *claim, p pgsql.WaitingParams) (pgsql.WaitingRow, error)
 	// deadLetter runs, in one transaction, the move of the group past
 	// the message (pgsql.DeadLetterOffset) and the insert of its copy,
@@ -150,7 +179,10 @@ func (o *ownership) loadWaiting() outcome {
 	var rows []pgsql.WaitingRow
 	res := c.fencedWrite(o.g, o.cl, "Cannot read the messages waiting for their next attempt, retrying",
 		func(ctx context.Context) (err error) {
-			rows, err = c.failures.loadWaiting(ctx, o.cl)
+			if rows, err = c.failures.loadWaiting(ctx, o.cl); err != nil {
+				return err
+			}
+			o.handedOut, o.marked, err = c.failures.loadHandedOut(ctx, o.cl)
 			return err
 		})
 	if res != proceed {
@@ -174,10 +206,16 @@ func (o *ownership) loadWaiting() outcome {
 }
 
 // resume sets e, just read, to its next attempt if it waits: attempt
-// after those counted, out once due.
+// after those counted, out once due. A message without an entry at or
+// before the row's hand-out mark may have gone out from the previous
+// owner, which died or lost the row before its outcome was written: that
+// hand-out counts, and e goes out as attempt 2 (guessed).
 func (o *ownership) resume(e *windowEntry) {
 	ws := o.waiting[e.msg.pos]
 	if ws == nil {
+		if o.marked && !positionLess(o.handedOut, e.msg.pos) {
+			e.attempt, e.guessed = 2, true
+		}
 		return
 	}
 	e.attempt = ws.attempts + 1
@@ -200,15 +238,40 @@ const reasonEnded = "the last attempt ended without its outcome recorded (the Su
 // handed out MaxAttempts times already (each time its owner ended while
 // it was out) moves to the dead-letter topic at once (moved: the caller
 // looks for the next message); a retry has its attempt counted first.
+//
+// A message after the row's hand-out mark moves the mark to the last
+// message read first (one write per read, not per message): from then on
+// a crash counts the hand-outs of every message read.
 func (o *ownership) beforeHandOut(e *windowEntry) (res outcome, moved bool) {
 	c := o.c
-	if c.failurePolicy.exhausted(e.attempt - 1) {
+	if c.failurePolicy.exhausted(e.attempt-1) && !e.guessed {
 		if !e.sent {
 			c.budget.giveBack(&c.lease, e.msg.size)
 		}
 		return o.deadLetter(e, e.attempt-1, reasonEnded), true
 	}
-	return o.countAttempt(e), false
+	if !o.marked || positionLess(o.handedOut, e.msg.pos) {
+		if res := o.markHandedOut(); res != proceed {
+			return res, false
+		}
+	}
+	if res := o.countAttempt(e); res != proceed {
+		return res, false
+	}
+	e.guessed = false // its attempt is written now
+	return proceed, false
+}
+
+// markHandedOut moves the row's hand-out mark to the last message read.
+func (o *ownership) markHandedOut() outcome {
+	c, mark := o.c, o.after
+	res := c.fencedWrite(o.g, o.cl, "Cannot mark the messages handed out, retrying", func(ctx context.Context) error {
+		return c.failures.markHandedOut(ctx, o.cl, mark)
+	})
+	if res == proceed {
+		o.handedOut, o.marked = mark, true
+	}
+	return res
 }
 
 // countAttempt writes e's attempt into its row before e goes out, when it
@@ -238,6 +301,7 @@ func (o *ownership) countAttempt(e *windowEntry) outcome {
 // failure and the next attempt's time are written and it waits.
 func (o *ownership) failed(e *windowEntry, msg *message.Message) outcome {
 	c, pol := o.c, o.c.failurePolicy
+	pol.at(FailureStepNacked, e)
 	reason := reasonOf(msg)
 	if pol.exhausted(e.attempt) {
 		return o.deadLetter(e, e.attempt, reason)
@@ -261,6 +325,7 @@ func (o *ownership) failed(e *windowEntry, msg *message.Message) outcome {
 	}
 	ws.attempts = e.attempt
 	o.w.nack(e, time.Now().Add(row.DueIn))
+	pol.at(FailureStepRecorded, e)
 	return proceed
 }
 
@@ -382,6 +447,31 @@ func (s offsetStore) loadWaiting(ctx context.Context, cl *claim) ([]pgsql.Waitin
 		return nil, fmt.Errorf("read the waiting messages of topic %q: %w", cl.topic, check.MissingSchema(err))
 	}
 	return rows, nil
+}
+
+// loadHandedOut reads cl's hand-out mark (see pgsql.Driver.LoadHandedOut).
+func (s offsetStore) loadHandedOut(ctx context.Context, cl *claim) (Position, bool, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return Position{}, false, fmt.Errorf("read the hand-out mark of topic %q: %w", cl.topic, err)
+	}
+	defer conn.Release()
+	mark, ok, err := s.driver.LoadHandedOut(ctx, conn, cl.params(cl.committed))
+	if err != nil {
+		return Position{}, false, fmt.Errorf("read the hand-out mark of topic %q: %w", cl.topic, check.MissingSchema(err))
+	}
+	return Position(mark), ok, nil
+}
+
+// markHandedOut writes cl's hand-out mark at pos (see
+// pgsql.Driver.MarkHandedOut).
+func (s offsetStore) markHandedOut(ctx context.Context, cl *claim, pos Position) error {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("mark the messages handed out of topic %q: %w", cl.topic, err)
+	}
+	defer conn.Release()
+	return s.fenced(cl, "mark the messages handed out of topic", s.driver.MarkHandedOut(ctx, conn, cl.params(pos)))
 }
 
 // recordWaiting writes a message's entry (see pgsql.Driver.RecordWaiting).

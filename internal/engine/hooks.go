@@ -22,6 +22,17 @@ func (s *Subscriber) SetAfterClaimHook(hook func(topics []string) error) { s.off
 // and before the insert of its copy. Set it before the first Subscribe.
 func (s *Subscriber) SetBeforeDeadLetterCopyHook(hook func()) { s.offsets.beforeDeadLetterCopy = hook }
 
+// SetFailureStepHook makes the failure policy of s (Settings.Retry) call
+// hook at each step of an attempt (FailureStepPick, FailureStepCounted,
+// FailureStepNacked, FailureStepRecorded) with the message's UUID and
+// the attempt. It runs on the consumer's goroutine, which waits for it.
+// Set it before the first Subscribe; without a policy it is never called.
+func (s *Subscriber) SetFailureStepHook(hook func(step, uuid string, attempt int)) {
+	if p := s.consumerDeps.failurePolicy; p != nil {
+		p.step = hook
+	}
+}
+
 // SetAfterMembersReadHook makes s call hook, with the number of members,
 // after each read of its group. Set it before the first Subscribe.
 func (s *Subscriber) SetAfterMembersReadHook(hook func(members int)) { s.member.afterRead = hook }

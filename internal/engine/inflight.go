@@ -63,6 +63,10 @@ type windowEntry struct {
 	// the first; due is when a nacked one may go out again.
 	attempt int
 	due     time.Time
+	// guessed: its attempt is 2 because a previous owner's hand-out mark
+	// covers it, with nothing else counted (the failure policy): that
+	// owner may have died before handing it out.
+	guessed bool
 	// firstOut is when it was first handed out (in a window of more than
 	// one: what a full window logs); nacked, whether it was nacked since.
 	firstOut time.Time

@@ -101,7 +101,7 @@ FOR UPDATE`, p.ConsumerGroup, p.Topic)
 		if !changed && (p.Force || s.liveOwner == nil) {
 			tag, err := q.Exec(ctx, `UPDATE `+t.Offsets+` o
 SET acked_transaction_id = $4::text::xid8, acked_offset = $5, epoch = o.epoch + 1, updated_at = pg_catalog.now(),
-	head_deliveries = 0, acked_above = '{}', waiting = '{}',
+	head_deliveries = 0, acked_above = '{}', waiting = '{}', handed_out = NULL,
 	session_id = CASE WHEN $8 THEN NULL ELSE o.session_id END
 WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
 	AND o.session_id IS NOT DISTINCT FROM $6::uuid AND o.epoch = $7`,

@@ -117,3 +117,30 @@ WHERE `+citusKeyed, p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
 	}
 	return w.final(p, now), nil
 }
+
+// LoadHandedOut is [Driver.LoadHandedOut] on Citus: the single-node
+// SELECT, routed whole to the topic's worker.
+func (d citus) LoadHandedOut(ctx context.Context, q Querier, p OffsetParams) (Position, bool, error) {
+	return d.one.LoadHandedOut(ctx, q, p)
+}
+
+// MarkHandedOut is [Driver.MarkHandedOut] on Citus: the worker's counter
+// and identity are read first (citusOnHistory), then the row written,
+// fenced by session and epoch.
+func (d citus) MarkHandedOut(ctx context.Context, q Querier, p OffsetParams) error {
+	if ok, err := d.citusOnHistory(ctx, q, p); err != nil {
+		return err
+	} else if !ok {
+		return ErrWentBack
+	}
+	tag, err := q.Exec(ctx, `UPDATE `+d.t.Offsets+`
+SET handed_out = $6::text, updated_at = pg_catalog.now()
+WHERE `+citusKeyed, p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch, AboveEntry(p.Position))
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return pgx.ErrNoRows
+	}
+	return nil
+}

@@ -87,6 +87,8 @@ type Driver interface {
 
 	LoadWaiting(ctx context.Context, q Querier, p OffsetParams) ([]WaitingRow, error)
 	RecordWaiting(ctx context.Context, q Querier, p WaitingParams) (WaitingRow, error)
+	LoadHandedOut(ctx context.Context, q Querier, p OffsetParams) (mark Position, ok bool, err error)
+	MarkHandedOut(ctx context.Context, q Querier, p OffsetParams) error
 	DeadLetterOffset(ctx context.Context, q Querier, p WaitingParams) (WaitingRow, error)
 
 	// Maintenance.

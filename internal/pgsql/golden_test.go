@@ -105,6 +105,8 @@ func dumpStatements(a *Tables) string {
 	above.Above = true
 	q("AckOffsetAbove", a.AckOffset(above))
 	q("LoadWaiting", a.LoadWaiting(p))
+	q("LoadHandedOut", a.LoadHandedOut(p))
+	q("MarkHandedOut", a.MarkHandedOut(p))
 	wp := WaitingParams{OffsetParams: p, Attempts: 2, Failed: true, Delay: 1500 * time.Millisecond, Reason: "r",
 		Drop: []Position{{9, 10}}}
 	q("RecordWaiting failed", a.RecordWaiting(wp))

@@ -266,7 +266,7 @@ func (t *Tables) ResetOffsets(group, topic, to string, at time.Time, force bool,
 ), updated AS (
 	UPDATE ` + t.Offsets + ` o
 	SET acked_transaction_id = target.tx, acked_offset = target.off, epoch = o.epoch + 1, updated_at = pg_catalog.now(),
-		head_deliveries = 0, acked_above = '{}', waiting = '{}',
+		head_deliveries = 0, acked_above = '{}', waiting = '{}', handed_out = NULL,
 		session_id = CASE WHEN target.live_owner IS NULL THEN NULL ELSE o.session_id END
 	FROM target
 	WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = target.partition

@@ -637,6 +637,24 @@ func (l *Lazy) RecordWaiting(ctx context.Context, q Querier, p WaitingParams) (W
 	return d.RecordWaiting(ctx, q, p)
 }
 
+// LoadHandedOut implements Driver.
+func (l *Lazy) LoadHandedOut(ctx context.Context, q Querier, p OffsetParams) (Position, bool, error) {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return Position{}, false, err
+	}
+	return d.LoadHandedOut(ctx, q, p)
+}
+
+// MarkHandedOut implements Driver.
+func (l *Lazy) MarkHandedOut(ctx context.Context, q Querier, p OffsetParams) error {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return err
+	}
+	return d.MarkHandedOut(ctx, q, p)
+}
+
 // DeadLetterOffset implements Driver.
 func (l *Lazy) DeadLetterOffset(ctx context.Context, q Querier, p WaitingParams) (WaitingRow, error) {
 	d, err := l.Get(ctx, q)

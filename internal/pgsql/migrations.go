@@ -188,6 +188,10 @@ var migrations = []struct {
 	// with a branch for the new column: releases before it do not name
 	// the column and keep the trigger as it was.
 	{"0018_registered_inserts.sql", "positions: pglease's inserts register their partitions once per statement, and the trigger tests the registration only of inserts that did not"},
+	// handed_out is written only while a Subscriber of the group sets
+	// Retry; earlier releases ignore it (a stale mark only makes a later
+	// owner count one attempt more for the messages below it).
+	{"0019_handed_out.sql", "failure policy: how far the row's owner handed messages out, so that a new owner counts their attempts"},
 }
 
 // Migrations returns every schema version, oldest first, for these tables.

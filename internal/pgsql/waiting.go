@@ -152,6 +152,82 @@ FROM (SELECT 1) one LEFT JOIN written w ON true`,
 	}
 }
 
+// LoadHandedOut is the statement of [LoadHandedOut].
+func (t *Tables) LoadHandedOut(p OffsetParams) Stmt {
+	return Stmt{
+		SQL: `SELECT handed_out FROM ` + t.Offsets + `
+WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5`,
+		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch},
+	}
+}
+
+// MarkHandedOut is the statement of [MarkHandedOut]: its row is whether
+// onHistory held, and whether the row was written.
+func (t *Tables) MarkHandedOut(p OffsetParams) Stmt {
+	return Stmt{
+		SQL: `WITH here AS (
+	SELECT ` + t.onHistory(7) + ` AS ok
+), marked AS (
+	UPDATE ` + t.Offsets + ` SET handed_out = $8::text, updated_at = pg_catalog.now()
+	WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND session_id = $4 AND epoch = $5
+		AND (SELECT ok FROM here)
+	RETURNING 1
+)
+SELECT (SELECT ok FROM here), EXISTS (SELECT 1 FROM marked)`,
+		Args: []any{p.ConsumerGroup, p.Topic, p.Partition, p.SessionID, p.Epoch,
+			formatXID8(p.Position.TransactionID), p.Here, AboveEntry(p.Position)},
+	}
+}
+
+// LoadHandedOut returns the row's hand-out mark ([MarkHandedOut]) while
+// the row is still p's session's at p's epoch: ok is false for none (no
+// owner with a failure policy wrote one since the row's last reset, or
+// the row is no longer p's).
+func (d singleNode) LoadHandedOut(ctx context.Context, q Querier, p OffsetParams) (Position, bool, error) {
+	s := d.t.LoadHandedOut(p)
+	return scanHandedOut(q.QueryRow(ctx, s.SQL, s.Args...))
+}
+
+func scanHandedOut(row pgx.Row) (Position, bool, error) {
+	var mark *string
+	if err := row.Scan(&mark); errors.Is(err, pgx.ErrNoRows) {
+		return Position{}, false, nil
+	} else if err != nil {
+		return Position{}, false, err
+	}
+	if mark == nil {
+		return Position{}, false, nil
+	}
+	pos, err := ParseAboveEntry(*mark)
+	if err != nil {
+		return Position{}, false, fmt.Errorf("hand-out mark: %w", err)
+	}
+	return pos, true, nil
+}
+
+// MarkHandedOut writes p.Position as the row's hand-out mark, fenced by
+// session, epoch and identity (as [CommitOffset]): the owner hands out no
+// message after the mark before it has written one at or after it, so
+// that the next owner counts one attempt for every message at or before
+// the mark that has no waiting entry. The statement does not compare the
+// mark with the one there: the owner only moves it forward. It returns
+// pgx.ErrNoRows when the row is no longer the session's at the epoch,
+// [ErrWentBack] when the identity or the position does not hold.
+func (d singleNode) MarkHandedOut(ctx context.Context, q Querier, p OffsetParams) error {
+	s := d.t.MarkHandedOut(p)
+	var ok, marked bool
+	if err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&ok, &marked); err != nil {
+		return err
+	}
+	switch {
+	case !ok:
+		return ErrWentBack
+	case !marked:
+		return pgx.ErrNoRows
+	}
+	return nil
+}
+
 // DeadLetterOffset is the statement of [DeadLetterOffset]: its row is
 // whether onHistory held, whether the row was written, and the message's
 // entry as it was.

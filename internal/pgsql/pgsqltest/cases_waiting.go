@@ -97,6 +97,69 @@ func testWaitingFenced(t *testing.T, f *fixture) {
 	}
 }
 
+// testHandedOutFenced: MarkHandedOut writes the row's hand-out mark only
+// for the row's owner at its epoch (a stale epoch or another session
+// writes nothing, pgx.ErrNoRows; a position ahead of the counter is
+// ErrWentBack); LoadHandedOut returns it to the owner only; the mark moves
+// with the row to the next owner, and a reset of the group's offsets
+// clears it.
+func testHandedOutFenced(t *testing.T, f *fixture) {
+	const group, topic = "g", "handedout"
+	f.ensure(group, topic)
+	owner, other := f.session(group), f.session(group)
+	p := f.owned(owner, group, f.claimOne(owner, group, topic))
+	if _, ok, err := f.Driver.LoadHandedOut(f.ctx, f.Pool, p); err != nil || ok {
+		t.Fatalf("LoadHandedOut of a new row = %v, %v; want none", ok, err)
+	}
+	p.Position = pos1
+	if err := f.Driver.MarkHandedOut(f.ctx, f.Pool, p); err != nil {
+		t.Fatal(err)
+	}
+	p.Position = pos3
+	if err := f.Driver.MarkHandedOut(f.ctx, f.Pool, p); err != nil {
+		t.Fatal(err)
+	}
+	if mark, ok, err := f.Driver.LoadHandedOut(f.ctx, f.Pool, p); err != nil || !ok || mark != pos3 {
+		t.Fatalf("LoadHandedOut = %v, %v, %v; want %v", mark, ok, err, pos3)
+	}
+	stale, foreign, future := p, p, p
+	stale.Epoch--
+	stale.Position = pos1
+	foreign.SessionID = other
+	foreign.Position = pos1
+	future.Position = pgsql.Position{TransactionID: ahead}
+	if err := f.Driver.MarkHandedOut(f.ctx, f.Pool, stale); !errors.Is(err, pgx.ErrNoRows) {
+		t.Errorf("mark with a stale epoch: %v, want pgx.ErrNoRows", err)
+	}
+	if err := f.Driver.MarkHandedOut(f.ctx, f.Pool, foreign); !errors.Is(err, pgx.ErrNoRows) {
+		t.Errorf("mark by another session: %v, want pgx.ErrNoRows", err)
+	}
+	if err := f.Driver.MarkHandedOut(f.ctx, f.Pool, future); !isWentBack(err) {
+		t.Errorf("mark ahead of the counter: %v, want ErrWentBack", err)
+	}
+	if _, ok, err := f.Driver.LoadHandedOut(f.ctx, f.Pool, stale); err != nil || ok {
+		t.Errorf("LoadHandedOut at a stale epoch = %v, %v; want none", ok, err)
+	}
+	// Taken over: the mark moves with the row, as written by its owner.
+	f.expire(owner)
+	taker := f.session(group)
+	q := f.owned(taker, group, f.claimOne(taker, group, topic))
+	if mark, ok, err := f.Driver.LoadHandedOut(f.ctx, f.Pool, q); err != nil || !ok || mark != pos3 {
+		t.Fatalf("LoadHandedOut of the next owner = %v, %v, %v; want %v", mark, ok, err, pos3)
+	}
+	// A reset starts the group over: the messages are delivered again as
+	// new ones.
+	f.expire(taker)
+	if _, err := f.reset(pgsql.ResetParams{ConsumerGroup: group, Topic: topic, To: "earliest"}); err != nil {
+		t.Fatal(err)
+	}
+	last := f.session(group)
+	r := f.owned(last, group, f.claimOne(last, group, topic))
+	if _, ok, err := f.Driver.LoadHandedOut(f.ctx, f.Pool, r); err != nil || ok {
+		t.Fatalf("LoadHandedOut after a reset = %v, %v; want none", ok, err)
+	}
+}
+
 // testDeadLetterFencedByATakeover: DeadLetterOffset records the message's
 // position in acked_above and removes its entry, in the caller's
 // transaction, returning the entry as it was; once recorded it writes

@@ -125,6 +125,7 @@ func cases() []testCase {
 		{"IdentityFences", testIdentityFences},
 		// the failure policy
 		{"WaitingFenced", testWaitingFenced},
+		{"HandedOutFenced", testHandedOutFenced},
 		{"SkipMessage", testSkipMessage},
 		{"DeadLetterFencedByATakeover", testDeadLetterFencedByATakeover},
 		// operators and the maintainer
