@@ -590,6 +590,56 @@ func TestCitusPrepareMoveIsBounded(t *testing.T) {
 	require.GreaterOrEqual(t, counter(), top+margin)
 }
 
+// TestCitusPrepareShardMoveRaisesOnlyToTheSource: PrepareCitusShardMoveSQL
+// raises the target to margin above the source's counter, and consumes
+// nothing on a target that is there already (PrepareCitusMoveSQL would
+// raise it by the margin above the highest worker again, on every move).
+func TestCitusPrepareShardMoveRaisesOnlyToTheSource(t *testing.T) {
+	pool, _ := citusSchema(t, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	type worker struct {
+		host string
+		port int
+	}
+	var workers []worker
+	rows, err := pool.Query(ctx, `SELECT nodename, nodeport FROM pg_catalog.pg_dist_node
+		WHERE groupid > 0 AND noderole = 'primary' ORDER BY nodeport`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var w worker
+		require.NoError(t, rows.Scan(&w.host, &w.port))
+		workers = append(workers, w)
+	}
+	require.NoError(t, rows.Err())
+	require.GreaterOrEqual(t, len(workers), 2, "two workers")
+	counter := func(w worker) uint64 {
+		var c uint64
+		require.NoError(t, pool.QueryRow(ctx, `SELECT r.result::bigint FROM pg_catalog.master_run_on_worker(ARRAY[$1::text], ARRAY[$2::integer],
+			ARRAY['SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())'], false) r`, w.host, w.port).Scan(&c))
+		return c
+	}
+	a, b := workers[0], workers[1]
+	const margin = 50_000
+	// b to margin above a (it may be there already).
+	_, err = pool.Exec(ctx, pglease.PrepareCitusShardMoveSQL(a.host, a.port, b.host, b.port, margin))
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, counter(b), counter(a)+margin-1000, "the target above the source by the margin")
+
+	// Again: b is there already and consumes nothing (a few ids of the
+	// statements that read the counters).
+	before := counter(b)
+	_, err = pool.Exec(ctx, pglease.PrepareCitusShardMoveSQL(a.host, a.port, b.host, b.port, margin))
+	require.NoError(t, err)
+	require.Less(t, counter(b), before+1000, "a target ahead of the source consumes nothing")
+
+	// The other way: a, now behind, is raised to margin above b.
+	top := counter(b) + margin
+	_, err = pool.Exec(ctx, pglease.PrepareCitusShardMoveSQL(b.host, b.port, a.host, a.port, margin))
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, counter(a), top)
+}
+
 // TestCitusUpgradeSetsPositionsOnTheWorkers migrates a distributed schema
 // of version 10, whose trigger set only the transaction id, to the latest:
 // the trigger's function is replaced on every worker, where it runs, and a

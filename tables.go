@@ -222,3 +222,14 @@ func DistributeSQL(tables Tables) string {
 func PrepareCitusMoveSQL(host string, port int, margin uint64) string {
 	return pgsql.PrepareMoveScript(host, port, margin)
 }
+
+// PrepareCitusShardMoveSQL is PrepareCitusMoveSQL for a move from the
+// worker at srcHost:srcPort to the one at host:port: it raises the
+// target's counter to margin above the source's only, and leaves it alone
+// when it is there already (a target ahead of the source costs nothing).
+// The moved rows and the groups' positions of their topics were taken on
+// the source, below its counter; no other worker's counter matters to the
+// move. `pglease move-shard` and `pglease rebalance` run it.
+func PrepareCitusShardMoveSQL(srcHost string, srcPort int, host string, port int, margin uint64) string {
+	return pgsql.PrepareShardMoveScript(srcHost, srcPort, host, port, margin)
+}

@@ -22,8 +22,9 @@ var moveShardSpec = commandSpec{
 shards co-located with it (other topics that hash alike), to the worker
 HOST:PORT, as citus_move_shard_placement does with shard_transfer_mode
 block_writes. First it raises that worker's transaction counter to at least N
-above the highest counter of the cluster's workers (pglease.PrepareCitusMoveSQL;
-N defaults to 1,000,000, about 4 s of the target's time): positions are
+above the source worker's counter, and not at all when it is there already
+(pglease.PrepareCitusShardMoveSQL; N defaults to 1,000,000, at most about 4 s
+of the target's time): positions are
 transaction ids of the topic's worker, and on a target whose counter is lower
 the messages published after the move would sort below the consumer groups'
 positions and be skipped. The margin must exceed the transaction ids the
@@ -37,7 +38,7 @@ See docs/scaling.md.`,
 
 // moveShardCmd is pglease move-shard: on a Citus coordinator, moves the
 // shard that holds a topic to another worker, raising that worker's
-// transaction counter first (pglease.PrepareCitusMoveSQL).
+// transaction counter first (pglease.PrepareCitusShardMoveSQL).
 type moveShardCmd struct {
 	topic  string
 	to     string
@@ -67,7 +68,7 @@ func (c *moveShardCmd) unbounded() {}
 func (c *moveShardCmd) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.topic, "topic", "", "the topic whose shard moves (with its co-located shards: the topics that hash alike, their groups' offsets)")
 	fs.StringVar(&c.to, "to", "", "the target worker, host:port as in pg_dist_node")
-	fs.Uint64Var(&c.margin, "margin", 1000000, "transaction ids the target's counter is raised above the highest worker counter")
+	fs.Uint64Var(&c.margin, "margin", 1000000, "transaction ids the target's counter is raised above the source worker's counter (when it is not there already)")
 	fs.BoolVar(&c.dryRun, "dry-run", false, "print what would run, and run nothing")
 }
 
@@ -93,11 +94,12 @@ func (c *moveShardCmd) check(*flag.FlagSet) error {
 const moveSQL = `SELECT pg_catalog.citus_move_shard_placement($1, $2, $3, $4, $5, shard_transfer_mode => 'block_writes')`
 
 // moveShard raises the transaction counter of the worker dstHost:dstPort
-// to margin above every worker's (pglease.PrepareCitusMoveSQL), then moves
-// shard from srcHost:srcPort there.
+// to margin above the source's, when it is below
+// (pglease.PrepareCitusShardMoveSQL), then moves shard from
+// srcHost:srcPort there.
 func moveShard(ctx context.Context, conn *pgx.Conn, shard int64, srcHost string, srcPort int, dstHost string, dstPort int, margin uint64) error {
 	to := net.JoinHostPort(dstHost, strconv.Itoa(dstPort))
-	if _, err := conn.Exec(ctx, pglease.PrepareCitusMoveSQL(dstHost, dstPort, margin)); err != nil {
+	if _, err := conn.Exec(ctx, pglease.PrepareCitusShardMoveSQL(srcHost, srcPort, dstHost, dstPort, margin)); err != nil {
 		return fmt.Errorf("raise the transaction counter of %s: %w", to, err)
 	}
 	if _, err := conn.Exec(ctx, moveSQL, shard, srcHost, srcPort, dstHost, dstPort); err != nil {
@@ -120,7 +122,7 @@ WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::text::regc
 		return fmt.Errorf("find the shard of topic %q (is this the coordinator of a Citus cluster, the tables distributed?): %w", c.topic, err)
 	}
 	out.From = net.JoinHostPort(srcHost, strconv.Itoa(srcPort))
-	prepare := pglease.PrepareCitusMoveSQL(c.host, c.port, c.margin)
+	prepare := pglease.PrepareCitusShardMoveSQL(srcHost, srcPort, c.host, c.port, c.margin)
 	out.SQL = prepare + ";\n" + fmt.Sprintf("SELECT pg_catalog.citus_move_shard_placement(%d, %s, %d, %s, %d, shard_transfer_mode => 'block_writes');\n",
 		out.Shard, quoteLiteral(srcHost), srcPort, quoteLiteral(c.host), c.port)
 	if out.From == out.To {

@@ -52,7 +52,7 @@ type rebalanceOutput struct {
 func (c *rebalanceCmd) unbounded() {}
 
 func (c *rebalanceCmd) flags(fs *flag.FlagSet) {
-	fs.Uint64Var(&c.margin, "margin", 1000000, "transaction ids each target's counter is raised above the highest worker counter")
+	fs.Uint64Var(&c.margin, "margin", 1000000, "transaction ids each target's counter is raised above its source worker's counter (when it is not there already)")
 	fs.BoolVar(&c.dryRun, "dry-run", false, "print the moves, and move nothing")
 }
 

@@ -174,7 +174,30 @@ const (
 // an error that says by how much: a counter that far behind is raised
 // with pg_resetwal (see docs/scaling.md), not by consuming ids.
 func PrepareMoveScript(host string, port int, margin uint64) string {
+	return prepareMoveScript(host, port, margin, "")
+}
+
+// PrepareShardMoveScript is PrepareMoveScript for a move from the worker
+// at srcHost:srcPort: it raises the target only to margin above the
+// source's counter, and not at all when the target's counter is there
+// already. The moved rows, and the groups' positions of their topics,
+// were taken on the source (or, for a topic moved before, below a counter
+// an earlier script raised the source above): no other worker's counter
+// matters to this move. A target ahead of the source consumes nothing.
+func PrepareShardMoveScript(srcHost string, srcPort int, host string, port int, margin uint64) string {
+	return prepareMoveScript(host, port, margin, `c.nodename = `+quoteLiteral(srcHost)+` AND c.nodeport = `+strconv.Itoa(srcPort))
+}
+
+// prepareMoveScript is the script of PrepareMoveScript, raising the
+// target above the highest counter of the workers that source (a
+// condition on run_command_on_workers's row c) selects, every worker's
+// when empty.
+func prepareMoveScript(host string, port int, margin uint64, source string) string {
 	const counters = `'SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())'`
+	from := "true"
+	if source != "" {
+		from = source
+	}
 	return doBlock(`DECLARE
 	top numeric;
 	have numeric;
@@ -183,15 +206,18 @@ BEGIN
 	IF EXISTS (SELECT 1 FROM pg_catalog.run_command_on_workers(` + counters + `) c WHERE NOT c.success) THEN
 		RAISE EXCEPTION 'pglease: cannot read the transaction counter of every worker';
 	END IF;
-	SELECT pg_catalog.max(c.result::numeric) + ` + strconv.FormatUint(margin, 10) + `,
+	SELECT pg_catalog.max(c.result::numeric) FILTER (WHERE ` + from + `) + ` + strconv.FormatUint(margin, 10) + `,
 		pg_catalog.max(c.result::numeric) FILTER (WHERE c.nodename = ` + quoteLiteral(host) + ` AND c.nodeport = ` + strconv.Itoa(port) + `)
 	INTO top, have
 	FROM pg_catalog.run_command_on_workers(` + counters + `) c;
 	IF have IS NULL THEN
 		RAISE EXCEPTION 'pglease: no worker %:% in the cluster', ` + quoteLiteral(host) + `, ` + strconv.Itoa(port) + `;
 	END IF;
+	IF top IS NULL THEN
+		RAISE EXCEPTION 'pglease: no source worker in the cluster (%)', ` + quoteLiteral(from) + `;
+	END IF;
 	IF top - have > ` + strconv.Itoa(MoveBurnMax) + ` THEN
-		RAISE EXCEPTION 'pglease: worker %:% is % transaction ids behind the highest counter of the workers plus the margin, more than the % this script consumes (about 7 minutes): raise its counter with pg_resetwal --epoch, or move the shard to a worker closer to the others', ` + quoteLiteral(host) + `, ` + strconv.Itoa(port) + `, top - have, ` + strconv.Itoa(MoveBurnMax) + `
+		RAISE EXCEPTION 'pglease: worker %:% is % transaction ids behind the counter it must reach (the source''s, or every worker''s, plus the margin), more than the % this script consumes (about 7 minutes): raise its counter with pg_resetwal --epoch, or move the shard to a worker closer to the others', ` + quoteLiteral(host) + `, ` + strconv.Itoa(port) + `, top - have, ` + strconv.Itoa(MoveBurnMax) + `
 			USING ERRCODE = 'program_limit_exceeded';
 	END IF;
 	WHILE have < top LOOP
