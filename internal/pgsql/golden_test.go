@@ -151,8 +151,8 @@ func dumpStatements(a *Tables) string {
 	q("InspectTopics", a.InspectTopics())
 	for _, to := range []string{"earliest", "latest", "time"} {
 		// "o1:gt" is the reset notification of group "g" on topic "t".
-		q("ResetOffsets "+to, a.ResetOffsets("g", "t", to, at, false, "ch", "o1:gt"))
-		q("ResetOffsets force "+to, a.ResetOffsets("g", "t", to, at, true, "ch", "o1:gt"))
+		q("ResetOffsets "+to, a.ResetOffsets("g", "t", to, at, false, "ch", "o1:gt", []int64{5}))
+		q("ResetOffsets force "+to, a.ResetOffsets("g", "t", to, at, true, "ch", "o1:gt", []int64{5}))
 	}
 	for _, m := range a.Migrations() {
 		s(fmt.Sprintf("Migration %d %s", m.Version, m.Description), m.SQL)

@@ -226,7 +226,14 @@ ORDER BY n.topic`
 // session had just claimed looked free.) The positions AckInTx recorded
 // above the old position (acked_above) are forgotten: after a reset back,
 // their messages are delivered and acknowledged again.
-func (t *Tables) ResetOffsets(group, topic, to string, at time.Time, force bool, notifyChannel, notification string) Stmt {
+//
+// bounds are the position bounds of the topic's partitions (index =
+// partition), computed by a statement before this one (PositionBounds):
+// a bound read in this statement, after its snapshot, could pass a
+// message whose publisher committed in between (not in the snapshot, no
+// longer holding its key), and the reset would move the group past it. A
+// row of a partition bounds lacks takes the bound this statement reads.
+func (t *Tables) ResetOffsets(group, topic, to string, at time.Time, force bool, notifyChannel, notification string, bounds []int64) Stmt {
 	return Stmt{
 		SQL: `WITH snap AS (
 	SELECT o.partition, o.session_id, o.epoch, CASE WHEN s.expires_at > pg_catalog.now() THEN s.owner END AS live_owner
@@ -245,7 +252,9 @@ func (t *Tables) ResetOffsets(group, topic, to string, at time.Time, force bool,
 		snap.partition IS NULL OR cur.session_id IS DISTINCT FROM snap.session_id OR cur.epoch <> snap.epoch AS changed,
 		snap.live_owner, t.tx, t.off
 	FROM cur LEFT JOIN snap ON snap.partition = cur.partition,
-	LATERAL (SELECT b.bounds[1]::text::xid8 AS xmin, (b.bounds[1] - 1)::text::xid8 AS below FROM ` + t.PositionBoundFunction() + `(ARRAY[$2::text], ARRAY[cur.partition]) b) x, LATERAL (
+	LATERAL (SELECT b.b::text::xid8 AS xmin, (b.b - 1)::text::xid8 AS below
+		FROM (SELECT COALESCE(($8::bigint[])[cur.partition + 1],
+			(SELECT f.bounds[1] FROM ` + t.PositionBoundFunction() + `(ARRAY[$2::text], ARRAY[cur.partition]) f)) AS b) b) x, LATERAL (
 		SELECT c.tx, c.off FROM (
 			SELECT 1 AS choice, f.tx, f.off FROM (
 				SELECT m.transaction_id AS tx, m."offset" - 1 AS off
@@ -282,6 +291,6 @@ SELECT target.partition, target.session_id, CASE WHEN NOT target.changed THEN ta
 	EXISTS (SELECT 1 FROM updated u WHERE u.partition = target.partition), target.changed
 FROM target, (SELECT pg_catalog.count(*) FROM notified) n
 ORDER BY target.partition`,
-		Args: []any{group, topic, to, at, force, notifyChannel, notification},
+		Args: []any{group, topic, to, at, force, notifyChannel, notification, bounds},
 	}
 }

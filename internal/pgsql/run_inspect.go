@@ -196,7 +196,29 @@ type ResetRow struct {
 // p.At is the time).
 func (d singleNode) ResetOffsets(ctx context.Context, q Querier, p ResetParams) ([]ResetRow, error) {
 	t := d.t
-	s := t.ResetOffsets(p.ConsumerGroup, p.Topic, p.To, p.At, p.Force, t.NotifyChannel, p.Notification)
+	var bounds []int64
+	if p.To != "earliest" {
+		// The bounds first, in a statement of their own (see
+		// Tables.ResetOffsets).
+		counts, err := d.TopicPartitions(ctx, q, []string{p.Topic})
+		if err != nil {
+			return nil, err
+		}
+		n := max(counts[p.Topic], 1)
+		topics, partitions := make([]string, n), make([]int32, n)
+		for i := range n {
+			topics[i], partitions[i] = p.Topic, int32(i)
+		}
+		b, err := d.PositionBounds(ctx, q, topics, partitions)
+		if err != nil {
+			return nil, err
+		}
+		bounds = make([]int64, len(b))
+		for i, v := range b {
+			bounds[i] = int64(v)
+		}
+	}
+	s := t.ResetOffsets(p.ConsumerGroup, p.Topic, p.To, p.At, p.Force, t.NotifyChannel, p.Notification, bounds)
 	return collect(ctx, q, s, func(row pgx.CollectableRow) (ResetRow, error) {
 		var r ResetRow
 		err := row.Scan(&r.Partition, &r.SessionID, &r.LiveOwner, (*xid8)(&r.From.TransactionID), &r.From.Offset,

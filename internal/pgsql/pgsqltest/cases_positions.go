@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -418,5 +419,63 @@ func testInsertsThatDidNotRegister(t *testing.T, f *fixture) {
 	if err := f.Pool.QueryRow(f.ctx, `SELECT pg_catalog.count(*) FROM `+f.Tables.Messages+
 		` WHERE topic IN ('registered', 'plain') AND needs_registration IS NOT NULL`).Scan(&flagged); err != nil || flagged != 0 {
 		t.Fatalf("rows that store needs_registration: %d, %v; want none", flagged, err)
+	}
+}
+
+// testResetToTimeBoundBeforeSnapshot: a reset to a time reads the
+// partition's bound in a statement before its own, as a reader does. The
+// reset's statement is held after its snapshot (by the offset row's lock,
+// which it waits for) while a publisher that had published after the time
+// commits: with the bound read in the same statement (after that
+// snapshot, the publisher gone from pg_locks, its row not in the
+// snapshot), the group moved past the publisher's message; with the bound
+// read before, the group starts below it.
+func testResetToTimeBoundBeforeSnapshot(t *testing.T, f *fixture) {
+	f.positionsOnly()
+	const group, topic = "g", "reset-time"
+	f.ensure(group, topic)
+	var at time.Time
+	if err := f.Pool.QueryRow(f.ctx, `SELECT pg_catalog.now() - interval '1 millisecond'`).Scan(&at); err != nil {
+		t.Fatal(err)
+	}
+	r := f.begin()
+	f.publish(r, topic, "r1")
+	f.publish(f.Pool, topic, "f1")
+	locker := f.begin()
+	if _, err := locker.Exec(f.ctx, `SELECT 1 FROM `+f.Tables.Offsets+` WHERE consumer_group = $1 AND topic = $2 FOR UPDATE`, group, topic); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		rows []pgsql.ResetRow
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rows, err := f.reset(pgsql.ResetParams{ConsumerGroup: group, Topic: topic, To: "time", At: at})
+		done <- result{rows, err}
+	}()
+	f.waitBlocked(1, "%FOR UPDATE%", "")
+	if err := r.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := locker.Rollback(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	if res.err != nil || len(res.rows) != 1 || !res.rows[0].Applied {
+		t.Fatalf("reset to the time: %+v, %v; want applied", res.rows, res.err)
+	}
+	var got []string
+	after := res.rows[0].To
+	for {
+		read := f.readSettled(f.selectParams(topic, 0, after))
+		if len(read.Messages) == 0 {
+			break
+		}
+		got = append(got, uuidsOf(read.Messages)...)
+		after = read.Messages[len(read.Messages)-1].Position
+	}
+	if !slices.Equal(got, []string{"r1", "f1"}) {
+		t.Fatalf("after the reset to a time before both: %v, want [r1 f1] (the message committed during the reset not skipped)", got)
 	}
 }

@@ -89,6 +89,7 @@ func cases() []testCase {
 		{"SavepointRolledBackAfterRegistration", testSavepointRolledBackAfterRegistration},
 		{"BoundCountsOnlyWriters", testBoundCountsOnlyWriters},
 		{"InsertsThatDidNotRegister", testInsertsThatDidNotRegister},
+		{"ResetToTimeBoundBeforeSnapshot", testResetToTimeBoundBeforeSnapshot},
 		// idempotency keys
 		{"KeyedInsertStoresOnce", testKeyedInsertStoresOnce},
 		{"KeyedInsertWaitsForTheOther", testKeyedInsertWaitsForTheOther},
