@@ -270,14 +270,19 @@ func printHorizon(w io.Writer, out statusOutput, warnAfter time.Duration) {
 	fmt.Fprintln(w, "Xmin horizon: messages of transactions at or above xmin are not delivered yet")
 	tw := newTable(w)
 	fmt.Fprintf(tw, "xmin\t%d\n", h.Xmin)
+	hh := h.Holder
 	if h.Node != "" {
 		// Citus: the horizon of the worker with the oldest holder, which
-		// holds back the topics on that worker.
-		fmt.Fprintf(tw, "worker\t%s (of %d; its topics are held back)\n", h.Node, len(h.Workers))
+		// holds back the topics on that worker; with no holder, the
+		// lowest horizon, which holds nothing back.
+		if hh != nil {
+			fmt.Fprintf(tw, "worker\t%s (of %d; its topics are held back)\n", h.Node, len(h.Workers))
+		} else {
+			fmt.Fprintf(tw, "worker\t%s (of %d; the lowest horizon)\n", h.Node, len(h.Workers))
+		}
 	}
-	hh := h.Holder
 	if hh == nil {
-		fmt.Fprintf(tw, "held by\tnothing: no writing transaction is running\n")
+		fmt.Fprintf(tw, "held by\tnothing: no writing transaction is running, no topic is held back\n")
 		_ = tw.Flush()
 		return
 	}

@@ -28,7 +28,7 @@ func TestPrintHorizon(t *testing.T) {
 		held   *bool
 		want   []string
 	}{
-		{"none", nil, ptr(false), []string{"xmin     812\n", "held by  nothing: no writing transaction is running\n"}},
+		{"none", nil, ptr(false), []string{"xmin     812\n", "held by  nothing: no writing transaction is running, no topic is held back\n"}},
 		{"young", backend(300 * time.Millisecond), ptr(false), []string{
 			"held by      pid 4242\n", "application  report\n", "state        idle in transaction\n",
 			"age          300ms (since 2026-11-23T08:00:00Z)\n", "query        UPDATE t SET x = 1\n",
@@ -65,6 +65,19 @@ func TestPrintHorizon(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStatusCitusWorkerWithoutHolder: on Citus, the worker with the
+// lowest horizon and no transaction holding it is not said to hold its
+// topics back.
+func TestStatusCitusWorkerWithoutHolder(t *testing.T) {
+	h := admin.Horizon{Xmin: 812, Node: "10.0.0.11:5432", Workers: make([]admin.Horizon, 2)}
+	out := newStatusOutput(nil, h, 5*time.Second)
+	var b bytes.Buffer
+	printHorizon(&b, out, 5*time.Second)
+	assert.Contains(t, b.String(), "worker   10.0.0.11:5432 (of 2; the lowest horizon)\n")
+	assert.Contains(t, b.String(), "held by  nothing: no writing transaction is running, no topic is held back\n")
+	assert.NotContains(t, b.String(), "held back)")
 }
 
 func ptr[T any](v T) *T { return &v }
