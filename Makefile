@@ -114,7 +114,7 @@ bench-keys: localpg
 	$(call DEPS,$(SERVER_DEPS))
 	LOCALPG_DURABLE=1 $(LOCALPG) go test -run "^$$" -bench IdempotentPublish -benchtime 1x -count 3 .
 
-## bench-retry: a poison storm under the failure policy (100 keys, one in ten always failing, MaxInFlight 16, 20 ms handler) beside the same drain without failures, in one run: the healthy keys' rate, the dead-letter count, the backoff's error; PostgreSQL with fsync on (about 2 minutes)
+## bench-retry: a poison storm under the failure policy (100 keys, one in ten always failing, MaxInFlight 16, 20 ms handler) beside the same drain without failures, in one run: the healthy keys' rate, the dead-letter count, the backoff's error; PostgreSQL with fsync on (about 6 minutes)
 bench-retry: localpg
 	$(call DEPS,$(SERVER_DEPS))
 	LOCALPG_DURABLE=1 $(LOCALPG) go test -run "^$$" -bench PoisonStorm -benchtime 1x -count 3 -timeout 30m .
