@@ -40,7 +40,7 @@ export GOWORK := off
 MODULES := $(sort $(patsubst %/,%,$(dir $(shell find . -name go.mod -not -path "./.git/*" -not -path "*/testdata/*"))))
 
 .DEFAULT_GOAL := help
-.PHONY: help check unit test test-server test-pgbouncer test-ui lint bench bench-otel bench-insert bench-keys demo stress pg screenshots fmt localpg test-citus bench-citus
+.PHONY: help check unit test test-server test-pgbouncer test-ui lint bench bench-otel bench-insert bench-keys bench-retry demo stress pg screenshots fmt localpg test-citus bench-citus
 
 ## help: this list
 help:
@@ -113,6 +113,11 @@ bench-insert: localpg
 bench-keys: localpg
 	$(call DEPS,$(SERVER_DEPS))
 	LOCALPG_DURABLE=1 $(LOCALPG) go test -run "^$$" -bench IdempotentPublish -benchtime 1x -count 3 .
+
+## bench-retry: a poison storm under the failure policy (100 keys, one in ten always failing, MaxInFlight 16, 20 ms handler) beside the same drain without failures, in one run: the healthy keys' rate, the dead-letter count, the backoff's error; PostgreSQL with fsync on (about 6 minutes)
+bench-retry: localpg
+	$(call DEPS,$(SERVER_DEPS))
+	LOCALPG_DURABLE=1 $(LOCALPG) go test -run "^$$" -bench PoisonStorm -benchtime 1x -count 3 -timeout 30m .
 
 ## demo: run _examples/basic (against DATABASE_URL when set, else a throwaway PostgreSQL)
 demo: localpg
