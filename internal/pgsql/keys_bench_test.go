@@ -3,6 +3,7 @@ package pgsql_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -29,7 +30,14 @@ import (
 //   - unique_on_conflict: the same with ON CONFLICT DO NOTHING;
 //   - keyed_strict: the keyed insert a pool runs (two day slots per key,
 //     no ON CONFLICT; strictFirst);
-//   - keyed: the keyed insert a pgx.Tx runs (ON CONFLICT DO NOTHING).
+//   - keyed: the keyed insert a pgx.Tx runs (ON CONFLICT DO NOTHING);
+//   - one_slot_strict: keyed_strict writing one day slot per key, not two
+//     (a bound for a design with a fence between days; not correct as it
+//     is: see decision 0009);
+//   - lean_strict: keyed_strict's two slots in a statement for one topic
+//     whose keys are distinct within the call (no first message per key,
+//     no keys returned and joined back): a bound for what a leaner
+//     statement would win.
 //
 // Sub-benchmarks: random keys (version 4 UUIDs) and time-ordered ones
 // (version 7). With fsync on, as `make bench-keys`:
@@ -72,6 +80,37 @@ func BenchmarkKeyedInsertShapes(b *testing.B) {
 				s.Args = append(s.Args, keys)
 				return s
 			}
+			// rewrite replaces each old of s with its new, and fails when
+			// the statement no longer has old.
+			rewrite := func(s pgsql.Stmt, oldNew ...string) pgsql.Stmt {
+				for i := 0; i < len(oldNew); i += 2 {
+					if !strings.Contains(s.SQL, oldNew[i]) {
+						b.Fatalf("the statement has no %q any more:\n%s", oldNew[i], s.SQL)
+					}
+					s.SQL = strings.Replace(s.SQL, oldNew[i], oldNew[i+1], 1)
+				}
+				return s
+			}
+			oneSlot := func(p pgsql.InsertMessagesParams) pgsql.Stmt {
+				return rewrite(tables.InsertKeyed(p), "\n\tON CONFLICT DO NOTHING", "",
+					"(VALUES (s.today - 1), (s.today))", "(VALUES (s.today))", "pg_catalog.count(*) = 2", "pg_catalog.count(*) = 1")
+			}
+			lean := func(p pgsql.InsertMessagesParams) pgsql.Stmt {
+				keys := p.Keys
+				p.Keys = nil
+				s := rewrite(tables.InsertMessages(p), "), inserted AS (", `), k AS (
+	INSERT INTO `+tables.Keys+` (topic, key, slot, gen)
+	SELECT $1::text, u.key, s.slot, (s.slot % 4)::smallint
+	FROM unnest($7::uuid[]) u(key)
+	CROSS JOIN (SELECT pg_catalog.floor(extract(epoch FROM pg_catalog.now()) / 86400)::bigint - 1 + v.d AS slot FROM (VALUES (0), (1)) v(d)) s
+	WHERE u.key IS NOT NULL
+	ORDER BY s.slot, u.key
+	RETURNING 1
+), inserted AS (`, "WITH ORDINALITY AS m(uuid, payload, metadata, hash, n)\nORDER BY m.n",
+					"WITH ORDINALITY AS m(uuid, payload, metadata, hash, n)\nWHERE (SELECT pg_catalog.count(*) FROM k) >= 0\nORDER BY m.n")
+				s.Args = append(s.Args, keys)
+				return s
+			}
 			run := func(s pgsql.Stmt) error {
 				rows, err := pool.Query(ctx, s.SQL, s.Args...)
 				if err != nil {
@@ -92,6 +131,8 @@ func BenchmarkKeyedInsertShapes(b *testing.B) {
 				}},
 				{"keyed_strict", func(p pgsql.InsertMessagesParams) error { _, err := d.InsertKeyed(ctx, pool, p); return err }},
 				{"keyed", func(p pgsql.InsertMessagesParams) error { return run(tables.InsertKeyed(p)) }},
+				{"one_slot_strict", func(p pgsql.InsertMessagesParams) error { return run(oneSlot(p)) }},
+				{"lean_strict", func(p pgsql.InsertMessagesParams) error { return run(lean(p)) }},
 			}
 			params := func() pgsql.InsertMessagesParams {
 				p := pgsql.InsertMessagesParams{NotifyChannel: tables.NotifyChannel}
