@@ -21,7 +21,8 @@ import (
 // The statement that publishes writes each key for two slots: the day its
 // transaction began in (pg_catalog.now()) and the day before, with INSERT
 // ... ON CONFLICT DO NOTHING, and stores the message only when both rows
-// were new. Any two publishes of one key whose transactions began less
+// were new (where the statement is a transaction of its own, a strict
+// statement without ON CONFLICT runs first: see strictFirst). Any two publishes of one key whose transactions began less
 // than a day apart share a slot, so that one of them finds the other's
 // row in that slot's unique index: committed, it stores nothing; in
 // progress, it waits for it to end, as PostgreSQL does for a unique index,
