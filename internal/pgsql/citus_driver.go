@@ -200,7 +200,7 @@ func (d citus) InsertMessages(ctx context.Context, q Querier, p InsertMessagesPa
 // InsertKeyed implements Driver (see InsertMessages).
 func (d citus) InsertKeyed(ctx context.Context, q Querier, p InsertMessagesParams) ([]int, error) {
 	if keyed(p) {
-		return skipped(ctx, q, d.t.insertKeyed(p))
+		return skipped(ctx, q, d.t.insertKeyed(p, false))
 	}
 	_, err := exec(ctx, q, d.insertMessagesStmt(p))
 	return nil, err
@@ -216,7 +216,7 @@ func (d citus) InsertDelayed(ctx context.Context, q Querier, p InsertMessagesPar
 // InsertDelayedKeyed implements Driver (see InsertDelayed).
 func (d citus) InsertDelayedKeyed(ctx context.Context, q Querier, p InsertMessagesParams) ([]int, error) {
 	if keyed(p) {
-		return skipped(ctx, q, d.t.insertDelayedKeyed(p))
+		return skipped(ctx, q, d.t.insertDelayedKeyed(p, false))
 	}
 	return nil, d.one.InsertDelayed(ctx, q, p)
 }

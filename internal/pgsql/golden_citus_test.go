@@ -86,6 +86,6 @@ func dumpCitusStatements(t *Tables) string {
 	q("citusDeleteExpiredKept", a.citusDeleteExpiredKept("t", 500))
 	s("citusDetachRetentionPartition", a.citusDetachRetentionPartition(rp))
 	s("DistributeScript", t.DistributeScript())
-	dumpKeyedStatements(&b, a.t.insertKeyed, a.t)
+	dumpKeyedStatements(&b, a.t, false)
 	return b.String()
 }

@@ -162,7 +162,7 @@ func dumpStatements(a *Tables) string {
 	}
 	dumpMovedStatements(a, q)
 	dumpAdminStatements(a, q, s)
-	dumpKeyedStatements(&b, a.insertKeyed, a)
+	dumpKeyedStatements(&b, a, true)
 	return b.String()
 }
 

@@ -2,9 +2,14 @@ package pgsql
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Idempotency keys (schema version 15).
@@ -16,7 +21,8 @@ import (
 // The statement that publishes writes each key for two slots: the day its
 // transaction began in (pg_catalog.now()) and the day before, with INSERT
 // ... ON CONFLICT DO NOTHING, and stores the message only when both rows
-// were new. Any two publishes of one key whose transactions began less
+// were new (where the statement is a transaction of its own, a strict
+// statement without ON CONFLICT runs first: see strictFirst). Any two publishes of one key whose transactions began less
 // than a day apart share a slot, so that one of them finds the other's
 // row in that slot's unique index: committed, it stores nothing; in
 // progress, it waits for it to end, as PostgreSQL does for a unique index,
@@ -74,16 +80,22 @@ func keysOf(p InsertMessagesParams) []string {
 // common table expressions f (the first message of each distinct (topic,
 // key) among m, the messages), k (the rows written) and fresh (the
 // ordinals n of the messages whose keys were new in both slots). m has
-// the columns topic, key (uuid, NULL without) and n.
-func (t *Tables) keysWritten() string {
+// the columns topic, key (uuid, NULL without) and n. Strict, the insert
+// has no ON CONFLICT clause: a key stored already fails the statement
+// (unique_violation) instead of being left out (see strictFirst).
+func (t *Tables) keysWritten(strict bool) string {
+	conflict := `
+	ON CONFLICT DO NOTHING`
+	if strict {
+		conflict = ""
+	}
 	return `s AS (SELECT pg_catalog.floor(extract(epoch FROM pg_catalog.now()) / ` + strconv.Itoa(KeySlotSeconds) + `)::bigint AS today),
 f AS (SELECT DISTINCT ON (m.topic, m.key) m.topic, m.key, m.n FROM m WHERE m.key IS NOT NULL ORDER BY m.topic, m.key, m.n),
 k AS (
 	INSERT INTO ` + t.Keys + ` (topic, key, slot, gen)
 	SELECT f.topic, f.key, x.slot, (x.slot % ` + strconv.Itoa(keysGenerations) + `)::smallint
 	FROM f CROSS JOIN s CROSS JOIN LATERAL (VALUES (s.today - 1), (s.today)) x(slot)
-	ORDER BY x.slot, f.topic, f.key
-	ON CONFLICT DO NOTHING
+	ORDER BY x.slot, f.topic, f.key` + conflict + `
 	RETURNING topic, key
 ),
 fresh AS (SELECT f.n FROM f JOIN (SELECT k.topic, k.key FROM k GROUP BY k.topic, k.key HAVING pg_catalog.count(*) = 2) w
@@ -106,15 +118,16 @@ const keptOut = `o AS (SELECT m.*, m.key IS NOT NULL AND fresh.n IS NULL AS left
 // TxHandler queues (InsertKeyed) run on Citus too: the retention row is
 // joined to the topics row (placementJoined) rather than read by a
 // correlated sub-select, and pg_notify's result is cast to text (asCitus),
-// both of which Citus needs and a single server does not mind.
-func (t *Tables) insertKeyed(p InsertMessagesParams) Stmt {
+// both of which Citus needs and a single server does not mind. Strict,
+// see keysWritten.
+func (t *Tables) insertKeyed(p InsertMessagesParams, strict bool) Stmt {
 	return asCitus(t.insertKeyedPlaced(p, `LEFT JOIN `+t.Retention+` l ON l.retention_class = tp.retention_class
-	CROSS JOIN LATERAL (`+placementJoined("tp", "l")+`) r`))
+	CROSS JOIN LATERAL (`+placementJoined("tp", "l")+`) r`, strict))
 }
 
 // insertKeyedPlaced is insertKeyed, placed what follows the join of the
 // topics row tp: it gives the placement row r (see insertManyTopics).
-func (t *Tables) insertKeyedPlaced(p InsertMessagesParams, placed string) Stmt {
+func (t *Tables) insertKeyedPlaced(p InsertMessagesParams, placed string, strict bool) Stmt {
 	hashes := hashesOf(p)
 	notify := ""
 	if p.NotifyChannel != "" {
@@ -138,7 +151,7 @@ SELECT NULL FROM (SELECT pg_catalog.pg_notify($7, ` + messagesPayload("w.partiti
 	SELECT m.topic, m.uuid, m.payload, m.metadata, m.hash, NULLIF(m.k, '')::uuid AS key, m.n
 	FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::int4[], $6::text[]) WITH ORDINALITY AS m(topic, uuid, payload, metadata, hash, k, n)
 ),
-` + t.keysWritten() + `,
+` + t.keysWritten(strict) + `,
 ` + keptOut + `,
 inserted AS (
 	INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at)
@@ -157,15 +170,15 @@ SELECT o.n FROM o WHERE o.left_out` + notify,
 
 // insertDelayedKeyed is the statement of [InsertDelayed] when a message
 // has an idempotency key; it returns the ordinals of the messages it left
-// out, as insertKeyed.
-func (t *Tables) insertDelayedKeyed(p InsertMessagesParams) Stmt {
+// out, as insertKeyed. Strict, see keysWritten.
+func (t *Tables) insertDelayedKeyed(p InsertMessagesParams, strict bool) Stmt {
 	return asCitus(Stmt{
 		SQL: `WITH m AS (
 	SELECT m.topic, m.uuid, m.payload, m.metadata, m.hash, m.due, NULLIF(m.k, '')::uuid AS key, m.n
 	FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::int4[], $6::timestamptz[], $7::text[])
 		WITH ORDINALITY AS m(topic, uuid, payload, metadata, hash, due, k, n)
 ),
-` + t.keysWritten() + `,
+` + t.keysWritten(strict) + `,
 ` + keptOut + `,
 ins AS (
 	INSERT INTO ` + t.Delayed + ` (due_at, topic, partition_hash, uuid, payload, metadata)
@@ -195,7 +208,7 @@ func delayedHashesOf(p InsertMessagesParams) []int32 { return hashesOf(p) }
 // that it runs on a distributed table too.
 func (t *Tables) InsertKeyed(p InsertMessagesParams) Stmt {
 	if keyed(p) {
-		return t.insertKeyed(p)
+		return t.insertKeyed(p, false)
 	}
 	return t.insertMessages(p, false)
 }
@@ -204,7 +217,7 @@ func (t *Tables) InsertKeyed(p InsertMessagesParams) Stmt {
 // single node: that of InsertDelayed without keys.
 func (t *Tables) InsertDelayedKeyed(p InsertMessagesParams) Stmt {
 	if keyed(p) {
-		return t.insertDelayedKeyed(p)
+		return t.insertDelayedKeyed(p, false)
 	}
 	return t.InsertDelayed(p)
 }
@@ -212,6 +225,43 @@ func (t *Tables) InsertDelayedKeyed(p InsertMessagesParams) Stmt {
 // ForgetKeys is the statement of [ForgetKeys].
 func (t *Tables) ForgetKeys() Stmt {
 	return Stmt{SQL: `SELECT ` + t.function(fnForgetKeys) + `()`}
+}
+
+// strictFirst runs the keyed insert stmt(strict) on q and returns the
+// 0-based indexes of the messages it left out. When q runs the statement
+// in a transaction of its own (ownTransaction), the strict statement runs
+// first: a key stored already fails it (unique_violation, after waiting
+// for a writer of the key still in progress, as the tolerant one waits),
+// which rolls back nothing but the statement, and the tolerant statement
+// (ON CONFLICT DO NOTHING) runs then, and leaves those keys' messages out.
+// A publish whose keys are new, all of them but a retried one's, so skips
+// the speculative insertion of ON CONFLICT: measured, a fifth of the
+// keyed statement's time (docs/decisions/0009-idempotency-keys.md).
+// Anywhere else (a pgx.Tx, a connection inside a transaction) a failed
+// statement would abort the caller's transaction: the tolerant statement
+// runs alone.
+func strictFirst(ctx context.Context, q Querier, stmt func(strict bool) Stmt) ([]int, error) {
+	if ownTransaction(q) {
+		out, err := skipped(ctx, q, stmt(true))
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23505" { // unique_violation
+			return out, err
+		}
+	}
+	return skipped(ctx, q, stmt(false))
+}
+
+// ownTransaction reports whether a statement run on q is a transaction of
+// its own: q is a pool, or a connection outside a transaction block. It
+// does not know other Queriers (pgx.Tx, wrappers) and says false.
+func ownTransaction(q Querier) bool {
+	switch c := q.(type) {
+	case *pgxpool.Pool:
+		return true
+	case *pgx.Conn:
+		return c.PgConn().TxStatus() == 'I'
+	}
+	return false
 }
 
 // skipped runs s, a keyed insert, and returns the 0-based indexes of the

@@ -7,9 +7,11 @@ import (
 )
 
 // dumpKeyedStatements adds the statements of idempotency keys to a golden
-// dump: insert, the keyed insert of the driver (keyed), the keyed delayed
-// insert and the forgetting of t.
-func dumpKeyedStatements(b *strings.Builder, keyed func(InsertMessagesParams) Stmt, t *Tables) {
+// dump: the keyed inserts, the keyed delayed insert and the forgetting of
+// t, then, with strict (the single-node driver's), the strict inserts
+// that it runs first in a transaction of their own (strictFirst).
+func dumpKeyedStatements(b *strings.Builder, t *Tables, strict bool) {
+	keyed := func(p InsertMessagesParams) Stmt { return t.insertKeyed(p, false) }
 	q := func(name string, q Stmt) {
 		fmt.Fprintf(b, "== %s\n%s\n-- args: %v\n\n", name, q.SQL, q.Args)
 	}
@@ -20,6 +22,12 @@ func dumpKeyedStatements(b *strings.Builder, keyed func(InsertMessagesParams) St
 	p.PartitionHashes = []uint32{1, 4294967295}
 	q("InsertKeyed notify hashes", keyed(p))
 	p.DueAt = []time.Time{time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC), time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC)}
-	q("InsertDelayedKeyed", t.insertDelayedKeyed(p))
+	q("InsertDelayedKeyed", t.insertDelayedKeyed(p, false))
 	q("ForgetKeys", t.ForgetKeys())
+	if strict {
+		p.DueAt = nil
+		q("InsertKeyed strict", t.insertKeyed(p, true))
+		p.DueAt = []time.Time{time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC), time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC)}
+		q("InsertDelayedKeyed strict", t.insertDelayedKeyed(p, true))
+	}
 }

@@ -49,7 +49,7 @@ func (d singleNode) InsertMessages(ctx context.Context, q Querier, p InsertMessa
 // it left out, their keys stored already.
 func (d singleNode) InsertKeyed(ctx context.Context, q Querier, p InsertMessagesParams) ([]int, error) {
 	if keyed(p) {
-		return skipped(ctx, q, d.t.insertKeyed(p))
+		return strictFirst(ctx, q, func(strict bool) Stmt { return d.t.insertKeyed(p, strict) })
 	}
 	_, err := exec(ctx, q, d.t.insertMessages(p, !d.unregistered))
 	return nil, err
@@ -67,7 +67,7 @@ func (d singleNode) InsertDelayed(ctx context.Context, q Querier, p InsertMessag
 // messages it left out, their keys stored already.
 func (d singleNode) InsertDelayedKeyed(ctx context.Context, q Querier, p InsertMessagesParams) ([]int, error) {
 	if keyed(p) {
-		return skipped(ctx, q, d.t.insertDelayedKeyed(p))
+		return strictFirst(ctx, q, func(strict bool) Stmt { return d.t.insertDelayedKeyed(p, strict) })
 	}
 	_, err := exec(ctx, q, d.t.InsertDelayed(p))
 	return nil, err
