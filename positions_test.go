@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
+	"github.com/pglease/watermill-pglease/internal/pgtest"
 	"github.com/pglease/watermill-pglease/internal/testkit"
 )
 
@@ -234,6 +235,7 @@ func TestMigrationToSequencePositionsUnderTraffic(t *testing.T) {
 // sequence of the same name is not used (the functions search pg_temp
 // last), so a publisher cannot choose its positions through it.
 func TestPositionsInTheDefaultSchema(t *testing.T) {
+	pgtest.SkipShort(t)
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, testkit.DSN)
 	require.NoError(t, err)

@@ -18,6 +18,7 @@ import (
 // ended. Forced: the first statement waits on an advisory lock while
 // another transaction commits a row; the second must see that row.
 func TestPipelinedStatementsTakeTheirOwnSnapshots(t *testing.T) {
+	pgtest.SkipShort(t)
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
 		t.Run(mode.String(), func(t *testing.T) {
 			ctx := context.Background()
