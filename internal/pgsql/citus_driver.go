@@ -200,7 +200,7 @@ func (d citus) InsertMessages(ctx context.Context, q Querier, p InsertMessagesPa
 // InsertKeyed implements Driver (see InsertMessages).
 func (d citus) InsertKeyed(ctx context.Context, q Querier, p InsertMessagesParams) ([]int, error) {
 	if keyed(p) {
-		return skipped(ctx, q, d.t.insertKeyed(p, false))
+		return skipped(ctx, q, d.t.insertKeyed(p, false, false))
 	}
 	_, err := exec(ctx, q, d.insertMessagesStmt(p))
 	return nil, err

@@ -119,15 +119,29 @@ const keptOut = `o AS (SELECT m.*, m.key IS NOT NULL AND fresh.n IS NULL AS left
 // joined to the topics row (placementJoined) rather than read by a
 // correlated sub-select, and pg_notify's result is cast to text (asCitus),
 // both of which Citus needs and a single server does not mind. Strict,
-// see keysWritten.
-func (t *Tables) insertKeyed(p InsertMessagesParams, strict bool) Stmt {
+// see keysWritten; register, see insertKeyedPlaced.
+func (t *Tables) insertKeyed(p InsertMessagesParams, strict, register bool) Stmt {
 	return asCitus(t.insertKeyedPlaced(p, `LEFT JOIN `+t.Retention+` l ON l.retention_class = tp.retention_class
-	CROSS JOIN LATERAL (`+placementJoined("tp", "l")+`) r`, strict))
+	CROSS JOIN LATERAL (`+placementJoined("tp", "l")+`) r`, strict, register))
 }
 
 // insertKeyedPlaced is insertKeyed, placed what follows the join of the
 // topics row tp: it gives the placement row r (see insertManyTopics).
-func (t *Tables) insertKeyedPlaced(p InsertMessagesParams, placed string, strict bool) Stmt {
+// register (a single node since schema version 18) registers the
+// partitions of every message of the call before the rows take their
+// positions, as insertMessages does (the messages left out too: a
+// registration only holds their partitions back until the transaction
+// ends), and the rows write needs_registration NULL.
+func (t *Tables) insertKeyedPlaced(p InsertMessagesParams, placed string, strict, register bool) Stmt {
+	columns, reg, regFrom, regValue := "", "", "", ""
+	if register {
+		columns, regFrom, regValue = ", needs_registration", "\n\tCROSS JOIN reg", ", CASE WHEN reg.ok THEN NULL ELSE true END"
+		reg = `
+reg AS (SELECT pg_catalog.bool_and(` + t.RegisterFunction() + `(d.topic, d.partitions)) AS ok
+	FROM (SELECT m.topic, pg_catalog.array_agg(DISTINCT ` + fmt.Sprintf(partitionOf, "COALESCE(tp.partitions, 1)") + `) AS partitions
+		FROM m LEFT JOIN ` + t.Topics + ` tp ON tp.topic = m.topic
+		GROUP BY m.topic) d),`
+	}
 	hashes := hashesOf(p)
 	notify := ""
 	if p.NotifyChannel != "" {
@@ -152,14 +166,14 @@ SELECT NULL FROM (SELECT pg_catalog.pg_notify($7, ` + messagesPayload("w.partiti
 	FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::int4[], $6::text[]) WITH ORDINALITY AS m(topic, uuid, payload, metadata, hash, k, n)
 ),
 ` + t.keysWritten(strict) + `,
-` + keptOut + `,
+` + keptOut + `,` + reg + `
 inserted AS (
-	INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at)
+	INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at` + columns + `)
 	SELECT m.topic, ` + fmt.Sprintf(partitionOf, "COALESCE(tp.partitions, 1)") + `, m.uuid, m.payload, NULLIF(m.metadata, '')::jsonb,
-		` + t.placement("tp", "r") + `
+		` + t.placement("tp", "r") + regValue + `
 	FROM o m
 	LEFT JOIN ` + t.Topics + ` tp ON tp.topic = m.topic
-	` + placed + `
+	` + placed + regFrom + `
 	WHERE NOT m.left_out
 	ORDER BY m.n
 )
@@ -208,7 +222,7 @@ func delayedHashesOf(p InsertMessagesParams) []int32 { return hashesOf(p) }
 // that it runs on a distributed table too.
 func (t *Tables) InsertKeyed(p InsertMessagesParams) Stmt {
 	if keyed(p) {
-		return t.insertKeyed(p, false)
+		return t.insertKeyed(p, false, false)
 	}
 	return t.insertMessages(p, false)
 }

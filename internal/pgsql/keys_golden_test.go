@@ -9,9 +9,10 @@ import (
 // dumpKeyedStatements adds the statements of idempotency keys to a golden
 // dump: the keyed inserts, the keyed delayed insert and the forgetting of
 // t, then, with strict (the single-node driver's), the strict inserts
-// that it runs first in a transaction of their own (strictFirst).
+// that it runs first in a transaction of their own (strictFirst); the
+// single-node driver's keyed inserts register their partitions.
 func dumpKeyedStatements(b *strings.Builder, t *Tables, strict bool) {
-	keyed := func(p InsertMessagesParams) Stmt { return t.insertKeyed(p, false) }
+	keyed := func(p InsertMessagesParams) Stmt { return t.insertKeyed(p, false, strict) }
 	q := func(name string, q Stmt) {
 		fmt.Fprintf(b, "== %s\n%s\n-- args: %v\n\n", name, q.SQL, q.Args)
 	}
@@ -26,7 +27,7 @@ func dumpKeyedStatements(b *strings.Builder, t *Tables, strict bool) {
 	q("ForgetKeys", t.ForgetKeys())
 	if strict {
 		p.DueAt = nil
-		q("InsertKeyed strict", t.insertKeyed(p, true))
+		q("InsertKeyed strict", t.insertKeyed(p, true, true))
 		p.DueAt = []time.Time{time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC), time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC)}
 		q("InsertDelayedKeyed strict", t.insertDelayedKeyed(p, true))
 	}

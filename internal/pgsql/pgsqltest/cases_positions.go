@@ -479,3 +479,32 @@ func testResetToTimeBoundBeforeSnapshot(t *testing.T, f *fixture) {
 		t.Fatalf("after the reset to a time before both: %v, want [r1 f1] (the message committed during the reset not skipped)", got)
 	}
 }
+
+// testKeyedInsertHoldsItsTopic: a keyed publish registers its partitions
+// as the plain one does (its statement, or the trigger where the
+// statement does not): while its transaction is open, a later message of
+// its topic is not read, and after the commit both come in order; its
+// row stores needs_registration NULL.
+func testKeyedInsertHoldsItsTopic(t *testing.T, f *fixture) {
+	f.positionsOnly()
+	const topic = "keyed-holds"
+	tx := f.begin()
+	if skipped := f.insertKeyed(tx, topic, keyed{"k1", "key-1"}); len(skipped) != 0 {
+		t.Fatalf("keyed insert left out %v", skipped)
+	}
+	f.publish(f.Pool, topic, "p2")
+	if res := f.read(f.selectParams(topic, 0, pgsql.Position{})); len(res.Messages) != 0 {
+		t.Fatalf("%s while the keyed publisher's transaction is open: %v, want nothing", topic, uuidsOf(res.Messages))
+	}
+	if err := tx.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.drain(topic); !slices.Equal(got, []string{"k1", "p2"}) {
+		t.Fatalf("%s after the commit: %v, want [k1 p2]", topic, got)
+	}
+	var flagged int
+	if err := f.Pool.QueryRow(f.ctx, `SELECT pg_catalog.count(*) FROM `+f.Tables.Messages+
+		` WHERE topic = $1 AND needs_registration IS NOT NULL`, topic).Scan(&flagged); err != nil || flagged != 0 {
+		t.Fatalf("rows that store needs_registration: %d, %v; want none", flagged, err)
+	}
+}

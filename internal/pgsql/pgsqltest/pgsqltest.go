@@ -90,6 +90,7 @@ func cases() []testCase {
 		{"BoundCountsOnlyWriters", testBoundCountsOnlyWriters},
 		{"InsertsThatDidNotRegister", testInsertsThatDidNotRegister},
 		{"ResetToTimeBoundBeforeSnapshot", testResetToTimeBoundBeforeSnapshot},
+		{"KeyedInsertHoldsItsTopic", testKeyedInsertHoldsItsTopic},
 		// idempotency keys
 		{"KeyedInsertStoresOnce", testKeyedInsertStoresOnce},
 		{"KeyedInsertWaitsForTheOther", testKeyedInsertWaitsForTheOther},
