@@ -1384,58 +1384,6 @@ BEGIN
 	-- registered. Rows stored before read NULL: nothing is rewritten.
 	ALTER TABLE "My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz" ADD COLUMN IF NOT EXISTS needs_registration boolean;
 	ALTER TABLE "My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz" ALTER COLUMN needs_registration SET DEFAULT true;
-	CREATE OR REPLACE FUNCTION "My ""App"""."messages_with_a_rather_long_name_that_ne_05ba50ac_take_position"() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog
-		AS $pglease$
-DECLARE
-	k integer;
-	mark text;
-	registered text;
-	v bigint;
-	root oid;
-BEGIN
-	-- Called only for a row that the trigger's WHEN clause does not let
-	-- through: a transaction not yet registered for the row's topic and
-	-- partition (by this function, or by pglease's statement: see
-	-- needs_registration), a position not taken by this row's default
-	-- (written by the statement, or taken before the registration), a
-	-- creation time written, or the owner's import. Every row it lets
-	-- through stores needs_registration NULL.
-	--
-	-- The owner's import of another system's messages keeps the
-	-- positions it computed (see ImportInsertMessages): only a member of
-	-- the owner's role that asked for it in its transaction.
-	IF pg_catalog.current_setting('pglease.keep_positions', true) = 'on'
-		AND pg_catalog.pg_has_role((SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = TG_RELID), 'USAGE') THEN
-		NEW.needs_registration := NULL;
-		RETURN NEW;
-	END IF;
-	-- Registration, once per transaction, messages table and key of the
-	-- topic and partition: v, the last value the sequence handed out,
-	-- then a shared lock on v (tagged in the top byte) and one on the
-	-- topic's key (the messages table's oid, the hash), both held to the
-	-- end of the transaction. Every position taken after is above v; a
-	-- reader that sees the topic's lock reads up to v only (see the
-	-- position bound).
-	root := COALESCE(pg_catalog.pg_partition_root(TG_RELID), TG_RELID);
-	k := pg_catalog.hashtext(NEW.topic || ':' || NEW.partition::text);
-	mark := root::text || ':' || k::text || ',';
-	registered := pg_catalog.current_setting('pglease.registered', true);
-	IF registered IS NULL OR pg_catalog.strpos(registered, ',' || mark) = 0 THEN
-		SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END INTO v FROM "messages_with_a_rather_long_name_that_needs__05ba50ac_positions" s;
-		PERFORM pg_catalog.pg_advisory_xact_lock_shared(8070450532247928832 | v);
-		PERFORM pg_catalog.pg_advisory_xact_lock_shared((root::bigint - CASE WHEN root::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::integer, k);
-		PERFORM pg_catalog.set_config('pglease.registered', COALESCE(NULLIF(registered, ''), ',') || mark, true);
-	END IF;
-	-- A position taken after the registration: the rows that follow,
-	-- whose default takes the next, pass the WHEN clause.
-	NEW.transaction_id := pg_catalog.nextval('"messages_with_a_rather_long_name_that_needs__05ba50ac_positions"'::regclass)::text::xid8;
-	NEW.created_at := pg_catalog.now();
-	NEW.needs_registration := NULL;
-	RETURN NEW;
-END
-$pglease$;
-	EXECUTE 'ALTER FUNCTION ' || '"My ""App"""."messages_with_a_rather_long_name_that_ne_05ba50ac_take_position"' || '() SET search_path = pg_catalog, '
-		|| quote_ident(nsp) || ', pg_temp';
 	CREATE OR REPLACE FUNCTION "My ""App"""."messages_with_a_rather_long_name_that_needs_s_05ba50ac_register"(topic text, partitions integer[]) RETURNS boolean
 		LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog
 		AS $pglease$
@@ -1449,14 +1397,15 @@ DECLARE
 	p integer;
 	v bigint;
 BEGIN
-	-- The registration of the trigger's function (0018_take_position),
-	-- for every partition of topic at once: called by pglease's insert
-	-- statement before its rows take their positions. v, the last value
-	-- the sequence handed out, is read once, before every position the
-	-- statement takes; a shared lock on v (tagged in the top byte) and
-	-- one on each partition's key, held to the end of the transaction;
-	-- the transaction's mark, so that neither this function nor the
-	-- trigger's registers a partition again.
+	-- The registration for every partition of topic at once: called by
+	-- pglease's insert statement before its rows take their positions,
+	-- and by the trigger's function (0018_take_position) for a row whose
+	-- statement did not. v, the last value the sequence handed out, is
+	-- read once, before every position the caller takes; a shared lock
+	-- on v (tagged in the top byte) and one on each partition's key,
+	-- held to the end of the transaction; the transaction's mark, which
+	-- the trigger's WHEN clause reads and after which this function
+	-- registers a partition no more.
 	rootkey := (root::bigint - CASE WHEN root::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::integer;
 	FOREACH p IN ARRAY partitions LOOP
 		k := pg_catalog.hashtext(topic || ':' || p::text);
@@ -1477,6 +1426,41 @@ BEGIN
 END
 $pglease$;
 	EXECUTE 'ALTER FUNCTION ' || '"My ""App"""."messages_with_a_rather_long_name_that_needs_s_05ba50ac_register"' || '(text, integer[]) SET search_path = pg_catalog, '
+		|| quote_ident(nsp) || ', pg_temp';
+	CREATE OR REPLACE FUNCTION "My ""App"""."messages_with_a_rather_long_name_that_ne_05ba50ac_take_position"() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog
+		AS $pglease$
+BEGIN
+	-- Called only for a row that the trigger's WHEN clause does not let
+	-- through: a transaction not yet registered for the row's topic and
+	-- partition (by this function, or by pglease's statement: see
+	-- needs_registration), a position not taken by this row's default
+	-- (written by the statement, or taken before the registration), a
+	-- creation time written, or the owner's import. Every row it lets
+	-- through stores needs_registration NULL.
+	--
+	-- The owner's import of another system's messages keeps the
+	-- positions it computed (see ImportInsertMessages): only a member of
+	-- the owner's role that asked for it in its transaction.
+	IF pg_catalog.current_setting('pglease.keep_positions', true) = 'on'
+		AND pg_catalog.pg_has_role((SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = TG_RELID), 'USAGE') THEN
+		NEW.needs_registration := NULL;
+		RETURN NEW;
+	END IF;
+	-- Registration, once per transaction, messages table and key of the
+	-- topic and partition, by the function pglease's statements call
+	-- themselves (0018_register.plpgsql): every position taken after is
+	-- above the v it registered; a reader that sees the topic's lock
+	-- reads up to v only (see the position bound).
+	PERFORM "My ""App"""."messages_with_a_rather_long_name_that_needs_s_05ba50ac_register"(NEW.topic, ARRAY[NEW.partition]);
+	-- A position taken after the registration: the rows that follow,
+	-- whose default takes the next, pass the WHEN clause.
+	NEW.transaction_id := pg_catalog.nextval('"messages_with_a_rather_long_name_that_needs__05ba50ac_positions"'::regclass)::text::xid8;
+	NEW.created_at := pg_catalog.now();
+	NEW.needs_registration := NULL;
+	RETURN NEW;
+END
+$pglease$;
+	EXECUTE 'ALTER FUNCTION ' || '"My ""App"""."messages_with_a_rather_long_name_that_ne_05ba50ac_take_position"' || '() SET search_path = pg_catalog, '
 		|| quote_ident(nsp) || ', pg_temp';
 	-- Any role may register (it takes shared advisory locks, which any
 	-- role may take itself; readers count only holders that may write the

@@ -133,14 +133,9 @@ func (t *Tables) insertKeyed(p InsertMessagesParams, strict, register bool) Stmt
 // registration only holds their partitions back until the transaction
 // ends), and the rows write needs_registration NULL.
 func (t *Tables) insertKeyedPlaced(p InsertMessagesParams, placed string, strict, register bool) Stmt {
-	columns, reg, regFrom, regValue := "", "", "", ""
+	r, reg := registers(register, "\n\tCROSS JOIN reg"), ""
 	if register {
-		columns, regFrom, regValue = ", needs_registration", "\n\tCROSS JOIN reg", ", CASE WHEN reg.ok THEN NULL ELSE true END"
-		reg = `
-reg AS (SELECT pg_catalog.bool_and(` + t.RegisterFunction() + `(d.topic, d.partitions)) AS ok
-	FROM (SELECT m.topic, pg_catalog.array_agg(DISTINCT ` + fmt.Sprintf(partitionOf, "COALESCE(tp.partitions, 1)") + `) AS partitions
-		FROM m LEFT JOIN ` + t.Topics + ` tp ON tp.topic = m.topic
-		GROUP BY m.topic) d),`
+		reg = "\n" + t.registerTopics("m") + ","
 	}
 	hashes := hashesOf(p)
 	notify := ""
@@ -168,12 +163,12 @@ SELECT NULL FROM (SELECT pg_catalog.pg_notify($7, ` + messagesPayload("w.partiti
 ` + t.keysWritten(strict) + `,
 ` + keptOut + `,` + reg + `
 inserted AS (
-	INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at` + columns + `)
+	INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at` + r.column + `)
 	SELECT m.topic, ` + fmt.Sprintf(partitionOf, "COALESCE(tp.partitions, 1)") + `, m.uuid, m.payload, NULLIF(m.metadata, '')::jsonb,
-		` + t.placement("tp", "r") + regValue + `
+		` + t.placement("tp", "r") + r.value + `
 	FROM o m
 	LEFT JOIN ` + t.Topics + ` tp ON tp.topic = m.topic
-	` + placed + regFrom + `
+	` + placed + r.join + `
 	WHERE NOT m.left_out
 	ORDER BY m.n
 )

@@ -35,17 +35,16 @@ func (t *Tables) InsertMessages(p InsertMessagesParams) Stmt { return t.insertMe
 func (t *Tables) insertMessages(p InsertMessagesParams, register bool) Stmt {
 	hashes := hashesOf(p)
 	if oneTopic(p.Topics) {
-		columns, reg, regFrom, regValue := "", "", "", ""
+		r, reg := registers(register, ", reg"), ""
 		if register {
-			columns, regFrom, regValue = ", needs_registration", ", reg", ", CASE WHEN reg.ok THEN NULL ELSE true END"
 			reg = `, reg AS (SELECT ` + t.RegisterFunction() + `($1::text, CASE WHEN p.n = 1 THEN ARRAY[0]
 	ELSE ARRAY(SELECT DISTINCT ` + fmt.Sprintf(partitionOf, "p.n") + ` FROM unnest($2::text[], $5::int4[]) AS m(uuid, hash)) END) AS ok
 	FROM p)`
 		}
-		insert := `INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at` + columns + `)
+		insert := `INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at` + r.column + `)
 SELECT $1::text, CASE WHEN p.n = 1 THEN 0 ELSE ` + fmt.Sprintf(partitionOf, "p.n") + ` END,
-	m.uuid, m.payload, NULLIF(m.metadata, '')::jsonb, p.rc, p.exp` + regValue + `
-FROM p` + regFrom + `, unnest($2::text[], $3::bytea[], $4::text[], $5::int4[]) WITH ORDINALITY AS m(uuid, payload, metadata, hash, n)
+	m.uuid, m.payload, NULLIF(m.metadata, '')::jsonb, p.rc, p.exp` + r.value + `
+FROM p` + r.join + `, unnest($2::text[], $3::bytea[], $4::text[], $5::int4[]) WITH ORDINALITY AS m(uuid, payload, metadata, hash, n)
 ORDER BY m.n`
 		count := `p AS (SELECT COALESCE(tp.partitions, 1) AS n, ` + t.placement("tp", "r") + `
 	FROM (SELECT 1) one LEFT JOIN ` + t.Topics + ` tp ON tp.topic = $1::text
@@ -79,31 +78,24 @@ FROM (SELECT DISTINCT ` + fmt.Sprintf(partitionOf, "(SELECT n FROM p)") + ` AS p
 // placement row r (see placement). register is insertMessages's.
 func (t *Tables) insertManyTopics(p InsertMessagesParams, hashes []int32, placed string, register bool) Stmt {
 	partitions := `COALESCE((SELECT tp.partitions FROM ` + t.Topics + ` tp WHERE tp.topic = m.topic), 1)`
-	columns, reg, regFrom, regValue := "", "", "", ""
-	if register {
-		columns, regFrom, regValue = ", needs_registration", "\nCROSS JOIN reg", ", CASE WHEN reg.ok THEN NULL ELSE true END"
-		reg = `reg AS (SELECT pg_catalog.bool_and(` + t.RegisterFunction() + `(d.topic, d.partitions)) AS ok
-	FROM (SELECT m.topic, pg_catalog.array_agg(DISTINCT ` + fmt.Sprintf(partitionOf, partitions) + `) AS partitions
-		FROM unnest($1::text[], $2::text[], $5::int4[]) AS m(topic, uuid, hash)
-		GROUP BY m.topic) d)`
-	}
-	insert := `INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at` + columns + `)
+	r := registers(register, "\nCROSS JOIN reg")
+	insert := `INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at` + r.column + `)
 SELECT m.topic, ` + fmt.Sprintf(partitionOf, "COALESCE(tp.partitions, 1)") + `, m.uuid, m.payload, NULLIF(m.metadata, '')::jsonb,
-	` + t.placement("tp", "r") + regValue + `
+	` + t.placement("tp", "r") + r.value + `
 FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::int4[]) WITH ORDINALITY AS m(topic, uuid, payload, metadata, hash, n)
 LEFT JOIN ` + t.Topics + ` tp ON tp.topic = m.topic
-` + placed + regFrom + `
+` + placed + r.join + `
 ORDER BY m.n`
 	if p.NotifyChannel == "" {
 		if register {
-			insert = `WITH ` + reg + `
+			insert = `WITH ` + t.registerTopics(`unnest($1::text[], $2::text[], $5::int4[]) AS m(topic, uuid, hash)`) + `
 ` + insert
 		}
 		return Stmt{SQL: insert, Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, hashes}}
 	}
 	with := `WITH `
 	if register {
-		with += reg + `, `
+		with += t.registerTopics(`unnest($1::text[], $2::text[], $5::int4[]) AS m(topic, uuid, hash)`) + `, `
 	}
 	return Stmt{
 		SQL: with + `inserted AS (
@@ -114,6 +106,31 @@ FROM (SELECT DISTINCT m.topic, ` + fmt.Sprintf(partitionOf, partitions) + ` AS p
 	FROM unnest($1::text[], $2::text[], $5::int4[]) AS m(topic, uuid, hash)) t`,
 		Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, hashes, p.NotifyChannel},
 	}
+}
+
+// registration is what an insert that registers its partitions itself
+// (see insertMessages) adds: the column needs_registration, its value
+// from the sub-statement reg's one row, and the join of reg (to the FROM
+// list). The zero value adds nothing.
+type registration struct{ column, value, join string }
+
+// registers is the registration of an insert that joins reg with join,
+// or none without register.
+func registers(register bool, join string) registration {
+	if !register {
+		return registration{}
+	}
+	return registration{", needs_registration", ", CASE WHEN reg.ok THEN NULL ELSE true END", join}
+}
+
+// registerTopics is the sub-statement reg of an insert of several topics:
+// it registers, per topic, the partitions of the rows of rows (a FROM item
+// m with topic, uuid and hash), computed as the insert computes them.
+func (t *Tables) registerTopics(rows string) string {
+	return `reg AS (SELECT pg_catalog.bool_and(` + t.RegisterFunction() + `(d.topic, d.partitions)) AS ok
+	FROM (SELECT m.topic, pg_catalog.array_agg(DISTINCT ` + fmt.Sprintf(partitionOf, "COALESCE(tp.partitions, 1)") + `) AS partitions
+		FROM ` + rows + ` LEFT JOIN ` + t.Topics + ` tp ON tp.topic = m.topic
+		GROUP BY m.topic) d)`
 }
 
 // hashesOf is p.PartitionHashes as the statements send them: int4, their
@@ -283,7 +300,7 @@ func (t *Tables) SelectMessages(p SelectMessagesParams) Stmt {
 // the second is SelectMessages reading below that setting.
 func (t *Tables) SelectMessagesBound(p SelectMessagesParams) (bound, read Stmt) {
 	bound = Stmt{SQL: `SELECT x.b, pg_catalog.set_config('pglease.read_bound', x.b::text, true)
-FROM (SELECT (` + t.positionBounds(`ARRAY[$1::text]`, `ARRAY[$2::integer]`) + `)[1] AS b) x`,
+FROM (SELECT b.bounds[1] AS b FROM ` + t.PositionBoundFunction() + `(ARRAY[$1::text], ARRAY[$2::integer]) b) x`,
 		Args: []any{p.Topic, p.Partition}}
 	read = t.selectMessages(hereIs(7), selectMessagesArgs(p), `pg_catalog.current_setting('pglease.read_bound')::xid8`,
 		t.positionCounter())
@@ -356,42 +373,8 @@ func (t *Tables) positionCounter() string {
 
 // PositionBounds is the statement of [Driver.PositionBounds].
 func (t *Tables) PositionBounds(topics []string, partitions []int32) Stmt {
-	return Stmt{SQL: `SELECT ` + t.positionBounds(`$1::text[]`, `$2::integer[]`),
+	return Stmt{SQL: `SELECT b.bounds FROM ` + t.PositionBoundFunction() + `($1::text[], $2::integer[]) b`,
 		Args: []any{topics, partitionsOf(topics, partitions)}}
-}
-
-// positionBounds is a scalar sub-select (bigint[]): the position bounds
-// of the (topic, partition) pairs of the arrays topics and partitions
-// (SQL expressions), in their order. It takes the bound function's fast
-// path itself, without the function's call (a PL/pgSQL call with its own
-// search_path costs some ten times the rest, measured): first where the
-// sequence is (materialized: a sequence's tuple is changed in place, so a
-// value read later from the scanned tuple could be newer), then, per
-// partition, an instant's exclusive lock on its key, which succeeds only
-// when no transaction holds it; when every partition's does, in a
-// transaction at READ COMMITTED that did not register for it itself, each
-// bound is just above the last value. Else it calls the bound function,
-// which reads it all again and looks for the holders in pg_locks
-// (decision 0008: with the fast path's instant in place of the read of
-// pg_locks).
-func (t *Tables) positionBounds(topics, partitions string) string {
-	return `(WITH s AS MATERIALIZED (
-	SELECT CASE WHEN q.is_called THEN q.last_value + 1 ELSE q.last_value END AS next FROM ` + t.PositionSequence() + ` q
-), r AS (
-	SELECT c.oid AS root, (c.oid::bigint - CASE WHEN c.oid::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::integer AS rootkey
-	FROM (SELECT ` + quoteLiteral(t.Messages) + `::regclass::oid AS oid) c
-), f AS MATERIALIZED (
-	SELECT u.n, s.next, s.next IS NOT NULL
-		AND pg_catalog.current_setting('transaction_isolation') = 'read committed'
-		AND pg_catalog.strpos(COALESCE(pg_catalog.current_setting('pglease.registered', true), ''),
-			',' || r.root::text || ':' || h.k::text || ',') = 0
-		AND pg_catalog.pg_try_advisory_lock(r.rootkey, h.k)
-		AND pg_catalog.pg_advisory_unlock(r.rootkey, h.k) AS free
-	FROM s, r, unnest(` + topics + `, ` + partitions + `) WITH ORDINALITY AS u(topic, partition, n),
-		LATERAL (SELECT pg_catalog.hashtext(u.topic || ':' || u.partition::text) AS k) h
-)
-SELECT CASE WHEN (SELECT pg_catalog.bool_and(f.free) FROM f) THEN (SELECT pg_catalog.array_agg(f.next ORDER BY f.n) FROM f)
-	ELSE (SELECT b.bounds FROM ` + t.PositionBoundFunction() + `(` + topics + `, ` + partitions + `) b) END)`
 }
 
 // VisibleTopics is the statement of [VisibleTopics].

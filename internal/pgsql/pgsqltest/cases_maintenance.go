@@ -21,6 +21,23 @@ func (f *fixture) reset(p pgsql.ResetParams) ([]pgsql.ResetRow, error) {
 	return rows, err
 }
 
+// resetResult is what an asynchronous reset returned.
+type resetResult struct {
+	rows []pgsql.ResetRow
+	err  error
+}
+
+// resetAsync runs f.reset from a goroutine, and returns a channel that
+// receives its result.
+func (f *fixture) resetAsync(p pgsql.ResetParams) <-chan resetResult {
+	done := make(chan resetResult, 1)
+	go func() {
+		rows, err := f.reset(p)
+		done <- resetResult{rows, err}
+	}()
+	return done
+}
+
 // testResetOffsets: a reset moves a free row to the beginning or to the
 // latest position and bumps its epoch; a row whose owner lives is left
 // alone without force, and with force keeps its owner but bumps the
@@ -92,15 +109,7 @@ func testResetOffsetsLeavesChangedRows(t *testing.T, f *fixture) {
 WHERE consumer_group = $1 AND topic = $2`, group, topic, claimer); err != nil {
 		t.Fatal(err)
 	}
-	type result struct {
-		rows []pgsql.ResetRow
-		err  error
-	}
-	done := make(chan result, 1)
-	go func() {
-		rows, err := f.reset(pgsql.ResetParams{ConsumerGroup: group, Topic: topic, To: "earliest", Force: true})
-		done <- result{rows, err}
-	}()
+	done := f.resetAsync(pgsql.ResetParams{ConsumerGroup: group, Topic: topic, To: "earliest", Force: true})
 	// Single server: one statement (WITH snap AS ...); on Citus the rows
 	// are locked by a statement of their own.
 	f.waitBlocked(1, "WITH snap AS%", "SELECT partition, session_id%")

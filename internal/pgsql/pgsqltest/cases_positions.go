@@ -62,10 +62,13 @@ func (f *fixture) readBelow(topic string, after pgsql.Position, bound uint64) pg
 // last position of the one before, as a consumer does.
 func (f *fixture) drain(topic string) []string {
 	f.t.Helper()
-	var (
-		after pgsql.Position
-		got   []string
-	)
+	return f.drainFrom(topic, pgsql.Position{})
+}
+
+// drainFrom is drain from the position after.
+func (f *fixture) drainFrom(topic string, after pgsql.Position) []string {
+	f.t.Helper()
+	var got []string
 	for {
 		res := f.read(f.selectParams(topic, 0, after))
 		if res.WentBack || res.Future != nil {
@@ -79,6 +82,18 @@ func (f *fixture) drain(topic string) []string {
 		if !res.Pending {
 			return got
 		}
+	}
+}
+
+// noneNeedRegistration fails the case when a row of topics stores
+// needs_registration (a registered statement writes NULL, the trigger's
+// function stores NULL).
+func (f *fixture) noneNeedRegistration(topics ...string) {
+	f.t.Helper()
+	var flagged int
+	if err := f.Pool.QueryRow(f.ctx, `SELECT pg_catalog.count(*) FROM `+f.Tables.Messages+
+		` WHERE topic = ANY($1) AND needs_registration IS NOT NULL`, topics).Scan(&flagged); err != nil || flagged != 0 {
+		f.t.Fatalf("rows of %v that store needs_registration: %d, %v; want none", topics, flagged, err)
 	}
 }
 
@@ -415,11 +430,7 @@ func testInsertsThatDidNotRegister(t *testing.T, f *fixture) {
 	if got := f.drain("registered"); !slices.Equal(got, []string{"r1", "r2"}) {
 		t.Fatalf("registered after the commit: %v, want [r1 r2]", got)
 	}
-	var flagged int
-	if err := f.Pool.QueryRow(f.ctx, `SELECT pg_catalog.count(*) FROM `+f.Tables.Messages+
-		` WHERE topic IN ('registered', 'plain') AND needs_registration IS NOT NULL`).Scan(&flagged); err != nil || flagged != 0 {
-		t.Fatalf("rows that store needs_registration: %d, %v; want none", flagged, err)
-	}
+	f.noneNeedRegistration("registered", "plain")
 }
 
 // testResetToTimeBoundBeforeSnapshot: a reset to a time reads the
@@ -441,19 +452,8 @@ func testResetToTimeBoundBeforeSnapshot(t *testing.T, f *fixture) {
 	r := f.begin()
 	f.publish(r, topic, "r1")
 	f.publish(f.Pool, topic, "f1")
-	locker := f.begin()
-	if _, err := locker.Exec(f.ctx, `SELECT 1 FROM `+f.Tables.Offsets+` WHERE consumer_group = $1 AND topic = $2 FOR UPDATE`, group, topic); err != nil {
-		t.Fatal(err)
-	}
-	type result struct {
-		rows []pgsql.ResetRow
-		err  error
-	}
-	done := make(chan result, 1)
-	go func() {
-		rows, err := f.reset(pgsql.ResetParams{ConsumerGroup: group, Topic: topic, To: "time", At: at})
-		done <- result{rows, err}
-	}()
+	locker := f.lockRows(group, topic)
+	done := f.resetAsync(pgsql.ResetParams{ConsumerGroup: group, Topic: topic, To: "time", At: at})
 	f.waitBlocked(1, "%FOR UPDATE%", "")
 	if err := r.Commit(f.ctx); err != nil {
 		t.Fatal(err)
@@ -465,17 +465,7 @@ func testResetToTimeBoundBeforeSnapshot(t *testing.T, f *fixture) {
 	if res.err != nil || len(res.rows) != 1 || !res.rows[0].Applied {
 		t.Fatalf("reset to the time: %+v, %v; want applied", res.rows, res.err)
 	}
-	var got []string
-	after := res.rows[0].To
-	for {
-		read := f.readSettled(f.selectParams(topic, 0, after))
-		if len(read.Messages) == 0 {
-			break
-		}
-		got = append(got, uuidsOf(read.Messages)...)
-		after = read.Messages[len(read.Messages)-1].Position
-	}
-	if !slices.Equal(got, []string{"r1", "f1"}) {
+	if got := f.drainFrom(topic, res.rows[0].To); !slices.Equal(got, []string{"r1", "f1"}) {
 		t.Fatalf("after the reset to a time before both: %v, want [r1 f1] (the message committed during the reset not skipped)", got)
 	}
 }
@@ -502,9 +492,5 @@ func testKeyedInsertHoldsItsTopic(t *testing.T, f *fixture) {
 	if got := f.drain(topic); !slices.Equal(got, []string{"k1", "p2"}) {
 		t.Fatalf("%s after the commit: %v, want [k1 p2]", topic, got)
 	}
-	var flagged int
-	if err := f.Pool.QueryRow(f.ctx, `SELECT pg_catalog.count(*) FROM `+f.Tables.Messages+
-		` WHERE topic = $1 AND needs_registration IS NOT NULL`, topic).Scan(&flagged); err != nil || flagged != 0 {
-		t.Fatalf("rows that store needs_registration: %d, %v; want none", flagged, err)
-	}
+	f.noneNeedRegistration(topic)
 }
