@@ -1496,4 +1496,155 @@ INSERT INTO "pglease_schema_version" (version, description) VALUES (18, 'positio
 ALTER TABLE "pglease_consumer_offsets"
 	ADD COLUMN IF NOT EXISTS handed_out text;
 INSERT INTO "pglease_schema_version" (version, description) VALUES (19, 'failure policy: how far the row''s owner handed messages out, so that a new owner counts their attempts') ON CONFLICT (version) DO NOTHING;
+
+-- version 20: positions: the trigger's WHEN clause tests only the rows pglease's statements registered; the registration runs no query per step
+-- The position machinery's cost per statement: the trigger's WHEN clause
+-- is compiled once per statement (and per partition written), so it now
+-- holds only the test of the rows pglease's statements register (their
+-- position is the session's last value, their time now()); every other
+-- row goes to the trigger's function, which lets a row through at once
+-- when its position and time are its defaults and its transaction has
+-- registered (the test the clause made before). The registration
+-- function reads the sequence and takes its locks without a query per
+-- step. A distributed messages table is left as it is
+-- (docs/decisions/0008, "Cheaper positions").
+DO $pglease1$
+DECLARE
+	distributed boolean := false;
+	nsp name;
+	seq text;
+BEGIN
+	IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+		EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass($1))'
+			INTO distributed USING '"pglease_messages"';
+	END IF;
+	IF distributed THEN
+		RETURN;
+	END IF;
+	SELECT n.nspname INTO nsp FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.oid = '"pglease_messages"'::regclass;
+	seq := quote_ident(nsp) || '.' || quote_ident('pglease_messages_positions');
+	CREATE OR REPLACE FUNCTION "pglease_messages_register"(topic text, partitions integer[]) RETURNS boolean
+		LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog
+		AS $pglease$
+DECLARE
+	root oid := '"pglease_messages"'::regclass;
+	rootkey integer;
+	registered text := COALESCE(pg_catalog.current_setting('pglease.registered', true), '');
+	marks text := '';
+	mark text;
+	k integer;
+	p integer;
+	v bigint;
+	done boolean;
+BEGIN
+	-- The registration for every partition of topic at once: called by
+	-- pglease's insert statement before its rows take their positions,
+	-- and by the trigger's function (0020_take_position) for a row whose
+	-- statement did not. v, the last value the sequence handed out, is
+	-- read once, before every position the caller takes; a shared lock
+	-- on v (tagged in the top byte) and one on each partition's key,
+	-- held to the end of the transaction; the transaction's mark, which
+	-- the trigger's function and the readers' bound read, and after
+	-- which this function registers a partition no more. The locks and
+	-- the mark are expressions (0018_register took each with PERFORM, a
+	-- query each).
+	rootkey := (root::bigint - CASE WHEN root::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::integer;
+	FOREACH p IN ARRAY partitions LOOP
+		k := pg_catalog.hashtext(topic || ':' || p::text);
+		mark := root::text || ':' || k::text || ',';
+		IF pg_catalog.strpos(registered, ',' || mark) = 0 AND pg_catalog.strpos(marks, ',' || mark) = 0 THEN
+			IF v IS NULL THEN
+				-- A query, not pg_sequence_last_value: that takes the
+				-- lock nextval takes, the query only ACCESS SHARE
+				-- (the conformance case PublisherBetweenLocksAndPosition
+				-- holds nextval alone with ALTER SEQUENCE).
+				SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END INTO v FROM "pglease_messages_positions" s;
+				done := pg_catalog.pg_advisory_xact_lock_shared(8070450532247928832 | v) IS NOT NULL;
+			END IF;
+			done := pg_catalog.pg_advisory_xact_lock_shared(rootkey, k) IS NOT NULL;
+			marks := CASE WHEN marks = '' THEN ',' ELSE marks END || mark;
+		END IF;
+	END LOOP;
+	IF marks <> '' THEN
+		done := pg_catalog.set_config('pglease.registered', COALESCE(NULLIF(registered, ''), ',') || pg_catalog.substr(marks, 2), true) IS NOT NULL;
+	END IF;
+	RETURN true;
+END
+$pglease$;
+	EXECUTE 'ALTER FUNCTION ' || '"pglease_messages_register"' || '(text, integer[]) SET search_path = pg_catalog, '
+		|| quote_ident(nsp) || ', pg_temp';
+	CREATE OR REPLACE FUNCTION "pglease_messages_take_position"() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog
+		AS $pglease$
+DECLARE
+	seq regclass := '"pglease_messages_positions"'::regclass;
+	root oid := '"pglease_messages"'::regclass;
+BEGIN
+	-- Called for every row that pglease's statement did not register
+	-- (needs_registration not NULL: another release, an application's own
+	-- INSERT, the import, the maintainer's moves) and for a registered
+	-- row whose position is not the session's last value or whose time
+	-- is not now(). Every row it lets through stores needs_registration
+	-- NULL.
+	--
+	-- The owner's import of another system's messages keeps the
+	-- positions it computed (see ImportInsertMessages): only a member of
+	-- the owner's role that asked for it in its transaction.
+	IF pg_catalog.current_setting('pglease.keep_positions', true) = 'on' THEN
+		IF pg_catalog.pg_has_role((SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = TG_RELID), 'USAGE') THEN
+			NEW.needs_registration := NULL;
+			RETURN NEW;
+		END IF;
+	-- A row that passes as it is (what the WHEN clause of schema 18
+	-- tested): its position is the last value this session took (so
+	-- taken by its default, after every earlier row's trigger), its
+	-- time now(), and its transaction registered its topic and partition
+	-- before (the mark of 0020_register).
+	ELSIF NEW.needs_registration IS NOT NULL
+		AND NEW.transaction_id = pg_catalog.currval(seq)::text::xid8
+		AND NEW.created_at = pg_catalog.now()
+		AND pg_catalog.strpos(COALESCE(pg_catalog.current_setting('pglease.registered', true), ''),
+			',' || root::text || ':' || pg_catalog.hashtext(NEW.topic || ':' || NEW.partition::text)::text || ',') > 0 THEN
+		NEW.needs_registration := NULL;
+		RETURN NEW;
+	END IF;
+	-- Registration, once per transaction, messages table and key of the
+	-- topic and partition, by the function pglease's statements call
+	-- themselves (0020_register.plpgsql): every position taken after is
+	-- above the v it registered; a reader that sees the topic's lock
+	-- reads up to v only (see the position bound).
+	PERFORM "pglease_messages_register"(NEW.topic, ARRAY[NEW.partition]);
+	-- A position taken after the registration: the rows that follow,
+	-- whose default takes the next, pass at once.
+	NEW.transaction_id := pg_catalog.nextval(seq)::text::xid8;
+	NEW.created_at := pg_catalog.now();
+	NEW.needs_registration := NULL;
+	RETURN NEW;
+END
+$pglease$;
+	EXECUTE 'ALTER FUNCTION ' || '"pglease_messages_take_position"' || '() SET search_path = pg_catalog, '
+		|| quote_ident(nsp) || ', pg_temp';
+	-- The one position of pglease's statement, taken once its
+	-- registration is done (after is the registration's result: the
+	-- statement passes it, so that the call follows it). Its body names
+	-- the sequence qualified and every type and function in pg_catalog,
+	-- so that neither the caller's search_path (a temporary sequence of
+	-- the same name) nor a SET clause's cost enters it.
+	EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION %s(after boolean) RETURNS pg_catalog.xid8 LANGUAGE plpgsql VOLATILE AS %L',
+		'"pglease_messages_next_position"',
+		'BEGIN RETURN pg_catalog.nextval(' || quote_literal(seq) || '::pg_catalog.regclass)::pg_catalog.text::pg_catalog.xid8; END');
+	EXECUTE 'GRANT EXECUTE ON FUNCTION ' || '"pglease_messages_next_position"' || '(boolean) TO PUBLIC';
+	-- The trigger: a row of a statement that registered (needs_registration
+	-- NULL) passes when its position is the last value this session took
+	-- from the sequence (taken after the statement's registration) and its
+	-- creation time is now(); every other row goes to the function.
+	DROP TRIGGER IF EXISTS "pglease_messages_transaction_id" ON "pglease_messages";
+	EXECUTE pg_catalog.format('CREATE TRIGGER %I BEFORE INSERT ON %s FOR EACH ROW WHEN (
+	NEW.needs_registration IS NOT NULL
+	OR NEW.transaction_id IS DISTINCT FROM pg_catalog.currval(%L::regclass)::text::xid8
+	OR NEW.created_at IS DISTINCT FROM pg_catalog.now()) EXECUTE FUNCTION %s()',
+		'pglease_messages_transaction_id', '"pglease_messages"'::regclass, seq, '"pglease_messages_take_position"'::regproc);
+END
+$pglease1$;
+INSERT INTO "pglease_schema_version" (version, description) VALUES (20, 'positions: the trigger''s WHEN clause tests only the rows pglease''s statements registered; the registration runs no query per step') ON CONFLICT (version) DO NOTHING;
 COMMIT;

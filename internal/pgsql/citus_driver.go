@@ -181,10 +181,10 @@ func (d citus) QueueAck(_ *pgx.Batch, p OffsetParams) QueuedAck {
 // none.
 func (d citus) insertMessagesStmt(p InsertMessagesParams) Stmt {
 	if oneTopic(p.Topics) {
-		return d.t.insertMessages(p, false)
+		return d.t.insertMessages(p, noRegistration)
 	}
 	return asCitus(d.t.insertManyTopics(p, hashesOf(p), `LEFT JOIN `+d.t.Retention+` l ON l.retention_class = tp.retention_class
-CROSS JOIN LATERAL (`+placementJoined("tp", "l")+`) r`, false))
+CROSS JOIN LATERAL (`+placementJoined("tp", "l")+`) r`, noRegistration))
 }
 
 // InsertMessages implements Driver with insertMessagesStmt, or, when a
@@ -200,7 +200,7 @@ func (d citus) InsertMessages(ctx context.Context, q Querier, p InsertMessagesPa
 // InsertKeyed implements Driver (see InsertMessages).
 func (d citus) InsertKeyed(ctx context.Context, q Querier, p InsertMessagesParams) ([]int, error) {
 	if keyed(p) {
-		return skipped(ctx, q, d.t.insertKeyed(p, false, false))
+		return skipped(ctx, q, d.t.insertKeyed(p, false, noRegistration))
 	}
 	_, err := exec(ctx, q, d.insertMessagesStmt(p))
 	return nil, err

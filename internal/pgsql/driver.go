@@ -156,12 +156,13 @@ var (
 // one statement.
 type singleNode struct {
 	t *Tables
-	// unregistered: the schema predates version 18 (no registration
-	// function), so inserts leave the registration to the position
-	// trigger, row by row. Read once, when the Driver is opened: a
-	// Driver opened before the migration keeps it until its process
+	// register: how inserts register (see registering), from the
+	// functions the schema has: none before version 18 (the position
+	// trigger registers row by row), a position per row in 18 and 19,
+	// one per statement since 20. Read once, when the Driver is opened: a
+	// Driver opened before a migration keeps it until its process
 	// restarts (slower, as correct).
-	unregistered bool
+	register registering
 }
 
 // citus is the Driver of a Citus cluster (see citus.go). It does not embed
@@ -173,7 +174,7 @@ type citus struct {
 
 // NewSingleNode returns the Driver of t on a single PostgreSQL server,
 // without reading the catalog.
-func NewSingleNode(t *Tables) Driver { return singleNode{t: t} }
+func NewSingleNode(t *Tables) Driver { return singleNode{t: t, register: registerPerStatement} }
 
 // NewCitus returns the Driver of t distributed over a Citus cluster,
 // without reading the catalog.
@@ -194,11 +195,12 @@ func OpenDriver(ctx context.Context, q Querier, t *Tables) (Driver, error) {
 // openDriver is OpenDriver, and reports whether the messages table
 // exists (the answer holds for good only then).
 func openDriver(ctx context.Context, q Querier, t *Tables) (d Driver, found bool, err error) {
-	var distributed, register bool
+	var distributed, register, nextPosition bool
 	err = q.QueryRow(ctx, `SELECT pg_catalog.to_regclass($1::text) IS NOT NULL,
 	pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL
 	AND EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus'),
-	pg_catalog.to_regprocedure($2::text) IS NOT NULL`, t.Messages, t.RegisterFunction()+"(text, integer[])").Scan(&found, &distributed, &register)
+	pg_catalog.to_regprocedure($2::text) IS NOT NULL, pg_catalog.to_regprocedure($3::text) IS NOT NULL`,
+		t.Messages, t.RegisterFunction()+"(text, integer[])", t.NextPositionFunction()+"(boolean)").Scan(&found, &distributed, &register, &nextPosition)
 	if err != nil {
 		return nil, false, err
 	}
@@ -212,7 +214,14 @@ func openDriver(ctx context.Context, q Querier, t *Tables) (d Driver, found bool
 	if distributed {
 		return NewCitus(t), found, nil
 	}
-	return singleNode{t: t, unregistered: !register}, found, nil
+	n := singleNode{t: t}
+	switch {
+	case nextPosition:
+		n.register = registerPerStatement
+	case register:
+		n.register = registerPerRow
+	}
+	return n, found, nil
 }
 
 // BatchQuerier is a Querier that can send a pipelined batch: a

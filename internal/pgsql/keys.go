@@ -120,7 +120,7 @@ const keptOut = `o AS (SELECT m.*, m.key IS NOT NULL AND fresh.n IS NULL AS left
 // correlated sub-select, and pg_notify's result is cast to text (asCitus),
 // both of which Citus needs and a single server does not mind. Strict,
 // see keysWritten; register, see insertKeyedPlaced.
-func (t *Tables) insertKeyed(p InsertMessagesParams, strict, register bool) Stmt {
+func (t *Tables) insertKeyed(p InsertMessagesParams, strict bool, register registering) Stmt {
 	return asCitus(t.insertKeyedPlaced(p, `LEFT JOIN `+t.Retention+` l ON l.retention_class = tp.retention_class
 	CROSS JOIN LATERAL (`+placementJoined("tp", "l")+`) r`, strict, register))
 }
@@ -132,10 +132,10 @@ func (t *Tables) insertKeyed(p InsertMessagesParams, strict, register bool) Stmt
 // positions, as insertMessages does (the messages left out too: a
 // registration only holds their partitions back until the transaction
 // ends), and the rows write needs_registration NULL.
-func (t *Tables) insertKeyedPlaced(p InsertMessagesParams, placed string, strict, register bool) Stmt {
+func (t *Tables) insertKeyedPlaced(p InsertMessagesParams, placed string, strict bool, register registering) Stmt {
 	r, reg := registers(register, "\n\tCROSS JOIN reg"), ""
-	if register {
-		reg = "\n" + t.registerTopics("m") + ","
+	if register != noRegistration {
+		reg = "\n" + t.registerTopics(register, "m") + ","
 	}
 	hashes := hashesOf(p)
 	notify := ""
@@ -217,9 +217,9 @@ func delayedHashesOf(p InsertMessagesParams) []int32 { return hashesOf(p) }
 // that it runs on a distributed table too.
 func (t *Tables) InsertKeyed(p InsertMessagesParams) Stmt {
 	if keyed(p) {
-		return t.insertKeyed(p, false, false)
+		return t.insertKeyed(p, false, noRegistration)
 	}
-	return t.insertMessages(p, false)
+	return t.insertMessages(p, noRegistration)
 }
 
 // InsertDelayedKeyed is the statement of [InsertDelayedKeyed] on a

@@ -12,7 +12,11 @@ import (
 // that it runs first in a transaction of their own (strictFirst); the
 // single-node driver's keyed inserts register their partitions.
 func dumpKeyedStatements(b *strings.Builder, t *Tables, strict bool) {
-	keyed := func(p InsertMessagesParams) Stmt { return t.insertKeyed(p, false, strict) }
+	register := noRegistration
+	if strict {
+		register = registerPerStatement
+	}
+	keyed := func(p InsertMessagesParams) Stmt { return t.insertKeyed(p, false, register) }
 	q := func(name string, q Stmt) {
 		fmt.Fprintf(b, "== %s\n%s\n-- args: %v\n\n", name, q.SQL, q.Args)
 	}
@@ -27,7 +31,7 @@ func dumpKeyedStatements(b *strings.Builder, t *Tables, strict bool) {
 	q("ForgetKeys", t.ForgetKeys())
 	if strict {
 		p.DueAt = nil
-		q("InsertKeyed strict", t.insertKeyed(p, true, true))
+		q("InsertKeyed strict", t.insertKeyed(p, true, register))
 		p.DueAt = []time.Time{time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC), time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC)}
 		q("InsertDelayedKeyed strict", t.insertDelayedKeyed(p, true))
 	}

@@ -192,6 +192,9 @@ var migrations = []struct {
 	// Retry; earlier releases ignore it (a stale mark only makes a later
 	// owner count one attempt more for the messages below it).
 	{"0019_handed_out.sql", "failure policy: how far the row's owner handed messages out, so that a new owner counts their attempts"},
+	// The same functions with new bodies, the trigger with a shorter WHEN
+	// clause: a row of any release gets the position it got before.
+	{"0020_cheaper_positions.sql", "positions: the trigger's WHEN clause tests only the rows pglease's statements registered; the registration runs no query per step"},
 }
 
 // Migrations returns every schema version, oldest first, for these tables.
@@ -314,6 +317,9 @@ func (t *Tables) placeholders() map[string]string {
 		// Migration 18: the registration of pglease's own inserts.
 		"register_fn":         t.RegisterFunction(),
 		"register_fn_literal": quoteLiteral(t.RegisterFunction()),
+
+		// Migration 20: the one position of a registered statement.
+		"next_position_fn_literal": quoteLiteral(t.NextPositionFunction()),
 
 		"sessions_expires_at_idx":           t.indexName(t.ConsumerSessionsTable, DefaultConsumerSessionsTable, "expires_at_idx"),
 		"sessions_expires_at_idx_qualified": expiresAtIdx.Sanitize(),

@@ -201,6 +201,11 @@ func (t *Tables) PositionBoundFunction() string { return t.partition("position_b
 // partitions before their rows take positions (schema version 18).
 func (t *Tables) RegisterFunction() string { return t.partition("register") }
 
+// NextPositionFunction is the quoted, schema-qualified name of the
+// function that gives pglease's insert statement its one position
+// (schema version 20; see [Tables.registered]).
+func (t *Tables) NextPositionFunction() string { return t.partition("next_position") }
+
 // partition returns the quoted, schema-qualified name of a partition.
 func (t *Tables) partition(suffix string) string {
 	if t.Schema == "" {

@@ -49,9 +49,9 @@ func (d singleNode) InsertMessages(ctx context.Context, q Querier, p InsertMessa
 // it left out, their keys stored already.
 func (d singleNode) InsertKeyed(ctx context.Context, q Querier, p InsertMessagesParams) ([]int, error) {
 	if keyed(p) {
-		return strictFirst(ctx, q, func(strict bool) Stmt { return d.t.insertKeyed(p, strict, !d.unregistered) })
+		return strictFirst(ctx, q, func(strict bool) Stmt { return d.t.insertKeyed(p, strict, d.register) })
 	}
-	_, err := exec(ctx, q, d.t.insertMessages(p, !d.unregistered))
+	_, err := exec(ctx, q, d.t.insertMessages(p, d.register))
 	return nil, err
 }
 

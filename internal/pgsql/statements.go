@@ -13,17 +13,20 @@ const partitionOf = `((COALESCE(m.hash, pg_catalog.hashtext(m.uuid))::bigint & 4
 // InsertMessages is the statement of [InsertMessages] on a single node:
 // it registers the partitions its rows go to before they take their
 // positions (see [Tables.insertMessages]).
-func (t *Tables) InsertMessages(p InsertMessagesParams) Stmt { return t.insertMessages(p, true) }
+func (t *Tables) InsertMessages(p InsertMessagesParams) Stmt {
+	return t.insertMessages(p, registerPerStatement)
+}
 
 // insertMessages is the statement of [InsertMessages]; register says
-// whether it registers its partitions itself (a single node since schema
-// version 18): a sub-statement evaluated before the first row is
-// produced calls the registration function once per topic, with the
-// partitions the rows go to, and the rows say so by writing
-// needs_registration NULL, so that the position trigger's WHEN clause
-// lets them through without its per-row test of the registration mark
-// (decision 0008, "Registered inserts"). Without it (Citus), every row is
-// tested as before.
+// whether and how it registers its partitions itself (a single node since
+// schema version 18; see registering): a sub-statement evaluated before
+// the first row is produced calls the registration function once per
+// topic, with the partitions the rows go to, and the rows say so by
+// writing needs_registration NULL, so that the position trigger's WHEN
+// clause lets them through without a test of the registration mark
+// (decision 0008, "Registered inserts"); since version 20 the
+// sub-statement also takes the statement's one position. Without it
+// (Citus), every row is tested as before.
 //
 // When all messages have one topic (a single Publish call), the topic is
 // sent once instead of once per message, and its partition count is read
@@ -32,14 +35,14 @@ func (t *Tables) InsertMessages(p InsertMessagesParams) Stmt { return t.insertMe
 // hashes travel as int4, their bits reinterpreted (h & 0xffffffff gives the
 // uint32 back): measured, a fifth of the statement's cost was the wider
 // int8 array and the per-row arithmetic.
-func (t *Tables) insertMessages(p InsertMessagesParams, register bool) Stmt {
+func (t *Tables) insertMessages(p InsertMessagesParams, register registering) Stmt {
 	hashes := hashesOf(p)
 	if oneTopic(p.Topics) {
 		r, reg := registers(register, ", reg"), ""
-		if register {
-			reg = `, reg AS (SELECT ` + t.RegisterFunction() + `($1::text, CASE WHEN p.n = 1 THEN ARRAY[0]
-	ELSE ARRAY(SELECT DISTINCT ` + fmt.Sprintf(partitionOf, "p.n") + ` FROM unnest($2::text[], $5::int4[]) AS m(uuid, hash)) END) AS ok
-	FROM p)`
+		if register != noRegistration {
+			reg = `, ` + t.registered(register, `SELECT `+t.RegisterFunction()+`($1::text, CASE WHEN p.n = 1 THEN ARRAY[0]
+	ELSE ARRAY(SELECT DISTINCT `+fmt.Sprintf(partitionOf, "p.n")+` FROM unnest($2::text[], $5::int4[]) AS m(uuid, hash)) END) AS ok
+	FROM p`)
 		}
 		insert := `INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at` + r.column + `)
 SELECT $1::text, CASE WHEN p.n = 1 THEN 0 ELSE ` + fmt.Sprintf(partitionOf, "p.n") + ` END,
@@ -76,7 +79,7 @@ FROM (SELECT DISTINCT ` + fmt.Sprintf(partitionOf, "(SELECT n FROM p)") + ` AS p
 // of several topics, hashes the partition hashes as sent. placed is what
 // follows the join of the topics row tp in the FROM list: it gives the
 // placement row r (see placement). register is insertMessages's.
-func (t *Tables) insertManyTopics(p InsertMessagesParams, hashes []int32, placed string, register bool) Stmt {
+func (t *Tables) insertManyTopics(p InsertMessagesParams, hashes []int32, placed string, register registering) Stmt {
 	partitions := `COALESCE((SELECT tp.partitions FROM ` + t.Topics + ` tp WHERE tp.topic = m.topic), 1)`
 	r := registers(register, "\nCROSS JOIN reg")
 	insert := `INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at` + r.column + `)
@@ -87,15 +90,15 @@ LEFT JOIN ` + t.Topics + ` tp ON tp.topic = m.topic
 ` + placed + r.join + `
 ORDER BY m.n`
 	if p.NotifyChannel == "" {
-		if register {
-			insert = `WITH ` + t.registerTopics(`unnest($1::text[], $2::text[], $5::int4[]) AS m(topic, uuid, hash)`) + `
+		if register != noRegistration {
+			insert = `WITH ` + t.registerTopics(register, `unnest($1::text[], $2::text[], $5::int4[]) AS m(topic, uuid, hash)`) + `
 ` + insert
 		}
 		return Stmt{SQL: insert, Args: []any{p.Topics, p.UUIDs, p.Payloads, p.Metadata, hashes}}
 	}
 	with := `WITH `
-	if register {
-		with += t.registerTopics(`unnest($1::text[], $2::text[], $5::int4[]) AS m(topic, uuid, hash)`) + `, `
+	if register != noRegistration {
+		with += t.registerTopics(register, `unnest($1::text[], $2::text[], $5::int4[]) AS m(topic, uuid, hash)`) + `, `
 	}
 	return Stmt{
 		SQL: with + `inserted AS (
@@ -108,29 +111,65 @@ FROM (SELECT DISTINCT m.topic, ` + fmt.Sprintf(partitionOf, partitions) + ` AS p
 	}
 }
 
+// registering is how an insert statement registers the partitions its
+// rows go to (decision 0008): not at all (Citus, the statement a TxHandler
+// queues, a schema before version 18: the trigger registers each row),
+// itself with a position per row (schema versions 18 and 19), or itself
+// with one position for the statement (since 20).
+type registering int
+
+const (
+	noRegistration registering = iota
+	registerPerRow
+	registerPerStatement
+)
+
 // registration is what an insert that registers its partitions itself
-// (see insertMessages) adds: the column needs_registration, its value
-// from the sub-statement reg's one row, and the join of reg (to the FROM
-// list). The zero value adds nothing.
+// (see insertMessages) adds: the column needs_registration (and with one
+// position per statement transaction_id), the values from the
+// sub-statement reg's one row, and the join of reg (to the FROM list).
+// The zero value adds nothing.
 type registration struct{ column, value, join string }
 
-// registers is the registration of an insert that joins reg with join,
-// or none without register.
-func registers(register bool, join string) registration {
-	if !register {
-		return registration{}
+// registers is the registration of an insert that joins reg with join.
+func registers(reg registering, join string) registration {
+	switch reg {
+	case registerPerRow:
+		return registration{", needs_registration", ", CASE WHEN reg.ok THEN NULL ELSE true END", join}
+	case registerPerStatement:
+		return registration{", needs_registration, transaction_id", ", CASE WHEN reg.ok THEN NULL ELSE true END, reg.pos", join}
 	}
-	return registration{", needs_registration", ", CASE WHEN reg.ok THEN NULL ELSE true END", join}
+	return registration{}
+}
+
+// registered is the sub-statement reg of an insert that registers its
+// partitions: query registers them and returns one row with ok. With one
+// position per statement, reg's row has pos too, the position every row
+// of the statement takes: from the sequence, by the function
+// <messages>_next_position, called with ok once query is done (behind
+// OFFSET 0, so that its row is produced first, and pos projected from
+// it); the rows are ordered by their offsets within it. The trigger's
+// WHEN clause lets them through: their position is the session's last
+// value. A reader passes all of a statement's rows or none, as it did
+// with transaction ids before schema version 14 (decision 0008, "Cheaper
+// positions").
+func (t *Tables) registered(reg registering, query string) string {
+	if reg != registerPerStatement {
+		return `reg AS (` + query + `)`
+	}
+	return `reg AS (SELECT r.ok, ` + t.NextPositionFunction() + `(r.ok) AS pos
+	FROM (` + query + `
+	OFFSET 0) r)`
 }
 
 // registerTopics is the sub-statement reg of an insert of several topics:
 // it registers, per topic, the partitions of the rows of rows (a FROM item
 // m with topic, uuid and hash), computed as the insert computes them.
-func (t *Tables) registerTopics(rows string) string {
-	return `reg AS (SELECT pg_catalog.bool_and(` + t.RegisterFunction() + `(d.topic, d.partitions)) AS ok
-	FROM (SELECT m.topic, pg_catalog.array_agg(DISTINCT ` + fmt.Sprintf(partitionOf, "COALESCE(tp.partitions, 1)") + `) AS partitions
-		FROM ` + rows + ` LEFT JOIN ` + t.Topics + ` tp ON tp.topic = m.topic
-		GROUP BY m.topic) d)`
+func (t *Tables) registerTopics(reg registering, rows string) string {
+	return t.registered(reg, `SELECT pg_catalog.bool_and(`+t.RegisterFunction()+`(d.topic, d.partitions)) AS ok
+	FROM (SELECT m.topic, pg_catalog.array_agg(DISTINCT `+fmt.Sprintf(partitionOf, "COALESCE(tp.partitions, 1)")+`) AS partitions
+		FROM `+rows+` LEFT JOIN `+t.Topics+` tp ON tp.topic = m.topic
+		GROUP BY m.topic) d`)
 }
 
 // hashesOf is p.PartitionHashes as the statements send them: int4, their

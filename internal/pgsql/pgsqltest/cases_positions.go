@@ -165,6 +165,12 @@ func testOpenPublisherHoldsOnlyItsTopic(t *testing.T, f *fixture) {
 	}
 }
 
+// insertWaiting matches the text of pglease's insert statement on a
+// single node in pg_stat_activity, which keeps only its first 1024 bytes
+// (track_activity_query_size): the statement names the registration
+// function in them, the messages table only after.
+const insertWaiting = `WITH %_register"(%`
+
 // testPublisherBetweenReadingVAndLocks: a publisher that read v but holds
 // no lock yet is not among the holders; the bound a reader computes then
 // is passed by no position the publisher takes after (they are taken
@@ -184,7 +190,7 @@ func testPublisherBetweenReadingVAndLocks(t *testing.T, f *fixture) {
 	}
 	q := f.begin()
 	done := f.publishAsync(q, topic, "q1")
-	f.waitBlocked(1, "%INSERT INTO%", "")
+	f.waitBlocked(1, insertWaiting, "")
 	// Moved on, so that p1's publisher reads another v than the keys held.
 	f.exec(`SELECT pg_catalog.nextval($1::text::regclass), pg_catalog.nextval($1::text::regclass)`, f.Tables.PositionSequence())
 	f.publish(f.Pool, topic, "p1")
@@ -224,7 +230,12 @@ func testPublisherBetweenLocksAndPosition(t *testing.T, f *fixture) {
 	v := f.lastValue()
 	q := f.begin()
 	done := f.publishAsync(q, topic, "q1")
-	f.waitBlocked(1, "%INSERT INTO%", "")
+	f.waitBlocked(1, insertWaiting, "")
+	// Blocked after its registration, not before (reading v must not
+	// wait for what nextval waits for).
+	if h, _, err := f.Driver.BoundHolder(f.ctx, f.Pool, topic, 0); err != nil || h.PID == nil {
+		t.Fatalf("holder of %s while q waits for nextval: %+v, %v; want q", topic, h, err)
+	}
 	b := f.bound(topic)
 	if b > v+1 {
 		t.Fatalf("bound %d while q holds its locks without a position, want at most v + 1 = %d", b, v+1)

@@ -1,0 +1,11 @@
+-- The position machinery's cost per statement: the trigger's WHEN clause
+-- is compiled once per statement (and per partition written), so it now
+-- holds only the test of the rows pglease's statements register (their
+-- position is the session's last value, their time now()); every other
+-- row goes to the trigger's function, which lets a row through at once
+-- when its position and time are its defaults and its transaction has
+-- registered (the test the clause made before). The registration
+-- function reads the sequence and takes its locks without a query per
+-- step. A distributed messages table is left as it is
+-- (docs/decisions/0008, "Cheaper positions").
+{{do 0020_cheaper_positions.plpgsql}}
