@@ -550,53 +550,13 @@ func TestCitusResetOffsets(t *testing.T) {
 	}
 }
 
-// TestCitusPrepareMoveIsBounded: PrepareCitusMoveSQL consumes the
-// transaction ids a worker lacks in batches (1,200,000 here: two
-// transactions on the worker), and refuses, consuming none, to make up
-// more than its maximum, with an error that says by how much.
-func TestCitusPrepareMoveIsBounded(t *testing.T) {
-	pool, _ := citusSchema(t, 4)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	var host string
-	var port int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT nodename, nodeport FROM pg_catalog.pg_dist_node
-		WHERE groupid > 0 AND noderole = 'primary' ORDER BY nodeport LIMIT 1`).Scan(&host, &port))
-	counter := func() uint64 {
-		var c uint64
-		require.NoError(t, pool.QueryRow(ctx, `SELECT r.result::bigint FROM pg_catalog.master_run_on_worker(ARRAY[$1::text], ARRAY[$2::integer],
-			ARRAY['SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())'], false) r`, host, port).Scan(&c))
-		return c
-	}
-	highest := func() uint64 {
-		var c uint64
-		require.NoError(t, pool.QueryRow(ctx, `SELECT max(c.result::bigint) FROM pg_catalog.run_command_on_workers(
-			'SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())') c`).Scan(&c))
-		return c
-	}
-
-	before := counter()
-	_, err := pool.Exec(ctx, pglease.PrepareCitusMoveSQL(host, port, 100_000_001))
-	require.ErrorContains(t, err, "transaction ids behind")
-	require.ErrorContains(t, err, "more than the 100000000")
-	require.Less(t, counter(), before+1000, "nothing consumed")
-
-	const margin = 1_200_000
-	top := highest()
-	start := time.Now()
-	_, err = pool.Exec(ctx, pglease.PrepareCitusMoveSQL(host, port, margin))
-	require.NoError(t, err)
-	t.Logf("consumed about %d transaction ids in %s", counter()-before, time.Since(start).Round(time.Millisecond))
-	require.GreaterOrEqual(t, counter(), top+margin)
-}
-
 // TestCitusPrepareShardMoveRaisesOnlyToTheSource: PrepareCitusShardMoveSQL
-// raises the target to margin above the source's counter, and consumes
-// nothing on a target that is there already (PrepareCitusMoveSQL would
-// raise it by the margin above the highest worker again, on every move).
+// sets the target's position sequences to the margin (at least 2^32)
+// above the source's last position, and leaves a target that is there
+// already where it is; PrepareCitusMoveSQL raises it above every worker.
 func TestCitusPrepareShardMoveRaisesOnlyToTheSource(t *testing.T) {
-	pool, _ := citusSchema(t, 4)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	pool, adapter := citusSchema(t, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	type worker struct {
 		host string
@@ -613,31 +573,34 @@ func TestCitusPrepareShardMoveRaisesOnlyToTheSource(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.GreaterOrEqual(t, len(workers), 2, "two workers")
-	counter := func(w worker) uint64 {
+	seq := pglease.PartitionName(adapter, "positions")
+	last := func(w worker) uint64 {
 		var c uint64
 		require.NoError(t, pool.QueryRow(ctx, `SELECT r.result::bigint FROM pg_catalog.master_run_on_worker(ARRAY[$1::text], ARRAY[$2::integer],
-			ARRAY['SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())'], false) r`, w.host, w.port).Scan(&c))
+			ARRAY[pg_catalog.format('SELECT last_value FROM %I.%I', $3::text, $4::text)], false) r`, w.host, w.port, adapter.Schema, seq).Scan(&c))
 		return c
 	}
 	a, b := workers[0], workers[1]
-	const margin = 50_000
-	// b to margin above a (it may be there already).
-	_, err = pool.Exec(ctx, pglease.PrepareCitusShardMoveSQL(a.host, a.port, b.host, b.port, margin))
+	const margin = 1 << 32
+	_, err = pool.Exec(ctx, pglease.PrepareCitusShardMoveSQL(a.host, a.port, b.host, b.port, 1000))
 	require.NoError(t, err)
-	require.GreaterOrEqual(t, counter(b), counter(a)+margin-1000, "the target above the source by the margin")
+	require.GreaterOrEqual(t, last(b), last(a)+margin, "the target above the source by the margin (at least 2^32)")
 
-	// Again: b is there already and consumes nothing (a few ids of the
-	// statements that read the counters).
-	before := counter(b)
-	_, err = pool.Exec(ctx, pglease.PrepareCitusShardMoveSQL(a.host, a.port, b.host, b.port, margin))
+	// Again: b is there already and stays.
+	before := last(b)
+	_, err = pool.Exec(ctx, pglease.PrepareCitusShardMoveSQL(a.host, a.port, b.host, b.port, 1000))
 	require.NoError(t, err)
-	require.Less(t, counter(b), before+1000, "a target ahead of the source consumes nothing")
+	require.Equal(t, before, last(b), "a target ahead of the source is left alone")
 
-	// The other way: a, now behind, is raised to margin above b.
-	top := counter(b) + margin
-	_, err = pool.Exec(ctx, pglease.PrepareCitusShardMoveSQL(b.host, b.port, a.host, a.port, margin))
+	// The other way: a, now behind, is raised above b; and above every
+	// worker by PrepareCitusMoveSQL.
+	_, err = pool.Exec(ctx, pglease.PrepareCitusShardMoveSQL(b.host, b.port, a.host, a.port, 1000))
 	require.NoError(t, err)
-	require.GreaterOrEqual(t, counter(a), top)
+	require.GreaterOrEqual(t, last(a), last(b)+margin)
+	top := max(last(a), last(b))
+	_, err = pool.Exec(ctx, pglease.PrepareCitusMoveSQL(b.host, b.port, 1000))
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, last(b), top+margin)
 }
 
 // TestCitusUpgradeSetsPositionsOnTheWorkers migrates a distributed schema

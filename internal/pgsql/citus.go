@@ -188,6 +188,8 @@ BEGIN
 	-- Any role may read where the sequence is and take values from it
 	-- (what a publisher's trigger does); none but the owner may set it.
 	EXECUTE 'GRANT SELECT, USAGE ON SEQUENCE ' || seq || ' TO PUBLIC';
+	-- The move scripts find the sequences to raise by their comment.
+	EXECUTE 'COMMENT ON SEQUENCE ' || seq || ' IS ' || ` + lit(lit(PositionsComment)) + `;
 	EXECUTE ` + lit(`CREATE OR REPLACE FUNCTION `+t.WorkerBoundFunction()+`(topic text, partitions integer[], OUT bounds bigint[])
 	LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog AS `+dollarQuote(t.render("citus_worker_bound.plpgsql"))) + `;
 	EXECUTE 'ALTER FUNCTION ' || ` + lit(t.WorkerBoundFunction()) + ` || '(text, integer[]) SET search_path = pg_catalog, '
@@ -253,97 +255,93 @@ func notifyAsText(sql string) string {
 // worker's transaction counter.
 func citusHereIs(n int) string { return `($` + strconv.Itoa(n) + `::text IS NOT NULL)` }
 
-// MoveBurnBatch and MoveBurnMax bound [PrepareMoveScript]: the worker
-// consumes transaction ids in transactions of at most MoveBurnBatch
-// subtransactions each (about 4 s at the 240,000 a second measured here),
-// and a script that would consume more than MoveBurnMax in all (about 7
-// minutes) consumes none and raises an error instead.
-const (
-	MoveBurnBatch = 1_000_000
-	MoveBurnMax   = 100_000_000
-)
+// PositionsComment marks, in its comment, the position sequence of a
+// messages table on a Citus worker ([Tables.WorkerScript]): the move
+// scripts find every such sequence of a worker by it, whatever the
+// tables' names.
+const PositionsComment = "pglease: message positions of this worker"
 
-// PrepareMoveScript returns the script that raises the transaction
-// counter of the worker at host:port to at least margin above the
-// highest counter of the cluster's workers, run on the coordinator right
-// before a shard moves to that worker (citus_move_shard_placement). A
-// position is a transaction id of the topic's worker: rows moved to a
-// worker whose counter is lower would hold positions ahead of it (their
-// commits refused, the topic stalled), and its new messages would sort
-// below the groups' positions (skipped). The moved rows' transaction ids
-// lie below the source's counter when the move blocks their writes; the
-// margin covers what the source takes between the script and then. The
-// worker consumes the transaction ids it lacks in transactions of
-// MoveBurnBatch subtransactions that each write a row of a temporary
-// table (about 240,000 a second measured here), each committed before the
-// next: while one runs, the worker's other snapshots take the slower path
-// of an overflowed subtransaction cache. When the worker lacks more than
-// MoveBurnMax (margin included), the script consumes nothing and raises
-// an error that says by how much: a counter that far behind is raised
-// with pg_resetwal (see docs/scaling.md), not by consuming ids.
+// MoveMarginFloor is the least margin [PrepareMoveScript] raises a
+// target's position sequences by: a value of a sequence costs nothing,
+// and the margin must exceed the positions the source hands out between
+// the script and the end of the move.
+const MoveMarginFloor = 1 << 32
+
+// PrepareMoveScript returns the script that raises the position
+// sequences of the worker at host:port to at least margin (at least
+// MoveMarginFloor) above the highest position handed out by any worker's,
+// run on the coordinator right before a shard moves to that worker
+// (citus_move_shard_placement). A position comes from the sequence of
+// the topic's worker: rows moved to a worker whose sequence is lower
+// would hold positions ahead of its counter (their commits refused, the
+// topic stalled), and its new messages would sort below the groups'
+// positions (skipped). The moved rows' positions lie below the source's
+// last value when the move blocks their writes; the margin covers what
+// the source hands out between the script and then. The script raises
+// every sequence that PositionsComment marks (a sequence only grows, and
+// one raised further than needed costs nothing); it refuses when the
+// target has none (a worker added since `pglease migrate --citus` ran:
+// run it again) or no worker has any (tables distributed by an earlier
+// release, whose positions are transaction ids: migrate first).
 func PrepareMoveScript(host string, port int, margin uint64) string {
 	return prepareMoveScript(host, port, margin, "")
 }
 
 // PrepareShardMoveScript is PrepareMoveScript for a move from the worker
 // at srcHost:srcPort: it raises the target only to margin above the
-// source's counter, and not at all when the target's counter is there
-// already. The moved rows, and the groups' positions of their topics,
-// were taken on the source (or, for a topic moved before, below a counter
-// an earlier script raised the source above): no other worker's counter
-// matters to this move. A target ahead of the source consumes nothing.
+// source's positions, and not at all where it is there already. The moved
+// rows, and the groups' positions of their topics, were taken on the
+// source (or, for a topic moved before, below a value an earlier script
+// raised the source above): no other worker's sequence matters to this
+// move.
 func PrepareShardMoveScript(srcHost string, srcPort int, host string, port int, margin uint64) string {
 	return prepareMoveScript(host, port, margin, `c.nodename = `+quoteLiteral(srcHost)+` AND c.nodeport = `+strconv.Itoa(srcPort))
 }
 
 // prepareMoveScript is the script of PrepareMoveScript, raising the
-// target above the highest counter of the workers that source (a
+// target above the highest position of the workers that source (a
 // condition on run_command_on_workers's row c) selects, every worker's
 // when empty.
 func prepareMoveScript(host string, port int, margin uint64, source string) string {
-	const counters = `'SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())'`
+	marked := `FROM pg_catalog.pg_class s WHERE s.relkind = 'S' AND pg_catalog.obj_description(s.oid, 'pg_class') = ` + quoteLiteral(PositionsComment)
+	last := quoteLiteral(`SELECT pg_catalog.count(*) || ':' || COALESCE(pg_catalog.max(pg_catalog.pg_sequence_last_value(s.oid)), 0) ` + marked)
 	from := "true"
 	if source != "" {
 		from = source
 	}
+	if margin < MoveMarginFloor {
+		margin = MoveMarginFloor
+	}
 	return doBlock(`DECLARE
 	top numeric;
-	have numeric;
-	burnt record;
+	sources bigint;
+	here bigint;
+	raised record;
 BEGIN
-	IF EXISTS (SELECT 1 FROM pg_catalog.run_command_on_workers(` + counters + `) c WHERE NOT c.success) THEN
-		RAISE EXCEPTION 'pglease: cannot read the transaction counter of every worker';
+	IF EXISTS (SELECT 1 FROM pg_catalog.run_command_on_workers(` + last + `) c WHERE NOT c.success) THEN
+		RAISE EXCEPTION 'pglease: cannot read the position sequences of every worker';
 	END IF;
-	SELECT pg_catalog.max(c.result::numeric) FILTER (WHERE ` + from + `) + ` + strconv.FormatUint(margin, 10) + `,
-		pg_catalog.max(c.result::numeric) FILTER (WHERE c.nodename = ` + quoteLiteral(host) + ` AND c.nodeport = ` + strconv.Itoa(port) + `)
-	INTO top, have
-	FROM pg_catalog.run_command_on_workers(` + counters + `) c;
-	IF have IS NULL THEN
+	SELECT pg_catalog.max(pg_catalog.split_part(c.result, ':', 2)::numeric) FILTER (WHERE ` + from + `) + ` + strconv.FormatUint(margin, 10) + `,
+		pg_catalog.sum(pg_catalog.split_part(c.result, ':', 1)::bigint) FILTER (WHERE ` + from + `),
+		pg_catalog.max(pg_catalog.split_part(c.result, ':', 1)::bigint) FILTER (WHERE c.nodename = ` + quoteLiteral(host) + ` AND c.nodeport = ` + strconv.Itoa(port) + `)
+	INTO top, sources, here
+	FROM pg_catalog.run_command_on_workers(` + last + `) c;
+	IF here IS NULL THEN
 		RAISE EXCEPTION 'pglease: no worker %:% in the cluster', ` + quoteLiteral(host) + `, ` + strconv.Itoa(port) + `;
 	END IF;
 	IF top IS NULL THEN
 		RAISE EXCEPTION 'pglease: no source worker in the cluster (%)', ` + quoteLiteral(from) + `;
 	END IF;
-	IF top - have > ` + strconv.Itoa(MoveBurnMax) + ` THEN
-		RAISE EXCEPTION 'pglease: worker %:% is % transaction ids behind the counter it must reach (the source''s, or every worker''s, plus the margin), more than the % this script consumes (about 7 minutes): raise its counter with pg_resetwal --epoch, or move the shard to a worker closer to the others', ` + quoteLiteral(host) + `, ` + strconv.Itoa(port) + `, top - have, ` + strconv.Itoa(MoveBurnMax) + `
-			USING ERRCODE = 'program_limit_exceeded';
+	IF sources = 0 THEN
+		RAISE EXCEPTION 'pglease: no position sequence on the source workers: the tables take their positions from the workers'' transaction ids (distributed by an earlier release): run pglease migrate --citus first';
 	END IF;
-	WHILE have < top LOOP
-		SELECT * INTO burnt FROM pg_catalog.master_run_on_worker(ARRAY[` + quoteLiteral(host) + `], ARRAY[` + strconv.Itoa(port) + `],
-			ARRAY[pg_catalog.format(` + quoteLiteral(`DO $burn$ BEGIN
-	CREATE TEMPORARY TABLE IF NOT EXISTS pglease_counter (x integer);
-	FOR i IN 1..%s LOOP
-		BEGIN
-			INSERT INTO pglease_counter VALUES (1);
-		EXCEPTION WHEN OTHERS THEN NULL;
-		END;
-	END LOOP;
-	DROP TABLE pglease_counter;
-END $burn$`) + `, LEAST(top - have, ` + strconv.Itoa(MoveBurnBatch) + `))], false);
-		IF NOT burnt.success THEN
-			RAISE EXCEPTION 'pglease: raising the transaction counter of worker %:% failed: %', ` + quoteLiteral(host) + `, ` + strconv.Itoa(port) + `, burnt.result;
-		END IF;
-		have := have + LEAST(top - have, ` + strconv.Itoa(MoveBurnBatch) + `);
-	END LOOP;
+	IF here = 0 THEN
+		RAISE EXCEPTION 'pglease: worker %:% has no position sequence (added after pglease migrate --citus ran): run pglease migrate --citus again first', ` + quoteLiteral(host) + `, ` + strconv.Itoa(port) + `;
+	END IF;
+	SELECT * INTO raised FROM pg_catalog.master_run_on_worker(ARRAY[` + quoteLiteral(host) + `], ARRAY[` + strconv.Itoa(port) + `],
+		ARRAY[pg_catalog.format(` + quoteLiteral(`SELECT pg_catalog.count(pg_catalog.setval(s.oid, GREATEST(COALESCE(pg_catalog.pg_sequence_last_value(s.oid), 0), %s), true)) `+strings.ReplaceAll(marked, "%", "%%")) + `, top)], false);
+	IF NOT raised.success THEN
+		RAISE EXCEPTION 'pglease: raising the position sequences of worker %:% failed: %', ` + quoteLiteral(host) + `, ` + strconv.Itoa(port) + `, raised.result;
+	END IF;
 END`)
 }
