@@ -135,7 +135,9 @@ BEGIN
 			EXECUTE ` + lit(`ALTER TABLE `+t.Messages+` ALTER COLUMN transaction_id SET DEFAULT pg_catalog.pg_current_xact_id()`) + `;
 		END IF;
 		EXECUTE ` + lit(`CREATE TRIGGER `+pgx.Identifier{trigger}.Sanitize()+` BEFORE INSERT ON `+t.Messages+
-		` FOR EACH ROW EXECUTE FUNCTION `+fn+`()`) + `;
+		` FOR EACH ROW EXECUTE FUNCTION `+fn+`(`) + ` || CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+			WHERE a.attrelid = ` + lit(t.Messages) + `::regclass AND a.attname = 'needs_registration' AND NOT a.attisdropped)
+			THEN '''needs_registration''' ELSE '' END || ')';
 	END IF;` + reference + `
 	IF NOT distributed THEN
 		PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
