@@ -645,3 +645,125 @@ END$f$`)
 	require.NoError(t, pool.QueryRow(ctx, `SELECT created_at > now() - interval '1 hour' FROM `+messages+` WHERE topic = 'a'`).Scan(&recent))
 	require.True(t, recent, "the creation time is the database's")
 }
+
+// TestCitusMigrateUnderTraffic brings a schema distributed by an earlier
+// release (positions from the workers' transaction ids, no sequence on
+// the workers) across with DistributeSQL while a Publisher publishes and
+// another holds a transaction with a message open across the switch: the
+// script waits for that transaction, every new position sorts after every
+// stored one, and a group whose position was committed before the switch
+// gets every later message, in position order, none lost.
+func TestCitusMigrateUnderTraffic(t *testing.T) {
+	const topic, group = "switching", "g"
+	pool, adapter := citusSchema(t, 10)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	messages := table(adapter, pglease.DefaultMessagesTable)
+	fn := pgx.Identifier{adapter.Schema, pglease.PartitionName(adapter, "transaction_id")}.Sanitize()
+	trigger := pgx.Identifier{pglease.PartitionName(adapter, "transaction_id")}.Sanitize()
+	// The earlier release's schema.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	for _, sql := range []string{`SET LOCAL citus.enable_unsafe_triggers TO on`,
+		`CREATE OR REPLACE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog AS $f$
+BEGIN
+	NEW.transaction_id := pg_catalog.pg_current_xact_id();
+	NEW.created_at := pg_catalog.now();
+	RETURN NEW;
+END$f$`,
+		`DROP TRIGGER ` + trigger + ` ON ` + messages,
+		`CREATE TRIGGER ` + trigger + ` BEFORE INSERT ON ` + messages + ` FOR EACH ROW EXECUTE FUNCTION ` + fn + `()`,
+	} {
+		_, err = tx.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	require.NoError(t, tx.Commit(ctx))
+	_, err = pool.Exec(ctx, `SELECT pg_catalog.run_command_on_workers(pg_catalog.format(
+	'DO $d$ BEGIN PERFORM pg_catalog.set_config(''citus.enable_ddl_propagation'', ''off'', true); DROP SEQUENCE %I.%I; END $d$',
+	$1::text, $2::text))`, adapter.Schema, pglease.PartitionName(adapter, "positions"))
+	require.NoError(t, err)
+
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	n := 0
+	publish := func() {
+		require.NoError(t, pub.Publish(topic, message.NewMessage(fmt.Sprintf("m%04d", n), nil)))
+		n++
+	}
+	for range 20 {
+		publish()
+	}
+	// The group committed the 10th message before the switch.
+	_, err = pool.Exec(ctx, `INSERT INTO `+table(adapter, pglease.DefaultConsumerOffsetsTable)+`
+	(consumer_group, topic, partition, acked_transaction_id, acked_offset)
+SELECT $1, $2, 0, m.transaction_id, m."offset" FROM `+messages+` m WHERE m.topic = $2
+ORDER BY m.transaction_id, m."offset" OFFSET 9 LIMIT 1`, group, topic)
+	require.NoError(t, err)
+	var oldTop string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT max(transaction_id)::text FROM `+messages).Scan(&oldTop))
+
+	held, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = held.Rollback(context.WithoutCancel(ctx)) }()
+	heldPub, err := pglease.NewPublisher(held, pglease.PublisherConfig{Tables: adapter}, nil)
+	require.NoError(t, err)
+	require.NoError(t, heldPub.Publish(topic, message.NewMessage("held", nil)))
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			publish()
+		}
+	}()
+	go func() {
+		time.Sleep(time.Second)
+		_ = held.Commit(context.WithoutCancel(ctx))
+	}()
+	start := time.Now()
+	_, err = pool.Exec(ctx, pglease.DistributeSQL(adapter))
+	require.NoError(t, err)
+	t.Logf("switched in %s (waited for the open publisher)", time.Since(start).Round(time.Millisecond))
+	require.GreaterOrEqual(t, time.Since(start), 900*time.Millisecond, "the switch waited for the transaction that inserted with the old trigger")
+	time.Sleep(200 * time.Millisecond)
+	close(stop)
+	<-stopped
+	for range 20 {
+		publish()
+	}
+	var below int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+messages+` WHERE topic = $1 AND created_at > $2 AND transaction_id <= $3::xid8`,
+		topic, start.Add(2*time.Second), oldTop).Scan(&below))
+	require.Zero(t, below, "no new position at or below a stored one")
+
+	rows, err := pool.Query(ctx, `SELECT m.uuid FROM `+messages+` m, `+table(adapter, pglease.DefaultConsumerOffsetsTable)+` o
+WHERE m.topic = $1 AND o.topic = $1 AND o.consumer_group = $2 AND (m.transaction_id, m."offset") > (o.acked_transaction_id, o.acked_offset)
+ORDER BY m.transaction_id, m."offset"`, topic, group)
+	require.NoError(t, err)
+	want, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Contains(t, want, "held")
+	require.Len(t, want, n+1-10)
+
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, Tables: adapter}, testLogger())
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	var got []string
+	for len(got) < len(want) {
+		select {
+		case m := <-ch:
+			got = append(got, m.UUID)
+			m.Ack()
+		case <-ctx.Done():
+			t.Fatalf("delivered %d of %d", len(got), len(want))
+		}
+	}
+	require.Equal(t, want, got, "every message after the group's position, in position order")
+}
