@@ -550,53 +550,13 @@ func TestCitusResetOffsets(t *testing.T) {
 	}
 }
 
-// TestCitusPrepareMoveIsBounded: PrepareCitusMoveSQL consumes the
-// transaction ids a worker lacks in batches (1,200,000 here: two
-// transactions on the worker), and refuses, consuming none, to make up
-// more than its maximum, with an error that says by how much.
-func TestCitusPrepareMoveIsBounded(t *testing.T) {
-	pool, _ := citusSchema(t, 4)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	var host string
-	var port int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT nodename, nodeport FROM pg_catalog.pg_dist_node
-		WHERE groupid > 0 AND noderole = 'primary' ORDER BY nodeport LIMIT 1`).Scan(&host, &port))
-	counter := func() uint64 {
-		var c uint64
-		require.NoError(t, pool.QueryRow(ctx, `SELECT r.result::bigint FROM pg_catalog.master_run_on_worker(ARRAY[$1::text], ARRAY[$2::integer],
-			ARRAY['SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())'], false) r`, host, port).Scan(&c))
-		return c
-	}
-	highest := func() uint64 {
-		var c uint64
-		require.NoError(t, pool.QueryRow(ctx, `SELECT max(c.result::bigint) FROM pg_catalog.run_command_on_workers(
-			'SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())') c`).Scan(&c))
-		return c
-	}
-
-	before := counter()
-	_, err := pool.Exec(ctx, pglease.PrepareCitusMoveSQL(host, port, 100_000_001))
-	require.ErrorContains(t, err, "transaction ids behind")
-	require.ErrorContains(t, err, "more than the 100000000")
-	require.Less(t, counter(), before+1000, "nothing consumed")
-
-	const margin = 1_200_000
-	top := highest()
-	start := time.Now()
-	_, err = pool.Exec(ctx, pglease.PrepareCitusMoveSQL(host, port, margin))
-	require.NoError(t, err)
-	t.Logf("consumed about %d transaction ids in %s", counter()-before, time.Since(start).Round(time.Millisecond))
-	require.GreaterOrEqual(t, counter(), top+margin)
-}
-
 // TestCitusPrepareShardMoveRaisesOnlyToTheSource: PrepareCitusShardMoveSQL
-// raises the target to margin above the source's counter, and consumes
-// nothing on a target that is there already (PrepareCitusMoveSQL would
-// raise it by the margin above the highest worker again, on every move).
+// sets the target's position sequences to the margin (at least 2^32)
+// above the source's last position, and leaves a target that is there
+// already where it is; PrepareCitusMoveSQL raises it above every worker.
 func TestCitusPrepareShardMoveRaisesOnlyToTheSource(t *testing.T) {
-	pool, _ := citusSchema(t, 4)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	pool, adapter := citusSchema(t, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	type worker struct {
 		host string
@@ -613,31 +573,34 @@ func TestCitusPrepareShardMoveRaisesOnlyToTheSource(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.GreaterOrEqual(t, len(workers), 2, "two workers")
-	counter := func(w worker) uint64 {
+	seq := pglease.PartitionName(adapter, "positions")
+	last := func(w worker) uint64 {
 		var c uint64
 		require.NoError(t, pool.QueryRow(ctx, `SELECT r.result::bigint FROM pg_catalog.master_run_on_worker(ARRAY[$1::text], ARRAY[$2::integer],
-			ARRAY['SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())'], false) r`, w.host, w.port).Scan(&c))
+			ARRAY[pg_catalog.format('SELECT last_value FROM %I.%I', $3::text, $4::text)], false) r`, w.host, w.port, adapter.Schema, seq).Scan(&c))
 		return c
 	}
 	a, b := workers[0], workers[1]
-	const margin = 50_000
-	// b to margin above a (it may be there already).
-	_, err = pool.Exec(ctx, pglease.PrepareCitusShardMoveSQL(a.host, a.port, b.host, b.port, margin))
+	const margin = 1 << 32
+	_, err = pool.Exec(ctx, pglease.PrepareCitusShardMoveSQL(a.host, a.port, b.host, b.port, 1000))
 	require.NoError(t, err)
-	require.GreaterOrEqual(t, counter(b), counter(a)+margin-1000, "the target above the source by the margin")
+	require.GreaterOrEqual(t, last(b), last(a)+margin, "the target above the source by the margin (at least 2^32)")
 
-	// Again: b is there already and consumes nothing (a few ids of the
-	// statements that read the counters).
-	before := counter(b)
-	_, err = pool.Exec(ctx, pglease.PrepareCitusShardMoveSQL(a.host, a.port, b.host, b.port, margin))
+	// Again: b is there already and stays.
+	before := last(b)
+	_, err = pool.Exec(ctx, pglease.PrepareCitusShardMoveSQL(a.host, a.port, b.host, b.port, 1000))
 	require.NoError(t, err)
-	require.Less(t, counter(b), before+1000, "a target ahead of the source consumes nothing")
+	require.Equal(t, before, last(b), "a target ahead of the source is left alone")
 
-	// The other way: a, now behind, is raised to margin above b.
-	top := counter(b) + margin
-	_, err = pool.Exec(ctx, pglease.PrepareCitusShardMoveSQL(b.host, b.port, a.host, a.port, margin))
+	// The other way: a, now behind, is raised above b; and above every
+	// worker by PrepareCitusMoveSQL.
+	_, err = pool.Exec(ctx, pglease.PrepareCitusShardMoveSQL(b.host, b.port, a.host, a.port, 1000))
 	require.NoError(t, err)
-	require.GreaterOrEqual(t, counter(a), top)
+	require.GreaterOrEqual(t, last(a), last(b)+margin)
+	top := max(last(a), last(b))
+	_, err = pool.Exec(ctx, pglease.PrepareCitusMoveSQL(b.host, b.port, 1000))
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, last(b), top+margin)
 }
 
 // TestCitusUpgradeSetsPositionsOnTheWorkers migrates a distributed schema
@@ -681,4 +644,128 @@ END$f$`)
 	var recent bool
 	require.NoError(t, pool.QueryRow(ctx, `SELECT created_at > now() - interval '1 hour' FROM `+messages+` WHERE topic = 'a'`).Scan(&recent))
 	require.True(t, recent, "the creation time is the database's")
+}
+
+// TestCitusMigrateUnderTraffic brings a schema distributed by an earlier
+// release (positions from the workers' transaction ids, no sequence on
+// the workers) across with DistributeSQL while a Publisher publishes and
+// another holds a transaction with a message open across the switch: the
+// script waits for that transaction, every new position sorts after every
+// stored one, and a group whose position was committed before the switch
+// gets every later message, in position order, none lost.
+func TestCitusMigrateUnderTraffic(t *testing.T) {
+	const topic, group = "switching", "g"
+	pool, adapter := citusSchema(t, 10)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	messages := table(adapter, pglease.DefaultMessagesTable)
+	fn := pgx.Identifier{adapter.Schema, pglease.PartitionName(adapter, "transaction_id")}.Sanitize()
+	trigger := pgx.Identifier{pglease.PartitionName(adapter, "transaction_id")}.Sanitize()
+	// The earlier release's schema.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	for _, sql := range []string{`SET LOCAL citus.enable_unsafe_triggers TO on`,
+		`CREATE OR REPLACE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog AS $f$
+BEGIN
+	NEW.transaction_id := pg_catalog.pg_current_xact_id();
+	NEW.created_at := pg_catalog.now();
+	RETURN NEW;
+END$f$`,
+		`DROP TRIGGER ` + trigger + ` ON ` + messages,
+		`CREATE TRIGGER ` + trigger + ` BEFORE INSERT ON ` + messages + ` FOR EACH ROW EXECUTE FUNCTION ` + fn + `()`,
+	} {
+		_, err = tx.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	require.NoError(t, tx.Commit(ctx))
+	_, err = pool.Exec(ctx, `SELECT pg_catalog.run_command_on_workers(pg_catalog.format(
+	'DO $d$ BEGIN PERFORM pg_catalog.set_config(''citus.enable_ddl_propagation'', ''off'', true); DROP SEQUENCE %I.%I; END $d$',
+	$1::text, $2::text))`, adapter.Schema, pglease.PartitionName(adapter, "positions"))
+	require.NoError(t, err)
+
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	n := 0
+	publish := func() {
+		require.NoError(t, pub.Publish(topic, message.NewMessage(fmt.Sprintf("m%04d", n), nil)))
+		n++
+	}
+	for range 20 {
+		publish()
+	}
+	// The group committed the 10th message before the switch.
+	_, err = pool.Exec(ctx, `INSERT INTO `+table(adapter, pglease.DefaultConsumerOffsetsTable)+`
+	(consumer_group, topic, partition, acked_transaction_id, acked_offset)
+SELECT $1, $2, 0, m.transaction_id, m."offset" FROM `+messages+` m WHERE m.topic = $2
+ORDER BY m.transaction_id, m."offset" OFFSET 9 LIMIT 1`, group, topic)
+	require.NoError(t, err)
+	var oldTop string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT max(transaction_id)::text FROM `+messages).Scan(&oldTop))
+
+	held, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = held.Rollback(context.WithoutCancel(ctx)) }()
+	heldPub, err := pglease.NewPublisher(held, pglease.PublisherConfig{Tables: adapter}, nil)
+	require.NoError(t, err)
+	require.NoError(t, heldPub.Publish(topic, message.NewMessage("held", nil)))
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			publish()
+		}
+	}()
+	committed := make(chan error, 1)
+	go func() {
+		time.Sleep(time.Second)
+		committed <- held.Commit(context.WithoutCancel(ctx))
+	}()
+	start := time.Now()
+	_, err = pool.Exec(ctx, pglease.DistributeSQL(adapter))
+	require.NoError(t, err)
+	require.NoError(t, <-committed)
+	t.Logf("switched in %s (waited for the open publisher)", time.Since(start).Round(time.Millisecond))
+	require.GreaterOrEqual(t, time.Since(start), 900*time.Millisecond, "the switch waited for the transaction that inserted with the old trigger")
+	time.Sleep(200 * time.Millisecond)
+	close(stop)
+	<-stopped
+	for range 20 {
+		publish()
+	}
+	var below int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+messages+` WHERE topic = $1 AND created_at > $2 AND transaction_id <= $3::xid8`,
+		topic, start.Add(2*time.Second), oldTop).Scan(&below))
+	require.Zero(t, below, "no new position at or below a stored one")
+
+	rows, err := pool.Query(ctx, `SELECT m.uuid FROM `+messages+` m, `+table(adapter, pglease.DefaultConsumerOffsetsTable)+` o
+WHERE m.topic = $1 AND o.topic = $1 AND o.consumer_group = $2 AND (m.transaction_id, m."offset") > (o.acked_transaction_id, o.acked_offset)
+ORDER BY m.transaction_id, m."offset"`, topic, group)
+	require.NoError(t, err)
+	want, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Contains(t, want, "held")
+	require.Len(t, want, n+1-10)
+
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, Tables: adapter}, testLogger())
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	var got []string
+	for len(got) < len(want) {
+		select {
+		case m := <-ch:
+			got = append(got, m.UUID)
+			m.Ack()
+		case <-ctx.Done():
+			t.Fatalf("delivered %d of %d", len(got), len(want))
+		}
+	}
+	require.Equal(t, want, got, "every message after the group's position, in position order")
 }

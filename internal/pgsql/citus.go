@@ -36,18 +36,31 @@ import (
 // migrations: the messages and offsets tables distributed by topic and
 // co-located (a topic's messages and its groups' offsets on one worker),
 // the other tables reference tables (a copy on every node), and the
-// trigger that takes a message's transaction id on its worker. The
+// positions of decision 0008 on each worker (see [Tables.WorkerScript]):
+// the trigger that takes a message's position from its worker's
+// sequence, registering the worker's transaction there first. The
 // offsets' topic gets the messages' collation ("C"), which co-location
 // requires. Multi-shard DDL runs sequentially
 // (citus.multi_shard_modify_mode), so that the script runs in one
-// transaction. It may be run again: what is distributed already is left
-// alone. It raises an error when the citus extension is not installed,
+// transaction, except the workers' own objects, which it creates first,
+// each worker in a transaction of its own. It may be run again: what is
+// distributed already is left alone, and a worker added since gets its
+// objects. It raises an error when the citus extension is not installed,
 // and when the tables to distribute hold messages or group positions
-// (positions are transaction ids of the server that took them, which the
-// workers' ids would not continue).
+// (positions are those of the server that took them, which the workers'
+// would not continue).
+//
+// Tables distributed by an earlier release take their positions from
+// their workers' transaction ids: the script replaces their trigger under
+// a SHARE ROW EXCLUSIVE lock of the messages table (every node's, which
+// Citus takes for it), which waits for every transaction that inserted
+// with the old trigger to end and holds new inserts off until it commits.
+// Every worker's sequence starts 2^40 above its transaction counter, so
+// new positions sort after every stored one and every group's position
+// keeps its meaning.
 func (t *Tables) DistributeScript() string {
 	trigger := t.partitionName("transaction_id")
-	fn := t.partition("transaction_id")
+	fn := t.CitusPositionFunction()
 	lit := quoteLiteral
 	reference := ""
 	for _, tab := range []string{t.Sessions, t.Topics, t.Retention, t.Delayed, t.Maintenance, t.Version} {
@@ -56,34 +69,77 @@ func (t *Tables) DistributeScript() string {
 		PERFORM pg_catalog.create_reference_table(` + lit(tab) + `);
 	END IF;`
 	}
-	return doBlock(`BEGIN
+	onCoordinator := func(name, signature, returns string) string {
+		return `
+	EXECUTE ` + lit(`CREATE OR REPLACE FUNCTION `+name+signature+returns+` LANGUAGE plpgsql VOLATILE AS `+
+			dollarQuote(`BEGIN
+	RAISE EXCEPTION 'pglease: `+strings.ReplaceAll(name, "'", "''")+` runs on a topic''s worker, in a statement that Citus routes there whole; it was called on the coordinator';
+END`)) + `;`
+	}
+	return doBlock(`DECLARE
+	nsp name;
+	failed text;
+	distributed boolean;
+BEGIN
 	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
 		RAISE EXCEPTION 'pglease: the citus extension is not installed in this database: CREATE EXTENSION citus on the coordinator (and every worker) first';
 	END IF;
+	SELECT n.nspname INTO nsp FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.oid = ` + lit(t.Messages) + `::regclass;
+	-- The workers' own objects first, before anything of this transaction
+	-- is on a worker (each worker's run is a transaction of its own,
+	-- committed before the trigger that needs it).
+	SELECT pg_catalog.string_agg(c.nodename || ':' || c.nodeport || ': ' || c.result, '; ') INTO failed
+	FROM pg_catalog.run_command_on_workers(pg_catalog.format(` + lit(t.WorkerScript()) + `, nsp)) c
+	WHERE NOT c.success;
+	IF failed IS NOT NULL THEN
+		RAISE EXCEPTION 'pglease: the positions on the workers: %', failed;
+	END IF;
 	PERFORM pg_catalog.set_config('citus.multi_shard_modify_mode', 'sequential', true);
-	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = ` + lit(t.Messages) + `::regclass)
-		AND (EXISTS (SELECT 1 FROM ` + t.Messages + `) OR EXISTS (SELECT 1 FROM ` + t.Offsets + `)) THEN
+	distributed := EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = ` + lit(t.Messages) + `::regclass);
+	IF NOT distributed AND (EXISTS (SELECT 1 FROM ` + t.Messages + `) OR EXISTS (SELECT 1 FROM ` + t.Offsets + `)) THEN
 		RAISE EXCEPTION USING
 			MESSAGE = 'pglease: the tables hold messages or consumer group positions: distributing them is refused',
-			DETAIL = 'Distributed, the stored messages would take the transaction ids of the workers while the groups keep this server''s, and the groups would skip or repeat messages.',
+			DETAIL = 'Distributed, the stored messages would take the positions of the workers while the groups keep this server''s, and the groups would skip or repeat messages.',
 			HINT = 'Distribute tables while they are empty: run pglease migrate --citus on a new schema (--schema), publish there, and move each Subscriber over once it has consumed the old tables (docs/scaling.md, "Moving to Citus").';
 	END IF;
 	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = ` + lit(t.Offsets) + `::regclass) THEN
 		EXECUTE ` + lit(`ALTER TABLE `+t.Offsets+` ALTER COLUMN topic TYPE text COLLATE "C"`) + `;
 	END IF;
-	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = ` + lit(t.Messages) + `::regclass) THEN
+	-- The worker functions exist on the coordinator too, where statements
+	-- are parsed: there they refuse to run (a statement that Citus did not
+	-- route to the topic's worker whole).
+	PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', 'off', true);` +
+		onCoordinator(t.WorkerBoundFunction(), `(topic text, partitions integer[], OUT bounds bigint[])`, ``) +
+		onCoordinator(t.WorkerCounterFunction(), `()`, ` RETURNS bigint`) + `
+	PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', 'on', true);
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg
+		WHERE tg.tgrelid = ` + lit(t.Messages) + `::regclass AND tg.tgfoid = pg_catalog.to_regprocedure(` + lit(fn+"()") + `)) THEN
+		-- The trigger runs on the shards (Citus copies it there).
+		PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+		IF distributed THEN
+			-- Waits for every transaction that inserted with the old
+			-- trigger (a position from its worker's transaction id) to
+			-- end, and holds new inserts off until this commits.
+			EXECUTE ` + lit(`LOCK TABLE `+t.Messages+` IN SHARE ROW EXCLUSIVE MODE`) + `;
+		END IF;
 		EXECUTE ` + lit(`CREATE OR REPLACE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog AS `+
-		dollarQuote(t.render("0012_position.plpgsql"))) + `;
+		dollarQuote(t.render("citus_take_position.plpgsql"))) + `;
+		EXECUTE 'ALTER FUNCTION ' || ` + lit(fn) + ` || '() SET search_path = pg_catalog, ' || pg_catalog.quote_ident(nsp) || ', pg_temp';
+		EXECUTE ` + lit(`REVOKE ALL ON FUNCTION `+fn+`() FROM PUBLIC`) + `;
 		EXECUTE ` + lit(`DROP TRIGGER IF EXISTS `+pgx.Identifier{trigger}.Sanitize()+` ON `+t.Messages) + `;
-		-- Schema version 14 gives a single node's messages positions from
-		-- a sequence, as the column's default: a distributed table takes
-		-- its workers' transaction ids, as before.
-		EXECUTE ` + lit(`ALTER TABLE `+t.Messages+` ALTER COLUMN transaction_id SET DEFAULT pg_catalog.pg_current_xact_id()`) + `;
+		IF NOT distributed THEN
+			-- Schema version 14 gives a single node's messages positions
+			-- from its sequence, as the column's default: the coordinator
+			-- would evaluate it. The trigger sets every row's.
+			EXECUTE ` + lit(`ALTER TABLE `+t.Messages+` ALTER COLUMN transaction_id SET DEFAULT pg_catalog.pg_current_xact_id()`) + `;
+		END IF;
 		EXECUTE ` + lit(`CREATE TRIGGER `+pgx.Identifier{trigger}.Sanitize()+` BEFORE INSERT ON `+t.Messages+
-		` FOR EACH ROW EXECUTE FUNCTION `+fn+`()`) + `;
+		` FOR EACH ROW EXECUTE FUNCTION `+fn+`(`) + ` || CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+			WHERE a.attrelid = ` + lit(t.Messages) + `::regclass AND a.attname = 'needs_registration' AND NOT a.attisdropped)
+			THEN '''needs_registration''' ELSE '' END || ')';
 	END IF;` + reference + `
-	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = ` + lit(t.Messages) + `::regclass) THEN
-		-- The trigger is what takes transaction ids on the workers.
+	IF NOT distributed THEN
 		PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
 		PERFORM pg_catalog.create_distributed_table(` + lit(t.Messages) + `, 'topic');
 	END IF;
@@ -98,6 +154,62 @@ func (t *Tables) DistributeScript() string {
 		END IF;
 	END IF;
 END`)
+}
+
+// WorkerScript returns the script that creates, on one worker, what the
+// positions of a distributed messages table need there: the sequence
+// positions come from (not a distributed object: Citus would route its
+// nextval to the coordinator), started 2^40 above the worker's
+// transaction counter and called (so that its last value was handed
+// out), and the functions a statement routed to a topic's shard calls:
+// the bound ([Tables.WorkerBoundFunction]) and the counter
+// ([Tables.WorkerCounterFunction]). It is a format string (%L: the
+// messages table's schema, every other percent sign doubled), formatted
+// and run on every worker by [Tables.DistributeScript] and on the target
+// of a shard move by [PrepareShardMoveScript]. It may run again: the
+// sequence is left where it is.
+func (t *Tables) WorkerScript() string {
+	lit := quoteLiteral
+	const schema = "\x00schema\x00"
+	script := doBlock(`DECLARE
+	nsp name := ` + schema + `;
+	seq text;
+BEGIN
+	-- Objects of this worker only.
+	PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', 'off', true);
+	EXECUTE 'CREATE SCHEMA IF NOT EXISTS ' || pg_catalog.quote_ident(nsp);
+	PERFORM pg_catalog.set_config('search_path', pg_catalog.quote_ident(nsp), true);
+	seq := pg_catalog.quote_ident(nsp) || '.' || pg_catalog.quote_ident(` + lit(t.partitionName("positions")) + `);
+	IF pg_catalog.to_regclass(seq) IS NULL THEN
+		-- CACHE 1: a range cached per backend would hand values out of the
+		-- order in which they are taken.
+		EXECUTE 'CREATE SEQUENCE ' || seq || ' AS bigint CACHE 1 NO CYCLE';
+		PERFORM pg_catalog.setval(seq::regclass,
+			pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint + 1099511627776, true);
+	END IF;
+	-- Any role may read where the sequence is and take values from it
+	-- (what a publisher's trigger does); none but the owner may set it.
+	EXECUTE 'GRANT SELECT, USAGE ON SEQUENCE ' || seq || ' TO PUBLIC';
+	-- The move scripts find the sequences to raise by their comment.
+	EXECUTE 'COMMENT ON SEQUENCE ' || seq || ' IS ' || ` + lit(lit(PositionsComment)) + `;
+	EXECUTE ` + lit(`CREATE OR REPLACE FUNCTION `+t.WorkerBoundFunction()+`(topic text, partitions integer[], OUT bounds bigint[])
+	LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog AS `+dollarQuote(t.render("citus_worker_bound.plpgsql"))) + `;
+	EXECUTE 'ALTER FUNCTION ' || ` + lit(t.WorkerBoundFunction()) + ` || '(text, integer[]) SET search_path = pg_catalog, '
+		|| pg_catalog.quote_ident(nsp) || ', pg_temp';
+	EXECUTE ` + lit(`CREATE OR REPLACE FUNCTION `+t.WorkerCounterFunction()+`() RETURNS bigint
+	LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog AS `+dollarQuote(`DECLARE
+	n bigint;
+BEGIN
+	-- The position this worker's sequence hands out next: no row of its
+	-- history has reached it.
+	SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END INTO n FROM `+
+		pgx.Identifier{t.partitionName("positions")}.Sanitize()+` s;
+	RETURN n;
+END`)) + `;
+	EXECUTE 'ALTER FUNCTION ' || ` + lit(t.WorkerCounterFunction()) + ` || '() SET search_path = pg_catalog, '
+		|| pg_catalog.quote_ident(nsp) || ', pg_temp';
+END`)
+	return strings.ReplaceAll(strings.ReplaceAll(script, "%", "%%"), schema, "%L")
 }
 
 // asCitus returns s as it runs where the messages table is distributed:
@@ -145,97 +257,93 @@ func notifyAsText(sql string) string {
 // worker's transaction counter.
 func citusHereIs(n int) string { return `($` + strconv.Itoa(n) + `::text IS NOT NULL)` }
 
-// MoveBurnBatch and MoveBurnMax bound [PrepareMoveScript]: the worker
-// consumes transaction ids in transactions of at most MoveBurnBatch
-// subtransactions each (about 4 s at the 240,000 a second measured here),
-// and a script that would consume more than MoveBurnMax in all (about 7
-// minutes) consumes none and raises an error instead.
-const (
-	MoveBurnBatch = 1_000_000
-	MoveBurnMax   = 100_000_000
-)
+// PositionsComment marks, in its comment, the position sequence of a
+// messages table on a Citus worker ([Tables.WorkerScript]): the move
+// scripts find every such sequence of a worker by it, whatever the
+// tables' names.
+const PositionsComment = "pglease: message positions of this worker"
 
-// PrepareMoveScript returns the script that raises the transaction
-// counter of the worker at host:port to at least margin above the
-// highest counter of the cluster's workers, run on the coordinator right
-// before a shard moves to that worker (citus_move_shard_placement). A
-// position is a transaction id of the topic's worker: rows moved to a
-// worker whose counter is lower would hold positions ahead of it (their
-// commits refused, the topic stalled), and its new messages would sort
-// below the groups' positions (skipped). The moved rows' transaction ids
-// lie below the source's counter when the move blocks their writes; the
-// margin covers what the source takes between the script and then. The
-// worker consumes the transaction ids it lacks in transactions of
-// MoveBurnBatch subtransactions that each write a row of a temporary
-// table (about 240,000 a second measured here), each committed before the
-// next: while one runs, the worker's other snapshots take the slower path
-// of an overflowed subtransaction cache. When the worker lacks more than
-// MoveBurnMax (margin included), the script consumes nothing and raises
-// an error that says by how much: a counter that far behind is raised
-// with pg_resetwal (see docs/scaling.md), not by consuming ids.
+// MoveMarginFloor is the least margin [PrepareMoveScript] raises a
+// target's position sequences by: a value of a sequence costs nothing,
+// and the margin must exceed the positions the source hands out between
+// the script and the end of the move.
+const MoveMarginFloor = 1 << 32
+
+// PrepareMoveScript returns the script that raises the position
+// sequences of the worker at host:port to at least margin (at least
+// MoveMarginFloor) above the highest position handed out by any worker's,
+// run on the coordinator right before a shard moves to that worker
+// (citus_move_shard_placement). A position comes from the sequence of
+// the topic's worker: rows moved to a worker whose sequence is lower
+// would hold positions ahead of its counter (their commits refused, the
+// topic stalled), and its new messages would sort below the groups'
+// positions (skipped). The moved rows' positions lie below the source's
+// last value when the move blocks their writes; the margin covers what
+// the source hands out between the script and then. The script raises
+// every sequence that PositionsComment marks (a sequence only grows, and
+// one raised further than needed costs nothing); it refuses when the
+// target has none (a worker added since `pglease migrate --citus` ran:
+// run it again) or no worker has any (tables distributed by an earlier
+// release, whose positions are transaction ids: migrate first).
 func PrepareMoveScript(host string, port int, margin uint64) string {
 	return prepareMoveScript(host, port, margin, "")
 }
 
 // PrepareShardMoveScript is PrepareMoveScript for a move from the worker
 // at srcHost:srcPort: it raises the target only to margin above the
-// source's counter, and not at all when the target's counter is there
-// already. The moved rows, and the groups' positions of their topics,
-// were taken on the source (or, for a topic moved before, below a counter
-// an earlier script raised the source above): no other worker's counter
-// matters to this move. A target ahead of the source consumes nothing.
+// source's positions, and not at all where it is there already. The moved
+// rows, and the groups' positions of their topics, were taken on the
+// source (or, for a topic moved before, below a value an earlier script
+// raised the source above): no other worker's sequence matters to this
+// move.
 func PrepareShardMoveScript(srcHost string, srcPort int, host string, port int, margin uint64) string {
 	return prepareMoveScript(host, port, margin, `c.nodename = `+quoteLiteral(srcHost)+` AND c.nodeport = `+strconv.Itoa(srcPort))
 }
 
 // prepareMoveScript is the script of PrepareMoveScript, raising the
-// target above the highest counter of the workers that source (a
+// target above the highest position of the workers that source (a
 // condition on run_command_on_workers's row c) selects, every worker's
 // when empty.
 func prepareMoveScript(host string, port int, margin uint64, source string) string {
-	const counters = `'SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())'`
+	marked := `FROM pg_catalog.pg_class s WHERE s.relkind = 'S' AND pg_catalog.obj_description(s.oid, 'pg_class') = ` + quoteLiteral(PositionsComment)
+	last := quoteLiteral(`SELECT pg_catalog.count(*) || ':' || COALESCE(pg_catalog.max(pg_catalog.pg_sequence_last_value(s.oid)), 0) ` + marked)
 	from := "true"
 	if source != "" {
 		from = source
 	}
+	if margin < MoveMarginFloor {
+		margin = MoveMarginFloor
+	}
 	return doBlock(`DECLARE
 	top numeric;
-	have numeric;
-	burnt record;
+	sources bigint;
+	here bigint;
+	raised record;
 BEGIN
-	IF EXISTS (SELECT 1 FROM pg_catalog.run_command_on_workers(` + counters + `) c WHERE NOT c.success) THEN
-		RAISE EXCEPTION 'pglease: cannot read the transaction counter of every worker';
+	IF EXISTS (SELECT 1 FROM pg_catalog.run_command_on_workers(` + last + `) c WHERE NOT c.success) THEN
+		RAISE EXCEPTION 'pglease: cannot read the position sequences of every worker';
 	END IF;
-	SELECT pg_catalog.max(c.result::numeric) FILTER (WHERE ` + from + `) + ` + strconv.FormatUint(margin, 10) + `,
-		pg_catalog.max(c.result::numeric) FILTER (WHERE c.nodename = ` + quoteLiteral(host) + ` AND c.nodeport = ` + strconv.Itoa(port) + `)
-	INTO top, have
-	FROM pg_catalog.run_command_on_workers(` + counters + `) c;
-	IF have IS NULL THEN
+	SELECT pg_catalog.max(pg_catalog.split_part(c.result, ':', 2)::numeric) FILTER (WHERE ` + from + `) + ` + strconv.FormatUint(margin, 10) + `,
+		pg_catalog.sum(pg_catalog.split_part(c.result, ':', 1)::bigint) FILTER (WHERE ` + from + `),
+		pg_catalog.max(pg_catalog.split_part(c.result, ':', 1)::bigint) FILTER (WHERE c.nodename = ` + quoteLiteral(host) + ` AND c.nodeport = ` + strconv.Itoa(port) + `)
+	INTO top, sources, here
+	FROM pg_catalog.run_command_on_workers(` + last + `) c;
+	IF here IS NULL THEN
 		RAISE EXCEPTION 'pglease: no worker %:% in the cluster', ` + quoteLiteral(host) + `, ` + strconv.Itoa(port) + `;
 	END IF;
 	IF top IS NULL THEN
 		RAISE EXCEPTION 'pglease: no source worker in the cluster (%)', ` + quoteLiteral(from) + `;
 	END IF;
-	IF top - have > ` + strconv.Itoa(MoveBurnMax) + ` THEN
-		RAISE EXCEPTION 'pglease: worker %:% is % transaction ids behind the counter it must reach (the source''s, or every worker''s, plus the margin), more than the % this script consumes (about 7 minutes): raise its counter with pg_resetwal --epoch, or move the shard to a worker closer to the others', ` + quoteLiteral(host) + `, ` + strconv.Itoa(port) + `, top - have, ` + strconv.Itoa(MoveBurnMax) + `
-			USING ERRCODE = 'program_limit_exceeded';
+	IF sources = 0 THEN
+		RAISE EXCEPTION 'pglease: no position sequence on the source workers: the tables take their positions from the workers'' transaction ids (distributed by an earlier release): run pglease migrate --citus first';
 	END IF;
-	WHILE have < top LOOP
-		SELECT * INTO burnt FROM pg_catalog.master_run_on_worker(ARRAY[` + quoteLiteral(host) + `], ARRAY[` + strconv.Itoa(port) + `],
-			ARRAY[pg_catalog.format(` + quoteLiteral(`DO $burn$ BEGIN
-	CREATE TEMPORARY TABLE IF NOT EXISTS pglease_counter (x integer);
-	FOR i IN 1..%s LOOP
-		BEGIN
-			INSERT INTO pglease_counter VALUES (1);
-		EXCEPTION WHEN OTHERS THEN NULL;
-		END;
-	END LOOP;
-	DROP TABLE pglease_counter;
-END $burn$`) + `, LEAST(top - have, ` + strconv.Itoa(MoveBurnBatch) + `))], false);
-		IF NOT burnt.success THEN
-			RAISE EXCEPTION 'pglease: raising the transaction counter of worker %:% failed: %', ` + quoteLiteral(host) + `, ` + strconv.Itoa(port) + `, burnt.result;
-		END IF;
-		have := have + LEAST(top - have, ` + strconv.Itoa(MoveBurnBatch) + `);
-	END LOOP;
+	IF here = 0 THEN
+		RAISE EXCEPTION 'pglease: worker %:% has no position sequence (added after pglease migrate --citus ran): run pglease migrate --citus again first', ` + quoteLiteral(host) + `, ` + strconv.Itoa(port) + `;
+	END IF;
+	SELECT * INTO raised FROM pg_catalog.master_run_on_worker(ARRAY[` + quoteLiteral(host) + `], ARRAY[` + strconv.Itoa(port) + `],
+		ARRAY[pg_catalog.format(` + quoteLiteral(`SELECT pg_catalog.count(pg_catalog.setval(s.oid, GREATEST(COALESCE(pg_catalog.pg_sequence_last_value(s.oid), 0), %s), true)) `+strings.ReplaceAll(marked, "%", "%%")) + `, top)], false);
+	IF NOT raised.success THEN
+		RAISE EXCEPTION 'pglease: raising the position sequences of worker %:% failed: %', ` + quoteLiteral(host) + `, ` + strconv.Itoa(port) + `, raised.result;
+	END IF;
 END`)
 }

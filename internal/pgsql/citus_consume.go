@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/google/uuid"
@@ -49,51 +50,63 @@ import (
 // citusSnapshot is what [Tables.citusWorkerSnapshot] reads on a topic's
 // worker.
 type citusSnapshot struct {
-	xmin, xmax uint64
+	// counter is the position the worker's sequence hands out next.
+	counter uint64
 	// here is the worker's identity (see [Here]).
 	here string
 	// groupRows counts the group's offset rows of the topic.
 	groupRows int64
 }
 
-// citusWorkerSnapshot reads the snapshot of the worker that holds topic's
-// shard, and the number of group's offset rows of the topic. An
-// aggregate without GROUP BY returns one row even where the topic has no
-// row; filtered on the topic, Citus routes the whole statement, the
-// snapshot functions included, to the topic's worker.
+// citusWorkerSnapshot reads the position counter and the identity of
+// the worker that holds topic's shard, and the number of group's offset
+// rows of the topic. An aggregate without GROUP BY returns one row even
+// where the topic has no row; filtered on the topic, Citus routes the
+// whole statement, the functions included, to the topic's worker.
 func (d citus) citusWorkerSnapshot(ctx context.Context, q Querier, group, topic string) (citusSnapshot, error) {
 	var s citusSnapshot
-	err := q.QueryRow(ctx, `SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text,
-	pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text, pg_catalog.count(*), `+here+`
+	err := q.QueryRow(ctx, `SELECT `+d.workerCounter()+`::text, pg_catalog.count(*), `+here+`
 FROM `+d.t.Offsets+` WHERE consumer_group = $1 AND topic = $2`, group, topic).
-		Scan((*xid8)(&s.xmin), (*xid8)(&s.xmax), &s.groupRows, &s.here)
+		Scan((*xid8)(&s.counter), &s.groupRows, &s.here)
 	return s, err
 }
 
 // EnsureOffsets is [Driver.EnsureOffsets] on Citus: one INSERT per topic,
 // every partition of the topic in it, starting, with p.Latest and for a
-// group without a row of the topic, at the xmin of the topic's worker.
+// group without a row of the topic, just below each partition's position
+// bound on the topic's worker, computed by a statement before (as the
+// single-node statement starts: (bound - 1, the largest offset)).
 func (d citus) EnsureOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]EnsuredRow, error) {
 	var out []EnsuredRow
 	for _, tp := range byTopic(p.Topics, p.Partitions) {
-		start := uint64(0)
+		starts := make([]string, len(tp.partitions))
+		offsets := make([]int64, len(tp.partitions))
+		for i := range starts {
+			starts[i] = "0"
+		}
 		if p.Latest {
 			s, err := d.citusWorkerSnapshot(ctx, q, p.ConsumerGroup, tp.topic)
 			if err != nil {
 				return nil, err
 			}
 			if s.groupRows == 0 {
-				start = s.xmin
+				bounds, err := d.citusBounds(ctx, q, tp.topic, tp.partitions)
+				if err != nil {
+					return nil, err
+				}
+				for i, b := range bounds {
+					starts[i], offsets[i] = formatXID8(b-1), math.MaxInt64
+				}
 			}
 		}
 		rows, err := collect(ctx, q, Stmt{
 			SQL: `INSERT INTO ` + d.t.Offsets + ` AS o (consumer_group, topic, partition, acked_transaction_id, acked_offset)
-SELECT $1, $2, p.partition, $4::text::xid8, 0
-FROM unnest($3::integer[]) AS p(partition)
+SELECT $1, $2, p.partition, p.start::xid8, p.off
+FROM unnest($3::integer[], $4::text[], $5::bigint[]) AS p(partition, start, off)
 ORDER BY p.partition
 ON CONFLICT (consumer_group, topic, partition) DO NOTHING
 RETURNING o.topic, o.partition, o.acked_transaction_id::text`,
-			Args: []any{p.ConsumerGroup, tp.topic, tp.partitions, formatXID8(start)},
+			Args: []any{p.ConsumerGroup, tp.topic, tp.partitions, starts, offsets},
 		}, func(row pgx.CollectableRow) (EnsuredRow, error) {
 			var r EnsuredRow
 			err := row.Scan(&r.Topic, &r.Partition, (*xid8)(&r.AckedTransactionID))
@@ -296,7 +309,7 @@ func (d citus) citusClaimCandidates(ctx context.Context, q Querier, p OffsetsPar
 	t := d.t
 	rows, err := q.Query(ctx, `SELECT o.partition, o.session_id, o.epoch, s.id IS NOT NULL, s.owner,
 	COALESCE(s.expires_at < pg_catalog.now(), false),
-	o.acked_transaction_id >= pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()), `+here+`
+	o.acked_transaction_id >= `+d.workerCounter()+`, `+here+`
 FROM `+t.Offsets+` o LEFT JOIN `+t.Sessions+` s ON s.id = o.session_id
 WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = ANY ($3::integer[])`,
 		p.ConsumerGroup, tp.topic, tp.partitions)
@@ -319,8 +332,8 @@ func (d citus) VisibleTopics(ctx context.Context, q Querier, p VisibleTopicsPara
 	const probe = `SELECT EXISTS (SELECT 1 FROM %s m
 	WHERE m.topic = $1 AND m.partition = $2 AND %s
 		AND (m.transaction_id, m."offset") > ($3::text::xid8, $4::bigint)
-		AND m.transaction_id < pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()))`
-	sql := fmt.Sprintf(probe, t.Messages, t.classesOf("$1"))
+		AND m.transaction_id < %s)`
+	sql := fmt.Sprintf(probe, t.Messages, t.classesOf("$1"), d.workerCounter())
 	var out []int64
 	if b, ok := q.(batcher); ok {
 		batch := &pgx.Batch{}
@@ -366,7 +379,7 @@ func (d citus) citusOnHistory(ctx context.Context, q Querier, p OffsetParams) (b
 	if err != nil {
 		return false, err
 	}
-	return p.Position.TransactionID < s.xmax && (p.WorkerHere == "" || s.here == p.WorkerHere), nil
+	return p.Position.TransactionID < s.counter && (p.WorkerHere == "" || s.here == p.WorkerHere), nil
 }
 
 // citusKeyed is the condition of the fenced updates on Citus: the row,
@@ -443,7 +456,7 @@ func (d citus) AckOffset(ctx context.Context, q Querier, p OffsetParams) (AckRow
 		workerHere string
 	)
 	err := q.QueryRow(ctx, `SELECT session_id, epoch, acked_transaction_id::text, acked_offset,
-	$4::text = ANY(acked_above), pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text, `+here+`
+	$4::text = ANY(acked_above), `+d.workerCounter()+`::text, `+here+`
 FROM `+t.Offsets+`
 WHERE consumer_group = $1 AND topic = $2 AND partition = $3
 FOR UPDATE`, p.ConsumerGroup, p.Topic, p.Partition, AboveEntry(p.Position)).

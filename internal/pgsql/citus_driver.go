@@ -2,6 +2,7 @@ package pgsql
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,41 +34,115 @@ func (d citus) UpsertTopic(ctx context.Context, q Querier, p TopicParams) (Upser
 }
 
 // selectMessagesStmt is the statement of SelectMessages on Citus, routed
-// to the topic's worker whole: the identity there is the worker's, which
-// the claim read (p.WorkerHere), not the coordinator's (p.Here, only
-// typed).
+// to the topic's worker whole, reading below p.Bound, a bound computed on
+// that worker by an earlier statement (citusBounds), with the worker's
+// counter: the identity there is the worker's, which the claim read
+// (p.WorkerHere), not the coordinator's (p.Here, only typed).
 func (d citus) selectMessagesStmt(p SelectMessagesParams) Stmt {
-	onHere, args := citusHereIs(7), selectMessagesArgs(p)
+	onHere, args := citusHereIs(7), append(selectMessagesArgs(p), formatXID8(p.Bound))
 	if p.WorkerHere != "" {
-		onHere = `(` + citusHereIs(7) + ` AND ` + hereIs(8) + `)`
+		onHere = `(` + citusHereIs(7) + ` AND ` + hereIs(9) + `)`
 		args = append(args, p.WorkerHere)
 	}
-	return d.t.selectMessages(onHere, args, `pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())`,
-		`pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())`)
+	return d.t.selectMessages(onHere, args, `$8::text::xid8`, d.workerCounter())
 }
 
-// PositionBounds implements Driver: nil, Citus reads below its workers'
-// xmin horizons.
-func (d citus) PositionBounds(context.Context, Querier, []string, []int32) ([]uint64, error) {
-	return nil, nil
+// workerCounter is the position the topic's worker has not handed out
+// yet, read by a statement that Citus routes there whole (xid8).
+func (d citus) workerCounter() string {
+	return d.t.WorkerCounterFunction() + `()::text::xid8`
 }
 
-// OpenPublishers implements Driver: none, the workers' xmin horizons
-// hold delivery back (InspectWorkerHorizons).
+// citusBoundStmt is the statement of the position bounds of one topic's
+// partitions: the worker's function, called by a SELECT that Citus routes
+// to the topic's worker whole (an aggregate over the topic's offset rows
+// returns one row, whatever the rows).
+func (d citus) citusBoundStmt(topic string, partitions []int32) Stmt {
+	return Stmt{SQL: `SELECT ` + d.t.WorkerBoundFunction() + `($1::text, $2::integer[]), pg_catalog.count(*)
+FROM ` + d.t.Offsets + ` o WHERE o.topic = $1 AND o.consumer_group = ''`, Args: []any{topic, partitions}}
+}
+
+// citusBounds computes the position bounds of one topic's partitions on
+// its worker (decision 0008): a statement of its own, whose snapshot the
+// reads that use them do not share.
+func (d citus) citusBounds(ctx context.Context, q Querier, topic string, partitions []int32) ([]uint64, error) {
+	s := d.citusBoundStmt(topic, partitions)
+	var (
+		bounds []int64
+		n      int64
+	)
+	if err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&bounds, &n); err != nil {
+		return nil, err
+	}
+	if len(bounds) != len(partitions) {
+		return nil, fmt.Errorf("pgsql: %d position bounds for %d partitions of topic %q", len(bounds), len(partitions), topic)
+	}
+	out := make([]uint64, len(bounds))
+	for i, b := range bounds {
+		out[i] = uint64(b)
+	}
+	return out, nil
+}
+
+// PositionBounds implements Driver: one statement per topic, routed to
+// its worker.
+func (d citus) PositionBounds(ctx context.Context, q Querier, topics []string, partitions []int32) ([]uint64, error) {
+	partitions = partitionsOf(topics, partitions)
+	out := make([]uint64, len(topics))
+	idx := map[string][]int{}
+	var order []string
+	for i, tp := range topics {
+		if _, ok := idx[tp]; !ok {
+			order = append(order, tp)
+		}
+		idx[tp] = append(idx[tp], i)
+	}
+	for _, tp := range order {
+		parts := make([]int32, len(idx[tp]))
+		for j, i := range idx[tp] {
+			parts[j] = partitions[i]
+		}
+		b, err := d.citusBounds(ctx, q, tp, parts)
+		if err != nil {
+			return nil, err
+		}
+		for j, i := range idx[tp] {
+			out[i] = b[j]
+		}
+	}
+	return out, nil
+}
+
+// OpenPublishers implements Driver: none listed, the publishers of a
+// topic register on its worker (BoundHolder names the one that holds a
+// topic).
 func (d citus) OpenPublishers(context.Context, Querier) ([]PublisherRow, bool, error) {
 	return nil, false, nil
 }
 
-// BoundHolder implements Driver: the xmin horizon's holder, as before
-// positions came from a sequence on a single node.
-func (d citus) BoundHolder(ctx context.Context, q Querier, _ string, _ int32) (HorizonRow, bool, error) {
-	h, err := d.one.InspectHorizon(ctx, q)
-	return h, false, err
+// BoundHolder implements Driver: only that a publisher of the topic
+// holds it (topicOnly), without naming it: the holder is a backend of
+// the topic's worker, whose locks a statement on the coordinator does
+// not read.
+func (d citus) BoundHolder(context.Context, Querier, string, int32) (HorizonRow, bool, error) {
+	return HorizonRow{}, true, nil
 }
 
-// SelectMessages implements Driver.
+// SelectMessages implements Driver: the bound computed on the topic's
+// worker by a statement of its own (unless p.Bound), then the read.
 func (d citus) SelectMessages(ctx context.Context, q Querier, p SelectMessagesParams) (SelectResult, error) {
-	return selectMessages(ctx, q, d.selectMessagesStmt(p), p.Limit)
+	if p.Bound == 0 {
+		b, err := d.citusBounds(ctx, q, p.Topic, []int32{p.Partition})
+		if err != nil {
+			return SelectResult{}, err
+		}
+		p.Bound = b[0]
+	}
+	res, err := selectMessages(ctx, q, d.selectMessagesStmt(p), p.Limit)
+	if err == nil && !res.WentBack {
+		res.Bound = p.Bound
+	}
+	return res, err
 }
 
 // The statements of the sessions and of the delayed messages' move: the

@@ -30,8 +30,10 @@ ORDER BY 1`,
 
 // citusInspectLag is InspectLag for one topic: every distributed table
 // filtered on it, so that Citus routes it to the topic's worker whole,
-// where the snapshot (and now(), which the owner's liveness is judged
-// by) is the worker's.
+// where the position bound (and now(), which the owner's liveness is
+// judged by) is the worker's. The bound is read within the statement,
+// after its snapshot: a message committed in between is in neither
+// count, which a report can afford.
 func (d citus) citusInspectLag(groups []string, topic string) Stmt {
 	t := d.t
 	return Stmt{
@@ -41,7 +43,7 @@ func (d citus) citusInspectLag(groups []string, topic string) Stmt {
 	EXISTS (SELECT 1 FROM ` + t.Messages + ` m
 		WHERE m.topic = $2 AND m.partition = o.partition AND m.transaction_id >= x.xmin)
 FROM ` + t.Offsets + ` o
-CROSS JOIN (SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()) AS xmin) x
+CROSS JOIN LATERAL (SELECT (` + t.WorkerBoundFunction() + `($2::text, ARRAY[o.partition]))[1]::text::xid8 AS xmin) x
 LEFT JOIN ` + t.Sessions + ` s ON s.id = o.session_id
 CROSS JOIN LATERAL (
 	SELECT pg_catalog.count(*) AS lag, pg_catalog.min(m.created_at) AS oldest FROM ` + t.Messages + ` m

@@ -13,18 +13,15 @@ import (
 	"github.com/pglease/watermill-pglease/internal/pgtest"
 )
 
-// workerXmin reads the xmin horizon of topic's worker: a SELECT that
-// Citus routes to the topic's shard whole runs its functions there (an
-// aggregate: one row, whether the topic has messages or not).
-func workerXmin(t *testing.T, q Querier, tables *Tables, topic string) uint64 {
+// workerBound computes the position bound of topic's partition 0 on its
+// worker.
+func workerBound(t *testing.T, q Querier, tables *Tables, topic string) uint64 {
 	t.Helper()
-	var x uint64
-	err := q.QueryRow(context.Background(), `SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text, pg_catalog.count(*)
-FROM `+tables.Messages+` WHERE topic = $1`, topic).Scan((*xid8)(&x), new(int64))
+	b, err := NewCitus(tables).PositionBounds(context.Background(), q, []string{topic}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return x
+	return b[0]
 }
 
 // TestCitusMaintainerMovesDueMessages: the due delayed messages of two
@@ -73,8 +70,8 @@ func TestCitusMaintainerMovesDueMessages(t *testing.T) {
 		if err := pool.QueryRow(ctx, `SELECT transaction_id::text FROM `+tables.Messages+` WHERE topic = $1`, topic).Scan((*xid8)(&tx)); err != nil {
 			t.Fatal(err)
 		}
-		pgtest.WaitFor(t, 30*time.Second, "the move below "+topic+"'s worker's xmin", func() bool {
-			return tx < workerXmin(t, pool, tables, topic)
+		pgtest.WaitFor(t, 30*time.Second, "the move below "+topic+"'s position bound", func() bool {
+			return tx < workerBound(t, pool, tables, topic)
 		})
 		res, err := NewCitus(tables).SelectMessages(ctx, pool, SelectMessagesParams{Topic: topic, Limit: 10, Here: "coordinator"})
 		if err != nil {

@@ -3,6 +3,7 @@ package pgsql
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 
 	"github.com/google/uuid"
@@ -11,10 +12,13 @@ import (
 
 // ResetOffsets is [Driver.ResetOffsets] on Citus, in the caller's
 // transaction, as steps of the single-node statement: the rows and
-// whether their owners live, read on the topic's worker (snap); the rows
-// locked there, with the worker's xmin (cur); each row's new position
-// (for "time", the first message at or after p.At below that xmin, read
-// on the worker); each row written by a compare-and-swap on the
+// whether their owners live, read on the topic's worker (snap); their
+// partitions' position bounds, computed there by a statement of their own
+// (a bound read after the rows' snapshot could pass a message whose
+// publisher committed in between); the rows locked there (cur); each
+// row's new position (for "time", the first message at or after p.At
+// below the bound, read on the worker; for "latest", just below the
+// bound); each row written by a compare-and-swap on the
 // (session_id, epoch) of snap, unless it changed between snap and cur;
 // and, when a row was written, the notification sent from the
 // coordinator, at the transaction's commit.
@@ -54,12 +58,22 @@ WHERE o.consumer_group = $1 AND o.topic = $2`, p.ConsumerGroup, p.Topic)
 		epoch     int64
 		from      Position
 	}
-	var (
-		cur  []curRow
-		xmin xid8
-	)
-	rows, err = q.Query(ctx, `SELECT partition, session_id, epoch, acked_transaction_id::text, acked_offset,
-	pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text
+	bounds := map[int32]uint64{}
+	if p.To != "earliest" && len(snap) > 0 {
+		parts := make([]int32, 0, len(snap))
+		for part := range snap {
+			parts = append(parts, part)
+		}
+		b, err := d.citusBounds(ctx, q, p.Topic, parts)
+		if err != nil {
+			return nil, err
+		}
+		for i, part := range parts {
+			bounds[part] = b[i]
+		}
+	}
+	var cur []curRow
+	rows, err = q.Query(ctx, `SELECT partition, session_id, epoch, acked_transaction_id::text, acked_offset
 FROM `+t.Offsets+`
 WHERE consumer_group = $1 AND topic = $2
 ORDER BY partition
@@ -69,7 +83,7 @@ FOR UPDATE`, p.ConsumerGroup, p.Topic)
 	}
 	for rows.Next() {
 		var c curRow
-		if err := rows.Scan(&c.partition, &c.session, &c.epoch, (*xid8)(&c.from.TransactionID), &c.from.Offset, &xmin); err != nil {
+		if err := rows.Scan(&c.partition, &c.session, &c.epoch, (*xid8)(&c.from.TransactionID), &c.from.Offset); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -88,15 +102,24 @@ FOR UPDATE`, p.ConsumerGroup, p.Topic)
 		if !changed {
 			r.LiveOwner = s.liveOwner
 		}
+		bound, ok := bounds[c.partition]
+		if !ok && p.To != "earliest" {
+			// A row not in snap (changed: it is reported, not written).
+			b, err := d.citusBounds(ctx, q, p.Topic, []int32{c.partition})
+			if err != nil {
+				return nil, err
+			}
+			bound = b[0]
+		}
 		switch p.To {
 		case "earliest":
 		case "time":
-			r.To, err = d.citusFirstAfter(ctx, q, p.Topic, c.partition, p.At, uint64(xmin))
+			r.To, err = d.citusFirstAfter(ctx, q, p.Topic, c.partition, p.At, bound)
 			if err != nil {
 				return nil, err
 			}
 		default: // latest
-			r.To = Position{TransactionID: uint64(xmin)}
+			r.To = Position{TransactionID: bound - 1, Offset: math.MaxInt64}
 		}
 		if !changed && (p.Force || s.liveOwner == nil) {
 			tag, err := q.Exec(ctx, `UPDATE `+t.Offsets+` o
@@ -123,16 +146,17 @@ WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = $3
 }
 
 // citusFirstAfter is the position before the first message of the
-// partition stored at or after at whose transaction lies below xmin (the
-// worker's), read on the topic's worker; (xmin, 0) when there is none.
-func (d citus) citusFirstAfter(ctx context.Context, q Querier, topic string, partition int32, at time.Time, xmin uint64) (Position, error) {
+// partition stored at or after at whose position lies below bound (the
+// partition's position bound on the worker), read on the topic's worker;
+// just below the bound when there is none.
+func (d citus) citusFirstAfter(ctx context.Context, q Querier, topic string, partition int32, at time.Time, bound uint64) (Position, error) {
 	var pos Position
 	err := q.QueryRow(ctx, `SELECT m.transaction_id::text, m."offset" - 1 FROM `+d.t.Messages+` m
 WHERE m.topic = $1 AND m.partition = $2 AND m.created_at >= $3 AND m.transaction_id < $4::text::xid8
 ORDER BY m.transaction_id, m."offset"
-LIMIT 1`, topic, partition, at, formatXID8(xmin)).Scan((*xid8)(&pos.TransactionID), &pos.Offset)
+LIMIT 1`, topic, partition, at, formatXID8(bound)).Scan((*xid8)(&pos.TransactionID), &pos.Offset)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Position{TransactionID: xmin}, nil
+		return Position{TransactionID: bound - 1, Offset: math.MaxInt64}, nil
 	}
 	return pos, err
 }

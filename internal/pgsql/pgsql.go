@@ -196,6 +196,21 @@ func (t *Tables) PositionSequence() string { return t.partition("positions") }
 // function that computes the readers' bound (schema version 14).
 func (t *Tables) PositionBoundFunction() string { return t.partition("position_bound") }
 
+// CitusPositionFunction is the quoted, schema-qualified name of the
+// trigger function that takes a message's position on its worker when the
+// messages table is distributed ([Tables.DistributeScript]).
+func (t *Tables) CitusPositionFunction() string { return t.partition("citus_take_position") }
+
+// WorkerBoundFunction is the quoted, schema-qualified name of the
+// function, on each Citus worker, that computes the readers' bound of
+// one topic's partitions ([Tables.WorkerScript]).
+func (t *Tables) WorkerBoundFunction() string { return t.partition("worker_bound") }
+
+// WorkerCounterFunction is the quoted, schema-qualified name of the
+// function, on each Citus worker, that returns the position the worker's
+// sequence hands out next ([Tables.WorkerScript]).
+func (t *Tables) WorkerCounterFunction() string { return t.partition("worker_next") }
+
 // RegisterFunction is the quoted, schema-qualified name of the function
 // with which pglease's insert statements register their topic's
 // partitions before their rows take positions (schema version 18).
