@@ -191,8 +191,10 @@ func wrapSetUpDenied(err error, schema string) error {
 func wrapMissingSchema(err error) error { return check.MissingSchema(err) }
 
 // DistributeSQL returns the script that distributes tables over a Citus cluster: the messages and offsets tables distributed by
-// topic and co-located, the others reference tables, and a trigger that
-// takes each message's transaction id on the worker that stores it. The
+// topic and co-located, the others reference tables, and on each worker
+// the sequence positions come from, the trigger that takes a message's
+// position there and the readers' bound (decision 0008, "Citus, as
+// built"). The
 // tables' owner runs it on the coordinator after [Migrate] (`pglease
 // migrate --citus` runs both), before the applications start; it may be
 // run again. It refuses tables that hold messages or consumer group
@@ -207,17 +209,15 @@ func DistributeSQL(tables Tables) string {
 
 // PrepareCitusMoveSQL returns the script to run on the coordinator of a
 // Citus cluster right before moving a shard to the worker at host:port
-// (citus_move_shard_placement): it raises that worker's transaction
-// counter to at least margin above the highest counter of the cluster's
-// workers. Positions are transaction ids of the topic's worker; a topic
-// moved to a worker whose counter is lower would stall (its positions
-// ahead of that counter), and its new messages would sort below the
-// groups' positions and be skipped. Pick margin above the transaction
-// ids the source worker takes between the script and the move (1,000,000
-// costs the target about 4 s). The target consumes them in transactions
-// of at most 1,000,000 each; the script refuses, consuming none, to make
-// up more than 100,000,000 (margin included, about 7 minutes), with an
-// error that says by how much the target lies behind. Move shards one at
+// (citus_move_shard_placement): it raises that worker's position sequence
+// to at least margin (at least 2^32) above the highest position any
+// worker handed out (a setval: instant). Positions come from the sequence
+// of the topic's worker; a topic moved to a worker whose sequence is
+// lower would stall (its positions ahead of that worker's), and its new
+// messages would sort below the groups' positions and be skipped. The
+// margin must exceed the positions the source hands out between the
+// script and the move. It refuses a target without the sequence (a worker
+// added after `pglease migrate --citus`: run it again). Move shards one at
 // a time, each after its script: see "Moving shards" in docs/scaling.md.
 func PrepareCitusMoveSQL(host string, port int, margin uint64) string {
 	return pgsql.PrepareMoveScript(host, port, margin)
@@ -225,11 +225,11 @@ func PrepareCitusMoveSQL(host string, port int, margin uint64) string {
 
 // PrepareCitusShardMoveSQL is PrepareCitusMoveSQL for a move from the
 // worker at srcHost:srcPort to the one at host:port: it raises the
-// target's counter to margin above the source's only, and leaves it alone
-// when it is there already (a target ahead of the source costs nothing).
-// The moved rows and the groups' positions of their topics were taken on
-// the source, below its counter; no other worker's counter matters to the
-// move. `pglease move-shard` and `pglease rebalance` run it.
+// target's sequence to margin above the source's only, and leaves it
+// alone when it is there already. The moved rows and the groups'
+// positions of their topics were taken on the source; no other worker's
+// sequence matters to the move. `pglease move-shard` and `pglease
+// rebalance` run it.
 func PrepareCitusShardMoveSQL(srcHost string, srcPort int, host string, port int, margin uint64) string {
 	return pgsql.PrepareShardMoveScript(srcHost, srcPort, host, port, margin)
 }

@@ -271,9 +271,8 @@ type dsnFlags interface{ dsnFlags() []string }
 type longRunning interface{ longRunning() }
 
 // unbounded is a subcommand that moves data for as long as it takes
-// (move-shard, rebalance: a move raises the target's transaction counter,
-// up to about 7 minutes, then copies the shard): --timeout bounds it only
-// when given.
+// (move-shard, rebalance: a move raises the target's position sequence,
+// then copies the shard): --timeout bounds it only when given.
 type unbounded interface{ unbounded() }
 
 // usageError is bad input on the command line: reported with the

@@ -21,14 +21,13 @@ var moveShardSpec = commandSpec{
 --citus), moves the shard that holds TOPIC's messages and offsets, with the
 shards co-located with it (other topics that hash alike), to the worker
 HOST:PORT, as citus_move_shard_placement does with shard_transfer_mode
-block_writes. First it raises that worker's transaction counter to at least N
-above the source worker's counter, and not at all when it is there already
-(pglease.PrepareCitusShardMoveSQL; N defaults to 1,000,000, at most about 4 s
-of the target's time): positions are
-transaction ids of the topic's worker, and on a target whose counter is lower
-the messages published after the move would sort below the consumer groups'
-positions and be skipped. The margin must exceed the transaction ids the
-source takes while the move runs. Subscribers of the moved topics
+block_writes. First it raises that worker's position sequence to at least N
+above the source worker's, and not at all when it is there already
+(pglease.PrepareCitusShardMoveSQL; a setval, instant; N is at least 2^32):
+positions come from the sequence of the topic's worker, and on a target whose
+sequence is lower the messages published after the move would sort below the
+consumer groups' positions and be skipped. The margin must exceed the
+positions the source hands out while the move runs. Subscribers of the moved topics
 resynchronise (they find another worker) and may deliver the message they had
 acknowledged and not committed again. Move shards one at a time with it rather
 than with citus_rebalance_start. --dry-run prints the SQL and moves nothing.
@@ -38,7 +37,7 @@ See docs/scaling.md.`,
 
 // moveShardCmd is pglease move-shard: on a Citus coordinator, moves the
 // shard that holds a topic to another worker, raising that worker's
-// transaction counter first (pglease.PrepareCitusShardMoveSQL).
+// position sequence first (pglease.PrepareCitusShardMoveSQL).
 type moveShardCmd struct {
 	topic  string
 	to     string
@@ -68,7 +67,7 @@ func (c *moveShardCmd) unbounded() {}
 func (c *moveShardCmd) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.topic, "topic", "", "the topic whose shard moves (with its co-located shards: the topics that hash alike, their groups' offsets)")
 	fs.StringVar(&c.to, "to", "", "the target worker, host:port as in pg_dist_node")
-	fs.Uint64Var(&c.margin, "margin", 1000000, "transaction ids the target's counter is raised above the source worker's counter (when it is not there already)")
+	fs.Uint64Var(&c.margin, "margin", 1000000, "positions the target's sequence is raised above the source worker's (when it is not there already; at least 2^32)")
 	fs.BoolVar(&c.dryRun, "dry-run", false, "print what would run, and run nothing")
 }
 
@@ -90,17 +89,17 @@ func (c *moveShardCmd) check(*flag.FlagSet) error {
 // moveSQL is the statement that moves the shard, blocking its writes
 // while it copies (the logical replication mode needs a replica identity
 // on every co-located table, and gains nothing for a rule that raises the
-// target's counter right before).
+// target's position sequence right before).
 const moveSQL = `SELECT pg_catalog.citus_move_shard_placement($1, $2, $3, $4, $5, shard_transfer_mode => 'block_writes')`
 
-// moveShard raises the transaction counter of the worker dstHost:dstPort
+// moveShard raises the position sequence of the worker dstHost:dstPort
 // to margin above the source's, when it is below
 // (pglease.PrepareCitusShardMoveSQL), then moves shard from
 // srcHost:srcPort there.
 func moveShard(ctx context.Context, conn *pgx.Conn, shard int64, srcHost string, srcPort int, dstHost string, dstPort int, margin uint64) error {
 	to := net.JoinHostPort(dstHost, strconv.Itoa(dstPort))
 	if _, err := conn.Exec(ctx, pglease.PrepareCitusShardMoveSQL(srcHost, srcPort, dstHost, dstPort, margin)); err != nil {
-		return fmt.Errorf("raise the transaction counter of %s: %w", to, err)
+		return fmt.Errorf("raise the position sequence of %s: %w", to, err)
 	}
 	if _, err := conn.Exec(ctx, moveSQL, shard, srcHost, srcPort, dstHost, dstPort); err != nil {
 		return fmt.Errorf("move shard %d from %s to %s: %w", shard, net.JoinHostPort(srcHost, strconv.Itoa(srcPort)), to, err)
@@ -142,7 +141,7 @@ WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::text::regc
 	case c.dryRun:
 		fmt.Fprintf(e.stdout, "-- Topic %s: shard %d on %s; pglease move-shard would run what follows.\n%s", displayName(c.topic), out.Shard, out.From, out.SQL)
 	default:
-		fmt.Fprintf(e.stdout, "Moved shard %d (topic %s and its co-located shards) from %s to %s, its transaction counter raised first.\n",
+		fmt.Fprintf(e.stdout, "Moved shard %d (topic %s and its co-located shards) from %s to %s, its position sequence raised first.\n",
 			out.Shard, displayName(c.topic), out.From, out.To)
 	}
 	return nil

@@ -12,23 +12,24 @@ import (
 
 var rebalanceSpec = commandSpec{
 	name:     "rebalance",
-	summary:  "on Citus, make the rebalancer's moves one at a time, each target's counter raised first",
+	summary:  "on Citus, make the rebalancer's moves one at a time, each target's position sequence raised first",
 	synopsis: "[--margin N] [--dry-run] [--json]",
 	help: `On the coordinator of a Citus cluster, makes the moves that Citus's rebalancer
 plans for the messages table and the shards co-located with it
 (get_rebalance_table_shards_plan: to balance the workers, or to empty a
 worker marked shouldhaveshards false), one at a time, each as pglease
-move-shard does: the target's transaction counter raised to at least N above
-every worker's first (default 1,000,000), then citus_move_shard_placement with
-block_writes. Use it instead of citus_rebalance_start, which runs its moves in
-the background without that step: a topic moved to a worker whose counter is
-lower would have its new messages skipped. --dry-run prints the moves.`,
+move-shard does: the target's position sequence raised to at least N above
+the source worker's first (a setval; N at least 2^32), then
+citus_move_shard_placement with block_writes. Use it instead of
+citus_rebalance_start, which runs its moves in the background without that
+step: a topic moved to a worker whose sequence is lower would have its new
+messages skipped. --dry-run prints the moves.`,
 	new: func() subcommand { return &rebalanceCmd{} },
 }
 
 // rebalanceCmd is pglease rebalance: the moves of Citus's rebalancer
 // (get_rebalance_table_shards_plan) for the messages table's co-located
-// shards, one at a time, each target's transaction counter raised first,
+// shards, one at a time, each target's position sequence raised first,
 // which citus_rebalance_start cannot do between its moves.
 type rebalanceCmd struct {
 	margin uint64
@@ -52,7 +53,7 @@ type rebalanceOutput struct {
 func (c *rebalanceCmd) unbounded() {}
 
 func (c *rebalanceCmd) flags(fs *flag.FlagSet) {
-	fs.Uint64Var(&c.margin, "margin", 1000000, "transaction ids each target's counter is raised above its source worker's counter (when it is not there already)")
+	fs.Uint64Var(&c.margin, "margin", 1000000, "positions each target's sequence is raised above its source worker's (when it is not there already; at least 2^32)")
 	fs.BoolVar(&c.dryRun, "dry-run", false, "print the moves, and move nothing")
 }
 
@@ -103,7 +104,7 @@ FROM pg_catalog.get_rebalance_table_shards_plan(relation => $1::text::regclass)`
 		for _, mv := range out.Moves {
 			fmt.Fprintf(e.stdout, "Moved shard %d from %s to %s.\n", mv.Shard, mv.From, mv.To)
 		}
-		fmt.Fprintf(e.stdout, "%d moves, each target's transaction counter raised first.\n", len(out.Moves))
+		fmt.Fprintf(e.stdout, "%d moves, each target's position sequence raised first.\n", len(out.Moves))
 	}
 	return nil
 }
