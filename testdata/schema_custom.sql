@@ -1637,7 +1637,9 @@ $pglease$;
 	-- the sequence qualified and every type and function in pg_catalog,
 	-- so that neither the caller's search_path (a temporary sequence of
 	-- the same name) nor a SET clause's cost enters it.
-	EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION %s(after boolean) RETURNS pg_catalog.xid8 LANGUAGE plpgsql VOLATILE AS %L',
+	-- STRICT: a statement with no rows (the maintainer's move when
+	-- nothing is due: no registration, after NULL) takes no value.
+	EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION %s(after boolean) RETURNS pg_catalog.xid8 LANGUAGE plpgsql VOLATILE STRICT AS %L',
 		'"My ""App"""."messages_with_a_rather_long_name_that_ne_05ba50ac_next_position"',
 		'BEGIN RETURN pg_catalog.nextval(' || quote_literal(seq) || '::pg_catalog.regclass)::pg_catalog.text::pg_catalog.xid8; END');
 	EXECUTE 'GRANT EXECUTE ON FUNCTION ' || '"My ""App"""."messages_with_a_rather_long_name_that_ne_05ba50ac_next_position"' || '(boolean) TO PUBLIC';

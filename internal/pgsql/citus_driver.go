@@ -150,7 +150,9 @@ func (d citus) SelectMessages(ctx context.Context, q Querier, p SelectMessagesPa
 func (d citus) createSessionStmt(p SessionParams) Stmt    { return asCitus(d.t.CreateSession(p)) }
 func (d citus) deleteSessionStmt(p SessionParams) Stmt    { return asCitus(d.t.DeleteSession(p)) }
 func (d citus) setSubscriptionsStmt(p SessionParams) Stmt { return asCitus(d.t.SetSubscriptions(p)) }
-func (d citus) moveDueMessagesStmt(p MoveDueParams) Stmt  { return asCitus(d.t.MoveDueMessages(p)) }
+func (d citus) moveDueMessagesStmt(p MoveDueParams) Stmt {
+	return asCitus(d.t.moveDueMessages(p, noRegistration))
+}
 
 // CreateSession implements Driver.
 func (d citus) CreateSession(ctx context.Context, q Querier, p SessionParams) (ClusterMark, error) {

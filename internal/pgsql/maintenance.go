@@ -105,9 +105,24 @@ WHERE $7 <> '' AND x.due IS NOT NULL`,
 // pg_notify are cast to text ([asCitus]): Citus keeps each WITH
 // clause as an intermediate result, and runs the notifying one on the
 // coordinator, where the Subscribers listen. The moved messages take
-// their transaction ids on their workers (the trigger of
-// DistributeScript), as published ones do.
+// their positions on their workers (the trigger of DistributeScript), as
+// published ones do. On a single node the statement registers the moved
+// messages' partitions and takes one position for them, as pglease's
+// insert does (see registering; register is the Driver's), so that the
+// trigger lets its rows through without a call each.
 func (t *Tables) MoveDueMessages(p MoveDueParams) Stmt {
+	return t.moveDueMessages(p, registerPerStatement)
+}
+
+// moveDueMessages is MoveDueMessages, registering as register says.
+func (t *Tables) moveDueMessages(p MoveDueParams, register registering) Stmt {
+	r, reg := registers(register, "\n\tCROSS JOIN reg"), ""
+	if register != noRegistration {
+		reg = `
+), ` + t.registered(register, `SELECT pg_catalog.bool_and(`+t.RegisterFunction()+`(d.topic, d.partitions)) AS ok
+	FROM (SELECT topic, pg_catalog.array_agg(DISTINCT partition) AS partitions FROM placed GROUP BY topic) d`)
+		reg = reg[:len(reg)-1] // the ")" closes below, as the other clauses do
+	}
 	return Stmt{
 		SQL: `WITH due AS (
 	DELETE FROM ` + t.Delayed + ` d
@@ -120,10 +135,12 @@ func (t *Tables) MoveDueMessages(p MoveDueParams) Stmt {
 		` + t.placement("tp", "r") + `
 	FROM due d
 	LEFT JOIN ` + t.Topics + ` tp ON tp.topic = d.topic
-	CROSS JOIN LATERAL (` + t.placementCheck("tp") + `) r
+	CROSS JOIN LATERAL (` + t.placementCheck("tp") + `) r` + reg + `
 ), ins AS (
-	INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at)
-	SELECT topic, partition, uuid, payload, metadata, rc, exp FROM placed ORDER BY due_at, id
+	INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at` + r.column + `)
+	SELECT placed.topic, placed.partition, placed.uuid, placed.payload, placed.metadata, placed.rc, placed.exp` + r.value + `
+	FROM placed` + r.join + `
+	ORDER BY placed.due_at, placed.id
 	RETURNING topic, partition
 ), notified AS (
 	SELECT pg_catalog.pg_notify($2, ` + messagesPayload("t.partition", "t.topic") + `)

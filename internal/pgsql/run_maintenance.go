@@ -67,7 +67,7 @@ func (d singleNode) ReleaseMaintainer(ctx context.Context, q Querier, p Maintain
 // first, into the messages table, and returns how many, and in how many
 // milliseconds the next one is due (nil: none waits).
 func (d singleNode) MoveDueMessages(ctx context.Context, q Querier, p MoveDueParams) (moved int64, nextMs *int64, err error) {
-	return moveDueMessages(ctx, q, d.t.MoveDueMessages(p))
+	return moveDueMessages(ctx, q, d.t.moveDueMessages(p, d.register))
 }
 
 // moveDueMessages runs s, a statement of [Driver.MoveDueMessages].
