@@ -272,12 +272,23 @@ func (o *ownership) inFlight() int {
 // read was interrupted, or skipped messages ended it).
 func (o *ownership) fill(yielding bool) (res outcome, again bool) {
 	c, s, w := o.c, &o.c.settings, &o.w
+	if w.rereadDue && !yielding {
+		// Evicted messages whose key no longer waits go first: they lie
+		// before anything a read brings.
+		if res, again := o.readEvicted(); res != proceed || again {
+			return res, again
+		}
+	}
 	if !o.readDue || yielding || !w.wantsMore() {
 		return proceed, false
 	}
 	// The caps bound a keyed window; a window of one reads only once it
-	// is empty.
-	if o.keyed && (w.waiting() >= s.windowCap || w.len()-w.waiting() >= s.windowAckedCap) {
+	// is empty. A window full of messages held back by their waiting
+	// keys evicts them and reads on.
+	if o.keyed && (w.waiting() >= s.windowCap || w.positions() >= s.windowAckedCap) {
+		if w.waiting() >= s.windowCap && w.positions() < s.windowAckedCap && o.evict() {
+			return proceed, true
+		}
 		o.noteFull()
 		return proceed, false
 	}
@@ -388,6 +399,13 @@ func (o *ownership) push(m storedMessage) outcome {
 	e := o.w.push(m, key, 1)
 	if o.waiting != nil {
 		o.resume(e)
+	}
+	if o.keyed && o.w.evicts(e) && m.size <= c.budget.reserveWant() {
+		// Behind an evicted message of its key: evicted too, so that the
+		// window's room goes to the keys that may go on.
+		o.w.evict(e)
+		c.budget.giveBack(&c.lease, m.size)
+		c.stats.evicted.Add(1)
 	}
 	return proceed
 }
@@ -503,6 +521,7 @@ func (o *ownership) wait(yielding bool) outcome {
 		return o.settle(ev.e, ev.acked)
 	case <-timerC(o.reread):
 		o.readDue = true
+		o.w.rereadDue = o.w.rereadDue || o.w.evicted > 0
 	case <-timerC(o.due):
 	case <-timerC(o.fullCheck):
 	case <-wakeC:
