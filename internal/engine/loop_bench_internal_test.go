@@ -38,7 +38,9 @@ func (s *benchLoopStore) read(_ context.Context, p readParams) ([]storedMessage,
 	return rows, false, nil
 }
 
-func (*benchLoopStore) readAt(context.Context, readAtParams) ([]storedMessage, error) { return nil, nil }
+func (*benchLoopStore) readAt(context.Context, readAtParams) ([]storedMessage, error) {
+	return nil, nil
+}
 
 func (*benchLoopStore) countHead(context.Context, *claim) (int, error) { return 1, nil }
 
