@@ -105,6 +105,9 @@ type ownership struct {
 	// the claim moves the mark to the last message read (markHandedOut).
 	handedOut Position
 	marked    bool
+	// countAvg is the moving average of the time the counts of retries'
+	// attempts took (countLead).
+	countAvg time.Duration
 }
 
 // handed is the delivery of a message of the window: what its handler
@@ -122,6 +125,7 @@ type handed struct {
 type windowEvent struct {
 	e     *windowEntry
 	acked bool
+	at    time.Time // when the watcher saw it
 }
 
 // own delivers the claimed row's messages until the subscription ends
@@ -514,11 +518,11 @@ func (o *ownership) wait(yielding bool) outcome {
 	case outC <- o.offerD.msg:
 		o.handOut()
 	case <-ackC:
-		return o.settle(o.direct, true)
+		return o.settle(o.direct, true, time.Time{})
 	case <-nackC:
-		return o.settle(o.direct, false)
+		return o.settle(o.direct, false, time.Now())
 	case ev := <-o.events:
-		return o.settle(ev.e, ev.acked)
+		return o.settle(ev.e, ev.acked, ev.at)
 	case <-timerC(o.reread):
 		o.readDue = true
 		o.w.rereadDue = o.w.rereadDue || o.w.evicted > 0
@@ -577,7 +581,7 @@ func (o *ownership) watch(e *windowEntry, msg *message.Message) {
 	case <-msg.Acked():
 		ev = windowEvent{e: e, acked: true}
 	case <-msg.Nacked():
-		ev = windowEvent{e: e}
+		ev = windowEvent{e: e, at: time.Now()}
 	case <-o.done:
 		return
 	}
@@ -587,11 +591,11 @@ func (o *ownership) watch(e *windowEntry, msg *message.Message) {
 	}
 }
 
-// settle records the Ack or Nack of e, out: a Nack sends it out again
-// NackResendDelay later with the next attempt, an Ack moves (and
-// commits) the prefix. A message settled already (drain found it acked
-// before its watcher reported it) is left alone.
-func (o *ownership) settle(e *windowEntry, acked bool) outcome {
+// settle records the Ack or Nack of e, out: a Nack (seen at nackedAt)
+// sends it out again NackResendDelay later with the next attempt, an Ack
+// moves (and commits) the prefix. A message settled already (drain found
+// it acked before its watcher reported it) is left alone.
+func (o *ownership) settle(e *windowEntry, acked bool, nackedAt time.Time) outcome {
 	d, ok := o.unhand(e)
 	if !ok {
 		return proceed
@@ -599,7 +603,7 @@ func (o *ownership) settle(e *windowEntry, acked bool) outcome {
 	if !acked {
 		o.c.stats.nacked.Add(1)
 		if o.c.failurePolicy != nil {
-			return o.failed(e, d.msg)
+			return o.failed(e, d.msg, nackedAt)
 		}
 		o.w.nack(e, time.Now().Add(o.c.settings.nackResendDelay))
 		return proceed
