@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
@@ -113,10 +114,23 @@ func TestRetryWindowEvictsAWaitingKeysBacklog(t *testing.T) {
 // above.
 func TestRetryWindowEvictsUntilTheMove(t *testing.T) {
 	parallel(t)
-	ctx := context.Background()
 	pool := newPool(t, 10)
 	tables := newSchema(t, pool)
-	pub := newPublisher(t, pool, tables)
+	retryWindowEvictsUntilTheMove(t, pool, tables, newPublisher(t, pool, tables))
+}
+
+// TestCitusRetryWindowEvicts is TestRetryWindowEvictsUntilTheMove on
+// Citus: the evicted messages are read again on the topic's worker.
+func TestCitusRetryWindowEvicts(t *testing.T) {
+	pool, tables := citusSchema(t, 10)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	retryWindowEvictsUntilTheMove(t, pool, tables, pub)
+}
+
+func retryWindowEvictsUntilTheMove(t *testing.T, pool *pgxpool.Pool, tables pglease.Tables, pub *pglease.Publisher) {
+	ctx := context.Background()
 	backlog, others := evictWorkload(t, pub, "in", "p1")
 	retry := pglease.RetryConfig{MaxAttempts: 2, MinBackoff: 2 * time.Second, MaxBackoff: 2 * time.Second, Jitter: -1,
 		DeadLetterTopic: "in.dead"}
