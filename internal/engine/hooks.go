@@ -53,11 +53,11 @@ func (s *Subscriber) Reads() uint64 { return s.stats.reads.Load() }
 func (s *Subscriber) Stalls() uint64 { return s.stats.stalls.Load() }
 
 // Evicted is how many messages s's in-flight windows evicted while their
-// key waited, and Rereads how many reads read evicted messages again
-// (tests only).
+// key waited (tests only).
 func (s *Subscriber) Evicted() uint64 { return s.stats.evicted.Load() }
 
-// Rereads: see Evicted.
+// Rereads is how many reads of s's consumers read evicted messages again
+// (tests only).
 func (s *Subscriber) Rereads() uint64 { return s.stats.rereads.Load() }
 
 // SetListenerProbe sets how often listeners probe their connection and how

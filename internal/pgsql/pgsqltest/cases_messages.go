@@ -273,23 +273,22 @@ func testSelectRefusesAnotherHistory(t *testing.T, f *fixture) {
 }
 
 // testSelectMessagesAt: the messages at the positions asked for come
-// back whole, in delivery order, and no other (not those of another
-// topic or partition at the same positions, nor those between); a
-// position whose message is gone is left out; the read is refused
-// (WentBack) elsewhere, or for a position ahead of the counter.
+// back whole, in delivery order, and no other (not those between, nor a
+// position made of one message's transaction and another's offset, nor
+// those of another partition); a position whose message is gone is left
+// out; the read is refused (WentBack) elsewhere, or for a position ahead
+// of the counter.
 func testSelectMessagesAt(t *testing.T, f *fixture) {
-	const group, topic, other = "g", "at", "at-other"
+	const group, topic = "g", "at"
 	for _, id := range []string{"a1", "a2", "a3", "a4"} {
 		f.publish(f.Pool, topic, id) // a transaction each
 	}
-	f.publish(f.Pool, other, "o1")
 	f.ensure(group, topic)
 	r := f.claimOne(f.session(group), group, topic)
 	all := f.readSettled(f.selectParams(topic, 0, pgsql.Position{})).Messages
 	if got := uuidsOf(all); !slices.Equal(got, []string{"a1", "a2", "a3", "a4"}) {
 		t.Fatalf("read %v, want [a1 a2 a3 a4]", got)
 	}
-	o := f.readSettled(f.selectParams(other, 0, pgsql.Position{})).Messages
 	at := func(p pgsql.SelectMessagesAtParams) pgsql.SelectResult {
 		t.Helper()
 		res, err := f.Driver.SelectMessagesAt(f.ctx, f.Pool, p)
@@ -299,10 +298,11 @@ func testSelectMessagesAt(t *testing.T, f *fixture) {
 		return res
 	}
 	p := pgsql.SelectMessagesAtParams{Topic: topic, Here: f.here, WorkerHere: r.WorkerHere,
-		Positions: []pgsql.Position{all[3].Position, all[0].Position, o[0].Position, all[2].Position}}
+		Positions: []pgsql.Position{all[3].Position, all[0].Position, all[2].Position,
+			{TransactionID: all[1].Position.TransactionID, Offset: all[3].Position.Offset}}}
 	res := at(p)
 	if got := uuidsOf(res.Messages); res.WentBack || !slices.Equal(got, []string{"a1", "a3", "a4"}) {
-		t.Fatalf("at a4, a1, o1, a3: %v (%+v), want [a1 a3 a4]", got, res)
+		t.Fatalf("at a4, a1, a3 and a2's transaction with a4's offset: %v (%+v), want [a1 a3 a4]", got, res)
 	}
 	for i, m := range res.Messages {
 		want := all[[]int{0, 2, 3}[i]]
@@ -316,9 +316,13 @@ func testSelectMessagesAt(t *testing.T, f *fixture) {
 	if got := uuidsOf(at(one).Messages); !slices.Equal(got, []string{"a2"}) {
 		t.Errorf("at a2: %v", got)
 	}
+	one.Partition = 1
+	if res := at(one); len(res.Messages) != 0 || res.WentBack {
+		t.Errorf("at a2 in partition 1: %+v, want nothing", res)
+	}
 	f.exec(`DELETE FROM `+f.Tables.Messages+` WHERE topic = $1 AND uuid = 'a3'`, topic)
 	if got := uuidsOf(at(p).Messages); !slices.Equal(got, []string{"a1", "a4"}) {
-		t.Errorf("at a4, a1, o1, a3 after a3 was deleted: %v, want [a1 a4]", got)
+		t.Errorf("at a4, a1, a3 after a3 was deleted: %v, want [a1 a4]", got)
 	}
 
 	fromAhead := p
