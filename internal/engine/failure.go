@@ -127,9 +127,6 @@ type failureStore interface {
 	loadHandedOut(ctx context.Context, cl *claim) (mark Position, ok bool, err error)
 	markHandedOut(ctx context.Context, cl *claim, pos Position) error
 	recordWaiting(ctx context.Context, cl *claim, p pgsql.WaitingParams) (pgsql.WaitingRow, error)
-	// recordWaitingMany writes the entries ps (each as recordWaiting) in
-	// one transaction: one commit for the counts of retries due together.
-	recordWaitingMany(ctx context.Context, cl *claim, ps []pgsql.WaitingParams) error
 	// deadLetter runs, in one transaction, the move of the group past
 	// the message (pgsql.DeadLetterOffset) and the insert of its copy,
 	// built by copyOf from the entry the move returns.
@@ -279,54 +276,25 @@ func (o *ownership) markHandedOut() outcome {
 
 // countAttempt writes e's attempt into its row before e goes out, when it
 // is a retry (the attempt after a failure, or a message that an earlier
-// claim handed out): a crash while it is out counts it. A retry due
-// counts, in the same transaction, the attempts of the other retries due
-// within countLeadMax that may go out then (retries fail and come due
-// together, and one commit each, one after another in the delivery loop,
-// would make the last of them late by all the others).
+// claim handed out): a crash while it is out counts it.
 func (o *ownership) countAttempt(e *windowEntry) outcome {
-	if !o.uncounted(e) {
+	ws := o.waiting[e.msg.pos]
+	if e.attempt < 2 || ws != nil && ws.attempts >= e.attempt {
 		return proceed
 	}
-	batch := []*windowEntry{e}
-	if e.state == windowNacked {
-		batch = o.w.dueWith(batch, time.Now().Add(countLeadMax), o.uncounted)
-	}
-	ps := make([]pgsql.WaitingParams, len(batch))
-	for i, c := range batch {
-		ps[i] = o.waitingParams(c)
-		ps[i].Attempts = int32(c.attempt)
-	}
+	p := o.waitingParams(e)
+	p.Attempts = int32(e.attempt)
 	began := time.Now()
-	c := o.c
-	res := c.fencedWrite(o.g, o.cl, "Cannot count a delivery attempt, retrying", func(ctx context.Context) error {
-		return c.failures.recordWaitingMany(ctx, o.cl, ps)
-	})
-	if res != proceed {
+	if res := o.recordWaiting(p); res != proceed {
 		return res
 	}
-	o.drop = o.drop[:0]
 	o.countTook(time.Since(began))
-	for _, b := range batch {
-		ws := o.waiting[b.msg.pos]
-		if ws == nil {
-			ws = &waitingState{}
-			o.waiting[b.msg.pos] = ws
-		}
-		ws.attempts = b.attempt
+	if ws == nil {
+		ws = &waitingState{}
+		o.waiting[e.msg.pos] = ws
 	}
+	ws.attempts = e.attempt
 	return proceed
-}
-
-// uncounted reports whether e, about to go out, is a retry whose attempt
-// is not written yet (and not one to move to the dead-letter topic
-// instead: beforeHandOut).
-func (o *ownership) uncounted(e *windowEntry) bool {
-	if e.attempt < 2 || o.c.failurePolicy.exhausted(e.attempt-1) && !e.guessed {
-		return false
-	}
-	ws := o.waiting[e.msg.pos]
-	return ws == nil || ws.attempts < e.attempt
 }
 
 // failed handles the Nack of e (out as attempt e.attempt, msg its
@@ -444,6 +412,18 @@ func (o *ownership) countTook(d time.Duration) {
 	o.countAvg += (d - o.countAvg) / 4
 }
 
+func (o *ownership) recordWaiting(p pgsql.WaitingParams) outcome {
+	c := o.c
+	res := c.fencedWrite(o.g, o.cl, "Cannot count a delivery attempt, retrying", func(ctx context.Context) error {
+		_, err := c.failures.recordWaiting(ctx, o.cl, p)
+		return err
+	})
+	if res == proceed {
+		o.drop = o.drop[:0]
+	}
+	return res
+}
+
 // waitingParams are the parameters of a write of e's entry, with the
 // entries to drop.
 func (o *ownership) waitingParams(e *windowEntry) pgsql.WaitingParams {
@@ -527,30 +507,6 @@ func (s offsetStore) markHandedOut(ctx context.Context, cl *claim, pos Position)
 	}
 	defer conn.Release()
 	return s.fenced(cl, "mark the messages handed out of topic", s.driver.MarkHandedOut(ctx, conn, cl.params(pos)))
-}
-
-// recordWaitingMany writes the entries ps in one transaction (see
-// failureStore.recordWaitingMany).
-func (s offsetStore) recordWaitingMany(ctx context.Context, cl *claim, ps []pgsql.WaitingParams) error {
-	if len(ps) == 1 {
-		_, err := s.recordWaiting(ctx, cl, ps[0])
-		return err
-	}
-	const what = "count delivery attempts in topic"
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("%s %q: %w", what, cl.topic, err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	for _, p := range ps {
-		if _, err := s.driver.RecordWaiting(ctx, tx, p); err != nil {
-			return s.fenced(cl, what, err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("%s %q: %w", what, cl.topic, err)
-	}
-	return nil
 }
 
 // recordWaiting writes a message's entry (see pgsql.Driver.RecordWaiting).

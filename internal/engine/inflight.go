@@ -368,31 +368,6 @@ func (w *inflightWindow) ack(e *windowEntry) (prefix Position, moved int) {
 	return prefix, moved
 }
 
-// dueWith appends to batch the nacked messages, other than those in it,
-// that are due by until and free to go out as far as order goes (no
-// earlier message of their key, or any for a keyless one, is not
-// acknowledged) and that want reports; in position order.
-func (w *inflightWindow) dueWith(batch []*windowEntry, until time.Time, want func(*windowEntry) bool) []*windowEntry {
-	var busy map[string]bool
-	for i, c := range w.entries {
-		free := !busy[c.key]
-		if c.key == "" {
-			free = i == 0
-		}
-		if free && c.state == windowNacked && !c.due.After(until) && !slices.Contains(batch, c) && want(c) {
-			batch = append(batch, c)
-		}
-		if c.key == "" {
-			break
-		}
-		if busy == nil {
-			busy = map[string]bool{}
-		}
-		busy[c.key] = true
-	}
-	return batch
-}
-
 // evictWaiting evicts the messages never handed out whose key waits: an
 // earlier message of the key is nacked (waiting for its next attempt) or
 // evicted, up to the first message not acknowledged that has no key
