@@ -76,6 +76,14 @@ func Reads(s *Subscriber) uint64 { return s.engine.Reads() }
 // their re-polls to PollInterval (tests only).
 func Stalls(s *Subscriber) uint64 { return s.engine.Stalls() }
 
+// Evicted is how many messages s's in-flight windows evicted while their
+// key waited (tests only).
+func Evicted(s *Subscriber) uint64 { return s.engine.Evicted() }
+
+// Rereads is how many reads of s's consumers read evicted messages again
+// (tests only).
+func Rereads(s *Subscriber) uint64 { return s.engine.Rereads() }
+
 // KeyDigest is what the keys table stores of an idempotency key.
 var KeyDigest = keyDigest
 

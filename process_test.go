@@ -113,6 +113,8 @@ type helperConfig struct {
 	DeriveTopic string
 	// MaxInFlight is the Subscribers' MaxInFlight (default 1).
 	MaxInFlight int
+	// BatchSize is the Subscribers' BatchSize (default DefaultBatchSize).
+	BatchSize int
 	// ReportMaintainer makes the helper print whether one of the
 	// Subscribers it starts with is the maintainer each time that
 	// changes: see reportMaintainer.
@@ -266,6 +268,7 @@ func (h *helperChild) newSubscriber(i int) (*pglease.Subscriber, error) {
 		PollInterval:     h.cfg.PollInterval,
 		NackResendDelay:  10 * time.Millisecond,
 		MaxInFlight:      h.cfg.MaxInFlight,
+		BatchSize:        h.cfg.BatchSize,
 		CommitInterval:   h.cfg.CommitInterval,
 		Retry:            h.cfg.Retry,
 		InitializeSchema: true,

@@ -168,6 +168,9 @@ type consumerStore interface {
 	// pgsql.ErrWentBack means the database is no longer where p.here
 	// says.
 	read(ctx context.Context, p readParams) (rows []storedMessage, pending bool, err error)
+	// readAt reads the messages at p.positions again, whole (see
+	// pgsql.Driver.SelectMessagesAt): those an in-flight window evicted.
+	readAt(ctx context.Context, p readAtParams) ([]storedMessage, error)
 	// countHead counts a delivery of the message after cl's committed
 	// position and returns the count (offsetStore.countHead).
 	countHead(ctx context.Context, cl *claim) (int, error)

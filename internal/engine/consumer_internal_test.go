@@ -101,6 +101,7 @@ type fakeConsumerStore struct {
 	// committed position, which countHead adds one to.
 	head      int
 	reads     []readParams
+	readsAt   []readAtParams
 	commits   int        // commit calls, failed ones included
 	committed []Position // positions the commits wrote
 	// fail holds, per method, the errors its next calls return, in turn.
@@ -152,6 +153,23 @@ func (f *fakeConsumerStore) read(_ context.Context, p readParams) ([]storedMessa
 		rows = append(rows, m)
 	}
 	return rows, false, nil
+}
+
+// readAt returns the messages at p.positions, whole.
+func (f *fakeConsumerStore) readAt(_ context.Context, p readAtParams) ([]storedMessage, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.readsAt = append(f.readsAt, p)
+	if err := f.failure("readAt"); err != nil {
+		return nil, err
+	}
+	var rows []storedMessage
+	for _, m := range f.msgs {
+		if slices.Contains(p.positions, m.pos) {
+			rows = append(rows, m)
+		}
+	}
+	return rows, nil
 }
 
 func (f *fakeConsumerStore) countHead(context.Context, *claim) (int, error) {

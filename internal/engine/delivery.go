@@ -105,6 +105,9 @@ type ownership struct {
 	// the claim moves the mark to the last message read (markHandedOut).
 	handedOut Position
 	marked    bool
+	// countAvg is the moving average of the time the counts of retries'
+	// attempts took (countLead).
+	countAvg time.Duration
 }
 
 // handed is the delivery of a message of the window: what its handler
@@ -122,6 +125,7 @@ type handed struct {
 type windowEvent struct {
 	e     *windowEntry
 	acked bool
+	at    time.Time // when the watcher saw it
 }
 
 // own delivers the claimed row's messages until the subscription ends
@@ -272,12 +276,23 @@ func (o *ownership) inFlight() int {
 // read was interrupted, or skipped messages ended it).
 func (o *ownership) fill(yielding bool) (res outcome, again bool) {
 	c, s, w := o.c, &o.c.settings, &o.w
+	if w.rereadDue && !yielding {
+		// Evicted messages whose key no longer waits go first: they lie
+		// before anything a read brings.
+		if res, again := o.readEvicted(); res != proceed || again {
+			return res, again
+		}
+	}
 	if !o.readDue || yielding || !w.wantsMore() {
 		return proceed, false
 	}
 	// The caps bound a keyed window; a window of one reads only once it
-	// is empty.
-	if o.keyed && (w.waiting() >= s.windowCap || w.len()-w.waiting() >= s.windowAckedCap) {
+	// is empty. A window full of messages held back by their waiting
+	// keys evicts them and reads on.
+	if o.keyed && (w.waiting() >= s.windowCap || w.positions() >= s.windowAckedCap) {
+		if w.waiting() >= s.windowCap && w.positions() < s.windowAckedCap && o.evict() {
+			return proceed, true
+		}
 		o.noteFull()
 		return proceed, false
 	}
@@ -389,6 +404,13 @@ func (o *ownership) push(m storedMessage) outcome {
 	if o.waiting != nil {
 		o.resume(e)
 	}
+	if o.keyed && o.w.evicts(e) && m.size <= c.budget.reserveWant() {
+		// Behind an evicted message of its key: evicted too, so that the
+		// window's room goes to the keys that may go on.
+		o.w.evict(e)
+		c.budget.giveBack(&c.lease, m.size)
+		c.stats.evicted.Add(1)
+	}
 	return proceed
 }
 
@@ -496,13 +518,14 @@ func (o *ownership) wait(yielding bool) outcome {
 	case outC <- o.offerD.msg:
 		o.handOut()
 	case <-ackC:
-		return o.settle(o.direct, true)
+		return o.settle(o.direct, true, time.Time{})
 	case <-nackC:
-		return o.settle(o.direct, false)
+		return o.settle(o.direct, false, time.Now())
 	case ev := <-o.events:
-		return o.settle(ev.e, ev.acked)
+		return o.settle(ev.e, ev.acked, ev.at)
 	case <-timerC(o.reread):
 		o.readDue = true
+		o.w.rereadDue = o.w.rereadDue || o.w.evicted > 0
 	case <-timerC(o.due):
 	case <-timerC(o.fullCheck):
 	case <-wakeC:
@@ -558,7 +581,7 @@ func (o *ownership) watch(e *windowEntry, msg *message.Message) {
 	case <-msg.Acked():
 		ev = windowEvent{e: e, acked: true}
 	case <-msg.Nacked():
-		ev = windowEvent{e: e}
+		ev = windowEvent{e: e, at: time.Now()}
 	case <-o.done:
 		return
 	}
@@ -568,11 +591,11 @@ func (o *ownership) watch(e *windowEntry, msg *message.Message) {
 	}
 }
 
-// settle records the Ack or Nack of e, out: a Nack sends it out again
-// NackResendDelay later with the next attempt, an Ack moves (and
-// commits) the prefix. A message settled already (drain found it acked
-// before its watcher reported it) is left alone.
-func (o *ownership) settle(e *windowEntry, acked bool) outcome {
+// settle records the Ack or Nack of e, out: a Nack (seen at nackedAt)
+// sends it out again NackResendDelay later with the next attempt, an Ack
+// moves (and commits) the prefix. A message settled already (drain found
+// it acked before its watcher reported it) is left alone.
+func (o *ownership) settle(e *windowEntry, acked bool, nackedAt time.Time) outcome {
 	d, ok := o.unhand(e)
 	if !ok {
 		return proceed
@@ -580,7 +603,7 @@ func (o *ownership) settle(e *windowEntry, acked bool) outcome {
 	if !acked {
 		o.c.stats.nacked.Add(1)
 		if o.c.failurePolicy != nil {
-			return o.failed(e, d.msg)
+			return o.failed(e, d.msg, nackedAt)
 		}
 		o.w.nack(e, time.Now().Add(o.c.settings.nackResendDelay))
 		return proceed

@@ -284,9 +284,11 @@ func (o *ownership) countAttempt(e *windowEntry) outcome {
 	}
 	p := o.waitingParams(e)
 	p.Attempts = int32(e.attempt)
+	began := time.Now()
 	if res := o.recordWaiting(p); res != proceed {
 		return res
 	}
+	o.countTook(time.Since(began))
 	if ws == nil {
 		ws = &waitingState{}
 		o.waiting[e.msg.pos] = ws
@@ -296,10 +298,18 @@ func (o *ownership) countAttempt(e *windowEntry) outcome {
 }
 
 // failed handles the Nack of e (out as attempt e.attempt, msg its
-// delivery) under the policy: after the last attempt the message moves
-// to the dead-letter topic (then it counts as acknowledged); otherwise the
-// failure and the next attempt's time are written and it waits.
-func (o *ownership) failed(e *windowEntry, msg *message.Message) outcome {
+// delivery, nacked at nackedAt) under the policy: after the last attempt
+// the message moves to the dead-letter topic (then it counts as
+// acknowledged); otherwise the failure and the next attempt's time are
+// written and it waits.
+//
+// The backoff counts from the Nack: the time the Nack waited for the
+// delivery loop, and the write's time up to the server's now(), are
+// taken out of the delay written. The message waits in the window until
+// the row's next attempt's time less the time the count of its attempt
+// is expected to take (countLead), so that it goes out at that time, not
+// a write later.
+func (o *ownership) failed(e *windowEntry, msg *message.Message, nackedAt time.Time) outcome {
 	c, pol := o.c, o.c.failurePolicy
 	pol.at(FailureStepNacked, e)
 	reason := reasonOf(msg)
@@ -307,7 +317,11 @@ func (o *ownership) failed(e *windowEntry, msg *message.Message) outcome {
 		return o.deadLetter(e, e.attempt, reason)
 	}
 	p := o.waitingParams(e)
-	p.Attempts, p.Failed, p.Delay, p.Reason = int32(e.attempt), true, pol.backoff(e.attempt), reason
+	delay := pol.backoff(e.attempt)
+	if !nackedAt.IsZero() {
+		delay = max(delay-time.Since(nackedAt), 0)
+	}
+	p.Attempts, p.Failed, p.Delay, p.Reason = int32(e.attempt), true, delay, reason
 	var row pgsql.WaitingRow
 	res := c.fencedWrite(o.g, o.cl, "Cannot record the failure of a message, retrying", func(ctx context.Context) (err error) {
 		row, err = c.failures.recordWaiting(ctx, o.cl, p)
@@ -324,7 +338,7 @@ func (o *ownership) failed(e *windowEntry, msg *message.Message) outcome {
 		o.waiting[e.msg.pos] = ws
 	}
 	ws.attempts = e.attempt
-	o.w.nack(e, time.Now().Add(row.DueIn))
+	o.w.nack(e, time.Now().Add(row.DueIn-o.countLead(row.DueIn)))
 	pol.at(FailureStepRecorded, e)
 	return proceed
 }
@@ -375,6 +389,27 @@ func (o *ownership) acknowledgedWaiting(e *windowEntry) {
 		delete(o.waiting, e.msg.pos)
 		o.drop = append(o.drop, e.msg.pos)
 	}
+}
+
+// countLeadMax bounds how early a retry starts the count of its attempt
+// before its time: at most this, and at most a tenth of its wait.
+const countLeadMax = 50 * time.Millisecond
+
+// countLead is how long before its time a retry that waits wait starts
+// the count of its attempt: the time the last counts took (a moving
+// average), within countLeadMax and a tenth of wait.
+func (o *ownership) countLead(wait time.Duration) time.Duration {
+	return min(o.countAvg, countLeadMax, wait/10)
+}
+
+// countTook adds the time a count of an attempt took to the moving
+// average countLead uses.
+func (o *ownership) countTook(d time.Duration) {
+	if o.countAvg == 0 {
+		o.countAvg = d
+		return
+	}
+	o.countAvg += (d - o.countAvg) / 4
 }
 
 func (o *ownership) recordWaiting(p pgsql.WaitingParams) outcome {

@@ -52,6 +52,14 @@ func (s *Subscriber) Reads() uint64 { return s.stats.reads.Load() }
 // slowed their re-polls to PollInterval.
 func (s *Subscriber) Stalls() uint64 { return s.stats.stalls.Load() }
 
+// Evicted is how many messages s's in-flight windows evicted while their
+// key waited (tests only).
+func (s *Subscriber) Evicted() uint64 { return s.stats.evicted.Load() }
+
+// Rereads is how many reads of s's consumers read evicted messages again
+// (tests only).
+func (s *Subscriber) Rereads() uint64 { return s.stats.rereads.Load() }
+
 // SetListenerProbe sets how often listeners probe their connection and how
 // long a probe may take, until the returned function restores the
 // defaults (not while a listener runs).

@@ -47,6 +47,11 @@ const (
 	windowOut                       // handed out, its handler holds it
 	windowNacked                    // nacked, out again once due
 	windowAcked                     // acknowledged (no longer in entries)
+	// windowEvicted: read, never handed out, its payload and metadata
+	// dropped while an earlier message of its key waits (evictWaiting);
+	// it keeps its place, and is read again by its position (restore)
+	// before it goes out.
+	windowEvicted
 )
 
 // windowEntry is one message of the window.
@@ -94,8 +99,15 @@ type inflightWindow struct {
 	entries []*windowEntry
 	acked   []Position
 	out     int // entries in windowOut
-	ready   int // entries never sent
+	ready   int // entries never sent, not evicted
 	keyless int // entries with no key
+	// evicted counts the entries in windowEvicted, evictedKeys them by
+	// key; rereadDue: an entry of a key with evicted entries was
+	// acknowledged (or a read again was cut short), so some may be free
+	// to read again (rereadable).
+	evicted     int
+	evictedKeys map[string]int
+	rereadDue   bool
 	// holWait is the head-of-line wait accumulated since the last call of
 	// takeWait.
 	holWait time.Duration
@@ -139,9 +151,15 @@ func (w *inflightWindow) push(m storedMessage, key string, attempt int) *windowE
 // first unacknowledged one or not.
 func (w *inflightWindow) len() int { return len(w.entries) + len(w.acked) }
 
-// waiting is the number of messages of the window not acknowledged: read
-// and not handed out yet, out, or nacked.
-func (w *inflightWindow) waiting() int { return len(w.entries) }
+// waiting is the number of messages of the window not acknowledged and
+// held whole: read and not handed out yet, out, or nacked. Evicted
+// messages, held as their positions, are not counted (see positions).
+func (w *inflightWindow) waiting() int { return len(w.entries) - w.evicted }
+
+// positions is the number of messages of the window held as their
+// positions only: acknowledged above the first message not acknowledged,
+// or evicted.
+func (w *inflightWindow) positions() int { return len(w.acked) + w.evicted }
 
 // ackedAbove returns the positions acknowledged above the first message
 // not acknowledged (what a release carries for the next owner to skip).
@@ -304,9 +322,17 @@ func (w *inflightWindow) ack(e *windowEntry) (prefix Position, moved int) {
 	w.settle(e)
 	if !e.sent {
 		e.sent = true
-		w.ready--
+		if e.state != windowEvicted {
+			w.ready--
+		}
+	}
+	if e.state == windowEvicted {
+		w.unevict(e)
 	}
 	e.state = windowAcked
+	if w.evictedKeys[e.key] > 0 {
+		w.rereadDue = true
+	}
 	// Dropped: the entry's slab outlives it.
 	e.msg.payload, e.msg.metadata = nil, ""
 	i := slices.Index(w.entries, e)
@@ -340,6 +366,112 @@ func (w *inflightWindow) ack(e *windowEntry) (prefix Position, moved int) {
 		w.acked = slices.Delete(w.acked, 0, n)
 	}
 	return prefix, moved
+}
+
+// evictWaiting evicts the messages never handed out whose key waits: an
+// earlier message of the key is nacked (waiting for its next attempt) or
+// evicted, up to the first message not acknowledged that has no key
+// (nothing after it goes out before it is acknowledged, so nothing after
+// it is evicted either). A message larger than maxSize stays (it is read
+// again only within the byte budget: see ownership.readEvicted). It returns
+// the evicted entries' sizes added up and their number.
+func (w *inflightWindow) evictWaiting(maxSize int64) (bytes int64, n int) {
+	var waits map[string]bool
+	for _, c := range w.entries {
+		if c.key == "" {
+			break
+		}
+		switch {
+		case c.state == windowReady && waits[c.key] && c.msg.size <= maxSize:
+			bytes += c.msg.size
+			w.evict(c)
+			n++
+		case c.state == windowNacked || c.state == windowEvicted:
+			if waits == nil {
+				waits = map[string]bool{}
+			}
+			waits[c.key] = true
+		}
+	}
+	return bytes, n
+}
+
+// evicts reports whether e, just pushed and never handed out, follows an
+// evicted message of its key (then it is evicted too, at once).
+func (w *inflightWindow) evicts(e *windowEntry) bool {
+	return e.key != "" && e.state == windowReady && w.evictedKeys[e.key] > 0
+}
+
+// evict drops the payload and metadata of e, read and never handed out:
+// it keeps its place in the window (its key's order, the acknowledged
+// prefix), as its position, key, size and attempt.
+func (w *inflightWindow) evict(e *windowEntry) {
+	e.state = windowEvicted
+	e.msg.payload, e.msg.metadata = nil, ""
+	w.ready--
+	w.evicted++
+	if w.evictedKeys == nil {
+		w.evictedKeys = map[string]int{}
+	}
+	w.evictedKeys[e.key]++
+}
+
+// unevict ends e's eviction (read again, or acknowledged).
+func (w *inflightWindow) unevict(e *windowEntry) {
+	w.evicted--
+	if w.evictedKeys[e.key]--; w.evictedKeys[e.key] <= 0 {
+		delete(w.evictedKeys, e.key)
+	}
+}
+
+// rereadable returns, in position order, up to limit evicted messages
+// that may go out once read again: no earlier message of their key is
+// out or nacked (an earlier one read again, or never handed out, goes
+// first), up to the first message not acknowledged that has no key. It
+// clears rereadDue, unless limit cut the list short.
+func (w *inflightWindow) rereadable(limit int) []*windowEntry {
+	w.rereadDue = false
+	if w.evicted == 0 || limit <= 0 {
+		return nil
+	}
+	var (
+		out   []*windowEntry
+		held  map[string]bool
+		found int
+	)
+	for _, c := range w.entries {
+		if c.key == "" || found == w.evicted {
+			break
+		}
+		switch c.state {
+		case windowEvicted:
+			found++
+			if held[c.key] {
+				continue
+			}
+			if len(out) == limit {
+				w.rereadDue = true
+				return out
+			}
+			out = append(out, c)
+		case windowOut, windowNacked:
+			if held == nil {
+				held = map[string]bool{}
+			}
+			held[c.key] = true
+		}
+	}
+	return out
+}
+
+// restore gives e, evicted, back the message read again at its position.
+func (w *inflightWindow) restore(e *windowEntry, m storedMessage) {
+	w.unevict(e)
+	// Its size stays the one the budget counted when it was read: it is
+	// what the hand-out gives back.
+	e.msg.payload, e.msg.metadata, e.msg.whole = m.payload, m.metadata, true
+	e.state = windowReady
+	w.ready++
 }
 
 // reuse takes back e, acknowledged (its payload dropped), for a later

@@ -538,10 +538,12 @@ func (l infoCounter) Info(msg string, _ watermill.LogFields) {
 
 func (l infoCounter) With(watermill.LogFields) watermill.LoggerAdapter { return l }
 
-// TestOwnWindowFull: with a1 nacked and the later messages of its key
-// filling the window's cap of messages not acknowledged, the window reads
-// nothing more (b1 does not go out) and logs it once, however often it
-// looks; after a1's Ack it reads on and b1 goes out.
+// TestOwnWindowFull: with a1 out and slow (not acked) and the later
+// messages of its key filling the window's cap of messages not
+// acknowledged, the window reads nothing more (b1 does not go out: a slow
+// key's messages are not evicted, it may go on at any moment) and logs it
+// once, however often it looks; after a1's Ack it reads on and b1 goes
+// out.
 func TestOwnWindowFull(t *testing.T) {
 	t.Parallel()
 	var m []storedMessage
@@ -558,11 +560,7 @@ func TestOwnWindowFull(t *testing.T) {
 	if a1.UUID != "m1" {
 		t.Fatalf("first %s, want m1", a1.UUID)
 	}
-	a1.Nack()
-	if a1 = r.next(t); a1.UUID != "m1" {
-		t.Fatalf("after the Nack %s, want m1 again", a1.UUID)
-	}
-	waitCond(t, "the full window logged", func() bool { return logged.Load() == 1 })
+	r.c.fullCheck(t, logged)
 	for range 3 {
 		r.c.poke() // news: the window looks again
 	}
@@ -570,6 +568,9 @@ func TestOwnWindowFull(t *testing.T) {
 	case msg := <-r.c.out:
 		t.Fatalf("%s handed out while the window is full", msg.UUID)
 	default:
+	}
+	if n := r.c.stats.evicted.Load(); n != 0 {
+		t.Fatalf("%d messages evicted behind a message out, want none", n)
 	}
 	a1.Ack()
 	for _, want := range []string{"m2", "m11"} {
@@ -582,6 +583,167 @@ func TestOwnWindowFull(t *testing.T) {
 	if n := logged.Load(); n != 1 {
 		t.Fatalf("logged %d times, want once", n)
 	}
+}
+
+// fullCheck waits for the full window to be logged (once the first
+// message has been out for windowFullLogAfter).
+func (c *consumer) fullCheck(t *testing.T, logged *atomic.Int64) {
+	t.Helper()
+	deadline := time.Now().Add(windowFullLogAfter + 5*time.Second)
+	for logged.Load() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the full window not logged within %s", windowFullLogAfter+5*time.Second)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestOwnWindowEvictsAWaitingKey: a1 nacked (waiting for its next
+// attempt) with the later messages of its key filling the window: they
+// are evicted (their bytes go back to the budget), the window reads on
+// and b1 goes out while a1 waits; the position does not pass a2. After
+// a1's Ack, a2 to a10 are read again by their positions, in one read, and
+// go out in order, each once, as attempt 1; the position then reaches b1.
+// Nothing is read twice by the read position: the reads after the first
+// start at a10 or later.
+func TestOwnWindowEvictsAWaitingKey(t *testing.T) {
+	t.Parallel()
+	var m []storedMessage
+	for i := range 10 {
+		m = append(m, keyedMessage(int64(i+1), "a"))
+	}
+	m = append(m, keyedMessage(11, "b"))
+	settings := windowSettings(2) // a cap of 10 messages not acknowledged
+	// a1's next attempt comes long after everything the loop does
+	// meanwhile: b1 must go out before it, which it never did before
+	// eviction (the window read nothing more).
+	settings.nackResendDelay = 500 * time.Millisecond
+	store := newFakeConsumerStore(m...)
+	r := startOwn(t, store, settings, newByteBudget(1<<20), false)
+	a1 := r.next(t)
+	if a1.UUID != "m1" {
+		t.Fatalf("first %s, want m1", a1.UUID)
+	}
+	a1.Nack()
+	b1 := r.next(t)
+	if b1.UUID != "m11" {
+		t.Fatalf("after a1's Nack %s went out, want b1 (m11) while a1 waits", b1.UUID)
+	}
+	if n := r.c.stats.evicted.Load(); n != 9 {
+		t.Fatalf("%d messages evicted, want a2 to a10 (9)", n)
+	}
+	// The budget holds nothing of the evicted messages (b1 is out).
+	if n := r.c.budget.buffered(); n != 0 {
+		t.Fatalf("%d bytes buffered with a1 waiting and a2 to a10 evicted, want 0", n)
+	}
+	b1.Ack()
+	a1 = r.next(t)
+	if a1.UUID != "m1" || attemptOf(a1) != "2" {
+		t.Fatalf("then %s attempt %s, want m1 attempt 2", a1.UUID, attemptOf(a1))
+	}
+	if _, committed := store.commitCalls(); len(committed) != 0 {
+		t.Fatalf("committed %v with a1 not acknowledged", committed)
+	}
+	a1.Ack()
+	for i := 2; i <= 10; i++ {
+		msg := r.next(t)
+		if want := fmt.Sprintf("m%d", i); msg.UUID != want || attemptOf(msg) != "1" || len(msg.Payload) != 10 {
+			t.Fatalf("after a1's Ack %s attempt %s (%d bytes) went out, want %s attempt 1 whole", msg.UUID,
+				attemptOf(msg), len(msg.Payload), want)
+		}
+		msg.Ack()
+	}
+	r.waitCommitted(t, m[10].pos)
+	store.mu.Lock()
+	readsAt := slices.Clone(store.readsAt)
+	store.mu.Unlock()
+	if len(readsAt) != 1 || !slices.Equal(readsAt[0].positions, positionsOfMessages(m[1:10])) {
+		t.Fatalf("read again %+v, want a2 to a10 in one read", readsAt)
+	}
+	if got := store.afters(); len(got) < 2 || got[0] != (Position{}) || slices.ContainsFunc(got[1:], func(p Position) bool {
+		return comparePositions(p, m[9].pos) < 0
+	}) {
+		t.Fatalf("reads after %v, want the start, then none before a10 (%v)", got, m[9].pos)
+	}
+	r.end(t)
+}
+
+// TestOwnWindowEvictsLaterMessagesOfAnEvictedKey: a message read after an
+// evicted one of its key is evicted at once (it could not go out before
+// it), whether or not the window is full; one of another key is not.
+func TestOwnWindowEvictsLaterMessagesOfAnEvictedKey(t *testing.T) {
+	t.Parallel()
+	var m []storedMessage
+	for i := range 10 {
+		m = append(m, keyedMessage(int64(i+1), "a"))
+	}
+	m = append(m, keyedMessage(11, "b"), keyedMessage(12, "a"), keyedMessage(13, "c"))
+	settings := windowSettings(2)
+	settings.nackResendDelay = time.Hour
+	store := newFakeConsumerStore(m...)
+	r := startOwn(t, store, settings, newByteBudget(1<<20), false)
+	r.next(t).Nack()
+	got := r.nextN(t, 2)
+	if ids := uuids(got); ids != "m11 m13" {
+		t.Fatalf("handed out %s while a1 waits, want m11 m13", ids)
+	}
+	if n := r.c.stats.evicted.Load(); n != 10 {
+		t.Fatalf("%d messages evicted, want a2 to a10 and a11 (10)", n)
+	}
+	for _, msg := range got {
+		msg.Ack()
+	}
+	r.waitAcked(t, 2)
+	select {
+	case msg := <-r.c.out:
+		t.Fatalf("%s handed out while a1 waits", msg.UUID)
+	default:
+	}
+	r.end(t)
+}
+
+// TestOwnWindowEvictedMessageGone: an evicted message no longer stored
+// when it is read again (retention removed it) is skipped as if
+// acknowledged, and the next one of its key goes out.
+func TestOwnWindowEvictedMessageGone(t *testing.T) {
+	t.Parallel()
+	var m []storedMessage
+	for i := range 10 {
+		m = append(m, keyedMessage(int64(i+1), "a"))
+	}
+	m = append(m, keyedMessage(11, "b"))
+	settings := windowSettings(2)
+	settings.nackResendDelay = 200 * time.Millisecond
+	store := newFakeConsumerStore(m...)
+	r := startOwn(t, store, settings, newByteBudget(1<<20), false)
+	r.next(t).Nack()
+	if b1 := r.next(t); b1.UUID != "m11" {
+		t.Fatalf("after a1's Nack %s, want m11", b1.UUID)
+	} else {
+		b1.Ack()
+	}
+	store.mu.Lock()
+	store.msgs = slices.Delete(store.msgs, 1, 2) // a2
+	store.mu.Unlock()
+	a1 := r.next(t)
+	if a1.UUID != "m1" {
+		t.Fatalf("then %s, want m1 again", a1.UUID)
+	}
+	a1.Ack()
+	if msg := r.next(t); msg.UUID != "m3" {
+		t.Fatalf("after a1's Ack %s, want m3 (a2 is gone)", msg.UUID)
+	} else {
+		msg.Ack()
+	}
+	r.end(t)
+}
+
+func positionsOfMessages(ms []storedMessage) []Position {
+	out := make([]Position, len(ms))
+	for i, m := range ms {
+		out[i] = m.pos
+	}
+	return out
 }
 
 // TestOwnWindowSkipsAndCarriesAckedAbove: a claim whose row carried

@@ -38,6 +38,10 @@ func (s *benchLoopStore) read(_ context.Context, p readParams) ([]storedMessage,
 	return rows, false, nil
 }
 
+func (*benchLoopStore) readAt(context.Context, readAtParams) ([]storedMessage, error) {
+	return nil, nil
+}
+
 func (*benchLoopStore) countHead(context.Context, *claim) (int, error) { return 1, nil }
 
 func (*benchLoopStore) commit(_ context.Context, cl *claim) error {

@@ -48,8 +48,12 @@ type subscriberStats struct {
 	// reads counts the consumers' reads of messages; stalls the times a
 	// consumer found rows held back for longer than pendingFastFor and
 	// slowed its re-polls to PollInterval (tests only).
-	reads     atomic.Uint64
-	stalls    atomic.Uint64
+	reads  atomic.Uint64
+	stalls atomic.Uint64
+	// evicted counts the messages in-flight windows evicted, rereads the
+	// reads of evicted messages (tests only).
+	evicted   atomic.Uint64
+	rereads   atomic.Uint64
 	hbBounds  []time.Duration
 	hbBuckets []atomic.Uint64
 }

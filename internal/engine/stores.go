@@ -73,6 +73,10 @@ func (p pgConsumerStore) read(ctx context.Context, rp readParams) ([]storedMessa
 	return p.offsets.read(ctx, p.timeout, rp)
 }
 
+func (p pgConsumerStore) readAt(ctx context.Context, rp readAtParams) ([]storedMessage, error) {
+	return p.offsets.readAt(ctx, p.timeout, rp)
+}
+
 func (p pgConsumerStore) countHead(ctx context.Context, c *claim) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()

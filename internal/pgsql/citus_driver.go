@@ -145,6 +145,22 @@ func (d citus) SelectMessages(ctx context.Context, q Querier, p SelectMessagesPa
 	return res, err
 }
 
+// selectMessagesAtStmt is the statement of SelectMessagesAt on Citus,
+// routed to the topic's worker whole, as selectMessagesStmt.
+func (d citus) selectMessagesAtStmt(p SelectMessagesAtParams) Stmt {
+	onHere, args := citusHereIs(5), selectMessagesAtArgs(p)
+	if p.WorkerHere != "" {
+		onHere = `(` + citusHereIs(5) + ` AND ` + hereIs(7) + `)`
+		args = append(args, p.WorkerHere)
+	}
+	return d.t.selectMessagesAt(onHere, args, `pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())`)
+}
+
+// SelectMessagesAt implements Driver.
+func (d citus) SelectMessagesAt(ctx context.Context, q Querier, p SelectMessagesAtParams) (SelectResult, error) {
+	return selectMessagesAt(ctx, q, d.selectMessagesAtStmt(p), p.Positions)
+}
+
 // The statements of the sessions and of the delayed messages' move: the
 // single-node ones, their notifications cast to text (asCitus).
 func (d citus) createSessionStmt(p SessionParams) Stmt    { return asCitus(d.t.CreateSession(p)) }

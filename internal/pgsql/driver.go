@@ -43,6 +43,7 @@ type Driver interface {
 	UpsertTopic(ctx context.Context, q Querier, p TopicParams) (UpsertTopicResult, error)
 	TopicPartitions(ctx context.Context, q Querier, topics []string) (map[string]int, error)
 	SelectMessages(ctx context.Context, q Querier, p SelectMessagesParams) (SelectResult, error)
+	SelectMessagesAt(ctx context.Context, q Querier, p SelectMessagesAtParams) (SelectResult, error)
 	// PositionBounds returns, for each (topic, partition) row, the
 	// position below which a later statement may read its messages: on a
 	// single node the bound of decision 0008, computed from the sequence

@@ -60,6 +60,8 @@ func dumpCitusStatements(t *Tables) string {
 	q("UpsertTopic", a.upsertTopicStmt(TopicParams{Topic: "t", Partitions: 3, Retention: time.Hour, RetentionClass: 5, NotifyChannel: "ch"}))
 	q("SelectMessages", a.selectMessagesStmt(SelectMessagesParams{Topic: "t", Partition: 2, After: Position{TransactionID: 18446744073709551615, Offset: 9}, Limit: 100, Here: "h"}))
 	q("SelectMessages max worker", a.selectMessagesStmt(SelectMessagesParams{Topic: "t", After: Position{TransactionID: 5, Offset: 9}, Limit: 100, MaxMessageBytes: 1000, Here: "h", WorkerHere: "w"}))
+	q("SelectMessagesAt", a.selectMessagesAtStmt(SelectMessagesAtParams{Topic: "t", Partition: 2, Positions: []Position{{5, 9}, {7, 11}}, Here: "h"}))
+	q("SelectMessagesAt worker", a.selectMessagesAtStmt(SelectMessagesAtParams{Topic: "t", Positions: []Position{{5, 9}}, Here: "h", WorkerHere: "w"}))
 	sp := SessionParams{SessionID: id, NotifyChannel: "ch", SubscriptionHash: -5, SubscriptionSize: 3, ReplacesSessionID: id2,
 		ConsumerGroup: "g", Owner: "host/1", TTL: 10 * time.Second}
 	q("CreateSession", a.createSessionStmt(sp))

@@ -80,6 +80,7 @@ func dumpStatements(a *Tables) string {
 	bound, read := a.SelectMessagesBound(SelectMessagesParams{Topic: "t", Partition: 2, After: Position{TransactionID: 5, Offset: 9}, Limit: 100})
 	q("SelectMessagesBound bound", bound)
 	q("SelectMessagesBound read", read)
+	q("SelectMessagesAt", a.SelectMessagesAt(SelectMessagesAtParams{Topic: "t", Partition: 2, Positions: []Position{{5, 9}, {7, 11}}, Here: "h"}))
 	q("VisibleTopics", a.VisibleTopics(VisibleTopicsParams{Topics: []string{"a", "b"}, Positions: []Position{{1, 2}, {3, 4}}}))
 	q("VisibleTopics partitions", a.VisibleTopics(VisibleTopicsParams{Topics: []string{"a", "b"}, Partitions: []int32{1, 2}, Positions: []Position{{1, 2}, {3, 4}}}))
 	sp := SessionParams{SessionID: id, NotifyChannel: "ch", SubscriptionHash: -5, SubscriptionSize: 3, ReplacesSessionID: id2,

@@ -120,6 +120,15 @@ func (l *Lazy) TopicPartitions(ctx context.Context, q Querier, topics []string) 
 	return d.TopicPartitions(ctx, q, topics)
 }
 
+// SelectMessagesAt implements Driver.
+func (l *Lazy) SelectMessagesAt(ctx context.Context, q Querier, p SelectMessagesAtParams) (SelectResult, error) {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return SelectResult{}, err
+	}
+	return d.SelectMessagesAt(ctx, q, p)
+}
+
 // SelectMessages implements Driver.
 func (l *Lazy) SelectMessages(ctx context.Context, q Querier, p SelectMessagesParams) (SelectResult, error) {
 	d, err := l.Get(ctx, q)

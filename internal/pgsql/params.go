@@ -68,6 +68,20 @@ type SelectMessagesParams struct {
 	Bound uint64
 }
 
+// SelectMessagesAtParams select messages of a topic's partition by their
+// positions: messages read once already, whose payloads the reader dropped
+// (an in-flight window's messages evicted while their key waits).
+type SelectMessagesAtParams struct {
+	Topic     string
+	Partition int32
+	Positions []Position
+	// Here and WorkerHere are those of [SelectMessagesParams]: the
+	// statement reports [SelectResult.WentBack] when it runs elsewhere,
+	// or when a position lies at or above the transaction counter.
+	Here       string
+	WorkerHere string
+}
+
 // VisibleTopicsParams list (topic, partition) rows with a position each;
 // the query returns the (1-based) index of every row that has a message
 // visible to all readers after its position.

@@ -173,6 +173,39 @@ func (d singleNode) SelectMessages(ctx context.Context, q Querier, p SelectMessa
 	return res, err
 }
 
+// SelectMessagesAt returns the messages of p.Positions that are stored,
+// whole, in delivery order: messages read before (below a position bound
+// then), whose payloads the reader dropped. A position whose message is
+// no longer stored (retention removed it) is left out.
+func (d singleNode) SelectMessagesAt(ctx context.Context, q Querier, p SelectMessagesAtParams) (SelectResult, error) {
+	return selectMessagesAt(ctx, q, d.t.SelectMessagesAt(p), p.Positions)
+}
+
+// selectMessagesAt runs s, a statement of [Driver.SelectMessagesAt], and
+// keeps the rows at positions (the statement's arrays select a superset
+// of them).
+func selectMessagesAt(ctx context.Context, q Querier, s Stmt, positions []Position) (SelectResult, error) {
+	if len(positions) == 0 {
+		return SelectResult{}, nil
+	}
+	res, err := selectMessages(ctx, q, s, len(positions))
+	if err != nil || res.WentBack || len(positions) == 1 {
+		return res, err
+	}
+	want := make(map[Position]bool, len(positions))
+	for _, p := range positions {
+		want[p] = true
+	}
+	kept := res.Messages[:0]
+	for _, m := range res.Messages {
+		if want[m.Position] {
+			kept = append(kept, m)
+		}
+	}
+	res.Messages = kept
+	return res, nil
+}
+
 // PositionBounds implements Driver: one statement, whose snapshot the
 // reads that use the bounds must not share (each later statement of READ
 // COMMITTED takes its own).

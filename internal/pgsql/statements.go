@@ -402,6 +402,51 @@ WHERE NOT (` + onHere + ` AND $3::text::xid8 < ` + counter + `)`,
 	}
 }
 
+// SelectMessagesAt is the statement of [Driver.SelectMessagesAt].
+func (t *Tables) SelectMessagesAt(p SelectMessagesAtParams) Stmt {
+	return t.selectMessagesAt(hereIs(5), selectMessagesAtArgs(p), t.positionCounter())
+}
+
+// selectMessagesAtArgs are the arguments of [Tables.SelectMessagesAt]: $1
+// to $6.
+func selectMessagesAtArgs(p SelectMessagesAtParams) []any {
+	txIDs := make([]string, len(p.Positions))
+	offsets := make([]int64, len(p.Positions))
+	var top uint64
+	for i, pos := range p.Positions {
+		txIDs[i] = formatXID8(pos.TransactionID)
+		offsets[i] = pos.Offset
+		top = max(top, pos.TransactionID)
+	}
+	return []any{p.Topic, p.Partition, txIDs, offsets, p.Here, formatXID8(top)}
+}
+
+// selectMessagesAt reads the messages at the positions $3 and $4 (pairs of
+// a transaction id and an offset), whole, in the columns of
+// [Tables.selectMessages], so that one scan reads both. It needs no
+// position bound: every position was read below one before. The two
+// arrays select a superset of the pairs when several are asked for (the
+// reader keeps only the pairs it asked for); the index on (topic,
+// partition, transaction_id, offset) takes both as array conditions. A
+// last row reports that the statement ran elsewhere than the position was
+// read (onHere), or that the highest position asked for ($6) lies at or
+// above the transaction counter (counter).
+func (t *Tables) selectMessagesAt(onHere string, args []any, counter string) Stmt {
+	const size = `(COALESCE(pg_catalog.octet_length(m.payload), 0) + COALESCE(pg_catalog.pg_column_size(m.metadata), 0))`
+	return Stmt{
+		SQL: `(SELECT m."offset", m.transaction_id::text AS transaction_id_text, m.uuid, m.payload,
+	m.metadata::text AS metadata_text, false AS pending, false AS future, ` + size + ` AS size, false AS went_back
+FROM ` + t.Messages + ` m
+WHERE m.topic = $1 AND m.partition = $2 AND ` + t.classesOf("$1") + `
+	AND m.transaction_id = ANY ($3::text[]::xid8[]) AND m."offset" = ANY ($4::bigint[])
+ORDER BY m.transaction_id, m."offset")
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, false, false, NULL, true
+WHERE NOT (` + onHere + ` AND $6::text::xid8 < ` + counter + `)`,
+		Args: args,
+	}
+}
+
 // positionCounter is the position no row of this database has reached
 // yet, read from the sequence by the statement (xid8): the value the
 // sequence hands out next. A row at or above it was not written by this

@@ -272,6 +272,75 @@ func testSelectRefusesAnotherHistory(t *testing.T, f *fixture) {
 	}
 }
 
+// testSelectMessagesAt: the messages at the positions asked for come
+// back whole, in delivery order, and no other (not those between, nor a
+// position made of one message's transaction and another's offset, nor
+// those of another partition); a position whose message is gone is left
+// out; the read is refused (WentBack) elsewhere, or for a position ahead
+// of the counter.
+func testSelectMessagesAt(t *testing.T, f *fixture) {
+	const group, topic = "g", "at"
+	for _, id := range []string{"a1", "a2", "a3", "a4"} {
+		f.publish(f.Pool, topic, id) // a transaction each
+	}
+	f.ensure(group, topic)
+	r := f.claimOne(f.session(group), group, topic)
+	all := f.readSettled(f.selectParams(topic, 0, pgsql.Position{})).Messages
+	if got := uuidsOf(all); !slices.Equal(got, []string{"a1", "a2", "a3", "a4"}) {
+		t.Fatalf("read %v, want [a1 a2 a3 a4]", got)
+	}
+	at := func(p pgsql.SelectMessagesAtParams) pgsql.SelectResult {
+		t.Helper()
+		res, err := f.Driver.SelectMessagesAt(f.ctx, f.Pool, p)
+		if err != nil {
+			t.Fatalf("select messages at %v: %v", p.Positions, err)
+		}
+		return res
+	}
+	p := pgsql.SelectMessagesAtParams{Topic: topic, Here: f.here, WorkerHere: r.WorkerHere,
+		Positions: []pgsql.Position{all[3].Position, all[0].Position, all[2].Position,
+			{TransactionID: all[1].Position.TransactionID, Offset: all[3].Position.Offset}}}
+	res := at(p)
+	if got := uuidsOf(res.Messages); res.WentBack || !slices.Equal(got, []string{"a1", "a3", "a4"}) {
+		t.Fatalf("at a4, a1, a3 and a2's transaction with a4's offset: %v (%+v), want [a1 a3 a4]", got, res)
+	}
+	for i, m := range res.Messages {
+		want := all[[]int{0, 2, 3}[i]]
+		if string(m.Payload) != m.UUID || m.Position != want.Position || m.Size != want.Size {
+			t.Errorf("message %s: payload %q at %v size %d, want at %v size %d", m.UUID, m.Payload, m.Position,
+				m.Size, want.Position, want.Size)
+		}
+	}
+	one := p
+	one.Positions = []pgsql.Position{all[1].Position}
+	if got := uuidsOf(at(one).Messages); !slices.Equal(got, []string{"a2"}) {
+		t.Errorf("at a2: %v", got)
+	}
+	one.Partition = 1
+	if res := at(one); len(res.Messages) != 0 || res.WentBack {
+		t.Errorf("at a2 in partition 1: %+v, want nothing", res)
+	}
+	f.exec(`DELETE FROM `+f.Tables.Messages+` WHERE topic = $1 AND uuid = 'a3'`, topic)
+	if got := uuidsOf(at(p).Messages); !slices.Equal(got, []string{"a1", "a4"}) {
+		t.Errorf("at a4, a1, a3 after a3 was deleted: %v, want [a1 a4]", got)
+	}
+
+	fromAhead := p
+	fromAhead.Positions = append(slices.Clone(p.Positions), pgsql.Position{TransactionID: ahead})
+	if res := at(fromAhead); !res.WentBack || len(res.Messages) != 0 {
+		t.Errorf("at a position ahead of the counter: %+v, want WentBack", res)
+	}
+	elsewhere := p
+	if f.Citus {
+		elsewhere.WorkerHere = "00000009:1:1"
+	} else {
+		elsewhere.Here = "00000009:1:1"
+	}
+	if res := at(elsewhere); !res.WentBack || len(res.Messages) != 0 {
+		t.Errorf("at with another server's identity: %+v, want WentBack", res)
+	}
+}
+
 // testVisibleTopics: the idle poll returns the (1-based) index of each
 // row that has a message visible after its position, and only those.
 func testVisibleTopics(t *testing.T, f *fixture) {

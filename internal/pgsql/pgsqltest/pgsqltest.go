@@ -73,6 +73,7 @@ func cases() []testCase {
 		{"SelectLeavesOutLargePayloads", testSelectLeavesOutLargePayloads},
 		{"SelectWaitsForAnOlderTransaction", testSelectWaitsForAnOlderTransaction},
 		{"SelectRefusesAnotherHistory", testSelectRefusesAnotherHistory},
+		{"SelectMessagesAt", testSelectMessagesAt},
 		{"VisibleTopics", testVisibleTopics},
 		{"UpsertTopicRaisesNeverLowers", testUpsertTopicRaisesNeverLowers},
 		{"InsertPlacesByPartitionKey", testInsertPlacesByPartitionKey},
