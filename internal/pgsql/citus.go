@@ -111,7 +111,8 @@ BEGIN
 	-- route to the topic's worker whole).
 	PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', 'off', true);` +
 		onCoordinator(t.WorkerBoundFunction(), `(topic text, partitions integer[], OUT bounds bigint[])`, ``) +
-		onCoordinator(t.WorkerCounterFunction(), `()`, ` RETURNS bigint`) + `
+		onCoordinator(t.WorkerCounterFunction(), `()`, ` RETURNS bigint`) +
+		onCoordinator(t.WorkerHolderFunction(), workerHolderSignature, ``) + `
 	PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', 'on', true);
 	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg
 		WHERE tg.tgrelid = ` + lit(t.Messages) + `::regclass AND tg.tgfoid = pg_catalog.to_regprocedure(` + lit(fn+"()") + `)) THEN
@@ -162,8 +163,9 @@ END`)
 // nextval to the coordinator), started 2^40 above the worker's
 // transaction counter and called (so that its last value was handed
 // out), and the functions a statement routed to a topic's shard calls:
-// the bound ([Tables.WorkerBoundFunction]) and the counter
-// ([Tables.WorkerCounterFunction]). It is a format string (%L: the
+// the bound ([Tables.WorkerBoundFunction]), the counter
+// ([Tables.WorkerCounterFunction]) and the holder of a topic
+// ([Tables.WorkerHolderFunction]). It is a format string (%L: the
 // messages table's schema, every other percent sign doubled), formatted
 // and run on every worker by [Tables.DistributeScript] and on the target
 // of a shard move by [PrepareShardMoveScript]. It may run again: the
@@ -208,6 +210,14 @@ BEGIN
 END`)) + `;
 	EXECUTE 'ALTER FUNCTION ' || ` + lit(t.WorkerCounterFunction()) + ` || '() SET search_path = pg_catalog, '
 		|| pg_catalog.quote_ident(nsp) || ', pg_temp';
+	-- The holder of a topic's partition on this worker: the single node's
+	-- query, on the topic's shard, with the worker's node (the table and
+	-- shard found when it runs: the table may be distributed after).
+	EXECUTE ` + lit(`CREATE OR REPLACE FUNCTION `+t.WorkerHolderFunction()+workerHolderSignature+`
+	LANGUAGE sql VOLATILE SET search_path = pg_catalog AS `+dollarQuote(`SELECT h.*, (SELECT n.nodename || ':' || n.nodeport
+	FROM pg_catalog.pg_dist_node n WHERE n.groupid = (SELECT g.groupid FROM pg_catalog.pg_dist_local_group g) LIMIT 1)
+FROM (`+boundHolderSQL(`pg_catalog.to_regclass(pg_catalog.shard_name(pg_catalog.to_regclass(`+lit(t.Messages)+`),
+		pg_catalog.get_shard_id_for_distribution_column(pg_catalog.to_regclass(`+lit(t.Messages)+`), $1)))::oid`, `$1`, `$2`)+`) h`)) + `;
 END`)
 	return strings.ReplaceAll(strings.ReplaceAll(script, "%", "%%"), schema, "%L")
 }

@@ -2,10 +2,12 @@ package pgsql
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The methods of the Citus driver that are not in the other citus*.go
@@ -114,18 +116,44 @@ func (d citus) PositionBounds(ctx context.Context, q Querier, topics []string, p
 }
 
 // OpenPublishers implements Driver: none listed, the publishers of a
-// topic register on its worker (BoundHolder names the one that holds a
-// topic).
+// topic register on its worker (BoundHolder names, there, the one that
+// holds a topic).
 func (d citus) OpenPublishers(context.Context, Querier) ([]PublisherRow, bool, error) {
 	return nil, false, nil
 }
 
-// BoundHolder implements Driver: only that a publisher of the topic
-// holds it (topicOnly), without naming it: the holder is a backend of
-// the topic's worker, whose locks a statement on the coordinator does
-// not read.
-func (d citus) BoundHolder(context.Context, Querier, string, int32) (HorizonRow, bool, error) {
-	return HorizonRow{}, true, nil
+// citusBoundHolderStmt is the statement of BoundHolder on Citus: the
+// worker's function (WorkerHolderFunction), called by a SELECT that
+// Citus routes to the topic's worker whole, as the bound's statement is;
+// the function's columns taken apart there.
+func (d citus) citusBoundHolderStmt(topic string, partition int32) Stmt {
+	cols := ""
+	for i, c := range []string{"v", "pid", "gid", "application_name", "state", "xact_start", "query_start", "age_seconds", "query", "datname", "usename", "node"} {
+		if i > 0 {
+			cols += ", "
+		}
+		cols += "(h.r)." + c
+	}
+	return Stmt{SQL: `SELECT ` + cols + `
+FROM (SELECT ` + d.t.WorkerHolderFunction() + `($1::text, $2::integer) AS r, pg_catalog.count(*)
+	FROM ` + d.t.Offsets + ` o WHERE o.topic = $1 AND o.consumer_group = '') h`, Args: []any{topic, partition}}
+}
+
+// BoundHolder implements Driver: the publisher that holds the topic's
+// bound lowest on its worker, as on a single node (PID a backend of the
+// worker, Node the worker). Where the workers' function does not exist
+// yet (tables distributed by an earlier release, until `pglease migrate
+// --citus` runs again), only that the topic is held (topicOnly, no PID).
+func (d citus) BoundHolder(ctx context.Context, q Querier, topic string, partition int32) (HorizonRow, bool, error) {
+	s := d.citusBoundHolderStmt(topic, partition)
+	var h HorizonRow
+	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan((*xid8)(&h.Xmin), &h.PID, &h.GID, &h.AppName, &h.State,
+		&h.XactStart, &h.QueryStart, &h.AgeSeconds, &h.Query, &h.DB, &h.User, &h.Node)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42883" { // undefined_function
+		return HorizonRow{}, true, nil
+	}
+	return h, true, err
 }
 
 // SelectMessages implements Driver: the bound computed on the topic's

@@ -120,14 +120,15 @@ type Driver interface {
 	InspectLag(ctx context.Context, q Querier, groups, topics []string) ([]LagRow, error)
 	InspectHorizon(ctx context.Context, q Querier) (HorizonRow, error)
 	// BoundHolder reads the transaction that holds back delivery of the
-	// topic's partition: on a single node the publisher of it whose
-	// registration holds its position bound lowest (topicOnly true), on
-	// Citus the coordinator's xmin horizon (InspectHorizon).
+	// topic's partition: the publisher of it whose registration holds its
+	// position bound lowest (topicOnly true); on Citus a backend of the
+	// topic's worker (row.Node), or none named where the workers' function
+	// is missing (tables distributed by an earlier release).
 	BoundHolder(ctx context.Context, q Querier, topic string, partition int32) (row HorizonRow, topicOnly bool, err error)
 	// OpenPublishers reads, on a single node, the transactions that
 	// published and have not ended, which hold back the later messages
-	// of the partitions they published to (ok true); on Citus, where the
-	// workers' xmin horizons hold delivery back, nothing (ok false).
+	// of the partitions they published to (ok true); on Citus, where
+	// they register on the topics' workers, nothing (ok false).
 	OpenPublishers(ctx context.Context, q Querier) (rows []PublisherRow, ok bool, err error)
 	InspectTopics(ctx context.Context, q Querier) ([]TopicRow, error)
 	InspectTopicsPage(ctx context.Context, q Querier, first bool, after string, limit int) ([]TopicPageRow, error)

@@ -83,6 +83,7 @@ func dumpCitusStatements(t *Tables) string {
 	q("citusInspectTopics", a.citusInspectTopics([]string{"a", "b"}, []time.Time{at, at}))
 	q("citusInspectTopicsPage", a.citusInspectTopicsPage([]string{"a", "b"}, []time.Time{at, at}, false, "a", 10))
 	s("citusWorkerHorizon", a.citusWorkerHorizon())
+	q("citusBoundHolder", a.citusBoundHolderStmt("t", 2))
 	q("citusDeleteIdleGroups", a.citusDeleteIdleGroups(time.Hour))
 	q("citusRetainedTopics", a.citusRetainedTopics())
 	q("citusDeleteExpiredKept", a.citusDeleteExpiredKept("t", 500))

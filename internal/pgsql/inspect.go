@@ -78,15 +78,24 @@ LEFT JOIN LATERAL (
 // messages table with the lowest registered v (see the position bound of
 // migration 14), in the columns of InspectHorizon, v in the first.
 func (t *Tables) BoundHolder(topic string, partition int32) Stmt {
-	return Stmt{SQL: `WITH db AS (
+	return Stmt{SQL: boundHolderSQL(`pg_catalog.to_regclass($1::text)::oid`, `$2::text`, `$3::integer`),
+		Args: []any{t.Messages, topic, partition}}
+}
+
+// boundHolderSQL is the query of BoundHolder for the relation whose oid
+// root is (an expression) and the topic and partition (expressions): on
+// a single node the messages table, on a Citus worker the topic's shard
+// ([Tables.WorkerHolderFunction]).
+func boundHolderSQL(root, topic, partition string) string {
+	return `WITH db AS (
 	SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()
 ), root AS (
-	SELECT pg_catalog.to_regclass($1::text)::oid AS oid
+	SELECT ` + root + ` AS oid
 ), holders AS (
 	SELECT k.virtualtransaction AS vx, k.pid
 	FROM pg_catalog.pg_locks k, db, root
 	WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 2 AND k.database = db.oid AND k.classid = root.oid
-		AND k.objid::bigint = (pg_catalog.hashtext($2::text || ':' || $3::integer::text)::bigint & 4294967295)
+		AND k.objid::bigint = (pg_catalog.hashtext(` + topic + ` || ':' || ` + partition + `::text)::bigint & 4294967295)
 		AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks w WHERE w.virtualtransaction = k.virtualtransaction AND w.granted
 			AND w.locktype = 'relation' AND w.mode <> 'AccessShareLock' AND w.database = db.oid
 			AND (w.relation = root.oid OR w.relation IN (SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = root.oid)))
@@ -103,7 +112,7 @@ SELECT COALESCE(h.v, 0)::text, h.pid, CASE WHEN h.pid IS NULL AND h.v IS NOT NUL
 	a.datname::text, a.usename::text
 FROM (SELECT 1) one
 LEFT JOIN h ON true
-LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = h.pid`, Args: []any{t.Messages, topic, partition}}
+LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = h.pid`
 }
 
 // OpenPublishers is the statement of [Driver.OpenPublishers] on a single

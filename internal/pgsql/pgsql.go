@@ -211,6 +211,18 @@ func (t *Tables) WorkerBoundFunction() string { return t.partition("worker_bound
 // sequence hands out next ([Tables.WorkerScript]).
 func (t *Tables) WorkerCounterFunction() string { return t.partition("worker_next") }
 
+// WorkerHolderFunction is the quoted, schema-qualified name of the
+// function, on each Citus worker, that names the transaction there that
+// holds one topic's partition's bound lowest ([Tables.WorkerScript],
+// [Driver.BoundHolder]).
+func (t *Tables) WorkerHolderFunction() string { return t.partition("worker_holder") }
+
+// workerHolderSignature is the signature of WorkerHolderFunction: the
+// columns of the single node's BoundHolder, and the worker's node.
+const workerHolderSignature = `(topic text, part integer, OUT v text, OUT pid integer, OUT gid text, OUT application_name text,
+	OUT state text, OUT xact_start timestamptz, OUT query_start timestamptz, OUT age_seconds float8, OUT query text,
+	OUT datname text, OUT usename text, OUT node text)`
+
 // RegisterFunction is the quoted, schema-qualified name of the function
 // with which pglease's insert statements register their topic's
 // partitions before their rows take positions (schema version 18).

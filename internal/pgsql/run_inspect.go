@@ -64,6 +64,10 @@ type HorizonRow struct {
 	GID, AppName, State, Query, DB, User *string
 	XactStart, QueryStart                *time.Time
 	AgeSeconds                           *float64
+	// Node is the Citus worker (host:port, as Citus's node table names
+	// it) whose backend PID is, in a row of [Driver.BoundHolder] on
+	// Citus; nil elsewhere.
+	Node *string
 }
 
 // InspectHorizon reads the xmin horizon and the transaction holding it
