@@ -83,6 +83,7 @@ func cases() []testCase {
 		{"UnrelatedWriterHoldsNothing", testUnrelatedWriterHoldsNothing},
 		{"OpenPublisherHoldsOnlyItsTopic", testOpenPublisherHoldsOnlyItsTopic},
 		{"PublisherBetweenReadingVAndLocks", testPublisherBetweenReadingVAndLocks},
+		{"PositionTakenBeforeRegistration", testPositionTakenBeforeRegistration},
 		{"PublisherBetweenLocksAndPosition", testPublisherBetweenLocksAndPosition},
 		{"ReaderBetweenItsStatements", testReaderBetweenItsStatements},
 		{"ManyTopicsInOneTransaction", testManyTopicsInOneTransaction},
