@@ -96,3 +96,45 @@ func TestCitusOtherWriterHoldsNoTopic(t *testing.T) {
 		t.Fatalf("delivery took %s while another writer ran on the worker", latency)
 	}
 }
+
+// TestCitusBoundHolder: BoundHolder names the publisher that holds a
+// topic by its backend on the topic's worker and that worker (as Citus's
+// node table names it); without the holder function (tables distributed
+// by an earlier release, until `pglease migrate --citus` runs again) it
+// reports only that the topic is held, without an error.
+func TestCitusBoundHolder(t *testing.T) {
+	pool, tables := citusTables(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d, err := OpenDriver(ctx, pool, tables)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const topic = "held"
+	var node string
+	if err := pool.QueryRow(ctx, `SELECT p.nodename || ':' || p.nodeport FROM pg_catalog.pg_dist_shard_placement p
+		WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::regclass, $2::text)`, tables.Messages, topic).Scan(&node); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := d.InsertMessages(ctx, tx, InsertMessagesParams{Topics: []string{topic}, UUIDs: []string{"h1"},
+		Payloads: [][]byte{nil}, Metadata: []string{""}}); err != nil {
+		t.Fatal(err)
+	}
+	h, topicOnly, err := d.BoundHolder(ctx, pool, topic, 0)
+	if err != nil || !topicOnly || h.PID == nil || h.Xmin == 0 || h.Node == nil || *h.Node != node {
+		t.Fatalf("holder of %s: %+v, %t, %v; want a pid, its position and worker %s", topic, h, topicOnly, err, node)
+	}
+	if _, err := pool.Exec(ctx, `SET citus.enable_ddl_propagation = off; DROP FUNCTION `+tables.WorkerHolderFunction()+
+		`(text, integer); RESET citus.enable_ddl_propagation`); err != nil {
+		t.Fatal(err)
+	}
+	h, topicOnly, err = d.BoundHolder(ctx, pool, topic, 0)
+	if err != nil || !topicOnly || h.PID != nil {
+		t.Fatalf("holder of %s without the holder function: %+v, %t, %v; want held, none named", topic, h, topicOnly, err)
+	}
+}
