@@ -202,14 +202,23 @@ func (f *fixture) noneNeedRegistration(topics ...string) {
 	}
 }
 
-// publishAsync publishes uuids to topic in tx from a goroutine, and
-// returns a channel that receives its error once the insert returns. A
-// case that ends before (a failure) cancels the insert and waits for it,
-// before tx's rollback uses the connection.
-func (f *fixture) publishAsync(tx pgx.Tx, topic string, uuids ...string) <-chan error {
+// async runs run from a goroutine and returns a channel that receives
+// its error once it returns. A case that ends before (a failure) cancels
+// run's context and waits for it, before the transaction run uses is
+// rolled back.
+func (f *fixture) async(run func(ctx context.Context) error) <-chan error {
 	done, returned := make(chan error, 1), make(chan struct{})
 	ctx, cancel := context.WithCancel(f.ctx)
 	f.t.Cleanup(func() { cancel(); <-returned })
+	go func() {
+		defer close(returned)
+		done <- run(ctx)
+	}()
+	return done
+}
+
+// publishAsync publishes uuids to topic in tx from a goroutine (async).
+func (f *fixture) publishAsync(tx pgx.Tx, topic string, uuids ...string) <-chan error {
 	p := pgsql.InsertMessagesParams{NotifyChannel: f.Tables.NotifyChannel}
 	for _, id := range uuids {
 		p.Topics = append(p.Topics, topic)
@@ -217,11 +226,7 @@ func (f *fixture) publishAsync(tx pgx.Tx, topic string, uuids ...string) <-chan 
 		p.Payloads = append(p.Payloads, []byte(id))
 		p.Metadata = append(p.Metadata, "")
 	}
-	go func() {
-		defer close(returned)
-		done <- f.Driver.InsertMessages(ctx, tx, p)
-	}()
-	return done
+	return f.async(func(ctx context.Context) error { return f.Driver.InsertMessages(ctx, tx, p) })
 }
 
 // testUnrelatedWriterHoldsNothing: a writing transaction that published
@@ -361,14 +366,10 @@ func testPositionTakenBeforeRegistration(t *testing.T, f *fixture) {
 		t.Fatal(err)
 	}
 	q := f.begin()
-	done, returned := make(chan error, 1), make(chan struct{})
-	ctx, cancel := context.WithCancel(f.ctx)
-	t.Cleanup(func() { cancel(); <-returned })
-	go func() {
-		defer close(returned)
+	done := f.async(func(ctx context.Context) error {
 		_, err := q.Exec(ctx, `INSERT INTO `+f.Tables.Messages+` (topic, uuid, payload) VALUES ($1, 'q1', 'q1')`, topic)
-		done <- err
-	}()
+		return err
+	})
 	waiting := "INSERT INTO " + f.Tables.Messages + "%"
 	if f.Citus {
 		waiting = n.Waiting
