@@ -2,6 +2,7 @@ package pglease_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -768,4 +769,59 @@ ORDER BY m.transaction_id, m."offset"`, topic, group)
 		}
 	}
 	require.Equal(t, want, got, "every message after the group's position, in position order")
+}
+
+// TestCitusDeliveryStallNamesTheWorker: on Citus, the stall log of a
+// topic held by an open outbox transaction names the holder as on a
+// single node (TestDeliveryStallIsLoggedOnce): the transaction's backend
+// on the topic's worker, and that worker; the messages come once it ends.
+func TestCitusDeliveryStallNamesTheWorker(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pool, adapter := citusSchema(t, 10)
+	pub := newPublisher(t, pool, adapter)
+	logs := newCapturingLogger()
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter, PollInterval: 50 * time.Millisecond}, logs)
+	require.NoError(t, err)
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	publishN(t, pub, "t", 1)
+	receiveOne(t, msgs).Ack()
+
+	var worker string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT p.nodename || ':' || p.nodeport FROM pg_catalog.pg_dist_shard_placement p
+		WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::regclass, 't'::text)`,
+		pgx.Identifier{adapter.Schema, pglease.DefaultMessagesTable}.Sanitize()).Scan(&worker))
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var coordinatorPID int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&coordinatorPID))
+	outbox, err := pglease.NewPublisher(tx, pglease.PublisherConfig{Tables: adapter}, nil)
+	require.NoError(t, err)
+	require.NoError(t, outbox.Publish("t", message.NewMessage(watermill.NewUUID(), []byte("outbox"))))
+	held := publishN(t, pub, "t", 1)
+
+	var stall *logEntry
+	waitFor(t, 30*time.Second, "the stall to be logged", func() bool {
+		for _, e := range logs.Entries() {
+			if errors.Is(e.Err, pglease.ErrDeliveryHeldBack) {
+				stall = &e
+				return true
+			}
+		}
+		return false
+	})
+	require.Equal(t, "t", stall.Fields["topic"])
+	require.Equal(t, worker, stall.Fields["worker"], "the topic's worker: %v", stall.Fields)
+	pid, _ := stall.Fields["pid"].(int)
+	require.True(t, pid != 0 && pid != coordinatorPID, "the holder's backend on the worker: %v", stall.Fields)
+
+	require.NoError(t, tx.Rollback(ctx))
+	for _, id := range held {
+		m := receiveOne(t, msgs)
+		require.Equal(t, id, m.UUID)
+		m.Ack()
+	}
 }

@@ -517,6 +517,9 @@ func (s *Subscriber) reportStall(row rowKey) {
 		if hh.GID != "" {
 			fields["prepared_gid"] = hh.GID
 		}
+		if hh.Node != "" {
+			fields["worker"] = hh.Node
+		}
 	}
 	if h.TopicOnly {
 		s.logger.Error("Delivery is held back: committed messages of this topic wait for a transaction that published "+
