@@ -174,14 +174,16 @@ func (d citus) SelectMessages(ctx context.Context, q Querier, p SelectMessagesPa
 }
 
 // selectMessagesAtStmt is the statement of SelectMessagesAt on Citus,
-// routed to the topic's worker whole, as selectMessagesStmt.
+// routed to the topic's worker whole, as selectMessagesStmt: the
+// positions compared with the worker's position sequence (its counter),
+// where they were taken, not with the worker's transaction counter.
 func (d citus) selectMessagesAtStmt(p SelectMessagesAtParams) Stmt {
 	onHere, args := citusHereIs(5), selectMessagesAtArgs(p)
 	if p.WorkerHere != "" {
 		onHere = `(` + citusHereIs(5) + ` AND ` + hereIs(7) + `)`
 		args = append(args, p.WorkerHere)
 	}
-	return d.t.selectMessagesAt(onHere, args, `pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())`)
+	return d.t.selectMessagesAt(onHere, args, d.workerCounter())
 }
 
 // SelectMessagesAt implements Driver.
