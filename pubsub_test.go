@@ -153,6 +153,23 @@ func TestPubSubMaxInFlight(t *testing.T) {
 	}
 }
 
+// TestPubSubRetry runs the suite with a failure policy (Retry, without a
+// limit, short waits): the suite's Nacks go through the policy's record
+// and retry instead of NackResendDelay, and its order checks hold (the
+// suite's messages have no keys: a failed one holds the others back).
+func TestPubSubRetry(t *testing.T) {
+	c := newConformance(t)
+	c.tweak = func(cfg *pglease.SubscriberConfig) {
+		cfg.Retry = pglease.RetryConfig{MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}
+	}
+	features := c.features()
+	features.RestartServiceCommand = nil // TestPubSub covers restarts
+	tests.TestPubSub(t, features,
+		func(t *testing.T) (message.Publisher, message.Subscriber) { return c.pubSub(t, t.Name()) },
+		c.pubSub,
+	)
+}
+
 // TestNewSubscriberReceivesOldMessages runs the suite's test of that name
 // with a new consumer group for every Subscriber: a new group starts at the
 // beginning of the topic.
