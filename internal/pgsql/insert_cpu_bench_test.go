@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -140,10 +141,6 @@ func backendTicks(stat string) (int64, error) {
 
 // median of xs (not empty), which it sorts.
 func median(xs []float64) float64 {
-	for i := 1; i < len(xs); i++ {
-		for j := i; j > 0 && xs[j] < xs[j-1]; j-- {
-			xs[j], xs[j-1] = xs[j-1], xs[j]
-		}
-	}
+	slices.Sort(xs)
 	return xs[len(xs)/2]
 }

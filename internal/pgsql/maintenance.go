@@ -118,10 +118,7 @@ func (t *Tables) MoveDueMessages(p MoveDueParams) Stmt {
 func (t *Tables) moveDueMessages(p MoveDueParams, register registering) Stmt {
 	r, reg := registers(register, "\n\tCROSS JOIN reg"), ""
 	if register != noRegistration {
-		reg = `
-), ` + t.registered(register, `SELECT pg_catalog.bool_and(`+t.RegisterFunction()+`(d.topic, d.partitions)) AS ok
-	FROM (SELECT topic, pg_catalog.array_agg(DISTINCT partition) AS partitions FROM placed GROUP BY topic) d`)
-		reg = reg[:len(reg)-1] // the ")" closes below, as the other clauses do
+		reg = ", " + t.registerPartitions(register, `SELECT topic, pg_catalog.array_agg(DISTINCT partition) AS partitions FROM placed GROUP BY topic`)
 	}
 	return Stmt{
 		SQL: `WITH due AS (
@@ -135,8 +132,8 @@ func (t *Tables) moveDueMessages(p MoveDueParams, register registering) Stmt {
 		` + t.placement("tp", "r") + `
 	FROM due d
 	LEFT JOIN ` + t.Topics + ` tp ON tp.topic = d.topic
-	CROSS JOIN LATERAL (` + t.placementCheck("tp") + `) r` + reg + `
-), ins AS (
+	CROSS JOIN LATERAL (` + t.placementCheck("tp") + `) r
+)` + reg + `, ins AS (
 	INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at` + r.column + `)
 	SELECT placed.topic, placed.partition, placed.uuid, placed.payload, placed.metadata, placed.rc, placed.exp` + r.value + `
 	FROM placed` + r.join + `

@@ -166,10 +166,17 @@ func (t *Tables) registered(reg registering, query string) string {
 // it registers, per topic, the partitions of the rows of rows (a FROM item
 // m with topic, uuid and hash), computed as the insert computes them.
 func (t *Tables) registerTopics(reg registering, rows string) string {
-	return t.registered(reg, `SELECT pg_catalog.bool_and(`+t.RegisterFunction()+`(d.topic, d.partitions)) AS ok
-	FROM (SELECT m.topic, pg_catalog.array_agg(DISTINCT `+fmt.Sprintf(partitionOf, "COALESCE(tp.partitions, 1)")+`) AS partitions
+	return t.registerPartitions(reg, `SELECT m.topic, pg_catalog.array_agg(DISTINCT `+fmt.Sprintf(partitionOf, "COALESCE(tp.partitions, 1)")+`) AS partitions
 		FROM `+rows+` LEFT JOIN `+t.Topics+` tp ON tp.topic = m.topic
-		GROUP BY m.topic) d`)
+		GROUP BY m.topic`)
+}
+
+// registerPartitions is the sub-statement reg of an insert that registers,
+// per topic, the partitions that grouped (a query of rows topic,
+// partitions) gives.
+func (t *Tables) registerPartitions(reg registering, grouped string) string {
+	return t.registered(reg, `SELECT pg_catalog.bool_and(`+t.RegisterFunction()+`(d.topic, d.partitions)) AS ok
+	FROM (`+grouped+`) d`)
 }
 
 // hashesOf is p.PartitionHashes as the statements send them: int4, their

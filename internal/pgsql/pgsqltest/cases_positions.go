@@ -292,6 +292,21 @@ func testOpenPublisherHoldsOnlyItsTopic(t *testing.T, f *fixture) {
 	}
 }
 
+// release rolls holder back, so that the publisher it held goes on,
+// waits for that publisher's insert (done) and commits its transaction q.
+func (f *fixture) release(holder, q pgx.Tx, done <-chan error) {
+	f.t.Helper()
+	if err := holder.Rollback(f.ctx); err != nil {
+		f.t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		f.t.Fatalf("q's insert: %v", err)
+	}
+	if err := q.Commit(f.ctx); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
 // insertWaiting matches the text of pglease's insert statement on a
 // single node in pg_stat_activity, which keeps only its first 1024 bytes
 // (track_activity_query_size): the statement names the registration
@@ -328,15 +343,7 @@ func testPublisherBetweenReadingVAndLocks(t *testing.T, f *fixture) {
 		t.Fatalf("read below the bound while q waits before its locks: %v, want [m0 p1]", got)
 	}
 	passed := res.Messages[1].Position
-	if err := holder.Rollback(f.ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatalf("q's insert: %v", err)
-	}
-	if err := q.Commit(f.ctx); err != nil {
-		t.Fatal(err)
-	}
+	f.release(holder, q, done)
 	if got := uuidsOf(f.readSettled(f.selectParams(topic, 0, passed)).Messages); !slices.Equal(got, []string{"q1"}) {
 		t.Fatalf("after the position passed: %v, want [q1] (not skipped)", got)
 	}
@@ -398,15 +405,7 @@ func testPositionTakenBeforeRegistration(t *testing.T, f *fixture) {
 		t.Fatalf("read below the bound while q waits before its registration: %v, want [m0 p1]", got)
 	}
 	passed := res.Messages[1].Position
-	if err := holder.Rollback(f.ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatalf("q's insert: %v", err)
-	}
-	if err := q.Commit(f.ctx); err != nil {
-		t.Fatal(err)
-	}
+	f.release(holder, q, done)
 	if got := uuidsOf(f.readSettled(f.selectParams(topic, 0, passed)).Messages); !slices.Equal(got, []string{"q1"}) {
 		t.Fatalf("after the position passed: %v, want [q1] (not skipped)", got)
 	}
@@ -448,15 +447,7 @@ WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')`); 
 	if res := f.readBelow(topic, pgsql.Position{}, b); !slices.Equal(uuidsOf(res.Messages), []string{"m0"}) {
 		t.Fatalf("read below the bound: %v, want [m0]", uuidsOf(res.Messages))
 	}
-	if err := holder.Rollback(f.ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatalf("q's insert: %v", err)
-	}
-	if err := q.Commit(f.ctx); err != nil {
-		t.Fatal(err)
-	}
+	f.release(holder, q, done)
 	if got := f.drain(topic); !slices.Equal(got, []string{"m0", "q1"}) {
 		t.Fatalf("after q's commit: %v, want [m0 q1]", got)
 	}
