@@ -539,9 +539,9 @@ func newCoalescingSubscriber(t *testing.T, pool *pgxpool.Pool, adapter pglease.T
 
 // lockMessagesTable holds a lock on the messages table that makes every
 // INSERT wait, until unlock is called (or the test ends). waiting counts the
-// INSERTs of the Publisher waiting for it (by the registration function
-// their text names: pg_stat_activity keeps only the first 1024 bytes of a
-// statement, and the messages table comes after).
+// INSERTs of the Publisher waiting for it (by the registration their text
+// writes: pg_stat_activity keeps only the first 1024 bytes of a statement,
+// and the messages table comes after).
 func lockMessagesTable(t *testing.T, adapter pglease.Tables) (waiting func() int, unlock func()) {
 	t.Helper()
 	ctx := context.Background()
@@ -554,7 +554,7 @@ func lockMessagesTable(t *testing.T, adapter pglease.Tables) (waiting func() int
 	waiting = func() int {
 		var n int
 		require.NoError(t, other.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH %_register"(%'`).Scan(&n))
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH %pglease.registered%'`).Scan(&n))
 		return n
 	}
 	unlock = func() { require.NoError(t, lock.Commit(ctx)) }

@@ -39,9 +39,14 @@ func (t *Tables) insertMessages(p InsertMessagesParams, register registering) St
 	hashes := hashesOf(p)
 	if oneTopic(p.Topics) {
 		r, reg := registers(register, ", reg"), ""
-		if register != noRegistration {
+		switch register {
+		case registerPerRow:
 			reg = `, ` + t.registered(register, `SELECT `+t.RegisterFunction()+`($1::text, CASE WHEN p.n = 1 THEN ARRAY[0]
 	ELSE ARRAY(SELECT DISTINCT `+fmt.Sprintf(partitionOf, "p.n")+` FROM unnest($2::text[], $5::int4[]) AS m(uuid, hash)) END) AS ok
+	FROM p`)
+		case registerPerStatement:
+			reg = `, ` + t.registered(register, `SELECT CASE WHEN p.n = 1 THEN `+t.registerOne("$1::text")+`
+	ELSE `+t.RegisterFunction()+`($1::text, ARRAY(SELECT DISTINCT `+fmt.Sprintf(partitionOf, "p.n")+` FROM unnest($2::text[], $5::int4[]) AS m(uuid, hash))) END AS ok
 	FROM p`)
 		}
 		insert := `INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at` + r.column + `)
@@ -160,6 +165,42 @@ func (t *Tables) registered(reg registering, query string) string {
 	return `reg AS (SELECT r.ok, ` + t.NextPositionFunction() + `(r.ok) AS pos
 	FROM (` + query + `
 	OFFSET 0) r)`
+}
+
+// registerOne is the registration of partition 0 of topic (an
+// expression of type text) written out in the statement: what
+// <messages>_register(topic, ARRAY[0]) does (migration 20's
+// 0020_register.plpgsql), without the function call, which cost a
+// one-message insert about a quarter of its server time (a PL/pgSQL call
+// with a SET clause, whose expressions are prepared again in every
+// transaction; benchmarks/positions.md). Only topics of one partition,
+// the common case, take it; the function stays the one registration of
+// several partitions and of the position trigger.
+//
+// The steps are the function's, in its order, each a branch of one CASE
+// (which evaluates its conditions in order and stops at the first true):
+// nothing when this transaction registered the key before (its mark in
+// the setting pglease.registered); else v, the last value the sequence
+// handed out, read by a query (an InitPlan, run when the branch needs
+// it) and locked shared under the tag 0x70 in the top byte; then the
+// key of the topic's partition, shared; then the mark. The locks return
+// void, never NULL, so each branch goes on to the next. The sequence is
+// named as the statement names the messages table: an unqualified name
+// follows the session's search_path like the insert's target (a
+// session's temporary sequence of that name gives a lower or higher v,
+// which holds back or passes only that session's own messages, as
+// writing NULL without registering could before).
+func (t *Tables) registerOne(topic string) string {
+	root := quoteLiteral(t.Messages) + `::pg_catalog.regclass::pg_catalog.oid`
+	key := `pg_catalog.hashtext(` + topic + ` || ':0')`
+	mark := root + `::text || ':' || ` + key + `::text || ','`
+	return `CASE WHEN pg_catalog.strpos(COALESCE(pg_catalog.current_setting('pglease.registered', true), ''), ',' || ` + mark + `) > 0 THEN true
+		WHEN pg_catalog.pg_advisory_xact_lock_shared(8070450532247928832 | (SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END
+			FROM ` + t.PositionSequence() + ` s)) IS NULL THEN NULL
+		WHEN pg_catalog.pg_advisory_xact_lock_shared((` + root + `::bigint - CASE WHEN ` + root + `::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::integer,
+			` + key + `) IS NULL THEN NULL
+		ELSE pg_catalog.set_config('pglease.registered',
+			COALESCE(NULLIF(pg_catalog.current_setting('pglease.registered', true), ''), ',') || ` + mark + `, true) IS NOT NULL END`
 }
 
 // registerTopics is the sub-statement reg of an insert of several topics:

@@ -219,14 +219,24 @@ func (f *fixture) async(run func(ctx context.Context) error) <-chan error {
 
 // publishAsync publishes uuids to topic in tx from a goroutine (async).
 func (f *fixture) publishAsync(tx pgx.Tx, topic string, uuids ...string) <-chan error {
-	p := pgsql.InsertMessagesParams{NotifyChannel: f.Tables.NotifyChannel}
-	for _, id := range uuids {
-		p.Topics = append(p.Topics, topic)
-		p.UUIDs = append(p.UUIDs, id)
-		p.Payloads = append(p.Payloads, []byte(id))
-		p.Metadata = append(p.Metadata, "")
-	}
+	p := f.insertParams(topic, uuids)
 	return f.async(func(ctx context.Context) error { return f.Driver.InsertMessages(ctx, tx, p) })
+}
+
+// partitioned gives topic n partitions (above 1), every message f
+// publishes to it placed in partition 0 (hash 0), where the cases read.
+func (f *fixture) partitioned(topic string, n int) {
+	f.t.Helper()
+	if n <= 1 {
+		return
+	}
+	if _, err := f.Driver.UpsertTopic(f.ctx, f.Pool, pgsql.TopicParams{Topic: topic, Partitions: n}); err != nil {
+		f.t.Fatalf("topic %s of %d partitions: %v", topic, n, err)
+	}
+	if f.inZero == nil {
+		f.inZero = map[string]bool{}
+	}
+	f.inZero[topic] = true
 }
 
 // testUnrelatedWriterHoldsNothing: a writing transaction that published
@@ -309,9 +319,11 @@ func (f *fixture) release(holder, q pgx.Tx, done <-chan error) {
 
 // insertWaiting matches the text of pglease's insert statement on a
 // single node in pg_stat_activity, which keeps only its first 1024 bytes
-// (track_activity_query_size): the statement names the registration
-// function in them, the messages table only after.
-const insertWaiting = `WITH %_register"(%`
+// (track_activity_query_size): the statement registers in them (the
+// setting pglease.registered, written out for a topic of one partition,
+// else the registration function's name), and names the messages table
+// only after.
+const insertWaiting = `WITH %pglease.registered%`
 
 // testPublisherBetweenReadingVAndLocks: a publisher that read v but holds
 // no lock yet is not among the holders; the bound a reader computes then
@@ -319,8 +331,21 @@ const insertWaiting = `WITH %_register"(%`
 // after its locks). The publisher is held there by an exclusive lock on
 // the tagged key of v, which the case takes first.
 func testPublisherBetweenReadingVAndLocks(t *testing.T, f *fixture) {
+	publisherBetweenReadingVAndLocks(t, f, "between-v-and-locks", 1)
+}
+
+// testPartitionedPublisherBetweenReadingVAndLocks is
+// testPublisherBetweenReadingVAndLocks on a topic of two partitions
+// (every message in partition 0): pglease's statement registers there by
+// the registration function, not by the steps it writes out for a topic
+// of one partition.
+func testPartitionedPublisherBetweenReadingVAndLocks(t *testing.T, f *fixture) {
+	publisherBetweenReadingVAndLocks(t, f, "between-v-and-locks-partitioned", 2)
+}
+
+func publisherBetweenReadingVAndLocks(t *testing.T, f *fixture, topic string, partitions int) {
 	f.positionsOnly()
-	const topic = "between-v-and-locks"
+	f.partitioned(topic, partitions)
 	n := f.node(topic)
 	f.publish(f.Pool, topic, "m0")
 	holder := n.begin()
@@ -417,8 +442,19 @@ func testPositionTakenBeforeRegistration(t *testing.T, f *fixture) {
 // The publisher is held before nextval by an open ALTER SEQUENCE of the
 // case (which holds every nextval, so the bound is v + 1 for any topic).
 func testPublisherBetweenLocksAndPosition(t *testing.T, f *fixture) {
+	publisherBetweenLocksAndPosition(t, f, "between-locks-and-nextval", 1)
+}
+
+// testPartitionedPublisherBetweenLocksAndPosition is
+// testPublisherBetweenLocksAndPosition on a topic of two partitions (see
+// testPartitionedPublisherBetweenReadingVAndLocks).
+func testPartitionedPublisherBetweenLocksAndPosition(t *testing.T, f *fixture) {
+	publisherBetweenLocksAndPosition(t, f, "between-locks-and-nextval-partitioned", 2)
+}
+
+func publisherBetweenLocksAndPosition(t *testing.T, f *fixture, topic string, partitions int) {
 	f.positionsOnly()
-	const topic = "between-locks-and-nextval"
+	f.partitioned(topic, partitions)
 	n := f.node(topic)
 	f.publish(f.Pool, topic, "m0")
 	holder := n.begin()

@@ -85,6 +85,8 @@ func cases() []testCase {
 		{"PublisherBetweenReadingVAndLocks", testPublisherBetweenReadingVAndLocks},
 		{"PositionTakenBeforeRegistration", testPositionTakenBeforeRegistration},
 		{"PublisherBetweenLocksAndPosition", testPublisherBetweenLocksAndPosition},
+		{"PartitionedPublisherBetweenReadingVAndLocks", testPartitionedPublisherBetweenReadingVAndLocks},
+		{"PartitionedPublisherBetweenLocksAndPosition", testPartitionedPublisherBetweenLocksAndPosition},
 		{"ReaderBetweenItsStatements", testReaderBetweenItsStatements},
 		{"ManyTopicsInOneTransaction", testManyTopicsInOneTransaction},
 		{"PublishWaitPublishAgain", testPublishWaitPublishAgain},
@@ -173,6 +175,8 @@ type fixture struct {
 	t    *testing.T
 	ctx  context.Context
 	here string // the identity of the server (the coordinator on Citus)
+	// inZero holds the topics of f.partitioned.
+	inZero map[string]bool
 }
 
 // session creates a live session of group (TTL one hour).
@@ -317,16 +321,27 @@ func (f *fixture) sessionExists(id uuid.UUID) bool {
 // in one statement.
 func (f *fixture) publish(q pgsql.Querier, topic string, uuids ...string) {
 	f.t.Helper()
+	p := f.insertParams(topic, uuids)
+	if err := f.Driver.InsertMessages(f.ctx, q, p); err != nil {
+		f.t.Fatalf("insert messages: %v", err)
+	}
+}
+
+// insertParams are the parameters of an insert of messages uuids to
+// topic, each its UUID as payload; to a topic of f.partitioned, placed in
+// partition 0.
+func (f *fixture) insertParams(topic string, uuids []string) pgsql.InsertMessagesParams {
 	p := pgsql.InsertMessagesParams{NotifyChannel: f.Tables.NotifyChannel}
 	for _, id := range uuids {
 		p.Topics = append(p.Topics, topic)
 		p.UUIDs = append(p.UUIDs, id)
 		p.Payloads = append(p.Payloads, []byte(id))
 		p.Metadata = append(p.Metadata, "")
+		if f.inZero[topic] {
+			p.PartitionHashes = append(p.PartitionHashes, 0)
+		}
 	}
-	if err := f.Driver.InsertMessages(f.ctx, q, p); err != nil {
-		f.t.Fatalf("insert messages: %v", err)
-	}
+	return p
 }
 
 // selectParams reads topic's partition after a position, as a consumer
