@@ -385,13 +385,48 @@ func (t *Tables) SelectMessages(p SelectMessagesParams) Stmt {
 // singleNode.selectBelowNewBound): the first computes the partition's bound,
 // returns it and sets it, local to the transaction, in pglease.read_bound;
 // the second is SelectMessages reading below that setting.
+//
+// The bound's statement takes the bound function's fast path itself (see
+// fastBound) and calls the function only when that does not give the
+// bound.
 func (t *Tables) SelectMessagesBound(p SelectMessagesParams) (bound, read Stmt) {
 	bound = Stmt{SQL: `SELECT x.b, pg_catalog.set_config('pglease.read_bound', x.b::text, true)
-FROM (SELECT b.bounds[1] AS b FROM ` + t.PositionBoundFunction() + `(ARRAY[$1::text], ARRAY[$2::integer]) b) x`,
+FROM (SELECT COALESCE(` + t.fastBound(`$1::text`, `$2::integer`, `n.next`) + `,
+		(SELECT b.bounds[1] FROM ` + t.PositionBoundFunction() + `(ARRAY[$1::text], ARRAY[$2::integer]) b)) AS b
+	FROM (SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END AS next FROM ` + t.PositionSequence() + ` s
+	OFFSET 0) n) x`,
 		Args: []any{p.Topic, p.Partition}}
 	read = t.selectMessages(hereIs(7), selectMessagesArgs(p), `pg_catalog.current_setting('pglease.read_bound')::xid8`,
 		t.positionCounter())
 	return bound, read
+}
+
+// fastBound is the bound function's fast path for one partition
+// (migration 17, 0017_position_bound.plpgsql), written out in the
+// statement: an expression that is next (the value just above the last
+// one the sequence handed out, read before it) when no transaction holds
+// the key of the topic's partition, else NULL, and NULL wherever the
+// function would not take its fast path: a transaction not at READ
+// COMMITTED (the function then refuses it) or one that registered the
+// key itself (its own lock would not conflict). Whether a transaction
+// holds the key: an instant's exclusive session lock on it, released at
+// once, succeeds only if none does. Measured, the function's call (a
+// PL/pgSQL call with a SET clause) cost a read more server time than the
+// read itself (benchmarks/positions.md); the function stays the bound of
+// a held key, which reads pg_locks, and of several partitions.
+//
+// One CASE, so that the steps run in the function's order and stop at
+// the first that decides; next must be read before (a column of a
+// sub-select behind OFFSET 0, as the statement does).
+func (t *Tables) fastBound(topic, partition, next string) string {
+	root := quoteLiteral(t.Messages) + `::pg_catalog.regclass::pg_catalog.oid`
+	key := `pg_catalog.hashtext(` + topic + ` || ':' || ` + partition + `::text)`
+	rootKey := `(` + root + `::bigint - CASE WHEN ` + root + `::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::integer`
+	return `CASE WHEN pg_catalog.current_setting('transaction_isolation') <> 'read committed'
+		OR pg_catalog.strpos(COALESCE(pg_catalog.current_setting('pglease.registered', true), ''),
+			',' || ` + root + `::text || ':' || ` + key + `::text || ',') > 0 THEN NULL
+		WHEN pg_catalog.pg_try_advisory_lock(` + rootKey + `, ` + key + `)
+			THEN CASE WHEN pg_catalog.pg_advisory_unlock(` + rootKey + `, ` + key + `) THEN ` + next + ` END END`
 }
 
 // selectMessagesArgs are the arguments of [Tables.SelectMessages]: $1 to

@@ -143,12 +143,28 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
 	return pids
 }
 
-// bound is the position bound of topic's partition 0, computed now.
+// bound is the position bound of topic's partition 0, computed now. On a
+// single node it is computed twice, and the two must agree: first by the
+// statement a consumer's read sends (SelectMessagesBound's, which takes
+// the fast path itself when the key is free), then by the bound function
+// (Driver.PositionBounds), so that every case holds both to its
+// interleaving.
 func (f *fixture) bound(topic string) uint64 {
 	f.t.Helper()
+	var read int64 = -1
+	if !f.Citus {
+		s, _ := f.Tables.SelectMessagesBound(f.selectParams(topic, 0, pgsql.Position{}))
+		var set string
+		if err := f.Pool.QueryRow(f.ctx, s.SQL, s.Args...).Scan(&read, &set); err != nil {
+			f.t.Fatalf("the read's bound of %s: %v", topic, err)
+		}
+	}
 	b, err := f.Driver.PositionBounds(f.ctx, f.Pool, []string{topic}, []int32{0})
 	if err != nil || len(b) != 1 {
 		f.t.Fatalf("position bound of %s: %v, %v", topic, b, err)
+	}
+	if read >= 0 && uint64(read) != b[0] {
+		f.t.Fatalf("position bound of %s: %d by the read's statement, %d by the function", topic, read, b[0])
 	}
 	return b[0]
 }
