@@ -119,6 +119,10 @@ type Publisher struct {
 	db     DB
 	config PublisherConfig
 	logger watermill.LoggerAdapter
+	// traces is false when logger is watermill's NopLogger: the trace line
+	// of every Publish call then builds no fields (a map per call, a tenth
+	// of the client's CPU in the 64-goroutine benchmark).
+	traces bool
 	// driver runs the statements on config's tables.
 	driver *pgsql.Lazy
 	// serial is held around every statement when db is not a pool.
@@ -149,7 +153,8 @@ func NewPublisher(db DB, config PublisherConfig, logger watermill.LoggerAdapter)
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	p := &Publisher{db: db, config: config, logger: logger, closeDone: make(chan struct{}),
+	_, nop := logger.(watermill.NopLogger)
+	p := &Publisher{db: db, config: config, logger: logger, traces: !nop, closeDone: make(chan struct{}),
 		driver: pgsql.NewLazy(config.tableNames().tables())}
 	if pool, ok := db.(*pgxpool.Pool); ok {
 		p.group = engine.NewGroupCommitter(pool, p.driver, logger)
@@ -223,7 +228,9 @@ func (p *Publisher) PublishWithResult(topic string, msgs ...*message.Message) (P
 	if len(skipped) > 0 {
 		p.logger.Debug("Messages already stored left out", watermill.LogFields{"topic": topic, "count": len(skipped)})
 	}
-	p.logger.Trace("Messages published", watermill.LogFields{"topic": topic, "count": len(msgs) - len(skipped)})
+	if p.traces {
+		p.logger.Trace("Messages published", watermill.LogFields{"topic": topic, "count": len(msgs) - len(skipped)})
+	}
 	return PublishResult{AlreadyStored: skipped}, nil
 }
 
@@ -316,6 +323,9 @@ func buildInsertParams(topic string, msgs []*message.Message, config PublisherCo
 			}
 		}
 		if params.PartitionHashes != nil {
+			if !keyed {
+				h = engine.KeyHash(msg.UUID) // among keyed messages: placed by its UUID here
+			}
 			params.PartitionHashes[i] = h
 		}
 		if k := idempotencyKey(config.IdempotencyKey, topic, msg); k != "" {

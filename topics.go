@@ -157,8 +157,11 @@ func PartitionOf(key string, partitions int) int {
 
 // partitionHash returns the hash that places msg and whether it has a key:
 // the hash of its partition key, from keyFunc when set, else from the
-// PartitionKeyMetadata metadata; a message without a key (empty) is placed
-// by the hash of its UUID, which spreads such messages over the partitions.
+// PartitionKeyMetadata metadata. A message without a key (empty) is placed
+// by the hash of its UUID, which spreads such messages over the partitions:
+// the server computes it (hashtext) when no message of the statement has a
+// key, and the caller (engine.KeyHash of the UUID) only when one has, so
+// that it is not computed here for nothing (0 is returned then).
 func partitionHash(keyFunc func(string, *message.Message) (string, error), topic string, msg *message.Message) (uint32, bool, error) {
 	var key string
 	if keyFunc != nil {
@@ -171,7 +174,7 @@ func partitionHash(keyFunc func(string, *message.Message) (string, error), topic
 		key = msg.Metadata.Get(PartitionKeyMetadata)
 	}
 	if key == "" {
-		return engine.KeyHash(msg.UUID), false, nil
+		return 0, false, nil
 	}
 	return engine.KeyHash(key), true, nil
 }

@@ -90,11 +90,20 @@ func (g *GroupCommitter) insertMany(ctx context.Context, groupCalls []groupCall)
 	for i, c := range groupCalls {
 		calls[i] = c.params
 	}
-	combined := pgsql.InsertMessagesParams{NotifyChannel: calls[0].NotifyChannel}
-	keyed, withKeys := false, false
+	keyed, withKeys, n := false, false, 0
 	for _, p := range calls {
 		keyed = keyed || p.PartitionHashes != nil
 		withKeys = withKeys || p.Keys != nil
+		n += len(p.UUIDs)
+	}
+	// Sized once: the calls' messages are appended, not grown into.
+	combined := pgsql.InsertMessagesParams{NotifyChannel: calls[0].NotifyChannel, Topics: make([]string, 0, n),
+		UUIDs: make([]string, 0, n), Payloads: make([][]byte, 0, n), Metadata: make([]string, 0, n)}
+	if keyed {
+		combined.PartitionHashes = make([]uint32, 0, n)
+	}
+	if withKeys {
+		combined.Keys = make([]string, 0, n)
 	}
 	for _, p := range calls {
 		if withKeys { // "": no idempotency key
