@@ -3,8 +3,10 @@ package pglease_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -245,6 +247,19 @@ func (s moveStats) String() string {
 		s.p50.Round(time.Millisecond), s.p99.Round(time.Millisecond), s.max.Round(time.Millisecond), s.n)
 }
 
+// firstAfter is how long after at the first message published after at
+// was delivered on topic (0: none yet).
+func (mt *moveTraffic) firstAfter(topic string, at time.Time) time.Duration {
+	mt.mu.Lock()
+	defer mt.mu.Unlock()
+	for _, d := range mt.first[topic] {
+		if !d.published.Before(at) {
+			return d.received.Sub(at)
+		}
+	}
+	return 0
+}
+
 // stats measures topic's deliveries received in [from, to].
 func (mt *moveTraffic) stats(topic string, from, to time.Time) moveStats {
 	mt.mu.Lock()
@@ -323,6 +338,32 @@ func TestCitusPlannedShardMove(t *testing.T) {
 		}
 	}
 
+	// PGLEASE_TEST_MOVE_ROWS messages (0 by default) of a topic of the
+	// moved shard that nobody consumes make the shard larger (the
+	// figures of docs/scaling.md).
+	if n, _ := strconv.Atoi(os.Getenv("PGLEASE_TEST_MOVE_ROWS")); n > 0 {
+		ballast := ""
+		for _, other := range numberedTopics("ballast", 0, 200) {
+			if where(other).shard == src.shard {
+				ballast = other
+				break
+			}
+		}
+		require.NotEmpty(t, ballast, "a topic of the moved shard")
+		pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
+		require.NoError(t, err)
+		payload := make([]byte, 100)
+		for i := 0; i < n; i += 1000 {
+			msgs := make([]*message.Message, 0, 1000)
+			for range min(1000, n-i) {
+				msgs = append(msgs, message.NewMessage(watermill.NewUUID(), payload))
+			}
+			require.NoError(t, pub.Publish(ballast, msgs...))
+		}
+		require.NoError(t, pub.Close())
+		t.Logf("%d messages of %s in the moved shard", n, ballast)
+	}
+
 	logs := newLogRecorder()
 	mt := startMoveTraffic(t, ctx, pool, adapter, topics, logs)
 	for _, tp := range topics {
@@ -371,7 +412,8 @@ func TestCitusPlannedShardMove(t *testing.T) {
 			if tp == topic {
 				what = "moved"
 			}
-			t.Logf("  %-8s %-9s (on :%d): during %s; before %s", tp, what, where(tp).port, mt.stats(tp, start, resumed),
+			t.Logf("  %-8s %-9s (on :%d): during %s; first published after the move delivered %s after it; before %s",
+				tp, what, where(tp).port, mt.stats(tp, start, resumed), mt.firstAfter(tp, moved).Round(time.Millisecond),
 				mt.stats(tp, steady, start))
 		}
 		steady = time.Now()
