@@ -419,6 +419,11 @@ func TestCitusPlannedShardMove(t *testing.T) {
 		steady = time.Now()
 		waitFor(t, 30*time.Second, "steady deliveries", func() bool { return time.Since(steady) > time.Second })
 	}
+	t.Cleanup(func() {
+		// The sources' placements, dropped now rather than later by
+		// Citus's background cleaner, while the next test starts.
+		_, _ = pool.Exec(context.Background(), `CALL pg_catalog.citus_cleanup_orphaned_resources()`)
+	})
 	dst := placement{shard: src.shard, host: src.host, port: dstPort}
 	move(src, dst)
 	move(dst, src)

@@ -159,6 +159,11 @@ func TestCitusShardMoveToldFromGoingBack(t *testing.T) {
 		}
 	}
 	moveTo(src, dst, true)
+	t.Cleanup(func() {
+		// The source's placement, dropped now rather than later by
+		// Citus's background cleaner, while the next test starts.
+		_, _ = pool.Exec(context.Background(), `CALL pg_catalog.citus_cleanup_orphaned_resources()`)
+	})
 	readAt := SelectMessagesAtParams{Topic: topic, Positions: []Position{owned.Position}, Here: mark.Here, WorkerHere: claimed.WorkerHere}
 	checks := []struct {
 		what string
