@@ -27,11 +27,15 @@ above the source worker's, and not at all when it is there already
 positions come from the sequence of the topic's worker, and on a target whose
 sequence is lower the messages published after the move would sort below the
 consumer groups' positions and be skipped. The margin must exceed the
-positions the source hands out while the move runs. Subscribers of the moved topics
-resynchronise (they find another worker) and may deliver the message they had
-acknowledged and not committed again. Move shards one at a time with it rather
-than with citus_rebalance_start. --dry-run prints the SQL and moves nothing.
-See docs/scaling.md.`,
+positions the source hands out while the move runs. Publishers of every topic
+wait while the move runs (it blocks the shard's writes; the publish statement
+reads the topics reference table). Subscribers of the moved topics find them
+on another worker, log the move once at Info ("Shard of topic ... moved from
+worker ... to worker ..."), claim their topics again from the committed
+positions and may deliver again the message they had acknowledged and not
+committed. Move shards one at a time with it rather than with
+citus_rebalance_start. --dry-run prints the SQL and moves nothing. See
+docs/scaling.md, "Moving shards".`,
 	new: func() subcommand { return &moveShardCmd{} },
 }
 

@@ -122,7 +122,7 @@ func (c *claim) wentBack(err error, what string) error {
 	if !errors.Is(err, pgsql.ErrWentBack) {
 		return err
 	}
-	c.g.elsewhere(fmt.Sprintf("%s %q partition %d", what, c.topic, c.partition))
+	c.g.elsewhereFor(fmt.Sprintf("%s %q partition %d", what, c.topic, c.partition), err)
 	return fmt.Errorf("%s %q (epoch %d): %w", what, c.topic, c.epoch, ErrDatabaseWentBack)
 }
 

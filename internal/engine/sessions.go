@@ -49,9 +49,16 @@ type sessionGen struct {
 // elsewhere drops g after a statement decided under it found the database
 // elsewhere than where g was made, or a position held in memory ahead of
 // its transaction counter (pgsql.ErrWentBack); what names the statement.
-func (g *sessionGen) elsewhere(what string) {
+func (g *sessionGen) elsewhere(what string) { g.elsewhereFor(what, nil) }
+
+// elsewhereFor is elsewhere with the statement's error: a planned move
+// of a topic's shard on Citus (a pgsql.ShardMovedError in err) is logged
+// as that, once, instead of as the database going back.
+func (g *sessionGen) elsewhereFor(what string, err error) {
 	if g.keeper != nil {
-		g.keeper.elsewhere(g, what)
+		var moved *pgsql.ShardMovedError
+		errors.As(err, &moved)
+		g.keeper.elsewhere(g, what, moved)
 	} else {
 		g.markLost()
 	}
@@ -146,7 +153,10 @@ type sessionKeeper struct {
 	// database elsewhere (see elsewhere), until the next session is
 	// made; kick wakes the heartbeat loop to make it at once.
 	detectedBy string
-	kick       chan struct{}
+	// detectedMove is the planned shard move (Citus) that the statement
+	// of detectedBy found, if that is what it found.
+	detectedMove *pgsql.ShardMovedError
+	kick         chan struct{}
 }
 
 // sessionHooks are what a sessionKeeper calls besides its statements.
@@ -571,14 +581,14 @@ func (k *sessionKeeper) backInTime(g *sessionGen, mark clusterMark) bool {
 // elsewhere drops g (see sessionGen.elsewhere) and has the heartbeat loop
 // make a new session at once, which logs the resynchronisation with what
 // the database then is.
-func (k *sessionKeeper) elsewhere(g *sessionGen, what string) {
+func (k *sessionKeeper) elsewhere(g *sessionGen, what string, moved *pgsql.ShardMovedError) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if !k.loseLocked(g) {
 		return // already dropped: by another statement, or the heartbeat
 	}
 	k.stats.resyncs.Add(1)
-	k.detectedBy = what
+	k.detectedBy, k.detectedMove = what, moved
 	select {
 	case k.kick <- struct{}{}:
 	default:
@@ -590,10 +600,12 @@ func (k *sessionKeeper) elsewhere(g *sessionGen, what string) {
 // generation's database elsewhere (elsewhere), or when the database went
 // back while no session was open. k.mu must be held.
 func (k *sessionKeeper) resynced(mark clusterMark) {
-	prev, by := k.mark, k.detectedBy
-	k.mark, k.detectedBy = mark, ""
+	prev, by, moved := k.mark, k.detectedBy, k.detectedMove
+	k.mark, k.detectedBy, k.detectedMove = mark, "", nil
 	why, restarted := wentBack(prev, mark)
 	switch {
+	case by != "" && why == "" && moved != nil:
+		k.logMove(moved, by, k.prevID)
 	case by != "":
 		if why == "" {
 			why = "a statement found the database elsewhere than where the session was made, or a position " +
@@ -630,6 +642,26 @@ func (k *sessionKeeper) logResync(prev, cur clusterMark, why string, restarted b
 	k.logger.Error("The database went back in time (a failover to a standby that lagged, or a restore): "+
 		"dropping the positions held in memory and claiming every topic again from the positions committed in the "+
 		"database; messages acknowledged since are delivered again", ErrDatabaseWentBack, fields)
+}
+
+// logMove logs, at Info, that a statement found a topic's shard moved to
+// another worker by a planned move (Citus: citus_move_shard_placement,
+// pglease move-shard or rebalance), which the Subscriber handles as the
+// database going back, without loss: the positions held in memory are
+// dropped and every row claimed again from the positions committed (which
+// moved with the shard). One line per move found: the statements of the
+// generation that find it after the first do not log.
+func (k *sessionKeeper) logMove(moved *pgsql.ShardMovedError, by string, session uuid.UUID) {
+	k.logger.Info(fmt.Sprintf("Shard of topic %q moved from worker %s to worker %s (a planned shard move): claiming "+
+		"the topics again from the positions committed in the database; messages acknowledged and not committed yet "+
+		"are delivered again", moved.Topic, moved.From, moved.To), watermill.LogFields{
+		"topic":       moved.Topic,
+		"shard":       moved.Shard,
+		"from_worker": moved.From,
+		"to_worker":   moved.To,
+		"detected_by": by,
+		"session_id":  session.String(),
+	})
 }
 
 // deleteExpired removes session rows of others that expired more than a

@@ -253,6 +253,7 @@ func (d citus) ClaimOffsets(ctx context.Context, q Querier, p OffsetsParams) ([]
 			out = append(out, r.row)
 		}
 	}
+	d.withPlacementGroups(ctx, q, out)
 	return out, nil
 }
 
@@ -373,13 +374,24 @@ type batcher interface {
 // citusOnHistory reads the counter and identity of p.Topic's worker and
 // reports whether p.Position lies below the counter and the worker is
 // the one that held the row when it was claimed (p.WorkerHere, when
-// set): the fenced statements' check on Citus (see onHistory).
+// set): the fenced statements' check on Citus (see onHistory). When it
+// does not hold and p.WorkerHere is set, it returns the error to report
+// instead (citusWentBack: ErrWentBack, or a ShardMovedError).
 func (d citus) citusOnHistory(ctx context.Context, q Querier, p OffsetParams) (bool, error) {
 	s, err := d.citusWorkerSnapshot(ctx, q, p.ConsumerGroup, p.Topic)
 	if err != nil {
 		return false, err
 	}
-	return p.Position.TransactionID < s.counter && (p.WorkerHere == "" || s.here == p.WorkerHere), nil
+	here, _ := splitWorkerHere(p.WorkerHere)
+	if p.Position.TransactionID < s.counter && (p.WorkerHere == "" || s.here == here) {
+		return true, nil
+	}
+	if p.WorkerHere == "" {
+		return false, nil
+	}
+	// A planned move of the topic's shard is reported as such
+	// (ShardMovedError), a worker that went back as ErrWentBack.
+	return false, d.citusWentBack(ctx, q, p.Topic, p.WorkerHere, p.Position)
 }
 
 // citusKeyed is the condition of the fenced updates on Citus: the row,
@@ -464,7 +476,8 @@ FOR UPDATE`, p.ConsumerGroup, p.Topic, p.Partition, AboveEntry(p.Position)).
 	if err != nil {
 		return AckRow{}, err
 	}
-	r.OnHistory = p.Position.TransactionID < uint64(counter) && (p.WorkerHere == "" || workerHere == p.WorkerHere)
+	claimedHere, _ := splitWorkerHere(p.WorkerHere)
+	r.OnHistory = p.Position.TransactionID < uint64(counter) && (p.WorkerHere == "" || workerHere == claimedHere)
 	if !r.OnHistory || r.SessionID == nil || *r.SessionID != p.SessionID || r.Epoch != p.Epoch || r.Recorded ||
 		!positionBefore(r.Acked, p.Position) {
 		return r, nil

@@ -43,8 +43,9 @@ func (d citus) UpsertTopic(ctx context.Context, q Querier, p TopicParams) (Upser
 func (d citus) selectMessagesStmt(p SelectMessagesParams) Stmt {
 	onHere, args := citusHereIs(7), append(selectMessagesArgs(p), formatXID8(p.Bound))
 	if p.WorkerHere != "" {
+		here, _ := splitWorkerHere(p.WorkerHere)
 		onHere = `(` + citusHereIs(7) + ` AND ` + hereIs(9) + `)`
-		args = append(args, p.WorkerHere)
+		args = append(args, here)
 	}
 	return d.t.selectMessages(onHere, args, `$8::text::xid8`, d.workerCounter())
 }
@@ -170,6 +171,13 @@ func (d citus) SelectMessages(ctx context.Context, q Querier, p SelectMessagesPa
 	if err == nil && !res.WentBack {
 		res.Bound = p.Bound
 	}
+	if err == nil && res.WentBack && p.WorkerHere != "" {
+		// A planned move of the topic's shard says so.
+		var moved *ShardMovedError
+		if err := d.citusWentBack(ctx, q, p.Topic, p.WorkerHere, p.After); errors.As(err, &moved) {
+			return SelectResult{}, err
+		}
+	}
 	return res, err
 }
 
@@ -180,15 +188,30 @@ func (d citus) SelectMessages(ctx context.Context, q Querier, p SelectMessagesPa
 func (d citus) selectMessagesAtStmt(p SelectMessagesAtParams) Stmt {
 	onHere, args := citusHereIs(5), selectMessagesAtArgs(p)
 	if p.WorkerHere != "" {
+		here, _ := splitWorkerHere(p.WorkerHere)
 		onHere = `(` + citusHereIs(5) + ` AND ` + hereIs(7) + `)`
-		args = append(args, p.WorkerHere)
+		args = append(args, here)
 	}
 	return d.t.selectMessagesAt(onHere, args, d.workerCounter())
 }
 
 // SelectMessagesAt implements Driver.
 func (d citus) SelectMessagesAt(ctx context.Context, q Querier, p SelectMessagesAtParams) (SelectResult, error) {
-	return selectMessagesAt(ctx, q, d.selectMessagesAtStmt(p), p.Positions)
+	res, err := selectMessagesAt(ctx, q, d.selectMessagesAtStmt(p), p.Positions)
+	if err == nil && res.WentBack && p.WorkerHere != "" {
+		// A planned move of the topic's shard says so.
+		var last Position
+		for _, pos := range p.Positions {
+			if positionBefore(last, pos) {
+				last = pos
+			}
+		}
+		var moved *ShardMovedError
+		if err := d.citusWentBack(ctx, q, p.Topic, p.WorkerHere, last); errors.As(err, &moved) {
+			return SelectResult{}, err
+		}
+	}
+	return res, err
 }
 
 // The statements of the sessions and of the delayed messages' move: the
