@@ -49,14 +49,22 @@ import (
 //     each topic in publish order; a message comes again only if it was
 //     delivered before the failover.
 //
-// Both: the topics of the other worker are delivered while the failing
-// worker is down, and the Subscribers find the failover (the worker's
-// identity, read when its topics were claimed, changed) and claim again
-// from the positions the database holds (SubscriberStats.Resyncs, and
-// ErrDatabaseWentBack logged naming a topic of that worker).
+// In both, the topics of the other worker are published and delivered
+// while the failing worker is down, and the Subscribers find the failover
+// (the worker's identity, read when its topics were claimed, changed) and
+// claim again from the positions the database holds
+// (SubscriberStats.Resyncs, and ErrDatabaseWentBack logged naming a topic
+// of that worker).
+//
+//   - outage longer than SessionTTL: synchronous, the worker down until
+//     both Subscribers have lost their sessions (a heartbeat writes a
+//     reference table, on every node: it fails while a worker is down);
+//     the other worker's topics are published meanwhile. After the
+//     failover, the synchronous case's guarantee.
 func TestCitusWorkerFailover(t *testing.T) {
-	t.Run("synchronous", func(t *testing.T) { testCitusWorkerFailover(t, false) })
-	t.Run("lagging", func(t *testing.T) { testCitusWorkerFailover(t, true) })
+	t.Run("synchronous", func(t *testing.T) { testCitusWorkerFailover(t, false, false) })
+	t.Run("lagging", func(t *testing.T) { testCitusWorkerFailover(t, true, false) })
+	t.Run("outage longer than SessionTTL", func(t *testing.T) { testCitusWorkerFailover(t, false, true) })
 }
 
 // failoverTopic is one topic of TestCitusWorkerFailover and what its
@@ -95,7 +103,7 @@ func (f *failoverTopic) uuids(from, to time.Time) []string {
 	return out
 }
 
-func testCitusWorkerFailover(t *testing.T, lagging bool) {
+func testCitusWorkerFailover(t *testing.T, lagging, outlive bool) {
 	const (
 		group        = "g"
 		commitBatch  = 10
@@ -154,8 +162,12 @@ func testCitusWorkerFailover(t *testing.T, lagging bool) {
 	defer stopSubs()
 	var subs []*pglease.Subscriber
 	for i := range 2 {
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{Tables: adapter, ConsumerGroup: group,
-			CommitBatch: commitBatch, PollInterval: 100 * time.Millisecond}, logs)
+		cfg := pglease.SubscriberConfig{Tables: adapter, ConsumerGroup: group, CommitBatch: commitBatch,
+			PollInterval: 100 * time.Millisecond}
+		if outlive {
+			cfg.SessionTTL = 2 * time.Second
+		}
+		sub, err := pglease.NewSubscriber(pool, cfg, logs)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = sub.Close() })
 		for _, name := range names {
@@ -170,13 +182,15 @@ func testCitusWorkerFailover(t *testing.T, lagging bool) {
 	// other, each until a call returns nil (a call that fails may have
 	// stored it).
 	var (
-		stop atomic.Bool
-		pubs sync.WaitGroup
+		stop       atomic.Bool
+		pubs       sync.WaitGroup
+		publishers []*pglease.Publisher
 	)
 	for _, f := range topics {
 		pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, testLogger())
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = pub.Close() })
+		publishers = append(publishers, pub)
 		pubs.Go(func() {
 			for seq := 0; !stop.Load(); seq++ {
 				msg := message.NewMessage(fmt.Sprintf("%s-%05d", f.name, seq), nil)
@@ -266,9 +280,10 @@ func testCitusWorkerFailover(t *testing.T, lagging bool) {
 		// The standby has everything published so far, then lags: what
 		// is published, delivered and committed from here on is lost
 		// with the worker.
+		// (A Publish that returned before lagFrom committed below lsn.)
+		lagFrom = time.Now()
 		lsn, err := worker.CurrentLSN(ctx)
 		require.NoError(t, err)
-		lagFrom = time.Now()
 		require.NoError(t, standby.WaitReplayed(ctx, lsn))
 		require.NoError(t, standby.PauseStreaming(ctx))
 		waitPublished("messages published while the standby lags", failing, counts(), perPhase)
@@ -295,21 +310,42 @@ func testCitusWorkerFailover(t *testing.T, lagging bool) {
 
 	// The worker crashes. The other worker's topics go on: published and
 	// delivered while it is down.
+	// What commits on the worker until every process of it is gone is
+	// published before the failover (and, when the standby lags, lost with
+	// the worker).
 	killedAt := time.Now()
-	got.mu.Lock()
-	killedAtDelivery := len(got.log)
-	got.mu.Unlock()
 	require.NoError(t, worker.Kill())
+	dead := time.Now()
+	got.mu.Lock()
+	deadAtDelivery := len(got.log)
+	got.mu.Unlock()
+	t.Logf("worker killed in %s", dead.Sub(killedAt).Round(time.Millisecond))
 	down := counts()
+	lostBefore := make([]uint64, len(subs))
+	for i, s := range subs {
+		lostBefore[i] = s.Stats().SessionsLost
+	}
 	waitPublished("the other worker's topics published while the worker is down", healthy, down, perPhase)
-	waitDelivered("the other worker's topics while the worker is down", healthy)
+	if outlive {
+		waitFor(t, phaseLimit, "both Subscribers to lose their sessions", func() bool {
+			for i, s := range subs {
+				if s.Stats().SessionsLost == lostBefore[i] {
+					return false
+				}
+			}
+			return true
+		})
+		waitPublished("the other worker's topics published once the sessions are lost", healthy, counts(), perPhase)
+	} else {
+		waitDelivered("the other worker's topics while the worker is down", healthy)
+	}
 	for i, f := range topics {
 		if f.failing {
 			require.LessOrEqual(t, f.count(), down[i]+1, "topic %s published to while its worker is down", f.name)
 		}
 	}
-	t.Logf("worker down for %s: the other worker's topics published and delivered meanwhile",
-		time.Since(killedAt).Round(time.Millisecond))
+	t.Logf("worker down for %s: the other worker's topics published meanwhile (and delivered: %t)",
+		time.Since(killedAt).Round(time.Millisecond), !outlive)
 
 	// The operator's failover: promote the standby, point the coordinator
 	// at it, finish the two-phase commits the worker had prepared.
@@ -351,7 +387,7 @@ func testCitusWorkerFailover(t *testing.T, lagging bool) {
 	for _, f := range topics {
 		during := map[string]bool{}
 		if lagging && f.failing {
-			for _, u := range f.uuids(lagFrom, killedAt) {
+			for _, u := range f.uuids(lagFrom, dead) {
 				during[u] = true
 			}
 		}
@@ -367,7 +403,6 @@ func testCitusWorkerFailover(t *testing.T, lagging bool) {
 			wanted[u] = true
 		}
 	}
-	published := len(want)
 	for _, u := range storedList {
 		if !wanted[u] {
 			want = append(want, u) // stored by a call that failed
@@ -378,8 +413,18 @@ func testCitusWorkerFailover(t *testing.T, lagging bool) {
 		t.Logf("%d messages published while the standby lagged, %d of them lost with the worker", lagged, lost)
 		require.Positive(t, lost, "the standby was to lag: it has every message published after PauseStreaming")
 	}
-	for _, u := range want[:published] {
-		require.True(t, stored[u], "message %s: Publish returned nil, not in the database after the failover", u)
+	for _, f := range topics {
+		f.mu.Lock()
+		for _, m := range f.published {
+			if wanted[m.uuid] && !stored[m.uuid] {
+				t.Errorf("message %s (topic on the failing worker: %t): Publish returned nil %s after the lag began, %s after the kill, "+
+					"not in the database after the failover", m.uuid, f.failing, m.at.Sub(lagFrom), m.at.Sub(killedAt))
+			}
+		}
+		f.mu.Unlock()
+	}
+	if t.Failed() {
+		return
 	}
 	if len(missing) > 0 {
 		t.Errorf("%d of %d messages not delivered, e.g. %s", len(missing), len(want),
@@ -390,7 +435,7 @@ func testCitusWorkerFailover(t *testing.T, lagging bool) {
 	// increasing; when the standby lagged, some are missing); a message
 	// delivered again either right after itself, or within what the
 	// guarantee allows.
-	afterFailover := map[string]bool{} // the UUIDs first delivered after the kill
+	afterFailover := map[string]bool{} // the UUIDs first delivered once the worker was dead
 	got.mu.Lock()
 	var disorder, beyond []string
 	duplicates := 0
@@ -417,7 +462,7 @@ func testCitusWorkerFailover(t *testing.T, lagging bool) {
 				beyond = append(beyond, fmt.Sprintf("%s delivered again %d messages behind the furthest (delivery %d)", d.uuid, again, i))
 			}
 		}
-		if !seen[d.uuid] && i >= killedAtDelivery {
+		if !seen[d.uuid] && i >= deadAtDelivery {
 			afterFailover[d.uuid] = true
 		}
 		seen[d.uuid] = true
@@ -439,7 +484,9 @@ func testCitusWorkerFailover(t *testing.T, lagging bool) {
 			strings.Join(beyond[:min(len(beyond), 10)], "\n"))
 	}
 
-	// The Subscribers found the failover and claimed again.
+	// The Subscribers found the failover and claimed again (after an
+	// outage longer than SessionTTL, with the sessions they made after
+	// theirs expired: nothing of the old worker is left to find).
 	var resyncs uint64
 	for i, s := range subs {
 		st := s.Stats()
@@ -447,7 +494,6 @@ func testCitusWorkerFailover(t *testing.T, lagging bool) {
 		t.Logf("Subscriber %d: %d delivered, %d acked, %d claims (%d takeovers), %d sessions lost, %d resyncs, %d fenced writes",
 			i, st.Delivered, st.Acked, st.Claims, st.Takeovers, st.SessionsLost, st.Resyncs, st.FencedWrites)
 	}
-	require.Positive(t, resyncs, "the Subscribers did not notice the failover")
 	var detected []string
 	for _, e := range logs.Entries() {
 		if errors.Is(e.Err, pglease.ErrDatabaseWentBack) {
@@ -455,7 +501,10 @@ func testCitusWorkerFailover(t *testing.T, lagging bool) {
 			detected = append(detected, by)
 		}
 	}
-	require.NotEmpty(t, detected, "ErrDatabaseWentBack logged")
+	if !outlive {
+		require.Positive(t, resyncs, "the Subscribers did not notice the failover")
+		require.NotEmpty(t, detected, "ErrDatabaseWentBack logged")
+	}
 	t.Logf("detected by: %s", strings.Join(detected, "; "))
 	for _, by := range detected {
 		require.True(t, slices.ContainsFunc(topics, func(f *failoverTopic) bool {
@@ -468,6 +517,10 @@ func testCitusWorkerFailover(t *testing.T, lagging bool) {
 		require.NoError(t, s.Close())
 	}
 	consumers.Wait()
+	for _, p := range publishers {
+		require.NoError(t, p.Close())
+	}
+	assertNoLeakedGoroutines(t)
 	t.Logf("test took %s", time.Since(began).Round(time.Millisecond))
 }
 
