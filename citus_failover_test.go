@@ -178,19 +178,19 @@ func testCitusWorkerFailover(t *testing.T, lagging, outlive bool) {
 		subs = append(subs, sub)
 	}
 
-	// A Publisher per topic publishes its numbered messages one after the
+	// A goroutine per topic publishes its numbered messages one after the
 	// other, each until a call returns nil (a call that fails may have
-	// stored it).
+	// stored it), through one Publisher: its group commit writes calls to
+	// topics of both workers together, and a statement refused while a
+	// worker is down is written again call by call.
 	var (
-		stop       atomic.Bool
-		pubs       sync.WaitGroup
-		publishers []*pglease.Publisher
+		stop atomic.Bool
+		pubs sync.WaitGroup
 	)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, testLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
 	for _, f := range topics {
-		pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, testLogger())
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = pub.Close() })
-		publishers = append(publishers, pub)
 		pubs.Go(func() {
 			for seq := 0; !stop.Load(); seq++ {
 				msg := message.NewMessage(fmt.Sprintf("%s-%05d", f.name, seq), nil)
@@ -517,9 +517,7 @@ func testCitusWorkerFailover(t *testing.T, lagging, outlive bool) {
 		require.NoError(t, s.Close())
 	}
 	consumers.Wait()
-	for _, p := range publishers {
-		require.NoError(t, p.Close())
-	}
+	require.NoError(t, pub.Close())
 	assertNoLeakedGoroutines(t)
 	t.Logf("test took %s", time.Since(began).Round(time.Millisecond))
 }
