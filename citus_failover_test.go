@@ -24,9 +24,10 @@ import (
 )
 
 // TestCitusWorkerFailover fails a worker of a Citus cluster over to a
-// real streaming standby of it while Publishers publish numbered messages
-// to six topics, three whose shard lies on that worker and three on the
-// other, and two Subscribers of a group consume them. The worker is
+// real streaming standby of it while numbered messages are published to
+// six topics through one Publisher, three topics whose shard lies on that
+// worker and three on the other, and two Subscribers of a group consume
+// them. The worker is
 // killed (every process at once, as a machine that loses power), the
 // standby promoted (pg_ctl promote) and the coordinator pointed at it as
 // docs/operations.md says an operator does: citus_update_node, then
@@ -308,11 +309,10 @@ func testCitusWorkerFailover(t *testing.T, lagging, outlive bool) {
 		})
 	}
 
-	// The worker crashes. The other worker's topics go on: published and
-	// delivered while it is down.
-	// What commits on the worker until every process of it is gone is
-	// published before the failover (and, when the standby lags, lost with
-	// the worker).
+	// The worker crashes. What commits on it until every process of it is
+	// gone is published before the failover (and, when the standby lags,
+	// lost with the worker). The other worker's topics go on: published,
+	// and delivered while the sessions last.
 	killedAt := time.Now()
 	require.NoError(t, worker.Kill())
 	dead := time.Now()
