@@ -171,7 +171,7 @@ type Cluster struct {
 // use.
 type Node struct {
 	c        *Cluster
-	name     string // "primary" or "standby"
+	name     string // "primary", "standby", a copy's, or a Citus node's ("worker1", "worker1_standby")
 	dataDir  string
 	logPath  string
 	title    string // cluster_name, in the process titles of its processes
@@ -461,7 +461,9 @@ func (c *Cluster) Close() error {
 	return c.closeErr
 }
 
-// Name returns "primary" or "standby": the node's role at Start.
+// Name returns "primary" or "standby", the node's role at Start; a
+// copy's name ([Node.Copy]); or a Citus node's: "coordinator", "worker1"...,
+// and "worker1_standby" for the standby of worker1 ([Citus.StartStandby]).
 func (n *Node) Name() string { return n.name }
 
 // Port returns the TCP port the server listens on, on 127.0.0.1.
