@@ -36,13 +36,11 @@ func citusSchema(t testing.TB, maxConns int32) (*pgxpool.Pool, pglease.Tables) {
 	}
 	pool := newPool(t, maxConns)
 	adapter := newSchema(t, pool)
+	distribute(t, pool, adapter)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	require.NoError(t, pglease.Migrate(ctx, pool, adapter))
-	_, err := pool.Exec(ctx, pglease.DistributeSQL(adapter))
-	require.NoError(t, err)
 	// Run again: nothing left to do.
-	_, err = pool.Exec(ctx, pglease.DistributeSQL(adapter))
+	_, err := pool.Exec(ctx, pglease.DistributeSQL(adapter))
 	require.NoError(t, err)
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_dist_partition p

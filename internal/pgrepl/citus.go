@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -101,6 +102,15 @@ func StartCitus(ctx context.Context, opts CitusOptions) (_ *Citus, err error) {
 		// The nodes talk in plain TCP on 127.0.0.1: no certificate
 		// to find (libpq would look in the HOME of the test process).
 		"citus.node_conninfo": "sslmode=disable",
+		// A worker may get a streaming standby (StartStandby), which
+		// reports its positions every second and retries streaming
+		// after 200 ms, as Start's does.
+		"wal_level":                    "replica",
+		"max_wal_senders":              "10",
+		"max_replication_slots":        "10",
+		"hot_standby":                  "on",
+		"wal_receiver_status_interval": "1s",
+		"wal_retrieve_retry_interval":  "200ms",
 	}
 	for k, v := range opts.Settings {
 		settings[k] = v
@@ -240,9 +250,88 @@ func (c *Cluster) initNode(ctx context.Context, n *Node) error {
 	if err := appendFile(filepath.Join(n.dataDir, "postgresql.conf"), conf.String()); err != nil {
 		return fmt.Errorf("pgrepl: %s: %w", n.name, err)
 	}
-	hba := "# pgrepl: trust on 127.0.0.1 only, for the tests\nhost all all 127.0.0.1/32 trust\n"
+	hba := "# pgrepl: trust on 127.0.0.1 only, for the tests\n" +
+		"host all all 127.0.0.1/32 trust\n" +
+		"host replication all 127.0.0.1/32 trust\n"
 	if err := os.WriteFile(filepath.Join(n.dataDir, "pg_hba.conf"), []byte(hba), 0o600); err != nil {
 		return fmt.Errorf("pgrepl: %s: %w", n.name, err)
 	}
 	return c.chown(filepath.Join(n.dataDir, "pg_hba.conf"))
+}
+
+// CitusStandbyOptions configures [Citus.StartStandby].
+type CitusStandbyOptions struct {
+	// Synchronous makes the standby its worker's synchronous standby, as
+	// [Options.Synchronous] does for [Start]'s: a commit on the worker
+	// (a PREPARE TRANSACTION and COMMIT PREPARED of Citus's two-phase
+	// commits included) returns once the standby has flushed its WAL.
+	// Default false (asynchronous).
+	Synchronous bool
+}
+
+// StartStandby starts a streaming standby of worker w, as [Start] starts
+// the standby of its primary: pg_basebackup -R -X stream through a
+// physical replication slot on w, the copy started as a hot standby on a
+// free port of 127.0.0.1, and waits until w shows it streaming (as its
+// synchronous standby with opts.Synchronous). The standby is a copy of a
+// Citus worker: promoted ([Node.Promote]), it is one, with the worker's
+// shards and metadata, at its own address, which the coordinator's node
+// table does not know until it is told (citus_update_node). Its
+// application_name (in w's pg_stat_replication) is its name, that of w
+// with "_standby" appended. [Node.PauseStreaming], [Node.ResumeStreaming]
+// and [Node.Promote] work on it as on [Start]'s standby. [Citus.Close]
+// stops it (before the workers) and removes its files.
+func (x *Citus) StartStandby(ctx context.Context, w *Node, opts CitusStandbyOptions) (*Node, error) {
+	c := x.c
+	if !slices.Contains(x.Workers, w) {
+		return nil, errors.New("pgrepl: StartStandby: not a worker of this cluster")
+	}
+	began := time.Now()
+	s := c.newNode(w.name + "_standby")
+	s.upstream, s.synchronous = w, opts.Synchronous
+	c.copiesMu.Lock()
+	for _, n := range c.copies {
+		if n.name == s.name {
+			c.copiesMu.Unlock()
+			return nil, fmt.Errorf("pgrepl: StartStandby: %s has a standby already", w.name)
+		}
+	}
+	// First in the list: Close stops the standby before its worker, whose
+	// fast shutdown would wait for its walsender.
+	c.copies = append([]*Node{s}, c.copies...)
+	c.copiesMu.Unlock()
+
+	if err := w.exec(ctx, "SELECT pg_create_physical_replication_slot($1, true)", slotName); err != nil {
+		return nil, fmt.Errorf("pgrepl: %s: create replication slot: %w", w.name, err)
+	}
+	bctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+	defer cancel()
+	s.conninfo = fmt.Sprintf("host=127.0.0.1 port=%d user=%s application_name=%s", w.Port(), superuser, s.name)
+	if err := c.run(bctx, "pg_basebackup", "-d", s.conninfo, "-D", s.dataDir, "-R", "-X", "stream",
+		"-S", slotName, "--checkpoint=fast", "--no-sync"); err != nil {
+		return nil, fmt.Errorf("pgrepl: %s: %w%s", s.name, err, w.logTail())
+	}
+	if err := appendFile(filepath.Join(s.dataDir, "postgresql.auto.conf"), "primary_conninfo = "+quote(s.conninfo)+"\n"); err != nil {
+		return nil, fmt.Errorf("pgrepl: %s: %w", s.name, err)
+	}
+	if err := s.start(ctx); err != nil {
+		return nil, err
+	}
+	if opts.Synchronous {
+		if err := w.exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = "+quote(s.name)); err != nil {
+			return nil, fmt.Errorf("pgrepl: %s: set synchronous_standby_names: %w", w.name, err)
+		}
+		if err := w.exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+			return nil, fmt.Errorf("pgrepl: %s: reload: %w", w.name, err)
+		}
+	}
+	if err := waitStreaming(ctx, w, s); err != nil {
+		return nil, err
+	}
+	mode := "asynchronous"
+	if opts.Synchronous {
+		mode = "synchronous"
+	}
+	c.logf("pgrepl: standby of %s started on port %d, streaming (%s), in %s", w.name, s.Port(), mode, since(began))
+	return s, nil
 }

@@ -171,11 +171,17 @@ type Cluster struct {
 // use.
 type Node struct {
 	c        *Cluster
-	name     string // "primary" or "standby"
+	name     string // "primary", "standby", a copy's, or a Citus node's ("worker1", "worker1_standby")
 	dataDir  string
 	logPath  string
 	title    string // cluster_name, in the process titles of its processes
 	conninfo string // the standby's primary_conninfo
+
+	// upstream is the worker a standby of [Citus.StartStandby] streams
+	// from, and synchronous whether it is that worker's synchronous
+	// standby; nil for the nodes of [Start].
+	upstream    *Node
+	synchronous bool
 
 	mu      sync.Mutex
 	port    int
@@ -377,15 +383,25 @@ func (c *Cluster) WaitStreaming(ctx context.Context) error {
 	if c.Standby == nil {
 		return errNoStandby
 	}
+	return c.waitStreaming(ctx, c.Primary, c.opts.StandbyName, c.opts.Synchronous, c.Standby)
+}
+
+// waitStreaming waits until standby s streams from its worker w
+// ([Citus.StartStandby]).
+func waitStreaming(ctx context.Context, w, s *Node) error {
+	return s.c.waitStreaming(ctx, w, s.name, s.synchronous, s)
+}
+
+func (c *Cluster) waitStreaming(ctx context.Context, primary *Node, name string, synchronous bool, standby *Node) error {
 	want := "streaming"
-	if c.opts.Synchronous {
+	if synchronous {
 		want = "streaming/sync"
 	}
 	last := "no row in pg_stat_replication"
-	err := c.Primary.poll(ctx, "the standby "+want, func(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	err := primary.poll(ctx, "the standby "+want, func(ctx context.Context, conn *pgx.Conn) (bool, error) {
 		var state, syncState string
 		err := conn.QueryRow(ctx, `SELECT state, sync_state FROM pg_stat_replication WHERE application_name = $1`,
-			c.opts.StandbyName).Scan(&state, &syncState)
+			name).Scan(&state, &syncState)
 		if errors.Is(err, pgx.ErrNoRows) {
 			last = "no row in pg_stat_replication"
 			return false, nil
@@ -394,10 +410,10 @@ func (c *Cluster) WaitStreaming(ctx context.Context) error {
 			return false, err
 		}
 		last = "state " + state + ", sync_state " + syncState
-		return state == "streaming" && (!c.opts.Synchronous || syncState == "sync"), nil
+		return state == "streaming" && (!synchronous || syncState == "sync"), nil
 	})
 	if err != nil {
-		return fmt.Errorf("%w (last seen: %s)%s", err, last, c.Standby.logTail())
+		return fmt.Errorf("%w (last seen: %s)%s", err, last, standby.logTail())
 	}
 	return nil
 }
@@ -445,7 +461,9 @@ func (c *Cluster) Close() error {
 	return c.closeErr
 }
 
-// Name returns "primary" or "standby": the node's role at Start.
+// Name returns "primary" or "standby", the node's role at Start; a
+// copy's name ([Node.Copy]); or a Citus node's: "coordinator", "worker1"...,
+// and "worker1_standby" for the standby of worker1 ([Citus.StartStandby]).
 func (n *Node) Name() string { return n.name }
 
 // Port returns the TCP port the server listens on, on 127.0.0.1.
@@ -740,6 +758,9 @@ func (n *Node) PauseStreaming(ctx context.Context) error {
 func (n *Node) ResumeStreaming(ctx context.Context) error {
 	if err := n.setPrimaryConninfo(ctx, n.conninfo); err != nil {
 		return err
+	}
+	if n.upstream != nil {
+		return waitStreaming(ctx, n.upstream, n)
 	}
 	return n.c.WaitStreaming(ctx)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -313,24 +314,46 @@ func (d citus) QueueAck(_ *pgx.Batch, p OffsetParams) QueuedAck {
 	return QueuedAck{d: d, p: p}
 }
 
-// insertMessagesStmt is the statement of InsertMessages on Citus. The
-// messages of one topic take the single-node statement. Those of several
-// (the Publisher's group commit of concurrent calls) take the
-// single-node statement with the retention row joined to the topics row
-// (placementJoined) instead of read by a correlated sub-select, which
-// Citus refuses there (SQLSTATE 0A000), and pg_notify cast to text
-// (asCitus). Citus evaluates the statement's SELECT on the coordinator
-// (clock_timestamp once, as a sub-plan), sorts its rows by their place in
-// the arrays and sends them to the topics' shards, where the trigger of
-// DistributeScript gives each row its worker's transaction id; a
-// statement that writes to several workers commits on all of them or
-// none.
+// insertMessagesStmt is the statement of InsertMessages on Citus: the
+// single-node statement of several topics (for one topic too), with the
+// retention row joined to the topics row instead of read by a correlated
+// sub-select, which Citus refuses there (SQLSTATE 0A000), the placement
+// decided inline (citusPlacement) and pg_notify cast to text (asCitus).
+// Citus evaluates the statement's SELECT on the coordinator, sorts its rows
+// by their place in the arrays and sends them to the topics' shards, where
+// the trigger of DistributeScript gives each row its worker's position; a
+// statement that writes to several workers commits on all of them or none.
+//
+// The statement holds no sub-query Citus plans apart (a sub-plan): Citus
+// sends a sub-plan's result to every node that holds a placement of a
+// table the statement reads, and the topics and retention tables are
+// reference tables, on every node. The single-node statements have two
+// (the one-topic statement's p, the clock read once by placementCheck):
+// each Publish would open a transaction on every worker, commit in two
+// phases on all of them, and fail while any one is down, whatever worker
+// its topic lies on.
 func (d citus) insertMessagesStmt(p InsertMessagesParams) Stmt {
-	if oneTopic(p.Topics) {
-		return d.t.insertMessages(p, noRegistration)
-	}
-	return asCitus(d.t.insertManyTopics(p, hashesOf(p), `LEFT JOIN `+d.t.Retention+` l ON l.retention_class = tp.retention_class
-CROSS JOIN LATERAL (`+placementJoined("tp", "l")+`) r`, noRegistration))
+	s := d.t.insertManyTopics(p, hashesOf(p), `LEFT JOIN `+d.t.Retention+` l ON l.retention_class = tp.retention_class`,
+		noRegistration)
+	s.SQL = strings.Replace(s.SQL, d.t.placement("tp", "r"), citusPlacement("tp", "l"), 1)
+	return asCitus(s)
+}
+
+// citusPlacement is [Tables.placement] for Citus, decided from the topics
+// row tp and the retention row l joined to it (placementJoined's
+// decision) without a sub-query: the expiry counts from the statement's
+// start (statement_timestamp(), which Citus evaluates once, on the
+// coordinator), not from a read of the clock during the statement (a
+// volatile function in a sub-query, which Citus would plan apart). The
+// difference is the time the statement ran before the rows were made: a
+// message's expiry lies that much earlier, and still within the
+// partitions the maintainer keeps (it detaches a partition only once
+// its whole range has passed, a retention after the statement began).
+func citusPlacement(tp, l string) string {
+	exp := `pg_catalog.statement_timestamp() + ` + tp + `.retention`
+	ok := tp + `.retention_class > 0 AND ` + exp + ` < ` + l + `.usable_until`
+	return `CASE WHEN ` + ok + ` THEN ` + tp + `.retention_class ELSE 0 END AS rc,
+	CASE WHEN ` + ok + ` THEN ` + exp + ` ELSE 'infinity' END AS exp`
 }
 
 // InsertMessages implements Driver with insertMessagesStmt, or, when a
