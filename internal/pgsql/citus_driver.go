@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -333,10 +332,8 @@ func (d citus) QueueAck(_ *pgx.Batch, p OffsetParams) QueuedAck {
 // phases on all of them, and fail while any one is down, whatever worker
 // its topic lies on.
 func (d citus) insertMessagesStmt(p InsertMessagesParams) Stmt {
-	s := d.t.insertManyTopics(p, hashesOf(p), `LEFT JOIN `+d.t.Retention+` l ON l.retention_class = tp.retention_class`,
-		noRegistration)
-	s.SQL = strings.Replace(s.SQL, d.t.placement("tp", "r"), citusPlacement("tp", "l"), 1)
-	return asCitus(s)
+	return asCitus(d.t.insertManyTopics(p, hashesOf(p), `LEFT JOIN `+d.t.Retention+` l ON l.retention_class = tp.retention_class`,
+		citusPlacement("tp", "l"), noRegistration))
 }
 
 // citusPlacement is [Tables.placement] for Citus, decided from the topics

@@ -77,19 +77,20 @@ FROM (SELECT DISTINCT ` + fmt.Sprintf(partitionOf, "(SELECT n FROM p)") + ` AS p
 			Args: []any{p.Topics[0], p.UUIDs, p.Payloads, p.Metadata, hashes, p.NotifyChannel},
 		}
 	}
-	return t.insertManyTopics(p, hashes, `CROSS JOIN LATERAL (`+t.placementCheck("tp")+`) r`, register)
+	return t.insertManyTopics(p, hashes, `CROSS JOIN LATERAL (`+t.placementCheck("tp")+`) r`, t.placement("tp", "r"), register)
 }
 
 // insertManyTopics is the statement of [InsertMessages] for the messages
 // of several topics, hashes the partition hashes as sent. placed is what
-// follows the join of the topics row tp in the FROM list: it gives the
-// placement row r (see placement). register is insertMessages's.
-func (t *Tables) insertManyTopics(p InsertMessagesParams, hashes []int32, placed string, register registering) Stmt {
+// follows the join of the topics row tp in the FROM list, placement the
+// columns rc and exp it gives (see placement). register is
+// insertMessages's.
+func (t *Tables) insertManyTopics(p InsertMessagesParams, hashes []int32, placed, placement string, register registering) Stmt {
 	partitions := `COALESCE((SELECT tp.partitions FROM ` + t.Topics + ` tp WHERE tp.topic = m.topic), 1)`
 	r := registers(register, "\nCROSS JOIN reg")
 	insert := `INSERT INTO ` + t.Messages + ` (topic, partition, uuid, payload, metadata, retention_class, expires_at` + r.column + `)
 SELECT m.topic, ` + fmt.Sprintf(partitionOf, "COALESCE(tp.partitions, 1)") + `, m.uuid, m.payload, NULLIF(m.metadata, '')::jsonb,
-	` + t.placement("tp", "r") + r.value + `
+	` + placement + r.value + `
 FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::int4[]) WITH ORDINALITY AS m(topic, uuid, payload, metadata, hash, n)
 LEFT JOIN ` + t.Topics + ` tp ON tp.topic = m.topic
 ` + placed + r.join + `
