@@ -345,7 +345,7 @@ func (d citus) InsertDelayedKeyed(ctx context.Context, q Querier, p InsertMessag
 }
 
 // ForgetKeys implements Driver: the owner's function truncates the
-// partition, which Citus propagates to its shards.
+// partitions, which Citus propagates to its shards.
 func (d citus) ForgetKeys(ctx context.Context, q Querier) (int, error) {
 	return d.one.ForgetKeys(ctx, q)
 }
