@@ -349,3 +349,154 @@ func testKeyedInsertsDoNotDeadlock(t *testing.T, f *fixture) {
 		t.Fatalf("stored %v, want [lo1 hi1]", s)
 	}
 }
+
+// classSlot is the slot of key class k of the database's clock.
+func (f *fixture) classSlot(k int) int64 {
+	f.t.Helper()
+	var s int64
+	if err := f.Pool.QueryRow(f.ctx, `SELECT pg_catalog.floor(extract(epoch FROM pg_catalog.now()) / $1)::bigint`,
+		pgsql.KeyClassSeconds(k)).Scan(&s); err != nil {
+		f.t.Fatal(err)
+	}
+	return s
+}
+
+// writeClassKey writes the rows a publisher whose transaction began in
+// slot of key class k writes for key of topic (that slot's and the one
+// before's), on q.
+func (f *fixture) writeClassKey(q pgsql.Querier, topic, key string, k int, slot int64) {
+	f.t.Helper()
+	for _, s := range []int64{slot - 1, slot} {
+		if _, err := q.Exec(f.ctx, `INSERT INTO `+f.Tables.Keys+` (topic, key, slot, gen) VALUES ($1, $2::uuid, $3, $4)`,
+			topic, keyDigest(key), s, int64(4*k)+s%4); err != nil {
+			f.t.Fatalf("write the key of slot %d of class %d: %v", s, k, err)
+		}
+	}
+}
+
+// keyRows returns the rows of topic's keys as "gen:slot-offset" (the slot
+// relative to now's slot of class k), sorted.
+func (f *fixture) keyRows(topic string, k int) []string {
+	f.t.Helper()
+	now := f.classSlot(k)
+	rows, err := f.Pool.Query(f.ctx, `SELECT gen, slot FROM `+f.Tables.Keys+` WHERE topic = $1`, topic)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var out []string
+	for rows.Next() {
+		var gen int16
+		var slot int64
+		if err := rows.Scan(&gen, &slot); err != nil {
+			f.t.Fatal(err)
+		}
+		out = append(out, fmt.Sprintf("%d:%d", gen, slot-now))
+	}
+	if err := rows.Err(); err != nil {
+		f.t.Fatal(err)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// testKeyedRetentionWindow: a topic whose retention is longer than a day
+// keeps its keys for its retention, in slots of its retention class (3
+// days: class 19, slots of 2^18 s, about 3.03 days; gens 76 to 79). A
+// publish writes a key for now's slot and the one before; a key written
+// by a publisher whose transaction began in the slot before is
+// recognised (the two share that slot), one written two slots before is
+// not, and neither are day rows (a topic that got its retention after
+// schema version 21 has no day rows to honour). The maintainer's
+// function then empties the class's partition two slots old, and the key
+// of the slot before is still recognised by its row of that slot.
+func testKeyedRetentionWindow(t *testing.T, f *fixture) {
+	const topic, class = "long", 19
+	if pgsql.KeyClassSeconds(class) < int64((72*time.Hour)/time.Second) {
+		t.Fatalf("class %d's slots are shorter than 3 days", class)
+	}
+	if _, err := f.Driver.UpsertTopic(f.ctx, f.Pool, pgsql.TopicParams{Topic: topic, Partitions: 1,
+		Retention: 72 * time.Hour, RetentionClass: class}); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.insertKeyed(f.Pool, topic, keyed{"a", "new"}); len(got) != 0 {
+		t.Fatalf("left out %v", got)
+	}
+	now := f.classSlot(class)
+	gen := func(back int64) string { return fmt.Sprintf("%d:%d", 4*class+(now-back)%4, -back) }
+	if got, want := f.keyRows(topic, class), []string{gen(1), gen(0)}; !slices.Equal(got, want) {
+		t.Fatalf("rows of a new key (gen:slot) = %v, want %v: now's slot of the class and the one before", got, want)
+	}
+	f.writeClassKey(f.Pool, topic, "slot before", class, now-1) // rows for now-2 and now-1
+	f.writeClassKey(f.Pool, topic, "two slots before", class, now-2)
+	f.writeKey(f.Pool, topic, "by day", f.today())
+	got := f.insertKeyed(f.Pool, topic, keyed{"b", "slot before"}, keyed{"c", "two slots before"}, keyed{"d", "by day"}, keyed{"e", "new"})
+	if !slices.Equal(got, []int{0, 3}) {
+		t.Fatalf("left out %v, want [0 3]: the key of the slot before and the new one", got)
+	}
+	// Forget: the class's partition of now-2 is emptied ("slot before"
+	// keeps its row of now-1).
+	if n, err := f.Driver.ForgetKeys(f.ctx, f.Pool); err != nil || n != 1 {
+		t.Fatalf("forget = %d, %v; want one partition emptied", n, err)
+	}
+	if got := f.keyRows(topic, class); slices.Contains(got, gen(2)) || !slices.Contains(got, gen(1)) {
+		t.Fatalf("rows after forgetting %v: want none of %s (the class's slot two slots old), %s kept", got, gen(2), gen(1))
+	}
+	got = f.insertKeyed(f.Pool, topic, keyed{"f", "slot before"}, keyed{"g", "new"}, keyed{"h", "two slots before"})
+	if !slices.Equal(got, []int{0, 1, 2}) {
+		t.Fatalf("after forgetting left out %v, want [0 1 2]: the keys of now's slot and the one before still recognised", got)
+	}
+	if s := f.stored(topic); !slices.Equal(s, []string{"a", "c", "d"}) {
+		t.Fatalf("stored %v, want [a c d]", s)
+	}
+}
+
+// testKeyedDayRowsAfterMigration: a topic whose retention was longer than
+// a day when schema version 21 was applied (keys_by_day_until ahead)
+// writes its keys in the day slots too, so that a key stored before in
+// day rows (by a release before, which writes nothing else) is
+// recognised, and a publisher of a release before meets the keys this
+// one writes; once keys_by_day_until has passed (set here, as two days
+// would), it writes the class rows alone.
+func testKeyedDayRowsAfterMigration(t *testing.T, f *fixture) {
+	const topic, class = "upgraded", 19
+	if _, err := f.Driver.UpsertTopic(f.ctx, f.Pool, pgsql.TopicParams{Topic: topic, Partitions: 1,
+		Retention: 72 * time.Hour, RetentionClass: class}); err != nil {
+		t.Fatal(err)
+	}
+	setUntil := func(expr string) {
+		if _, err := f.Pool.Exec(f.ctx, `UPDATE `+f.Tables.Topics+` SET keys_by_day_until = `+expr+` WHERE topic = $1`, topic); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setUntil(`pg_catalog.now() + interval '2 days'`)
+	today := f.today()
+	f.writeKey(f.Pool, topic, "stored before", today) // as a publisher of a release before
+	got := f.insertKeyed(f.Pool, topic, keyed{"a", "stored before"}, keyed{"b", "new"})
+	if !slices.Equal(got, []int{0}) {
+		t.Fatalf("left out %v, want [0]: the key stored before in day rows", got)
+	}
+	day := func(back int64) string { return fmt.Sprintf("%d:%d", (today-back)%4, -back) }
+	rows := f.keyRows(topic, 0)
+	for _, want := range []string{day(0), day(1)} {
+		if !slices.Contains(rows, want) {
+			t.Fatalf("rows %v: want the day row %s too", rows, want)
+		}
+	}
+	if len(rows) != 4+4 {
+		t.Fatalf("rows %v: want 8 (two day and two class rows of each key: the one stored before gets the class rows it lacked)", rows)
+	}
+	// A publisher of a release before writes "new"'s day rows: they are
+	// there, so it stores nothing.
+	tag, err := f.Pool.Exec(f.ctx, `INSERT INTO `+f.Tables.Keys+` (topic, key, slot, gen) VALUES ($1, $2::uuid, $3, $4) ON CONFLICT DO NOTHING`,
+		topic, keyDigest("new"), today, today%4)
+	if err != nil || tag.RowsAffected() != 0 {
+		t.Fatalf("the day row of the key published now: %v, %v rows new; want 0", err, tag.RowsAffected())
+	}
+	setUntil(`pg_catalog.now() - interval '1 microsecond'`)
+	if got := f.insertKeyed(f.Pool, topic, keyed{"c", "later"}); len(got) != 0 {
+		t.Fatalf("left out %v", got)
+	}
+	if got := len(f.keyRows(topic, 0)); got != 8+2 {
+		t.Fatalf("%d rows, want 10: once the day rows' time has passed, a key takes its two class rows only", got)
+	}
+}

@@ -101,6 +101,8 @@ func cases() []testCase {
 		{"KeyedTransaction", testKeyedTransaction},
 		{"KeyedDelayed", testKeyedDelayed},
 		{"ForgetKeys", testForgetKeys},
+		{"KeyedRetentionWindow", testKeyedRetentionWindow},
+		{"KeyedDayRowsAfterMigration", testKeyedDayRowsAfterMigration},
 		// sessions
 		{"SessionCreateAndHeartbeat", testSessionCreateAndHeartbeat},
 		{"SessionReplacesAnother", testSessionReplacesAnother},
