@@ -336,11 +336,13 @@ func TestIdempotentPublishThroughPgBouncer(t *testing.T) {
 // with their topics' messages.
 func TestCitusIdempotentPublish(t *testing.T) {
 	pool, tables := citusSchema(t, 10)
-	// Half the topics keep their keys for their retention (class rows).
+	// Half the topics keep their keys for their retention (class rows),
+	// the class's partitions made as the maintainer makes them.
 	for i := 0; i < 8; i += 2 {
 		require.NoError(t, pglease.CreateTopic(context.Background(), pool, fmt.Sprint("citus-keys-", i),
 			pglease.TopicConfig{Retention: 72 * time.Hour, Tables: tables}))
 	}
+	readyKeyClass(t, pool, tables, 19)
 	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, IdempotencyKey: keyedByUUID}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
@@ -501,6 +503,20 @@ func TestKeyDigest(t *testing.T) {
 	assert.NotEqual(t, pglease.KeyDigest("order-1042"), pglease.KeyDigest("order-1043"))
 }
 
+// readyKeyClass makes the partitions of key class k through the owner's
+// function and lets publishers use them, past the two days in which they
+// write the day rows too, as the maintainer would have (tests whose
+// maintainer does not run).
+func readyKeyClass(t *testing.T, pool *pgxpool.Pool, tables pglease.Tables, k int) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `SELECT `+pgx.Identifier{tables.Schema, pglease.PartitionName(tables, "add_key_partitions")}.Sanitize()+`($1)`, k)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE `+pgx.Identifier{tables.Schema, pglease.DefaultRetentionTable}.Sanitize()+
+		` SET keys_since = now() - interval '3 days' WHERE retention_class = $1`, k)
+	require.NoError(t, err)
+}
+
 // keysTable is the quoted name of the keys table of tables.
 func keysTable(tables pglease.Tables) string {
 	return pgx.Identifier{tables.Schema, pglease.DefaultMessagesTable + "_keys"}.Sanitize()
@@ -508,7 +524,8 @@ func keysTable(tables pglease.Tables) string {
 
 // TestMaintainerForgetsKeysOfTheRetention: a topic with a retention of
 // three days keeps its keys in slots of its retention class (2^18 s,
-// about three days). Rows are written here as publishers whose
+// about three days), in partitions the maintainer makes (and lets
+// publishers use) once the topic has that retention. Rows are written here as publishers whose
 // transactions began one and two slots before wrote them (the clock is
 // the database's: rows of past slots stand for time gone by); the
 // maintainer's housekeeping empties the class's partition of the slot
@@ -523,9 +540,19 @@ func TestMaintainerForgetsKeysOfTheRetention(t *testing.T) {
 	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, IdempotencyKey: keyedByUUID}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
-	require.NoError(t, pub.Publish("t", message.NewMessage("now", nil)))
 	const class, width = 19, 1 << 18
 	keys := keysTable(tables)
+	retention := pgx.Identifier{tables.Schema, pglease.DefaultRetentionTable}.Sanitize()
+	sub := newTestSubscriber(t, pool, tables, pglease.SubscriberConfig{ConsumerGroup: "g",
+		Maintenance: pglease.MaintenanceConfig{Interval: 100 * time.Millisecond}})
+	_, err = sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	waitFor(t, 20*time.Second, "the maintainer to make the key class's partitions usable", func() bool {
+		var ready bool
+		_ = pool.QueryRow(ctx, `SELECT keys_since IS NOT NULL FROM `+retention+` WHERE retention_class = $1`, class).Scan(&ready)
+		return ready
+	})
+	require.NoError(t, pub.Publish("t", message.NewMessage("now", nil)))
 	slots := func() (twoBefore, recent int) {
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE slot = s - 2), count(*) FILTER (WHERE slot >= s - 1)
 			FROM `+keys+`, (SELECT floor(extract(epoch FROM now()) / $1)::bigint AS s) x WHERE gen BETWEEN $2 AND $2 + 3`,
@@ -536,19 +563,14 @@ func TestMaintainerForgetsKeysOfTheRetention(t *testing.T) {
 		key  string
 		back int // the slot the publisher's transaction began in, before now's
 	}{{"slot before", 1}, {"two slots before", 2}} {
-		_, err = pool.Exec(ctx, `INSERT INTO `+keys+` (topic, key, slot, gen)
+		tag, err := pool.Exec(ctx, `INSERT INTO `+keys+` (topic, key, slot, gen)
 			SELECT 't', $1::uuid, s, ($3 * 4 + s % 4)::smallint FROM (SELECT floor(extract(epoch FROM now()) / $2)::bigint - $4 AS d) x,
 			LATERAL (VALUES (x.d - 1), (x.d)) v(s)`, pglease.KeyDigest(k.key), width, class, k.back)
 		require.NoError(t, err)
+		require.EqualValues(t, 2, tag.RowsAffected())
 	}
-	twoBefore, recent := slots()
-	require.Equal(t, 2, twoBefore, "rows of the slot two slots old: one of each key written")
-	require.Equal(t, 3, recent, "now's key's two rows and the slot before's")
-
-	sub := newTestSubscriber(t, pool, tables, pglease.SubscriberConfig{ConsumerGroup: "g",
-		Maintenance: pglease.MaintenanceConfig{Interval: 100 * time.Millisecond}})
-	_, err = sub.Subscribe(ctx, "t")
-	require.NoError(t, err)
+	_, recent := slots()
+	require.Equal(t, 3, recent, "now's key's two class rows and the slot before's")
 	waitFor(t, 20*time.Second, "the class's keys two slots old to be forgotten", func() bool {
 		twoBefore, _ := slots()
 		return twoBefore == 0
@@ -564,11 +586,12 @@ func TestMaintainerForgetsKeysOfTheRetention(t *testing.T) {
 // publishers of the release before publish keys (their statement writes
 // the day rows: here the keys part of it, on a topic with a retention of
 // three days and one without), and while a transaction holds the keys
-// table open from before. No publish fails or waits for long; every key
-// stored before the migration or during it is recognised by this
-// release's Publisher after it, and this release's keys are recognised
-// by a publisher of the release before (the day rows, until the topic's
-// keys_by_day_until).
+// table open from before. No publish fails; then the maintainer makes
+// the long topic's key class usable; every key stored before the
+// migration or during it is recognised by this release's Publisher, and
+// this release's keys are recognised by a publisher of the release
+// before (the day rows, written for two days after the class became
+// usable).
 func TestKeysMigrationUnderTraffic(t *testing.T) {
 	ctx := context.Background()
 	pool := newPool(t, 12)
@@ -643,6 +666,17 @@ func TestKeysMigrationUnderTraffic(t *testing.T) {
 	wg.Wait()
 	require.NoError(t, held.Commit(ctx))
 	t.Logf("%d keys published by the release before during the migration", published.Load())
+	// The maintainer makes the long topic's key class usable.
+	sub := newTestSubscriber(t, pool, tables, pglease.SubscriberConfig{ConsumerGroup: "g",
+		Maintenance: pglease.MaintenanceConfig{Interval: 100 * time.Millisecond}})
+	_, err = sub.Subscribe(ctx, "long")
+	require.NoError(t, err)
+	waitFor(t, 20*time.Second, "the key class of the long topic to be usable", func() bool {
+		var ready bool
+		_ = pool.QueryRow(ctx, `SELECT keys_since IS NOT NULL FROM `+pgx.Identifier{tables.Schema, pglease.DefaultRetentionTable}.Sanitize()+
+			` WHERE retention_class = 19`).Scan(&ready)
+		return ready
+	})
 
 	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, IdempotencyKey: keyedByUUID}, nil)
 	require.NoError(t, err)

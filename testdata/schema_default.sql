@@ -1651,19 +1651,17 @@ $pglease1$;
 INSERT INTO "pglease_schema_version" (version, description) VALUES (20, 'positions: the trigger''s WHEN clause tests only the rows pglease''s statements registered; the registration runs no query per step') ON CONFLICT (version) DO NOTHING;
 
 -- version 21: idempotent publish: a topic with a retention longer than a day recognises keys for its retention, in partitions per retention class forgotten by truncation
--- Idempotency keys for the topic's retention (see keys.go): the
--- partitions of the key classes, the topics whose keys were stored in day
--- slots before, and the maintainer's function that forgets a class's
--- slot two slots old.
+-- Idempotency keys for the topic's retention (see keys.go): when its key
+-- class's partitions may be used (set by the maintainer, which makes them
+-- through the owner's function), the maintainer's functions that make
+-- them and that forget each class's slot two slots old.
+ALTER TABLE "pglease_retention" ADD COLUMN IF NOT EXISTS keys_since timestamptz;
 DO $pglease1$
 DECLARE
 	msgs regclass := to_regclass('"pglease_messages"');
 	keys regclass := to_regclass('"pglease_messages_keys"');
 	nsp name;
 	owner name;
-	parts text[] := ARRAY['"pglease_messages_keys_72"', '"pglease_messages_keys_73"', '"pglease_messages_keys_74"', '"pglease_messages_keys_75"', '"pglease_messages_keys_76"', '"pglease_messages_keys_77"', '"pglease_messages_keys_78"', '"pglease_messages_keys_79"', '"pglease_messages_keys_80"', '"pglease_messages_keys_81"', '"pglease_messages_keys_82"', '"pglease_messages_keys_83"', '"pglease_messages_keys_84"', '"pglease_messages_keys_85"', '"pglease_messages_keys_86"', '"pglease_messages_keys_87"', '"pglease_messages_keys_88"', '"pglease_messages_keys_89"', '"pglease_messages_keys_90"', '"pglease_messages_keys_91"', '"pglease_messages_keys_92"', '"pglease_messages_keys_93"', '"pglease_messages_keys_94"', '"pglease_messages_keys_95"', '"pglease_messages_keys_96"', '"pglease_messages_keys_97"', '"pglease_messages_keys_98"', '"pglease_messages_keys_99"', '"pglease_messages_keys_100"', '"pglease_messages_keys_101"', '"pglease_messages_keys_102"', '"pglease_messages_keys_103"', '"pglease_messages_keys_104"', '"pglease_messages_keys_105"', '"pglease_messages_keys_106"', '"pglease_messages_keys_107"', '"pglease_messages_keys_108"', '"pglease_messages_keys_109"', '"pglease_messages_keys_110"', '"pglease_messages_keys_111"', '"pglease_messages_keys_112"', '"pglease_messages_keys_113"', '"pglease_messages_keys_114"', '"pglease_messages_keys_115"', '"pglease_messages_keys_116"', '"pglease_messages_keys_117"', '"pglease_messages_keys_118"', '"pglease_messages_keys_119"', '"pglease_messages_keys_120"', '"pglease_messages_keys_121"', '"pglease_messages_keys_122"', '"pglease_messages_keys_123"']::text[];
-	gens integer[] := ARRAY[72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123]::integer[];
-	distributed boolean := false;
 	fn text;
 	r record;
 BEGIN
@@ -1672,41 +1670,9 @@ BEGIN
 	IF nsp IS NULL OR keys IS NULL THEN
 		RAISE EXCEPTION 'pglease: the messages table % or its keys table is missing', '"pglease_messages"';
 	END IF;
-	IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
-		EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1)'
-			INTO distributed USING keys;
-	END IF;
-	-- Four partitions per key class (a topic's retention class when its
-	-- retention is longer than a day), gen = 4 * class + the slot
-	-- modulo 4. Created on their own and attached, which takes a SHARE
-	-- UPDATE EXCLUSIVE lock on the keys table: publishers go on. Nothing
-	-- writes these generations before this migration commits. On Citus
-	-- a partition created as one is distributed with its parent.
-	FOR i IN 1 .. array_length(parts, 1) LOOP
-		IF to_regclass(parts[i]) IS NULL THEN
-			IF distributed THEN
-				PERFORM pg_catalog.set_config('citus.multi_shard_modify_mode', 'sequential', true);
-				EXECUTE 'CREATE TABLE ' || parts[i] || ' PARTITION OF ' || keys::text || ' FOR VALUES IN (' || gens[i] || ')';
-			ELSE
-				EXECUTE 'CREATE TABLE ' || parts[i] || ' (LIKE ' || keys::text || ')';
-				EXECUTE 'ALTER TABLE ' || keys::text || ' ATTACH PARTITION ' || parts[i] || ' FOR VALUES IN (' || gens[i] || ')';
-			END IF;
-			IF owner <> current_user THEN
-				EXECUTE 'ALTER TABLE ' || parts[i] || ' OWNER TO ' || quote_ident(owner);
-			END IF;
-		END IF;
-	END LOOP;
-	-- A topic whose retention is longer than a day stored its keys in day
-	-- slots before: its publishers write those too for two days more, so
-	-- that a key stored before is recognised for at least its day. ADD
-	-- COLUMN with a constant default rewrites nothing; no statement of
-	-- the releases before names the column.
-	EXECUTE 'ALTER TABLE ' || '"pglease_topics"' || ' ADD COLUMN IF NOT EXISTS keys_by_day_until timestamptz NOT NULL DEFAULT ''-infinity''';
-	EXECUTE 'UPDATE ' || '"pglease_topics"' || ' SET keys_by_day_until = pg_catalog.now() + interval ''2 days''
-		WHERE retention > interval ''1 day'' AND keys_by_day_until < pg_catalog.now() + interval ''2 days''';
-	-- The maintainer's function, a new body: it empties the partition
-	-- two slots old of every class (the day's included), and returns how
-	-- many it emptied.
+	-- The maintainer's function that forgets keys, a new body: it empties
+	-- the partition two slots old of every class that has partitions (the
+	-- day's included), and returns how many it emptied.
 	fn := quote_ident(nsp) || '.' || quote_ident('pglease_messages_forget_keys');
 	EXECUTE 'CREATE OR REPLACE FUNCTION ' || fn || '() RETURNS integer
 		LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1733,6 +1699,7 @@ BEGIN
 		width := CASE WHEN k = 0 THEN 86400 ELSE 1::bigint << (k - 1) END;
 		gen := 4 * k + ((floor(t / width)::bigint + 2) % 4)::integer;
 		part := quote_ident(nsp) || '.' || names[gen + 1];
+		CONTINUE WHEN pg_catalog.to_regclass(part) IS NULL; -- a class never used
 		EXECUTE 'SELECT EXISTS (SELECT 1 FROM ' || part || ')' INTO found_one;
 		IF found_one THEN
 			EXECUTE 'TRUNCATE ' || part;
@@ -1742,6 +1709,62 @@ BEGIN
 	RETURN emptied;
 END
 $pglease$);
+	-- The maintainer's function that makes the four partitions of a key
+	-- class: a SECURITY DEFINER function of the owner, executable by the
+	-- roles that may delete messages (as those of version 7).
+	fn := quote_ident(nsp) || '.' || quote_ident('pglease_messages_add_key_partitions');
+	EXECUTE 'CREATE OR REPLACE FUNCTION ' || fn || '(class integer) RETURNS boolean
+		LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+		SET search_path = pg_catalog, pg_temp
+		SET lock_timeout = ''5s''
+		AS ' || quote_literal('DECLARE
+	nsp constant text := ' || quote_literal(nsp) || ';
+	owner constant name := ' || quote_literal(owner) || ';
+' || $pglease$
+	-- The quoted names of the partitions, by gen + 1 (NULL where none).
+	names constant text[] := ARRAY['"pglease_messages_keys_0"', '"pglease_messages_keys_1"', '"pglease_messages_keys_2"', '"pglease_messages_keys_3"', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, '"pglease_messages_keys_72"', '"pglease_messages_keys_73"', '"pglease_messages_keys_74"', '"pglease_messages_keys_75"', '"pglease_messages_keys_76"', '"pglease_messages_keys_77"', '"pglease_messages_keys_78"', '"pglease_messages_keys_79"', '"pglease_messages_keys_80"', '"pglease_messages_keys_81"', '"pglease_messages_keys_82"', '"pglease_messages_keys_83"', '"pglease_messages_keys_84"', '"pglease_messages_keys_85"', '"pglease_messages_keys_86"', '"pglease_messages_keys_87"', '"pglease_messages_keys_88"', '"pglease_messages_keys_89"', '"pglease_messages_keys_90"', '"pglease_messages_keys_91"', '"pglease_messages_keys_92"', '"pglease_messages_keys_93"', '"pglease_messages_keys_94"', '"pglease_messages_keys_95"', '"pglease_messages_keys_96"', '"pglease_messages_keys_97"', '"pglease_messages_keys_98"', '"pglease_messages_keys_99"', '"pglease_messages_keys_100"', '"pglease_messages_keys_101"', '"pglease_messages_keys_102"', '"pglease_messages_keys_103"', '"pglease_messages_keys_104"', '"pglease_messages_keys_105"', '"pglease_messages_keys_106"', '"pglease_messages_keys_107"', '"pglease_messages_keys_108"', '"pglease_messages_keys_109"', '"pglease_messages_keys_110"', '"pglease_messages_keys_111"', '"pglease_messages_keys_112"', '"pglease_messages_keys_113"', '"pglease_messages_keys_114"', '"pglease_messages_keys_115"', '"pglease_messages_keys_116"', '"pglease_messages_keys_117"', '"pglease_messages_keys_118"', '"pglease_messages_keys_119"', '"pglease_messages_keys_120"', '"pglease_messages_keys_121"', '"pglease_messages_keys_122"', '"pglease_messages_keys_123"']::text[];
+	keys constant text := '"pglease_messages_keys"';
+	part text;
+	distributed boolean := false;
+	made boolean := false;
+BEGIN
+	IF class IS NULL OR class < 18 OR class > 30 THEN
+		RAISE EXCEPTION 'pglease: % is no key class (% to %)', class, 18, 30;
+	END IF;
+	IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+		EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = pg_catalog.to_regclass($1))'
+			INTO distributed USING keys;
+	END IF;
+	FOR gen IN 4 * class .. 4 * class + 3 LOOP
+		part := quote_ident(nsp) || '.' || names[gen + 1];
+		CONTINUE WHEN pg_catalog.to_regclass(part) IS NOT NULL;
+		-- Made on its own and attached, which takes a SHARE UPDATE
+		-- EXCLUSIVE lock on the keys table: publishers go on. On Citus a
+		-- partition made as one is distributed with its parent.
+		IF distributed THEN
+			EXECUTE 'CREATE TABLE ' || part || ' PARTITION OF ' || keys || ' FOR VALUES IN (' || gen || ')';
+		ELSE
+			EXECUTE 'CREATE TABLE ' || part || ' (LIKE ' || keys || ')';
+			EXECUTE 'ALTER TABLE ' || keys || ' ATTACH PARTITION ' || part || ' FOR VALUES IN (' || gen || ')';
+		END IF;
+		IF owner <> current_user THEN
+			EXECUTE 'ALTER TABLE ' || part || ' OWNER TO ' || quote_ident(owner);
+		END IF;
+		made := true;
+	END LOOP;
+	RETURN made;
+END
+$pglease$);
+	fn := fn || '(integer)';
+	EXECUTE 'REVOKE ALL ON FUNCTION ' || fn || ' FROM PUBLIC';
+	IF owner <> current_user THEN
+		EXECUTE 'ALTER FUNCTION ' || fn || ' OWNER TO ' || quote_ident(owner);
+	END IF;
+	FOR r IN SELECT DISTINCT a.grantee FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+		WHERE c.oid = msgs AND a.privilege_type = 'DELETE' AND a.grantee NOT IN (0, c.relowner)
+	LOOP
+		EXECUTE 'GRANT EXECUTE ON FUNCTION ' || fn || ' TO ' || quote_ident(pg_get_userbyid(r.grantee));
+	END LOOP;
 END
 $pglease1$;
 INSERT INTO "pglease_schema_version" (version, description) VALUES (21, 'idempotent publish: a topic with a retention longer than a day recognises keys for its retention, in partitions per retention class forgotten by truncation') ON CONFLICT (version) DO NOTHING;

@@ -70,6 +70,10 @@ type maintainer struct {
 	// settling holds, per retention class, the partitions publishers
 	// wait for (usePartitions); only the retention rounds use it.
 	settling map[int]pendingUse
+	// keysSettling holds, per key class, the transactions that had the
+	// keys table open when its partitions were attached
+	// (keyClassRound); only the retention rounds use it.
+	keysSettling map[int][]string
 
 	loop svc.Service // run, started by the first Subscribe
 }

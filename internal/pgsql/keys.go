@@ -21,12 +21,12 @@ import (
 // per (topic, key, slot), a slot being a span of the database's clock of
 // the width of the topic's key class, and is partitioned by gen: 4 * class
 // + the slot modulo 4. Class 0 (schema version 15) has slots of a day
-// (KeySlotSeconds), gens 0 to 3; a topic whose retention is longer than a
-// day has the class of its retention (RetentionClass: more than 2^(k-2)
-// and at most 2^(k-1) seconds), from KeyClassMin to KeyClassMax, with
-// slots of 2^(k-1) seconds, gens 4k to 4k+3 (schema version 21). Every
-// partition exists from the migration on: a publisher never meets a
-// missing one, whether the maintainer runs or not.
+// (KeySlotSeconds), gens 0 to 3, made by the migration; a topic whose
+// retention is longer than a day has the class of its retention
+// (RetentionClass: more than 2^(k-2) and at most 2^(k-1) seconds), from
+// KeyClassMin to KeyClassMax, with slots of 2^(k-1) seconds, gens 4k to
+// 4k+3 (schema version 21), made by the maintainer, through the owner's
+// function, for the classes in use.
 //
 // The statement that publishes writes each key for two slots of its
 // topic's class: the slot its transaction began in (pg_catalog.now()) and
@@ -39,21 +39,25 @@ import (
 // stores nothing; in progress, it waits for it to end, as PostgreSQL does
 // for a unique index, and then stores nothing (the other committed) or
 // stores (it rolled back). No advisory lock, no read of older slots; the
-// rows of one statement are written in the order (slot, gen, topic, key),
-// so that two statements wait for each other in one direction only.
+// rows of one statement are written in the order (slot, class, topic,
+// key), so that two statements wait for each other in one direction only.
+//
+// A class's rows are written only once its retention row's keys_since is
+// set: the maintainer sets it once the partitions are attached and no
+// transaction that had the keys table open before still runs (one would
+// route a row for them to none, as for the messages' partitions: see
+// settle.go). Until then the topic's keys take class 0's rows; for two
+// days after it, both (four rows per key), so that a key stored in day
+// rows before (by this release before the partitions were there, or by a
+// release before schema version 21, during a rolling upgrade too) is
+// recognised for at least its day. A publisher never meets a missing
+// partition, whether the maintainer runs or not.
 //
 // The maintainer forgets a class's slot by truncating its partition once
 // it is two slots old (no publisher writes it any more, and its gen comes
 // back only two slots later): rows live two to three slots, and a key is
 // recognised for at least a slot, which is at least the window. No row is
 // deleted, nothing is left to vacuum.
-//
-// A topic whose retention was longer than a day when schema version 21
-// was applied stored its keys in day slots before: until its
-// keys_by_day_until (two days after the migration), its publishers write
-// the day rows too (four rows per key), so that a key stored before the
-// migration, or by a publisher of an earlier release during a rolling
-// upgrade, is recognised for at least its day.
 
 // KeySlotSeconds is the width of a slot of key class 0, the class of the
 // topics without a retention longer than a day: the window within which
@@ -62,7 +66,8 @@ const KeySlotSeconds = 86400
 
 // KeyClassMin and KeyClassMax bound the key classes of topics with a
 // retention longer than a day: their retention classes (a day is in
-// class 18; the longest retention, ten years, in class 30).
+// class 18; the longest retention, ten years, in class 30), clamped to
+// these bounds.
 const (
 	KeyClassMin = 18
 	KeyClassMax = 30
@@ -104,26 +109,26 @@ func keysPartitionSuffix(gen int) string { return "keys_" + strconv.Itoa(gen) }
 // the keys table.
 func (t *Tables) keysPartition(gen int) string { return t.partition(keysPartitionSuffix(gen)) }
 
-// keysPlaceholders are the placeholders of migration 21: the class
-// partitions (qualified, as string constants) and their gens, and the
-// quoted bare names of every partition by gen + 1 (NULL for no partition).
+// fnAddKeys is the suffix of the name of the owner's function that makes
+// the partitions of a key class (schema version 21).
+const fnAddKeys = "add_key_partitions"
+
+// keysPlaceholders are the placeholders of migration 21: the quoted bare
+// names of every partition by gen + 1 (NULL for no partition), the
+// classes' bounds and the name of the function that makes a class's
+// partitions.
 func (t *Tables) keysPlaceholders(values map[string]string) {
-	var parts, gens []string
 	names := make([]string, keysGenerations*(KeyClassMax+1))
 	for i := range names {
 		names[i] = "NULL"
 	}
 	for _, g := range keyGens() {
 		names[g] = quoteLiteral(pgx.Identifier{t.partitionName(keysPartitionSuffix(g))}.Sanitize())
-		if g >= keysGenerations {
-			parts, gens = append(parts, quoteLiteral(t.keysPartition(g))), append(gens, strconv.Itoa(g))
-		}
 	}
-	values["keys_class_partitions"] = "ARRAY[" + strings.Join(parts, ", ") + "]::text[]"
-	values["keys_class_gens"] = "ARRAY[" + strings.Join(gens, ", ") + "]::integer[]"
 	values["keys_partition_names"] = "ARRAY[" + strings.Join(names, ", ") + "]::text[]"
 	values["keys_class_min"] = strconv.Itoa(KeyClassMin)
 	values["keys_class_max"] = strconv.Itoa(KeyClassMax)
+	values["fn_add_keys_literal"] = quoteLiteral(t.partitionName(fnAddKeys))
 }
 
 // keyed reports whether a message of p has an idempotency key.
@@ -148,8 +153,9 @@ func keysOf(p InsertMessagesParams) []string {
 
 // keysWritten is the part of a keyed statement that writes the keys: the
 // common table expressions f (the first message of each distinct (topic,
-// key) among m, the messages), c (those with their topic's key class and
-// whether the day rows are written too), k (the rows written) and fresh
+// key) among m, the messages), c (those with their topic's key class, 0
+// until the class's keys_since is set, and whether the day rows are
+// written too: for two days after it), k (the rows written) and fresh
 // (the ordinals n of the messages whose keys were new in every row). m
 // has the columns topic, key (uuid, NULL without) and n. Strict, the
 // insert has no ON CONFLICT clause: a key stored already fails the
@@ -164,9 +170,11 @@ func (t *Tables) keysWritten(strict bool) string {
 	return `s AS (SELECT extract(epoch FROM pg_catalog.now()) AS at),
 f AS (SELECT DISTINCT ON (m.topic, m.key) m.topic, m.key, m.n FROM m WHERE m.key IS NOT NULL ORDER BY m.topic, m.key, m.n),
 c AS (SELECT f.topic, f.key, f.n,
-		CASE WHEN kt.retention > interval '1 day' THEN LEAST(GREATEST(kt.retention_class, ` + strconv.Itoa(KeyClassMin) + `), ` + strconv.Itoa(KeyClassMax) + `) ELSE 0 END AS class,
-		COALESCE(kt.retention > interval '1 day' AND kt.keys_by_day_until > pg_catalog.now(), false) AS by_day
-	FROM f LEFT JOIN ` + t.Topics + ` kt ON kt.topic = f.topic),
+		CASE WHEN kt.retention > interval '1 day' AND kl.keys_since IS NOT NULL
+			THEN LEAST(GREATEST(kt.retention_class, ` + strconv.Itoa(KeyClassMin) + `), ` + strconv.Itoa(KeyClassMax) + `) ELSE 0 END AS class,
+		COALESCE(kt.retention > interval '1 day' AND kl.keys_since > pg_catalog.now() - interval '2 days', false) AS by_day
+	FROM f LEFT JOIN ` + t.Topics + ` kt ON kt.topic = f.topic
+	LEFT JOIN ` + t.Retention + ` kl ON kl.retention_class = kt.retention_class),
 k AS (
 	INSERT INTO ` + t.Keys + ` (topic, key, slot, gen)
 	SELECT w.topic, w.key, w.slot, (` + strconv.Itoa(keysGenerations) + ` * w.class + w.slot % ` + strconv.Itoa(keysGenerations) + `)::smallint
@@ -386,4 +394,67 @@ func (d singleNode) ForgetKeys(ctx context.Context, q Querier) (int, error) {
 	var n int32
 	err := q.QueryRow(ctx, d.t.ForgetKeys().SQL).Scan(&n)
 	return int(n), err
+}
+
+// KeyLanes is the statement of [Driver.KeyLanes].
+func (t *Tables) KeyLanes() Stmt {
+	return Stmt{SQL: `SELECT l.retention_class, l.keys_since IS NOT NULL
+FROM ` + t.Retention + ` l
+WHERE l.retention_class BETWEEN ` + strconv.Itoa(KeyClassMin) + ` AND ` + strconv.Itoa(KeyClassMax) + `
+	AND EXISTS (SELECT 1 FROM ` + t.Topics + ` tp WHERE tp.retention_class = l.retention_class AND tp.retention > interval '1 day')
+ORDER BY 1`}
+}
+
+// KeyLane is a retention class whose topics keep their keys in its
+// key class: whether its partitions may be used already.
+type KeyLane struct {
+	Class int16
+	Ready bool
+}
+
+// KeyLanes returns the retention classes of key classes, those of the
+// topics whose retention is longer than a day.
+func (d singleNode) KeyLanes(ctx context.Context, q Querier) ([]KeyLane, error) {
+	return collect(ctx, q, d.t.KeyLanes(), pgx.RowToStructByPos[KeyLane])
+}
+
+// AddKeyPartitions is the statement of [Driver.AddKeyPartitions].
+func (t *Tables) AddKeyPartitions(class int) Stmt {
+	return Stmt{SQL: `SELECT ` + t.function(fnAddKeys) + `($1::integer)`, Args: []any{int32(class)}}
+}
+
+// AddKeyPartitions makes the partitions of key class through the owner's
+// function, and reports whether it made any.
+func (d singleNode) AddKeyPartitions(ctx context.Context, q Querier, class int) (bool, error) {
+	return queryBool(ctx, q, d.t.AddKeyPartitions(class))
+}
+
+// keysLockHolders is the statement of [Driver.KeysLockHolders].
+func (t *Tables) keysLockHolders() Stmt {
+	s := t.messagesLockHolders()
+	s.Args = []any{t.Keys}
+	return s
+}
+
+// KeysLockHolders returns the virtual transaction ids of the other
+// transactions that hold a lock on the keys table, read after a class's
+// partitions were attached.
+func (d singleNode) KeysLockHolders(ctx context.Context, q Querier) ([]string, error) {
+	s := d.t.keysLockHolders()
+	var vxids []string
+	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&vxids)
+	return vxids, err
+}
+
+// SetKeysSince is the statement of [Driver.SetKeysSince].
+func (t *Tables) SetKeysSince(class int) Stmt {
+	return Stmt{SQL: `UPDATE ` + t.Retention + ` SET keys_since = pg_catalog.now()
+WHERE retention_class = $1 AND keys_since IS NULL`, Args: []any{int16(class)}}
+}
+
+// SetKeysSince lets the publishers of class's topics write their keys in
+// its partitions, from now on, and reports whether it was not so already.
+func (d singleNode) SetKeysSince(ctx context.Context, q Querier, class int) (bool, error) {
+	n, err := exec(ctx, q, d.t.SetKeysSince(class))
+	return n > 0, err
 }

@@ -195,12 +195,11 @@ var migrations = []struct {
 	// The same functions with new bodies, the trigger with a shorter WHEN
 	// clause: a row of any release gets the position it got before.
 	{"0020_cheaper_positions.sql", "positions: the trigger's WHEN clause tests only the rows pglease's statements registered; the registration runs no query per step"},
-	// New partitions of the keys table, a new column of the topics
-	// table that no earlier release names, the same function with a new
-	// body. Releases before it write class 0 (day) rows only, which a
-	// topic's publishers of this release write too while its
-	// keys_by_day_until has not passed.
-	{"0021_key_windows.sql", "idempotent publish: a topic with a retention longer than a day recognises keys for its retention, in partitions per retention class forgotten by truncation"},
+	// A new column of the retention table that no earlier release
+	// names, a new function, the same function with a new body. Releases
+	// before it write class 0 (day) rows only, which this release writes
+	// too for two days after a class's partitions became usable.
+	{"0021_key_windows.sql", "idempotent publish: a topic with a retention longer than a day recognises keys for its retention, in partitions per retention class that the maintainer makes and empties"},
 }
 
 // Migrations returns every schema version, oldest first, for these tables.

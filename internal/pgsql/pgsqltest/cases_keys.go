@@ -405,10 +405,11 @@ func (f *fixture) keyRows(topic string, k int) []string {
 // publish writes a key for now's slot and the one before; a key written
 // by a publisher whose transaction began in the slot before is
 // recognised (the two share that slot), one written two slots before is
-// not, and neither are day rows (a topic that got its retention after
-// schema version 21 has no day rows to honour). The maintainer's
-// function then empties the class's partition two slots old, and the key
-// of the slot before is still recognised by its row of that slot.
+// not, and neither are day rows (the class's partitions became usable
+// more than two days before: its topics write no day rows any more). The
+// maintainer's function then empties the class's partition two slots
+// old, and the key of the slot before is still recognised by its row of
+// that slot.
 func testKeyedRetentionWindow(t *testing.T, f *fixture) {
 	const topic, class = "long", 19
 	if pgsql.KeyClassSeconds(class) < int64((72*time.Hour)/time.Second) {
@@ -418,6 +419,7 @@ func testKeyedRetentionWindow(t *testing.T, f *fixture) {
 		Retention: 72 * time.Hour, RetentionClass: class}); err != nil {
 		t.Fatal(err)
 	}
+	f.readyKeyClass(class, `pg_catalog.now() - interval '3 days'`) // past the two days of day rows
 	if got := f.insertKeyed(f.Pool, topic, keyed{"a", "new"}); len(got) != 0 {
 		t.Fatalf("left out %v", got)
 	}
@@ -450,38 +452,80 @@ func testKeyedRetentionWindow(t *testing.T, f *fixture) {
 	}
 }
 
-// testKeyedDayRowsAfterMigration: a topic whose retention was longer than
-// a day when schema version 21 was applied (keys_by_day_until ahead)
-// writes its keys in the day slots too, so that a key stored before in
-// day rows (by a release before, which writes nothing else) is
-// recognised, and a publisher of a release before meets the keys this
-// one writes; once keys_by_day_until has passed (set here, as two days
-// would), it writes the class rows alone.
-func testKeyedDayRowsAfterMigration(t *testing.T, f *fixture) {
+// readyKeyClass makes the partitions of key class k and sets its
+// keys_since to since (an SQL expression), as the maintainer does.
+func (f *fixture) readyKeyClass(k int, since string) {
+	f.t.Helper()
+	if _, err := f.Driver.AddKeyPartitions(f.ctx, f.Pool, k); err != nil {
+		f.t.Fatalf("make the partitions of key class %d: %v", k, err)
+	}
+	if _, err := f.Pool.Exec(f.ctx, `UPDATE `+f.Tables.Retention+` SET keys_since = `+since+` WHERE retention_class = $1`, k); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// testKeyedClassTransition: a topic whose retention is longer than a day
+// keeps its keys in the day's rows until its class's partitions may be
+// used (KeyLanes: not ready); the maintainer's steps make them (once),
+// read the transactions that have the keys table open (one held from
+// another connection), and set keys_since. For two days after it the
+// topic's keys take both the class's rows and the day's: a key stored
+// before in day rows (by this release before, or by a release before
+// schema version 21, which writes nothing else) is recognised, and a
+// publisher of a release before meets the keys this one writes. Once
+// the two days have passed (keys_since set back, as they would), a key
+// takes its class rows alone.
+func testKeyedClassTransition(t *testing.T, f *fixture) {
 	const topic, class = "upgraded", 19
 	if _, err := f.Driver.UpsertTopic(f.ctx, f.Pool, pgsql.TopicParams{Topic: topic, Partitions: 1,
 		Retention: 72 * time.Hour, RetentionClass: class}); err != nil {
 		t.Fatal(err)
 	}
-	setUntil := func(expr string) {
-		if _, err := f.Pool.Exec(f.ctx, `UPDATE `+f.Tables.Topics+` SET keys_by_day_until = `+expr+` WHERE topic = $1`, topic); err != nil {
-			t.Fatal(err)
+	lanes, err := f.Driver.KeyLanes(f.ctx, f.Pool)
+	if err != nil || !slices.Equal(lanes, []pgsql.KeyLane{{Class: class, Ready: false}}) {
+		t.Fatalf("key lanes = %v, %v; want class %d, not ready", lanes, err, class)
+	}
+	today := f.today()
+	if got := f.insertKeyed(f.Pool, topic, keyed{"a", "stored before"}); len(got) != 0 {
+		t.Fatalf("left out %v", got)
+	}
+	day := func(back int64) string { return fmt.Sprintf("%d:%d", (today-back)%4, -back) }
+	if rows := f.keyRows(topic, 0); !slices.Equal(rows, []string{day(1), day(0)}) && !slices.Equal(rows, []string{day(0), day(1)}) {
+		t.Fatalf("rows before the class is ready = %v, want the day rows %s and %s", rows, day(1), day(0))
+	}
+	holder := f.begin()
+	if _, err := holder.Exec(f.ctx, `SELECT count(*) FROM `+f.Tables.Keys); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{true, false} {
+		made, err := f.Driver.AddKeyPartitions(f.ctx, f.Pool, class)
+		if err != nil || made != want {
+			t.Fatalf("add key partitions, call %d = %t, %v; want %t", i, made, err, want)
 		}
 	}
-	setUntil(`pg_catalog.now() + interval '2 days'`)
-	today := f.today()
-	f.writeKey(f.Pool, topic, "stored before", today) // as a publisher of a release before
-	got := f.insertKeyed(f.Pool, topic, keyed{"a", "stored before"}, keyed{"b", "new"})
+	holders, err := f.Driver.KeysLockHolders(f.ctx, f.Pool)
+	if err != nil || len(holders) != 1 {
+		t.Fatalf("keys table lock holders = %v, %v; want the transaction held open", holders, err)
+	}
+	if err := holder.Rollback(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if running, err := pgsql.LockHoldersRunning(f.ctx, f.Pool, holders); err != nil || running {
+		t.Fatalf("holders running = %t, %v; want ended", running, err)
+	}
+	for i, want := range []bool{true, false} {
+		if set, err := f.Driver.SetKeysSince(f.ctx, f.Pool, class); err != nil || set != want {
+			t.Fatalf("set keys_since, call %d = %t, %v; want %t", i, set, err, want)
+		}
+	}
+	if lanes, err := f.Driver.KeyLanes(f.ctx, f.Pool); err != nil || !slices.Equal(lanes, []pgsql.KeyLane{{Class: class, Ready: true}}) {
+		t.Fatalf("key lanes = %v, %v; want class %d ready", lanes, err, class)
+	}
+	got := f.insertKeyed(f.Pool, topic, keyed{"b", "stored before"}, keyed{"c", "new"})
 	if !slices.Equal(got, []int{0}) {
 		t.Fatalf("left out %v, want [0]: the key stored before in day rows", got)
 	}
-	day := func(back int64) string { return fmt.Sprintf("%d:%d", (today-back)%4, -back) }
 	rows := f.keyRows(topic, 0)
-	for _, want := range []string{day(0), day(1)} {
-		if !slices.Contains(rows, want) {
-			t.Fatalf("rows %v: want the day row %s too", rows, want)
-		}
-	}
 	if len(rows) != 4+4 {
 		t.Fatalf("rows %v: want 8 (two day and two class rows of each key: the one stored before gets the class rows it lacked)", rows)
 	}
@@ -492,11 +536,11 @@ func testKeyedDayRowsAfterMigration(t *testing.T, f *fixture) {
 	if err != nil || tag.RowsAffected() != 0 {
 		t.Fatalf("the day row of the key published now: %v, %v rows new; want 0", err, tag.RowsAffected())
 	}
-	setUntil(`pg_catalog.now() - interval '1 microsecond'`)
-	if got := f.insertKeyed(f.Pool, topic, keyed{"c", "later"}); len(got) != 0 {
+	f.readyKeyClass(class, `pg_catalog.now() - interval '2 days' - interval '1 microsecond'`)
+	if got := f.insertKeyed(f.Pool, topic, keyed{"d", "later"}); len(got) != 0 {
 		t.Fatalf("left out %v", got)
 	}
 	if got := len(f.keyRows(topic, 0)); got != 8+2 {
-		t.Fatalf("%d rows, want 10: once the day rows' time has passed, a key takes its two class rows only", got)
+		t.Fatalf("%d rows, want 10: two days after keys_since, a key takes its two class rows only", got)
 	}
 }

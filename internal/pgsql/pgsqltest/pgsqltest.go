@@ -102,7 +102,7 @@ func cases() []testCase {
 		{"KeyedDelayed", testKeyedDelayed},
 		{"ForgetKeys", testForgetKeys},
 		{"KeyedRetentionWindow", testKeyedRetentionWindow},
-		{"KeyedDayRowsAfterMigration", testKeyedDayRowsAfterMigration},
+		{"KeyedClassTransition", testKeyedClassTransition},
 		// sessions
 		{"SessionCreateAndHeartbeat", testSessionCreateAndHeartbeat},
 		{"SessionReplacesAnother", testSessionReplacesAnother},
