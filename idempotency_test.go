@@ -140,7 +140,8 @@ func TestIdempotentPublishCommitReplyLost(t *testing.T) {
 // left out, and the call succeeds, on a pool, a pgx.Conn and a pgx.Tx
 // (the outbox), and for delayed messages; a batch whose keys are partly
 // stored stores the rest; the metadata key and the configured function
-// both give keys; messages without keys are always stored.
+// both give keys; messages without keys are always stored. Each on a
+// topic without retention and on one with a retention of three days.
 func TestIdempotentPublishEveryWay(t *testing.T) {
 	ctx := context.Background()
 	pool := newPool(t, 8)
@@ -155,6 +156,8 @@ func TestIdempotentPublishEveryWay(t *testing.T) {
 		}
 		return m
 	}
+	// Each way on a topic without retention (day rows) and on one with a
+	// retention of three days (the rows of its key class, usable).
 	for _, c := range []struct {
 		name string
 		db   func(t *testing.T) (pglease.DB, func())
@@ -167,36 +170,50 @@ func TestIdempotentPublishEveryWay(t *testing.T) {
 			return tx, func() { require.NoError(t, tx.Commit(ctx)) }
 		}},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			topic := "every-" + c.name
-			db, done := c.db(t)
-			pub, err := pglease.NewPublisher(db, pglease.PublisherConfig{Tables: tables}, nil)
-			require.NoError(t, err)
-			res, err := pub.PublishWithResult(topic, byMetadata("a", "k1"), byMetadata("b", ""), byMetadata("c", "k2"), byMetadata("d", "k1"))
-			require.NoError(t, err)
-			assert.Equal(t, []int{3}, res.AlreadyStored, "d repeats a's key")
-			res, err = pub.PublishWithResult(topic, byMetadata("e", "k2"), byMetadata("f", "k3"), byMetadata("g", ""))
-			require.NoError(t, err)
-			assert.Equal(t, []int{0}, res.AlreadyStored, "k2 stored")
-			require.NoError(t, pub.Publish(topic, byMetadata("h", "k3")), "a message already stored: no error")
+		for _, long := range []bool{false, true} {
+			name := c.name
+			if long {
+				name += " retention"
+			}
+			t.Run(name, func(t *testing.T) {
+				topic := "every-" + c.name
+				if long {
+					topic += "-long"
+					require.NoError(t, pglease.CreateTopic(ctx, pool, topic, pglease.TopicConfig{Retention: 72 * time.Hour, Tables: tables}))
+					readyKeyClass(t, pool, tables, 19)
+				}
+				db, done := c.db(t)
+				pub, err := pglease.NewPublisher(db, pglease.PublisherConfig{Tables: tables}, nil)
+				require.NoError(t, err)
+				res, err := pub.PublishWithResult(topic, byMetadata("a", "k1"), byMetadata("b", ""), byMetadata("c", "k2"), byMetadata("d", "k1"))
+				require.NoError(t, err)
+				assert.Equal(t, []int{3}, res.AlreadyStored, "d repeats a's key")
+				res, err = pub.PublishWithResult(topic, byMetadata("e", "k2"), byMetadata("f", "k3"), byMetadata("g", ""))
+				require.NoError(t, err)
+				assert.Equal(t, []int{0}, res.AlreadyStored, "k2 stored")
+				require.NoError(t, pub.Publish(topic, byMetadata("h", "k3")), "a message already stored: no error")
 
-			later := byMetadata("later", "k4")
-			delay.Message(later, delay.For(time.Hour))
-			again := byMetadata("again", "k4")
-			delay.Message(again, delay.For(time.Hour))
-			res, err = pub.PublishWithResult(topic, later, byMetadata("now", "k5"), again)
-			require.NoError(t, err)
-			assert.Equal(t, []int{2}, res.AlreadyStored, "a delayed message and a message due now in one call, the delayed repeated")
-			res, err = pub.PublishWithResult(topic, byMetadata("k4 due now", "k4"), byMetadata("k5 delayed", "k5"))
-			require.NoError(t, err)
-			assert.Equal(t, []int{0, 1}, res.AlreadyStored, "keys of delayed and due messages are one set")
-			require.NoError(t, pub.Close())
-			done()
+				later := byMetadata("later", "k4")
+				delay.Message(later, delay.For(time.Hour))
+				again := byMetadata("again", "k4")
+				delay.Message(again, delay.For(time.Hour))
+				res, err = pub.PublishWithResult(topic, later, byMetadata("now", "k5"), again)
+				require.NoError(t, err)
+				assert.Equal(t, []int{2}, res.AlreadyStored, "a delayed message and a message due now in one call, the delayed repeated")
+				res, err = pub.PublishWithResult(topic, byMetadata("k4 due now", "k4"), byMetadata("k5 delayed", "k5"))
+				require.NoError(t, err)
+				assert.Equal(t, []int{0, 1}, res.AlreadyStored, "keys of delayed and due messages are one set")
+				require.NoError(t, pub.Close())
+				done()
 
-			rows, distinct := storedCount(t, pool, tables, topic)
-			assert.Equal(t, 6, rows, "a b c f g now")
-			assert.Equal(t, 6, distinct)
-		})
+				rows, distinct := storedCount(t, pool, tables, topic)
+				assert.Equal(t, 6, rows, "a b c f g now")
+				assert.Equal(t, 6, distinct)
+				var classRows int
+				require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+keysTable(tables)+` WHERE topic = $1 AND gen >= 72`, topic).Scan(&classRows))
+				assert.Equal(t, long, classRows > 0, "class rows only for the topic with a retention")
+			})
+		}
 	}
 
 	t.Run("configured function", func(t *testing.T) {

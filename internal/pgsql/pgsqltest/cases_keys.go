@@ -1,6 +1,7 @@
 package pgsqltest
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
@@ -468,7 +470,9 @@ func (f *fixture) readyKeyClass(k int, since string) {
 // keeps its keys in the day's rows until its class's partitions may be
 // used (KeyLanes: not ready); the maintainer's steps make them (once),
 // read the transactions that have the keys table open (one held from
-// another connection), and set keys_since. For two days after it the
+// another connection; on Citus, where making them waits for such a
+// transaction and gives up after its lock_timeout, one held after), and
+// set keys_since. For two days after it the
 // topic's keys take both the class's rows and the day's: a key stored
 // before in day rows (by this release before, or by a release before
 // schema version 21, which writes nothing else) is recognised, and a
@@ -497,10 +501,30 @@ func testKeyedClassTransition(t *testing.T, f *fixture) {
 	if _, err := holder.Exec(f.ctx, `SELECT count(*) FROM `+f.Tables.Keys); err != nil {
 		t.Fatal(err)
 	}
+	if f.Citus {
+		// On Citus a partition is made by CREATE TABLE ... PARTITION OF,
+		// whose lock on the parent waits for every transaction that has
+		// it open: the function gives up after its lock_timeout, and the
+		// maintainer tries again at its next round.
+		_, err := f.Driver.AddKeyPartitions(f.ctx, f.Pool, class)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+			t.Fatalf("add key partitions while a transaction has the keys table open: %v; want lock_not_available", err)
+		}
+		if err := holder.Rollback(f.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for i, want := range []bool{true, false} {
 		made, err := f.Driver.AddKeyPartitions(f.ctx, f.Pool, class)
 		if err != nil || made != want {
 			t.Fatalf("add key partitions, call %d = %t, %v; want %t", i, made, err, want)
+		}
+	}
+	if f.Citus {
+		holder = f.begin()
+		if _, err := holder.Exec(f.ctx, `SELECT count(*) FROM `+f.Tables.Keys); err != nil {
+			t.Fatal(err)
 		}
 	}
 	holders, err := f.Driver.KeysLockHolders(f.ctx, f.Pool)
