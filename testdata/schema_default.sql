@@ -1650,7 +1650,7 @@ END
 $pglease1$;
 INSERT INTO "pglease_schema_version" (version, description) VALUES (20, 'positions: the trigger''s WHEN clause tests only the rows pglease''s statements registered; the registration runs no query per step') ON CONFLICT (version) DO NOTHING;
 
--- version 21: idempotent publish: a topic with a retention longer than a day recognises keys for its retention, in partitions per retention class forgotten by truncation
+-- version 21: idempotent publish: a topic with a retention longer than a day recognises keys for its retention, in partitions per retention class that the maintainer makes and empties
 -- Idempotency keys for the topic's retention (see keys.go): when its key
 -- class's partitions may be used (set by the maintainer, which makes them
 -- through the owner's function), the maintainer's functions that make
@@ -1716,7 +1716,7 @@ $pglease$);
 	EXECUTE 'CREATE OR REPLACE FUNCTION ' || fn || '(class integer) RETURNS boolean
 		LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 		SET search_path = pg_catalog, pg_temp
-		SET lock_timeout = ''5s''
+		SET lock_timeout = ''500ms''
 		AS ' || quote_literal('DECLARE
 	nsp constant text := ' || quote_literal(nsp) || ';
 	owner constant name := ' || quote_literal(owner) || ';
@@ -1767,5 +1767,5 @@ $pglease$);
 	END LOOP;
 END
 $pglease1$;
-INSERT INTO "pglease_schema_version" (version, description) VALUES (21, 'idempotent publish: a topic with a retention longer than a day recognises keys for its retention, in partitions per retention class forgotten by truncation') ON CONFLICT (version) DO NOTHING;
+INSERT INTO "pglease_schema_version" (version, description) VALUES (21, 'idempotent publish: a topic with a retention longer than a day recognises keys for its retention, in partitions per retention class that the maintainer makes and empties') ON CONFLICT (version) DO NOTHING;
 COMMIT;

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
@@ -38,6 +39,15 @@ func (m *maintainer) keyClassRound(ctx context.Context) (bool, error) {
 		holders, pending := m.keysSettling[class]
 		if !pending {
 			made, err := m.driver.AddKeyPartitions(sctx, m.pool, class)
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+				// On Citus, making a partition waits for every transaction
+				// that has the keys table open: the function gave up after
+				// its lock_timeout. Keys stay in the day's rows meanwhile.
+				m.logger.Info("Cannot make the key partitions of a retention class yet (a transaction holds the keys table); retrying at the next round",
+					watermill.LogFields{"class": class})
+				continue
+			}
 			if err != nil {
 				errs = append(errs, fmt.Errorf("make the key partitions of class %d: %w", class, err))
 				continue

@@ -100,12 +100,6 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 	if len(lanes) == 0 {
 		return 0, nil
 	}
-	// The key classes of the topics whose retention is longer than a day.
-	var errs []error
-	keysWaiting, err := m.keyClassRound(ctx)
-	if err != nil {
-		errs = append(errs, err)
-	}
 
 	type part struct {
 		pgsql.RetentionPartition
@@ -138,6 +132,7 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 	// Partitions ahead first: publishers need them, and an expired
 	// partition that cannot be removed now (a long transaction holds it)
 	// must not hold them back. A failure stops only its own class.
+	var errs []error
 	for i, l := range lanes {
 		if l.longest <= 0 {
 			continue
@@ -165,6 +160,11 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 	}
 	// Publishers may use them once no transaction could route without them.
 	if err := m.usePartitions(ctx, lanes); err != nil {
+		errs = append(errs, err)
+	}
+	// The key classes of the topics whose retention is longer than a day.
+	keysWaiting, err := m.keyClassRound(ctx)
+	if err != nil {
 		errs = append(errs, err)
 	}
 	if len(m.settling) > 0 || keysWaiting {
