@@ -129,6 +129,10 @@ func (t *Tables) keysPlaceholders(values map[string]string) {
 	values["keys_class_min"] = strconv.Itoa(KeyClassMin)
 	values["keys_class_max"] = strconv.Itoa(KeyClassMax)
 	values["fn_add_keys_literal"] = quoteLiteral(t.partitionName(fnAddKeys))
+	// The keys table's name alone, quoted: the owner's functions qualify
+	// it with the messages table's schema (their search_path is
+	// pg_catalog's).
+	values["keys_name_quoted"] = quoteLiteral(pgx.Identifier{t.partitionName("keys")}.Sanitize())
 }
 
 // keyed reports whether a message of p has an idempotency key.
