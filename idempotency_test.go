@@ -524,7 +524,7 @@ func TestKeyDigest(t *testing.T) {
 // function and lets publishers use them, past the two days in which they
 // write the day rows too, as the maintainer would have (tests whose
 // maintainer does not run).
-func readyKeyClass(t *testing.T, pool *pgxpool.Pool, tables pglease.Tables, k int) {
+func readyKeyClass(t testing.TB, pool *pgxpool.Pool, tables pglease.Tables, k int) {
 	t.Helper()
 	ctx := context.Background()
 	_, err := pool.Exec(ctx, `SELECT `+pgx.Identifier{tables.Schema, pglease.PartitionName(tables, "add_key_partitions")}.Sanitize()+`($1)`, k)
