@@ -888,9 +888,6 @@ func TestPublisherCannotForgePositions(t *testing.T) {
 	execAll(t, ownerPool, pglease.GrantPublisherSQL(adapter, publisher), pglease.GrantSQL(adapter, consumer))
 	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "keyed", pglease.TopicConfig{Partitions: 3, Tables: adapter}))
 	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "kept", pglease.TopicConfig{Retention: time.Hour, Tables: adapter}))
-	// Keys for a retention of three days: its key class's rows.
-	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "long", pglease.TopicConfig{Retention: 72 * time.Hour, Tables: adapter}))
-	readyKeyClass(t, ownerPool, adapter, 19)
 
 	pubPool := poolAs(t, publisher, 4)
 	pub, err := pglease.NewPublisher(pubPool, pglease.PublisherConfig{Tables: adapter,
