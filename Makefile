@@ -109,7 +109,7 @@ bench-insert: localpg
 	$(call DEPS,$(SERVER_DEPS))
 	$(LOCALPG) sh -c 'cd benchmarks && go test -run "^$$" -bench InsertShapes -benchtime 2000x -count 5 .'
 
-## bench-keys: Publish with idempotency keys beside the same workload without, in one run (64 goroutines; batches of 100); PostgreSQL with fsync on
+## bench-keys: Publish with idempotency keys beside the same workload without, in one run (64 goroutines; batches of 100, also on a topic with a retention of three days, and with time-ordered keys); PostgreSQL with fsync on
 bench-keys: localpg
 	$(call DEPS,$(SERVER_DEPS))
 	LOCALPG_DURABLE=1 $(LOCALPG) go test -run "^$$" -bench IdempotentPublish -benchtime 1x -count 3 .

@@ -251,17 +251,22 @@ func BenchmarkWaitingKey(b *testing.B) {
 // meet the same state of the server; it reports each one's msgs/s over
 // all rounds and the keyed rate as a percentage of the plain one. The
 // workloads: one message per call from 64 goroutines (parallel64,
-// group-committed), 100 messages per call from one (batch100), and the
-// same with time-ordered UUIDs (version 7) as the messages' UUIDs, and so
-// keys, instead of random ones (batch100uuidv7). Run it
+// group-committed), 100 messages per call from one (batch100), the same
+// on a topic with a retention of three days, whose keys take the rows of
+// its key class (batch100retention), and the same with time-ordered
+// UUIDs (version 7) as the messages' UUIDs, and so keys, instead of
+// random ones (batch100uuidv7). Run it
 // with `make bench-keys` (PostgreSQL with fsync on); b.N is ignored.
 func BenchmarkIdempotentPublish(b *testing.B) {
 	const topic, perRound, rounds = "bench", 20000, 5
 	workloads := []struct {
 		name string
+		// long: the topic has a retention of three days, its keys the
+		// rows of its key class (ready, past its two days of day rows).
+		long bool
 		run  func(b *testing.B, pub *pglease.Publisher)
 	}{
-		{"parallel64", func(b *testing.B, pub *pglease.Publisher) {
+		{"parallel64", false, func(b *testing.B, pub *pglease.Publisher) {
 			var wg sync.WaitGroup
 			for w := range 64 {
 				wg.Add(1)
@@ -277,14 +282,21 @@ func BenchmarkIdempotentPublish(b *testing.B) {
 			}
 			wg.Wait()
 		}},
-		{"batch100", func(b *testing.B, pub *pglease.Publisher) {
+		{"batch100", false, func(b *testing.B, pub *pglease.Publisher) {
 			for i := 0; i < perRound; i += 100 {
 				if err := pub.Publish(topic, benchMessages(100)...); err != nil {
 					b.Fatal(err)
 				}
 			}
 		}},
-		{"batch100uuidv7", func(b *testing.B, pub *pglease.Publisher) {
+		{"batch100retention", true, func(b *testing.B, pub *pglease.Publisher) {
+			for i := 0; i < perRound; i += 100 {
+				if err := pub.Publish(topic, benchMessages(100)...); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}},
+		{"batch100uuidv7", false, func(b *testing.B, pub *pglease.Publisher) {
 			for i := 0; i < perRound; i += 100 {
 				msgs := make([]*message.Message, 100)
 				for j := range msgs {
@@ -299,6 +311,10 @@ func BenchmarkIdempotentPublish(b *testing.B) {
 	for _, w := range workloads {
 		b.Run(w.name, func(b *testing.B) {
 			pool, tables := benchSetup(b, topic)
+			if w.long {
+				require.NoError(b, pglease.CreateTopic(context.Background(), pool, topic, pglease.TopicConfig{Retention: 72 * time.Hour, Tables: tables}))
+				readyKeyClass(b, pool, tables, 19)
+			}
 			plain := benchPublisher(b, pool, tables)
 			keyed, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, IdempotencyKey: keyedByUUID}, nil)
 			require.NoError(b, err)

@@ -140,7 +140,8 @@ func TestIdempotentPublishCommitReplyLost(t *testing.T) {
 // left out, and the call succeeds, on a pool, a pgx.Conn and a pgx.Tx
 // (the outbox), and for delayed messages; a batch whose keys are partly
 // stored stores the rest; the metadata key and the configured function
-// both give keys; messages without keys are always stored.
+// both give keys; messages without keys are always stored. Each on a
+// topic without retention and on one with a retention of three days.
 func TestIdempotentPublishEveryWay(t *testing.T) {
 	ctx := context.Background()
 	pool := newPool(t, 8)
@@ -155,6 +156,8 @@ func TestIdempotentPublishEveryWay(t *testing.T) {
 		}
 		return m
 	}
+	// Each way on a topic without retention (day rows) and on one with a
+	// retention of three days (the rows of its key class, usable).
 	for _, c := range []struct {
 		name string
 		db   func(t *testing.T) (pglease.DB, func())
@@ -167,36 +170,50 @@ func TestIdempotentPublishEveryWay(t *testing.T) {
 			return tx, func() { require.NoError(t, tx.Commit(ctx)) }
 		}},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			topic := "every-" + c.name
-			db, done := c.db(t)
-			pub, err := pglease.NewPublisher(db, pglease.PublisherConfig{Tables: tables}, nil)
-			require.NoError(t, err)
-			res, err := pub.PublishWithResult(topic, byMetadata("a", "k1"), byMetadata("b", ""), byMetadata("c", "k2"), byMetadata("d", "k1"))
-			require.NoError(t, err)
-			assert.Equal(t, []int{3}, res.AlreadyStored, "d repeats a's key")
-			res, err = pub.PublishWithResult(topic, byMetadata("e", "k2"), byMetadata("f", "k3"), byMetadata("g", ""))
-			require.NoError(t, err)
-			assert.Equal(t, []int{0}, res.AlreadyStored, "k2 stored")
-			require.NoError(t, pub.Publish(topic, byMetadata("h", "k3")), "a message already stored: no error")
+		for _, long := range []bool{false, true} {
+			name := c.name
+			if long {
+				name += " retention"
+			}
+			t.Run(name, func(t *testing.T) {
+				topic := "every-" + c.name
+				if long {
+					topic += "-long"
+					require.NoError(t, pglease.CreateTopic(ctx, pool, topic, pglease.TopicConfig{Retention: 72 * time.Hour, Tables: tables}))
+					readyKeyClass(t, pool, tables, 19)
+				}
+				db, done := c.db(t)
+				pub, err := pglease.NewPublisher(db, pglease.PublisherConfig{Tables: tables}, nil)
+				require.NoError(t, err)
+				res, err := pub.PublishWithResult(topic, byMetadata("a", "k1"), byMetadata("b", ""), byMetadata("c", "k2"), byMetadata("d", "k1"))
+				require.NoError(t, err)
+				assert.Equal(t, []int{3}, res.AlreadyStored, "d repeats a's key")
+				res, err = pub.PublishWithResult(topic, byMetadata("e", "k2"), byMetadata("f", "k3"), byMetadata("g", ""))
+				require.NoError(t, err)
+				assert.Equal(t, []int{0}, res.AlreadyStored, "k2 stored")
+				require.NoError(t, pub.Publish(topic, byMetadata("h", "k3")), "a message already stored: no error")
 
-			later := byMetadata("later", "k4")
-			delay.Message(later, delay.For(time.Hour))
-			again := byMetadata("again", "k4")
-			delay.Message(again, delay.For(time.Hour))
-			res, err = pub.PublishWithResult(topic, later, byMetadata("now", "k5"), again)
-			require.NoError(t, err)
-			assert.Equal(t, []int{2}, res.AlreadyStored, "a delayed message and a message due now in one call, the delayed repeated")
-			res, err = pub.PublishWithResult(topic, byMetadata("k4 due now", "k4"), byMetadata("k5 delayed", "k5"))
-			require.NoError(t, err)
-			assert.Equal(t, []int{0, 1}, res.AlreadyStored, "keys of delayed and due messages are one set")
-			require.NoError(t, pub.Close())
-			done()
+				later := byMetadata("later", "k4")
+				delay.Message(later, delay.For(time.Hour))
+				again := byMetadata("again", "k4")
+				delay.Message(again, delay.For(time.Hour))
+				res, err = pub.PublishWithResult(topic, later, byMetadata("now", "k5"), again)
+				require.NoError(t, err)
+				assert.Equal(t, []int{2}, res.AlreadyStored, "a delayed message and a message due now in one call, the delayed repeated")
+				res, err = pub.PublishWithResult(topic, byMetadata("k4 due now", "k4"), byMetadata("k5 delayed", "k5"))
+				require.NoError(t, err)
+				assert.Equal(t, []int{0, 1}, res.AlreadyStored, "keys of delayed and due messages are one set")
+				require.NoError(t, pub.Close())
+				done()
 
-			rows, distinct := storedCount(t, pool, tables, topic)
-			assert.Equal(t, 6, rows, "a b c f g now")
-			assert.Equal(t, 6, distinct)
-		})
+				rows, distinct := storedCount(t, pool, tables, topic)
+				assert.Equal(t, 6, rows, "a b c f g now")
+				assert.Equal(t, 6, distinct)
+				var classRows int
+				require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+keysTable(tables)+` WHERE topic = $1 AND gen >= 72`, topic).Scan(&classRows))
+				assert.Equal(t, long, classRows > 0, "class rows only for the topic with a retention")
+			})
+		}
 	}
 
 	t.Run("configured function", func(t *testing.T) {
@@ -329,11 +346,20 @@ func TestIdempotentPublishThroughPgBouncer(t *testing.T) {
 }
 
 // TestCitusIdempotentPublish: on Citus, keyed messages of several topics
-// published by concurrent calls (group-committed into statements that
-// write to several workers) are stored once each, and published again
-// are all left out; the keys lie with their topics' messages.
+// (half of them with a retention of three days, whose keys take the
+// rows of their retention class) published by concurrent calls
+// (group-committed into statements that write to several workers) are
+// stored once each, and published again are all left out; the keys lie
+// with their topics' messages.
 func TestCitusIdempotentPublish(t *testing.T) {
 	pool, tables := citusSchema(t, 10)
+	// Half the topics keep their keys for their retention (class rows),
+	// the class's partitions made as the maintainer makes them.
+	for i := 0; i < 8; i += 2 {
+		require.NoError(t, pglease.CreateTopic(context.Background(), pool, fmt.Sprint("citus-keys-", i),
+			pglease.TopicConfig{Retention: 72 * time.Hour, Tables: tables}))
+	}
+	readyKeyClass(t, pool, tables, 19)
 	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, IdempotencyKey: keyedByUUID}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
@@ -374,6 +400,11 @@ func TestCitusIdempotentPublish(t *testing.T) {
 		pgx.Identifier{tables.Schema, pglease.DefaultMessagesTable + "_keys"}.Sanitize(),
 		pgx.Identifier{tables.Schema, pglease.DefaultMessagesTable}.Sanitize()).Scan(&colocated))
 	assert.True(t, colocated, "the keys table is co-located with the messages")
+	var classRows, dayRows int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE gen >= 72), count(*) FILTER (WHERE gen < 4)
+		FROM `+keysTable(tables)).Scan(&classRows, &dayRows))
+	assert.Equal(t, 2*topics/2*perTopic, classRows, "the keys of the topics with a retention of three days: two class rows each")
+	assert.Equal(t, 2*topics/2*perTopic, dayRows, "the others': two day rows each")
 }
 
 // TestIdempotentPublishFromTxHandler: the messages a TxHandler returns
@@ -487,4 +518,205 @@ func TestKeyDigest(t *testing.T) {
 	assert.Len(t, pglease.KeyDigest(upper), 36)
 	assert.Equal(t, pglease.KeyDigest("order-1042"), pglease.KeyDigest("order-1042"))
 	assert.NotEqual(t, pglease.KeyDigest("order-1042"), pglease.KeyDigest("order-1043"))
+}
+
+// readyKeyClass makes the partitions of key class k through the owner's
+// function and lets publishers use them, past the two days in which they
+// write the day rows too, as the maintainer would have (tests whose
+// maintainer does not run).
+func readyKeyClass(t testing.TB, pool *pgxpool.Pool, tables pglease.Tables, k int) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `SELECT `+pgx.Identifier{tables.Schema, pglease.PartitionName(tables, "add_key_partitions")}.Sanitize()+`($1)`, k)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE `+pgx.Identifier{tables.Schema, pglease.DefaultRetentionTable}.Sanitize()+
+		` SET keys_since = now() - interval '3 days' WHERE retention_class = $1`, k)
+	require.NoError(t, err)
+}
+
+// keysTable is the quoted name of the keys table of tables.
+func keysTable(tables pglease.Tables) string {
+	return pgx.Identifier{tables.Schema, pglease.DefaultMessagesTable + "_keys"}.Sanitize()
+}
+
+// TestMaintainerForgetsKeysOfTheRetention: a topic with a retention of
+// three days keeps its keys in slots of its retention class (2^18 s,
+// about three days), in partitions the maintainer makes (and lets
+// publishers use) once the topic has that retention. Rows are written here as publishers whose
+// transactions began one and two slots before wrote them (the clock is
+// the database's: rows of past slots stand for time gone by); the
+// maintainer's housekeeping empties the class's partition of the slot
+// two slots old and leaves the slot before's: its key is still
+// recognised, three days or more after it was published.
+func TestMaintainerForgetsKeysOfTheRetention(t *testing.T) {
+	parallel(t)
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	tables := newSchema(t, pool)
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{Retention: 72 * time.Hour, Tables: tables, InitializeSchema: true}))
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, IdempotencyKey: keyedByUUID}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	const class, width = 19, 1 << 18
+	keys := keysTable(tables)
+	retention := pgx.Identifier{tables.Schema, pglease.DefaultRetentionTable}.Sanitize()
+	sub := newTestSubscriber(t, pool, tables, pglease.SubscriberConfig{ConsumerGroup: "g",
+		Maintenance: pglease.MaintenanceConfig{Interval: 100 * time.Millisecond}})
+	_, err = sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	waitFor(t, 20*time.Second, "the maintainer to make the key class's partitions usable", func() bool {
+		var ready bool
+		_ = pool.QueryRow(ctx, `SELECT keys_since IS NOT NULL FROM `+retention+` WHERE retention_class = $1`, class).Scan(&ready)
+		return ready
+	})
+	require.NoError(t, pub.Publish("t", message.NewMessage("now", nil)))
+	slots := func() (twoBefore, recent int) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE slot = s - 2), count(*) FILTER (WHERE slot >= s - 1)
+			FROM `+keys+`, (SELECT floor(extract(epoch FROM now()) / $1)::bigint AS s) x WHERE gen BETWEEN $2 AND $2 + 3`,
+			width, 4*class).Scan(&twoBefore, &recent))
+		return twoBefore, recent
+	}
+	for _, k := range []struct {
+		key  string
+		back int // the slot the publisher's transaction began in, before now's
+	}{{"slot before", 1}, {"two slots before", 2}} {
+		tag, err := pool.Exec(ctx, `INSERT INTO `+keys+` (topic, key, slot, gen)
+			SELECT 't', $1::uuid, s, ($3 * 4 + s % 4)::smallint FROM (SELECT floor(extract(epoch FROM now()) / $2)::bigint - $4 AS d) x,
+			LATERAL (VALUES (x.d - 1), (x.d)) v(s)`, pglease.KeyDigest(k.key), width, class, k.back)
+		require.NoError(t, err)
+		require.EqualValues(t, 2, tag.RowsAffected())
+	}
+	_, recent := slots()
+	require.Equal(t, 3, recent, "now's key's two class rows and the slot before's")
+	waitFor(t, 20*time.Second, "the class's keys two slots old to be forgotten", func() bool {
+		twoBefore, _ := slots()
+		return twoBefore == 0
+	})
+	_, recent = slots()
+	assert.Equal(t, 3, recent, "now's rows and the slot before's kept")
+	res, err := pub.PublishWithResult("t", message.NewMessage("now", nil), message.NewMessage("slot before", nil))
+	require.NoError(t, err)
+	assert.Equal(t, []int{0, 1}, res.AlreadyStored, "now's key and the slot before's, through that slot's row")
+}
+
+// TestKeysMigrationUnderTraffic: schema version 21 applied while
+// publishers of the release before publish keys (their statement writes
+// the day rows: here the keys part of it, on a topic with a retention of
+// three days and one without), and while a transaction holds the keys
+// table open from before. No publish fails; then the maintainer makes
+// the long topic's key class usable; every key stored before the
+// migration or during it is recognised by this release's Publisher, and
+// this release's keys are recognised by a publisher of the release
+// before (the day rows, written for two days after the class became
+// usable).
+func TestKeysMigrationUnderTraffic(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, 12)
+	tables := newSchema(t, pool)
+	require.NoError(t, migrateTo(ctx, pool, tables, 20))
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "long", pglease.TopicConfig{Retention: 72 * time.Hour, Tables: tables}))
+	keys := keysTable(tables)
+	// What a publisher of schema versions 15 to 20 writes for a key:
+	// the day its transaction began and the day before; the key is new
+	// when both rows were.
+	oldPublish := func(topic, key string) (bool, error) {
+		var n int
+		err := pool.QueryRow(ctx, `WITH k AS (INSERT INTO `+keys+` (topic, key, slot, gen)
+			SELECT $1, $2::uuid, v.s, (v.s % 4)::smallint FROM (SELECT floor(extract(epoch FROM now()) / 86400)::bigint AS d) x,
+			LATERAL (VALUES (x.d - 1), (x.d)) v(s) ORDER BY v.s ON CONFLICT DO NOTHING RETURNING 1) SELECT count(*) FROM k`,
+			topic, pglease.KeyDigest(key)).Scan(&n)
+		return n == 2, err
+	}
+	topics := []string{"long", "short"}
+	var before []string
+	for i := range 50 {
+		key := fmt.Sprint("before-", i)
+		fresh, err := oldPublish(topics[i%2], key)
+		require.NoError(t, err)
+		require.True(t, fresh)
+		before = append(before, key)
+	}
+	// A transaction of the release before that has the keys table open.
+	held, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = held.Rollback(ctx) }()
+	_, err = held.Exec(ctx, `SELECT count(*) FROM `+keys)
+	require.NoError(t, err)
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	during := map[string]string{} // key: topic
+	var published atomic.Int64
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				topic, key := topics[(w+i)%2], fmt.Sprint("during-", w, "-", i)
+				fresh, err := oldPublish(topic, key)
+				if !assert.NoError(t, err) || !assert.True(t, fresh, key) {
+					return
+				}
+				// And again: the key is known.
+				again, err := oldPublish(topic, key)
+				if !assert.NoError(t, err) || !assert.False(t, again, key) {
+					return
+				}
+				mu.Lock()
+				during[key] = topic
+				mu.Unlock()
+				published.Add(1)
+			}
+		}()
+	}
+	waitFor(t, 10*time.Second, "publishes before the migration", func() bool { return published.Load() >= 20 })
+	start := published.Load()
+	require.NoError(t, pglease.Migrate(ctx, pool, tables))
+	waitFor(t, 10*time.Second, "publishes after the migration", func() bool { return published.Load() >= start+20 })
+	close(stop)
+	wg.Wait()
+	require.NoError(t, held.Commit(ctx))
+	t.Logf("%d keys published by the release before during the migration", published.Load())
+	// The maintainer makes the long topic's key class usable.
+	sub := newTestSubscriber(t, pool, tables, pglease.SubscriberConfig{ConsumerGroup: "g",
+		Maintenance: pglease.MaintenanceConfig{Interval: 100 * time.Millisecond}})
+	_, err = sub.Subscribe(ctx, "long")
+	require.NoError(t, err)
+	waitFor(t, 20*time.Second, "the key class of the long topic to be usable", func() bool {
+		var ready bool
+		_ = pool.QueryRow(ctx, `SELECT keys_since IS NOT NULL FROM `+pgx.Identifier{tables.Schema, pglease.DefaultRetentionTable}.Sanitize()+
+			` WHERE retention_class = 19`).Scan(&ready)
+		return ready
+	})
+
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, IdempotencyKey: keyedByUUID}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	for i, key := range before {
+		res, err := pub.PublishWithResult(topics[i%2], message.NewMessage(key, nil))
+		require.NoError(t, err)
+		assert.Equal(t, []int{0}, res.AlreadyStored, "a key stored before the migration: %s", key)
+	}
+	for key, topic := range during {
+		res, err := pub.PublishWithResult(topic, message.NewMessage(key, nil))
+		require.NoError(t, err)
+		assert.Equal(t, []int{0}, res.AlreadyStored, "a key stored during the migration: %s", key)
+	}
+	// This release's keys, met by a publisher of the release before.
+	for _, topic := range topics {
+		key := "after-" + topic
+		require.NoError(t, pub.Publish(topic, message.NewMessage(key, nil)))
+		fresh, err := oldPublish(topic, key)
+		require.NoError(t, err)
+		assert.False(t, fresh, "a key of this release, published again by the release before, on %s", topic)
+	}
+	var classRows int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+keys+` WHERE topic = 'long' AND gen >= 72`).Scan(&classRows))
+	assert.Positive(t, classRows, "the long topic's keys are in its class's partitions too")
 }

@@ -781,8 +781,9 @@ func TestSetUpByAnApplicationRoleSaysWhatToDo(t *testing.T) {
 }
 
 // TestPublisherOnlyRole: a role with GrantPublisherSQL's grants publishes
-// to a plain topic, a partitioned one with keys, one with a retention and
-// a delayed message, all delivered to a consumer of GrantSQL's role; it
+// to a plain topic, a partitioned one with keys, one with a retention, one
+// with a retention longer than a day (its keys' class rows) and a delayed
+// message, all delivered to a consumer of GrantSQL's role; it
 // cannot read messages, subscribe, move or delete any group's offsets,
 // touch sessions, create topics or call the maintainer's functions.
 func TestPublisherOnlyRole(t *testing.T) {
@@ -798,6 +799,9 @@ func TestPublisherOnlyRole(t *testing.T) {
 	execAll(t, ownerPool, grants, pglease.GrantSQL(adapter, consumer))
 	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "keyed", pglease.TopicConfig{Partitions: 3, Tables: adapter}))
 	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "kept", pglease.TopicConfig{Retention: time.Hour, Tables: adapter}))
+	// Keys for a retention of three days: its key class's rows.
+	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "long", pglease.TopicConfig{Retention: 72 * time.Hour, Tables: adapter}))
+	readyKeyClass(t, ownerPool, adapter, 19)
 
 	pubPool := poolAs(t, publisher, 4)
 	pub, err := pglease.NewPublisher(pubPool, pglease.PublisherConfig{Tables: adapter, AutoInitializeSchema: true,
@@ -806,7 +810,7 @@ func TestPublisherOnlyRole(t *testing.T) {
 	require.NoError(t, err)
 	defer pub.Close()
 	want := map[string][]string{}
-	for _, topic := range []string{"plain", "keyed", "kept"} {
+	for _, topic := range []string{"plain", "keyed", "kept", "long"} {
 		want[topic] = publishN(t, pub, topic, 3)
 	}
 	delayed := message.NewMessage(watermill.NewUUID(), []byte("later"))
@@ -820,6 +824,9 @@ func TestPublisherOnlyRole(t *testing.T) {
 	res, err = pub.PublishWithResult("kept", message.NewMessage(want["kept"][1], nil))
 	require.NoError(t, err)
 	assert.Equal(t, []int{0}, res.AlreadyStored)
+	res, err = pub.PublishWithResult("long", message.NewMessage(want["long"][2], nil))
+	require.NoError(t, err)
+	assert.Equal(t, []int{0}, res.AlreadyStored, "the keys of a topic with a retention of three days")
 
 	qualified := func(name string) string { return pgx.Identifier{adapter.Schema, name}.Sanitize() }
 	for _, stmt := range []string{

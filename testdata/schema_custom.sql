@@ -1656,4 +1656,123 @@ $pglease$;
 END
 $pglease1$;
 INSERT INTO "My ""App"""."version" (version, description) VALUES (20, 'positions: the trigger''s WHEN clause tests only the rows pglease''s statements registered; the registration runs no query per step') ON CONFLICT (version) DO NOTHING;
+
+-- version 21: idempotent publish: a topic with a retention longer than a day recognises keys for its retention, in partitions per retention class that the maintainer makes and empties
+-- Idempotency keys for the topic's retention (see keys.go): when its key
+-- class's partitions may be used (set by the maintainer, which makes them
+-- through the owner's function), the maintainer's functions that make
+-- them and that forget each class's slot two slots old.
+ALTER TABLE "My ""App"""."retention" ADD COLUMN IF NOT EXISTS keys_since timestamptz;
+DO $pglease1$
+DECLARE
+	msgs regclass := to_regclass('"My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz"');
+	keys regclass := to_regclass('"My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz_keys"');
+	nsp name;
+	owner name;
+	fn text;
+	r record;
+BEGIN
+	SELECT n.nspname, pg_get_userbyid(c.relowner) INTO nsp, owner
+	FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = msgs;
+	IF nsp IS NULL OR keys IS NULL THEN
+		RAISE EXCEPTION 'pglease: the messages table % or its keys table is missing', '"My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz"';
+	END IF;
+	-- The maintainer's function that forgets keys, a new body: it empties
+	-- the partition two slots old of every class that has partitions (the
+	-- day's included), and returns how many it emptied.
+	fn := quote_ident(nsp) || '.' || quote_ident('messages_with_a_rather_long_name_that_need_05ba50ac_forget_keys');
+	EXECUTE 'CREATE OR REPLACE FUNCTION ' || fn || '() RETURNS integer
+		LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+		SET search_path = pg_catalog, pg_temp
+		SET lock_timeout = ''500ms''
+		AS ' || quote_literal('DECLARE
+	nsp constant text := ' || quote_literal(nsp) || ';
+' || $pglease$
+	-- The quoted names of the partitions, by gen + 1 (NULL where none).
+	names constant text[] := ARRAY['"messages_with_a_rather_long_name_that_needs_sho_05ba50ac_keys_0"', '"messages_with_a_rather_long_name_that_needs_sho_05ba50ac_keys_1"', '"messages_with_a_rather_long_name_that_needs_sho_05ba50ac_keys_2"', '"messages_with_a_rather_long_name_that_needs_sho_05ba50ac_keys_3"', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_72"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_73"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_74"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_75"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_76"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_77"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_78"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_79"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_80"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_81"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_82"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_83"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_84"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_85"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_86"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_87"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_88"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_89"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_90"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_91"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_92"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_93"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_94"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_95"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_96"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_97"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_98"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_99"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_100"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_101"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_102"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_103"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_104"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_105"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_106"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_107"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_108"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_109"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_110"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_111"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_112"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_113"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_114"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_115"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_116"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_117"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_118"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_119"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_120"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_121"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_122"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_123"']::text[];
+	t constant double precision := extract(epoch FROM now());
+	width bigint;
+	gen integer;
+	part text;
+	found_one boolean;
+	k integer;
+	emptied integer := 0;
+BEGIN
+	-- Per class (0: the day), the partition of the slot two slots before
+	-- now's: no publisher writes there any more (one whose transaction
+	-- began in a slot writes that slot and the one before), and it becomes
+	-- the current slot's again only in two slots.
+	FOR k IN SELECT c FROM unnest(ARRAY[0] || ARRAY(SELECT generate_series(18, 30))) AS c LOOP
+		width := CASE WHEN k = 0 THEN 86400 ELSE 1::bigint << (k - 1) END;
+		gen := 4 * k + ((floor(t / width)::bigint + 2) % 4)::integer;
+		part := quote_ident(nsp) || '.' || names[gen + 1];
+		CONTINUE WHEN pg_catalog.to_regclass(part) IS NULL; -- a class never used
+		EXECUTE 'SELECT EXISTS (SELECT 1 FROM ' || part || ')' INTO found_one;
+		IF found_one THEN
+			EXECUTE 'TRUNCATE ' || part;
+			emptied := emptied + 1;
+		END IF;
+	END LOOP;
+	RETURN emptied;
+END
+$pglease$);
+	-- The maintainer's function that makes the four partitions of a key
+	-- class: a SECURITY DEFINER function of the owner, executable by the
+	-- roles that may delete messages (as those of version 7).
+	fn := quote_ident(nsp) || '.' || quote_ident('messages_with_a_rather_long_name_th_05ba50ac_add_key_partitions');
+	EXECUTE 'CREATE OR REPLACE FUNCTION ' || fn || '(class integer) RETURNS boolean
+		LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+		SET search_path = pg_catalog, pg_temp
+		SET lock_timeout = ''500ms''
+		AS ' || quote_literal('DECLARE
+	nsp constant text := ' || quote_literal(nsp) || ';
+	owner constant name := ' || quote_literal(owner) || ';
+' || $pglease$
+	-- The quoted names of the partitions, by gen + 1 (NULL where none).
+	names constant text[] := ARRAY['"messages_with_a_rather_long_name_that_needs_sho_05ba50ac_keys_0"', '"messages_with_a_rather_long_name_that_needs_sho_05ba50ac_keys_1"', '"messages_with_a_rather_long_name_that_needs_sho_05ba50ac_keys_2"', '"messages_with_a_rather_long_name_that_needs_sho_05ba50ac_keys_3"', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_72"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_73"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_74"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_75"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_76"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_77"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_78"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_79"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_80"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_81"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_82"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_83"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_84"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_85"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_86"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_87"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_88"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_89"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_90"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_91"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_92"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_93"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_94"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_95"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_96"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_97"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_98"', '"messages_with_a_rather_long_name_that_needs_sh_05ba50ac_keys_99"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_100"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_101"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_102"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_103"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_104"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_105"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_106"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_107"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_108"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_109"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_110"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_111"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_112"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_113"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_114"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_115"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_116"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_117"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_118"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_119"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_120"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_121"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_122"', '"messages_with_a_rather_long_name_that_needs_s_05ba50ac_keys_123"']::text[];
+	keys constant text := quote_ident(nsp) || '.' || '"messages_with_a_rather_long_name_that_needs_shortening_xyz_keys"';
+	part text;
+	distributed boolean := false;
+	made boolean := false;
+BEGIN
+	IF class IS NULL OR class < 18 OR class > 30 THEN
+		RAISE EXCEPTION 'pglease: % is no key class (% to %)', class, 18, 30;
+	END IF;
+	IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+		EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = pg_catalog.to_regclass($1))'
+			INTO distributed USING keys;
+	END IF;
+	FOR gen IN 4 * class .. 4 * class + 3 LOOP
+		part := quote_ident(nsp) || '.' || names[gen + 1];
+		CONTINUE WHEN pg_catalog.to_regclass(part) IS NOT NULL;
+		-- Made on its own and attached, which takes a SHARE UPDATE
+		-- EXCLUSIVE lock on the keys table: publishers go on. On Citus a
+		-- partition made as one is distributed with its parent.
+		IF distributed THEN
+			EXECUTE 'CREATE TABLE ' || part || ' PARTITION OF ' || keys || ' FOR VALUES IN (' || gen || ')';
+		ELSE
+			EXECUTE 'CREATE TABLE ' || part || ' (LIKE ' || keys || ')';
+			EXECUTE 'ALTER TABLE ' || keys || ' ATTACH PARTITION ' || part || ' FOR VALUES IN (' || gen || ')';
+		END IF;
+		IF owner <> current_user THEN
+			EXECUTE 'ALTER TABLE ' || part || ' OWNER TO ' || quote_ident(owner);
+		END IF;
+		made := true;
+	END LOOP;
+	RETURN made;
+END
+$pglease$);
+	fn := fn || '(integer)';
+	EXECUTE 'REVOKE ALL ON FUNCTION ' || fn || ' FROM PUBLIC';
+	IF owner <> current_user THEN
+		EXECUTE 'ALTER FUNCTION ' || fn || ' OWNER TO ' || quote_ident(owner);
+	END IF;
+	FOR r IN SELECT DISTINCT a.grantee FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+		WHERE c.oid = msgs AND a.privilege_type = 'DELETE' AND a.grantee NOT IN (0, c.relowner)
+	LOOP
+		EXECUTE 'GRANT EXECUTE ON FUNCTION ' || fn || ' TO ' || quote_ident(pg_get_userbyid(r.grantee));
+	END LOOP;
+END
+$pglease1$;
+INSERT INTO "My ""App"""."version" (version, description) VALUES (21, 'idempotent publish: a topic with a retention longer than a day recognises keys for its retention, in partitions per retention class that the maintainer makes and empties') ON CONFLICT (version) DO NOTHING;
 COMMIT;

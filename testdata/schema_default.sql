@@ -1649,4 +1649,123 @@ $pglease$;
 END
 $pglease1$;
 INSERT INTO "pglease_schema_version" (version, description) VALUES (20, 'positions: the trigger''s WHEN clause tests only the rows pglease''s statements registered; the registration runs no query per step') ON CONFLICT (version) DO NOTHING;
+
+-- version 21: idempotent publish: a topic with a retention longer than a day recognises keys for its retention, in partitions per retention class that the maintainer makes and empties
+-- Idempotency keys for the topic's retention (see keys.go): when its key
+-- class's partitions may be used (set by the maintainer, which makes them
+-- through the owner's function), the maintainer's functions that make
+-- them and that forget each class's slot two slots old.
+ALTER TABLE "pglease_retention" ADD COLUMN IF NOT EXISTS keys_since timestamptz;
+DO $pglease1$
+DECLARE
+	msgs regclass := to_regclass('"pglease_messages"');
+	keys regclass := to_regclass('"pglease_messages_keys"');
+	nsp name;
+	owner name;
+	fn text;
+	r record;
+BEGIN
+	SELECT n.nspname, pg_get_userbyid(c.relowner) INTO nsp, owner
+	FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = msgs;
+	IF nsp IS NULL OR keys IS NULL THEN
+		RAISE EXCEPTION 'pglease: the messages table % or its keys table is missing', '"pglease_messages"';
+	END IF;
+	-- The maintainer's function that forgets keys, a new body: it empties
+	-- the partition two slots old of every class that has partitions (the
+	-- day's included), and returns how many it emptied.
+	fn := quote_ident(nsp) || '.' || quote_ident('pglease_messages_forget_keys');
+	EXECUTE 'CREATE OR REPLACE FUNCTION ' || fn || '() RETURNS integer
+		LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+		SET search_path = pg_catalog, pg_temp
+		SET lock_timeout = ''500ms''
+		AS ' || quote_literal('DECLARE
+	nsp constant text := ' || quote_literal(nsp) || ';
+' || $pglease$
+	-- The quoted names of the partitions, by gen + 1 (NULL where none).
+	names constant text[] := ARRAY['"pglease_messages_keys_0"', '"pglease_messages_keys_1"', '"pglease_messages_keys_2"', '"pglease_messages_keys_3"', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, '"pglease_messages_keys_72"', '"pglease_messages_keys_73"', '"pglease_messages_keys_74"', '"pglease_messages_keys_75"', '"pglease_messages_keys_76"', '"pglease_messages_keys_77"', '"pglease_messages_keys_78"', '"pglease_messages_keys_79"', '"pglease_messages_keys_80"', '"pglease_messages_keys_81"', '"pglease_messages_keys_82"', '"pglease_messages_keys_83"', '"pglease_messages_keys_84"', '"pglease_messages_keys_85"', '"pglease_messages_keys_86"', '"pglease_messages_keys_87"', '"pglease_messages_keys_88"', '"pglease_messages_keys_89"', '"pglease_messages_keys_90"', '"pglease_messages_keys_91"', '"pglease_messages_keys_92"', '"pglease_messages_keys_93"', '"pglease_messages_keys_94"', '"pglease_messages_keys_95"', '"pglease_messages_keys_96"', '"pglease_messages_keys_97"', '"pglease_messages_keys_98"', '"pglease_messages_keys_99"', '"pglease_messages_keys_100"', '"pglease_messages_keys_101"', '"pglease_messages_keys_102"', '"pglease_messages_keys_103"', '"pglease_messages_keys_104"', '"pglease_messages_keys_105"', '"pglease_messages_keys_106"', '"pglease_messages_keys_107"', '"pglease_messages_keys_108"', '"pglease_messages_keys_109"', '"pglease_messages_keys_110"', '"pglease_messages_keys_111"', '"pglease_messages_keys_112"', '"pglease_messages_keys_113"', '"pglease_messages_keys_114"', '"pglease_messages_keys_115"', '"pglease_messages_keys_116"', '"pglease_messages_keys_117"', '"pglease_messages_keys_118"', '"pglease_messages_keys_119"', '"pglease_messages_keys_120"', '"pglease_messages_keys_121"', '"pglease_messages_keys_122"', '"pglease_messages_keys_123"']::text[];
+	t constant double precision := extract(epoch FROM now());
+	width bigint;
+	gen integer;
+	part text;
+	found_one boolean;
+	k integer;
+	emptied integer := 0;
+BEGIN
+	-- Per class (0: the day), the partition of the slot two slots before
+	-- now's: no publisher writes there any more (one whose transaction
+	-- began in a slot writes that slot and the one before), and it becomes
+	-- the current slot's again only in two slots.
+	FOR k IN SELECT c FROM unnest(ARRAY[0] || ARRAY(SELECT generate_series(18, 30))) AS c LOOP
+		width := CASE WHEN k = 0 THEN 86400 ELSE 1::bigint << (k - 1) END;
+		gen := 4 * k + ((floor(t / width)::bigint + 2) % 4)::integer;
+		part := quote_ident(nsp) || '.' || names[gen + 1];
+		CONTINUE WHEN pg_catalog.to_regclass(part) IS NULL; -- a class never used
+		EXECUTE 'SELECT EXISTS (SELECT 1 FROM ' || part || ')' INTO found_one;
+		IF found_one THEN
+			EXECUTE 'TRUNCATE ' || part;
+			emptied := emptied + 1;
+		END IF;
+	END LOOP;
+	RETURN emptied;
+END
+$pglease$);
+	-- The maintainer's function that makes the four partitions of a key
+	-- class: a SECURITY DEFINER function of the owner, executable by the
+	-- roles that may delete messages (as those of version 7).
+	fn := quote_ident(nsp) || '.' || quote_ident('pglease_messages_add_key_partitions');
+	EXECUTE 'CREATE OR REPLACE FUNCTION ' || fn || '(class integer) RETURNS boolean
+		LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+		SET search_path = pg_catalog, pg_temp
+		SET lock_timeout = ''500ms''
+		AS ' || quote_literal('DECLARE
+	nsp constant text := ' || quote_literal(nsp) || ';
+	owner constant name := ' || quote_literal(owner) || ';
+' || $pglease$
+	-- The quoted names of the partitions, by gen + 1 (NULL where none).
+	names constant text[] := ARRAY['"pglease_messages_keys_0"', '"pglease_messages_keys_1"', '"pglease_messages_keys_2"', '"pglease_messages_keys_3"', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, '"pglease_messages_keys_72"', '"pglease_messages_keys_73"', '"pglease_messages_keys_74"', '"pglease_messages_keys_75"', '"pglease_messages_keys_76"', '"pglease_messages_keys_77"', '"pglease_messages_keys_78"', '"pglease_messages_keys_79"', '"pglease_messages_keys_80"', '"pglease_messages_keys_81"', '"pglease_messages_keys_82"', '"pglease_messages_keys_83"', '"pglease_messages_keys_84"', '"pglease_messages_keys_85"', '"pglease_messages_keys_86"', '"pglease_messages_keys_87"', '"pglease_messages_keys_88"', '"pglease_messages_keys_89"', '"pglease_messages_keys_90"', '"pglease_messages_keys_91"', '"pglease_messages_keys_92"', '"pglease_messages_keys_93"', '"pglease_messages_keys_94"', '"pglease_messages_keys_95"', '"pglease_messages_keys_96"', '"pglease_messages_keys_97"', '"pglease_messages_keys_98"', '"pglease_messages_keys_99"', '"pglease_messages_keys_100"', '"pglease_messages_keys_101"', '"pglease_messages_keys_102"', '"pglease_messages_keys_103"', '"pglease_messages_keys_104"', '"pglease_messages_keys_105"', '"pglease_messages_keys_106"', '"pglease_messages_keys_107"', '"pglease_messages_keys_108"', '"pglease_messages_keys_109"', '"pglease_messages_keys_110"', '"pglease_messages_keys_111"', '"pglease_messages_keys_112"', '"pglease_messages_keys_113"', '"pglease_messages_keys_114"', '"pglease_messages_keys_115"', '"pglease_messages_keys_116"', '"pglease_messages_keys_117"', '"pglease_messages_keys_118"', '"pglease_messages_keys_119"', '"pglease_messages_keys_120"', '"pglease_messages_keys_121"', '"pglease_messages_keys_122"', '"pglease_messages_keys_123"']::text[];
+	keys constant text := quote_ident(nsp) || '.' || '"pglease_messages_keys"';
+	part text;
+	distributed boolean := false;
+	made boolean := false;
+BEGIN
+	IF class IS NULL OR class < 18 OR class > 30 THEN
+		RAISE EXCEPTION 'pglease: % is no key class (% to %)', class, 18, 30;
+	END IF;
+	IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+		EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = pg_catalog.to_regclass($1))'
+			INTO distributed USING keys;
+	END IF;
+	FOR gen IN 4 * class .. 4 * class + 3 LOOP
+		part := quote_ident(nsp) || '.' || names[gen + 1];
+		CONTINUE WHEN pg_catalog.to_regclass(part) IS NOT NULL;
+		-- Made on its own and attached, which takes a SHARE UPDATE
+		-- EXCLUSIVE lock on the keys table: publishers go on. On Citus a
+		-- partition made as one is distributed with its parent.
+		IF distributed THEN
+			EXECUTE 'CREATE TABLE ' || part || ' PARTITION OF ' || keys || ' FOR VALUES IN (' || gen || ')';
+		ELSE
+			EXECUTE 'CREATE TABLE ' || part || ' (LIKE ' || keys || ')';
+			EXECUTE 'ALTER TABLE ' || keys || ' ATTACH PARTITION ' || part || ' FOR VALUES IN (' || gen || ')';
+		END IF;
+		IF owner <> current_user THEN
+			EXECUTE 'ALTER TABLE ' || part || ' OWNER TO ' || quote_ident(owner);
+		END IF;
+		made := true;
+	END LOOP;
+	RETURN made;
+END
+$pglease$);
+	fn := fn || '(integer)';
+	EXECUTE 'REVOKE ALL ON FUNCTION ' || fn || ' FROM PUBLIC';
+	IF owner <> current_user THEN
+		EXECUTE 'ALTER FUNCTION ' || fn || ' OWNER TO ' || quote_ident(owner);
+	END IF;
+	FOR r IN SELECT DISTINCT a.grantee FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+		WHERE c.oid = msgs AND a.privilege_type = 'DELETE' AND a.grantee NOT IN (0, c.relowner)
+	LOOP
+		EXECUTE 'GRANT EXECUTE ON FUNCTION ' || fn || ' TO ' || quote_ident(pg_get_userbyid(r.grantee));
+	END LOOP;
+END
+$pglease1$;
+INSERT INTO "pglease_schema_version" (version, description) VALUES (21, 'idempotent publish: a topic with a retention longer than a day recognises keys for its retention, in partitions per retention class that the maintainer makes and empties') ON CONFLICT (version) DO NOTHING;
 COMMIT;

@@ -70,6 +70,10 @@ type maintainer struct {
 	// settling holds, per retention class, the partitions publishers
 	// wait for (usePartitions); only the retention rounds use it.
 	settling map[int]pendingUse
+	// keysSettling holds, per key class, the transactions that had the
+	// keys table open when its partitions were attached
+	// (keyClassRound); only the retention rounds use it.
+	keysSettling map[int][]string
 
 	loop svc.Service // run, started by the first Subscribe
 }
@@ -455,16 +459,16 @@ func (m *maintainer) moveDue(ctx context.Context) (time.Duration, error) {
 }
 
 // housekeeping deletes expired sessions, forgets the idempotency keys
-// two days old and, if configured, removes idle groups.
+// two slots old and, if configured, removes idle groups.
 func (m *maintainer) housekeeping(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, maintenanceStmtTime)
 	defer cancel()
-	if gen, err := m.store.forgetKeys(sctx); err != nil {
+	if n, err := m.store.forgetKeys(sctx); err != nil {
 		if ctx.Err() == nil {
-			m.logger.Info("Cannot forget the idempotency keys two days old, retrying at the next housekeeping", watermill.LogFields{"error": err.Error()})
+			m.logger.Info("Cannot forget the idempotency keys two slots old, retrying at the next housekeeping", watermill.LogFields{"error": err.Error()})
 		}
-	} else if gen >= 0 {
-		m.logger.Debug("Forgot the idempotency keys two days old", watermill.LogFields{"partition": gen})
+	} else if n > 0 {
+		m.logger.Debug("Forgot the idempotency keys two slots old", watermill.LogFields{"partitions": n})
 	}
 	n, err := m.store.deleteExpiredSessions(sctx, m.sessionTTL)
 	if err != nil {

@@ -162,7 +162,12 @@ func (m *maintainer) retentionRound(ctx context.Context) (time.Duration, error) 
 	if err := m.usePartitions(ctx, lanes); err != nil {
 		errs = append(errs, err)
 	}
-	if len(m.settling) > 0 {
+	// The key classes of the topics whose retention is longer than a day.
+	keysWaiting, err := m.keyClassRound(ctx)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if len(m.settling) > 0 || keysWaiting {
 		soon(settleRecheck)
 	}
 

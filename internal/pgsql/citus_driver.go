@@ -388,9 +388,31 @@ func (d citus) InsertDelayedKeyed(ctx context.Context, q Querier, p InsertMessag
 }
 
 // ForgetKeys implements Driver: the owner's function truncates the
-// partition, which Citus propagates to its shards.
+// partitions, which Citus propagates to its shards.
 func (d citus) ForgetKeys(ctx context.Context, q Querier) (int, error) {
 	return d.one.ForgetKeys(ctx, q)
+}
+
+// KeyLanes implements Driver: the coordinator's tables.
+func (d citus) KeyLanes(ctx context.Context, q Querier) ([]KeyLane, error) {
+	return d.one.KeyLanes(ctx, q)
+}
+
+// AddKeyPartitions implements Driver: the owner's function makes the
+// partitions of the distributed keys table, which Citus distributes.
+func (d citus) AddKeyPartitions(ctx context.Context, q Querier, class int) (bool, error) {
+	return d.one.AddKeyPartitions(ctx, q, class)
+}
+
+// KeysLockHolders implements Driver: the coordinator's locks, where
+// every statement on the keys table is planned (and routed).
+func (d citus) KeysLockHolders(ctx context.Context, q Querier) ([]string, error) {
+	return d.one.KeysLockHolders(ctx, q)
+}
+
+// SetKeysSince implements Driver.
+func (d citus) SetKeysSince(ctx context.Context, q Querier, class int) (bool, error) {
+	return d.one.SetKeysSince(ctx, q, class)
 }
 
 // The operations whose single-node statement runs unchanged on Citus.

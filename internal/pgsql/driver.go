@@ -39,7 +39,16 @@ type Driver interface {
 	// stored already (none without keys).
 	InsertKeyed(ctx context.Context, q Querier, p InsertMessagesParams) (skipped []int, err error)
 	InsertDelayedKeyed(ctx context.Context, q Querier, p InsertMessagesParams) (skipped []int, err error)
-	ForgetKeys(ctx context.Context, q Querier) (gen int, err error)
+	// ForgetKeys empties the keys table's partitions two slots old, one
+	// per key class, and returns how many it emptied.
+	ForgetKeys(ctx context.Context, q Querier) (emptied int, err error)
+	// KeyLanes, AddKeyPartitions, KeysLockHolders and SetKeysSince make
+	// the partitions of the key classes in use and let publishers use
+	// them (schema version 21; see keys.go).
+	KeyLanes(ctx context.Context, q Querier) ([]KeyLane, error)
+	AddKeyPartitions(ctx context.Context, q Querier, class int) (made bool, err error)
+	KeysLockHolders(ctx context.Context, q Querier) ([]string, error)
+	SetKeysSince(ctx context.Context, q Querier, class int) (bool, error)
 	UpsertTopic(ctx context.Context, q Querier, p TopicParams) (UpsertTopicResult, error)
 	TopicPartitions(ctx context.Context, q Querier, topics []string) (map[string]int, error)
 	SelectMessages(ctx context.Context, q Querier, p SelectMessagesParams) (SelectResult, error)

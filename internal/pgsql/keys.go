@@ -6,46 +6,99 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Idempotency keys (schema version 15).
+// Idempotency keys (schema versions 15 and 21).
 //
 // A message published with a key is stored only if no message of its topic
-// was stored with that key within the key window. The keys table holds one
-// row per (topic, key, slot), a slot being a day (KeySlotSeconds) of the
-// clock of the database, and is partitioned by the slot modulo 4 (gen).
-// The statement that publishes writes each key for two slots: the day its
-// transaction began in (pg_catalog.now()) and the day before, with INSERT
-// ... ON CONFLICT DO NOTHING, and stores the message only when both rows
-// were new (where the statement is a transaction of its own, a strict
-// statement without ON CONFLICT runs first: see strictFirst). Any two publishes of one key whose transactions began less
-// than a day apart share a slot, so that one of them finds the other's
-// row in that slot's unique index: committed, it stores nothing; in
-// progress, it waits for it to end, as PostgreSQL does for a unique index,
-// and then stores nothing (the other committed) or stores (it rolled
-// back). No advisory lock, no read of older slots; the rows of one
-// statement are written in the order (slot, topic, key), so that two
-// statements wait for each other in one direction only.
+// was stored with that key within the topic's key window: its retention
+// when that is longer than a day, else a day. The keys table holds one row
+// per (topic, key, slot), a slot being a span of the database's clock of
+// the width of the topic's key class, and is partitioned by gen: 4 * class
+// + the slot modulo 4. Class 0 (schema version 15) has slots of a day
+// (KeySlotSeconds), gens 0 to 3, made by the migration; a topic whose
+// retention is longer than a day has the class of its retention
+// (RetentionClass: more than 2^(k-2) and at most 2^(k-1) seconds), from
+// KeyClassMin to KeyClassMax, with slots of 2^(k-1) seconds, gens 4k to
+// 4k+3 (schema version 21), made by the maintainer, through the owner's
+// function, for the classes in use.
 //
-// The maintainer forgets a slot's keys by truncating its partition once
-// it is two days old (no publisher writes it any more, and its gen
-// comes back only two days later): rows live two to three days, and a
-// key is recognised for at least a day (the window). No row is deleted,
-// nothing is left to vacuum.
+// The statement that publishes writes each key for two slots of its
+// topic's class: the slot its transaction began in (pg_catalog.now()) and
+// the one before, with INSERT ... ON CONFLICT DO NOTHING, and stores the
+// message only when every row was new (where the statement is a
+// transaction of its own, a strict statement without ON CONFLICT runs
+// first: see strictFirst). Any two publishes of one key whose
+// transactions began less than a slot apart share a slot, so that one of
+// them finds the other's row in that slot's unique index: committed, it
+// stores nothing; in progress, it waits for it to end, as PostgreSQL does
+// for a unique index, and then stores nothing (the other committed) or
+// stores (it rolled back). No advisory lock, no read of older slots; the
+// rows of one statement are written in the order (slot, class, topic,
+// key), so that two statements wait for each other in one direction only.
+//
+// A class's rows are written only once its retention row's keys_since is
+// set: the maintainer sets it once the partitions are attached and no
+// transaction that had the keys table open before still runs (one would
+// route a row for them to none, as for the messages' partitions: see
+// settle.go). Until then the topic's keys take class 0's rows; for two
+// days after it, both (four rows per key), so that a key stored in day
+// rows before (by this release before the partitions were there, or by a
+// release before schema version 21, during a rolling upgrade too) is
+// recognised for at least its day. A publisher never meets a missing
+// partition, whether the maintainer runs or not.
+//
+// The maintainer forgets a class's slot by truncating its partition once
+// it is two slots old (no publisher writes it any more, and its gen comes
+// back only two slots later): rows live two to three slots, and a key is
+// recognised for at least a slot, which is at least the window. No row is
+// deleted, nothing is left to vacuum.
 
-// KeySlotSeconds is the width of a slot of the keys table: the window
-// within which a key is recognised.
+// KeySlotSeconds is the width of a slot of key class 0, the class of the
+// topics without a retention longer than a day: the window within which
+// their keys are recognised.
 const KeySlotSeconds = 86400
 
-// keysGenerations is the number of partitions of the keys table.
+// KeyClassMin and KeyClassMax bound the key classes of topics with a
+// retention longer than a day: their retention classes (a day is in
+// class 18; the longest retention, ten years, in class 30), clamped to
+// these bounds.
+const (
+	KeyClassMin = 18
+	KeyClassMax = 30
+)
+
+// KeyClassSeconds is the width of a slot of key class k.
+func KeyClassSeconds(k int) int64 {
+	if k == 0 {
+		return KeySlotSeconds
+	}
+	return int64(1) << (k - 1)
+}
+
+// keysGenerations is the number of partitions of the keys table per key
+// class.
 const keysGenerations = 4
 
+// keyGens are the gens of the keys table's partitions: class 0's and
+// those of the classes of schema version 21.
+func keyGens() []int {
+	gens := []int{0, 1, 2, 3}
+	for k := KeyClassMin; k <= KeyClassMax; k++ {
+		for g := range keysGenerations {
+			gens = append(gens, keysGenerations*k+g)
+		}
+	}
+	return gens
+}
+
 // fnForgetKeys is the suffix of the name of the owner's function that
-// empties the partition of the keys two days old.
+// empties the partitions of the keys two slots old.
 const fnForgetKeys = "forget_keys"
 
 // keysPartitionSuffix is the suffix of the name of partition gen of the
@@ -55,6 +108,32 @@ func keysPartitionSuffix(gen int) string { return "keys_" + strconv.Itoa(gen) }
 // keysPartition returns the quoted, qualified name of partition gen of
 // the keys table.
 func (t *Tables) keysPartition(gen int) string { return t.partition(keysPartitionSuffix(gen)) }
+
+// fnAddKeys is the suffix of the name of the owner's function that makes
+// the partitions of a key class (schema version 21).
+const fnAddKeys = "add_key_partitions"
+
+// keysPlaceholders are the placeholders of migration 21: the quoted bare
+// names of every partition by gen + 1 (NULL for no partition), the
+// classes' bounds and the name of the function that makes a class's
+// partitions.
+func (t *Tables) keysPlaceholders(values map[string]string) {
+	names := make([]string, keysGenerations*(KeyClassMax+1))
+	for i := range names {
+		names[i] = "NULL"
+	}
+	for _, g := range keyGens() {
+		names[g] = quoteLiteral(pgx.Identifier{t.partitionName(keysPartitionSuffix(g))}.Sanitize())
+	}
+	values["keys_partition_names"] = "ARRAY[" + strings.Join(names, ", ") + "]::text[]"
+	values["keys_class_min"] = strconv.Itoa(KeyClassMin)
+	values["keys_class_max"] = strconv.Itoa(KeyClassMax)
+	values["fn_add_keys_literal"] = quoteLiteral(t.partitionName(fnAddKeys))
+	// The keys table's name alone, quoted: the owner's functions qualify
+	// it with the messages table's schema (their search_path is
+	// pg_catalog's).
+	values["keys_name_quoted"] = quoteLiteral(pgx.Identifier{t.partitionName("keys")}.Sanitize())
+}
 
 // keyed reports whether a message of p has an idempotency key.
 func keyed(p InsertMessagesParams) bool {
@@ -78,28 +157,42 @@ func keysOf(p InsertMessagesParams) []string {
 
 // keysWritten is the part of a keyed statement that writes the keys: the
 // common table expressions f (the first message of each distinct (topic,
-// key) among m, the messages), k (the rows written) and fresh (the
-// ordinals n of the messages whose keys were new in both slots). m has
-// the columns topic, key (uuid, NULL without) and n. Strict, the insert
-// has no ON CONFLICT clause: a key stored already fails the statement
-// (unique_violation) instead of being left out (see strictFirst).
+// key) among m, the messages), c (those with their topic's key class, 0
+// until the class's keys_since is set, and whether the day rows are
+// written too: for two days after it), k (the rows written) and fresh
+// (the ordinals n of the messages whose keys were new in every row). m
+// has the columns topic, key (uuid, NULL without) and n. Strict, the
+// insert has no ON CONFLICT clause: a key stored already fails the
+// statement (unique_violation) instead of being left out (see
+// strictFirst).
 func (t *Tables) keysWritten(strict bool) string {
 	conflict := `
 	ON CONFLICT DO NOTHING`
 	if strict {
 		conflict = ""
 	}
-	return `s AS (SELECT pg_catalog.floor(extract(epoch FROM pg_catalog.now()) / ` + strconv.Itoa(KeySlotSeconds) + `)::bigint AS today),
+	return `s AS (SELECT extract(epoch FROM pg_catalog.now()) AS at),
 f AS (SELECT DISTINCT ON (m.topic, m.key) m.topic, m.key, m.n FROM m WHERE m.key IS NOT NULL ORDER BY m.topic, m.key, m.n),
+c AS (SELECT f.topic, f.key, f.n,
+		CASE WHEN kt.retention > interval '1 day' AND kl.keys_since IS NOT NULL
+			THEN LEAST(GREATEST(kt.retention_class, ` + strconv.Itoa(KeyClassMin) + `), ` + strconv.Itoa(KeyClassMax) + `) ELSE 0 END AS class,
+		COALESCE(kt.retention > interval '1 day' AND kl.keys_since > pg_catalog.now() - interval '2 days', false) AS by_day
+	FROM f LEFT JOIN ` + t.Topics + ` kt ON kt.topic = f.topic
+	LEFT JOIN ` + t.Retention + ` kl ON kl.retention_class = kt.retention_class),
 k AS (
 	INSERT INTO ` + t.Keys + ` (topic, key, slot, gen)
-	SELECT f.topic, f.key, x.slot, (x.slot % ` + strconv.Itoa(keysGenerations) + `)::smallint
-	FROM f CROSS JOIN s CROSS JOIN LATERAL (VALUES (s.today - 1), (s.today)) x(slot)
-	ORDER BY x.slot, f.topic, f.key` + conflict + `
+	SELECT w.topic, w.key, w.slot, (` + strconv.Itoa(keysGenerations) + ` * w.class + w.slot % ` + strconv.Itoa(keysGenerations) + `)::smallint
+	FROM (SELECT z.topic, z.key, z.class,
+			pg_catalog.floor(s.at / CASE WHEN z.class = 0 THEN ` + strconv.Itoa(KeySlotSeconds) + `::bigint ELSE 1::bigint << (z.class - 1) END)::bigint - x.back AS slot
+		FROM (SELECT c.topic, c.key, CASE WHEN y.day THEN 0 ELSE c.class END AS class
+			FROM c CROSS JOIN (VALUES (false), (true)) y(day) WHERE NOT y.day OR c.by_day) z
+		CROSS JOIN s CROSS JOIN (VALUES (0), (1)) x(back)) w
+	ORDER BY w.slot, w.class, w.topic, w.key` + conflict + `
 	RETURNING topic, key
 ),
-fresh AS (SELECT f.n FROM f JOIN (SELECT k.topic, k.key FROM k GROUP BY k.topic, k.key HAVING pg_catalog.count(*) = 2) w
-	ON w.topic = f.topic AND w.key = f.key)`
+fresh AS (SELECT c.n FROM c JOIN (SELECT k.topic, k.key, pg_catalog.count(*) AS written FROM k GROUP BY k.topic, k.key) w
+	ON w.topic = c.topic AND w.key = c.key
+	WHERE w.written = CASE WHEN c.by_day THEN 4 ELSE 2 END)`
 }
 
 // keptOut is the common table expression o of a keyed statement: each
@@ -298,11 +391,74 @@ func skipped(ctx context.Context, q Querier, s Stmt) ([]int, error) {
 	return out, nil
 }
 
-// ForgetKeys empties the partition of the keys table whose slot is two
-// days old, through the owner's function, and returns its gen, or -1
-// when it was empty already.
+// ForgetKeys empties, per key class, the partition of the keys table
+// whose slot is two slots old, through the owner's function, and returns
+// how many it emptied (those empty already are left alone).
 func (d singleNode) ForgetKeys(ctx context.Context, q Querier) (int, error) {
-	var gen int32
-	err := q.QueryRow(ctx, d.t.ForgetKeys().SQL).Scan(&gen)
-	return int(gen), err
+	var n int32
+	err := q.QueryRow(ctx, d.t.ForgetKeys().SQL).Scan(&n)
+	return int(n), err
+}
+
+// KeyLanes is the statement of [Driver.KeyLanes].
+func (t *Tables) KeyLanes() Stmt {
+	return Stmt{SQL: `SELECT l.retention_class, l.keys_since IS NOT NULL
+FROM ` + t.Retention + ` l
+WHERE l.retention_class BETWEEN ` + strconv.Itoa(KeyClassMin) + ` AND ` + strconv.Itoa(KeyClassMax) + `
+	AND EXISTS (SELECT 1 FROM ` + t.Topics + ` tp WHERE tp.retention_class = l.retention_class AND tp.retention > interval '1 day')
+ORDER BY 1`}
+}
+
+// KeyLane is a retention class whose topics keep their keys in its
+// key class: whether its partitions may be used already.
+type KeyLane struct {
+	Class int16
+	Ready bool
+}
+
+// KeyLanes returns the retention classes of key classes, those of the
+// topics whose retention is longer than a day.
+func (d singleNode) KeyLanes(ctx context.Context, q Querier) ([]KeyLane, error) {
+	return collect(ctx, q, d.t.KeyLanes(), pgx.RowToStructByPos[KeyLane])
+}
+
+// AddKeyPartitions is the statement of [Driver.AddKeyPartitions].
+func (t *Tables) AddKeyPartitions(class int) Stmt {
+	return Stmt{SQL: `SELECT ` + t.function(fnAddKeys) + `($1::integer)`, Args: []any{int32(class)}}
+}
+
+// AddKeyPartitions makes the partitions of key class through the owner's
+// function, and reports whether it made any.
+func (d singleNode) AddKeyPartitions(ctx context.Context, q Querier, class int) (bool, error) {
+	return queryBool(ctx, q, d.t.AddKeyPartitions(class))
+}
+
+// keysLockHolders is the statement of [Driver.KeysLockHolders].
+func (t *Tables) keysLockHolders() Stmt {
+	s := t.messagesLockHolders()
+	s.Args = []any{t.Keys}
+	return s
+}
+
+// KeysLockHolders returns the virtual transaction ids of the other
+// transactions that hold a lock on the keys table, read after a class's
+// partitions were attached.
+func (d singleNode) KeysLockHolders(ctx context.Context, q Querier) ([]string, error) {
+	s := d.t.keysLockHolders()
+	var vxids []string
+	err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&vxids)
+	return vxids, err
+}
+
+// SetKeysSince is the statement of [Driver.SetKeysSince].
+func (t *Tables) SetKeysSince(class int) Stmt {
+	return Stmt{SQL: `UPDATE ` + t.Retention + ` SET keys_since = pg_catalog.now()
+WHERE retention_class = $1 AND keys_since IS NULL`, Args: []any{int16(class)}}
+}
+
+// SetKeysSince lets the publishers of class's topics write their keys in
+// its partitions, from now on, and reports whether it was not so already.
+func (d singleNode) SetKeysSince(ctx context.Context, q Querier, class int) (bool, error) {
+	n, err := exec(ctx, q, d.t.SetKeysSince(class))
+	return n > 0, err
 }

@@ -34,6 +34,9 @@ import (
 //   - one_slot_strict: keyed_strict writing one day slot per key, not two
 //     (a bound for a design with a fence between days; not correct as it
 //     is: see decision 0009);
+//   - v15_strict: keyed_strict as schema versions 15 to 20 wrote the keys
+//     (two day slots, no key class read from the topics and retention
+//     rows): what the retention window (schema version 21) costs;
 //   - lean_strict: keyed_strict's two slots in a statement for one topic
 //     whose keys are distinct within the call (no first message per key,
 //     no keys returned and joined back): a bound for what a leaner
@@ -93,7 +96,29 @@ func BenchmarkKeyedInsertShapes(b *testing.B) {
 			}
 			oneSlot := func(p pgsql.InsertMessagesParams) pgsql.Stmt {
 				return rewrite(tables.InsertKeyed(p), "\n\tON CONFLICT DO NOTHING", "",
-					"(VALUES (s.today - 1), (s.today))", "(VALUES (s.today))", "pg_catalog.count(*) = 2", "pg_catalog.count(*) = 1")
+					"(VALUES (0), (1)) x(back)", "(VALUES (0)) x(back)", "THEN 4 ELSE 2 END", "THEN 2 ELSE 1 END")
+			}
+			// v15 is keyed_strict with the keys written as schema versions
+			// 15 to 20 wrote them: two day slots, no class read from the
+			// topics and retention rows.
+			v15 := func(p pgsql.InsertMessagesParams) pgsql.Stmt {
+				s := rewrite(tables.InsertKeyed(p), "\n\tON CONFLICT DO NOTHING", "")
+				from, to := strings.Index(s.SQL, "s AS ("), strings.Index(s.SQL, "\no AS (")
+				if from < 0 || to < from {
+					b.Fatalf("the statement has no keys part any more:\n%s", s.SQL)
+				}
+				s.SQL = s.SQL[:from] + `s AS (SELECT pg_catalog.floor(extract(epoch FROM pg_catalog.now()) / 86400)::bigint AS today),
+f AS (SELECT DISTINCT ON (m.topic, m.key) m.topic, m.key, m.n FROM m WHERE m.key IS NOT NULL ORDER BY m.topic, m.key, m.n),
+k AS (
+	INSERT INTO ` + tables.Keys + ` (topic, key, slot, gen)
+	SELECT f.topic, f.key, x.slot, (x.slot % 4)::smallint
+	FROM f CROSS JOIN s CROSS JOIN LATERAL (VALUES (s.today - 1), (s.today)) x(slot)
+	ORDER BY x.slot, f.topic, f.key
+	RETURNING topic, key
+),
+fresh AS (SELECT f.n FROM f JOIN (SELECT k.topic, k.key FROM k GROUP BY k.topic, k.key HAVING pg_catalog.count(*) = 2) w
+	ON w.topic = f.topic AND w.key = f.key),` + s.SQL[to:]
+				return s
 			}
 			lean := func(p pgsql.InsertMessagesParams) pgsql.Stmt {
 				keys := p.Keys
@@ -132,6 +157,7 @@ func BenchmarkKeyedInsertShapes(b *testing.B) {
 				{"keyed_strict", func(p pgsql.InsertMessagesParams) error { _, err := d.InsertKeyed(ctx, pool, p); return err }},
 				{"keyed", func(p pgsql.InsertMessagesParams) error { return run(tables.InsertKeyed(p)) }},
 				{"one_slot_strict", func(p pgsql.InsertMessagesParams) error { return run(oneSlot(p)) }},
+				{"v15_strict", func(p pgsql.InsertMessagesParams) error { return run(v15(p)) }},
 				{"lean_strict", func(p pgsql.InsertMessagesParams) error { return run(lean(p)) }},
 			}
 			params := func() pgsql.InsertMessagesParams {

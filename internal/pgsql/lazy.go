@@ -93,6 +93,42 @@ func (l *Lazy) InsertDelayedKeyed(ctx context.Context, q Querier, p InsertMessag
 	return d.InsertDelayedKeyed(ctx, q, p)
 }
 
+// KeyLanes implements Driver.
+func (l *Lazy) KeyLanes(ctx context.Context, q Querier) ([]KeyLane, error) {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return d.KeyLanes(ctx, q)
+}
+
+// AddKeyPartitions implements Driver.
+func (l *Lazy) AddKeyPartitions(ctx context.Context, q Querier, class int) (bool, error) {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return false, err
+	}
+	return d.AddKeyPartitions(ctx, q, class)
+}
+
+// KeysLockHolders implements Driver.
+func (l *Lazy) KeysLockHolders(ctx context.Context, q Querier) ([]string, error) {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return d.KeysLockHolders(ctx, q)
+}
+
+// SetKeysSince implements Driver.
+func (l *Lazy) SetKeysSince(ctx context.Context, q Querier, class int) (bool, error) {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return false, err
+	}
+	return d.SetKeysSince(ctx, q, class)
+}
+
 // ForgetKeys implements Driver.
 func (l *Lazy) ForgetKeys(ctx context.Context, q Querier) (int, error) {
 	d, err := l.Get(ctx, q)

@@ -195,6 +195,11 @@ var migrations = []struct {
 	// The same functions with new bodies, the trigger with a shorter WHEN
 	// clause: a row of any release gets the position it got before.
 	{"0020_cheaper_positions.sql", "positions: the trigger's WHEN clause tests only the rows pglease's statements registered; the registration runs no query per step"},
+	// A new column of the retention table that no earlier release
+	// names, a new function, the same function with a new body. Releases
+	// before it write class 0 (day) rows only, which this release writes
+	// too for two days after a class's partitions became usable.
+	{"0021_key_windows.sql", "idempotent publish: a topic with a retention longer than a day recognises keys for its retention, in partitions per retention class that the maintainer makes and empties"},
 }
 
 // Migrations returns every schema version, oldest first, for these tables.
@@ -270,7 +275,7 @@ func (t *Tables) placeholders() map[string]string {
 		}
 		bare = append(bare, quoteLiteral(n.name))
 	}
-	return map[string]string{
+	values := map[string]string{
 		"schema":         pgx.Identifier{t.Schema}.Sanitize(),
 		"schema_literal": quoteLiteral(t.Schema),
 		"schema_unset":   fmt.Sprint(t.Schema == ""),
@@ -356,4 +361,7 @@ func (t *Tables) placeholders() map[string]string {
 		"keys_3_literal":     quoteLiteral(t.keysPartition(3)),
 		"keys_3_name_quoted": quoteLiteral(pgx.Identifier{t.partitionName(keysPartitionSuffix(3))}.Sanitize()),
 	}
+	// Migration 21: the partitions of the key classes.
+	t.keysPlaceholders(values)
+	return values
 }

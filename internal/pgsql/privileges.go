@@ -33,6 +33,7 @@ func (t *Tables) maintainerFunctions() []string {
 		t.function(fnExpirePartition) + "(integer, bigint)",
 		t.function(fnDropDetached) + "(integer, bigint)",
 		t.function(fnForgetKeys) + "()",
+		t.function(fnAddKeys) + "(integer)",
 	}
 }
 

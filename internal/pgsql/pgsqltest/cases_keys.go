@@ -1,6 +1,7 @@
 package pgsqltest
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglease/watermill-pglease/internal/pgsql"
 )
@@ -253,8 +255,8 @@ func testKeyedDelayed(t *testing.T, f *fixture) {
 }
 
 // testForgetKeys: the maintainer's function empties the partition of the
-// slot two days old (and reports it), leaves today's and yesterday's, and
-// reports -1 when there is nothing to forget; the key forgotten can be
+// slot two days old (and counts it), leaves today's and yesterday's, and
+// counts 0 when there is nothing to forget; the key forgotten can be
 // published again.
 func testForgetKeys(t *testing.T, f *fixture) {
 	const topic = "forget"
@@ -281,15 +283,14 @@ func testForgetKeys(t *testing.T, f *fixture) {
 	if got := fmt.Sprint(count()); got != "map[-2:1 -1:2 0:1]" {
 		t.Fatalf("rows by slot before = %s", got)
 	}
-	gen, err := f.Driver.ForgetKeys(f.ctx, f.Pool)
-	if err != nil || int64(gen) != (today+2)%4 {
-		t.Fatalf("forget = %d, %v; want partition %d", gen, err, (today+2)%4)
+	if n, err := f.Driver.ForgetKeys(f.ctx, f.Pool); err != nil || n != 1 {
+		t.Fatalf("forget = %d, %v; want one partition emptied", n, err)
 	}
 	if got := fmt.Sprint(count()); got != "map[-1:2 0:1]" {
 		t.Fatalf("rows by slot after = %s; want two days ago's gone", got)
 	}
-	if gen, err := f.Driver.ForgetKeys(f.ctx, f.Pool); err != nil || gen != -1 {
-		t.Fatalf("second forget = %d, %v; want -1", gen, err)
+	if n, err := f.Driver.ForgetKeys(f.ctx, f.Pool); err != nil || n != 0 {
+		t.Fatalf("second forget = %d, %v; want 0", n, err)
 	}
 	if got := f.insertKeyed(f.Pool, topic, keyed{"b", "new"}); !slices.Equal(got, []int{0}) {
 		t.Fatalf("today's key after forgetting left out %v, want [0]", got)
@@ -348,5 +349,222 @@ func testKeyedInsertsDoNotDeadlock(t *testing.T, f *fixture) {
 	}
 	if s := f.stored(topic); !slices.Equal(s, []string{"lo1", "hi1"}) {
 		t.Fatalf("stored %v, want [lo1 hi1]", s)
+	}
+}
+
+// classSlot is the slot of key class k of the database's clock.
+func (f *fixture) classSlot(k int) int64 {
+	f.t.Helper()
+	var s int64
+	if err := f.Pool.QueryRow(f.ctx, `SELECT pg_catalog.floor(extract(epoch FROM pg_catalog.now()) / $1)::bigint`,
+		pgsql.KeyClassSeconds(k)).Scan(&s); err != nil {
+		f.t.Fatal(err)
+	}
+	return s
+}
+
+// writeClassKey writes the rows a publisher whose transaction began in
+// slot of key class k writes for key of topic (that slot's and the one
+// before's), on q.
+func (f *fixture) writeClassKey(q pgsql.Querier, topic, key string, k int, slot int64) {
+	f.t.Helper()
+	for _, s := range []int64{slot - 1, slot} {
+		if _, err := q.Exec(f.ctx, `INSERT INTO `+f.Tables.Keys+` (topic, key, slot, gen) VALUES ($1, $2::uuid, $3, $4)`,
+			topic, keyDigest(key), s, int64(4*k)+s%4); err != nil {
+			f.t.Fatalf("write the key of slot %d of class %d: %v", s, k, err)
+		}
+	}
+}
+
+// keyRows returns the rows of topic's keys as "gen:slot-offset" (the slot
+// relative to now's slot of class k), sorted.
+func (f *fixture) keyRows(topic string, k int) []string {
+	f.t.Helper()
+	now := f.classSlot(k)
+	rows, err := f.Pool.Query(f.ctx, `SELECT gen, slot FROM `+f.Tables.Keys+` WHERE topic = $1`, topic)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var out []string
+	for rows.Next() {
+		var gen int16
+		var slot int64
+		if err := rows.Scan(&gen, &slot); err != nil {
+			f.t.Fatal(err)
+		}
+		out = append(out, fmt.Sprintf("%d:%d", gen, slot-now))
+	}
+	if err := rows.Err(); err != nil {
+		f.t.Fatal(err)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// testKeyedRetentionWindow: a topic whose retention is longer than a day
+// keeps its keys for its retention, in slots of its retention class (3
+// days: class 19, slots of 2^18 s, about 3.03 days; gens 76 to 79). A
+// publish writes a key for now's slot and the one before; a key written
+// by a publisher whose transaction began in the slot before is
+// recognised (the two share that slot), one written two slots before is
+// not, and neither are day rows (the class's partitions became usable
+// more than two days before: its topics write no day rows any more). The
+// maintainer's function then empties the class's partition two slots
+// old, and the key of the slot before is still recognised by its row of
+// that slot.
+func testKeyedRetentionWindow(t *testing.T, f *fixture) {
+	const topic, class = "long", 19
+	if pgsql.KeyClassSeconds(class) < int64((72*time.Hour)/time.Second) {
+		t.Fatalf("class %d's slots are shorter than 3 days", class)
+	}
+	if _, err := f.Driver.UpsertTopic(f.ctx, f.Pool, pgsql.TopicParams{Topic: topic, Partitions: 1,
+		Retention: 72 * time.Hour, RetentionClass: class}); err != nil {
+		t.Fatal(err)
+	}
+	f.readyKeyClass(class, `pg_catalog.now() - interval '3 days'`) // past the two days of day rows
+	if got := f.insertKeyed(f.Pool, topic, keyed{"a", "new"}); len(got) != 0 {
+		t.Fatalf("left out %v", got)
+	}
+	now := f.classSlot(class)
+	gen := func(back int64) string { return fmt.Sprintf("%d:%d", 4*class+(now-back)%4, -back) }
+	if got, want := f.keyRows(topic, class), []string{gen(1), gen(0)}; !slices.Equal(got, want) {
+		t.Fatalf("rows of a new key (gen:slot) = %v, want %v: now's slot of the class and the one before", got, want)
+	}
+	f.writeClassKey(f.Pool, topic, "slot before", class, now-1) // rows for now-2 and now-1
+	f.writeClassKey(f.Pool, topic, "two slots before", class, now-2)
+	f.writeKey(f.Pool, topic, "by day", f.today())
+	got := f.insertKeyed(f.Pool, topic, keyed{"b", "slot before"}, keyed{"c", "two slots before"}, keyed{"d", "by day"}, keyed{"e", "new"})
+	if !slices.Equal(got, []int{0, 3}) {
+		t.Fatalf("left out %v, want [0 3]: the key of the slot before and the new one", got)
+	}
+	// Forget: the class's partition of now-2 is emptied ("slot before"
+	// keeps its row of now-1).
+	if n, err := f.Driver.ForgetKeys(f.ctx, f.Pool); err != nil || n != 1 {
+		t.Fatalf("forget = %d, %v; want one partition emptied", n, err)
+	}
+	if got := f.keyRows(topic, class); slices.Contains(got, gen(2)) || !slices.Contains(got, gen(1)) {
+		t.Fatalf("rows after forgetting %v: want none of %s (the class's slot two slots old), %s kept", got, gen(2), gen(1))
+	}
+	got = f.insertKeyed(f.Pool, topic, keyed{"f", "slot before"}, keyed{"g", "new"}, keyed{"h", "two slots before"})
+	if !slices.Equal(got, []int{0, 1, 2}) {
+		t.Fatalf("after forgetting left out %v, want [0 1 2]: the keys of now's slot and the one before still recognised", got)
+	}
+	if s := f.stored(topic); !slices.Equal(s, []string{"a", "c", "d"}) {
+		t.Fatalf("stored %v, want [a c d]", s)
+	}
+}
+
+// readyKeyClass makes the partitions of key class k and sets its
+// keys_since to since (an SQL expression), as the maintainer does.
+func (f *fixture) readyKeyClass(k int, since string) {
+	f.t.Helper()
+	if _, err := f.Driver.AddKeyPartitions(f.ctx, f.Pool, k); err != nil {
+		f.t.Fatalf("make the partitions of key class %d: %v", k, err)
+	}
+	if _, err := f.Pool.Exec(f.ctx, `UPDATE `+f.Tables.Retention+` SET keys_since = `+since+` WHERE retention_class = $1`, k); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// testKeyedClassTransition: a topic whose retention is longer than a day
+// keeps its keys in the day's rows until its class's partitions may be
+// used (KeyLanes: not ready); the maintainer's steps make them (once),
+// read the transactions that have the keys table open (one held from
+// another connection; on Citus, where making them waits for such a
+// transaction and gives up after its lock_timeout, one held after), and
+// set keys_since. For two days after it the
+// topic's keys take both the class's rows and the day's: a key stored
+// before in day rows (by this release before, or by a release before
+// schema version 21, which writes nothing else) is recognised, and a
+// publisher of a release before meets the keys this one writes. Once
+// the two days have passed (keys_since set back, as they would), a key
+// takes its class rows alone.
+func testKeyedClassTransition(t *testing.T, f *fixture) {
+	const topic, class = "upgraded", 19
+	if _, err := f.Driver.UpsertTopic(f.ctx, f.Pool, pgsql.TopicParams{Topic: topic, Partitions: 1,
+		Retention: 72 * time.Hour, RetentionClass: class}); err != nil {
+		t.Fatal(err)
+	}
+	lanes, err := f.Driver.KeyLanes(f.ctx, f.Pool)
+	if err != nil || !slices.Equal(lanes, []pgsql.KeyLane{{Class: class, Ready: false}}) {
+		t.Fatalf("key lanes = %v, %v; want class %d, not ready", lanes, err, class)
+	}
+	today := f.today()
+	if got := f.insertKeyed(f.Pool, topic, keyed{"a", "stored before"}); len(got) != 0 {
+		t.Fatalf("left out %v", got)
+	}
+	day := func(back int64) string { return fmt.Sprintf("%d:%d", (today-back)%4, -back) }
+	if rows := f.keyRows(topic, 0); !slices.Equal(rows, []string{day(1), day(0)}) && !slices.Equal(rows, []string{day(0), day(1)}) {
+		t.Fatalf("rows before the class is ready = %v, want the day rows %s and %s", rows, day(1), day(0))
+	}
+	holder := f.begin()
+	if _, err := holder.Exec(f.ctx, `SELECT count(*) FROM `+f.Tables.Keys); err != nil {
+		t.Fatal(err)
+	}
+	if f.Citus {
+		// On Citus a partition is made by CREATE TABLE ... PARTITION OF,
+		// whose lock on the parent waits for every transaction that has
+		// it open: the function gives up after its lock_timeout, and the
+		// maintainer tries again at its next round.
+		_, err := f.Driver.AddKeyPartitions(f.ctx, f.Pool, class)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+			t.Fatalf("add key partitions while a transaction has the keys table open: %v; want lock_not_available", err)
+		}
+		if err := holder.Rollback(f.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, want := range []bool{true, false} {
+		made, err := f.Driver.AddKeyPartitions(f.ctx, f.Pool, class)
+		if err != nil || made != want {
+			t.Fatalf("add key partitions, call %d = %t, %v; want %t", i, made, err, want)
+		}
+	}
+	if f.Citus {
+		holder = f.begin()
+		if _, err := holder.Exec(f.ctx, `SELECT count(*) FROM `+f.Tables.Keys); err != nil {
+			t.Fatal(err)
+		}
+	}
+	holders, err := f.Driver.KeysLockHolders(f.ctx, f.Pool)
+	if err != nil || len(holders) != 1 {
+		t.Fatalf("keys table lock holders = %v, %v; want the transaction held open", holders, err)
+	}
+	if err := holder.Rollback(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if running, err := pgsql.LockHoldersRunning(f.ctx, f.Pool, holders); err != nil || running {
+		t.Fatalf("holders running = %t, %v; want ended", running, err)
+	}
+	for i, want := range []bool{true, false} {
+		if set, err := f.Driver.SetKeysSince(f.ctx, f.Pool, class); err != nil || set != want {
+			t.Fatalf("set keys_since, call %d = %t, %v; want %t", i, set, err, want)
+		}
+	}
+	if lanes, err := f.Driver.KeyLanes(f.ctx, f.Pool); err != nil || !slices.Equal(lanes, []pgsql.KeyLane{{Class: class, Ready: true}}) {
+		t.Fatalf("key lanes = %v, %v; want class %d ready", lanes, err, class)
+	}
+	got := f.insertKeyed(f.Pool, topic, keyed{"b", "stored before"}, keyed{"c", "new"})
+	if !slices.Equal(got, []int{0}) {
+		t.Fatalf("left out %v, want [0]: the key stored before in day rows", got)
+	}
+	rows := f.keyRows(topic, 0)
+	if len(rows) != 4+4 {
+		t.Fatalf("rows %v: want 8 (two day and two class rows of each key: the one stored before gets the class rows it lacked)", rows)
+	}
+	// A publisher of a release before writes "new"'s day rows: they are
+	// there, so it stores nothing.
+	tag, err := f.Pool.Exec(f.ctx, `INSERT INTO `+f.Tables.Keys+` (topic, key, slot, gen) VALUES ($1, $2::uuid, $3, $4) ON CONFLICT DO NOTHING`,
+		topic, keyDigest("new"), today, today%4)
+	if err != nil || tag.RowsAffected() != 0 {
+		t.Fatalf("the day row of the key published now: %v, %v rows new; want 0", err, tag.RowsAffected())
+	}
+	f.readyKeyClass(class, `pg_catalog.now() - interval '2 days' - interval '1 microsecond'`)
+	if got := f.insertKeyed(f.Pool, topic, keyed{"d", "later"}); len(got) != 0 {
+		t.Fatalf("left out %v", got)
+	}
+	if got := len(f.keyRows(topic, 0)); got != 8+2 {
+		t.Fatalf("%d rows, want 10: two days after keys_since, a key takes its two class rows only", got)
 	}
 }

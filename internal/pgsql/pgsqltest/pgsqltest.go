@@ -103,6 +103,8 @@ func cases() []testCase {
 		{"KeyedTransaction", testKeyedTransaction},
 		{"KeyedDelayed", testKeyedDelayed},
 		{"ForgetKeys", testForgetKeys},
+		{"KeyedRetentionWindow", testKeyedRetentionWindow},
+		{"KeyedClassTransition", testKeyedClassTransition},
 		// sessions
 		{"SessionCreateAndHeartbeat", testSessionCreateAndHeartbeat},
 		{"SessionReplacesAnother", testSessionReplacesAnother},
