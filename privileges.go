@@ -14,8 +14,13 @@ package pglease
 // forever, and the sessions, offsets, topics, delayed, maintenance and
 // retention tables; SELECT on the schema version table; EXECUTE on the
 // maintainer's functions. No TRUNCATE, REFERENCES or TRIGGER, no CREATE,
-// no ownership: role cannot drop or alter the tables. The statements run
-// in one transaction and may be run again.
+// no ownership: role cannot drop or alter the tables. Where the messages
+// table is distributed by Citus ([DistributeSQL]), it also grants USAGE
+// on the sequences of the identity columns of the tables role may insert
+// into, on the coordinator and every worker, which Citus needs where a
+// single server checks nothing (docs/security.md, "Citus"); elsewhere
+// that last block grants nothing. The statements run in one transaction
+// and may be run again.
 //
 // An upgrade keeps these grants (the migrations carry the grants of the
 // tables they replace, and those that create the maintainer's functions
@@ -52,6 +57,8 @@ func GrantSQL(tables Tables, role string) string {
 // grants) or call the maintainer's functions. A Publisher of such a role
 // works with AutoInitializeSchema unset, or set once the owner has
 // migrated (it then only reads the schema version).
+// On Citus it also grants USAGE on the identity columns' sequences of the
+// messages and delayed tables, as [GrantSQL] does.
 //
 // role is quoted (used exactly as given). For the empty role name or
 // "public", the script raises an error instead of granting anything. See

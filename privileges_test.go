@@ -69,6 +69,20 @@ func poolAs(t *testing.T, role string, maxConns int32) *pgxpool.Pool {
 	return pool
 }
 
+// grantLines returns the GRANT statements of a script of GrantSQL or
+// GrantPublisherSQL, one a line: what a single server runs (the block
+// after them grants only where the tables are distributed by Citus, see
+// TestCitusLeastPrivilegeRoles).
+func grantLines(script string) string {
+	var out []string
+	for _, line := range strings.Split(script, "\n") {
+		if strings.HasPrefix(line, "GRANT ") {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
 // TestSchemaSetUpWithoutCreateOnDatabase sets up schemas that exist
 // already, owned by a role without the CREATE privilege on the database:
 // the script of SchemaSQL and the automatic set-up both succeed (CREATE
@@ -282,7 +296,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	app := newRole(t, pool, "pglease_app")
 	grants := pglease.GrantSQL(adapter, app)
 	for _, never := range []string{"TRUNCATE", "REFERENCES", "TRIGGER", "CREATE", "ALL", "SEQUENCE", "OWNER"} {
-		assert.NotContains(t, grants, never)
+		assert.NotContains(t, grantLines(grants), never)
 	}
 	execAll(t, ownerPool, grants)
 	qualified := func(name string) string { return pgx.Identifier{adapter.Schema, name}.Sanitize() }
@@ -290,7 +304,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	var seqPriv bool
 	require.NoError(t, pool.QueryRow(ctx, `SELECT has_sequence_privilege($1, pg_get_serial_sequence($2, 'offset'), 'USAGE')
 	OR has_sequence_privilege($1, pg_get_serial_sequence($3, 'id'), 'USAGE')`, app, messages, qualified(pglease.DefaultDelayedTable)).Scan(&seqPriv))
-	require.False(t, seqPriv, "the identity columns' sequences need no grant")
+	require.False(t, seqPriv, "on a single server the identity columns' sequences need no grant: the script's Citus block grants nothing")
 
 	appPool := poolAs(t, app, 10)
 	for _, stmt := range []string{
@@ -794,7 +808,7 @@ func TestPublisherOnlyRole(t *testing.T) {
 	consumer := newRole(t, pool, "pglease_app")
 	grants := pglease.GrantPublisherSQL(adapter, publisher)
 	for _, never := range []string{"UPDATE", "DELETE", "EXECUTE", "TRUNCATE", "ALL"} {
-		assert.NotContains(t, grants, never)
+		assert.NotContains(t, grantLines(grants), never)
 	}
 	execAll(t, ownerPool, grants, pglease.GrantSQL(adapter, consumer))
 	require.NoError(t, pglease.CreateTopic(ctx, ownerPool, "keyed", pglease.TopicConfig{Partitions: 3, Tables: adapter}))

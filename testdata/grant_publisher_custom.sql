@@ -9,4 +9,37 @@ GRANT SELECT ("topic", "key") ON TABLE "My ""App"""."messages_with_a_rather_long
 GRANT SELECT ON TABLE "My ""App"""."topics" TO "App ""Role""";
 GRANT SELECT ON TABLE "My ""App"""."retention" TO "App ""Role""";
 GRANT SELECT ON TABLE "My ""App"""."version" TO "App ""Role""";
+DO $pglease$
+DECLARE
+	r record;
+	failed text;
+BEGIN
+	IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
+		RETURN; -- not Citus
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition p
+		WHERE p.logicalrelid = '"My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz"'::regclass) THEN
+		RETURN; -- not distributed (yet: DistributeSQL grants it then)
+	END IF;
+	FOR r IN SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) AS tab, a.attname AS col,
+			'"App ""Role"""'::text AS grantee
+		FROM pg_catalog.pg_attribute a
+		JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE a.attrelid IN ('"My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz"'::regclass, '"My ""App"""."delayed"'::regclass, '"My ""App"""."messages_with_a_rather_long_name_that_needs_shortening_xyz_keys"'::regclass) AND a.attidentity <> '' AND NOT a.attisdropped
+		ORDER BY 1, 2 LOOP
+		EXECUTE pg_catalog.format('GRANT USAGE ON SEQUENCE %s TO %s', pg_catalog.pg_get_serial_sequence(r.tab, r.col), r.grantee);
+		IF true THEN
+			SELECT pg_catalog.string_agg(c.nodename || ':' || c.nodeport || ': ' || c.result, '; ') INTO failed
+			FROM pg_catalog.run_command_on_workers(pg_catalog.format('DO %L', pg_catalog.format(
+				'BEGIN IF pg_catalog.to_regclass(%L) IS NOT NULL THEN EXECUTE pg_catalog.format(%L, pg_catalog.pg_get_serial_sequence(%L, %L), %L); END IF; END',
+				r.tab, 'GRANT USAGE ON SEQUENCE %s TO %s', r.tab, r.col, r.grantee))) c
+			WHERE NOT c.success;
+			IF failed IS NOT NULL THEN
+				RAISE EXCEPTION 'pglease: USAGE on the sequence of %.% for % on the workers: %', r.tab, r.col, r.grantee, failed;
+			END IF;
+		END IF;
+	END LOOP;
+END
+$pglease$;
 COMMIT;

@@ -80,6 +80,7 @@ END`)) + `;`
 	nsp name;
 	failed text;
 	distributed boolean;
+	r record;
 BEGIN
 	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
 		RAISE EXCEPTION 'pglease: the citus extension is not installed in this database: CREATE EXTENSION citus on the coordinator (and every worker) first';
@@ -154,6 +155,20 @@ BEGIN
 			PERFORM pg_catalog.create_distributed_table(` + lit(t.Keys) + `, 'topic', colocate_with => ` + lit(t.Messages) + `);
 		END IF;
 	END IF;
+	-- Every role that may insert into a table with an identity column
+	-- gets USAGE on its sequence, which Citus needs (see
+	-- citusIdentityGrants); on the workers once the tables were
+	-- distributed by an earlier run (what this one creates there is not
+	-- committed yet: GrantSQL, run after, grants the workers' copies).` +
+		identitySequenceGrants(`SELECT DISTINCT pg_catalog.format('%I.%I', n.nspname, c.relname) AS tab, a.attname AS col,
+			CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(g.grantee)) END AS grantee
+		FROM pg_catalog.pg_class c
+		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attidentity <> '' AND NOT a.attisdropped
+		CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) g
+		WHERE c.oid IN (`+lit(t.Messages)+`::regclass, `+lit(t.Delayed)+`::regclass, pg_catalog.to_regclass(`+lit(t.Keys)+`))
+			AND g.privilege_type = 'INSERT' AND g.grantee <> c.relowner
+		ORDER BY 1, 2, 3`, "distributed") + `
 END`)
 }
 
@@ -179,7 +194,12 @@ func (t *Tables) WorkerScript() string {
 BEGIN
 	-- Objects of this worker only.
 	PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', 'off', true);
-	EXECUTE 'CREATE SCHEMA IF NOT EXISTS ' || pg_catalog.quote_ident(nsp);
+	-- Only where it is missing: CREATE SCHEMA IF NOT EXISTS needs CREATE
+	-- on the database even where the schema exists (an owner without it
+	-- runs this again).
+	IF pg_catalog.to_regnamespace(pg_catalog.quote_ident(nsp)) IS NULL THEN
+		EXECUTE 'CREATE SCHEMA IF NOT EXISTS ' || pg_catalog.quote_ident(nsp);
+	END IF;
 	PERFORM pg_catalog.set_config('search_path', pg_catalog.quote_ident(nsp), true);
 	seq := pg_catalog.quote_ident(nsp) || '.' || pg_catalog.quote_ident(` + lit(t.partitionName("positions")) + `);
 	IF pg_catalog.to_regclass(seq) IS NULL THEN

@@ -59,10 +59,9 @@ func TestCitusShardMoveToldFromGoingBack(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Published by the owner: what is tested is the consumer's side (on
-	// Citus the runtime role's INSERT is refused the offset column's
-	// sequence, a matter of its own).
-	if err := d.InsertMessages(ctx, pool, InsertMessagesParams{Topics: []string{topic}, UUIDs: []string{"m1"},
+	// Published by the role too (GrantScript's USAGE on the offset
+	// column's sequence, which Citus's INSERT ... SELECT needs).
+	if err := d.InsertMessages(ctx, q, InsertMessagesParams{Topics: []string{topic}, UUIDs: []string{"m1"},
 		Payloads: [][]byte{nil}, Metadata: []string{""}}); err != nil {
 		t.Fatal(err)
 	}

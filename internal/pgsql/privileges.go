@@ -2,6 +2,7 @@ package pgsql
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -133,6 +134,82 @@ func grantScript(what, purpose, role string, grants []runtimeGrant) string {
 		}
 		fmt.Fprintf(&b, "GRANT %s ON %s %s TO %s;\n", privs, strings.ToUpper(gr.kind), gr.name, to)
 	}
+	var inserts []string
+	for _, gr := range grants {
+		if gr.kind == "table" && gr.cols == nil && slices.Contains(gr.privs, "INSERT") {
+			inserts = append(inserts, gr.name)
+		}
+	}
+	if len(inserts) > 0 {
+		b.WriteString(citusIdentityGrants(inserts, to))
+		b.WriteString(";\n")
+	}
 	b.WriteString("COMMIT;\n")
 	return b.String()
+}
+
+// citusIdentityGrants returns the block of grantScript that, where the
+// messages table is distributed by Citus, grants role (quoted) USAGE on
+// the identity sequences of tables (quoted, qualified when Schema is
+// set: those the role may INSERT into), on the coordinator and on every
+// worker; elsewhere it does nothing. A single server needs no privilege
+// on them: the identity column's value is taken without a check. Citus
+// takes it on the coordinator with nextval() when it evaluates an
+// INSERT ... SELECT there itself (the statement of one topic, a common
+// table expression before its INSERT), and nextval() checks USAGE:
+// "permission denied for sequence <messages>_offset_seq1". Each worker
+// has a copy of the sequence, with a name of its own, which a statement
+// run on that worker would take its values from (pglease runs none
+// there: applications connect to the coordinator).
+func citusIdentityGrants(tables []string, role string) string {
+	lit := quoteLiteral
+	list := make([]string, len(tables))
+	for i, tab := range tables {
+		list[i] = lit(tab) + "::regclass"
+	}
+	return doBlock(`DECLARE
+	r record;
+	failed text;
+BEGIN
+	IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
+		RETURN; -- not Citus
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition p
+		WHERE p.logicalrelid = ` + lit(tables[0]) + `::regclass) THEN
+		RETURN; -- not distributed (yet: DistributeSQL grants it then)
+	END IF;` + identitySequenceGrants(`SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) AS tab, a.attname AS col,
+			`+lit(role)+`::text AS grantee
+		FROM pg_catalog.pg_attribute a
+		JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE a.attrelid IN (`+strings.Join(list, ", ")+`) AND a.attidentity <> '' AND NOT a.attisdropped
+		ORDER BY 1, 2`, "true") + `
+END`)
+}
+
+// identitySequenceGrants returns PL/pgSQL statements, for a block that
+// declares r record and failed text, that grant USAGE on the identity
+// sequences that query lists (columns tab: a table, qualified and
+// quoted; col: its identity column; grantee: a role as GRANT takes it,
+// quoted, or PUBLIC) on the Citus coordinator, and, when onWorkers (a
+// PL/pgSQL boolean expression) holds, on every worker, each worker's own
+// copy of the sequence (found there by pg_get_serial_sequence: its name
+// may differ from the coordinator's). A worker that does not see the
+// table (created by the transaction that runs this, not committed yet)
+// is left alone. Worker failures raise an error naming the workers.
+func identitySequenceGrants(query, onWorkers string) string {
+	return `
+	FOR r IN ` + query + ` LOOP
+		EXECUTE pg_catalog.format('GRANT USAGE ON SEQUENCE %s TO %s', pg_catalog.pg_get_serial_sequence(r.tab, r.col), r.grantee);
+		IF ` + onWorkers + ` THEN
+			SELECT pg_catalog.string_agg(c.nodename || ':' || c.nodeport || ': ' || c.result, '; ') INTO failed
+			FROM pg_catalog.run_command_on_workers(pg_catalog.format('DO %L', pg_catalog.format(
+				'BEGIN IF pg_catalog.to_regclass(%L) IS NOT NULL THEN EXECUTE pg_catalog.format(%L, pg_catalog.pg_get_serial_sequence(%L, %L), %L); END IF; END',
+				r.tab, 'GRANT USAGE ON SEQUENCE %s TO %s', r.tab, r.col, r.grantee))) c
+			WHERE NOT c.success;
+			IF failed IS NOT NULL THEN
+				RAISE EXCEPTION 'pglease: USAGE on the sequence of %.% for % on the workers: %', r.tab, r.col, r.grantee, failed;
+			END IF;
+		END IF;
+	END LOOP;`
 }
