@@ -48,7 +48,10 @@ import (
 // objects. It raises an error when the citus extension is not installed,
 // and when the tables to distribute hold messages or group positions
 // (positions are those of the server that took them, which the workers'
-// would not continue).
+// would not continue). Last, it grants USAGE on the identity columns'
+// sequences to every role that may insert into their tables, which Citus
+// needs (see citusIdentityGrants): on the coordinator, and on the
+// workers' copies from its second run on.
 //
 // Tables distributed by an earlier release take their positions from
 // their workers' transaction ids: the script replaces their trigger under
