@@ -15,6 +15,7 @@ GRANT EXECUTE ON FUNCTION "My ""App"""."messages_with_a_rather_long_na_05ba50ac_
 GRANT EXECUTE ON FUNCTION "My ""App"""."messages_with_a_rather_long_05ba50ac_expire_retention_partition"(integer, bigint) TO "App ""Role""";
 GRANT EXECUTE ON FUNCTION "My ""App"""."messages_with_a_rather_long_na_05ba50ac_drop_detached_partition"(integer, bigint) TO "App ""Role""";
 GRANT EXECUTE ON FUNCTION "My ""App"""."messages_with_a_rather_long_name_that_need_05ba50ac_forget_keys"() TO "App ""Role""";
+GRANT EXECUTE ON FUNCTION "My ""App"""."messages_with_a_rather_long_name_th_05ba50ac_add_key_partitions"(integer) TO "App ""Role""";
 DO $pglease$
 DECLARE
 	r record;

@@ -14,6 +14,7 @@ GRANT EXECUTE ON FUNCTION "pglease_messages_add_retention_partition"(integer, bi
 GRANT EXECUTE ON FUNCTION "pglease_messages_expire_retention_partition"(integer, bigint) TO "app";
 GRANT EXECUTE ON FUNCTION "pglease_messages_drop_detached_partition"(integer, bigint) TO "app";
 GRANT EXECUTE ON FUNCTION "pglease_messages_forget_keys"() TO "app";
+GRANT EXECUTE ON FUNCTION "pglease_messages_add_key_partitions"(integer) TO "app";
 DO $pglease$
 DECLARE
 	r record;
