@@ -81,9 +81,10 @@ func identityPrivileges(t *testing.T, db *pgxpool.Pool, adapter pglease.Tables, 
 // USAGE on the identity columns' sequences, and nothing more on them, on
 // the coordinator and on every worker (the workers' copies of a role
 // granted before the distribution once DistributeSQL runs again), which
-// the statement of one topic needs: Citus evaluates it on the
-// coordinator and takes the offset with nextval() ("permission denied
-// for sequence pglease_messages_offset_seq1" before). The roles of
+// an INSERT ... SELECT that Citus evaluates on the coordinator needs: it
+// takes the offset with nextval() ("permission denied for sequence
+// pglease_messages_offset_seq1" without; pglease's statement of one
+// topic had that shape until the Citus insert was rewritten). The roles of
 // GrantSQL publish to topics on both workers (one topic per statement,
 // several in one, delayed), subscribe and acknowledge, create topics,
 // reset offsets and, elected maintainer, move the due messages, with
@@ -238,6 +239,21 @@ func TestCitusLeastPrivilegeRoles(t *testing.T) {
 			}
 			require.NoError(t, d.InsertMessages(ctx, p, params), "%v", topics)
 		}
+	}
+
+	// An INSERT ... SELECT that Citus evaluates on the coordinator (a
+	// common table expression before the INSERT, as the statement of one
+	// topic was before the Citus insert was rewritten), which takes the
+	// offset with nextval(): refused without USAGE on its sequence.
+	for _, p := range []*pgxpool.Pool{appPool, pubPool, earlyPool} {
+		id := watermill.NewUUID()
+		_, err := p.Exec(ctx, `WITH p AS (SELECT tp.partitions, k.ck
+	FROM (SELECT 1) one LEFT JOIN `+qualified(pglease.DefaultTopicsTable)+` tp ON tp.topic = $1::text
+	CROSS JOIN (SELECT pg_catalog.clock_timestamp() AS ck) k)
+INSERT INTO `+messages+` (topic, uuid, payload)
+SELECT $1::text, m.uuid, NULL FROM p, unnest(ARRAY[$2::text]) WITH ORDINALITY AS m(uuid, n) ORDER BY m.n`, topics[7], id)
+		require.NoError(t, err, "an INSERT ... SELECT evaluated on the coordinator")
+		want[topics[7]] = append(want[topics[7]], id)
 	}
 
 	var onWorkers int

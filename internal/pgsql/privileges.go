@@ -155,8 +155,9 @@ func grantScript(what, purpose, role string, grants []runtimeGrant) string {
 // worker; elsewhere it does nothing. A single server needs no privilege
 // on them: the identity column's value is taken without a check. Citus
 // takes it on the coordinator with nextval() when it evaluates an
-// INSERT ... SELECT there itself (the statement of one topic, a common
-// table expression before its INSERT), and nextval() checks USAGE:
+// INSERT ... SELECT there itself (a common table expression with a
+// volatile function before the INSERT, as the statement of one topic had
+// before the Citus insert was rewritten), and nextval() checks USAGE:
 // "permission denied for sequence <messages>_offset_seq1". Each worker
 // has a copy of the sequence, with a name of its own, which a statement
 // run on that worker would take its values from (pglease runs none
