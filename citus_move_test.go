@@ -20,88 +20,16 @@ import (
 	pglease "github.com/pglease/watermill-pglease"
 )
 
-// logRecorder is a watermill logger that keeps every entry, to count
-// them by level and message (and passes them on to the test logger, when
-// PGLEASE_TEST_LOG asks for one).
-type logRecorder struct {
-	mu      *sync.Mutex
-	entries *[]recordedLog
-	fields  watermill.LogFields
-	next    watermill.LoggerAdapter
-}
-
-type recordedLog struct {
-	at     time.Time
-	level  watermill.LogLevel
-	msg    string
-	err    error
-	fields watermill.LogFields
-}
-
-func newLogRecorder() *logRecorder {
-	return &logRecorder{mu: &sync.Mutex{}, entries: &[]recordedLog{}, next: testLogger()}
-}
-
-func (l *logRecorder) log(level watermill.LogLevel, msg string, err error, fields watermill.LogFields) {
-	l.mu.Lock()
-	*l.entries = append(*l.entries, recordedLog{at: time.Now(), level: level, msg: msg, err: err, fields: l.fields.Copy().Add(fields)})
-	l.mu.Unlock()
-	if l.next == nil {
-		return
-	}
-	switch level {
-	case watermill.ErrorLogLevel:
-		l.next.With(l.fields).Error(msg, err, fields)
-	case watermill.InfoLogLevel:
-		l.next.With(l.fields).Info(msg, fields)
-	}
-}
-
-func (l *logRecorder) Error(msg string, err error, fields watermill.LogFields) {
-	l.log(watermill.ErrorLogLevel, msg, err, fields)
-}
-func (l *logRecorder) Info(msg string, fields watermill.LogFields) {
-	l.log(watermill.InfoLogLevel, msg, nil, fields)
-}
-func (l *logRecorder) Debug(msg string, fields watermill.LogFields) {
-	l.log(watermill.DebugLogLevel, msg, nil, fields)
-}
-func (l *logRecorder) Trace(msg string, fields watermill.LogFields) {
-	l.log(watermill.TraceLogLevel, msg, nil, fields)
-}
-func (l *logRecorder) With(fields watermill.LogFields) watermill.LoggerAdapter {
-	return &logRecorder{mu: l.mu, entries: l.entries, fields: l.fields.Copy().Add(fields), next: l.next}
-}
-
-// since returns the entries at level logged at or after from.
-func (l *logRecorder) since(level watermill.LogLevel, from time.Time) []recordedLog {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []recordedLog
-	for _, e := range *l.entries {
-		if e.level == level && !e.at.Before(from) {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
-// summary counts the entries at Info and above by level and message
-// (its first 70 characters).
-func (l *logRecorder) summary() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// logSummary counts the entries of logs by level and message (its first
+// 70 characters).
+func logSummary(logs *capturingLogger) string {
 	counts := map[string]int{}
-	for _, e := range *l.entries {
-		if e.level < watermill.InfoLogLevel {
-			continue
-		}
-		name := map[watermill.LogLevel]string{watermill.InfoLogLevel: "INFO", watermill.ErrorLogLevel: "ERROR"}[e.level]
-		msg := e.msg
+	for _, e := range logs.Entries() {
+		msg := e.Msg
 		if len(msg) > 70 {
 			msg = msg[:70]
 		}
-		counts[name+" "+msg]++
+		counts[strings.ToUpper(e.Level)+" "+msg]++
 	}
 	keys := make([]string, 0, len(counts))
 	for k := range counts {
@@ -364,7 +292,7 @@ func TestCitusPlannedShardMove(t *testing.T) {
 		t.Logf("%d messages of %s in the moved shard", n, ballast)
 	}
 
-	logs := newLogRecorder()
+	logs := newCapturingLogger()
 	mt := startMoveTraffic(t, ctx, pool, adapter, topics, logs)
 	for _, tp := range topics {
 		waitFor(t, 30*time.Second, "deliveries on "+tp, func() bool { return mt.delivered(tp) >= 50 })
@@ -393,18 +321,18 @@ func TestCitusPlannedShardMove(t *testing.T) {
 		}
 		resumed := time.Now()
 		// The move, logged once at Info as what it is; nothing at Error.
-		var lines []recordedLog
-		for _, e := range logs.since(watermill.InfoLogLevel, start) {
-			if strings.HasPrefix(e.msg, "Shard of topic") {
+		var lines []logEntry
+		for _, e := range logs.Since("info", start) {
+			if strings.HasPrefix(e.Msg, "Shard of topic") {
 				lines = append(lines, e)
 			}
 		}
-		require.Len(t, lines, 1, "one line about the move:%s", logs.summary())
-		require.Equal(t, topic, lines[0].fields["topic"])
-		require.Equal(t, fromAddr, lines[0].fields["from_worker"])
-		require.Equal(t, toAddr, lines[0].fields["to_worker"])
-		require.Equal(t, from.shard, lines[0].fields["shard"])
-		require.Empty(t, logs.since(watermill.ErrorLogLevel, time.Time{}), "nothing at Error:%s", logs.summary())
+		require.Len(t, lines, 1, "one line about the move:%s", logSummary(logs))
+		require.Equal(t, topic, lines[0].Fields["topic"])
+		require.Equal(t, fromAddr, lines[0].Fields["from_worker"])
+		require.Equal(t, toAddr, lines[0].Fields["to_worker"])
+		require.Equal(t, from.shard, lines[0].Fields["shard"])
+		require.Empty(t, logs.Since("error", time.Time{}), "nothing at Error:%s", logSummary(logs))
 		t.Logf("move %s -> %s: shard moved in %s, every topic delivering again %s after the move began",
 			fromAddr, toAddr, moved.Sub(start).Round(time.Millisecond), resumed.Sub(start).Round(time.Millisecond))
 		for _, tp := range topics {
@@ -429,7 +357,7 @@ func TestCitusPlannedShardMove(t *testing.T) {
 	move(dst, src)
 	mt.end(time.Minute)
 	mt.check()
-	require.Empty(t, logs.since(watermill.ErrorLogLevel, time.Time{}), "nothing at Error:%s", logs.summary())
-	t.Logf("log lines, Info and above:%s", logs.summary())
+	require.Empty(t, logs.Since("error", time.Time{}), "nothing at Error:%s", logSummary(logs))
+	t.Logf("log lines, Info and above:%s", logSummary(logs))
 	t.Logf("delivered again: %d", mt.again)
 }

@@ -2,12 +2,14 @@ package testkit
 
 import (
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 )
 
 // LogEntry is one line logged through a [CapturingLogger].
 type LogEntry struct {
+	At     time.Time // when it was logged
 	Level  string
 	Msg    string
 	Err    error
@@ -30,7 +32,7 @@ func NewCapturingLogger() *CapturingLogger {
 func (l *CapturingLogger) add(level, msg string, err error, fields watermill.LogFields) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	*l.entries = append(*l.entries, LogEntry{Level: level, Msg: msg, Err: err, Fields: l.fields.Add(fields)})
+	*l.entries = append(*l.entries, LogEntry{At: time.Now(), Level: level, Msg: msg, Err: err, Fields: l.fields.Add(fields)})
 }
 
 // Error records msg at level "error".
@@ -72,4 +74,18 @@ func (l *CapturingLogger) Entries() []LogEntry {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return append([]LogEntry(nil), *l.entries...)
+}
+
+// Since returns the entries at level ("error", "info") logged at or
+// after from, in the order of logging.
+func (l *CapturingLogger) Since(level string, from time.Time) []LogEntry {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []LogEntry
+	for _, e := range *l.entries {
+		if e.Level == level && !e.At.Before(from) {
+			out = append(out, e)
+		}
+	}
+	return out
 }
