@@ -286,7 +286,6 @@ func (x *Citus) StartStandby(ctx context.Context, w *Node, opts CitusStandbyOpti
 	if !slices.Contains(x.Workers, w) {
 		return nil, errors.New("pgrepl: StartStandby: not a worker of this cluster")
 	}
-	began := time.Now()
 	s := c.newNode(w.name + "_standby")
 	s.upstream, s.synchronous = w, opts.Synchronous
 	c.copiesMu.Lock()
@@ -301,37 +300,8 @@ func (x *Citus) StartStandby(ctx context.Context, w *Node, opts CitusStandbyOpti
 	c.copies = append([]*Node{s}, c.copies...)
 	c.copiesMu.Unlock()
 
-	if err := w.exec(ctx, "SELECT pg_create_physical_replication_slot($1, true)", slotName); err != nil {
-		return nil, fmt.Errorf("pgrepl: %s: create replication slot: %w", w.name, err)
-	}
-	bctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
-	defer cancel()
-	s.conninfo = fmt.Sprintf("host=127.0.0.1 port=%d user=%s application_name=%s", w.Port(), superuser, s.name)
-	if err := c.run(bctx, "pg_basebackup", "-d", s.conninfo, "-D", s.dataDir, "-R", "-X", "stream",
-		"-S", slotName, "--checkpoint=fast", "--no-sync"); err != nil {
-		return nil, fmt.Errorf("pgrepl: %s: %w%s", s.name, err, w.logTail())
-	}
-	if err := appendFile(filepath.Join(s.dataDir, "postgresql.auto.conf"), "primary_conninfo = "+quote(s.conninfo)+"\n"); err != nil {
-		return nil, fmt.Errorf("pgrepl: %s: %w", s.name, err)
-	}
-	if err := s.start(ctx); err != nil {
+	if err := c.startStandby(ctx, w, s, s.name, opts.Synchronous); err != nil {
 		return nil, err
 	}
-	if opts.Synchronous {
-		if err := w.exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = "+quote(s.name)); err != nil {
-			return nil, fmt.Errorf("pgrepl: %s: set synchronous_standby_names: %w", w.name, err)
-		}
-		if err := w.exec(ctx, "SELECT pg_reload_conf()"); err != nil {
-			return nil, fmt.Errorf("pgrepl: %s: reload: %w", w.name, err)
-		}
-	}
-	if err := waitStreaming(ctx, w, s); err != nil {
-		return nil, err
-	}
-	mode := "asynchronous"
-	if opts.Synchronous {
-		mode = "synchronous"
-	}
-	c.logf("pgrepl: standby of %s started on port %d, streaming (%s), in %s", w.name, s.Port(), mode, since(began))
 	return s, nil
 }

@@ -290,39 +290,50 @@ func start(ctx context.Context, opts Options, withStandby bool) (_ *Cluster, err
 		return c, nil
 	}
 
-	step = time.Now()
-	if err := c.Primary.exec(ctx, "SELECT pg_create_physical_replication_slot($1, true)", slotName); err != nil {
-		return nil, fmt.Errorf("pgrepl: primary: create replication slot: %w", err)
-	}
-	if err := c.baseBackup(ctx); err != nil {
+	if err := c.startStandby(ctx, c.Primary, c.Standby, opts.StandbyName, opts.Synchronous); err != nil {
 		return nil, err
 	}
-	c.logf("pgrepl: pg_basebackup %s", since(step))
+	c.logf("pgrepl: cluster up in %s (%s)", since(began), c.dir)
+	return c, nil
+}
+
+// startStandby makes s a streaming standby of p, named name (its
+// application_name in p's pg_stat_replication): a physical replication
+// slot on p, pg_basebackup -R -X stream through it, s started as a hot
+// standby, p told to wait for it when synchronous, and s streaming.
+func (c *Cluster) startStandby(ctx context.Context, p, s *Node, name string, synchronous bool) error {
+	step := time.Now()
+	if err := p.exec(ctx, "SELECT pg_create_physical_replication_slot($1, true)", slotName); err != nil {
+		return fmt.Errorf("pgrepl: %s: create replication slot: %w", p.name, err)
+	}
+	if err := c.baseBackup(ctx, p, s, name); err != nil {
+		return err
+	}
+	c.logf("pgrepl: pg_basebackup of %s %s", p.name, since(step))
 
 	step = time.Now()
-	if err := c.Standby.start(ctx); err != nil {
-		return nil, err
+	if err := s.start(ctx); err != nil {
+		return err
 	}
-	if opts.Synchronous {
-		// Set only now, and only on the primary: the copy taken above
-		// must not wait for a standby of its own once promoted.
-		if err := c.Primary.exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = "+quote(opts.StandbyName)); err != nil {
-			return nil, fmt.Errorf("pgrepl: primary: set synchronous_standby_names: %w", err)
+	if synchronous {
+		// Set only now, and only on p: the copy taken above must not
+		// wait for a standby of its own once promoted.
+		if err := p.exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = "+quote(name)); err != nil {
+			return fmt.Errorf("pgrepl: %s: set synchronous_standby_names: %w", p.name, err)
 		}
-		if err := c.Primary.exec(ctx, "SELECT pg_reload_conf()"); err != nil {
-			return nil, fmt.Errorf("pgrepl: primary: reload: %w", err)
+		if err := p.exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+			return fmt.Errorf("pgrepl: %s: reload: %w", p.name, err)
 		}
 	}
-	if err := c.WaitStreaming(ctx); err != nil {
-		return nil, err
+	if err := c.waitStreaming(ctx, p, name, synchronous, s); err != nil {
+		return err
 	}
 	mode := "asynchronous"
-	if opts.Synchronous {
+	if synchronous {
 		mode = "synchronous"
 	}
-	c.logf("pgrepl: standby started on port %d, streaming (%s) in %s; cluster up in %s (%s)",
-		c.Standby.Port(), mode, since(step), since(began), c.dir)
-	return c, nil
+	c.logf("pgrepl: %s started on port %d, streaming (%s) from %s, in %s", s.name, s.Port(), mode, p.name, since(step))
+	return nil
 }
 
 // setUp finds the user the servers run as (postgres, when the test runs
@@ -952,22 +963,21 @@ func (n *Node) StartOn(ctx context.Context, port int) error {
 	return n.startOn(ctx, port)
 }
 
-// baseBackup copies the primary into the standby's data directory, with
-// standby.signal and the settings to stream from the primary's slot.
-func (c *Cluster) baseBackup(ctx context.Context) error {
+// baseBackup copies p into the data directory of its standby s, with
+// standby.signal and the settings to stream from p's slot as name.
+func (c *Cluster) baseBackup(ctx context.Context, p, s *Node, name string) error {
 	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
 	defer cancel()
-	s := c.Standby
-	s.conninfo = fmt.Sprintf("host=127.0.0.1 port=%d user=%s application_name=%s", c.Primary.Port(), superuser, c.opts.StandbyName)
+	s.conninfo = fmt.Sprintf("host=127.0.0.1 port=%d user=%s application_name=%s", p.Port(), superuser, name)
 	if err := c.run(ctx, "pg_basebackup", "-d", s.conninfo, "-D", s.dataDir, "-R", "-X", "stream",
 		"-S", slotName, "--checkpoint=fast", "--no-sync"); err != nil {
-		return fmt.Errorf("pgrepl: standby: %w%s", err, c.Primary.logTail())
+		return fmt.Errorf("pgrepl: %s: %w%s", s.name, err, p.logTail())
 	}
 	// -R wrote a primary_conninfo of its own; this one names the standby
 	// for synchronous_standby_names, whatever pg_basebackup passes on.
 	auto := filepath.Join(s.dataDir, "postgresql.auto.conf")
 	if err := appendFile(auto, "primary_conninfo = "+quote(s.conninfo)+"\n"); err != nil {
-		return fmt.Errorf("pgrepl: standby: %w", err)
+		return fmt.Errorf("pgrepl: %s: %w", s.name, err)
 	}
 	return nil
 }
