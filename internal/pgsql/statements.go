@@ -192,16 +192,31 @@ func (t *Tables) registered(reg registering, query string) string {
 // which holds back or passes only that session's own messages, as
 // writing NULL without registering could before).
 func (t *Tables) registerOne(topic string) string {
-	root := quoteLiteral(t.Messages) + `::pg_catalog.regclass::pg_catalog.oid`
-	key := `pg_catalog.hashtext(` + topic + ` || ':0')`
-	mark := root + `::text || ':' || ` + key + `::text || ','`
-	return `CASE WHEN pg_catalog.strpos(COALESCE(pg_catalog.current_setting('pglease.registered', true), ''), ',' || ` + mark + `) > 0 THEN true
+	k := t.partitionKey(topic, "0")
+	return `CASE WHEN pg_catalog.strpos(COALESCE(pg_catalog.current_setting('pglease.registered', true), ''), ',' || ` + k.mark + `) > 0 THEN true
 		WHEN pg_catalog.pg_advisory_xact_lock_shared(8070450532247928832 | (SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END
 			FROM ` + t.PositionSequence() + ` s)) IS NULL THEN NULL
-		WHEN pg_catalog.pg_advisory_xact_lock_shared((` + root + `::bigint - CASE WHEN ` + root + `::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::integer,
-			` + key + `) IS NULL THEN NULL
+		WHEN pg_catalog.pg_advisory_xact_lock_shared(` + k.root + `, ` + k.key + `) IS NULL THEN NULL
 		ELSE pg_catalog.set_config('pglease.registered',
-			COALESCE(NULLIF(pg_catalog.current_setting('pglease.registered', true), ''), ',') || ` + mark + `, true) IS NOT NULL END`
+			COALESCE(NULLIF(pg_catalog.current_setting('pglease.registered', true), ''), ',') || ` + k.mark + `, true) IS NOT NULL END`
+}
+
+// partitionKey is the registration's key of a partition (topic and
+// partition SQL expressions, text and integer) as the statements write it
+// out (the functions of migrations 17 and 20 compute the same): the
+// advisory key's two int4 halves, root from the messages table's oid
+// and key the hash of "topic:partition", and mark, what the setting
+// pglease.registered holds for it after a comma ("oid:hash,").
+type partitionKey struct{ root, key, mark string }
+
+func (t *Tables) partitionKey(topic, partition string) partitionKey {
+	oid := quoteLiteral(t.Messages) + `::pg_catalog.regclass::pg_catalog.oid`
+	key := `pg_catalog.hashtext(` + topic + ` || ':' || ` + partition + `::text)`
+	return partitionKey{
+		root: `(` + oid + `::bigint - CASE WHEN ` + oid + `::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::integer`,
+		key:  key,
+		mark: oid + `::text || ':' || ` + key + `::text || ','`,
+	}
 }
 
 // registerTopics is the sub-statement reg of an insert of several topics:
@@ -420,14 +435,11 @@ FROM (SELECT COALESCE(` + t.fastBound(`$1::text`, `$2::integer`, `n.next`) + `,
 // the first that decides; next must be read before (a column of a
 // sub-select behind OFFSET 0, as the statement does).
 func (t *Tables) fastBound(topic, partition, next string) string {
-	root := quoteLiteral(t.Messages) + `::pg_catalog.regclass::pg_catalog.oid`
-	key := `pg_catalog.hashtext(` + topic + ` || ':' || ` + partition + `::text)`
-	rootKey := `(` + root + `::bigint - CASE WHEN ` + root + `::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::integer`
+	k := t.partitionKey(topic, partition)
 	return `CASE WHEN pg_catalog.current_setting('transaction_isolation') <> 'read committed'
-		OR pg_catalog.strpos(COALESCE(pg_catalog.current_setting('pglease.registered', true), ''),
-			',' || ` + root + `::text || ':' || ` + key + `::text || ',') > 0 THEN NULL
-		WHEN pg_catalog.pg_try_advisory_lock(` + rootKey + `, ` + key + `)
-			THEN CASE WHEN pg_catalog.pg_advisory_unlock(` + rootKey + `, ` + key + `) THEN ` + next + ` END END`
+		OR pg_catalog.strpos(COALESCE(pg_catalog.current_setting('pglease.registered', true), ''), ',' || ` + k.mark + `) > 0 THEN NULL
+		WHEN pg_catalog.pg_try_advisory_lock(` + k.root + `, ` + k.key + `)
+			THEN CASE WHEN pg_catalog.pg_advisory_unlock(` + k.root + `, ` + k.key + `) THEN ` + next + ` END END`
 }
 
 // selectMessagesArgs are the arguments of [Tables.SelectMessages]: $1 to
