@@ -614,7 +614,12 @@ func TestKeysMigrationUnderTraffic(t *testing.T) {
 	pool := newPool(t, 12)
 	tables := newSchema(t, pool)
 	require.NoError(t, migrateTo(ctx, pool, tables, 20))
-	require.NoError(t, pglease.CreateTopic(ctx, pool, "long", pglease.TopicConfig{Retention: 72 * time.Hour, Tables: tables}))
+	// The topic as a release of schema version 20 creates it (this
+	// release's CreateTopic names version 22's columns).
+	_, err := pool.Exec(ctx, `WITH l AS (INSERT INTO `+pgx.Identifier{tables.Schema, pglease.DefaultRetentionTable}.Sanitize()+` (retention_class) VALUES (19))
+		INSERT INTO `+pgx.Identifier{tables.Schema, pglease.DefaultTopicsTable}.Sanitize()+` (topic, partitions, retention, retention_class, classes_from, classes_to)
+		VALUES ('long', 1, interval '72 hours', 19, 19, 19)`)
+	require.NoError(t, err)
 	keys := keysTable(tables)
 	// What a publisher of schema versions 15 to 20 writes for a key:
 	// the day its transaction began and the day before; the key is new
@@ -719,4 +724,44 @@ func TestKeysMigrationUnderTraffic(t *testing.T) {
 	var classRows int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+keys+` WHERE topic = 'long' AND gen >= 72`).Scan(&classRows))
 	assert.Positive(t, classRows, "the long topic's keys are in its class's partitions too")
+}
+
+// TestTopicKeyWindow: TopicConfig.KeyWindow gives a topic kept forever a
+// key window of its own (3 days: class 19): the maintainer makes the
+// class's partitions usable, the topic's keys take its rows, and a retry
+// is recognised. A window out of bounds is refused and stores nothing.
+func TestTopicKeyWindow(t *testing.T) {
+	parallel(t)
+	ctx := context.Background()
+	pool := newPool(t, 10)
+	tables := newSchema(t, pool)
+	for _, w := range []time.Duration{-time.Hour, time.Millisecond, pglease.MaxRetention + time.Hour} {
+		err := pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{KeyWindow: w, Tables: tables, InitializeSchema: true})
+		require.ErrorIs(t, err, pglease.ErrInvalidConfig, "KeyWindow %s", w)
+	}
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "t", pglease.TopicConfig{KeyWindow: 72 * time.Hour, Tables: tables, InitializeSchema: true}))
+	const class = 19
+	keys := keysTable(tables)
+	retention := pgx.Identifier{tables.Schema, pglease.DefaultRetentionTable}.Sanitize()
+	sub := newTestSubscriber(t, pool, tables, pglease.SubscriberConfig{ConsumerGroup: "g",
+		Maintenance: pglease.MaintenanceConfig{Interval: 100 * time.Millisecond}})
+	_, err := sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	waitFor(t, 20*time.Second, "the maintainer to make the window's key class usable", func() bool {
+		var ready bool
+		_ = pool.QueryRow(ctx, `SELECT keys_since IS NOT NULL FROM `+retention+` WHERE retention_class = $1`, class).Scan(&ready)
+		return ready
+	})
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, IdempotencyKey: keyedByUUID}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	require.NoError(t, pub.Publish("t", message.NewMessage("k", nil)))
+	var classRows, dayRows int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE gen BETWEEN $1 AND $1 + 3), count(*) FILTER (WHERE gen < 4)
+		FROM `+keys+` WHERE topic = 't'`, 4*class).Scan(&classRows, &dayRows))
+	assert.Equal(t, 2, classRows, "the key's rows of the window's class")
+	assert.Equal(t, 2, dayRows, "and its day rows, for two days after the class became usable")
+	res, err := pub.PublishWithResult("t", message.NewMessage("k", nil))
+	require.NoError(t, err)
+	assert.Equal(t, []int{0}, res.AlreadyStored)
 }

@@ -69,8 +69,8 @@ type PublisherConfig struct {
 	// of a message published to a topic, default nil: the value of the
 	// message's IdempotencyKeyMetadata ("_pglease_idempotency_key")
 	// metadata. An empty key means none. A message whose key its topic
-	// stored within the key window (its retention when that is longer
-	// than a day, else KeyWindow) is not stored again: the
+	// stored within the key window (the longest of its retention, its
+	// TopicConfig.KeyWindow and a day, [KeyWindow]) is not stored again: the
 	// Publish succeeds, and [Publisher.PublishWithResult] says which
 	// messages were left out. Return msg.UUID to make every retry of a
 	// Publish with the same messages safe. A message without a key is
@@ -83,17 +83,19 @@ type PublisherConfig struct {
 // message, as any other.
 const IdempotencyKeyMetadata = "_pglease_idempotency_key"
 
-// KeyWindow is how long a topic without a retention longer than a day
-// remembers an idempotency key at least: a Publish of a message whose key
-// a message of the same topic was stored with, by a transaction that
-// began less than KeyWindow earlier, stores nothing. Keys are kept two to
+// KeyWindow is how long a topic without a retention or
+// [TopicConfig.KeyWindow] longer than a day remembers an idempotency key
+// at least: a Publish of a message whose key a message of the same topic
+// was stored with, by a transaction that began less than KeyWindow
+// earlier, stores nothing. Keys are kept two to
 // three days, then forgotten by the maintainer, which empties a day's
 // partition of the keys table at once (nothing to vacuum). A topic whose
 // retention ([TopicConfig.Retention]) is longer than a day remembers a
 // key for at least its retention, and forgets it two to three slots of
 // its retention class later (a slot is at most twice the retention), in
 // partitions the maintainer makes for the class; until it has, for a
-// day.
+// day. So does a topic whose TopicConfig.KeyWindow is longer than a day
+// and than its retention, for its KeyWindow.
 const KeyWindow = pgsql.KeySlotSeconds * time.Second
 
 // PublishResult says what a Publish stored.

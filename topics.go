@@ -56,6 +56,21 @@ type TopicConfig struct {
 	// retention.
 	Retention time.Duration
 
+	// KeyWindow sets how long the topic recognises a message's
+	// idempotency key (see PublisherConfig.IdempotencyKey) at least,
+	// when that is longer than its Retention, default 0: the topic's
+	// Retention when that is longer than a day, else a day
+	// ([KeyWindow]). Otherwise between [MinRetention] and
+	// [MaxRetention]; a window of a day or less is a day. A topic with
+	// no Retention, whose messages are kept forever, can thus be told to
+	// recognise a retried Publish for a week. A window longer than a day
+	// is kept as a Retention's is: in partitions of its class that the
+	// maintainer makes (until it has, keys are recognised for a day) and
+	// empties two to three slots later (a slot is at most twice the
+	// window). Changing a topic's window to one of another class starts
+	// its keys anew: the keys stored for the old window are not read.
+	KeyWindow time.Duration
+
 	// Tables sets the names of the tables and their schema, default
 	// Tables{}: the default names in the connection's search_path.
 	Tables Tables
@@ -107,6 +122,10 @@ func CreateTopic(ctx context.Context, db DB, topic string, config TopicConfig) e
 		return fmt.Errorf("%w: create topic %q: TopicConfig.Retention must be 0 (forever) or between %s and %s, got %s",
 			ErrInvalidConfig, topic, MinRetention, MaxRetention, config.Retention)
 	}
+	if config.KeyWindow != 0 && (config.KeyWindow < MinRetention || config.KeyWindow > MaxRetention) {
+		return fmt.Errorf("%w: create topic %q: TopicConfig.KeyWindow must be 0 (the retention, or a day) or between %s and %s, got %s",
+			ErrInvalidConfig, topic, MinRetention, MaxRetention, config.KeyWindow)
+	}
 	if err := checkTables("TopicConfig", config.Tables, config.SchemaAdapter); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
@@ -119,6 +138,7 @@ func CreateTopic(ctx context.Context, db DB, topic string, config TopicConfig) e
 	driver := pgsql.NewLazy(tables)
 	res, err := driver.UpsertTopic(ctx, db, pgsql.TopicParams{Topic: topic, Partitions: config.Partitions,
 		Retention: config.Retention, RetentionClass: engine.RetentionClass(config.Retention),
+		KeyWindow: config.KeyWindow, KeyClass: engine.RetentionClass(config.KeyWindow),
 		NotifyChannel: tables.NotifyChannel})
 	if err != nil {
 		return fmt.Errorf("create topic %q: %w", topic, wrapMissingSchema(err))

@@ -1768,4 +1768,12 @@ $pglease$);
 END
 $pglease1$;
 INSERT INTO "pglease_schema_version" (version, description) VALUES (21, 'idempotent publish: a topic with a retention longer than a day recognises keys for its retention, in partitions per retention class that the maintainer makes and empties') ON CONFLICT (version) DO NOTHING;
+
+-- version 22: idempotent publish: a key window set per topic, for topics without a retention (or a shorter one)
+-- Idempotency keys: a window set per topic (TopicConfig.KeyWindow), for
+-- topics without a retention or with a shorter one, and its key class
+-- (see keys.go). No release before names the columns.
+ALTER TABLE "pglease_topics" ADD COLUMN IF NOT EXISTS key_window interval;
+ALTER TABLE "pglease_topics" ADD COLUMN IF NOT EXISTS key_class smallint;
+INSERT INTO "pglease_schema_version" (version, description) VALUES (22, 'idempotent publish: a key window set per topic, for topics without a retention (or a shorter one)') ON CONFLICT (version) DO NOTHING;
 COMMIT;

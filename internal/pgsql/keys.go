@@ -173,12 +173,11 @@ func (t *Tables) keysWritten(strict bool) string {
 	}
 	return `s AS (SELECT extract(epoch FROM pg_catalog.now()) AS at),
 f AS (SELECT DISTINCT ON (m.topic, m.key) m.topic, m.key, m.n FROM m WHERE m.key IS NOT NULL ORDER BY m.topic, m.key, m.n),
-c AS (SELECT f.topic, f.key, f.n,
-		CASE WHEN kt.retention > interval '1 day' AND kl.keys_since IS NOT NULL
-			THEN LEAST(GREATEST(kt.retention_class, ` + strconv.Itoa(KeyClassMin) + `), ` + strconv.Itoa(KeyClassMax) + `) ELSE 0 END AS class,
-		COALESCE(kt.retention > interval '1 day' AND kl.keys_since > pg_catalog.now() - interval '2 days', false) AS by_day
-	FROM f LEFT JOIN ` + t.Topics + ` kt ON kt.topic = f.topic
-	LEFT JOIN ` + t.Retention + ` kl ON kl.retention_class = kt.retention_class),
+c AS (SELECT f.topic, f.key, f.n, CASE WHEN kl.keys_since IS NOT NULL THEN LEAST(kt.c, ` + strconv.Itoa(KeyClassMax) + `) ELSE 0 END AS class,
+		kl.keys_since > pg_catalog.now() - interval '2 days' IS TRUE AS by_day
+	FROM f LEFT JOIN (SELECT tp.topic, ` + keyClassOf("tp") + ` AS c FROM ` + t.Topics + ` tp
+		WHERE ` + keyWindowOf("tp") + ` > interval '1 day') kt ON kt.topic = f.topic
+	LEFT JOIN ` + t.Retention + ` kl ON kl.retention_class = kt.c),
 k AS (
 	INSERT INTO ` + t.Keys + ` (topic, key, slot, gen)
 	SELECT w.topic, w.key, w.slot, (` + strconv.Itoa(keysGenerations) + ` * w.class + w.slot % ` + strconv.Itoa(keysGenerations) + `)::smallint
@@ -193,6 +192,20 @@ k AS (
 fresh AS (SELECT c.n FROM c JOIN (SELECT k.topic, k.key, pg_catalog.count(*) AS written FROM k GROUP BY k.topic, k.key) w
 	ON w.topic = c.topic AND w.key = c.key
 	WHERE w.written = CASE WHEN c.by_day THEN 4 ELSE 2 END)`
+}
+
+// keyWindowOf is the key window of the topics row tp: the longer of its
+// retention and its key_window (schema version 22; NULL when neither is
+// set).
+func keyWindowOf(tp string) string {
+	return `GREATEST(` + tp + `.retention, ` + tp + `.key_window)`
+}
+
+// keyClassOf is the retention class of the key window of the topics row
+// tp (keyWindowOf): the class of the longer of the two is the higher
+// class.
+func keyClassOf(tp string) string {
+	return `GREATEST(` + tp + `.retention_class, ` + tp + `.key_class)`
 }
 
 // keptOut is the common table expression o of a keyed statement: each
@@ -405,7 +418,7 @@ func (t *Tables) KeyLanes() Stmt {
 	return Stmt{SQL: `SELECT l.retention_class, l.keys_since IS NOT NULL
 FROM ` + t.Retention + ` l
 WHERE l.retention_class BETWEEN ` + strconv.Itoa(KeyClassMin) + ` AND ` + strconv.Itoa(KeyClassMax) + `
-	AND EXISTS (SELECT 1 FROM ` + t.Topics + ` tp WHERE tp.retention_class = l.retention_class AND tp.retention > interval '1 day')
+	AND EXISTS (SELECT 1 FROM ` + t.Topics + ` tp WHERE ` + keyClassOf("tp") + ` = l.retention_class AND ` + keyWindowOf("tp") + ` > interval '1 day')
 ORDER BY 1`}
 }
 

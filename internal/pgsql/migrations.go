@@ -200,6 +200,11 @@ var migrations = []struct {
 	// before it write class 0 (day) rows only, which this release writes
 	// too for two days after a class's partitions became usable.
 	{"0021_key_windows.sql", "idempotent publish: a topic with a retention longer than a day recognises keys for its retention, in partitions per retention class that the maintainer makes and empties"},
+	// Two new columns of the topics table that no earlier release
+	// names: a release before writes a topic's keys by its retention
+	// alone (day rows for a topic without one), and leaves the columns
+	// as they are when it sets the topic again.
+	{"0022_key_window.sql", "idempotent publish: a key window set per topic, for topics without a retention (or a shorter one)"},
 }
 
 // Migrations returns every schema version, oldest first, for these tables.

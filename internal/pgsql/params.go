@@ -100,6 +100,12 @@ type TopicParams struct {
 	// version 6), 0 for no retention.
 	Retention      time.Duration
 	RetentionClass int
+	// KeyWindow is how long the topic recognises an idempotency key at
+	// least when that is longer than its retention (0: its retention,
+	// or a day), and KeyClass the retention class of KeyWindow (0 for
+	// none); see keys.go.
+	KeyWindow time.Duration
+	KeyClass  int
 	// NotifyChannel, when not empty, is notified with "p" + topic when the
 	// statement creates the topic or raises its partition count.
 	NotifyChannel string

@@ -323,20 +323,22 @@ func (t *Tables) upsertTopic(p TopicParams, insertedAt, valuesAt, updatedAt stri
 		SQL: `WITH old AS (
 	SELECT partitions, retention FROM ` + t.Topics + ` WHERE topic = $1
 ), up AS (
-	INSERT INTO ` + t.Topics + ` AS t (topic, partitions, retention, retention_class, classes_from, classes_to` + insertedAt + `)
-	VALUES ($1, $2, $4::bigint::float8 * interval '1 microsecond', $5::smallint, $5::smallint, $5::smallint` + valuesAt + `)
+	INSERT INTO ` + t.Topics + ` AS t (topic, partitions, retention, retention_class, classes_from, classes_to, key_window, key_class` + insertedAt + `)
+	VALUES ($1, $2, $4::bigint::float8 * interval '1 microsecond', $5::smallint, $5::smallint, $5::smallint,
+		NULLIF($6::bigint, 0)::float8 * interval '1 microsecond', NULLIF($7::smallint, 0)` + valuesAt + `)
 	ON CONFLICT (topic) DO UPDATE SET partitions = EXCLUDED.partitions, retention = EXCLUDED.retention,
-		retention_class = EXCLUDED.retention_class,
+		retention_class = EXCLUDED.retention_class, key_window = EXCLUDED.key_window, key_class = EXCLUDED.key_class,
 		classes_from = CASE WHEN EXCLUDED.retention_class = 0 THEN t.classes_from
 			WHEN t.classes_from = 0 THEN EXCLUDED.retention_class
 			ELSE LEAST(t.classes_from, EXCLUDED.retention_class) END,
 		classes_to = GREATEST(t.classes_to, EXCLUDED.retention_class),
 		updated_at = ` + updatedAt + `
 		WHERE t.partitions <= EXCLUDED.partitions
-			AND (t.partitions < EXCLUDED.partitions OR t.retention <> EXCLUDED.retention)
+			AND (t.partitions < EXCLUDED.partitions OR t.retention <> EXCLUDED.retention
+				OR t.key_window IS DISTINCT FROM EXCLUDED.key_window)
 	RETURNING partitions, retention
 ), lane AS (
-	INSERT INTO ` + t.Retention + ` (retention_class) SELECT $5::smallint WHERE $5::smallint > 0
+	INSERT INTO ` + t.Retention + ` (retention_class) SELECT c FROM (VALUES ($5::smallint), ($7::smallint)) v(c) WHERE c > 0
 	ON CONFLICT (retention_class) DO NOTHING
 ), notified AS (
 	SELECT pg_catalog.pg_notify($3, ` + kind(NotifyPartitions) + ` || $1) FROM up
@@ -346,7 +348,8 @@ func (t *Tables) upsertTopic(p TopicParams, insertedAt, valuesAt, updatedAt stri
 	WHERE $3 <> '' AND up.retention IS DISTINCT FROM COALESCE((SELECT retention FROM old), '0')
 )
 SELECT (SELECT partitions FROM old), (SELECT partitions FROM up), (SELECT pg_catalog.count(*) FROM notified)`,
-		Args: []any{p.Topic, p.Partitions, p.NotifyChannel, p.Retention.Microseconds(), int16(p.RetentionClass)},
+		Args: []any{p.Topic, p.Partitions, p.NotifyChannel, p.Retention.Microseconds(), int16(p.RetentionClass),
+			p.KeyWindow.Microseconds(), int16(p.KeyClass)},
 	}
 }
 

@@ -52,6 +52,14 @@ func (f *fixture) insertKeyed(q pgsql.Querier, topic string, msgs ...keyed) []in
 	return skipped
 }
 
+// keyedStatement is the pattern of pg_stat_activity.query of a keyed
+// insert of this case's tables: the topics table, which its key class's
+// part names within the first kilobyte (track_activity_query_size, 1024
+// by default, cuts the query text; the keys table comes later).
+func (f *fixture) keyedStatement() string {
+	return "WITH m AS (%" + f.Tables.Topics + "%"
+}
+
 // stored returns the UUIDs stored in topic (partition 0), in order.
 func (f *fixture) stored(topic string) []string {
 	f.t.Helper()
@@ -145,7 +153,7 @@ func testKeyedInsertWaitsForTheOther(t *testing.T, f *fixture) {
 			}
 			done <- skipped
 		}()
-		f.waitBlocked(1, "%"+f.Tables.Keys+"%", "%keys%")
+		f.waitBlocked(1, f.keyedStatement(), "%keys%")
 		select {
 		case got := <-done:
 			t.Fatalf("%s: the second publisher did not wait: left out %v", c.name, got)
@@ -328,7 +336,7 @@ func testKeyedInsertsDoNotDeadlock(t *testing.T, f *fixture) {
 		skipped, err := f.Driver.InsertKeyed(f.ctx, f.Pool, f.keyedParams(topic, keyed{"hi2", hi}, keyed{"lo2", lo}))
 		done <- outcome{skipped, err}
 	}()
-	f.waitBlocked(1, "%"+f.Tables.Keys+"%", "%keys%")
+	f.waitBlocked(1, f.keyedStatement(), "%keys%")
 	if got := f.insertKeyed(first, topic, keyed{"hi1", hi}); len(got) != 0 {
 		t.Fatalf("the first transaction's hi left out %v", got)
 	}
@@ -451,6 +459,72 @@ func testKeyedRetentionWindow(t *testing.T, f *fixture) {
 	}
 	if s := f.stored(topic); !slices.Equal(s, []string{"a", "c", "d"}) {
 		t.Fatalf("stored %v, want [a c d]", s)
+	}
+}
+
+// testKeyedConfiguredWindow: a topic's key window (schema version 22) is
+// the longer of its retention and its key_window. A topic kept forever
+// with a window of 3 days, and one with a retention of 2 days and the
+// same window, keep their keys in the rows of the window's class (19) as
+// a topic with a retention of 3 days does; a topic whose retention is
+// longer than its window keeps them in its retention's class, and one
+// whose window is a day or less in day rows. KeyLanes names the window's
+// class, not the shorter retention's. Set again without a window, the
+// topic kept forever writes day rows.
+func testKeyedConfiguredWindow(t *testing.T, f *fixture) {
+	const class = 19
+	topics := []pgsql.TopicParams{
+		{Topic: "window", Partitions: 1, KeyWindow: 72 * time.Hour, KeyClass: class},
+		{Topic: "window over retention", Partitions: 1, Retention: 36 * time.Hour, RetentionClass: 18, KeyWindow: 72 * time.Hour, KeyClass: class},
+		{Topic: "retention over window", Partitions: 1, Retention: 72 * time.Hour, RetentionClass: class, KeyWindow: 2 * time.Hour, KeyClass: 14},
+		{Topic: "short window", Partitions: 1, KeyWindow: 12 * time.Hour, KeyClass: 17},
+	}
+	for _, tp := range topics {
+		if _, err := f.Driver.UpsertTopic(f.ctx, f.Pool, tp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lanes, err := f.Driver.KeyLanes(f.ctx, f.Pool)
+	if err != nil || !slices.Equal(lanes, []pgsql.KeyLane{{Class: class, Ready: false}}) {
+		t.Fatalf("key lanes = %v, %v; want class %d alone, not ready (not 18, the shorter retention's)", lanes, err, class)
+	}
+	f.readyKeyClass(class, `pg_catalog.now() - interval '3 days'`) // past the two days of day rows
+	now, today := f.classSlot(class), f.today()
+	gen := func(back int64) string { return fmt.Sprintf("%d:%d", 4*class+(now-back)%4, -back) }
+	day := func(back int64) string { return fmt.Sprintf("%d:%d", (today-back)%4, -back) }
+	for i, tp := range topics {
+		if got := f.insertKeyed(f.Pool, tp.Topic, keyed{fmt.Sprint("a", i), "k"}); len(got) != 0 {
+			t.Fatalf("%s: left out %v", tp.Topic, got)
+		}
+		want, k := []string{gen(1), gen(0)}, class
+		if tp.Topic == "short window" {
+			want, k = []string{day(1), day(0)}, 0
+		}
+		if got := f.keyRows(tp.Topic, k); !slices.Equal(got, want) && !slices.Equal(got, []string{want[1], want[0]}) {
+			t.Fatalf("%s: rows of a new key (gen:slot) = %v, want %v", tp.Topic, got, want)
+		}
+	}
+	// The window's slot before is recognised, two slots before is not.
+	f.writeClassKey(f.Pool, "window", "slot before", class, now-1)
+	f.writeClassKey(f.Pool, "window", "two slots before", class, now-2)
+	got := f.insertKeyed(f.Pool, "window", keyed{"b", "slot before"}, keyed{"c", "two slots before"}, keyed{"d", "k"})
+	if !slices.Equal(got, []int{0, 2}) {
+		t.Fatalf("left out %v, want [0 2]: the key of the window's slot before and the one stored above", got)
+	}
+	// Without its window again, the topic kept forever writes day rows.
+	if _, err := f.Driver.UpsertTopic(f.ctx, f.Pool, pgsql.TopicParams{Topic: "window", Partitions: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.insertKeyed(f.Pool, "window", keyed{"e", "by day"}); len(got) != 0 {
+		t.Fatalf("left out %v", got)
+	}
+	var days int
+	if err := f.Pool.QueryRow(f.ctx, `SELECT count(*) FROM `+f.Tables.Keys+` WHERE topic = 'window' AND key = $1::uuid AND gen < 4`,
+		keyDigest("by day")).Scan(&days); err != nil || days != 2 {
+		t.Fatalf("day rows of a key after the window was unset = %d, %v; want 2", days, err)
+	}
+	if lanes, err := f.Driver.KeyLanes(f.ctx, f.Pool); err != nil || !slices.Equal(lanes, []pgsql.KeyLane{{Class: class, Ready: true}}) {
+		t.Fatalf("key lanes = %v, %v; want class %d ready (the other topics still have it)", lanes, err, class)
 	}
 }
 

@@ -105,6 +105,7 @@ func cases() []testCase {
 		{"ForgetKeys", testForgetKeys},
 		{"KeyedRetentionWindow", testKeyedRetentionWindow},
 		{"KeyedClassTransition", testKeyedClassTransition},
+		{"KeyedConfiguredWindow", testKeyedConfiguredWindow},
 		// sessions
 		{"SessionCreateAndHeartbeat", testSessionCreateAndHeartbeat},
 		{"SessionReplacesAnother", testSessionReplacesAnother},
