@@ -495,15 +495,19 @@ func testCitusWorkerFailover(t *testing.T, lagging, outlive bool) {
 			i, st.Delivered, st.Acked, st.Claims, st.Takeovers, st.SessionsLost, st.Resyncs, st.FencedWrites)
 	}
 	var detected []string
+	workerNamed := false
 	for _, e := range logs.Entries() {
 		if errors.Is(e.Err, pglease.ErrDatabaseWentBack) {
 			by, _ := e.Fields["detected_by"].(string)
 			detected = append(detected, by)
+			_, named := e.Fields["worker_now"]
+			workerNamed = workerNamed || named
 		}
 	}
 	if !outlive {
 		require.Positive(t, resyncs, "the Subscribers did not notice the failover")
 		require.NotEmpty(t, detected, "ErrDatabaseWentBack logged")
+		require.True(t, workerNamed, "the worker that went back named in the log, not only the coordinator's counters")
 	}
 	t.Logf("detected by: %s", strings.Join(detected, "; "))
 	for _, by := range detected {

@@ -326,6 +326,9 @@ func TestCitusPlannedShardMove(t *testing.T) {
 			if strings.HasPrefix(e.Msg, "Shard of topic") {
 				lines = append(lines, e)
 			}
+			// The topics claimed again by the Subscriber's next
+			// session were its own: no takeover.
+			require.NotContains(t, e.Msg, "taken over from an expired session", "after a move:%s", logSummary(logs))
 		}
 		require.Len(t, lines, 1, "one line about the move:%s", logSummary(logs))
 		require.Equal(t, topic, lines[0].Fields["topic"])
@@ -360,4 +363,76 @@ func TestCitusPlannedShardMove(t *testing.T) {
 	require.Empty(t, logs.Since("error", time.Time{}), "nothing at Error:%s", logSummary(logs))
 	t.Logf("log lines, Info and above:%s", logSummary(logs))
 	t.Logf("delivered again: %d", mt.again)
+}
+
+// TestCitusAckInTxFindsAMove: a message delivered before a planned move
+// of its topic's shard and acknowledged after it with AckInTx: the
+// acknowledgement fails (ErrDatabaseWentBack, the transaction's to roll
+// back), and the Subscriber logs the move once at Info, as what it is,
+// and nothing at Error; the message comes again.
+func TestCitusAckInTxFindsAMove(t *testing.T) {
+	const topic = "moving-tx"
+	pool, adapter := citusSchema(t, 10)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	messages := table(adapter, pglease.DefaultMessagesTable)
+	var (
+		shard     int64
+		host      string
+		port, dst int
+	)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT p.shardid, p.nodename, p.nodeport FROM pg_catalog.pg_dist_shard_placement p
+		WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::regclass, $2::text)`, messages, topic).
+		Scan(&shard, &host, &port))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT nodeport FROM pg_catalog.pg_dist_node
+		WHERE groupid > 0 AND noderole = 'primary' AND nodeport <> $1 LIMIT 1`, port).Scan(&dst))
+	logs := newCapturingLogger()
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter,
+		PollInterval: 100 * time.Millisecond}, logs)
+	require.NoError(t, err)
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
+	require.NoError(t, err)
+	defer pub.Close()
+	require.NoError(t, pub.Publish(topic, message.NewMessage("m", nil)))
+	var msg *message.Message
+	select {
+	case msg = <-msgs:
+	case <-ctx.Done():
+		t.Fatal("no delivery")
+	}
+	require.Equal(t, "m", msg.UUID)
+
+	_, err = pool.Exec(ctx, pglease.PrepareCitusShardMoveSQL(host, port, host, dst, 0))
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `SELECT pg_catalog.citus_move_shard_placement($1, $2, $3, $4, $5, shard_transfer_mode => 'block_writes')`,
+		shard, host, port, host, dst)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `CALL pg_catalog.citus_cleanup_orphaned_resources()`) })
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	err = pglease.AckInTx(ctx, tx, msg)
+	require.ErrorIs(t, err, pglease.ErrDatabaseWentBack)
+	require.NoError(t, tx.Rollback(ctx))
+	msg.Nack()
+
+	select {
+	case again := <-msgs:
+		require.Equal(t, "m", again.UUID, "delivered again after the move")
+		again.Ack()
+	case <-ctx.Done():
+		t.Fatal("not delivered again after the move")
+	}
+	var lines []logEntry
+	for _, e := range logs.Since("info", time.Time{}) {
+		if strings.HasPrefix(e.Msg, "Shard of topic") {
+			lines = append(lines, e)
+		}
+	}
+	require.Len(t, lines, 1, "the move logged once:%s", logSummary(logs))
+	require.Equal(t, "an AckInTx of topic "+strconv.Quote(topic), lines[0].Fields["detected_by"])
+	require.Empty(t, logs.Since("error", time.Time{}), "nothing at Error:%s", logSummary(logs))
 }

@@ -3,16 +3,19 @@ package pglease_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/internal/pgrepl"
 	"github.com/pglease/watermill-pglease/internal/tcpproxy"
+	"github.com/pglease/watermill-pglease/internal/testkit"
 )
 
 // TestCrashRecoveryLosesNothing: a backend of the server is killed with
@@ -233,6 +236,41 @@ func TestHeartbeatThatFindsARestartOpensTheNextSessionAtOnce(t *testing.T) {
 		return len(ids) == 1 && ids[0] != before[0]
 	})
 	t.Logf("next session %s after the restart was found", time.Since(found).Round(time.Millisecond))
+
+	stopSub()
+	for range msgs {
+	}
+	require.NoError(t, sub.Close())
+	assertNoLeakedGoroutines(t)
+}
+
+// TestReclaimAfterRestartIsNotATakeover: after its server restarted, a
+// Subscriber opens a new session and claims its topic again from its own
+// earlier session. That is not a takeover: no Info line "taken over from
+// an expired session", Takeovers stays 0, and Claims counts the claim.
+func TestReclaimAfterRestartIsNotATakeover(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := startSingle(t, pgrepl.Options{})
+	pool := newPoolOn(t, c.Primary.DSN(), 4)
+	adapter := newSchema(t, pool)
+	logs := testkit.NewCapturingLogger()
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter,
+		InitializeSchema: true, PollInterval: 100 * time.Millisecond}, logs)
+	require.NoError(t, err)
+	subCtx, stopSub := context.WithCancel(ctx)
+	defer stopSub()
+	msgs, err := sub.Subscribe(subCtx, "t")
+	require.NoError(t, err)
+	waitFor(t, 30*time.Second, "the first claim", func() bool { return sub.Stats().Claims == 1 })
+
+	require.NoError(t, c.Primary.Restart(ctx))
+	waitFor(t, 60*time.Second, "the claim by the next session", func() bool { return sub.Stats().Claims >= 2 })
+	st := sub.Stats()
+	assert.Positive(t, st.Resyncs, "the restart was found")
+	assert.Zero(t, st.Takeovers, "claiming the topic back from its own earlier session is no takeover")
+	_, found := logs.Find(func(e testkit.LogEntry) bool { return strings.Contains(e.Msg, "taken over from an expired session") })
+	assert.False(t, found, "no takeover logged")
 
 	stopSub()
 	for range msgs {

@@ -127,7 +127,7 @@ func AckOf(msg *message.Message) (Ack, error) {
 		case err != nil:
 			return fmt.Errorf("%s: %w", what(), check.MissingSchema(err))
 		case !r.OnHistory:
-			d.g.elsewhere("an AckInTx of topic " + strconv.Quote(d.topic))
+			d.g.elsewhereFor("an AckInTx of topic "+strconv.Quote(d.topic), r.Elsewhere)
 			return fmt.Errorf("%s: the database is not where the message was read: %w: %w", what(),
 				ErrOwnershipLost, ErrDatabaseWentBack)
 		case r.Advanced:

@@ -147,7 +147,7 @@ func (s offsetStore) readAt(ctx context.Context, timeout time.Duration, p readAt
 		return nil, fmt.Errorf("read evicted messages of topic %q: %w", p.row.topic, check.MissingSchema(err))
 	}
 	if res.WentBack {
-		return nil, fmt.Errorf("read evicted messages of topic %q: %w", p.row.topic, pgsql.ErrWentBack)
+		return nil, fmt.Errorf("read evicted messages of topic %q: %w", p.row.topic, wentBackError(res))
 	}
 	rows := make([]storedMessage, len(res.Messages))
 	for i, m := range res.Messages {

@@ -1069,7 +1069,14 @@ func (m *groupMember) handOver(g *sessionGen, r claimedRow, extra bool) {
 		"session_id": g.id.String(), "epoch": r.claim.epoch,
 		"acked_transaction_id": r.claim.acked.TransactionID, "acked_offset": r.claim.acked.Offset}
 	m.stats.claims.Add(1)
-	if r.previous != uuid.Nil {
+	switch {
+	case r.previous != uuid.Nil && g.keeper != nil && g.keeper.madeBy(r.previous):
+		// This Subscriber's own earlier session, replaced after the
+		// database restarted, failed over or moved the topic's shard
+		// (logged once, by the keeper): not a takeover.
+		fields["previous_session_id"] = r.previous.String()
+		m.logger.Debug("Topic claimed again by the Subscriber's new session", fields)
+	case r.previous != uuid.Nil:
 		m.stats.takeovers.Add(1)
 		fields["previous_session_id"] = r.previous.String()
 		owner := r.previousOwner
@@ -1082,7 +1089,7 @@ func (m *groupMember) handOver(g *sessionGen, r claimedRow, extra bool) {
 		}
 		fields["previous_owner"] = owner
 		m.logger.Info("Topic taken over from an expired session", fields)
-	} else {
+	default:
 		m.logger.Debug("Topic claimed", fields)
 	}
 	m.mu.Lock()

@@ -97,3 +97,32 @@ func TestPlannedShardMoveIsLoggedOnce(t *testing.T) {
 		t.Errorf("a move found while the coordinator went back logged %v at Error, want one line that it went back", errs)
 	}
 }
+
+// TestWorkerWentBackIsLoggedWithTheWorker: a statement that found its
+// topic's worker of a Citus cluster gone back (a pgsql.WorkerWentBackError)
+// while the coordinator, whose marks the session keeps, did not, is
+// logged once at Error, as the database going back, with what the worker
+// was and is and the position held against its counter: not with the
+// coordinator's counters, which did not move.
+func TestWorkerWentBackIsLoggedWithTheWorker(t *testing.T) {
+	t.Parallel()
+	mark := clusterMark{timeline: "00000001", here: "00000001:1:1", lsn: 100, xmax: 10}
+	back := &pgsql.WorkerWentBackError{Topic: "orders", Position: 1 << 41, Counter: 1<<41 - 5, Before: "w:1:1", Now: "w:2:1"}
+	err := fmt.Errorf("commit offset for topic %q: %w", "orders", back)
+	if !errors.Is(err, pgsql.ErrWentBack) {
+		t.Fatal("a WorkerWentBackError is not an ErrWentBack")
+	}
+	logged := resyncLog(t, mark, mark, err, err)
+	errs := logged[watermill.ErrorLogLevel]
+	if len(errs) != 1 || !errors.Is(errs[0].Err, ErrDatabaseWentBack) || !strings.HasPrefix(errs[0].Msg, `The worker of topic "orders" went back in time`) {
+		t.Fatalf("logged %v at Error, want one line that the worker went back", errs)
+	}
+	f := errs[0].Fields
+	if f["topic"] != "orders" || f["worker_before"] != "w:1:1" || f["worker_now"] != "w:2:1" ||
+		f["position"] != uint64(1<<41) || f["worker_counter"] != uint64(1<<41-5) {
+		t.Errorf("fields %v", f)
+	}
+	if _, ok := f["counter_before"]; ok {
+		t.Errorf("the coordinator's counters logged for a worker: %v", f)
+	}
+}

@@ -442,7 +442,7 @@ func (s offsetStore) read(ctx context.Context, timeout time.Duration, p readPara
 	}
 	if res.WentBack {
 		return nil, false, fmt.Errorf("read messages of topic %q after %d:%d: %w", p.row.topic,
-			p.after.TransactionID, p.after.Offset, pgsql.ErrWentBack)
+			p.after.TransactionID, p.after.Offset, wentBackError(res))
 	}
 	if res.Future != nil && s.futures != nil {
 		s.futures.found(p.row, *res.Future)
@@ -522,4 +522,14 @@ func (s offsetStore) release(ctx context.Context, c *claim) error {
 	s.stats.releases.Add(1)
 	c.committed = c.acked
 	return nil
+}
+
+// wentBackError is the error of a read that found the database elsewhere
+// (res.WentBack): what the topic's worker was and is on Citus, else
+// pgsql.ErrWentBack.
+func wentBackError(res pgsql.SelectResult) error {
+	if res.Elsewhere != nil {
+		return res.Elsewhere
+	}
+	return pgsql.ErrWentBack
 }

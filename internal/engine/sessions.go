@@ -57,8 +57,10 @@ func (g *sessionGen) elsewhere(what string) { g.elsewhereFor(what, nil) }
 func (g *sessionGen) elsewhereFor(what string, err error) {
 	if g.keeper != nil {
 		var moved *pgsql.ShardMovedError
+		var worker *pgsql.WorkerWentBackError
 		errors.As(err, &moved)
-		g.keeper.elsewhere(g, what, moved)
+		errors.As(err, &worker)
+		g.keeper.elsewhere(g, what, moved, worker)
 	} else {
 		g.markLost()
 	}
@@ -156,7 +158,26 @@ type sessionKeeper struct {
 	// detectedMove is the planned shard move (Citus) that the statement
 	// of detectedBy found, if that is what it found.
 	detectedMove *pgsql.ShardMovedError
-	kick         chan struct{}
+	// detectedWorker is the worker that went back (Citus), when that is
+	// what the statement of detectedBy found.
+	detectedWorker *pgsql.WorkerWentBackError
+	kick           chan struct{}
+
+	// ownMu guards own, the ids of every generation the keeper made: a
+	// row claimed from one of them is claimed again after a new session
+	// (a restart, a failover, a planned shard move), not taken over from
+	// another Subscriber. Generations are made rarely: the set stays
+	// small.
+	ownMu sync.Mutex
+	own   map[uuid.UUID]struct{}
+}
+
+// madeBy reports whether id is a generation this keeper made.
+func (k *sessionKeeper) madeBy(id uuid.UUID) bool {
+	k.ownMu.Lock()
+	defer k.ownMu.Unlock()
+	_, ok := k.own[id]
+	return ok
 }
 
 // sessionHooks are what a sessionKeeper calls besides its statements.
@@ -303,6 +324,12 @@ func (k *sessionKeeper) createLocked(ctx context.Context, timeout time.Duration)
 		return fmt.Errorf("create consumer session: %w", check.MissingSchema(err))
 	}
 	k.prevID = g.id // deleted by the next insert, whatever happens now
+	k.ownMu.Lock()
+	if k.own == nil {
+		k.own = make(map[uuid.UUID]struct{})
+	}
+	k.own[g.id] = struct{}{}
+	k.ownMu.Unlock()
 	// Where the database is when the session starts, read by the
 	// statement that made it: every statement of its claims is fenced by
 	// its identity, and the first heartbeat compares with it.
@@ -581,14 +608,14 @@ func (k *sessionKeeper) backInTime(g *sessionGen, mark clusterMark) bool {
 // elsewhere drops g (see sessionGen.elsewhere) and has the heartbeat loop
 // make a new session at once, which logs the resynchronisation with what
 // the database then is.
-func (k *sessionKeeper) elsewhere(g *sessionGen, what string, moved *pgsql.ShardMovedError) {
+func (k *sessionKeeper) elsewhere(g *sessionGen, what string, moved *pgsql.ShardMovedError, worker *pgsql.WorkerWentBackError) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if !k.loseLocked(g) {
 		return // already dropped: by another statement, or the heartbeat
 	}
 	k.stats.resyncs.Add(1)
-	k.detectedBy, k.detectedMove = what, moved
+	k.detectedBy, k.detectedMove, k.detectedWorker = what, moved, worker
 	select {
 	case k.kick <- struct{}{}:
 	default:
@@ -600,12 +627,14 @@ func (k *sessionKeeper) elsewhere(g *sessionGen, what string, moved *pgsql.Shard
 // generation's database elsewhere (elsewhere), or when the database went
 // back while no session was open. k.mu must be held.
 func (k *sessionKeeper) resynced(mark clusterMark) {
-	prev, by, moved := k.mark, k.detectedBy, k.detectedMove
-	k.mark, k.detectedBy, k.detectedMove = mark, "", nil
+	prev, by, moved, worker := k.mark, k.detectedBy, k.detectedMove, k.detectedWorker
+	k.mark, k.detectedBy, k.detectedMove, k.detectedWorker = mark, "", nil, nil
 	why, restarted := wentBack(prev, mark)
 	switch {
 	case by != "" && why == "" && moved != nil:
 		k.logMove(moved, by, k.prevID)
+	case by != "" && why == "" && worker != nil:
+		k.logWorkerWentBack(worker, by, k.prevID)
 	case by != "":
 		if why == "" {
 			why = "a statement found the database elsewhere than where the session was made, or a position " +
@@ -642,6 +671,24 @@ func (k *sessionKeeper) logResync(prev, cur clusterMark, why string, restarted b
 	k.logger.Error("The database went back in time (a failover to a standby that lagged, or a restore): "+
 		"dropping the positions held in memory and claiming every topic again from the positions committed in the "+
 		"database; messages acknowledged since are delivered again", ErrDatabaseWentBack, fields)
+}
+
+// logWorkerWentBack logs, at Error, that a statement found a topic's
+// worker of a Citus cluster gone back (the coordinator, whose marks the
+// session keeps, did not): what the worker was and is, and the position
+// held against the worker's counter.
+func (k *sessionKeeper) logWorkerWentBack(w *pgsql.WorkerWentBackError, by string, session uuid.UUID) {
+	k.logger.Error(fmt.Sprintf("The worker of topic %q went back in time (a failover to a standby that lagged, or a "+
+		"restore): dropping the positions held in memory and claiming every topic again from the positions committed "+
+		"in the database; messages acknowledged since are delivered again", w.Topic), ErrDatabaseWentBack, watermill.LogFields{
+		"topic":          w.Topic,
+		"worker_before":  w.Before,
+		"worker_now":     w.Now,
+		"position":       w.Position,
+		"worker_counter": w.Counter,
+		"detected_by":    by,
+		"session_id":     session.String(),
+	})
 }
 
 // logMove logs, at Info, that a statement found a topic's shard moved to

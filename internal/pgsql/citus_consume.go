@@ -478,6 +478,12 @@ FOR UPDATE`, p.ConsumerGroup, p.Topic, p.Partition, AboveEntry(p.Position)).
 	}
 	claimedHere, _ := splitWorkerHere(p.WorkerHere)
 	r.OnHistory = p.Position.TransactionID < uint64(counter) && (p.WorkerHere == "" || workerHere == claimedHere)
+	if !r.OnHistory && p.WorkerHere != "" {
+		// What the worker is now: a planned move is logged as that.
+		if err := d.citusWentBack(ctx, q, p.Topic, p.WorkerHere, p.Position); wentBackSays(err) {
+			r.Elsewhere = err
+		}
+	}
 	if !r.OnHistory || r.SessionID == nil || *r.SessionID != p.SessionID || r.Epoch != p.Epoch || r.Recorded ||
 		!positionBefore(r.Acked, p.Position) {
 		return r, nil

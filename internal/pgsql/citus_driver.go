@@ -172,13 +172,26 @@ func (d citus) SelectMessages(ctx context.Context, q Querier, p SelectMessagesPa
 		res.Bound = p.Bound
 	}
 	if err == nil && res.WentBack && p.WorkerHere != "" {
-		// A planned move of the topic's shard says so.
+		// A planned move of the topic's shard says so, and a worker
+		// that went back what it was and is.
+		err := d.citusWentBack(ctx, q, p.Topic, p.WorkerHere, p.After)
 		var moved *ShardMovedError
-		if err := d.citusWentBack(ctx, q, p.Topic, p.WorkerHere, p.After); errors.As(err, &moved) {
+		if errors.As(err, &moved) {
 			return SelectResult{}, err
+		}
+		if wentBackSays(err) {
+			res.Elsewhere = err
 		}
 	}
 	return res, err
+}
+
+// wentBackSays reports whether err, of citusWentBack, says more than
+// ErrWentBack: a planned move, or what the worker was and is.
+func wentBackSays(err error) bool {
+	var moved *ShardMovedError
+	var back *WorkerWentBackError
+	return errors.As(err, &moved) || errors.As(err, &back)
 }
 
 // selectMessagesAtStmt is the statement of SelectMessagesAt on Citus,
@@ -199,16 +212,21 @@ func (d citus) selectMessagesAtStmt(p SelectMessagesAtParams) Stmt {
 func (d citus) SelectMessagesAt(ctx context.Context, q Querier, p SelectMessagesAtParams) (SelectResult, error) {
 	res, err := selectMessagesAt(ctx, q, d.selectMessagesAtStmt(p), p.Positions)
 	if err == nil && res.WentBack && p.WorkerHere != "" {
-		// A planned move of the topic's shard says so.
+		// A planned move of the topic's shard says so, and a worker
+		// that went back what it was and is.
 		var last Position
 		for _, pos := range p.Positions {
 			if positionBefore(last, pos) {
 				last = pos
 			}
 		}
+		err := d.citusWentBack(ctx, q, p.Topic, p.WorkerHere, last)
 		var moved *ShardMovedError
-		if err := d.citusWentBack(ctx, q, p.Topic, p.WorkerHere, last); errors.As(err, &moved) {
+		if errors.As(err, &moved) {
 			return SelectResult{}, err
+		}
+		if wentBackSays(err) {
+			res.Elsewhere = err
 		}
 	}
 	return res, err

@@ -62,6 +62,31 @@ func (e *ShardMovedError) Error() string {
 // Unwrap makes a ShardMovedError an ErrWentBack.
 func (e *ShardMovedError) Unwrap() error { return ErrWentBack }
 
+// WorkerWentBackError is the error of a statement of a claim on Citus
+// that found its topic's worker elsewhere than the claim did, or the
+// claim's position not below that worker's counter, and no planned move
+// of the topic's shard: the worker went back (a failover to a standby
+// that lagged, a restore). It is an [ErrWentBack]; it says what the
+// worker was and is, where the session's own marks are the
+// coordinator's.
+type WorkerWentBackError struct {
+	Topic string
+	// Position is the position the claim held, Counter the position the
+	// topic's worker hands out next (its position sequence).
+	Position, Counter uint64
+	// Before and Now are the worker's identity (see [Here]) when the row
+	// was claimed and now.
+	Before, Now string
+}
+
+func (e *WorkerWentBackError) Error() string {
+	return fmt.Sprintf("the worker of topic %q went back: identity %s when claimed, %s now; position %d, the worker's counter %d",
+		e.Topic, e.Before, e.Now, e.Position, e.Counter)
+}
+
+// Unwrap makes a WorkerWentBackError an ErrWentBack.
+func (e *WorkerWentBackError) Unwrap() error { return ErrWentBack }
+
 // workerGroupMark separates a worker's identity from its node group in
 // [ClaimRow.WorkerHere] (an identity has no such character, see here).
 const workerGroupMark = "@"
@@ -138,12 +163,13 @@ func (d citus) withPlacementGroups(ctx context.Context, q Querier, out []ClaimRo
 // [ErrWentBack].
 func (d citus) citusWentBack(ctx context.Context, q Querier, topic, workerHere string, pos Position) error {
 	here, group := splitWorkerHere(workerHere)
-	if group == 0 {
+	s, err := d.citusWorkerSnapshot(ctx, q, "", topic)
+	if err != nil {
 		return ErrWentBack
 	}
-	s, err := d.citusWorkerSnapshot(ctx, q, "", topic)
-	if err != nil || s.here == here || pos.TransactionID >= s.counter {
-		return ErrWentBack
+	back := &WorkerWentBackError{Topic: topic, Position: pos.TransactionID, Counter: s.counter, Before: here, Now: s.here}
+	if group == 0 || s.here == here || pos.TransactionID >= s.counter {
+		return back
 	}
 	var (
 		moved    ShardMovedError
@@ -159,7 +185,7 @@ WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column(`+quoteLiteral
 		topic, group).Scan(&moved.Shard, &now, &from, &to)
 	if err != nil || now == group {
 		// (No row: more than one placement.)
-		return ErrWentBack
+		return back
 	}
 	moved.Topic, moved.From, moved.To = topic, "group "+strconv.FormatInt(group, 10), "group "+strconv.FormatInt(now, 10)
 	if from != nil {

@@ -120,6 +120,11 @@ func TestCitusShardMoveToldFromGoingBack(t *testing.T) {
 	if err != nil || !res.WentBack {
 		t.Fatalf("read on a worker that went back: %+v, %v (want WentBack)", res, err)
 	}
+	// It says what the worker was and is (the log names them).
+	var back *WorkerWentBackError
+	if !errors.As(res.Elsewhere, &back) || back.Topic != topic || back.Before != "00000009:1:1" || back.Now == "" || back.Counter == 0 {
+		t.Fatalf("read on a worker that went back: %#v, want a WorkerWentBackError naming the identities", res.Elsewhere)
+	}
 
 	// The planned move, as pglease move-shard makes it.
 	type node struct {

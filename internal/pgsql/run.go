@@ -146,6 +146,10 @@ type SelectResult struct {
 	// is not on the history the position was read on. Nothing else is
 	// set.
 	WentBack bool
+	// Elsewhere, with WentBack on Citus, is what the topic's worker was
+	// and is (a WorkerWentBackError, an ErrWentBack), for the log; nil
+	// otherwise.
+	Elsewhere error
 	// Bound is the position bound the read used (single node; 0 on
 	// Citus): a later read may pass it as SelectMessagesParams.Bound.
 	Bound uint64
@@ -673,6 +677,10 @@ type AckRow struct {
 	// Recorded: the position was in the row's acked_above already (an
 	// AckInTx of a message delivered with MaxInFlight above 1 committed).
 	Recorded bool
+	// Elsewhere, when OnHistory is false on Citus, says what the topic's
+	// worker found: a planned move of its shard (a ShardMovedError) or the
+	// worker gone back (a WorkerWentBackError); nil otherwise.
+	Elsewhere error
 }
 
 // AckOffset is what AckInTx runs in the caller's transaction: it locks the
