@@ -275,6 +275,37 @@ SELECT $1::text, m.uuid, NULL FROM p, unnest(ARRAY[$2::text]) WITH ORDINALITY AS
 	require.NoError(t, err)
 	assert.Len(t, resets, 2, "both partitions of the topic reset")
 
+	// The open publishers (pglease status), read by the application
+	// role: a transaction of its own that published to topics on both
+	// workers is listed on each, with its session on the coordinator.
+	tx, err := appPool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	outbox, err := pglease.NewPublisher(tx, pglease.PublisherConfig{Tables: adapter}, nil)
+	require.NoError(t, err)
+	for _, topic := range topics {
+		require.NoError(t, outbox.Publish(topic, message.NewMessage(watermill.NewUUID(), nil)))
+	}
+	var pid int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_catalog.pg_backend_pid()").Scan(&pid))
+	h, err := insp.Horizon(ctx)
+	require.NoError(t, err, "the application role reads every worker's open publishers")
+	assert.True(t, h.PerTopic)
+	heldOn, held := map[string]bool{}, map[string]bool{}
+	for _, p := range h.Publishers {
+		if p.Client != nil && p.Client.PID == pid {
+			heldOn[p.Node] = true
+			for _, tp := range p.Partitions {
+				held[tp.Topic] = true
+			}
+		}
+	}
+	assert.Len(t, heldOn, 2, "listed on both workers: %+v", h.Publishers)
+	for _, topic := range topics {
+		assert.True(t, held[topic], "%s held by the open transaction: %+v", topic, h.Publishers)
+	}
+	require.NoError(t, tx.Rollback(ctx))
+
 	// The publisher's role: nothing of consumers.
 	refused(pubPool,
 		"SELECT * FROM "+messages,

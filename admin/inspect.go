@@ -251,9 +251,12 @@ func (l *LagInfo) setWaiting(entries []pgsql.WaitingRow) {
 	}
 }
 
-// Horizon is the cluster's xmin horizon as pglease sees it: messages of
-// transactions at or above Xmin are not delivered yet, on any topic. A
-// writing transaction left open holds it back.
+// Horizon is the cluster's xmin horizon, which a writing transaction
+// left open holds back (it holds back vacuum), and what holds back
+// delivery: with PerTopic, the open publishers of each partition
+// (Publishers); without it (Citus tables distributed by an earlier
+// release), the horizon of the topic's worker: messages of transactions
+// at or above its Xmin are not delivered yet.
 type Horizon struct {
 	// Xmin is the oldest transaction id still running
 	// (pg_snapshot_xmin(pg_current_snapshot())).
@@ -262,19 +265,23 @@ type Horizon struct {
 	// when no writing transaction runs.
 	Holder *HorizonHolder `json:"holder,omitempty"`
 	// Node, where the tables are distributed by Citus, names the worker
-	// ("host:port") whose horizon this is: a topic's messages are held
-	// back by its worker's horizon, and Xmin and Holder are those of the
-	// worker with the oldest holder (with none, of the first worker).
-	// Empty on a single node.
+	// ("host:port") whose horizon this is: Xmin and Holder are those of
+	// the worker with the oldest holder (with none, of the first
+	// worker). A worker's horizon holds back its vacuum, and, without
+	// PerTopic, the delivery of the topics on it. Empty on a single node.
 	Node string `json:"node,omitempty"`
 	// Workers, where the tables are distributed by Citus, is every
 	// worker's horizon (Xmin is that worker's transaction counter: the
 	// workers' counters are unrelated).
 	Workers []Horizon `json:"workers,omitempty"`
 	// PerTopic reports that delivery is held back per partition, by the
-	// open transactions that published to it (a single server: positions
-	// from a sequence, decision 0008), not by the xmin horizon, which
-	// then holds back only vacuum. Publishers lists them.
+	// open transactions that published to it (positions from a
+	// sequence, decision 0008; on Citus, from each worker's), not by the
+	// xmin horizon, which then holds back only vacuum. Publishers lists
+	// them. It is false on Citus tables distributed by an earlier
+	// release, whose positions are the workers' transaction ids (until
+	// `pglease migrate --citus` runs again): there each worker's horizon
+	// holds back the topics on it.
 	PerTopic bool `json:"per_topic"`
 	// Publishers, with PerTopic, are the transactions that published
 	// and have not ended, oldest first: each holds back the messages
@@ -282,9 +289,26 @@ type Horizon struct {
 	Publishers []OpenPublisher `json:"publishers,omitempty"`
 }
 
-// OpenPublisher is a transaction that published and has not ended.
+// OpenPublisher is a transaction that published and has not ended. On
+// Citus it is a transaction on one worker (Node): a transaction that
+// published to topics on two workers is listed once for each.
 type OpenPublisher struct {
+	// HorizonHolder is the transaction's backend; on Citus its backend
+	// on the worker (for a distributed transaction, one of Citus's
+	// connections: its application is "citus_internal gpid=...").
 	HorizonHolder
+	// Node, on Citus, is the worker ("host:port") where it published and
+	// holds partitions back. Empty on a single node.
+	Node string `json:"node,omitempty"`
+	// GlobalPID, on Citus, is the global process id of the session whose
+	// distributed transaction it is (0: not one of Citus's connections,
+	// a session connected to the worker itself).
+	GlobalPID int64 `json:"global_pid,omitempty"`
+	// Client, on Citus, is that session's backend on the coordinator:
+	// the transaction to commit or roll back there, or to end with
+	// pg_terminate_backend(Client.PID). nil on a single node, and where
+	// the session is not the coordinator's or has ended.
+	Client *HorizonHolder `json:"client,omitempty"`
 	// Partitions are the partitions it holds back, among those with
 	// settings (CreateTopic) or a consumer group's offset row.
 	Partitions []TopicPartition `json:"partitions"`
@@ -323,29 +347,32 @@ type HorizonHolder struct {
 }
 
 // Horizon returns the xmin horizon and the transaction holding it back,
-// and on a single server the open publishers, which hold back delivery
-// (Horizon.PerTopic).
+// and the open publishers, which hold back delivery (Horizon.PerTopic).
 // Reading other users' backends needs the pg_read_all_stats role (or
 // superuser); without it the holder is still found, but its age, start
 // times and query are unknown (HorizonHolder.AgeKnown is false).
 //
 // Where the tables are distributed by Citus, it reads every worker's
-// horizon (run_command_on_workers: a connection to each worker) and
-// returns the one with the oldest holder, naming its worker
-// (Horizon.Node), with every worker's in Horizon.Workers.
+// horizon and open publishers (run_command_on_workers: a connection to
+// each worker): the horizon returned is the one with the oldest holder,
+// naming its worker (Horizon.Node), with every worker's in
+// Horizon.Workers; each open publisher names its worker and the
+// coordinator's session whose transaction it is.
 func (i *Inspector) Horizon(ctx context.Context) (Horizon, error) {
 	nodes, citus, err := i.driver.InspectWorkerHorizons(ctx, i.db)
 	if err != nil {
 		return Horizon{}, fmt.Errorf("read the xmin horizon: %w", err)
 	}
+	var h Horizon
 	if citus {
-		return workersHorizon(nodes), nil
+		h = workersHorizon(nodes)
+	} else {
+		r, err := i.driver.InspectHorizon(ctx, i.db)
+		if err != nil {
+			return Horizon{}, fmt.Errorf("read the xmin horizon: %w", err)
+		}
+		h = horizonOf(r)
 	}
-	r, err := i.driver.InspectHorizon(ctx, i.db)
-	if err != nil {
-		return Horizon{}, fmt.Errorf("read the xmin horizon: %w", err)
-	}
-	h := horizonOf(r)
 	pubs, perTopic, err := i.driver.OpenPublishers(ctx, i.db)
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42P01" {
 		// No tables yet: nothing was published, nothing is held back (the
@@ -357,16 +384,24 @@ func (i *Inspector) Horizon(ctx context.Context) (Horizon, error) {
 	}
 	h.PerTopic = perTopic
 	for _, p := range pubs {
-		o := OpenPublisher{Held: p.Held}
-		if hh := horizonOf(p.HorizonRow).Holder; hh != nil {
-			o.HorizonHolder = *hh
-		}
-		for k, topic := range p.Topics {
-			o.Partitions = append(o.Partitions, TopicPartition{Topic: topic, Partition: p.Partitions[k]})
-		}
-		h.Publishers = append(h.Publishers, o)
+		h.Publishers = append(h.Publishers, openPublisherOf(p))
 	}
 	return h, nil
+}
+
+// openPublisherOf is the OpenPublisher of a row of OpenPublishers.
+func openPublisherOf(p pgsql.PublisherRow) OpenPublisher {
+	o := OpenPublisher{Held: p.Held, Node: deref(p.Node), GlobalPID: deref(p.GlobalPID)}
+	if hh := horizonOf(p.HorizonRow).Holder; hh != nil {
+		o.HorizonHolder = *hh
+	}
+	if p.Client != nil {
+		o.Client = horizonOf(*p.Client).Holder
+	}
+	for k, topic := range p.Topics {
+		o.Partitions = append(o.Partitions, TopicPartition{Topic: topic, Partition: p.Partitions[k]})
+	}
+	return o
 }
 
 // workersHorizon is the horizon of the worker whose holder is the oldest

@@ -25,7 +25,10 @@ import (
 // TestCitusMigrateAndStatus: on the coordinator of a Citus cluster (`make
 // test-citus`), pglease migrate --citus creates the tables and
 // distributes them (again: nothing left to do), and pglease status names
-// the worker whose horizon a transaction held open there holds back.
+// the worker whose horizon a transaction held open there holds back, and
+// that transaction as an open publisher on each worker it published to
+// (a row and a pglease Publisher on its pgx.Tx), with the coordinator's
+// session and pid that hold the topics back; once it ends, none.
 func TestCitusMigrateAndStatus(t *testing.T) {
 	if os.Getenv("PGLEASE_TEST_CITUS") == "" {
 		t.Skip("needs a Citus cluster: run `make test-citus`")
@@ -72,6 +75,79 @@ WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::text::regc
 	r := runCLI(t, env, "status", "--schema", schema)
 	require.Equal(t, 0, r.code, "%s", r)
 	require.Contains(t, r.stdout, "worker")
+
+	// The same transaction publishes to a topic on the other worker.
+	var other string
+	for i := 0; other == ""; i++ {
+		require.Less(t, i, 1000, "no topic on the other worker")
+		topic := "other-" + itoa(i)
+		var p int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT p.nodeport FROM pg_catalog.pg_dist_shard_placement p
+WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::text::regclass, $2::text)`, messages, topic).Scan(&p))
+		if p != port {
+			other = topic
+		}
+	}
+	tables := pglease.Tables{Schema: schema}
+	for _, topic := range []string{"held", other} {
+		require.NoError(t, pglease.CreateTopic(ctx, pool, topic, pglease.TopicConfig{Tables: tables}))
+	}
+	_, err = tx.Exec(ctx, `SET LOCAL application_name = 'pglease-citus-status-test'`)
+	require.NoError(t, err)
+	outbox, err := pglease.NewPublisher(tx, pglease.PublisherConfig{Tables: tables}, nil)
+	require.NoError(t, err)
+	require.NoError(t, outbox.Publish(other, message.NewMessage("y", nil)))
+	var pid int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_catalog.pg_backend_pid()`).Scan(&pid))
+
+	r = runCLI(t, env, "status", "--schema", schema, "--json", "--warn-after", "1ms")
+	require.Equal(t, 0, r.code, "%s", r)
+	out = statusOutput{}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+	require.True(t, out.Horizon.PerTopic, "delivery is held back per partition, by the open publishers")
+	require.Len(t, out.Horizon.Publishers, 2, "the transaction on each worker: %s", r.stdout)
+	workers := map[string]bool{}
+	for _, p := range out.Horizon.Publishers {
+		require.Len(t, p.Partitions, 1, "%+v", p)
+		require.NotNil(t, p.Client, "%+v", p)
+		require.Equal(t, pid, p.Client.PID, "the coordinator's session")
+		require.Equal(t, "pglease-citus-status-test", p.Client.ApplicationName)
+		require.Positive(t, p.GlobalPID)
+		require.Positive(t, p.PID, "its backend on the worker")
+		workers[p.Node] = true
+		if p.Partitions[0].Topic == "held" {
+			require.True(t, strings.HasSuffix(p.Node, ":"+itoa(port)), "held on its worker: %s", p.Node)
+		} else {
+			require.Equal(t, admin.TopicPartition{Topic: other}, p.Partitions[0])
+		}
+	}
+	require.Len(t, workers, 2, "one row per worker")
+	require.NotNil(t, out.DeliveryHeldBack)
+	require.True(t, *out.DeliveryHeldBack)
+
+	r = runCLI(t, env, "status", "--schema", schema, "--warn-after", "1ms")
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Contains(t, r.stdout, "WORKER-PID")
+	require.Regexp(t, `DELIVERY IS HELD BACK on "(held|`+other+`)"/0: pid `+itoa(pid)+` \(on worker [^ ]+ as pid [0-9]+\) has kept a transaction that published there open`, r.stdout)
+	require.Contains(t, r.stdout, "end it on the coordinator with\nSELECT pg_terminate_backend("+itoa(pid)+")")
+	var holds []string // PID APPLICATION STATE AGE WORKER WORKER-PID HOLDS
+	for _, line := range strings.Split(r.stdout, "\n") {
+		if f := strings.Fields(line); len(f) == 9 && f[0] == itoa(pid) && f[1] == "pglease-citus-status-test" {
+			require.Equal(t, []string{"idle", "in", "transaction"}, f[2:5], "%v", f)
+			holds = append(holds, f[8])
+		}
+	}
+	require.ElementsMatch(t, []string{`"held"/0`, `"` + other + `"/0`}, holds, r.stdout)
+
+	require.NoError(t, tx.Rollback(ctx))
+	r = runCLI(t, env, "status", "--schema", schema, "--json")
+	require.Equal(t, 0, r.code, "%s", r)
+	out = statusOutput{}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+	require.Empty(t, out.Horizon.Publishers, "the transaction ended")
+	r = runCLI(t, env, "status", "--schema", schema)
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Contains(t, r.stdout, "Open publishers: none: no topic is held back")
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }

@@ -70,3 +70,28 @@ func TestFormatTime(t *testing.T) {
 	at := time.Date(2026, 11, 23, 9, 41, 2, 500, time.FixedZone("CET", 3600))
 	assert.Equal(t, "2026-11-23T08:41:02Z", formatTime(at))
 }
+
+// TestPublisherWho: an open publisher named in status's sentence, and how
+// to end it: on a single server its pid; on Citus the coordinator's
+// session where known, else its backend on the worker; a prepared
+// transaction by its gid (on Citus, on its worker).
+func TestPublisherWho(t *testing.T) {
+	client := &admin.HorizonHolder{PID: 28817}
+	for _, c := range []struct {
+		p         admin.OpenPublisher
+		who, ends string
+	}{
+		{admin.OpenPublisher{HorizonHolder: admin.HorizonHolder{PID: 7}}, "pid 7", "end it with\nSELECT pg_terminate_backend(7)."},
+		{admin.OpenPublisher{HorizonHolder: admin.HorizonHolder{GID: "g'1"}}, `prepared transaction "g'1"`, "ROLLBACK PREPARED 'g''1'."},
+		{admin.OpenPublisher{HorizonHolder: admin.HorizonHolder{PID: 41870}, Node: "w1:5432", Client: client},
+			"pid 28817 (on worker w1:5432 as pid 41870)", "end it on the coordinator with\nSELECT pg_terminate_backend(28817)."},
+		{admin.OpenPublisher{HorizonHolder: admin.HorizonHolder{PID: 41870}, Node: "w1:5432"},
+			"pid 41870 on worker w1:5432", "end it on worker w1:5432 with\nSELECT pg_terminate_backend(41870)."},
+		{admin.OpenPublisher{HorizonHolder: admin.HorizonHolder{GID: "citus_0_1"}, Node: "w1:5432"},
+			`prepared transaction "citus_0_1" on worker w1:5432`, "on worker w1:5432, COMMIT PREPARED or ROLLBACK PREPARED 'citus_0_1'."},
+	} {
+		who, end := publisherWho(c.p)
+		assert.Equal(t, c.who, who)
+		assert.Contains(t, end, c.ends, who)
+	}
+}

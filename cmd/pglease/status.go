@@ -18,12 +18,15 @@ var statusSpec = commandSpec{
 	synopsis: "[--warn-after DURATION] [--json]",
 	help: `Shows every consumer session (one per Subscriber: its group, owner process,
 age, time left without a heartbeat and the (group, topic, partition) rows it
-owns), then what holds delivery back. On a single server, the open
-publishers: a transaction that published and has not ended holds back the
-messages stored after its own, in the partitions it published to only. On
-Citus, the xmin horizon of each worker: no message of a transaction at or
-above it is delivered yet, on any topic of that worker. When such a
-transaction is older than --warn-after, it says so and names it.`,
+owns), then what holds delivery back: the open publishers. A transaction
+that published and has not ended holds back the messages stored after its
+own, in the partitions it published to only; on Citus each is listed on
+the worker where it published, with the coordinator's session whose
+transaction it is. (On Citus tables distributed by an earlier release,
+whose positions are the workers' transaction ids, the xmin horizon of each
+worker instead: no message of a transaction at or above it is delivered
+yet, on any topic of that worker.) When such a transaction is older than
+--warn-after, it says so and names it.`,
 	new: func() subcommand { return &statusCmd{} },
 }
 
@@ -194,7 +197,8 @@ func printWaiting(w io.Writer, rows []admin.WaitingInfo) {
 }
 
 // printPublishers prints the open publishers and whether they hold
-// delivery back (a single server).
+// delivery back. On Citus each is a transaction on one worker, named by
+// the coordinator's session whose transaction it is where known.
 func printPublishers(w io.Writer, out statusOutput, warnAfter time.Duration) {
 	pubs := out.Horizon.Publishers
 	if len(pubs) == 0 {
@@ -202,25 +206,41 @@ func printPublishers(w io.Writer, out statusOutput, warnAfter time.Duration) {
 		return
 	}
 	fmt.Fprintln(w, "Open publishers: each holds back the messages stored after its own, in the partitions it published to")
-	tw := newTable(w)
-	fmt.Fprintln(tw, "PID\tAPPLICATION\tSTATE\tAGE\tHOLDS")
+	citus := false
 	for _, p := range pubs {
-		who, age := strconv.Itoa(p.PID), "unknown"
+		citus = citus || p.Node != ""
+	}
+	tw := newTable(w)
+	if citus {
+		fmt.Fprintln(tw, "PID\tAPPLICATION\tSTATE\tAGE\tWORKER\tWORKER-PID\tHOLDS")
+	} else {
+		fmt.Fprintln(tw, "PID\tAPPLICATION\tSTATE\tAGE\tHOLDS")
+	}
+	for _, p := range pubs {
+		s := publisherSession(p)
+		who, age := strconv.Itoa(s.PID), "unknown"
 		if p.GID != "" {
 			who = "prepared " + strconv.Quote(p.GID)
+		} else if citus && p.Client == nil {
+			who = "-"
 		}
 		if holderAgeKnown(&p.HorizonHolder) {
 			age = formatDuration(p.Age)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", who, orDash(p.ApplicationName), orDash(p.State), age, formatHeld(p))
+		if citus {
+			workerPID := strconv.Itoa(p.PID)
+			if p.GID != "" {
+				workerPID = "-"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", who, orDash(s.ApplicationName), orDash(s.State), age,
+				orDash(p.Node), workerPID, formatHeld(p))
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", who, orDash(s.ApplicationName), orDash(s.State), age, formatHeld(p))
 	}
 	_ = tw.Flush()
 	oldest := pubs[0]
-	who, end := fmt.Sprintf("pid %d", oldest.PID), fmt.Sprintf("commit or roll it back, or end it with\nSELECT pg_terminate_backend(%d).", oldest.PID)
-	if oldest.GID != "" {
-		who = "prepared transaction " + strconv.Quote(oldest.GID)
-		end = fmt.Sprintf("COMMIT PREPARED or ROLLBACK PREPARED %s.", quoteLiteral(oldest.GID))
-	}
+	who, end := publisherWho(oldest)
 	switch {
 	case out.DeliveryHeldBack == nil:
 		fmt.Fprintf(w, "Delivery may be held back on %s: %s published there, for how long this role cannot see.\n", formatHeld(oldest), who)
@@ -232,6 +252,36 @@ func printPublishers(w io.Writer, out statusOutput, warnAfter time.Duration) {
 		fmt.Fprintf(w, "Delivery is not held back: the oldest open publisher is %s old (less than --warn-after %s).\n",
 			formatDuration(oldest.Age), warnAfter)
 	}
+}
+
+// publisherSession is the session to name for an open publisher: on
+// Citus the coordinator's session whose transaction it is, where known;
+// else its backend (on Citus, on the worker).
+func publisherSession(p admin.OpenPublisher) admin.HorizonHolder {
+	if p.Client != nil {
+		return *p.Client
+	}
+	return p.HorizonHolder
+}
+
+// publisherWho names an open publisher in a sentence, and says how to end
+// its transaction.
+func publisherWho(p admin.OpenPublisher) (who, end string) {
+	switch {
+	case p.GID != "" && p.Node != "":
+		return fmt.Sprintf("prepared transaction %s on worker %s", strconv.Quote(p.GID), p.Node),
+			fmt.Sprintf("on worker %s, COMMIT PREPARED or ROLLBACK PREPARED %s.", p.Node, quoteLiteral(p.GID))
+	case p.GID != "":
+		return "prepared transaction " + strconv.Quote(p.GID),
+			fmt.Sprintf("COMMIT PREPARED or ROLLBACK PREPARED %s.", quoteLiteral(p.GID))
+	case p.Client != nil:
+		return fmt.Sprintf("pid %d (on worker %s as pid %d)", p.Client.PID, p.Node, p.PID),
+			fmt.Sprintf("commit or roll it back, or end it on the coordinator with\nSELECT pg_terminate_backend(%d).", p.Client.PID)
+	case p.Node != "":
+		return fmt.Sprintf("pid %d on worker %s", p.PID, p.Node),
+			fmt.Sprintf("commit or roll it back, or end it on worker %s with\nSELECT pg_terminate_backend(%d).", p.Node, p.PID)
+	}
+	return fmt.Sprintf("pid %d", p.PID), fmt.Sprintf("commit or roll it back, or end it with\nSELECT pg_terminate_backend(%d).", p.PID)
 }
 
 // formatHeld names the partitions an open publisher holds back.
@@ -337,6 +387,10 @@ func printVacuumHorizon(w io.Writer, h admin.Horizon) {
 	fmt.Fprintln(w, "Xmin horizon: holds back vacuum, not delivery")
 	tw := newTable(w)
 	fmt.Fprintf(tw, "xmin\t%d\n", h.Xmin)
+	if h.Node != "" {
+		// Citus: the horizon of the worker with the oldest holder.
+		fmt.Fprintf(tw, "worker\t%s (of %d)\n", h.Node, len(h.Workers))
+	}
 	hh := h.Holder
 	switch {
 	case hh == nil:

@@ -523,12 +523,25 @@ func (s *uiServer) banner(ctx context.Context, d *pageData) error {
 		return nil
 	}
 	b := &heldBanner{Status: st, Known: st.DeliveryHeldBack != nil}
-	b.Who = fmt.Sprintf("pid %d (%s, user %s, database %s)", holder.PID, orDash(holder.ApplicationName),
-		orDash(holder.User), orDash(holder.Database))
+	// On Citus, the coordinator's session whose transaction the worker's
+	// backend runs, where known.
+	who := *holder
+	if h.PerTopic {
+		who = publisherSession(h.Publishers[0])
+	}
+	b.Who = fmt.Sprintf("pid %d (%s, user %s, database %s)", who.PID, orDash(who.ApplicationName),
+		orDash(who.User), orDash(who.Database))
 	if holder.GID != "" {
 		b.Who = fmt.Sprintf("prepared transaction %q", holder.GID)
 	}
-	b.Age, b.Query = formatDuration(holder.Age), holder.Query
+	if h.PerTopic && h.Publishers[0].Node != "" {
+		if p := h.Publishers[0]; p.Client != nil {
+			b.Who += fmt.Sprintf(", on worker %s as pid %d", p.Node, p.PID)
+		} else {
+			b.Who += " on worker " + p.Node
+		}
+	}
+	b.Age, b.Query = formatDuration(holder.Age), who.Query
 	if h.PerTopic {
 		b.Topics = formatHeld(h.Publishers[0])
 	}

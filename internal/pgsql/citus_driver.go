@@ -116,13 +116,6 @@ func (d citus) PositionBounds(ctx context.Context, q Querier, topics []string, p
 	return out, nil
 }
 
-// OpenPublishers implements Driver: none listed, the publishers of a
-// topic register on its worker (BoundHolder names, there, the one that
-// holds a topic).
-func (d citus) OpenPublishers(context.Context, Querier) ([]PublisherRow, bool, error) {
-	return nil, false, nil
-}
-
 // citusBoundHolderStmt is the statement of BoundHolder on Citus: the
 // worker's function (WorkerHolderFunction), called by a SELECT that
 // Citus routes to the topic's worker whole, as the bound's statement is;

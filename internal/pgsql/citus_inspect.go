@@ -1,10 +1,12 @@
 package pgsql
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -263,4 +265,301 @@ FROM pg_catalog.run_command_on_workers($1) r ORDER BY r.nodename, r.nodeport`,
 			XactStart: h.XactStart, QueryStart: h.QueryStart, AgeSeconds: h.Age}})
 	}
 	return out, nil
+}
+
+// citusPositionsStmt is the statement that tells whether the messages
+// table takes its positions from the workers' sequences: whether its
+// trigger is the position trigger of DistributeScript, not that of an
+// earlier release, whose positions are the workers' transaction ids.
+func (d citus) citusPositionsStmt() Stmt {
+	return Stmt{SQL: `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg
+	WHERE tg.tgrelid = pg_catalog.to_regclass($1::text) AND tg.tgfoid = pg_catalog.to_regprocedure($2::text))`,
+		Args: []any{d.t.Messages, d.t.CitusPositionFunction() + "()"}}
+}
+
+// citusWorkerPublishers is the command citusOpenPublishers runs on every
+// worker (run_command_on_workers): the single node's OpenPublishers for
+// the shards of the messages table that lie on the worker, as one JSON
+// array. A transaction is listed when it holds the key of a partition
+// (the position trigger's lock, keyed by the shard's oid) and a write
+// lock on that same shard or one of its partitions, as the worker's
+// bound counts it (citus_worker_bound); its keys are given by shard id
+// (shards) and hash (keys), for the coordinator to name. The command
+// reads only catalogs, the shards' metadata and the lock and activity
+// views, which every role may read: it needs no object of pglease on
+// the worker, and works on a cluster distributed by any release whose
+// position trigger registers (citusPositionsStmt).
+func (d citus) citusWorkerPublishers() string {
+	return `SELECT COALESCE(pg_catalog.json_agg(pg_catalog.json_build_object('v', x.v::text, 'pid', x.pid, 'gid', x.gid,
+	'application_name', x.application_name, 'state', x.state, 'xact_start', x.xact_start, 'query_start', x.query_start,
+	'age', x.age, 'query', x.query, 'datname', x.datname, 'usename', x.usename, 'shards', x.shards, 'keys', x.keys)
+	ORDER BY x.xact_start NULLS FIRST, x.v)::text, '[]')
+FROM (
+	WITH db AS (
+		SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()
+	), roots AS MATERIALIZED (
+		SELECT s.shardid, r.oid
+		FROM pg_catalog.pg_dist_shard s,
+			LATERAL (SELECT pg_catalog.to_regclass(pg_catalog.shard_name(s.logicalrelid, s.shardid))::oid AS oid) r
+		WHERE s.logicalrelid = pg_catalog.to_regclass(` + quoteLiteral(d.t.Messages) + `) AND r.oid IS NOT NULL
+	), rels AS MATERIALIZED (
+		SELECT roots.oid AS root, roots.oid AS rel FROM roots
+		UNION ALL
+		SELECT roots.oid, i.inhrelid FROM roots JOIN pg_catalog.pg_inherits i ON i.inhparent = roots.oid
+	), l AS MATERIALIZED (
+		SELECT l.locktype, l.virtualtransaction AS vx, l.pid, l.classid, l.objid, l.objsubid, l.relation
+		FROM pg_catalog.pg_locks l, db
+		WHERE l.granted AND l.database = db.oid
+			AND (l.locktype = 'advisory' AND (l.objsubid = 2 AND l.classid IN (SELECT roots.oid FROM roots)
+					OR l.objsubid = 1 AND l.classid::bigint >> 24 = 112)
+				OR l.locktype = 'relation' AND l.mode <> 'AccessShareLock' AND l.relation IN (SELECT rels.rel FROM rels))
+	), writes AS (
+		SELECT DISTINCT l.vx, rels.root FROM l JOIN rels ON rels.rel = l.relation WHERE l.locktype = 'relation'
+	), held AS (
+		SELECT w.vx, k.pid, roots.shardid, k.objid::bigint AS k
+		FROM writes w
+		JOIN l k ON k.vx = w.vx AND k.locktype = 'advisory' AND k.objsubid = 2 AND k.classid = w.root
+		JOIN roots ON roots.oid = w.root
+	), h AS (
+		SELECT held.vx, pg_catalog.max(held.pid) AS pid,
+			pg_catalog.array_agg(held.shardid ORDER BY held.shardid, held.k) AS shards,
+			pg_catalog.array_agg(held.k ORDER BY held.shardid, held.k) AS keys,
+			(SELECT pg_catalog.min(((v.classid::bigint & 16777215) << 32) | v.objid::bigint) FROM l v
+				WHERE v.vx = held.vx AND v.locktype = 'advisory' AND v.objsubid = 1) AS v
+		FROM held
+		GROUP BY held.vx
+	)
+	SELECT COALESCE(h.v, 0) AS v, h.pid, CASE WHEN h.pid IS NULL THEN p.gid END AS gid, a.application_name, a.state,
+		COALESCE(a.xact_start, p.prepared) AS xact_start, a.query_start,
+		extract(epoch FROM pg_catalog.now() - COALESCE(a.xact_start, p.prepared))::float8 AS age,
+		pg_catalog.left(a.query, 1000) AS query, COALESCE(a.datname::text, p.database::text) AS datname,
+		COALESCE(a.usename::text, p.owner::text) AS usename, h.shards, h.keys
+	FROM h
+	LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = h.pid
+	LEFT JOIN LATERAL (
+		-- A prepared transaction (Citus prepares a transaction that wrote
+		-- on several workers before it commits) has no backend.
+		SELECT px.gid, px.prepared, px.database, px.owner
+		FROM pg_catalog.pg_locks xl JOIN pg_catalog.pg_prepared_xacts px ON px.transaction = xl.transactionid
+		WHERE h.pid IS NULL AND xl.virtualtransaction = h.vx AND xl.locktype = 'transactionid' AND xl.granted
+		LIMIT 1
+	) p ON true
+) x`
+}
+
+// citusKeyNamesStmt is the statement that names the partitions whose
+// keys (the hash of the position trigger's lock) are among keys: the
+// partitions with settings or offset rows, as OpenPublishers names them,
+// each with the shard of its topic and its key.
+func (d citus) citusKeyNamesStmt(keys []int64) Stmt {
+	key := func(topic, partition string) string {
+		return `(pg_catalog.hashtext(` + topic + ` || ':' || ` + partition + `::text)::bigint & 4294967295)`
+	}
+	return Stmt{SQL: `SELECT n.topic, n.partition, pg_catalog.get_shard_id_for_distribution_column($2::text::regclass, n.topic),
+	` + key("n.topic", "n.partition") + `
+FROM (
+	SELECT o.topic COLLATE "C" AS topic, o.partition FROM ` + d.t.Offsets + ` o
+	WHERE ` + key("o.topic", "o.partition") + ` = ANY($1::bigint[])
+	UNION
+	SELECT tp.topic, p.p::integer FROM ` + d.t.Topics + ` tp, pg_catalog.generate_series(0, tp.partitions - 1) p(p)
+	WHERE ` + key("tp.topic", "p.p") + ` = ANY($1::bigint[])
+) n
+ORDER BY n.topic, n.partition`, Args: []any{keys, d.t.Messages}}
+}
+
+// citusClientsStmt is the statement that reads the backends of this node
+// (the coordinator) whose Citus global process ids are among gpids: the
+// sessions whose distributed transactions the workers' backends run.
+func (d citus) citusClientsStmt(gpids []int64) Stmt {
+	return Stmt{SQL: `SELECT g.gpid, a.pid, a.application_name, a.state, a.xact_start, a.query_start,
+	extract(epoch FROM pg_catalog.now() - a.xact_start)::float8, pg_catalog.left(a.query, 1000), a.datname::text, a.usename::text
+FROM pg_catalog.unnest($1::bigint[]) g(gpid)
+JOIN pg_catalog.pg_stat_activity a ON a.pid = pg_catalog.citus_pid_for_gpid(g.gpid)
+WHERE pg_catalog.citus_nodeid_for_gpid(g.gpid) = pg_catalog.citus_nodeid_for_gpid(pg_catalog.citus_backend_gpid())`,
+		Args: []any{gpids}}
+}
+
+// citusGlobalPIDPrefix starts the application_name of the connections
+// Citus opens to a worker for a session's distributed transaction; the
+// session's global process id follows it.
+const citusGlobalPIDPrefix = "citus_internal gpid="
+
+// citusGlobalPID returns the global process id in the application_name
+// of one of Citus's connections (false for another application's).
+func citusGlobalPID(applicationName string) (int64, bool) {
+	rest, ok := strings.CutPrefix(applicationName, citusGlobalPIDPrefix)
+	if !ok {
+		return 0, false
+	}
+	gpid, err := strconv.ParseInt(rest, 10, 64)
+	return gpid, err == nil && gpid > 0
+}
+
+// OpenPublishers implements Driver: the publishers that hold back
+// partitions on every worker (run_command_on_workers: a connection to
+// each), named by the coordinator's offsets and topics tables, each
+// with its worker (Node) and, where the worker's backend is one of
+// Citus's connections, the session on the coordinator whose transaction
+// it runs (Client). A transaction that published to topics on two
+// workers is listed once per worker. Where the messages table takes its
+// positions from the workers' transaction ids (distributed by an earlier
+// release, until `pglease migrate --citus` runs again), delivery is held
+// back by each worker's xmin horizon: nothing listed, ok false.
+func (d citus) OpenPublishers(ctx context.Context, q Querier) ([]PublisherRow, bool, error) {
+	var perTopic bool
+	s := d.citusPositionsStmt()
+	if err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&perTopic); err != nil || !perTopic {
+		return nil, false, err
+	}
+	type result struct {
+		Node    string
+		Port    int32
+		Success bool
+		Result  string
+	}
+	results, err := collect(ctx, q, Stmt{SQL: `SELECT r.nodename, r.nodeport, r.success, r.result
+FROM pg_catalog.run_command_on_workers($1) r ORDER BY r.nodename, r.nodeport`,
+		Args: []any{d.citusWorkerPublishers()}}, pgx.RowToStructByPos[result])
+	if err != nil {
+		return nil, true, err
+	}
+	type workerRow struct {
+		V               string     `json:"v"`
+		PID             *int32     `json:"pid"`
+		GID             *string    `json:"gid"`
+		ApplicationName *string    `json:"application_name"`
+		State           *string    `json:"state"`
+		XactStart       *time.Time `json:"xact_start"`
+		QueryStart      *time.Time `json:"query_start"`
+		Age             *float64   `json:"age"`
+		Query           *string    `json:"query"`
+		DB              *string    `json:"datname"`
+		User            *string    `json:"usename"`
+		Shards          []int64    `json:"shards"`
+		Keys            []int64    `json:"keys"`
+	}
+	type shardKey struct{ shard, key int64 }
+	var (
+		out   []PublisherRow
+		held  [][]shardKey
+		keys  []int64
+		gpids []int64
+	)
+	for _, r := range results {
+		node := fmt.Sprintf("%s:%d", r.Node, r.Port)
+		if !r.Success {
+			return nil, true, fmt.Errorf("read the open publishers of worker %s: %s", node, r.Result)
+		}
+		var rows []workerRow
+		if err := json.Unmarshal([]byte(r.Result), &rows); err != nil {
+			return nil, true, fmt.Errorf("read the open publishers of worker %s: %w", node, err)
+		}
+		for _, w := range rows {
+			v, err := parseXID8(w.V)
+			if err != nil || len(w.Shards) != len(w.Keys) {
+				return nil, true, fmt.Errorf("read the open publishers of worker %s: position %q, %d shards for %d keys: %v",
+					node, w.V, len(w.Shards), len(w.Keys), err)
+			}
+			p := PublisherRow{HorizonRow: HorizonRow{Xmin: v, PID: w.PID, GID: w.GID, AppName: w.ApplicationName, State: w.State,
+				Query: w.Query, DB: w.DB, User: w.User, XactStart: w.XactStart, QueryStart: w.QueryStart, AgeSeconds: w.Age,
+				Node: &node}, Held: len(w.Keys)}
+			if w.ApplicationName != nil {
+				if gpid, ok := citusGlobalPID(*w.ApplicationName); ok {
+					p.GlobalPID = &gpid
+					gpids = append(gpids, gpid)
+				}
+			}
+			var hk []shardKey
+			for k := range w.Keys {
+				hk = append(hk, shardKey{w.Shards[k], w.Keys[k]})
+				keys = append(keys, w.Keys[k])
+			}
+			out, held = append(out, p), append(held, hk)
+		}
+	}
+	if len(out) == 0 {
+		return nil, true, nil
+	}
+	// The partitions, by shard and key.
+	type name struct {
+		Topic     string
+		Partition int32
+		Shard     int64
+		Key       int64
+	}
+	slices.Sort(keys)
+	names, err := collect(ctx, q, d.citusKeyNamesStmt(slices.Compact(keys)), pgx.RowToStructByPos[name])
+	if err != nil {
+		return nil, true, err
+	}
+	named := map[shardKey][]name{}
+	for _, n := range names {
+		k := shardKey{n.Shard, n.Key}
+		named[k] = append(named[k], n)
+	}
+	for i := range out {
+		var ns []name
+		for _, k := range held[i] {
+			ns = append(ns, named[k]...)
+		}
+		slices.SortFunc(ns, func(a, b name) int {
+			if c := strings.Compare(a.Topic, b.Topic); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.Partition, b.Partition)
+		})
+		for _, n := range ns {
+			out[i].Topics, out[i].Partitions = append(out[i].Topics, n.Topic), append(out[i].Partitions, n.Partition)
+		}
+	}
+	// The sessions on the coordinator.
+	if len(gpids) > 0 {
+		clients, err := d.citusClients(ctx, q, gpids)
+		if err != nil {
+			return nil, true, err
+		}
+		for i := range out {
+			if out[i].GlobalPID != nil {
+				out[i].Client = clients[*out[i].GlobalPID]
+			}
+		}
+	}
+	// Oldest first, as on a single node (an age that cannot be read
+	// first), across the workers.
+	slices.SortStableFunc(out, func(a, b PublisherRow) int {
+		switch {
+		case a.XactStart == nil && b.XactStart != nil:
+			return -1
+		case a.XactStart != nil && b.XactStart == nil:
+			return 1
+		case a.XactStart != nil && !a.XactStart.Equal(*b.XactStart):
+			return a.XactStart.Compare(*b.XactStart)
+		}
+		return cmp.Compare(a.Xmin, b.Xmin)
+	})
+	return out, true, nil
+}
+
+// citusClients reads the sessions of citusClientsStmt, by global process
+// id.
+func (d citus) citusClients(ctx context.Context, q Querier, gpids []int64) (map[int64]*HorizonRow, error) {
+	s := d.citusClientsStmt(gpids)
+	rows, err := q.Query(ctx, s.SQL, s.Args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[int64]*HorizonRow{}
+	for rows.Next() {
+		var (
+			gpid int64
+			c    HorizonRow
+		)
+		if err := rows.Scan(&gpid, &c.PID, &c.AppName, &c.State, &c.XactStart, &c.QueryStart, &c.AgeSeconds, &c.Query,
+			&c.DB, &c.User); err != nil {
+			return nil, err
+		}
+		out[gpid] = &c
+	}
+	return out, rows.Err()
 }

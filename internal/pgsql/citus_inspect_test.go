@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pglease/watermill-pglease/internal/pgtest"
 )
 
@@ -151,4 +153,67 @@ WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::text::regc
 		return
 	}
 	t.Fatalf("no horizon of the topic's worker (port %d) in %+v", port, rows)
+}
+
+// TestCitusOpenPublishersEarlierRelease: on tables distributed by an
+// earlier release, OpenPublishers reads what the workers have: without
+// the workers' bound and holder functions (distributed before they
+// existed) it still lists an open publisher, named, with its worker and
+// its session on the coordinator; where the position trigger is not
+// pglease's (positions from the workers' transaction ids), it lists
+// nothing and says so (ok false), for status to show the horizon.
+func TestCitusOpenPublishersEarlierRelease(t *testing.T) {
+	pool, tables := citusTables(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d := NewCitus(tables)
+	for _, fn := range []string{tables.WorkerHolderFunction() + "(text, integer)", tables.WorkerBoundFunction() + "(text, integer[])"} {
+		var failed int
+		if err := pool.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM pg_catalog.run_command_on_workers($1) WHERE NOT success`,
+			"DROP FUNCTION "+fn).Scan(&failed); err != nil || failed > 0 {
+			t.Fatalf("drop %s on the workers: %v (%d failed)", fn, err, failed)
+		}
+	}
+	const topic = "earlier"
+	if _, err := d.UpsertTopic(ctx, pool, TopicParams{Topic: topic, Partitions: 1}); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	publish(t, tx, tables, topic, 1)
+	var pid int32
+	if err := tx.QueryRow(ctx, `SELECT pg_catalog.pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if h, topicOnly, err := d.BoundHolder(ctx, pool, topic, 0); err != nil || !topicOnly || h.PID != nil {
+		t.Fatalf("BoundHolder without the workers' function = %+v, %t, %v; want held, no holder named", h, topicOnly, err)
+	}
+	rows, ok, err := d.OpenPublishers(ctx, pool)
+	if err != nil || !ok || len(rows) != 1 {
+		t.Fatalf("OpenPublishers = %+v, %t, %v; want the publisher", rows, ok, err)
+	}
+	if r := rows[0]; len(r.Topics) != 1 || r.Topics[0] != topic || r.Node == nil || r.PID == nil ||
+		r.Client == nil || r.Client.PID == nil || *r.Client.PID != pid {
+		t.Fatalf("OpenPublishers = %+v (client %+v); want %s on its worker, its session pid %d", r, r.Client, topic, pid)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Positions from the workers' transaction ids: another trigger.
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL citus.enable_unsafe_triggers = on`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `DROP TRIGGER `+pgx.Identifier{tables.partitionName("transaction_id")}.Sanitize()+` ON `+tables.Messages)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if rows, ok, err := d.OpenPublishers(ctx, pool); err != nil || ok || rows != nil {
+		t.Fatalf("OpenPublishers without the position trigger = %+v, %t, %v; want nothing, not per topic", rows, ok, err)
+	}
 }

@@ -56,3 +56,24 @@ func citusTables(t *testing.T) (*pgxpool.Pool, *Tables) {
 	}
 	return pool, tables
 }
+
+// TestCitusGlobalPID: the global process id in the application_name of
+// Citus's connections, nothing in another application's.
+func TestCitusGlobalPID(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		gpid int64
+		ok   bool
+	}{
+		{"citus_internal gpid=10000023076", 10000023076, true},
+		{"citus_internal gpid=", 0, false},
+		{"citus_internal gpid=x1", 0, false},
+		{"citus_internal gpid=-5", 0, false},
+		{"nightly-export", 0, false},
+		{"", 0, false},
+	} {
+		if gpid, ok := citusGlobalPID(c.name); gpid != c.gpid && c.ok || ok != c.ok {
+			t.Errorf("citusGlobalPID(%q) = %d, %t; want %d, %t", c.name, gpid, ok, c.gpid, c.ok)
+		}
+	}
+}

@@ -134,10 +134,13 @@ type Driver interface {
 	// topic's worker (row.Node), or none named where the workers' function
 	// is missing (tables distributed by an earlier release).
 	BoundHolder(ctx context.Context, q Querier, topic string, partition int32) (row HorizonRow, topicOnly bool, err error)
-	// OpenPublishers reads, on a single node, the transactions that
-	// published and have not ended, which hold back the later messages
-	// of the partitions they published to (ok true); on Citus, where
-	// they register on the topics' workers, nothing (ok false).
+	// OpenPublishers reads the transactions that published and have not
+	// ended, which hold back the later messages of the partitions they
+	// published to (ok true); on Citus those of every worker, where they
+	// register (row.Node), with the coordinator's session whose
+	// transaction each runs (row.Client), or nothing (ok false) where
+	// the tables take their positions from the workers' transaction ids
+	// (distributed by an earlier release).
 	OpenPublishers(ctx context.Context, q Querier) (rows []PublisherRow, ok bool, err error)
 	InspectTopics(ctx context.Context, q Querier) ([]TopicRow, error)
 	InspectTopicsPage(ctx context.Context, q Querier, first bool, after string, limit int) ([]TopicPageRow, error)

@@ -96,11 +96,25 @@ func (d singleNode) BoundHolder(ctx context.Context, q Querier, topic string, pa
 // partitions it holds back that have settings or offset rows, and how
 // many it holds back in all (Held; more than the partitions listed when
 // some have neither).
+//
+// On Citus a row is one worker's transaction (Node the worker, PID its
+// backend there): a transaction that published to topics on two workers
+// is a row on each.
 type PublisherRow struct {
 	HorizonRow
 	Topics     []string
 	Partitions []int32
 	Held       int
+	// GlobalPID, on Citus, is the global process id of the session whose
+	// distributed transaction the worker's backend runs (as Citus names
+	// it in the backend's application_name); nil on a single node and
+	// for a backend that is not one of Citus's connections.
+	GlobalPID *int64
+	// Client, on Citus, is that session's backend on the coordinator
+	// (the transaction to commit, roll back or end there); nil on a
+	// single node and where the session is not the coordinator's (a
+	// client of a worker) or has ended.
+	Client *HorizonRow
 }
 
 // OpenPublishers implements Driver.

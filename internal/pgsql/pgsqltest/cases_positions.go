@@ -131,16 +131,7 @@ func (n positionsNode) waitBlocked(pattern string) {
 // transaction's as 0.
 func (n positionsNode) topicKeyHolders(topic string) []int32 {
 	n.f.t.Helper()
-	var pids []int32
-	if err := n.Pool.QueryRow(n.f.ctx, `SELECT COALESCE(pg_catalog.array_agg(COALESCE(l.pid, 0) ORDER BY l.pid), '{}')
-FROM pg_catalog.pg_locks l
-WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-	AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
-	AND l.classid = $1::text::regclass::oid AND l.objid::bigint = (pg_catalog.hashtext($2::text || ':0')::bigint & 4294967295)`,
-		n.Rel, topic).Scan(&pids); err != nil {
-		n.f.t.Fatalf("read the holders of %s: %v", topic, err)
-	}
-	return pids
+	return n.topicKeyHoldersOf(topic, 0)
 }
 
 // bound is the position bound of topic's partition 0, computed now. On a
@@ -760,4 +751,186 @@ func testKeyedInsertHoldsItsTopic(t *testing.T, f *fixture) {
 		t.Fatalf("%s after the commit: %v, want [k1 p2]", topic, got)
 	}
 	f.noneNeedRegistration(topic)
+}
+
+// testOpenPublishersListed: a transaction that published and stays open
+// is listed by OpenPublishers with the partition it published to, its
+// backend and the position it registered; on Citus one topic on each of
+// two workers, each transaction listed with its backend on the topic's
+// worker, the worker, and the coordinator's session whose transaction it
+// runs. A transaction that wrote something else there is not listed;
+// once the publishers commit, none is.
+func testOpenPublishersListed(t *testing.T, f *fixture) {
+	f.positionsOnly()
+	topics := f.topicsApart(2)
+	// Partitions are named when they have settings (or offset rows): the
+	// first topic has 1 partition, the second 3, its message in
+	// partition 2.
+	want := map[string]int32{topics[0]: 0, topics[1]: 2}
+	for k, topic := range topics {
+		if _, err := f.Driver.UpsertTopic(f.ctx, f.Pool, pgsql.TopicParams{Topic: topic, Partitions: 1 + 2*k}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type publisher struct {
+		tx     pgx.Tx
+		client int32 // the session's backend (on Citus, the coordinator's)
+		pid    int32 // the backend holding the key (on Citus, the worker's)
+		node   positionsNode
+	}
+	pubs := map[string]publisher{}
+	for _, topic := range topics {
+		p := publisher{tx: f.begin(), node: f.node(topic)}
+		if err := p.tx.QueryRow(f.ctx, `SELECT pg_catalog.pg_backend_pid()`).Scan(&p.client); err != nil {
+			t.Fatal(err)
+		}
+		params := f.insertParams(topic, []string{topic + "-1"})
+		params.PartitionHashes = []uint32{uint32(want[topic])}
+		if err := f.Driver.InsertMessages(f.ctx, p.tx, params); err != nil {
+			t.Fatal(err)
+		}
+		p.pid = p.client
+		if f.Citus {
+			held := p.node.topicKeyHoldersOf(topic, want[topic])
+			if len(held) != 1 {
+				t.Fatalf("holders of %s's key on its worker: %v; want the publisher's", topic, held)
+			}
+			p.pid = held[0]
+		}
+		pubs[topic] = p
+	}
+	// A writer of the same node that published nothing.
+	writer := pubs[topics[0]].node.begin()
+	if _, err := writer.Exec(f.ctx, `CREATE TEMPORARY TABLE scratch (x integer) ON COMMIT DROP`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writer.Exec(f.ctx, `INSERT INTO scratch VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+
+	rows, ok, err := f.Driver.OpenPublishers(f.ctx, f.Pool)
+	if err != nil || !ok {
+		t.Fatalf("OpenPublishers: %v, ok %t", err, ok)
+	}
+	// Other cases' publishers may run at the same time on the cluster:
+	// only this case's partitions count.
+	listed := map[string]pgsql.PublisherRow{}
+	for _, r := range rows {
+		for k, topic := range r.Topics {
+			if _, ours := want[topic]; ours {
+				if _, twice := listed[topic]; twice {
+					t.Fatalf("%s listed twice: %+v", topic, rows)
+				}
+				if r.Partitions[k] != want[topic] {
+					t.Fatalf("%s: partition %d, want %d", topic, r.Partitions[k], want[topic])
+				}
+				listed[topic] = r
+			}
+		}
+	}
+	for _, topic := range topics {
+		r, found := listed[topic]
+		p := pubs[topic]
+		if !found {
+			t.Fatalf("%s's publisher not listed: %+v", topic, rows)
+		}
+		if r.PID == nil || *r.PID != p.pid || r.Xmin == 0 || r.Held != 1 || len(r.Topics) != 1 || r.AgeSeconds == nil {
+			t.Fatalf("%s's publisher: %+v; want pid %d, a position, one partition held", topic, r, p.pid)
+		}
+		if !f.Citus {
+			if r.Node != nil || r.Client != nil || r.GlobalPID != nil {
+				t.Fatalf("%s's publisher on a single node: %+v; want no worker, no client", topic, r)
+			}
+			continue
+		}
+		var worker string
+		if err := f.Pool.QueryRow(f.ctx, `SELECT p.nodename || ':' || p.nodeport FROM pg_catalog.pg_dist_shard_placement p
+WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::regclass, $2::text)`, f.Tables.Messages, topic).Scan(&worker); err != nil {
+			t.Fatal(err)
+		}
+		if r.Node == nil || *r.Node != worker {
+			t.Fatalf("%s's publisher: worker %v, want %s", topic, r.Node, worker)
+		}
+		if r.GlobalPID == nil || r.Client == nil || r.Client.PID == nil || *r.Client.PID != p.client ||
+			r.Client.XactStart == nil || r.Client.Query == nil || !strings.Contains(*r.Client.Query, "INSERT") {
+			t.Fatalf("%s's publisher: client %+v (global pid %v); want the coordinator's pid %d, its transaction and query",
+				topic, r.Client, r.GlobalPID, p.client)
+		}
+	}
+	if !f.Citus {
+		// On Citus the second topic lies on another worker; on a single
+		// node both are one server's, one transaction each.
+		if listed[topics[0]].PID == listed[topics[1]].PID {
+			t.Fatalf("two transactions listed as one: %+v", rows)
+		}
+	}
+	var writerPID int32
+	if err := writer.QueryRow(f.ctx, `SELECT pg_catalog.pg_backend_pid()`).Scan(&writerPID); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		if r.PID != nil && *r.PID == writerPID && (!f.Citus || r.Node != nil && *r.Node == *listed[topics[0]].Node) {
+			t.Fatalf("a writer that published nothing listed: %+v", r)
+		}
+	}
+
+	for _, topic := range topics {
+		if err := pubs[topic].tx.Commit(f.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows, _, err = f.Driver.OpenPublishers(f.ctx, f.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		for _, topic := range r.Topics {
+			if _, ours := want[topic]; ours {
+				t.Fatalf("%s still listed after its publisher committed: %+v", topic, r)
+			}
+		}
+	}
+}
+
+// topicsApart returns n topic names: on Citus each on a worker of its
+// own (the case is skipped on a cluster of fewer workers), on a single
+// node any n.
+func (f *fixture) topicsApart(n int) []string {
+	f.t.Helper()
+	var out []string
+	seen := map[string]bool{}
+	for i := 0; len(out) < n && i < 1000; i++ {
+		topic := fmt.Sprintf("apart-%d", i)
+		where := topic
+		if f.Citus {
+			if err := f.Pool.QueryRow(f.ctx, `SELECT p.nodename || ':' || p.nodeport FROM pg_catalog.pg_dist_shard_placement p
+WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::regclass, $2::text)`, f.Tables.Messages, topic).Scan(&where); err != nil {
+				f.t.Fatalf("the worker of %s: %v", topic, err)
+			}
+		}
+		if !seen[where] {
+			seen[where] = true
+			out = append(out, topic)
+		}
+	}
+	if len(out) < n {
+		f.t.Skipf("no %d workers to place topics on", n)
+	}
+	return out
+}
+
+// topicKeyHoldersOf returns the backends of the node that hold the key
+// of topic's partition: a prepared transaction's as 0.
+func (n positionsNode) topicKeyHoldersOf(topic string, partition int32) []int32 {
+	n.f.t.Helper()
+	var pids []int32
+	if err := n.Pool.QueryRow(n.f.ctx, `SELECT COALESCE(pg_catalog.array_agg(COALESCE(l.pid, 0) ORDER BY l.pid), '{}')
+FROM pg_catalog.pg_locks l
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+	AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+	AND l.classid = $1::text::regclass::oid AND l.objid::bigint = (pg_catalog.hashtext($2::text || ':' || $3::integer)::bigint & 4294967295)`,
+		n.Rel, topic, partition).Scan(&pids); err != nil {
+		n.f.t.Fatalf("read the holders of %s/%d: %v", topic, partition, err)
+	}
+	return pids
 }

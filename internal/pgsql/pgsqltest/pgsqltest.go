@@ -82,6 +82,7 @@ func cases() []testCase {
 		// positions held back only by their topic's publishers (0008)
 		{"UnrelatedWriterHoldsNothing", testUnrelatedWriterHoldsNothing},
 		{"OpenPublisherHoldsOnlyItsTopic", testOpenPublisherHoldsOnlyItsTopic},
+		{"OpenPublishersListed", testOpenPublishersListed},
 		{"PublisherBetweenReadingVAndLocks", testPublisherBetweenReadingVAndLocks},
 		{"PositionTakenBeforeRegistration", testPositionTakenBeforeRegistration},
 		{"PublisherBetweenLocksAndPosition", testPublisherBetweenLocksAndPosition},
