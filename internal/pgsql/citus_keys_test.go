@@ -10,8 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pglease/watermill-pglease/internal/pgtest"
 )
 
 // TestCitusKeyedInsertTouchesItsWorkers: a keyed insert of one topic
@@ -132,5 +135,89 @@ func TestCitusKeyedInsertTouchesItsWorkers(t *testing.T) {
 	slices.Sort(both)
 	if got := touched(func() ([]int, error) { return d.InsertKeyed(ctx, conn, params(topics...)) }, nil); !slices.Equal(got, both) {
 		t.Errorf("a keyed insert into %v: commands to %v; want %v", topics, got, both)
+	}
+}
+
+// BenchmarkCitusKeyedInsert measures a keyed publish on the Citus
+// cluster of `make test-citus`, on one connection (a pool of one),
+// batches of 1 and of 100 messages of one topic with new keys (each
+// message's UUID), in alternating rounds; it reports each shape's msgs/s
+// and its rate as a percentage of the insert without keys (plain). The
+// shapes: plain, the insert without keys (insertMessagesStmt); one_stmt,
+// the one-statement keyed insert (insertKeyed, tolerant: what the Citus
+// driver ran before, opening a transaction on every worker); keyed,
+// what it runs now (citusInsertKeyed: a pool's call, the strict batch).
+//
+//	go run ./internal/cmd/localcitus -- go test -run '^$' -bench CitusKeyedInsert -benchtime 1x ./internal/pgsql
+//
+// b.N is ignored.
+func BenchmarkCitusKeyedInsert(b *testing.B) {
+	if os.Getenv("PGLEASE_TEST_CITUS") == "" {
+		b.Skip("needs a Citus cluster: run `make test-citus`")
+	}
+	for _, perBatch := range []int{1, 100} {
+		b.Run(fmt.Sprint("batch", perBatch), func(b *testing.B) {
+			const rounds = 6
+			batches := 2000 / perBatch
+			if batches > 100 {
+				batches = 100
+			}
+			ctx := context.Background()
+			_, tables := citusTables(b)
+			pool := pgtest.NewPool(b, os.Getenv("PGLEASE_TEST_DSN"), 1)
+			d := NewCitus(tables).(citus)
+			shapes := []struct {
+				name string
+				do   func(p InsertMessagesParams) error
+			}{
+				{"plain", func(p InsertMessagesParams) error { p.Keys = nil; return d.InsertMessages(ctx, pool, p) }},
+				{"one_stmt", func(p InsertMessagesParams) error {
+					_, err := skipped(ctx, pool, d.t.insertKeyed(p, false, noRegistration))
+					return err
+				}},
+				{"keyed", func(p InsertMessagesParams) error { _, err := d.InsertKeyed(ctx, pool, p); return err }},
+			}
+			params := func() InsertMessagesParams {
+				p := InsertMessagesParams{NotifyChannel: tables.NotifyChannel}
+				for range perBatch {
+					id := uuid.NewString()
+					p.Topics = append(p.Topics, "bench")
+					p.UUIDs = append(p.UUIDs, id)
+					p.Payloads = append(p.Payloads, []byte(`{"bench":"pglease","pad":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}`))
+					p.Metadata = append(p.Metadata, "")
+					p.Keys = append(p.Keys, id)
+				}
+				return p
+			}
+			batchesOf := func(do func(InsertMessagesParams) error, n int) {
+				for range n {
+					if err := do(params()); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			for _, s := range shapes {
+				batchesOf(s.do, batches/4)
+			}
+			spent := make([]time.Duration, len(shapes))
+			b.ResetTimer()
+			for r := range rounds {
+				for i := range shapes {
+					i = (i + r) % len(shapes) // each round starts with another shape
+					start := time.Now()
+					batchesOf(shapes[i].do, batches)
+					spent[i] += time.Since(start)
+				}
+			}
+			b.StopTimer()
+			for i, s := range shapes {
+				rate := float64(rounds*batches*perBatch) / spent[i].Seconds()
+				b.ReportMetric(rate, s.name+"_msgs/s")
+				if i > 0 {
+					plain := float64(rounds*batches*perBatch) / spent[0].Seconds()
+					b.ReportMetric(100*rate/plain, s.name+"_%_of_plain")
+				}
+			}
+		})
 	}
 }
