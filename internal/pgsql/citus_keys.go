@@ -137,12 +137,13 @@ func (d citus) citusInsertKeyedOwn(ctx context.Context, conn *pgx.Conn, p Insert
 	if err == nil {
 		return dup, nil
 	}
-	if conn.PgConn().TxStatus() != 'I' {
-		if _, rerr := conn.Exec(ctx, "ROLLBACK"); rerr != nil {
-			return nil, rerr
-		}
-	}
 	if !isUniqueViolation(err) {
+		if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
+			_, _ = conn.Exec(ctx, "ROLLBACK") // a connection that fails here is closed
+		}
+		return nil, err
+	}
+	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
 		return nil, err
 	}
 	var out []int

@@ -6,6 +6,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -219,5 +220,34 @@ func BenchmarkCitusKeyedInsert(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+func TestRepeatedKeysAndLeftIn(t *testing.T) {
+	const k1, k2 = "11111111-2222-3333-4444-555555555555", "66666666-2222-3333-4444-555555555555"
+	p := InsertMessagesParams{
+		Topics:          []string{"a", "a", "b", "a", "a", "a"},
+		UUIDs:           []string{"u0", "u1", "u2", "u3", "u4", "u5"},
+		Payloads:        [][]byte{{0}, {1}, {2}, {3}, {4}, {5}},
+		Metadata:        []string{"m0", "m1", "m2", "m3", "m4", "m5"},
+		PartitionHashes: []uint32{0, 1, 2, 3, 4, 5},
+		// The same key in two topics; the same UUID in another spelling;
+		// no key; another key.
+		Keys:          []string{k1, "", k1, "{" + strings.ToUpper(k1) + "}", k2, ""},
+		NotifyChannel: "ch",
+	}
+	dup := repeatedKeys(p)
+	if !slices.Equal(dup, []int{3}) {
+		t.Fatalf("repeatedKeys = %v; want [3]", dup)
+	}
+	rest, ok := leftIn(p, []int{0, 3, 5})
+	if !ok || !slices.Equal(rest.UUIDs, []string{"u1", "u2", "u4"}) || !slices.Equal(rest.Topics, []string{"a", "b", "a"}) ||
+		!slices.Equal(rest.Metadata, []string{"m1", "m2", "m4"}) || !slices.Equal(rest.PartitionHashes, []uint32{1, 2, 4}) ||
+		len(rest.Payloads) != 3 || rest.Payloads[2][0] != 4 || rest.Keys != nil || rest.NotifyChannel != "ch" {
+		t.Fatalf("leftIn = %+v, %t", rest, ok)
+	}
+	p.PartitionHashes = nil
+	if rest, ok := leftIn(p, []int{0, 1, 2, 3, 4, 5}); ok || rest.PartitionHashes != nil || len(rest.UUIDs) != 0 {
+		t.Fatalf("leftIn of every message = %+v, %t", rest, ok)
 	}
 }
