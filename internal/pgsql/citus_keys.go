@@ -116,11 +116,12 @@ func (d citus) citusInsertKeyedIn(ctx context.Context, q Querier, p InsertMessag
 
 // citusInsertKeyedOwn runs citusInsertKeyed in a transaction of its own
 // on conn, outside a transaction block: BEGIN, the strict keys' insert,
-// the insert of the messages that are not a repeated key of p (firstKeys)
-// and COMMIT, in one batch, one round trip. A key stored already fails
-// the strict insert (unique_violation), which rolls the transaction back
-// (nothing was written); the transaction runs again, tolerant, in two
-// round trips (the messages' insert needs the keys' result).
+// the insert of the messages that do not repeat a key of p
+// (repeatedKeys) and COMMIT, in one batch, one round trip. A key stored
+// already fails the strict insert (unique_violation), which rolls the
+// transaction back (nothing was written); the transaction runs again,
+// tolerant, a statement at a time (BEGIN, the keys, the messages, COMMIT:
+// the messages' insert needs the keys' result), as only a retry does.
 func (d citus) citusInsertKeyedOwn(ctx context.Context, conn *pgx.Conn, p InsertMessagesParams) ([]int, error) {
 	dup := repeatedKeys(p)
 	b := &pgx.Batch{}
