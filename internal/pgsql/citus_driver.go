@@ -365,10 +365,11 @@ func citusPlacement(tp, l string) string {
 }
 
 // InsertMessages implements Driver with insertMessagesStmt, or, when a
-// message has an idempotency key, with the keyed statement, which is the
-// same on both drivers (see insertKeyed). The keys table is
-// distributed by topic, co-located with the messages table (migration
-// 15), so that a topic's keys live on its messages' worker.
+// message has an idempotency key, with the keys' statement and then
+// insertMessagesStmt, in one transaction (citusInsertKeyed). The keys
+// table is distributed by topic, co-located with the messages table
+// (migration 15), so that a topic's keys live on its messages' worker,
+// and a keyed Publish to one topic writes on that worker only.
 func (d citus) InsertMessages(ctx context.Context, q Querier, p InsertMessagesParams) error {
 	_, err := d.InsertKeyed(ctx, q, p)
 	return err
@@ -377,14 +378,15 @@ func (d citus) InsertMessages(ctx context.Context, q Querier, p InsertMessagesPa
 // InsertKeyed implements Driver (see InsertMessages).
 func (d citus) InsertKeyed(ctx context.Context, q Querier, p InsertMessagesParams) ([]int, error) {
 	if keyed(p) {
-		return skipped(ctx, q, d.t.insertKeyed(p, false, noRegistration))
+		return d.citusInsertKeyed(ctx, q, p)
 	}
 	_, err := exec(ctx, q, d.insertMessagesStmt(p))
 	return nil, err
 }
 
 // InsertDelayed implements Driver: the delayed table is a reference
-// table; with keys, the keyed statement of both drivers.
+// table, written on every node; with keys, the keyed statement of both
+// drivers, which writes the keys on their topics' workers besides.
 func (d citus) InsertDelayed(ctx context.Context, q Querier, p InsertMessagesParams) error {
 	_, err := d.InsertDelayedKeyed(ctx, q, p)
 	return err

@@ -26,7 +26,7 @@ func TestNotifyAsText(t *testing.T) {
 // citusTables returns a pool on the coordinator of the Citus cluster of
 // `make test-citus` and tables in a schema of the test's own, migrated and
 // distributed; without PGLEASE_TEST_CITUS the test is skipped.
-func citusTables(t *testing.T) (*pgxpool.Pool, *Tables) {
+func citusTables(t testing.TB) (*pgxpool.Pool, *Tables) {
 	t.Helper()
 	if os.Getenv("PGLEASE_TEST_CITUS") == "" {
 		t.Skip("needs a Citus cluster: run `make test-citus`")

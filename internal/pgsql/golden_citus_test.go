@@ -94,5 +94,8 @@ func dumpCitusStatements(t *Tables) string {
 	s("citusDetachRetentionPartition", a.citusDetachRetentionPartition(rp))
 	s("DistributeScript", t.DistributeScript())
 	dumpKeyedStatements(&b, a.t, false)
+	keyed := InsertMessagesParams{Topics: []string{"t", "u"}, UUIDs: []string{"u1", "u2"}, Keys: []string{"11111111-2222-3333-4444-555555555555", ""}}
+	q("citusKeys", a.citusKeysStmt(keyed, false))
+	q("citusKeys strict", a.citusKeysStmt(keyed, true))
 	return b.String()
 }

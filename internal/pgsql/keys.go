@@ -166,33 +166,63 @@ func keysOf(p InsertMessagesParams) []string {
 // statement (unique_violation) instead of being left out (see
 // strictFirst).
 func (t *Tables) keysWritten(strict bool) string {
+	return t.keysWrittenFrom(strict, `SELECT f.topic, f.key, f.n, `+keyClassColumns("kt.c", "kl")+`
+	FROM f LEFT JOIN (SELECT tp.topic, `+keyClassOf("tp")+` AS c FROM `+t.Topics+` tp
+		WHERE `+keyWindowOf("tp")+` > interval '1 day') kt ON kt.topic = f.topic
+	LEFT JOIN `+t.Retention+` kl ON kl.retention_class = kt.c`)
+}
+
+// keyClassColumns are the columns class and by_day of the common table
+// expression c of keysWritten, from c, the key class of the topic's key
+// window when it is longer than a day (NULL otherwise), and the retention
+// row kl of that class (NULL without one).
+func keyClassColumns(c, kl string) string {
+	return `CASE WHEN ` + kl + `.keys_since IS NOT NULL THEN LEAST(` + c + `, ` + strconv.Itoa(KeyClassMax) + `) ELSE 0 END AS class,
+		` + kl + `.keys_since > pg_catalog.now() - interval '2 days' IS TRUE AS by_day`
+}
+
+// keysWrittenFrom is keysWritten with c's query given: the columns topic,
+// key and n of f's rows, with their class and by_day (keyClassColumns).
+func (t *Tables) keysWrittenFrom(strict bool, classes string) string {
+	return `s AS (` + keysClock + `),
+f AS (SELECT DISTINCT ON (m.topic, m.key) m.topic, m.key, m.n FROM m WHERE m.key IS NOT NULL ORDER BY m.topic, m.key, m.n),
+c AS (` + classes + `),
+k AS (` + t.keysInsert(strict, "c", "s") + `),
+fresh AS (` + keysFresh + `)`
+}
+
+// keysClock is the query of the clock of the keys' slots: one row, at,
+// the seconds of the transaction's start (pg_catalog.now()).
+const keysClock = `SELECT extract(epoch FROM pg_catalog.now()) AS at`
+
+// keysInsert is the insert of keysWritten's rows (k), reading the rows of
+// c from the FROM item c and the clock from the FROM item s (names of
+// common table expressions, or sub-queries with those aliases); it
+// returns the topic and key of each row written.
+func (t *Tables) keysInsert(strict bool, c, s string) string {
 	conflict := `
 	ON CONFLICT DO NOTHING`
 	if strict {
 		conflict = ""
 	}
-	return `s AS (SELECT extract(epoch FROM pg_catalog.now()) AS at),
-f AS (SELECT DISTINCT ON (m.topic, m.key) m.topic, m.key, m.n FROM m WHERE m.key IS NOT NULL ORDER BY m.topic, m.key, m.n),
-c AS (SELECT f.topic, f.key, f.n, CASE WHEN kl.keys_since IS NOT NULL THEN LEAST(kt.c, ` + strconv.Itoa(KeyClassMax) + `) ELSE 0 END AS class,
-		kl.keys_since > pg_catalog.now() - interval '2 days' IS TRUE AS by_day
-	FROM f LEFT JOIN (SELECT tp.topic, ` + keyClassOf("tp") + ` AS c FROM ` + t.Topics + ` tp
-		WHERE ` + keyWindowOf("tp") + ` > interval '1 day') kt ON kt.topic = f.topic
-	LEFT JOIN ` + t.Retention + ` kl ON kl.retention_class = kt.c),
-k AS (
+	return `
 	INSERT INTO ` + t.Keys + ` (topic, key, slot, gen)
 	SELECT w.topic, w.key, w.slot, (` + strconv.Itoa(keysGenerations) + ` * w.class + w.slot % ` + strconv.Itoa(keysGenerations) + `)::smallint
 	FROM (SELECT z.topic, z.key, z.class,
 			pg_catalog.floor(s.at / CASE WHEN z.class = 0 THEN ` + strconv.Itoa(KeySlotSeconds) + `::bigint ELSE 1::bigint << (z.class - 1) END)::bigint - x.back AS slot
 		FROM (SELECT c.topic, c.key, CASE WHEN y.day THEN 0 ELSE c.class END AS class
-			FROM c CROSS JOIN (VALUES (false), (true)) y(day) WHERE NOT y.day OR c.by_day) z
-		CROSS JOIN s CROSS JOIN (VALUES (0), (1)) x(back)) w
+			FROM ` + c + ` CROSS JOIN (VALUES (false), (true)) y(day) WHERE NOT y.day OR c.by_day) z
+		CROSS JOIN ` + s + ` CROSS JOIN (VALUES (0), (1)) x(back)) w
 	ORDER BY w.slot, w.class, w.topic, w.key` + conflict + `
 	RETURNING topic, key
-),
-fresh AS (SELECT c.n FROM c JOIN (SELECT k.topic, k.key, pg_catalog.count(*) AS written FROM k GROUP BY k.topic, k.key) w
-	ON w.topic = c.topic AND w.key = c.key
-	WHERE w.written = CASE WHEN c.by_day THEN 4 ELSE 2 END)`
+`
 }
+
+// keysFresh is the query of keysWritten's fresh: the ordinals n of the
+// rows of c whose key k wrote in every row.
+const keysFresh = `SELECT c.n FROM c JOIN (SELECT k.topic, k.key, pg_catalog.count(*) AS written FROM k GROUP BY k.topic, k.key) w
+	ON w.topic = c.topic AND w.key = c.key
+	WHERE w.written = CASE WHEN c.by_day THEN 4 ELSE 2 END`
 
 // keyWindowOf is the key window of the topics row tp: the longer of its
 // retention and its key_window (schema version 22; NULL when neither is
@@ -224,8 +254,10 @@ const keptOut = `o AS (SELECT m.*, m.key IS NOT NULL AND fresh.n IS NULL AS left
 // TxHandler queues (InsertKeyed) run on Citus too: the retention row is
 // joined to the topics row (placementJoined) rather than read by a
 // correlated sub-select, and pg_notify's result is cast to text (asCitus),
-// both of which Citus needs and a single server does not mind. Strict,
-// see keysWritten; register, see insertKeyedPlaced.
+// both of which Citus needs and a single server does not mind. On Citus
+// it opens a transaction on every worker, whatever the topics (see
+// citusInsertKeyed, what the Citus driver runs instead where it can).
+// Strict, see keysWritten; register, see insertKeyedPlaced.
 func (t *Tables) insertKeyed(p InsertMessagesParams, strict bool, register registering) Stmt {
 	return asCitus(t.insertKeyedPlaced(p, `LEFT JOIN `+t.Retention+` l ON l.retention_class = tp.retention_class
 	CROSS JOIN LATERAL (`+placementJoined("tp", "l")+`) r`, strict, register))
@@ -358,12 +390,18 @@ func (t *Tables) ForgetKeys() Stmt {
 func strictFirst(ctx context.Context, q Querier, stmt func(strict bool) Stmt) ([]int, error) {
 	if ownTransaction(q) {
 		out, err := skipped(ctx, q, stmt(true))
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "23505" { // unique_violation
+		if !isUniqueViolation(err) {
 			return out, err
 		}
 	}
 	return skipped(ctx, q, stmt(false))
+}
+
+// isUniqueViolation reports whether err is PostgreSQL's unique_violation:
+// the strict keys' insert found a key stored already.
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }
 
 // ownTransaction reports whether a statement run on q is a transaction of
