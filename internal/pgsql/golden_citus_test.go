@@ -84,6 +84,9 @@ func dumpCitusStatements(t *Tables) string {
 	q("citusInspectTopicsPage", a.citusInspectTopicsPage([]string{"a", "b"}, []time.Time{at, at}, false, "a", 10))
 	s("citusWorkerHorizon", a.citusWorkerHorizon())
 	q("citusBoundHolder", a.citusBoundHolderStmt("t", 2))
+	vp := VisibleTopicsParams{Topics: []string{"a", "b", "c"}, Positions: []Position{{1, 2}, {3, 4}, {5, 6}}}
+	q("citusVisible", a.citusVisibleStmt(vp, []int32{0, 1, 2}, []int{2, 0}))
+	s("citusVisibleProbe", a.citusVisibleProbe())
 	q("citusDeleteIdleGroups", a.citusDeleteIdleGroups(time.Hour))
 	q("citusRetainedTopics", a.citusRetainedTopics())
 	q("citusDeleteExpiredKept", a.citusDeleteExpiredKept("t", 500))
