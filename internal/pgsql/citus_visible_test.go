@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/watermill-pglease/internal/pgtest"
 )
 
 // countingQuerier is a pool that counts the statements sent through it,
@@ -168,6 +170,36 @@ func TestCitusIdlePollAsksEachWorkerOnce(t *testing.T) {
 	perRow.pollPerWorker = false
 	if got, stmts := poll(perRow, p); !slices.Equal(got, want) || stmts != topics {
 		t.Errorf("VisibleTopics per row = %v in %d statements; want %v in %d", got, stmts, want, topics)
+	}
+
+	// The application role (GrantScript's grants, owning nothing) polls
+	// the same: the function reads Citus's catalogs and the shards there.
+	role := "pglease_idle_" + pgtest.RandomHex(4)
+	if _, err := pool.Exec(ctx, `CREATE ROLE `+pgx.Identifier{role}.Sanitize()+` LOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP OWNED BY `+pgx.Identifier{role}.Sanitize()+` CASCADE`)
+		_, _ = pool.Exec(context.Background(), `DROP ROLE IF EXISTS `+pgx.Identifier{role}.Sanitize())
+	})
+	if _, err := pool.Exec(ctx, tables.GrantScript(role)); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(os.Getenv("PGLEASE_TEST_DSN"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, ""
+	app, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	if got, err := d.VisibleTopics(ctx, app, p); err != nil || !slices.Equal(got, want) {
+		t.Errorf("VisibleTopics per worker as the application role = %v, %v; want %v", got, err, want)
+	}
+	if _, _, err := d.citusVisibleByWorker(ctx, app, p, p.Partitions, []int{0, 1}); err != nil {
+		t.Errorf("the workers' function as the application role: %v", err)
 	}
 
 	// A worker without the function (added after `pglease migrate
