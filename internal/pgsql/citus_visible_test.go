@@ -109,12 +109,12 @@ func TestCitusIdlePollAsksEachWorkerOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		switch {
-		case i%3 == 2:
+		switch i % 3 {
+		case 2:
 			if len(res.Messages) != 0 {
 				t.Fatalf("topic %s: %d messages, want none", topic, len(res.Messages))
 			}
-		case i%3 == 1: // the position of the last message: nothing after it
+		case 1: // the position of the last message: nothing after it
 			p.Positions[i] = res.Messages[len(res.Messages)-1].Position
 		default: // the position of the first: the second is after it
 			p.Positions[i] = res.Messages[0].Position
