@@ -116,7 +116,8 @@ BEGIN
 	PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', 'off', true);` +
 		onCoordinator(t.WorkerBoundFunction(), `(topic text, partitions integer[], OUT bounds bigint[])`, ``) +
 		onCoordinator(t.WorkerCounterFunction(), `()`, ` RETURNS bigint`) +
-		onCoordinator(t.WorkerHolderFunction(), workerHolderSignature, ``) + `
+		onCoordinator(t.WorkerHolderFunction(), workerHolderSignature, ``) +
+		onCoordinator(t.WorkerVisibleFunction(), workerVisibleSignature, ``) + `
 	PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', 'on', true);
 	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg
 		WHERE tg.tgrelid = ` + lit(t.Messages) + `::regclass AND tg.tgfoid = pg_catalog.to_regprocedure(` + lit(fn+"()") + `)) THEN
@@ -182,8 +183,9 @@ END`)
 // transaction counter and called (so that its last value was handed
 // out), and the functions a statement routed to a topic's shard calls:
 // the bound ([Tables.WorkerBoundFunction]), the counter
-// ([Tables.WorkerCounterFunction]) and the holder of a topic
-// ([Tables.WorkerHolderFunction]). It is a format string (%L: the
+// ([Tables.WorkerCounterFunction]), the holder of a topic
+// ([Tables.WorkerHolderFunction]) and the idle poll of the worker's
+// topics ([Tables.WorkerVisibleFunction]). It is a format string (%L: the
 // messages table's schema, every other percent sign doubled), formatted
 // and run on every worker by [Tables.DistributeScript] and on the target
 // of a shard move by [PrepareShardMoveScript]. It may run again: the
@@ -241,6 +243,10 @@ END`)) + `;
 	FROM pg_catalog.pg_dist_node n WHERE n.groupid = (SELECT g.groupid FROM pg_catalog.pg_dist_local_group g) LIMIT 1)
 FROM (`+boundHolderSQL(`pg_catalog.to_regclass(pg_catalog.shard_name(pg_catalog.to_regclass(`+lit(t.Messages)+`),
 		pg_catalog.get_shard_id_for_distribution_column(pg_catalog.to_regclass(`+lit(t.Messages)+`), $1)))::oid`, `$1`, `$2`)+`) h`)) + `;
+	EXECUTE ` + lit(`CREATE OR REPLACE FUNCTION `+t.WorkerVisibleFunction()+workerVisibleSignature+`
+	LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog AS `+dollarQuote(t.render("citus_worker_visible.plpgsql"))) + `;
+	EXECUTE 'ALTER FUNCTION ' || ` + lit(t.WorkerVisibleFunction()) + ` || '` + workerVisibleArgs + ` SET search_path = pg_catalog, '
+		|| pg_catalog.quote_ident(nsp) || ', pg_temp';
 END`)
 	return strings.ReplaceAll(strings.ReplaceAll(script, "%", "%%"), schema, "%L")
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The consumer's statements where the tables are distributed by Citus.
@@ -32,8 +33,11 @@ import (
 //     worker), delete the expired owners' sessions (on every node), then
 //     move each free row to the session by a compare-and-swap on
 //     (session_id, epoch), as the single-node claim does;
-//   - the idle poll probes each (topic, partition) with a SELECT of its
-//     own, routed to its worker, all in one pipelined batch;
+//   - the idle poll asks each worker once about all the (topic,
+//     partition) rows whose shards it holds: a SELECT routed whole to
+//     the worker of one of them calls the workers' function
+//     (WorkerVisibleFunction), which probes each shard of the worker
+//     by a statement of its own there, with the worker's counter;
 //   - notifications are sent by statements that run on the coordinator,
 //     where the Subscribers listen: a pg_notify in a statement routed to a
 //     worker would notify that worker's listeners only.
@@ -324,43 +328,205 @@ WHERE o.consumer_group = $1 AND o.topic = $2 AND o.partition = ANY ($3::integer[
 	})
 }
 
-// VisibleTopics is [Driver.VisibleTopics] on Citus: a SELECT per row,
-// routed to its topic's worker, the snapshot the worker's; sent as one
-// pipelined batch when q can.
+// VisibleTopics is [Driver.VisibleTopics] on Citus: a statement per
+// worker that holds some of the rows, each routed to the worker whole,
+// where the workers' function (WorkerVisibleFunction) probes the rows of
+// its shards with the worker's counter and snapshots (see
+// citusVisibleByWorker); the rows no worker answered for (the function
+// missing on a worker, or shards that kept moving while the poll asked),
+// and every row where the tables were distributed by an earlier release,
+// by a SELECT per row (citusVisibleByRow). The indexes are returned in
+// ascending order.
 func (d citus) VisibleTopics(ctx context.Context, q Querier, p VisibleTopicsParams) ([]int64, error) {
-	t := d.t
 	partitions := partitionsOf(p.Topics, p.Partitions)
-	const probe = `SELECT EXISTS (SELECT 1 FROM %s m
-	WHERE m.topic = $1 AND m.partition = $2 AND %s
-		AND (m.transaction_id, m."offset") > ($3::text::xid8, $4::bigint)
-		AND m.transaction_id < %s)`
-	sql := fmt.Sprintf(probe, t.Messages, t.classesOf("$1"), d.workerCounter())
+	rows := make([]int, len(p.Topics))
+	for i := range rows {
+		rows[i] = i
+	}
 	var out []int64
-	if b, ok := q.(batcher); ok {
+	if d.pollPerWorker && len(rows) > 0 {
+		visible, left, err := d.citusVisibleByWorker(ctx, q, p, partitions, rows)
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == "42883": // undefined_function
+			// A worker added since `pglease migrate --citus` ran has
+			// none of the workers' functions: its rows, and every other
+			// row this poll, probed one by one (the reads of its topics
+			// fail on it anyway).
+		case err != nil:
+			return nil, err
+		default:
+			out, rows = visible, left
+		}
+	}
+	if len(rows) > 0 {
+		visible, err := d.citusVisibleByRow(ctx, q, p, partitions, rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, visible...)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// citusVisibleRounds bounds the rounds of citusVisibleByWorker: the
+// first asks one worker, the second the workers that the first named;
+// more only while shards move.
+const citusVisibleRounds = 3
+
+// citusVisibleStmt is the statement that asks the worker holding the
+// shard of rows' first topic about rows: the workers' function, called
+// by a SELECT that Citus routes to that topic's worker whole, as the
+// bound's statement is, its columns taken apart there.
+func (d citus) citusVisibleStmt(p VisibleTopicsParams, partitions []int32, rows []int) Stmt {
+	topics := make([]string, len(rows))
+	parts := make([]int32, len(rows))
+	txIDs := make([]string, len(rows))
+	offsets := make([]int64, len(rows))
+	for j, i := range rows {
+		topics[j], parts[j] = p.Topics[i], partitions[i]
+		txIDs[j], offsets[j] = formatXID8(p.Positions[i].TransactionID), p.Positions[i].Offset
+	}
+	return Stmt{SQL: `SELECT (v.r).visible, (v.r).away, (v.r).away_groups
+FROM (SELECT ` + d.t.WorkerVisibleFunction() + `($2::text[], $3::integer[], $4::text[], $5::bigint[]) AS r, pg_catalog.count(*)
+	FROM ` + d.t.Offsets + ` o WHERE o.topic = $1 AND o.consumer_group = '') v`,
+		Args: []any{topics[0], topics, parts, txIDs, offsets}}
+}
+
+// citusVisibleByWorker runs the idle poll of rows (indexes into p) a
+// worker at a time: first one statement routed to the worker of the
+// first row's topic, which answers for every row whose shard it holds
+// and names the node of each other row; then one statement per node
+// named (sent as one pipelined batch when q can), and so on for at most
+// citusVisibleRounds rounds. A poll costs a statement per worker that
+// holds some of the rows, whatever their number. It returns the
+// (1-based) indexes of the visible rows and the rows left unanswered.
+func (d citus) citusVisibleByWorker(ctx context.Context, q Querier, p VisibleTopicsParams, partitions []int32,
+	rows []int) (visible []int64, left []int, err error) {
+	asks := [][]int{rows}
+	for round := 0; round < citusVisibleRounds && len(asks) > 0; round++ {
+		stmts := make([]Stmt, len(asks))
+		for k, ask := range asks {
+			stmts[k] = d.citusVisibleStmt(p, partitions, ask)
+		}
+		replies, err := queryEach(ctx, q, stmts, func(row pgx.Row) (citusVisibleReply, error) {
+			var r citusVisibleReply
+			err := row.Scan(&r.visible, &r.away, &r.awayGroups)
+			return r, err
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		byGroup := map[int32][]int{}
+		var groups []int32
+		for k, r := range replies {
+			ask := asks[k]
+			if len(r.away) != len(r.awayGroups) {
+				return nil, nil, fmt.Errorf("pgsql: the idle poll of a worker named %d nodes for %d rows elsewhere", len(r.awayGroups), len(r.away))
+			}
+			for _, n := range r.visible {
+				if n < 1 || int(n) > len(ask) {
+					return nil, nil, fmt.Errorf("pgsql: the idle poll of a worker answered row %d of %d", n, len(ask))
+				}
+				visible = append(visible, int64(ask[n-1]+1))
+			}
+			for j, n := range r.away {
+				if n < 1 || int(n) > len(ask) {
+					return nil, nil, fmt.Errorf("pgsql: the idle poll of a worker answered row %d of %d", n, len(ask))
+				}
+				g := r.awayGroups[j]
+				if g < 0 {
+					// No placement known: probed by its own statement.
+					left = append(left, ask[n-1])
+					continue
+				}
+				if _, ok := byGroup[g]; !ok {
+					groups = append(groups, g)
+				}
+				byGroup[g] = append(byGroup[g], ask[n-1])
+			}
+		}
+		asks = asks[:0]
+		for _, g := range groups {
+			asks = append(asks, byGroup[g])
+		}
+	}
+	for _, ask := range asks {
+		left = append(left, ask...)
+	}
+	return visible, left, nil
+}
+
+// citusVisibleReply is a worker's answer to citusVisibleStmt: the
+// visible rows among those it was asked about, the rows whose shards
+// lie elsewhere (1-based) and the group of the node of each.
+type citusVisibleReply struct {
+	visible, away []int32
+	awayGroups    []int32
+}
+
+// queryEach runs stmts, each returning one row, as one pipelined batch
+// when q can send one, else one after the other, and scans each row.
+func queryEach[T any](ctx context.Context, q Querier, stmts []Stmt, scan func(pgx.Row) (T, error)) ([]T, error) {
+	out := make([]T, 0, len(stmts))
+	if b, ok := q.(batcher); ok && len(stmts) > 1 {
 		batch := &pgx.Batch{}
-		for i, tp := range p.Topics {
-			batch.Queue(sql, tp, partitions[i], formatXID8(p.Positions[i].TransactionID), p.Positions[i].Offset)
+		for _, s := range stmts {
+			batch.Queue(s.SQL, s.Args...)
 		}
 		res := b.SendBatch(ctx, batch)
-		for i := range p.Topics {
-			var visible bool
-			if err := res.QueryRow().Scan(&visible); err != nil {
+		for range stmts {
+			v, err := scan(res.QueryRow())
+			if err != nil {
 				_ = res.Close()
 				return nil, err
 			}
-			if visible {
-				out = append(out, int64(i+1))
-			}
+			out = append(out, v)
 		}
 		return out, res.Close()
 	}
-	for i, tp := range p.Topics {
-		var visible bool
-		if err := q.QueryRow(ctx, sql, tp, partitions[i], formatXID8(p.Positions[i].TransactionID), p.Positions[i].Offset).Scan(&visible); err != nil {
+	for _, s := range stmts {
+		v, err := scan(q.QueryRow(ctx, s.SQL, s.Args...))
+		if err != nil {
 			return nil, err
 		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// citusVisibleProbe is the statement of citusVisibleByRow: one row,
+// routed to its topic's worker whole, the snapshot and the counter the
+// worker's.
+func (d citus) citusVisibleProbe() string {
+	return `SELECT EXISTS (SELECT 1 FROM ` + d.t.Messages + ` m
+	WHERE m.topic = $1 AND m.partition = $2 AND ` + d.t.classesOf("$1") + `
+		AND (m.transaction_id, m."offset") > ($3::text::xid8, $4::bigint)
+		AND m.transaction_id < ` + d.workerCounter() + `)`
+}
+
+// citusVisibleByRow runs the idle poll of rows (indexes into p) a
+// SELECT per row (citusVisibleProbe), sent as one pipelined batch when
+// q can, and returns the (1-based) indexes of the visible rows.
+func (d citus) citusVisibleByRow(ctx context.Context, q Querier, p VisibleTopicsParams, partitions []int32, rows []int) ([]int64, error) {
+	sql := d.citusVisibleProbe()
+	stmts := make([]Stmt, len(rows))
+	for j, i := range rows {
+		stmts[j] = Stmt{SQL: sql, Args: []any{p.Topics[i], partitions[i], formatXID8(p.Positions[i].TransactionID), p.Positions[i].Offset}}
+	}
+	found, err := queryEach(ctx, q, stmts, func(row pgx.Row) (bool, error) {
+		var visible bool
+		err := row.Scan(&visible)
+		return visible, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out []int64
+	for j, visible := range found {
 		if visible {
-			out = append(out, int64(i+1))
+			out = append(out, int64(rows[j]+1))
 		}
 	}
 	return out, nil

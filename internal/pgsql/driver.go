@@ -184,6 +184,13 @@ type singleNode struct {
 type citus struct {
 	t   *Tables
 	one singleNode
+	// pollPerWorker: the idle poll asks each worker once for all its
+	// rows (the workers' WorkerVisibleFunction), rather than with a
+	// statement per row. From the catalog, when the Driver is opened: the
+	// function is missing where the tables were distributed by an earlier
+	// release, until `pglease migrate --citus` runs again; a Driver
+	// opened before keeps polling per row until its process restarts.
+	pollPerWorker bool
 }
 
 // NewSingleNode returns the Driver of t on a single PostgreSQL server,
@@ -192,7 +199,7 @@ func NewSingleNode(t *Tables) Driver { return singleNode{t: t, register: registe
 
 // NewCitus returns the Driver of t distributed over a Citus cluster,
 // without reading the catalog.
-func NewCitus(t *Tables) Driver { return citus{t: t, one: singleNode{t: t}} }
+func NewCitus(t *Tables) Driver { return citus{t: t, one: singleNode{t: t}, pollPerWorker: true} }
 
 // Tables implements Driver.
 func (d singleNode) Tables() *Tables { return d.t }
@@ -209,12 +216,14 @@ func OpenDriver(ctx context.Context, q Querier, t *Tables) (Driver, error) {
 // openDriver is OpenDriver, and reports whether the messages table
 // exists (the answer holds for good only then).
 func openDriver(ctx context.Context, q Querier, t *Tables) (d Driver, found bool, err error) {
-	var distributed, register, nextPosition bool
+	var distributed, register, nextPosition, visible bool
 	err = q.QueryRow(ctx, `SELECT pg_catalog.to_regclass($1::text) IS NOT NULL,
 	pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL
 	AND EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus'),
-	pg_catalog.to_regprocedure($2::text) IS NOT NULL, pg_catalog.to_regprocedure($3::text) IS NOT NULL`,
-		t.Messages, t.RegisterFunction()+"(text, integer[])", t.NextPositionFunction()+"(boolean)").Scan(&found, &distributed, &register, &nextPosition)
+	pg_catalog.to_regprocedure($2::text) IS NOT NULL, pg_catalog.to_regprocedure($3::text) IS NOT NULL,
+	pg_catalog.to_regprocedure($4::text) IS NOT NULL`,
+		t.Messages, t.RegisterFunction()+"(text, integer[])", t.NextPositionFunction()+"(boolean)",
+		t.WorkerVisibleFunction()+workerVisibleArgs).Scan(&found, &distributed, &register, &nextPosition, &visible)
 	if err != nil {
 		return nil, false, err
 	}
@@ -226,7 +235,9 @@ func openDriver(ctx context.Context, q Querier, t *Tables) (d Driver, found bool
 		}
 	}
 	if distributed {
-		return NewCitus(t), found, nil
+		// The workers' idle poll function exists on the coordinator too
+		// (where it refuses to run), created by the same script.
+		return citus{t: t, one: singleNode{t: t}, pollPerWorker: visible}, found, nil
 	}
 	n := singleNode{t: t}
 	switch {

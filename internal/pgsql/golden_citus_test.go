@@ -88,6 +88,9 @@ func dumpCitusStatements(t *Tables) string {
 	s("citusWorkerPublishers", a.citusWorkerPublishers())
 	q("citusKeyNames", a.citusKeyNamesStmt([]int64{1, 4294967295}))
 	q("citusClients", a.citusClientsStmt([]int64{10000000123}))
+	vp := VisibleTopicsParams{Topics: []string{"a", "b", "c"}, Positions: []Position{{1, 2}, {3, 4}, {5, 6}}}
+	q("citusVisible", a.citusVisibleStmt(vp, []int32{0, 1, 2}, []int{2, 0}))
+	s("citusVisibleProbe", a.citusVisibleProbe())
 	q("citusDeleteIdleGroups", a.citusDeleteIdleGroups(time.Hour))
 	q("citusRetainedTopics", a.citusRetainedTopics())
 	q("citusDeleteExpiredKept", a.citusDeleteExpiredKept("t", 500))

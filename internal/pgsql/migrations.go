@@ -319,6 +319,7 @@ func (t *Tables) placeholders() map[string]string {
 		"position_seq_ident":         pgx.Identifier{t.partitionName("positions")}.Sanitize(),
 		"position_seq_ident_literal": quoteLiteral(pgx.Identifier{t.partitionName("positions")}.Sanitize()),
 		"messages_ident_literal":     quoteLiteral(pgx.Identifier{msgs}.Sanitize()),
+		"topics_ident_literal":       quoteLiteral(pgx.Identifier{topics}.Sanitize()),
 		"take_position_fn":           t.partition("take_position"),
 		"take_position_fn_literal":   quoteLiteral(t.partition("take_position")),
 		"position_bound_fn":          t.PositionBoundFunction(),

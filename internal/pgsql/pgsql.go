@@ -217,6 +217,20 @@ func (t *Tables) WorkerCounterFunction() string { return t.partition("worker_nex
 // [Driver.BoundHolder]).
 func (t *Tables) WorkerHolderFunction() string { return t.partition("worker_holder") }
 
+// WorkerVisibleFunction is the quoted, schema-qualified name of the
+// function, on each Citus worker, that runs the idle poll of many
+// (topic, partition) rows there at once ([Tables.WorkerScript],
+// [Driver.VisibleTopics]).
+func (t *Tables) WorkerVisibleFunction() string { return t.partition("worker_visible") }
+
+// workerVisibleSignature is the signature of WorkerVisibleFunction.
+const workerVisibleSignature = `(topics text[], partitions integer[], positions text[], offsets bigint[],
+	OUT visible integer[], OUT away integer[], OUT away_groups integer[])`
+
+// workerVisibleArgs are the argument types of WorkerVisibleFunction, as
+// to_regprocedure takes them.
+const workerVisibleArgs = `(text[], integer[], text[], bigint[])`
+
 // workerHolderSignature is the signature of WorkerHolderFunction: the
 // columns of the single node's BoundHolder, and the worker's node.
 const workerHolderSignature = `(topic text, part integer, OUT v text, OUT pid integer, OUT gid text, OUT application_name text,

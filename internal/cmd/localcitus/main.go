@@ -12,7 +12,9 @@
 // the coordinator reaches the workers through it; the command connects
 // through the proxies too. Without a writable CPU controller, -cpu says
 // so and the nodes run without quotas. The groups and proxies are removed
-// when the command ends.
+// when the command ends. -set name=value (repeatable) adds a server
+// setting on every node, e.g. -set
+// shared_preload_libraries=citus,pg_stat_statements.
 //
 // The command gets PGLEASE_TEST_DSN (the coordinator's URL, where
 // applications connect), PGLEASE_TEST_CITUS_WORKERS (the workers' URLs,
@@ -44,8 +46,17 @@ func run() int {
 	nWorkers := fs.Int("workers", 2, "the number of workers, at least 1")
 	cpu := fs.Float64("cpu", 0, "each node's CPU quota in CPUs (0.25: a quarter of a CPU); 0: none")
 	delay := fs.Duration("delay", 0, "the latency each node's proxy adds to each direction (0.5ms); 0: no proxies")
+	settings := map[string]string{}
+	fs.Func("set", "a server setting for every node, name=value (repeatable)", func(v string) error {
+		name, value, ok := strings.Cut(v, "=")
+		if !ok || name == "" {
+			return fmt.Errorf("want name=value, got %q", v)
+		}
+		settings[name] = value
+		return nil
+	})
 	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: localcitus [-workers N] [-cpu Q] [-delay D] -- command [args...]")
+		fmt.Fprintln(os.Stderr, "usage: localcitus [-workers N] [-cpu Q] [-delay D] [-set name=value]... -- command [args...]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(os.Args[1:]); err != nil {
@@ -67,7 +78,7 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	logf := func(format string, a ...any) { fmt.Fprintf(os.Stderr, "localcitus: "+format+"\n", a...) }
-	cluster, err := simcluster.Start(ctx, simcluster.Options{Workers: *nWorkers, CPU: *cpu, Delay: *delay, Logf: logf})
+	cluster, err := simcluster.Start(ctx, simcluster.Options{Workers: *nWorkers, CPU: *cpu, Delay: *delay, Settings: settings, Logf: logf})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "localcitus:", err)
 		return 1
