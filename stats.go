@@ -20,7 +20,10 @@ var HeartbeatBuckets = []time.Duration{
 type SubscriberStats struct {
 	ConsumerGroup string
 	// Claims counts the (topic, partition) rows claimed; Takeovers those
-	// of them taken from an expired session (a crashed or paused owner).
+	// of them taken from another Subscriber's expired session (a crashed
+	// or paused owner). Rows claimed back from the Subscriber's own
+	// earlier session (after a restart, a failover, a shard move or its
+	// session's loss) are claims, not takeovers.
 	Claims    uint64
 	Takeovers uint64
 	// Releases counts rows given back (subscription ended, Close, a

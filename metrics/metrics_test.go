@@ -474,7 +474,7 @@ func TestSubscriberCollector(t *testing.T) {
 # HELP pglease_subscriber_claims_total (topic, partition) rows the Subscriber claimed, takeovers included.
 # TYPE pglease_subscriber_claims_total counter
 pglease_subscriber_claims_total{consumergroup="billing",subscriber="a"} 1
-# HELP pglease_subscriber_takeovers_total Rows the Subscriber claimed from an expired session (a crashed or paused owner).
+# HELP pglease_subscriber_takeovers_total Rows the Subscriber claimed from another Subscriber's expired session (a crashed or paused owner).
 # TYPE pglease_subscriber_takeovers_total counter
 pglease_subscriber_takeovers_total{consumergroup="billing",subscriber="a"} 0
 # HELP pglease_subscriber_releases_total Rows the Subscriber gave back: subscription ended, Close, a rebalance or an offsets reset.

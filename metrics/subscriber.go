@@ -70,7 +70,7 @@ func NewSubscriberCollector(sub *pglease.Subscriber, config SubscriberCollectorC
 		claims: desc("pglease_subscriber_claims_total",
 			"(topic, partition) rows the Subscriber claimed, takeovers included."),
 		takeovers: desc("pglease_subscriber_takeovers_total",
-			"Rows the Subscriber claimed from an expired session (a crashed or paused owner)."),
+			"Rows the Subscriber claimed from another Subscriber's expired session (a crashed or paused owner)."),
 		releases: desc("pglease_subscriber_releases_total",
 			"Rows the Subscriber gave back: subscription ended, Close, a rebalance or an offsets reset."),
 		fencedWrites: desc("pglease_subscriber_fenced_writes_total",
