@@ -70,7 +70,7 @@ CITUS_SRC ?= ../shared/citus
 test-citus:
 	@[ -f "$$(ls -d /usr/lib/postgresql/*/lib 2>/dev/null | sort -V | tail -1)/citus.so" ] || [ -x "$(CITUS_SRC)/install.sh" ] || { echo "test-citus: Citus is not installed and its source is not in $(CITUS_SRC) (expected: install.sh and citus-13.2.2-src.tar.xz; set CITUS_SRC)" >&2; exit 1; }
 	@[ ! -x "$(CITUS_SRC)/install.sh" ] || $(CITUS_SRC)/install.sh
-	PGLEASE_PG_BINDIR= go run ./internal/cmd/localcitus -- go test -race -count=1 -p 1 -run 'Citus' -timeout 10m . ./internal/pgsql ./cmd/pglease ./internal/simcluster
+	PGLEASE_PG_BINDIR= go run ./internal/cmd/localcitus -- go test -race -count=1 -p 1 -run 'Citus' -timeout 15m . ./internal/pgsql ./cmd/pglease ./internal/simcluster
 
 ## bench-citus: pglease on a simulated Citus cluster (each node with a CPU quota, a delaying proxy in front of each): plain PostgreSQL, then 1, 2 and 4 workers; writes benchmarks/citus-scale.md (about 10 minutes; as root, Citus installed as for test-citus)
 bench-citus:

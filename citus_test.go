@@ -119,7 +119,7 @@ func TestCitusCrashAcrossWorkers(t *testing.T) {
 		processed = "test_processed"
 	)
 	pool, adapter := citusSchema(t, 20)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	_, err := pool.Exec(ctx, `CREATE TABLE `+table(adapter, processed)+` (
 	id bigserial PRIMARY KEY, proc text NOT NULL, sub int NOT NULL, pid int NOT NULL, topic text NOT NULL,
@@ -150,7 +150,12 @@ func TestCitusCrashAcrossWorkers(t *testing.T) {
 		require.NoError(t, pool.QueryRow(ctx, `SELECT pg_catalog.count(DISTINCT uuid) FROM `+table(adapter, processed)).Scan(&n))
 		return n
 	}
-	waitFor(t, 2*time.Minute, "half of the messages processed", func() bool { return count() >= nTopics*perTopic/2 })
+	// The deadline is a safety net, not a speed target: with -race, three
+	// processes and the cluster on 2 cores, half took 100-130 s in runs of
+	// 2026-11-29.
+	started := time.Now()
+	waitFor(t, 4*time.Minute, "half of the messages processed", func() bool { return count() >= nTopics*perTopic/2 })
+	t.Logf("half of the messages processed in %s", time.Since(started).Round(time.Millisecond))
 	procs[1].signal(t, syscall.SIGKILL)
 	killedAt := time.Now()
 	waitFor(t, 3*time.Minute, "every message processed", func() bool { return count() == nTopics*perTopic })
