@@ -77,8 +77,14 @@ func (r result) String() string {
 // env (nil: none set).
 func runCLI(t testing.TB, env map[string]string, args ...string) result {
 	t.Helper()
+	return runCLIWithin(t, 30*time.Second, env, args...)
+}
+
+// runCLIWithin is runCLI with the command's context cancelled after d.
+func runCLIWithin(t testing.TB, d time.Duration, env map[string]string, args ...string) result {
+	t.Helper()
 	var stdout, stderr bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	code := run(ctx, args, func(k string) string { return env[k] }, &stdout, &stderr)
 	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
