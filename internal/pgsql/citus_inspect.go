@@ -241,17 +241,8 @@ FROM pg_catalog.run_command_on_workers($1) r ORDER BY r.nodename, r.nodeport`,
 			return nil, fmt.Errorf("read the horizon of worker %s: %s", node, r.Result)
 		}
 		var h struct {
-			Xmin            string     `json:"xmin"`
-			PID             *int32     `json:"pid"`
-			GID             *string    `json:"gid"`
-			ApplicationName *string    `json:"application_name"`
-			State           *string    `json:"state"`
-			XactStart       *time.Time `json:"xact_start"`
-			QueryStart      *time.Time `json:"query_start"`
-			Age             *float64   `json:"age"`
-			Query           *string    `json:"query"`
-			DB              *string    `json:"datname"`
-			User            *string    `json:"usename"`
+			Xmin string `json:"xmin"`
+			workerBackend
 		}
 		if err := json.Unmarshal([]byte(r.Result), &h); err != nil {
 			return nil, fmt.Errorf("read the horizon of worker %s: %w", node, err)
@@ -424,19 +415,10 @@ FROM pg_catalog.run_command_on_workers($1) r ORDER BY r.nodename, r.nodeport`,
 		return nil, true, err
 	}
 	type workerRow struct {
-		V               string     `json:"v"`
-		PID             *int32     `json:"pid"`
-		GID             *string    `json:"gid"`
-		ApplicationName *string    `json:"application_name"`
-		State           *string    `json:"state"`
-		XactStart       *time.Time `json:"xact_start"`
-		QueryStart      *time.Time `json:"query_start"`
-		Age             *float64   `json:"age"`
-		Query           *string    `json:"query"`
-		DB              *string    `json:"datname"`
-		User            *string    `json:"usename"`
-		Shards          []int64    `json:"shards"`
-		Keys            []int64    `json:"keys"`
+		V string `json:"v"`
+		workerBackend
+		Shards []int64 `json:"shards"`
+		Keys   []int64 `json:"keys"`
 	}
 	type shardKey struct{ shard, key int64 }
 	var (
@@ -562,4 +544,19 @@ func (d citus) citusClients(ctx context.Context, q Querier, gpids []int64) (map[
 		out[gpid] = &c
 	}
 	return out, rows.Err()
+}
+
+// workerBackend is the backend of a worker that the JSON of a worker's
+// horizon or open publisher describes (pg_stat_activity's columns).
+type workerBackend struct {
+	PID             *int32     `json:"pid"`
+	GID             *string    `json:"gid"`
+	ApplicationName *string    `json:"application_name"`
+	State           *string    `json:"state"`
+	XactStart       *time.Time `json:"xact_start"`
+	QueryStart      *time.Time `json:"query_start"`
+	Age             *float64   `json:"age"`
+	Query           *string    `json:"query"`
+	DB              *string    `json:"datname"`
+	User            *string    `json:"usename"`
 }
