@@ -311,11 +311,14 @@ func TestStatus(t *testing.T) {
 	blocker, err := pgx.ConnectConfig(ctx, cfg)
 	require.NoError(t, err)
 	defer blocker.Close(ctx)
-	var pid int
-	require.NoError(t, blocker.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
 	tx, err := blocker.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
+	// The pid inside the transaction: through PgBouncer in transaction
+	// mode, a statement before BEGIN may have run on another server
+	// connection.
+	var pid int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
 	_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()")
 	require.NoError(t, err)
 
