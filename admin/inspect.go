@@ -270,6 +270,13 @@ type Horizon struct {
 	// worker). A worker's horizon holds back its vacuum, and, without
 	// PerTopic, the delivery of the topics on it. Empty on a single node.
 	Node string `json:"node,omitempty"`
+	// Client, where the tables are distributed by Citus and Holder is one
+	// of Citus's connections (its application is "citus_internal
+	// gpid=..."), is the session on the coordinator whose distributed
+	// transaction it runs: the one to commit, roll back or end there.
+	// nil on a single node, and where the session is not the
+	// coordinator's or has ended.
+	Client *HorizonHolder `json:"client,omitempty"`
 	// Workers, where the tables are distributed by Citus, is every
 	// worker's horizon (Xmin is that worker's transaction counter: the
 	// workers' counters are unrelated).
@@ -359,20 +366,23 @@ type HorizonHolder struct {
 // Horizon.Workers; each open publisher names its worker and the
 // coordinator's session whose transaction it is.
 func (i *Inspector) Horizon(ctx context.Context) (Horizon, error) {
-	nodes, citus, err := i.driver.InspectWorkerHorizons(ctx, i.db)
+	workers, citus, err := i.driver.InspectWorkers(ctx, i.db)
+	if err != nil {
+		return Horizon{}, fmt.Errorf("inspect the workers: %w", check.MissingSchema(err))
+	}
+	if citus {
+		h := workersHorizon(workers.Horizons)
+		h.PerTopic = workers.PerTopic
+		for _, p := range workers.Publishers {
+			h.Publishers = append(h.Publishers, openPublisherOf(p))
+		}
+		return h, nil
+	}
+	r, err := i.driver.InspectHorizon(ctx, i.db)
 	if err != nil {
 		return Horizon{}, fmt.Errorf("read the xmin horizon: %w", err)
 	}
-	var h Horizon
-	if citus {
-		h = workersHorizon(nodes)
-	} else {
-		r, err := i.driver.InspectHorizon(ctx, i.db)
-		if err != nil {
-			return Horizon{}, fmt.Errorf("read the xmin horizon: %w", err)
-		}
-		h = horizonOf(r)
-	}
+	h := horizonOf(r)
 	pubs, perTopic, err := i.driver.OpenPublishers(ctx, i.db)
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42P01" {
 		// No tables yet: nothing was published, nothing is held back (the
@@ -412,6 +422,9 @@ func workersHorizon(nodes []pgsql.NodeHorizonRow) Horizon {
 	for k, n := range nodes {
 		h := horizonOf(n.HorizonRow)
 		h.Node = fmt.Sprintf("%s:%d", n.Node, n.Port)
+		if n.Client != nil {
+			h.Client = horizonOf(*n.Client).Holder
+		}
 		out.Workers = append(out.Workers, h)
 		age := -1.0
 		if h.Holder != nil {
@@ -422,7 +435,7 @@ func workersHorizon(nodes []pgsql.NodeHorizonRow) Horizon {
 		}
 		if k == 0 || age > oldest {
 			oldest = age
-			out.Xmin, out.Holder, out.Node = h.Xmin, h.Holder, h.Node
+			out.Xmin, out.Holder, out.Node, out.Client = h.Xmin, h.Holder, h.Node, h.Client
 		}
 	}
 	return out

@@ -62,6 +62,8 @@ WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::text::regc
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	_, err = tx.Exec(ctx, `INSERT INTO `+messages+` (topic, uuid) VALUES ('held', 'x')`)
 	require.NoError(t, err)
+	var pid int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_catalog.pg_backend_pid()`).Scan(&pid))
 	// Other tests' transactions may be older: wait until this one is
 	// the oldest holder on some worker, and it must be its own.
 	var out statusOutput
@@ -72,9 +74,14 @@ WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::text::regc
 		return out.Horizon.Holder != nil && strings.HasSuffix(out.Horizon.Node, ":"+itoa(port))
 	})
 	require.Len(t, out.Horizon.Workers, 2)
+	// The worker's holder is one of Citus's connections: status names the
+	// session on the coordinator whose transaction it runs.
+	require.NotNil(t, out.Horizon.Client, "the holder's session on the coordinator")
+	require.Equal(t, pid, out.Horizon.Client.PID)
 	r := runCLI(t, env, "status", "--schema", schema)
 	require.Equal(t, 0, r.code, "%s", r)
 	require.Contains(t, r.stdout, "worker")
+	require.Regexp(t, `for session\s+pid `+itoa(pid)+` on the coordinator`, r.stdout)
 
 	// The same transaction publishes to a topic on the other worker.
 	var other string
@@ -97,8 +104,6 @@ WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::text::regc
 	outbox, err := pglease.NewPublisher(tx, pglease.PublisherConfig{Tables: tables}, nil)
 	require.NoError(t, err)
 	require.NoError(t, outbox.Publish(other, message.NewMessage("y", nil)))
-	var pid int
-	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_catalog.pg_backend_pid()`).Scan(&pid))
 
 	r = runCLI(t, env, "status", "--schema", schema, "--json", "--warn-after", "1ms")
 	require.Equal(t, 0, r.code, "%s", r)

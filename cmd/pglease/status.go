@@ -359,6 +359,7 @@ func printHorizon(w io.Writer, out statusOutput, warnAfter time.Duration) {
 	if hh.GID == "" {
 		fmt.Fprintf(tw, "query\t%s\n", orDash(abbreviate(hh.Query, queryWidth)))
 	}
+	printHorizonClient(tw, h.Client)
 	_ = tw.Flush()
 	fmt.Fprintln(w)
 	who, end := fmt.Sprintf("pid %d", hh.PID), fmt.Sprintf("commit or roll it back, or end it with\nSELECT pg_terminate_backend(%d).", hh.PID)
@@ -368,6 +369,10 @@ func printHorizon(w io.Writer, out statusOutput, warnAfter time.Duration) {
 	}
 	if h.Node != "" {
 		who += " on worker " + h.Node
+	}
+	if c := h.Client; c != nil {
+		who = fmt.Sprintf("pid %d (on worker %s as pid %d)", c.PID, h.Node, hh.PID)
+		end = fmt.Sprintf("commit or roll it back, or end it on the coordinator with\nSELECT pg_terminate_backend(%d).", c.PID)
 	}
 	switch {
 	case out.DeliveryHeldBack == nil:
@@ -404,8 +409,19 @@ func printVacuumHorizon(w io.Writer, h admin.Horizon) {
 		}
 		fmt.Fprintf(tw, "held by\tpid %d (%s, %s, %s)\n", hh.PID, orDash(hh.ApplicationName), orDash(hh.State), age)
 		fmt.Fprintf(tw, "query\t%s\n", orDash(abbreviate(hh.Query, queryWidth)))
+		printHorizonClient(tw, h.Client)
 	}
 	_ = tw.Flush()
+}
+
+// printHorizonClient prints, on Citus, the session on the coordinator
+// whose distributed transaction the worker's holder runs (nil: none).
+func printHorizonClient(tw io.Writer, c *admin.HorizonHolder) {
+	if c == nil {
+		return
+	}
+	fmt.Fprintf(tw, "for session\tpid %d on the coordinator (%s, %s)\n", c.PID, orDash(c.ApplicationName), orDash(c.State))
+	fmt.Fprintf(tw, "its query\t%s\n", orDash(abbreviate(c.Query, queryWidth)))
 }
 
 // quoteLiteral quotes s as an SQL string literal.

@@ -270,12 +270,6 @@ func (d citus) DetachRetentionPartition(ctx context.Context, q Querier, p Retent
 	return err
 }
 
-// InspectWorkerHorizons implements Driver: the horizon of every worker.
-func (d citus) InspectWorkerHorizons(ctx context.Context, q Querier) (rows []NodeHorizonRow, ok bool, err error) {
-	rows, err = d.citusInspectHorizon(ctx, q)
-	return rows, true, err
-}
-
 // MessagesByUUID implements Driver: for all topics, the messages of every
 // topic ordered by the time they were stored (citusMessagesByUUID).
 func (d citus) MessagesByUUID(ctx context.Context, q Querier, topic, id string, preview, limit int) ([]BrowseRow, error) {

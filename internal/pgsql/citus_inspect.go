@@ -203,11 +203,18 @@ type shardResult struct {
 	Result  string
 }
 
-// citusWorkerHorizon is the command citusInspectHorizon runs on every
-// worker: InspectHorizon's row as JSON.
-func (d citus) citusWorkerHorizon() string {
-	return `SELECT pg_catalog.row_to_json(h)::text FROM (` + d.t.InspectHorizon().SQL + `) h(xmin, pid, gid, application_name, state,
-	xact_start, query_start, age, query, datname, usename)`
+// citusWorkerCommand is the command citusInspectWorkers runs on every
+// worker (run_command_on_workers): one JSON object with the worker's
+// horizon (InspectHorizon's row) and, with publishers, its open
+// publishers (citusWorkerPublishers), so that one connection to each
+// worker reads both.
+func (d citus) citusWorkerCommand(publishers bool) string {
+	pubs := `NULL::json`
+	if publishers {
+		pubs = `(` + d.citusWorkerPublishers() + `)::json`
+	}
+	return `SELECT pg_catalog.json_build_object('horizon', (SELECT pg_catalog.row_to_json(h) FROM (` + d.t.InspectHorizon().SQL + `) h(xmin, pid, gid, application_name, state,
+	xact_start, query_start, age, query, datname, usename)), 'publishers', ` + pubs + `)::text`
 }
 
 // NodeHorizonRow is one worker's row of [InspectHorizon] where the tables
@@ -216,46 +223,23 @@ type NodeHorizonRow struct {
 	Node string
 	Port int32
 	HorizonRow
+	// GlobalPID is the global process id of the session whose
+	// distributed transaction the worker's holder runs, where it is one
+	// of Citus's connections (nil otherwise), and Client that session's
+	// backend on the coordinator (nil where it is not the coordinator's
+	// or has ended), as in [PublisherRow].
+	GlobalPID *int64
+	Client    *HorizonRow
 }
 
-// citusInspectHorizon reads the horizon of every worker
-// (run_command_on_workers: one command per worker, on connections of
-// their own).
-func (d citus) citusInspectHorizon(ctx context.Context, q Querier) ([]NodeHorizonRow, error) {
-	type result struct {
-		Node    string
-		Port    int32
-		Success bool
-		Result  string
-	}
-	results, err := collect(ctx, q, Stmt{SQL: `SELECT r.nodename, r.nodeport, r.success, r.result
-FROM pg_catalog.run_command_on_workers($1) r ORDER BY r.nodename, r.nodeport`,
-		Args: []any{d.citusWorkerHorizon()}}, pgx.RowToStructByPos[result])
-	if err != nil {
-		return nil, err
-	}
-	out := make([]NodeHorizonRow, 0, len(results))
-	for _, r := range results {
-		node := fmt.Sprintf("%s:%d", r.Node, r.Port)
-		if !r.Success {
-			return nil, fmt.Errorf("read the horizon of worker %s: %s", node, r.Result)
-		}
-		var h struct {
-			Xmin string `json:"xmin"`
-			workerBackend
-		}
-		if err := json.Unmarshal([]byte(r.Result), &h); err != nil {
-			return nil, fmt.Errorf("read the horizon of worker %s: %w", node, err)
-		}
-		xmin, err := parseXID8(h.Xmin)
-		if err != nil {
-			return nil, fmt.Errorf("read the horizon of worker %s: %w", node, err)
-		}
-		out = append(out, NodeHorizonRow{Node: r.Node, Port: r.Port, HorizonRow: HorizonRow{Xmin: xmin, PID: h.PID,
-			GID: h.GID, AppName: h.ApplicationName, State: h.State, Query: h.Query, DB: h.DB, User: h.User,
-			XactStart: h.XactStart, QueryStart: h.QueryStart, AgeSeconds: h.Age}})
-	}
-	return out, nil
+// WorkersRow is what [Driver.InspectWorkers] reads of every worker:
+// its horizon, and the open publishers of all (PerTopic false, none
+// read: the tables take their positions from the workers' transaction
+// ids).
+type WorkersRow struct {
+	Horizons   []NodeHorizonRow
+	Publishers []PublisherRow
+	PerTopic   bool
 }
 
 // citusPositionsStmt is the statement that tells whether the messages
@@ -397,10 +381,27 @@ func citusGlobalPID(applicationName string) (int64, bool) {
 // release, until `pglease migrate --citus` runs again), delivery is held
 // back by each worker's xmin horizon: nothing listed, ok false.
 func (d citus) OpenPublishers(ctx context.Context, q Querier) ([]PublisherRow, bool, error) {
-	var perTopic bool
+	w, err := d.citusInspectWorkers(ctx, q)
+	return w.Publishers, w.PerTopic, err
+}
+
+// InspectWorkers implements Driver: every worker's horizon and open
+// publishers (see OpenPublishers), read by one command on each worker.
+func (d citus) InspectWorkers(ctx context.Context, q Querier) (WorkersRow, bool, error) {
+	w, err := d.citusInspectWorkers(ctx, q)
+	return w, true, err
+}
+
+// citusInspectWorkers runs citusWorkerCommand on every worker
+// (run_command_on_workers: one command per worker, on connections of
+// their own), then names the partitions the publishers hold by the
+// coordinator's tables and the coordinator's sessions whose distributed
+// transactions the workers' backends run.
+func (d citus) citusInspectWorkers(ctx context.Context, q Querier) (WorkersRow, error) {
+	var out WorkersRow
 	s := d.citusPositionsStmt()
-	if err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&perTopic); err != nil || !perTopic {
-		return nil, false, err
+	if err := q.QueryRow(ctx, s.SQL, s.Args...).Scan(&out.PerTopic); err != nil {
+		return WorkersRow{}, err
 	}
 	type result struct {
 		Node    string
@@ -410,9 +411,9 @@ func (d citus) OpenPublishers(ctx context.Context, q Querier) ([]PublisherRow, b
 	}
 	results, err := collect(ctx, q, Stmt{SQL: `SELECT r.nodename, r.nodeport, r.success, r.result
 FROM pg_catalog.run_command_on_workers($1) r ORDER BY r.nodename, r.nodeport`,
-		Args: []any{d.citusWorkerPublishers()}}, pgx.RowToStructByPos[result])
+		Args: []any{d.citusWorkerCommand(out.PerTopic)}}, pgx.RowToStructByPos[result])
 	if err != nil {
-		return nil, true, err
+		return WorkersRow{}, err
 	}
 	type workerRow struct {
 		V string `json:"v"`
@@ -420,95 +421,120 @@ FROM pg_catalog.run_command_on_workers($1) r ORDER BY r.nodename, r.nodeport`,
 		Shards []int64 `json:"shards"`
 		Keys   []int64 `json:"keys"`
 	}
+	var reply struct {
+		Horizon *struct {
+			Xmin string `json:"xmin"`
+			workerBackend
+		} `json:"horizon"`
+		Publishers []workerRow `json:"publishers"`
+	}
 	type shardKey struct{ shard, key int64 }
 	var (
-		out   []PublisherRow
 		held  [][]shardKey
 		keys  []int64
 		gpids []int64
 	)
+	gpidOf := func(applicationName *string) *int64 {
+		if applicationName == nil {
+			return nil
+		}
+		gpid, ok := citusGlobalPID(*applicationName)
+		if !ok {
+			return nil
+		}
+		gpids = append(gpids, gpid)
+		return &gpid
+	}
 	for _, r := range results {
 		node := fmt.Sprintf("%s:%d", r.Node, r.Port)
 		if !r.Success {
-			return nil, true, fmt.Errorf("read the open publishers of worker %s: %s", node, r.Result)
+			return WorkersRow{}, fmt.Errorf("inspect worker %s: %s", node, r.Result)
 		}
-		var rows []workerRow
-		if err := json.Unmarshal([]byte(r.Result), &rows); err != nil {
-			return nil, true, fmt.Errorf("read the open publishers of worker %s: %w", node, err)
+		reply.Horizon, reply.Publishers = nil, nil
+		if err := json.Unmarshal([]byte(r.Result), &reply); err != nil {
+			return WorkersRow{}, fmt.Errorf("inspect worker %s: %w", node, err)
 		}
-		for _, w := range rows {
+		if reply.Horizon == nil {
+			return WorkersRow{}, fmt.Errorf("inspect worker %s: no horizon in %q", node, r.Result)
+		}
+		h := reply.Horizon
+		xmin, err := parseXID8(h.Xmin)
+		if err != nil {
+			return WorkersRow{}, fmt.Errorf("read the horizon of worker %s: %w", node, err)
+		}
+		out.Horizons = append(out.Horizons, NodeHorizonRow{Node: r.Node, Port: r.Port, HorizonRow: h.workerBackend.row(xmin, nil),
+			GlobalPID: gpidOf(h.ApplicationName)})
+		for _, w := range reply.Publishers {
 			v, err := parseXID8(w.V)
 			if err != nil || len(w.Shards) != len(w.Keys) {
-				return nil, true, fmt.Errorf("read the open publishers of worker %s: position %q, %d shards for %d keys: %v",
+				return WorkersRow{}, fmt.Errorf("read the open publishers of worker %s: position %q, %d shards for %d keys: %v",
 					node, w.V, len(w.Shards), len(w.Keys), err)
 			}
-			p := PublisherRow{HorizonRow: HorizonRow{Xmin: v, PID: w.PID, GID: w.GID, AppName: w.ApplicationName, State: w.State,
-				Query: w.Query, DB: w.DB, User: w.User, XactStart: w.XactStart, QueryStart: w.QueryStart, AgeSeconds: w.Age,
-				Node: &node}, Held: len(w.Keys)}
-			if w.ApplicationName != nil {
-				if gpid, ok := citusGlobalPID(*w.ApplicationName); ok {
-					p.GlobalPID = &gpid
-					gpids = append(gpids, gpid)
-				}
-			}
+			p := PublisherRow{HorizonRow: w.workerBackend.row(v, &node), Held: len(w.Keys), GlobalPID: gpidOf(w.ApplicationName)}
 			var hk []shardKey
 			for k := range w.Keys {
 				hk = append(hk, shardKey{w.Shards[k], w.Keys[k]})
 				keys = append(keys, w.Keys[k])
 			}
-			out, held = append(out, p), append(held, hk)
+			out.Publishers, held = append(out.Publishers, p), append(held, hk)
 		}
-	}
-	if len(out) == 0 {
-		return nil, true, nil
 	}
 	// The partitions, by shard and key.
-	type name struct {
-		Topic     string
-		Partition int32
-		Shard     int64
-		Key       int64
-	}
-	slices.Sort(keys)
-	names, err := collect(ctx, q, d.citusKeyNamesStmt(slices.Compact(keys)), pgx.RowToStructByPos[name])
-	if err != nil {
-		return nil, true, err
-	}
-	named := map[shardKey][]name{}
-	for _, n := range names {
-		k := shardKey{n.Shard, n.Key}
-		named[k] = append(named[k], n)
-	}
-	for i := range out {
-		var ns []name
-		for _, k := range held[i] {
-			ns = append(ns, named[k]...)
+	if len(keys) > 0 {
+		type name struct {
+			Topic     string
+			Partition int32
+			Shard     int64
+			Key       int64
 		}
-		slices.SortFunc(ns, func(a, b name) int {
-			if c := strings.Compare(a.Topic, b.Topic); c != 0 {
-				return c
+		slices.Sort(keys)
+		names, err := collect(ctx, q, d.citusKeyNamesStmt(slices.Compact(keys)), pgx.RowToStructByPos[name])
+		if err != nil {
+			return WorkersRow{}, err
+		}
+		named := map[shardKey][]name{}
+		for _, n := range names {
+			k := shardKey{n.Shard, n.Key}
+			named[k] = append(named[k], n)
+		}
+		for i := range out.Publishers {
+			var ns []name
+			for _, k := range held[i] {
+				ns = append(ns, named[k]...)
 			}
-			return cmp.Compare(a.Partition, b.Partition)
-		})
-		for _, n := range ns {
-			out[i].Topics, out[i].Partitions = append(out[i].Topics, n.Topic), append(out[i].Partitions, n.Partition)
+			slices.SortFunc(ns, func(a, b name) int {
+				if c := strings.Compare(a.Topic, b.Topic); c != 0 {
+					return c
+				}
+				return cmp.Compare(a.Partition, b.Partition)
+			})
+			for _, n := range ns {
+				p := &out.Publishers[i]
+				p.Topics, p.Partitions = append(p.Topics, n.Topic), append(p.Partitions, n.Partition)
+			}
 		}
 	}
 	// The sessions on the coordinator.
 	if len(gpids) > 0 {
-		clients, err := d.citusClients(ctx, q, gpids)
+		slices.Sort(gpids)
+		clients, err := d.citusClients(ctx, q, slices.Compact(gpids))
 		if err != nil {
-			return nil, true, err
+			return WorkersRow{}, err
 		}
-		for i := range out {
-			if out[i].GlobalPID != nil {
-				out[i].Client = clients[*out[i].GlobalPID]
+		for i, p := range out.Publishers {
+			if p.GlobalPID != nil {
+				out.Publishers[i].Client = clients[*p.GlobalPID]
+			}
+		}
+		for i, h := range out.Horizons {
+			if h.GlobalPID != nil {
+				out.Horizons[i].Client = clients[*h.GlobalPID]
 			}
 		}
 	}
 	// Oldest first, as on a single node (an age that cannot be read
 	// first), across the workers.
-	slices.SortStableFunc(out, func(a, b PublisherRow) int {
+	slices.SortStableFunc(out.Publishers, func(a, b PublisherRow) int {
 		switch {
 		case a.XactStart == nil && b.XactStart != nil:
 			return -1
@@ -519,7 +545,7 @@ FROM pg_catalog.run_command_on_workers($1) r ORDER BY r.nodename, r.nodeport`,
 		}
 		return cmp.Compare(a.Xmin, b.Xmin)
 	})
-	return out, true, nil
+	return out, nil
 }
 
 // citusClients reads the sessions of citusClientsStmt, by global process
@@ -559,4 +585,11 @@ type workerBackend struct {
 	Query           *string    `json:"query"`
 	DB              *string    `json:"datname"`
 	User            *string    `json:"usename"`
+}
+
+// row is the HorizonRow of the backend, at position (or horizon) xmin,
+// on node (nil: not named).
+func (w workerBackend) row(xmin uint64, node *string) HorizonRow {
+	return HorizonRow{Xmin: xmin, PID: w.PID, GID: w.GID, AppName: w.ApplicationName, State: w.State, Query: w.Query,
+		DB: w.DB, User: w.User, XactStart: w.XactStart, QueryStart: w.QueryStart, AgeSeconds: w.Age, Node: node}
 }

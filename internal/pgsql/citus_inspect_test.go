@@ -118,7 +118,9 @@ VALUES ('g', 'top1', 0), ('h', 'top1', 0), ('g', 'nomsg', 0)`); err != nil {
 
 // TestCitusInspectHorizon: a transaction held open from a second
 // connection, that wrote to a topic, holds back the horizon of that
-// topic's worker, and InspectWorkerHorizons names that worker.
+// topic's worker; InspectWorkers names that worker, the session on the
+// coordinator whose transaction holds it, and, in the same call, the
+// transaction as the topic's open publisher.
 func TestCitusInspectHorizon(t *testing.T) {
 	pool, tables := citusTables(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -129,30 +131,49 @@ func TestCitusInspectHorizon(t *testing.T) {
 WHERE p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::text::regclass, $2::text)`, tables.Messages, topic).Scan(&port); err != nil {
 		t.Fatal(err)
 	}
+	d := NewCitus(tables)
+	if _, err := d.UpsertTopic(ctx, pool, TopicParams{Topic: topic, Partitions: 1}); err != nil {
+		t.Fatal(err)
+	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	publish(t, tx, tables, topic, 1)
-	var xid uint64
+	var (
+		xid uint64
+		pid int32
+	)
 	if err := tx.QueryRow(ctx, `SELECT transaction_id::text FROM `+tables.Messages+` WHERE topic = $1`, topic).Scan((*xid8)(&xid)); err != nil {
 		t.Fatal(err)
 	}
-	rows, ok, err := NewCitus(tables).InspectWorkerHorizons(ctx, pool)
-	if err != nil || !ok || len(rows) != 2 {
-		t.Fatalf("InspectWorkerHorizons = %+v, %t, %v; want 2 workers", rows, ok, err)
+	// On its own: in the statement above Citus would run it on the worker.
+	if err := tx.QueryRow(ctx, `SELECT pg_catalog.pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
 	}
-	for _, r := range rows {
+	w, ok, err := d.InspectWorkers(ctx, pool)
+	if err != nil || !ok || len(w.Horizons) != 2 || !w.PerTopic {
+		t.Fatalf("InspectWorkers = %+v, %t, %v; want 2 workers, positions per topic", w, ok, err)
+	}
+	if len(w.Publishers) != 1 || len(w.Publishers[0].Topics) != 1 || w.Publishers[0].Topics[0] != topic ||
+		w.Publishers[0].Client == nil || *w.Publishers[0].Client.PID != pid {
+		t.Fatalf("InspectWorkers' publishers = %+v; want %s's, by the session pid %d", w.Publishers, topic, pid)
+	}
+	for _, r := range w.Horizons {
 		if r.Port != port {
 			continue
 		}
 		if r.Xmin > xid || r.PID == nil || r.AgeSeconds == nil {
 			t.Fatalf("worker %s:%d: xmin %d, holder %v; want at most %d, held", r.Node, r.Port, r.Xmin, r.PID, xid)
 		}
+		if r.GlobalPID == nil || r.Client == nil || r.Client.PID == nil || *r.Client.PID != pid {
+			t.Fatalf("worker %s:%d: holder's session %v (global pid %v); want the coordinator's pid %d", r.Node, r.Port,
+				r.Client, r.GlobalPID, pid)
+		}
 		return
 	}
-	t.Fatalf("no horizon of the topic's worker (port %d) in %+v", port, rows)
+	t.Fatalf("no horizon of the topic's worker (port %d) in %+v", port, w.Horizons)
 }
 
 // TestCitusOpenPublishersEarlierRelease: on tables distributed by an

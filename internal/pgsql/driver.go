@@ -145,7 +145,10 @@ type Driver interface {
 	InspectTopics(ctx context.Context, q Querier) ([]TopicRow, error)
 	InspectTopicsPage(ctx context.Context, q Querier, first bool, after string, limit int) ([]TopicPageRow, error)
 	ResetOffsets(ctx context.Context, q Querier, p ResetParams) ([]ResetRow, error)
-	InspectWorkerHorizons(ctx context.Context, q Querier) (rows []NodeHorizonRow, ok bool, err error)
+	// InspectWorkers reads every worker's horizon and open publishers
+	// where the tables are distributed by Citus, with one command on
+	// each worker (ok false elsewhere: nothing read).
+	InspectWorkers(ctx context.Context, q Querier) (row WorkersRow, ok bool, err error)
 	InspectWaiting(ctx context.Context, q Querier, groups, topics []string) ([]WaitingInspectRow, error)
 
 	// The message browser and replay.

@@ -82,10 +82,9 @@ func dumpCitusStatements(t *Tables) string {
 	q("citusInspectLag", a.citusInspectLag([]string{"g"}, "t"))
 	q("citusInspectTopics", a.citusInspectTopics([]string{"a", "b"}, []time.Time{at, at}))
 	q("citusInspectTopicsPage", a.citusInspectTopicsPage([]string{"a", "b"}, []time.Time{at, at}, false, "a", 10))
-	s("citusWorkerHorizon", a.citusWorkerHorizon())
+	s("citusWorkerCommand", a.citusWorkerCommand(true))
 	q("citusBoundHolder", a.citusBoundHolderStmt("t", 2))
 	q("citusPositions", a.citusPositionsStmt())
-	s("citusWorkerPublishers", a.citusWorkerPublishers())
 	q("citusKeyNames", a.citusKeyNamesStmt([]int64{1, 4294967295}))
 	q("citusClients", a.citusClientsStmt([]int64{10000000123}))
 	vp := VisibleTopicsParams{Topics: []string{"a", "b", "c"}, Positions: []Position{{1, 2}, {3, 4}, {5, 6}}}

@@ -381,13 +381,13 @@ func (l *Lazy) ResetOffsets(ctx context.Context, q Querier, p ResetParams) ([]Re
 	return d.ResetOffsets(ctx, q, p)
 }
 
-// InspectWorkerHorizons implements Driver.
-func (l *Lazy) InspectWorkerHorizons(ctx context.Context, q Querier) ([]NodeHorizonRow, bool, error) {
+// InspectWorkers implements Driver.
+func (l *Lazy) InspectWorkers(ctx context.Context, q Querier) (WorkersRow, bool, error) {
 	d, err := l.Get(ctx, q)
 	if err != nil {
-		return nil, false, err
+		return WorkersRow{}, false, err
 	}
-	return d.InspectWorkerHorizons(ctx, q)
+	return d.InspectWorkers(ctx, q)
 }
 
 // MaintainerAccess implements Driver.

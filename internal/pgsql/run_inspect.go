@@ -71,7 +71,7 @@ type HorizonRow struct {
 }
 
 // InspectHorizon reads the xmin horizon and the transaction holding it
-// back (on the node it runs on: see [InspectWorkerHorizons] for Citus).
+// back (on the node it runs on: see [Driver.InspectWorkers] for Citus).
 func (d singleNode) InspectHorizon(ctx context.Context, q Querier) (HorizonRow, error) {
 	s := d.t.InspectHorizon()
 	var h HorizonRow
@@ -245,11 +245,7 @@ func (d singleNode) ResetOffsets(ctx context.Context, q Querier, p ResetParams) 
 	})
 }
 
-// InspectWorkerHorizons reads the horizon of every worker where the
-// tables are distributed by Citus (ok false elsewhere: nothing read).
-// A topic's messages are delivered by its worker's horizon, which a
-// transaction open on that worker holds back (a distributed transaction
-// of the coordinator that wrote there included).
-func (d singleNode) InspectWorkerHorizons(_ context.Context, _ Querier) (rows []NodeHorizonRow, ok bool, err error) {
-	return nil, false, nil
+// InspectWorkers implements Driver: on a single node, nothing (ok false).
+func (d singleNode) InspectWorkers(_ context.Context, _ Querier) (WorkersRow, bool, error) {
+	return WorkersRow{}, false, nil
 }
