@@ -462,7 +462,7 @@ FROM pg_catalog.run_command_on_workers($1) r ORDER BY r.nodename, r.nodeport`,
 		if err != nil {
 			return WorkersRow{}, fmt.Errorf("read the horizon of worker %s: %w", node, err)
 		}
-		out.Horizons = append(out.Horizons, NodeHorizonRow{Node: r.Node, Port: r.Port, HorizonRow: h.workerBackend.row(xmin, nil),
+		out.Horizons = append(out.Horizons, NodeHorizonRow{Node: r.Node, Port: r.Port, HorizonRow: h.row(xmin, nil),
 			GlobalPID: gpidOf(h.ApplicationName)})
 		for _, w := range reply.Publishers {
 			v, err := parseXID8(w.V)
@@ -470,7 +470,7 @@ FROM pg_catalog.run_command_on_workers($1) r ORDER BY r.nodename, r.nodeport`,
 				return WorkersRow{}, fmt.Errorf("read the open publishers of worker %s: position %q, %d shards for %d keys: %v",
 					node, w.V, len(w.Shards), len(w.Keys), err)
 			}
-			p := PublisherRow{HorizonRow: w.workerBackend.row(v, &node), Held: len(w.Keys), GlobalPID: gpidOf(w.ApplicationName)}
+			p := PublisherRow{HorizonRow: w.row(v, &node), Held: len(w.Keys), GlobalPID: gpidOf(w.ApplicationName)}
 			var hk []shardKey
 			for k := range w.Keys {
 				hk = append(hk, shardKey{w.Shards[k], w.Keys[k]})
