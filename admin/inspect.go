@@ -477,6 +477,22 @@ type TopicInfo struct {
 	Partitions int    `json:"partitions"`
 	// Retention is how long its messages are kept (0: forever).
 	Retention time.Duration `json:"retention_ns"`
+	// KeyWindow is the topic's pglease.TopicConfig.KeyWindow as set (0:
+	// not set, or a schema before version 22, which has none).
+	KeyWindow time.Duration `json:"key_window_ns"`
+	// EffectiveKeyWindow is how long the topic recognises an idempotency
+	// key at least, so how long after a Publish a retry of it is left
+	// out: the longest of Retention, KeyWindow and a day
+	// (pglease.KeyWindow); a day while PendingKeyWindow is set, and on a
+	// schema before version 21 (which keeps every key for a day); 0 on a
+	// schema before version 15, which has no idempotency keys.
+	EffectiveKeyWindow time.Duration `json:"effective_key_window_ns"`
+	// PendingKeyWindow is the window longer than a day that the topic's
+	// Retention or KeyWindow asks for while publishers cannot use it yet:
+	// the maintainer has not made the partitions of its key class, or
+	// waits for the transactions that had the keys table open to end
+	// (see pglease.MaintenanceConfig). 0 when none is pending.
+	PendingKeyWindow time.Duration `json:"pending_key_window_ns,omitempty"`
 	// Groups counts the consumer groups with an offset row on the topic.
 	Groups int64 `json:"groups"`
 	// NewestAt is when its newest message was stored (nil: no message).
@@ -492,16 +508,51 @@ func (i *Inspector) Topics(ctx context.Context) ([]TopicInfo, error) {
 		return nil, fmt.Errorf("read topics: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := i.driver.InspectTopics(ctx, tx)
+	schema, err := pgsql.SchemaVersion(ctx, tx, i.driver.Tables())
+	if err != nil {
+		return nil, fmt.Errorf("read topics: %w", check.MissingSchema(err))
+	}
+	rows, err := i.driver.InspectTopics(ctx, tx, schema)
 	if err != nil {
 		return nil, fmt.Errorf("read topics: %w", check.MissingSchema(err))
 	}
 	var out []TopicInfo
 	for _, r := range rows {
-		out = append(out, TopicInfo{Topic: r.Topic, Partitions: int(r.Partitions), Groups: r.Groups, NewestAt: r.NewestAt,
-			Retention: time.Duration(r.RetentionUs) * time.Microsecond})
+		out = append(out, topicInfo(schema, r))
 	}
 	return out, nil
+}
+
+// topicInfo is the TopicInfo of r, read on a schema of version schema.
+func topicInfo(schema int, r pgsql.TopicRow) TopicInfo {
+	ti := TopicInfo{Topic: r.Topic, Partitions: int(r.Partitions), Groups: r.Groups, NewestAt: r.NewestAt,
+		Retention: time.Duration(r.RetentionUs) * time.Microsecond,
+		KeyWindow: time.Duration(r.KeyWindowUs) * time.Microsecond}
+	ti.EffectiveKeyWindow, ti.PendingKeyWindow = keyWindows(schema, ti.Retention, ti.KeyWindow, r.KeyClassReady)
+	return ti
+}
+
+// keyWindows returns how long a topic recognises its idempotency keys
+// (effective) and the longer window that waits for the maintainer
+// (pending, 0 for none), from the topic's retention and key window, on a
+// schema of version schema, classReady telling whether publishers may use
+// the partitions of its key class (see internal/pgsql/keys.go).
+func keyWindows(schema int, retention, keyWindow time.Duration, classReady bool) (effective, pending time.Duration) {
+	switch {
+	case schema < pgsql.KeysVersion:
+		return 0, 0
+	case schema < pgsql.KeyClassesVersion:
+		return pglease.KeyWindow, 0
+	}
+	asked := max(retention, keyWindow)
+	switch {
+	case asked <= pglease.KeyWindow:
+		return pglease.KeyWindow, 0
+	case !classReady:
+		return pglease.KeyWindow, asked
+	default:
+		return asked, 0
+	}
 }
 
 // The page sizes of [Inspector.TopicsPage].
@@ -548,15 +599,20 @@ func (i *Inspector) TopicsPage(ctx context.Context, p TopicsParams) (TopicPage, 
 		return TopicPage{}, fmt.Errorf("read topics: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	schema, err := pgsql.SchemaVersion(ctx, tx, i.driver.Tables())
+	if err != nil {
+		return TopicPage{}, fmt.Errorf("read topics: %w", check.MissingSchema(err))
+	}
 	// One more than the page: whether there is a next one.
-	rows, err := i.driver.InspectTopicsPage(ctx, tx, p.After == nil, deref(p.After), limit+1)
+	rows, err := i.driver.InspectTopicsPage(ctx, tx, pgsql.TopicsPageParams{Schema: schema, First: p.After == nil,
+		After: deref(p.After), Limit: limit + 1})
 	if err != nil {
 		return TopicPage{}, fmt.Errorf("read topics: %w", check.MissingSchema(err))
 	}
 	var out TopicPage
 	if len(rows) == 0 && p.After != nil {
 		// Past the last topic: count them anyway.
-		if rows, err = i.driver.InspectTopicsPage(ctx, tx, true, "", 1); err != nil {
+		if rows, err = i.driver.InspectTopicsPage(ctx, tx, pgsql.TopicsPageParams{Schema: schema, First: true, Limit: 1}); err != nil {
 			return TopicPage{}, fmt.Errorf("read topics: %w", check.MissingSchema(err))
 		}
 		if len(rows) > 0 {
@@ -571,8 +627,7 @@ func (i *Inspector) TopicsPage(ctx context.Context, p TopicsParams) (TopicPage, 
 			out.Next = &next
 			break
 		}
-		out.Topics = append(out.Topics, TopicInfo{Topic: r.Topic, Partitions: int(r.Partitions), Groups: r.Groups, NewestAt: r.NewestAt,
-			Retention: time.Duration(r.RetentionUs) * time.Microsecond})
+		out.Topics = append(out.Topics, topicInfo(schema, r.TopicRow))
 	}
 	return out, nil
 }

@@ -108,17 +108,18 @@ func citusShardTopics() string {
 
 // citusInspectTopics is InspectTopics, the topics with messages and
 // their newest message given as parameters ($1, $2: read on the shards).
-func (d citus) citusInspectTopics(topics []string, newest []time.Time) Stmt {
-	return Stmt{SQL: d.citusInspectTopicsSQL(false), Args: []any{topics, newest}}
+func (d citus) citusInspectTopics(schema int, topics []string, newest []time.Time) Stmt {
+	return Stmt{SQL: d.citusInspectTopicsSQL(schema, false), Args: []any{topics, newest}}
 }
 
 // citusInspectTopicsPage is InspectTopicsPage on Citus.
-func (d citus) citusInspectTopicsPage(topics []string, newest []time.Time, first bool, after string, limit int) Stmt {
-	return Stmt{SQL: d.citusInspectTopicsSQL(true), Args: []any{topics, newest, first, after, limit}}
+func (d citus) citusInspectTopicsPage(p TopicsPageParams, topics []string, newest []time.Time) Stmt {
+	return Stmt{SQL: d.citusInspectTopicsSQL(p.Schema, true), Args: []any{topics, newest, p.First, p.After, p.Limit}}
 }
 
-func (d citus) citusInspectTopicsSQL(page bool) string {
+func (d citus) citusInspectTopicsSQL(schema int, page bool) string {
 	t := d.t
+	keyColumns, keyJoin := t.topicKeyColumns(schema, "t")
 	from, total, pageCTE := "names", "", ""
 	if page {
 		from, total = "page", `,
@@ -137,9 +138,10 @@ func (d citus) citusInspectTopicsSQL(page bool) string {
 	SELECT topic COLLATE "C" AS topic, pg_catalog.count(DISTINCT consumer_group) AS n FROM ` + t.Offsets + ` GROUP BY topic
 )` + pageCTE + `
 SELECT n.topic, COALESCE(t.partitions, 1), COALESCE(g.n, 0), mt.newest,
-	COALESCE(pg_catalog.floor(extract(epoch FROM t.retention) * 1000000::numeric)::bigint, 0)` + total + `
+	COALESCE(pg_catalog.floor(extract(epoch FROM t.retention) * 1000000::numeric)::bigint, 0),
+	` + keyColumns + total + `
 FROM ` + from + ` n
-LEFT JOIN ` + t.Topics + ` t ON t.topic = n.topic
+LEFT JOIN ` + t.Topics + ` t ON t.topic = n.topic` + keyJoin + `
 LEFT JOIN groups g ON g.topic = n.topic
 LEFT JOIN mt ON mt.topic = n.topic
 ORDER BY n.topic`
@@ -147,22 +149,22 @@ ORDER BY n.topic`
 
 // InspectTopics is [Driver.InspectTopics] on Citus: it reads the topics with messages on every shard, then
 // InspectTopics' rows.
-func (d citus) InspectTopics(ctx context.Context, q Querier) ([]TopicRow, error) {
+func (d citus) InspectTopics(ctx context.Context, q Querier, schema int) ([]TopicRow, error) {
 	topics, newest, err := d.citusTopicsOfShards(ctx, q)
 	if err != nil {
 		return nil, err
 	}
-	return collect(ctx, q, d.citusInspectTopics(topics, newest), pgx.RowToStructByPos[TopicRow])
+	return collect(ctx, q, d.citusInspectTopics(schema, topics, newest), pgx.RowToStructByPos[TopicRow])
 }
 
 // InspectTopicsPage is [Driver.InspectTopicsPage] on Citus: it reads the
 // topics with messages on every shard, then InspectTopicsPage's rows.
-func (d citus) InspectTopicsPage(ctx context.Context, q Querier, first bool, after string, limit int) ([]TopicPageRow, error) {
+func (d citus) InspectTopicsPage(ctx context.Context, q Querier, p TopicsPageParams) ([]TopicPageRow, error) {
 	topics, newest, err := d.citusTopicsOfShards(ctx, q)
 	if err != nil {
 		return nil, err
 	}
-	return collect(ctx, q, d.citusInspectTopicsPage(topics, newest, first, after, limit), pgx.RowToStructByPos[TopicPageRow])
+	return collect(ctx, q, d.citusInspectTopicsPage(p, topics, newest), pgx.RowToStructByPos[TopicPageRow])
 }
 
 // citusTopicsOfShards reads the topics with messages on every shard of

@@ -103,7 +103,7 @@ func TestCitusInspectTopics(t *testing.T) {
 VALUES ('g', 'top1', 0), ('h', 'top1', 0), ('g', 'nomsg', 0)`); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := NewCitus(tables).InspectTopics(ctx, pool)
+	rows, err := NewCitus(tables).InspectTopics(ctx, pool, len(tables.Migrations()))
 	if err != nil {
 		t.Fatal(err)
 	}

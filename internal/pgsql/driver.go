@@ -142,8 +142,11 @@ type Driver interface {
 	// the tables take their positions from the workers' transaction ids
 	// (distributed by an earlier release).
 	OpenPublishers(ctx context.Context, q Querier) (rows []PublisherRow, ok bool, err error)
-	InspectTopics(ctx context.Context, q Querier) ([]TopicRow, error)
-	InspectTopicsPage(ctx context.Context, q Querier, first bool, after string, limit int) ([]TopicPageRow, error)
+	// InspectTopics and InspectTopicsPage read the topics as a schema of
+	// the version given has them: they run on the schemas of earlier
+	// releases.
+	InspectTopics(ctx context.Context, q Querier, schema int) ([]TopicRow, error)
+	InspectTopicsPage(ctx context.Context, q Querier, p TopicsPageParams) ([]TopicPageRow, error)
 	ResetOffsets(ctx context.Context, q Querier, p ResetParams) ([]ResetRow, error)
 	// InspectWorkers reads every worker's horizon and open publishers
 	// where the tables are distributed by Citus, with one command on

@@ -149,7 +149,13 @@ func dumpStatements(a *Tables) string {
 	q("InspectWaiting", a.InspectWaiting([]string{"g"}, []string{"t"}))
 	q("InspectHorizon", a.InspectHorizon())
 	q("OpenPublishers", a.OpenPublishers())
-	q("InspectTopics", a.InspectTopics())
+	latest := len(a.Migrations())
+	q("InspectTopics", a.InspectTopics(latest))
+	q("InspectTopicsPage", a.InspectTopicsPage(TopicsPageParams{Schema: latest, After: "a", Limit: 10}))
+	// On the schemas of the releases before the key window and before
+	// the key classes.
+	q("InspectTopics schema 21", a.InspectTopics(KeyWindowVersion-1))
+	q("InspectTopics schema 20", a.InspectTopics(KeyClassesVersion-1))
 	for _, to := range []string{"earliest", "latest", "time"} {
 		// "o1:gt" is the reset notification of group "g" on topic "t".
 		q("ResetOffsets "+to, a.ResetOffsets("g", "t", to, at, false, "ch", "o1:gt", []int64{5}))

@@ -168,20 +168,21 @@ LEFT JOIN LATERAL (
 ORDER BY COALESCE(a.xact_start, p.prepared) NULLS FIRST, h.v`, Args: []any{t.Messages}}
 }
 
-// InspectTopics is the statement of [InspectTopics]. The topics with messages
-// are found by skipping through the primary key, one probe per topic.
-func (t *Tables) InspectTopics() Stmt {
-	return Stmt{SQL: t.inspectTopicsSQL(false)}
+// InspectTopics is the statement of [InspectTopics] on a schema of
+// version schema (see topicKeyColumns). The topics with messages are
+// found by skipping through the primary key, one probe per topic.
+func (t *Tables) InspectTopics(schema int) Stmt {
+	return Stmt{SQL: t.inspectTopicsSQL(schema, false)}
 }
 
 // InspectTopicsPage is the statement of [InspectTopicsPage]: the first
-// limit topics after after (all from the first with first), and the
+// p.Limit topics after p.After (all from the first with p.First), and the
 // number of topics.
-func (t *Tables) InspectTopicsPage(first bool, after string, limit int) Stmt {
-	return Stmt{SQL: t.inspectTopicsSQL(true), Args: []any{first, after, limit}}
+func (t *Tables) InspectTopicsPage(p TopicsPageParams) Stmt {
+	return Stmt{SQL: t.inspectTopicsSQL(p.Schema, true), Args: []any{p.First, p.After, p.Limit}}
 }
 
-func (t *Tables) inspectTopicsSQL(page bool) string {
+func (t *Tables) inspectTopicsSQL(schema int, page bool) string {
 	from, total := "names", ""
 	if page {
 		from, total = "page", `,
@@ -204,14 +205,16 @@ func (t *Tables) inspectTopicsSQL(page bool) string {
 	SELECT topic FROM names WHERE $1::boolean OR topic > $2::text ORDER BY topic LIMIT $3
 )`
 	}
+	keyColumns, keyJoin := t.topicKeyColumns(schema, "t")
 	return sql + `
 SELECT n.topic, COALESCE(t.partitions, 1), COALESCE(g.n, 0),
 	(SELECT pg_catalog.max(l.created_at) FROM pg_catalog.generate_series(0, COALESCE(t.partitions, 1) - 1) AS p(partition),
 		LATERAL (SELECT m.created_at FROM ` + t.Messages + ` m WHERE m.topic = n.topic AND m.partition = p.partition
 			ORDER BY m.transaction_id DESC, m."offset" DESC LIMIT 1) l),
-	COALESCE(pg_catalog.floor(extract(epoch FROM t.retention) * 1000000::numeric)::bigint, 0)` + total + `
+	COALESCE(pg_catalog.floor(extract(epoch FROM t.retention) * 1000000::numeric)::bigint, 0),
+	` + keyColumns + total + `
 FROM ` + from + ` n
-LEFT JOIN ` + t.Topics + ` t ON t.topic = n.topic
+LEFT JOIN ` + t.Topics + ` t ON t.topic = n.topic` + keyJoin + `
 LEFT JOIN groups g ON g.topic = n.topic
 ORDER BY n.topic`
 }

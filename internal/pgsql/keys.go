@@ -224,6 +224,42 @@ const keysFresh = `SELECT c.n FROM c JOIN (SELECT k.topic, k.key, pg_catalog.cou
 	ON w.topic = c.topic AND w.key = c.key
 	WHERE w.written = CASE WHEN c.by_day THEN 4 ELSE 2 END`
 
+// The schema versions that changed what a topic's keys are recognised
+// for, which the Inspector's topic rows read as the schema has them.
+const (
+	// KeysVersion added idempotency keys, kept for a day.
+	KeysVersion = 15
+	// KeyClassesVersion added the key classes: a topic with a retention
+	// longer than a day recognises its keys for its retention, once the
+	// maintainer has made its class's partitions (the retention table's
+	// keys_since).
+	KeyClassesVersion = 21
+	// KeyWindowVersion added the topics' key_window and key_class
+	// (TopicConfig.KeyWindow).
+	KeyWindowVersion = 22
+)
+
+// topicKeyColumns are the columns of a topics row t that tell how long
+// its keys are recognised, on a schema of version schema: its key_window
+// in microseconds (0 when not set, or before KeyWindowVersion) and
+// whether the partitions of its key class may be used (the retention row
+// kl of keyClassOf(t) has keys_since; false before KeyClassesVersion),
+// and the join of kl. Columns a schema lacks are constants, so that the
+// statement runs on the schemas of earlier releases.
+func (t *Tables) topicKeyColumns(schema int, tp string) (columns, join string) {
+	switch {
+	case schema >= KeyWindowVersion:
+		return `COALESCE(pg_catalog.floor(extract(epoch FROM ` + tp + `.key_window) * 1000000::numeric)::bigint, 0), kl.keys_since IS NOT NULL`,
+			`
+LEFT JOIN ` + t.Retention + ` kl ON kl.retention_class = ` + keyClassOf(tp)
+	case schema >= KeyClassesVersion:
+		return `0::bigint, kl.keys_since IS NOT NULL`, `
+LEFT JOIN ` + t.Retention + ` kl ON kl.retention_class = ` + tp + `.retention_class`
+	default:
+		return `0::bigint, false`, ""
+	}
+}
+
 // keyWindowOf is the key window of the topics row tp: the longer of its
 // retention and its key_window (schema version 22; NULL when neither is
 // set).

@@ -355,21 +355,21 @@ func (l *Lazy) InspectHorizon(ctx context.Context, q Querier) (HorizonRow, error
 }
 
 // InspectTopics implements Driver.
-func (l *Lazy) InspectTopics(ctx context.Context, q Querier) ([]TopicRow, error) {
+func (l *Lazy) InspectTopics(ctx context.Context, q Querier, schema int) ([]TopicRow, error) {
 	d, err := l.Get(ctx, q)
 	if err != nil {
 		return nil, err
 	}
-	return d.InspectTopics(ctx, q)
+	return d.InspectTopics(ctx, q, schema)
 }
 
 // InspectTopicsPage implements Driver.
-func (l *Lazy) InspectTopicsPage(ctx context.Context, q Querier, first bool, after string, limit int) ([]TopicPageRow, error) {
+func (l *Lazy) InspectTopicsPage(ctx context.Context, q Querier, p TopicsPageParams) ([]TopicPageRow, error) {
 	d, err := l.Get(ctx, q)
 	if err != nil {
 		return nil, err
 	}
-	return d.InspectTopicsPage(ctx, q, first, after, limit)
+	return d.InspectTopicsPage(ctx, q, p)
 }
 
 // ResetOffsets implements Driver.

@@ -148,13 +148,22 @@ type TopicRow struct {
 	Groups      int64
 	NewestAt    *time.Time
 	RetentionUs int64
+	// KeyWindowUs is the topic's key_window (0: not set, or a schema
+	// before KeyWindowVersion).
+	KeyWindowUs int64
+	// KeyClassReady reports that publishers may use the partitions of
+	// the topic's key class (the class of the longer of its retention and
+	// its key window: its retention row's keys_since is set); false
+	// before KeyClassesVersion.
+	KeyClassReady bool
 }
 
 // InspectTopics returns every topic that has messages, settings or offset
-// rows. Where the tables are distributed by Citus, it reads the topics
-// of every shard of the messages table first (run_command_on_shards).
-func (d singleNode) InspectTopics(ctx context.Context, q Querier) ([]TopicRow, error) {
-	return collect(ctx, q, d.t.InspectTopics(), pgx.RowToStructByPos[TopicRow])
+// rows, reading what the schema of version schema has. Where the tables
+// are distributed by Citus, it reads the topics of every shard of the
+// messages table first (run_command_on_shards).
+func (d singleNode) InspectTopics(ctx context.Context, q Querier, schema int) ([]TopicRow, error) {
+	return collect(ctx, q, d.t.InspectTopics(schema), pgx.RowToStructByPos[TopicRow])
 }
 
 // TopicPageRow is one topic of [InspectTopicsPage], with the number of
@@ -164,12 +173,25 @@ type TopicPageRow struct {
 	Total int64
 }
 
-// InspectTopicsPage returns at most limit topics, in byte order of their
-// names: from the first with first, else those after after; each row
-// carries the number of topics. Where the tables are distributed by Citus,
-// it reads the topics of every shard of the messages table first.
-func (d singleNode) InspectTopicsPage(ctx context.Context, q Querier, first bool, after string, limit int) ([]TopicPageRow, error) {
-	return collect(ctx, q, d.t.InspectTopicsPage(first, after, limit), pgx.RowToStructByPos[TopicPageRow])
+// TopicsPageParams are the arguments of [InspectTopicsPage].
+type TopicsPageParams struct {
+	// Schema is the tables' schema version (SchemaVersion): the columns
+	// an earlier release's schema lacks are read as not set.
+	Schema int
+	// First selects the first page; otherwise the topics after After.
+	First bool
+	After string
+	// Limit is the most topics returned.
+	Limit int
+}
+
+// InspectTopicsPage returns at most p.Limit topics, in byte order of
+// their names: from the first with p.First, else those after p.After;
+// each row carries the number of topics. Where the tables are
+// distributed by Citus, it reads the topics of every shard of the
+// messages table first.
+func (d singleNode) InspectTopicsPage(ctx context.Context, q Querier, p TopicsPageParams) ([]TopicPageRow, error) {
+	return collect(ctx, q, d.t.InspectTopicsPage(p), pgx.RowToStructByPos[TopicPageRow])
 }
 
 // ResetParams are the arguments of [ResetOffsets].
