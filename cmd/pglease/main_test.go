@@ -407,9 +407,9 @@ func TestTopics(t *testing.T) {
 	assert.Nil(t, topics[1].NewestAt)
 
 	out := f.ok("topics")
-	assert.Equal(t, []string{"TOPIC", "PARTITIONS", "RETENTION", "GROUPS", "NEWEST"}, strings.Fields(strings.SplitN(out, "\n", 2)[0]))
-	assert.Equal(t, []string{"plain", "1", "-", "0", topics[0].NewestAt.UTC().Format(time.RFC3339)}, tableRow(t, out, "plain"))
-	assert.Equal(t, []string{"two", "2", "1h0m0s", "1", "-"}, tableRow(t, out, "two"))
+	assert.Equal(t, []string{"TOPIC", "PARTITIONS", "RETENTION", "KEY-WINDOW", "GROUPS", "NEWEST"}, strings.Fields(strings.SplitN(out, "\n", 2)[0]))
+	assert.Equal(t, []string{"plain", "1", "-", "24h0m0s", "0", topics[0].NewestAt.UTC().Format(time.RFC3339)}, tableRow(t, out, "plain"))
+	assert.Equal(t, []string{"two", "2", "1h0m0s", "24h0m0s", "1", "-"}, tableRow(t, out, "two"))
 	assert.Equal(t, time.Hour, topics[1].Retention)
 }
 

@@ -11,17 +11,27 @@ import (
 
 var topicsSpec = commandSpec{
 	name:     "topics",
-	summary:  "topics with their partitions, consumer groups and newest message",
+	summary:  "topics with their partitions, retention, key window, consumer groups and newest message",
 	synopsis: "[--limit N] [--after TOPIC | --all] [--json]",
 	help: `Lists the topics that have messages, settings (pglease.CreateTopic) or
-offsets rows, in byte order of their names: each one's partition count, the
-number of consumer groups with offsets on it and when its newest message was
-stored (UTC). It lists a page of --limit topics (100 by default), then how
-many there are and, when more follow, the command that lists the next page
-(--after the last topic listed). --all lists every page, one at a time.
+offsets rows, in byte order of their names: each one's partition count, its
+retention, its key window, the number of consumer groups with offsets on it
+and when its newest message was stored (UTC). It lists a page of --limit
+topics (100 by default), then how many there are and, when more follow, the
+command that lists the next page (--after the last topic listed). --all
+lists every page, one at a time.
+
+KEY-WINDOW is how long the topic recognises an idempotency key, so how long
+after a Publish a retry of it is left out: the longest of its retention, its
+TopicConfig.KeyWindow and a day. Marked *, the topic asks for a longer one
+that the maintainer has not made the partitions of yet: its keys are kept
+for a day until it has. "-": the schema has no idempotency keys.
 
 With --json it prints an object: "topics" (the page), "total" (every
-topic) and "next" (the --after of the next page; absent on the last).`,
+topic) and "next" (the --after of the next page; absent on the last). A
+topic has "key_window_ns" (its KeyWindow as set, 0 for none),
+"effective_key_window_ns" (KEY-WINDOW) and, while one waits for the
+maintainer, "pending_key_window_ns".`,
 	new: func() subcommand { return &topicsCmd{} },
 }
 
@@ -114,21 +124,46 @@ func printTopics(e *cmdEnv, page admin.TopicPage, after *string) {
 	}
 }
 
-// printTopicsTable prints topics as a table (nothing for none).
+// printTopicsTable prints topics as a table (nothing for none), and, when
+// a topic's longer key window waits for the maintainer, the line that
+// says what its * means.
 func printTopicsTable(e *cmdEnv, topics []admin.TopicInfo) {
 	if len(topics) == 0 {
 		return
 	}
 	tw := newTable(e.stdout)
-	fmt.Fprintln(tw, "TOPIC\tPARTITIONS\tRETENTION\tGROUPS\tNEWEST")
+	fmt.Fprintln(tw, "TOPIC\tPARTITIONS\tRETENTION\tKEY-WINDOW\tGROUPS\tNEWEST")
+	pending := false
 	for _, t := range topics {
 		retention := "-"
 		if t.Retention > 0 {
 			retention = t.Retention.String()
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\n", displayName(t.Topic), t.Partitions, retention, t.Groups, newest(t))
+		pending = pending || t.PendingKeyWindow > 0
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%s\n", displayName(t.Topic), t.Partitions, retention, keyWindow(t), t.Groups, newest(t))
 	}
 	_ = tw.Flush()
+	if pending {
+		fmt.Fprintln(e.stdout, pendingKeyWindowNote)
+	}
+}
+
+// pendingKeyWindowNote is the line under a table of topics one of which
+// is marked *.
+const pendingKeyWindowNote = `* The topic asks for a longer key window (pending_key_window_ns in --json) whose partitions the
+  maintainer (one of the running Subscribers) has not made yet: until it has, its keys are kept for a day.`
+
+// keyWindow is the KEY-WINDOW cell of t: its effective key window, marked
+// * while a longer one waits for the maintainer; "-" without keys.
+func keyWindow(t admin.TopicInfo) string {
+	switch {
+	case t.EffectiveKeyWindow == 0:
+		return "-"
+	case t.PendingKeyWindow > 0:
+		return t.EffectiveKeyWindow.String() + "*"
+	default:
+		return t.EffectiveKeyWindow.String()
+	}
 }
 
 // shellQuote quotes s for a POSIX shell unless it is a plain word.

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
@@ -16,6 +17,8 @@ import (
 
 	pglease "github.com/pglease/watermill-pglease"
 	"github.com/pglease/watermill-pglease/admin"
+	"github.com/pglease/watermill-pglease/internal/pgsql"
+	"github.com/pglease/watermill-pglease/internal/pgtest"
 )
 
 // createTopics creates n topics named prefix000, prefix001, ... and
@@ -41,7 +44,7 @@ func TestTopicsPaged(t *testing.T) {
 	f.publish("t.003", 1) // with messages and settings: listed once
 
 	out := f.ok("topics", "--limit", "3")
-	assert.Equal(t, []string{"t.000", "1", "-", "0", "-"}, tableRow(t, out, "t.000"))
+	assert.Equal(t, []string{"t.000", "1", "-", "24h0m0s", "0", "-"}, tableRow(t, out, "t.000"))
 	assert.Contains(t, out, "Listed 3 of 7 topics; the next page: pglease topics --after t.002\n")
 	assert.NotContains(t, out, "t.003")
 
@@ -70,7 +73,7 @@ func TestTopicsPaged(t *testing.T) {
 	assert.Equal(t, "No topics after t.006; 7 topics in all.\n", out)
 	out = f.ok("topics", "--limit", "2", "--all")
 	for _, n := range names {
-		assert.Len(t, tableRow(t, out, n), 5, n)
+		assert.Len(t, tableRow(t, out, n), 6, n)
 	}
 	assert.Contains(t, out, "7 topics in all.\n")
 	var all admin.TopicPage
@@ -193,4 +196,115 @@ func TestUIGroupsAndRowsPaged(t *testing.T) {
 	code, body = b.get("/group?name=g.000")
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Contains(t, body, `<select name="topic" id="reset-topic"><option value="orders">orders</option></select>`)
+}
+
+// TestTopicsKeyWindow: pglease topics says how long each topic recognises
+// an idempotency key: a topic with a KeyWindow its window, one whose
+// retention is longer than its KeyWindow its retention, one with neither
+// a day; a longer window is marked, and named in --json, until the
+// maintainer has made its partitions.
+func TestTopicsKeyWindow(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	const day, week = 24 * time.Hour, 7 * 24 * time.Hour
+	for name, c := range map[string]pglease.TopicConfig{
+		"window":    {KeyWindow: 72 * time.Hour},
+		"retention": {Retention: week, KeyWindow: 2 * time.Hour},
+		"neither":   {},
+	} {
+		c.Tables = f.tables
+		require.NoError(t, pglease.CreateTopic(ctx, f.pool, name, c))
+	}
+	topics := func() map[string]admin.TopicInfo {
+		var page admin.TopicPage
+		require.NoError(t, json.Unmarshal([]byte(f.ok("topics", "--json")), &page))
+		out := map[string]admin.TopicInfo{}
+		for _, tp := range page.Topics {
+			out[tp.Topic] = tp
+		}
+		return out
+	}
+
+	// No maintainer ran: the longer windows wait for their partitions.
+	got := topics()
+	assert.Equal(t, 72*time.Hour, got["window"].KeyWindow)
+	assert.Equal(t, day, got["window"].EffectiveKeyWindow)
+	assert.Equal(t, 72*time.Hour, got["window"].PendingKeyWindow)
+	assert.Equal(t, 2*time.Hour, got["retention"].KeyWindow)
+	assert.Equal(t, day, got["retention"].EffectiveKeyWindow)
+	assert.Equal(t, week, got["retention"].PendingKeyWindow)
+	assert.Equal(t, admin.TopicInfo{Topic: "neither", Partitions: 1, EffectiveKeyWindow: day}, got["neither"])
+	out := f.ok("topics")
+	assert.Equal(t, []string{"window", "1", "-", "24h0m0s*", "0", "-"}, tableRow(t, out, "window"))
+	assert.Equal(t, []string{"retention", "1", "168h0m0s", "24h0m0s*", "0", "-"}, tableRow(t, out, "retention"))
+	assert.Equal(t, []string{"neither", "1", "-", "24h0m0s", "0", "-"}, tableRow(t, out, "neither"))
+	assert.Contains(t, out, pendingKeyWindowNote+"\n")
+	raw := f.ok("topics", "--json")
+	assert.Contains(t, raw, `"key_window_ns": 259200000000000,`)
+	assert.Contains(t, raw, `"effective_key_window_ns": 86400000000000,`)
+	assert.Contains(t, raw, `"pending_key_window_ns": 259200000000000,`)
+
+	// A Subscriber's maintainer makes them: the windows are in use.
+	sub, err := pglease.NewSubscriber(f.pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: f.tables,
+		Maintenance: pglease.MaintenanceConfig{Interval: 100 * time.Millisecond}}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	subCtx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	_, err = sub.Subscribe(subCtx, "neither")
+	require.NoError(t, err)
+	waitFor(t, 30*time.Second, "the maintainer to make the key classes' partitions", func() bool {
+		got = topics()
+		return got["window"].PendingKeyWindow == 0 && got["retention"].PendingKeyWindow == 0
+	})
+	assert.Equal(t, 72*time.Hour, got["window"].EffectiveKeyWindow)
+	assert.Equal(t, week, got["retention"].EffectiveKeyWindow)
+	assert.Equal(t, day, got["neither"].EffectiveKeyWindow)
+	out = f.ok("topics")
+	assert.Equal(t, []string{"window", "1", "-", "72h0m0s", "0", "-"}, tableRow(t, out, "window"))
+	assert.Equal(t, []string{"retention", "1", "168h0m0s", "168h0m0s", "0", "-"}, tableRow(t, out, "retention"))
+	assert.Equal(t, []string{"neither", "1", "-", "24h0m0s", "1", "-"}, tableRow(t, out, "neither"))
+	assert.NotContains(t, out, "*")
+	assert.NotContains(t, f.ok("topics", "--json"), "pending_key_window_ns")
+}
+
+// TestTopicsOnEarlierSchemas: pglease topics lists the topics of the
+// schema of an earlier release, which lacks the key window (version 21:
+// a topic's keys are recognised for its retention), the key classes
+// (version 20: for a day) or idempotency keys (version 14).
+func TestTopicsOnEarlierSchemas(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewPool(t, testDSN, 0)
+	const week = 7 * 24 * time.Hour
+	for _, c := range []struct {
+		version   int
+		keys      string // the KEY-WINDOW of a topic with a week's retention
+		effective time.Duration
+	}{
+		{21, "24h0m0s*", 24 * time.Hour}, // no maintainer made the class's partitions
+		{20, "24h0m0s", 24 * time.Hour},
+		{14, "-", 0},
+	} {
+		schema := pgtest.NewSchema(t, pool, "pglease_cmd_test_")
+		_, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
+		require.NoError(t, err)
+		tables := tablesOf(pglease.Tables{Schema: schema})
+		require.NoError(t, pgsql.Migrate(ctx, pool, tables, tables.Migrations()[:c.version]))
+		// What CreateTopic of that release wrote (no key_window).
+		_, err = pool.Exec(ctx, `INSERT INTO `+tables.Topics+` (topic, partitions, retention, retention_class)
+			VALUES ('kept', 1, interval '7 days', 21)`)
+		require.NoError(t, err)
+		env := map[string]string{"DATABASE_URL": testDSN}
+		r := runCLI(t, env, "topics", "--schema", schema)
+		require.Equal(t, 0, r.code, "version %d: %s", c.version, r)
+		assert.Equal(t, []string{"kept", "1", "168h0m0s", c.keys, "0", "-"}, tableRow(t, r.stdout, "kept"), "version %d", c.version)
+		r = runCLI(t, env, "topics", "--schema", schema, "--json")
+		require.Equal(t, 0, r.code, "version %d: %s", c.version, r)
+		var page admin.TopicPage
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &page))
+		require.Len(t, page.Topics, 1)
+		assert.Equal(t, week, page.Topics[0].Retention)
+		assert.Zero(t, page.Topics[0].KeyWindow)
+		assert.Equal(t, c.effective, page.Topics[0].EffectiveKeyWindow, "version %d", c.version)
+	}
 }
