@@ -308,3 +308,53 @@ func TestTopicsOnEarlierSchemas(t *testing.T) {
 		assert.Equal(t, c.effective, page.Topics[0].EffectiveKeyWindow, "version %d", c.version)
 	}
 }
+
+// TestUITopicsKeyWindow: the console's topics page shows each topic's key
+// window as pglease topics does (see TestTopicsKeyWindow), with the
+// longer window that waits for the maintainer, and the KeyWindow set when
+// the retention outlasts it.
+func TestUITopicsKeyWindow(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	for name, c := range map[string]pglease.TopicConfig{
+		"window":    {KeyWindow: 72 * time.Hour},
+		"retention": {Retention: 7 * 24 * time.Hour, KeyWindow: 2 * time.Hour},
+		"neither":   {},
+	} {
+		c.Tables = f.tables
+		require.NoError(t, pglease.CreateTopic(ctx, f.pool, name, c))
+	}
+	ts, _, _ := newUITest(t, f, false)
+	b := newBrowser(t, ts.URL)
+	cells := func() map[string]string {
+		code, body := b.get("/topics")
+		require.Equal(t, http.StatusOK, code, body)
+		out := map[string]string{}
+		row := regexp.MustCompile(`href="/topic\?name=([^"]+)">[^<]*</a></td>.*?<td class="key-window">(.*?)</td>`)
+		for _, m := range row.FindAllStringSubmatch(body, -1) {
+			out[m[1]] = m[2]
+		}
+		return out
+	}
+
+	got := cells()
+	assert.Equal(t, `24h0m0s <span class="muted key-window-pending">(72h0m0s once the maintainer has made its partitions)</span>`, got["window"])
+	assert.Equal(t, `24h0m0s <span class="muted key-window-pending">(168h0m0s once the maintainer has made its partitions)</span>`, got["retention"])
+	assert.Equal(t, `24h0m0s`, got["neither"])
+
+	sub, err := pglease.NewSubscriber(f.pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: f.tables,
+		Maintenance: pglease.MaintenanceConfig{Interval: 100 * time.Millisecond}}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	subCtx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	_, err = sub.Subscribe(subCtx, "neither")
+	require.NoError(t, err)
+	waitFor(t, 30*time.Second, "the maintainer to make the key classes' partitions", func() bool {
+		got = cells()
+		return !strings.Contains(got["window"]+got["retention"], "pending")
+	})
+	assert.Equal(t, `72h0m0s`, got["window"])
+	assert.Equal(t, `168h0m0s <span class="muted">(KeyWindow 2h0m0s)</span>`, got["retention"])
+	assert.Equal(t, `24h0m0s`, got["neither"])
+}

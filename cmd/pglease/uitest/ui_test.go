@@ -160,7 +160,10 @@ func newSchema(t *testing.T, pool *pgxpool.Pool) pglease.Tables {
 func subscribe(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables, group, topic string) <-chan *message.Message {
 	t.Helper()
 	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, Tables: adapter,
-		CommitBatch: 1, PollInterval: 50 * time.Millisecond}, nil)
+		CommitBatch: 1, PollInterval: 50 * time.Millisecond,
+		// The maintainer makes the partitions of the topics' key windows
+		// within a moment.
+		Maintenance: pglease.MaintenanceConfig{Interval: 200 * time.Millisecond}}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
@@ -220,6 +223,11 @@ func TestConsoleInABrowser(t *testing.T) {
 	t.Cleanup(pool.Close)
 	adapter := newSchema(t, pool)
 	require.NoError(t, pglease.CreateTopic(ctx, pool, "orders", pglease.TopicConfig{Partitions: 2, Tables: adapter}))
+	// Topics whose keys are recognised for longer than a day: by a key
+	// window, and by a retention that outlasts the key window.
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "payments", pglease.TopicConfig{KeyWindow: 72 * time.Hour, Tables: adapter}))
+	require.NoError(t, pglease.CreateTopic(ctx, pool, "audit", pglease.TopicConfig{Retention: 7 * 24 * time.Hour,
+		KeyWindow: 2 * time.Hour, Tables: adapter}))
 	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: adapter}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
@@ -307,6 +315,26 @@ func TestConsoleInABrowser(t *testing.T) {
 	status, body := postWithoutToken(t, bctx)
 	assert.Equal(t, 403.0, status)
 	assert.Contains(t, body, "sign in to write first")
+
+	// The topics and how long each recognises a retried Publish: its key
+	// window, its retention, or a day; once the maintainer has made the
+	// key classes' partitions (until then, a day, and the longer window
+	// waiting).
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		run(chromedp.Navigate(base+"/topics"), chromedp.WaitVisible(chromedp.CSS("#topics")))
+		if count("#topics .key-window-pending") == 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the key windows still wait for the maintainer after 20s: %s", text("#topics"))
+		time.Sleep(250 * time.Millisecond)
+	}
+	keyWindows, err := chromedp.Run(bctx, chromedp.Evaluate[map[string]string](`Object.fromEntries(
+		Array.from(document.querySelectorAll("#topics tbody tr"), r => [r.querySelector("a.topic-link").textContent, r.querySelector("td.key-window").textContent]))`))
+	require.NoError(t, err)
+	assert.Equal(t, "72h0m0s", keyWindows["payments"], "its KeyWindow")
+	assert.Equal(t, "168h0m0s (KeyWindow 2h0m0s)", keyWindows["audit"], "its retention, longer than its KeyWindow")
+	assert.Equal(t, "24h0m0s", keyWindows["orders"], "neither: a day")
 
 	// The topic and its message browser; a message.
 	run(chromedp.Navigate(base+"/topics"), chromedp.WaitVisible(chromedp.CSS("#topics")),
