@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -640,5 +641,76 @@ func testKeyedClassTransition(t *testing.T, f *fixture) {
 	}
 	if got := len(f.keyRows(topic, 0)); got != 8+2 {
 		t.Fatalf("%d rows, want 10: two days after keys_since, a key takes its two class rows only", got)
+	}
+}
+
+// testInspectTopicsKeyWindows: the Inspector's topic rows carry each
+// topic's key_window and whether the partitions of its key class (that
+// of the longer of its retention and its key window) may be used, as
+// publishers choose the class (keysWritten); the statements for the
+// schemas of earlier releases read the columns those have: before
+// version 22 no key_window (the retention's class), before 21 no key
+// classes.
+func testInspectTopicsKeyWindows(t *testing.T, f *fixture) {
+	const class = 19
+	for _, tp := range []pgsql.TopicParams{
+		{Topic: "window", Partitions: 1, KeyWindow: 72 * time.Hour, KeyClass: class},
+		{Topic: "retention over window", Partitions: 1, Retention: 72 * time.Hour, RetentionClass: class, KeyWindow: 2 * time.Hour, KeyClass: 14},
+		{Topic: "short window", Partitions: 1, KeyWindow: 12 * time.Hour, KeyClass: 17},
+		{Topic: "neither", Partitions: 1},
+	} {
+		if _, err := f.Driver.UpsertTopic(f.ctx, f.Pool, tp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := func(schema int) string {
+		t.Helper()
+		all, err := f.Driver.InspectTopics(f.ctx, f.Pool, schema)
+		if err != nil {
+			t.Fatalf("InspectTopics on schema %d: %v", schema, err)
+		}
+		page, err := f.Driver.InspectTopicsPage(f.ctx, f.Pool, pgsql.TopicsPageParams{Schema: schema, First: true, Limit: 10})
+		if err != nil {
+			t.Fatalf("InspectTopicsPage on schema %d: %v", schema, err)
+		}
+		var got, paged []string
+		for _, r := range all {
+			got = append(got, fmt.Sprintf("%s:%s:%t", r.Topic, time.Duration(r.KeyWindowUs)*time.Microsecond, r.KeyClassReady))
+		}
+		for _, r := range page {
+			paged = append(paged, fmt.Sprintf("%s:%s:%t", r.Topic, time.Duration(r.KeyWindowUs)*time.Microsecond, r.KeyClassReady))
+		}
+		if !slices.Equal(got, paged) {
+			t.Fatalf("schema %d: InspectTopics %v, its page %v", schema, got, paged)
+		}
+		return strings.Join(got, " ")
+	}
+	latest := len(f.Tables.Migrations())
+	for _, c := range []struct {
+		schema int
+		want   string
+	}{
+		{latest, "neither:0s:false retention over window:2h0m0s:false short window:12h0m0s:false window:72h0m0s:false"},
+		{pgsql.KeyWindowVersion - 1, "neither:0s:false retention over window:0s:false short window:0s:false window:0s:false"},
+	} {
+		if got := rows(c.schema); got != c.want {
+			t.Fatalf("before the class's partitions, schema %d: %s, want %s", c.schema, got, c.want)
+		}
+	}
+	f.readyKeyClass(class, `pg_catalog.now()`)
+	for _, c := range []struct {
+		schema int
+		want   string
+	}{
+		// The class of the window, or of the retention longer than it.
+		{latest, "neither:0s:false retention over window:2h0m0s:true short window:12h0m0s:false window:72h0m0s:true"},
+		// Schema 21: the retention's class alone.
+		{pgsql.KeyWindowVersion - 1, "neither:0s:false retention over window:0s:true short window:0s:false window:0s:false"},
+		// Schema 20: no classes.
+		{pgsql.KeyClassesVersion - 1, "neither:0s:false retention over window:0s:false short window:0s:false window:0s:false"},
+	} {
+		if got := rows(c.schema); got != c.want {
+			t.Fatalf("once the class's partitions may be used, schema %d: %s, want %s", c.schema, got, c.want)
+		}
 	}
 }

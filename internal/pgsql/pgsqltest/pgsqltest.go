@@ -107,6 +107,7 @@ func cases() []testCase {
 		{"KeyedRetentionWindow", testKeyedRetentionWindow},
 		{"KeyedClassTransition", testKeyedClassTransition},
 		{"KeyedConfiguredWindow", testKeyedConfiguredWindow},
+		{"InspectTopicsKeyWindows", testInspectTopicsKeyWindows},
 		// sessions
 		{"SessionCreateAndHeartbeat", testSessionCreateAndHeartbeat},
 		{"SessionReplacesAnother", testSessionReplacesAnother},
