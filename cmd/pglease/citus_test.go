@@ -319,6 +319,13 @@ func (f *fixture) uuidsIn(topic string, ids ...string) []int {
 	return out
 }
 
+// TestCitusTopicsKeyWindow: pglease topics on a Citus cluster says how
+// long each topic recognises a key, as on a single node
+// (TestTopicsKeyWindow).
+func TestCitusTopicsKeyWindow(t *testing.T) {
+	testTopicsKeyWindow(t, citusFixture(t))
+}
+
 // TestCitusUIPagesRender: the console on a Citus cluster: the overview
 // shows a group with its lag (counted on the topic's worker), the group's
 // page its partition, the topics page every topic, the topic page of a

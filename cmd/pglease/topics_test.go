@@ -204,7 +204,10 @@ func TestUIGroupsAndRowsPaged(t *testing.T) {
 // a day; a longer window is marked, and named in --json, until the
 // maintainer has made its partitions.
 func TestTopicsKeyWindow(t *testing.T) {
-	f := newFixture(t)
+	testTopicsKeyWindow(t, newFixture(t))
+}
+
+func testTopicsKeyWindow(t *testing.T, f *fixture) {
 	ctx := context.Background()
 	const day, week = 24 * time.Hour, 7 * 24 * time.Hour
 	for name, c := range map[string]pglease.TopicConfig{
