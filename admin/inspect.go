@@ -502,6 +502,10 @@ type TopicInfo struct {
 // Topics returns every topic that has messages, settings or offset rows
 // (all of them: [Inspector.TopicsPage] reads a page). It runs in a transaction of its own (a savepoint on a pgx.Tx) with JIT
 // compilation off: compiling its per-row look-ups costs more than it saves.
+// It reads the schema's version first, in that transaction, and reads
+// the topics as that version has them: it runs on the schema of an
+// earlier release, whose key windows it reports (see
+// TopicInfo.EffectiveKeyWindow).
 func (i *Inspector) Topics(ctx context.Context) ([]TopicInfo, error) {
 	tx, err := i.noJIT(ctx)
 	if err != nil {
