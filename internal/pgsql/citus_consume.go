@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -605,6 +607,215 @@ WHERE `+citusKeyed,
 		}
 	}
 	return tag.RowsAffected(), nil
+}
+
+// ReleaseOffsets is [Driver.ReleaseOffsets] on Citus: the releases of
+// one session (all of them, when a Subscriber closes) in two statements
+// whatever their number, where ReleaseOffset takes two or three per
+// release, each waiting for its worker. First a SELECT of the released
+// topics' rows (citusReleaseCheckStmt), which Citus sends to their
+// shards, reads each topic's worker's counter and identity there, the
+// check citusOnHistory makes of one; then one UPDATE of the rows that
+// pass it (citusReleaseStmt), which Citus runs on their shards in one
+// distributed transaction, each row fenced by session and epoch as
+// ReleaseOffset's is, and which notifies from the coordinator. A
+// release that fails the check, whose topic has no row of the group, or
+// that repeats a row already in the UPDATE is run by ReleaseOffset
+// after it, which reads its worker again and says why it is refused
+// (ErrWentBack, a ShardMovedError) or finds ownership lost. Each
+// statement is bounded by timeout. A failure before anything may have
+// been written is returned for all (nothing was released); after, it is
+// the outcome of each release it concerns.
+func (d citus) ReleaseOffsets(ctx context.Context, q BatchQuerier, ps []OffsetParams, timeout time.Duration) ([]ReleaseResult, error) {
+	out := make([]ReleaseResult, len(ps))
+	var (
+		alone []int
+		wrote bool
+	)
+	for _, set := range releaseSets(ps) {
+		left, err := d.citusReleaseSet(ctx, q, ps, set, out, timeout)
+		if err != nil {
+			if !wrote {
+				return nil, err
+			}
+			for _, i := range set {
+				out[i].Err = err
+			}
+			continue
+		}
+		wrote = true
+		alone = append(alone, left...)
+	}
+	slices.Sort(alone)
+	for _, i := range alone {
+		func() {
+			ctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			out[i].Released, out[i].Err = d.ReleaseOffset(ctx, q, ps[i])
+		}()
+	}
+	return out, nil
+}
+
+// releaseSets splits the indexes of ps by the session that releases
+// (consumer group, session, notification channel), in the order of ps.
+func releaseSets(ps []OffsetParams) [][]int {
+	type session struct {
+		group   string
+		id      uuid.UUID
+		channel string
+	}
+	at := map[session]int{}
+	var sets [][]int
+	for i, p := range ps {
+		k := session{p.ConsumerGroup, p.SessionID, p.NotifyChannel}
+		j, ok := at[k]
+		if !ok {
+			j = len(sets)
+			at[k] = j
+			sets = append(sets, nil)
+		}
+		sets[j] = append(sets[j], i)
+	}
+	return sets
+}
+
+// citusReleaseSet releases the rows of ps at set (one session's) that
+// pass the check on their workers by one UPDATE, recording each in out,
+// and returns the indexes left to ReleaseOffset.
+func (d citus) citusReleaseSet(ctx context.Context, q Querier, ps []OffsetParams, set []int, out []ReleaseResult,
+	timeout time.Duration) (left []int, err error) {
+	var topics []string
+	seen := map[string]bool{}
+	for _, i := range set {
+		if t := ps[i].Topic; !seen[t] {
+			seen[t] = true
+			topics = append(topics, t)
+		}
+	}
+	snapshots, err := d.citusReleaseCheck(ctx, q, ps[set[0]].ConsumerGroup, topics, timeout)
+	if err != nil {
+		return nil, err
+	}
+	type row struct {
+		topic     string
+		partition int32
+	}
+	var rows []int
+	sent := map[row]bool{}
+	for _, i := range set {
+		p := ps[i]
+		s, ok := snapshots[p.Topic]
+		here, _ := splitWorkerHere(p.WorkerHere)
+		r := row{p.Topic, p.Partition}
+		if !ok || sent[r] || p.Position.TransactionID >= s.counter || (p.WorkerHere != "" && s.here != here) {
+			left = append(left, i)
+			continue
+		}
+		sent[r] = true
+		rows = append(rows, i)
+	}
+	if len(rows) == 0 {
+		return left, nil
+	}
+	stmt := d.citusReleaseStmt(ps, rows)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	released, err := q.Query(ctx, stmt.SQL, stmt.Args...)
+	if err != nil {
+		return nil, err
+	}
+	var r row
+	freed := map[row]bool{}
+	if _, err := pgx.ForEachRow(released, []any{&r.topic, &r.partition}, func() error {
+		freed[r] = true
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	for _, i := range rows {
+		if freed[row{ps[i].Topic, ps[i].Partition}] {
+			out[i].Released = 1
+		}
+	}
+	return left, nil
+}
+
+// citusReleaseCheckStmt is the statement of citusReleaseCheck.
+func (d citus) citusReleaseCheckStmt(group string, topics []string) Stmt {
+	return Stmt{SQL: `SELECT o.topic, ` + d.workerCounter() + `::text, ` + here + `
+FROM ` + d.t.Offsets + ` o WHERE o.consumer_group = $1 AND o.topic = ANY($2::text[])`, Args: []any{group, topics}}
+}
+
+// citusReleaseCheck reads, for each of topics that group has a row of,
+// the counter and the identity of the topic's worker. Citus sends the
+// SELECT to the topics' shards, whose queries call the counter's
+// function (which refuses to run on the coordinator) and read the
+// identity on the worker, a row of the group at a time.
+func (d citus) citusReleaseCheck(ctx context.Context, q Querier, group string, topics []string,
+	timeout time.Duration) (map[string]citusSnapshot, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	s := d.citusReleaseCheckStmt(group, topics)
+	rows, err := q.Query(ctx, s.SQL, s.Args...)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]citusSnapshot, len(topics))
+	var (
+		topic string
+		snap  citusSnapshot
+	)
+	_, err = pgx.ForEachRow(rows, []any{&topic, (*xid8)(&snap.counter), &snap.here}, func() error {
+		out[topic] = snap
+		return nil
+	})
+	return out, err
+}
+
+// citusReleaseStmt is the UPDATE of citusReleaseSet: the releases of
+// ps at rows (one session's, one per row) as ReleaseOffset's UPDATE on
+// Citus makes each, the parameters of each row from arrays joined to
+// the rows (so the statement's text is the same whatever their
+// number), the shards pruned to those of the topics. Its rows are the
+// rows released; with a notification channel, it notifies "r" + topic
+// from the coordinator for each (pg_notify over the UPDATE's result).
+func (d citus) citusReleaseStmt(ps []OffsetParams, rows []int) Stmt {
+	p := ps[rows[0]]
+	topics := make([]string, len(rows))
+	parts := make([]int32, len(rows))
+	epochs := make([]int64, len(rows))
+	txIDs := make([]string, len(rows))
+	offsets := make([]int64, len(rows))
+	headOut := make([]bool, len(rows))
+	above := make([]string, len(rows))
+	for j, i := range rows {
+		r := ps[i]
+		topics[j], parts[j], epochs[j] = r.Topic, r.Partition, r.Epoch
+		txIDs[j], offsets[j], headOut[j] = formatXID8(r.Position.TransactionID), r.Position.Offset, r.HeadOut
+		above[j] = strings.Join(AboveEntries(r.AckedAbove), ",")
+	}
+	sql := `WITH released AS (
+	UPDATE ` + d.t.Offsets + ` o
+	SET ` + forwardSetOf(`v.tx::xid8`, `v.off`, `v.head_out`) + `,
+		` + keptAboveSetOf(`pg_catalog.string_to_array(v.above, ',')`, `v.tx::xid8`, `v.off`) + `,
+		session_id = NULL, updated_at = pg_catalog.now()
+	FROM ROWS FROM (pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::integer[]), pg_catalog.unnest($5::bigint[]),
+		pg_catalog.unnest($6::text[]), pg_catalog.unnest($7::bigint[]), pg_catalog.unnest($8::boolean[]),
+		pg_catalog.unnest($9::text[])) AS v(topic, partition, epoch, tx, off, head_out, above)
+	WHERE o.consumer_group = $1 AND o.session_id = $2 AND o.topic = ANY($3::text[])
+		AND o.topic = v.topic AND o.partition = v.partition AND o.epoch = v.epoch
+	RETURNING o.topic, o.partition
+)`
+	args := []any{p.ConsumerGroup, p.SessionID, topics, parts, epochs, txIDs, offsets, headOut, above}
+	if p.NotifyChannel == "" {
+		return Stmt{SQL: sql + `
+SELECT topic, partition FROM released`, Args: args}
+	}
+	return asCitus(Stmt{SQL: sql + `, notified AS (
+	SELECT topic, partition, pg_catalog.pg_notify($10, ` + kind(NotifyReleased) + ` || topic) FROM released
+)
+SELECT topic, partition FROM notified`, Args: append(args, p.NotifyChannel)})
 }
 
 // CountHeadDelivery is [Driver.CountHeadDelivery] on Citus.

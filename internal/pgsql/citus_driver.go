@@ -297,21 +297,6 @@ func (d citus) EstimateTopicMessages(ctx context.Context, q Querier, topic strin
 	return n, nil
 }
 
-// ReleaseOffsets implements Driver: a release is two statements (see
-// ReleaseOffset), so the releases run one after another, each bounded by
-// timeout.
-func (d citus) ReleaseOffsets(ctx context.Context, q BatchQuerier, ps []OffsetParams, timeout time.Duration) ([]ReleaseResult, error) {
-	out := make([]ReleaseResult, len(ps))
-	for i, p := range ps {
-		func() {
-			ctx, cancel := context.WithTimeout(ctx, timeout)
-			defer cancel()
-			out[i].Released, out[i].Err = d.ReleaseOffset(ctx, q, p)
-		}()
-	}
-	return out, nil
-}
-
 // QueueAck implements Driver: the acknowledgement is several statements
 // (see AckOffset), run after the batch.
 func (d citus) QueueAck(_ *pgx.Batch, p OffsetParams) QueuedAck {

@@ -92,6 +92,15 @@ func dumpCitusStatements(t *Tables) string {
 	vp := VisibleTopicsParams{Topics: []string{"a", "b", "c"}, Positions: []Position{{1, 2}, {3, 4}, {5, 6}}}
 	q("citusVisible", a.citusVisibleStmt(vp, []int32{0, 1, 2}, []int{2, 0}))
 	s("citusVisibleProbe", a.citusVisibleProbe())
+	q("citusReleaseCheck", a.citusReleaseCheckStmt("g", []string{"t", "u"}))
+	rel := []OffsetParams{
+		{ConsumerGroup: "g", Topic: "t", Partition: 1, SessionID: id, Epoch: 3, Position: Position{5, 9}, HeadOut: true,
+			AckedAbove: []Position{{5, 11}, {6, 0}}, NotifyChannel: "ch"},
+		{ConsumerGroup: "g", Topic: "u", SessionID: id, Epoch: 4, Position: Position{7, 1}, NotifyChannel: "ch"},
+	}
+	q("citusRelease", a.citusReleaseStmt(rel, []int{1, 0}))
+	rel[0].NotifyChannel = ""
+	q("citusRelease no notification", a.citusReleaseStmt(rel, []int{0}))
 	q("citusDeleteIdleGroups", a.citusDeleteIdleGroups(time.Hour))
 	q("citusRetainedTopics", a.citusRetainedTopics())
 	q("citusDeleteExpiredKept", a.citusDeleteExpiredKept("t", 500))

@@ -834,9 +834,15 @@ func aboveAfter(arr, tx, off string) string {
 // written ($6, $7), so the array never holds a position at or before the
 // row's. It is computed from the old row, like forwardSet.
 func keptAboveSet(above int) string {
-	return `acked_above = ARRAY(SELECT DISTINCT a FROM pg_catalog.unnest(acked_above || $` + strconv.Itoa(above) + `::text[]) a
+	return keptAboveSetOf(`$`+strconv.Itoa(above)+`::text[]`, `$6::text::xid8`, `$7::bigint`)
+}
+
+// keptAboveSetOf is keptAboveSet with the positions added (text[]) and
+// the position written (xid8, bigint) given as SQL expressions.
+func keptAboveSetOf(above, tx, off string) string {
+	return `acked_above = ARRAY(SELECT DISTINCT a FROM pg_catalog.unnest(acked_above || ` + above + `) a
 		WHERE (pg_catalog.split_part(a, ':', 1)::xid8, pg_catalog.split_part(a, ':', 2)::bigint) > (acked_transaction_id, acked_offset)
-			AND (pg_catalog.split_part(a, ':', 1)::xid8, pg_catalog.split_part(a, ':', 2)::bigint) > ($6::text::xid8, $7::bigint))`
+			AND (pg_catalog.split_part(a, ':', 1)::xid8, pg_catalog.split_part(a, ':', 2)::bigint) > (` + tx + `, ` + off + `))`
 }
 
 // AboveEntries are positions as acked_above entries ([AboveEntry]).
@@ -855,10 +861,16 @@ func AboveEntries(ps []Position) []string {
 // the boolean parameter $headOut says this claim has (see
 // [OffsetParams.HeadOut]), else 0.
 func forwardSet(headOut int) string {
-	ahead := `(acked_transaction_id, acked_offset) < ($6::text::xid8, $7::bigint)`
-	return `acked_transaction_id = CASE WHEN ` + ahead + ` THEN $6::text::xid8 ELSE acked_transaction_id END,
-	acked_offset = CASE WHEN ` + ahead + ` THEN $7::bigint ELSE acked_offset END,
-	head_deliveries = CASE WHEN ` + ahead + ` THEN CASE WHEN $` + strconv.Itoa(headOut) + `::boolean THEN 1 ELSE 0 END
+	return forwardSetOf(`$6::text::xid8`, `$7::bigint`, `$`+strconv.Itoa(headOut)+`::boolean`)
+}
+
+// forwardSetOf is forwardSet with the position (xid8, bigint) and
+// headOut (boolean) given as SQL expressions.
+func forwardSetOf(tx, off, headOut string) string {
+	ahead := `(acked_transaction_id, acked_offset) < (` + tx + `, ` + off + `)`
+	return `acked_transaction_id = CASE WHEN ` + ahead + ` THEN ` + tx + ` ELSE acked_transaction_id END,
+	acked_offset = CASE WHEN ` + ahead + ` THEN ` + off + ` ELSE acked_offset END,
+	head_deliveries = CASE WHEN ` + ahead + ` THEN CASE WHEN ` + headOut + ` THEN 1 ELSE 0 END
 		ELSE head_deliveries END`
 }
 

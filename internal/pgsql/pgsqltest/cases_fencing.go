@@ -223,6 +223,123 @@ func testReleaseCarriesAckedAbove(t *testing.T, f *fixture) {
 	}
 }
 
+// testReleaseMany: ReleaseOffsets, the releases of a Subscriber's rows
+// together (Close), gives each release the outcome ReleaseOffset gives
+// it alone. The owner's rows are freed at their positions, never moved
+// back, with their delivery counts and the positions acknowledged above,
+// and each topic is notified; a stale epoch, another session's release
+// in the same call, the second release of a row in the call and a topic
+// without a row free nothing (0); a position ahead of the counter, or an
+// identity that is not the server's (the topic's worker's on Citus), is
+// refused with ErrWentBack and leaves the row as it was. On Citus the
+// topics lie on both workers.
+func testReleaseMany(t *testing.T, f *fixture) {
+	const group = "g"
+	owner, other := f.session(group), f.session(group)
+	topics := make([]string, 12)
+	owned := map[string]pgsql.OffsetParams{}
+	for i := range topics {
+		topics[i] = "many" + strconv.Itoa(i)
+		f.ensure(group, topics[i])
+		owned[topics[i]] = f.owned(owner, group, f.claimOne(owner, group, topics[i]))
+	}
+	if f.Citus {
+		var workers int
+		if err := f.Pool.QueryRow(f.ctx, `SELECT pg_catalog.count(DISTINCT p.groupid) FROM pg_catalog.unnest($2::text[]) t(topic)
+		JOIN pg_catalog.pg_dist_placement p ON p.shardid = pg_catalog.get_shard_id_for_distribution_column($1::regclass, t.topic)`,
+			f.Tables.Offsets, topics).Scan(&workers); err != nil {
+			t.Fatal(err)
+		}
+		if workers < 2 {
+			t.Fatalf("the topics lie on %d workers; want them on several", workers)
+		}
+	}
+	committed := owned["many0"]
+	committed.Position = pos2
+	if _, written := f.commit(committed); !written {
+		t.Fatal("commit refused")
+	}
+
+	release := func(topic string, change func(p *pgsql.OffsetParams)) pgsql.OffsetParams {
+		p := owned[topic]
+		p.Position = pos2
+		p.NotifyChannel = f.Tables.NotifyChannel
+		if change != nil {
+			change(&p)
+		}
+		return p
+	}
+	want := []struct {
+		p        pgsql.OffsetParams
+		released int64
+		wentBack bool
+	}{
+		{p: release("many0", func(p *pgsql.OffsetParams) { p.Position = pos1 }), released: 1},
+		{p: release("many1", func(p *pgsql.OffsetParams) { p.Position, p.HeadOut = pos3, true }), released: 1},
+		{p: release("many2", func(p *pgsql.OffsetParams) { p.AckedAbove = []pgsql.Position{pos1, pos3} }), released: 1},
+		{p: release("many3", func(p *pgsql.OffsetParams) { p.Epoch-- })},
+		{p: release("many4", func(p *pgsql.OffsetParams) { p.SessionID = other })},
+		{p: release("many5", func(p *pgsql.OffsetParams) { p.Position = pgsql.Position{TransactionID: ahead} }), wentBack: true},
+		{p: release("many6", func(p *pgsql.OffsetParams) {
+			if f.Citus {
+				p.WorkerHere = "00000009:1:1"
+			} else {
+				p.Here = "00000009:1:1"
+			}
+		}), wentBack: true},
+		{p: release("many7", nil), released: 1},
+		{p: release("many7", nil)},
+		{p: release("many3", func(p *pgsql.OffsetParams) { p.Topic = "nothing" })},
+		{p: release("many8", nil), released: 1},
+		{p: release("many9", nil), released: 1},
+		{p: release("many10", nil), released: 1},
+		{p: release("many11", nil), released: 1},
+	}
+	ps := make([]pgsql.OffsetParams, len(want))
+	for i, w := range want {
+		ps[i] = w.p
+	}
+	l := f.listen()
+	results, err := f.Driver.ReleaseOffsets(f.ctx, f.Pool, ps, waitTimeout)
+	if err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	if len(results) != len(ps) {
+		t.Fatalf("%d results for %d releases", len(results), len(ps))
+	}
+	var notified []string
+	for i, w := range want {
+		r := results[i]
+		if r.Released != w.released || isWentBack(r.Err) != w.wentBack || (r.Err != nil && !w.wentBack) {
+			t.Errorf("release %d of %s (epoch %d, at %v): %d, %v; want %d, went back %t",
+				i, w.p.Topic, w.p.Epoch, w.p.Position, r.Released, r.Err, w.released, w.wentBack)
+		}
+		if w.released == 1 {
+			notified = append(notified, string(rune(pgsql.NotifyReleased))+w.p.Topic)
+		}
+	}
+	f.notified(l, notified...)
+
+	for _, topic := range []string{"many0", "many1", "many2", "many7", "many8", "many9", "many10", "many11"} {
+		r := f.row(group, topic, 0)
+		wantAcked, wantHead := pos2, int32(0)
+		if topic == "many1" {
+			wantAcked, wantHead = pos3, 1
+		}
+		if r.Session != nil || r.Acked != wantAcked || r.HeadDeliveries != wantHead {
+			t.Errorf("row of %s after the releases: %+v, want free at %v with %d deliveries", topic, r, wantAcked, wantHead)
+		}
+		if topic == "many2" && !slices.Equal(r.AckedAbove, []string{pgsql.AboveEntry(pos3)}) {
+			t.Errorf("row of %s carries %v above its position, want [%s]", topic, r.AckedAbove, pgsql.AboveEntry(pos3))
+		}
+	}
+	for _, topic := range []string{"many3", "many4", "many5", "many6"} {
+		if r := f.row(group, topic, 0); r.Session == nil || *r.Session != owner || r.Acked != (pgsql.Position{}) {
+			t.Errorf("row of %s after releases that may not free it: %+v, want the owner's, unmoved", topic, r)
+		}
+	}
+}
+
 // ack runs AckOffset in a transaction of its own, committed.
 func (f *fixture) ack(p pgsql.OffsetParams) (pgsql.AckRow, error) {
 	f.t.Helper()

@@ -129,6 +129,7 @@ func cases() []testCase {
 		{"CommitPositionChecks", testCommitPositionChecks},
 		{"ReleaseFenced", testReleaseFenced},
 		{"ReleaseCarriesAckedAbove", testReleaseCarriesAckedAbove},
+		{"ReleaseMany", testReleaseMany},
 		{"AckOffsetFenced", testAckOffsetFenced},
 		{"AckOffsetWaitsForAClaim", testAckOffsetWaitsForAClaim},
 		{"AckOffsetAbove", testAckOffsetAbove},
