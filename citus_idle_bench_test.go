@@ -215,10 +215,7 @@ func citusIdleCost(b *testing.B, n int, window time.Duration, perTopic bool) flo
 // the function that closes it.
 func idleSubscriber(b *testing.B, ctx context.Context, pool *pgxpool.Pool, adapter pglease.Tables, n int) func() {
 	b.Helper()
-	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "idle", Tables: adapter,
-		// The releases of a thousand topics on Citus take longer than the
-		// default 5 s.
-		CloseTimeout: time.Minute}, nil)
+	sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "idle", Tables: adapter}, nil)
 	require.NoError(b, err)
 	subCtx, stop := context.WithCancel(ctx)
 	began := time.Now()
