@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,7 +59,7 @@ func TestCitusCloseReleasesEveryTopic(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM `+table(adapter, pglease.DefaultConsumerSessionsTable)+`
 		WHERE id = $1`, r.session).Scan(&sessions))
 	require.Zero(t, sessions, "the session row is left")
-	assertNoLeakedGoroutines(t)
+	assertNoEngineGoroutines(t)
 
 	// A second member takes every topic, long before the first one's
 	// session would have expired.
@@ -77,8 +79,39 @@ func TestCitusCloseReleasesEveryTopic(t *testing.T) {
 			WHERE o.consumer_group = 'close' AND s.id <> $1`, r.session).Scan(&mine))
 		return mine == n
 	})
+	require.NotEmpty(t, engineGoroutines(), "the engine's goroutines not recognised while a Subscriber runs")
 	require.NoError(t, second.Close())
 	stop()
+	assertNoEngineGoroutines(t)
+}
+
+// engineGoroutine matches the stack frames of the engine's goroutines
+// (consumers, the batcher's workers, the loops), which ownGoroutine
+// (assertNoLeakedGoroutines) names by the root package's types.
+var engineGoroutine = regexp.MustCompile(`watermill-pglease/internal/(engine|svc)\.`)
+
+// engineGoroutines returns the stacks of the engine's goroutines.
+func engineGoroutines() []string {
+	buf := make([]byte, 1<<22)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if engineGoroutine.MatchString(g) {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// assertNoEngineGoroutines waits until no goroutine of the engine is
+// left, then asserts assertNoLeakedGoroutines.
+func assertNoEngineGoroutines(t testing.TB) {
+	t.Helper()
+	leaked := engineGoroutines()
+	for deadline := time.Now().Add(5 * time.Second); len(leaked) > 0 && time.Now().Before(deadline); leaked = engineGoroutines() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.Empty(t, leaked, "goroutines of the engine still running after Close")
 	assertNoLeakedGoroutines(t)
 }
 
