@@ -91,7 +91,10 @@ func parallel(t *testing.T) {
 }
 
 // ownGoroutine matches stack frames of goroutines that pglease starts.
-var ownGoroutine = regexp.MustCompile(`watermill-pglease\.\(\*(consumer|subscription|groupMember|sessionKeeper|maintainer|Subscriber|Publisher|batcher\[\.\.\.\]|wakeHub|sharedListener)\)|watermill-pglease/internal/svc\.`)
+// The engine (internal/engine) runs the consumers, fetches, batchers and
+// watchers; internal/svc the services (session keeper, maintainer,
+// listener).
+var ownGoroutine = regexp.MustCompile(`watermill-pglease\.\(\*(consumer|subscription|groupMember|sessionKeeper|maintainer|Subscriber|Publisher|batcher\[\.\.\.\]|wakeHub|sharedListener)\)|watermill-pglease/internal/(svc|engine)\.`)
 
 // assertNoLeakedGoroutines waits until no goroutine of the library is left.
 func assertNoLeakedGoroutines(t testing.TB) {
