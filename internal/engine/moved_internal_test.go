@@ -126,3 +126,48 @@ func TestWorkerWentBackIsLoggedWithTheWorker(t *testing.T) {
 		t.Errorf("the coordinator's counters logged for a worker: %v", f)
 	}
 }
+
+// TestRestartFoundByAStatementBeforeTheHeartbeat: a statement finds the
+// restarted server first (the generation dropped by elsewhere), then the
+// heartbeat reads the restarted server's mark before the new session is
+// made: the restart is still logged once, at Info, as a restart, not at
+// Error as a database gone back (TestOutageLogsOncePerComponent saw
+// that line under load).
+func TestRestartFoundByAStatementBeforeTheHeartbeat(t *testing.T) {
+	t.Parallel()
+	before := clusterMark{timeline: "00000001", here: "00000001:1:1", lsn: 100, xmax: 10}
+	after := clusterMark{timeline: "00000001", here: "00000001:2:1", lsn: 200, xmax: 12}
+	logger := watermill.NewCaptureLogger()
+	k := &sessionKeeper{logger: logger, stats: &subscriberStats{}, kick: make(chan struct{}, 1), mark: before}
+	g := newSessionGen()
+	g.keeper, k.cur = k, g
+	g.elsewhereFor("read messages of topic \"o0\"", fmt.Errorf("read: %w", pgsql.ErrWentBack))
+	if !g.isLost() {
+		t.Fatal("the generation was not dropped")
+	}
+	if !k.backInTime(g, after) {
+		t.Fatal("the heartbeat did not find the restart")
+	}
+	k.mu.Lock()
+	k.resynced(after)
+	k.mu.Unlock()
+	logged := logger.Captured()
+	if n := len(logged[watermill.ErrorLogLevel]); n != 0 {
+		t.Errorf("a restart logged %d lines at Error: %v", n, logged[watermill.ErrorLogLevel])
+	}
+	var restarts []watermill.CapturedMessage
+	for _, m := range logged[watermill.InfoLogLevel] {
+		if strings.HasPrefix(m.Msg, "The database server restarted") {
+			restarts = append(restarts, m)
+		}
+	}
+	if len(restarts) != 1 {
+		t.Fatalf("the restart logged %d lines at Info, want 1: %v", len(restarts), logged[watermill.InfoLogLevel])
+	}
+	if by := restarts[0].Fields["detected_by"]; by != "read messages of topic \"o0\"" {
+		t.Errorf("detected_by %v, want the statement", by)
+	}
+	if n := k.stats.resyncs.Load(); n != 1 {
+		t.Errorf("%d resynchronisations counted, want 1", n)
+	}
+}

@@ -591,17 +591,20 @@ func (k *sessionKeeper) backInTime(g *sessionGen, mark clusterMark) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	prev := k.mark
-	k.mark = mark
 	why, restarted := wentBack(prev, mark)
 	if why == "" {
+		k.mark = mark
 		return false
 	}
 	if k.loseLocked(g) {
-		// (Not when a statement found it first: elsewhere counted it,
-		// and the next session logs it.)
+		k.mark = mark
 		k.stats.resyncs.Add(1)
 		k.logResync(prev, mark, why, restarted, "the heartbeat", g.id)
 	}
+	// Else a statement found it first (elsewhere counted it): the mark
+	// stays the one before, so that the next session (resynced) compares
+	// it with where the database is then and logs what happened, a
+	// restart at Info, not a generic going back at Error.
 	return true
 }
 
