@@ -9,6 +9,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -399,7 +400,10 @@ func (c *consumer) releaseRetrying(left *leftover, err error) {
 	for err != nil {
 		if !sleep(retry.delay(), c.giveUp, left.g.lost) {
 			if c.givingUp() {
-				c.host.closeError(err)
+				// Named here: an error of the release batch itself (the
+				// wait for it cut short by Close, a connection that could
+				// not be had) does not name the topic.
+				c.host.closeError(fmt.Errorf("topic %q partition %d not released: %w", c.topic, c.partition, err))
 			}
 			return
 		}
