@@ -1,6 +1,7 @@
 package pglease
 
 import (
+	"os"
 	"time"
 
 	"github.com/pglease/watermill-pglease/internal/engine"
@@ -110,3 +111,17 @@ const (
 func SetFailureStepHook(s *Subscriber, hook func(step, uuid string, attempt int)) {
 	s.engine.SetFailureStepHook(hook)
 }
+
+func init() { routeForTests = os.Getenv("PGLEASE_TEST_CITUS_ROUTE") != "" }
+
+// RefreshRoutes makes p read where the shards are on its next routed Publish
+// (tests only).
+func RefreshRoutes(p *Publisher) {
+	if p.router != nil {
+		p.router.Invalidate()
+	}
+}
+
+// Routing reports whether p routes its calls to the Citus workers
+// (tests only).
+func Routing(p *Publisher) bool { return p.router != nil }

@@ -76,7 +76,63 @@ type PublisherConfig struct {
 	// Publish with the same messages safe. A message without a key is
 	// stored as before, by the same statement as before.
 	IdempotencyKey func(topic string, msg *message.Message) string
+
+	// RouteToWorkers sets whether, on Citus, a Publish is sent to the
+	// worker that holds its topic's shard rather than to the coordinator,
+	// default false. The coordinator then neither plans nor relays the
+	// insert, which is what limits publishing on a cluster of several
+	// workers (docs/scaling.md, "Routing publishes to the workers"). It
+	// needs Citus 11 or later, whose workers hold the cluster's metadata
+	// (pg_dist_node.hasmetadata, the default), and clients that can
+	// connect to the workers.
+	//
+	// Each worker gets a connection pool of its own (see ConnectWorker),
+	// opened on the first Publish routed there and closed by
+	// [Publisher.Close]; each worker's calls are group-committed on it.
+	// Where the shards are is read from the coordinator's catalog on the
+	// first Publish, every RouteRefreshInterval and after a worker could
+	// not be reached. Subscribers are notified through the coordinator
+	// once the messages are committed.
+	//
+	// A call goes through the coordinator, as without RouteToWorkers,
+	// when its messages are delayed (they go to a table on every node),
+	// when its topic's node is the coordinator or a worker without
+	// synced metadata (logged once), when the tables are not distributed
+	// (logged once: the same configuration serves a single PostgreSQL),
+	// and for RouteRetryAfter after a worker's pool could not connect
+	// (logged once per outage): only a failure before anything was sent
+	// goes to the coordinator, so that nothing is stored twice; any other
+	// failure is the call's error. It is an error with a *pgx.Conn (one
+	// connection, to one node); with a pgx.Tx it has no effect: the
+	// caller's transaction decides where the messages are written.
+	RouteToWorkers bool
+
+	// ConnectWorker sets the function that opens the connection pool of
+	// a worker, given its address in the coordinator's pg_dist_node
+	// (nodename, nodeport), default nil: the coordinator pool's
+	// configuration (credentials, TLS, size, hooks) with that host and
+	// port. Set it when clients reach the workers at other addresses or
+	// with other settings. The Publisher owns the pools it returns and
+	// closes them in Close. Used only with RouteToWorkers.
+	ConnectWorker func(ctx context.Context, host string, port int) (*pgxpool.Pool, error)
+
+	// RouteRefreshInterval sets how often a routing Publisher reads again
+	// where the shards are, default 30s. A Publish sent to a worker that
+	// no longer holds its topic's shard (moved by
+	// citus_move_shard_placement or a rebalance since) is still stored:
+	// that worker forwards it to the new one, in a distributed
+	// transaction, slower; from the next read on it goes to the new one.
+	RouteRefreshInterval time.Duration
 }
+
+// routeForTests turns RouteToWorkers on for every Publisher on a pool:
+// the tests' PGLEASE_TEST_CITUS_ROUTE (export_test.go), which runs the
+// Citus tests that publish with routing.
+var routeForTests bool
+
+// RouteRetryAfter is how long a routing Publisher sends a worker's topics
+// through the coordinator after the worker's pool failed to connect.
+const RouteRetryAfter = 5 * time.Second
 
 // IdempotencyKeyMetadata is the metadata key of a message's idempotency key
 // (see PublisherConfig.IdempotencyKey). The metadata is stored with the
@@ -108,6 +164,9 @@ type PublishResult struct {
 }
 
 func (c PublisherConfig) validate() error {
+	if c.RouteRefreshInterval < 0 {
+		return fmt.Errorf("PublisherConfig.RouteRefreshInterval must not be negative, got %s", c.RouteRefreshInterval)
+	}
 	return checkTables("PublisherConfig", c.Tables, c.SchemaAdapter)
 }
 
@@ -137,6 +196,9 @@ type Publisher struct {
 	serial *sync.Mutex
 	// group batches concurrent Publish calls when db is a pool.
 	group *engine.GroupCommitter
+	// router sends calls to their topics' Citus workers (RouteToWorkers
+	// on a pool), or is nil.
+	router *engine.Router
 
 	schema schemaOnce // AutoInitializeSchema
 
@@ -164,10 +226,32 @@ func NewPublisher(db DB, config PublisherConfig, logger watermill.LoggerAdapter)
 	_, nop := logger.(watermill.NopLogger)
 	p := &Publisher{db: db, config: config, logger: logger, traces: !nop, closeDone: make(chan struct{}),
 		driver: pgsql.NewLazy(config.tableNames().tables())}
-	if pool, ok := db.(*pgxpool.Pool); ok {
+	pool, isPool := db.(*pgxpool.Pool)
+	if isPool {
 		p.group = engine.NewGroupCommitter(pool, p.driver, logger)
 	} else {
 		p.serial = &sync.Mutex{}
+	}
+	if routeForTests && isPool {
+		config.RouteToWorkers = true
+	}
+	if config.RouteToWorkers {
+		switch _, isTx := db.(pgx.Tx); {
+		case isPool:
+			var connect engine.ConnectFunc
+			if config.ConnectWorker != nil {
+				connect = config.ConnectWorker
+			}
+			p.router = engine.NewRouter(pool, p.driver, connect, logger)
+			if config.RouteRefreshInterval > 0 {
+				p.router.RefreshInterval = config.RouteRefreshInterval
+			}
+			p.router.RetryAfter = RouteRetryAfter
+		case isTx: // the caller's transaction decides
+		default:
+			return nil, fmt.Errorf("%w: PublisherConfig.RouteToWorkers needs a *pgxpool.Pool (or a pgx.Tx, where it has no effect), got %T",
+				ErrInvalidConfig, db)
+		}
 	}
 	return p, nil
 }
@@ -225,6 +309,11 @@ func (p *Publisher) PublishWithResult(topic string, msgs ...*message.Message) (P
 	switch {
 	case params.DueAt != nil:
 		skipped, err = execDelayed(ctx, p.db, p.driver, params)
+	case p.router != nil:
+		var routed bool
+		if skipped, routed, err = p.router.Publish(ctx, params); !routed {
+			skipped, err = p.group.PublishKeyed(ctx, params)
+		}
 	case p.group != nil:
 		skipped, err = p.group.PublishKeyed(ctx, params)
 	default:
@@ -251,9 +340,9 @@ func countMessages(n int) string {
 }
 
 // Close makes later Publish calls fail with ErrPublisherClosed and waits for
-// the ones under way. It does not close db, which belongs to the caller. It
-// is idempotent, and a call made while another is under way returns when
-// that one is done.
+// the ones under way. It does not close db, which belongs to the caller; it
+// closes the workers' pools it opened (RouteToWorkers). It is idempotent,
+// and a call made while another is under way returns when that one is done.
 func (p *Publisher) Close() error {
 	p.closeMu.Lock()
 	if p.closed {
@@ -267,6 +356,9 @@ func (p *Publisher) Close() error {
 	p.inflight.Wait()
 	if p.group != nil {
 		p.group.Wait()
+	}
+	if p.router != nil {
+		p.router.Close()
 	}
 	return nil
 }

@@ -24,6 +24,8 @@ type conformance struct {
 	logger  watermill.LoggerAdapter
 	// tweak, when set, changes each Subscriber's config.
 	tweak func(*pglease.SubscriberConfig)
+	// pubTweak, when set, changes each Publisher's config.
+	pubTweak func(*pglease.PublisherConfig)
 
 	mu   sync.Mutex
 	pubs []*pglease.Publisher
@@ -61,10 +63,14 @@ func newConformanceWith(t *testing.T, pool *pgxpool.Pool, adapter pglease.Tables
 }
 
 func (c *conformance) pubSub(t *testing.T, group string) (message.Publisher, message.Subscriber) {
-	pub, err := pglease.NewPublisher(c.pool, pglease.PublisherConfig{
+	pcfg := pglease.PublisherConfig{
 		Tables:               c.adapter,
 		AutoInitializeSchema: true,
-	}, c.logger)
+	}
+	if c.pubTweak != nil {
+		c.pubTweak(&pcfg)
+	}
+	pub, err := pglease.NewPublisher(c.pool, pcfg, c.logger)
 	require.NoError(t, err)
 	cfg := pglease.SubscriberConfig{
 		ConsumerGroup:    group,

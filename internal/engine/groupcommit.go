@@ -21,8 +21,9 @@ const (
 // batcher). Up to groupMaxWorkers statements, and half the pool's
 // connections, run side by side.
 type GroupCommitter struct {
-	pool    *pgxpool.Pool
-	driver  *pgsql.Lazy
+	// write stores the messages of one statement and returns the
+	// indexes of those left out for their idempotency keys.
+	write   func(ctx context.Context, p pgsql.InsertMessagesParams) ([]int, error)
 	batcher batcher[groupCall]
 }
 
@@ -37,7 +38,15 @@ type groupCall struct {
 
 // NewGroupCommitter returns the group commit of a Publisher on pool.
 func NewGroupCommitter(pool *pgxpool.Pool, driver *pgsql.Lazy, logger watermill.LoggerAdapter) *GroupCommitter {
-	g := &GroupCommitter{pool: pool, driver: driver}
+	return newGroupCommitter(pool, func(ctx context.Context, p pgsql.InsertMessagesParams) ([]int, error) {
+		return InsertKeyed(ctx, pool, driver, p)
+	}, logger)
+}
+
+// newGroupCommitter returns a group commit on pool that writes with write.
+func newGroupCommitter(pool *pgxpool.Pool, write func(context.Context, pgsql.InsertMessagesParams) ([]int, error),
+	logger watermill.LoggerAdapter) *GroupCommitter {
+	g := &GroupCommitter{write: write}
 	g.batcher = batcher[groupCall]{
 		workers:  max(1, min(groupMaxWorkers, int(pool.Config().MaxConns)/2)),
 		maxCount: groupMaxMessages,
@@ -78,7 +87,7 @@ func (g *GroupCommitter) PublishKeyed(ctx context.Context, params pgsql.InsertMe
 func (g *GroupCommitter) Wait() { g.batcher.wait() }
 
 func (g *GroupCommitter) insert(ctx context.Context, c groupCall) error {
-	skipped, err := InsertKeyed(ctx, g.pool, g.driver, c.params)
+	skipped, err := g.write(ctx, c.params)
 	*c.skipped = skipped
 	return err
 }
@@ -124,7 +133,7 @@ func (g *GroupCommitter) insertMany(ctx context.Context, groupCalls []groupCall)
 			}
 		}
 	}
-	skipped, err := InsertKeyed(ctx, g.pool, g.driver, combined)
+	skipped, err := g.write(ctx, combined)
 	if err != nil {
 		return nil, err
 	}
