@@ -25,6 +25,7 @@ import (
 //
 //	pub: "flat <duration ns> <batch>"  publish flat out, a goroutine per
 //	                                   topic: "done <messages>"
+//	     "rflat <duration ns> <batch>" flat, with RouteToWorkers (Route)
 //	     "rate <msgs/s> <duration ns>" publish at that rate in all, one
 //	                                   message per call: "done <messages>"
 //	sub: "drain <n>"   subscribe to every topic (first time only) and
@@ -39,6 +40,8 @@ type childConfig struct {
 	DSN     string
 	Topics  []string
 	Verbose bool
+	// Route: a second Publisher, with RouteToWorkers, for "rflat".
+	Route bool
 }
 
 // sentKey is the metadata key of a message's publish time (Unix ns).
@@ -86,13 +89,24 @@ func (c childConfig) run() error {
 			return err
 		}
 		defer pub.Close()
+		rpub := pub
+		if c.Route {
+			if rpub, err = pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables, RouteToWorkers: true}, logger); err != nil {
+				return err
+			}
+			defer rpub.Close()
+		}
 		fmt.Println("ready")
 		for in.Scan() {
 			f := strings.Fields(in.Text())
 			if len(f) != 3 {
 				return fmt.Errorf("command %q", in.Text())
 			}
-			n, err := c.publish(pub, f[0], f[1], f[2])
+			p, mode := pub, f[0]
+			if mode == "rflat" {
+				p, mode = rpub, "flat"
+			}
+			n, err := c.publish(p, mode, f[1], f[2])
 			if err != nil {
 				return err
 			}

@@ -9,8 +9,12 @@
 //   - publish: -procs publisher processes per node publish to their
 //     topics, a goroutine per topic and -batch messages per call, for
 //     -duration, with no consumer;
+//   - publish, routed (Citus, with -route): the same with
+//     PublisherConfig.RouteToWorkers, each topic's calls sent to its
+//     worker rather than to the coordinator;
 //   - consume: as many consumer processes (one Subscriber each, one
-//     group) drain that backlog, each its publisher's topics;
+//     group) drain that backlog (both publish phases'), each its
+//     publisher's topics;
 //   - latency: the publishers publish at a quarter of the lower of the two
 //     rates for -duration, one message per call, and the consumers
 //     record each message's time from its Publish call to its delivery
@@ -87,6 +91,8 @@ type options struct {
 	duration time.Duration
 	out      string
 	verbose  bool
+	// route adds the routed publish phase on Citus.
+	route bool
 	// citusSettings are more settings for the Citus nodes.
 	citusSettings map[string]string
 }
@@ -106,6 +112,7 @@ func run() int {
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "the length of the publish, latency and idle phases")
 	flag.StringVar(&o.out, "out", "citus-scale.md", "the results file (markdown); empty: standard output only")
 	flag.BoolVar(&o.verbose, "v", false, "log each step")
+	flag.BoolVar(&o.route, "route", true, "on Citus, publish a second time with PublisherConfig.RouteToWorkers (the publish, routed phase)")
 	var citusSettings string
 	flag.StringVar(&citusSettings, "citus-settings", "", "more settings for the Citus nodes, name=value,name=value (e.g. citus.max_adaptive_executor_pool_size=1)")
 	flag.Parse()
@@ -191,11 +198,15 @@ type statement struct {
 func (p phase) cores(node string) float64 { return p.cpu[node].Seconds() / p.wall.Seconds() }
 
 type result struct {
-	workers        int
-	nodes          []string
-	quotas         bool
-	quotaNote      string
-	publishRate    float64
+	workers     int
+	nodes       []string
+	quotas      bool
+	quotaNote   string
+	publishRate float64
+	// routedRate and rpub: the publish phase with RouteToWorkers (Citus
+	// with -route; zero otherwise).
+	routedRate     float64
+	rpub           phase
 	consumeRate    float64
 	latencyRate    float64
 	p50, p99       time.Duration
@@ -213,8 +224,8 @@ type result struct {
 const hbClients = 4
 
 func (r result) line() string {
-	return fmt.Sprintf("%s: published %.0f/s, consumed %.0f/s, p50 %s p99 %s at %.0f/s (load %.2f/%.2f/%.2f)",
-		configName(r.workers), r.publishRate, r.consumeRate, r.p50, r.p99, r.latencyRate, r.pub.load, r.cons.load, r.lat.load)
+	return fmt.Sprintf("%s: published %.0f/s (routed %.0f/s), consumed %.0f/s, p50 %s p99 %s at %.0f/s (load %.2f/%.2f/%.2f/%.2f)",
+		configName(r.workers), r.publishRate, r.routedRate, r.consumeRate, r.p50, r.p99, r.latencyRate, r.pub.load, r.rpub.load, r.cons.load, r.lat.load)
 }
 
 // measure runs the phases on a cluster of workers workers (0: plain
@@ -265,7 +276,8 @@ func measure(o options, workers int) (_ result, err error) {
 			if len(procTopics[i]) == 0 {
 				continue
 			}
-			c, err := startChild(cluster, childConfig{Role: role, DSN: cluster.DSN, Topics: procTopics[i], Verbose: o.verbose},
+			c, err := startChild(cluster, childConfig{Role: role, DSN: cluster.DSN, Topics: procTopics[i], Verbose: o.verbose,
+				Route: role == "pub" && workers > 0 && o.route},
 				fmt.Sprintf("%s%d", role, i))
 			if err != nil {
 				return r, err
@@ -299,6 +311,26 @@ func measure(o options, workers int) (_ result, err error) {
 	}
 	r.publishRate = float64(published) / r.pub.wall.Seconds()
 	logf("%s: published %d in %s", configName(workers), published, r.pub.wall)
+
+	// Publish, routed to the workers.
+	if workers > 0 && o.route {
+		m = startPhase(ctx, cluster, clients)
+		routed, err := all(pubs, fmt.Sprintf("rflat %d %d", o.duration, o.batch), "done")
+		if err != nil {
+			return r, err
+		}
+		if r.rpub, err = m.end(ctx); err != nil {
+			return r, err
+		}
+		var n int64
+		for i, c := range routed {
+			n += c
+			counts[i] += c
+		}
+		published += n
+		r.routedRate = float64(n) / r.rpub.wall.Seconds()
+		logf("%s: published %d routed in %s", configName(workers), n, r.rpub.wall)
+	}
 
 	// Consume the backlog.
 	m = startPhase(ctx, cluster, clients)

@@ -47,14 +47,25 @@ func render(o options, rs []result) string {
 	b.WriteString("## Throughput and latency\n\n")
 	b.WriteString("Published: flat out, batches of " + fmt.Sprint(o.batch) + " per call, no consumer. Consumed: that backlog drained by one group. " +
 		"Latency: from the Publish call to the delivery, one message per call at a quarter of the lower of the two rates (a publisher that falls behind skips ticks). × is against 1 worker.\n\n")
-	b.WriteString("| cluster | published/s | consumed/s | p50 | p99 | latency at msg/s | load: publish / consume / latency |\n|---|---|---|---|---|---|---|\n")
+	if o.route {
+		b.WriteString("Published, routed: the same publishers again, with PublisherConfig.RouteToWorkers (each topic's calls sent to its worker); " +
+			"in brackets against the same run's published/s. The backlog drained is both phases'.\n\n")
+	}
+	b.WriteString("| cluster | published/s | published/s, routed | consumed/s | p50 | p99 | latency at msg/s | load: publish / routed / consume / latency |\n|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
-		pr, cr := "", ""
+		pr, rr, cr := "", "–", ""
 		if one != nil && r.workers > 1 {
 			pr, cr = ratio(r.publishRate, one.publishRate), ratio(r.consumeRate, one.consumeRate)
 		}
-		fmt.Fprintf(&b, "| %s | %.0f%s | %.0f%s | %s | %s | %.0f | %.2f / %.2f / %.2f |\n",
-			configName(r.workers), r.publishRate, pr, r.consumeRate, cr, ms(r.p50), ms(r.p99), r.latencyRate, r.pub.load, r.cons.load, r.lat.load)
+		if r.routedRate > 0 {
+			rr = fmt.Sprintf("%.0f", r.routedRate)
+			if one != nil && r.workers > 1 {
+				rr += ratio(r.routedRate, one.routedRate)
+			}
+			rr += fmt.Sprintf(" [%.2f×]", r.routedRate/r.publishRate)
+		}
+		fmt.Fprintf(&b, "| %s | %.0f%s | %s | %.0f%s | %s | %s | %.0f | %.2f / %.2f / %.2f / %.2f |\n",
+			configName(r.workers), r.publishRate, pr, rr, r.consumeRate, cr, ms(r.p50), ms(r.p99), r.latencyRate, r.pub.load, r.rpub.load, r.cons.load, r.lat.load)
 	}
 	b.WriteString("\n## CPU per node\n\n")
 	b.WriteString("Each node's CPU time in the phase as a share of its quota, and its committed transactions per second " +
@@ -76,7 +87,10 @@ func render(o options, rs []result) string {
 		for _, ph := range []struct {
 			name string
 			p    phase
-		}{{"publish", r.pub}, {"consume", r.cons}, {"latency", r.lat}, {"idle", r.idle}} {
+		}{{"publish", r.pub}, {"publish, routed", r.rpub}, {"consume", r.cons}, {"latency", r.lat}, {"idle", r.idle}} {
+			if ph.p.wall == 0 {
+				continue
+			}
 			fmt.Fprintf(&b, "| %s | %s |", configName(r.workers), ph.name)
 			for i := range maxNodes {
 				if i >= len(r.nodes) {
@@ -126,7 +140,10 @@ func render(o options, rs []result) string {
 		for _, ph := range []struct {
 			name string
 			p    phase
-		}{{"publish", r.pub}, {"consume", r.cons}, {"latency", r.lat}, {"idle", r.idle}, {"heartbeats", r.beats}} {
+		}{{"publish", r.pub}, {"publish, routed", r.rpub}, {"consume", r.cons}, {"latency", r.lat}, {"idle", r.idle}, {"heartbeats", r.beats}} {
+			if ph.p.wall == 0 {
+				continue
+			}
 			fmt.Fprintf(&b, "\n%s, %s:\n\n| node | calls/s | mean ms | statement |\n|---|---|---|---|\n", configName(r.workers), ph.name)
 			for _, n := range r.nodes {
 				for _, st := range ph.p.top[n] {
