@@ -26,6 +26,8 @@ import (
 //	pub: "flat <duration ns> <batch>"  publish flat out, a goroutine per
 //	                                   topic: "done <messages>"
 //	     "rflat <duration ns> <batch>" flat, with RouteToWorkers (Route)
+//	     "warm 0 0"                    a message per topic by each Publisher
+//	                                   (catalog reads, connections): "done <messages>"
 //	     "rate <msgs/s> <duration ns>" publish at that rate in all, one
 //	                                   message per call: "done <messages>"
 //	sub: "drain <n>"   subscribe to every topic (first time only) and
@@ -105,6 +107,19 @@ func (c childConfig) run() error {
 			p, mode := pub, f[0]
 			if mode == "rflat" {
 				p, mode = rpub, "flat"
+			}
+			if mode == "warm" { // a message per topic by each Publisher, unmeasured
+				n, err := c.publish(pub, "one", f[1], f[2])
+				if err == nil && rpub != pub {
+					var m int64
+					m, err = c.publish(rpub, "one", f[1], f[2])
+					n += m
+				}
+				if err != nil {
+					return err
+				}
+				fmt.Println("done", n)
+				continue
 			}
 			n, err := c.publish(p, mode, f[1], f[2])
 			if err != nil {
@@ -233,6 +248,10 @@ func (c childConfig) publish(pub *pglease.Publisher, mode, a, b string) (int64, 
 					if err = pub.Publish(topic, msgs...); err == nil {
 						total.Add(y)
 					}
+				}
+			case "one": // a message
+				if err = pub.Publish(topic, newMessage()); err == nil {
+					total.Add(1)
 				}
 			case "rate": // x: messages per second in all, y: duration in ns
 				interval := time.Duration(float64(len(c.Topics)) / x * float64(time.Second))

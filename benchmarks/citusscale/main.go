@@ -93,6 +93,8 @@ type options struct {
 	verbose  bool
 	// route adds the routed publish phase on Citus.
 	route bool
+	// publishOnly stops after the publish phases.
+	publishOnly bool
 	// citusSettings are more settings for the Citus nodes.
 	citusSettings map[string]string
 }
@@ -112,6 +114,7 @@ func run() int {
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "the length of the publish, latency and idle phases")
 	flag.StringVar(&o.out, "out", "citus-scale.md", "the results file (markdown); empty: standard output only")
 	flag.BoolVar(&o.verbose, "v", false, "log each step")
+	flag.BoolVar(&o.publishOnly, "publish-only", false, "run the publish phases only (no consume, latency, idle and heartbeat phases)")
 	flag.BoolVar(&o.route, "route", true, "on Citus, publish a second time with PublisherConfig.RouteToWorkers (the publish, routed phase)")
 	var citusSettings string
 	flag.StringVar(&citusSettings, "citus-settings", "", "more settings for the Citus nodes, name=value,name=value (e.g. citus.max_adaptive_executor_pool_size=1)")
@@ -296,18 +299,29 @@ func measure(o options, workers int) (_ result, err error) {
 	}
 	clients := append(slices.Clone(pubs), subs...)
 
+	// Warm up, unmeasured: each Publisher's first call per topic reads
+	// the catalog and opens connections (the routed one a pool per
+	// worker).
+	warm, err := all(pubs, "warm 0 0", "done")
+	if err != nil {
+		return r, err
+	}
+
 	// Publish.
 	m := startPhase(ctx, cluster, clients)
 	counts, err := all(pubs, fmt.Sprintf("flat %d %d", o.duration, o.batch), "done")
 	if err != nil {
 		return r, err
 	}
+	for i, n := range warm {
+		counts[i] += n // drained with the rest (not in the rates)
+	}
 	if r.pub, err = m.end(ctx); err != nil {
 		return r, err
 	}
 	var published int64
-	for _, n := range counts {
-		published += n
+	for i, n := range counts {
+		published += n - warm[i]
 	}
 	r.publishRate = float64(published) / r.pub.wall.Seconds()
 	logf("%s: published %d in %s", configName(workers), published, r.pub.wall)
@@ -330,6 +344,10 @@ func measure(o options, workers int) (_ result, err error) {
 		published += n
 		r.routedRate = float64(n) / r.rpub.wall.Seconds()
 		logf("%s: published %d routed in %s", configName(workers), n, r.rpub.wall)
+	}
+
+	if o.publishOnly {
+		return r, nil
 	}
 
 	// Consume the backlog.

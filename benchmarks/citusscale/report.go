@@ -47,6 +47,9 @@ func render(o options, rs []result) string {
 	b.WriteString("## Throughput and latency\n\n")
 	b.WriteString("Published: flat out, batches of " + fmt.Sprint(o.batch) + " per call, no consumer. Consumed: that backlog drained by one group. " +
 		"Latency: from the Publish call to the delivery, one message per call at a quarter of the lower of the two rates (a publisher that falls behind skips ticks). × is against 1 worker.\n\n")
+	if o.publishOnly {
+		b.WriteString("Run with -publish-only: the publish phases only (consumed, latency, idle and heartbeats not measured).\n\n")
+	}
 	if o.route {
 		b.WriteString("Published, routed: the same publishers again, with PublisherConfig.RouteToWorkers (each topic's calls sent to its worker); " +
 			"in brackets against the same run's published/s. The backlog drained is both phases'.\n\n")
@@ -108,29 +111,31 @@ func render(o options, rs []result) string {
 			fmt.Fprintf(&b, " %.2f |\n", ph.p.client.Seconds()/ph.p.wall.Seconds())
 		}
 	}
-	b.WriteString("\n## Heartbeats\n\n")
-	fmt.Fprintf(&b, "%d connections updating one row by primary key of a 100-row table at fillfactor 10 (as a heartbeat of the sessions table), "+
-		"a reference table on Citus (a two-phase commit on every node), for %s: beats per second, each node's CPU per beat, "+
-		"and what 5,000 Subscribers (a beat each every 3.3 s, the default SessionTTL of 10 s: 1,500 a second) would take of each node's quota.\n\n",
-		hbClients, o.duration)
-	b.WriteString("| cluster | beats/s | mean ms | CPU per beat, per node (ms) | 5,000 Subscribers, share of the quota per node |\n|---|---|---|---|---|\n")
-	for _, r := range rs {
-		rate := float64(r.beatCount) / r.beats.wall.Seconds()
-		var per, share []string
-		for _, n := range r.nodes {
-			if !r.quotas || r.beatCount == 0 {
-				per, share = append(per, n+" –"), append(share, n+" –")
-				continue
+	if !o.publishOnly {
+		b.WriteString("\n## Heartbeats\n\n")
+		fmt.Fprintf(&b, "%d connections updating one row by primary key of a 100-row table at fillfactor 10 (as a heartbeat of the sessions table), "+
+			"a reference table on Citus (a two-phase commit on every node), for %s: beats per second, each node's CPU per beat, "+
+			"and what 5,000 Subscribers (a beat each every 3.3 s, the default SessionTTL of 10 s: 1,500 a second) would take of each node's quota.\n\n",
+			hbClients, o.duration)
+		b.WriteString("| cluster | beats/s | mean ms | CPU per beat, per node (ms) | 5,000 Subscribers, share of the quota per node |\n|---|---|---|---|---|\n")
+		for _, r := range rs {
+			rate := float64(r.beatCount) / r.beats.wall.Seconds()
+			var per, share []string
+			for _, n := range r.nodes {
+				if !r.quotas || r.beatCount == 0 {
+					per, share = append(per, n+" –"), append(share, n+" –")
+					continue
+				}
+				ms := r.beats.cpu[n].Seconds() * 1000 / float64(r.beatCount)
+				per = append(per, fmt.Sprintf("%s %.2f", n, ms))
+				share = append(share, fmt.Sprintf("%s %.0f%%", n, 100*1500*ms/1000/o.cpu))
 			}
-			ms := r.beats.cpu[n].Seconds() * 1000 / float64(r.beatCount)
-			per = append(per, fmt.Sprintf("%s %.2f", n, ms))
-			share = append(share, fmt.Sprintf("%s %.0f%%", n, 100*1500*ms/1000/o.cpu))
+			mean := 0.0
+			if r.beatCount > 0 {
+				mean = float64(hbClients) * r.beats.wall.Seconds() * 1000 / float64(r.beatCount)
+			}
+			fmt.Fprintf(&b, "| %s | %.0f | %.2f | %s | %s |\n", configName(r.workers), rate, mean, strings.Join(per, ", "), strings.Join(share, ", "))
 		}
-		mean := 0.0
-		if r.beatCount > 0 {
-			mean = float64(hbClients) * r.beats.wall.Seconds() * 1000 / float64(r.beatCount)
-		}
-		fmt.Fprintf(&b, "| %s | %.0f | %.2f | %s | %s |\n", configName(r.workers), rate, mean, strings.Join(per, ", "), strings.Join(share, ", "))
 	}
 	b.WriteString("\n## Where the time goes\n\n")
 	b.WriteString("The statements that took the most execution time on each node in each phase (pg_stat_statements, " +
