@@ -248,14 +248,7 @@ func testTopicsKeyWindow(t *testing.T, f *fixture) {
 	assert.Contains(t, raw, `"pending_key_window_ns": 259200000000000,`)
 
 	// A Subscriber's maintainer makes them: the windows are in use.
-	sub, err := pglease.NewSubscriber(f.pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: f.tables,
-		Maintenance: pglease.MaintenanceConfig{Interval: 100 * time.Millisecond}}, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Close() })
-	subCtx, cancel := context.WithCancel(ctx)
-	t.Cleanup(cancel)
-	_, err = sub.Subscribe(subCtx, "neither")
-	require.NoError(t, err)
+	startMaintainer(ctx, t, f, "neither")
 	waitFor(t, 30*time.Second, "the maintainer to make the key classes' partitions", func() bool {
 		got = topics()
 		return got["window"].PendingKeyWindow == 0 && got["retention"].PendingKeyWindow == 0
@@ -345,14 +338,7 @@ func TestUITopicsKeyWindow(t *testing.T) {
 	assert.Equal(t, `24h0m0s <span class="muted key-window-pending">(168h0m0s once the maintainer has made its partitions)</span>`, got["retention"])
 	assert.Equal(t, `24h0m0s`, got["neither"])
 
-	sub, err := pglease.NewSubscriber(f.pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: f.tables,
-		Maintenance: pglease.MaintenanceConfig{Interval: 100 * time.Millisecond}}, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Close() })
-	subCtx, cancel := context.WithCancel(ctx)
-	t.Cleanup(cancel)
-	_, err = sub.Subscribe(subCtx, "neither")
-	require.NoError(t, err)
+	startMaintainer(ctx, t, f, "neither")
 	waitFor(t, 30*time.Second, "the maintainer to make the key classes' partitions", func() bool {
 		got = cells()
 		return !strings.Contains(got["window"]+got["retention"], "pending")
@@ -360,4 +346,19 @@ func TestUITopicsKeyWindow(t *testing.T) {
 	assert.Equal(t, `72h0m0s`, got["window"])
 	assert.Equal(t, `168h0m0s <span class="muted">(KeyWindow 2h0m0s)</span>`, got["retention"])
 	assert.Equal(t, `24h0m0s`, got["neither"])
+}
+
+// startMaintainer starts a Subscriber of topic whose maintainer runs
+// every 100 ms (it makes the key classes' partitions), until the test
+// ends.
+func startMaintainer(ctx context.Context, t *testing.T, f *fixture, topic string) {
+	t.Helper()
+	sub, err := pglease.NewSubscriber(f.pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: f.tables,
+		Maintenance: pglease.MaintenanceConfig{Interval: 100 * time.Millisecond}}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	subCtx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	_, err = sub.Subscribe(subCtx, topic)
+	require.NoError(t, err)
 }
