@@ -229,6 +229,10 @@ func TestExpiredSessionsAreCleanedUp(t *testing.T) {
 	parallel(t)
 	pool := newPool(t, 10)
 	adapter := newSchema(t, pool)
+	// The tables first: with a SessionTTL of 1 s, a schema set-up slower
+	// than that (a loaded machine) goes on in the background after
+	// Subscribe returns, and the insert below would find no table.
+	createTables(t, pool, adapter)
 	sub := newTestSubscriber(t, pool, adapter, pglease.SubscriberConfig{SessionTTL: time.Second,
 		Maintenance: pglease.MaintenanceConfig{Interval: 200 * time.Millisecond}})
 	_, err := sub.Subscribe(context.Background(), "t")
