@@ -246,6 +246,19 @@ func testTopicsKeyWindow(t *testing.T, f *fixture) {
 	assert.Contains(t, raw, `"key_window_ns": 259200000000000,`)
 	assert.Contains(t, raw, `"effective_key_window_ns": 86400000000000,`)
 	assert.Contains(t, raw, `"pending_key_window_ns": 259200000000000,`)
+	// pglease messages --json: the topic's key windows, as pglease topics
+	// has them.
+	detail := func(topic string) admin.TopicDetail {
+		var out messagesOutput
+		require.NoError(t, json.Unmarshal([]byte(f.ok("messages", "--topic", topic, "--json")), &out))
+		return out.Topic
+	}
+	for _, topic := range []string{"window", "retention", "neither"} {
+		d := detail(topic)
+		assert.Equal(t, [3]time.Duration{got[topic].KeyWindow, got[topic].EffectiveKeyWindow, got[topic].PendingKeyWindow},
+			[3]time.Duration{d.KeyWindow, d.EffectiveKeyWindow, d.PendingKeyWindow}, "topic %q", topic)
+	}
+	assert.Contains(t, f.ok("messages", "--topic", "window", "--json"), `"pending_key_window_ns": 259200000000000,`)
 
 	// A Subscriber's maintainer makes them: the windows are in use.
 	startMaintainer(ctx, t, f, "neither")
@@ -262,6 +275,12 @@ func testTopicsKeyWindow(t *testing.T, f *fixture) {
 	assert.Equal(t, []string{"neither", "1", "-", "24h0m0s", "1", "-"}, tableRow(t, out, "neither"))
 	assert.NotContains(t, out, "*")
 	assert.NotContains(t, f.ok("topics", "--json"), "pending_key_window_ns")
+	for _, topic := range []string{"window", "retention", "neither"} {
+		d := detail(topic)
+		assert.Equal(t, [3]time.Duration{got[topic].KeyWindow, got[topic].EffectiveKeyWindow, 0},
+			[3]time.Duration{d.KeyWindow, d.EffectiveKeyWindow, d.PendingKeyWindow}, "topic %q", topic)
+	}
+	assert.NotContains(t, f.ok("messages", "--topic", "window", "--json"), "pending_key_window_ns")
 }
 
 // TestTopicsOnEarlierSchemas: pglease topics lists the topics of the
@@ -302,6 +321,16 @@ func TestTopicsOnEarlierSchemas(t *testing.T) {
 		assert.Equal(t, week, page.Topics[0].Retention)
 		assert.Zero(t, page.Topics[0].KeyWindow)
 		assert.Equal(t, c.effective, page.Topics[0].EffectiveKeyWindow, "version %d", c.version)
+		// The topic's detail (pglease messages --json, the console's
+		// topic page) reads the key window on that schema as well.
+		r = runCLI(t, env, "messages", "--schema", schema, "--topic", "kept", "--json")
+		require.Equal(t, 0, r.code, "version %d: %s", c.version, r)
+		var msgs messagesOutput
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &msgs))
+		assert.Equal(t, week, msgs.Topic.Retention)
+		assert.Zero(t, msgs.Topic.KeyWindow)
+		assert.Equal(t, c.effective, msgs.Topic.EffectiveKeyWindow, "version %d", c.version)
+		assert.Equal(t, page.Topics[0].PendingKeyWindow, msgs.Topic.PendingKeyWindow, "version %d", c.version)
 	}
 }
 
