@@ -337,7 +337,8 @@ func TestTopicsOnEarlierSchemas(t *testing.T) {
 // TestUITopicsKeyWindow: the console's topics page shows each topic's key
 // window as pglease topics does (see TestTopicsKeyWindow), with the
 // longer window that waits for the maintainer, and the KeyWindow set when
-// the retention outlasts it.
+// the retention outlasts it; a topic's own page shows the same, and the
+// KeyWindow set while a longer retention waits.
 func TestUITopicsKeyWindow(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
@@ -361,11 +362,25 @@ func TestUITopicsKeyWindow(t *testing.T) {
 		}
 		return out
 	}
+	// The key window on the topic's own page, in its summary.
+	page := func(topic string) string {
+		code, body := b.get("/topic?name=" + url.QueryEscape(topic))
+		require.Equal(t, http.StatusOK, code, body)
+		m := regexp.MustCompile(`<span title="How long a retried Publish [^"]*">key window</span> <span id="key-window">(.*?)</span> ·`).FindStringSubmatch(body)
+		require.NotNil(t, m, "the key window on the page of topic %q: %s", topic, body)
+		return m[1]
+	}
 
 	got := cells()
 	assert.Equal(t, `24h0m0s <span class="muted key-window-pending">(72h0m0s once the maintainer has made its partitions)</span>`, got["window"])
 	assert.Equal(t, `24h0m0s <span class="muted key-window-pending">(168h0m0s once the maintainer has made its partitions)</span>`, got["retention"])
 	assert.Equal(t, `24h0m0s`, got["neither"])
+	assert.Equal(t, got["window"], page("window"))
+	// The topic's page names the KeyWindow set, shorter than the
+	// retention that waits.
+	assert.Equal(t, got["retention"]+` <span class="muted">(KeyWindow 2h0m0s)</span>`, page("retention"))
+	assert.Equal(t, `24h0m0s`, page("neither"))
+	assert.Equal(t, `24h0m0s`, page("never.created"), "a topic without settings: a day")
 
 	startMaintainer(ctx, t, f, "neither")
 	waitFor(t, 30*time.Second, "the maintainer to make the key classes' partitions", func() bool {
@@ -375,6 +390,9 @@ func TestUITopicsKeyWindow(t *testing.T) {
 	assert.Equal(t, `72h0m0s`, got["window"])
 	assert.Equal(t, `168h0m0s <span class="muted">(KeyWindow 2h0m0s)</span>`, got["retention"])
 	assert.Equal(t, `24h0m0s`, got["neither"])
+	for _, topic := range []string{"window", "retention", "neither"} {
+		assert.Equal(t, got[topic], page(topic), "the page of topic %q shows what the topics page does", topic)
+	}
 }
 
 // startMaintainer starts a Subscriber of topic whose maintainer runs
