@@ -238,6 +238,14 @@ type TopicDetail struct {
 	Topic      string        `json:"topic"`
 	Partitions int           `json:"partitions"`
 	Retention  time.Duration `json:"retention_ns"`
+	// KeyWindow, EffectiveKeyWindow and PendingKeyWindow are the
+	// topic's key windows, as [TopicInfo] has them: the
+	// pglease.TopicConfig.KeyWindow as set, how long a retried Publish is
+	// recognised now, and the longer window that waits for the
+	// maintainer (0: none).
+	KeyWindow          time.Duration `json:"key_window_ns"`
+	EffectiveKeyWindow time.Duration `json:"effective_key_window_ns"`
+	PendingKeyWindow   time.Duration `json:"pending_key_window_ns,omitempty"`
 	// Messages counts its stored messages, exactly up to
 	// DefaultExactCountUpTo, estimated above (MessagesEstimated).
 	Messages          int64 `json:"messages"`
@@ -248,19 +256,28 @@ type TopicDetail struct {
 	NextDueAt *time.Time `json:"next_due_at,omitempty"`
 }
 
-// TopicDetail returns a topic's settings, its stored and its delayed
-// messages. A topic never created has 1 partition and no retention.
+// TopicDetail returns a topic's settings, its key windows, its stored and
+// its delayed messages. A topic never created has 1 partition, no
+// retention and a key window of a day. It reads the schema's version
+// first and runs on the schema of an earlier release, whose key windows
+// it reports as [Inspector.Topics] does.
 func (i *Inspector) TopicDetail(ctx context.Context, topic string) (TopicDetail, error) {
 	d := TopicDetail{Topic: topic}
 	if err := validateTopic(topic); err != nil {
 		return d, err
 	}
 	a := i.driver
-	row, err := a.TopicDetail(ctx, i.db, topic)
+	schema, err := pgsql.SchemaVersion(ctx, i.db, a.Tables())
+	if err != nil {
+		return d, fmt.Errorf("read topic %q: %w", topic, check.MissingSchema(err))
+	}
+	row, err := a.TopicDetail(ctx, i.db, topic, schema)
 	if err != nil {
 		return d, fmt.Errorf("read topic %q: %w", topic, check.MissingSchema(err))
 	}
 	d.Partitions, d.Retention = int(row.Partitions), time.Duration(row.RetentionUs)*time.Microsecond
+	d.KeyWindow = time.Duration(row.KeyWindowUs) * time.Microsecond
+	d.EffectiveKeyWindow, d.PendingKeyWindow = keyWindows(schema, d.Retention, d.KeyWindow, row.KeyClassReady)
 	d.Delayed, d.NextDueAt = row.Delayed, row.NextDueAt
 	counts, err := a.CountTopicMessages(ctx, i.db, []string{topic}, DefaultExactCountUpTo)
 	if err != nil {

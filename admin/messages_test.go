@@ -108,6 +108,9 @@ func TestInspectorMessagesPagesNewestFirst(t *testing.T) {
 	assert.Equal(t, 3, detail.Partitions)
 	assert.Equal(t, int64(n), detail.Messages)
 	assert.False(t, detail.MessagesEstimated)
+	assert.Zero(t, detail.KeyWindow)
+	assert.Equal(t, pglease.KeyWindow, detail.EffectiveKeyWindow, "no retention, no KeyWindow: a day")
+	assert.Zero(t, detail.PendingKeyWindow)
 
 	counts, err := insp.TopicMessages(ctx, admin.TopicMessagesParams{ExactUpTo: 10})
 	require.NoError(t, err)

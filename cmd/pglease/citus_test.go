@@ -329,9 +329,9 @@ func TestCitusTopicsKeyWindow(t *testing.T) {
 // TestCitusUIPagesRender: the console on a Citus cluster: the overview
 // shows a group with its lag (counted on the topic's worker), the group's
 // page its partition, the topics page every topic, the topic page of a
-// topic of three partitions every message, each partition's page exactly
-// its messages, a look-up by UUID the message, the message page its
-// payload.
+// topic of three partitions its key window and every message, each
+// partition's page exactly its messages, a look-up by UUID the message,
+// the message page its payload.
 func TestCitusUIPagesRender(t *testing.T) {
 	f := citusFixture(t)
 	ctx := context.Background()
@@ -370,6 +370,7 @@ func TestCitusUIPagesRender(t *testing.T) {
 	for _, id := range ids {
 		require.Contains(t, body, id)
 	}
+	require.Contains(t, body, `<span id="key-window">24h0m0s</span>`, "read from the reference tables")
 	seen := map[string]int{}
 	for p := range 3 {
 		code, body = b.get("/topic?name=orders&partition=" + itoa(p))

@@ -30,13 +30,15 @@ transactions still behind the xmin horizon are shown too.
 --uuid shows the messages with that UUID whole (of --topic; the UUID is not
 indexed, so the topic's messages are read). --json prints the page (payloads
 in base64) with "next", the position of the next page, and "topic": its
-partitions, retention, stored and delayed messages.`,
+partitions, retention, key windows ("key_window_ns",
+"effective_key_window_ns" and "pending_key_window_ns", as pglease topics
+--json has them), stored and delayed messages.`,
 	new: func() subcommand { return &messagesCmd{} },
 }
 
-// messagesOutput is the JSON of pglease messages: the topic's settings,
-// stored and delayed messages (what the console's topic page shows), and
-// the page.
+// messagesOutput is the JSON of pglease messages: the topic's settings
+// (its key windows among them), stored and delayed messages (what the
+// console's topic page shows), and the page.
 type messagesOutput struct {
 	Topic admin.TopicDetail `json:"topic"`
 	admin.MessagePage

@@ -246,6 +246,19 @@ func testTopicsKeyWindow(t *testing.T, f *fixture) {
 	assert.Contains(t, raw, `"key_window_ns": 259200000000000,`)
 	assert.Contains(t, raw, `"effective_key_window_ns": 86400000000000,`)
 	assert.Contains(t, raw, `"pending_key_window_ns": 259200000000000,`)
+	// pglease messages --json: the topic's key windows, as pglease topics
+	// has them.
+	detail := func(topic string) admin.TopicDetail {
+		var out messagesOutput
+		require.NoError(t, json.Unmarshal([]byte(f.ok("messages", "--topic", topic, "--json")), &out))
+		return out.Topic
+	}
+	for _, topic := range []string{"window", "retention", "neither"} {
+		d := detail(topic)
+		assert.Equal(t, [3]time.Duration{got[topic].KeyWindow, got[topic].EffectiveKeyWindow, got[topic].PendingKeyWindow},
+			[3]time.Duration{d.KeyWindow, d.EffectiveKeyWindow, d.PendingKeyWindow}, "topic %q", topic)
+	}
+	assert.Contains(t, f.ok("messages", "--topic", "window", "--json"), `"pending_key_window_ns": 259200000000000,`)
 
 	// A Subscriber's maintainer makes them: the windows are in use.
 	startMaintainer(ctx, t, f, "neither")
@@ -262,6 +275,12 @@ func testTopicsKeyWindow(t *testing.T, f *fixture) {
 	assert.Equal(t, []string{"neither", "1", "-", "24h0m0s", "1", "-"}, tableRow(t, out, "neither"))
 	assert.NotContains(t, out, "*")
 	assert.NotContains(t, f.ok("topics", "--json"), "pending_key_window_ns")
+	for _, topic := range []string{"window", "retention", "neither"} {
+		d := detail(topic)
+		assert.Equal(t, [3]time.Duration{got[topic].KeyWindow, got[topic].EffectiveKeyWindow, 0},
+			[3]time.Duration{d.KeyWindow, d.EffectiveKeyWindow, d.PendingKeyWindow}, "topic %q", topic)
+	}
+	assert.NotContains(t, f.ok("messages", "--topic", "window", "--json"), "pending_key_window_ns")
 }
 
 // TestTopicsOnEarlierSchemas: pglease topics lists the topics of the
@@ -302,13 +321,24 @@ func TestTopicsOnEarlierSchemas(t *testing.T) {
 		assert.Equal(t, week, page.Topics[0].Retention)
 		assert.Zero(t, page.Topics[0].KeyWindow)
 		assert.Equal(t, c.effective, page.Topics[0].EffectiveKeyWindow, "version %d", c.version)
+		// The topic's detail (pglease messages --json, the console's
+		// topic page) reads the key window on that schema as well.
+		r = runCLI(t, env, "messages", "--schema", schema, "--topic", "kept", "--json")
+		require.Equal(t, 0, r.code, "version %d: %s", c.version, r)
+		var msgs messagesOutput
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &msgs))
+		assert.Equal(t, week, msgs.Topic.Retention)
+		assert.Zero(t, msgs.Topic.KeyWindow)
+		assert.Equal(t, c.effective, msgs.Topic.EffectiveKeyWindow, "version %d", c.version)
+		assert.Equal(t, page.Topics[0].PendingKeyWindow, msgs.Topic.PendingKeyWindow, "version %d", c.version)
 	}
 }
 
 // TestUITopicsKeyWindow: the console's topics page shows each topic's key
 // window as pglease topics does (see TestTopicsKeyWindow), with the
 // longer window that waits for the maintainer, and the KeyWindow set when
-// the retention outlasts it.
+// the retention outlasts it; a topic's own page shows the same, and the
+// KeyWindow set while a longer retention waits.
 func TestUITopicsKeyWindow(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
@@ -332,11 +362,25 @@ func TestUITopicsKeyWindow(t *testing.T) {
 		}
 		return out
 	}
+	// The key window on the topic's own page, in its summary.
+	page := func(topic string) string {
+		code, body := b.get("/topic?name=" + url.QueryEscape(topic))
+		require.Equal(t, http.StatusOK, code, body)
+		m := regexp.MustCompile(`<span title="How long a retried Publish [^"]*">key window</span> <span id="key-window">(.*?)</span> ·`).FindStringSubmatch(body)
+		require.NotNil(t, m, "the key window on the page of topic %q: %s", topic, body)
+		return m[1]
+	}
 
 	got := cells()
 	assert.Equal(t, `24h0m0s <span class="muted key-window-pending">(72h0m0s once the maintainer has made its partitions)</span>`, got["window"])
 	assert.Equal(t, `24h0m0s <span class="muted key-window-pending">(168h0m0s once the maintainer has made its partitions)</span>`, got["retention"])
 	assert.Equal(t, `24h0m0s`, got["neither"])
+	assert.Equal(t, got["window"], page("window"))
+	// The topic's page names the KeyWindow set, shorter than the
+	// retention that waits.
+	assert.Equal(t, got["retention"]+` <span class="muted">(KeyWindow 2h0m0s)</span>`, page("retention"))
+	assert.Equal(t, `24h0m0s`, page("neither"))
+	assert.Equal(t, `24h0m0s`, page("never.created"), "a topic without settings: a day")
 
 	startMaintainer(ctx, t, f, "neither")
 	waitFor(t, 30*time.Second, "the maintainer to make the key classes' partitions", func() bool {
@@ -346,6 +390,9 @@ func TestUITopicsKeyWindow(t *testing.T) {
 	assert.Equal(t, `72h0m0s`, got["window"])
 	assert.Equal(t, `168h0m0s <span class="muted">(KeyWindow 2h0m0s)</span>`, got["retention"])
 	assert.Equal(t, `24h0m0s`, got["neither"])
+	for _, topic := range []string{"window", "retention", "neither"} {
+		assert.Equal(t, got[topic], page(topic), "the page of topic %q shows what the topics page does", topic)
+	}
 }
 
 // startMaintainer starts a Subscriber of topic whose maintainer runs

@@ -169,20 +169,32 @@ type TopicDetailRow struct {
 	RetentionUs int64
 	Delayed     int64
 	NextDueAt   *time.Time
+	// KeyWindowUs and KeyClassReady are TopicRow's: the topic's
+	// key_window (0: not set, or a schema before KeyWindowVersion), and
+	// whether publishers may use the partitions of its key class (false
+	// before KeyClassesVersion).
+	KeyWindowUs   int64
+	KeyClassReady bool
 }
 
-func (t *Tables) topicDetail(topic string) Stmt {
+// topicDetail is the statement of [TopicDetail] on a schema of version
+// schema (the key window's columns as topicKeyColumns reads them, so that
+// it runs on the schemas of earlier releases).
+func (t *Tables) topicDetail(topic string, schema int) Stmt {
+	keyColumns, keyJoin := t.topicKeyColumns(schema, "t")
 	return Stmt{SQL: `SELECT COALESCE(t.partitions, 1),
 	COALESCE(pg_catalog.floor(extract(epoch FROM t.retention) * 1000000::numeric)::bigint, 0),
 	(SELECT pg_catalog.count(*) FROM ` + t.Delayed + ` d WHERE d.topic = $1),
-	(SELECT pg_catalog.min(d.due_at) FROM ` + t.Delayed + ` d WHERE d.topic = $1)
-FROM (SELECT 1) one LEFT JOIN ` + t.Topics + ` t ON t.topic = $1`, Args: []any{topic}}
+	(SELECT pg_catalog.min(d.due_at) FROM ` + t.Delayed + ` d WHERE d.topic = $1),
+	` + keyColumns + `
+FROM (SELECT 1) one LEFT JOIN ` + t.Topics + ` t ON t.topic = $1` + keyJoin, Args: []any{topic}}
 }
 
-// TopicDetail reads a topic's settings and its delayed messages (a scan
-// of the delayed table, which holds only messages not yet due).
-func (d singleNode) TopicDetail(ctx context.Context, q Querier, topic string) (TopicDetailRow, error) {
-	s := d.t.topicDetail(topic)
+// TopicDetail reads a topic's settings, its key window among them, and
+// its delayed messages (a scan of the delayed table, which holds only
+// messages not yet due), on a schema of version schema (SchemaVersion).
+func (d singleNode) TopicDetail(ctx context.Context, q Querier, topic string, schema int) (TopicDetailRow, error) {
+	s := d.t.topicDetail(topic, schema)
 	rows, err := q.Query(ctx, s.SQL, s.Args...)
 	if err != nil {
 		return TopicDetailRow{}, err

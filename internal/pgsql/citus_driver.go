@@ -504,8 +504,8 @@ func (d citus) MessagesNewestFirst(ctx context.Context, q Querier, p BrowseParam
 	return d.one.MessagesNewestFirst(ctx, q, p)
 }
 
-func (d citus) TopicDetail(ctx context.Context, q Querier, topic string) (TopicDetailRow, error) {
-	return d.one.TopicDetail(ctx, q, topic)
+func (d citus) TopicDetail(ctx context.Context, q Querier, topic string, schema int) (TopicDetailRow, error) {
+	return d.one.TopicDetail(ctx, q, topic, schema)
 }
 
 func (d citus) GroupLiveOwners(ctx context.Context, q Querier, group string) ([]GroupOffsetRow, error) {

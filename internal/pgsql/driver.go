@@ -159,7 +159,7 @@ type Driver interface {
 	MessagesNewestFirst(ctx context.Context, q Querier, p BrowseParams) ([]BrowseRow, error)
 	MessagesByUUID(ctx context.Context, q Querier, topic, id string, preview, limit int) ([]BrowseRow, error)
 	DeleteMessagesForReplay(ctx context.Context, q Querier, p ReplayParams) ([]BrowseRow, error)
-	TopicDetail(ctx context.Context, q Querier, topic string) (TopicDetailRow, error)
+	TopicDetail(ctx context.Context, q Querier, topic string, schema int) (TopicDetailRow, error)
 	CountTopicMessages(ctx context.Context, q Querier, topics []string, capPerTopic int64) ([]TopicCountRow, error)
 	EstimateTopicMessages(ctx context.Context, q Querier, topic string) (int64, error)
 	LockGroupOffsets(ctx context.Context, q Querier, group string) ([]GroupOffsetRow, error)

@@ -188,7 +188,9 @@ func dumpMovedStatements(a *Tables, q func(string, Stmt)) {
 	q("DeleteMessagesForReplay", a.deleteMessagesForReplay(rp))
 	rp.ToOriginal = true
 	q("DeleteMessagesForReplay to original", a.deleteMessagesForReplay(rp))
-	q("TopicDetail", a.topicDetail("t"))
+	q("TopicDetail", a.topicDetail("t", len(a.Migrations())))
+	q("TopicDetail schema 21", a.topicDetail("t", KeyWindowVersion-1))
+	q("TopicDetail schema 20", a.topicDetail("t", KeyClassesVersion-1))
 	q("CountTopicMessages", a.countTopicMessages([]string{"a", "b"}, 10000))
 	q("CountTopicMessages all", a.countTopicMessages(nil, 10000))
 	q("EstimateTopicMessages", a.estimateTopicMessages("t"))

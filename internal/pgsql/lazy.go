@@ -593,12 +593,12 @@ func (l *Lazy) DeleteMessagesForReplay(ctx context.Context, q Querier, p ReplayP
 }
 
 // TopicDetail implements Driver.
-func (l *Lazy) TopicDetail(ctx context.Context, q Querier, topic string) (TopicDetailRow, error) {
+func (l *Lazy) TopicDetail(ctx context.Context, q Querier, topic string, schema int) (TopicDetailRow, error) {
 	d, err := l.Get(ctx, q)
 	if err != nil {
 		return TopicDetailRow{}, err
 	}
-	return d.TopicDetail(ctx, q, topic)
+	return d.TopicDetail(ctx, q, topic, schema)
 }
 
 // CountTopicMessages implements Driver.

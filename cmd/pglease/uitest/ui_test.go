@@ -209,7 +209,8 @@ func postWithoutToken(t *testing.T, ctx context.Context) (status float64, body s
 
 // TestConsoleInABrowser: an operator opens the overview and sees a group
 // with lag, opens it and sees its partitions and owners and the lag
-// chart, browses a topic and opens a message (without the token, the
+// chart, sees each topic's key window in the list of topics and on the
+// topic's page, browses a topic and opens a message (without the token, the
 // console asks for it and shows nothing); without signing in a write is
 // refused; signed in, resets the group (preview, then confirm) and
 // replays a poisoned message, which a running Subscriber of its original
@@ -335,6 +336,15 @@ func TestConsoleInABrowser(t *testing.T) {
 	assert.Equal(t, "72h0m0s", keyWindows["payments"], "its KeyWindow")
 	assert.Equal(t, "168h0m0s (KeyWindow 2h0m0s)", keyWindows["audit"], "its retention, longer than its KeyWindow")
 	assert.Equal(t, "24h0m0s", keyWindows["orders"], "neither: a day")
+	// A topic's own page says the same, opened from the list.
+	for topic, want := range keyWindows {
+		run(chromedp.Navigate(base+"/topics"), chromedp.WaitVisible(chromedp.CSS("#topics")),
+			chromedp.Click(chromedp.CSS(`a.topic-link[href="/topic?name=`+topic+`"]`)),
+			chromedp.WaitVisible(chromedp.CSS("#uuid-form")))
+		require.Equal(t, 1, count("#key-window"), "the key window on the page of topic %q: %s", topic, text(".summary"))
+		assert.Equal(t, want, text("#key-window"), "the key window on the page of topic %q", topic)
+		assert.Contains(t, text(".summary"), "key window "+want, "topic %q", topic)
+	}
 
 	// The topic and its message browser; a message.
 	run(chromedp.Navigate(base+"/topics"), chromedp.WaitVisible(chromedp.CSS("#topics")),
