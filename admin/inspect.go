@@ -55,17 +55,21 @@ func validateTopic(topic string) error {
 	return nil
 }
 
-// noJIT begins a read-only transaction (a savepoint on a pgx.Tx) with JIT
-// compilation off. The per-row look-ups of Lag and Topics are estimated
-// high enough to cross jit_above_cost, and compiling them took 200-340 ms
-// of statements that run in a few ms (Topics) or spent a third of their
-// time there (Lag on 100,000 rows).
-func (i *Inspector) noJIT(ctx context.Context) (pgx.Tx, error) {
+// readTx begins a transaction (a savepoint on a pgx.Tx) with the
+// inspector's settings (pgsql.Driver.InspectSettings), undone when it
+// ends. JIT compilation off: the per-row look-ups of Lag and Topics are
+// estimated high enough to cross jit_above_cost, and compiling them took
+// 200-340 ms of statements that run in a few ms (Topics) or spent a third
+// of their time there (Lag on 100,000 rows). On Citus, one connection per
+// worker for a statement over every shard: the status command's reads
+// opened 11.3 connections on the workers per call with Citus's parallel
+// ones, 4.2 without (docs/scaling.md).
+func (i *Inspector) readTx(ctx context.Context) (pgx.Tx, error) {
 	tx, err := i.db.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if err := pgsql.DisableJIT(ctx, tx); err != nil {
+	if err := i.driver.InspectSettings(ctx, tx); err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, err
 	}
@@ -94,7 +98,12 @@ type SessionInfo struct {
 
 // Sessions returns every consumer session, by group and age.
 func (i *Inspector) Sessions(ctx context.Context) ([]SessionInfo, error) {
-	rows, err := i.driver.InspectSessions(ctx, i.db)
+	tx, err := i.readTx(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read sessions: %w", check.MissingSchema(err))
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := i.driver.InspectSessions(ctx, tx)
 	if err != nil {
 		return nil, fmt.Errorf("read sessions: %w", check.MissingSchema(err))
 	}
@@ -161,7 +170,7 @@ type LagFilter struct {
 // runs in a transaction of its own (a savepoint on a pgx.Tx) with JIT
 // compilation off: compiling its per-row look-ups costs more than it saves.
 func (i *Inspector) Lag(ctx context.Context, f LagFilter) ([]LagInfo, error) {
-	tx, err := i.noJIT(ctx)
+	tx, err := i.readTx(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("read lag: %w", err)
 	}
@@ -218,7 +227,12 @@ type WaitingInfo struct {
 // (SubscriberConfig.Retry), without counting lag: one read of the offsets
 // table's rows whose waiting column is not empty.
 func (i *Inspector) Waiting(ctx context.Context, f LagFilter) ([]WaitingInfo, error) {
-	rows, err := i.driver.InspectWaiting(ctx, i.db, f.ConsumerGroups, f.Topics)
+	tx, err := i.readTx(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read waiting messages: %w", check.MissingSchema(err))
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := i.driver.InspectWaiting(ctx, tx, f.ConsumerGroups, f.Topics)
 	if err != nil {
 		return nil, fmt.Errorf("read waiting messages: %w", check.MissingSchema(err))
 	}
@@ -507,7 +521,7 @@ type TopicInfo struct {
 // earlier release, whose key windows it reports (see
 // TopicInfo.EffectiveKeyWindow).
 func (i *Inspector) Topics(ctx context.Context) ([]TopicInfo, error) {
-	tx, err := i.noJIT(ctx)
+	tx, err := i.readTx(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("read topics: %w", err)
 	}
@@ -598,7 +612,7 @@ func (i *Inspector) TopicsPage(ctx context.Context, p TopicsParams) (TopicPage, 
 	case limit < 0 || limit > MaxTopicsPage:
 		return TopicPage{}, fmt.Errorf("pglease: a page of topics holds 1 to %d topics, not %d", MaxTopicsPage, p.Limit)
 	}
-	tx, err := i.noJIT(ctx)
+	tx, err := i.readTx(ctx)
 	if err != nil {
 		return TopicPage{}, fmt.Errorf("read topics: %w", err)
 	}

@@ -20,6 +20,29 @@ func DisableJIT(ctx context.Context, q Querier) error {
 	return err
 }
 
+// InspectSettings implements Driver: JIT off.
+func (d singleNode) InspectSettings(ctx context.Context, q Querier) error {
+	return DisableJIT(ctx, q)
+}
+
+// citusInspectSettings turns JIT off and makes a multi-shard statement
+// run its shards on one connection per worker, for the transaction (the
+// third argument of set_config: local). Parallel connections per worker
+// are what a statement over a few rows of each shard needs least: each
+// is opened and closed for the statement (the coordinator session keeps
+// one per worker), and on the console's refreshes they were most of the
+// connections the workers served.
+func citusInspectSettings() Stmt {
+	return Stmt{SQL: `SELECT pg_catalog.set_config('jit', 'off', true),
+	pg_catalog.set_config('citus.max_adaptive_executor_pool_size', '1', true)`}
+}
+
+// InspectSettings implements Driver: JIT off, one connection per worker.
+func (d citus) InspectSettings(ctx context.Context, q Querier) error {
+	_, err := exec(ctx, q, citusInspectSettings())
+	return err
+}
+
 func wmReadOnly() Stmt { return Stmt{SQL: `SET TRANSACTION READ ONLY`} }
 
 func wmSnapshot() Stmt {

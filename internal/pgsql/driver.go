@@ -125,6 +125,13 @@ type Driver interface {
 
 	// Inspection (admin.Inspector, the pglease command).
 
+	// InspectSettings sets, until the end of the transaction q runs in
+	// (SET LOCAL), what the inspector's reads run with: JIT compilation
+	// off; on Citus also one connection per worker for a multi-shard
+	// statement (citus.max_adaptive_executor_pool_size = 1), so that a
+	// listing reuses the coordinator session's cached connection to each
+	// worker instead of opening and closing parallel ones.
+	InspectSettings(ctx context.Context, q Querier) error
 	InspectSessions(ctx context.Context, q Querier) ([]SessionRow, error)
 	InspectLag(ctx context.Context, q Querier, groups, topics []string) ([]LagRow, error)
 	InspectHorizon(ctx context.Context, q Querier) (HorizonRow, error)

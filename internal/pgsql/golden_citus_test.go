@@ -58,6 +58,7 @@ func dumpCitusStatements(t *Tables) string {
 	many.PartitionHashes = []uint32{1, 4294967295}
 	q("InsertMessages many notify hashes", a.insertMessagesStmt(many))
 	q("Routed insert, returning the notifications", Routed{d: a}.insertReturningStmt(many))
+	q("InspectSettings", citusInspectSettings())
 	q("UpsertTopic", a.upsertTopicStmt(TopicParams{Topic: "t", Partitions: 3, Retention: time.Hour, RetentionClass: 5, NotifyChannel: "ch"}))
 	q("SelectMessages", a.selectMessagesStmt(SelectMessagesParams{Topic: "t", Partition: 2, After: Position{TransactionID: 18446744073709551615, Offset: 9}, Limit: 100, Here: "h"}))
 	q("SelectMessages max worker", a.selectMessagesStmt(SelectMessagesParams{Topic: "t", After: Position{TransactionID: 5, Offset: 9}, Limit: 100, MaxMessageBytes: 1000, Here: "h", WorkerHere: "w"}))

@@ -381,6 +381,15 @@ func (l *Lazy) ResetOffsets(ctx context.Context, q Querier, p ResetParams) ([]Re
 	return d.ResetOffsets(ctx, q, p)
 }
 
+// InspectSettings implements Driver.
+func (l *Lazy) InspectSettings(ctx context.Context, q Querier) error {
+	d, err := l.Get(ctx, q)
+	if err != nil {
+		return err
+	}
+	return d.InspectSettings(ctx, q)
+}
+
 // InspectWorkers implements Driver.
 func (l *Lazy) InspectWorkers(ctx context.Context, q Querier) (WorkersRow, bool, error) {
 	d, err := l.Get(ctx, q)

@@ -1,6 +1,7 @@
 package pgsqltest
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -151,5 +152,62 @@ func testDeleteExpiredSessions(t *testing.T, f *fixture) {
 	}
 	if !f.sessionExists(live) || f.sessionExists(recent) {
 		t.Fatal("the live session is gone, or the expired one exists")
+	}
+}
+
+// testInspectSettingsLastTheTransaction: the inspector's settings hold in
+// the transaction they are made in, and only there: JIT off, and on Citus
+// one connection per worker for a multi-shard statement, whose listing
+// still reads every worker's rows.
+func testInspectSettingsLastTheTransaction(t *testing.T, f *fixture) {
+	conn, err := f.Pool.Acquire(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	show := func(q pgsql.Querier, name string) string {
+		t.Helper()
+		var v string
+		if err := q.QueryRow(f.ctx, "SELECT COALESCE(pg_catalog.current_setting($1, true), '')", name).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	// One offsets row per topic: on Citus, topics spread over the workers.
+	const topics = 16
+	for i := range topics {
+		f.ensure("g", fmt.Sprintf("inspect-%02d", i))
+	}
+	jitBefore, poolBefore := show(conn, "jit"), show(conn, "citus.max_adaptive_executor_pool_size")
+	tx, err := conn.Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(f.ctx) }()
+	if err := f.Driver.InspectSettings(f.ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if got := show(tx, "jit"); got != "off" {
+		t.Errorf("jit in the inspector's transaction = %q, want off", got)
+	}
+	if got := show(tx, "citus.max_adaptive_executor_pool_size"); f.Citus && got != "1" {
+		t.Errorf("citus.max_adaptive_executor_pool_size in the inspector's transaction = %q, want 1", got)
+	}
+	// A listing over every shard still reads them all.
+	rows, err := f.Driver.InspectLag(f.ctx, tx, []string{"g"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != topics {
+		t.Errorf("InspectLag with the inspector's settings: %d rows, want %d", len(rows), topics)
+	}
+	if err := tx.Rollback(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := show(conn, "jit"); got != jitBefore {
+		t.Errorf("jit after the transaction = %q, want %q as before", got, jitBefore)
+	}
+	if got := show(conn, "citus.max_adaptive_executor_pool_size"); got != poolBefore {
+		t.Errorf("citus.max_adaptive_executor_pool_size after the transaction = %q, want %q as before", got, poolBefore)
 	}
 }

@@ -108,6 +108,7 @@ func cases() []testCase {
 		{"KeyedClassTransition", testKeyedClassTransition},
 		{"KeyedConfiguredWindow", testKeyedConfiguredWindow},
 		{"InspectTopicsKeyWindows", testInspectTopicsKeyWindows},
+		{"InspectSettingsLastTheTransaction", testInspectSettingsLastTheTransaction},
 		// sessions
 		{"SessionCreateAndHeartbeat", testSessionCreateAndHeartbeat},
 		{"SessionReplacesAnother", testSessionReplacesAnother},
