@@ -51,7 +51,7 @@ func routedWorker(t *testing.T, r Routed, coordinator Querier, cfg *pgx.ConnConf
 // keys' hashes, from the UUIDs) is a router insert: Citus's adaptive
 // executor, one task, on the worker itself; not an INSERT ... SELECT
 // (whose rows Citus pulls and copies to the shard as intermediate
-// results). The placements' read is one task too.
+// results). The placements' reads are one task too.
 func TestCitusRoutedInsertIsRouterPlanned(t *testing.T) {
 	pool, tables := citusTables(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -106,8 +106,10 @@ func TestCitusRoutedInsertIsRouterPlanned(t *testing.T) {
 			}
 		}
 	}
-	if plan := explain(r.placementsStmt([]string{topic, "parts"})); !strings.Contains(plan, "Task Count: 1") || strings.Contains(plan, "Subplan") {
-		t.Errorf("the placements' plan on the worker:\n%s", plan)
+	for _, s := range []Stmt{r.topicsStmt([]string{topic, "parts"}), r.usableStmt([]int16{2, 3})} {
+		if plan := explain(s); !strings.Contains(plan, "Task Count: 1") || strings.Contains(plan, "Subplan") {
+			t.Errorf("the placements' plan on the worker:\n%s", plan)
+		}
 	}
 }
 
@@ -249,5 +251,26 @@ func TestCitusRoutedInsertPlacesAsTheCoordinator(t *testing.T) {
 	}
 	if len(placed) != len(wantPlaced) {
 		t.Errorf("stored in %v, want %v", placed, wantPlaced)
+	}
+}
+
+// TestBefore: before compares two timestamptz values as PostgreSQL
+// does, infinities included; NULL is never before nor after.
+func TestBefore(t *testing.T) {
+	at := func(s int64) pgtype.Timestamptz { return pgtype.Timestamptz{Time: time.Unix(s, 0), Valid: true} }
+	inf := pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
+	ninf := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	for _, c := range []struct {
+		a, b pgtype.Timestamptz
+		want bool
+	}{
+		{at(1), at(2), true}, {at(2), at(1), false}, {at(1), at(1), false},
+		{at(1), inf, true}, {inf, at(1), false}, {inf, inf, false},
+		{ninf, at(1), true}, {at(1), ninf, false}, {ninf, ninf, false}, {ninf, inf, true},
+		{at(1), pgtype.Timestamptz{}, false}, {pgtype.Timestamptz{}, at(1), false},
+	} {
+		if got := before(c.a, c.b); got != c.want {
+			t.Errorf("before(%v, %v) = %t, want %t", c.a, c.b, got, c.want)
+		}
 	}
 }

@@ -59,7 +59,8 @@ func dumpCitusStatements(t *Tables) string {
 	many.PartitionHashes = []uint32{1, 4294967295}
 	q("InsertMessages many notify hashes", a.insertMessagesStmt(many))
 	routed := Routed{d: a}
-	q("Routed placements", routed.placementsStmt([]string{"t", "u"}))
+	q("Routed topics", routed.topicsStmt([]string{"t", "u"}))
+	q("Routed usable", routed.usableStmt([]int16{3, 5}))
 	inf := pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
 	in5 := pgtype.Timestamptz{Time: at, Valid: true}
 	rs, _ := routed.insertValuesStmt(many, "t", []int{0, 1}, routedPlacement{partitions: 1, expires: inf})
