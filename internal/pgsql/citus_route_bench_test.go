@@ -39,12 +39,17 @@ SELECT DISTINCT ` + messagesPayload("t.partition", "t.topic") + ` FROM inserted 
 //   - insert_select: the former routed statement
 //     (insertSelectReturningStmt), one statement;
 //   - values: [Routed.InsertKeyed] without keys: the topics' placements,
-//     then an INSERT ... VALUES per topic in one batch.
+//     then an INSERT ... VALUES per topic in one batch;
+//   - copy: the placements, then one COPY of all the rows into the
+//     distributed table (not used: cheaper per row than values, dearer
+//     per call, and far dearer for rows of several shards);
+//   - placements_only and inserts_only: the two parts of values.
 //
 // Calls of 1, 10 and 100 messages of one topic, and of 10 messages of
 // each of 8 topics (all on the worker). It reports worker-µs/call and
 // the wall time per call (ms/call). The workers must run on this machine
-// (localcitus), else it is skipped, saying so:
+// (localcitus), else it is skipped, saying so; PGLEASE_BENCH_SHAPES (a
+// comma-separated list) picks shapes:
 //
 //	PGLEASE_PG_BINDIR= go run ./internal/cmd/localcitus -workers 1 -- go test -run '^$' -bench CitusRoutedInsertCPU -benchtime 1x ./internal/pgsql
 //
@@ -108,6 +113,26 @@ func BenchmarkCitusRoutedInsertCPU(b *testing.B) {
 			_, _, err := r.InsertKeyed(ctx, conn, p)
 			return err
 		},
+		"copy": func(p InsertMessagesParams) error {
+			topics, rowsOf := messagesByTopic(p.Topics)
+			pls, err := r.placements(ctx, conn, topics)
+			if err != nil {
+				return err
+			}
+			var src [][]any
+			for k, t := range topics {
+				for _, i := range rowsOf[k] {
+					var meta any
+					if p.Metadata[i] != "" {
+						meta = p.Metadata[i]
+					}
+					src = append(src, []any{t, routedPartition(p, i, pls[k]), p.UUIDs[i], p.Payloads[i], meta, pls[k].class, pls[k].expires})
+				}
+			}
+			_, err = conn.CopyFrom(ctx, pgx.Identifier{tables.Schema, DefaultMessagesTable},
+				[]string{"topic", "partition", "uuid", "payload", "metadata", "retention_class", "expires_at"}, pgx.CopyFromRows(src))
+			return err
+		},
 		"placements_only": func(p InsertMessagesParams) error {
 			topics, _ := messagesByTopic(p.Topics)
 			_, err := r.placements(ctx, conn, topics)
@@ -124,7 +149,7 @@ func BenchmarkCitusRoutedInsertCPU(b *testing.B) {
 			return conn.SendBatch(ctx, bt).Close()
 		},
 	}
-	names := []string{"insert_select", "values", "placements_only", "inserts_only"}
+	names := []string{"insert_select", "values", "copy", "placements_only", "inserts_only"}
 	if os.Getenv("PGLEASE_BENCH_SHAPES") != "" {
 		names = strings.Split(os.Getenv("PGLEASE_BENCH_SHAPES"), ",")
 	}
