@@ -47,8 +47,26 @@ func (s *stmtTrace) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Trac
 
 func (s *stmtTrace) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
+// The statements of a batch (a routed insert sends one per topic).
+func (s *stmtTrace) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (s *stmtTrace) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	var a0 any
+	if len(d.Args) > 0 {
+		a0 = d.Args[0]
+	}
+	s.mu.Lock()
+	s.stmts = append(s.stmts, tracedStmt{d.SQL, a0})
+	s.mu.Unlock()
+}
+
+func (s *stmtTrace) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
 // inserted returns the topics of the inserts into the messages table
-// the pool sent.
+// the pool sent (the first argument: the topics of an insert of several,
+// the topic of a routed one).
 func (s *stmtTrace) inserted() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -56,6 +74,9 @@ func (s *stmtTrace) inserted() []string {
 	for _, st := range s.stmts {
 		if !strings.Contains(st.sql, "INSERT INTO") || !strings.Contains(st.sql, pglease.DefaultMessagesTable) {
 			continue
+		}
+		if topic, ok := st.arg0.(string); ok && !slices.Contains(out, topic) {
+			out = append(out, topic)
 		}
 		if topics, ok := st.arg0.([]string); ok {
 			for _, t := range topics {

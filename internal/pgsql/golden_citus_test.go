@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // TestCitusStatementsAreUnchanged builds the statements whose text
@@ -57,7 +58,19 @@ func dumpCitusStatements(t *Tables) string {
 	many.NotifyChannel = "ch"
 	many.PartitionHashes = []uint32{1, 4294967295}
 	q("InsertMessages many notify hashes", a.insertMessagesStmt(many))
-	q("Routed insert, returning the notifications", Routed{d: a}.insertReturningStmt(many))
+	routed := Routed{d: a}
+	q("Routed topics", routed.topicsStmt([]string{"t", "u"}))
+	q("Routed usable", routed.usableStmt([]int16{3, 5}))
+	inf := pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
+	in5 := pgtype.Timestamptz{Time: at, Valid: true}
+	rs, _ := routed.insertValuesStmt(many, "t", []int{0, 1}, routedPlacement{partitions: 1, expires: inf})
+	q("Routed insert, one partition", rs)
+	rs, _ = routed.insertValuesStmt(many, "t", []int{0, 1}, routedPlacement{partitions: 3, class: 5, expires: in5})
+	q("Routed insert, partition hashes", rs)
+	many.PartitionHashes = nil
+	rs, _ = routed.insertValuesStmt(many, "t", []int{1}, routedPlacement{partitions: 3, expires: inf})
+	q("Routed insert, partitions by UUID", rs)
+	many.PartitionHashes = []uint32{1, 4294967295}
 	q("InspectSettings", citusInspectSettings())
 	q("UpsertTopic", a.upsertTopicStmt(TopicParams{Topic: "t", Partitions: 3, Retention: time.Hour, RetentionClass: 5, NotifyChannel: "ch"}))
 	q("SelectMessages", a.selectMessagesStmt(SelectMessagesParams{Topic: "t", Partition: 2, After: Position{TransactionID: 18446744073709551615, Offset: 9}, Limit: 100, Here: "h"}))

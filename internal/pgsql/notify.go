@@ -2,6 +2,7 @@ package pgsql
 
 import (
 	"context"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -53,6 +54,15 @@ func kind(k byte) string { return `'` + string(rune(k)) + `'` }
 func messagesPayload(partition, topic string) string {
 	return `CASE WHEN ` + partition + ` = 0 THEN ` + kind(NotifyMessages) + ` || ` + topic +
 		` ELSE ` + kind(NotifyPartition) + ` || ` + partition + `::text || ':' || ` + topic + ` END`
+}
+
+// messagesPayloadOf is the payload messagesPayload computes, for
+// partition of topic.
+func messagesPayloadOf(partition int32, topic string) string {
+	if partition == 0 {
+		return string(rune(NotifyMessages)) + topic
+	}
+	return string(rune(NotifyPartition)) + strconv.Itoa(int(partition)) + ":" + topic
 }
 
 // Listen makes conn LISTEN on channel.

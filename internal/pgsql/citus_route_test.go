@@ -1,0 +1,276 @@
+package pgsql
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// routedWorker returns a connection to the worker that holds topic's
+// shard, and the worker's address as EXPLAIN names it.
+func routedWorker(t *testing.T, r Routed, coordinator Querier, cfg *pgx.ConnConfig, topic string) (*pgx.Conn, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	shards, err := r.TopicShards(ctx, coordinator, []string{topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := r.Placements(ctx, coordinator)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		if p.ShardID != shards[0] {
+			continue
+		}
+		if p.GroupID == 0 || !p.Metadata {
+			t.Fatalf("topic %q lies on %+v: not a worker with the metadata", topic, p)
+		}
+		c := cfg.Copy()
+		c.Host, c.Port, c.Fallbacks = p.Host, uint16(p.Port), nil
+		conn, err := pgx.ConnectConfig(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close(context.Background()) })
+		return conn, "host=" + p.Host + " port=" + strconv.Itoa(p.Port)
+	}
+	t.Fatalf("no placement of topic %q's shard %d", topic, shards[0])
+	return nil, ""
+}
+
+// TestCitusRoutedInsertIsRouterPlanned: on the topic's worker, each
+// shape of the routed insert (one partition, the partitions from the
+// keys' hashes, from the UUIDs) is a router insert: Citus's adaptive
+// executor, one task, on the worker itself; not an INSERT ... SELECT
+// (whose rows Citus pulls and copies to the shard as intermediate
+// results). The placements' reads are one task too.
+func TestCitusRoutedInsertIsRouterPlanned(t *testing.T) {
+	pool, tables := citusTables(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := Routed{d: NewCitus(tables).(citus)}
+	const topic = "planned"
+	if _, err := r.d.UpsertTopic(ctx, pool, TopicParams{Topic: "parts", Partitions: 3}); err != nil {
+		t.Fatal(err)
+	}
+	conn, here := routedWorker(t, r, pool, pool.Config().ConnConfig, topic)
+	explain := func(s Stmt) string {
+		t.Helper()
+		rows, err := conn.Query(ctx, `EXPLAIN (COSTS OFF) `+s.SQL, s.Args...)
+		if err != nil {
+			t.Fatalf("EXPLAIN %s: %v", s.SQL, err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(lines, "\n")
+	}
+	p := InsertMessagesParams{Topics: []string{topic, topic, topic}, UUIDs: []string{"a", "b", "c"},
+		Payloads: [][]byte{[]byte("a"), nil, []byte("c")}, Metadata: []string{"", `{"k":"v"}`, ""}}
+	pls, err := r.placements(ctx, conn, []string{topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	three := pls[0]
+	three.partitions = 3
+	hashed := p
+	hashed.PartitionHashes = []uint32{1, 2, 3}
+	for _, c := range []struct {
+		name string
+		p    InsertMessagesParams
+		pl   routedPlacement
+		how  int
+	}{{"one partition", p, pls[0], routedOnePartition}, {"hashes", hashed, three, routedHashes}, {"by UUID", p, three, routedByUUID}} {
+		s, how := r.insertValuesStmt(c.p, topic, []int{0, 1, 2}, c.pl)
+		if how != c.how {
+			t.Fatalf("%s: the statement's shape is %d, want %d", c.name, how, c.how)
+		}
+		plan := explain(s)
+		for _, want := range []string{"Custom Scan (Citus Adaptive)", "Task Count: 1", "Node: " + here, "Insert on "} {
+			if !strings.Contains(plan, want) {
+				t.Errorf("%s: the plan on the worker does not say %q:\n%s", c.name, want, plan)
+			}
+		}
+		for _, not := range []string{"INSERT ... SELECT", "pull to coordinator", "repartition", "intermediate", "Subplan"} {
+			if strings.Contains(plan, not) {
+				t.Errorf("%s: the plan on the worker says %q:\n%s", c.name, not, plan)
+			}
+		}
+	}
+	for _, s := range []Stmt{r.topicsStmt([]string{topic, "parts"}), r.usableStmt([]int16{2, 3})} {
+		if plan := explain(s); !strings.Contains(plan, "Task Count: 1") || strings.Contains(plan, "Subplan") {
+			t.Errorf("the placements' plan on the worker:\n%s", plan)
+		}
+	}
+}
+
+// TestCitusRoutedInsertPlacesAsTheCoordinator: a routed insert of
+// several topics' messages, run on a worker, stores each as the
+// coordinator's statement places it (the partition from the key's hash
+// or, without keys, from the UUID, modulo the topic's count; the
+// retention class's partition when usable_until lies past now +
+// retention, else the one kept forever), each topic's messages in the
+// order given, and returns one notification per (topic, partition)
+// written.
+func TestCitusRoutedInsertPlacesAsTheCoordinator(t *testing.T) {
+	pool, tables := citusTables(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d := NewCitus(tables).(citus)
+	r := Routed{d: d}
+	const parts, kept, late, plain = "parts", "kept", "late", "plain"
+	const keptClass, lateClass = 2, 3
+	for _, tp := range []TopicParams{{Topic: parts, Partitions: 4},
+		{Topic: kept, Partitions: 1, Retention: time.Hour, RetentionClass: keptClass},
+		{Topic: late, Partitions: 1, Retention: time.Hour, RetentionClass: lateClass}} {
+		if _, err := d.UpsertTopic(ctx, pool, tp); err != nil {
+			t.Fatalf("upsert topic %s: %v", tp.Topic, err)
+		}
+	}
+	start := time.Now().Add(-time.Hour).Truncate(time.Second)
+	if err := d.CreateRetentionPartition(ctx, pool, RetentionPartition{Class: keptClass, Start: start, End: start.Add(4 * time.Hour)}); err != nil {
+		t.Fatalf("create the retention partition: %v", err)
+	}
+	if ok, err := d.SetUsableUntil(ctx, pool, keptClass, start.Add(4*time.Hour)); err != nil || !ok {
+		t.Fatalf("set usable_until: %v, %v", ok, err)
+	}
+	// One worker runs the inserts of every topic: those whose shard lies
+	// on the other, Citus forwards there.
+	conn, _ := routedWorker(t, r, pool, pool.Config().ConnConfig, parts)
+	type msg struct {
+		topic, uuid string
+		hash        uint32
+	}
+	insert := func(hashes bool, msgs ...msg) []string {
+		t.Helper()
+		p := InsertMessagesParams{}
+		for _, m := range msgs {
+			p.Topics = append(p.Topics, m.topic)
+			p.UUIDs = append(p.UUIDs, m.uuid)
+			p.Payloads = append(p.Payloads, []byte(m.uuid))
+			p.Metadata = append(p.Metadata, "")
+			if hashes {
+				p.PartitionHashes = append(p.PartitionHashes, m.hash)
+			}
+		}
+		left, payloads, err := r.InsertKeyed(ctx, conn, p)
+		if err != nil || len(left) != 0 {
+			t.Fatalf("routed insert: %v, %v", left, err)
+		}
+		slices.Sort(payloads)
+		return payloads
+	}
+	m, n := string(rune(NotifyMessages)), string(rune(NotifyPartition))
+	storedFrom := time.Now().Truncate(time.Microsecond)
+	got := insert(true, msg{plain, "a", 0}, msg{parts, "p1", 1}, msg{kept, "k1", 0}, msg{plain, "b", 0},
+		msg{late, "l1", 0}, msg{parts, "p6", 6}, msg{kept, "k2", 0}, msg{parts, "p5", 5})
+	if want := []string{m + kept, m + late, m + plain, n + "1:" + parts, n + "2:" + parts}; !slices.Equal(got, want) {
+		t.Errorf("notifications of the insert with hashes = %q, want %q", got, want)
+	}
+	// Without keys, the partition of each message is the UUID's hash
+	// modulo the count, as the coordinator's statement computes it.
+	byUUID := []string{"u1", "u2", "u3", "u4", "u5", "u6"}
+	var wantParts []int32
+	if err := pool.QueryRow(ctx, `SELECT pg_catalog.array_agg(((pg_catalog.hashtext(u)::bigint & 4294967295) % 4)::integer ORDER BY n)
+		FROM unnest($1::text[]) WITH ORDINALITY AS x(u, n)`, byUUID).Scan(&wantParts); err != nil {
+		t.Fatal(err)
+	}
+	var msgs []msg
+	want := map[string]bool{m + plain: true}
+	for i, u := range byUUID {
+		msgs = append(msgs, msg{topic: parts, uuid: u})
+		want[messagesPayloadOf(wantParts[i], parts)] = true
+		if i == 2 {
+			msgs = append(msgs, msg{topic: plain, uuid: "c"})
+		}
+	}
+	got = insert(false, msgs...)
+	storedUntil := time.Now()
+	var wantPayloads []string
+	for s := range want {
+		wantPayloads = append(wantPayloads, s)
+	}
+	slices.Sort(wantPayloads)
+	if !slices.Equal(got, wantPayloads) {
+		t.Errorf("notifications of the insert by UUID = %q, want %q", got, wantPayloads)
+	}
+
+	rows, err := pool.Query(ctx, `SELECT topic, partition, uuid, retention_class, expires_at FROM `+tables.Messages+`
+		ORDER BY topic, partition, transaction_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type stored struct {
+		topic     string
+		partition int32
+		uuid      string
+		class     int16
+		expires   pgtype.Timestamptz
+	}
+	all, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (stored, error) {
+		var s stored
+		err := row.Scan(&s.topic, &s.partition, &s.uuid, &s.class, &s.expires)
+		return s, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	placed := map[string][]string{}
+	for _, s := range all {
+		key := s.topic + "/" + strconv.Itoa(int(s.partition))
+		placed[key] = append(placed[key], s.uuid)
+		switch {
+		case s.topic == kept:
+			lo, hi := storedFrom.Add(time.Hour), storedUntil.Add(time.Hour)
+			if s.class != keptClass || s.expires.Time.Before(lo) || s.expires.Time.After(hi) {
+				t.Errorf("%s: class %d, expires %v; want %d, within [%v, %v]", s.uuid, s.class, s.expires, keptClass, lo, hi)
+			}
+		case s.class != 0 || s.expires.InfinityModifier != pgtype.Infinity:
+			t.Errorf("%s: class %d, expires %v; want 0, infinity", s.uuid, s.class, s.expires)
+		}
+	}
+	wantPlaced := map[string][]string{plain + "/0": {"a", "b", "c"}, kept + "/0": {"k1", "k2"}, late + "/0": {"l1"},
+		parts + "/1": {"p1", "p5"}, parts + "/2": {"p6"}}
+	for i, u := range byUUID {
+		key := parts + "/" + strconv.Itoa(int(wantParts[i]))
+		wantPlaced[key] = append(wantPlaced[key], u)
+	}
+	for key, uuids := range wantPlaced {
+		if !slices.Equal(placed[key], uuids) {
+			t.Errorf("%s holds %q in the order of their positions, want %q", key, placed[key], uuids)
+		}
+	}
+	if len(placed) != len(wantPlaced) {
+		t.Errorf("stored in %v, want %v", placed, wantPlaced)
+	}
+}
+
+// TestBefore: before compares two timestamptz values as PostgreSQL
+// does, infinities included; NULL is never before nor after.
+func TestBefore(t *testing.T) {
+	at := func(s int64) pgtype.Timestamptz { return pgtype.Timestamptz{Time: time.Unix(s, 0), Valid: true} }
+	inf := pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
+	ninf := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	for _, c := range []struct {
+		a, b pgtype.Timestamptz
+		want bool
+	}{
+		{at(1), at(2), true}, {at(2), at(1), false}, {at(1), at(1), false},
+		{at(1), inf, true}, {inf, at(1), false}, {inf, inf, false},
+		{ninf, at(1), true}, {at(1), ninf, false}, {ninf, ninf, false}, {ninf, inf, true},
+		{at(1), pgtype.Timestamptz{}, false}, {pgtype.Timestamptz{}, at(1), false},
+	} {
+		if got := before(c.a, c.b); got != c.want {
+			t.Errorf("before(%v, %v) = %t, want %t", c.a, c.b, got, c.want)
+		}
+	}
+}
