@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Routing a Publisher's statements to the topic's worker (Citus 11 and
@@ -325,7 +326,19 @@ func (r Routed) InsertKeyed(ctx context.Context, q interface {
 	Beginner
 }, p InsertMessagesParams) (left []int, payloads []string, err error) {
 	if !keyed(p) {
-		payloads, err = r.insertReturning(ctx, q, p)
+		// A pool's connection, or a connection outside a transaction
+		// block, is in no transaction: the batch makes its own.
+		own := false
+		switch c := q.(type) {
+		case *pgxpool.Pool:
+			own = true
+		case *pgx.Conn:
+			own = c.PgConn().TxStatus() == 'I'
+		}
+		payloads, err = r.insertReturning(ctx, q, p, own)
+		if c, ok := q.(*pgx.Conn); ok && err != nil && own && !c.IsClosed() && c.PgConn().TxStatus() != 'I' {
+			_, _ = c.Exec(context.WithoutCancel(ctx), "ROLLBACK") // a connection that fails here is closed
+		}
 		return nil, payloads, err
 	}
 	err = pgx.BeginFunc(ctx, q, func(tx pgx.Tx) error {
@@ -335,7 +348,7 @@ func (r Routed) InsertKeyed(ctx context.Context, q interface {
 		}
 		left, payloads = out, nil
 		if rest, ok := leftIn(p, out); ok {
-			payloads, err = r.insertReturning(ctx, tx, rest)
+			payloads, err = r.insertReturning(ctx, tx, rest, false)
 		}
 		return err
 	})
@@ -347,10 +360,15 @@ func (r Routed) InsertKeyed(ctx context.Context, q interface {
 
 // insertReturning stores p's messages on q, the worker: it reads their
 // topics' placements (placements), then sends an insertValuesStmt per
-// topic (per routedMaxRows of its messages) in one batch, which runs in one transaction (q's, or the batch's
-// own, implicit, on a pool), and returns the payloads of the
-// notifications of the partitions written.
-func (r Routed) insertReturning(ctx context.Context, q BatchQuerier, p InsertMessagesParams) ([]string, error) {
+// topic (per routedMaxRows of its messages) in one batch, and returns the
+// payloads of the notifications of the partitions written. The batch
+// runs in q's transaction, or, with own (q a pool, whose connection is in
+// none), in one of its own: BEGIN and COMMIT in the batch when it has
+// more than one statement. Not the pipeline's implicit transaction: Citus
+// sees no transaction block there, and an insert it forwards to another
+// worker (the shard moved since the route was read) would be committed
+// there as its statement ends, whatever a later statement does.
+func (r Routed) insertReturning(ctx context.Context, q BatchQuerier, p InsertMessagesParams, own bool) ([]string, error) {
 	topics, rowsOf := messagesByTopic(p.Topics)
 	pls, err := r.placements(ctx, q, topics)
 	if err != nil {
@@ -371,7 +389,17 @@ func (r Routed) insertReturning(ctx context.Context, q BatchQuerier, p InsertMes
 			qs = append(qs, queued{topic, rows, pls[k], how})
 		}
 	}
+	if own = own && b.Len() > 1; own {
+		b.QueuedQueries = append([]*pgx.QueuedQuery{{SQL: "BEGIN"}}, b.QueuedQueries...)
+		b.Queue("COMMIT")
+	}
 	br := q.SendBatch(ctx, b)
+	if own {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, err
+		}
+	}
 	var payloads []string
 	seen := map[string]bool{}
 	add := func(topic string, partition int32) {
@@ -401,6 +429,12 @@ func (r Routed) insertReturning(ctx context.Context, q BatchQuerier, p InsertMes
 		default:
 			add(c.topic, 0)
 		}
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, err
+		}
+	}
+	if own {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
 			return nil, err

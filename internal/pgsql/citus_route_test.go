@@ -274,3 +274,74 @@ func TestBefore(t *testing.T) {
 		}
 	}
 }
+
+// TestCitusRoutedInsertIsAllOrNothing: a routed call of several topics,
+// one of whose shards lies on the other worker (Citus forwards its
+// insert there, as after a shard move until the Publisher reads the
+// catalog again), stores nothing when a later topic's insert fails. A
+// pipeline's implicit transaction is not enough: Citus sees no
+// transaction block there and commits the forwarded insert as its
+// statement ends (1 message stored without the transaction of the
+// batch's own).
+func TestCitusRoutedInsertIsAllOrNothing(t *testing.T) {
+	pool, tables := citusTables(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d := NewCitus(tables).(citus)
+	r := Routed{d: d}
+	const local = "all-or-nothing-local"
+	conn, _ := routedWorker(t, r, pool, pool.Config().ConnConfig, local)
+	ps, err := r.Placements(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeOf := map[int64]int{}
+	for _, p := range ps {
+		nodeOf[p.ShardID] = p.Port
+	}
+	localShard, err := r.TopicShards(ctx, pool, []string{local})
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote := ""
+	for i := 0; i < 64 && remote == ""; i++ {
+		name := "all-or-nothing-" + strconv.Itoa(i)
+		shards, err := r.TopicShards(ctx, pool, []string{name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if nodeOf[shards[0]] != nodeOf[localShard[0]] {
+			remote = name
+		}
+	}
+	if remote == "" {
+		t.Fatal("no topic among 64 names on the other worker")
+	}
+	// The empty topic's insert fails (the messages' check of the topic),
+	// after the other two.
+	p := InsertMessagesParams{Topics: []string{remote, local, ""}, UUIDs: []string{"r1", "l1", "bad"},
+		Payloads: [][]byte{nil, nil, nil}, Metadata: []string{"", "", ""}}
+	stored := func() int {
+		t.Helper()
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM `+tables.Messages+` WHERE topic = ANY($1)`,
+			[]string{remote, local}).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if _, _, err := r.InsertKeyed(ctx, conn, p); err == nil {
+		t.Fatal("routed insert with an empty topic: no error")
+	}
+	if n := stored(); n != 0 {
+		t.Fatalf("routed: %d messages stored by a call that failed, want 0", n)
+	}
+	// The same call without the bad message stores both.
+	p.Topics, p.UUIDs, p.Payloads, p.Metadata = p.Topics[:2], p.UUIDs[:2], p.Payloads[:2], p.Metadata[:2]
+	if _, _, err := r.InsertKeyed(ctx, conn, p); err != nil {
+		t.Fatal(err)
+	}
+	if n := stored(); n != 2 {
+		t.Fatalf("%d messages stored, want 2", n)
+	}
+}
