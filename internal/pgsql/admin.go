@@ -13,16 +13,10 @@ import (
 
 func jitOff() Stmt { return Stmt{SQL: "SET LOCAL jit = off"} }
 
-// DisableJIT turns JIT compilation off until the end of the transaction
-// q runs in (SET LOCAL).
-func DisableJIT(ctx context.Context, q Querier) error {
+// InspectSettings implements Driver: JIT off (SET LOCAL).
+func (d singleNode) InspectSettings(ctx context.Context, q Querier) error {
 	_, err := exec(ctx, q, jitOff())
 	return err
-}
-
-// InspectSettings implements Driver: JIT off.
-func (d singleNode) InspectSettings(ctx context.Context, q Querier) error {
-	return DisableJIT(ctx, q)
 }
 
 // citusInspectSettings turns JIT off and makes a multi-shard statement

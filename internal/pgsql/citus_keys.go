@@ -139,9 +139,7 @@ func (d citus) citusInsertKeyedOwn(ctx context.Context, conn *pgx.Conn, p Insert
 		return dup, nil
 	}
 	if !isUniqueViolation(err) {
-		if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
-			_, _ = conn.Exec(ctx, "ROLLBACK") // a connection that fails here is closed
-		}
+		rollbackFailed(ctx, conn)
 		return nil, err
 	}
 	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
@@ -154,6 +152,16 @@ func (d citus) citusInsertKeyedOwn(ctx context.Context, conn *pgx.Conn, p Insert
 		return err
 	})
 	return out, err
+}
+
+// rollbackFailed ends the transaction that a batch of its own (BEGIN
+// ... COMMIT) left open on conn when one of its statements failed. On
+// ctx, not beyond it: a connection whose ROLLBACK fails, or is cancelled,
+// is closed by pgx, and so never reused inside that transaction.
+func rollbackFailed(ctx context.Context, conn *pgx.Conn) {
+	if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
+		_, _ = conn.Exec(ctx, "ROLLBACK")
+	}
 }
 
 // repeatedKeys returns the 0-based indexes of p's messages whose key an

@@ -336,8 +336,8 @@ func (r Routed) InsertKeyed(ctx context.Context, q interface {
 			own = c.PgConn().TxStatus() == 'I'
 		}
 		payloads, err = r.insertReturning(ctx, q, p, own)
-		if c, ok := q.(*pgx.Conn); ok && err != nil && own && !c.IsClosed() && c.PgConn().TxStatus() != 'I' {
-			_, _ = c.Exec(context.WithoutCancel(ctx), "ROLLBACK") // a connection that fails here is closed
+		if c, ok := q.(*pgx.Conn); ok && err != nil && own {
+			rollbackFailed(ctx, c)
 		}
 		return nil, payloads, err
 	}
@@ -378,25 +378,31 @@ func (r Routed) insertReturning(ctx context.Context, q BatchQuerier, p InsertMes
 		topic string
 		rows  []int
 		pl    routedPlacement
+		s     Stmt
 		how   int
 	}
 	var qs []queued
-	b := &pgx.Batch{}
 	for k, topic := range topics {
 		for rows := range slices.Chunk(rowsOf[k], routedMaxRows) {
 			s, how := r.insertValuesStmt(p, topic, rows, pls[k])
-			b.Queue(s.SQL, s.Args...)
-			qs = append(qs, queued{topic, rows, pls[k], how})
+			qs = append(qs, queued{topic, rows, pls[k], s, how})
 		}
 	}
-	if own = own && b.Len() > 1; own {
-		b.QueuedQueries = append([]*pgx.QueuedQuery{{SQL: "BEGIN"}}, b.QueuedQueries...)
+	own = own && len(qs) > 1
+	b := &pgx.Batch{}
+	if own {
+		b.Queue("BEGIN")
+	}
+	for _, c := range qs {
+		b.Queue(c.s.SQL, c.s.Args...)
+	}
+	if own {
 		b.Queue("COMMIT")
 	}
 	br := q.SendBatch(ctx, b)
+	defer func() { _ = br.Close() }()
 	if own {
 		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
 			return nil, err
 		}
 	}
@@ -415,7 +421,6 @@ func (r Routed) insertReturning(ctx context.Context, q BatchQuerier, p InsertMes
 			rows, _ := br.Query()
 			parts, err := pgx.CollectRows(rows, pgx.RowTo[int32])
 			if err != nil {
-				_ = br.Close()
 				return nil, err
 			}
 			for _, part := range parts {
@@ -430,13 +435,11 @@ func (r Routed) insertReturning(ctx context.Context, q BatchQuerier, p InsertMes
 			add(c.topic, 0)
 		}
 		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
 			return nil, err
 		}
 	}
 	if own {
 		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
 			return nil, err
 		}
 	}

@@ -299,19 +299,19 @@ func TestCitusRoutedInsertIsAllOrNothing(t *testing.T) {
 	for _, p := range ps {
 		nodeOf[p.ShardID] = p.Port
 	}
-	localShard, err := r.TopicShards(ctx, pool, []string{local})
+	names := []string{local}
+	for i := range 64 {
+		names = append(names, "all-or-nothing-"+strconv.Itoa(i))
+	}
+	shards, err := r.TopicShards(ctx, pool, names)
 	if err != nil {
 		t.Fatal(err)
 	}
 	remote := ""
-	for i := 0; i < 64 && remote == ""; i++ {
-		name := "all-or-nothing-" + strconv.Itoa(i)
-		shards, err := r.TopicShards(ctx, pool, []string{name})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if nodeOf[shards[0]] != nodeOf[localShard[0]] {
+	for i, name := range names[1:] {
+		if nodeOf[shards[i+1]] != nodeOf[shards[0]] {
 			remote = name
+			break
 		}
 	}
 	if remote == "" {
