@@ -445,8 +445,46 @@ func (d citus) MaintainerHolder(ctx context.Context, q Querier) (HolderRow, erro
 	return d.one.MaintainerHolder(ctx, q)
 }
 
+// ClaimMaintainer is [Driver.ClaimMaintainer] behind a gate: one
+// candidate at a time runs the claim, the others return at once, not
+// claimed and the holder unknown, and read the row again later. On Citus
+// the claim writes two reference tables (the expired holder's session is
+// deleted in the same statement): each run, whether it claims or not,
+// takes Citus's lock on both tables' shards, on every node, until its
+// two-phase commit ends. Candidates that all find the row free at once
+// (the maintainer closed, a group of Subscribers started) would queue on
+// those locks one after the other, and every heartbeat, session and
+// Close of the cluster behind them: 50 Subscribers closed one by one
+// made Close's session delete miss its CloseTimeout. The gate is a
+// transaction-level advisory lock on the node the client is connected
+// to, tried, never waited for (maintainerGateStmt); the claim runs in the
+// same transaction. q without transactions (none in pglease) claims
+// ungated.
 func (d citus) ClaimMaintainer(ctx context.Context, q Querier, p MaintainerParams) (HolderRow, error) {
-	return d.one.ClaimMaintainer(ctx, q, p)
+	b, ok := q.(Beginner)
+	if !ok {
+		return d.one.ClaimMaintainer(ctx, q, p)
+	}
+	var r HolderRow
+	err := pgx.BeginFunc(ctx, b, func(tx pgx.Tx) error {
+		var open bool
+		g := d.maintainerGateStmt()
+		if err := tx.QueryRow(ctx, g.SQL, g.Args...).Scan(&open); err != nil || !open {
+			return err
+		}
+		var err error
+		r, err = d.one.ClaimMaintainer(ctx, tx, p)
+		return err
+	})
+	return r, err
+}
+
+// maintainerGateStmt tries the gate of ClaimMaintainer: true when this
+// transaction holds it now. The key is the schema's (Tables.LockKey), so
+// that the schemas of one database have gates of their own.
+func (d citus) maintainerGateStmt() Stmt {
+	return Stmt{SQL: `SELECT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtextextended($1::text, 0::bigint))`,
+		Args: []any{d.t.LockKey + " maintainer claim"}}
 }
 
 func (d citus) ReleaseMaintainer(ctx context.Context, q Querier, p MaintainerParams) error {

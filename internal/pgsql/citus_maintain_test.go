@@ -229,3 +229,74 @@ func TestCitusMaintainerDetachesPartitions(t *testing.T) {
 		t.Fatalf("DetachedRetentionPartitions after the drop = %+v, %v", detached, err)
 	}
 }
+
+// TestCitusMaintainerClaimIsGated: while another candidate holds the
+// gate, a claim returns at once, not claimed, without waiting for the
+// reference tables' locks; forced with a second transaction that holds
+// Citus's lock on the sessions table (a session row updated, not
+// committed), which an ungated claim would wait for. Once both end, the
+// claim succeeds, and a second claim of the same session keeps it.
+func TestCitusMaintainerClaimIsGated(t *testing.T) {
+	pool, tables := citusTables(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d := NewCitus(tables)
+	me, other := uuid.New(), uuid.New()
+	for _, id := range []uuid.UUID{me, other} {
+		if _, err := d.CreateSession(ctx, pool, SessionParams{SessionID: id, ConsumerGroup: "g", Owner: "test", TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gate, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = gate.Rollback(ctx) }()
+	g := d.(citus).maintainerGateStmt()
+	var held bool
+	if err := gate.QueryRow(ctx, g.SQL, g.Args...).Scan(&held); err != nil || !held {
+		t.Fatalf("taking the gate: %v, %v", held, err)
+	}
+	sessions, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sessions.Rollback(ctx) }()
+	if _, err := sessions.Exec(ctx, `UPDATE `+tables.Sessions+` SET owner = owner WHERE id = $1`, other); err != nil {
+		t.Fatal(err)
+	}
+
+	// Gated: not claimed, at once (an ungated claim waits for the
+	// sessions' lock until claimCtx ends).
+	claimCtx, claimCancel := context.WithTimeout(ctx, 10*time.Second)
+	r, err := d.ClaimMaintainer(claimCtx, pool, MaintainerParams{SessionID: me})
+	claimCancel()
+	if err != nil {
+		t.Fatalf("a gated claim: %v (it waited instead of returning)", err)
+	}
+	if r.Epoch != nil {
+		t.Fatalf("a gated claim claimed epoch %d", *r.Epoch)
+	}
+	if h, err := d.MaintainerHolder(ctx, pool); err != nil || h.Holder != nil {
+		t.Fatalf("holder after a gated claim: %v, %v; want none", h.Holder, err)
+	}
+
+	if err := sessions.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := gate.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r, err = d.ClaimMaintainer(ctx, pool, MaintainerParams{SessionID: me})
+	if err != nil || r.Epoch == nil {
+		t.Fatalf("claim with the gate open: %v, %v; want an epoch", r.Epoch, err)
+	}
+	first := *r.Epoch
+	r, err = d.ClaimMaintainer(ctx, pool, MaintainerParams{SessionID: other})
+	if err != nil || r.Epoch != nil || r.Holder == nil || uuid.UUID(*r.Holder) != me {
+		t.Fatalf("another's claim of a held row: epoch %v, holder %v, %v; want none, %s", r.Epoch, r.Holder, err, me)
+	}
+	if h, err := d.MaintainerHolder(ctx, pool); err != nil || h.Holder == nil || uuid.UUID(*h.Holder) != me {
+		t.Fatalf("holder: %v, %v; want %s (epoch %d)", h.Holder, err, me, first)
+	}
+}
