@@ -343,9 +343,11 @@ func citusPlacement(tp, l string) string {
 	CASE WHEN ` + ok + ` THEN ` + exp + ` ELSE 'infinity' END AS exp`
 }
 
-// InsertMessages implements Driver with insertMessagesStmt, or, when a
-// message has an idempotency key, with the keys' statement and then
-// insertMessagesStmt, in one transaction (citusInsertKeyed). The keys
+// InsertMessages implements Driver with the statements of
+// insertThroughCoordinator (insertMessagesStmt on a Querier that is not
+// a pool, a connection or a transaction), or, when a message has an
+// idempotency key, with the keys' statement and then insertMessagesStmt,
+// in one transaction (citusInsertKeyed). The keys
 // table is distributed by topic, co-located with the messages table
 // (migration 15), so that a topic's keys live on its messages' worker,
 // and a keyed Publish to one topic writes on that worker only.
@@ -358,6 +360,9 @@ func (d citus) InsertMessages(ctx context.Context, q Querier, p InsertMessagesPa
 func (d citus) InsertKeyed(ctx context.Context, q Querier, p InsertMessagesParams) ([]int, error) {
 	if keyed(p) {
 		return d.citusInsertKeyed(ctx, q, p)
+	}
+	if ok, err := d.insertThroughCoordinator(ctx, q, p); ok {
+		return nil, err
 	}
 	_, err := exec(ctx, q, d.insertMessagesStmt(p))
 	return nil, err

@@ -369,24 +369,9 @@ func (r Routed) InsertKeyed(ctx context.Context, q interface {
 // worker (the shard moved since the route was read) would be committed
 // there as its statement ends, whatever a later statement does.
 func (r Routed) insertReturning(ctx context.Context, q BatchQuerier, p InsertMessagesParams, own bool) ([]string, error) {
-	topics, rowsOf := messagesByTopic(p.Topics)
-	pls, err := r.placements(ctx, q, topics)
+	qs, err := r.inserts(ctx, q, p)
 	if err != nil {
 		return nil, err
-	}
-	type queued struct {
-		topic string
-		rows  []int
-		pl    routedPlacement
-		s     Stmt
-		how   int
-	}
-	var qs []queued
-	for k, topic := range topics {
-		for rows := range slices.Chunk(rowsOf[k], routedMaxRows) {
-			s, how := r.insertValuesStmt(p, topic, rows, pls[k])
-			qs = append(qs, queued{topic, rows, pls[k], s, how})
-		}
 	}
 	own = own && len(qs) > 1
 	b := &pgx.Batch{}
@@ -447,6 +432,36 @@ func (r Routed) insertReturning(ctx context.Context, q BatchQuerier, p InsertMes
 		return nil, err
 	}
 	return payloads, nil
+}
+
+// routedInsert is one INSERT ... VALUES of a routed call: its
+// statement (insertValuesStmt), for the messages of p at rows, all of
+// topic, placed by pl, their partitions given as how says.
+type routedInsert struct {
+	topic string
+	rows  []int
+	pl    routedPlacement
+	s     Stmt
+	how   int
+}
+
+// inserts reads the placements of p's topics on q and returns the
+// inserts of p's messages: one per topic, in the order of its first
+// message, or more for a topic of more than routedMaxRows messages.
+func (r Routed) inserts(ctx context.Context, q Querier, p InsertMessagesParams) ([]routedInsert, error) {
+	topics, rowsOf := messagesByTopic(p.Topics)
+	pls, err := r.placements(ctx, q, topics)
+	if err != nil {
+		return nil, err
+	}
+	var out []routedInsert
+	for k, topic := range topics {
+		for rows := range slices.Chunk(rowsOf[k], routedMaxRows) {
+			s, how := r.insertValuesStmt(p, topic, rows, pls[k])
+			out = append(out, routedInsert{topic, rows, pls[k], s, how})
+		}
+	}
+	return out, nil
 }
 
 // messagesByTopic returns the distinct topics of topics, in the order of their

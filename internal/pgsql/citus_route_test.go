@@ -8,8 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // routedWorker returns a connection to the worker that holds topic's
@@ -121,7 +123,16 @@ func TestCitusRoutedInsertIsRouterPlanned(t *testing.T) {
 // retention, else the one kept forever), each topic's messages in the
 // order given, and returns one notification per (topic, partition)
 // written.
+//
+// Through the coordinator (insertThroughCoordinator, the default), the
+// same statements store the same, and send those notifications.
 func TestCitusRoutedInsertPlacesAsTheCoordinator(t *testing.T) {
+	for _, way := range []string{"routed", "through the coordinator"} {
+		t.Run(way, func(t *testing.T) { testInsertPlaces(t, way == "routed") })
+	}
+}
+
+func testInsertPlaces(t *testing.T, routed bool) {
 	pool, tables := citusTables(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -146,6 +157,14 @@ func TestCitusRoutedInsertPlacesAsTheCoordinator(t *testing.T) {
 	// One worker runs the inserts of every topic: those whose shard lies
 	// on the other, Citus forwards there.
 	conn, _ := routedWorker(t, r, pool, pool.Config().ConnConfig, parts)
+	listener, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Release()
+	if err := Listen(ctx, listener, tables.NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
 	type msg struct {
 		topic, uuid string
 		hash        uint32
@@ -162,9 +181,19 @@ func TestCitusRoutedInsertPlacesAsTheCoordinator(t *testing.T) {
 				p.PartitionHashes = append(p.PartitionHashes, m.hash)
 			}
 		}
-		left, payloads, err := r.InsertKeyed(ctx, conn, p)
-		if err != nil || len(left) != 0 {
-			t.Fatalf("routed insert: %v, %v", left, err)
+		var payloads []string
+		if routed {
+			left, got, err := r.InsertKeyed(ctx, conn, p)
+			if err != nil || len(left) != 0 {
+				t.Fatalf("routed insert: %v, %v", left, err)
+			}
+			payloads = got
+		} else {
+			p.NotifyChannel = tables.NotifyChannel
+			if err := d.InsertMessages(ctx, pool, p); err != nil {
+				t.Fatalf("insert through the coordinator: %v", err)
+			}
+			payloads = notificationsUntilMarker(t, listener, pool, tables.NotifyChannel)
 		}
 		slices.Sort(payloads)
 		return payloads
@@ -251,6 +280,30 @@ func TestCitusRoutedInsertPlacesAsTheCoordinator(t *testing.T) {
 	}
 	if len(placed) != len(wantPlaced) {
 		t.Errorf("stored in %v, want %v", placed, wantPlaced)
+	}
+}
+
+// notificationsUntilMarker sends a marker on channel through q, in a
+// transaction of its own, and returns the payloads listener receives
+// before it: the notifications of the transactions committed before.
+func notificationsUntilMarker(t *testing.T, listener *pgxpool.Conn, q Querier, channel string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	marker := "marker " + uuid.NewString()
+	if _, err := q.Exec(ctx, `SELECT pg_catalog.pg_notify($1, $2)`, channel, marker); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for {
+		n, err := listener.Conn().WaitForNotification(ctx)
+		if err != nil {
+			t.Fatalf("waiting for the marker after %q: %v", out, err)
+		}
+		if n.Payload == marker {
+			return out
+		}
+		out = append(out, n.Payload)
 	}
 }
 
@@ -343,5 +396,39 @@ func TestCitusRoutedInsertIsAllOrNothing(t *testing.T) {
 	}
 	if n := stored(); n != 2 {
 		t.Fatalf("%d messages stored, want 2", n)
+	}
+
+	// Through the coordinator (insertThroughCoordinator), the two
+	// topics' inserts go to two workers: on a pool, and on a connection
+	// outside a transaction block, a failed call stores nothing either.
+	if _, err := pool.Exec(ctx, `DELETE FROM `+tables.Messages+` WHERE topic = ANY($1)`, []string{remote, local}); err != nil {
+		t.Fatal(err)
+	}
+	bad := InsertMessagesParams{Topics: []string{remote, local, ""}, UUIDs: []string{"r1", "l1", "bad"},
+		Payloads: [][]byte{nil, nil, nil}, Metadata: []string{"", "", ""}, NotifyChannel: tables.NotifyChannel}
+	single, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer single.Close(context.Background())
+	for _, q := range []struct {
+		name string
+		q    Querier
+	}{{"a pool", pool}, {"a connection", single}} {
+		if err := d.InsertMessages(ctx, q.q, bad); err == nil {
+			t.Fatalf("%s: insert with an empty topic: no error", q.name)
+		}
+		if n := stored(); n != 0 {
+			t.Fatalf("%s: %d messages stored by a call that failed, want 0", q.name, n)
+		}
+	}
+	if status := single.PgConn().TxStatus(); status != 'I' {
+		t.Fatalf("the connection is left in transaction status %q after the failed call", status)
+	}
+	if err := d.InsertMessages(ctx, single, p); err != nil {
+		t.Fatal(err)
+	}
+	if n := stored(); n != 2 {
+		t.Fatalf("through the coordinator: %d messages stored, want 2", n)
 	}
 }
