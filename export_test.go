@@ -125,3 +125,15 @@ func RefreshRoutes(p *Publisher) {
 // Routing reports whether p routes its calls to the Citus workers
 // (tests only).
 func Routing(p *Publisher) bool { return p.router != nil }
+
+// RefreshReadRoutes makes s read where the shards are on its next routed
+// read (tests only).
+func RefreshReadRoutes(s *Subscriber) { s.engine.InvalidateRoutes() }
+
+// ReadRouting reports whether s routes its reads to the Citus workers
+// (tests only).
+func ReadRouting(s *Subscriber) bool { return s.engine.Routing() }
+
+// RoutedReads is how many of s's reads of messages the topics' Citus
+// workers answered (tests only).
+func RoutedReads(s *Subscriber) uint64 { return s.engine.RoutedReads() }
