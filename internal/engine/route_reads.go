@@ -80,16 +80,7 @@ type readFunc func(ctx context.Context, q pgsql.Querier) (pgsql.SelectResult, er
 // coordinator (err is then nil). routed true with an error: ctx ended.
 func (rr *ReadRouter) Read(ctx context.Context, timeout time.Duration, topic string, read readFunc) (res pgsql.SelectResult, routed bool, err error) {
 	r := rr.r
-	d, err := r.driver.Get(ctx, r.coordinator)
-	if err != nil {
-		return pgsql.SelectResult{}, false, nil // the coordinator's read says why
-	}
-	rs, ok := pgsql.RoutedOf(d)
-	if !ok {
-		r.sayNotCitus()
-		return pgsql.SelectResult{}, false, nil
-	}
-	n := r.node(ctx, rs, topic)
+	n := rr.node(ctx, timeout, topic)
 	if n == nil {
 		return pgsql.SelectResult{}, false, nil
 	}
@@ -131,6 +122,25 @@ func (rr *ReadRouter) Read(ctx context.Context, timeout time.Duration, topic str
 	}
 	n.outage.ok()
 	return res, true, nil
+}
+
+// node returns the node to send topic's reads to, or nil for the
+// coordinator; its reads of the coordinator's catalog (when due) are
+// bounded by timeout.
+func (rr *ReadRouter) node(ctx context.Context, timeout time.Duration, topic string) *routeNode {
+	r := rr.r
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	d, err := r.driver.Get(ctx, r.coordinator)
+	if err != nil {
+		return nil // the coordinator's read says why
+	}
+	rs, ok := pgsql.RoutedOf(d)
+	if !ok {
+		r.sayNotCitus()
+		return nil
+	}
+	return r.node(ctx, rs, topic)
 }
 
 // down leaves n out for RetryAfter after a read there failed with err,
