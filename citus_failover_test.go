@@ -62,16 +62,16 @@ import (
 //     reference table, on every node: it fails while a worker is down);
 //     the other worker's topics are published meanwhile. After the
 //     failover, the synchronous case's guarantee.
-//   - lagging, reads routed: the lagging case with the Subscribers'
-//     RouteToWorkers: their reads go to the workers, the failing
-//     worker's through the coordinator while it is down, and to the
-//     promoted standby once they read the catalog again. The lagging
-//     case's guarantee.
+//   - synchronous, reads routed: the synchronous case with the
+//     Subscribers' RouteToWorkers: their reads go to the workers, the
+//     failing worker's through the coordinator while it is down, and to
+//     the promoted standby once they read the catalog again. The
+//     synchronous case's guarantee.
 func TestCitusWorkerFailover(t *testing.T) {
 	t.Run("synchronous", func(t *testing.T) { testCitusWorkerFailover(t, false, false, false) })
 	t.Run("lagging", func(t *testing.T) { testCitusWorkerFailover(t, true, false, false) })
 	t.Run("outage longer than SessionTTL", func(t *testing.T) { testCitusWorkerFailover(t, false, true, false) })
-	t.Run("lagging, reads routed", func(t *testing.T) { testCitusWorkerFailover(t, true, false, true) })
+	t.Run("synchronous, reads routed", func(t *testing.T) { testCitusWorkerFailover(t, false, false, true) })
 }
 
 // failoverTopic is one topic of TestCitusWorkerFailover and what its
