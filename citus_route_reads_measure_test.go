@@ -76,7 +76,12 @@ func serverCPU(t *testing.T, ctx context.Context, pool *pgxpool.Pool) time.Durat
 // time (every process of its server) and the statements it ran
 // (pg_stat_statements) per read of messages, the same messages consumed
 // by a group of each. A measurement, not a check: it runs with
-// PGLEASE_MEASURE=1 and logs its figures.
+// PGLEASE_MEASURE=1 and logs its figures, on a cluster whose nodes load
+// pg_stat_statements:
+//
+//	PGLEASE_MEASURE=1 PGLEASE_PG_BINDIR= go run ./internal/cmd/localcitus \
+//		-set shared_preload_libraries=citus,pg_stat_statements -- \
+//		go test -count=1 -p 1 -v -run TestCitusRoutedReadsCoordinatorCost .
 func TestCitusRoutedReadsCoordinatorCost(t *testing.T) {
 	if os.Getenv("PGLEASE_MEASURE") == "" {
 		t.Skip("a measurement: set PGLEASE_MEASURE=1")
@@ -122,7 +127,7 @@ func TestCitusRoutedReadsCoordinatorCost(t *testing.T) {
 		}
 		_, err = pool.Exec(ctx, `SELECT public.pg_stat_statements_reset()`)
 		require.NoError(t, err)
-		reads0, cpu0, began := pglease.Reads(sub), serverCPU(t, ctx, pool), time.Now()
+		reads0, routed0, cpu0, began := pglease.Reads(sub), pglease.RoutedReads(sub), serverCPU(t, ctx, pool), time.Now()
 		var wg sync.WaitGroup
 		for _, topic := range topics {
 			wg.Add(1)
@@ -147,7 +152,7 @@ func TestCitusRoutedReadsCoordinatorCost(t *testing.T) {
 		require.NoError(t, pool.QueryRow(ctx, `SELECT COALESCE(sum(calls), 0)::bigint, COALESCE(sum(total_exec_time), 0)::float8,
 			COALESCE(sum(total_plan_time), 0)::float8 FROM public.pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'`).
 			Scan(&calls, &exec, &plan))
-		routedReads := pglease.RoutedReads(sub)
+		routedReads := pglease.RoutedReads(sub) - routed0
 		require.NoError(t, sub.Close())
 		return fmt.Sprintf("routed=%v: %d messages in %s, %d reads (%d on the workers); coordinator CPU %s (%.0f µs per read), %d statements (%.2f per read), exec %.0f ms, plan %.0f ms",
 			routed, len(topics)*(perTopic-1), took.Round(time.Millisecond), reads, routedReads, cpu,
