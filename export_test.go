@@ -112,7 +112,10 @@ func SetFailureStepHook(s *Subscriber, hook func(step, uuid string, attempt int)
 	s.engine.SetFailureStepHook(hook)
 }
 
-func init() { routeForTests = os.Getenv("PGLEASE_TEST_CITUS_ROUTE") != "" }
+func init() {
+	routeForTests = os.Getenv("PGLEASE_TEST_CITUS_ROUTE") != ""
+	routeReadsForTests = os.Getenv("PGLEASE_TEST_CITUS_ROUTE_READS") != ""
+}
 
 // RefreshRoutes makes p read where the shards are on its next routed Publish
 // (tests only).
