@@ -58,7 +58,13 @@ func TestRefusedReleaseResynchronises(t *testing.T) {
 	msgs2, err := second.Subscribe(secondCtx, "t")
 	require.NoError(t, err)
 	got.consume(1, msgs2, &consumers)
-	waitFor(t, 30*time.Second, "the second member's session", func() bool { return second.Stats().Heartbeats.Count > 0 })
+	// The second member's session row: its first heartbeat would come a
+	// heartbeat interval (20 s) after it.
+	waitFor(t, 30*time.Second, "the second member's session", func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM `+table(adapter, pglease.DefaultConsumerSessionsTable)).Scan(&n)
+		return n >= 2
+	})
 
 	waitHeartbeat(t, first)
 	require.NoError(t, c.Primary.Restart(ctx))
