@@ -63,6 +63,7 @@ func viaProxy(t *testing.T, proxy *tcpproxy.Proxy, maxConns int32) *pgxpool.Pool
 // that was cut is found stored by its retry. Without keys (the same run,
 // 1,000 messages) the cut publishes are stored twice: what the keys fix.
 func TestIdempotentPublishCommitReplyLost(t *testing.T) {
+	parallel(t)
 	for _, c := range []struct {
 		name  string
 		keyed bool
@@ -610,6 +611,10 @@ func TestMaintainerForgetsKeysOfTheRetention(t *testing.T) {
 // before (the day rows, written for two days after the class became
 // usable).
 func TestKeysMigrationUnderTraffic(t *testing.T) {
+	// Parallel although it holds a transaction open while it waits: a read
+	// committed one that has only read, which keeps no snapshot between its
+	// statements and so does not hold the xmin horizon back.
+	parallel(t)
 	ctx := context.Background()
 	pool := newPool(t, 12)
 	tables := newSchema(t, pool)
