@@ -354,6 +354,7 @@ func (h *helperChild) runTx(term <-chan os.Signal) error {
 // one of them is SIGKILLed and restarted, 25 times. At the end every
 // message has exactly one effect and one derived message.
 func TestExactlyOnceUnderRepeatedKills(t *testing.T) {
+	parallel(t)
 	const (
 		messages = 5000
 		kills    = 25

@@ -1022,6 +1022,7 @@ func TestExclusiveOwnershipAcrossProcesses(t *testing.T) {
 // the handlers under way to finish, and releases their Acks, so the next
 // process delivers none of them again, with MaxInFlight 1 and 32.
 func TestCleanShutdownDeliversNothingTwice(t *testing.T) {
+	parallel(t)
 	if testing.Short() {
 		t.Skip("runs helper processes for several seconds")
 	}
