@@ -19,6 +19,9 @@ import (
 // that is a module of its own (cqrs: Watermill's CQRS component imports
 // protobuf packages the library does not require) runs in its directory.
 func TestExamplesRun(t *testing.T) {
+	// The examples work in the tables of the public schema, which no other
+	// test of this package uses; they run one after the other.
+	parallel(t)
 	pgtest.SkipShort(t)
 	for _, dir := range []string{"./_examples/basic", "./_examples/exactlyonce", "./_examples/requeue", "./_examples/cqrs"} {
 		t.Run(dir, func(t *testing.T) {
