@@ -57,21 +57,18 @@ func viaProxy(t *testing.T, proxy *tcpproxy.Proxy, maxConns int32) *pgxpool.Pool
 // TestIdempotentPublishCommitReplyLost: the real failure. A proxy lets
 // every statement through and, for one in every 7 that publish, drops
 // the connection after the server committed, before the reply: Publish
-// returns an error and the caller retries. 3,000 messages published
+// returns an error and the caller retries. 10,000 messages published
 // from 16 goroutines, each retried until it succeeds: with their UUID as
 // the idempotency key, each is stored exactly once, and every publish
 // that was cut is found stored by its retry. Without keys (the same run,
 // 1,000 messages) the cut publishes are stored twice: what the keys fix.
-// The Publisher commits many calls in one statement, so 3,000 messages
-// make about 40 cuts and 500 failed calls, each checked on its own: more
-// messages repeat the same cases.
 func TestIdempotentPublishCommitReplyLost(t *testing.T) {
 	parallel(t)
 	for _, c := range []struct {
 		name  string
 		keyed bool
 		n     int
-	}{{"with keys", true, 3000}, {"without keys", false, 1000}} {
+	}{{"with keys", true, 10000}, {"without keys", false, 1000}} {
 		t.Run(c.name, func(t *testing.T) {
 			proxy, err := tcpproxy.Start(net.JoinHostPort(directConnConfig(t).Host, strconv.Itoa(int(directConnConfig(t).Port))))
 			require.NoError(t, err)
