@@ -105,7 +105,7 @@ func TestCitusRoutedReadsRunOnTheWorker(t *testing.T) {
 	require.NoError(t, sub.Close())
 	rc.requireClosed(t)
 	require.NoError(t, sub.Close(), "a second Close")
-	waitFor(t, 5*time.Second, "no pool goroutine left", func() bool { return poolGoroutines() <= before })
+	requireNoNewPools(t, before)
 	require.NoError(t, pub.Publish(topics[0], message.NewMessage(topics[0]+"/3", nil)))
 	plain, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: "g", Tables: adapter,
 		PollInterval: 100 * time.Millisecond}, testLogger())
