@@ -62,16 +62,10 @@ import (
 //     reference table, on every node: it fails while a worker is down);
 //     the other worker's topics are published meanwhile. After the
 //     failover, the synchronous case's guarantee.
-//   - synchronous, reads routed: the synchronous case with the
-//     Subscribers' RouteToWorkers: their reads go to the workers, the
-//     failing worker's through the coordinator while it is down, and to
-//     the promoted standby once they read the catalog again. The
-//     synchronous case's guarantee.
 func TestCitusWorkerFailover(t *testing.T) {
-	t.Run("synchronous", func(t *testing.T) { testCitusWorkerFailover(t, false, false, false) })
-	t.Run("lagging", func(t *testing.T) { testCitusWorkerFailover(t, true, false, false) })
-	t.Run("outage longer than SessionTTL", func(t *testing.T) { testCitusWorkerFailover(t, false, true, false) })
-	t.Run("synchronous, reads routed", func(t *testing.T) { testCitusWorkerFailover(t, false, false, true) })
+	t.Run("synchronous", func(t *testing.T) { testCitusWorkerFailover(t, false, false) })
+	t.Run("lagging", func(t *testing.T) { testCitusWorkerFailover(t, true, false) })
+	t.Run("outage longer than SessionTTL", func(t *testing.T) { testCitusWorkerFailover(t, false, true) })
 }
 
 // failoverTopic is one topic of TestCitusWorkerFailover and what its
@@ -110,7 +104,7 @@ func (f *failoverTopic) uuids(from, to time.Time) []string {
 	return out
 }
 
-func testCitusWorkerFailover(t *testing.T, lagging, outlive, routeReads bool) {
+func testCitusWorkerFailover(t *testing.T, lagging, outlive bool) {
 	const (
 		group        = "g"
 		commitBatch  = 10
@@ -174,7 +168,6 @@ func testCitusWorkerFailover(t *testing.T, lagging, outlive, routeReads bool) {
 		if outlive {
 			cfg.SessionTTL = 2 * time.Second
 		}
-		cfg.RouteToWorkers = routeReads
 		sub, err := pglease.NewSubscriber(pool, cfg, logs)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = sub.Close() })

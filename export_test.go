@@ -112,10 +112,7 @@ func SetFailureStepHook(s *Subscriber, hook func(step, uuid string, attempt int)
 	s.engine.SetFailureStepHook(hook)
 }
 
-func init() {
-	routeForTests = os.Getenv("PGLEASE_TEST_CITUS_ROUTE") != ""
-	routeReadsForTests = os.Getenv("PGLEASE_TEST_CITUS_ROUTE_READS") != ""
-}
+func init() { routeForTests = os.Getenv("PGLEASE_TEST_CITUS_ROUTE") != "" }
 
 // RefreshRoutes makes p read where the shards are on its next routed Publish
 // (tests only).
@@ -128,15 +125,3 @@ func RefreshRoutes(p *Publisher) {
 // Routing reports whether p routes its calls to the Citus workers
 // (tests only).
 func Routing(p *Publisher) bool { return p.router != nil }
-
-// RefreshReadRoutes makes s read where the shards are on its next routed
-// read (tests only).
-func RefreshReadRoutes(s *Subscriber) { s.engine.InvalidateRoutes() }
-
-// ReadRouting reports whether s routes its reads to the Citus workers
-// (tests only).
-func ReadRouting(s *Subscriber) bool { return s.engine.Routing() }
-
-// RoutedReads is how many of s's reads of messages the topics' Citus
-// workers answered (tests only).
-func RoutedReads(s *Subscriber) uint64 { return s.engine.RoutedReads() }

@@ -131,8 +131,7 @@ type PublisherConfig struct {
 var routeForTests bool
 
 // RouteRetryAfter is how long a routing Publisher sends a worker's topics
-// through the coordinator after the worker's pool failed to connect, and
-// a routing Subscriber a worker's reads after a read there failed.
+// through the coordinator after the worker's pool failed to connect.
 const RouteRetryAfter = 5 * time.Second
 
 // IdempotencyKeyMetadata is the metadata key of a message's idempotency key

@@ -116,7 +116,7 @@ func TestRetryWindowEvictsUntilTheMove(t *testing.T) {
 	parallel(t)
 	pool := newPool(t, 10)
 	tables := newSchema(t, pool)
-	retryWindowEvictsUntilTheMove(t, pool, tables, newPublisher(t, pool, tables), false)
+	retryWindowEvictsUntilTheMove(t, pool, tables, newPublisher(t, pool, tables))
 }
 
 // TestCitusRetryWindowEvicts is TestRetryWindowEvictsUntilTheMove on
@@ -126,27 +126,16 @@ func TestCitusRetryWindowEvicts(t *testing.T) {
 	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables}, nil)
 	require.NoError(t, err)
 	defer pub.Close()
-	retryWindowEvictsUntilTheMove(t, pool, tables, pub, false)
+	retryWindowEvictsUntilTheMove(t, pool, tables, pub)
 }
 
-// TestCitusRetryWindowEvictsRouted is TestCitusRetryWindowEvicts with
-// the Subscriber's RouteToWorkers: every read, those of the evicted
-// messages included, is answered by the topic's worker.
-func TestCitusRetryWindowEvictsRouted(t *testing.T) {
-	pool, tables := citusSchema(t, 10)
-	pub, err := pglease.NewPublisher(pool, pglease.PublisherConfig{Tables: tables}, nil)
-	require.NoError(t, err)
-	defer pub.Close()
-	retryWindowEvictsUntilTheMove(t, pool, tables, pub, true)
-}
-
-func retryWindowEvictsUntilTheMove(t *testing.T, pool *pgxpool.Pool, tables pglease.Tables, pub *pglease.Publisher, routeReads bool) {
+func retryWindowEvictsUntilTheMove(t *testing.T, pool *pgxpool.Pool, tables pglease.Tables, pub *pglease.Publisher) {
 	ctx := context.Background()
 	backlog, others := evictWorkload(t, pub, "in", "p1")
 	retry := pglease.RetryConfig{MaxAttempts: 2, MinBackoff: 2 * time.Second, MaxBackoff: 2 * time.Second, Jitter: -1,
 		DeadLetterTopic: "in.dead"}
 	sub := newTestSubscriber(t, pool, tables, pglease.SubscriberConfig{Retry: retry, MaxInFlight: evictInFlight,
-		BatchSize: evictBatch, CommitBatch: 1, RouteToWorkers: routeReads})
+		BatchSize: evictBatch, CommitBatch: 1})
 	msgs, err := sub.Subscribe(ctx, "in")
 	require.NoError(t, err)
 	var (
@@ -183,10 +172,6 @@ func retryWindowEvictsUntilTheMove(t *testing.T, pool *pgxpool.Pool, tables pgle
 	waitFor(t, 10*time.Second, "the group's position past every message", func() bool {
 		return ackedOffset(t, pool, tables, "", "in") == lastPosition(got)
 	})
-	if routeReads {
-		require.Greater(t, pglease.Rereads(sub), uint64(0), "nothing read again")
-		require.Equal(t, pglease.Reads(sub), pglease.RoutedReads(sub), "every read answered by the worker")
-	}
 }
 
 // TestRetryWindowEvictedSurviveACrash: a process holds the row while its

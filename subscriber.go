@@ -40,10 +40,6 @@ var (
 	_ message.SubscribeInitializer = (*Subscriber)(nil)
 )
 
-// routeReadsForTests turns RouteToWorkers on for every Subscriber: the
-// tests' PGLEASE_TEST_CITUS_ROUTE_READS (export_test.go).
-var routeReadsForTests bool
-
 // NewSubscriber returns a Subscriber reading with pool. It does not touch the
 // database: the session opens on the first Subscribe. A nil logger means no
 // logging.
@@ -57,9 +53,6 @@ func NewSubscriber(pool *pgxpool.Pool, config SubscriberConfig, logger watermill
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
-	}
-	if routeReadsForTests {
-		config.RouteToWorkers = true
 	}
 	settings := config.settings()
 	s := &Subscriber{pool: pool, tables: settings.Tables}

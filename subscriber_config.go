@@ -1,15 +1,13 @@
 package pglease
 
 import (
-	"context"
+	"github.com/pglease/watermill-pglease/internal/engine"
+
 	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/pglease/watermill-pglease/internal/engine"
 )
 
 // Defaults of [SubscriberConfig].
@@ -311,53 +309,6 @@ type SubscriberConfig struct {
 	// sends the message out again after NackResendDelay). See
 	// [RetryConfig].
 	Retry RetryConfig
-
-	// RouteToWorkers sets whether, on Citus, the Subscriber reads each
-	// topic's messages on the worker that holds the topic's shard rather
-	// than through the coordinator, default false. The coordinator then
-	// neither plans nor relays the reads, which is where its CPU went
-	// while consuming on a cluster of several workers (docs/scaling.md,
-	// "Routing reads to the workers"). It needs Citus 11 or later, whose
-	// workers hold the cluster's metadata (pg_dist_node.hasmetadata, the
-	// default), and clients that can connect to the workers. The reads
-	// are the same statements, which Citus routes to the topic's worker
-	// whole either way: positions, bounds and the checks of the worker's
-	// identity are evaluated on that worker as through the coordinator.
-	// The acknowledgements (offset commits), claims, releases and
-	// heartbeats still go through the coordinator, and so does LISTEN.
-	//
-	// Each worker gets a connection pool of its own (see ConnectWorker),
-	// opened on the first read routed there and closed by
-	// [Subscriber.Close]. Where the shards are is read from the
-	// coordinator's catalog on the first read, every RouteRefreshInterval
-	// and after a routed read failed.
-	//
-	// A read goes through the coordinator, as without RouteToWorkers,
-	// when its topic's node is the coordinator or a worker without synced
-	// metadata (logged once), when the tables are not distributed (logged
-	// once: the same configuration serves a single PostgreSQL), and, for
-	// RouteRetryAfter, the worker's other reads too, after a routed read
-	// failed (logged once per outage) or found the database elsewhere
-	// than the claim did (a moved shard, a worker failed over): the read
-	// is made again through the coordinator, whose answer the Subscriber
-	// acts on.
-	RouteToWorkers bool
-
-	// ConnectWorker sets the function that opens the connection pool of
-	// a worker, given its address in the coordinator's pg_dist_node
-	// (nodename, nodeport), default nil: the Subscriber's pool's
-	// configuration (credentials, TLS, size, hooks) with that host and
-	// port. The Subscriber owns the pools it returns and closes them in
-	// Close. Used only with RouteToWorkers.
-	ConnectWorker func(ctx context.Context, host string, port int) (*pgxpool.Pool, error)
-
-	// RouteRefreshInterval sets how often a routing Subscriber reads
-	// again where the shards are, default 30s. A read sent to a worker
-	// that no longer holds its topic's shard (moved since) is forwarded
-	// by that worker to the new one, and its check of the worker's
-	// identity fails as through the coordinator: the Subscriber claims
-	// the topic again, and reads on the new worker from then on.
-	RouteRefreshInterval time.Duration
 }
 
 // zeroDrainTimeout is what a zero DrainTimeout means: DefaultDrainTimeout
@@ -525,10 +476,5 @@ func (c SubscriberConfig) settings() engine.Settings {
 		OnDelivery:       c.OnDelivery,
 		HeartbeatBuckets: HeartbeatBuckets,
 		Retry:            c.Retry.settings(),
-
-		RouteToWorkers:       c.RouteToWorkers,
-		ConnectWorker:        c.ConnectWorker,
-		RouteRefreshInterval: c.RouteRefreshInterval,
-		RouteRetryAfter:      RouteRetryAfter,
 	}
 }

@@ -44,8 +44,6 @@ type childConfig struct {
 	Verbose bool
 	// Route: a second Publisher, with RouteToWorkers, for "rflat".
 	Route bool
-	// RouteReads: the Subscriber reads on the workers (RouteToWorkers).
-	RouteReads bool
 }
 
 // sentKey is the metadata key of a message's publish time (Unix ns).
@@ -130,7 +128,7 @@ func (c childConfig) run() error {
 			fmt.Println("done", n)
 		}
 	case "sub":
-		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, Tables: tables, RouteToWorkers: c.RouteReads}, logger)
+		sub, err := pglease.NewSubscriber(pool, pglease.SubscriberConfig{ConsumerGroup: group, Tables: tables}, logger)
 		if err != nil {
 			return err
 		}

@@ -93,9 +93,6 @@ type options struct {
 	verbose  bool
 	// route adds the routed publish phase on Citus.
 	route bool
-	// routeReads: the consumers' Subscribers read on the workers
-	// (SubscriberConfig.RouteToWorkers).
-	routeReads bool
 	// publishOnly stops after the publish phases.
 	publishOnly bool
 	// citusSettings are more settings for the Citus nodes.
@@ -119,7 +116,6 @@ func run() int {
 	flag.BoolVar(&o.verbose, "v", false, "log each step")
 	flag.BoolVar(&o.publishOnly, "publish-only", false, "run the publish phases only (no consume, latency, idle and heartbeat phases)")
 	flag.BoolVar(&o.route, "route", true, "on Citus, publish a second time with PublisherConfig.RouteToWorkers (the publish, routed phase)")
-	flag.BoolVar(&o.routeReads, "route-reads", false, "on Citus, the consumers' Subscribers read the messages on the topics' workers (SubscriberConfig.RouteToWorkers)")
 	var citusSettings string
 	flag.StringVar(&citusSettings, "citus-settings", "", "more settings for the Citus nodes, name=value,name=value (e.g. citus.max_adaptive_executor_pool_size=1)")
 	flag.Parse()
@@ -284,7 +280,7 @@ func measure(o options, workers int) (_ result, err error) {
 				continue
 			}
 			c, err := startChild(cluster, childConfig{Role: role, DSN: cluster.DSN, Topics: procTopics[i], Verbose: o.verbose,
-				Route: role == "pub" && workers > 0 && o.route, RouteReads: role == "sub" && workers > 0 && o.routeReads},
+				Route: role == "pub" && workers > 0 && o.route},
 				fmt.Sprintf("%s%d", role, i))
 			if err != nil {
 				return r, err

@@ -50,10 +50,6 @@ func render(o options, rs []result) string {
 	if o.publishOnly {
 		b.WriteString("Run with -publish-only: the publish phases only (consumed, latency, idle and heartbeats not measured).\n\n")
 	}
-	if o.routeReads {
-		b.WriteString("Run with -route-reads: the consumers' Subscribers read the messages on the topics' workers (SubscriberConfig.RouteToWorkers); " +
-			"their acknowledgements, claims and heartbeats go through the coordinator.\n\n")
-	}
 	if o.route {
 		b.WriteString("Published, routed: the same publishers again, with PublisherConfig.RouteToWorkers (each topic's calls sent to its worker); " +
 			"in brackets against the same run's published/s. The backlog drained is both phases'.\n\n")

@@ -129,16 +129,20 @@ func (o *ownership) readEvicted() (res outcome, again bool) {
 // pgsql.Driver.SelectMessagesAt): it waits for a connection while ctx
 // lasts, then gives the statement timeout.
 func (s offsetStore) readAt(ctx context.Context, timeout time.Duration, p readAtParams) ([]storedMessage, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read evicted messages of topic %q: %w", p.row.topic, err)
+	}
+	defer conn.Release()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	s.stats.reads.Add(1)
 	ps := make([]pgsql.Position, len(p.positions))
 	for i, pos := range p.positions {
 		ps[i] = pgsql.Position(pos)
 	}
-	params := pgsql.SelectMessagesAtParams{Topic: p.row.topic, Partition: p.row.partition, Positions: ps,
-		Here: p.here, WorkerHere: p.workerHere}
-	res, err := s.selectMessages(ctx, timeout, p.row.topic, func(ctx context.Context, q pgsql.Querier) (pgsql.SelectResult, error) {
-		return s.driver.SelectMessagesAt(ctx, q, params)
-	})
+	res, err := s.driver.SelectMessagesAt(ctx, conn, pgsql.SelectMessagesAtParams{Topic: p.row.topic,
+		Partition: p.row.partition, Positions: ps, Here: p.here, WorkerHere: p.workerHere})
 	if err != nil {
 		return nil, fmt.Errorf("read evicted messages of topic %q: %w", p.row.topic, check.MissingSchema(err))
 	}

@@ -47,20 +47,6 @@ func (s *Subscriber) Listening() bool {
 // Reads is how many reads of messages s's consumers have run.
 func (s *Subscriber) Reads() uint64 { return s.stats.reads.Load() }
 
-// RoutedReads is how many of s's reads of messages the topics' Citus
-// workers answered (RouteToWorkers).
-func (s *Subscriber) RoutedReads() uint64 { return s.stats.routedReads.Load() }
-
-// InvalidateRoutes makes s's next routed read look where the shards are.
-func (s *Subscriber) InvalidateRoutes() {
-	if s.offsets.routes != nil {
-		s.offsets.routes.Invalidate()
-	}
-}
-
-// Routing reports whether s routes its reads to the Citus workers.
-func (s *Subscriber) Routing() bool { return s.offsets.routes != nil }
-
 // Stalls is how many times s's consumers found committed messages held
 // back behind an older transaction for longer than pendingFastFor and
 // slowed their re-polls to PollInterval.

@@ -146,9 +146,6 @@ type offsetStore struct {
 	// futures logs the stored messages found ahead of the counter, once
 	// each.
 	futures *futureRows
-	// routes sends the reads of messages to the topics' Citus workers
-	// (RouteToWorkers); nil: every read goes through pool.
-	routes *ReadRouter
 }
 
 func newOffsetStore(pool *pgxpool.Pool, driver *pgsql.Lazy, releaseTimeout time.Duration, stats *subscriberStats, logger watermill.LoggerAdapter) offsetStore {
@@ -407,12 +404,19 @@ func (s offsetStore) claimMany(wait context.Context, timeout time.Duration, grou
 // read runs one SelectMessages (see consumerStore.read): it waits for a
 // connection while ctx lasts, then gives the statement timeout.
 func (s offsetStore) read(ctx context.Context, timeout time.Duration, p readParams) (rows []storedMessage, pending bool, err error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("read messages of topic %q: %w", p.row.topic, err)
+	}
+	defer conn.Release()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	s.stats.reads.Add(1)
 	var bound uint64
 	if p.bound != nil {
 		bound = p.bound.Load()
 	}
-	params := pgsql.SelectMessagesParams{
+	res, err := s.driver.SelectMessages(ctx, conn, pgsql.SelectMessagesParams{
 		Topic:           p.row.topic,
 		Partition:       p.row.partition,
 		After:           pgsql.Position(p.after),
@@ -421,9 +425,6 @@ func (s offsetStore) read(ctx context.Context, timeout time.Duration, p readPara
 		Here:            p.here,
 		WorkerHere:      p.workerHere,
 		Bound:           bound,
-	}
-	res, err := s.selectMessages(ctx, timeout, p.row.topic, func(ctx context.Context, q pgsql.Querier) (pgsql.SelectResult, error) {
-		return s.driver.SelectMessages(ctx, q, params)
 	})
 	if err != nil {
 		return nil, false, fmt.Errorf("read messages of topic %q: %w", p.row.topic, check.MissingSchema(err))
@@ -452,29 +453,6 @@ func (s offsetStore) read(ctx context.Context, timeout time.Duration, p readPara
 			whole: m.Size <= p.wholeUpTo, pos: Position(m.Position)}
 	}
 	return rows, res.Pending, nil
-}
-
-// selectMessages runs read on the topic's worker when reads are routed
-// there and the ReadRouter can (see ReadRouter.Read), else on a
-// connection of the pool: it waits for one while ctx lasts, then gives
-// the statement timeout.
-func (s offsetStore) selectMessages(ctx context.Context, timeout time.Duration, topic string, read readFunc) (pgsql.SelectResult, error) {
-	if s.routes != nil {
-		if res, routed, err := s.routes.Read(ctx, timeout, topic, read); routed {
-			if err == nil {
-				s.stats.routedReads.Add(1)
-			}
-			return res, err
-		}
-	}
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return pgsql.SelectResult{}, err
-	}
-	defer conn.Release()
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	return read(ctx, conn)
 }
 
 // countHead counts a delivery of the message after c's committed position

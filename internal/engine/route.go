@@ -80,10 +80,6 @@ type Router struct {
 	refreshing bool
 	notCitus   bool // logged that the tables are not distributed
 	closed     bool
-	// component names the Router in its log lines, and fallback what
-	// happens to a topic's calls that go through the coordinator
-	// ("published", or "read" for a Subscriber's ReadRouter).
-	component, fallback string
 }
 
 // routeNode is a node of the cluster as the Router knows it; pool and
@@ -103,21 +99,13 @@ type routeNode struct {
 // NewRouter returns the Router of a Publisher on coordinator, which
 // opens the workers' pools with connect (DefaultConnect when nil).
 func NewRouter(coordinator *pgxpool.Pool, driver *pgsql.Lazy, connect ConnectFunc, logger watermill.LoggerAdapter) *Router {
-	return newRouter(coordinator, driver, connect, logger, componentRoute, "published")
-}
-
-// newRouter is NewRouter, its log lines naming component and saying that
-// the topics it does not route are fallback through the coordinator.
-func newRouter(coordinator *pgxpool.Pool, driver *pgsql.Lazy, connect ConnectFunc, logger watermill.LoggerAdapter,
-	component, fallback string) *Router {
 	if connect == nil {
 		connect = DefaultConnect(coordinator)
 	}
 	return &Router{coordinator: coordinator, driver: driver, connect: connect,
-		logger:          logger.With(watermill.LogFields{"component": component}),
+		logger:          logger.With(watermill.LogFields{"component": componentRoute}),
 		RefreshInterval: RouteRefreshInterval, RetryAfter: routeRetryAfter,
-		topics: map[string]int64{}, shards: map[int64]*routeNode{}, nodes: map[string]*routeNode{},
-		component: component, fallback: fallback}
+		topics: map[string]int64{}, shards: map[int64]*routeNode{}, nodes: map[string]*routeNode{}}
 }
 
 // Publish writes params, the messages of one topic, on the topic's
@@ -251,13 +239,13 @@ func (r *Router) apply(ps []pgsql.ShardPlacement) {
 		key := net.JoinHostPort(p.Host, strconv.Itoa(p.Port))
 		n := r.nodes[key]
 		if n == nil {
-			n = &routeNode{host: p.Host, port: p.Port, outage: newOutageLog(r.logger, r.component)}
+			n = &routeNode{host: p.Host, port: p.Port, outage: newOutageLog(r.logger, componentRoute)}
 			r.nodes[key] = n
 		}
 		n.coordinator, n.metadata = p.GroupID == 0, p.Metadata
 		if !n.metadata && !n.coordinator && !n.noMetaSaid {
 			n.noMetaSaid = true
-			r.logger.Info("Citus worker without synced metadata: its topics are "+r.fallback+" through the coordinator",
+			r.logger.Info("Citus worker without synced metadata: its topics are published through the coordinator",
 				watermill.LogFields{"node": key, "hint": "start_metadata_sync_to_node, or citus_add_node on Citus 11 and later"})
 		}
 		shards[p.ShardID] = n

@@ -41,15 +41,6 @@ type Settings struct {
 	// HeartbeatBuckets are the bounds of the heartbeat latency
 	// histogram (copied).
 	HeartbeatBuckets []time.Duration
-	// RouteToWorkers: the reads of messages go to the topics' Citus
-	// workers (ReadRouter), their pools opened by ConnectWorker
-	// (DefaultConnect when nil); where the shards are is read every
-	// RouteRefreshInterval (RouteRefreshInterval when 0), a worker whose
-	// read failed left out for RouteRetryAfter (routeRetryAfter when 0).
-	RouteToWorkers       bool
-	ConnectWorker        ConnectFunc
-	RouteRefreshInterval time.Duration
-	RouteRetryAfter      time.Duration
 }
 
 // MaintenanceSettings are the root package's MaintenanceConfig.

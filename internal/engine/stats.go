@@ -50,9 +50,6 @@ type subscriberStats struct {
 	// slowed its re-polls to PollInterval (tests only).
 	reads  atomic.Uint64
 	stalls atomic.Uint64
-	// routedReads counts the reads of messages answered by the topic's
-	// Citus worker (RouteToWorkers; tests only).
-	routedReads atomic.Uint64
 	// evicted counts the messages in-flight windows evicted, rereads the
 	// reads of evicted messages (tests only).
 	evicted   atomic.Uint64

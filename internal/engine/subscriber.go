@@ -127,10 +127,6 @@ func NewSubscriber(pool *pgxpool.Pool, config Settings, logger watermill.LoggerA
 		connString:       pool.Config().ConnString(),
 	}
 	s.releaseCtx, s.releaseCancel = context.WithCancel(context.Background())
-	if config.RouteToWorkers {
-		s.offsets.routes = NewReadRouter(pool, driver, config.ConnectWorker, logger)
-		s.offsets.routes.SetRefreshInterval(config.RouteRefreshInterval, config.RouteRetryAfter)
-	}
 	s.session = newSessionKeeper(pool, driver, config.Group, config.SessionTTL, stats, logger, sessionHooks{
 		// A new session may claim rows and stand for maintainer at once.
 		onNew: func() {
@@ -462,9 +458,6 @@ func (s *Subscriber) closeSteps() []func() {
 		steps = append(steps, s.maint.loop.Stop)
 	}
 	steps = append(steps, s.offsets.releases.wait)
-	if s.offsets.routes != nil {
-		steps = append(steps, s.offsets.routes.Close) // no read runs: the consumers have ended
-	}
 	if s.listener != nil {
 		steps = append(steps, func() { s.listener.release(s.hub) })
 	}
