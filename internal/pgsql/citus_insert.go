@@ -63,44 +63,31 @@ func (d citus) insertBatch(ctx context.Context, q BatchQuerier, p InsertMessages
 	if err != nil {
 		return err
 	}
-	var payloads []string
-	seen := map[string]bool{}
-	add := func(topic string, partition int32) {
-		if s := messagesPayloadOf(partition, topic); !seen[s] {
-			seen[s] = true
-			payloads = append(payloads, s)
-		}
-	}
+	var payloads payloadSet
 	for k, c := range qs {
-		switch {
-		case p.NotifyChannel == "":
-		case c.how == routedByUUID:
-			// The insert computes the partitions: the notifications are
-			// a select over what it returns.
-			s := c.s
-			ch := "$" + strconv.Itoa(len(s.Args)+1)
-			s.SQL = `WITH inserted AS (
+		if p.NotifyChannel == "" || payloads.addKnown(p, c) {
+			continue
+		}
+		// The insert computes the partitions: the notifications are a
+		// select over what it returns.
+		s := c.s
+		ch := "$" + strconv.Itoa(len(s.Args)+1)
+		s.SQL = `WITH inserted AS (
 ` + s.SQL + `
 )
 SELECT pg_catalog.pg_notify(` + ch + `::text, ` + messagesPayload("t.partition", "$1::text") + `)
 FROM (SELECT DISTINCT i.partition FROM inserted i) t`
-			s.Args = append(slices.Clip(s.Args), p.NotifyChannel)
-			qs[k].s = s
-		case c.how == routedHashes:
-			for _, i := range c.rows {
-				add(c.topic, routedPartition(p, i, c.pl))
-			}
-		default:
-			add(c.topic, 0)
-		}
+		s.Args = append(slices.Clip(s.Args), p.NotifyChannel)
+		qs[k].s = s
 	}
 	own = own && len(qs) > 1
 	b := &pgx.Batch{}
 	if own {
 		b.Queue("BEGIN")
 	}
-	if len(payloads) > 0 {
-		b.Queue(`SELECT pg_catalog.pg_notify($1::text, p.payload) FROM pg_catalog.unnest($2::text[]) AS p(payload)`, p.NotifyChannel, payloads)
+	if len(payloads.list) > 0 {
+		n := notifyPayloadsStmt(p.NotifyChannel, payloads.list)
+		b.Queue(n.SQL, n.Args...)
 	}
 	for _, c := range qs {
 		b.Queue(c.s.SQL, c.s.Args...)

@@ -391,36 +391,21 @@ func (r Routed) insertReturning(ctx context.Context, q BatchQuerier, p InsertMes
 			return nil, err
 		}
 	}
-	var payloads []string
-	seen := map[string]bool{}
-	add := func(topic string, partition int32) {
-		s := messagesPayloadOf(partition, topic)
-		if !seen[s] {
-			seen[s] = true
-			payloads = append(payloads, s)
-		}
-	}
+	var payloads payloadSet
 	for _, c := range qs {
-		switch c.how {
-		case routedByUUID:
-			rows, _ := br.Query()
-			parts, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-			if err != nil {
+		if payloads.addKnown(p, c) {
+			if _, err := br.Exec(); err != nil {
 				return nil, err
 			}
-			for _, part := range parts {
-				add(c.topic, part)
-			}
 			continue
-		case routedHashes:
-			for _, i := range c.rows {
-				add(c.topic, routedPartition(p, i, c.pl))
-			}
-		default:
-			add(c.topic, 0)
 		}
-		if _, err := br.Exec(); err != nil {
+		rows, _ := br.Query()
+		parts, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
 			return nil, err
+		}
+		for _, part := range parts {
+			payloads.add(c.topic, part)
 		}
 	}
 	if own {
@@ -431,7 +416,45 @@ func (r Routed) insertReturning(ctx context.Context, q BatchQuerier, p InsertMes
 	if err := br.Close(); err != nil {
 		return nil, err
 	}
-	return payloads, nil
+	return payloads.list, nil
+}
+
+// payloadSet is the payloads of a routed call's notifications, each
+// once, in the order of their first message.
+type payloadSet struct {
+	seen map[string]bool
+	list []string
+}
+
+// add adds the payload of topic's partition.
+func (s *payloadSet) add(topic string, partition int32) {
+	pl := messagesPayloadOf(partition, topic)
+	if s.seen[pl] {
+		return
+	}
+	if s.seen == nil {
+		s.seen = map[string]bool{}
+	}
+	s.seen[pl] = true
+	s.list = append(s.list, pl)
+}
+
+// addKnown adds the payloads of the partitions c writes when they are
+// known before it runs (one partition, or its messages' hashes), and
+// reports whether they were: with routedByUUID the insert computes them
+// and returns them.
+func (s *payloadSet) addKnown(p InsertMessagesParams, c routedInsert) bool {
+	switch c.how {
+	case routedByUUID:
+		return false
+	case routedHashes:
+		for _, i := range c.rows {
+			s.add(c.topic, routedPartition(p, i, c.pl))
+		}
+	default:
+		s.add(c.topic, 0)
+	}
+	return true
 }
 
 // routedInsert is one INSERT ... VALUES of a routed call: its
@@ -489,6 +512,13 @@ func (r Routed) Notify(ctx context.Context, q Querier, channel string, payloads 
 	if channel == "" || len(payloads) == 0 {
 		return nil
 	}
-	_, err := q.Exec(ctx, `SELECT pg_catalog.pg_notify($1::text, p.payload) FROM unnest($2::text[]) AS p(payload)`, channel, payloads)
+	_, err := exec(ctx, q, notifyPayloadsStmt(channel, payloads))
 	return err
+}
+
+// notifyPayloadsStmt sends the notifications payloads on channel, from
+// the node it runs on, reading no table.
+func notifyPayloadsStmt(channel string, payloads []string) Stmt {
+	return Stmt{SQL: `SELECT pg_catalog.pg_notify($1::text, p.payload) FROM pg_catalog.unnest($2::text[]) AS p(payload)`,
+		Args: []any{channel, payloads}}
 }
